@@ -1,0 +1,105 @@
+"""Implementations of workloads, and the registry the planner draws candidates from.
+
+Every way of computing a workload (an onnxruntime single-node kernel, a
+numpy/BLAS routine, later a generated DSL kernel or a cuDNN engine) is an
+`Implementation`. The planner asks the registry for every implementation that
+supports a workload, expands each into its configs, prepares, verifies and
+times each candidate, and keeps the fastest verified one. Generated kernels
+are just more implementations: registering one is all it takes to compete.
+
+A prepared kernel is a callable `kernel(inputs, outputs) -> None` that reads
+the input arrays (constants included, in node-input order; None for an
+absent optional input) and writes every element of the preallocated,
+C-contiguous output arrays. It must not keep references to its arguments.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from wpk.kernels.workload import Workload
+
+Kernel = Callable[[Sequence[np.ndarray | None], Sequence[np.ndarray]], None]
+
+# Implementation kinds, as shown in reports.
+LIBRARY = "library"      # wpk's own numpy/BLAS routines
+VENDOR = "vendor"        # onnxruntime, cuDNN, cuBLAS
+GENERATED = "generated"  # DSL kernels found by search
+FALLBACK = "fallback"    # an op wpk does not implement, run by onnxruntime
+
+
+class Implementation(ABC):
+    """One way to compute workloads; `name` is unique and stored in plans."""
+
+    name: str = ""
+    kind: str = LIBRARY
+    target: str = "cpu"
+
+    @abstractmethod
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        """None when this implementation can compute the workload, else why not."""
+
+    def configs(self, workload: Workload) -> list[dict]:
+        """The configurations worth measuring (JSON-able dicts); one empty one by default."""
+        return [{}]
+
+    @abstractmethod
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        """Build a kernel for the workload; `consts` maps input index to its constant value."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An implementation with one configuration, as the planner measures it."""
+
+    implementation: Implementation
+    config: Mapping
+
+    @property
+    def label(self) -> str:
+        if not self.config:
+            return self.implementation.name
+        args = ",".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        return f"{self.implementation.name}[{args}]"
+
+
+_REGISTRY: dict[str, Implementation] = {}
+
+
+def register(implementation: Implementation) -> Implementation:
+    """Add an implementation to the registry (names are unique)."""
+    if implementation.name in _REGISTRY and _REGISTRY[implementation.name] is not implementation:
+        raise ValueError(f"implementation {implementation.name!r} registered twice")
+    _REGISTRY[implementation.name] = implementation
+    return implementation
+
+
+def get(name: str) -> Implementation:
+    """The implementation registered under `name` (KeyError if none)."""
+    _load_builtin()
+    return _REGISTRY[name]
+
+
+def implementations(target: str = "cpu") -> list[Implementation]:
+    """Every registered implementation for a target."""
+    _load_builtin()
+    return [impl for impl in _REGISTRY.values() if impl.target == target]
+
+
+def candidates(workload: Workload, target: str = "cpu") -> list[Candidate]:
+    """Every (implementation, config) pair that supports the workload on the target."""
+    found = []
+    for impl in implementations(target):
+        if impl.unsupported_reason(workload) is None:
+            found.extend(Candidate(impl, config) for config in impl.configs(workload))
+    return found
+
+
+def _load_builtin() -> None:
+    """Import the modules that register the built-in implementations."""
+    import wpk.kernels.builtin  # noqa: F401  (registers on import)

@@ -1,0 +1,169 @@
+"""Workloads: what one operator instance computes, independent of any graph.
+
+A `Workload` is the unit that is tuned, measured and planned: the op, its
+input/output shapes and dtypes, its attributes and its fused epilogue. Two
+graph nodes with equal workloads share one measurement. The key is a stable
+hash of the canonical JSON form, so it can index tuning records across runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Unary epilogue ops and their attribute names (the graph passes and every
+# implementation agree on these names and meanings):
+#   relu; clip(min, max); leaky_relu(alpha); sigmoid; silu (x*sigmoid(x)); tanh;
+#   hard_sigmoid(alpha, beta) = clip(alpha*x+beta, 0, 1); hard_swish = x*hard_sigmoid(1/6, 1/2);
+#   gelu (exact, erf form); gelu_tanh (tanh approximation);
+#   exp, log, sqrt, reciprocal, neg, abs, erf, softplus.
+UNARY_EPILOGUE_OPS = frozenset({
+    "relu", "clip", "leaky_relu", "sigmoid", "silu", "tanh", "hard_sigmoid", "hard_swish",
+    "gelu", "gelu_tanh", "exp", "log", "sqrt", "reciprocal", "neg", "abs", "erf", "softplus",
+})
+# Binary epilogue ops take the node input `operand` (numpy broadcasting against the value):
+#   add, sub, mul, div, pow, max, min. `swap` means `operand OP value` instead of `value OP operand`.
+#   A residual Add fused into a Conv/Gemm is `add` with the residual tensor as operand.
+BINARY_EPILOGUE_OPS = frozenset({"add", "sub", "mul", "div", "pow", "max", "min"})
+
+
+@dataclass(frozen=True)
+class EpilogueStep:
+    """One elementwise step applied to an operator's output, in order."""
+
+    op: str
+    attrs: tuple[tuple[str, float], ...] = ()
+    operand: int | None = None
+    swap: bool = False
+
+    def attr(self, name: str, default: float | None = None) -> float | None:
+        return dict(self.attrs).get(name, default)
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "attrs": dict(self.attrs), "operand": self.operand,
+                "swap": self.swap}
+
+    @staticmethod
+    def from_json(data: Mapping) -> EpilogueStep:
+        return EpilogueStep(data["op"], tuple(sorted(data.get("attrs", {}).items())),
+                            data.get("operand"), bool(data.get("swap", False)))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and numpy dtype name of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape), "dtype": self.dtype}
+
+    @staticmethod
+    def from_json(data: Mapping) -> TensorSpec:
+        return TensorSpec(tuple(int(d) for d in data["shape"]), data["dtype"])
+
+
+def encode_attr(value: Any) -> Any:
+    """Turn an attribute value into canonical JSON (tuples as lists, arrays as dicts)."""
+    if isinstance(value, np.ndarray):
+        data = np.ascontiguousarray(value)
+        return {"__ndarray__": base64.b64encode(data.tobytes()).decode("ascii"),
+                "dtype": data.dtype.str, "shape": list(data.shape)}
+    if isinstance(value, bytes):
+        return {"__bytes__": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, (list, tuple)):
+        return [encode_attr(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def decode_attr(value: Any) -> Any:
+    """Inverse of `encode_attr` (lists come back as tuples, so values stay hashable)."""
+    if isinstance(value, dict) and "__ndarray__" in value:
+        raw = base64.b64decode(value["__ndarray__"])
+        return np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"]).copy()
+    if isinstance(value, dict) and "__bytes__" in value:
+        return base64.b64decode(value["__bytes__"])
+    if isinstance(value, list):
+        return tuple(decode_attr(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One operator instance: op, tensor specs, attributes and fused epilogue.
+
+    `inputs[i]` is None for an absent optional input. `const_inputs` lists the
+    indices of inputs that are build-time constants (weights), which an
+    implementation may pre-pack in `prepare`. Attribute values are ints,
+    floats, strings, tuples of those, or numpy arrays.
+    """
+
+    op: str
+    inputs: tuple[TensorSpec | None, ...]
+    outputs: tuple[TensorSpec, ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+    epilogue: tuple[EpilogueStep, ...] = ()
+    domain: str = ""
+    const_inputs: tuple[int, ...] = ()
+    opset: int = 17
+    _key: str = field(default="", compare=False, repr=False)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for key, value in self.attrs:
+            if key == name:
+                return value
+        return default
+
+    def to_json(self) -> dict:
+        return {
+            "op": self.op,
+            "domain": self.domain,
+            "opset": self.opset,
+            "inputs": [None if s is None else s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+            "attrs": {k: encode_attr(v) for k, v in self.attrs},
+            "epilogue": [s.to_json() for s in self.epilogue],
+            "const_inputs": list(self.const_inputs),
+        }
+
+    @staticmethod
+    def from_json(data: Mapping) -> Workload:
+        return Workload(
+            op=data["op"],
+            domain=data.get("domain", ""),
+            opset=int(data.get("opset", 17)),
+            inputs=tuple(None if s is None else TensorSpec.from_json(s) for s in data["inputs"]),
+            outputs=tuple(TensorSpec.from_json(s) for s in data["outputs"]),
+            attrs=tuple(sorted((k, decode_attr(v)) for k, v in data.get("attrs", {}).items())),
+            epilogue=tuple(EpilogueStep.from_json(s) for s in data.get("epilogue", [])),
+            const_inputs=tuple(data.get("const_inputs", [])),
+        )
+
+    @property
+    def key(self) -> str:
+        """Stable 16-hex-digit identity of the workload (same across runs and machines)."""
+        if not self._key:
+            text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "_key", hashlib.sha256(text.encode()).hexdigest()[:16])
+        return self._key
+
+    @property
+    def label(self) -> str:
+        """Short human-readable description, e.g. `Conv 1x64x56x56 -> 1x64x56x56 +relu`."""
+        shapes = "x".join(map(str, self.inputs[0].shape)) if self.inputs and self.inputs[0] else ""
+        out = "x".join(map(str, self.outputs[0].shape)) if self.outputs else ""
+        tail = "".join(f" +{s.op}" for s in self.epilogue)
+        return f"{self.op} {shapes} -> {out}{tail}"

@@ -1,0 +1,1 @@
+"""Planner, plan file format and reports (see DESIGN.md)."""

@@ -1,0 +1,20 @@
+"""Shared fixtures: seeded generators and a temporary cache directory per test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A seeded random generator, so every test is reproducible."""
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory, monkeypatch) -> str:
+    """Point wpk's compile/tuning caches at a temporary folder (never the working tree)."""
+    path = tmp_path_factory.mktemp("wpk-cache")
+    monkeypatch.setenv("WPK_CACHE_DIR", str(path))
+    return str(path)

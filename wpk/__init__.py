@@ -1,0 +1,29 @@
+"""wpk: a hardware-aware inference engine for ONNX models.
+
+    plan = wpk.build("model.onnx", target="cpu")      # optimize, tune, plan
+    plan.save("model.wpk")
+    session = wpk.load("model.wpk")
+    outputs = session.run({"input": x})              # dict name -> array
+
+Imports are lazy so that `import wpk.dsl` (or any subsystem) stays light.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "build", "load"]
+
+
+def build(model, target: str = "cpu", **options):
+    """Build a plan for an ONNX model (path, bytes or ModelProto); see `wpk.pipeline.build`."""
+    from wpk.pipeline import build as _build
+
+    return _build(model, target=target, **options)
+
+
+def load(path):
+    """Load a plan file and return a `wpk.runtime.Session` ready to run."""
+    from wpk.runtime import Session
+
+    return Session.load(path)
