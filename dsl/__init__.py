@@ -1,1 +1,5 @@
-"""The wpk DSL: parser, compute IR, schedules, loop IR, C and CUDA code generation, GPU emulator, toolchains (see DESIGN.md)."""
+"""The wpk DSL (see DESIGN.md).
+
+Parser, compute IR, schedules, loop IR, C and CUDA code generation, GPU
+emulator and toolchains.
+"""

@@ -1,1 +1,5 @@
-"""The operator library: workloads, references, DSL definitions, vendor and library implementations (see DESIGN.md)."""
+"""The operator library (see DESIGN.md).
+
+Workloads, float64 references, DSL definitions, vendor and library
+implementations.
+"""

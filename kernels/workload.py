@@ -28,7 +28,8 @@ UNARY_EPILOGUE_OPS = frozenset({
     "gelu", "gelu_tanh", "exp", "log", "sqrt", "reciprocal", "neg", "abs", "erf", "softplus",
 })
 # Binary epilogue ops take the node input `operand` (numpy broadcasting against the value):
-#   add, sub, mul, div, pow, max, min. `swap` means `operand OP value` instead of `value OP operand`.
+#   add, sub, mul, div, pow, max, min. `swap` means `operand OP value`
+#   instead of `value OP operand`.
 #   A residual Add fused into a Conv/Gemm is `add` with the residual tensor as operand.
 BINARY_EPILOGUE_OPS = frozenset({"add", "sub", "mul", "div", "pow", "max", "min"})
 
@@ -107,8 +108,13 @@ class Workload:
 
     `inputs[i]` is None for an absent optional input. `const_inputs` lists the
     indices of inputs that are build-time constants (weights), which an
-    implementation may pre-pack in `prepare`. Attribute values are ints,
-    floats, strings, tuples of those, or numpy arrays.
+    implementation may pre-pack in `prepare`. `static_inputs` holds the values
+    of constant inputs that define *what* is computed rather than data (any
+    integer tensor such as a Reshape shape or Gather indices, and small float
+    tensors of at most 64 elements such as Clip bounds or Resize scales): they
+    are part of the identity, and measurement feeds these exact values while
+    drawing every other input, weights included, at random. Attribute values
+    are ints, floats, strings, tuples of those, or numpy arrays.
     """
 
     op: str
@@ -118,6 +124,7 @@ class Workload:
     epilogue: tuple[EpilogueStep, ...] = ()
     domain: str = ""
     const_inputs: tuple[int, ...] = ()
+    static_inputs: tuple[tuple[int, Any], ...] = ()
     opset: int = 17
     _key: str = field(default="", compare=False, repr=False)
 
@@ -126,6 +133,13 @@ class Workload:
             if key == name:
                 return value
         return default
+
+    def static_value(self, index: int) -> Any:
+        """The fixed value of static input `index`, or None."""
+        for i, value in self.static_inputs:
+            if i == index:
+                return value
+        return None
 
     def to_json(self) -> dict:
         return {
@@ -137,6 +151,7 @@ class Workload:
             "attrs": {k: encode_attr(v) for k, v in self.attrs},
             "epilogue": [s.to_json() for s in self.epilogue],
             "const_inputs": list(self.const_inputs),
+            "static_inputs": [[i, encode_attr(np.asarray(v))] for i, v in self.static_inputs],
         }
 
     @staticmethod
@@ -150,6 +165,7 @@ class Workload:
             attrs=tuple(sorted((k, decode_attr(v)) for k, v in data.get("attrs", {}).items())),
             epilogue=tuple(EpilogueStep.from_json(s) for s in data.get("epilogue", [])),
             const_inputs=tuple(data.get("const_inputs", [])),
+            static_inputs=tuple((int(i), decode_attr(v)) for i, v in data.get("static_inputs", [])),
         )
 
     @property

@@ -1,1 +1,4 @@
-"""Schedule search: spaces, tuners, cost model, measurement, tuning records, budgets (see DESIGN.md)."""
+"""Schedule search (see DESIGN.md).
+
+Spaces, tuners, cost model, measurement, tuning records, budgets.
+"""
