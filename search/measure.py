@@ -1,0 +1,299 @@
+"""Measuring one candidate: prepare, verify against the float64 reference, time.
+
+A `Measurement` is a frozen record with a `Status`. `measure_candidate` runs in
+the calling process: it draws fresh random inputs for the workload (static
+inputs exact, weights random), prepares the kernel with the drawn constants,
+runs it on outputs poisoned with NaN, compares every output with the float64
+reference by relative L2 error, verifies once more on a second input set when
+that is cheap, and then times it: warm-up runs, then at least `repeats` runs
+(more, up to `max_repeats`, until `min_time` seconds have been spent), with
+the caches flushed before each run when the working set is small enough to
+stay cached. The median and the interquartile range are kept.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wpk.kernels.registry import Candidate
+from wpk.kernels.workload import TensorSpec, Workload
+
+InputsFn = Callable[[Workload, np.random.Generator], Sequence[np.ndarray | None]]
+ReferenceFn = Callable[[Workload, Sequence[np.ndarray | None]], Sequence[np.ndarray]]
+
+# Default relative L2 tolerance per output dtype (float32 accumulations of a
+# few thousand terms stay well under 1e-5; half precision keeps ~3 digits).
+DEFAULT_TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
+INTEGER_TOLERANCE = 0.0
+# Verify a second input set only when one kernel run took less than this.
+SECOND_CHECK_MAX_S = 0.05
+
+
+class Status(enum.StrEnum):
+    """Outcome of measuring one candidate."""
+
+    OK = "ok"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    WRONG_ANSWER = "wrong_answer"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The verified timing (or the failure) of one candidate on one workload."""
+
+    label: str
+    impl: str
+    config: Mapping[str, Any]
+    status: Status
+    times_s: tuple[float, ...] = ()
+    median_s: float = float("nan")
+    spread_s: tuple[float, float] = (float("nan"), float("nan"))
+    rel_l2_error: float = float("nan")
+    message: str = ""
+    kind: str = ""
+    workload_key: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    def to_json(self) -> dict:
+        """JSON form (NaN becomes null)."""
+        return {
+            "label": self.label, "impl": self.impl, "kind": self.kind,
+            "config": dict(self.config), "status": self.status.value,
+            "workload_key": self.workload_key,
+            "times_s": list(self.times_s), "median_s": _finite_or_none(self.median_s),
+            "spread_s": [_finite_or_none(v) for v in self.spread_s],
+            "rel_l2_error": _finite_or_none(self.rel_l2_error),
+            "message": self.message, "extra": dict(self.extra),
+        }
+
+    @staticmethod
+    def from_json(data: Mapping) -> Measurement:
+        spread = data.get("spread_s") or (None, None)
+        return Measurement(
+            label=data["label"], impl=data["impl"], kind=data.get("kind", ""),
+            config=dict(data.get("config", {})), status=Status(data["status"]),
+            workload_key=data.get("workload_key", ""),
+            times_s=tuple(float(t) for t in data.get("times_s", ())),
+            median_s=_none_to_nan(data.get("median_s")),
+            spread_s=(_none_to_nan(spread[0]), _none_to_nan(spread[1])),
+            rel_l2_error=_none_to_nan(data.get("rel_l2_error")),
+            message=data.get("message", ""), extra=dict(data.get("extra", {})),
+        )
+
+
+def _finite_or_none(value: float) -> float | None:
+    return None if value is None or not np.isfinite(value) else float(value)
+
+
+def _none_to_nan(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def tolerance_for(workload: Workload) -> float:
+    """Default relative L2 tolerance: the loosest of the output dtypes' tolerances."""
+    tolerances = [DEFAULT_TOLERANCE.get(spec.dtype, INTEGER_TOLERANCE)
+                  for spec in workload.outputs]
+    return max(tolerances, default=DEFAULT_TOLERANCE["float32"])
+
+
+def poisoned_outputs(specs: Sequence[TensorSpec]) -> list[np.ndarray]:
+    """Fresh C-contiguous output arrays filled with NaN (or a sentinel for integers)."""
+    return [poison(np.empty(spec.shape, dtype=np.dtype(spec.dtype))) for spec in specs]
+
+
+def poison(array: np.ndarray) -> np.ndarray:
+    """Fill an output array with a value a correct kernel overwrites everywhere."""
+    if array.dtype.kind in "fc":
+        array.fill(np.nan)
+    elif array.dtype.kind in "iu":
+        array.fill(np.iinfo(array.dtype).max)
+    elif array.dtype.kind == "b":
+        array.fill(True)
+    return array
+
+
+def compare(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tuple[float, str]:
+    """Worst relative L2 error over the outputs and, when it is wrong, why.
+
+    Non-finite values must match the reference exactly (a NaN left from the
+    poison where the reference is finite is an unwritten element).
+    """
+    if len(outputs) != len(expected):
+        return float("inf"), f"{len(outputs)} outputs but the reference has {len(expected)}"
+    worst = 0.0
+    for index, (out, ref) in enumerate(zip(outputs, expected)):
+        ref = np.asarray(ref)
+        if out.shape != ref.shape:
+            return float("inf"), f"output {index} has shape {out.shape}, expected {ref.shape}"
+        got = out.astype(np.float64) if out.dtype.kind != "c" else out.astype(np.complex128)
+        finite_ref = np.isfinite(ref)
+        if not finite_ref.all():
+            same_special = (np.isnan(got) & np.isnan(ref)) | (got == ref)
+            if not same_special[~finite_ref].all():
+                return float("inf"), f"output {index} differs where the reference is inf/nan"
+        bad = ~np.isfinite(got) & finite_ref
+        if bad.any():
+            count = int(bad.sum())
+            return float("inf"), (f"output {index} has {count} of {bad.size} elements NaN/inf "
+                                  "(unwritten or overflowed)")
+        diff = np.linalg.norm(got[finite_ref] - ref[finite_ref])
+        norm = np.linalg.norm(ref[finite_ref])
+        error = float(diff / norm) if norm > 0 else float(diff)
+        worst = max(worst, error)
+    return worst, ""
+
+
+@functools.cache
+def _l2_cache_bytes() -> int:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as handle:
+            text = handle.read().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1)
+        return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError, IndexError):
+        return 1 << 20
+
+
+class CacheFlusher:
+    """Evicts a small working set from L1/L2 by writing a buffer twice the L2 size."""
+
+    def __init__(self, working_set_bytes: int):
+        size = 2 * _l2_cache_bytes()
+        self.enabled = working_set_bytes < size
+        self._buffer = np.zeros(size // 8, dtype=np.float64) if self.enabled else None
+        self._value = 0.0
+
+    def __call__(self) -> None:
+        if self._buffer is not None:
+            self._value += 1.0
+            self._buffer.fill(self._value)
+
+
+def _working_set(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> int:
+    return sum(a.nbytes for a in inputs if a is not None) + sum(a.nbytes for a in outputs)
+
+
+def _default_inputs_fn() -> InputsFn:
+    from wpk.kernels.random_inputs import random_inputs
+
+    return random_inputs
+
+
+def _default_reference_fn() -> ReferenceFn:
+    from wpk.kernels.reference import reference
+
+    return reference
+
+
+def _failure(workload: Workload, candidate: Candidate, status: Status, message: str,
+             error: float = float("nan"), times: tuple[float, ...] = ()) -> Measurement:
+    impl = candidate.implementation
+    return Measurement(label=candidate.label, impl=impl.name, kind=impl.kind,
+                       config=dict(candidate.config), status=status, message=message,
+                       rel_l2_error=error, times_s=times, workload_key=workload.key)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def measure_candidate(workload: Workload, candidate: Candidate, *,
+                      rng: np.random.Generator, warmup: int = 2, repeats: int = 5,
+                      max_repeats: int = 50, min_time: float = 0.05,
+                      tolerance: float | None = None, timeout: float | None = None,
+                      inputs_fn: InputsFn | None = None,
+                      reference_fn: ReferenceFn | None = None) -> Measurement:
+    """Prepare, verify and time one candidate in this process.
+
+    `repeats` is the least number of timed runs; more are made (up to
+    `max_repeats`) until `min_time` seconds of kernel time are collected.
+    `tolerance` defaults to `tolerance_for(workload)`. With `timeout`, a
+    first run slower than it ends the measurement with status timeout (an
+    in-process run cannot be interrupted; worker processes can). `inputs_fn`
+    and `reference_fn` default to `wpk.kernels.random_inputs.random_inputs`
+    and `wpk.kernels.reference.reference`.
+    """
+    inputs_fn = inputs_fn or _default_inputs_fn()
+    reference_fn = reference_fn or _default_reference_fn()
+    limit = tolerance_for(workload) if tolerance is None else tolerance
+    inputs = list(inputs_fn(workload, rng))
+    consts = {i: inputs[i] for i in workload.const_inputs if inputs[i] is not None}
+    try:
+        kernel = candidate.implementation.prepare(workload, consts, candidate.config)
+    except Exception as exc:  # any failure of an implementation is a measured outcome
+        return _failure(workload, candidate, Status.COMPILE_ERROR, _describe(exc))
+
+    outputs = poisoned_outputs(workload.outputs)
+    try:
+        start = time.perf_counter()
+        kernel(inputs, outputs)
+        first_run = time.perf_counter() - start
+    except Exception as exc:
+        return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
+    if timeout is not None and first_run > timeout:
+        return _failure(workload, candidate, Status.TIMEOUT,
+                        f"one run took {first_run:.3g} s, over the {timeout:.3g} s limit")
+    error, why = compare(outputs, reference_fn(workload, inputs))
+    if why or error > limit:
+        return _failure(workload, candidate, Status.WRONG_ANSWER,
+                        why or f"relative L2 error {error:.3g} exceeds {limit:.3g}", error)
+
+    if first_run < SECOND_CHECK_MAX_S:
+        # Same constants (the kernel may have packed them), fresh data inputs.
+        fresh = list(inputs_fn(workload, rng))
+        second = [inputs[i] if i in consts else fresh[i] for i in range(len(inputs))]
+        for out in outputs:
+            poison(out)
+        try:
+            kernel(second, outputs)
+        except Exception as exc:
+            return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
+        error2, why = compare(outputs, reference_fn(workload, second))
+        if why or error2 > limit:
+            return _failure(workload, candidate, Status.WRONG_ANSWER,
+                            (why or f"relative L2 error {error2:.3g} exceeds {limit:.3g}")
+                            + " (second input set)", error2)
+        error = max(error, error2)
+
+    try:
+        times = time_kernel(kernel, inputs, outputs, warmup=warmup, repeats=repeats,
+                            max_repeats=max_repeats, min_time=min_time)
+    except Exception as exc:
+        return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
+    q25, median, q75 = np.percentile(times, [25, 50, 75])
+    impl = candidate.implementation
+    return Measurement(label=candidate.label, impl=impl.name, kind=impl.kind,
+                       config=dict(candidate.config), status=Status.OK, times_s=tuple(times),
+                       median_s=float(median), spread_s=(float(q25), float(q75)),
+                       rel_l2_error=error, workload_key=workload.key)
+
+
+def time_kernel(kernel: Callable, inputs: Sequence[np.ndarray | None],
+                outputs: Sequence[np.ndarray], *, warmup: int = 2, repeats: int = 5,
+                max_repeats: int = 50, min_time: float = 0.05) -> list[float]:
+    """Seconds per run: `warmup` untimed runs, then `repeats`..`max_repeats` timed ones."""
+    flush = CacheFlusher(_working_set(inputs, outputs))
+    for _ in range(warmup):
+        kernel(inputs, outputs)
+    times: list[float] = []
+    clock = time.perf_counter
+    while len(times) < max(1, repeats) or (sum(times) < min_time and len(times) < max_repeats):
+        flush()
+        start = clock()
+        kernel(inputs, outputs)
+        times.append(clock() - start)
+    return times

@@ -1,0 +1,163 @@
+"""Measurement: verification catches wrong, partial and failing kernels; timing is sane."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wpk.kernels.registry import Candidate, Implementation
+from wpk.kernels.workload import TensorSpec, Workload
+from wpk.search.measure import Measurement, Status, compare, measure_candidate, time_kernel
+
+MATMUL = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),
+                  const_inputs=(1,))
+
+
+def random_inputs(workload, rng):
+    return [rng.standard_normal(s.shape).astype(s.dtype) for s in workload.inputs]
+
+
+def reference(workload, inputs):
+    return [np.matmul(inputs[0].astype(np.float64), inputs[1].astype(np.float64))]
+
+
+class NumpyMatMul(Implementation):
+    name = "test.matmul"
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "MatMul" else "not a MatMul"
+
+    def prepare(self, workload, consts, config):
+        weight = np.ascontiguousarray(consts[1])
+
+        def kernel(inputs, outputs):
+            np.matmul(inputs[0], weight, out=outputs[0])
+        return kernel
+
+
+class OffByALittle(NumpyMatMul):
+    name = "test.matmul_wrong"
+
+    def prepare(self, workload, consts, config):
+        weight = consts[1] * np.float32(1.01)
+
+        def kernel(inputs, outputs):
+            np.matmul(inputs[0], weight, out=outputs[0])
+        return kernel
+
+
+class WritesHalf(NumpyMatMul):
+    name = "test.matmul_half"
+
+    def prepare(self, workload, consts, config):
+        weight = consts[1]
+
+        def kernel(inputs, outputs):
+            outputs[0][:3] = inputs[0][:3] @ weight
+        return kernel
+
+
+class RaisesInRun(NumpyMatMul):
+    name = "test.matmul_raises"
+
+    def prepare(self, workload, consts, config):
+        def kernel(inputs, outputs):
+            raise RuntimeError("illegal memory access")
+        return kernel
+
+
+class RaisesInPrepare(NumpyMatMul):
+    name = "test.matmul_no_compile"
+
+    def prepare(self, workload, consts, config):
+        raise ValueError("syntax error in generated code")
+
+
+class IgnoresItsInput(NumpyMatMul):
+    """Right on the first input set only: it caches the first result."""
+
+    name = "test.matmul_caches"
+
+    def prepare(self, workload, consts, config):
+        weight = consts[1]
+        cached = []
+
+        def kernel(inputs, outputs):
+            if not cached:
+                cached.append(inputs[0] @ weight)
+            outputs[0][...] = cached[0]
+        return kernel
+
+
+def measure(impl, rng, **kw):
+    return measure_candidate(MATMUL, Candidate(impl, {}), rng=rng, warmup=1, repeats=3,
+                             min_time=0.0, inputs_fn=random_inputs, reference_fn=reference, **kw)
+
+
+def test_correct_kernel_is_ok_and_timed(rng):
+    m = measure(NumpyMatMul(), rng)
+    assert m.status is Status.OK, m.message
+    assert len(m.times_s) >= 3 and all(t > 0 for t in m.times_s)
+    assert m.spread_s[0] <= m.median_s <= m.spread_s[1]
+    assert m.rel_l2_error < 1e-6
+    assert m.workload_key == MATMUL.key and m.impl == "test.matmul"
+
+
+def test_wrong_answer_is_caught(rng):
+    m = measure(OffByALittle(), rng)
+    assert m.status is Status.WRONG_ANSWER
+    assert m.rel_l2_error == pytest.approx(0.01, rel=0.05)
+    assert "exceeds" in m.message and not m.times_s
+
+
+def test_partial_write_is_caught_by_the_nan_poison(rng):
+    m = measure(WritesHalf(), rng)
+    assert m.status is Status.WRONG_ANSWER
+    assert "15 of 30 elements NaN" in m.message
+
+
+def test_exceptions_become_statuses_with_messages(rng):
+    run = measure(RaisesInRun(), rng)
+    assert run.status is Status.RUNTIME_ERROR and "illegal memory access" in run.message
+    compile_ = measure(RaisesInPrepare(), rng)
+    assert compile_.status is Status.COMPILE_ERROR and "syntax error" in compile_.message
+
+
+def test_second_input_set_catches_a_kernel_that_ignores_its_inputs(rng):
+    m = measure(IgnoresItsInput(), rng)
+    assert m.status is Status.WRONG_ANSWER and "second input set" in m.message
+
+
+def test_loose_tolerance_accepts_small_errors(rng):
+    assert measure(OffByALittle(), rng, tolerance=0.05).status is Status.OK
+
+
+def test_timeout_status_when_a_run_is_too_slow(rng):
+    assert measure(NumpyMatMul(), rng, timeout=0.0).status is Status.TIMEOUT
+
+
+def test_adaptive_repeats_reach_min_time():
+    calls = []
+
+    def kernel(inputs, outputs):
+        calls.append(1)
+        sum(range(2000))
+    times = time_kernel(kernel, [], [], warmup=2, repeats=5, max_repeats=40, min_time=10.0)
+    assert len(times) == 40 and len(calls) == 42
+    few = time_kernel(kernel, [], [], warmup=0, repeats=5, max_repeats=40, min_time=0.0)
+    assert len(few) == 5
+
+
+def test_compare_requires_matching_special_values():
+    ref = np.array([1.0, np.inf, np.nan])
+    assert compare([np.array([1.0, np.inf, np.nan], np.float32)], [ref]) == (0.0, "")
+    error, why = compare([np.array([1.0, 2.0, np.nan], np.float32)], [ref])
+    assert error == float("inf") and "inf/nan" in why
+
+
+def test_measurement_json_round_trip(rng):
+    m = measure(NumpyMatMul(), rng)
+    again = Measurement.from_json(m.to_json())
+    assert again == m
+    failed = measure(RaisesInRun(), rng)
+    assert Measurement.from_json(failed.to_json()).status is Status.RUNTIME_ERROR
