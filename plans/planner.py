@@ -1,0 +1,202 @@
+"""The planner: the fastest verified candidate for every distinct workload.
+
+Graph nodes with equal workloads are measured once. Candidates come from a
+list of providers `(workload, target) -> list[Candidate]`; the registry is
+the first, and search (generated kernels) adds its own with
+`add_candidate_provider` or by passing `providers=` to `plan`. Every
+measurement is kept for the report.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from wpk.errors import UnsupportedError, WpkError
+from wpk.kernels.registry import FALLBACK, Candidate
+from wpk.kernels.workload import Workload
+from wpk.search.measure import Measurement, measure_candidate
+
+CandidateProvider = Callable[[Workload, str], Sequence[Candidate]]
+ProgressCallback = Callable[[int, int, str], None]
+MeasureFn = Callable[..., Measurement]
+
+
+class NodeWorkloadLike(Protocol):
+    """What `wpk.workloads.extract_workloads` yields: a graph node and its workload."""
+
+    node: Any
+    workload: Workload
+
+
+def registry_candidates(workload: Workload, target: str) -> list[Candidate]:
+    """Every registered implementation (and config) that supports the workload."""
+    from wpk.kernels import registry
+
+    return registry.candidates(workload, target)
+
+
+CANDIDATE_PROVIDERS: list[CandidateProvider] = [registry_candidates]
+
+
+def add_candidate_provider(provider: CandidateProvider) -> None:
+    """Let `provider` contribute candidates to every later `plan` call (once)."""
+    if provider not in CANDIDATE_PROVIDERS:
+        CANDIDATE_PROVIDERS.append(provider)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How candidates are measured and chosen."""
+
+    warmup: int = 2
+    repeats: int = 5
+    max_repeats: int = 50
+    min_time: float = 0.05
+    seed: int = 0
+    strict: bool = False
+    tolerance: float | None = None
+    timeout: float | None = None
+
+
+@dataclass
+class Choice:
+    """The chosen candidate of one workload, with every measurement made for it."""
+
+    workload: Workload
+    node_names: list[str]
+    node_ops: list[str]
+    candidate: Candidate
+    measurement: Measurement
+    measurements: list[Measurement] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.candidate.implementation.kind == FALLBACK
+
+
+@dataclass
+class PlanChoices:
+    """Choices by workload key, in the order the workloads first appear in the graph."""
+
+    choices: dict[str, Choice]
+
+    def __getitem__(self, key: str) -> Choice:
+        return self.choices[key]
+
+    def __iter__(self):
+        return iter(self.choices.values())
+
+    def __len__(self) -> int:
+        return len(self.choices)
+
+
+def _node_name(node: Any) -> str:
+    return getattr(node, "name", str(node))
+
+
+def _unsupported_nodes(groups: dict[str, list[NodeWorkloadLike]], target: str,
+                       providers: Sequence[CandidateProvider]) -> list[str]:
+    try:
+        from wpk.kernels.support import is_supported
+    except ImportError:  # before the support table exists: a non-fallback candidate
+        def is_supported(workload):
+            return any(c.implementation.kind != FALLBACK
+                       for p in providers for c in p(workload, target))
+    missing = []
+    for items in groups.values():
+        if not is_supported(items[0].workload):
+            missing += [f"{_node_name(i.node)} ({i.workload.op})" for i in items]
+    return missing
+
+
+def _gather(workload: Workload, target: str,
+            providers: Sequence[CandidateProvider]) -> list[Candidate]:
+    found: dict[str, Candidate] = {}
+    for provider in providers:
+        for candidate in provider(workload, target):
+            found.setdefault(candidate.label, candidate)
+    return list(found.values())
+
+
+def _rng_for(seed: int, key: str) -> np.random.Generator:
+    return np.random.default_rng([seed, int(key, 16) % (1 << 63)])
+
+
+def _nodes_text(items: Sequence[NodeWorkloadLike]) -> str:
+    names = [_node_name(i.node) for i in items]
+    shown = ", ".join(repr(n) for n in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def plan(graph_workloads: Sequence[NodeWorkloadLike], target: str = "cpu",
+         options: PlanOptions | None = None, on_progress: ProgressCallback | None = None, *,
+         providers: Sequence[CandidateProvider] | None = None,
+         measure: MeasureFn | None = None) -> PlanChoices:
+    """Measure every candidate of every distinct workload and keep the fastest verified one.
+
+    `on_progress(done, total, label)` is called before each workload and once
+    at the end. With `options.strict`, any workload that wpk does not support
+    natively (it would need a fallback) fails the build before measuring,
+    naming every such node. Raises UnsupportedError when no candidate exists
+    and WpkError when none verifies, naming the nodes.
+    """
+    options = options or PlanOptions()
+    providers = list(CANDIDATE_PROVIDERS if providers is None else providers)
+    measure = measure or measure_candidate
+    groups: dict[str, list[NodeWorkloadLike]] = {}
+    for item in graph_workloads:
+        groups.setdefault(item.workload.key, []).append(item)
+
+    if options.strict:
+        missing = _unsupported_nodes(groups, target, providers)
+        if missing:
+            raise UnsupportedError(
+                f"--strict: {len(missing)} node(s) have no native wpk implementation on "
+                f"{target}: {', '.join(missing)}",
+                hint="drop --strict to run these nodes with the onnxruntime fallback")
+
+    run = functools.partial(measure, warmup=options.warmup, repeats=options.repeats,
+                            max_repeats=options.max_repeats, min_time=options.min_time,
+                            tolerance=options.tolerance, timeout=options.timeout)
+    choices: dict[str, Choice] = {}
+    no_candidate, none_verified = [], []
+    for done, (key, items) in enumerate(groups.items()):
+        workload = items[0].workload
+        if on_progress:
+            on_progress(done, len(groups), workload.label)
+        candidates = _gather(workload, target, providers)
+        if not candidates:
+            no_candidate.append(f"{workload.op} at {_nodes_text(items)}")
+            continue
+        rng = _rng_for(options.seed, key)
+        measured = [(c, run(workload, c, rng=rng)) for c in candidates]
+        verified = [(c, m) for c, m in measured if m.ok]
+        if not verified:
+            reasons = "; ".join(f"{m.label}: {m.status.value} ({m.message})"
+                                for _, m in measured)
+            none_verified.append(f"{workload.op} at {_nodes_text(items)} [{reasons}]")
+            continue
+        best, best_measurement = min(verified, key=lambda pair: pair[1].median_s)
+        choices[key] = Choice(workload, [_node_name(i.node) for i in items],
+                              [getattr(i.node, "op", workload.op) for i in items],
+                              best, best_measurement, [m for _, m in measured])
+    if on_progress:
+        on_progress(len(groups), len(groups), "done")
+    if no_candidate:
+        raise UnsupportedError(f"no implementation on {target} supports: "
+                               + "; ".join(no_candidate),
+                               hint="this operator/shape is not supported yet; "
+                                    "check `wpk inspect` for the workloads of the model")
+    if none_verified:
+        raise WpkError("no candidate computed the right answer for: " + "; ".join(none_verified),
+                       hint="this is a bug in wpk's kernels; please report it with the model")
+    return PlanChoices(choices)

@@ -1,0 +1,149 @@
+"""Planner: fastest verified candidate per workload, failures named by node."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from wpk.errors import UnsupportedError, WpkError
+from wpk.graph import Node
+from wpk.kernels.registry import FALLBACK, Candidate, Implementation
+from wpk.kernels.workload import TensorSpec, Workload
+from wpk.plans.planner import PlanOptions, plan
+from wpk.search.measure import Status, measure_candidate
+
+MATMUL = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),
+                  const_inputs=(1,))
+ODD = Workload("NotAnOp", (TensorSpec((4,)),), (TensorSpec((4,)),))
+
+
+def random_inputs(workload, rng):
+    return [rng.standard_normal(s.shape).astype(s.dtype) for s in workload.inputs]
+
+
+def reference(workload, inputs):
+    if workload.op == "NotAnOp":
+        return [inputs[0].astype(np.float64) * 2]
+    return [inputs[0].astype(np.float64) @ inputs[1].astype(np.float64)]
+
+
+class BlasMatMul(Implementation):
+    name = "test.blas"
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "MatMul" else "MatMul only"
+
+    def prepare(self, workload, consts, config):
+        weight = np.ascontiguousarray(consts[1])
+        return lambda inputs, outputs: np.matmul(inputs[0], weight, out=outputs[0])
+
+
+class LoopMatMul(BlasMatMul):
+    """Correct, but a pure-Python triple loop: far slower than BLAS."""
+
+    name = "test.loops"
+
+    def prepare(self, workload, consts, config):
+        weight = consts[1].tolist()
+
+        def kernel(inputs, outputs):
+            a = inputs[0].tolist()
+            out = outputs[0]
+            for i in range(len(a)):
+                for j in range(len(weight[0])):
+                    out[i, j] = sum(a[i][k] * weight[k][j] for k in range(len(weight)))
+        return kernel
+
+
+class Broken(BlasMatMul):
+    name = "test.broken"
+
+    def prepare(self, workload, consts, config):
+        return lambda inputs, outputs: outputs[0].fill(0.0)
+
+
+class DoubleByOrt(Implementation):
+    name = "test.fallback_double"
+    kind = FALLBACK
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "NotAnOp" else "no"
+
+    def prepare(self, workload, consts, config):
+        return lambda inputs, outputs: np.multiply(inputs[0], 2, out=outputs[0])
+
+
+@dataclass
+class NodeWorkload:
+    node: Node
+    workload: Workload
+
+
+def node(name, workload):
+    return NodeWorkload(Node(workload.op, ["a", "b"], [name + "_out"], name), workload)
+
+
+def provider_of(*impls):
+    def provide(workload, target):
+        return [Candidate(i, {}) for i in impls if i.unsupported_reason(workload) is None]
+    return provide
+
+
+MEASURE = functools.partial(measure_candidate, inputs_fn=random_inputs, reference_fn=reference)
+FAST = PlanOptions(warmup=1, repeats=5, min_time=0.0)
+
+
+def test_picks_the_faster_verified_candidate_and_keeps_all_measurements():
+    calls = []
+
+    def counting(*args, **kw):
+        calls.append(args[1].label)
+        return MEASURE(*args, **kw)
+    choices = plan([node("mm1", MATMUL), node("mm2", MATMUL)], "cpu", FAST,
+                   providers=[provider_of(LoopMatMul(), BlasMatMul(), Broken())],
+                   measure=counting)
+    assert sorted(calls) == ["test.blas", "test.broken", "test.loops"]  # measured once
+    choice = choices[MATMUL.key]
+    assert choice.candidate.implementation.name == "test.blas"
+    assert choice.node_names == ["mm1", "mm2"] and choice.count == 2
+    statuses = {m.impl: m.status for m in choice.measurements}
+    assert statuses == {"test.blas": Status.OK, "test.loops": Status.OK,
+                        "test.broken": Status.WRONG_ANSWER}
+    loops = next(m for m in choice.measurements if m.impl == "test.loops")
+    assert loops.median_s > choice.measurement.median_s
+
+
+def test_no_verified_candidate_names_the_nodes():
+    with pytest.raises(WpkError, match=r"'mm1'.*test.broken: wrong_answer") as info:
+        plan([node("mm1", MATMUL)], "cpu", FAST, providers=[provider_of(Broken())],
+             measure=MEASURE)
+    assert info.value.hint
+
+
+def test_no_candidate_at_all_is_unsupported():
+    with pytest.raises(UnsupportedError, match="NotAnOp at 'odd'"):
+        plan([node("odd", ODD)], "cpu", FAST, providers=[provider_of(BlasMatMul())],
+             measure=MEASURE)
+
+
+def test_strict_lists_every_unsupported_node_before_measuring():
+    measured = []
+    items = [node("odd1", ODD), node("mm", MATMUL), node("odd2", ODD)]
+    providers = [provider_of(BlasMatMul(), DoubleByOrt())]
+    with pytest.raises(UnsupportedError, match=r"odd1 \(NotAnOp\), odd2 \(NotAnOp\)"):
+        plan(items, "cpu", PlanOptions(strict=True), providers=providers,
+             measure=lambda *a, **k: measured.append(a))
+    assert measured == []
+    choices = plan(items, "cpu", FAST, providers=providers, measure=MEASURE)
+    assert choices[ODD.key].is_fallback and not choices[MATMUL.key].is_fallback
+
+
+def test_progress_reports_each_workload_and_the_end():
+    seen = []
+    plan([node("mm", MATMUL), node("odd", ODD)], "cpu", FAST,
+         on_progress=lambda done, total, label: seen.append((done, total)),
+         providers=[provider_of(BlasMatMul(), DoubleByOrt())], measure=MEASURE)
+    assert seen == [(0, 2), (1, 2), (2, 2)]
