@@ -1,0 +1,286 @@
+"""Evaluation models: the nine `light` CNNs of the onnx wheel and three hand-built networks.
+
+The hand-built ones are made with `onnx.helper` (no torch), opset 17, with
+weights from a seeded generator, so every build gives the same bytes:
+
+- `mobilenet_v2_like`: inverted-residual blocks (1x1 expand, 3x3 depthwise,
+  1x1 project) with BatchNormalization, Relu6 as `Clip(0, 6)` and residual adds.
+- `efficientnet_like`: MBConv blocks with SiLU written as `x * Sigmoid(x)` and
+  squeeze-and-excitation.
+- `transformer_encoder`: one post-norm encoder layer, sequence 64, d_model 256,
+  4 heads: MatMul/Add projections, Reshape/Transpose for heads, Softmax,
+  LayerNormalization, the erf form of Gelu and residuals.
+
+    python -m tests.models OUTDIR        # writes every hand-built model as OUTDIR/<name>.onnx
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+                "shufflenet", "squeezenet", "vgg19", "zfnet512")
+
+
+class _GraphBuilder:
+    """Accumulates nodes and seeded initializers; names every tensor uniquely."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def name(self, base: str) -> str:
+        self._count += 1
+        return f"{base}_{self._count}"
+
+    def const(self, base: str, value: np.ndarray) -> str:
+        name = self.name(base)
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], base: str | None = None, **attrs) -> str:
+        out = self.name(base or op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"{out}_node", **attrs))
+        return out
+
+    def weight(self, base: str, shape: tuple[int, ...], fan_in: int) -> str:
+        """He-initialised weights, so activations keep their scale through deep stacks."""
+        scale = math.sqrt(2.0 / fan_in)
+        return self.const(base, (self.rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def vector(self, base: str, size: int, low: float, high: float) -> str:
+        return self.const(base, self.rng.uniform(low, high, size).astype(np.float32))
+
+    def model(self, name: str, inputs: list[onnx.ValueInfoProto],
+              outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                  producer_name="wpk-tests")
+        model.ir_version = 8
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
+    # Layers ---------------------------------------------------------------------------
+
+    def conv(self, x: str, c_in: int, c_out: int, kernel: int, stride: int = 1,
+             groups: int = 1, bias: bool = False) -> str:
+        w = self.weight("w", (c_out, c_in // groups, kernel, kernel), c_in // groups * kernel**2)
+        inputs = [x, w] + ([self.vector("b", c_out, -0.1, 0.1)] if bias else [])
+        pad = kernel // 2
+        return self.op("Conv", inputs, "conv", kernel_shape=[kernel, kernel],
+                       strides=[stride, stride], pads=[pad] * 4, group=groups)
+
+    def batch_norm(self, x: str, channels: int) -> str:
+        scale = self.vector("bn_scale", channels, 0.5, 1.5)
+        bias = self.vector("bn_bias", channels, -0.2, 0.2)
+        mean = self.vector("bn_mean", channels, -0.2, 0.2)
+        var = self.vector("bn_var", channels, 0.5, 2.0)
+        return self.op("BatchNormalization", [x, scale, bias, mean, var], "bn", epsilon=1e-5)
+
+    def relu6(self, x: str) -> str:
+        low = self.const("zero", np.array(0.0, np.float32))
+        high = self.const("six", np.array(6.0, np.float32))
+        return self.op("Clip", [x, low, high], "relu6")
+
+    def silu(self, x: str) -> str:
+        return self.op("Mul", [x, self.op("Sigmoid", [x])], "silu")
+
+    def classifier(self, x: str, channels: int, classes: int) -> str:
+        pooled = self.op("GlobalAveragePool", [x], "gap")
+        flat = self.op("Flatten", [pooled], "flatten", axis=1)
+        w = self.weight("fc_w", (classes, channels), channels)
+        return self.op("Gemm", [flat, w, self.vector("fc_b", classes, -0.1, 0.1)], "logits",
+                       transB=1)
+
+
+def _image_input(name: str, size: int) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 3, size, size])
+
+
+def mobilenet_v2_like(image_size: int = 224, classes: int = 1000, seed: int = 0) -> onnx.ModelProto:
+    """A MobileNet-v2-style stack: depthwise convolutions, BatchNormalization, Relu6 (Clip)."""
+    g = _GraphBuilder(seed)
+    x = g.relu6(g.batch_norm(g.conv("input", 3, 32, 3, stride=2), 32))
+    channels = 32
+    # (expansion, output channels, repeats, first stride), as in MobileNet v2 (shortened).
+    for expansion, c_out, repeats, first_stride in [(1, 16, 1, 1), (6, 24, 2, 2),
+                                                     (6, 32, 3, 2), (6, 64, 2, 2),
+                                                     (6, 96, 2, 1), (6, 160, 1, 2)]:
+        for i in range(repeats):
+            stride = first_stride if i == 0 else 1
+            hidden = channels * expansion
+            h = x
+            if expansion != 1:
+                h = g.relu6(g.batch_norm(g.conv(h, channels, hidden, 1), hidden))
+            h = g.relu6(g.batch_norm(g.conv(h, hidden, hidden, 3, stride, groups=hidden), hidden))
+            h = g.batch_norm(g.conv(h, hidden, c_out, 1), c_out)
+            if stride == 1 and channels == c_out:
+                h = g.op("Add", [x, h], "residual")
+            x, channels = h, c_out
+    x = g.relu6(g.batch_norm(g.conv(x, channels, 640, 1), 640))
+    logits = g.classifier(x, 640, classes)
+    out = helper.make_tensor_value_info(logits, TensorProto.FLOAT, [1, classes])
+    return g.model("mobilenet_v2_like", [_image_input("input", image_size)], [out])
+
+
+def efficientnet_like(image_size: int = 224, classes: int = 1000, seed: int = 1) -> onnx.ModelProto:
+    """An EfficientNet-style stack: MBConv blocks with SiLU (x*sigmoid(x)) and squeeze-excite."""
+    g = _GraphBuilder(seed)
+    x = g.silu(g.batch_norm(g.conv("input", 3, 32, 3, stride=2), 32))
+    channels = 32
+    # (expansion, kernel, output channels, repeats, first stride), EfficientNet-B0 (shortened).
+    for expansion, kernel, c_out, repeats, first_stride in [(1, 3, 16, 1, 1), (6, 3, 24, 2, 2),
+                                                             (6, 5, 40, 2, 2), (6, 3, 80, 2, 2),
+                                                             (6, 5, 112, 1, 1)]:
+        for i in range(repeats):
+            stride = first_stride if i == 0 else 1
+            hidden = channels * expansion
+            h = x
+            if expansion != 1:
+                h = g.silu(g.batch_norm(g.conv(h, channels, hidden, 1), hidden))
+            h = g.silu(g.batch_norm(g.conv(h, hidden, hidden, kernel, stride, groups=hidden),
+                                    hidden))
+            squeezed = max(1, channels // 4)
+            s = g.op("GlobalAveragePool", [h], "se_pool")
+            s = g.silu(g.conv(s, hidden, squeezed, 1, bias=True))
+            s = g.op("Sigmoid", [g.conv(s, squeezed, hidden, 1, bias=True)], "se_gate")
+            h = g.op("Mul", [h, s], "se_scale")
+            h = g.batch_norm(g.conv(h, hidden, c_out, 1), c_out)
+            if stride == 1 and channels == c_out:
+                h = g.op("Add", [x, h], "residual")
+            x, channels = h, c_out
+    x = g.silu(g.batch_norm(g.conv(x, channels, 640, 1), 640))
+    logits = g.classifier(x, 640, classes)
+    out = helper.make_tensor_value_info(logits, TensorProto.FLOAT, [1, classes])
+    return g.model("efficientnet_like", [_image_input("input", image_size)], [out])
+
+
+def transformer_encoder(seq_len: int = 64, d_model: int = 256, heads: int = 4,
+                        ffn: int = 1024, seed: int = 2) -> onnx.ModelProto:
+    """One post-norm transformer encoder layer (attention + erf-Gelu FFN, LayerNormalization)."""
+    g = _GraphBuilder(seed)
+    head_dim = d_model // heads
+
+    def linear(x: str, n_in: int, n_out: int) -> str:
+        y = g.op("MatMul", [x, g.weight("w", (n_in, n_out), n_in)], "matmul")
+        return g.op("Add", [y, g.vector("b", n_out, -0.1, 0.1)], "bias")
+
+    def layer_norm(x: str) -> str:
+        scale = g.vector("ln_scale", d_model, 0.8, 1.2)
+        bias = g.vector("ln_bias", d_model, -0.1, 0.1)
+        return g.op("LayerNormalization", [x, scale, bias], "ln", axis=-1, epsilon=1e-5)
+
+    split_shape = g.const("split_shape", np.array([1, seq_len, heads, head_dim], np.int64))
+    merge_shape = g.const("merge_shape", np.array([1, seq_len, d_model], np.int64))
+
+    def heads_of(x: str, perm: list[int]) -> str:
+        return g.op("Transpose", [g.op("Reshape", [x, split_shape], "split")], "heads", perm=perm)
+
+    x = "input"
+    q = heads_of(linear(x, d_model, d_model), [0, 2, 1, 3])      # [1, h, s, d]
+    k_t = heads_of(linear(x, d_model, d_model), [0, 2, 3, 1])    # [1, h, d, s]
+    v = heads_of(linear(x, d_model, d_model), [0, 2, 1, 3])      # [1, h, s, d]
+    scores = g.op("MatMul", [q, k_t], "scores")
+    scale = g.const("scale", np.array(1.0 / math.sqrt(head_dim), np.float32))
+    probs = g.op("Softmax", [g.op("Mul", [scores, scale], "scaled")], "probs", axis=-1)
+    context = g.op("Transpose", [g.op("MatMul", [probs, v], "context")], "merge",
+                   perm=[0, 2, 1, 3])
+    context = g.op("Reshape", [context, merge_shape], "merged")
+    x = layer_norm(g.op("Add", [x, linear(context, d_model, d_model)], "residual"))
+
+    h = linear(x, d_model, ffn)
+    sqrt2 = g.const("sqrt2", np.array(math.sqrt(2.0), np.float32))
+    one = g.const("one", np.array(1.0, np.float32))
+    half = g.const("half", np.array(0.5, np.float32))
+    erf = g.op("Erf", [g.op("Div", [h, sqrt2], "gelu_div")], "gelu_erf")
+    inner = g.op("Mul", [h, g.op("Add", [erf, one], "gelu_add")], "gelu_mul")
+    gelu = g.op("Mul", [inner, half], "gelu")
+    x = layer_norm(g.op("Add", [x, linear(gelu, ffn, d_model)], "residual"))
+
+    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, seq_len, d_model])
+    out = helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, seq_len, d_model])
+    return g.model("transformer_encoder", [inp], [out])
+
+
+BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
+    "mobilenet_v2_like": mobilenet_v2_like,
+    "efficientnet_like": efficientnet_like,
+    "transformer_encoder": transformer_encoder,
+}
+ALL_MODELS = tuple(f"light_{n}" for n in LIGHT_MODELS) + tuple(BUILDERS)
+
+
+def light_model_path(name: str) -> Path:
+    """Path of a `light` model in the onnx wheel (`resnet50` or `light_resnet50`)."""
+    stem = name if name.startswith("light_") else f"light_{name}"
+    return LIGHT_DIR / f"{stem}.onnx"
+
+
+def load_model(name: str) -> onnx.ModelProto:
+    """A model by name: `light_<arch>` from the onnx wheel or one of `BUILDERS`."""
+    if name in BUILDERS:
+        return BUILDERS[name]()
+    path = light_model_path(name)
+    if not path.exists():
+        known = ", ".join(ALL_MODELS)
+        raise ValueError(f"unknown model {name!r}; known: {known}")
+    return onnx.load(str(path))
+
+
+def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are not initializers (old IR versions list weights as inputs)."""
+    weights = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in weights]
+
+
+def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random feeds for every real graph input (unknown dims are 1)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model_inputs(model):
+        tensor = value.type.tensor_type
+        shape = tuple(d.dim_value if d.dim_value > 0 else 1 for d in tensor.shape.dim)
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[value.name] = rng.integers(0, 4, shape).astype(dtype)
+    return feeds
+
+
+def write_models(out_dir: str | Path, names: list[str] | None = None) -> list[Path]:
+    """Write hand-built models as `<out_dir>/<name>.onnx`; returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names or list(BUILDERS):
+        path = out / f"{name}.onnx"
+        onnx.save(load_model(name), str(path))
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: python -m tests.models OUTDIR [NAME ...]\n\nmodels: " + ", ".join(BUILDERS))
+        return 0 if args else 2
+    for path in write_models(args[0], args[1:] or None):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
