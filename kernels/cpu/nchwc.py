@@ -1,0 +1,255 @@
+"""onnxruntime's MLAS NCHWc kernels as implementations of the `wpk.nchwc` ops.
+
+Each workload becomes a one-node ONNX model in onnxruntime's contrib domain
+`com.microsoft.nchwc` (Conv with fused activation and Sum input, MaxPool,
+AveragePool, GlobalMaxPool, GlobalAveragePool, ReorderInput, ReorderOutput),
+with the filter packed the way onnxruntime's NchwcTransformer packs it
+(`wpk.kernels.nchwc_format`) and the bias padded to the block. A blocked
+(N, Cb, H, W, b) buffer is bound to the session as the 4-d NCHWc tensor
+(N, Cb*b, H, W) that MLAS expects: same memory, no copy. Sessions run with
+every graph optimization off (the node is already what we want), intra-op
+threads = cores, spinning off, and IOBinding straight into the caller's
+output arrays. The op semantics are documented in `wpk.passes.nchwc_layout`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
+from wpk.kernels.workload import Workload
+
+NCHWC_DOMAIN = "wpk.nchwc"
+ORT_NCHWC_DOMAIN = "com.microsoft.nchwc"
+POOL_OPS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
+NCHWC_OPS = ("Conv", "ReorderInput", "ReorderOutput", *POOL_OPS)
+
+# wpk epilogue activation -> (MLAS activation name, parameter attribute names, defaults)
+_ACTIVATIONS = {
+    "relu": ("Relu", (), ()),
+    "sigmoid": ("Sigmoid", (), ()),
+    "tanh": ("Tanh", (), ()),
+    "leaky_relu": ("LeakyRelu", ("alpha",), (0.01,)),
+    "clip": ("Clip", ("min", "max"), (-np.inf, np.inf)),
+    "hard_sigmoid": ("HardSigmoid", ("alpha", "beta"), (0.2, 0.5)),
+}
+_ZERO_PRESERVING = ("relu", "tanh", "leaky_relu")
+
+
+def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] | str:
+    """Split a Conv epilogue into (Sum operand index, activation step), or say why it can't.
+
+    MLAS computes act(conv + bias + sum): an optional `add` of a blocked
+    operand first, then at most one activation.
+    """
+    steps = list(workload.epilogue)
+    sum_index = None
+    if steps and steps[0].op == "add":
+        sum_index = steps.pop(0).operand
+        spec = workload.inputs[sum_index] if sum_index is not None else None
+        if spec is None or spec.shape != workload.outputs[0].shape:
+            return "the residual add operand is not a blocked tensor of the output's shape"
+    if len(steps) > 1 or (steps and steps[0].op not in _ACTIVATIONS):
+        return f"epilogue {[s.op for s in workload.epilogue]} is not [add] + one MLAS activation"
+    return sum_index, (steps[0] if steps else None)
+
+
+def activation_keeps_zero(step) -> bool:
+    """Whether act(0) == 0, so the zero padding channels stay zero."""
+    if step is None or step.op in _ZERO_PRESERVING:
+        return True
+    if step.op == "clip":
+        lo, hi = step.attr("min"), step.attr("max")
+        return (lo is None or lo <= 0) and (hi is None or hi >= 0)
+    return False
+
+
+def conv_filter_format(workload: Workload) -> str:
+    """'OIHWBo' (depthwise, or NCHW input) or 'OIHWBiBo' (everything else)."""
+    weight = workload.inputs[1].shape
+    group = int(workload.attr("group", 1))
+    if len(workload.inputs[0].shape) == 4:
+        return "OIHWBo"
+    if group > 1 and weight[1] == 1 and weight[0] == group:
+        return "OIHWBo"
+    return "OIHWBiBo"
+
+
+def _unsupported_conv(workload: Workload, b: int) -> str | None:
+    x, w = workload.inputs[0], workload.inputs[1]
+    if w is None or 1 not in workload.const_inputs:
+        return "the filter is not a constant"
+    if len(workload.inputs) > 2 and workload.inputs[2] is not None \
+            and 2 not in workload.const_inputs:
+        return "the bias is not a constant"
+    o, i_per_group, _, _ = w.shape
+    group = int(workload.attr("group", 1))
+    if len(x.shape) == 4:
+        if group != 1 or x.shape[1] >= b:
+            return "an NCHW input is only read directly by a group-1 conv with < block channels"
+    elif group > 1 and not (i_per_group == 1 and o == group):
+        if i_per_group % b or (o // group) % b:
+            return "grouped conv channels per group are not multiples of the block"
+    elif group == 1 and i_per_group % 4:
+        return "input channels are not a multiple of 4"
+    form = conv_epilogue_form(workload)
+    if isinstance(form, str):
+        return form
+    if o % b and not activation_keeps_zero(form[1]):
+        return "the activation would make the padding channels non-zero"
+    return None
+
+
+def unsupported_reason(workload: Workload) -> str | None:
+    """Why onnxruntime's NCHWc kernels cannot compute the workload (None if they can)."""
+    if workload.domain != NCHWC_DOMAIN or workload.op not in NCHWC_OPS:
+        return "not a wpk.nchwc op"
+    if any(s is not None and s.dtype != "float32" for s in (*workload.inputs, *workload.outputs)):
+        return "MLAS NCHWc kernels are float32 only"
+    b = int(workload.attr("block", 0))
+    if b != fmt.host_block_size():
+        return f"block {b} is not MLAS's block {fmt.host_block_size()} on this host"
+    if str(workload.attr("auto_pad", "NOTSET")) not in ("NOTSET", ""):
+        return "auto_pad must be resolved to explicit pads"
+    if workload.op == "Conv":
+        return _unsupported_conv(workload, b)
+    if workload.epilogue:
+        return "fused epilogues are only supported on Conv"
+    if workload.op == "ReorderInput" and workload.inputs[0].shape[1] % 4:
+        return "onnxruntime's ReorderInput needs a channel count that is a multiple of 4"
+    return None
+
+
+def _ort_shape(shape: tuple[int, ...]) -> list[int]:
+    """The 4-d shape onnxruntime sees for a blocked (5-d) or NCHW (4-d) buffer."""
+    if len(shape) == 5:
+        n, cb, h, w, b = shape
+        return [n, cb * b, h, w]
+    return list(shape)
+
+
+def _onnx_attrs(workload: Workload, names: Sequence[str]) -> dict:
+    attrs = {}
+    for name in names:
+        value = workload.attr(name)
+        if value is not None:
+            attrs[name] = list(value) if isinstance(value, tuple) else value
+    return attrs
+
+
+def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
+    """The one-node `com.microsoft.nchwc` model and the workload inputs it is fed, in order."""
+    b = int(workload.attr("block"))
+    initializers, feeds, node_inputs = [], [], ["x"]
+    op, attrs = workload.op, {}
+    if op == "Conv":
+        weight = np.asarray(consts[1], dtype=np.float32)
+        out_channels = weight.shape[0]
+        if conv_filter_format(workload) == "OIHWBo":
+            packed = fmt.pack_filter_oihwbo(weight, b)
+        else:
+            packed = fmt.pack_filter_oihwbibo(weight, b)
+        initializers.append(numpy_helper.from_array(packed, "w"))
+        node_inputs.append("w")
+        has_bias = len(workload.inputs) > 2 and workload.inputs[2] is not None
+        if has_bias:
+            bias = fmt.pad_channels(np.asarray(consts[2], dtype=np.float32), b)
+            initializers.append(numpy_helper.from_array(bias, "b"))
+        node_inputs.append("b" if has_bias else "")
+        sum_index, act = conv_epilogue_form(workload)
+        if sum_index is not None:
+            node_inputs.append("sum")
+            feeds.append(("sum", sum_index))
+        attrs = _onnx_attrs(workload, ("kernel_shape", "strides", "pads", "dilations"))
+        group = int(workload.attr("group", 1))
+        if conv_filter_format(workload) == "OIHWBo" and group > 1:
+            group = fmt.round_up(out_channels, b)
+        attrs["group"] = group
+        if act is not None:
+            name, params, defaults = _ACTIVATIONS[act.op]
+            attrs["activation"] = name
+            if params:
+                attrs["activation_params"] = [float(act.attr(p, d))
+                                              for p, d in zip(params, defaults)]
+    elif op in ("MaxPool", "AveragePool"):
+        names = ("kernel_shape", "strides", "pads", "dilations", "ceil_mode")
+        if op == "AveragePool":
+            names = (*names, "count_include_pad")
+        attrs = _onnx_attrs(workload, names)
+    elif op == "ReorderOutput":
+        attrs = {"channels": int(workload.attr("channels")), "channels_last": 0}
+    elif op == "ReorderInput":
+        attrs = {"channels_last": 0}
+    while node_inputs[-1] == "":
+        node_inputs.pop()
+    node = helper.make_node(op, node_inputs, ["y"], domain=ORT_NCHWC_DOMAIN, **attrs)
+    graph_inputs = [helper.make_tensor_value_info("x", 1, _ort_shape(workload.inputs[0].shape))]
+    feeds.insert(0, ("x", 0))
+    for name, index in feeds[1:]:
+        graph_inputs.append(helper.make_tensor_value_info(
+            name, 1, _ort_shape(workload.inputs[index].shape)))
+    output = helper.make_tensor_value_info("y", 1, _ort_shape(workload.outputs[0].shape))
+    graph = helper.make_graph([node], f"nchwc_{op}", graph_inputs, [output], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)])
+    model.ir_version = 8
+    return model, tuple(feeds)
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    """Options for a single-node session: no graph rewriting, cores threads, no spinning."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = threads or (os.cpu_count() or 1)
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def make_kernel(model, feeds: tuple[tuple[str, int], ...], workload: Workload) -> Kernel:
+    """A kernel(inputs, outputs) running the session with IOBinding on the caller's buffers."""
+    session = ort.InferenceSession(model.SerializeToString(), session_options(),
+                                   providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    shapes = [(name, index, _ort_shape(workload.inputs[index].shape)) for name, index in feeds]
+    out_shape = _ort_shape(workload.outputs[0].shape)
+    float32 = np.float32
+
+    def kernel(inputs, outputs) -> None:
+        for name, index, shape in shapes:
+            x = inputs[index]
+            if x.dtype != float32 or not x.flags.c_contiguous:
+                x = np.ascontiguousarray(x, dtype=float32)
+            binding.bind_input(name, "cpu", 0, float32, shape, x.ctypes.data)
+        y = outputs[0]
+        binding.bind_output("y", "cpu", 0, float32, out_shape, y.ctypes.data)
+        session.run_with_iobinding(binding)
+
+    return kernel
+
+
+class OrtNchwc(Implementation):
+    """onnxruntime's MLAS NCHWc kernels (contrib domain com.microsoft.nchwc)."""
+
+    name = "ort_nchwc"
+    kind = VENDOR
+    target = "cpu"
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        return unsupported_reason(workload)
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        model, feeds = build_ort_model(workload, consts)
+        return make_kernel(model, feeds, workload)
+
+
+ORT_NCHWC = register(OrtNchwc())

@@ -1,0 +1,122 @@
+"""The NCHWc blocked activation layout and MLAS's packed filter formats.
+
+A blocked tensor of logical shape (N, C, H, W) is stored with shape
+(N, ceil(C/b), H, W, b): element (n, c, h, w) lives at
+[n, c // b, h, w, c % b], and the channels from C up to the next multiple of
+b are zero. The block size b is the SIMD width of the host in floats (16 with
+AVX-512F, 8 with AVX2), the value onnxruntime's MLAS uses
+(`MlasNchwcGetBlockSize`). Its memory is exactly what MLAS calls NCHWc with
+the 4-d shape (N, ceil(C/b)*b, H, W), so a blocked buffer is handed to
+onnxruntime's `com.microsoft.nchwc` kernels without a copy.
+
+Filters stay in logical OIHW form in the graph; the kernels pack them here,
+exactly as onnxruntime's NchwcTransformer does (MlasReorderFilterOIHWBiBo and
+MlasReorderFilterOIHWBo):
+
+- OIHWBiBo (regular and grouped convs on blocked input): O and I are zero
+  padded to multiples of b; packed[ob, ib, kh, kw, bi, bo] = W[ob*b+bo, ib*b+bi, kh, kw],
+  tensor dims (Op, Ip, KH, KW).
+- OIHWBo (depthwise convs, and convs reading an NCHW input with fewer than b
+  channels): O is zero padded; packed[ob, i, kh, kw, bo] = W[ob*b+bo, i, kh, kw],
+  tensor dims (Op, I, KH, KW).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from wpk.errors import ShapeError
+
+SUPPORTED_BLOCKS = (4, 8, 16)
+
+
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= `value`."""
+    return -(-int(value) // int(multiple)) * int(multiple)
+
+
+@functools.cache
+def host_block_size() -> int:
+    """NCHWc block of this host: 16 with avx512f, 8 with avx2, else 4 (MLAS's choice)."""
+    try:
+        from wpk import devices  # written by another helper; optional
+        flags = set(getattr(devices, "cpu_flags", lambda: ())())
+    except Exception:
+        flags = set()
+    if not flags:
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+                for line in f:
+                    if line.startswith("flags"):
+                        flags = set(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            flags = set()
+    if "avx512f" in flags:
+        return 16
+    if "avx2" in flags:
+        return 8
+    return 4
+
+
+def blocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
+    """(N, C, H, W) -> (N, ceil(C/b), H, W, b)."""
+    if len(shape) != 4:
+        raise ShapeError(f"NCHWc layout needs a 4-d NCHW tensor, got shape {tuple(shape)}",
+                         hint="only 2-d convolutions and pools are rewritten to NCHWc")
+    n, c, h, w = shape
+    return (n, -(-c // block), h, w, block)
+
+
+def block(x: np.ndarray, block_size: int, out: np.ndarray | None = None) -> np.ndarray:
+    """NCHW array -> blocked (N, ceil(C/b), H, W, b) array with zero padding channels."""
+    n, c, h, w = x.shape
+    if out is None:
+        out = np.empty(blocked_shape(x.shape, block_size), dtype=x.dtype)
+    view = out.transpose(0, 1, 4, 2, 3)  # (n, cb, b, h, w), a view of `out`
+    full, rest = divmod(c, block_size)
+    view[:, :full] = x[:, : full * block_size].reshape(n, full, block_size, h, w)
+    if rest:
+        view[:, full, :rest] = x[:, full * block_size:]
+        view[:, full, rest:] = 0
+    return out
+
+
+def unblock(x: np.ndarray, channels: int) -> np.ndarray:
+    """Blocked (N, Cb, H, W, b) array -> NCHW array with `channels` channels (a copy)."""
+    n, cb, h, w, b = x.shape
+    if not 0 < channels <= cb * b:
+        raise ShapeError(f"{channels} channels do not fit a blocked tensor of shape {x.shape}")
+    full = x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+    return np.ascontiguousarray(full[:, :channels])
+
+
+def pack_filter_oihwbibo(weight: np.ndarray, block_size: int) -> np.ndarray:
+    """OIHW filter -> MLAS OIHWBiBo layout, dims (Op, Ip, KH, KW) (see the module docstring)."""
+    o, i, kh, kw = weight.shape
+    op, ip = round_up(o, block_size), round_up(i, block_size)
+    padded = np.zeros((op, ip, kh, kw), dtype=np.float32)
+    padded[:o, :i] = weight
+    packed = padded.reshape(op // block_size, block_size, ip // block_size, block_size, kh, kw)
+    # (ob, bo, ib, bi, kh, kw) -> (ob, ib, kh, kw, bi, bo)
+    packed = packed.transpose(0, 2, 4, 5, 3, 1)
+    return np.ascontiguousarray(packed).reshape(op, ip, kh, kw)
+
+
+def pack_filter_oihwbo(weight: np.ndarray, block_size: int) -> np.ndarray:
+    """OIHW filter -> MLAS OIHWBo layout, dims (Op, I, KH, KW) (see the module docstring)."""
+    o, i, kh, kw = weight.shape
+    op = round_up(o, block_size)
+    padded = np.zeros((op, i, kh, kw), dtype=np.float32)
+    padded[:o] = weight
+    packed = padded.reshape(op // block_size, block_size, i, kh, kw).transpose(0, 2, 3, 4, 1)
+    return np.ascontiguousarray(packed).reshape(op, i, kh, kw)
+
+
+def pad_channels(vector: np.ndarray, block_size: int) -> np.ndarray:
+    """A per-channel vector zero padded to a multiple of the block (float32)."""
+    out = np.zeros(round_up(vector.shape[0], block_size), dtype=np.float32)
+    out[: vector.shape[0]] = vector
+    return out

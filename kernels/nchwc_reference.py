@@ -1,0 +1,38 @@
+"""Float64 references of the `wpk.nchwc` ops (semantics in `wpk.passes.nchwc_layout`).
+
+ReorderInput and ReorderOutput are exact layout changes. Every other op is
+unblocked, computed as its logical NCHW op (`wpk.kernels.nchwc_logical`) by
+the standard float64 reference `wpk.kernels.reference.reference`, and
+re-blocked with the padding lanes the logical op gives them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.nchwc_logical import NCHWC_DOMAIN, logical_inputs, logical_workload
+from wpk.kernels.reference import reference
+from wpk.kernels.workload import Workload
+
+
+def is_nchwc(workload: Workload) -> bool:
+    """Whether the workload is one of the blocked-layout ops."""
+    return workload.domain == NCHWC_DOMAIN
+
+
+def nchwc_reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Float64 outputs of a `wpk.nchwc` workload."""
+    b = int(workload.attr("block"))
+    if workload.op == "ReorderInput":
+        return [fmt.block(np.asarray(inputs[0], dtype=np.float64), b)]
+    if workload.op == "ReorderOutput":
+        return [fmt.unblock(np.asarray(inputs[0], dtype=np.float64),
+                            int(workload.attr("channels")))]
+    logical = logical_workload(workload)
+    values = [None if x is None else np.asarray(x, dtype=np.float64)
+              for x in logical_inputs(workload, inputs)]
+    outputs = reference(logical, values)
+    return [fmt.block(np.asarray(y, dtype=np.float64), b) for y in outputs]
