@@ -1,0 +1,87 @@
+"""Assembling a `Plan` from a graph, its workloads and the planner's choices.
+
+Steps follow the graph's node order; the buffer plan comes from tensor
+lifetimes; constants the steps read (or that are graph outputs) become the
+weights. Implementations may contribute kernel artifacts (optional hook
+`artifacts(workload, config) -> {name: bytes}`) and CPU requirements
+(optional hook `required_isa(workload, config) -> iterable of ISA flags`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from wpk import __version__
+from wpk.graph import Graph
+from wpk.plans.buffers import plan_graph_buffers
+from wpk.plans.planfile import FORMAT_VERSION, Plan, Step, cpu_fingerprint
+from wpk.plans.planner import NodeWorkloadLike, PlanChoices
+
+
+def tensor_nbytes(graph: Graph, name: str) -> int:
+    """Bytes of a tensor of the graph, from its static shape and dtype."""
+    info = graph.tensors[name]
+    return int(np.prod(info.shape, dtype=np.int64)) * np.dtype(info.dtype).itemsize
+
+
+def _tensor_entry(graph: Graph, name: str) -> dict:
+    info = graph.tensors[name]
+    return {"name": name, "shape": [int(d) for d in info.shape], "dtype": info.dtype}
+
+
+def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
+                  choices: PlanChoices, target: str = "cpu",
+                  report: Mapping[str, Any] | None = None,
+                  device: Mapping[str, Any] | None = None) -> Plan:
+    """The plan executing `node_workloads` (in graph order) with the chosen implementations."""
+    steps: list[Step] = []
+    kernels: dict[str, bytes] = {}
+    isa: set[str] = set()
+    for item in node_workloads:
+        node, workload = item.node, item.workload
+        choice = choices[workload.key]
+        impl = choice.candidate.implementation
+        config = dict(choice.candidate.config)
+        artifacts: list[str] = []
+        provide = getattr(impl, "artifacts", None)
+        for file_name, data in (provide(workload, config) if provide else {}).items():
+            member = f"{workload.key}/{impl.name}/{file_name}"
+            kernels[member] = bytes(data)
+            artifacts.append(member)
+        needs = getattr(impl, "required_isa", None)
+        if needs:
+            isa.update(needs(workload, config))
+        steps.append(Step(node.name, node.op, workload.key, impl.name, config, impl.kind,
+                          tuple(node.inputs), tuple(o for o in node.outputs if o),
+                          tuple(artifacts)))
+
+    constants = set(graph.constants)
+    used = {name for step in steps for name in step.inputs if name in constants}
+    used |= {name for name in graph.outputs if name in constants}
+    weights = {name: np.ascontiguousarray(graph.constants[name])
+               for name in graph.constants if name in used}
+    step_io = [([i for i in step.inputs if i and i not in constants], list(step.outputs))
+               for step in steps]
+    sizes = {name: tensor_nbytes(graph, name)
+             for inputs, outputs in step_io for name in [*inputs, *outputs]}
+    sizes.update({name: tensor_nbytes(graph, name) for name in [*graph.inputs, *graph.outputs]
+                  if name not in constants})
+    buffers = plan_graph_buffers(step_io, sizes, graph.inputs, graph.outputs, constants)
+    host = dict(device or cpu_fingerprint())
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "wpk_version": __version__,
+        "target": target,
+        "graph": graph.name,
+        "device": host,
+        "requires": {"isa": sorted(isa), "machine": host.get("machine") if kernels else None},
+        "steps": [s.to_json() for s in steps],
+        "workloads": {c.workload.key: c.workload.to_json() for c in choices},
+        "buffers": buffers.to_json(),
+        "inputs": [_tensor_entry(graph, n) for n in graph.inputs if n not in constants],
+        "outputs": [_tensor_entry(graph, n) for n in graph.outputs],
+    }
+    return Plan(manifest, weights, dict(report or {}), kernels)

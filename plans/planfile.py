@@ -1,0 +1,313 @@
+"""The `.wpk` plan file: a zip of manifest, weights, kernels and report.
+
+Members:
+
+- `manifest.json`: `format_version` (FORMAT_VERSION), `wpk_version`,
+  `target`, `device` (fingerprint of the build host), `requires` (what the
+  plan needs of the host: `isa` flags, `machine` when it holds native code),
+  `steps` in execution order (see `Step`), `workloads` by key
+  (`Workload.to_json`), `buffers` (`BufferPlan.to_json`), `inputs`/`outputs`
+  (name, shape, dtype), `constants` (the name table of `weights.npz`: entry i
+  is stored under key `c{i}`, since tensor names can hold any character),
+  `members` (sha256 of every other member) and `manifest_sha256` (sha256 of
+  the canonical JSON of the manifest without that field).
+- `weights.npz`: every constant the steps read (`np.savez`, no pickle).
+- `kernels/`: artifacts (sources, binaries) that implementations provide
+  through the optional hook `artifacts(workload, config) -> {name: bytes}`;
+  the runtime hands them back to `prepare_from_artifacts(workload, consts,
+  config, artifacts)` when the implementation has it.
+- `report.json`: the build report (`wpk.plans.report`).
+
+Writing goes to a temporary file in the target folder, renamed into place
+(`os.replace`); on any failure the temporary file is removed. Loading checks
+that the file is a zip, the format version, every checksum and the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import platform
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wpk import __version__
+from wpk.errors import PlanError
+from wpk.kernels.workload import Workload
+from wpk.plans.buffers import BufferPlan
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.npz"
+REPORT = "report.json"
+KERNELS = "kernels/"
+REBUILD_HINT = "rebuild the plan with `wpk build`"
+# CPU features worth recording: those a native kernel may be compiled for.
+ISA_FLAGS = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
+             "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+             "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same plan gives the same bytes
+
+
+@functools.cache
+def cpu_fingerprint() -> dict:
+    """The host CPU: machine, core count and the ISA flags of ISA_FLAGS it has."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    flags.update(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {"kind": "cpu", "machine": platform.machine(), "cores": os.cpu_count() or 1,
+            "isa": [flag for flag in ISA_FLAGS if flag in flags]}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel call: the node it computes and the implementation chosen for it.
+
+    `inputs` are tensor names in node-input order ("" for an absent optional
+    input); `artifacts` are member names under `kernels/`.
+    """
+
+    node: str
+    op: str
+    workload_key: str
+    impl: str
+    config: Mapping[str, Any]
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    artifacts: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"node": self.node, "op": self.op, "workload_key": self.workload_key,
+                "impl": self.impl, "config": dict(self.config), "kind": self.kind,
+                "inputs": list(self.inputs), "outputs": list(self.outputs),
+                "artifacts": list(self.artifacts)}
+
+    @staticmethod
+    def from_json(data: Mapping) -> Step:
+        return Step(data["node"], data["op"], data["workload_key"], data["impl"],
+                    dict(data.get("config", {})), data.get("kind", ""),
+                    tuple(data["inputs"]), tuple(data["outputs"]),
+                    tuple(data.get("artifacts", ())))
+
+
+@dataclass
+class Plan:
+    """A built plan in memory: manifest, constants by name, kernel artifacts, report."""
+
+    manifest: dict
+    weights: dict[str, np.ndarray]
+    report: dict = field(default_factory=dict)
+    kernels: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> list[Step]:
+        return [Step.from_json(s) for s in self.manifest["steps"]]
+
+    @property
+    def workloads(self) -> dict[str, Workload]:
+        return {k: Workload.from_json(v) for k, v in self.manifest["workloads"].items()}
+
+    @property
+    def buffer_plan(self) -> BufferPlan:
+        return BufferPlan.from_json(self.manifest["buffers"])
+
+    @property
+    def inputs(self) -> list[dict]:
+        return list(self.manifest["inputs"])
+
+    @property
+    def outputs(self) -> list[dict]:
+        return list(self.manifest["outputs"])
+
+    @property
+    def target(self) -> str:
+        return self.manifest["target"]
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the plan atomically to `path`; returns the path."""
+        return write_plan(self, path)
+
+    @staticmethod
+    def load(path: str | os.PathLike, check_device: bool = True) -> Plan:
+        """Read and check a plan file (see `read_plan`)."""
+        return read_plan(path, check_device=check_device)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _canonical(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _manifest_digest(manifest: Mapping) -> str:
+    return _sha256(_canonical({k: v for k, v in manifest.items() if k != "manifest_sha256"}))
+
+
+def _weights_bytes(manifest: dict, weights: Mapping[str, np.ndarray]) -> bytes:
+    table, arrays = [], {}
+    for index, (name, value) in enumerate(weights.items()):
+        array = np.asarray(value)
+        table.append({"name": name, "shape": list(array.shape), "dtype": array.dtype.str})
+        arrays[f"c{index}"] = array
+    manifest["constants"] = table
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **arrays)
+    return buffer.getvalue()
+
+
+def plan_members(plan: Plan) -> dict[str, bytes]:
+    """Every member of the zip, the manifest (with its checksums) last."""
+    manifest = dict(plan.manifest)
+    manifest["format_version"] = FORMAT_VERSION
+    members = {WEIGHTS: _weights_bytes(manifest, plan.weights),
+               REPORT: json.dumps(plan.report, indent=1, allow_nan=False).encode()}
+    for name, data in plan.kernels.items():
+        members[KERNELS + name] = bytes(data)
+    manifest["members"] = {name: _sha256(data) for name, data in members.items()}
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    members[MANIFEST] = json.dumps(manifest, indent=1, allow_nan=False).encode()
+    return members
+
+
+def write_plan(plan: Plan, path: str | os.PathLike) -> Path:
+    """Write `plan` to a temporary file next to `path` and rename it into place."""
+    target = Path(path)
+    members = plan_members(plan)
+    handle, temp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.",
+                                    suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            with zipfile.ZipFile(stream, "w") as archive:
+                for name in [MANIFEST, *[n for n in members if n != MANIFEST]]:
+                    info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
+                    info.compress_type = (zipfile.ZIP_STORED if name == WEIGHTS
+                                          else zipfile.ZIP_DEFLATED)
+                    archive.writestr(info, members[name])
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _read_member(archive: zipfile.ZipFile, name: str, path: str) -> bytes:
+    try:
+        return archive.read(name)
+    except KeyError:
+        raise PlanError(f"plan '{path}' is missing member '{name}'", hint=REBUILD_HINT) from None
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise PlanError(f"plan '{path}': member '{name}' is corrupted ({exc})",
+                        hint=REBUILD_HINT) from None
+
+
+def _check_version(manifest: Mapping, path: str) -> None:
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise PlanError(f"plan '{path}' has no valid format version ({version!r})",
+                        hint=REBUILD_HINT)
+    if version > FORMAT_VERSION:
+        raise PlanError(f"plan format version {version} is newer than this wpk supports "
+                        f"({FORMAT_VERSION}); rebuild the plan or upgrade wpk",
+                        hint=f"the plan was written by wpk {manifest.get('wpk_version', '?')}, "
+                             f"this is wpk {__version__}")
+
+
+def check_host(manifest: Mapping, path: str = "<plan>") -> None:
+    """Raise PlanError when this host lacks what the plan needs (CPU ISA, machine)."""
+    requires = manifest.get("requires", {})
+    host = cpu_fingerprint()
+    machine = requires.get("machine")
+    if machine and machine != host["machine"]:
+        raise PlanError(f"plan '{path}' holds native code for {machine}, "
+                        f"this machine is {host['machine']}",
+                        hint=REBUILD_HINT + " on this machine")
+    missing = [flag for flag in requires.get("isa", []) if flag not in host["isa"]]
+    if missing:
+        raise PlanError(f"plan '{path}' needs CPU features this machine lacks: "
+                        f"{', '.join(missing)}", hint=REBUILD_HINT + " on this machine")
+
+
+def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
+    """Read a plan file, checking format version, every checksum and (optionally) the device."""
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise PlanError(f"plan '{name}' does not exist", hint="build one with `wpk build`")
+    if not zipfile.is_zipfile(name):
+        raise PlanError(f"'{name}' is not a wpk plan (not a zip file)",
+                        hint="give a .wpk file written by `wpk build`")
+    try:
+        archive = zipfile.ZipFile(name)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise PlanError(f"'{name}' is not a wpk plan ({exc})", hint=REBUILD_HINT) from None
+    with archive:
+        if MANIFEST not in archive.namelist():
+            raise PlanError(f"'{name}' is not a wpk plan (no {MANIFEST})",
+                            hint="give a .wpk file written by `wpk build`")
+        try:
+            manifest = json.loads(_read_member(archive, MANIFEST, name))
+        except (ValueError, UnicodeDecodeError):
+            raise PlanError(f"plan '{name}': member '{MANIFEST}' is not valid JSON",
+                            hint=REBUILD_HINT) from None
+        if not isinstance(manifest, dict):
+            raise PlanError(f"plan '{name}': member '{MANIFEST}' is not a manifest",
+                            hint=REBUILD_HINT)
+        _check_version(manifest, name)
+        if manifest.get("manifest_sha256") != _manifest_digest(manifest):
+            raise PlanError(f"plan '{name}': member '{MANIFEST}' changed since it was written "
+                            "(checksum mismatch)", hint=REBUILD_HINT)
+        expected = manifest.get("members", {})
+        unknown = sorted(set(archive.namelist()) - set(expected) - {MANIFEST})
+        if unknown:
+            raise PlanError(f"plan '{name}' holds members the manifest does not list: "
+                            f"{', '.join(unknown)}", hint=REBUILD_HINT)
+        contents = {}
+        for member, digest in expected.items():
+            data = _read_member(archive, member, name)
+            if _sha256(data) != digest:
+                raise PlanError(f"plan '{name}': member '{member}' changed since it was written "
+                                "(sha256 mismatch)", hint=REBUILD_HINT)
+            contents[member] = data
+    if check_device:
+        check_host(manifest, name)
+    weights = _load_weights(contents[WEIGHTS], manifest.get("constants", []), name)
+    report = json.loads(contents[REPORT]) if REPORT in contents else {}
+    kernels = {m[len(KERNELS):]: d for m, d in contents.items() if m.startswith(KERNELS)}
+    return Plan(manifest, weights, report, kernels)
+
+
+
+def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except ValueError as exc:
+        raise PlanError(f"plan '{path}': member '{WEIGHTS}' is unreadable ({exc})",
+                        hint=REBUILD_HINT) from None
+    weights = {}
+    for index, entry in enumerate(table):
+        array = arrays.get(f"c{index}")
+        if (array is None or list(array.shape) != list(entry["shape"])
+                or array.dtype.str != entry["dtype"]):
+            raise PlanError(f"plan '{path}': constant '{entry['name']}' in '{WEIGHTS}' does "
+                            "not match the manifest", hint=REBUILD_HINT)
+        weights[entry["name"]] = array
+    return weights

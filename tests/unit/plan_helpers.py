@@ -1,0 +1,124 @@
+"""A tiny hand-made graph (MatMul -> Relu -> Add) with real numpy implementations.
+
+Used by the plan file and runtime tests, independent of the kernel library.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from dataclasses import dataclass
+
+import numpy as np
+
+from wpk.graph import Graph, Node, TensorInfo
+from wpk.kernels import registry
+from wpk.kernels.registry import Candidate, Implementation
+from wpk.kernels.workload import TensorSpec, Workload
+from wpk.plans.assemble import assemble_plan
+from wpk.plans.planner import PlanOptions, plan
+from wpk.search.measure import measure_candidate
+
+
+def ensure_builtin_importable() -> None:
+    """Until the kernel library's `builtin` module lands, let the registry import an empty one."""
+    try:
+        import wpk.kernels.builtin  # noqa: F401
+    except ImportError:
+        sys.modules["wpk.kernels.builtin"] = types.ModuleType("wpk.kernels.builtin")
+
+
+class TestMatMul(Implementation):
+    name = "planfile_test.matmul"
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "MatMul" else "MatMul only"
+
+    def prepare(self, workload, consts, config):
+        weight = np.ascontiguousarray(consts[1])
+        return lambda inputs, outputs: np.matmul(inputs[0], weight, out=outputs[0])
+
+
+class TestRelu(Implementation):
+    name = "planfile_test.relu"
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "Relu" else "Relu only"
+
+    def prepare(self, workload, consts, config):
+        return lambda inputs, outputs: np.maximum(inputs[0], 0, out=outputs[0])
+
+
+class TestAdd(Implementation):
+    name = "planfile_test.add"
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "Add" else "Add only"
+
+    def prepare(self, workload, consts, config):
+        return lambda inputs, outputs: np.add(inputs[0], inputs[1], out=outputs[0])
+
+
+IMPLEMENTATIONS = [TestMatMul(), TestRelu(), TestAdd()]
+
+
+def register_test_implementations() -> None:
+    ensure_builtin_importable()
+    for impl in IMPLEMENTATIONS:
+        if impl.name not in registry._REGISTRY:
+            registry.register(impl)
+
+
+def random_inputs(workload, rng):
+    return [rng.standard_normal(s.shape).astype(s.dtype) for s in workload.inputs]
+
+
+def reference(workload, inputs):
+    wide = [x.astype(np.float64) for x in inputs]
+    if workload.op == "MatMul":
+        return [wide[0] @ wide[1]]
+    if workload.op == "Relu":
+        return [np.maximum(wide[0], 0)]
+    return [wide[0] + wide[1]]
+
+
+@dataclass
+class NodeWorkload:
+    node: Node
+    workload: Workload
+
+
+def tiny_graph(rng: np.random.Generator) -> Graph:
+    """y = relu(x @ w) + relu(x @ w)', with an odd constant name."""
+    tensors = {"x": TensorInfo((2, 8)), "w/0:weird name": TensorInfo((8, 5)),
+               "t": TensorInfo((2, 5)), "r": TensorInfo((2, 5)), "y": TensorInfo((2, 5))}
+    nodes = [Node("MatMul", ["x", "w/0:weird name"], ["t"], "mm"),
+             Node("Relu", ["t"], ["r"], "relu"),
+             Node("Add", ["r", "t"], ["y"], "add")]
+    weight = rng.standard_normal((8, 5)).astype(np.float32)
+    return Graph(nodes, ["x"], ["y"], tensors, {"w/0:weird name": weight}, name="tiny")
+
+
+def workloads_of(graph: Graph) -> list[NodeWorkload]:
+    items = []
+    for node in graph.nodes:
+        specs = tuple(graph.tensors[i].spec for i in node.inputs)
+        consts = tuple(i for i, name in enumerate(node.inputs) if name in graph.constants)
+        items.append(NodeWorkload(node, Workload(node.op, specs, (TensorSpec((2, 5)),),
+                                                 const_inputs=consts)))
+    return items
+
+
+def tiny_plan(rng: np.random.Generator):
+    """A real plan of the tiny graph, planned with the test implementations."""
+    register_test_implementations()
+    graph = tiny_graph(rng)
+    items = workloads_of(graph)
+
+    def provider(workload, target):
+        return [Candidate(i, {}) for i in IMPLEMENTATIONS if i.unsupported_reason(workload) is None]
+    measure = functools.partial(measure_candidate, inputs_fn=random_inputs, reference_fn=reference)
+    choices = plan(items, "cpu", PlanOptions(warmup=0, repeats=2, min_time=0.0),
+                   providers=[provider], measure=measure)
+    return graph, assemble_plan(graph, items, choices, "cpu", {"note": "tiny"})
