@@ -34,7 +34,10 @@ Stage
     `Stage(name, axes, body, dtype)` defines the tensor
     `name[axes...] = body` elementwise over its spatial axes; its shape is
     `tuple(axis.extent for axis in axes)`. `body` may contain at most ONE
-    `Reduce` node; a Reduce never contains another Reduce and never appears
+    distinct `Reduce` (the same Reduce may occur several times, e.g.
+    `silu(sum(...))` = `s * sigmoid(s)`: equal nodes denote one value and
+    `replace_reduce` replaces all of them); a Reduce never contains another
+    Reduce and never appears
     inside an index expression, a Load's pad or a Select's condition. Code
     around the Reduce is an epilogue evaluated once per output element after
     the reduction finishes (e.g. gemm: `alpha * Reduce(sum, ...) + beta * C[m, n]`).
@@ -52,9 +55,9 @@ Expressions (every node has a `dtype`: 'f16' 'f32' 'f64' 'i32' 'i64' 'bool')
       comparisons `< <= > >= == !=` (dtype 'bool'), logic `and or` on bools.
       `/` is true division and only appears on floats; `//` and `%` are
       integer floor division/modulo (Python semantics); in the library they
-      only see non-negative operands, so C's `/` and `%` agree. Operands
-      have equal dtypes except that ints are promoted implicitly to the
-      float type of the other operand (as in C).
+      only see non-negative operands, so C's `/` and `%` agree. Both
+      operands always have the same dtype: the parser inserts explicit
+      `Cast`s (int -> float) and retypes literals.
     * `Call(fn, args, dtype)`: math functions, see `CALL_ARITY`
       (exp log sqrt rsqrt tanh erf sigmoid abs neg floor ceil not).
       `sigmoid(x) = 1/(1+exp(-x))`; `not` is on bools.
