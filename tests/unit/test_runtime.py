@@ -1,0 +1,156 @@
+"""Runtime: both run signatures, input validation, reused buffers, artifacts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wpk.errors import InputError, PlanError
+from wpk.graph import Graph, Node, TensorInfo
+from wpk.kernels import registry
+from wpk.kernels.registry import Candidate, Implementation
+from wpk.kernels.workload import TensorSpec, Workload
+from wpk.plans.assemble import assemble_plan
+from wpk.plans.planfile import Plan
+from wpk.plans.planner import Choice, PlanChoices
+from wpk.runtime import Session
+from wpk.search.measure import Measurement, Status
+
+from .plan_helpers import IMPLEMENTATIONS, NodeWorkload, register_test_implementations, tiny_plan
+
+
+@pytest.fixture
+def session(rng, tmp_path):
+    graph, plan = tiny_plan(rng)
+    session = Session.load(plan.save(tmp_path / "tiny.wpk"))
+    session.weight = graph.constants["w/0:weird name"]
+    return session
+
+
+def expected(session, x):
+    t = x @ session.weight
+    return np.maximum(t, 0) + t
+
+
+def test_dict_and_onnxruntime_signatures(session, rng):
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    as_dict = session.run({"x": x})
+    assert list(as_dict) == ["y"]
+    np.testing.assert_allclose(as_dict["y"], expected(session, x), rtol=1e-6)
+    [y_all] = session.run(None, {"x": x})
+    [y_named] = session.run(["y"], {"x": x})
+    np.testing.assert_array_equal(y_all, as_dict["y"])
+    np.testing.assert_array_equal(y_named, as_dict["y"])
+
+
+def test_outputs_are_copies(session, rng):
+    x1 = rng.standard_normal((2, 8)).astype(np.float32)
+    x2 = rng.standard_normal((2, 8)).astype(np.float32)
+    first = session.run({"x": x1})["y"]
+    kept = first.copy()
+    second = session.run({"x": x2})["y"]
+    np.testing.assert_array_equal(first, kept)
+    np.testing.assert_allclose(second, expected(session, x2), rtol=1e-6)
+
+
+def test_metadata_like_onnxruntime(session):
+    [inp], [out] = session.get_inputs(), session.get_outputs()
+    assert (inp.name, inp.shape, inp.type) == ("x", [2, 8], "tensor(float)")
+    assert (out.name, out.shape, out.type) == ("y", [2, 5], "tensor(float)")
+
+
+def test_input_validation_messages(session):
+    good = np.zeros((2, 8), np.float32)
+    with pytest.raises(InputError, match=r"^input 'x' has shape \(1,3,32,32\) but the plan "
+                                         r"expects \(2,8\)$") as info:
+        session.run({"x": np.zeros((1, 3, 32, 32), np.float32)})
+    assert "--input-shape x=1x3x32x32" in info.value.hint
+    with pytest.raises(InputError, match="input 'x' has dtype float64 but the plan expects "
+                                         "float32") as info:
+        session.run({"x": good.astype(np.float64)})
+    assert "astype(np.float32)" in info.value.hint
+    with pytest.raises(InputError, match="unknown input 'z'") as info:
+        session.run({"x": good, "z": good})
+    assert "'x'" in info.value.hint
+    with pytest.raises(InputError, match=r"missing input 'x' \(shape \(2,8\), float32\)"):
+        session.run({})
+    with pytest.raises(InputError, match="unknown output 'nope'"):
+        session.run(["nope"], {"x": good})
+    with pytest.raises(InputError, match="feeds must be a dict"):
+        session.run(None, [good])
+    assert session.run({"x": good.tolist()})["y"].shape == (2, 5)  # lists take the plan dtype
+
+
+def chain_plan(length, impl=None, config=None):
+    """a1 = x + x, a(k+1) = a(k) + a(k), y = a(length) + x: intermediates share buffers."""
+    spec = TensorSpec((3, 4))
+    tensors = {"x": TensorInfo((3, 4))}
+    nodes, previous = [], "x"
+    for k in range(1, length + 1):
+        nodes.append(Node("Add", [previous, previous], [f"a{k}"], f"add{k}"))
+        tensors[f"a{k}"] = TensorInfo((3, 4))
+        previous = f"a{k}"
+    nodes.append(Node("Add", [previous, "x"], ["y"], "last"))
+    tensors["y"] = TensorInfo((3, 4))
+    graph = Graph(nodes, ["x"], ["y"], tensors)
+    workload = Workload("Add", (spec, spec), (spec,))
+    impl = impl or IMPLEMENTATIONS[2]
+    measurement = Measurement(impl.name, impl.name, {}, Status.OK, median_s=1e-6)
+    choice = Choice(workload, [n.name for n in nodes], ["Add"] * len(nodes),
+                    Candidate(impl, config or {}), measurement, [measurement])
+    return assemble_plan(graph, [NodeWorkload(n, workload) for n in nodes],
+                         PlanChoices({workload.key: choice}))
+
+
+def test_reused_buffers_give_right_answers(rng, tmp_path):
+    register_test_implementations()
+    plan = chain_plan(6)
+    buffers = plan.buffer_plan
+    assert len({buffers.assignment[f"a{k}"] for k in range(1, 7)}) == 2
+    assert buffers.arena_bytes == buffers.no_reuse_bytes / 2
+    session = Session.load(plan.save(tmp_path / "chain.wpk"))
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(session.run({"x": x})["y"], 65 * x, rtol=1e-6)
+
+
+class ScaledAdd(Implementation):
+    """Adds with a scale that lives in a kernel artifact (as a compiled binary would)."""
+
+    name = "runtime_test.scaled_add"
+
+    def unsupported_reason(self, workload):
+        return None
+
+    def artifacts(self, workload, config):
+        return {"scale.txt": f"{config['scale']}".encode()}
+
+    def prepare(self, workload, consts, config):
+        raise AssertionError("the runtime should load from the artifact")
+
+    def prepare_from_artifacts(self, workload, consts, config, artifacts):
+        scale = np.float32(float(artifacts["scale.txt"].decode()))
+        return lambda inputs, outputs: np.multiply(inputs[0] + inputs[1], scale, out=outputs[0])
+
+
+def test_kernel_artifacts_travel_in_the_plan(rng, tmp_path):
+    register_test_implementations()
+    impl = ScaledAdd()
+    if impl.name not in registry._REGISTRY:
+        registry.register(impl)
+    plan = chain_plan(1, impl, {"scale": 0.5})
+    assert list(plan.kernels) == [f"{plan.steps[0].workload_key}/{impl.name}/scale.txt"]
+    assert plan.manifest["requires"]["machine"]  # native code is tied to the machine
+    session = Session.load(plan.save(tmp_path / "art.wpk"))
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    # a1 = (x + x) / 2 = x, y = (a1 + x) / 2 = x
+    np.testing.assert_allclose(session.run({"x": x})["y"], x, rtol=1e-6)
+
+
+def test_an_unknown_implementation_is_a_plan_error(rng, tmp_path):
+    register_test_implementations()
+    plan = chain_plan(1)
+    manifest = dict(plan.manifest)
+    manifest["steps"] = [dict(s, impl="gone.impl") for s in manifest["steps"]]
+    path = Plan(manifest, plan.weights).save(tmp_path / "gone.wpk")
+    with pytest.raises(PlanError, match="uses implementation 'gone.impl' \\(node 'add1'\\)"):
+        Session.load(path)

@@ -1,0 +1,222 @@
+"""The runtime: load a plan, allocate once, run the steps.
+
+    session = Session.load("model.wpk")
+    outputs = session.run({"x": x})                # dict: output name -> array
+    [y] = session.run(["y"], {"x": x})              # onnxruntime style: list
+
+`Session.load` checks the plan (format, checksums, device), prepares every
+step's kernel with the real constants and carves every buffer out of one
+arena allocated once. `run` validates and copies the feeds into the input
+buffers, calls the kernels from a precomputed list of (kernel, input arrays,
+output arrays) and returns copies of the outputs, since buffers are reused by
+the next run. A session is not thread-safe: use one per thread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from wpk.errors import DeviceError, InputError, PlanError
+from wpk.kernels.workload import TensorSpec
+from wpk.plans.planfile import KERNELS, Plan, read_plan
+
+_ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16",
+              "bfloat16": "bfloat16", "int64": "int64", "int32": "int32", "int16": "int16",
+              "int8": "int8", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
+              "uint64": "uint64", "bool": "bool"}
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Name, shape and type of a plan input/output (like onnxruntime's NodeArg)."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+
+    @property
+    def type(self) -> str:
+        return f"tensor({_ORT_TYPES.get(self.dtype, self.dtype)})"
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "(" + ",".join(str(int(d)) for d in shape) + ")"
+
+
+class Session:
+    """A loaded plan, ready to run."""
+
+    def __init__(self, plan: Plan, path: str = "<plan>"):
+        if plan.target != "cpu":
+            raise DeviceError(f"plan '{path}' targets {plan.target}; this runtime executes "
+                              "cpu plans only so far", hint="rebuild the plan with --cpu")
+        self.plan = plan
+        self.path = path
+        self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
+                        for e in plan.inputs]
+        self._outputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
+                         for e in plan.outputs]
+        specs = self._tensor_specs()
+        self._arena, views = self._allocate(specs)
+        self._input_views = {meta.name: views[meta.name] for meta in self._inputs}
+        arrays = {**plan.weights, **views}
+        self._calls, self._step_names = self._prepare_steps(arrays)
+        self._output_sources = []
+        for meta in self._outputs:
+            if meta.name not in arrays:
+                raise PlanError(f"plan '{path}': output '{meta.name}' is produced by no step",
+                                hint="rebuild the plan with `wpk build`")
+            self._output_sources.append(arrays[meta.name])
+        self._output_index = {meta.name: i for i, meta in enumerate(self._outputs)}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Session:
+        """Read, check and prepare the plan at `path`."""
+        return cls(read_plan(path), os.fspath(path))
+
+    def get_inputs(self) -> list[TensorMeta]:
+        """The graph inputs: name, shape and type."""
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[TensorMeta]:
+        """The graph outputs: name, shape and type."""
+        return list(self._outputs)
+
+    # -- loading ------------------------------------------------------------------
+
+    def _tensor_specs(self) -> dict[str, TensorSpec]:
+        specs = {m.name: TensorSpec(tuple(m.shape), m.dtype) for m in self._inputs}
+        workloads = self.plan.workloads
+        for step in self.plan.steps:
+            workload = workloads.get(step.workload_key)
+            if workload is None or len(workload.outputs) != len(step.outputs):
+                raise PlanError(f"plan '{self.path}': step '{step.node}' does not match its "
+                                "workload", hint="rebuild the plan with `wpk build`")
+            specs.update(zip(step.outputs, workload.outputs))
+        for meta in self._outputs:
+            specs.setdefault(meta.name, TensorSpec(tuple(meta.shape), meta.dtype))
+        return specs
+
+    def _allocate(self, specs: Mapping[str, TensorSpec]) -> tuple[np.ndarray, dict]:
+        buffers = self.plan.buffer_plan
+        raw = np.empty(buffers.arena_bytes + buffers.alignment, dtype=np.uint8)
+        shift = (-raw.ctypes.data) % buffers.alignment
+        arena = raw[shift:shift + buffers.arena_bytes]
+        views = {}
+        for name, index in buffers.assignment.items():
+            spec = specs[name]
+            dtype = np.dtype(spec.dtype)
+            nbytes = spec.size * dtype.itemsize
+            if nbytes > buffers.sizes[index]:
+                raise PlanError(f"plan '{self.path}': buffer of tensor '{name}' is too small",
+                                hint="rebuild the plan with `wpk build`")
+            offset = buffers.offsets[index]
+            views[name] = arena[offset:offset + nbytes].view(dtype).reshape(spec.shape)
+        return raw, views
+
+    def _prepare_steps(self, arrays: Mapping[str, np.ndarray]):
+        from wpk.kernels import registry
+
+        workloads = self.plan.workloads
+        calls, names = [], []
+        for step in self.plan.steps:
+            try:
+                impl = registry.get(step.impl)
+            except KeyError:
+                raise PlanError(f"plan '{self.path}' uses implementation '{step.impl}' (node "
+                                f"'{step.node}') which this wpk does not have",
+                                hint="rebuild the plan with this wpk version") from None
+            workload = workloads[step.workload_key]
+            try:
+                inputs = [arrays[name] if name else None for name in step.inputs]
+                outputs = [arrays[name] for name in step.outputs]
+            except KeyError as exc:
+                raise PlanError(f"plan '{self.path}': tensor {exc} of node '{step.node}' has "
+                                "no buffer", hint="rebuild the plan with `wpk build`") from None
+            consts = {i: arrays[name] for i, name in enumerate(step.inputs)
+                      if name in self.plan.weights}
+            try:
+                if step.artifacts and hasattr(impl, "prepare_from_artifacts"):
+                    files = {m.split("/")[-1]: self.plan.kernels[m] for m in step.artifacts}
+                    kernel = impl.prepare_from_artifacts(workload, consts, step.config, files)
+                else:
+                    kernel = impl.prepare(workload, consts, step.config)
+            except KeyError as exc:
+                raise PlanError(f"plan '{self.path}': artifact {exc} of node '{step.node}' is "
+                                f"missing under {KERNELS}", hint="rebuild the plan") from None
+            except Exception as exc:
+                raise PlanError(f"plan '{self.path}': node '{step.node}' ({step.impl}) failed "
+                                f"to load: {exc}", hint="rebuild the plan on this machine") from exc
+            calls.append((kernel, inputs, outputs))
+            names.append(step.node)
+        return calls, names
+
+    # -- running ------------------------------------------------------------------
+
+    def run(self, output_names_or_feeds=None, feeds: Mapping | None = None, run_options=None):
+        """`run(feeds) -> {name: array}` or onnxruntime-style `run(names|None, feeds) -> list`."""
+        if feeds is None and isinstance(output_names_or_feeds, Mapping):
+            self._execute(output_names_or_feeds)
+            return {meta.name: source.copy()
+                    for meta, source in zip(self._outputs, self._output_sources)}
+        if feeds is None:
+            raise InputError("run() needs the inputs: run(feeds) or run(output_names, feeds)",
+                             hint=f"pass a dict {{name: array}} for {self._input_names()}")
+        names = output_names_or_feeds
+        if names is None:
+            indices = range(len(self._outputs))
+        else:
+            if isinstance(names, str):
+                names = [names]
+            unknown = [n for n in names if n not in self._output_index]
+            if unknown:
+                raise InputError(f"unknown output '{unknown[0]}'",
+                                 hint="the plan's outputs are: "
+                                      + ", ".join(m.name for m in self._outputs))
+            indices = [self._output_index[n] for n in names]
+        self._execute(feeds)
+        return [self._output_sources[i].copy() for i in indices]
+
+    def _input_names(self) -> str:
+        return ", ".join(repr(m.name) for m in self._inputs) or "(none)"
+
+    def _execute(self, feeds: Mapping) -> None:
+        self._load_feeds(feeds)
+        calls = self._calls
+        kernel = None
+        try:
+            for kernel, inputs, outputs in calls:
+                kernel(inputs, outputs)
+        except Exception as exc:
+            index = next(i for i, call in enumerate(calls) if call[0] is kernel)
+            raise RuntimeError(f"node '{self._step_names[index]}' failed: {exc}") from exc
+
+    def _load_feeds(self, feeds: Mapping) -> None:
+        if not isinstance(feeds, Mapping):
+            raise InputError(f"feeds must be a dict of name -> array, not {type(feeds).__name__}",
+                             hint=f"the plan's inputs are: {self._input_names()}")
+        unknown = [name for name in feeds if name not in self._input_views]
+        if unknown:
+            raise InputError(f"unknown input '{unknown[0]}'",
+                             hint=f"the plan's inputs are: {self._input_names()}")
+        for meta in self._inputs:
+            if meta.name not in feeds:
+                raise InputError(f"missing input '{meta.name}' (shape {_shape_text(meta.shape)}, "
+                                 f"{meta.dtype})", hint=f"feed every input: {self._input_names()}")
+            value = feeds[meta.name]
+            array = value if isinstance(value, np.ndarray) else np.asarray(value, meta.dtype)
+            if array.dtype != np.dtype(meta.dtype):
+                raise InputError(f"input '{meta.name}' has dtype {array.dtype} but the plan "
+                                 f"expects {meta.dtype}",
+                                 hint=f"convert it with .astype(np.{meta.dtype})")
+            if tuple(array.shape) != tuple(meta.shape):
+                raise InputError(f"input '{meta.name}' has shape {_shape_text(array.shape)} but "
+                                 f"the plan expects {_shape_text(meta.shape)}",
+                                 hint="rebuild the plan with --input-shape "
+                                      f"{meta.name}={'x'.join(map(str, array.shape)) or '1'} "
+                                      "for this shape")
+            np.copyto(self._input_views[meta.name], array)
