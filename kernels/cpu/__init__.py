@@ -1,0 +1,1 @@
+"""CPU implementations: onnxruntime single-node kernels and numpy/BLAS library kernels."""

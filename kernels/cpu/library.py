@@ -1,0 +1,51 @@
+"""Common ground of the numpy/BLAS library implementations (kind `library`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from wpk.kernels.cpu.node_model import core_input_count
+from wpk.kernels.epilogue import apply_epilogue
+from wpk.kernels.registry import LIBRARY, Implementation
+from wpk.kernels.support import unsupported_reason
+from wpk.kernels.workload import EpilogueStep, Workload
+
+_LIBRARY_DTYPES = frozenset({"float32", "float64"})
+
+
+def finish_epilogue(out: np.ndarray, steps: Sequence[EpilogueStep],
+                    inputs: Sequence[np.ndarray | None]) -> None:
+    """Apply the epilogue to `out` in place (copying back if an operand broadcast it)."""
+    if steps:
+        result = apply_epilogue(out, steps, inputs)
+        if result is not out:
+            np.copyto(out, result.reshape(out.shape))
+
+
+class NumpyImplementation(Implementation):
+    """A numpy kernel for the ops in `ops`, for float32/float64 workloads wpk supports."""
+
+    kind = LIBRARY
+    ops: tuple[str, ...] = ()
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        if workload.op not in self.ops:
+            return f"{self.name} implements {', '.join(self.ops)}, not {workload.op}"
+        reason = unsupported_reason(workload)
+        if reason:
+            return reason
+        float_specs = [s for s in workload.inputs[:1] if s is not None] + list(workload.outputs)
+        if any(s.dtype not in _LIBRARY_DTYPES for s in float_specs):
+            return "numpy kernels compute float32 and float64 only"
+        return self.extra_reason(workload)
+
+    def extra_reason(self, workload: Workload) -> str | None:
+        """Further limits of one implementation (None: none)."""
+        return None
+
+    @staticmethod
+    def core_inputs(workload: Workload) -> int:
+        """How many leading inputs the main op takes (the rest are epilogue operands)."""
+        return core_input_count(workload)

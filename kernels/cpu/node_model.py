@@ -1,0 +1,209 @@
+"""A workload as a self-contained single-node ONNX model.
+
+Used by the onnxruntime kernels (node plus epilogue, constants baked in as
+initializers) and by the `onnx.reference` fallback of the float64 references
+(node alone). Input `i` of the workload is the graph input or initializer
+named `in{i}`; output `j` is `out{j}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import defs, helper, numpy_helper
+
+from wpk.errors import UnsupportedError
+from wpk.kernels.epilogue import epilogue_onnx_nodes
+from wpk.kernels.workload import Workload
+
+ELEMENTWISE_OP = "Elementwise"
+WPK_DOMAIN = "wpk"
+MS_DOMAIN = "com.microsoft"
+# Attributes that hold a graph (stored in a workload as serialized GraphProto bytes).
+SUBGRAPH_ATTRS = frozenset({"then_branch", "else_branch", "body"})
+
+
+def is_elementwise(workload: Workload) -> bool:
+    """Whether the workload is wpk's `Elementwise` (identity main op plus epilogue)."""
+    return workload.op == ELEMENTWISE_OP and workload.domain in (WPK_DOMAIN, "")
+
+
+def input_name(i: int) -> str:
+    return f"in{i}"
+
+
+def output_name(j: int) -> str:
+    return f"out{j}"
+
+
+def schema_for(workload: Workload) -> defs.OpSchema | None:
+    """The ONNX schema of the main op at the workload's opset, or None if unknown."""
+    domain = "" if workload.domain in ("", "ai.onnx") else workload.domain
+    version = workload.opset if domain == "" else 1
+    try:
+        return defs.get_schema(workload.op, version, domain)
+    except Exception:  # onnx raises SchemaError, a private type
+        return None
+
+
+def core_input_count(workload: Workload) -> int:
+    """How many leading inputs belong to the main op; the rest are epilogue operands.
+
+    Epilogue operands are appended after the op's own inputs, so the trailing
+    inputs that are only referenced by epilogue steps are not the op's.
+    """
+    if is_elementwise(workload):
+        return 1
+    operands = {s.operand for s in workload.epilogue if s.operand is not None}
+    count = len(workload.inputs)
+    while count > 0 and count - 1 in operands:
+        count -= 1
+    schema = schema_for(workload)
+    if schema is not None:
+        count = min(count, schema.max_input)
+    return count
+
+
+def onnx_attribute(name: str, value) -> onnx.AttributeProto:
+    """An ONNX attribute from a workload attribute value (arrays become tensors)."""
+    if isinstance(value, onnx.GraphProto):
+        return helper.make_attribute(name, value)
+    if isinstance(value, bytes) and name in SUBGRAPH_ATTRS:
+        graph = onnx.GraphProto()
+        graph.ParseFromString(value)
+        return helper.make_attribute(name, graph)
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(name, numpy_helper.from_array(value, name))
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, tuple):
+        value = [v.item() if isinstance(v, np.generic) else v for v in value]
+        if not value:  # an empty list needs its type; ints are by far the most common
+            return helper.make_attribute(name, [], attr_type=onnx.AttributeProto.INTS)
+    return helper.make_attribute(name, value)
+
+
+def tensor_type(dtype: str) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+@dataclass(frozen=True)
+class NodeModel:
+    """A single-node model and how the workload's inputs map onto its graph inputs."""
+
+    model: onnx.ModelProto
+    feeds: tuple[int, ...]        # workload input indices fed at run time, in graph order
+
+    def feed_names(self) -> list[str]:
+        return [input_name(i) for i in self.feeds]
+
+
+def opset_imports(workload: Workload) -> list[onnx.OperatorSetIdProto]:
+    imports = [helper.make_opsetid("", workload.opset)]
+    if workload.domain == MS_DOMAIN:
+        imports.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return imports
+
+
+def ir_version_for(opset: int) -> int:
+    """The smallest IR version that carries the default-domain opset (ORT supports <= 10 here)."""
+    try:
+        return max(helper.find_min_ir_version_for([helper.make_opsetid("", opset)]), 7)
+    except Exception:  # an opset newer than this onnx knows: the newest IR ORT reads
+        return 10
+
+
+def build_node_model(workload: Workload, consts: Mapping[int, np.ndarray] | None = None, *,
+                     with_epilogue: bool = True, dtype_map: Mapping[str, str] | None = None
+                     ) -> NodeModel:
+    """Build the workload's node (and, by default, its epilogue) as an ONNX model.
+
+    Inputs listed in `consts` become initializers; absent inputs (None specs)
+    are left empty in the node. `dtype_map` renames dtypes (e.g. float32 to
+    float64 for a float64 reference run).
+    """
+    consts = consts or {}
+    dtype_map = dtype_map or {}
+
+    def dtype_of(spec) -> str:
+        return dtype_map.get(spec.dtype, spec.dtype)
+
+    graph_inputs, initializers, feeds = [], [], []
+    used = len(workload.inputs) if with_epilogue else core_input_count(workload)
+    for i, spec in enumerate(workload.inputs):
+        if spec is None or i >= used:
+            continue
+        if i in consts:
+            value = np.asarray(consts[i]).astype(dtype_of(spec), copy=False)
+            initializers.append(numpy_helper.from_array(value, input_name(i)))
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(
+                input_name(i), tensor_type(dtype_of(spec)), list(spec.shape)))
+            feeds.append(i)
+
+    n_out = len(workload.outputs)
+    has_epilogue = with_epilogue and bool(workload.epilogue)
+    nodes = []
+    if is_elementwise(workload):
+        if with_epilogue:
+            nodes += epilogue_onnx_nodes(workload.epilogue, input_name(0), _operand_names(workload),
+                                         output_name(0), "epi_",
+                                         dtype=dtype_of(workload.outputs[0]),
+                                         opset=workload.opset)
+        else:
+            nodes.append(helper.make_node("Identity", [input_name(0)], [output_name(0)]))
+    else:
+        core = core_input_count(workload)
+        node_inputs = ["" if workload.inputs[i] is None else input_name(i) for i in range(core)]
+        while node_inputs and node_inputs[-1] == "":
+            node_inputs.pop()
+        node_outputs = [output_name(j) for j in range(n_out)]
+        if has_epilogue:
+            node_outputs[0] = "main_out0"
+        attrs = [onnx_attribute(k, v) for k, v in workload.attrs]
+        node = helper.make_node(workload.op, node_inputs, node_outputs, name="main",
+                                domain=workload.domain or None)
+        node.attribute.extend(attrs)
+        nodes.append(node)
+        if has_epilogue:
+            nodes += epilogue_onnx_nodes(workload.epilogue, "main_out0", _operand_names(workload),
+                                         output_name(0), "epi_",
+                                         dtype=dtype_of(workload.outputs[0]),
+                                         opset=workload.opset)
+
+    outputs = [helper.make_tensor_value_info(output_name(j), tensor_type(dtype_of(spec)),
+                                             list(spec.shape))
+               for j, spec in enumerate(workload.outputs)]
+    graph = helper.make_graph(nodes, f"wpk_{workload.op}", graph_inputs, outputs,
+                              initializer=initializers)
+    model = helper.make_model(graph, opset_imports=opset_imports(workload),
+                              producer_name="wpk")
+    model.ir_version = ir_version_for(workload.opset)
+    return NodeModel(model, tuple(feeds))
+
+
+def _operand_names(workload: Workload) -> dict[int, str]:
+    return {i: input_name(i) for i, spec in enumerate(workload.inputs) if spec is not None}
+
+
+def check_buildable(workload: Workload) -> str | None:
+    """None when the workload's op is a known ONNX op, else why a node model can't be built."""
+    if is_elementwise(workload):
+        return None
+    if workload.domain == WPK_DOMAIN:
+        return f"wpk op {workload.op!r} has no ONNX form"
+    if schema_for(workload) is None:
+        domain = workload.domain or "ai.onnx"
+        return f"{domain} op {workload.op!r} is unknown at opset {workload.opset}"
+    return None
+
+
+def raise_unbuildable(workload: Workload) -> None:
+    """Raise an UnsupportedError when `check_buildable` finds a problem."""
+    reason = check_buildable(workload)
+    if reason:
+        raise UnsupportedError(f"{workload.label}: {reason}",
+                               hint="the op needs an ONNX schema for onnxruntime to run it")

@@ -1,0 +1,228 @@
+"""numpy library kernels for elementwise chains, data movement, softmax and normalizations.
+
+- `numpy.elementwise`: wpk's `Elementwise` op (a fused chain of epilogue steps),
+  written with ufuncs into the output (`out=`), no temporaries for most steps.
+- `numpy.copy`: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Transpose/Concat/
+  Slice/Gather as views or `np.copyto`/`np.take(out=)` into the output.
+- `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in-place formulations
+  (BatchNormalization folded to one scale and shift per channel in `prepare`).
+- `numpy.formula`: every other supported op through its numpy formulation
+  (`tensor_formulas`, `nn_formulas`) in the native dtype, copied into the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
+from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
+from wpk.kernels.cpu.tensor_formulas import TENSOR_FORMULAS, slice_index
+from wpk.kernels.epilogue import apply_epilogue
+from wpk.kernels.registry import Kernel, register
+from wpk.kernels.workload import Workload
+
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+           "pow": np.power, "max": np.maximum, "min": np.minimum}
+
+
+class NumpyElementwise(NumpyImplementation):
+    """output = epilogue(input 0); a leading binary step writes straight into the output."""
+
+    name = "numpy.elementwise"
+    ops = ("Elementwise",)
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        steps = workload.epilogue
+        first = steps[0] if steps and steps[0].op in _BINARY else None
+        rest = steps[1:] if first is not None else steps
+
+        def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+            out = outputs[0]
+            if first is not None:
+                operand = inputs[first.operand]
+                args = (operand, inputs[0]) if first.swap else (inputs[0], operand)
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    _BINARY[first.op](*args, out=out, casting="unsafe")
+            else:
+                np.copyto(out, inputs[0], casting="unsafe")
+            finish_epilogue(out, rest, inputs)
+
+        return kernel
+
+
+_RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+class NumpyCopy(NumpyImplementation):
+    """Data movement straight into the output buffer."""
+
+    name = "numpy.copy"
+    ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather")
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        op, steps = workload.op, workload.epilogue
+        out_shape = workload.outputs[0].shape
+        if op in _RESHAPES:
+            def move(inputs, out):
+                np.copyto(out, inputs[0].reshape(out_shape))
+        elif op == "Transpose":
+            perm = workload.attr("perm") or tuple(reversed(range(len(workload.inputs[0].shape))))
+
+            def move(inputs, out):
+                np.copyto(out, inputs[0].transpose(perm))
+        elif op == "Concat":
+            axis = workload.attr("axis") % len(out_shape)
+            count = self.core_inputs(workload)
+            bounds, start = [], 0
+            for spec in workload.inputs[:count]:
+                bounds.append((start, start + spec.shape[axis]))
+                start += spec.shape[axis]
+            lead = (slice(None),) * axis
+
+            def move(inputs, out):
+                for i, (lo, hi) in enumerate(bounds):
+                    np.copyto(out[lead + (slice(lo, hi),)], inputs[i])
+        elif op == "Slice":
+            index = slice_index(workload, [workload.static_value(i)
+                                           if workload.static_value(i) is not None else None
+                                           for i in range(len(workload.inputs))],
+                                workload.inputs[0].shape)
+
+            def move(inputs, out):
+                np.copyto(out, inputs[0][index])
+        else:  # Gather
+            axis = workload.attr("axis", 0)
+
+            def move(inputs, out):
+                np.take(inputs[0], inputs[1], axis=axis, out=out)
+
+        def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+            move(inputs, outputs[0])
+            finish_epilogue(outputs[0], steps, inputs)
+
+        return kernel
+
+    def extra_reason(self, workload: Workload) -> str | None:
+        if workload.op == "Slice" and workload.opset >= 10 and any(
+                workload.static_value(i) is None for i in (1, 2)):
+            return "Slice starts/ends must be static inputs"
+        return None
+
+
+class NumpySoftmax(NumpyImplementation):
+    """Softmax over one axis, in the output buffer (opset >= 13 semantics)."""
+
+    name = "numpy.softmax"
+    ops = ("Softmax",)
+
+    def extra_reason(self, workload: Workload) -> str | None:
+        return "Softmax before opset 13 goes through numpy.formula" if workload.opset < 13 else None
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        axis, steps = workload.attr("axis", -1), workload.epilogue
+
+        def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+            out = outputs[0]
+            np.subtract(inputs[0], inputs[0].max(axis=axis, keepdims=True), out=out)
+            np.exp(out, out=out)
+            out /= out.sum(axis=axis, keepdims=True)
+            finish_epilogue(out, steps, inputs)
+
+        return kernel
+
+
+class NumpyLayerNorm(NumpyImplementation):
+    """LayerNormalization with one output, mean and variance over the trailing axes."""
+
+    name = "numpy.layernorm"
+    ops = ("LayerNormalization",)
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        rank = len(workload.inputs[0].shape)
+        axes = tuple(range(workload.attr("axis", -1) % rank, rank))
+        eps = workload.attr("epsilon", 1e-5)
+        has_bias = self.core_inputs(workload) > 2 and workload.inputs[2] is not None
+        steps = workload.epilogue
+
+        def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+            out = outputs[0]
+            np.subtract(inputs[0], inputs[0].mean(axis=axes, keepdims=True), out=out)
+            var = np.mean(np.square(out), axis=axes, keepdims=True)
+            var += eps
+            np.sqrt(var, out=var)
+            out /= var
+            out *= inputs[1]
+            if has_bias:
+                out += inputs[2]
+            finish_epilogue(out, steps, inputs)
+
+        return kernel
+
+
+class NumpyBatchNorm(NumpyImplementation):
+    """Inference BatchNormalization as one multiply-add per channel (folded when constant)."""
+
+    name = "numpy.batchnorm"
+    ops = ("BatchNormalization",)
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        rank = len(workload.inputs[0].shape)
+        eps = workload.attr("epsilon", 1e-5)
+        shape = (1, -1) + (1,) * (rank - 2)
+        steps = workload.epilogue
+        dtype = np.dtype(workload.outputs[0].dtype)
+
+        def fold(scale, bias, mean, var):
+            inv = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
+            shift = bias - mean * inv
+            return inv.astype(dtype).reshape(shape), shift.astype(dtype).reshape(shape)
+
+        folded = fold(*(consts[i] for i in range(1, 5))) if all(
+            i in consts for i in range(1, 5)) else None
+
+        def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+            mul, add = folded if folded is not None else fold(*inputs[1:5])
+            np.multiply(inputs[0], mul, out=outputs[0])
+            outputs[0] += add
+            finish_epilogue(outputs[0], steps, inputs)
+
+        return kernel
+
+
+class NumpyFormula(NumpyImplementation):
+    """Any other supported op: its numpy formulation in the native dtype, copied out."""
+
+    name = "numpy.formula"
+    ops = tuple(sorted((set(TENSOR_FORMULAS) | set(NN_FORMULAS)) - set(_RESHAPES)
+                       - {"Transpose", "Concat", "Slice", "Gather"}))
+
+    def extra_reason(self, workload: Workload) -> str | None:
+        if workload.op in ("LayerNormalization", "BatchNormalization") or (
+                workload.op == "Softmax" and workload.opset >= 13):
+            return f"{workload.op} has a dedicated numpy kernel"
+        return None
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        formula = {**TENSOR_FORMULAS, **NN_FORMULAS}[workload.op]
+        count, steps = self.core_inputs(workload), workload.epilogue
+        out_shape = workload.outputs[0].shape
+
+        def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+            y = formula(workload, inputs[:count])[0]
+            y = apply_epilogue(np.array(y, dtype=outputs[0].dtype), steps, inputs)
+            np.copyto(outputs[0], y.reshape(out_shape), casting="unsafe")
+
+        return kernel
+
+
+for _impl in (NumpyElementwise(), NumpyCopy(), NumpySoftmax(), NumpyLayerNorm(),
+              NumpyBatchNorm(), NumpyFormula()):
+    register(_impl)

@@ -1,0 +1,192 @@
+"""onnxruntime single-node kernels: the CPU vendor baseline and the fallback for every op.
+
+Each prepared kernel owns one `InferenceSession` holding the node and its
+epilogue (as standard ONNX nodes), with constant inputs baked in as
+initializers so onnxruntime can pre-pack weights. Two implementations are
+registered:
+
+- `ort` (kind `vendor`) for workloads wpk supports itself (`wpk.kernels.support`),
+- `ort.fallback` (kind `fallback`) for every other op, so reports can mark
+  the parts of a model that wpk only runs through onnxruntime.
+
+`kind_for(workload)` tells which of the two applies. Calls bind the caller's
+arrays by pointer (IOBinding) so outputs are written in place; small outputs
+go through `run` and one copy, which is cheaper below a few kilobytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi import _pybind_state as ort_capi
+
+from wpk.errors import UnsupportedError
+from wpk.kernels.cpu.node_model import build_node_model, check_buildable, input_name, output_name
+from wpk.kernels.epilogue import validate_epilogue
+from wpk.kernels.random_inputs import random_inputs
+from wpk.kernels.registry import FALLBACK, VENDOR, Implementation, Kernel, register
+from wpk.kernels.support import is_supported
+from wpk.kernels.workload import Workload
+
+_THREADS: int | None = None
+# Outputs up to this many bytes are returned by `run` and copied; bigger ones are bound.
+_SMALL_OUTPUT_BYTES = 16384
+_CPU = ort_capi.OrtDevice(ort_capi.OrtDevice.cpu(), ort_capi.OrtDevice.default_memory(), 0)
+
+
+def cpu_threads() -> int:
+    """Intra-op threads for every onnxruntime session (default: the cores this process may use)."""
+    if _THREADS is not None:
+        return _THREADS
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def set_cpu_threads(threads: int | None) -> None:
+    """Set the intra-op thread count of sessions created from now on (None: back to default)."""
+    global _THREADS
+    if threads is not None and threads < 1:
+        raise UnsupportedError(f"thread count must be at least 1, got {threads}",
+                               hint="pass a positive number of threads, or None for all cores")
+    _THREADS = threads
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    """Options shared by all wpk sessions: full graph optimization, no spinning threads."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = threads or cpu_threads()
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.log_severity_level = 4  # failures surface as exceptions
+    return options
+
+
+def create_session(model_bytes: bytes, label: str,
+                   threads: int | None = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session for a serialized model; UnsupportedError if ORT refuses it."""
+    try:
+        return ort.InferenceSession(model_bytes, session_options(threads),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedError(f"{label}: onnxruntime cannot run it: {first_line}",
+                               hint="the op, its attributes or its dtypes are not supported "
+                                    "by onnxruntime's CPU provider") from exc
+
+
+def kind_for(workload: Workload) -> str:
+    """`vendor` when wpk supports the workload's op itself, else `fallback`."""
+    return VENDOR if is_supported(workload) else FALLBACK
+
+
+def make_ort_kernel(workload: Workload, consts: Mapping[int, np.ndarray],
+                    threads: int | None = None) -> Kernel:
+    """Prepare a kernel running the workload (with epilogue) in one onnxruntime session."""
+    node_model = build_node_model(workload, consts)
+    session = create_session(node_model.model.SerializeToString(), workload.label, threads)
+    feeds = [(i, input_name(i)) for i in node_model.feeds]
+    out_names = [output_name(j) for j in range(len(workload.outputs))]
+    small = sum(np.dtype(s.dtype).itemsize * s.size for s in workload.outputs)
+    if small <= _SMALL_OUTPUT_BYTES:
+        return _run_kernel(session, feeds, out_names)
+    return _binding_kernel(session, feeds, out_names)
+
+
+def _run_kernel(session: ort.InferenceSession, feeds: list[tuple[int, str]],
+                out_names: list[str]) -> Kernel:
+    run = session._sess.run
+    options = ort.RunOptions()
+
+    def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+        results = run(out_names, {name: inputs[i] for i, name in feeds}, options)
+        for out, value in zip(outputs, results):
+            np.copyto(out, value)
+
+    return kernel
+
+
+def _binding_kernel(session: ort.InferenceSession, feeds: list[tuple[int, str]],
+                    out_names: list[str]) -> Kernel:
+    binding = session.io_binding()._iobinding
+    bind_input, bind_output = binding.bind_input, binding.bind_output
+    run = session._sess.run_with_iobinding
+    options = ort.RunOptions()
+    outs = list(enumerate(out_names))
+
+    def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+        keep = []  # contiguous copies must outlive the run
+        for i, name in feeds:
+            x = inputs[i]
+            if not x.flags.c_contiguous:
+                x = np.ascontiguousarray(x)
+                keep.append(x)
+            bind_input(name, _CPU, x.dtype, x.shape, x.ctypes.data)
+        for j, name in outs:
+            y = outputs[j]
+            bind_output(name, _CPU, y.dtype, y.shape, y.ctypes.data)
+        run(binding, options)
+
+    return kernel
+
+
+class OrtNode(Implementation):
+    """onnxruntime runs the node and its epilogue; constants are initializers."""
+
+    name = "ort"
+    kind = VENDOR
+    fallback = False
+
+    def __init__(self):
+        self._probe_cache: dict[str, str | None] = {}
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        if is_supported(workload) == self.fallback:
+            return ("wpk supports this op: use 'ort'" if self.fallback
+                    else "not an op wpk supports: see 'ort.fallback'")
+        reason = check_buildable(workload) or validate_epilogue(workload.epilogue,
+                                                                len(workload.inputs))
+        if reason:
+            return reason
+        return self._probe(workload)
+
+    def _probe(self, workload: Workload) -> str | None:
+        """Whether onnxruntime runs the node (built and run once per workload, then cached)."""
+        key = workload.key
+        if key not in self._probe_cache:
+            try:
+                model = build_node_model(workload, {})
+                session = create_session(model.model.SerializeToString(), workload.label,
+                                         threads=1)
+                inputs = random_inputs(workload, np.random.default_rng(0))
+                session.run(None, {input_name(i): inputs[i] for i in model.feeds})
+                self._probe_cache[key] = None
+            except UnsupportedError as exc:
+                self._probe_cache[key] = exc.message
+            except Exception as exc:  # an attribute onnx rejects, or ORT failing at run time
+                text = str(exc).strip().splitlines()
+                self._probe_cache[key] = f"onnxruntime fails on it: {text[0] if text else exc}"
+        return self._probe_cache[key]
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        return make_ort_kernel(workload, consts, config.get("threads"))
+
+
+class OrtFallback(OrtNode):
+    """The same onnxruntime kernel, for ops wpk has no implementation of."""
+
+    name = "ort.fallback"
+    kind = FALLBACK
+    fallback = True
+
+
+ORT_NODE = register(OrtNode())
+ORT_FALLBACK = register(OrtFallback())

@@ -1,0 +1,152 @@
+"""numpy formulations of elementwise and data-movement ONNX ops, in the inputs' dtype.
+
+Each formula is `f(workload, inputs) -> list of output arrays` (the fused
+epilogue is not applied here). They serve both the float64 references (called
+with float64 inputs) and the numpy library kernels (called with the native
+inputs). Output shapes are taken from the workload where ONNX defines them
+through shape inference (Reshape, Squeeze, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from wpk.kernels.epilogue import apply_epilogue
+from wpk.kernels.workload import EpilogueStep, Workload
+
+Formula = Callable[[Workload, Sequence[np.ndarray | None]], list[np.ndarray]]
+
+# ONNX unary ops that are exactly one epilogue step (attribute names map 1:1).
+UNARY_AS_STEP = {
+    "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log",
+    "Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg", "Abs": "abs", "Erf": "erf",
+    "Softplus": "softplus", "LeakyRelu": "leaky_relu", "HardSigmoid": "hard_sigmoid",
+    "HardSwish": "hard_swish",
+}
+BINARY_UFUNCS = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
+                 "Pow": np.power, "Max": np.maximum, "Min": np.minimum}
+
+
+def unary_step(workload: Workload) -> EpilogueStep:
+    """The epilogue step equivalent to a unary ONNX op."""
+    attrs = tuple(sorted((k, float(v)) for k, v in workload.attrs if k in ("alpha", "beta")))
+    return EpilogueStep(UNARY_AS_STEP[workload.op], attrs)
+
+
+def _unary(workload, inputs):
+    y = np.array(inputs[0], copy=True)
+    return [apply_epilogue(y, (unary_step(workload),), ())]
+
+
+def clip_bounds(workload: Workload, inputs) -> tuple[float | None, float | None]:
+    """Clip's bounds: inputs 1 and 2 from opset 11, attributes before."""
+    if workload.opset < 11:
+        return workload.attr("min"), workload.attr("max")
+    lo = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+    hi = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    return (None if lo is None else lo.item()), (None if hi is None else hi.item())
+
+
+def _clip(workload, inputs):
+    lo, hi = clip_bounds(workload, inputs)
+    y = np.array(inputs[0], copy=True)
+    if lo is not None:
+        np.maximum(y, lo, out=y)
+    if hi is not None:
+        np.minimum(y, hi, out=y)
+    return [y]
+
+
+def _binary(workload, inputs):
+    ufunc = BINARY_UFUNCS[workload.op]
+    args = [x for x in inputs if x is not None]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        y = ufunc(args[0], args[1])
+        for x in args[2:]:  # Max/Min are variadic
+            y = ufunc(y, x)
+    return [np.asarray(y)]
+
+
+def _reshape_like_output(workload, inputs):
+    return [np.reshape(inputs[0], workload.outputs[0].shape)]
+
+
+def _transpose(workload, inputs):
+    perm = workload.attr("perm") or tuple(reversed(range(inputs[0].ndim)))
+    return [np.transpose(inputs[0], perm)]
+
+
+def _concat(workload, inputs):
+    return [np.concatenate([x for x in inputs if x is not None], axis=workload.attr("axis"))]
+
+
+def _gather(workload, inputs):
+    return [np.take(inputs[0], inputs[1].astype(np.int64), axis=workload.attr("axis", 0))]
+
+
+def slice_index(workload: Workload, inputs, shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """The numpy index of an ONNX Slice (inputs from opset 10, attributes before)."""
+    if workload.opset < 10:
+        starts, ends = workload.attr("starts"), workload.attr("ends")
+        axes, steps = workload.attr("axes"), None
+    else:
+        starts, ends = inputs[1].tolist(), inputs[2].tolist()
+        axes = inputs[3].tolist() if len(inputs) > 3 and inputs[3] is not None else None
+        steps = inputs[4].tolist() if len(inputs) > 4 and inputs[4] is not None else None
+    axes = list(axes) if axes is not None else list(range(len(starts)))
+    steps = list(steps) if steps is not None else [1] * len(starts)
+    index = [slice(None)] * len(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        dim = shape[axis]
+        start = start + dim if start < 0 else start
+        end = end + dim if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+            index[axis] = slice(start, end, step)
+        else:
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+            index[axis] = slice(start, None if end < 0 else end, step)
+    return tuple(index)
+
+
+def _slice(workload, inputs):
+    return [inputs[0][slice_index(workload, inputs, inputs[0].shape)]]
+
+
+def _pad(workload, inputs):
+    x = inputs[0]
+    mode = workload.attr("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if workload.opset < 11:
+        pads, value, axes = list(workload.attr("pads")), workload.attr("value", 0.0), None
+    else:
+        pads = inputs[1].tolist()
+        value = inputs[2].item() if len(inputs) > 2 and inputs[2] is not None else 0
+        axes = inputs[3].tolist() if len(inputs) > 3 and inputs[3] is not None else None
+    axes = [a % x.ndim for a in axes] if axes is not None else list(range(x.ndim))
+    widths = [[0, 0] for _ in range(x.ndim)]
+    for k, axis in enumerate(axes):
+        widths[axis] = [pads[k], pads[k + len(axes)]]
+    crop = tuple(slice(max(-b, 0), x.shape[i] - max(-e, 0)) for i, (b, e) in enumerate(widths))
+    x = x[crop]
+    widths = [(max(b, 0), max(e, 0)) for b, e in widths]
+    if mode == "constant":
+        return [np.pad(x, widths, mode="constant", constant_values=value)]
+    return [np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])]
+
+
+def _identity(workload, inputs):
+    return [inputs[0]]
+
+
+TENSOR_FORMULAS: dict[str, Formula] = {
+    **{op: _unary for op in UNARY_AS_STEP},
+    **{op: _binary for op in BINARY_UFUNCS},
+    "Clip": _clip,
+    "Reshape": _reshape_like_output, "Flatten": _reshape_like_output,
+    "Squeeze": _reshape_like_output, "Unsqueeze": _reshape_like_output,
+    "Identity": _identity, "Transpose": _transpose, "Concat": _concat, "Gather": _gather,
+    "Slice": _slice, "Pad": _pad,
+}

@@ -1,0 +1,97 @@
+"""Random inputs for measuring and verifying a workload.
+
+Float inputs are drawn from U(-1, 1), weights scaled by 1/sqrt(fan_in) so
+outputs stay of order one; static inputs (shapes, indices, bounds) get their
+exact fixed values; integer inputs are drawn inside the range the op accepts
+(Gather indices within the gathered axis); inputs that must be positive
+(BatchNormalization variance, Log/Sqrt/Pow arguments, divisors) are drawn
+from U(0.5, 1.5).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from wpk.kernels.workload import TensorSpec, Workload
+
+# Ops whose data input must be positive for a finite result.
+_POSITIVE_DATA_OPS = frozenset({"Log", "Sqrt", "Reciprocal", "Pow"})
+# Epilogue steps that want a positive value before them (applied to input 0 of Elementwise).
+_POSITIVE_STEPS = frozenset({"log", "sqrt", "reciprocal", "pow"})
+
+
+def _fan_in(workload: Workload, index: int) -> int | None:
+    """The reduction length an input is multiplied over, for weight-like inputs."""
+    op, specs = workload.op, workload.inputs
+    if op == "Conv" and index == 1:
+        return int(np.prod(specs[1].shape[1:], dtype=np.int64))
+    if op == "Gemm" and index == 1:
+        shape = specs[1].shape
+        return int(shape[1] if workload.attr("transB", 0) else shape[0])
+    if op == "MatMul" and index == 1:
+        shape = specs[1].shape
+        return int(shape[-2] if len(shape) > 1 else shape[0])
+    return None
+
+
+def _positive_inputs(workload: Workload) -> set[int]:
+    positive = set()
+    if workload.op == "BatchNormalization":
+        positive |= {1, 4}
+    if workload.op in _POSITIVE_DATA_OPS:
+        positive.add(0)
+    if workload.op == "Div":
+        positive.add(1)
+    first = workload.epilogue[0].op if workload.epilogue else None
+    if workload.op == "Elementwise" and first in _POSITIVE_STEPS:
+        positive.add(0)
+    for step in workload.epilogue:
+        if step.operand is not None and (step.op == "div" and not step.swap
+                                         or step.op == "pow" and step.swap):
+            positive.add(step.operand)
+    return positive
+
+
+def _integer_input(workload: Workload, index: int, spec: TensorSpec,
+                   rng: np.random.Generator) -> np.ndarray:
+    if workload.op == "Gather" and index == 1:
+        data = workload.inputs[0].shape
+        dim = data[workload.attr("axis", 0) % len(data)]
+        return rng.integers(-dim, dim, size=spec.shape).astype(spec.dtype)
+    if workload.op == "GatherElements" and index == 1:
+        dim = workload.inputs[0].shape[workload.attr("axis", 0) % len(workload.inputs[0].shape)]
+        return rng.integers(0, dim, size=spec.shape).astype(spec.dtype)
+    return rng.integers(0, 4, size=spec.shape).astype(spec.dtype)
+
+
+def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarray | None]:
+    """One array (or None for an absent input) per workload input, drawn with `rng`."""
+    positive = _positive_inputs(workload)
+    arrays: list[np.ndarray | None] = []
+    for index, spec in enumerate(workload.inputs):
+        if spec is None:
+            arrays.append(None)
+            continue
+        fixed = workload.static_value(index)
+        if fixed is not None:
+            arrays.append(np.array(fixed, dtype=spec.dtype).reshape(spec.shape))
+            continue
+        dtype = np.dtype(spec.dtype)
+        if dtype.kind == "f":
+            if index in positive:
+                value = rng.uniform(0.5, 1.5, size=spec.shape)
+            else:
+                value = rng.uniform(-1.0, 1.0, size=spec.shape)
+                fan_in = _fan_in(workload, index)
+                if fan_in:
+                    value *= 1.0 / math.sqrt(max(fan_in, 1))
+            arrays.append(np.ascontiguousarray(value.astype(dtype)))
+        elif dtype.kind == "b":
+            arrays.append(rng.random(size=spec.shape) < 0.5)
+        elif dtype.kind in "iu":
+            arrays.append(_integer_input(workload, index, spec, rng))
+        else:
+            arrays.append(np.zeros(spec.shape, dtype=dtype))
+    return arrays

@@ -1,0 +1,67 @@
+"""Which workloads wpk computes itself (own float64 reference and a library kernel).
+
+Everything else still runs, through onnxruntime (`ort.fallback`), and is
+marked as a fallback in reports.
+"""
+
+from __future__ import annotations
+
+from wpk.kernels.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
+
+ELEMENTWISE_UNARY_OPS = frozenset({
+    "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf",
+    "Softplus", "LeakyRelu", "HardSigmoid", "HardSwish", "Clip",
+})
+ELEMENTWISE_BINARY_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
+DATA_MOVEMENT_OPS = frozenset({
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Concat",
+    "Gather", "Slice", "Pad",
+})
+NN_OPS = frozenset({
+    "Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+    "Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "LRN",
+})
+SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_BINARY_OPS
+                          | DATA_MOVEMENT_OPS | NN_OPS)
+# Inputs that must be constants with fixed values (static inputs); Clip bounds may vary.
+_STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3)}
+_FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
+
+
+def unsupported_reason(workload: Workload) -> str | None:
+    """None when wpk's own reference and library kernels cover the workload, else why not."""
+    op = workload.op
+    if workload.domain not in ("", "ai.onnx", "wpk"):
+        return f"domain {workload.domain!r} is not implemented by wpk"
+    if op not in SUPPORTED_OPS or (workload.domain == "wpk") != (op == "Elementwise"):
+        return f"op {op!r} is not implemented by wpk"
+    if any(spec.dtype not in _FLOAT_DTYPES for spec in workload.outputs):
+        return "only float outputs are implemented"
+    if len(workload.outputs) != 1:
+        return f"{op} with {len(workload.outputs)} outputs is not implemented"
+    for step in workload.epilogue:
+        if step.op not in UNARY_EPILOGUE_OPS and step.op not in BINARY_EPILOGUE_OPS:
+            return f"unknown epilogue op {step.op!r}"
+        if step.op in BINARY_EPILOGUE_OPS and (
+                step.operand is None or not 0 <= step.operand < len(workload.inputs)
+                or workload.inputs[step.operand] is None):
+            return f"epilogue step {step.op!r} has no valid operand"
+    static = {i for i, _ in workload.static_inputs}
+    for i in _STATIC_OPERANDS.get(op, ()) if op != "Clip" else ():
+        if i < len(workload.inputs) and workload.inputs[i] is not None and i not in static:
+            return f"{op} input {i} must be a static input"
+    if op == "Pad":
+        mode = workload.attr("mode", "constant")
+        if (mode.decode() if isinstance(mode, bytes) else mode) not in ("constant", "reflect",
+                                                                         "edge"):
+            return f"Pad mode {mode!r} is not implemented"
+    if op in ("MaxPool", "AveragePool") and workload.attr("storage_order", 0):
+        return "MaxPool storage_order=1 is not implemented"
+    if op == "Conv" and len(workload.inputs[0].shape) < 3:
+        return "Conv needs at least one spatial dimension"
+    return None
+
+
+def is_supported(workload: Workload) -> bool:
+    """Whether wpk implements the workload itself (ops in SUPPORTED_OPS, with valid attributes)."""
+    return unsupported_reason(workload) is None
