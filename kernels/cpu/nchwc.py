@@ -239,7 +239,7 @@ def make_kernel(model, feeds: tuple[tuple[str, int], ...], workload: Workload) -
 class OrtNchwc(Implementation):
     """onnxruntime's MLAS NCHWc kernels (contrib domain com.microsoft.nchwc)."""
 
-    name = "ort_nchwc"
+    name = "ort.nchwc"
     kind = VENDOR
     target = "cpu"
 

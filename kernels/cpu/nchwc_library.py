@@ -36,7 +36,7 @@ def _library_candidate(logical: Workload) -> Candidate | None:
 class NumpyNchwc(Implementation):
     """Blocked ops through wpk's library kernels of the logical NCHW op."""
 
-    name = "numpy_nchwc"
+    name = "numpy.nchwc"
     kind = LIBRARY
     target = "cpu"
 
