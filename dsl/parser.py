@@ -125,7 +125,8 @@ class OperatorBuilder:
         tensor_args = [a for a in args if a.data == "tensor_arg"]
         for a in tensor_args:
             self.declare(a.children[0])
-        self.bind_shape_symbols(tensor_args, {s.name for s in scalars})
+        let_names = {str(st.children[0]) for st in statements if st.data == "let_stmt"}
+        self.bind_shape_symbols(tensor_args, {s.name for s in scalars} | let_names)
 
         derived, requires = [], []
         for st in statements:
@@ -184,13 +185,13 @@ class OperatorBuilder:
         self.scope.symbols[name] = ir.SymVar(name, dtype)
         return ir.Scalar(name, dtype, default)
 
-    def bind_shape_symbols(self, tensor_args: list[Tree], scalar_names: set[str]) -> None:
-        """Plain-name dims of inputs (that are not scalars) become shape symbols."""
+    def bind_shape_symbols(self, tensor_args: list[Tree], not_symbols: set[str]) -> None:
+        """Plain-name dims of inputs (not scalars or lets) become shape symbols."""
         for a in tensor_args:
             for dim in a.children[1].children[1:]:
                 if isinstance(dim, Tree) and dim.data == "name":
                     token = dim.children[0]
-                    if str(token) in scalar_names or str(token) in self.scope.symbols:
+                    if str(token) in not_symbols or str(token) in self.scope.symbols:
                         continue
                     self.declare(token)
                     self.scope.symbols[str(token)] = ir.SymVar(str(token), ir.INDEX)

@@ -1,0 +1,218 @@
+"""Every DSL library operator, evaluated by the compute-IR interpreter, against
+independent numpy or onnxruntime computations on seeded random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from wpk.dsl.compute import evaluate
+from wpk.errors import DslError
+from wpk.kernels.dsl_library import list_operators, load_operator, operator_file
+
+
+def run_onnx(op_type: str, inputs: list[np.ndarray], **attrs) -> np.ndarray:
+    """Run a single ONNX node with onnxruntime (float32)."""
+    names = [f"i{k}" for k in range(len(inputs))]
+    node = helper.make_node(op_type, names, ["y"], **attrs)
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, x.shape) for n, x in
+         zip(names, inputs)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {n: x.astype(np.float32) for n, x in zip(names, inputs)})[0]
+
+
+def f32(rng, *shape) -> np.ndarray:
+    """float32-representable random values (so float64 and ORT see the same inputs)."""
+    return rng.standard_normal(shape).astype(np.float32).astype(np.float64)
+
+
+def close(actual, expected, tol=1e-4):
+    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol)
+
+
+CONV_CASES = [
+    # N, C, H, W, K, R, S, strides, pads (t, l, b, r), dilations, groups
+    (2, 4, 7, 6, 6, 3, 3, (2, 1), (1, 0, 2, 1), (1, 2), 2),
+    (1, 3, 5, 5, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),     # depthwise
+    (1, 5, 4, 3, 2, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),     # 1x1
+    (1, 2, 1, 1, 4, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),     # 1x1 image, all padding
+    (1, 1, 9, 9, 1, 2, 2, (3, 3), (0, 0, 0, 0), (2, 2), 1),     # dilated and strided
+]
+
+
+def conv_scalars(strides, pads, dilations, groups) -> dict:
+    return {"stride_h": strides[0], "stride_w": strides[1], "pad_t": pads[0],
+            "pad_l": pads[1], "pad_b": pads[2], "pad_r": pads[3], "dil_h": dilations[0],
+            "dil_w": dilations[1], "groups": groups}
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv2d_family_matches_onnxruntime(rng, case):
+    n, c, h, w, k, r, s, strides, pads, dil, groups = case
+    x, wt, b = f32(rng, n, c, h, w), f32(rng, k, c // groups, r, s), f32(rng, k)
+    expected = run_onnx("Conv", [x, wt], strides=list(strides), dilations=list(dil),
+                        pads=[pads[0], pads[1], pads[2], pads[3]], group=groups)
+    scalars = conv_scalars(strides, pads, dil, groups)
+    y = evaluate(load_operator("conv2d"), {"X": x, "Wt": wt}, scalars)["Y"]
+    assert y.shape == expected.shape
+    close(y, expected)
+    y = evaluate(load_operator("conv2d_bias"), {"X": x, "Wt": wt, "B": b}, scalars)["Y"]
+    close(y, expected + b[None, :, None, None])
+    res = f32(rng, *expected.shape)
+    y = evaluate(load_operator("conv2d_bias_relu_add"),
+                 {"X": x, "Wt": wt, "B": b, "Res": res}, scalars)["Y"]
+    close(y, np.maximum(expected + b[None, :, None, None] + res, 0))
+
+
+def test_conv2d_checks_groups_and_shapes(rng):
+    op = load_operator("conv2d")
+    with pytest.raises(DslError, match="times groups"):
+        evaluate(op, {"X": f32(rng, 1, 4, 5, 5), "Wt": f32(rng, 4, 3, 3, 3)}, {"groups": 2})
+    with pytest.raises(DslError, match="rank 3, expected 4"):
+        evaluate(op, {"X": f32(rng, 4, 5, 5), "Wt": f32(rng, 4, 4, 3, 3)})
+    with pytest.raises(DslError, match="input 'Wt' is missing"):
+        evaluate(op, {"X": f32(rng, 1, 4, 5, 5)})
+
+
+@pytest.mark.parametrize("m,k,n", [(3, 5, 4), (1, 1, 1), (1, 7, 2), (6, 1, 3)])
+def test_matrix_products_match_numpy(rng, m, k, n):
+    a, b, c = f32(rng, m, k), f32(rng, k, n), f32(rng, m, n)
+    close(evaluate(load_operator("matmul"), {"A": a, "B": b})["Y"], a @ b, 1e-12)
+    scal = {"alpha": 0.75, "beta": -1.5}
+    for name, aa, bb in [("gemm_nn", a, b), ("gemm_nt", a, b.T.copy()),
+                         ("gemm_tn", a.T.copy(), b), ("gemm_tt", a.T.copy(), b.T.copy())]:
+        y = evaluate(load_operator(name), {"A": aa, "B": bb, "C": c}, scal)["Y"]
+        close(y, 0.75 * (a @ b) - 1.5 * c, 1e-12)
+    y = evaluate(load_operator("gemm_nn"), {"A": a, "B": b, "C": c})["Y"]  # defaults 1, 1
+    close(y, a @ b + c, 1e-12)
+    bias = f32(rng, n)
+    y = evaluate(load_operator("dense"), {"X": a, "Wt": b.T.copy(), "B": bias})["Y"]
+    close(y, a @ b + bias, 1e-12)
+    ba, bb = f32(rng, 3, m, k), f32(rng, 3, k, n)
+    close(evaluate(load_operator("batched_matmul"), {"A": ba, "B": bb})["Y"], ba @ bb, 1e-12)
+
+
+POOL_CASES = [
+    # H, W, kernel, strides, pads (t, l, b, r), dilations
+    (7, 6, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    (5, 5, (2, 3), (1, 2), (0, 1, 1, 0), (1, 1)),
+    (4, 4, (4, 4), (1, 1), (0, 0, 0, 0), (1, 1)),
+    (8, 7, (2, 2), (2, 1), (1, 0, 0, 1), (2, 2)),
+]
+
+
+@pytest.mark.parametrize("h,w,kernel,strides,pads,dil", POOL_CASES)
+def test_pools_match_onnxruntime(rng, h, w, kernel, strides, pads, dil):
+    x = f32(rng, 2, 3, h, w)
+    scalars = {"KH": kernel[0], "KW": kernel[1], "stride_h": strides[0],
+               "stride_w": strides[1], "pad_t": pads[0], "pad_l": pads[1], "pad_b": pads[2],
+               "pad_r": pads[3]}
+    expected = run_onnx("MaxPool", [x], kernel_shape=list(kernel), strides=list(strides),
+                        pads=list(pads), dilations=list(dil))
+    y = evaluate(load_operator("maxpool2d"), {"X": x},
+                 {**scalars, "dil_h": dil[0], "dil_w": dil[1]})["Y"]
+    close(y, expected)
+    if dil == (1, 1):
+        for include in (0, 1):
+            expected = run_onnx("AveragePool", [x], kernel_shape=list(kernel),
+                                strides=list(strides), pads=list(pads),
+                                count_include_pad=include)
+            y = evaluate(load_operator("avgpool2d"), {"X": x},
+                         {**scalars, "count_include_pad": include})["Y"]
+            close(y, expected)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (1, 1, 1, 1)])
+def test_global_pools_match_onnxruntime(rng, shape):
+    x = f32(rng, *shape)
+    close(evaluate(load_operator("global_avgpool2d"), {"X": x})["Y"],
+          run_onnx("GlobalAveragePool", [x]))
+    close(evaluate(load_operator("global_maxpool2d"), {"X": x})["Y"],
+          run_onnx("GlobalMaxPool", [x]))
+
+
+@pytest.mark.parametrize("shape", [(4, 10), (1, 1), (3, 1)])
+def test_softmax_family_matches_numpy(rng, shape):
+    x = f32(rng, *shape) * 30 + 500  # large values: needs the max subtraction
+    shifted = x - x.max(axis=1, keepdims=True)
+    expected = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
+    y = evaluate(load_operator("softmax"), {"X": x})["Y"]
+    assert np.all(np.isfinite(y))
+    close(y, expected, 1e-12)
+    close(evaluate(load_operator("log_softmax"), {"X": x})["Y"], np.log(expected), 1e-9)
+
+
+@pytest.mark.parametrize("shape", [(3, 8), (1, 1), (2, 5)])
+def test_layernorm_matches_onnxruntime(rng, shape):
+    x, gamma, beta = f32(rng, *shape), f32(rng, shape[1]), f32(rng, shape[1])
+    y = evaluate(load_operator("layernorm"), {"X": x, "Gamma": gamma, "Beta": beta},
+                 {"eps": 1e-3})["Y"]
+    mean = x.mean(axis=1, keepdims=True)
+    expected = (x - mean) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-3) * gamma + beta
+    close(y, expected, 1e-12)
+    node_out = run_onnx("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=1e-3)
+    close(y, node_out)
+
+
+def gelu(x):
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+@pytest.mark.parametrize("length", [1, 37])
+def test_elementwise_operators_match_numpy(rng, length):
+    x, b = f32(rng, length) * 3, f32(rng, length)
+    unary = {"copy": x, "sigmoid": sigmoid(x), "silu": x * sigmoid(x), "tanh": np.tanh(x),
+             "gelu": gelu(x), "clip": np.clip(x, 0, 6)}
+    for name, expected in unary.items():
+        close(evaluate(load_operator(name), {"X": x})["Y"], expected, 1e-12)
+    close(evaluate(load_operator("clip"), {"X": x}, {"lo": -0.5, "hi": 0.25})["Y"],
+          np.clip(x, -0.5, 0.25), 1e-12)
+    close(evaluate(load_operator("add"), {"A": x, "B": b})["Y"], x + b, 1e-12)
+    close(evaluate(load_operator("mul"), {"A": x, "B": b})["Y"], x * b, 1e-12)
+
+
+def test_channel_epilogue_operators_match_numpy(rng):
+    x, scale, shift = f32(rng, 2, 3, 5) * 4, f32(rng, 3), f32(rng, 3)
+    cs = (slice(None), None)
+    y = evaluate(load_operator("scale_shift_relu"), {"X": x, "Scale": scale, "Shift": shift})
+    close(y["Y"], np.maximum(x * scale[cs] + shift[cs], 0), 1e-12)
+    y = evaluate(load_operator("bias_relu6"), {"X": x, "B": shift})["Y"]
+    close(y, np.clip(x + shift[cs], 0, 6), 1e-12)
+    y = evaluate(load_operator("bias_leaky_relu"), {"X": x, "B": shift}, {"alpha": 0.2})["Y"]
+    z = x + shift[cs]
+    close(y, np.where(z >= 0, z, 0.2 * z), 1e-12)
+    m, bias, res = f32(rng, 4, 6), f32(rng, 6), f32(rng, 4, 6)
+    y = evaluate(load_operator("bias_gelu_add"), {"X": m, "B": bias, "Res": res})["Y"]
+    close(y, gelu(m + bias) + res, 1e-12)
+
+
+TESTED = {"conv2d", "conv2d_bias", "conv2d_bias_relu_add", "matmul", "batched_matmul",
+          "gemm_nn", "gemm_nt", "gemm_tn", "gemm_tt", "dense", "maxpool2d", "avgpool2d",
+          "global_avgpool2d", "global_maxpool2d", "softmax", "log_softmax", "layernorm",
+          "copy", "add", "mul", "scale_shift_relu", "bias_relu6", "bias_leaky_relu", "clip",
+          "sigmoid", "silu", "tanh", "gelu", "bias_gelu_add"}
+
+
+def test_every_library_operator_is_tested_here():
+    assert set(list_operators()) == TESTED
+
+
+def test_unknown_operator_is_a_clear_error():
+    with pytest.raises(DslError, match="no DSL library operator named 'conv3d'") as info:
+        load_operator("conv3d")
+    assert "conv2d" in info.value.hint
+    assert operator_file("softmax").name == "softmax.wpk"
