@@ -1,0 +1,80 @@
+"""The main job on a bundled model: build, run, check and report, through the CLI.
+
+    python scripts/demo.py [--model light_resnet50] [--workdir DIR]
+
+Takes a model shipped in the onnx wheel (`onnx/backend/test/data/light/`),
+runs `wpk build --cpu`, `wpk run` on seeded random inputs, compares the
+outputs with onnxruntime (ORT_ENABLE_ALL) on the same inputs, and prints the
+per-operator benchmark report (`wpk report`). Exits non-zero if any step
+fails or the relative L2 error exceeds 1e-4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+
+def wpk(*args: str) -> None:
+    """Run the wpk CLI, echoing the command; stop on failure."""
+    command = [sys.executable, "-m", "wpk.cli", *args]
+    print("$ wpk " + " ".join(args), flush=True)
+    result = subprocess.run(command)
+    if result.returncode != 0:
+        sys.exit(result.returncode)
+
+
+def onnxruntime_outputs(model_path: str, feeds: dict) -> dict:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="light_resnet50",
+                        help="name of a model in onnx/backend/test/data/light")
+    parser.add_argument("--workdir", help="where to write plan, inputs and outputs")
+    args = parser.parse_args()
+    model = os.path.join(LIGHT, f"{args.model}.onnx")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="wpk-demo-")
+    os.makedirs(workdir, exist_ok=True)
+    plan, inputs, outputs = (os.path.join(workdir, name) for name in ("model.wpk", "x.npz", "y.npz"))
+
+    graph_inputs = onnx.load(model, load_external_data=False).graph
+    initializers = {i.name for i in graph_inputs.initializer}
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for value in graph_inputs.input:
+        if value.name in initializers:
+            continue
+        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.random(shape, dtype=np.float32)
+    np.savez(inputs, **feeds)
+
+    wpk("build", model, "--cpu", "-o", plan)
+    wpk("run", plan, "--inputs", inputs, "--output", outputs, "--warmup", "3", "--repeat", "20")
+    expected = onnxruntime_outputs(model, feeds)
+    with np.load(outputs) as got:
+        worst = 0.0
+        for name, ref in expected.items():
+            diff = np.linalg.norm(got[name].astype(np.float64) - ref)
+            worst = max(worst, float(diff / max(np.linalg.norm(ref), 1e-30)))
+    print(f"relative L2 error vs onnxruntime: {worst:.2e}")
+    wpk("report", plan)
+    return 0 if worst < 1e-4 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
