@@ -110,15 +110,22 @@ def workloads_of(graph: Graph) -> list[NodeWorkload]:
     return items
 
 
-def tiny_plan(rng: np.random.Generator):
-    """A real plan of the tiny graph, planned with the test implementations."""
+def tiny_choices(rng: np.random.Generator, extra=()):
+    """The tiny graph, its node workloads and the planner's choices (test implementations)."""
     register_test_implementations()
     graph = tiny_graph(rng)
     items = workloads_of(graph)
 
     def provider(workload, target):
-        return [Candidate(i, {}) for i in IMPLEMENTATIONS if i.unsupported_reason(workload) is None]
+        return [Candidate(i, {}) for i in [*IMPLEMENTATIONS, *extra]
+                if i.unsupported_reason(workload) is None]
     measure = functools.partial(measure_candidate, inputs_fn=random_inputs, reference_fn=reference)
     choices = plan(items, "cpu", PlanOptions(warmup=0, repeats=2, min_time=0.0),
                    providers=[provider], measure=measure)
+    return graph, items, choices
+
+
+def tiny_plan(rng: np.random.Generator):
+    """A real plan of the tiny graph, planned with the test implementations."""
+    graph, items, choices = tiny_choices(rng)
     return graph, assemble_plan(graph, items, choices, "cpu", {"note": "tiny"})

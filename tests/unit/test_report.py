@@ -1,0 +1,140 @@
+"""Reports: per-workload data, shares, and the table/JSON/HTML renderings."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+import time
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from wpk.kernels.registry import FALLBACK, Candidate, Implementation
+from wpk.plans.buffers import plan_graph_buffers
+from wpk.plans.progress import progress_bar, wants_progress
+from wpk.plans.render import format_time, render_html, render_json, render_table
+from wpk.plans.report import make_report
+
+from .plan_helpers import tiny_choices
+
+
+class SlowRelu(Implementation):
+    """Correct, but a Python loop that also sleeps 2 ms: always slower than numpy."""
+
+    name = "report_test.slow <relu>"
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "Relu" else "Relu only"
+
+    def prepare(self, workload, consts, config):
+        def kernel(inputs, outputs):
+            time.sleep(0.002)
+            flat_in, flat_out = inputs[0].reshape(-1), outputs[0].reshape(-1)
+            for i in range(flat_in.size):
+                flat_out[i] = flat_in[i] if flat_in[i] > 0 else 0.0
+        return kernel
+
+
+class BrokenAdd(Implementation):
+    name = "report_test.broken_add"
+    kind = FALLBACK
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "Add" else "Add only"
+
+    def prepare(self, workload, consts, config):
+        raise RuntimeError("cannot build")
+
+
+@pytest.fixture
+def report(rng):
+    _, _, choices = tiny_choices(rng, extra=[SlowRelu(), BrokenAdd()])
+    buffers = plan_graph_buffers([(["x"], ["t"]), (["t"], ["r"]), (["r", "t"], ["y"])],
+                                 {n: 40 for n in "xtry"}, ["x"], ["y"], [])
+    passes = {"op_counts_before": {"MatMul": 1, "Relu": 2}, "op_counts_after": {"MatMul": 1}}
+    return make_report(choices, target="cpu", model="tiny.onnx", device={"kind": "cpu"},
+                       pass_report=passes, build_time_s=1.5, buffers=buffers)
+
+
+def test_report_holds_every_candidate_and_the_shares(report):
+    workloads = {w["op"]: w for w in report["workloads"]}
+    assert [w["op"] for w in report["workloads"]] == ["MatMul", "Relu", "Add"]
+    relu = workloads["Relu"]
+    assert relu["chosen_impl"] == "planfile_test.relu"
+    statuses = {c["impl"]: c["status"] for c in relu["candidates"]}
+    assert statuses == {"planfile_test.relu": "ok", "report_test.slow <relu>": "ok"}
+    add = workloads["Add"]
+    broken = next(c for c in add["candidates"] if c["impl"] == "report_test.broken_add")
+    assert broken["status"] == "compile_error" and "cannot build" in broken["message"]
+    assert broken["median_s"] is None and not add["fallback"]
+    assert sum(w["share"] for w in report["workloads"]) == pytest.approx(1.0)
+    total = report["totals"]["latency_s"]
+    assert total == pytest.approx(sum(w["median_s"] * w["count"] for w in report["workloads"]))
+    assert report["totals"]["candidates"] == 5 and report["totals"]["verified"] == 4
+    assert report["totals"]["arena_bytes"] <= report["totals"]["no_reuse_bytes"]
+    assert json.loads(render_json(report)) == report
+
+
+def test_table_lists_workloads_by_share(report):
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(render_table(report))
+    text = console.file.getvalue()
+    assert "model tiny.onnx on cpu" in text and "built in 1.5 s" in text
+    for workload in report["workloads"]:
+        assert workload["label"] in text
+    relu_row = next(line for line in text.splitlines() if "Relu" in line)
+    assert "2/2" in relu_row and re.search(r"\d\.\d\dx", relu_row)  # vs next: a ratio
+
+
+def test_html_is_self_contained_and_marks_the_chosen(report):
+    page = render_html(report)
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 3
+    assert "src=" not in page and "href=" not in page and "<script" not in page
+    assert page.count("\u25c0 chosen") == 3
+    assert "report_test.slow &lt;relu&gt;" in page  # escaped
+    assert "compile_error: RuntimeError: cannot build" in page
+    assert "<td>Relu</td><td>2</td><td>0</td>" in page
+
+
+def test_format_time():
+    assert [format_time(t) for t in (2.0, 0.0015, 3e-6, 5e-9, None)] == \
+        ["2 s", "1.5 ms", "3 us", "5 ns", "-"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_shows_only_on_a_terminal():
+    pipe = io.StringIO()
+    with progress_bar(True, stream=pipe) as on_progress:
+        on_progress(0, 2, "Conv")
+    assert pipe.getvalue() == "" and not wants_progress(True, pipe)
+    assert not wants_progress(False, Terminal())
+    terminal = Terminal()
+    with progress_bar(True, description="tuning", stream=terminal) as on_progress:
+        for done in range(3):
+            on_progress(done, 2, "Conv 1x3x8x8")
+    assert "tuning" in terminal.getvalue()
+
+
+class FallbackAdd(BrokenAdd):
+    name = "report_test.fallback_add"
+
+    def prepare(self, workload, consts, config):
+        return lambda inputs, outputs: np.add(inputs[0], inputs[1], out=outputs[0])
+
+
+def test_a_fallback_is_marked(rng):
+    _, _, choices = tiny_choices(rng)
+    add = next(c for c in choices if c.workload.op == "Add")
+    choices.choices[add.workload.key] = dataclasses.replace(
+        add, candidate=Candidate(FallbackAdd(), {}))
+    report = make_report(choices)
+    assert report["totals"]["fallback_nodes"] == 1
+    assert [w["op"] for w in report["workloads"] if w["fallback"]] == ["Add"]
+    assert render_html(report).count('<span class="fallback">fallback</span>') == 1
