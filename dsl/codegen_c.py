@@ -1,0 +1,194 @@
+"""C code generation from loop IR (shared printer, also the base of the CUDA generator).
+
+The C function takes one `restrict` pointer per parameter buffer (inputs, then
+outputs) and allocates its workspaces itself. `parallel` loops become
+`#pragma omp parallel for`, `vectorize` loops `#pragma omp simd`, `unroll`
+loops `#pragma GCC unroll`. Build with `gcc -O3 -march=native -fopenmp`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from wpk.dsl import loopir as L
+
+C_TYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "i32": "int32_t",
+           "i64": "int64_t", "bool": "bool"}
+_F32_FUNCS = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "erf": "erff",
+              "abs": "fabsf", "floor": "floorf", "ceil": "ceilf"}
+_F64_FUNCS = {k: v[:-1] for k, v in _F32_FUNCS.items()}
+_INFIX = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!="}
+
+PRELUDE = """#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+"""
+
+
+class CPrinter:
+    """Prints loop-IR expressions and statements as C."""
+
+    restrict = "restrict"
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.indent = 0
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, e: L.Expr) -> str:
+        if isinstance(e, L.Var):
+            return e.name
+        if isinstance(e, L.Imm):
+            return self.literal(e.value, e.dtype)
+        if isinstance(e, L.Load):
+            return f"{e.buffer}[{self.expr(e.index)}]"
+        if isinstance(e, L.Select):
+            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+        if isinstance(e, L.Cast):
+            return f"(({C_TYPES[e.dtype]}){self.expr(e.value)})"
+        if isinstance(e, L.Call):
+            return self.call(e)
+        if isinstance(e, L.Bin):
+            return self.binary(e)
+        raise TypeError(e)
+
+    def literal(self, value, dtype: str) -> str:
+        if dtype == "bool":
+            return "true" if value else "false"
+        if dtype in ("i32", "i64"):
+            return str(int(value))
+        value = float(value)
+        suffix = "f" if dtype == "f32" else ""
+        if math.isinf(value):
+            return ("-" if value < 0 else "") + "INFINITY"
+        if math.isnan(value):
+            return "NAN"
+        text = repr(value)
+        return f"{text}{suffix}" if ("." in text or "e" in text) else f"{text}.0{suffix}"
+
+    def binary(self, e: L.Bin) -> str:
+        a, b = self.expr(e.a), self.expr(e.b)
+        floating = e.dtype in ("f32", "f64", "f16")
+        if e.op in _INFIX:
+            return f"({a} {e.op} {b})"
+        if e.op == "and":
+            return f"({a} && {b})"
+        if e.op == "or":
+            return f"({a} || {b})"
+        if e.op == "//":
+            return f"({a} / {b})"
+        if e.op == "%":
+            return f"({a} % {b})"
+        if e.op in ("min", "max"):
+            if floating:
+                return f"{'fmin' if e.op == 'min' else 'fmax'}{self.fsuffix(e.dtype)}({a}, {b})"
+            cmp = "<" if e.op == "min" else ">"
+            return f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
+        if e.op == "pow":
+            return f"pow{self.fsuffix(e.dtype)}({a}, {b})"
+        raise ValueError(f"unknown operator {e.op}")
+
+    def fsuffix(self, dtype: str) -> str:
+        return "f" if dtype == "f32" else ""
+
+    def call(self, e: L.Call) -> str:
+        args = [self.expr(a) for a in e.args]
+        x = args[0]
+        one = self.literal(1.0, e.dtype)
+        if e.func == "sigmoid":
+            return f"({one} / ({one} + {self.math('exp', e.dtype)}(-({x}))))"
+        if e.func == "rsqrt":
+            return f"({one} / {self.math('sqrt', e.dtype)}({x}))"
+        if e.func == "neg":
+            return f"(-({x}))"
+        if e.func == "not":
+            return f"(!({x}))"
+        if e.func == "abs" and e.dtype in ("i32", "i64"):
+            return f"(({x}) < 0 ? -({x}) : ({x}))"
+        return f"{self.math(e.func, e.dtype)}({', '.join(args)})"
+
+    def math(self, func: str, dtype: str) -> str:
+        return (_F32_FUNCS if dtype == "f32" else _F64_FUNCS)[func]
+
+    # ------------------------------------------------------------------ statements
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.indent + line)
+
+    def stmt(self, s: L.Stmt) -> None:
+        if isinstance(s, L.Seq):
+            for child in s.stmts:
+                self.stmt(child)
+        elif isinstance(s, L.For):
+            self.loop(s)
+        elif isinstance(s, L.Allocate):
+            self.allocate(s.buffer)
+        elif isinstance(s, L.Store):
+            self.emit(f"{s.buffer}[{self.expr(s.index)}] = {self.expr(s.value)};")
+        elif isinstance(s, L.IfThenElse):
+            self.emit(f"if ({self.expr(s.cond)}) {{")
+            self.block(s.then)
+            if s.orelse is not None:
+                self.emit("} else {")
+                self.block(s.orelse)
+            self.emit("}")
+        elif isinstance(s, L.Barrier):
+            self.barrier()
+        elif isinstance(s, L.Comment):
+            self.emit(f"// {s.text}")
+        else:
+            raise TypeError(s)
+
+    def block(self, s: L.Stmt) -> None:
+        self.indent += 1
+        self.stmt(s)
+        self.indent -= 1
+
+    def loop(self, s: L.For) -> None:
+        if s.kind == "parallel":
+            self.emit("#pragma omp parallel for")
+        elif s.kind == "vectorize":
+            self.emit("#pragma omp simd")
+        elif s.kind == "unroll":
+            self.emit(f"#pragma GCC unroll {s.extent}")
+        var = s.var.name
+        self.emit(f"for (int32_t {var} = 0; {var} < {s.extent}; ++{var}) {{")
+        self.block(s.body)
+        self.emit("}")
+
+    def allocate(self, b: L.Buffer) -> None:
+        self.emit(f"{C_TYPES[b.dtype]} {b.name}[{b.size}] __attribute__((aligned(64)));")
+
+    def barrier(self) -> None:
+        raise ValueError("barriers only exist in CUDA kernels")
+
+
+def c_signature(func: L.PrimFunc, restrict: str = "restrict") -> str:
+    """`name(const float* restrict X, ..., float* restrict Y)`."""
+    n_in = len(func.params) - len(func.meta.get("outputs", ())) if func.meta.get("outputs") \
+        else None
+    args = []
+    for i, b in enumerate(func.params):
+        const = "const " if n_in is not None and i < n_in else ""
+        args.append(f"{const}{C_TYPES[b.dtype]}* {restrict} {b.name}")
+    return f"{func.name}({', '.join(args)})"
+
+
+def generate_c(func: L.PrimFunc) -> str:
+    """C source of the whole operator as one exported function `void <name>(...)`."""
+    printer = CPrinter()
+    printer.emit(f"// wpk generated: {func.name}")
+    printer.emit(f"void {c_signature(func)} {{")
+    printer.indent += 1
+    for w in func.workspaces:
+        printer.emit(f"{C_TYPES[w.dtype]}* restrict {w.name} = ({C_TYPES[w.dtype]}*)"
+                     f"aligned_alloc(64, {(w.size * 8 + 63) // 64 * 64});")
+    for k in func.kernels:
+        if len(func.kernels) > 1:
+            printer.emit(f"// stage {k.name}")
+        printer.stmt(k.body)
+    for w in func.workspaces:
+        printer.emit(f"free({w.name});")
+    printer.indent -= 1
+    printer.emit("}")
+    return PRELUDE + "\n" + "\n".join(printer.lines) + "\n"

@@ -1,0 +1,459 @@
+"""Lowering: specialised compute IR + schedule -> loop IR (`PrimFunc`).
+
+One recipe for both targets. Each stage placed at root becomes one loop nest
+(one CUDA kernel on the GPU); temporaries without a reduction are inlined into
+their consumers; an output stage that only applies an elementwise epilogue to a
+reduction stage is fused into that stage's write-back. A reduction is
+accumulated in a register tile (`cache_write`), then written back. Splits that
+do not divide their loop get guards; padded loads become `Select`s whose
+conditions are dropped when interval analysis proves them always true.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from wpk.dsl import compute as C
+from wpk.dsl import loopir as L
+from wpk.dsl.schedule import Schedule, StageSchedule, _cname
+from wpk.errors import ScheduleError
+
+
+@dataclass
+class _Cache:
+    buffer: L.Buffer
+    base: list[L.Expr]
+    extents: list[int]
+
+
+@dataclass
+class _Env:
+    """What expression translation needs: axis values, inlined stages, caches, ranges."""
+
+    op: C.Operator
+    axes: dict[str, L.Expr]
+    ranges: dict[str, tuple[int, int]]
+    caches: dict[str, _Cache] = field(default_factory=dict)
+    override: dict[str, L.Expr] = field(default_factory=dict)
+    inlined: set[str] = field(default_factory=set)
+    seen_loads: list[tuple[str, list[L.Expr]]] = field(default_factory=list)
+
+
+def shape_of(op: C.Operator, tensor: str) -> tuple[int, ...]:
+    return tuple(C.bind_dim(d, {}) for d in op.tensor_shape(tensor))
+
+
+def flatten(indices: list[L.Expr], shape) -> L.Expr:
+    """Row-major linear index."""
+    flat: L.Expr = L.const(0)
+    for idx, dim in zip(indices, shape):
+        flat = L.add(L.mul(flat, int(dim)), idx)
+    return flat
+
+
+def simplify_cond(cond: L.Expr, ranges) -> L.Expr:
+    """Fold comparisons that interval analysis decides; True is `Imm(1, 'bool')`."""
+    if isinstance(cond, L.Bin) and cond.op == "and":
+        a, b = simplify_cond(cond.a, ranges), simplify_cond(cond.b, ranges)
+        if _is_true(a):
+            return b
+        if _is_true(b):
+            return a
+        if _is_false(a) or _is_false(b):
+            return L.Imm(0, "bool")
+        return L.Bin("and", a, b, "bool")
+    if isinstance(cond, L.Bin) and cond.op in ("<", "<=", ">", ">=") and cond.a.dtype == L.INT \
+            and cond.b.dtype == L.INT:
+        span = L.bounds(L.binary("-", cond.a, cond.b), ranges)
+        if span is not None:
+            lo, hi = span
+            decided = {"<": (hi < 0, lo >= 0), "<=": (hi <= 0, lo > 0),
+                       ">": (lo > 0, hi <= 0), ">=": (lo >= 0, hi < 0)}[cond.op]
+            if decided[0]:
+                return L.Imm(1, "bool")
+            if decided[1]:
+                return L.Imm(0, "bool")
+    return cond
+
+
+def _is_true(e) -> bool:
+    return isinstance(e, L.Imm) and e.dtype == "bool" and bool(e.value)
+
+
+def _is_false(e) -> bool:
+    return isinstance(e, L.Imm) and e.dtype == "bool" and not bool(e.value)
+
+
+def in_bounds(indices: list[L.Expr], shape, ranges) -> L.Expr:
+    conds = []
+    for idx, dim in zip(indices, shape):
+        conds += [L.Bin("<=", L.const(0), idx, "bool"), L.Bin("<", idx, L.const(int(dim)), "bool")]
+    cond = L.logical_and(conds)
+    return L.Imm(1, "bool") if cond is None else simplify_cond(cond, ranges)
+
+
+def translate(expr: C.Expr, env: _Env) -> L.Expr:
+    """Compute-IR expression -> loop-IR expression (Reduce nodes are not allowed here)."""
+    t = lambda e: translate(e, env)  # noqa: E731
+    if isinstance(expr, C.Const):
+        return L.Imm(expr.value, expr.dtype)
+    if isinstance(expr, C.IterVar):
+        return env.axes[expr.name]
+    if isinstance(expr, C.SymVar):
+        if expr.name in env.override:
+            return env.override[expr.name]
+        raise ScheduleError(f"symbol {expr.name} is unbound at lowering",
+                            hint="specialize the operator with its bindings first")
+    if isinstance(expr, C.BinOp):
+        a, b = t(expr.a), t(expr.b)
+        if expr.op in C.COMPARE_OPS:
+            return simplify_cond(L.Bin(expr.op, a, b, "bool"), env.ranges)
+        if expr.op in C.LOGIC_OPS:
+            return L.Bin(expr.op, a, b, "bool")
+        if expr.dtype in C.INT_TYPES:
+            return L.binary(expr.op, a, b)
+        return L.Bin(expr.op, a, b, expr.dtype)
+    if isinstance(expr, C.Call):
+        return L.Call(expr.fn, tuple(t(a) for a in expr.args), expr.dtype)
+    if isinstance(expr, C.Select):
+        cond = t(expr.cond)
+        if isinstance(cond, L.Imm):
+            return t(expr.then) if cond.value else t(expr.else_)
+        return L.Select(cond, t(expr.then), t(expr.else_), expr.dtype)
+    if isinstance(expr, C.Cast):
+        return L.Cast(expr.dtype, t(expr.value))
+    if isinstance(expr, C.Load):
+        return _translate_load(expr, env)
+    raise ScheduleError(f"cannot lower {type(expr).__name__} here: {C.to_text(expr)}")
+
+
+def _translate_load(expr: C.Load, env: _Env) -> L.Expr:
+    indices = [translate(i, env) for i in expr.indices]
+    shape = shape_of(env.op, expr.tensor)
+    cond = in_bounds(indices, shape, env.ranges) if expr.pad is not None else L.Imm(1, "bool")
+    if expr.tensor in env.override:
+        value = env.override[expr.tensor]
+    elif expr.tensor in env.inlined:
+        stage = env.op.stage(expr.tensor)
+        inner = _Env(env.op, {**env.axes, **{a.name: i for a, i in zip(stage.axes, indices)}},
+                     env.ranges, env.caches, env.override, env.inlined, env.seen_loads)
+        value = translate(stage.body, inner)
+    else:
+        env.seen_loads.append((expr.tensor, indices))
+        cache = env.caches.get(expr.tensor)
+        if cache is not None:
+            local = [L.binary("-", i, b) for i, b in zip(indices, cache.base)]
+            value = L.Load(cache.buffer.name, flatten(local, cache.extents), expr.dtype)
+            if expr.pad is not None and isinstance(expr.pad, C.Const) and expr.pad.value == 0:
+                return value  # the cache holds zeros outside the tensor
+        else:
+            value = L.Load(expr.tensor, flatten(indices, shape), expr.dtype)
+    if _is_true(cond):
+        return value
+    if _is_false(cond):
+        return translate(expr.pad, env)
+    return L.Select(cond, value, translate(expr.pad, env), expr.dtype)
+
+
+# ----------------------------------------------------------------------------- regions
+def split_affine(expr: L.Expr, ranged) -> tuple[dict[str, int], L.Expr, int] | None:
+    """`expr` as (coefficients of the `ranged` variables, remaining expression free of them,
+    constant); None when a ranged variable appears non-linearly."""
+    if not (L.free_vars(expr) & set(ranged)):
+        if isinstance(expr, L.Imm):
+            return {}, L.const(0), int(expr.value)
+        if isinstance(expr, L.Bin) and expr.op in ("+", "-") and isinstance(expr.b, L.Imm):
+            sign = 1 if expr.op == "+" else -1
+            inner = split_affine(expr.a, ranged)
+            return inner[0], inner[1], inner[2] + sign * int(expr.b.value)
+        return {}, expr, 0
+    if isinstance(expr, L.Var):
+        return {expr.name: 1}, L.const(0), 0
+    if isinstance(expr, L.Bin) and expr.op in ("+", "-"):
+        a, b = split_affine(expr.a, ranged), split_affine(expr.b, ranged)
+        if a is None or b is None:
+            return None
+        sign = 1 if expr.op == "+" else -1
+        coef = dict(a[0])
+        for v, x in b[0].items():
+            coef[v] = coef.get(v, 0) + sign * x
+        return coef, L.binary(expr.op, a[1], b[1]), a[2] + sign * b[2]
+    if isinstance(expr, L.Bin) and expr.op == "*":
+        for var_side, k in ((expr.a, expr.b), (expr.b, expr.a)):
+            if isinstance(k, L.Imm):
+                inner = split_affine(var_side, ranged)
+                if inner is None:
+                    return None
+                scale = int(k.value)
+                return ({v: x * scale for v, x in inner[0].items()}, L.mul(inner[1], scale),
+                        inner[2] * scale)
+    return None
+
+
+def region(accesses: list[list[L.Expr]], shape, ranged: dict[str, int], all_ranges):
+    """Per dim, (base expression over the fixed loops, extent) covering every access when the
+    `ranged` loops (name -> extent) run over their whole range."""
+    bases, extents = [], []
+    for d, dim in enumerate(shape):
+        forms = [split_affine(acc[d], ranged) for acc in accesses]
+        if any(f is None for f in forms) or any(f[1] != forms[0][1] for f in forms):
+            spans = [L.bounds(acc[d], all_ranges) for acc in accesses]
+            if any(sp is None for sp in spans):
+                raise ScheduleError(f"cannot bound the region read in dimension {d}")
+            lo, hi = min(sp[0] for sp in spans), max(sp[1] for sp in spans)
+            bases.append(L.const(lo))
+            extents.append(hi - lo + 1)
+            continue
+        lows, highs = [], []
+        for coef, _, c in forms:
+            lo = hi = c
+            for v, x in coef.items():
+                span = x * (ranged[v] - 1)
+                lo, hi = lo + min(0, span), hi + max(0, span)
+            lows.append(lo)
+            highs.append(hi)
+        bases.append(L.add(forms[0][1], min(lows)))
+        extents.append(max(highs) - min(lows) + 1)
+    return bases, extents
+
+
+# ----------------------------------------------------------------------------- nests
+def _wrap(names, body, sched: StageSchedule, guards: dict[int, list], prologue: dict[str, list],
+          kinds_override: dict | None = None) -> L.Stmt:
+    """Wrap `body` in the loops `names` (outermost first), with guards placed inside the loop
+    of the given depth and prologue statements at the start of a loop's body."""
+    stmt = body
+    for depth in range(len(names) - 1, -2, -1):
+        cond = L.logical_and(guards.get(depth, []))
+        if cond is not None:
+            stmt = L.IfThenElse(cond, stmt)
+        if depth < 0:
+            break
+        name = names[depth]
+        stmt = L.seq(*prologue.get(name, []), stmt)
+        kind = (kinds_override or {}).get(name, sched.annotations.get(name, "serial"))
+        if sched.axes[name].extent == 1:
+            continue
+        stmt = L.For(L.Var(_cname(name)), sched.axes[name].extent, stmt, kind)
+    return stmt
+
+
+def _place_guards(conds, names, hoist: bool) -> dict[int, list]:
+    placed: dict[int, list] = {}
+    for cond in conds:
+        if hoist:
+            used = L.free_vars(cond)
+            depth = max([i for i, n in enumerate(names) if _cname(n) in used], default=-1)
+        else:
+            depth = len(names) - 1
+        placed.setdefault(depth, []).append(cond)
+    return placed
+
+
+def _fill(cache: _Cache, tensor: str, op, sched: StageSchedule, gpu: bool) -> L.Stmt:
+    """Copy the region of `tensor` into the cache buffer (zero outside the tensor)."""
+    shape = shape_of(op, tensor)
+    dtype = op.tensor_dtype(tensor)
+    name = cache.buffer.name
+    ranges = {}
+    if gpu:
+        threads = sched.bound_leaves("threadIdx")
+        tid: L.Expr = L.const(0)
+        for n in threads:
+            tid = L.add(L.mul(tid, sched.axes[n].extent), sched.leaf_var(n))
+        nthreads = math.prod(sched.axes[n].extent for n in threads)
+        total = cache.buffer.size
+        it = L.Var(f"{name}_it")
+        flat = L.add(L.mul(it, nthreads), tid)
+        coords, stride = [], total
+        for ext in cache.extents:
+            stride //= ext
+            coords.append(L.binary("%", L.binary("//", flat, stride), ext))
+        ranges = {_cname(n): (0, sched.axes[n].extent - 1) for n in sched.order}
+        ranges[it.name] = (0, math.ceil(total / nthreads) - 1)
+        idx = [L.add(b, c) for b, c in zip(cache.base, coords)]
+        cond = in_bounds(idx, shape, ranges)
+        load = L.Load(tensor, flatten(idx, shape), dtype)
+        value = load if _is_true(cond) else L.Select(cond, load, L.Imm(0.0, dtype), dtype)
+        store: L.Stmt = L.Store(name, flat, value)
+        if total % nthreads:
+            store = L.IfThenElse(L.Bin("<", flat, L.const(total), "bool"), store)
+        loop = L.For(it, math.ceil(total / nthreads), store, "unroll" if total <= 8 * nthreads
+                     else "serial")
+        return L.seq(L.Barrier(), loop, L.Barrier())
+    loop_vars = [L.Var(f"{name}_{d}") for d in range(len(cache.extents))]
+    ranges = {_cname(n): (0, sched.axes[n].extent - 1) for n in sched.order}
+    ranges.update({v.name: (0, e - 1) for v, e in zip(loop_vars, cache.extents)})
+    idx = [L.add(b, v) for b, v in zip(cache.base, loop_vars)]
+    cond = in_bounds(idx, shape, ranges)
+    load = L.Load(tensor, flatten(idx, shape), dtype)
+    value = load if _is_true(cond) else L.Select(cond, load, L.Imm(0.0, dtype), dtype)
+    stmt: L.Stmt = L.Store(name, flatten(loop_vars, cache.extents), value)
+    for d in range(len(loop_vars) - 1, -1, -1):
+        stmt = L.For(loop_vars[d], cache.extents[d], stmt,
+                     "vectorize" if d == len(loop_vars) - 1 else "serial")
+    return stmt
+
+
+# ----------------------------------------------------------------------------- stages
+def fused_epilogue(op: C.Operator, stage: C.Stage) -> C.Stage | None:
+    """The output stage that only applies an elementwise epilogue to the reduction `stage`
+    (read at its own indices), which lowering then computes in `stage`'s write-back."""
+    if stage.reduce is None or stage.name in op.outputs:
+        return None
+    consumers = [s for s in op.stages if any(ld.tensor == stage.name for ld in C.loads(s.body))]
+    if len(consumers) != 1:
+        return None
+    out = consumers[0]
+    if out.reduce is not None or out.name not in op.outputs:
+        return None
+    if shape_of(op, out.name) != shape_of(op, stage.name):
+        return None
+    own = tuple(C.IterVar(a.name, a.extent, a.kind) for a in out.axes)
+    for ld in C.loads(out.body):
+        if ld.tensor == stage.name and (ld.pad is not None or len(ld.indices) != len(own) or any(
+                not isinstance(i, C.IterVar) or i.name != a.name for i, a in zip(ld.indices, own))):
+            return None
+    return out
+
+
+def stage_plan(op: C.Operator, schedule: Schedule) -> tuple[list[C.Stage], dict, set]:
+    """(stages computed at root in order, epilogue fusions {stage: output}, inlined names)."""
+    inlined = {s.name for s in op.stages if schedule[s.name].placement == "inline"}
+    for name in inlined:
+        if op.stage(name).reduce is not None or name in op.outputs:
+            raise ScheduleError(f"stage {name} cannot be inlined (it is an output or a reduction)")
+    fusions = {}
+    for s in op.stages:
+        out = fused_epilogue(op, s)
+        if out is not None:
+            fusions[s.name] = out
+    fused_outputs = {o.name for o in fusions.values()}
+    roots = [s for s in op.stages if s.name not in inlined and s.name not in fused_outputs]
+    return roots, fusions, inlined
+
+
+def _check_gpu_order(sched: StageSchedule) -> None:
+    bound = [n for n in sched.order if sched.annotations.get(n, "") in L.GPU_BINDINGS]
+    if sched.order[:len(bound)] != bound:
+        raise ScheduleError(f"stage {sched.stage}: loops bound to blocks/threads must be the "
+                            f"outermost loops (order: {', '.join(sched.order)})")
+    if not bound:
+        raise ScheduleError(f"stage {sched.stage}: a CUDA schedule must bind loops to "
+                            "blocks and threads")
+
+
+def lower_stage(op: C.Operator, schedule: Schedule, stage: C.Stage, out_stage: C.Stage,
+                inlined: set, target: str) -> tuple[L.Stmt, list[L.Buffer]]:
+    """The loop nest computing `stage` (storing `out_stage` when an epilogue is fused)."""
+    sched = schedule[stage.name]
+    gpu = target == "cuda"
+    if gpu:
+        _check_gpu_order(sched)
+    exprs = sched.root_expressions()
+    ranges = {_cname(n): (0, sched.axes[n].extent - 1) for n in sched.order}
+    env = _Env(op, {a.name: exprs[a.name] for a in sched.roots}, ranges, inlined=inlined)
+    red = stage.reduce
+    order = sched.order
+    shared: list[L.Buffer] = []
+    prologue: dict = {}
+    pending: dict[str, _Cache] = {}
+
+    def value_of(acc: L.Expr | None) -> L.Expr:
+        body = stage.body if red is None else C.replace_reduce(stage.body, C.SymVar("__acc__"))
+        env.override["__acc__"] = acc
+        value = translate(body, env)
+        if out_stage is stage:
+            return value
+        out_env = _Env(op, {a.name: exprs[s.name] for a, s in zip(out_stage.axes, stage.axes)},
+                       ranges, env.caches, {stage.name: value}, inlined, env.seen_loads)
+        return translate(out_stage.body, out_env)
+
+    # first pass: which regions of which tensors are read (for cache_read)
+    if red is not None:
+        translate(red.body, env)
+    value_of(L.Var("__acc__", stage.dtype))
+    for cr in sched.caches:
+        accesses = [idx for t, idx in env.seen_loads if t == cr.tensor]
+        if not accesses:
+            raise ScheduleError(f"stage {stage.name}: cache_read of {cr.tensor}, which it does "
+                                "not read directly")
+        q = order.index(cr.at) if cr.at is not None else -1
+        ranged = {_cname(n): sched.axes[n].extent for n in order[q + 1:]}
+        if gpu:
+            ranged.update({_cname(n): sched.axes[n].extent
+                           for n in sched.bound_leaves("threadIdx")})
+        bases, extents = region(accesses, shape_of(op, cr.tensor), ranged, ranges)
+        buf = L.Buffer(f"{cr.tensor}_{cr.scope}", op.tensor_dtype(cr.tensor), tuple(extents),
+                       cr.scope)
+        cache = pending[cr.tensor] = _Cache(buf, bases, extents)
+        decl = [] if cr.scope == "shared" and gpu else [L.Allocate(buf)]
+        if cr.scope == "shared" and gpu:
+            shared.append(buf)
+        prologue.setdefault(cr.at, []).extend(decl + [_fill(cache, cr.tensor, op, sched, gpu)])
+    env.caches.update(pending)  # only now, so regions are computed on the original accesses
+    out_shape = shape_of(op, out_stage.name)
+    out_index = flatten([exprs[a.name] for a in stage.axes], out_shape)
+    preds = sched.predicates()
+    top = prologue.pop(None, [])
+
+    if red is None:
+        store = L.Store(out_stage.name, out_index, value_of(None))
+        nest = _wrap(order, store, sched, _place_guards(preds, order, not gpu), prologue)
+        return L.seq(*top, nest), shared
+
+    first_reduce = next(i for i, n in enumerate(order) if sched.axes[n].kind == "reduce")
+    p = order.index(sched.accumulate_at) if sched.cache_write_set and \
+        sched.accumulate_at is not None else (first_reduce - 1 if not sched.cache_write_set
+                                               else -1)
+    if p >= first_reduce:
+        raise ScheduleError(f"stage {stage.name}: the register tile (cache_write at "
+                            f"{sched.accumulate_at}) must enclose every reduction loop")
+    outer, inner = order[:p + 1], order[p + 1:]
+    if gpu and any(sched.annotations.get(n, "") in L.GPU_BINDINGS for n in inner):
+        raise ScheduleError(f"stage {stage.name}: block/thread loops must enclose the "
+                            "register tile")
+    tile = [n for n in inner if sched.axes[n].kind == "spatial"]
+    tile_ext = [sched.axes[n].extent for n in tile]
+    acc = L.Buffer(f"{stage.name}_acc", stage.dtype, (max(1, math.prod(tile_ext)),), "local")
+    acc_idx = flatten([sched.leaf_var(n) for n in tile], tile_ext)
+    acc_load = L.Load(acc.name, acc_idx, stage.dtype)
+    contrib = translate(red.body, env)
+    combined = L.Bin("+" if red.op == "sum" else red.op, acc_load, contrib, stage.dtype)
+    outer_preds = [c for c in preds if not gpu and not (L.free_vars(c) & {_cname(n) for n in inner})]
+    inner_preds = [c for c in preds if c not in outer_preds]
+    tile_preds = [c for c in inner_preds if not (L.free_vars(c) & {_cname(n) for n in inner
+                                                                    if n not in tile})]
+    tile_kinds = {n: "unroll" for n in tile if sched.annotations.get(n) not in
+                  ("vectorize", "unroll")} if gpu else None
+    init = _wrap(tile, L.Store(acc.name, acc_idx, translate(red.init_value(), env)), sched, {},
+                 {}, tile_kinds)
+    main = _wrap(inner, L.Store(acc.name, acc_idx, combined), sched,
+                 _place_guards(inner_preds, inner, not gpu), prologue)
+    write = _wrap(tile, L.Store(out_stage.name, out_index, value_of(acc_load)), sched,
+                  _place_guards(tile_preds, tile, not gpu), {}, tile_kinds)
+    body = L.seq(L.Allocate(acc), init, main, write)
+    nest = _wrap(outer, body, sched, _place_guards(outer_preds, outer, True), prologue)
+    return L.seq(*top, nest), shared
+
+
+
+def lower(op: C.Operator, schedule: Schedule, target: str = "cpu") -> L.PrimFunc:
+    """Lower a specialised operator with its schedule to a `PrimFunc` for `target`
+    ('cpu' or 'cuda'): one kernel per stage computed at root, in execution order."""
+    roots, fusions, inlined = stage_plan(op, schedule)
+    params = [L.Buffer(p.name, p.dtype, shape_of(op, p.name)) for p in op.params]
+    params += [L.Buffer(o, op.tensor_dtype(o), shape_of(op, o)) for o in op.outputs]
+    workspaces = [L.Buffer(s.name, s.dtype, shape_of(op, s.name)) for s in roots
+                  if s.name not in op.outputs and s.name not in fusions]
+    names = tuple(b.name for b in params + workspaces)
+    kernels = []
+    for stage in roots:
+        out_stage = fusions.get(stage.name, stage)
+        body, shared = lower_stage(op, schedule, stage, out_stage, inlined, target)
+        body = L.seq(*[L.Allocate(b) for b in shared], body)
+        kernels.append(L.Kernel(f"{op.name}_{stage.name}" if len(roots) > 1 else op.name,
+                                body, names))
+    return L.PrimFunc(op.name, tuple(params), (), tuple(workspaces), tuple(kernels), target,
+                      meta={"outputs": tuple(op.outputs)})

@@ -1,0 +1,457 @@
+"""Schedule templates: named knobs per operator, a knob space per workload and target.
+
+`template_for(op, target, hw)` picks the template of a specialised operator:
+`ConvTemplate` for a stage shaped like a 2-D convolution (4 spatial axes
+n, k, y, x and reduction axes c, r, s), `GenericTemplate` for everything else
+(elementwise, pooling, reductions, matmul with a 2-D register tile).
+
+Every template offers
+* `space() -> KnobSpace` (ordered knob name -> choices, derived from the
+  workload's extents and the hardware spec),
+* `validate(config) -> reason | None` (knob values, schedule legality and
+  resources: threads per block, shared memory, registers, vector registers,
+  local memory; done by lowering to loop IR, never by compiling),
+* `apply(config) -> Schedule`, `default_config()`, `configs(limit)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from wpk.dsl import loopir as L
+from wpk.dsl.schedule import Schedule, StageSchedule
+from wpk.errors import ScheduleError
+
+
+class KnobSpace(OrderedDict):
+    """Knob name -> list of choices (in a fixed order, so points are enumerable)."""
+
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.values())
+
+    def points(self):
+        """Every point of the space as a dict, in lexicographic order."""
+        names = list(self)
+        for values in itertools.product(*self.values()):
+            yield dict(zip(names, values))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The hardware limits the templates check (read from a `wpk.devices` HardwareSpec)."""
+
+    name: str = "cpu"
+    vector_lanes: int = 16            # float32 lanes of the widest SIMD register
+    vector_registers: int = 32
+    cores: int = 1
+    local_bytes: int = 256 * 1024     # stack budget for local caches per thread (CPU)
+    max_threads_per_block: int = 1024
+    shared_bytes_per_block: int = 48 * 1024
+    registers_per_thread: int = 255
+    registers_per_block: int = 65536
+    warp_size: int = 32
+
+
+def limits_from(hw, target: str) -> Limits:
+    """Translate a HardwareSpec (any object with the usual attribute names) into `Limits`."""
+    if hw is None:
+        return Limits() if target == "cpu" else Limits(name="gpu")
+    if isinstance(hw, Limits):
+        return hw
+    get = lambda *names, default: next((getattr(hw, n) for n in names if hasattr(hw, n)),  # noqa: E731
+                                       default)
+    lanes = get("vector_lanes", "simd_lanes", default=None)
+    if lanes is None:
+        bits = get("vector_bits", "simd_width_bits", default=512)
+        lanes = int(bits) // 32
+    return Limits(
+        name=str(get("name", default=target)),
+        vector_lanes=int(lanes),
+        vector_registers=int(get("vector_registers", default=32 if lanes >= 16 else 16)),
+        cores=int(get("cores", "num_cores", default=1)),
+        max_threads_per_block=int(get("max_threads_per_block", default=1024)),
+        shared_bytes_per_block=int(get("shared_memory_per_block", "max_shared_memory_per_block",
+                                       "shared_mem_per_block", default=48 * 1024)),
+        registers_per_thread=int(get("max_registers_per_thread", "registers_per_thread",
+                                     default=255)),
+        registers_per_block=int(get("registers_per_block", "max_registers_per_block",
+                                    default=65536)),
+        warp_size=int(get("warp_size", default=32)),
+    )
+
+
+def _choices(candidates, limit: int) -> list[int]:
+    """Candidates up to `limit`, plus `limit` itself when it is small (whole axis)."""
+    out = [c for c in candidates if c <= limit]
+    return out or [1]
+
+
+class Template:
+    """Base class: subclasses define `space` and `_apply`; validation is shared."""
+
+    name = "template"
+
+    def __init__(self, op, target: str, hw=None):
+        self.op = op
+        self.target = target
+        self.limits = limits_from(hw, target)
+        self.target_name = f"{target}:{self.limits.name}"
+
+    @property
+    def main_stage(self):
+        """The stage the knobs are about: the last reduction stage, else the last stage."""
+        reduces = [s for s in self.op.stages if s.reduce is not None]
+        return (reduces or list(self.op.stages))[-1]
+
+    def space(self) -> KnobSpace:
+        raise NotImplementedError
+
+    def _apply(self, sched: Schedule, config: dict) -> None:
+        raise NotImplementedError
+
+    def apply(self, config: dict) -> Schedule:
+        """The schedule of this config (not validated: call `validate` first)."""
+        sched = Schedule(self.op, self.target)
+        self._apply(sched, dict(config))
+        return sched
+
+    def validate(self, config: dict) -> str | None:
+        """None if the config is legal and fits the target, else the reason it does not."""
+        space = self.space()
+        for knob, choices in space.items():
+            if knob not in config:
+                return f"missing knob {knob}"
+            if config[knob] not in choices:
+                return f"knob {knob}={config[knob]!r} is not one of {choices}"
+        extra = set(config) - set(space)
+        if extra:
+            return f"unknown knobs {sorted(extra)}"
+        from wpk.dsl.lower import lower
+
+        try:
+            func = lower(self.op, self.apply(config), self.target)
+        except ScheduleError as exc:
+            return str(exc)
+        return self.check_resources(func)
+
+    def check_resources(self, func: L.PrimFunc) -> str | None:
+        lim = self.limits
+        for kernel in func.kernels:
+            local = sum(n.buffer.size * _bytes(n.buffer.dtype) for n in L.walk(kernel.body)
+                        if isinstance(n, L.Allocate) and n.buffer.scope == "local")
+            if self.target == "cpu":
+                if local > lim.local_bytes:
+                    return (f"local buffers need {local} bytes per thread, "
+                            f"over the {lim.local_bytes}-byte budget")
+                continue
+            launch = launch_of(kernel)
+            threads = math.prod(launch.block)
+            if threads > lim.max_threads_per_block:
+                return (f"{threads} threads per block exceed the {lim.name} limit of "
+                        f"{lim.max_threads_per_block}")
+            shared = launch.shared_bytes
+            if shared > lim.shared_bytes_per_block:
+                return (f"{shared} bytes of shared memory per block exceed the {lim.name} "
+                        f"limit of {lim.shared_bytes_per_block}")
+            regs = estimate_registers(kernel)
+            if regs > lim.registers_per_thread:
+                return (f"about {regs} registers per thread exceed the {lim.name} limit of "
+                        f"{lim.registers_per_thread}")
+            if regs * threads > lim.registers_per_block:
+                return (f"about {regs} registers x {threads} threads exceed the {lim.name} "
+                        f"register file of {lim.registers_per_block} per block")
+        return None
+
+    def default_config(self) -> dict:
+        """A reasonable valid config (the first valid point of a preferred ordering)."""
+        for point in self.preferred_points():
+            if self.validate(point) is None:
+                return point
+        raise ScheduleError(f"no valid schedule of {self.op.name} for {self.target_name}",
+                            hint="the workload exceeds every configuration of the template")
+
+    def preferred_points(self):
+        return self.space().points()
+
+    def configs(self, limit: int | None = None) -> list[dict]:
+        """Valid points of the space, in order (at most `limit`)."""
+        out = []
+        for point in self.space().points():
+            if self.validate(point) is None:
+                out.append(point)
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+
+def _bytes(dtype: str) -> int:
+    return {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "bool": 1}[dtype]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+
+
+def launch_of(kernel: L.Kernel) -> LaunchConfig:
+    """Grid and block sizes from the bound loops of a CUDA kernel, and its shared memory."""
+    dims = {tag: 1 for tag in L.GPU_BINDINGS}
+    shared = 0
+    for node in L.walk(kernel.body):
+        if isinstance(node, L.For) and node.kind in dims:
+            dims[node.kind] = node.extent
+        elif isinstance(node, L.Allocate) and node.buffer.scope == "shared":
+            shared += node.buffer.size * _bytes(node.buffer.dtype)
+    grid = (dims["blockIdx.x"], dims["blockIdx.y"], dims["blockIdx.z"])
+    block = (dims["threadIdx.x"], dims["threadIdx.y"], dims["threadIdx.z"])
+    return LaunchConfig(grid, block, shared)
+
+
+def estimate_registers(kernel: L.Kernel) -> int:
+    """Registers per thread: local (register) arrays plus a fixed allowance for addressing."""
+    local = sum(n.buffer.size for n in L.walk(kernel.body)
+                if isinstance(n, L.Allocate) and n.buffer.scope == "local")
+    return local + 24
+
+
+# ----------------------------------------------------------------------------- generic
+class GenericTemplate(Template):
+    """Any operator. CPU: parallel outer loops, vectorised innermost spatial loop and, for
+    reductions with two or more spatial axes, a (rows x vector) register tile (matmul).
+    CUDA: spatial loops fused and split over blocks and threads, one output per thread
+    (or `per_thread` consecutive ones), reduction serial in a register."""
+
+    name = "generic"
+
+    def space(self) -> KnobSpace:
+        stage = self.main_stage
+        extents = [int(a.extent.value) for a in stage.axes]
+        last = extents[-1] if extents else 1
+        if self.target == "cpu":
+            lanes = self.limits.vector_lanes
+            space = KnobSpace(vector=_choices([1, 4, 8, lanes, 2 * lanes], max(last, 1)),
+                              parallel=[1, 0])
+            if stage.reduce is not None and len(extents) >= 2:
+                space["rows"] = _choices([1, 2, 4, 8], extents[-2])
+            return space
+        total = math.prod(extents) if extents else 1
+        threads = [t for t in (32, 64, 128, 256, 512, 1024)
+                   if t <= self.limits.max_threads_per_block]
+        return KnobSpace(threads=[t for t in threads if t <= max(32, total)] or [32],
+                         per_thread=[1, 2, 4])
+
+    def preferred_points(self):
+        points = list(self.space().points())
+        if self.target == "cpu":
+            lanes = self.limits.vector_lanes
+            points.sort(key=lambda p: (p["parallel"] != 1, abs(p["vector"] - lanes),
+                                       -p.get("rows", 1)))
+        else:
+            points.sort(key=lambda p: (p["threads"] != 256, p["per_thread"]))
+        return points
+
+    def _apply(self, sched: Schedule, config: dict) -> None:
+        for stage in self.op.stages:
+            s = sched[stage.name]
+            if s.placement == "inline" or _is_fused_epilogue(self.op, stage):
+                continue
+            if self.target == "cpu":
+                _generic_cpu(s, config)
+            else:
+                _generic_gpu(s, config)
+
+
+def _is_fused_epilogue(op, stage) -> bool:
+    from wpk.dsl.lower import fused_epilogue
+
+    return any(fused_epilogue(op, s) is stage for s in op.stages)
+
+
+def _generic_cpu(s: StageSchedule, config: dict) -> None:
+    spatial = [a.name for a in s.roots if a.kind == "spatial"]
+    reduce = [a.name for a in s.roots if a.kind == "reduce"]
+    if not spatial:
+        return
+    vec = min(config["vector"], s.axes[spatial[-1]].extent)
+    last_o, last_i = s.split(spatial[-1], vec)
+    rows = config.get("rows", 1) if reduce and len(spatial) >= 2 else 1
+    outer = spatial[:-1]
+    tile = [last_i]
+    if rows > 1:
+        row_o, row_i = s.split(spatial[-2], min(rows, s.axes[spatial[-2]].extent))
+        outer = spatial[:-2] + [row_o]
+        tile = [row_i, last_i]
+        s.unroll(row_i)
+    s.reorder(*outer, last_o, *reduce, *tile)
+    if reduce:
+        s.cache_write(last_o)
+    if vec > 1:
+        s.vectorize(last_i)
+    if config["parallel"]:
+        loops = outer + [last_o]
+        fused = loops[0]
+        for nxt in loops[1:-1] if len(loops) > 1 else []:
+            fused = s.fuse(fused, nxt)
+        s.parallel(fused)
+
+
+def _generic_gpu(s: StageSchedule, config: dict) -> None:
+    spatial = [a.name for a in s.roots if a.kind == "spatial"]
+    if not spatial:
+        raise ScheduleError(f"stage {s.stage} has no spatial loop to map onto threads")
+    fused = spatial[0]
+    for nxt in spatial[1:]:
+        fused = s.fuse(fused, nxt)
+    per = config["per_thread"]
+    threads = config["threads"]
+    reduce = [a.name for a in s.roots if a.kind == "reduce"]
+    inner = None
+    if per > 1:
+        fused, inner = s.split(fused, per)
+        s.unroll(inner)
+    block, thread = s.split(fused, threads)
+    s.bind(block, "blockIdx.x")
+    s.bind(thread, "threadIdx.x")
+    if inner is not None:
+        s.reorder(block, thread, *reduce, inner)
+        if reduce:
+            s.cache_write(thread)
+
+
+# ----------------------------------------------------------------------------- convolution
+def is_conv_stage(stage) -> bool:
+    red = stage.reduce
+    return red is not None and len(stage.axes) == 4 and len(red.axes) == 3
+
+
+class ConvTemplate(Template):
+    """2-D convolution in NCHW (axes n, k, y, x; reduction c, r, s).
+
+    CPU: loops n, k.o, y.o, x.o (fused into one parallel loop), c.o, then c.i, r, s
+    (unrolled window), then a register tile k.i x y.i x x.i with x.i vectorised.
+    With `fuse_yx` the output pixels y*x form one axis (good for small images and
+    1x1 kernels). `cache_input` copies the zero-padded input patch of each c block
+    into a local buffer, removing the padding test from the inner loop.
+    CUDA: blocks over (n, k.o, y.o, x.o), threads over (y.i, x.i), a `tile_k`
+    register tile per thread, optional shared-memory staging of the input patch
+    and of the weights per `tile_c` block of input channels."""
+
+    name = "conv2d"
+
+    def _extents(self):
+        stage = self.main_stage
+        n, k, y, x = (int(a.extent.value) for a in stage.axes)
+        c, r, s = (int(a.extent.value) for a in stage.reduce.axes)
+        return n, k, y, x, c, r, s
+
+    def space(self) -> KnobSpace:
+        n, k, y, x, c, r, s = self._extents()
+        if self.target == "cpu":
+            lanes = self.limits.vector_lanes
+            return KnobSpace(
+                tile_k=_choices([1, 2, 4, 8, 16], k),
+                fuse_yx=[0, 1],
+                tile_x=_choices([lanes // 2, lanes, 2 * lanes], max(y * x, lanes // 2)),
+                tile_y=_choices([1, 2, 4], y),
+                tile_c=sorted({t for t in (c, 4, 8, 16, 32, 64) if t <= c}, reverse=True),
+                cache_input=[0, 1],
+                unroll_window=[1, 0],
+            )
+        return KnobSpace(
+            threads_x=_choices([4, 8, 16, 32], max(x, 4)),
+            threads_y=_choices([1, 2, 4, 8, 16], y),
+            tile_k=_choices([1, 2, 4, 8, 16], k),
+            block_k=_choices([1, 2, 4, 8], k),
+            tile_c=sorted({t for t in (c, 1, 2, 4, 8, 16, 32) if t <= c}),
+            cache_input=[0, 1],
+            cache_weight=[0, 1],
+        )
+
+    def preferred_points(self):
+        n, k, y, x, c, r, s = self._extents()
+        points = list(self.space().points())
+        if self.target == "cpu":
+            lanes = self.limits.vector_lanes
+            fuse = 1 if x < lanes or r * s == 1 else 0
+            points.sort(key=lambda p: (p["fuse_yx"] != fuse, p["tile_x"] != lanes,
+                                       -p["tile_k"], p["tile_y"] != 2, p["cache_input"] !=
+                                       (1 if r * s > 1 else 0), p["tile_c"] != min(c, 64)))
+        else:
+            points.sort(key=lambda p: (p["threads_x"] * p["threads_y"] not in (64, 128, 256),
+                                       p["tile_k"] != 4, p["cache_input"], p["cache_weight"]))
+        return points
+
+    def _apply(self, sched: Schedule, config: dict) -> None:
+        stage = self.main_stage
+        s = sched[stage.name]
+        n, k, y, x = (a.name for a in stage.axes)
+        c, r, w = (a.name for a in stage.reduce.axes)
+        inputs = _conv_inputs(stage)
+        co, ci = s.split(c, config["tile_c"])
+        if self.target == "cpu":
+            ko, ki = s.split(k, config["tile_k"])
+            if config["fuse_yx"]:
+                p = s.fuse(y, x)
+                po, pi = s.split(p, config["tile_x"])
+                s.reorder(n, ko, po, co, ci, r, w, ki, pi)
+                outer, tile = [n, ko, po], [ki, pi]
+            else:
+                yo, yi = s.split(y, config["tile_y"])
+                xo, xi = s.split(x, config["tile_x"])
+                s.reorder(n, ko, yo, xo, co, ci, r, w, ki, yi, xi)
+                outer, tile = [n, ko, yo, xo], [ki, yi, xi]
+                s.unroll(yi)
+            s.cache_write(outer[-1])
+            s.unroll(ki)
+            s.vectorize(tile[-1])
+            if config["unroll_window"]:
+                s.unroll(r)
+                s.unroll(w)
+            if config["cache_input"] and inputs[0] is not None:
+                s.cache_read(inputs[0], "local", co)
+            fused = outer[0]
+            for nxt in outer[1:-1]:
+                fused = s.fuse(fused, nxt)
+            s.parallel(fused)
+            return
+        ko, kt = s.split(k, config["tile_k"] * config["block_k"])
+        kb, ki = s.split(kt, config["tile_k"])
+        yo, yi = s.split(y, config["threads_y"])
+        xo, xi = s.split(x, config["threads_x"])
+        s.reorder(n, ko, yo, xo, kb, yi, xi, co, ci, r, w, ki)
+        blocks = s.fuse(s.fuse(s.fuse(n, ko), yo), xo)
+        s.bind(blocks, "blockIdx.x")
+        s.bind(kb, "threadIdx.z")
+        s.bind(yi, "threadIdx.y")
+        s.bind(xi, "threadIdx.x")
+        s.cache_write(xi)
+        s.unroll(ki)
+        if config["cache_input"] and inputs[0] is not None:
+            s.cache_read(inputs[0], "shared", co)
+        if config["cache_weight"] and inputs[1] is not None:
+            s.cache_read(inputs[1], "shared", co)
+
+
+def _conv_inputs(stage) -> tuple[str | None, str | None]:
+    """(data tensor, weight tensor) of a conv stage: the loads inside its reduction."""
+    from wpk.dsl import compute as C
+
+    loads = C.loads(stage.reduce.body)
+    data = next((ld.tensor for ld in loads if ld.pad is not None or len(ld.indices) == 4), None)
+    weight = next((ld.tensor for ld in loads if ld.tensor != data), None)
+    return data, weight
+
+
+def template_for(op, target: str = "cpu", hw=None) -> Template:
+    """The schedule template of a specialised operator for `target` ('cpu' or 'cuda')."""
+    if target not in ("cpu", "cuda"):
+        raise ScheduleError(f"unknown target {target!r}", hint="use cpu or cuda")
+    reduces = [s for s in op.stages if s.reduce is not None]
+    if len(reduces) == 1 and is_conv_stage(reduces[0]):
+        return ConvTemplate(op, target, hw)
+    return GenericTemplate(op, target, hw)
