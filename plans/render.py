@@ -1,7 +1,8 @@
 """Rendering a build report (`wpk.plans.report`) as a table, JSON or an HTML page.
 
 `render_table(report)` gives a rich renderable (summary line and one row per
-workload, largest share first); `render_json(report)` the JSON text;
+workload, largest share first); `render_summary(report)` a short one for the
+end of a build; `render_json(report)` the JSON text;
 `render_html(report)` a self-contained page (inline CSS and SVG, no external
 assets) with a summary and, per workload, a bar chart of every candidate's
 median time, the chosen one marked, and its share of the total latency.
@@ -70,6 +71,19 @@ def summary_lines(report: Mapping) -> list[str]:
     if report.get("build_time_s") is not None:
         lines.append(f"built in {report['build_time_s']:.1f} s")
     return lines
+
+
+def render_summary(report: Mapping, top: int = 5) -> Group:
+    """A short rich renderable for the end of a build: summary and the costliest workloads."""
+    table = Table(show_header=True, header_style="bold", box=None)
+    for column, justify in (("operator", "left"), ("chosen", "left"), ("median", "right"),
+                            ("share", "right")):
+        table.add_column(column, justify=justify)
+    for workload in by_share(report)[:top]:
+        chosen = workload["chosen"] + (" (fallback)" if workload["fallback"] else "")
+        table.add_row(workload["label"], chosen, format_time(workload["median_s"]),
+                      f"{100 * workload['share']:.1f}%")
+    return Group(Text("\n".join(summary_lines(report))), table)
 
 
 def render_table(report: Mapping) -> Group:
@@ -142,13 +156,18 @@ def _bar_chart(workload: Mapping) -> str:
 
 
 def _passes_table(passes: Mapping) -> str:
-    before, after = passes.get("op_counts_before") or {}, passes.get("op_counts_after") or {}
+    before, after = passes.get("ops_before") or {}, passes.get("ops_after") or {}
     if not (before or after):
         return ""
     rows = "".join(f"<tr><td>{html.escape(op)}</td><td>{before.get(op, 0)}</td>"
                    f"<td>{after.get(op, 0)}</td></tr>" for op in sorted({*before, *after}))
+    hits = {**(passes.get("passes") or {}), **(passes.get("rules") or {})}
+    hit_rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{count}</td></tr>"
+                       for name, count in hits.items() if count)
+    hit_table = (f"<table><tr><th>pass / rule</th><th>hits</th></tr>{hit_rows}</table>"
+                 if hit_rows else "")
     return ("<h2>Graph passes</h2><table><tr><th>op</th><th>before</th><th>after</th></tr>"
-            f"{rows}</table>")
+            f"{rows}</table>{hit_table}")
 
 
 def render_html(report: Mapping) -> str:

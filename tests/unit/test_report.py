@@ -15,7 +15,13 @@ from rich.console import Console
 from wpk.kernels.registry import FALLBACK, Candidate, Implementation
 from wpk.plans.buffers import plan_graph_buffers
 from wpk.plans.progress import progress_bar, wants_progress
-from wpk.plans.render import format_time, render_html, render_json, render_table
+from wpk.plans.render import (
+    format_time,
+    render_html,
+    render_json,
+    render_summary,
+    render_table,
+)
 from wpk.plans.report import make_report
 
 from .plan_helpers import tiny_choices
@@ -54,7 +60,8 @@ def report(rng):
     _, _, choices = tiny_choices(rng, extra=[SlowRelu(), BrokenAdd()])
     buffers = plan_graph_buffers([(["x"], ["t"]), (["t"], ["r"]), (["r", "t"], ["y"])],
                                  {n: 40 for n in "xtry"}, ["x"], ["y"], [])
-    passes = {"op_counts_before": {"MatMul": 1, "Relu": 2}, "op_counts_after": {"MatMul": 1}}
+    passes = {"ops_before": {"MatMul": 1, "Relu": 2}, "ops_after": {"MatMul": 1},
+              "rules": {"gemm_relu": 2}}
     return make_report(choices, target="cpu", model="tiny.onnx", device={"kind": "cpu"},
                        pass_report=passes, build_time_s=1.5, buffers=buffers)
 
@@ -89,6 +96,15 @@ def test_table_lists_workloads_by_share(report):
     assert "2/2" in relu_row and re.search(r"\d\.\d\dx", relu_row)  # vs next: a ratio
 
 
+def test_summary_shows_the_costliest_workloads(report):
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(render_summary(report, top=1))
+    text = console.file.getvalue()
+    top = max(report["workloads"], key=lambda w: w["share"])
+    assert top["label"] in text and "estimated latency" in text
+    assert sum(w["label"] in text for w in report["workloads"]) == 1
+
+
 def test_html_is_self_contained_and_marks_the_chosen(report):
     page = render_html(report)
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 3
@@ -97,6 +113,7 @@ def test_html_is_self_contained_and_marks_the_chosen(report):
     assert "report_test.slow &lt;relu&gt;" in page  # escaped
     assert "compile_error: RuntimeError: cannot build" in page
     assert "<td>Relu</td><td>2</td><td>0</td>" in page
+    assert "<td>gemm_relu</td><td>2</td>" in page
 
 
 def test_format_time():
