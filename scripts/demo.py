@@ -50,7 +50,8 @@ def main() -> int:
     model = os.path.join(LIGHT, f"{args.model}.onnx")
     workdir = args.workdir or tempfile.mkdtemp(prefix="wpk-demo-")
     os.makedirs(workdir, exist_ok=True)
-    plan, inputs, outputs = (os.path.join(workdir, name) for name in ("model.wpk", "x.npz", "y.npz"))
+    names = ("model.wpk", "x.npz", "y.npz")
+    plan, inputs, outputs = (os.path.join(workdir, name) for name in names)
 
     graph_inputs = onnx.load(model, load_external_data=False).graph
     initializers = {i.name for i in graph_inputs.initializer}

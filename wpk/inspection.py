@@ -1,0 +1,55 @@
+"""`wpk inspect`: what the passes do to a model and which workloads it yields."""
+
+from __future__ import annotations
+
+from wpk.frontend import load_model
+from wpk.passes import optimize
+from wpk.workloads import distinct, extract_workloads
+
+
+def inspect_model(model: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
+                  target: str = "cpu") -> dict:
+    """Load and optimize `model`; return op counts, pass/rule hits and distinct workloads."""
+    graph = load_model(model, input_shapes or None)
+    optimized, report = optimize(graph, target=target)
+    groups = distinct(extract_workloads(optimized))
+    workloads = []
+    for key, members in groups.items():
+        workload = members[0].workload
+        workloads.append({"key": key, "label": workload.label, "op": workload.op,
+                          "count": len(members), "nodes": [m.node.name for m in members]})
+    return {"model": model, "target": target, "inputs": {
+                name: list(graph.tensors[name].shape) for name in graph.inputs},
+            "passes": report.to_json(), "workloads": workloads}
+
+
+def render_inspection(info: dict):
+    """A rich renderable of `inspect_model`'s result."""
+    from rich.console import Group
+    from rich.table import Table
+
+    passes = info["passes"]
+    ops = Table(title=f"{info['model']}: {passes['nodes_before']} nodes -> "
+                      f"{passes['nodes_after']} after passes ({info['target']})")
+    ops.add_column("op")
+    ops.add_column("before", justify="right")
+    ops.add_column("after", justify="right")
+    for op in sorted(set(passes["ops_before"]) | set(passes["ops_after"])):
+        ops.add_row(op, str(passes["ops_before"].get(op, "")),
+                    str(passes["ops_after"].get(op, "")))
+
+    rules = Table(title="pass and rule hits")
+    rules.add_column("pass / rule")
+    rules.add_column("hits", justify="right")
+    for name, hits in passes["passes"].items():
+        rules.add_row(f"[bold]{name}[/bold]", str(hits))
+    for name, hits in passes["rules"].items():
+        rules.add_row(f"  {name}", str(hits))
+
+    loads = Table(title=f"{len(info['workloads'])} distinct workloads")
+    loads.add_column("workload")
+    loads.add_column("nodes", justify="right")
+    loads.add_column("key")
+    for entry in info["workloads"]:
+        loads.add_row(entry["label"], str(entry["count"]), entry["key"])
+    return Group(ops, rules, loads)
