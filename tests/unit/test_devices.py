@@ -1,0 +1,80 @@
+"""Hardware specs: the GPU presets, the host CPU and GPU detection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wpk import devices
+from wpk.errors import DeviceError
+
+
+def test_presets_cover_the_supported_architectures():
+    archs = {name: devices.gpu_preset(name).arch for name in devices.GPU_PRESETS}
+    assert archs == {"p100": "sm_60", "v100": "sm_70", "t4": "sm_75", "a100": "sm_80",
+                     "h100": "sm_90", "h200": "sm_90"}
+
+
+@pytest.mark.parametrize("name", list(devices.GPU_PRESETS))
+def test_preset_limits_are_consistent(name):
+    spec = devices.gpu_preset(name.upper())
+    assert spec.kind == "cuda" and spec.warp_size == 32 and spec.max_threads_per_block == 1024
+    assert spec.shared_memory_per_block == 48 * 1024
+    assert spec.shared_memory_per_block <= spec.shared_memory_per_block_optin \
+        <= spec.shared_memory_per_sm
+    assert spec.max_threads_per_sm >= spec.max_threads_per_block
+    assert spec.registers_per_sm == 65536 and spec.max_registers_per_thread == 255
+    assert spec.sm_count == spec.cores > 0 and spec.l2_bytes > 0
+    assert spec.memory_bandwidth_gbs > 0 and spec.fp32_tflops > 0
+    assert spec.fingerprint == f"cuda:{spec.arch}"
+    assert spec.to_json()["compute_capability"] == spec.compute_capability
+
+
+def test_newer_generations_are_not_smaller():
+    order = ["p100", "v100", "a100", "h100", "h200"]
+    specs = [devices.gpu_preset(n) for n in order]
+    for older, newer in zip(specs, specs[1:]):
+        assert newer.sm_count >= older.sm_count
+        assert newer.memory_bandwidth_gbs >= older.memory_bandwidth_gbs
+        assert newer.shared_memory_per_block_optin >= older.shared_memory_per_block_optin
+
+
+def test_unknown_preset_is_a_device_error_with_the_list():
+    with pytest.raises(DeviceError, match="unknown GPU preset 'k80'") as info:
+        devices.gpu_preset("k80")
+    assert "h100" in info.value.hint
+
+
+def test_host_cpu_reads_proc_cpuinfo():
+    spec = devices.host_cpu()
+    assert spec.kind == "cpu" and spec.cores >= 1
+    text = Path("/proc/cpuinfo").read_text()
+    flags_line = next(line for line in text.splitlines() if line.startswith("flags"))
+    flags = set(flags_line.split(":", 1)[1].split())
+    assert set(spec.isa_flags) == flags
+    expected_bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
+    assert spec.vector_bits == expected_bits
+    assert spec.vector_lanes == expected_bits // 32
+    assert spec.l1_bytes >= 16 * 1024 and spec.l2_bytes >= spec.l1_bytes
+    assert spec.fingerprint.startswith(f"cpu:{spec.arch}:")
+
+
+def test_parse_nvidia_smi_maps_to_presets():
+    text = ("0, NVIDIA H100 80GB HBM3, 9.0, 81559\n"
+            "1, NVIDIA H200, 9.0, 143771\n"
+            "2, Tesla T4, 7.5, 15360\n"
+            "3, Some Future GPU, 12.0, 1000\n")
+    gpus = devices.parse_nvidia_smi(text)
+    assert [g.preset for g in gpus] == ["h100", "h200", "t4", None]
+    assert gpus[0].compute_capability == (9, 0) and gpus[0].memory_bytes == 81559 * 1024 ** 2
+
+
+def test_detect_gpus_returns_a_list_and_auto_follows_it():
+    gpus = devices.detect_gpus()
+    assert isinstance(gpus, list)
+    if any(g.preset for g in gpus):
+        assert devices.gpu_preset("auto").kind == "cuda"
+    else:
+        with pytest.raises(DeviceError, match="no supported NVIDIA GPU"):
+            devices.gpu_preset("auto")
