@@ -192,7 +192,7 @@ class _NodeWriter:
 
     def node(self, op: str, inputs: list[str], out: str | None = None, **attrs) -> str:
         out = out or self.fresh(op.lower())
-        self.nodes.append(helper.make_node(op, inputs, [out], name=out + "_node", **attrs))
+        self.nodes.append(helper.make_node(op, inputs, [out], name=self.fresh(op), **attrs))
         return out
 
 

@@ -1,0 +1,249 @@
+"""Every CPU implementation (numpy library kernels, onnxruntime vendor and fallback kernels)
+against the float64 reference, with outputs poisoned (NaN) before each run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wpk.errors import WpkError
+from wpk.kernels import registry
+from wpk.kernels.cpu import ort_node
+from wpk.kernels.random_inputs import random_inputs
+from wpk.kernels.reference import reference
+from wpk.kernels.support import SUPPORTED_OPS, is_supported
+from wpk.kernels.workload import UNARY_EPILOGUE_OPS, EpilogueStep, TensorSpec, Workload
+
+S = TensorSpec
+E = EpilogueStep
+RESIDUAL = (E("add", operand=3), E("relu"))
+
+
+def conv(x, w, out, bias=True, residual=False, epilogue=(), **attrs) -> Workload:
+    inputs = [S(x), S(w), S((w[0],)) if bias else None]
+    if residual:
+        inputs.append(S(out))
+    return Workload("Conv", tuple(inputs), (S(out),), attrs=tuple(sorted(attrs.items())),
+                    epilogue=epilogue, const_inputs=(1, 2) if bias else (1,))
+
+
+def static(op, inputs, out, statics, **attrs) -> Workload:
+    return Workload(op, tuple(inputs), (S(out),), attrs=tuple(sorted(attrs.items())),
+                    const_inputs=tuple(sorted(statics)),
+                    static_inputs=tuple(sorted(statics.items())))
+
+
+CASES = {
+    "conv3x3_residual_relu": conv((1, 8, 10, 10), (16, 8, 3, 3), (1, 16, 10, 10), residual=True,
+                                  epilogue=RESIDUAL, pads=(1, 1, 1, 1)),
+    "conv_depthwise_stride2_asym": conv((2, 12, 11, 9), (12, 1, 3, 3), (2, 12, 6, 4),
+                                        group=12, strides=(2, 2), pads=(1, 0, 1, 1)),
+    "conv_depthwise_multiplier": conv((1, 6, 9, 9), (12, 1, 3, 3), (1, 12, 9, 9),
+                                      group=6, pads=(1, 1, 1, 1),
+                                      epilogue=(E("clip", (("max", 6.0), ("min", 0.0))),)),
+    "conv_dilation2_groups3": conv((1, 12, 13, 13), (9, 4, 3, 3), (1, 9, 9, 9), bias=False,
+                                   group=3, dilations=(2, 2)),
+    "conv_same_upper_stride2": conv((1, 5, 9, 8), (7, 5, 3, 3), (1, 7, 5, 4),
+                                    auto_pad="SAME_UPPER", strides=(2, 2)),
+    "conv_same_upper_dilation2": conv((1, 5, 9, 8), (7, 5, 3, 3), (1, 7, 9, 8),
+                                      auto_pad="SAME_UPPER", dilations=(2, 2)),
+    "conv_1x1_stride2": conv((1, 16, 8, 8), (8, 16, 1, 1), (1, 8, 4, 4), strides=(2, 2)),
+    "conv_1x1_silu": conv((1, 16, 7, 7), (24, 16, 1, 1), (1, 24, 7, 7), epilogue=(E("silu"),)),
+    "conv1d": conv((2, 4, 20), (6, 4, 5), (2, 6, 16)),
+    "gemm_transB_alpha_beta": Workload("Gemm", (S((6, 20)), S((12, 20)), S((12,))), (S((6, 12)),),
+                                       attrs=(("alpha", 0.5), ("beta", 2.0), ("transB", 1)),
+                                       const_inputs=(1, 2)),
+    "gemm_transA_dynamic": Workload("Gemm", (S((20, 6)), S((20, 12)), S((6, 12))), (S((6, 12)),),
+                                    attrs=(("alpha", 1.5), ("transA", 1))),
+    "gemm_no_c_residual": Workload("Gemm", (S((4, 9)), S((9, 5)), None, S((4, 5))), (S((4, 5)),),
+                                   epilogue=(E("add", operand=3), E("tanh")), const_inputs=(1,)),
+    "matmul_batched_gelu": Workload("MatMul", (S((2, 3, 7, 16)), S((16, 8)), S((8,))),
+                                    (S((2, 3, 7, 8)),), const_inputs=(1, 2),
+                                    epilogue=(E("add", operand=2), E("gelu"))),
+    "matmul_broadcast_batches": Workload("MatMul", (S((3, 1, 4, 6)), S((5, 6, 2))),
+                                         (S((3, 5, 4, 2)),)),
+    "maxpool_ceil": Workload("MaxPool", (S((1, 4, 10, 10)),), (S((1, 4, 5, 5)),),
+                             attrs=(("ceil_mode", 1), ("kernel_shape", (3, 3)),
+                                    ("strides", (2, 2)))),
+    "maxpool_pads_dilation": Workload("MaxPool", (S((1, 3, 9, 9)),), (S((1, 3, 8, 8)),),
+                                      attrs=(("dilations", (2, 2)), ("kernel_shape", (2, 2)),
+                                             ("pads", (1, 1, 0, 0)))),
+    "avgpool_include_pad": Workload("AveragePool", (S((1, 4, 9, 9)),), (S((1, 4, 5, 5)),),
+                                    attrs=(("count_include_pad", 1), ("kernel_shape", (3, 3)),
+                                           ("pads", (1, 1, 1, 1)), ("strides", (2, 2)))),
+    "avgpool_exclude_pad_ceil": Workload("AveragePool", (S((1, 4, 10, 10)),), (S((1, 4, 5, 5)),),
+                                         attrs=(("ceil_mode", 1), ("kernel_shape", (3, 3)),
+                                                ("pads", (1, 1, 0, 0)), ("strides", (2, 2)))),
+    "global_avgpool": Workload("GlobalAveragePool", (S((2, 8, 5, 5)),), (S((2, 8, 1, 1)),)),
+    "global_maxpool": Workload("GlobalMaxPool", (S((2, 8, 5, 5)),), (S((2, 8, 1, 1)),)),
+    "softmax_axis1": Workload("Softmax", (S((3, 10, 4)),), (S((3, 10, 4)),), attrs=(("axis", 1),)),
+    "softmax_opset11": Workload("Softmax", (S((3, 10, 4)),), (S((3, 10, 4)),),
+                                attrs=(("axis", 1),), opset=11),
+    "logsoftmax": Workload("LogSoftmax", (S((3, 10)),), (S((3, 10)),), attrs=(("axis", -1),)),
+    "layernorm": Workload("LayerNormalization", (S((2, 5, 16)), S((16,)), S((16,))),
+                          (S((2, 5, 16)),), attrs=(("epsilon", 1e-5),), const_inputs=(1, 2)),
+    "layernorm_2axes_residual": Workload(
+        "LayerNormalization", (S((2, 4, 6)), S((4, 6)), None, S((2, 4, 6))), (S((2, 4, 6)),),
+        attrs=(("axis", 1),), epilogue=(E("add", operand=3),), const_inputs=(1,)),
+    "batchnorm_relu": Workload("BatchNormalization", tuple(S(s) for s in
+                                                           [(2, 6, 4, 4)] + [(6,)] * 4),
+                               (S((2, 6, 4, 4)),), const_inputs=(1, 2, 3, 4),
+                               epilogue=(E("relu"),)),
+    "lrn": Workload("LRN", (S((1, 10, 4, 4)),), (S((1, 10, 4, 4)),),
+                    attrs=(("alpha", 1e-2), ("beta", 0.75), ("bias", 2.0), ("size", 3))),
+    "add_broadcast": Workload("Add", (S((2, 3, 4)), S((3, 1))), (S((2, 3, 4)),)),
+    "div": Workload("Div", (S((2, 3)), S((2, 3))), (S((2, 3)),)),
+    "max_variadic": Workload("Max", (S((2, 3)), S((3,)), S((2, 1))), (S((2, 3)),)),
+    "leaky_relu": Workload("LeakyRelu", (S((2, 7)),), (S((2, 7)),), attrs=(("alpha", 0.2),)),
+    "hard_sigmoid": Workload("HardSigmoid", (S((2, 7)),), (S((2, 7)),),
+                             attrs=(("alpha", 0.3), ("beta", 0.4))),
+    "clip_static": static("Clip", [S((3, 8)), S(()), S(())], (3, 8),
+                          {1: np.array(-0.3, np.float32), 2: np.array(0.4, np.float32)}),
+    "erf": Workload("Erf", (S((4, 5)),), (S((4, 5)),)),
+    "sqrt": Workload("Sqrt", (S((4, 5)),), (S((4, 5)),)),
+    "reshape": static("Reshape", [S((2, 3, 4)), S((2,), "int64")], (6, 4),
+                      {1: np.array([-1, 4], np.int64)}),
+    "flatten": Workload("Flatten", (S((2, 3, 4)),), (S((2, 12)),), attrs=(("axis", 1),)),
+    "squeeze": static("Squeeze", [S((2, 1, 4)), S((1,), "int64")], (2, 4),
+                      {1: np.array([1], np.int64)}),
+    "unsqueeze": static("Unsqueeze", [S((2, 4)), S((1,), "int64")], (2, 1, 4),
+                        {1: np.array([1], np.int64)}),
+    "transpose": Workload("Transpose", (S((2, 3, 4)),), (S((4, 2, 3)),),
+                          attrs=(("perm", (2, 0, 1)),)),
+    "concat_relu": Workload("Concat", (S((2, 3)), S((2, 5))), (S((2, 8)),), attrs=(("axis", 1),),
+                            epilogue=(E("relu"),)),
+    "gather_axis1": static("Gather", [S((3, 7, 2)), S((2, 2), "int64")], (3, 2, 2, 2),
+                           {1: np.array([[0, -1], [3, 6]], np.int64)}, axis=1),
+    "slice_negative_step": static("Slice", [S((6, 8))] + [S((2,), "int64")] * 4, (2, 3),
+                                  {1: np.array([4, -1], np.int64), 2: np.array([0, 0], np.int64),
+                                   3: np.array([0, 1], np.int64),
+                                   4: np.array([-2, -3], np.int64)}),
+    "pad_constant": static("Pad", [S((2, 3)), S((4,), "int64"), S((), "float32")], (3, 6),
+                           {1: np.array([1, 2, 0, 1], np.int64), 2: np.array(0.5, np.float32)}),
+    "pad_reflect": static("Pad", [S((1, 2, 4, 4)), S((8,), "int64")], (1, 2, 6, 7),
+                          {1: np.array([0, 0, 1, 2, 0, 0, 1, 1], np.int64)}, mode="reflect"),
+    "elementwise_chain": Workload("Elementwise", (S((2, 6, 5)), S((6, 1))), (S((2, 6, 5)),),
+                                  domain="wpk", epilogue=(E("mul", operand=1), E("sigmoid"),
+                                                          E("sub", operand=0, swap=True))),
+    "elementwise_broadcast_out": Workload("Elementwise", (S((6, 1)), S((2, 6, 5))),
+                                          (S((2, 6, 5)),), domain="wpk",
+                                          epilogue=(E("add", operand=1), E("hard_swish"))),
+}
+# One Elementwise case per unary epilogue step, and per binary step (plain and swapped).
+for _op in sorted(UNARY_EPILOGUE_OPS):
+    _attrs = {"clip": (("max", 0.5), ("min", -0.25)), "leaky_relu": (("alpha", 0.1),),
+              "hard_sigmoid": (("alpha", 0.25), ("beta", 0.4))}.get(_op, ())
+    CASES[f"step_{_op}"] = Workload("Elementwise", (S((3, 17)),), (S((3, 17)),), domain="wpk",
+                                    epilogue=(E(_op, _attrs),))
+for _op in ("add", "sub", "mul", "div", "pow", "max", "min"):
+    for _swap in (False, True):
+        CASES[f"step_{_op}{'_swap' if _swap else ''}"] = Workload(
+            "Elementwise", (S((3, 17)), S((17,))), (S((3, 17)),), domain="wpk",
+            epilogue=(E("abs"), E(_op, operand=1, swap=_swap)) if _op == "pow" and not _swap
+            else (E(_op, operand=1, swap=_swap),))
+
+
+def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
+
+
+def run_poisoned(candidate, workload, inputs):
+    consts = {i: inputs[i] for i in workload.const_inputs}
+    kernel = candidate.implementation.prepare(workload, consts, candidate.config)
+    outputs = [np.full(s.shape, np.nan, s.dtype) if np.dtype(s.dtype).kind == "f"
+               else np.full(s.shape, -7, s.dtype) for s in workload.outputs]
+    assert kernel(inputs, outputs) is None
+    return kernel, outputs
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_candidate_matches_reference(name, rng):
+    workload = CASES[name]
+    assert is_supported(workload), name
+    candidates = registry.candidates(workload)
+    kinds = {c.implementation.kind for c in candidates}
+    assert registry.LIBRARY in kinds, f"{name}: no library kernel for a supported op"
+    inputs = random_inputs(workload, rng)
+    expected = reference(workload, inputs)[0]
+    assert np.isfinite(expected).all()
+    for candidate in candidates:
+        kernel, outputs = run_poisoned(candidate, workload, inputs)
+        error = rel_l2(outputs[0], expected)
+        assert error < 1e-5, f"{name} {candidate.label}: rel L2 {error:.3g}"
+        # A second call on fresh inputs and fresh buffers: nothing stale is reused.
+        fresh = random_inputs(workload, rng)
+        for i in workload.const_inputs:
+            fresh[i] = inputs[i]
+        again = [np.full(s.shape, np.nan, s.dtype) for s in workload.outputs]
+        kernel(fresh, again)
+        error = rel_l2(again[0], reference(workload, fresh)[0])
+        assert error < 1e-5, f"{name} {candidate.label} second call: rel L2 {error:.3g}"
+
+
+def test_ort_vendor_kernel_is_offered_for_supported_ops():
+    labels = {c.label for c in registry.candidates(CASES["conv3x3_residual_relu"])}
+    assert "ort" in labels and "ort.fallback" not in labels
+    assert ort_node.kind_for(CASES["conv3x3_residual_relu"]) == registry.VENDOR
+
+
+def test_ort_rejects_what_it_cannot_run():
+    # onnxruntime refuses dilation with SAME padding; wpk's own kernel still runs it.
+    reason = registry.get("ort").unsupported_reason(CASES["conv_same_upper_dilation2"])
+    assert reason and "Dilation" in reason
+
+
+@pytest.mark.parametrize("workload", [
+    Workload("Hardmax", (S((3, 6)),), (S((3, 6)),), attrs=(("axis", -1),)),
+    Workload("TopK", (S((3, 9)), S((1,), "int64")), (S((3, 4)), S((3, 4), "int64")),
+             attrs=(("axis", 1),), const_inputs=(1,), static_inputs=((1, np.array([4])),)),
+    Workload("CumSum", (S((4, 5)), S((), "int64")), (S((4, 5)),), const_inputs=(1,),
+             static_inputs=((1, np.array(1)),), epilogue=(E("relu"),)),
+], ids=["Hardmax", "TopK", "CumSum+relu"])
+def test_fallback_runs_unsupported_ops_and_says_so(workload, rng):
+    assert workload.op not in SUPPORTED_OPS and not is_supported(workload)
+    candidates = registry.candidates(workload)
+    assert [c.label for c in candidates] == ["ort.fallback"]
+    assert candidates[0].implementation.kind == registry.FALLBACK
+    assert ort_node.kind_for(workload) == registry.FALLBACK
+    inputs = random_inputs(workload, rng)
+    expected = reference(workload, inputs)
+    _, outputs = run_poisoned(candidates[0], workload, inputs)
+    for out, ref in zip(outputs, expected):
+        if out.dtype.kind == "f":
+            assert rel_l2(out, ref) < 1e-5
+        else:
+            np.testing.assert_array_equal(out, ref)
+
+
+def test_ort_binding_handles_non_contiguous_inputs(rng):
+    workload = Workload("Relu", (S((64, 64)),), (S((64, 64)),))
+    kernel = registry.get("ort").prepare(workload, {}, {})
+    x = rng.standard_normal((64, 64)).astype(np.float32).T
+    out = np.full((64, 64), np.nan, np.float32)
+    kernel([x], [out])
+    np.testing.assert_array_equal(out, np.maximum(x, 0))
+
+
+def test_conv_strategies_are_configs(rng):
+    workload = CASES["conv_depthwise_stride2_asym"]
+    configs = registry.get("numpy.conv").configs(workload)
+    assert {"strategy": "depthwise"} in configs and {"strategy": "im2col"} in configs
+
+
+def test_thread_count_is_configurable():
+    assert ort_node.cpu_threads() >= 1
+    ort_node.set_cpu_threads(1)
+    try:
+        assert ort_node.cpu_threads() == 1
+        assert ort_node.session_options().intra_op_num_threads == 1
+    finally:
+        ort_node.set_cpu_threads(None)
+    with pytest.raises(WpkError):
+        ort_node.set_cpu_threads(0)
+
+
+def test_unknown_op_is_refused_with_a_reason():
+    workload = Workload("NoSuchOp", (S((2,)),), (S((2,)),))
+    assert registry.candidates(workload) == []
+    reason = registry.get("ort.fallback").unsupported_reason(workload)
+    assert "NoSuchOp" in reason
