@@ -105,16 +105,19 @@ def _node_name(node: Any) -> str:
 
 def _unsupported_nodes(groups: dict[str, list[NodeWorkloadLike]], target: str,
                        providers: Sequence[CandidateProvider]) -> list[str]:
+    """'name (op: why)' for every node whose workload wpk does not implement itself."""
     try:
-        from wpk.kernels.support import is_supported
-    except ImportError:  # before the support table exists: a non-fallback candidate
-        def is_supported(workload):
-            return any(c.implementation.kind != FALLBACK
-                       for p in providers for c in p(workload, target))
+        from wpk.kernels.support import unsupported_reason
+    except ImportError:  # without the support table: a non-fallback candidate is support
+        def unsupported_reason(workload):
+            native = any(c.implementation.kind != FALLBACK
+                         for p in providers for c in p(workload, target))
+            return None if native else "only a fallback implements it"
     missing = []
     for items in groups.values():
-        if not is_supported(items[0].workload):
-            missing += [f"{_node_name(i.node)} ({i.workload.op})" for i in items]
+        reason = unsupported_reason(items[0].workload)
+        if reason is not None:
+            missing += [f"{_node_name(i.node)} ({i.workload.op}: {reason})" for i in items]
     return missing
 
 
