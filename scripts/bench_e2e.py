@@ -1,0 +1,238 @@
+#!/usr/bin/env python
+"""End-to-end benchmark: wpk plans against onnxruntime on whole models (CPU).
+
+For each model: build the wpk plan once (timed), load it, check its outputs
+against onnxruntime, then time both engines alternately (A B A B ...) after a
+warm-up and report medians, spread (p25..p75) and the ratio wpk/ort.
+onnxruntime runs with ORT_ENABLE_ALL and intra-op threads = cores.
+
+    python scripts/bench_e2e.py                              # default models
+    python scripts/bench_e2e.py --models light_vgg19,mobilenet_v2_like --rounds 30
+    python scripts/bench_e2e.py --breakdown                  # + time of every plan step
+
+Writes benchmarks/results/e2e-<date>-<host>.json (machine, versions, all
+timings) and prints a markdown table. Models: `light_<arch>` from the onnx
+wheel (weights made random, see tests/models.py) and the hand-built
+mobilenet_v2_like, efficientnet_like, transformer_encoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import onnx  # noqa: E402
+import onnxruntime  # noqa: E402
+
+import wpk  # noqa: E402
+from tests import models  # noqa: E402
+
+DEFAULT_MODELS = ("light_resnet50", "light_squeezenet", "transformer_encoder")
+
+
+def machine_description() -> dict:
+    """CPU model, cores, ISA flags and the versions of everything measured."""
+    from wpk.plans.planfile import cpu_fingerprint
+
+    cpu_model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu_model = next((line.split(":", 1)[1].strip() for line in handle
+                              if line.startswith("model name")), cpu_model)
+    except OSError:
+        pass
+    fingerprint = cpu_fingerprint()
+    return {"host": socket.gethostname(), "cpu_model": cpu_model, "cores": os.cpu_count(),
+            "machine": fingerprint.get("machine"), "isa": fingerprint.get("isa"),
+            "os": platform.platform(), "python": platform.python_version(),
+            "versions": {"wpk": wpk.__version__, "onnxruntime": onnxruntime.__version__,
+                         "onnx": onnx.__version__, "numpy": np.__version__}}
+
+
+def ort_session(model: onnx.ModelProto, threads: int) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                        providers=["CPUExecutionProvider"])
+
+
+def summarize(times: list[float]) -> dict:
+    """Median, quartiles, min and max in milliseconds."""
+    ms = sorted(t * 1e3 for t in times)
+    q1, _, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0], ms[0], ms[0])
+    return {"median_ms": statistics.median(ms), "p25_ms": q1, "p75_ms": q3,
+            "min_ms": ms[0], "max_ms": ms[-1], "runs": len(ms)}
+
+
+def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:
+    expected64 = np.asarray(expected, np.float64)
+    norm = np.linalg.norm(expected64)
+    diff = np.linalg.norm(np.asarray(actual, np.float64) - expected64)
+    return float(diff / norm) if norm > 0 else float(diff)
+
+
+def step_breakdown(session, feeds: dict, repeats: int) -> list[dict]:
+    """Median time of every plan step, each called on its own (buffers hold real data)."""
+    session.run(feeds)  # fill every buffer with this input's intermediate values
+    calls = getattr(session, "_calls", None)
+    if calls is None:
+        raise SystemExit("this wpk runtime does not expose its steps; --breakdown unavailable")
+    rows = []
+    for step, (kernel, inputs, outputs) in zip(session.plan.steps, calls):
+        kernel(inputs, outputs)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            kernel(inputs, outputs)
+            times.append(time.perf_counter() - start)
+        rows.append({"node": step.node, "op": step.op, "impl": step.impl, "kind": step.kind,
+                     "median_ms": statistics.median(times) * 1e3})
+    return rows
+
+
+def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options: dict,
+                breakdown: bool, workdir: str) -> dict:
+    model = models.load_model(name)
+    feeds = models.random_inputs(model, seed=0)
+    started = time.perf_counter()
+    plan = wpk.build(model, target="cpu", **build_options)
+    build_s = time.perf_counter() - started
+    path = os.path.join(workdir, f"{name}.wpk")
+    plan.save(path)
+    session = wpk.load(path)
+    ort = ort_session(model, threads)
+    names = [o.name for o in ort.get_outputs()]
+
+    ours = session.run(feeds)
+    theirs = dict(zip(names, ort.run(names, feeds)))
+    error = max(relative_l2(ours[n], theirs[n]) for n in names)
+
+    for _ in range(warmup):
+        session.run(feeds)
+        ort.run(names, feeds)
+    wpk_times, ort_times = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        session.run(feeds)
+        wpk_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        ort.run(names, feeds)
+        ort_times.append(time.perf_counter() - start)
+
+    steps = session.plan.steps
+    result = {"model": name, "build_s": build_s, "steps": len(steps),
+              "fallback_steps": sum(1 for s in steps if s.kind == "fallback"),
+              "impl_kinds": _count(s.kind for s in steps),
+              "relative_l2_vs_ort": error,
+              "wpk": summarize(wpk_times), "onnxruntime": summarize(ort_times)}
+    result["ratio_wpk_over_ort"] = result["wpk"]["median_ms"] / result["onnxruntime"]["median_ms"]
+    if breakdown:
+        result["breakdown"] = step_breakdown(session, feeds, repeats=max(5, rounds // 2))
+    return result
+
+
+def _count(values) -> dict:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def markdown_table(results: list[dict], threads: int) -> str:
+    lines = [f"| model | wpk build (s) | wpk median ms (p25-p75) | onnxruntime median ms "
+             f"(p25-p75), {threads} threads | wpk/ort | fallback steps | rel. L2 vs ort |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        w, o = r["wpk"], r["onnxruntime"]
+        lines.append(f"| {r['model']} | {r['build_s']:.1f} | {w['median_ms']:.2f} "
+                     f"({w['p25_ms']:.2f}-{w['p75_ms']:.2f}) | {o['median_ms']:.2f} "
+                     f"({o['p25_ms']:.2f}-{o['p75_ms']:.2f}) | {r['ratio_wpk_over_ort']:.2f} "
+                     f"| {r['fallback_steps']}/{r['steps']} | {r['relative_l2_vs_ort']:.1e} |")
+    return "\n".join(lines)
+
+
+def breakdown_text(result: dict, top: int) -> str:
+    rows = result["breakdown"]
+    total = sum(r["median_ms"] for r in rows) or 1.0
+    by_op: dict[str, list[float]] = {}
+    for r in rows:
+        by_op.setdefault(f"{r['op']} [{r['kind']}]", []).append(r["median_ms"])
+    lines = [f"\n### {result['model']}: where the time goes (sum of steps {total:.2f} ms, "
+             f"end to end {result['wpk']['median_ms']:.2f} ms)", "",
+             "| op [kind] | steps | total ms | share |", "| --- | ---: | ---: | ---: |"]
+    for op, times in sorted(by_op.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        lines.append(f"| {op} | {len(times)} | {sum(times):.3f} | {sum(times) / total:.1%} |")
+    lines += ["", "| step | op | implementation | ms |", "| --- | --- | --- | ---: |"]
+    for r in sorted(rows, key=lambda r: -r["median_ms"])[:top]:
+        lines.append(f"| {r['node']} | {r['op']} | {r['impl']} | {r['median_ms']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated; known: {', '.join(models.ALL_MODELS)}")
+    parser.add_argument("--rounds", type=int, default=20, help="timed A/B rounds per model")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="onnxruntime intra-op threads (default: cores)")
+    parser.add_argument("--search", default="none", help="wpk build --search (default none)")
+    parser.add_argument("--breakdown", action="store_true", help="time every plan step")
+    parser.add_argument("--top", type=int, default=12, help="rows in the breakdown tables")
+    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--no-save", action="store_true", help="print only, write no JSON")
+    args = parser.parse_args(argv)
+
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in models.ALL_MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; "
+                     f"known: {', '.join(models.ALL_MODELS)}")
+    build_options = {"search": args.search}
+    results = []
+    with tempfile.TemporaryDirectory(prefix="wpk-bench-") as workdir:
+        for name in names:
+            print(f"{name}: building and timing ...", file=sys.stderr, flush=True)
+            results.append(bench_model(name, args.rounds, args.warmup, args.threads,
+                                       build_options, args.breakdown, workdir))
+
+    report = {"benchmark": "e2e", "date": datetime.datetime.now(datetime.UTC).isoformat(),
+              "method": f"{args.warmup} warm-up rounds, then {args.rounds} rounds alternating "
+                        "wpk and onnxruntime in one process; medians and quartiles",
+              "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
+              "threads": args.threads, "build_options": build_options,
+              "machine": machine_description(), "results": results}
+    print(markdown_table(results, args.threads))
+    if args.breakdown:
+        for result in results:
+            print(breakdown_text(result, args.top))
+    if not args.no_save:
+        out_dir = Path(args.results_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        day = datetime.date.today().isoformat()
+        path = out_dir / f"e2e-{day}-{report['machine']['host']}.json"
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
