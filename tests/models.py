@@ -228,15 +228,145 @@ def light_model_path(name: str) -> Path:
     return LIGHT_DIR / f"{stem}.onnx"
 
 
-def load_model(name: str) -> onnx.ModelProto:
-    """A model by name: `light_<arch>` from the onnx wheel or one of `BUILDERS`."""
+def load_model(name: str, random_weights: bool = True) -> onnx.ModelProto:
+    """A model by name: `light_<arch>` from the onnx wheel or one of `BUILDERS`.
+
+    The `light` models generate every weight as `ConstantOfShape(0.02)`, so all
+    channels are equal and the softmax output is uniform whatever the input;
+    with `random_weights` (default) those weights become seeded random
+    initializers (see `randomize_light_weights`), which makes outputs depend on
+    every channel. `random_weights=False` gives the file as shipped.
+    """
     if name in BUILDERS:
         return BUILDERS[name]()
     path = light_model_path(name)
     if not path.exists():
         known = ", ".join(ALL_MODELS)
         raise ValueError(f"unknown model {name!r}; known: {known}")
-    return onnx.load(str(path))
+    model = onnx.load(str(path))
+    return randomize_light_weights(model) if random_weights else model
+
+
+def _random_weight(rng: np.random.Generator, shape: tuple[int, ...],
+                   uses: list[tuple[onnx.NodeProto, int]]) -> np.ndarray:
+    """A plausible value for a weight, by how it is used (BN variance > 0, He-scaled kernels)."""
+    node, index = uses[0] if uses else (None, -1)
+    op = node.op_type if node is not None else ""
+    if op == "BatchNormalization":
+        if index in (1, 4):      # scale, variance
+            return rng.uniform(0.5, 1.5, shape).astype(np.float32)
+        return rng.uniform(-0.1, 0.1, shape).astype(np.float32)
+    if op in ("Conv", "Gemm", "MatMul") and index == 1 and len(shape) >= 2:
+        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+        fan_in = shape[0] if op == "MatMul" or (op == "Gemm" and not trans_b) \
+            else int(np.prod(shape[1:]))
+        return rng.standard_normal(shape, np.float32) * np.float32(math.sqrt(2.0 / fan_in))
+    return rng.uniform(-0.1, 0.1, shape).astype(np.float32)
+
+
+# Scale of the layer feeding a Softmax, so that random logits (std ~1) do not saturate it.
+CLASSIFIER_GAIN = 0.2
+
+
+def _classifier_weights(graph: onnx.GraphProto) -> set[str]:
+    """Weight names of the Conv/Gemm layers whose output (reshaped) feeds a Softmax."""
+    producers = {out: node for node in graph.node for out in node.output}
+    found = set()
+    for node in graph.node:
+        if node.op_type != "Softmax":
+            continue
+        source = producers.get(node.input[0])
+        while source is not None and source.op_type in ("Reshape", "Flatten", "Dropout",
+                                                        "Identity", "Squeeze"):
+            source = producers.get(source.input[0])
+        if source is not None and source.op_type in ("Conv", "Gemm", "MatMul"):
+            weight = source.input[1]
+            while weight in producers and producers[weight].op_type in ("Reshape", "Transpose"):
+                weight = producers[weight].input[0]
+            found.add(weight)
+    return found
+
+
+def randomize_light_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
+    """Replace every `ConstantOfShape` of a constant shape with a seeded random initializer."""
+    rng = np.random.default_rng(seed)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    uses: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            uses.setdefault(name, []).append((node, index))
+    classifier_weights = _classifier_weights(graph)
+    kept, new_weights, used_shapes = [], [], set()
+    for node in graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in constants:
+            shape = tuple(int(d) for d in constants[node.input[0]])
+            value = _random_weight(rng, shape, uses.get(node.output[0], []))
+            if node.output[0] in classifier_weights:
+                value *= CLASSIFIER_GAIN
+            new_weights.append(numpy_helper.from_array(value, node.output[0]))
+            used_shapes.add(node.input[0])
+        else:
+            kept.append(node)
+    still_used = {name for node in kept for name in node.input}
+    dropped = used_shapes - still_used
+    del graph.node[:]
+    graph.node.extend(kept)
+    remaining = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(remaining + new_weights)
+    inputs = [i for i in graph.input if i.name not in dropped]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    if out.ir_version < 4:  # initializers must also be graph inputs before IR 4
+        graph.input.extend(helper.make_tensor_value_info(
+            t.name, t.data_type, list(t.dims)) for t in new_weights)
+    return calibrate_batch_norms(out, seed=seed + 1000)
+
+
+def calibrate_batch_norms(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """Set each BatchNormalization's mean/variance to the statistics of its input.
+
+    Random weights make activations drift layer after layer, unless the
+    normalizations really normalize (as after training). With batch 1, a
+    BatchNormalization whose statistics equal those of its input is an
+    InstanceNormalization; so one onnxruntime run of the model with every
+    BatchNormalization replaced by InstanceNormalization, on a seeded random
+    input, yields the statistics every BatchNormalization sees once calibrated.
+    """
+    import onnxruntime
+
+    bns = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
+    if not bns:
+        return model
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for node in probe.graph.node:
+        if node.op_type == "BatchNormalization":
+            eps = [a for a in node.attribute if a.name == "epsilon"]
+            x, scale, bias = node.input[:3]
+            node.CopyFrom(helper.make_node("InstanceNormalization", [x, scale, bias],
+                                           [node.output[0]], name=node.name))
+            node.attribute.extend(eps)
+    del probe.graph.output[:]
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(n.input[0]) for n in bns)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(probe.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    stats = session.run(None, random_inputs(model, seed))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    weights = {t.name: t for t in out.graph.initializer}
+    for node, value in zip(bns, stats):
+        axes = (0,) + tuple(range(2, value.ndim))
+        mean, var = value.mean(axis=axes), value.var(axis=axes)
+        for name, array in ((node.input[3], mean), (node.input[4], var)):
+            if name in weights:
+                weights[name].CopyFrom(numpy_helper.from_array(array.astype(np.float32), name))
+    return out
 
 
 def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

@@ -70,8 +70,11 @@ def node_cases() -> list[OnnxCase]:
 
 
 def _to_array(value):
+    """TensorProtos and numpy scalars (0-d tensors in the node cases) as arrays."""
     if isinstance(value, onnx.TensorProto):
         return numpy_helper.to_array(value)
+    if isinstance(value, np.generic):
+        return np.asarray(value)
     return value
 
 
