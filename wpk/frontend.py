@@ -1,0 +1,353 @@
+"""ONNX frontend: read a model, fix its input shapes, validate it and build a `Graph`.
+
+    graph = load_model("model.onnx", input_shapes={"data": (1, 3, 224, 224)})
+
+Steps: parse (path, bytes or ModelProto) -> fix symbolic input dims from
+`input_shapes` -> `onnx.checker.check_model(full_check=True)` ->
+`onnx.shape_inference.infer_shapes(strict_mode=True, data_prop=True)` ->
+`Graph`. Initializers, `Constant` nodes and `ConstantOfShape` of a constant
+shape become `graph.constants`; every tensor gets a static shape and dtype,
+by evaluating the model on zero inputs where shape inference leaves one open.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import helper, numpy_helper
+
+from wpk.errors import ModelError, ShapeError, UnsupportedError
+from wpk.graph import Graph, Node, TensorInfo
+
+MIN_OPSET = 7
+SHAPE_HINT = "give the input shape, e.g. --input-shape NAME=1x3x224x224"
+
+
+def load_model(model: str | os.PathLike | bytes | onnx.ModelProto,
+               input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Graph:
+    """Read an ONNX model (path, bytes or ModelProto) into a validated `Graph` with static shapes.
+
+    `input_shapes` maps graph input names to full shapes; it is required for
+    inputs with symbolic or unknown dims and must agree with fixed dims.
+    Raises `ModelError` (unreadable, invalid) or `ShapeError` (shapes).
+    """
+    proto, source = _read(model)
+    _check_opset(proto, source)
+    proto = _fix_input_shapes(proto, source, dict(input_shapes or {}))
+    _check(proto, source)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several types here
+        raise ModelError(f"shape inference failed for '{source}': {_first_line(exc)}",
+                         hint="check the model with onnx.checker and the input shapes") from exc
+    return _build_graph(inferred, source)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _read(model: Any) -> tuple[onnx.ModelProto, str]:
+    if isinstance(model, onnx.ModelProto):
+        return model, "<ModelProto>"
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        try:
+            return onnx.load_model_from_string(bytes(model)), "<bytes>"
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            raise ModelError(f"cannot parse '<bytes>' as an ONNX model: {_first_line(exc)}",
+                             hint="pass the bytes of a complete .onnx file") from exc
+    if not isinstance(model, (str, os.PathLike)):
+        raise ModelError(f"cannot read a model from a {type(model).__name__}",
+                         hint="pass a path, the bytes of an .onnx file or an onnx.ModelProto")
+    path = os.fspath(model)
+    if not os.path.isfile(path):
+        raise ModelError(f"model file '{path}' not found",
+                         hint="check the path (and that it is a file, not a folder)")
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as exc:
+        raise ModelError(f"cannot parse '{path}' as an ONNX model: {_first_line(exc)}",
+                         hint="the file is truncated or not an ONNX model; export it again"
+                         ) from exc
+    _load_external(proto, path)
+    return proto, path
+
+
+def _load_external(proto: onnx.ModelProto, path: str) -> None:
+    base = os.path.dirname(os.path.abspath(path))
+    for tensor in onnx.external_data_helper._get_all_tensors(proto):
+        if not onnx.external_data_helper.uses_external_data(tensor):
+            continue
+        location = {e.key: e.value for e in tensor.external_data}.get("location", "")
+        if not os.path.isfile(os.path.join(base, location)):
+            raise ModelError(
+                f"external data '{location}' of tensor '{tensor.name}' in '{path}' not found",
+                hint=f"put '{location}' next to the model file ({base})")
+    try:
+        onnx.load_external_data_for_model(proto, base)
+    except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+        raise ModelError(f"cannot load external data of '{path}': {_first_line(exc)}",
+                         hint="check the external data files next to the model") from exc
+
+
+def _check_opset(proto: onnx.ModelProto, source: str) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx") and not MIN_OPSET <= entry.version <= newest:
+            raise UnsupportedError(
+                f"'{source}' uses ONNX opset {entry.version}; wpk supports {MIN_OPSET}..{newest}",
+                hint="convert it with onnx.version_converter.convert_version(model, 17)")
+
+
+def _initializer_names(graph: onnx.GraphProto) -> set[str]:
+    return {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+
+
+def _fix_input_shapes(proto: onnx.ModelProto, source: str,
+                      input_shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    constants = _initializer_names(proto.graph)
+    real_inputs = [i for i in proto.graph.input if i.name not in constants]
+    names = [i.name for i in real_inputs]
+    for name in input_shapes:
+        if name not in names:
+            raise ShapeError(f"--input-shape names '{name}', which is not an input of '{source}'",
+                             hint=f"the inputs are: {', '.join(names) or '(none)'}")
+    proto = _copy(proto)
+    for value in proto.graph.input:
+        if value.name not in names:
+            continue
+        ttype = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            raise UnsupportedError(f"input '{value.name}' of '{source}' is not a tensor",
+                                   hint="wpk supports tensor inputs only")
+        dims = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                 for d in ttype.shape.dim] if ttype.HasField("shape") else None)
+        given = input_shapes.get(value.name)
+        shown = "unknown rank" if dims is None else "[" + ", ".join(map(str, dims)) + "]"
+        if given is None:
+            if dims is None or any(not isinstance(d, int) or d <= 0 for d in dims):
+                raise ShapeError(f"input '{value.name}' of '{source}' has dims {shown}, "
+                                 "which are not all fixed",
+                                 hint=f"give the input shape, e.g. --input-shape "
+                                      f"{value.name}=1x3x224x224")
+            continue
+        given = tuple(int(d) for d in given)
+        if any(d <= 0 for d in given):
+            raise ShapeError(f"--input-shape {value.name}={'x'.join(map(str, given))} "
+                             "has a dim that is not positive", hint=SHAPE_HINT)
+        if dims is not None:
+            if len(dims) != len(given):
+                raise ShapeError(f"input '{value.name}' of '{source}' has rank {len(dims)} "
+                                 f"({shown}) but the given shape {given} has rank {len(given)}",
+                                 hint=f"give {len(dims)} dims for '{value.name}'")
+            for axis, (have, want) in enumerate(zip(dims, given)):
+                if isinstance(have, int) and have > 0 and have != want:
+                    raise ShapeError(f"input '{value.name}' of '{source}' has dim {have} at "
+                                     f"axis {axis} ({shown}) but the given shape says {want}",
+                                     hint="fixed dims of the model cannot be changed")
+        ttype.ClearField("shape")
+        for d in given:
+            ttype.shape.dim.add().dim_value = d
+    return proto
+
+
+def _copy(proto: onnx.ModelProto) -> onnx.ModelProto:
+    clone = onnx.ModelProto()
+    clone.CopyFrom(proto)
+    return clone
+
+
+def _check(proto: onnx.ModelProto, source: str) -> None:
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except ValueError as exc:  # protobuf over 2 GiB: check without serializing
+        if "2GB" not in str(exc) and "2 GB" not in str(exc):
+            raise ModelError(f"'{source}' is not a valid ONNX model: {_first_line(exc)}",
+                             hint="fix the model (onnx.checker.check_model tells the details)"
+                             ) from exc
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        text = str(exc)
+        node = _node_in_message(proto, text)
+        where = f" at node '{node}'" if node else ""
+        raise ModelError(f"'{source}' fails the ONNX checker{where}: {_first_line(exc)}",
+                         hint="fix the model (onnx.checker.check_model tells the details)"
+                         ) from exc
+
+
+def _node_in_message(proto: onnx.ModelProto, text: str) -> str | None:
+    for index, node in enumerate(proto.graph.node):
+        label = node.name or f"{node.op_type}_{index}"
+        if node.name and (f"'{node.name}'" in text or f"node {node.name}" in text
+                          or f"name: {node.name}" in text):
+            return label
+    for index, node in enumerate(proto.graph.node):
+        if f"op_type:{node.op_type}" in text.replace(" ", "") or f"({node.op_type})" in text:
+            return node.name or f"{node.op_type}_{index}"
+    return None
+
+
+def _dtype_name(elem_type: int) -> str:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def _value_infos(proto: onnx.ModelProto) -> dict[str, TensorInfo | None]:
+    infos: dict[str, TensorInfo | None] = {}
+    graph = proto.graph
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        ttype = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or ttype.elem_type == 0:
+            continue
+        if not ttype.HasField("shape"):
+            infos.setdefault(value.name, None)
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim]
+        if any(d < 0 for d in dims):
+            infos.setdefault(value.name, None)
+        else:
+            infos[value.name] = TensorInfo(tuple(dims), _dtype_name(ttype.elem_type))
+    return infos
+
+
+def attribute_value(attr: onnx.AttributeProto) -> Any:
+    """An ONNX attribute as a Python value: ints, floats, str, tuples, numpy arrays, graphs."""
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, list):
+        items = [numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto)
+                 else v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v
+                 for v in value]
+        return tuple(items)
+    return value
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+    attr = node.attribute[0]
+    if attr.name == "sparse_value":
+        sparse = attr.sparse_tensor
+        dense = np.zeros(tuple(sparse.dims), dtype=helper.tensor_dtype_to_np_dtype(
+            sparse.values.data_type))
+        values = numpy_helper.to_array(sparse.values)
+        indices = numpy_helper.to_array(sparse.indices)
+        flat = dense.reshape(-1)
+        if indices.ndim == 2:
+            indices = np.ravel_multi_index(tuple(indices.T), dense.shape)
+        flat[indices] = values
+        return dense
+    value = attribute_value(attr)
+    if attr.name == "value_string":
+        return np.array(value, dtype=object)
+    if attr.name == "value_strings":
+        return np.array(list(value), dtype=object)
+    if attr.name in ("value_float", "value_floats"):
+        return np.array(value, dtype=np.float32)
+    if attr.name in ("value_int", "value_ints"):
+        return np.array(value, dtype=np.int64)
+    return np.asarray(value)
+
+
+def constant_of_shape(shape: np.ndarray, value: np.ndarray | None) -> np.ndarray:
+    """`ConstantOfShape` as a read-only broadcast view (no memory for the repeated value)."""
+    fill = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)[:1]
+    return np.broadcast_to(fill.reshape(()), tuple(int(d) for d in shape))
+
+
+def _node_names(proto: onnx.ModelProto) -> list[str]:
+    taken = {n.name for n in proto.graph.node if n.name}
+    names, used = [], set()
+    for index, node in enumerate(proto.graph.node):
+        name = node.name
+        if not name or name in used:
+            base = node.name or f"{node.op_type}_{index}"
+            name, k = base, 0
+            while name in used or (name in taken and name != node.name):
+                k += 1
+                name = f"{base}_{k}"
+        used.add(name)
+        names.append(name)
+    return names
+
+
+def _build_graph(proto: onnx.ModelProto, source: str) -> Graph:
+    gp = proto.graph
+    constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in gp.initializer}
+    for sparse in gp.sparse_initializer:
+        node = helper.make_node("Constant", [], [sparse.values.name], sparse_value=sparse)
+        constants[sparse.values.name] = _constant_value(node)
+    infos = _value_infos(proto)
+    nodes: list[Node] = []
+    for node, name in zip(gp.node, _node_names(proto)):
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            constants[node.output[0]] = _constant_value(node)
+            continue
+        if (node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx")
+                and node.input[0] in constants):
+            value = next((numpy_helper.to_array(a.t) for a in node.attribute
+                          if a.name == "value"), None)
+            constants[node.output[0]] = constant_of_shape(constants[node.input[0]], value)
+            continue
+        attrs = {a.name: attribute_value(a) for a in node.attribute}
+        nodes.append(Node(node.op_type, list(node.input), list(node.output), name, attrs,
+                          "" if node.domain == "ai.onnx" else node.domain))
+    tensors: dict[str, TensorInfo] = {}
+    for name, array in constants.items():
+        tensors[name] = TensorInfo(tuple(array.shape), array.dtype.name)
+    unknown = []
+    for name in [*(i.name for i in gp.input), *(o for n in nodes for o in n.outputs)]:
+        if not name or name in tensors:
+            continue
+        info = infos.get(name)
+        if info is None:
+            unknown.append(name)
+        else:
+            tensors[name] = info
+    inputs = [i.name for i in gp.input if i.name not in constants]
+    opsets = {("" if e.domain == "ai.onnx" else e.domain): e.version for e in proto.opset_import}
+    graph = Graph(nodes=nodes, inputs=inputs, outputs=[o.name for o in gp.output],
+                  tensors=tensors, constants=constants, name=gp.name or "graph",
+                  opsets=opsets, source=source)
+    _fill_mask_shapes(graph, unknown)
+    if unknown:
+        _evaluate_shapes(proto, graph, unknown, source)
+    return graph
+
+
+def _fill_mask_shapes(graph: Graph, unknown: list[str]) -> None:
+    """Dropout's mask output (old opsets infer no shape for it) has the data's shape."""
+    for node in graph.nodes:
+        if node.op == "Dropout" and len(node.outputs) > 1 and node.outputs[1] in unknown:
+            data = graph.tensors.get(node.inputs[0])
+            if data is not None:
+                dtype = "bool" if graph.opset >= 10 else data.dtype
+                graph.tensors[node.outputs[1]] = TensorInfo(data.shape, dtype)
+                unknown.remove(node.outputs[1])
+
+
+def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
+                     source: str) -> None:
+    """Fill shapes that inference left open by running the model on zero inputs."""
+    from onnx.reference import ReferenceEvaluator
+
+    feeds = {name: np.zeros(graph.tensors[name].shape, graph.tensors[name].dtype)
+             for name in graph.inputs}
+    try:
+        results = ReferenceEvaluator(proto).run(None, feeds, intermediate=True)
+    except Exception as exc:  # noqa: BLE001 - any evaluation failure means no shapes
+        raise ShapeError(f"cannot determine the shapes of {', '.join(unknown[:5])} in "
+                         f"'{source}': shape inference left them open and evaluating the "
+                         f"model failed: {_first_line(exc)}", hint=SHAPE_HINT) from exc
+    for name in unknown:
+        value = results.get(name)
+        if value is None:
+            raise ShapeError(f"cannot determine the shape of tensor '{name}' in '{source}'",
+                             hint=SHAPE_HINT)
+        value = np.asarray(value)
+        graph.tensors[name] = TensorInfo(tuple(value.shape), value.dtype.name)

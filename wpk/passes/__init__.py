@@ -1,0 +1,107 @@
+"""Graph passes: simplify and fuse a `Graph` before its workloads are tuned.
+
+    graph, report = optimize(load_model("model.onnx"), target="cpu")
+
+`PIPELINE` is the ordered list of passes; an entry may be limited to some
+targets (`PipelineEntry(make, targets=frozenset({"cpu"}))`), so a
+target-specific pass is one more entry. Fusions are rules in
+`wpk.passes.fusion_rules`, applied by `wpk.passes.fusion.FusionPass`.
+
+Conventions of the optimized graph: fused Conv/Gemm/MatMul nodes carry an
+`epilogue` whose operands are extra inputs after the op's own (absent
+optional inputs padded with ''); chains of two or more elementwise ops become
+one node `Elementwise` (domain 'wpk') whose input 0 is the chain's first
+value; a single elementwise op stays the standard ONNX op, except activations
+that ONNX spells with several ops (SiLU, erf-GELU, HardSwish before opset 14),
+which become a one-step `Elementwise`. `to_onnx` expands all of it back into
+standard ONNX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from wpk.graph import Graph
+from wpk.passes.base import GraphPass
+from wpk.passes.constant_folding import ConstantFolding
+from wpk.passes.dead_nodes import DeadNodeElimination
+from wpk.passes.fusion import FusionPass
+from wpk.passes.fusion_rules import CHAIN_RULES, EPILOGUE_RULES, LINEAR_RULES, PATTERN_RULES
+from wpk.passes.noop_removal import NoOpRemoval
+from wpk.passes.sum_to_add import SumToAdd
+from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
+
+__all__ = ["ELEMENTWISE_OP", "PIPELINE", "WPK_DOMAIN", "PassReport", "PipelineEntry",
+           "optimize", "passes_for", "to_onnx"]
+
+
+@dataclass(frozen=True)
+class PipelineEntry:
+    """One pass of the pipeline: a factory for it and the targets it runs for (None: all)."""
+
+    make: Callable[[], GraphPass]
+    targets: frozenset[str] | None = None
+
+    def applies_to(self, target: str) -> bool:
+        return self.targets is None or target in self.targets
+
+
+PIPELINE: list[PipelineEntry] = [
+    PipelineEntry(ConstantFolding),
+    PipelineEntry(DeadNodeElimination),
+    PipelineEntry(SumToAdd),
+    PipelineEntry(NoOpRemoval),
+    PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
+    PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
+    PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
+    PipelineEntry(lambda: FusionPass("epilogue_fusion", EPILOGUE_RULES)),
+    PipelineEntry(DeadNodeElimination),
+    # target-specific passes go last, e.g.
+    # PipelineEntry(NchwcLayout, targets=frozenset({"cpu"})),
+]
+
+
+@dataclass
+class PassReport:
+    """What the passes did: op counts before/after and hit counts per pass and per rule."""
+
+    target: str
+    ops_before: dict[str, int]
+    ops_after: dict[str, int] = field(default_factory=dict)
+    passes: dict[str, int] = field(default_factory=dict)
+    rules: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def nodes_before(self) -> int:
+        return sum(self.ops_before.values())
+
+    @property
+    def nodes_after(self) -> int:
+        return sum(self.ops_after.values())
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "ops_before": self.ops_before,
+                "ops_after": self.ops_after, "passes": self.passes, "rules": self.rules,
+                "nodes_before": self.nodes_before, "nodes_after": self.nodes_after}
+
+
+def passes_for(target: str) -> list[GraphPass]:
+    """Fresh instances of the pipeline's passes that run for `target`."""
+    return [entry.make() for entry in PIPELINE if entry.applies_to(target)]
+
+
+def optimize(graph: Graph, target: str = "cpu") -> tuple[Graph, PassReport]:
+    """Run the pass pipeline for `target` on a copy of `graph`; returns it and a report."""
+    report = PassReport(target=target, ops_before=graph.op_counts())
+    graph = graph.copy()
+    for graph_pass in passes_for(target):
+        graph = graph_pass.run(graph)
+        report.passes[graph_pass.name] = report.passes.get(graph_pass.name, 0) + sum(
+            graph_pass.hits.values())
+        if isinstance(graph_pass, FusionPass):
+            for rule in graph_pass.rules:
+                report.rules[rule.name] = report.rules.get(rule.name, 0) + \
+                    graph_pass.hits.get(rule.name, 0)
+    report.ops_after = graph.op_counts()
+    return graph, report

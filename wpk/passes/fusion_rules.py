@@ -1,0 +1,386 @@
+"""The fusion rule tables: one declarative rule per fusion.
+
+`LINEAR_RULES` fold what is linear into Conv/Gemm weights (BatchNormalization,
+per-channel bias and scale, MatMul + bias -> Gemm). `PATTERN_RULES` recognise
+activations that exporters spell with several ops (x*sigmoid(x), the erf form
+of GELU, x*hard_sigmoid(x)). `CHAIN_RULES` merge chains of elementwise ops
+into one `Elementwise` node. `EPILOGUE_RULES` fuse what follows a
+Conv/Gemm/MatMul (activation, one residual Add, constant-operand steps) into
+its epilogue. See `wpk.passes.fusion.FusionRule` for the rule shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from wpk.graph import Node
+from wpk.kernels.workload import EpilogueStep
+from wpk.passes.base import FLOAT_DTYPES, add_constant
+from wpk.passes.elementwise import (
+    Chain,
+    attach,
+    chain_of,
+    chain_start,
+    make_elementwise,
+    operand_names,
+    unary_step,
+)
+from wpk.passes.fusion import FusionContext, FusionRule
+from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN
+
+LINEAR_OPS = frozenset({"Conv", "Gemm", "MatMul"})
+
+
+# ---------------------------------------------------------------- helpers
+
+def _plain(node: Node) -> bool:
+    return node.domain in ("", "ai.onnx") and not node.epilogue
+
+
+def _other_input(node: Node, name: str) -> str | None:
+    if len(node.inputs) != 2 or node.inputs.count(name) != 1:
+        return None
+    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+
+def _per_channel(value: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """`value` as a vector along `axis` of `out_shape` if it broadcasts only along it."""
+    if value.ndim > len(out_shape):
+        return None
+    shape = (1,) * (len(out_shape) - value.ndim) + tuple(value.shape)
+    if any(d != 1 for k, d in enumerate(shape) if k != axis):
+        return None
+    if shape[axis] not in (1, out_shape[axis]):
+        return None
+    return np.broadcast_to(value.reshape(-1), (out_shape[axis],)).astype(np.float64)
+
+
+def _new_const(ctx: FusionContext, node: Node, tag: str, value: np.ndarray, dtype) -> str:
+    return add_constant(ctx.graph, f"{node.name}_{tag}", np.ascontiguousarray(value.astype(dtype)))
+
+
+def _consumer(ctx: FusionContext, node: Node, ops: frozenset[str]) -> Node | None:
+    consumer = ctx.single_consumer(node)
+    if consumer is None or consumer.op not in ops or consumer.domain not in ("", "ai.onnx"):
+        return None
+    return consumer
+
+
+# ---------------------------------------------------------------- BatchNormalization
+
+def _bn_params(ctx: FusionContext, bn: Node, channels: int):
+    if bn.attr("training_mode", 0) or bn.attr("spatial", 1) != 1:
+        return None
+    if any(o for o in bn.outputs[1:]) and any(o in ctx.users for o in bn.outputs[1:] if o):
+        return None
+    values = [ctx.const(name) for name in bn.inputs[1:5]]
+    if len(values) != 4 or any(v is None or v.shape != (channels,) for v in values):
+        return None
+    scale, bias, mean, var = (v.astype(np.float64) for v in values)
+    factor = scale / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
+    return factor, bias - mean * factor
+
+
+def _match_bn_conv(ctx: FusionContext, conv: Node):
+    bn = _consumer(ctx, conv, frozenset({"BatchNormalization"}))
+    weight = ctx.const(conv.inputs[1])
+    if bn is None or not _plain(conv) or weight is None or bn.inputs[0] != conv.outputs[0]:
+        return None
+    if len(conv.inputs) > 2 and conv.inputs[2] and ctx.const(conv.inputs[2]) is None:
+        return None
+    params = _bn_params(ctx, bn, weight.shape[0])
+    return None if params is None else (bn, weight, params)
+
+
+def _rewrite_bn_conv(ctx: FusionContext, conv: Node, found) -> None:
+    bn, weight, (factor, shift) = found
+    bias = ctx.const(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
+    new_w = weight.astype(np.float64) * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
+    new_b = np.asarray(bias, np.float64) * factor + shift
+    conv.inputs = [conv.inputs[0], _new_const(ctx, conv, "W", new_w, weight.dtype),
+                   _new_const(ctx, conv, "B", new_b, weight.dtype)]
+    ctx.absorb(conv, bn)
+
+
+def _gemm_parts(ctx: FusionContext, node: Node):
+    """(B as a (K, N) matrix, C or None, alpha, beta) of a foldable Gemm or 2-D MatMul."""
+    if not _plain(node) or node.op not in ("Gemm", "MatMul"):
+        return None
+    weight = ctx.const(node.inputs[1])
+    if weight is None or weight.ndim != 2 or len(ctx.graph.tensors[node.inputs[0]].shape) != 2:
+        return None
+    if ctx.graph.tensors[node.outputs[0]].dtype not in FLOAT_DTYPES:
+        return None
+    if node.op == "MatMul":
+        return weight.astype(np.float64), None, 1.0, 1.0
+    c_name = node.inputs[2] if len(node.inputs) > 2 else ""
+    c = ctx.const(c_name)
+    if c_name and c is None:
+        return None
+    matrix = weight.T if node.attr("transB", 0) else weight
+    return (matrix.astype(np.float64), None if c is None else c.astype(np.float64),
+            float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0)))
+
+
+def _set_gemm(ctx: FusionContext, node: Node, matrix: np.ndarray, c: np.ndarray,
+              alpha: float) -> None:
+    """Make `node` a Gemm `alpha * A @ matrix + c` (transA kept, B not transposed)."""
+    dtype = ctx.graph.tensors[node.outputs[0]].dtype
+    trans_a = node.attr("transA", 0) if node.op == "Gemm" else 0
+    node.op = "Gemm"
+    node.attrs = {"alpha": float(alpha), "beta": 1.0, "transA": int(trans_a), "transB": 0}
+    node.inputs = [node.inputs[0], _new_const(ctx, node, "B", matrix, dtype),
+                   _new_const(ctx, node, "C", c, dtype)]
+
+
+def _match_bn_gemm(ctx: FusionContext, node: Node):
+    parts = _gemm_parts(ctx, node)
+    bn = _consumer(ctx, node, frozenset({"BatchNormalization"}))
+    if parts is None or bn is None or bn.inputs[0] != node.outputs[0]:
+        return None
+    params = _bn_params(ctx, bn, parts[0].shape[1])
+    return None if params is None else (bn, parts, params)
+
+
+def _rewrite_bn_gemm(ctx: FusionContext, node: Node, found) -> None:
+    bn, (matrix, c, alpha, beta), (factor, shift) = found
+    c_scaled = (0.0 if c is None else beta * c) * factor + shift
+    _set_gemm(ctx, node, matrix * factor[None, :], np.asarray(c_scaled), alpha)
+    ctx.absorb(node, bn)
+
+
+# ---------------------------------------------------------------- bias and scale
+
+def _match_const_operand(ctx: FusionContext, node: Node, ops: frozenset[str]):
+    consumer = _consumer(ctx, node, ops)
+    if consumer is None:
+        return None
+    other = _other_input(consumer, node.outputs[0])
+    value = ctx.const(other) if other else None
+    out = ctx.graph.tensors[node.outputs[0]]
+    if value is None or ctx.graph.tensors[consumer.outputs[0]].shape != out.shape:
+        return None
+    if consumer.op in ("Sub", "Div") and consumer.inputs[0] != node.outputs[0]:
+        return None
+    return consumer, value
+
+
+def _match_conv_affine(ops: frozenset[str]):
+    def match(ctx: FusionContext, conv: Node):
+        if not _plain(conv) or ctx.const(conv.inputs[1]) is None:
+            return None
+        if len(conv.inputs) > 2 and conv.inputs[2] and ctx.const(conv.inputs[2]) is None:
+            return None
+        found = _match_const_operand(ctx, conv, ops)
+        if found is None:
+            return None
+        vector = _per_channel(found[1], ctx.graph.tensors[conv.outputs[0]].shape, 1)
+        return None if vector is None else (found[0], vector)
+    return match
+
+
+def _rewrite_conv_affine(ctx: FusionContext, conv: Node, found) -> None:
+    consumer, vector = found
+    weight = ctx.const(conv.inputs[1])
+    bias = ctx.const(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
+    bias = np.zeros(weight.shape[0]) if bias is None else bias.astype(np.float64)
+    new_w = weight
+    if consumer.op in ("Mul", "Div"):
+        scale = vector if consumer.op == "Mul" else 1.0 / vector
+        new_w = weight.astype(np.float64) * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
+        bias = bias * scale
+    else:
+        bias = bias + (vector if consumer.op == "Add" else -vector)
+    w_name = conv.inputs[1] if new_w is weight else _new_const(ctx, conv, "W", new_w,
+                                                                 weight.dtype)
+    conv.inputs = [conv.inputs[0], w_name, _new_const(ctx, conv, "B", bias, weight.dtype)]
+    ctx.absorb(conv, consumer)
+
+
+def _match_gemm_bias(ctx: FusionContext, node: Node):
+    parts = _gemm_parts(ctx, node)
+    found = _match_const_operand(ctx, node, frozenset({"Add"})) if parts else None
+    if found is None or found[1].ndim > 2:
+        return None
+    return found, parts
+
+
+def _rewrite_gemm_bias(ctx: FusionContext, node: Node, found) -> None:
+    (consumer, value), (matrix, c, alpha, beta) = found
+    c_new = value.astype(np.float64) + (0.0 if c is None else beta * c)
+    _set_gemm(ctx, node, matrix, c_new, alpha)
+    ctx.absorb(node, consumer)
+
+
+# ---------------------------------------------------------------- activation patterns
+
+def _is_scalar(ctx: FusionContext, name: str, expected: float, rel: float = 1e-3) -> bool:
+    value = ctx.const(name)
+    return (value is not None and value.size == 1
+            and math.isclose(float(value.reshape(-1)[0]), expected, rel_tol=rel))
+
+
+def _gate_pattern(step: str, check=lambda node: True):
+    """x * gate(x) where the gate is a unary op on x: silu, hard_swish."""
+    def match(ctx: FusionContext, gate: Node):
+        x = gate.inputs[0]
+        mul = _consumer(ctx, gate, frozenset({"Mul"}))
+        if mul is None or not check(gate) or _other_input(mul, gate.outputs[0]) != x:
+            return None
+        if ctx.graph.tensors[x].dtype not in FLOAT_DTYPES:
+            return None
+        return mul
+    def rewrite(ctx: FusionContext, gate: Node, mul: Node) -> None:
+        new = make_elementwise(gate.name, gate.inputs[0], [(EpilogueStep(step), None)], [])
+        gate.op, gate.domain, gate.inputs, gate.attrs = new.op, new.domain, new.inputs, {}
+        gate.epilogue = new.epilogue
+        ctx.absorb(gate, mul)
+    return match, rewrite
+
+
+def _hard_swish_gate(node: Node) -> bool:
+    return (math.isclose(node.attr("alpha", 0.2), 1 / 6, rel_tol=1e-3)
+            and math.isclose(node.attr("beta", 0.5), 0.5, rel_tol=1e-3))
+
+
+def _match_gelu_erf(ctx: FusionContext, erf: Node):
+    """0.5 * x * (1 + erf(x / sqrt(2))) in the orders exporters write it."""
+    scale = ctx.producers.get(erf.inputs[0])
+    if scale is None or ctx.single_consumer(scale) is not erf or scale.op not in ("Div", "Mul"):
+        return None
+    x = scale.inputs[0]
+    factor = math.sqrt(2) if scale.op == "Div" else 1 / math.sqrt(2)
+    if not _is_scalar(ctx, scale.inputs[1], factor):
+        return None
+    add = _consumer(ctx, erf, frozenset({"Add"}))
+    if add is None or not _is_scalar(ctx, _other_input(add, erf.outputs[0]) or "", 1.0):
+        return None
+    mul1 = _consumer(ctx, add, frozenset({"Mul"}))
+    other = _other_input(mul1, add.outputs[0]) if mul1 else None
+    if other is None:
+        return None
+    nodes = [scale, add, mul1]
+    if other == x or _is_scalar(ctx, other, 0.5):     # (x * (1+erf)) * 0.5, or (0.5*(1+erf)) * x
+        last = _consumer(ctx, mul1, frozenset({"Mul"}))
+        want = (lambda n: _is_scalar(ctx, n, 0.5)) if other == x else (lambda n: n == x)
+        if last is None or not want(_other_input(last, mul1.outputs[0]) or ""):
+            return None
+        nodes.append(last)
+    else:                                             # (0.5 * x) * (1 + erf)
+        half = ctx.producers.get(other)
+        if half is None or half.op != "Mul" or ctx.single_consumer(half) is not mul1:
+            return None
+        if _other_input(half, x) is None or not _is_scalar(ctx, _other_input(half, x), 0.5):
+            return None
+        nodes.append(half)
+    return x, nodes
+
+
+def _rewrite_gelu_erf(ctx: FusionContext, erf: Node, found) -> None:
+    x, nodes = found
+    last = max(nodes, key=ctx.graph.nodes.index)
+    new = make_elementwise(erf.name, x, [(EpilogueStep("gelu"), None)], [])
+    erf.op, erf.domain, erf.inputs, erf.attrs, erf.epilogue = (
+        new.op, new.domain, new.inputs, {}, new.epilogue)
+    ctx.absorb(erf, last, remove=[n for n in nodes if n is not last])
+
+
+# ---------------------------------------------------------------- elementwise chains
+
+def _match_chain(ctx: FusionContext, node: Node):
+    start = chain_start(ctx.graph, node)
+    consumer = ctx.single_consumer(node) if start else None
+    if consumer is None:
+        return None
+    chain = chain_of(ctx.graph, consumer, node.outputs[0])
+    return None if not chain else (start, consumer, chain)
+
+
+def _rewrite_chain(ctx: FusionContext, node: Node, found) -> None:
+    (value, first), consumer, chain = found
+    merged = make_elementwise(node.name, value, first + chain, [])
+    node.op, node.domain, node.attrs = ELEMENTWISE_OP, WPK_DOMAIN, {}
+    node.inputs, node.epilogue = merged.inputs, merged.epilogue
+    ctx.absorb(node, consumer)
+
+
+# ---------------------------------------------------------------- epilogues
+
+def _non_const(ctx: FusionContext, chain: Chain) -> list[tuple[EpilogueStep, str]]:
+    return [(s, n) for s, n in chain if n is not None and ctx.const(n) is None]
+
+
+def _match_epilogue(kind: str):
+    def match(ctx: FusionContext, node: Node):
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        if ctx.graph.tensors[node.outputs[0]].dtype not in FLOAT_DTYPES:
+            return None
+        consumer = ctx.single_consumer(node)
+        chain = chain_of(ctx.graph, consumer, node.outputs[0]) if consumer else None
+        if not chain:
+            return None
+        dynamic = _non_const(ctx, chain)
+        has_residual = any(ctx.const(n) is None for n in operand_names(node))
+        if kind == "activation":
+            ok = all(n is None for _, n in chain)
+        elif kind == "residual_add":
+            ok = (len(dynamic) == 1 and dynamic[0][0].op == "add" and not has_residual)
+        else:
+            ok = not dynamic and any(n is not None for _, n in chain)
+        return (consumer, chain) if ok else None
+    return match
+
+
+def _rewrite_epilogue(ctx: FusionContext, node: Node, found) -> None:
+    consumer, chain = found
+    attach(node, chain)
+    ctx.absorb(node, consumer)
+
+
+def _rule(name, ops, match, rewrite, doc) -> FusionRule:
+    return FusionRule(name, None if ops is None else frozenset(ops), match, rewrite, doc)
+
+
+LINEAR_RULES = (
+    _rule("batchnorm_into_conv", {"Conv"}, _match_bn_conv, _rewrite_bn_conv,
+          "Conv -> BatchNormalization: scale W, shift B"),
+    _rule("batchnorm_into_gemm", {"Gemm", "MatMul"}, _match_bn_gemm, _rewrite_bn_gemm,
+          "Gemm/2-D MatMul -> BatchNormalization: scale B columns, shift C"),
+    _rule("bias_into_conv", {"Conv"}, _match_conv_affine(frozenset({"Add", "Sub"})),
+          _rewrite_conv_affine, "Conv -> Add/Sub of a per-channel constant: into B"),
+    _rule("scale_into_conv", {"Conv"}, _match_conv_affine(frozenset({"Mul", "Div"})),
+          _rewrite_conv_affine, "Conv -> Mul/Div by a per-channel constant: into W and B"),
+    _rule("bias_into_gemm", {"Gemm"}, _match_gemm_bias, _rewrite_gemm_bias,
+          "Gemm (constant B, C) -> Add of a constant: into C"),
+    _rule("matmul_add_to_gemm", {"MatMul"}, _match_gemm_bias, _rewrite_gemm_bias,
+          "2-D MatMul with a constant 2-D weight -> Add of a constant: Gemm with C"),
+)
+
+_silu = _gate_pattern("silu")
+_hard_swish = _gate_pattern("hard_swish", _hard_swish_gate)
+PATTERN_RULES = (
+    _rule("silu", {"Sigmoid"}, *_silu, "x * Sigmoid(x) -> Elementwise[silu]"),
+    _rule("hard_swish", {"HardSigmoid"}, *_hard_swish,
+          "x * HardSigmoid(x; 1/6, 1/2) -> Elementwise[hard_swish]"),
+    _rule("gelu_erf", {"Erf"}, _match_gelu_erf, _rewrite_gelu_erf,
+          "0.5 * x * (1 + Erf(x / sqrt(2))) -> Elementwise[gelu]"),
+)
+
+CHAIN_RULES = (
+    _rule("elementwise_chain", None, _match_chain, _rewrite_chain,
+          "two chained elementwise ops (one consumer between) -> one Elementwise node"),
+)
+
+EPILOGUE_RULES = (
+    _rule("epilogue_activation", LINEAR_OPS, _match_epilogue("activation"), _rewrite_epilogue,
+          "Conv/Gemm/MatMul -> unary activation(s): into the epilogue"),
+    _rule("epilogue_residual_add", LINEAR_OPS, _match_epilogue("residual_add"),
+          _rewrite_epilogue, "Conv/Gemm/MatMul -> Add of another tensor (one per node)"),
+    _rule("epilogue_const", LINEAR_OPS, _match_epilogue("const"), _rewrite_epilogue,
+          "Conv/Gemm/MatMul -> steps with constant operands (N-D MatMul bias)"),
+)
+
+__all__ = ["CHAIN_RULES", "EPILOGUE_RULES", "LINEAR_RULES", "PATTERN_RULES", "unary_step"]

@@ -1,0 +1,363 @@
+"""CPU graph pass: run chains of convolutions in the NCHWc blocked layout.
+
+onnxruntime's MLAS convolutions are fastest on blocked activations; this pass
+rewrites what can stay blocked, as onnxruntime's NchwcTransformer does, and
+puts layout changes only at the boundaries.
+
+Blocked tensors. A tensor of logical shape (N, C, H, W) is stored with shape
+(N, ceil(C/b), H, W, b), channel c at [:, c // b, :, :, c % b]; the channels
+from C to the next multiple of b ("padding lanes") are zero. b is the host
+block (16 floats with AVX-512F, 8 with AVX2: `wpk.kernels.nchwc_format`).
+
+Ops of domain `wpk.nchwc` (every one has attrs `block` = b and `channels` =
+the logical channel count of its output):
+
+- ReorderInput(X: NCHW) -> Y blocked. Y = X blocked, padding lanes zero.
+- ReorderOutput(X: blocked) -> Y: NCHW with `channels` channels (padding dropped).
+- Conv(X, W, B, R?) -> Y blocked, with the ONNX Conv attrs `kernel_shape`,
+  `strides`, `pads` (always explicit, 4 values), `dilations`, `group` (the
+  logical group count). X is blocked, or NCHW (4-d) for a group-1 conv with
+  fewer than b input channels (a network's first layer). W is the logical
+  OIHW filter (O, C/group, KH, KW) and B the logical bias (O,) or absent
+  (''): constants, packed by the kernels. Input 3, when present, is a blocked
+  operand of Y's shape that the node's `epilogue` adds. The epilogue is
+  wpk's (`wpk.kernels.workload`): Y = epilogue(conv(X, W) + B); the pass emits
+  only [], [act], [add(3)] and [add(3), act] with act one of relu, clip,
+  leaky_relu, tanh, sigmoid, hard_sigmoid (as MLAS computes act(conv + B + R)).
+  Padding lanes of Y are computed as if the filter and bias had zero entries
+  for them: epilogue(0 + R's padding lane).
+- MaxPool / AveragePool(X blocked) -> Y blocked: the ONNX pools with
+  `kernel_shape`, `strides`, explicit `pads`, `ceil_mode` (+ `count_include_pad`
+  for AveragePool), applied to every lane including padding lanes.
+- GlobalAveragePool / GlobalMaxPool(X blocked) -> Y blocked (N, Cb, 1, 1, b).
+
+Standard ops on blocked tensors. Elementwise ops whose inputs are all blocked
+tensors of one logical shape (or scalar constants) and that map zero to zero
+(Add, Sub, Mul, Max, Min, Sum, Relu, LeakyRelu, Tanh, Neg, Abs, Clip around 0,
+and `Elementwise` with such steps) stay default-domain nodes on the 5-d
+tensors; so does Concat along channels when every input's channel count is a
+multiple of b (axis 1 of the 5-d tensors). BatchNormalization on a blocked
+input becomes a depthwise 1x1 `wpk.nchwc` Conv (scale/shift). Every other
+consumer, and every graph output, reads the NCHW tensor through one shared
+ReorderOutput, which keeps the original tensor name.
+
+Where it pays: convs need a multiple of 4 channels and at least 8 outputs,
+grouped convs whole blocks per group; graphs with fewer than
+`NchwcOptions.min_convs` convertible convs are left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wpk.graph import Graph, Node, TensorInfo
+from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.workload import EpilogueStep
+from wpk.passes.base import GraphPass, drop_unused_constants
+from wpk.passes.elementwise import chain_start, make_elementwise
+from wpk.passes.nchwc_rules import (
+    MLAS_ACTIVATIONS,
+    constant_pad_value,
+    conv_bias,
+    conv_input_mode,
+    explicit_pads,
+    per_channel_vector,
+    step_keeps_zero,
+)
+
+NCHWC_DOMAIN = "wpk.nchwc"
+
+
+@dataclass(frozen=True)
+class NchwcOptions:
+    """Options of the NCHWc layout pass (`enabled=False` leaves every graph as it is)."""
+
+    enabled: bool = True
+    block: int | None = None   # None: the host's block (16 with AVX-512F, 8 with AVX2)
+    min_convs: int = 2         # fewer convertible convs than this: not worth the reorders
+
+
+@dataclass
+class _Blocked:
+    name: str       # the blocked tensor
+    channels: int   # logical channel count
+
+
+@dataclass
+class _Rewrite:
+    graph: Graph
+    block: int
+    nodes: list[Node] = field(default_factory=list)
+    blocked: dict[str, _Blocked] = field(default_factory=dict)   # logical name -> blocked
+    missing: set[str] = field(default_factory=set)   # logical names that exist only blocked
+    taken: set[str] = field(default_factory=set)
+    constants: dict[tuple[str, float], str] = field(default_factory=dict)  # re-blocked ones
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.taken:
+            i += 1
+            name = f"{base}_{i}"
+        self.taken.add(name)
+        return name
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.graph.tensors[name].shape)
+
+    def new_blocked(self, logical: str, channels: int, replaces_producer: bool = True) -> str:
+        """A fresh blocked tensor standing for `logical` (registered, TensorInfo added)."""
+        name = self.fresh(f"{logical}_nchwc")
+        n, _, h, w = self.shape(logical)
+        self.graph.tensors[name] = TensorInfo(fmt.blocked_shape((n, channels, h, w), self.block),
+                                              "float32")
+        self.blocked[logical] = _Blocked(name, channels)
+        if replaces_producer:
+            self.missing.add(logical)
+        return name
+
+    def as_blocked(self, logical: str) -> str:
+        """The blocked form of `logical`, inserting a shared ReorderInput when needed."""
+        if logical in self.blocked:
+            return self.blocked[logical].name
+        channels = self.shape(logical)[1]
+        out = self.new_blocked(logical, channels, replaces_producer=False)
+        self.nodes.append(Node("ReorderInput", [logical], [out],
+                               self.fresh(f"reorder_in_{logical}"),
+                               {"block": self.block, "channels": channels}, NCHWC_DOMAIN))
+        return out
+
+    def as_nchw(self, logical: str) -> str:
+        """Make sure `logical` exists in NCHW form, inserting a shared ReorderOutput."""
+        if logical in self.missing:
+            entry = self.blocked[logical]
+            self.nodes.append(Node("ReorderOutput", [entry.name], [logical],
+                                   self.fresh(f"reorder_out_{logical}"),
+                                   {"block": self.block, "channels": entry.channels},
+                                   NCHWC_DOMAIN))
+            self.missing.discard(logical)
+        return logical
+
+
+class NchwcLayout(GraphPass):
+    """Rewrite conv chains to the blocked NCHWc layout (target cpu)."""
+
+    name = "nchwc_layout"
+
+    def __init__(self, options: NchwcOptions | None = None) -> None:
+        super().__init__()
+        self.options = options or NchwcOptions()
+
+    def run(self, graph: Graph) -> Graph:
+        if not self.options.enabled:
+            return graph
+        block = self.options.block or fmt.host_block_size()
+        convertible = sum(1 for n in graph.nodes if conv_input_mode(graph, n, block, set()))
+        if convertible < self.options.min_convs:
+            return graph
+        rw = _Rewrite(graph, block)
+        rw.taken = set(graph.tensors) | {n.name for n in graph.nodes}
+        for node in graph.nodes:
+            if not self._convert(rw, node):
+                node.inputs = [rw.as_nchw(i) if i else i for i in node.inputs]
+                rw.nodes.append(node)
+        for name in graph.outputs:
+            rw.as_nchw(name)
+        graph.nodes = rw.nodes
+        _forget_unused_tensors(graph)
+        drop_unused_constants(graph)
+        return graph
+
+    # --- one method per rewritten op family -------------------------------------------------
+
+    def _convert(self, rw: _Rewrite, node: Node) -> bool:
+        if node.domain not in ("", "ai.onnx", "wpk") or len(node.outputs) != 1:
+            return False
+        op = node.op
+        if op == "Conv":
+            return self._conv(rw, node)
+        if op in ("MaxPool", "AveragePool"):
+            return self._pool(rw, node)
+        if op in ("GlobalAveragePool", "GlobalMaxPool"):
+            return self._global_pool(rw, node)
+        if op == "BatchNormalization":
+            return self._batch_norm(rw, node)
+        if op == "Concat":
+            return self._concat(rw, node)
+        return self._elementwise(rw, node)
+
+    def _conv(self, rw: _Rewrite, node: Node) -> bool:
+        mode = conv_input_mode(rw.graph, node, rw.block, set(rw.blocked))
+        if not mode:
+            return False
+        g = rw.graph
+        weight = g.constants[node.inputs[1]]
+        bias = conv_bias(g, node)
+        x = node.inputs[0]
+        x_in = rw.as_nchw(x) if mode == "nchw" else rw.as_blocked(x)
+        inputs = [x_in, node.inputs[1], bias]
+        epilogue = list(node.epilogue)
+        if epilogue and epilogue[0].op == "add":
+            inputs.append(rw.as_blocked(node.inputs[epilogue[0].operand]))
+            epilogue[0] = EpilogueStep("add", epilogue[0].attrs, 3, False)
+        attrs = {
+            "kernel_shape": tuple(int(k) for k in weight.shape[2:]),
+            "strides": tuple(node.attr("strides", (1, 1))),
+            "pads": explicit_pads(node, self._in_hw(rw, x), self._out_hw(rw, node),
+                                  weight.shape[2:]),
+            "dilations": tuple(node.attr("dilations", (1, 1))),
+            "group": int(node.attr("group", 1)),
+            "block": rw.block,
+            "channels": int(weight.shape[0]),
+        }
+        out = rw.new_blocked(node.outputs[0], int(weight.shape[0]))
+        rw.nodes.append(Node("Conv", inputs, [out], node.name, attrs, NCHWC_DOMAIN,
+                             tuple(epilogue)))
+        self.hit("Conv")
+        return True
+
+    def _pool(self, rw: _Rewrite, node: Node) -> bool:
+        x = node.inputs[0]
+        shape = rw.shape(x)
+        if len(shape) != 4 or node.epilogue or rw.graph.tensors[x].dtype != "float32":
+            return False
+        if x not in rw.blocked and shape[1] % rw.block:
+            return False
+        if any(int(d) != 1 for d in node.attr("dilations", (1, 1))) \
+                or int(node.attr("storage_order", 0)) != 0:
+            return False
+        kernel = tuple(int(k) for k in node.attr("kernel_shape"))
+        attrs = {"kernel_shape": kernel, "strides": tuple(node.attr("strides", (1, 1))),
+                 "pads": explicit_pads(node, shape[2:], self._out_hw(rw, node), kernel),
+                 "ceil_mode": int(node.attr("ceil_mode", 0)),
+                 "block": rw.block, "channels": shape[1]}
+        if node.op == "AveragePool":
+            attrs["count_include_pad"] = int(node.attr("count_include_pad", 0))
+        x_in = rw.as_blocked(x)
+        out = rw.new_blocked(node.outputs[0], shape[1])
+        rw.nodes.append(Node(node.op, [x_in], [out], node.name, attrs, NCHWC_DOMAIN))
+        self.hit(node.op)
+        return True
+
+    def _global_pool(self, rw: _Rewrite, node: Node) -> bool:
+        x = node.inputs[0]
+        if x not in rw.blocked or node.epilogue:
+            return False
+        channels = rw.blocked[x].channels
+        out = rw.new_blocked(node.outputs[0], channels)
+        rw.nodes.append(Node(node.op, [rw.blocked[x].name], [out], node.name,
+                             {"block": rw.block, "channels": channels}, NCHWC_DOMAIN))
+        self.hit(node.op)
+        return True
+
+    def _batch_norm(self, rw: _Rewrite, node: Node) -> bool:
+        g = rw.graph
+        x = node.inputs[0]
+        if x not in rw.blocked or len(node.inputs) < 5 or node.epilogue \
+                or not all(i in g.constants for i in node.inputs[1:5]):
+            return False
+        scale, shift, mean, var = (np.asarray(g.constants[i], np.float64)
+                                   for i in node.inputs[1:5])
+        gain = scale / np.sqrt(var + float(node.attr("epsilon", 1e-5)))
+        channels = rw.blocked[x].channels
+        w_name = rw.fresh(f"{node.name}_scale")
+        b_name = rw.fresh(f"{node.name}_shift")
+        g.constants[w_name] = gain.astype(np.float32).reshape(channels, 1, 1, 1)
+        g.constants[b_name] = (shift - mean * gain).astype(np.float32)
+        g.tensors[w_name] = TensorInfo((channels, 1, 1, 1), "float32")
+        g.tensors[b_name] = TensorInfo((channels,), "float32")
+        attrs = {"kernel_shape": (1, 1), "strides": (1, 1), "pads": (0, 0, 0, 0),
+                 "dilations": (1, 1), "group": channels, "block": rw.block,
+                 "channels": channels}
+        x_in = rw.blocked[x].name
+        out = rw.new_blocked(node.outputs[0], channels)
+        rw.nodes.append(Node("Conv", [x_in, w_name, b_name], [out], node.name, attrs,
+                             NCHWC_DOMAIN))
+        self.hit("BatchNormalization")
+        return True
+
+    def _concat(self, rw: _Rewrite, node: Node) -> bool:
+        axis = int(node.attr("axis", 1))
+        ins = node.inputs
+        if axis not in (1, -3) or not ins or not all(i in rw.blocked for i in ins):
+            return False
+        if any(rw.blocked[i].channels % rw.block for i in ins):
+            return False
+        channels = sum(rw.blocked[i].channels for i in ins)
+        out = rw.new_blocked(node.outputs[0], channels)
+        rw.nodes.append(Node("Concat", [rw.blocked[i].name for i in ins], [out], node.name,
+                             {"axis": 1}, node.domain))
+        self.hit("Concat")
+        return True
+
+    def _elementwise(self, rw: _Rewrite, node: Node) -> bool:
+        g = rw.graph
+        if node.op == "Sum" and node.domain in ("", "ai.onnx") and len(node.inputs) > 1:
+            start = (node.inputs[0], [(EpilogueStep("add"), i) for i in node.inputs[1:]])
+        else:
+            start = chain_start(g, node)
+        if start is None or start[0] not in rw.blocked or len(node.outputs) != 1:
+            return False
+        value, chain = start
+        out_shape = rw.shape(node.outputs[0])
+        if rw.shape(value) != out_shape or g.tensors[node.outputs[0]].dtype != "float32":
+            return False
+        channels = rw.blocked[value].channels
+        blocked_chain = []
+        for step, operand in chain:
+            if operand is None:
+                name, is_constant = None, None
+            elif operand in g.constants:
+                name, is_constant = self._blocked_constant(rw, operand, step, channels), True
+                if name is None:
+                    return False
+            elif operand in rw.blocked and rw.shape(operand) == out_shape:
+                name, is_constant = rw.blocked[operand].name, False
+            else:
+                return False
+            if not step_keeps_zero(step, is_constant):
+                return False
+            blocked_chain.append((step, name))
+        out = rw.new_blocked(node.outputs[0], channels)
+        rw.nodes.append(make_elementwise(node.name, rw.blocked[value].name, blocked_chain, [out]))
+        self.hit("elementwise")
+        return True
+
+    @staticmethod
+    def _blocked_constant(rw: _Rewrite, name: str, step: EpilogueStep,
+                          channels: int) -> str | None:
+        """A (1, Cb, 1, 1, b) copy of a per-channel or scalar constant, padding lanes neutral."""
+        pad = constant_pad_value(step)
+        vector = per_channel_vector(np.asarray(rw.graph.constants[name]), channels)
+        if pad is None or vector is None:
+            return None
+        if (name, pad) not in rw.constants:
+            padded = np.full(fmt.round_up(channels, rw.block), pad, dtype=np.float32)
+            padded[:channels] = vector
+            value = padded.reshape(1, -1, 1, 1, rw.block)
+            key = rw.fresh(f"{name}_nchwc")
+            rw.graph.constants[key] = value
+            rw.graph.tensors[key] = TensorInfo(tuple(value.shape), "float32")
+            rw.constants[(name, pad)] = key
+        return rw.constants[(name, pad)]
+
+    @staticmethod
+    def _in_hw(rw: _Rewrite, name: str) -> tuple[int, int]:
+        return tuple(rw.shape(name)[2:4])
+
+    @staticmethod
+    def _out_hw(rw: _Rewrite, node: Node) -> tuple[int, int]:
+        return tuple(rw.shape(node.outputs[0])[2:4])
+
+
+def _forget_unused_tensors(graph: Graph) -> None:
+    used = set(graph.inputs) | set(graph.outputs) | set(graph.constants)
+    for node in graph.nodes:
+        used.update(node.inputs)
+        used.update(node.outputs)
+    for name in [n for n in graph.tensors if n not in used]:
+        del graph.tensors[name]
+
+
+__all__ = ["MLAS_ACTIVATIONS", "NCHWC_DOMAIN", "NchwcLayout", "NchwcOptions"]

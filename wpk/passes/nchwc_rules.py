@@ -1,0 +1,148 @@
+"""Which nodes the NCHWc layout pass may rewrite (see `wpk.passes.nchwc_layout`).
+
+Pure predicates over the graph: whether a Conv can run on MLAS's NCHWc
+kernels and how it reads its input, whether an elementwise step keeps the
+zero padding lanes at zero, and explicit pads for auto_pad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from wpk.graph import Graph, Node
+from wpk.kernels.workload import EpilogueStep
+
+# Activations MLAS fuses into an NCHWc Conv (wpk epilogue names).
+MLAS_ACTIVATIONS = frozenset({"relu", "clip", "leaky_relu", "tanh", "sigmoid", "hard_sigmoid"})
+# Unary steps with f(0) == 0 (clip is checked on its bounds).
+_ZERO_UNARY = frozenset({"relu", "leaky_relu", "tanh", "neg", "abs", "silu", "gelu",
+                         "gelu_tanh", "hard_swish", "erf", "sqrt"})
+_ZERO_BINARY_DATA = frozenset({"add", "sub", "mul", "max", "min"})
+MIN_CONV_CHANNELS = 8
+
+
+def explicit_pads(node: Node, in_hw: Sequence[int], out_hw: Sequence[int],
+                  kernel: Sequence[int]) -> tuple[int, int, int, int]:
+    """The node's (top, left, bottom, right) pads, with auto_pad resolved from the shapes."""
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    strides = tuple(node.attr("strides", (1, 1)))
+    dilations = tuple(node.attr("dilations", (1, 1)))
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i, o, s, k, d in zip(in_hw, out_hw, strides, kernel, dilations):
+            total = max((o - 1) * s + (k - 1) * d + 1 - i, 0)
+            first = total // 2 if auto_pad == "SAME_UPPER" else (total + 1) // 2
+            begin.append(first)
+            end.append(total - first)
+        return (begin[0], begin[1], end[0], end[1])
+    if auto_pad == "VALID":
+        return (0, 0, 0, 0)
+    pads = tuple(int(p) for p in node.attr("pads", (0, 0, 0, 0)))
+    return pads if len(pads) == 4 else (0, 0, 0, 0)
+
+
+def _is_float4d(graph: Graph, name: str) -> bool:
+    info = graph.tensors.get(name)
+    return info is not None and info.dtype == "float32" and len(info.shape) == 4
+
+
+def _activation_keeps_zero(step: EpilogueStep) -> bool:
+    if step.op == "clip":
+        lo, hi = step.attr("min"), step.attr("max")
+        return (lo is None or lo <= 0) and (hi is None or hi >= 0)
+    return step.op in _ZERO_UNARY
+
+
+def conv_epilogue_ok(graph: Graph, node: Node, out_channels: int, block: int) -> bool:
+    """Epilogue of the form [add(blocked-able operand)] + at most one MLAS activation."""
+    steps = list(node.epilogue)
+    if steps and steps[0].op == "add":
+        operand = steps.pop(0).operand
+        if operand is None or operand >= len(node.inputs):
+            return False
+        name = node.inputs[operand]
+        if name in graph.constants or not _is_float4d(graph, name) \
+                or graph.tensors[name].shape != graph.tensors[node.outputs[0]].shape:
+            return False
+    if len(steps) > 1 or (steps and steps[0].op not in MLAS_ACTIVATIONS):
+        return False
+    return not (steps and out_channels % block and not _activation_keeps_zero(steps[0]))
+
+
+def conv_bias(graph: Graph, node: Node) -> str | None:
+    """The Conv's constant bias name, '' when it has none, None when it has a non-constant one.
+
+    Input 2 may also be an epilogue operand (operands follow the op's own inputs).
+    """
+    if len(node.inputs) < 3 or not node.inputs[2]:
+        return ""
+    if any(s.operand == 2 for s in node.epilogue):
+        return ""
+    bias = graph.constants.get(node.inputs[2])
+    weight = graph.constants[node.inputs[1]]
+    return node.inputs[2] if bias is not None and bias.shape == (weight.shape[0],) else None
+
+
+def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> str:
+    """'blocked' or 'nchw' (how an NCHWc Conv reads its input), '' if it must stay NCHW."""
+    if node.op != "Conv" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return ""
+    if len(node.inputs) < 2 or node.inputs[1] not in graph.constants:
+        return ""
+    x, weight = node.inputs[0], graph.constants[node.inputs[1]]
+    if weight.ndim != 4 or weight.dtype != np.float32 or not _is_float4d(graph, x) \
+            or not _is_float4d(graph, node.outputs[0]):
+        return ""
+    if conv_bias(graph, node) is None:
+        return ""
+    out_channels, per_group = int(weight.shape[0]), int(weight.shape[1])
+    in_channels = graph.tensors[x].shape[1]
+    group = int(node.attr("group", 1))
+    if out_channels % 4 or out_channels < MIN_CONV_CHANNELS:
+        return ""
+    if not conv_epilogue_ok(graph, node, out_channels, block):
+        return ""
+    if group > 1:
+        if per_group == 1 and out_channels == group == in_channels:
+            return "blocked"  # depthwise
+        return "blocked" if per_group % block == 0 and (out_channels // group) % block == 0 \
+            else ""
+    if in_channels < block:
+        return "nchw"
+    return "blocked" if in_channels % 4 == 0 else ""
+
+
+def constant_pad_value(step: EpilogueStep) -> float | None:
+    """The padding-lane value a constant operand of `step` needs so that f(0, pad) == 0."""
+    if step.op in ("add", "sub", "mul", "max", "min"):
+        return 0.0
+    if step.op in ("div", "pow") and not step.swap:
+        return 1.0
+    return None
+
+
+def per_channel_vector(value: np.ndarray, channels: int) -> np.ndarray | None:
+    """A constant that broadcasts per channel (or as a scalar) as a (C,) vector, else None."""
+    if value.dtype != np.float32 or value.ndim > 4:
+        return None
+    shape = (1,) * (4 - value.ndim) + tuple(value.shape)
+    if shape[0] != 1 or shape[2] != 1 or shape[3] != 1 or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(shape[1]), (channels,)).astype(np.float32)
+
+
+def step_keeps_zero(step: EpilogueStep, operand_is_constant: bool | None) -> bool:
+    """Whether a step maps a zero padding lane to zero (operand: None, data or constant).
+
+    Constant operands are re-blocked with `constant_pad_value` in their padding lanes;
+    data operands are blocked tensors whose padding lanes are zero.
+    """
+    if operand_is_constant is None:
+        return _activation_keeps_zero(step)
+    if operand_is_constant:
+        return constant_pad_value(step) is not None
+    return step.op in _ZERO_BINARY_DATA
