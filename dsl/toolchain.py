@@ -1,0 +1,150 @@
+"""Host toolchain: gcc to shared libraries, loaded with ctypes, and the compile cache.
+
+    compile_c(source)          -> CompiledArtifact(path, key, cached, log)
+    compile_c_shared(source)   -> Path of the .so (what the kernel builders call)
+    load_function(path, name, argtypes) -> ctypes function
+
+Every compiler output is cached under `$WPK_CACHE_DIR` (default `~/.cache/wpk`),
+in `compile/`, keyed by the sha256 of (source, flags, compiler version,
+codegen version), so changing any of them recompiles and nothing stale is
+reused. Writes are atomic (temporary file, then rename), so concurrent
+workers never see half a file. The CUDA compilers live in `toolchain_cuda`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from wpk.errors import ToolchainError
+
+# Bump when the code generators change what they emit for the same input.
+CODEGEN_VERSION = "1"
+C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+COMPILE_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class CompiledArtifact:
+    """A compiler output in the cache: its path, cache key, whether it was a hit, and log."""
+
+    path: Path
+    key: str
+    cached: bool
+    log: str = ""
+
+
+def cache_root() -> Path:
+    """`$WPK_CACHE_DIR`, or `~/.cache/wpk`."""
+    root = os.environ.get("WPK_CACHE_DIR") or os.path.join(Path.home(), ".cache", "wpk")
+    return Path(root)
+
+
+def compile_cache_dir() -> Path:
+    path = cache_root() / "compile"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cache_key(source: str, flags: Sequence[str], compiler_version: str,
+              codegen_version: str = CODEGEN_VERSION) -> str:
+    """sha256 of everything the output depends on."""
+    payload = json.dumps({"source": source, "flags": list(flags), "compiler": compiler_version,
+                          "codegen": codegen_version}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write `data` to `path` through a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def run_tool(argv: Sequence[str], what: str, hint: str, cwd: Path | None = None) \
+        -> subprocess.CompletedProcess:
+    """Run a compiler; a missing executable or a timeout is a ToolchainError."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, cwd=cwd,
+                              timeout=COMPILE_TIMEOUT_S)
+    except FileNotFoundError:
+        raise ToolchainError(f"{what}: {argv[0]} not found", hint=hint) from None
+    except subprocess.TimeoutExpired:
+        raise ToolchainError(f"{what}: {argv[0]} ran longer than {COMPILE_TIMEOUT_S} s",
+                             hint="simplify the kernel or its schedule") from None
+
+
+# ----------------------------------------------------------------------------- gcc
+
+GCC_HINT = "install gcc (e.g. `apt-get install gcc`) or set CC to a C compiler"
+
+
+def c_compiler() -> str:
+    """The C compiler: $CC if set, else gcc on PATH."""
+    cc = os.environ.get("CC") or shutil.which("gcc")
+    if not cc:
+        raise ToolchainError("no C compiler found (gcc is not on PATH)", hint=GCC_HINT)
+    return cc
+
+
+@functools.cache
+def compiler_version(executable: str) -> str:
+    """First line of `executable --version` (part of every cache key)."""
+    proc = run_tool([executable, "--version"], f"{executable} --version", GCC_HINT)
+    lines = (proc.stdout or proc.stderr).strip().splitlines()
+    return lines[0] if lines else executable
+
+
+def compile_c(source: str, flags: Sequence[str] = C_FLAGS, libraries: Sequence[str] = ("-lm",),
+              codegen_version: str = CODEGEN_VERSION) -> CompiledArtifact:
+    """Compile C `source` into a shared library (cached)."""
+    cc = c_compiler()
+    all_flags = [*flags, *libraries]
+    key = cache_key(source, all_flags, compiler_version(cc), codegen_version)
+    directory = compile_cache_dir()
+    lib = directory / f"c_{key[:32]}.so"
+    if lib.exists():
+        return CompiledArtifact(lib, key, True)
+    src = directory / f"c_{key[:32]}.c"
+    atomic_write(src, source)
+    tmp = lib.with_name(f".{lib.name}.{os.getpid()}.tmp")
+    proc = run_tool([cc, *flags, str(src), "-o", str(tmp), *libraries], "compiling C", GCC_HINT)
+    if proc.returncode != 0:
+        raise ToolchainError(f"{cc} failed to compile {src}:\n{proc.stderr[-4000:]}",
+                             hint="the source is kept there; a generated kernel failing to "
+                                  "compile is a code generator bug")
+    os.replace(tmp, lib)
+    return CompiledArtifact(lib, key, False, proc.stderr)
+
+
+def compile_c_shared(source: str, flags: Sequence[str] = C_FLAGS) -> Path:
+    """Path of the shared library built from C `source` (cached)."""
+    has_shared = "-shared" in flags
+    flags = list(flags) if has_shared else [*flags, "-shared", "-fPIC"]
+    return compile_c(source, flags).path
+
+
+def load_function(library: Path | str, name: str, argtypes: Sequence, restype=None):
+    """A ctypes function `name` from a shared library."""
+    try:
+        lib = ctypes.CDLL(str(library))
+        fn = getattr(lib, name)
+    except (OSError, AttributeError) as exc:
+        raise ToolchainError(f"cannot load {name} from {library}: {exc}",
+                             hint="delete the compile cache ($WPK_CACHE_DIR/compile) and retry"
+                             ) from None
+    fn.argtypes = list(argtypes)
+    fn.restype = restype
+    fn._library = lib  # keep the library alive as long as the function
+    return fn
