@@ -1,0 +1,107 @@
+"""Helpers of the NCHWc tests: node workloads, a node-by-node evaluator, random weights."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from wpk.frontend import load_model
+from wpk.graph import Graph, Node
+from wpk.kernels import registry
+from wpk.kernels.workload import Workload
+from wpk.passes.to_onnx import to_onnx
+
+LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+
+def node_workload(graph: Graph, node: Node) -> Workload:
+    """The workload of one graph node (constants marked, attrs canonical)."""
+    def canon(value):
+        return tuple(value) if isinstance(value, list) else value
+
+    return Workload(
+        op=node.op,
+        inputs=tuple(graph.tensors[i].spec if i else None for i in node.inputs),
+        outputs=tuple(graph.tensors[o].spec for o in node.outputs),
+        attrs=tuple(sorted((k, canon(v)) for k, v in node.attrs.items())),
+        epilogue=tuple(node.epilogue),
+        domain=node.domain,
+        const_inputs=tuple(i for i, name in enumerate(node.inputs) if name in graph.constants),
+        opset=graph.opset,
+    )
+
+
+def pick(workload: Workload, nchwc_impl: str) -> registry.Candidate:
+    """`nchwc_impl` for blocked ops; onnxruntime (else any candidate) for the rest."""
+    found = registry.candidates(workload, "cpu")
+    want = nchwc_impl if workload.domain == "wpk.nchwc" else "ort"
+    for candidate in found:
+        if candidate.implementation.name == want:
+            return candidate
+    assert found, f"no implementation of {workload.label}"
+    return found[0]
+
+
+def evaluate(graph: Graph, feeds: dict[str, np.ndarray], nchwc_impl: str = "ort.nchwc"
+             ) -> dict[str, np.ndarray]:
+    """Run the graph node by node with prepared kernels on NaN-poisoned outputs."""
+    values: dict[str, np.ndarray] = dict(graph.constants)
+    values.update(feeds)
+    for node in graph.nodes:
+        workload = node_workload(graph, node)
+        candidate = pick(workload, nchwc_impl)
+        consts = {i: graph.constants[n] for i, n in enumerate(node.inputs)
+                  if n in graph.constants}
+        kernel = candidate.implementation.prepare(workload, consts, candidate.config)
+        outputs = [np.full(s.shape, np.nan, dtype=s.dtype) for s in workload.outputs]
+        kernel([values[i] if i else None for i in node.inputs], outputs)
+        values.update(zip(node.outputs, outputs))
+    return {name: values[name] for name in graph.outputs}
+
+
+def randomize_weights(graph: Graph, rng: np.random.Generator) -> None:
+    """Replace float constants by seeded random values (filters scaled by fan-in, 1-d > 0)."""
+    for name, value in list(graph.constants.items()):
+        if value.dtype != np.float32 or value.ndim == 0 or value.size == 1:
+            continue
+        if value.ndim == 1:
+            new = rng.uniform(0.5, 1.5, value.shape)
+        else:
+            fan_in = int(np.prod(value.shape[1:]))
+            new = rng.standard_normal(value.shape) * np.sqrt(2.0 / fan_in)
+        graph.constants[name] = new.astype(np.float32)
+
+
+def ort_outputs(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnxruntime (all optimizations) on the graph written back to ONNX."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(to_onnx(graph).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return dict(zip(graph.outputs, session.run(graph.outputs, feeds)))
+
+
+def load_light(name: str, rng: np.random.Generator) -> tuple[Graph, dict[str, np.ndarray]]:
+    """A light model from the onnx wheel, with random weights, and random feeds."""
+    graph = load_model(os.path.join(LIGHT_DIR, f"{name}.onnx"))
+    randomize_weights(graph, rng)
+    expose_logits(graph)
+    feeds = {name: rng.standard_normal(graph.tensors[name].shape).astype(np.float32)
+             for name in graph.inputs if name not in graph.constants}
+    return graph, feeds
+
+
+def expose_logits(graph: Graph) -> None:
+    """Also output the input of every Softmax producing a graph output (softmax saturates)."""
+    for node in graph.nodes:
+        if node.op == "Softmax" and node.outputs[0] in graph.outputs \
+                and node.inputs[0] not in graph.outputs:
+            graph.outputs.append(node.inputs[0])
+
+
+def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
+    expected = np.asarray(expected, dtype=np.float64)
+    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))

@@ -1,0 +1,290 @@
+"""NCHWc blocked layout: filter packing, blocked kernels, the layout pass, whole models."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from tests.unit.nchwc_support import (
+    evaluate,
+    load_light,
+    node_workload,
+    ort_outputs,
+    rel_l2,
+)
+from wpk.frontend import load_model
+from wpk.kernels import nchwc_format as fmt
+from wpk.kernels import registry
+from wpk.kernels.nchwc_reference import nchwc_reference
+from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
+from wpk.passes.base import check_graph
+from wpk.passes.constant_folding import ConstantFolding
+from wpk.passes.nchwc_layout import NchwcLayout, NchwcOptions
+
+B = fmt.host_block_size()
+IMPLS = ("ort.nchwc", "numpy.nchwc")
+
+
+# --- layout and packing ------------------------------------------------------------------------
+
+def test_block_unblock_round_trip_with_zero_padding(rng):
+    x = rng.standard_normal((2, B + 4, 3, 5)).astype(np.float32)
+    blocked = fmt.block(x, B)
+    assert blocked.shape == (2, 2, 3, 5, B)
+    assert np.array_equal(blocked[:, 1, :, :, 4:], np.zeros((2, 3, 5, B - 4), np.float32))
+    assert blocked[1, 1, 2, 3, 3] == x[1, B + 3, 2, 3]
+    assert np.array_equal(fmt.unblock(blocked, B + 4), x)
+
+
+def _conv_chain_model(rng) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    weights = {"w1": (32, 3, 7, 7), "w2": (48, 32, 3, 3), "w3": (48, 1, 3, 3),
+               "w5": (20, 48, 3, 3)}
+    values = {k: rng.standard_normal(s).astype(np.float32) for k, s in weights.items()}
+    values["b5"] = rng.standard_normal(20).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["y1"], pads=[3, 3, 3, 3], strides=[2, 2]),
+             helper.make_node("Conv", ["y1", "w2"], ["y2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["y2", "w3"], ["y3"], pads=[1, 1, 1, 1], group=48),
+             helper.make_node("Conv", ["y3", "w5", "b5"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "chain",
+                              [helper.make_tensor_value_info("x", 1, [1, 3, 32, 32])],
+                              [helper.make_tensor_value_info("y", 1, None)],
+                              [numpy_helper.from_array(v, k) for k, v in values.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, values
+
+
+def test_filter_packing_matches_onnxruntime_optimized_model(rng, tmp_path):
+    model, weights = _conv_chain_model(rng)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "opt.onnx"))
+    inits = {i.name: numpy_helper.to_array(i) for i in optimized.graph.initializer}
+    convs = [n for n in optimized.graph.node
+             if n.op_type == "Conv" and n.domain == "com.microsoft.nchwc"]
+    assert len(convs) == 4, "onnxruntime did not rewrite the convs to NCHWc"
+    expected = [fmt.pack_filter_oihwbo(weights["w1"], B),      # NCHW input, 3 channels
+                fmt.pack_filter_oihwbibo(weights["w2"], B),    # regular
+                fmt.pack_filter_oihwbo(weights["w3"], B),      # depthwise
+                fmt.pack_filter_oihwbibo(weights["w5"], B)]    # 20 outputs: padded
+    for conv, packed in zip(convs, expected):
+        assert np.array_equal(inits[conv.input[1]], packed)
+    assert np.array_equal(inits[convs[3].input[2]], fmt.pad_channels(weights["b5"], B))
+
+
+# --- blocked ops against the float64 reference -------------------------------------------------
+
+def _blocked(n, c, h, w) -> TensorSpec:
+    return TensorSpec((n, -(-c // B), h, w, B))
+
+
+def _conv_workload(cin, cout, size, k, stride, pad, group=1, bias=True, epilogue=(),
+                   nchw_input=False, residual=False) -> Workload:
+    out = (size + 2 * pad - k) // stride + 1
+    x = TensorSpec((1, cin, size, size)) if nchw_input else _blocked(1, cin, size, size)
+    y = _blocked(1, cout, out, out)
+    inputs = [x, TensorSpec((cout, cin // group, k, k)), TensorSpec((cout,)) if bias else None]
+    if residual:
+        inputs.append(y)
+    attrs = {"kernel_shape": (k, k), "strides": (stride, stride), "pads": (pad,) * 4,
+             "dilations": (1, 1), "group": group, "block": B, "channels": cout}
+    return Workload("Conv", tuple(inputs), (y,), tuple(sorted(attrs.items())), tuple(epilogue),
+                    "wpk.nchwc", (1, 2) if bias else (1,))
+
+
+def _pool_workload(op, channels, size, out, **attrs) -> Workload:
+    attrs.update(block=B, channels=channels)
+    return Workload(op, (_blocked(1, channels, size, size),), (_blocked(1, channels, out, out),),
+                    tuple(sorted(attrs.items())), domain="wpk.nchwc")
+
+
+RELU = EpilogueStep("relu")
+ADD3 = EpilogueStep("add", operand=3)
+WORKLOADS = {
+    "conv3x3": _conv_workload(2 * B, 2 * B, 9, 3, 1, 1),
+    "conv_first_layer": _conv_workload(3, 2 * B, 16, 7, 2, 3, epilogue=(RELU,), nchw_input=True),
+    "conv_depthwise": _conv_workload(3 * B, 3 * B, 9, 3, 1, 1, group=3 * B, epilogue=(RELU,)),
+    "conv_padded_io": _conv_workload(20, 20, 8, 3, 1, 1, epilogue=(RELU,)),
+    "conv_residual_relu": _conv_workload(B, 2 * B, 8, 1, 1, 0, epilogue=(ADD3, RELU),
+                                         residual=True),
+    "conv_residual_clip": _conv_workload(B, 24, 8, 1, 1, 0, residual=True, epilogue=(
+        ADD3, EpilogueStep("clip", (("max", 6.0), ("min", 0.0))))),
+    "conv_grouped_stride2": _conv_workload(4 * B, 4 * B, 9, 3, 2, 1, group=2, bias=False),
+    "conv_sigmoid_full_blocks": _conv_workload(B, 2 * B, 6, 1, 1, 0,
+                                               epilogue=(EpilogueStep("sigmoid"),)),
+    "maxpool": _pool_workload("MaxPool", 40, 9, 5, kernel_shape=(3, 3), strides=(2, 2),
+                              pads=(1, 1, 1, 1)),
+    "maxpool_ceil": _pool_workload("MaxPool", 32, 8, 4, kernel_shape=(3, 3), strides=(2, 2),
+                                   pads=(0, 0, 0, 0), ceil_mode=1),
+    "avgpool": _pool_workload("AveragePool", 40, 9, 9, kernel_shape=(3, 3), strides=(1, 1),
+                              pads=(1, 1, 1, 1), count_include_pad=0),
+    "global_avgpool": _pool_workload("GlobalAveragePool", 40, 7, 1),
+    "global_maxpool": _pool_workload("GlobalMaxPool", 40, 7, 1),
+    "reorder_input": Workload("ReorderInput", (TensorSpec((1, 20, 5, 5)),),
+                              (_blocked(1, 20, 5, 5),), (("block", B), ("channels", 20)),
+                              domain="wpk.nchwc"),
+    "reorder_output": Workload("ReorderOutput", (_blocked(1, 20, 5, 5),),
+                               (TensorSpec((1, 20, 5, 5)),), (("block", B), ("channels", 20)),
+                               domain="wpk.nchwc"),
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(WORKLOADS))
+def test_blocked_op_matches_float64_reference(case, impl, rng):
+    workload = WORKLOADS[case]
+    implementation = registry.get(impl)
+    assert implementation.unsupported_reason(workload) is None
+    # random padding lanes too: the ops define what they do with them
+    inputs = [None if s is None else rng.standard_normal(s.shape).astype(np.float32)
+              for s in workload.inputs]
+    consts = {i: inputs[i] for i in workload.const_inputs}
+    kernel = implementation.prepare(workload, consts, {})
+    for attempt in range(2):
+        outputs = [np.full(s.shape, np.nan, np.float32) for s in workload.outputs]
+        kernel(inputs, outputs)
+        expected = nchwc_reference(workload, inputs)
+        assert rel_l2(outputs[0], expected[0]) <= 1e-5, (case, attempt)
+        inputs = [x if i in consts or x is None else rng.standard_normal(x.shape).astype(
+            np.float32) for i, x in enumerate(inputs)]
+
+
+def test_zero_padding_in_gives_zero_padding_out(rng):
+    workload = _conv_workload(B, 20, 8, 1, 1, 0, epilogue=(ADD3, RELU), residual=True)
+    x = fmt.block(rng.standard_normal((1, B, 8, 8)).astype(np.float32), B)
+    residual = fmt.block(rng.standard_normal((1, 20, 8, 8)).astype(np.float32), B)
+    w = rng.standard_normal((20, B, 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(20).astype(np.float32)
+    for impl in IMPLS:
+        kernel = registry.get(impl).prepare(workload, {1: w, 2: bias}, {})
+        out = np.full(workload.outputs[0].shape, np.nan, np.float32)
+        kernel([x, w, bias, residual], [out])
+        lanes = out.transpose(0, 1, 4, 2, 3).reshape(1, -1, 8, 8)
+        assert lanes.shape[1] > 20 and not lanes[:, 20:].any(), impl
+        assert np.array_equal(fmt.unblock(out, 20) > 0, lanes[:, :20] > 0)
+
+
+def test_onnxruntime_kernels_refuse_what_mlas_cannot_do():
+    ort_nchwc = registry.get("ort.nchwc")
+    sigmoid_padded = _conv_workload(B, 20, 6, 1, 1, 0, epilogue=(EpilogueStep("sigmoid"),))
+    assert "padding" in ort_nchwc.unsupported_reason(sigmoid_padded)
+    other_block = Workload("ReorderOutput", (TensorSpec((1, 1, 2, 2, 2 * B)),),
+                           (TensorSpec((1, 20, 2, 2)),), (("block", 2 * B), ("channels", 20)),
+                           domain="wpk.nchwc")
+    assert "block" in ort_nchwc.unsupported_reason(other_block)
+    assert registry.get("numpy.nchwc").unsupported_reason(other_block) is None
+    relu_then_add = _conv_workload(B, 2 * B, 8, 1, 1, 0, epilogue=(RELU, ADD3), residual=True)
+    assert ort_nchwc.unsupported_reason(relu_then_add) is not None
+
+
+# --- the layout pass ---------------------------------------------------------------------------
+
+def _small_cnn(rng) -> onnx.ModelProto:
+    """First-layer conv, BN (unfolded), residual add, depthwise, concat, pool, GAP, Gemm."""
+    def const(name, shape, low=None):
+        value = (rng.uniform(0.5, 1.5, shape) if low else rng.standard_normal(shape) * 0.3)
+        return numpy_helper.from_array(value.astype(np.float32), name)
+
+    c = 2 * B
+    inits = [const("w1", (c, 3, 3, 3)), const("b1", (c,)),
+             const("s", (c,), 1), const("t", (c,)), const("m", (c,)), const("v", (c,), 1),
+             const("w2", (c, c, 3, 3)), const("w3", (c, 1, 3, 3)), const("w4", (c, c, 1, 1)),
+             const("k", (1, c, 1, 1)), const("wfc", (10, 2 * c)),
+             const("w6", (4, 2 * c, 1, 1)),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1", "b1"], ["a"], pads=[1, 1, 1, 1]),
+             n("BatchNormalization", ["a", "s", "t", "m", "v"], ["bn"]),
+             n("Relu", ["bn"], ["r"]),
+             n("Conv", ["r", "w2"], ["c2"], auto_pad="SAME_UPPER"),
+             n("Add", ["c2", "r"], ["res"]),
+             n("Conv", ["res", "w3"], ["dw"], pads=[1, 1, 1, 1], group=c),
+             n("Mul", ["dw", "k"], ["scaled"]),
+             n("Mul", ["scaled", "half"], ["halved"]),
+             n("Conv", ["halved", "w4"], ["pw"]),
+             n("Concat", ["pw", "res"], ["cat"], axis=1),
+             n("MaxPool", ["cat"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Conv", ["mp", "w6"], ["tiny"]),
+             n("GlobalAveragePool", ["mp"], ["gap"]),
+             n("Flatten", ["gap"], ["flat"]),
+             n("Gemm", ["flat", "wfc"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "small",
+                              [helper.make_tensor_value_info("x", 1, [1, 3, 12, 12])],
+                              [helper.make_tensor_value_info("logits", 1, [1, 10]),
+                               helper.make_tensor_value_info("cat", 1, [1, 2 * c, 12, 12]),
+                               helper.make_tensor_value_info("tiny", 1, [1, 4, 6, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _ops(graph) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        key = f"{node.domain}:{node.op}" if node.domain else node.op
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_pass_on_small_cnn_keeps_the_function(impl, rng):
+    graph = load_model(_small_cnn(rng))
+    feeds = {"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)}
+    expected = ort_outputs(graph, feeds)
+    layout = NchwcLayout()
+    optimized = layout.run(graph.copy())
+    check_graph(optimized)
+    ops = _ops(optimized)
+    assert ops["wpk.nchwc:Conv"] == 5          # 4 convs + the BN; the 4-channel conv stays
+    assert ops["Conv"] == 1
+    assert ops["wpk.nchwc:MaxPool"] == 1 and ops["wpk.nchwc:GlobalAveragePool"] == 1
+    assert ops["wpk:Elementwise"] == 4 and ops["Concat"] == 1
+    assert "wpk.nchwc:ReorderInput" not in ops  # the first conv reads NCHW directly
+    # NCHW is restored for Flatten, the 4-channel conv and the graph output `cat`
+    assert ops["wpk.nchwc:ReorderOutput"] == 3
+    assert layout.hits["BatchNormalization"] == 1
+    actual = evaluate(optimized, feeds, impl)
+    for name in expected:
+        assert rel_l2(actual[name], expected[name]) <= 1e-4, name
+
+
+def test_pass_options_and_small_graphs_left_alone(rng):
+    graph = load_model(_small_cnn(rng))
+    before = _ops(graph)
+    assert _ops(NchwcLayout(NchwcOptions(enabled=False)).run(graph.copy())) == before
+    assert _ops(NchwcLayout(NchwcOptions(min_convs=99)).run(graph.copy())) == before
+    eight = NchwcLayout(NchwcOptions(block=8)).run(graph.copy())
+    blocks = {info.shape[-1] for info in eight.tensors.values() if len(info.shape) == 5}
+    assert blocks == {8}
+
+
+LIGHT_MODELS = ["light_resnet50", "light_densenet121", "light_squeezenet", "light_shufflenet",
+                "light_inception_v1"]
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_pass_keeps_light_models_function(name, rng):
+    graph, feeds = load_light(name, rng)
+    expected = ort_outputs(graph, feeds)
+    optimized = NchwcLayout().run(ConstantFolding().run(graph.copy()))
+    check_graph(optimized)
+    assert _ops(optimized).get("wpk.nchwc:Conv", 0) >= 10
+    actual = evaluate(optimized, feeds)
+    for output in expected:
+        assert rel_l2(actual[output], expected[output]) <= 1e-4, output
+
+
+def test_node_workloads_of_blocked_graph_have_candidates(rng):
+    graph, _ = load_light("light_squeezenet", rng)
+    optimized = NchwcLayout().run(ConstantFolding().run(graph))
+    for node in optimized.nodes:
+        if node.domain == "wpk.nchwc":
+            names = {c.implementation.name
+                     for c in registry.candidates(node_workload(optimized, node))}
+            assert {"ort.nchwc", "numpy.nchwc"} <= names, node.name
