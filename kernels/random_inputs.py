@@ -89,9 +89,9 @@ def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarr
                     value *= 1.0 / math.sqrt(max(fan_in, 1))
             arrays.append(np.ascontiguousarray(value.astype(dtype)))
         elif dtype.kind == "b":
-            arrays.append(rng.random(size=spec.shape) < 0.5)
+            arrays.append(np.asarray(rng.random(size=spec.shape) < 0.5))
         elif dtype.kind in "iu":
-            arrays.append(_integer_input(workload, index, spec, rng))
+            arrays.append(np.asarray(_integer_input(workload, index, spec, rng)))
         else:
             arrays.append(np.zeros(spec.shape, dtype=dtype))
     return arrays

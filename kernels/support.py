@@ -62,6 +62,13 @@ def unsupported_reason(workload: Workload) -> str | None:
     return None
 
 
-def is_supported(workload: Workload) -> bool:
-    """Whether wpk implements the workload itself (ops in SUPPORTED_OPS, with valid attributes)."""
+def is_supported(workload: Workload | str, domain: str = "") -> bool:
+    """Whether wpk implements the workload itself (ops in SUPPORTED_OPS, with valid attributes).
+
+    Given an op type (and domain) instead of a workload, whether wpk claims the op at all.
+    """
+    if isinstance(workload, str):
+        if workload == "Elementwise":
+            return domain == "wpk"
+        return domain in ("", "ai.onnx") and workload in SUPPORTED_OPS
     return unsupported_reason(workload) is None

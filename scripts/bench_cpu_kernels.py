@@ -13,6 +13,8 @@ import time
 import numpy as np
 
 from wpk.kernels import registry
+from wpk.kernels.cpu.node_model import build_node_model
+from wpk.kernels.cpu.ort_node import create_session
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
@@ -44,13 +46,30 @@ def compare(workload: Workload, names: list[str], rounds: int = 7, repeat: int =
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _raw_session_run(workload: Workload, repeat: int = 500) -> float:
+    """Seconds per plain `InferenceSession.run` of the same node plus a copy to the output."""
+    model = build_node_model(workload, {})
+    session = create_session(model.model.SerializeToString(), workload.label)
+    x = random_inputs(workload, np.random.default_rng(0))[0]
+    out = np.empty(workload.outputs[0].shape, np.float32)
+
+    def call(inputs, outputs):
+        np.copyto(outputs[0], session.run(None, {"in0": inputs[0]})[0])
+
+    call([x], [out])
+    return statistics.median(_time_call(call, [x], [out], repeat) for _ in range(5))
+
+
 def main() -> None:
     spec = TensorSpec
     results = {}
     tiny = Workload("Relu", (spec((1, 16)),), (spec((1, 16)),))
     results["ort per-call, Relu 1x16 (us)"] = compare(tiny, ["ort"], repeat=2000)["ort"] * 1e6
+    results["raw session.run, Relu 1x16 (us)"] = _raw_session_run(tiny) * 1e6
     mid = Workload("Relu", (spec((1, 64, 56, 56)),), (spec((1, 64, 56, 56)),))
-    results["ort Relu 1x64x56x56 (us)"] = compare(mid, ["ort", "numpy.formula"], repeat=200)
+    results["Relu 1x64x56x56 (us)"] = {k: round(v * 1e6, 1) for k, v in compare(
+        mid, ["ort", "numpy.formula"], repeat=200).items()}
+    results["raw session.run + copy, Relu 1x64x56x56 (us)"] = _raw_session_run(mid) * 1e6
     for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
         conv = Workload("Conv", (spec((1, c, hw, hw)), spec((c, c, 3, 3)), spec((c,)),
                                  spec((1, c, hw, hw))), (spec((1, c, hw, hw)),),

@@ -1,7 +1,8 @@
 """numpy library kernels for elementwise chains, data movement, softmax and normalizations.
 
-- `numpy.elementwise`: wpk's `Elementwise` op (a fused chain of epilogue steps),
-  written with ufuncs into the output (`out=`), no temporaries for most steps.
+- `numpy.elementwise`: wpk's `Elementwise` op (a fused chain of epilogue steps)
+  and the ONNX unary/binary elementwise ops, written with ufuncs into the
+  output (`out=`), no temporaries for most steps.
 - `numpy.copy`: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Transpose/Concat/
   Slice/Gather as views or `np.copyto`/`np.take(out=)` into the output.
 - `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in-place formulations
@@ -18,36 +19,76 @@ import numpy as np
 
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
-from wpk.kernels.cpu.tensor_formulas import TENSOR_FORMULAS, slice_index
-from wpk.kernels.epilogue import apply_epilogue
+from wpk.kernels.cpu.tensor_formulas import (
+    BINARY_UFUNCS,
+    TENSOR_FORMULAS,
+    UNARY_AS_STEP,
+    slice_index,
+    unary_step,
+)
+from wpk.kernels.epilogue import apply_epilogue, erf, sigmoid
 from wpk.kernels.registry import Kernel, register
-from wpk.kernels.workload import Workload
+from wpk.kernels.workload import EpilogueStep, Workload
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
            "pow": np.power, "max": np.maximum, "min": np.minimum}
 
 
+def _relu_into(x, out):
+    return np.maximum(x, 0, out=out)
+
+
+# Unary steps that have a ufunc writing straight into the output.
+_UNARY_INTO = {"relu": _relu_into, "tanh": np.tanh, "exp": np.exp, "log": np.log,
+               "sqrt": np.sqrt, "reciprocal": np.reciprocal, "neg": np.negative,
+               "abs": np.abs, "sigmoid": sigmoid, "erf": erf}
+
+
+def elementwise_steps(workload: Workload) -> tuple[EpilogueStep, ...]:
+    """The whole computation of an elementwise workload as epilogue steps on input 0."""
+    if workload.op in UNARY_AS_STEP:
+        return (unary_step(workload),) + workload.epilogue
+    if workload.op in BINARY_UFUNCS:
+        return (EpilogueStep(workload.op.lower(), operand=1),) + workload.epilogue
+    return workload.epilogue
+
+
 class NumpyElementwise(NumpyImplementation):
-    """output = epilogue(input 0); a leading binary step writes straight into the output."""
+    """output = steps(input 0), the first step written straight into the output (`out=`).
+
+    Serves wpk's `Elementwise` and the plain ONNX unary and binary elementwise ops.
+    """
 
     name = "numpy.elementwise"
-    ops = ("Elementwise",)
+    ops = ("Elementwise",) + tuple(sorted(UNARY_AS_STEP)) + tuple(sorted(BINARY_UFUNCS))
+
+    def extra_reason(self, workload: Workload) -> str | None:
+        if workload.op in BINARY_UFUNCS and self.core_inputs(workload) != 2:
+            return f"{workload.op} with more than two inputs goes through numpy.formula"
+        return None
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        steps = workload.epilogue
-        first = steps[0] if steps and steps[0].op in _BINARY else None
+        steps = elementwise_steps(workload)
+        first = steps[0] if steps and (steps[0].op in _BINARY or steps[0].op in _UNARY_INTO) \
+            else None
         rest = steps[1:] if first is not None else steps
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
             out = outputs[0]
-            if first is not None:
-                operand = inputs[first.operand]
-                args = (operand, inputs[0]) if first.swap else (inputs[0], operand)
-                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                if first is None:
+                    np.copyto(out, inputs[0], casting="unsafe")
+                elif first.operand is None:
+                    if inputs[0].shape == out.shape:
+                        _UNARY_INTO[first.op](inputs[0], out=out)
+                    else:
+                        np.copyto(out, inputs[0])
+                        _UNARY_INTO[first.op](out, out=out)
+                else:
+                    operand = inputs[first.operand]
+                    args = (operand, inputs[0]) if first.swap else (inputs[0], operand)
                     _BINARY[first.op](*args, out=out, casting="unsafe")
-            else:
-                np.copyto(out, inputs[0], casting="unsafe")
             finish_epilogue(out, rest, inputs)
 
         return kernel
@@ -205,7 +246,9 @@ class NumpyFormula(NumpyImplementation):
 
     def extra_reason(self, workload: Workload) -> str | None:
         if workload.op in ("LayerNormalization", "BatchNormalization") or (
-                workload.op == "Softmax" and workload.opset >= 13):
+                workload.op == "Softmax" and workload.opset >= 13) or (
+                workload.op in UNARY_AS_STEP) or (
+                workload.op in BINARY_UFUNCS and self.core_inputs(workload) == 2):
             return f"{workload.op} has a dedicated numpy kernel"
         return None
 

@@ -247,3 +247,32 @@ def test_unknown_op_is_refused_with_a_reason():
     assert registry.candidates(workload) == []
     reason = registry.get("ort.fallback").unsupported_reason(workload)
     assert "NoSuchOp" in reason
+
+
+def test_fallback_runs_ops_with_subgraphs():
+    from onnx import TensorProto, helper
+
+    def branch(values):
+        node = helper.make_node("Constant", [], ["r"], value=helper.make_tensor(
+            "t", TensorProto.FLOAT, [2], values))
+        return helper.make_graph([node], "branch", [], [
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [2])]).SerializeToString()
+
+    workload = Workload("If", (S((), "bool"),), (S((2,)),),
+                        attrs=(("else_branch", branch([3, 4])), ("then_branch", branch([1, 2]))))
+    (candidate,) = registry.candidates(workload)
+    assert candidate.implementation.kind == registry.FALLBACK
+    kernel = candidate.implementation.prepare(workload, {}, {})
+    for cond, expected in ((True, [1, 2]), (False, [3, 4])):
+        out = np.full(2, np.nan, np.float32)
+        kernel([np.array(cond)], [out])
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(reference(workload, [np.array(cond)])[0], expected)
+
+
+def test_support_by_op_name_and_by_dtype():
+    assert is_supported("Conv") and is_supported("Elementwise", "wpk")
+    assert not is_supported("TopK") and not is_supported("Conv", "com.microsoft")
+    integer_add = Workload("Add", (S((3,), "int64"), S((3,), "int64")), (S((3,), "int64"),))
+    assert not is_supported(integer_add)
+    assert [c.label for c in registry.candidates(integer_add)] == ["ort.fallback"]
