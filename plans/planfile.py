@@ -202,11 +202,18 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> Path:
                     archive.writestr(info, members[name])
             stream.flush()
             os.fsync(stream.fileno())
+        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes it private; plans are ordinary files
         os.replace(temp, target)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _read_member(archive: zipfile.ZipFile, name: str, path: str) -> bytes:

@@ -14,6 +14,7 @@ import html
 import json
 from collections.abc import Mapping
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -88,18 +89,20 @@ def render_summary(report: Mapping, top: int = 5) -> Group:
 
 def render_table(report: Mapping) -> Group:
     """A rich renderable: summary, then one row per workload (largest share first)."""
-    table = Table(show_lines=False, header_style="bold")
-    for column, justify in (("#", "right"), ("operator", "left"), ("nodes", "right"),
-                            ("chosen", "left"), ("kind", "left"), ("median", "right"),
-                            ("share", "right"), ("vs next", "right"), ("verified", "right")):
-        table.add_column(column, justify=justify)
-    for rank, workload in enumerate(by_share(report), start=1):
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
+    for column, justify, width in (("operator", "left", 20), ("n", "right", None),
+                                   ("chosen", "left", 12), ("median", "right", None),
+                                   ("share", "right", None), ("vs next", "right", None),
+                                   ("ok", "right", None)):
+        table.add_column(column, justify=justify, min_width=width)
+    for workload in by_share(report):
         ratio = runner_up_ratio(workload)
         ok = sum(1 for c in workload["candidates"] if c["status"] == "ok")
-        kind = Text(workload["chosen_kind"], style="bold yellow" if workload["fallback"] else "")
-        table.add_row(str(rank), workload["label"], str(workload["count"]), workload["chosen"],
-                      kind, format_time(workload["median_s"]),
-                      f"{100 * workload['share']:.1f}%",
+        chosen = Text(workload["chosen"])
+        chosen.append(f" {workload['chosen_kind']}",
+                      style="bold yellow" if workload["fallback"] else "dim")
+        table.add_row(workload["label"], str(workload["count"]), chosen,
+                      format_time(workload["median_s"]), f"{100 * workload['share']:.1f}%",
                       f"{ratio:.2f}x" if ratio else "-",
                       f"{ok}/{len(workload['candidates'])}")
     return Group(Text("\n".join(summary_lines(report))), table)

@@ -37,7 +37,7 @@ def conv_relu_gemm(rng) -> onnx.ModelProto:
         nodes, "conv_relu_gemm",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_build_save_load_run_matches_onnxruntime(rng, tmp_path):
@@ -73,7 +73,7 @@ def test_strict_names_unsupported_nodes(tmp_path):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
         [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2]),
          helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with pytest.raises(UnsupportedError, match=r"determinant \(Det.*rounding \(Round"):
         wpk.build(model, strict=True, **FAST)
     plan = wpk.build(model, output=tmp_path / "odd.wpk", **FAST)
