@@ -1,0 +1,200 @@
+"""Frontend: ONNX -> Graph on the light models, hand-built models and every error case."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as h
+
+import wpk.frontend as frontend
+from wpk.errors import ModelError, ShapeError, UnsupportedError
+from wpk.frontend import load_model
+
+LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+LIGHT_MODELS = sorted(f for f in os.listdir(LIGHT_DIR) if f.endswith(".onnx"))
+
+
+def make_model(nodes, inputs, outputs, inits=(), opset=17, name="m"):
+    """A model from nodes, {input: shape} (shapes may hold strings), [(output, rank)]."""
+    graph = h.make_graph(
+        nodes, name,
+        [h.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [h.make_tensor_value_info(n, TensorProto.FLOAT, [None] * rank) for n, rank in outputs],
+        list(inits))
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+
+
+def relu_model(shape=("N", 3, 4, 4)):
+    return make_model([h.make_node("Relu", ["x"], ["y"])], {"x": list(shape)}, [("y", 4)])
+
+
+@pytest.mark.parametrize("filename", LIGHT_MODELS)
+def test_light_models_load_with_static_shapes(filename):
+    path = os.path.join(LIGHT_DIR, filename)
+    graph = load_model(path)
+    assert graph.source == path
+    assert len(graph.inputs) == 1
+    assert graph.tensors[graph.inputs[0]].shape == (1, 3, 224, 224)
+    names = [n.name for n in graph.nodes]
+    assert len(set(names)) == len(names)
+    assert not any(n.op in ("Constant", "ConstantOfShape") for n in graph.nodes)
+    for node in graph.nodes:
+        for name in [*node.inputs, *node.outputs]:
+            if name:
+                info = graph.tensors[name]
+                assert all(isinstance(d, int) and d >= 0 for d in info.shape)
+                assert np.dtype(info.dtype).name == info.dtype
+    for name, value in graph.constants.items():
+        assert graph.tensors[name].shape == value.shape
+        assert name not in graph.inputs
+
+
+def test_weights_from_constant_of_shape_are_constants():
+    graph = load_model(os.path.join(LIGHT_DIR, "light_resnet50.onnx"))
+    conv = next(n for n in graph.nodes if n.op == "Conv")
+    weight = graph.constants[conv.inputs[1]]
+    assert weight.shape == graph.tensors[conv.inputs[1]].shape and weight.ndim == 4
+    assert weight.dtype == np.float32
+
+
+def test_bytes_and_modelproto_inputs():
+    model = relu_model((1, 3, 4, 4))
+    from_bytes = load_model(model.SerializeToString())
+    from_proto = load_model(model)
+    assert from_bytes.source == "<bytes>"
+    assert from_bytes.tensors["y"].shape == from_proto.tensors["y"].shape == (1, 3, 4, 4)
+
+
+def test_unnamed_nodes_get_stable_names():
+    nodes = [h.make_node("Relu", ["x"], ["a"]), h.make_node("Neg", ["a"], ["b"], name="neg"),
+             h.make_node("Relu", ["b"], ["y"])]
+    graph = load_model(make_model(nodes, {"x": [2, 3]}, [("y", 2)]))
+    assert [n.name for n in graph.nodes] == ["Relu_0", "neg", "Relu_2"]
+
+
+def test_constant_nodes_and_initializer_inputs_become_constants():
+    shift = h.make_tensor("shift", TensorProto.FLOAT, [3], [1, 2, 3])
+    nodes = [h.make_node("Constant", [], ["c"],
+                         value=h.make_tensor("v", TensorProto.FLOAT, [3], [2.0] * 3)),
+             h.make_node("Mul", ["x", "c"], ["a"]), h.make_node("Add", ["a", "shift"], ["y"])]
+    graph_proto = h.make_graph(
+        nodes, "g",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         h.make_tensor_value_info("shift", TensorProto.FLOAT, [3])],  # old-style input + init
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [shift])
+    graph = load_model(h.make_model(graph_proto, opset_imports=[h.make_opsetid("", 9)]))
+    assert graph.inputs == ["x"]
+    np.testing.assert_array_equal(graph.constants["c"], [2, 2, 2])
+    np.testing.assert_array_equal(graph.constants["shift"], [1, 2, 3])
+    assert [n.op for n in graph.nodes] == ["Mul", "Add"]
+
+
+def test_input_shapes_fix_symbolic_dims():
+    graph = load_model(relu_model(), input_shapes={"x": (2, 3, 4, 4)})
+    assert graph.tensors["x"].shape == graph.tensors["y"].shape == (2, 3, 4, 4)
+
+
+def test_shape_left_open_by_inference_is_evaluated(monkeypatch):
+    nodes = [h.make_node("Shape", ["x"], ["s"]),
+             h.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+             h.make_node("Mul", ["sf", "two"], ["sf2"]),
+             h.make_node("Cast", ["sf2"], ["si"], to=TensorProto.INT64),
+             h.make_node("ConstantOfShape", ["si"], ["y"])]
+    two = h.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    evaluated = []
+    original = frontend._evaluate_shapes
+    monkeypatch.setattr(frontend, "_evaluate_shapes",
+                        lambda *a: evaluated.append(a[2]) or original(*a))
+    graph = load_model(make_model(nodes, {"x": [2, 3]}, [("y", 2)], [two]))
+    assert "y" in evaluated[0]
+    assert graph.tensors["y"].shape == (4, 6) and graph.tensors["y"].dtype == "float32"
+
+
+# ------------------------------------------------------------------ errors
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelError, match=r"model file '.*nope\.onnx' not found") as err:
+        load_model(tmp_path / "nope.onnx")
+    assert err.value.hint
+
+
+def test_truncated_file(tmp_path):
+    with open(os.path.join(LIGHT_DIR, "light_squeezenet.onnx"), "rb") as handle:
+        data = handle.read()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ModelError, match=r"cannot parse '.*cut\.onnx' as an ONNX model") as err:
+        load_model(path)
+    assert err.value.hint
+
+
+def test_garbage_bytes():
+    with pytest.raises(ModelError, match="cannot parse '<bytes>'"):
+        load_model(b"\xff\xfe not a model at all \x00\x01")
+
+
+def test_checker_failure_names_the_node():
+    node = h.make_node("Conv", ["x", "w"], ["y"], name="bad_conv", kernel_shape=[3])
+    model = make_model([node], {"x": [1, 1, 4, 4]}, [("y", 4)],
+                       [h.make_tensor("w", TensorProto.FLOAT, [1, 1, 3, 3], [0.0] * 9)])
+    with pytest.raises(ModelError, match="bad_conv") as err:
+        load_model(model)
+    assert err.value.hint
+
+
+def test_checker_failure_on_undefined_input():
+    node = h.make_node("Relu", ["missing"], ["y"], name="r")
+    with pytest.raises(ModelError, match="checker"):
+        load_model(make_model([node], {"x": [2]}, [("y", 1)]))
+
+
+def test_symbolic_dim_without_input_shape():
+    with pytest.raises(ShapeError, match=r"input 'x'.*\[N, 3, 4, 4\]") as err:
+        load_model(relu_model())
+    assert "--input-shape x=" in err.value.hint
+
+
+def test_input_shape_for_unknown_input():
+    with pytest.raises(ShapeError, match="'nope'") as err:
+        load_model(relu_model(), input_shapes={"nope": (1, 3, 4, 4)})
+    assert "x" in err.value.hint
+
+
+def test_input_shape_rank_mismatch():
+    with pytest.raises(ShapeError, match="rank 4"):
+        load_model(relu_model(), input_shapes={"x": (1, 3, 4)})
+
+
+def test_input_shape_disagrees_with_fixed_dim():
+    with pytest.raises(ShapeError, match="axis 1"):
+        load_model(relu_model(), input_shapes={"x": (1, 5, 4, 4)})
+
+
+def test_missing_external_data(tmp_path):
+    weight = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    init = onnx.numpy_helper.from_array(weight, "w")
+    model = make_model([h.make_node("MatMul", ["x", "w"], ["y"])], {"x": [2, 64]}, [("y", 2)],
+                       [init])
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="ext.bin",
+                    size_threshold=0)
+    assert load_model(path).constants["w"].shape == (64, 64)
+    (tmp_path / "ext.bin").unlink()
+    with pytest.raises(ModelError, match="external data 'ext.bin'") as err:
+        load_model(path)
+    assert "ext.bin" in err.value.hint
+
+
+def test_too_old_opset():
+    model = make_model([h.make_node("Relu", ["x"], ["y"])], {"x": [2]}, [("y", 1)], opset=6)
+    with pytest.raises(UnsupportedError, match="opset 6"):
+        load_model(model)
+
+
+def test_not_a_model_argument():
+    with pytest.raises(ModelError):
+        load_model(12345)
