@@ -28,6 +28,7 @@ from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.dead_nodes import DeadNodeElimination
 from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import CHAIN_RULES, EPILOGUE_RULES, LINEAR_RULES, PATTERN_RULES
+from wpk.passes.nchwc_layout import NchwcLayout
 from wpk.passes.noop_removal import NoOpRemoval
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
@@ -57,8 +58,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
     PipelineEntry(lambda: FusionPass("epilogue_fusion", EPILOGUE_RULES)),
     PipelineEntry(DeadNodeElimination),
-    # target-specific passes go last, e.g.
-    # PipelineEntry(NchwcLayout, targets=frozenset({"cpu"})),
+    # target-specific passes go last
+    PipelineEntry(NchwcLayout, targets=frozenset({"cpu"})),
 ]
 
 
