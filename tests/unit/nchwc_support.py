@@ -1,4 +1,4 @@
-"""Helpers of the NCHWc tests: node workloads, a node-by-node evaluator, random weights."""
+"""Helpers of the NCHWc tests: a node-by-node evaluator, random weights, onnxruntime outputs."""
 
 from __future__ import annotations
 
@@ -9,29 +9,13 @@ import onnx
 import onnxruntime as ort
 
 from wpk.frontend import load_model
-from wpk.graph import Graph, Node
+from wpk.graph import Graph
 from wpk.kernels import registry
 from wpk.kernels.workload import Workload
 from wpk.passes.to_onnx import to_onnx
+from wpk.workloads import workload_of
 
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-
-
-def node_workload(graph: Graph, node: Node) -> Workload:
-    """The workload of one graph node (constants marked, attrs canonical)."""
-    def canon(value):
-        return tuple(value) if isinstance(value, list) else value
-
-    return Workload(
-        op=node.op,
-        inputs=tuple(graph.tensors[i].spec if i else None for i in node.inputs),
-        outputs=tuple(graph.tensors[o].spec for o in node.outputs),
-        attrs=tuple(sorted((k, canon(v)) for k, v in node.attrs.items())),
-        epilogue=tuple(node.epilogue),
-        domain=node.domain,
-        const_inputs=tuple(i for i, name in enumerate(node.inputs) if name in graph.constants),
-        opset=graph.opset,
-    )
 
 
 def pick(workload: Workload, nchwc_impl: str) -> registry.Candidate:
@@ -51,7 +35,7 @@ def evaluate(graph: Graph, feeds: dict[str, np.ndarray], nchwc_impl: str = "ort.
     values: dict[str, np.ndarray] = dict(graph.constants)
     values.update(feeds)
     for node in graph.nodes:
-        workload = node_workload(graph, node)
+        workload = workload_of(graph, node)
         candidate = pick(workload, nchwc_impl)
         consts = {i: graph.constants[n] for i, n in enumerate(node.inputs)
                   if n in graph.constants}

@@ -11,7 +11,6 @@ from onnx import helper, numpy_helper
 from tests.unit.nchwc_support import (
     evaluate,
     load_light,
-    node_workload,
     ort_outputs,
     rel_l2,
 )
@@ -23,6 +22,7 @@ from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 from wpk.passes.base import check_graph
 from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.nchwc_layout import NchwcLayout, NchwcOptions
+from wpk.workloads import workload_of
 
 B = fmt.host_block_size()
 IMPLS = ("ort.nchwc", "numpy.nchwc")
@@ -286,5 +286,5 @@ def test_node_workloads_of_blocked_graph_have_candidates(rng):
     for node in optimized.nodes:
         if node.domain == "wpk.nchwc":
             names = {c.implementation.name
-                     for c in registry.candidates(node_workload(optimized, node))}
+                     for c in registry.candidates(workload_of(optimized, node))}
             assert {"ort.nchwc", "numpy.nchwc"} <= names, node.name
