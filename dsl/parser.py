@@ -23,7 +23,7 @@ GRAMMAR_PATH = Path(__file__).with_name("grammar.lark")
 
 @functools.cache
 def _lark() -> Lark:
-    return Lark(GRAMMAR_PATH.read_text(), parser="lalr", propagate_positions=True,
+    return Lark(GRAMMAR_PATH.read_text(), parser="lalr", lexer="basic", propagate_positions=True,
                 maybe_placeholders=True)
 
 
@@ -87,7 +87,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, filename: str) -> DslError:
         expect_text += " (is a closing '}' or ')' missing?)"
     else:
         token = exc.token
-        message = f"syntax error: unexpected {_describe_terminal(token.type)} {str(token)!r}"
+        message = f"syntax error: unexpected {str(token)!r}"
     source_line = text.splitlines()[line - 1] if 0 < line <= len(text.splitlines()) else ""
     hint = expect_text + (f"\n  {source_line.strip()}" if source_line.strip() else "")
     return DslError(f"{filename}:{line}:{column}: {message}", hint=hint)
