@@ -71,11 +71,11 @@ def _cache_dir() -> Path:
 def compile_c(source: str, flags=C_FLAGS) -> Path:
     """Compile C source to a shared library (cached by the hash of source and flags)."""
     try:
-        from wpk.dsl import toolchain  # the shared toolchain, when present
-        if hasattr(toolchain, "compile_c_shared"):
-            return Path(toolchain.compile_c_shared(source, flags=list(flags)))
-    except ImportError:
-        pass
+        from wpk.dsl import toolchain  # the shared toolchain (compile cache, gcc discovery)
+    except ImportError:  # pragma: no cover - only while the toolchain module is absent
+        toolchain = None
+    if toolchain is not None:
+        return Path(toolchain.compile_c_shared(source, flags=list(flags)))
     digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:24]
     lib = _cache_dir() / f"k_{digest}.so"
     if lib.exists():
@@ -147,3 +147,59 @@ def build_cpu(op: C.Operator, bindings, config: Mapping | None = None) -> CpuKer
     func = lower_for(op, bindings, config, "cpu")
     source = generate_c(func)
     return CpuKernel(func, source, compile_c(source))
+
+
+# ----------------------------------------------------------------------------- CUDA
+@dataclass
+class CudaKernel:
+    """Generated CUDA module: source, kernels with launch configs, workspaces, and (when a
+    CUDA compiler is available) the cubin and the ptxas resource usage per kernel."""
+
+    func: L.PrimFunc
+    source: str
+    launches: list
+    arch: str | None = None
+    cubin: bytes | None = None
+    usage: dict = field(default_factory=dict)
+
+    @property
+    def launch(self):
+        """Launch configuration of the (first) kernel."""
+        return self.launches[0].launch
+
+    def emulate(self, *arrays, **named) -> dict[str, np.ndarray]:
+        """Run on the CPU with the GPU emulator."""
+        from wpk.dsl.emulator import emulate
+
+        feeds = dict(zip([b.name for b in self.func.params
+                          if b.name not in self.func.meta["outputs"]], arrays))
+        feeds.update(named)
+        return emulate(self.func, feeds)
+
+
+def build_cuda(op: C.Operator, bindings, config: Mapping | None = None, gpu=None,
+               arch: str | None = None, compile: bool = True, compiler: str = "auto"
+               ) -> CudaKernel:
+    """Generate the CUDA kernels of `op` for `bindings` under `config`, validated against the
+    GPU spec `gpu` (a `wpk.devices` HardwareSpec or None for generic limits). With `compile`
+    and an `arch` ('sm_90', 'sm_60', ...), also compile to a cubin with its resource usage."""
+    from wpk.dsl.codegen_cuda import generate_cuda
+
+    func = lower_for(op, bindings, config, "cuda", gpu)
+    source, launches = generate_cuda(func)
+    kernel = CudaKernel(func, source, launches, arch)
+    if compile and arch is not None:
+        from wpk.dsl.toolchain_cuda import compile_cuda
+
+        binary = compile_cuda(source, arch, compiler=compiler)
+        kernel.cubin = binary.cubin
+        kernel.usage = dict(binary.kernels)
+    return kernel
+
+
+def emulate_cuda(op: C.Operator, bindings, config: Mapping | None, arrays, gpu=None
+                 ) -> dict[str, np.ndarray]:
+    """Lower `op` for CUDA under `config` and run it on the CPU with the GPU emulator."""
+    from wpk.dsl.emulator import emulate
+
+    return emulate(lower_for(op, bindings, config, "cuda", gpu), arrays)

@@ -240,10 +240,10 @@ def seq(*stmts: Stmt | None) -> Stmt:
     for s in stmts:
         if s is None:
             continue
-        if isinstance(s, Seq):
-            flat.extend(s.stmts)
-        else:
-            flat.append(s)
+        for item in (s.stmts if isinstance(s, Seq) else (s,)):
+            if isinstance(item, Barrier) and flat and isinstance(flat[-1], Barrier):
+                continue  # two barriers in a row synchronise once
+            flat.append(item)
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
 
 

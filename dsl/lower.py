@@ -25,6 +25,18 @@ class _Cache:
     buffer: L.Buffer
     base: list[L.Expr]
     extents: list[int]
+    ranged: dict = field(default_factory=dict)
+
+    def local_index(self, d: int, index: L.Expr) -> L.Expr:
+        """Position of tensor index `index` (dim `d`) inside the cached region."""
+        form = split_affine(index, self.ranged)
+        base = split_affine(self.base[d], self.ranged)
+        if form is not None and base is not None and form[1] == base[1]:
+            local: L.Expr = L.const(form[2] - base[2])
+            for v, x in sorted(form[0].items()):
+                local = L.add(L.mul(L.Var(v), x), local)
+            return local
+        return L.binary("-", index, self.base[d])
 
 
 @dataclass
@@ -38,6 +50,7 @@ class _Env:
     override: dict[str, L.Expr] = field(default_factory=dict)
     inlined: set[str] = field(default_factory=set)
     seen_loads: list[tuple[str, list[L.Expr]]] = field(default_factory=list)
+    unguarded: set[str] = field(default_factory=set)  # variables indexing unguarded loads
 
 
 def shape_of(op: C.Operator, tensor: str) -> tuple[int, ...]:
@@ -45,7 +58,19 @@ def shape_of(op: C.Operator, tensor: str) -> tuple[int, ...]:
 
 
 def flatten(indices: list[L.Expr], shape) -> L.Expr:
-    """Row-major linear index."""
+    """Row-major linear index. A pair of dims indexed `(e // k, e % k)` with inner extent k
+    (a fused loop) is merged back into `e`, so contiguous accesses stay visibly contiguous."""
+    indices, shape = list(indices), [int(d) for d in shape]
+    d = 0
+    while d + 1 < len(indices):
+        a, b = indices[d], indices[d + 1]
+        if (isinstance(a, L.Bin) and a.op == "//" and isinstance(b, L.Bin) and b.op == "%"
+                and a.a == b.a and a.b == b.b and isinstance(a.b, L.Imm)
+                and int(a.b.value) == shape[d + 1]):
+            indices[d:d + 2] = [a.a]
+            shape[d:d + 2] = [shape[d] * shape[d + 1]]
+        else:
+            d += 1
     flat: L.Expr = L.const(0)
     for idx, dim in zip(indices, shape):
         flat = L.add(L.mul(flat, int(dim)), idx)
@@ -137,18 +162,21 @@ def _translate_load(expr: C.Load, env: _Env) -> L.Expr:
     elif expr.tensor in env.inlined:
         stage = env.op.stage(expr.tensor)
         inner = _Env(env.op, {**env.axes, **{a.name: i for a, i in zip(stage.axes, indices)}},
-                     env.ranges, env.caches, env.override, env.inlined, env.seen_loads)
+                     env.ranges, env.caches, env.override, env.inlined, env.seen_loads,
+                     env.unguarded)
         value = translate(stage.body, inner)
     else:
         env.seen_loads.append((expr.tensor, indices))
         cache = env.caches.get(expr.tensor)
         if cache is not None:
-            local = [L.binary("-", i, b) for i, b in zip(indices, cache.base)]
+            local = [cache.local_index(d, i) for d, i in enumerate(indices)]
             value = L.Load(cache.buffer.name, flatten(local, cache.extents), expr.dtype)
             if expr.pad is not None and isinstance(expr.pad, C.Const) and expr.pad.value == 0:
                 return value  # the cache holds zeros outside the tensor
         else:
             value = L.Load(expr.tensor, flatten(indices, shape), expr.dtype)
+            if _is_true(cond):
+                env.unguarded |= L.free_vars(value.index)
     if _is_true(cond):
         return value
     if _is_false(cond):
@@ -195,7 +223,7 @@ def region(accesses: list[list[L.Expr]], shape, ranged: dict[str, int], all_rang
     """Per dim, (base expression over the fixed loops, extent) covering every access when the
     `ranged` loops (name -> extent) run over their whole range."""
     bases, extents = [], []
-    for d, dim in enumerate(shape):
+    for d in range(len(shape)):
         forms = [split_affine(acc[d], ranged) for acc in accesses]
         if any(f is None for f in forms) or any(f[1] != forms[0][1] for f in forms):
             spans = [L.bounds(acc[d], all_ranges) for acc in accesses]
@@ -282,15 +310,19 @@ def _fill(cache: _Cache, tensor: str, op, sched: StageSchedule, gpu: bool) -> L.
         loop = L.For(it, math.ceil(total / nthreads), store, "unroll" if total <= 8 * nthreads
                      else "serial")
         return L.seq(L.Barrier(), loop, L.Barrier())
-    loop_vars = [L.Var(f"{name}_{d}") for d in range(len(cache.extents))]
+    loop_vars = [L.Var(f"{name}_{d}") if e > 1 else L.const(0)
+                 for d, e in enumerate(cache.extents)]
     ranges = {_cname(n): (0, sched.axes[n].extent - 1) for n in sched.order}
-    ranges.update({v.name: (0, e - 1) for v, e in zip(loop_vars, cache.extents)})
+    ranges.update({v.name: (0, e - 1) for v, e in zip(loop_vars, cache.extents)
+                   if isinstance(v, L.Var)})
     idx = [L.add(b, v) for b, v in zip(cache.base, loop_vars)]
     cond = in_bounds(idx, shape, ranges)
     load = L.Load(tensor, flatten(idx, shape), dtype)
     value = load if _is_true(cond) else L.Select(cond, load, L.Imm(0.0, dtype), dtype)
     stmt: L.Stmt = L.Store(name, flatten(loop_vars, cache.extents), value)
     for d in range(len(loop_vars) - 1, -1, -1):
+        if not isinstance(loop_vars[d], L.Var):
+            continue
         stmt = L.For(loop_vars[d], cache.extents[d], stmt,
                      "vectorize" if d == len(loop_vars) - 1 else "serial")
     return stmt
@@ -387,7 +419,7 @@ def lower_stage(op: C.Operator, schedule: Schedule, stage: C.Stage, out_stage: C
         bases, extents = region(accesses, shape_of(op, cr.tensor), ranged, ranges)
         buf = L.Buffer(f"{cr.tensor}_{cr.scope}", op.tensor_dtype(cr.tensor), tuple(extents),
                        cr.scope)
-        cache = pending[cr.tensor] = _Cache(buf, bases, extents)
+        cache = pending[cr.tensor] = _Cache(buf, bases, extents, ranged)
         decl = [] if cr.scope == "shared" and gpu else [L.Allocate(buf)]
         if cr.scope == "shared" and gpu:
             shared.append(buf)
@@ -419,9 +451,11 @@ def lower_stage(op: C.Operator, schedule: Schedule, stage: C.Stage, out_stage: C
     acc = L.Buffer(f"{stage.name}_acc", stage.dtype, (max(1, math.prod(tile_ext)),), "local")
     acc_idx = flatten([sched.leaf_var(n) for n in tile], tile_ext)
     acc_load = L.Load(acc.name, acc_idx, stage.dtype)
+    env.unguarded = set()
     contrib = translate(red.body, env)
     combined = L.Bin("+" if red.op == "sum" else red.op, acc_load, contrib, stage.dtype)
-    outer_preds = [c for c in preds if not gpu and not (L.free_vars(c) & {_cname(n) for n in inner})]
+    inner_names = {_cname(n) for n in inner}
+    outer_preds = [c for c in preds if not gpu and not (L.free_vars(c) & inner_names)]
     inner_preds = [c for c in preds if c not in outer_preds]
     tile_preds = [c for c in inner_preds if not (L.free_vars(c) & {_cname(n) for n in inner
                                                                     if n not in tile})]
@@ -429,8 +463,12 @@ def lower_stage(op: C.Operator, schedule: Schedule, stage: C.Stage, out_stage: C
                   ("vectorize", "unroll")} if gpu else None
     init = _wrap(tile, L.Store(acc.name, acc_idx, translate(red.init_value(), env)), sched, {},
                  {}, tile_kinds)
+    # a spatial guard can go from the reduction when no unguarded load depends on it:
+    # the extra lanes of the register tile then compute values that are never stored
+    reduce_vars = {_cname(n) for n in order if sched.axes[n].kind == "reduce"}
+    main_preds = [c for c in inner_preds if L.free_vars(c) & (reduce_vars | env.unguarded)]
     main = _wrap(inner, L.Store(acc.name, acc_idx, combined), sched,
-                 _place_guards(inner_preds, inner, not gpu), prologue)
+                 _place_guards(main_preds, inner, not gpu), prologue)
     write = _wrap(tile, L.Store(out_stage.name, out_index, value_of(acc_load)), sched,
                   _place_guards(tile_preds, tile, not gpu), {}, tile_kinds)
     body = L.seq(L.Allocate(acc), init, main, write)
