@@ -179,7 +179,12 @@ class Workload:
     @property
     def label(self) -> str:
         """Short human-readable description, e.g. `Conv 1x64x56x56 -> 1x64x56x56 +relu`."""
-        shapes = "x".join(map(str, self.inputs[0].shape)) if self.inputs and self.inputs[0] else ""
-        out = "x".join(map(str, self.outputs[0].shape)) if self.outputs else ""
+        def dims(spec: TensorSpec | None) -> str:
+            return "x".join(map(str, spec.shape)) if spec is not None else ""
+
+        shapes = dims(self.inputs[0]) if self.inputs else ""
+        if self.op in ("Conv", "Gemm", "MatMul") and len(self.inputs) > 1 and self.inputs[1]:
+            shapes += f" * {dims(self.inputs[1])}"
+        out = dims(self.outputs[0]) if self.outputs else ""
         tail = "".join(f" +{s.op}" for s in self.epilogue)
         return f"{self.op} {shapes} -> {out}{tail}"

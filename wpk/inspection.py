@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from wpk.frontend import load_model
 from wpk.passes import optimize
 from wpk.workloads import distinct, extract_workloads
@@ -29,7 +31,7 @@ def render_inspection(info: dict):
     from rich.table import Table
 
     passes = info["passes"]
-    ops = Table(title=f"{info['model']}: {passes['nodes_before']} nodes -> "
+    ops = Table(title=f"{os.path.basename(info['model'])}: {passes['nodes_before']} nodes -> "
                       f"{passes['nodes_after']} after passes ({info['target']})")
     ops.add_column("op")
     ops.add_column("before", justify="right")

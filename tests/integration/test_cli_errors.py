@@ -21,7 +21,7 @@ def _conv_model(path, rng, symbolic: bool = False, extra_op: str | None = None) 
     """A small Conv+Relu(+extra op) model saved to `path`."""
     batch = "N" if symbolic else 1
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, 8, 8])
     weight = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"], name="relu")]
