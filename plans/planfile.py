@@ -61,14 +61,9 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same plan gives the s
 @functools.cache
 def cpu_fingerprint() -> dict:
     """The host CPU: machine, core count and the ISA flags of ISA_FLAGS it has."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith(("flags", "Features")):
-                    flags.update(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    from wpk.devices import cpu_flags
+
+    flags = set(cpu_flags())
     return {"kind": "cpu", "machine": platform.machine(), "cores": os.cpu_count() or 1,
             "isa": [flag for flag in ISA_FLAGS if flag in flags]}
 
