@@ -170,6 +170,17 @@ def test_zero_padding_in_gives_zero_padding_out(rng):
         assert np.array_equal(fmt.unblock(out, 20) > 0, lanes[:, :20] > 0)
 
 
+def test_kernel_rebinds_moved_and_non_contiguous_buffers(rng):
+    workload = WORKLOADS["reorder_output"]
+    kernel = registry.get("ort.nchwc").prepare(workload, {}, {})
+    for _ in range(2):
+        wide = rng.standard_normal((1, 2, 5, 10, B)).astype(np.float32)
+        for x in (np.ascontiguousarray(wide[:, :, :, :5]), wide[:, :, :, ::2]):
+            out = np.full((1, 20, 5, 5), np.nan, np.float32)
+            kernel([x], [out])
+            assert np.array_equal(out, fmt.unblock(np.ascontiguousarray(x), 20))
+
+
 def test_onnxruntime_kernels_refuse_what_mlas_cannot_do():
     ort_nchwc = registry.get("ort.nchwc")
     sigmoid_padded = _conv_workload(B, 20, 6, 1, 1, 0, epilogue=(EpilogueStep("sigmoid"),))
