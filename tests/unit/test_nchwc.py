@@ -19,6 +19,7 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.kernels import registry
 from wpk.kernels.nchwc_reference import nchwc_reference
 from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
+from wpk.passes import optimize
 from wpk.passes.base import check_graph
 from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.nchwc_layout import NchwcLayout, NchwcOptions
@@ -299,3 +300,20 @@ def test_node_workloads_of_blocked_graph_have_candidates(rng):
             names = {c.implementation.name
                      for c in registry.candidates(workload_of(optimized, node))}
             assert {"ort.nchwc", "numpy.nchwc"} <= names, node.name
+
+
+@pytest.mark.parametrize("name", ["light_resnet50", "light_densenet121"])
+def test_full_cpu_pipeline_keeps_function(name, rng):
+    """Fusion first (conv + residual add + relu epilogues, folded BN), NCHWc last."""
+    graph, feeds = load_light(name, rng)
+    expected = ort_outputs(graph, feeds)
+    optimized, report = optimize(graph, "cpu")
+    check_graph(optimized)
+    assert report.passes["nchwc_layout"] > 0
+    convs = [n for n in optimized.nodes if n.domain == "wpk.nchwc" and n.op == "Conv"]
+    if name == "light_resnet50":  # every residual add rides on a conv, as in onnxruntime
+        assert sum(1 for n in convs if n.epilogue and n.epilogue[0].op == "add") == 16
+    assert "Conv" not in _ops(optimized)
+    actual = evaluate(optimized, feeds)
+    for output in expected:
+        assert rel_l2(actual[output], expected[output]) <= 1e-4, output

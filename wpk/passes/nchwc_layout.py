@@ -31,15 +31,18 @@ the logical channel count of its output):
   for AveragePool), applied to every lane including padding lanes.
 - GlobalAveragePool / GlobalMaxPool(X blocked) -> Y blocked (N, Cb, 1, 1, b).
 
-Standard ops on blocked tensors. Elementwise ops whose inputs are all blocked
-tensors of one logical shape (or scalar constants) and that map zero to zero
-(Add, Sub, Mul, Max, Min, Sum, Relu, LeakyRelu, Tanh, Neg, Abs, Clip around 0,
-and `Elementwise` with such steps) stay default-domain nodes on the 5-d
-tensors; so does Concat along channels when every input's channel count is a
-multiple of b (axis 1 of the 5-d tensors). BatchNormalization on a blocked
-input becomes a depthwise 1x1 `wpk.nchwc` Conv (scale/shift). Every other
-consumer, and every graph output, reads the NCHW tensor through one shared
-ReorderOutput, which keeps the original tensor name.
+Other ops on blocked tensors. An elementwise node or chain (Add, Mul, Relu,
+Clip, Sum, ..., `Elementwise`) whose value and tensor operands are all blocked
+tensors of one logical shape becomes a wpk `Elementwise` node (domain 'wpk')
+on the 5-d tensors, when every step maps a zero padding lane to zero; a
+constant operand that is a scalar or per channel ((C,1,1) or (1,C,1,1))
+becomes a (1, Cb, 1, 1, b) constant whose padding lanes are neutral (0 for
+add/sub/mul/max/min, 1 for a divisor or exponent). Concat along channels
+stays a default-domain Concat on axis 1 of the 5-d tensors when every input's
+channel count is a multiple of b. BatchNormalization on a blocked input
+becomes a depthwise 1x1 `wpk.nchwc` Conv (per-channel scale and shift).
+Every other consumer, and every graph output, reads the NCHW tensor through
+one shared ReorderOutput, which keeps the original tensor name.
 
 Where it pays: convs need a multiple of 4 channels and at least 8 outputs,
 grouped convs whole blocks per group; graphs with fewer than
