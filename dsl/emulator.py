@@ -59,7 +59,7 @@ class _PyPrinter:
                 return "True" if e.value else "False"
             if e.dtype in ("i32", "i64"):
                 return str(int(e.value))
-            return f"_f{e.dtype}({float(e.value)!r})"
+            return f"_f{e.dtype}({str(float(e.value))!r})"
         if isinstance(e, L.Load):
             return f"_ld({e.buffer!r}, {self.expr(e.index, m)}, {m})"
         if isinstance(e, L.Select):

@@ -137,6 +137,10 @@ def translate(expr: C.Expr, env: _Env) -> L.Expr:
         if expr.op in C.LOGIC_OPS:
             return L.Bin(expr.op, a, b, "bool")
         if expr.dtype in C.INT_TYPES:
+            if expr.op in ("//", "%") and isinstance(expr.b, C.Const) and expr.b.value > 0:
+                folded = _fold_division(expr, a)
+                if folded is not None:
+                    return folded
             return L.binary(expr.op, a, b)
         return L.Bin(expr.op, a, b, expr.dtype)
     if isinstance(expr, C.Call):
@@ -151,6 +155,34 @@ def translate(expr: C.Expr, env: _Env) -> L.Expr:
     if isinstance(expr, C.Load):
         return _translate_load(expr, env)
     raise ScheduleError(f"cannot lower {type(expr).__name__} here: {C.to_text(expr)}")
+
+
+def compute_bounds(expr: C.Expr) -> tuple[int, int] | None:
+    """Interval of an integer compute-IR expression over its axes' own domains."""
+    if isinstance(expr, C.Const) and expr.dtype in C.INT_TYPES:
+        return int(expr.value), int(expr.value)
+    if isinstance(expr, C.IterVar) and isinstance(expr.extent, C.Const):
+        return 0, int(expr.extent.value) - 1
+    if isinstance(expr, C.BinOp) and expr.op in ("+", "-", "*", "//", "%"):
+        a, b = compute_bounds(expr.a), compute_bounds(expr.b)
+        if a is None or b is None:
+            return None
+        return L.bounds(L.Bin(expr.op, L.Var("a"), L.Var("b")), {"a": a, "b": b})
+    return None
+
+
+def _fold_division(expr: C.BinOp, numerator: L.Expr) -> L.Expr | None:
+    """`x // d` -> constant and `x % d` -> `x` when the axes' domains decide them (e.g. the
+    group index k // (K / groups) of an ungrouped convolution is always 0)."""
+    span = compute_bounds(expr.a)
+    d = int(expr.b.value)
+    if span is None or span[0] < 0:
+        return None
+    if expr.op == "//" and span[0] // d == span[1] // d:
+        return L.const(span[0] // d)
+    if expr.op == "%" and span[1] < d:
+        return numerator
+    return None
 
 
 def _translate_load(expr: C.Load, env: _Env) -> L.Expr:
@@ -491,7 +523,7 @@ def lower(op: C.Operator, schedule: Schedule, target: str = "cpu") -> L.PrimFunc
         out_stage = fusions.get(stage.name, stage)
         body, shared = lower_stage(op, schedule, stage, out_stage, inlined, target)
         body = L.seq(*[L.Allocate(b) for b in shared], body)
-        kernels.append(L.Kernel(f"{op.name}_{stage.name}" if len(roots) > 1 else op.name,
-                                body, names))
-    return L.PrimFunc(op.name, tuple(params), (), tuple(workspaces), tuple(kernels), target,
+        kernels.append(L.Kernel(f"wpk_{op.name}_{stage.name}" if len(roots) > 1 else
+                                f"wpk_{op.name}", body, names))
+    return L.PrimFunc(f"wpk_{op.name}", tuple(params), (), tuple(workspaces), tuple(kernels), target,
                       meta={"outputs": tuple(op.outputs)})

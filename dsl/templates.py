@@ -143,6 +143,13 @@ class Template:
             local = sum(n.buffer.size * _bytes(n.buffer.dtype) for n in L.walk(kernel.body)
                         if isinstance(n, L.Allocate) and n.buffer.scope == "local")
             if self.target == "cpu":
+                tile = max((n.buffer.size for n in L.walk(kernel.body)
+                            if isinstance(n, L.Allocate) and n.buffer.name.endswith("_acc")),
+                           default=0)
+                vregs = math.ceil(tile / max(1, lim.vector_lanes))
+                if lim.vector_registers and vregs > lim.vector_registers:
+                    return (f"the register tile of {tile} floats needs {vregs} vector "
+                            f"registers, {lim.name} has {lim.vector_registers}")
                 if local > lim.local_bytes:
                     return (f"local buffers need {local} bytes per thread, "
                             f"over the {lim.local_bytes}-byte budget")
