@@ -525,5 +525,5 @@ def lower(op: C.Operator, schedule: Schedule, target: str = "cpu") -> L.PrimFunc
         body = L.seq(*[L.Allocate(b) for b in shared], body)
         kernels.append(L.Kernel(f"wpk_{op.name}_{stage.name}" if len(roots) > 1 else
                                 f"wpk_{op.name}", body, names))
-    return L.PrimFunc(f"wpk_{op.name}", tuple(params), (), tuple(workspaces), tuple(kernels), target,
-                      meta={"outputs": tuple(op.outputs)})
+    return L.PrimFunc(f"wpk_{op.name}", tuple(params), (), tuple(workspaces), tuple(kernels),
+                      target, meta={"outputs": tuple(op.outputs)})
