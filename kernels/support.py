@@ -12,9 +12,10 @@ ELEMENTWISE_UNARY_OPS = frozenset({
     "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf",
     "Softplus", "LeakyRelu", "HardSigmoid", "HardSwish", "Clip",
 })
-ELEMENTWISE_BINARY_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
+ELEMENTWISE_BINARY_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum",
+                                    "Mean"})
 DATA_MOVEMENT_OPS = frozenset({
-    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Concat",
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Transpose", "Concat",
     "Gather", "Slice", "Pad",
 })
 NN_OPS = frozenset({
@@ -55,11 +56,21 @@ def unsupported_reason(workload: Workload) -> str | None:
         if (mode.decode() if isinstance(mode, bytes) else mode) not in ("constant", "reflect",
                                                                          "edge"):
             return f"Pad mode {mode!r} is not implemented"
+    if op == "Dropout" and (workload.attr("is_test", 1) == 0 or _truthy(workload, 2)):
+        return "Dropout in training mode is not implemented"
     if op in ("MaxPool", "AveragePool") and workload.attr("storage_order", 0):
         return "MaxPool storage_order=1 is not implemented"
     if op == "Conv" and len(workload.inputs[0].shape) < 3:
         return "Conv needs at least one spatial dimension"
     return None
+
+
+def _truthy(workload: Workload, index: int) -> bool:
+    """Whether input `index` is present and not a static false (e.g. Dropout training_mode)."""
+    if index >= len(workload.inputs) or workload.inputs[index] is None:
+        return False
+    value = workload.static_value(index)
+    return value is None or bool(value)
 
 
 def is_supported(workload: Workload | str, domain: str = "") -> bool:

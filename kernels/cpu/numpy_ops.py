@@ -3,8 +3,9 @@
 - `numpy.elementwise`: wpk's `Elementwise` op (a fused chain of epilogue steps)
   and the ONNX unary/binary elementwise ops, written with ufuncs into the
   output (`out=`), no temporaries for most steps.
-- `numpy.copy`: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Transpose/Concat/
+- `numpy.copy`: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout/Transpose/Concat/
   Slice/Gather as views or `np.copyto`/`np.take(out=)` into the output.
+- `numpy.sum`: Sum, Mean and variadic Max/Min, one ufunc pass per input.
 - `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in-place formulations
   (BatchNormalization folded to one scale and shift per channel in `prepare`).
 - `numpy.formula`: every other supported op through its numpy formulation
@@ -94,7 +95,7 @@ class NumpyElementwise(NumpyImplementation):
         return kernel
 
 
-_RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+_RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 
 
 class NumpyCopy(NumpyImplementation):
@@ -152,6 +153,38 @@ class NumpyCopy(NumpyImplementation):
                 workload.static_value(i) is None for i in (1, 2)):
             return "Slice starts/ends must be static inputs"
         return None
+
+
+class NumpySum(NumpyImplementation):
+    """Sum, Mean and variadic Max/Min: one ufunc pass per input into the output."""
+
+    name = "numpy.sum"
+    ops = ("Sum", "Mean", "Max", "Min")
+
+    def extra_reason(self, workload: Workload) -> str | None:
+        if workload.op in ("Max", "Min") and self.core_inputs(workload) == 2:
+            return f"two-input {workload.op} goes through numpy.elementwise"
+        return None
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        ufunc = {"Sum": np.add, "Mean": np.add, "Max": np.maximum, "Min": np.minimum}[workload.op]
+        count, steps = self.core_inputs(workload), workload.epilogue
+        scale = 1.0 / count if workload.op == "Mean" else None
+
+        def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+            out = outputs[0]
+            if count == 1:
+                np.copyto(out, inputs[0])
+            else:
+                ufunc(inputs[0], inputs[1], out=out)
+                for i in range(2, count):
+                    ufunc(out, inputs[i], out=out)
+            if scale is not None:
+                out *= out.dtype.type(scale)
+            finish_epilogue(out, steps, inputs)
+
+        return kernel
 
 
 class NumpySoftmax(NumpyImplementation):
@@ -248,7 +281,8 @@ class NumpyFormula(NumpyImplementation):
         if workload.op in ("LayerNormalization", "BatchNormalization") or (
                 workload.op == "Softmax" and workload.opset >= 13) or (
                 workload.op in UNARY_AS_STEP) or (
-                workload.op in BINARY_UFUNCS and self.core_inputs(workload) == 2):
+                workload.op in BINARY_UFUNCS and self.core_inputs(workload) == 2) or (
+                workload.op in NumpySum.ops):
             return f"{workload.op} has a dedicated numpy kernel"
         return None
 
@@ -266,6 +300,6 @@ class NumpyFormula(NumpyImplementation):
         return kernel
 
 
-for _impl in (NumpyElementwise(), NumpyCopy(), NumpySoftmax(), NumpyLayerNorm(),
+for _impl in (NumpyElementwise(), NumpyCopy(), NumpySum(), NumpySoftmax(), NumpyLayerNorm(),
               NumpyBatchNorm(), NumpyFormula()):
     register(_impl)

@@ -69,6 +69,14 @@ def _binary(workload, inputs):
     return [np.asarray(y)]
 
 
+def _sum_or_mean(workload, inputs):
+    args = [x for x in inputs if x is not None]
+    y = args[0]
+    for x in args[1:]:
+        y = y + x
+    return [y / len(args) if workload.op == "Mean" else y]
+
+
 def _reshape_like_output(workload, inputs):
     return [np.reshape(inputs[0], workload.outputs[0].shape)]
 
@@ -147,6 +155,7 @@ TENSOR_FORMULAS: dict[str, Formula] = {
     "Clip": _clip,
     "Reshape": _reshape_like_output, "Flatten": _reshape_like_output,
     "Squeeze": _reshape_like_output, "Unsqueeze": _reshape_like_output,
+    "Sum": _sum_or_mean, "Mean": _sum_or_mean, "Dropout": _identity,
     "Identity": _identity, "Transpose": _transpose, "Concat": _concat, "Gather": _gather,
     "Slice": _slice, "Pad": _pad,
 }
