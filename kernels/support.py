@@ -16,7 +16,7 @@ ELEMENTWISE_BINARY_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "M
                                     "Mean"})
 DATA_MOVEMENT_OPS = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Transpose", "Concat",
-    "Gather", "Slice", "Pad",
+    "Gather", "Slice", "Pad", "Resize",
 })
 NN_OPS = frozenset({
     "Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
@@ -25,7 +25,9 @@ NN_OPS = frozenset({
 SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_BINARY_OPS
                           | DATA_MOVEMENT_OPS | NN_OPS)
 # Inputs that must be constants with fixed values (static inputs); Clip bounds may vary.
-_STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3)}
+_STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3)}
+_RESIZE_COORDINATES = frozenset({"half_pixel", "pytorch_half_pixel", "align_corners",
+                                 "asymmetric", "tf_half_pixel_for_nn"})
 _FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
 
 
@@ -58,10 +60,33 @@ def unsupported_reason(workload: Workload) -> str | None:
             return f"Pad mode {mode!r} is not implemented"
     if op == "Dropout" and (workload.attr("is_test", 1) == 0 or _truthy(workload, 2)):
         return "Dropout in training mode is not implemented"
+    if op == "Resize":
+        reason = _resize_reason(workload)
+        if reason:
+            return reason
     if op in ("MaxPool", "AveragePool") and workload.attr("storage_order", 0):
         return "MaxPool storage_order=1 is not implemented"
     if op == "Conv" and len(workload.inputs[0].shape) < 3:
         return "Conv needs at least one spatial dimension"
+    return None
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _resize_reason(workload: Workload) -> str | None:
+    """Only nearest-neighbour resizing (opset 11 on) over all axes, with the plain size policy."""
+    if workload.opset < 11:
+        return "Resize before opset 11 goes through onnxruntime"
+    if _text(workload.attr("mode", "nearest")) != "nearest":
+        return f"Resize mode {_text(workload.attr('mode'))!r} is not implemented"
+    mode = _text(workload.attr("coordinate_transformation_mode", "half_pixel"))
+    if mode not in _RESIZE_COORDINATES:
+        return f"Resize coordinate_transformation_mode {mode!r} is not implemented"
+    if workload.attr("axes") is not None or _text(
+            workload.attr("keep_aspect_ratio_policy", "stretch")) != "stretch":
+        return "Resize with axes or keep_aspect_ratio_policy is not implemented"
     return None
 
 

@@ -4,7 +4,7 @@
   and the ONNX unary/binary elementwise ops, written with ufuncs into the
   output (`out=`), no temporaries for most steps.
 - `numpy.copy`: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout/Transpose/Concat/
-  Slice/Gather as views or `np.copyto`/`np.take(out=)` into the output.
+  Slice/Gather/Resize(nearest) as views or `np.copyto`/`np.take(out=)` into the output.
 - `numpy.sum`: Sum, Mean and variadic Max/Min, one ufunc pass per input.
 - `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in-place formulations
   (BatchNormalization folded to one scale and shift per channel in `prepare`).
@@ -24,6 +24,7 @@ from wpk.kernels.cpu.tensor_formulas import (
     BINARY_UFUNCS,
     TENSOR_FORMULAS,
     UNARY_AS_STEP,
+    resize_nearest_indices,
     slice_index,
     unary_step,
 )
@@ -102,7 +103,7 @@ class NumpyCopy(NumpyImplementation):
     """Data movement straight into the output buffer."""
 
     name = "numpy.copy"
-    ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather")
+    ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize")
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
@@ -133,6 +134,14 @@ class NumpyCopy(NumpyImplementation):
                                            if workload.static_value(i) is not None else None
                                            for i in range(len(workload.inputs))],
                                 workload.inputs[0].shape)
+
+            def move(inputs, out):
+                np.copyto(out, inputs[0][index])
+        elif op == "Resize":
+            statics = [workload.static_value(i) for i in range(len(workload.inputs))]
+            index = np.ix_(*resize_nearest_indices(
+                workload, [np.empty(workload.inputs[0].shape, np.float32)] + [
+                    None if v is None else np.asarray(v) for v in statics[1:]]))
 
             def move(inputs, out):
                 np.copyto(out, inputs[0][index])
@@ -275,7 +284,7 @@ class NumpyFormula(NumpyImplementation):
 
     name = "numpy.formula"
     ops = tuple(sorted((set(TENSOR_FORMULAS) | set(NN_FORMULAS)) - set(_RESHAPES)
-                       - {"Transpose", "Concat", "Slice", "Gather"}))
+                       - set(NumpyCopy.ops)))
 
     def extra_reason(self, workload: Workload) -> str | None:
         if workload.op in ("LayerNormalization", "BatchNormalization") or (

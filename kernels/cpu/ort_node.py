@@ -87,10 +87,16 @@ def kind_for(workload: Workload) -> str:
     return VENDOR if is_supported(workload) else FALLBACK
 
 
+def static_consts(workload: Workload) -> dict[int, np.ndarray]:
+    """The fixed values of the static inputs (shapes, indices, scales), as arrays."""
+    return {i: np.asarray(v, dtype=workload.inputs[i].dtype).reshape(workload.inputs[i].shape)
+            for i, v in workload.static_inputs if workload.inputs[i] is not None}
+
+
 def make_ort_kernel(workload: Workload, consts: Mapping[int, np.ndarray],
                     threads: int | None = None) -> Kernel:
     """Prepare a kernel running the workload (with epilogue) in one onnxruntime session."""
-    node_model = build_node_model(workload, consts)
+    node_model = build_node_model(workload, {**static_consts(workload), **consts})
     session = create_session(node_model.model.SerializeToString(), workload.label, threads)
     feeds = [(i, input_name(i)) for i in node_model.feeds]
     out_names = [output_name(j) for j in range(len(workload.outputs))]
@@ -162,7 +168,7 @@ class OrtNode(Implementation):
         key = workload.key
         if key not in self._probe_cache:
             try:
-                model = build_node_model(workload, {})
+                model = build_node_model(workload, static_consts(workload))
                 session = create_session(model.model.SerializeToString(), workload.label,
                                          threads=1)
                 inputs = random_inputs(workload, np.random.default_rng(0))

@@ -129,6 +129,22 @@ CASES = {
                            {1: np.array([1, 2, 0, 1], np.int64), 2: np.array(0.5, np.float32)}),
     "pad_reflect": static("Pad", [S((1, 2, 4, 4)), S((8,), "int64")], (1, 2, 6, 7),
                           {1: np.array([0, 0, 1, 2, 0, 0, 1, 1], np.int64)}, mode="reflect"),
+    "resize_nearest_scales": static(
+        "Resize", [S((1, 2, 3, 4)), S((0,)), S((4,))], (1, 2, 6, 10),
+        {1: np.zeros(0, np.float32), 2: np.array([1, 1, 2, 2.5], np.float32)}),
+    "resize_sizes_align_corners_floor": static(
+        "Resize", [S((1, 2, 5, 4)), S((0,)), S((0,)), S((4,), "int64")], (1, 2, 3, 7),
+        {1: np.zeros(0, np.float32), 2: np.zeros(0, np.float32),
+         3: np.array([1, 2, 3, 7], np.int64)},
+        coordinate_transformation_mode="align_corners", nearest_mode="floor"),
+    "resize_asymmetric_ceil": static(
+        "Resize", [S((2, 3, 4)), S((0,)), S((3,))], (2, 3, 9),
+        {1: np.zeros(0, np.float32), 2: np.array([1, 1, 2.25], np.float32)},
+        coordinate_transformation_mode="asymmetric", nearest_mode="ceil"),
+    "resize_pytorch_prefer_ceil": static(
+        "Resize", [S((1, 1, 4, 6)), S((0,)), S((4,))], (1, 1, 6, 3),
+        {1: np.zeros(0, np.float32), 2: np.array([1, 1, 1.5, 0.5], np.float32)},
+        coordinate_transformation_mode="pytorch_half_pixel", nearest_mode="round_prefer_ceil"),
     "elementwise_chain": Workload("Elementwise", (S((2, 6, 5)), S((6, 1))), (S((2, 6, 5)),),
                                   domain="wpk", epilogue=(E("mul", operand=1), E("sigmoid"),
                                                           E("sub", operand=0, swap=True))),
