@@ -118,6 +118,13 @@ def test_builtin_functions_match_numpy(rng, fn, reference):
                                atol=1e-12)
 
 
+def test_scalar_defaults_may_be_negative():
+    op = parse_one("op f(X: f32[N], s: int = -1, a: f32 = -0.5) -> Y: f32[N] "
+                   "{ Y[i] = X[i] * a + s }")
+    assert [s.default for s in op.scalars] == [-1, -0.5]
+    np.testing.assert_allclose(ir.evaluate(op, {"X": np.ones(2)})["Y"], [-1.5, -1.5])
+
+
 def test_select_only_reads_in_its_chosen_branch():
     op = parse_one("op f(X: f32[N]) -> Y: f32[N] { Y[i] = select(i > 0, X[i - 1], 0.0) }")
     np.testing.assert_array_equal(ir.evaluate(op, {"X": np.array([1.0, 2, 3])})["Y"], [0, 1, 2])
