@@ -503,7 +503,19 @@ def operator_text(op: Operator) -> str:
     return "\n".join(lines)
 
 
-from wpk.dsl.evaluate import evaluate, infer_bindings  # noqa: E402  (re-export)
+def evaluate(op: Operator, arrays, bindings=None, keep_locals: bool = False) -> dict:
+    """Outputs of `op` computed by the float64 reference interpreter (`wpk.dsl.evaluate`)."""
+    from wpk.dsl.evaluate import evaluate as run
+
+    return run(op, arrays, bindings, keep_locals)
+
+
+def infer_bindings(op: Operator, arrays, scalars=None) -> dict[str, int | float]:
+    """Every symbol, scalar and derived dim of `op` bound from inputs (`wpk.dsl.evaluate`)."""
+    from wpk.dsl.evaluate import infer_bindings as infer
+
+    return infer(op, arrays, scalars)
+
 
 __all__ = [
     "ARITH_OPS", "CALL_ARITY", "COMPARE_OPS", "DTYPES", "FLOAT_TYPES", "INDEX", "INT_TYPES",

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from wpk.dsl import compute as ir
-from wpk.dsl.typecheck import epilogue as epilogue_function
 from wpk.errors import DslError
 
 BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "pow", "max": "max",
@@ -69,7 +68,7 @@ def with_epilogue(op: ir.Operator, steps: Sequence, operand_shapes: Mapping[int,
             elif step.op == "hard_sigmoid":
                 extra = [ir.Const(float(attrs.get("alpha", 0.2)), t),
                          ir.Const(float(attrs.get("beta", 0.5)), t)]
-            value = epilogue_function(step.op, value, extra)
+            value = epilogue_expr(step.op, value, extra)
         else:
             raise DslError(f"unknown epilogue step '{step.op}' for {op.name}",
                            hint="see UNARY_EPILOGUE_OPS and BINARY_EPILOGUE_OPS in "
@@ -101,3 +100,54 @@ def _broadcast_load(op: ir.Operator, stage: ir.Stage, index: int, shape: tuple[i
                                              f"the output has {ir.to_text(axis.extent)}"))
     params[name] = ir.Param(name, dtype, tuple(ir.Const(int(s)) for s in shape))
     return ir.Load(name, tuple(indices), dtype)
+
+
+def epilogue_expr(fn: str, x: ir.Expr, extra: list[ir.Expr]) -> ir.Expr:
+    """The compute IR of epilogue function `fn` (relu, gelu, ...) applied to float `x`.
+
+    `extra` holds the optional arguments (clip bounds, leaky_relu/hard_sigmoid
+    alpha and beta). Names and defaults follow `wpk.kernels.workload`; the
+    DSL's functions of the same names are desugared here too.
+    """
+    t = x.dtype
+
+    def c(v: float) -> ir.Const:
+        return ir.Const(float(v), t)
+
+    def mul(a, b):
+        return ir.BinOp("*", a, b, t)
+
+    def add(a, b):
+        return ir.BinOp("+", a, b, t)
+
+    def clip(v, lo, hi):
+        return ir.BinOp("min", ir.BinOp("max", v, lo, t), hi, t)
+
+    if fn == "relu":
+        return ir.BinOp("max", x, c(0), t)
+    if fn == "relu6":
+        return clip(x, c(0), c(6))
+    if fn == "clip":
+        return clip(x, extra[0], extra[1])
+    if fn == "leaky_relu":
+        alpha = extra[0] if extra else c(0.01)
+        return ir.Select(ir.BinOp(">=", x, c(0), "bool"), x, mul(alpha, x), t)
+    if fn == "silu":
+        return mul(x, ir.Call("sigmoid", (x,), t))
+    if fn == "gelu":
+        return mul(mul(c(0.5), x),
+                   add(c(1), ir.Call("erf", (mul(x, c(0.7071067811865476)),), t)))
+    if fn == "gelu_tanh":
+        inner = mul(c(0.7978845608028654), add(x, mul(c(0.044715), mul(x, mul(x, x)))))
+        return mul(mul(c(0.5), x), add(c(1), ir.Call("tanh", (inner,), t)))
+    if fn == "hard_sigmoid":
+        alpha = extra[0] if extra else c(0.2)
+        beta = extra[1] if len(extra) > 1 else c(0.5)
+        return clip(add(mul(alpha, x), beta), c(0), c(1))
+    if fn == "hard_swish":
+        return mul(x, clip(add(mul(c(1 / 6), x), c(0.5)), c(0), c(1)))
+    if fn == "softplus":
+        return ir.Call("log", (add(c(1), ir.Call("exp", (x,), t)),), t)
+    if fn == "reciprocal":
+        return ir.BinOp("/", c(1), x, t)
+    raise ValueError(f"unknown epilogue {fn}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from lark import Token, Tree
 
 from wpk.dsl import compute as ir
+from wpk.dsl.epilogue import epilogue_expr
 from wpk.errors import DslError
 
 TYPE_ALIASES = {"int": "i32", "float": "f32"}
@@ -407,53 +408,5 @@ class ExprChecker:
         x = self.to_float(args[0], token, fn)
         extra = [self.coerce(self.to_float(a, t, fn), x.dtype, t, fn)
                  for a, t in zip(args[1:], arg_trees[1:])]
-        return epilogue(fn, x, extra)
+        return epilogue_expr(fn, x, extra)
 
-
-def epilogue(fn: str, x: ir.Expr, extra: list[ir.Expr]) -> ir.Expr:
-    """The compute IR of an elementwise epilogue function applied to float `x`.
-
-    Names and defaults follow `wpk.kernels.workload.UNARY_EPILOGUE_OPS`.
-    """
-    t = x.dtype
-
-    def c(v: float) -> ir.Const:
-        return ir.Const(float(v), t)
-
-    def mul(a, b):
-        return ir.BinOp("*", a, b, t)
-
-    def add(a, b):
-        return ir.BinOp("+", a, b, t)
-
-    def clip(v, lo, hi):
-        return ir.BinOp("min", ir.BinOp("max", v, lo, t), hi, t)
-
-    if fn == "relu":
-        return ir.BinOp("max", x, c(0), t)
-    if fn == "relu6":
-        return clip(x, c(0), c(6))
-    if fn == "clip":
-        return clip(x, extra[0], extra[1])
-    if fn == "leaky_relu":
-        alpha = extra[0] if extra else c(0.01)
-        return ir.Select(ir.BinOp(">=", x, c(0), "bool"), x, mul(alpha, x), t)
-    if fn == "silu":
-        return mul(x, ir.Call("sigmoid", (x,), t))
-    if fn == "gelu":
-        return mul(mul(c(0.5), x),
-                   add(c(1), ir.Call("erf", (mul(x, c(0.7071067811865476)),), t)))
-    if fn == "gelu_tanh":
-        inner = mul(c(0.7978845608028654), add(x, mul(c(0.044715), mul(x, mul(x, x)))))
-        return mul(mul(c(0.5), x), add(c(1), ir.Call("tanh", (inner,), t)))
-    if fn == "hard_sigmoid":
-        alpha = extra[0] if extra else c(0.2)
-        beta = extra[1] if len(extra) > 1 else c(0.5)
-        return clip(add(mul(alpha, x), beta), c(0), c(1))
-    if fn == "hard_swish":
-        return mul(x, clip(add(mul(c(1 / 6), x), c(0.5)), c(0), c(1)))
-    if fn == "softplus":
-        return ir.Call("log", (add(c(1), ir.Call("exp", (x,), t)),), t)
-    if fn == "reciprocal":
-        return ir.BinOp("/", c(1), x, t)
-    raise ValueError(f"unknown epilogue {fn}")
