@@ -5,7 +5,8 @@ A blocked tensor of logical shape (N, C, H, W) is stored with shape
 [n, c // b, h, w, c % b], and the channels from C up to the next multiple of
 b are zero. The block size b is the SIMD width of the host in floats (16 with
 AVX-512F, 8 with AVX2), the value onnxruntime's MLAS uses
-(`MlasNchwcGetBlockSize`). Its memory is exactly what MLAS calls NCHWc with
+(`MlasNchwcGetBlockSize`, read off onnxruntime by `mlas_block_size`). Its
+memory is exactly what MLAS calls NCHWc with
 the 4-d shape (N, ceil(C/b)*b, H, W), so a blocked buffer is handed to
 onnxruntime's `com.microsoft.nchwc` kernels without a copy.
 
@@ -39,26 +40,39 @@ def round_up(value: int, multiple: int) -> int:
 
 @functools.cache
 def host_block_size() -> int:
-    """NCHWc block of this host: 16 with avx512f, 8 with avx2, else 4 (MLAS's choice)."""
+    """The NCHWc block of this host: what MLAS uses, else 16 with avx512f, 8 otherwise."""
+    return mlas_block_size() or (16 if "avx512f" in _cpu_flags() else 8)
+
+
+def mlas_block_size() -> int | None:
+    """MLAS's block, read off onnxruntime: the padded channel count of a 4-channel ReorderInput."""
     try:
-        from wpk import devices  # written by another helper; optional
-        flags = set(getattr(devices, "cpu_flags", lambda: ())())
-    except Exception:
-        flags = set()
-    if not flags:
-        try:
-            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-                for line in f:
-                    if line.startswith("flags"):
-                        flags = set(line.split(":", 1)[1].split())
-                        break
-        except OSError:
-            flags = set()
-    if "avx512f" in flags:
-        return 16
-    if "avx2" in flags:
-        return 8
-    return 4
+        import onnxruntime as ort
+        from onnx import helper
+
+        node = helper.make_node("ReorderInput", ["x"], ["y"], domain="com.microsoft.nchwc")
+        graph = helper.make_graph([node], "probe",
+                                  [helper.make_tensor_value_info("x", 1, [1, 4, 1, 1])],
+                                  [helper.make_tensor_value_info("y", 1, None)])
+        model = helper.make_model(graph, opset_imports=[
+            helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft.nchwc", 1)])
+        model.ir_version = 8
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        padded = session.run(None, {"x": np.zeros((1, 4, 1, 1), np.float32)})[0].shape[1]
+    except Exception:  # no onnxruntime, or a build without the NCHWc kernels
+        return None
+    return int(padded) if padded in SUPPORTED_BLOCKS else None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        from wpk.devices import cpu_flags
+        return set(cpu_flags())
+    except Exception:  # pragma: no cover - devices is part of wpk
+        return set()
 
 
 def blocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:

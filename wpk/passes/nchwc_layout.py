@@ -61,7 +61,6 @@ from wpk.kernels.workload import EpilogueStep
 from wpk.passes.base import GraphPass, drop_unused_constants
 from wpk.passes.elementwise import chain_start, make_elementwise
 from wpk.passes.nchwc_rules import (
-    MLAS_ACTIVATIONS,
     constant_pad_value,
     conv_bias,
     conv_input_mode,
@@ -363,4 +362,4 @@ def _forget_unused_tensors(graph: Graph) -> None:
         del graph.tensors[name]
 
 
-__all__ = ["MLAS_ACTIVATIONS", "NCHWC_DOMAIN", "NchwcLayout", "NchwcOptions"]
+__all__ = ["NCHWC_DOMAIN", "NchwcLayout", "NchwcOptions"]
