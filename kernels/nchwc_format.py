@@ -6,9 +6,9 @@ A blocked tensor of logical shape (N, C, H, W) is stored with shape
 b are zero. The block size b is the SIMD width of the host in floats (16 with
 AVX-512F, 8 with AVX2), the value onnxruntime's MLAS uses
 (`MlasNchwcGetBlockSize`, read off onnxruntime by `mlas_block_size`). Its
-memory is exactly what MLAS calls NCHWc with
-the 4-d shape (N, ceil(C/b)*b, H, W), so a blocked buffer is handed to
-onnxruntime's `com.microsoft.nchwc` kernels without a copy.
+memory is exactly what MLAS calls NCHWc with the 4-d shape
+(N, ceil(C/b)*b, H, W), so a blocked buffer is handed to onnxruntime's
+`com.microsoft.nchwc` kernels without a copy.
 
 Filters stay in logical OIHW form in the graph; the kernels pack them here,
 exactly as onnxruntime's NchwcTransformer does (MlasReorderFilterOIHWBiBo and
