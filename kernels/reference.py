@@ -19,6 +19,7 @@ from onnx.reference import ReferenceEvaluator
 from wpk.errors import UnsupportedError
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
 from wpk.kernels.cpu.node_model import (
+    MS_DOMAIN,
     build_node_model,
     check_buildable,
     core_input_count,
@@ -137,8 +138,22 @@ def _evaluator(workload: Workload, wide: bool) -> ReferenceEvaluator:
     return _EVALUATORS[key]
 
 
+def _contrib_session(workload: Workload, wide: bool):
+    """onnxruntime's own contrib op (com.microsoft has no onnx.reference), float64 if it can."""
+    import onnxruntime as ort  # only needed for contrib ops
+
+    dtype_map = {"float32": "float64", "float16": "float64"} if wide else {}
+    model = build_node_model(workload, {}, with_epilogue=False, dtype_map=dtype_map)
+    return ort.InferenceSession(model.model.SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+
+
 def _onnx_reference(workload: Workload, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-    """Run the node alone with onnx.reference: float64 first, then the original dtypes."""
+    """Run the node alone with onnx.reference: float64 first, then the original dtypes.
+
+    Contrib ops (com.microsoft) have no onnx.reference implementation; they run
+    through onnxruntime instead, the only independent implementation there is.
+    """
     reason = check_buildable(workload)
     if reason:
         raise UnsupportedError(f"{workload.label}: no reference: {reason}",
@@ -152,7 +167,10 @@ def _onnx_reference(workload: Workload, inputs: list[np.ndarray | None]) -> list
                 continue
             feeds[input_name(i)] = x if wide else x.astype(workload.inputs[i].dtype, copy=False)
         try:
-            results = _evaluator(workload, wide).run(names, feeds)
+            if workload.domain == MS_DOMAIN:
+                results = _contrib_session(workload, wide).run(names, feeds)
+            else:
+                results = _evaluator(workload, wide).run(names, feeds)
         except Exception as exc:  # the evaluator raises whatever its op raises
             errors.append(f"{type(exc).__name__}: {exc}")
             continue

@@ -221,7 +221,8 @@ def test_ort_rejects_what_it_cannot_run():
              attrs=(("axis", 1),), const_inputs=(1,), static_inputs=((1, np.array([4])),)),
     Workload("CumSum", (S((4, 5)), S((), "int64")), (S((4, 5)),), const_inputs=(1,),
              static_inputs=((1, np.array(1)),), epilogue=(E("relu"),)),
-], ids=["Hardmax", "TopK", "CumSum+relu"])
+    Workload("FastGelu", (S((2, 8)),), (S((2, 8)),), domain="com.microsoft"),
+], ids=["Hardmax", "TopK", "CumSum+relu", "contrib-FastGelu"])
 def test_fallback_runs_unsupported_ops_and_says_so(workload, rng):
     assert workload.op not in SUPPORTED_OPS and not is_supported(workload)
     candidates = registry.candidates(workload)
