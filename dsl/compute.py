@@ -493,7 +493,8 @@ def operator_text(op: Operator) -> str:
     args += [f"{s.name}: {s.dtype}" + ("" if s.default is None else f" = {s.default!r}")
              for s in op.scalars]
     outs = [tensor(s.name, s.dtype, s.shape) for s in op.stages if s.name in op.outputs]
-    lines = [f"op {op.name}({', '.join(args)}) -> ({', '.join(outs)})"]
+    lines = [f"# {line}" for line in op.doc.splitlines()]
+    lines.append(f"op {op.name}({', '.join(args)}) -> ({', '.join(outs)})")
     lines += [f"  let {name} = {to_text(e)}" for name, e in op.derived]
     lines += [f"  require {to_text(r.cond)}" for r in op.requires]
     for s in op.stages:

@@ -9,6 +9,7 @@ starts with `file:line:col:` and whose hint says what to do.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from pathlib import Path
 
 from lark import Lark, Token, Tree
@@ -54,8 +55,20 @@ def parse_source(text: str, filename: str = "<string>") -> list[ir.Operator]:
                            f"'{name_token}' is already defined at {line}:{col}",
                            hint="rename one of the operators")
         names[str(name_token)] = position(name_token)
-        operators.append(OperatorBuilder(filename).build(op_tree))
+        op = OperatorBuilder(filename).build(op_tree)
+        operators.append(replace(op, doc=_leading_comment(text, name_token.line)))
     return operators
+
+
+def _leading_comment(text: str, line: int) -> str:
+    """The `#` comment lines directly above line `line` (an operator's documentation)."""
+    lines = text.splitlines()
+    doc: list[str] = []
+    k = line - 2
+    while k >= 0 and lines[k].strip().startswith("#"):
+        doc.insert(0, lines[k].strip().lstrip("#").strip())
+        k -= 1
+    return "\n".join(doc)
 
 
 def _describe_terminal(name: str) -> str:

@@ -28,6 +28,7 @@ def parse_one(text: str) -> ir.Operator:
 
 def test_gemm_builds_the_documented_ir():
     op = parse_one(GEMM)
+    assert op.doc == "a comment line" and ir.operator_text(op).startswith("# a comment line\n")
     assert op.name == "gemm" and op.outputs == ("Y",) and op.source == ir.SourceSpan("t.wpk", 3, 4)
     assert [p.name for p in op.params] == ["A", "B", "C"]
     assert op.params[0].shape == (ir.SymVar("M"), ir.SymVar("K"))
