@@ -84,9 +84,10 @@ def limits_from(hw, target: str) -> Limits:
 
 
 def _choices(candidates, limit: int) -> list[int]:
-    """Candidates up to `limit`, plus `limit` itself when it is small (whole axis)."""
-    out = [c for c in candidates if c <= limit]
-    return out or [1]
+    """Candidates below `limit`, plus the smallest one covering the whole axis."""
+    out = [c for c in candidates if c < limit]
+    covering = [c for c in candidates if c >= limit]
+    return out + covering[:1] or [1]
 
 
 class Template:
@@ -182,6 +183,18 @@ class Template:
 
     def preferred_points(self):
         return self.space().points()
+
+    def sample(self, rng, count: int, tries: int = 200) -> list[dict]:
+        """Up to `count` distinct valid points drawn at random with numpy generator `rng`."""
+        space = self.space()
+        out: list[dict] = []
+        for _ in range(tries):
+            point = {k: v[int(rng.integers(len(v)))] for k, v in space.items()}
+            if point not in out and self.validate(point) is None:
+                out.append(point)
+                if len(out) >= count:
+                    break
+        return out
 
     def configs(self, limit: int | None = None) -> list[dict]:
         """Valid points of the space, in order (at most `limit`)."""

@@ -113,3 +113,30 @@ def relative_l2(out: np.ndarray, ref: np.ndarray) -> float:
     diff = np.linalg.norm(out[finite] - ref[finite])
     scale = np.linalg.norm(ref[finite])
     return float(diff / scale) if scale > 0 else float(diff)
+
+
+FIXED_CONV = {"N": 1, "C": 6, "CG": 3, "K": 8, "H": 9, "W": 10, "R": 3, "S": 3, "groups": 2,
+              "stride_h": 2, "stride_w": 1, "pad_t": 1, "pad_l": 1, "pad_b": 1, "pad_r": 0,
+              "dil_h": 1, "dil_w": 2}
+FIXED_POOL = {"N": 1, "C": 3, "H": 9, "W": 8, "KH": 3, "KW": 2, "stride_h": 2, "stride_w": 1,
+              "pad_t": 1, "pad_l": 1, "pad_b": 0, "pad_r": 1}
+
+
+def fixed_workload(op: C.Operator, seed: int = 0):
+    """A deterministic small workload of `op` (odd sizes, grouped conv): (bindings, arrays)."""
+    if op.name in CONV_OPS:
+        values = dict(FIXED_CONV)
+    elif op.name in POOL_OPS:
+        values = dict(FIXED_POOL)
+    else:
+        values = {n: (37 if n in ("L", "D", "HW") else 5) for n in op.shape_symbols}
+    bindings = dict(values)
+    for s in op.scalars:
+        bindings.setdefault(s.name, s.default)
+    for name, expr in op.derived:
+        bindings[name] = C.bind_dim(expr, bindings)
+    rng = np.random.default_rng(seed)
+    arrays = {p.name: rng.standard_normal(tuple(C.bind_dim(d, bindings) for d in p.shape))
+              .astype(np.float32) for p in op.params}
+    scalars = {s.name: bindings[s.name] for s in op.scalars if bindings[s.name] is not None}
+    return C.infer_bindings(op, arrays, scalars), arrays
