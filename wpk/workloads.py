@@ -100,7 +100,7 @@ def normalized_attrs(graph: Graph, node: Node) -> tuple[tuple[str, Any], ...]:
 
 def _canonical(value: Any) -> Any:
     if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value)
+        return np.asarray(value, order="C")
     if isinstance(value, (list, tuple)):
         return tuple(_canonical(v) for v in value)
     if isinstance(value, np.generic):
@@ -126,7 +126,7 @@ def workload_of(graph: Graph, node: Node) -> Workload:
     for k in const_inputs:
         value = np.asarray(graph.constants[node.inputs[k]])
         if k not in weights and _is_static(value):
-            static_inputs.append((k, np.ascontiguousarray(value)))
+            static_inputs.append((k, np.asarray(value, order="C")))
     return Workload(op=node.op, inputs=inputs, outputs=outputs,
                     attrs=normalized_attrs(graph, node), epilogue=tuple(node.epilogue),
                     domain=node.domain, const_inputs=const_inputs,

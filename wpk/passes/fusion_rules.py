@@ -58,7 +58,7 @@ def _per_channel(value: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np
 
 
 def _new_const(ctx: FusionContext, node: Node, tag: str, value: np.ndarray, dtype) -> str:
-    return add_constant(ctx.graph, f"{node.name}_{tag}", np.ascontiguousarray(value.astype(dtype)))
+    return add_constant(ctx.graph, f"{node.name}_{tag}", np.asarray(value.astype(dtype), order="C"))
 
 
 def _consumer(ctx: FusionContext, node: Node, ops: frozenset[str]) -> Node | None:
@@ -105,7 +105,9 @@ def _rewrite_bn_conv(ctx: FusionContext, conv: Node, found) -> None:
 
 
 def _gemm_parts(ctx: FusionContext, node: Node):
-    """(B as a (K, N) matrix, C or None, alpha, beta) of a foldable Gemm or 2-D MatMul."""
+    """(B as a (K, N) matrix, C or None, alpha, beta) of a foldable Gemm or 2-D MatMul.
+
+    Callers check the rest of their pattern first: nothing here copies the weight."""
     if not _plain(node) or node.op not in ("Gemm", "MatMul"):
         return None
     weight = ctx.const(node.inputs[1])
@@ -114,14 +116,13 @@ def _gemm_parts(ctx: FusionContext, node: Node):
     if ctx.graph.tensors[node.outputs[0]].dtype not in FLOAT_DTYPES:
         return None
     if node.op == "MatMul":
-        return weight.astype(np.float64), None, 1.0, 1.0
+        return weight, None, 1.0, 1.0
     c_name = node.inputs[2] if len(node.inputs) > 2 else ""
     c = ctx.const(c_name)
     if c_name and c is None:
         return None
     matrix = weight.T if node.attr("transB", 0) else weight
-    return (matrix.astype(np.float64), None if c is None else c.astype(np.float64),
-            float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0)))
+    return matrix, c, float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
 
 
 def _set_gemm(ctx: FusionContext, node: Node, matrix: np.ndarray, c: np.ndarray,
@@ -136,9 +137,9 @@ def _set_gemm(ctx: FusionContext, node: Node, matrix: np.ndarray, c: np.ndarray,
 
 
 def _match_bn_gemm(ctx: FusionContext, node: Node):
-    parts = _gemm_parts(ctx, node)
     bn = _consumer(ctx, node, frozenset({"BatchNormalization"}))
-    if parts is None or bn is None or bn.inputs[0] != node.outputs[0]:
+    parts = _gemm_parts(ctx, node) if bn is not None else None
+    if parts is None or bn.inputs[0] != node.outputs[0]:
         return None
     params = _bn_params(ctx, bn, parts[0].shape[1])
     return None if params is None else (bn, parts, params)
@@ -146,8 +147,9 @@ def _match_bn_gemm(ctx: FusionContext, node: Node):
 
 def _rewrite_bn_gemm(ctx: FusionContext, node: Node, found) -> None:
     bn, (matrix, c, alpha, beta), (factor, shift) = found
-    c_scaled = (0.0 if c is None else beta * c) * factor + shift
-    _set_gemm(ctx, node, matrix * factor[None, :], np.asarray(c_scaled), alpha)
+    c_scaled = (0.0 if c is None else beta * c.astype(np.float64)) * factor + shift
+    _set_gemm(ctx, node, matrix.astype(np.float64) * factor[None, :], np.asarray(c_scaled),
+              alpha)
     ctx.absorb(node, bn)
 
 
@@ -200,17 +202,21 @@ def _rewrite_conv_affine(ctx: FusionContext, conv: Node, found) -> None:
 
 
 def _match_gemm_bias(ctx: FusionContext, node: Node):
-    parts = _gemm_parts(ctx, node)
-    found = _match_const_operand(ctx, node, frozenset({"Add"})) if parts else None
+    found = _match_const_operand(ctx, node, frozenset({"Add"}))
     if found is None or found[1].ndim > 2:
         return None
-    return found, parts
+    parts = _gemm_parts(ctx, node)
+    return None if parts is None else (found, parts)
 
 
 def _rewrite_gemm_bias(ctx: FusionContext, node: Node, found) -> None:
-    (consumer, value), (matrix, c, alpha, beta) = found
-    c_new = value.astype(np.float64) + (0.0 if c is None else beta * c)
-    _set_gemm(ctx, node, matrix, c_new, alpha)
+    (consumer, value), (_, c, _, beta) = found
+    c_new = value.astype(np.float64) + (0.0 if c is None else beta * c.astype(np.float64))
+    dtype = ctx.graph.tensors[node.outputs[0]].dtype
+    if node.op == "MatMul":  # the weight stays as it is: B of a Gemm without transposes
+        node.op, node.attrs = "Gemm", {"alpha": 1.0, "transA": 0, "transB": 0}
+    node.attrs["beta"] = 1.0
+    node.inputs = [*node.inputs[:2], _new_const(ctx, node, "C", c_new, dtype)]
     ctx.absorb(node, consumer)
 
 

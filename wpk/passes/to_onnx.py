@@ -155,7 +155,7 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
     emit = _Emitter(graph)
     for node in graph.nodes:
         emit.node(node)
-    initializers = [numpy_helper.from_array(np.ascontiguousarray(v), name)
+    initializers = [numpy_helper.from_array(np.asarray(v, order="C"), name)
                     for name, v in [*graph.constants.items(), *emit.extra.items()]]
     produced = {o for n in graph.nodes for o in n.outputs}
     value_info = [_value_info(graph, name) for name in produced

@@ -1,0 +1,445 @@
+"""Graph passes: every rule on a hand-built model and the nine light models, checked by
+running the graph before and after the passes in onnxruntime (via `to_onnx`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+from onnx import helper as h
+
+from wpk.frontend import load_model
+from wpk.graph import Graph
+from wpk.passes import PIPELINE, PassReport, PipelineEntry, optimize, passes_for, to_onnx
+from wpk.passes.base import check_graph
+
+LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+LIGHT_MODELS = sorted(f for f in os.listdir(LIGHT_DIR) if f.endswith(".onnx"))
+# The target-independent passes: target 'cpu' adds the NCHWc layout pass (wpk.nchwc ops,
+# which onnxruntime cannot run and which has its own tests).
+TARGET = "cuda"
+
+
+# ------------------------------------------------------------------ helpers
+
+def run_ort(graph: Graph, feeds: dict) -> list[np.ndarray]:
+    """Run the graph in onnxruntime; big constants are fed as inputs (no serializing)."""
+    graph = graph.copy()
+    feeds = dict(feeds)
+    for name, value in list(graph.constants.items()):
+        if value.size > 1 << 16:
+            feeds[name] = np.asarray(graph.constants.pop(name), order="C")
+            graph.inputs.append(name)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(to_onnx(graph).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(list(graph.outputs), feeds)
+
+
+def rel_l2(expected: np.ndarray, actual: np.ndarray) -> float:
+    expected = expected.astype(np.float64)
+    return float(np.linalg.norm(expected - actual) / max(np.linalg.norm(expected), 1e-30))
+
+
+def assert_equivalent(before: Graph, after: Graph, rng, tol: float = 1e-5) -> None:
+    assert after.outputs == before.outputs
+    feeds = {name: rng.standard_normal(before.tensors[name].shape).astype(
+        before.tensors[name].dtype) for name in before.inputs}
+    for expected, actual in zip(run_ort(before, feeds), run_ort(after, feeds)):
+        assert expected.shape == actual.shape
+        assert rel_l2(expected, actual) <= tol
+
+
+def randomize_weights(graph: Graph, rng) -> None:
+    """Seeded weights (the light models' ConstantOfShape weights are all 0.02).
+
+    Big tensors repeat a random block of 2^20 values, which is as good for catching
+    wrong folds and much cheaper than drawing 100 million numbers."""
+    block = rng.standard_normal(1 << 20, dtype=np.float32)
+    for name, value in list(graph.constants.items()):
+        if value.dtype != np.float32:
+            continue
+        if value.ndim >= 2:
+            scale = math.sqrt(2.0 / max(1, int(np.prod(value.shape[1:]))))
+            draw = (np.resize(block, value.shape) if value.size > block.size
+                    else rng.standard_normal(value.shape, dtype=np.float32))
+            graph.constants[name] = draw * np.float32(scale)
+        else:
+            graph.constants[name] = rng.uniform(0.5, 1.5, value.shape).astype(np.float32)
+
+
+def strip_softmax(graph: Graph) -> None:
+    """Compare logits, not probabilities (a saturated softmax hides errors)."""
+    last = graph.nodes[-1]
+    if last.op == "Softmax" and graph.outputs == last.outputs:
+        graph.nodes.pop()
+        graph.outputs = [last.inputs[0]]
+
+
+def fval(name, shape):
+    return h.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def build(nodes, inputs: dict, output_ranks: dict, inits: dict | None = None,
+          opset: int = 17) -> Graph:
+    inits = {k: np.asarray(v) for k, v in (inits or {}).items()}
+    graph = h.make_graph(nodes, "case", [fval(n, s) for n, s in inputs.items()],
+                         [fval(n, [None] * r) for n, r in output_ranks.items()],
+                         [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return load_model(h.make_model(graph, opset_imports=[h.make_opsetid("", opset)]))
+
+
+def optimize_checked(graph: Graph) -> tuple[Graph, PassReport]:
+    """`optimize`, plus the IR invariants checked after every single pass."""
+    staged = graph.copy()
+    for graph_pass in passes_for(TARGET):
+        staged = graph_pass.run(staged)
+        check_graph(staged)
+    optimized, report = optimize(graph, target=TARGET)
+    assert optimized.op_counts() == staged.op_counts()
+    return optimized, report
+
+
+def weights(rng, *shape, positive=False):
+    if positive:
+        return rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def conv_inits(rng, cin=3, cout=4, bn=True, bias=True):
+    inits = {"W": weights(rng, cout, cin, 3, 3) * 0.3}
+    if bias:
+        inits["B"] = weights(rng, cout)
+    if bn:
+        inits.update(s=weights(rng, cout, positive=True), b=weights(rng, cout),
+                     m=weights(rng, cout), v=weights(rng, cout, positive=True))
+    return inits
+
+
+def conv(x="x", y="c", bias=True, **attrs):
+    return h.make_node("Conv", [x, "W", "B"] if bias else [x, "W"], [y], pads=[1, 1, 1, 1],
+                       **attrs)
+
+
+def bn(x="c", y="n"):
+    return h.make_node("BatchNormalization", [x, "s", "b", "m", "v"], [y], epsilon=1e-3)
+
+
+X4 = {"x": [1, 3, 6, 6]}
+
+
+# ------------------------------------------------------------------ hand-built cases
+
+def case_conv_bn_relu(rng):
+    nodes = [conv(), bn(), h.make_node("Relu", ["n"], ["y"])]
+    return build(nodes, X4, {"y": 4}, conv_inits(rng)), \
+        {"batchnorm_into_conv", "epilogue_activation"}, {"Conv": 1}
+
+
+def case_conv_scale_bias(rng):
+    nodes = [conv(bias=False), h.make_node("Mul", ["c", "k"], ["p"]),
+             h.make_node("Add", ["p", "t"], ["q"]), h.make_node("Sub", ["q", "u"], ["y"])]
+    inits = conv_inits(rng, bn=False, bias=False)
+    inits.update(k=weights(rng, 1, 4, 1, 1), t=weights(rng, 4, 1, 1), u=np.float32(0.25))
+    return build(nodes, X4, {"y": 4}, inits), {"scale_into_conv", "bias_into_conv"}, {"Conv": 1}
+
+
+def case_gemm_bn(rng):
+    nodes = [h.make_node("Gemm", ["x", "W", "C"], ["g"], transB=1, alpha=0.5, beta=2.0),
+             bn("g", "y")]
+    inits = {"W": weights(rng, 4, 8), "C": weights(rng, 4), "s": weights(rng, 4, positive=True),
+             "b": weights(rng, 4), "m": weights(rng, 4), "v": weights(rng, 4, positive=True)}
+    return build(nodes, {"x": [3, 8]}, {"y": 2}, inits), {"batchnorm_into_gemm"}, {"Gemm": 1}
+
+
+def case_matmul_bn(rng):
+    nodes = [h.make_node("MatMul", ["x", "W"], ["g"]), bn("g", "y")]
+    inits = {"W": weights(rng, 8, 4), "s": weights(rng, 4, positive=True),
+             "b": weights(rng, 4), "m": weights(rng, 4), "v": weights(rng, 4, positive=True)}
+    return build(nodes, {"x": [3, 8]}, {"y": 2}, inits), {"batchnorm_into_gemm"}, {"Gemm": 1}
+
+
+def case_matmul_add_relu(rng):
+    nodes = [h.make_node("MatMul", ["x", "W"], ["g"]), h.make_node("Add", ["bias", "g"], ["a"]),
+             h.make_node("Relu", ["a"], ["y"])]
+    inits = {"W": weights(rng, 8, 5), "bias": weights(rng, 5)}
+    return build(nodes, {"x": [4, 8]}, {"y": 2}, inits), \
+        {"matmul_add_to_gemm", "epilogue_activation"}, {"Gemm": 1}
+
+
+def case_gemm_bias_add(rng):
+    nodes = [h.make_node("Gemm", ["x", "W", "C"], ["g"], alpha=0.5, beta=2.0),
+             h.make_node("Add", ["g", "bias"], ["y"])]
+    inits = {"W": weights(rng, 8, 5), "C": weights(rng, 1, 5), "bias": weights(rng, 4, 5)}
+    return build(nodes, {"x": [4, 8]}, {"y": 2}, inits), {"bias_into_gemm"}, {"Gemm": 1}
+
+
+def case_nd_matmul_bias_tanh(rng):
+    nodes = [h.make_node("MatMul", ["x", "W"], ["g"]), h.make_node("Add", ["g", "bias"], ["a"]),
+             h.make_node("Tanh", ["a"], ["y"])]
+    inits = {"W": weights(rng, 8, 5), "bias": weights(rng, 5)}
+    return build(nodes, {"x": [2, 3, 8]}, {"y": 3}, inits), {"epilogue_const"}, {"MatMul": 1}
+
+
+def case_conv_silu(rng):
+    nodes = [conv(), h.make_node("Sigmoid", ["c"], ["s1"]), h.make_node("Mul", ["s1", "c"], ["y"])]
+    return build(nodes, X4, {"y": 4}, conv_inits(rng, bn=False)), \
+        {"silu", "epilogue_activation"}, {"Conv": 1}
+
+
+def case_silu_alone(rng):
+    nodes = [h.make_node("Sigmoid", ["x"], ["s1"]), h.make_node("Mul", ["x", "s1"], ["y"])]
+    return build(nodes, {"x": [2, 7]}, {"y": 2}), {"silu"}, {"Elementwise": 1}
+
+
+def case_hard_swish(rng):
+    nodes = [conv(), h.make_node("HardSigmoid", ["c"], ["s1"], alpha=1 / 6, beta=0.5),
+             h.make_node("Mul", ["c", "s1"], ["y"])]
+    return build(nodes, X4, {"y": 4}, conv_inits(rng, bn=False), opset=13), \
+        {"hard_swish", "epilogue_activation"}, {"Conv": 1}
+
+
+def _gelu_nodes(form: str, x: str = "g") -> list:
+    if form == "div_first":   # torch's export: (x * (1 + erf(x / sqrt2))) * 0.5
+        return [h.make_node("Div", [x, "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+                h.make_node("Add", ["e", "one"], ["p"]), h.make_node("Mul", [x, "p"], ["q"]),
+                h.make_node("Mul", ["q", "half"], ["y"])]
+    if form == "half_last_x":  # (0.5 * (1 + erf(x * 1/sqrt2))) * x
+        return [h.make_node("Mul", [x, "rsqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+                h.make_node("Add", ["one", "e"], ["p"]), h.make_node("Mul", ["p", "half"], ["q"]),
+                h.make_node("Mul", ["q", x], ["y"])]
+    return [h.make_node("Mul", [x, "half"], ["hx"]),  # (0.5 * x) * (1 + erf(x / sqrt2))
+            h.make_node("Div", [x, "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+            h.make_node("Add", ["e", "one"], ["p"]), h.make_node("Mul", ["hx", "p"], ["y"])]
+
+
+def gelu_case(form):
+    def case(rng):
+        nodes = [h.make_node("MatMul", ["x", "W"], ["g"]), *_gelu_nodes(form)]
+        inits = {"W": weights(rng, 8, 6), "sqrt2": np.float32(math.sqrt(2)),
+                 "rsqrt2": np.float32(1 / math.sqrt(2)), "one": np.float32(1.0),
+                 "half": np.float32(0.5)}
+        return build(nodes, {"x": [2, 3, 8]}, {"y": 3}, inits), \
+            {"gelu_erf", "epilogue_activation"}, {"MatMul": 1}
+    return case
+
+
+def activation_case(op_nodes, opset=17, inits=None):
+    def case(rng):
+        all_inits = conv_inits(rng, bn=False)
+        all_inits.update(inits or {})
+        return build([conv(), *op_nodes], X4, {"y": 4}, all_inits, opset=opset), \
+            {"epilogue_activation"}, {"Conv": 1}
+    return case
+
+
+def case_residual(rng):
+    inits = conv_inits(rng, cin=4, cout=4)
+    inits.update(W2=weights(rng, 4, 4, 1, 1), B2=weights(rng, 4))
+    nodes = [conv(), bn(), h.make_node("Conv", ["x", "W2", "B2"], ["sc"]),
+             h.make_node("Sum", ["n", "sc"], ["r"]), h.make_node("Relu", ["r"], ["y"])]
+    graph = build(nodes, {"x": [1, 4, 5, 5]}, {"y": 4}, inits)
+    return graph, {"batchnorm_into_conv", "epilogue_residual_add"}, {"Conv": 2}
+
+
+def case_identity_residual(rng):
+    inits = conv_inits(rng, cin=4, cout=4, bn=False)
+    nodes = [conv(), h.make_node("Add", ["x", "c"], ["r"]), h.make_node("Relu", ["r"], ["y"])]
+    return build(nodes, {"x": [1, 4, 5, 5]}, {"y": 4}, inits), \
+        {"elementwise_chain", "epilogue_residual_add"}, {"Conv": 1}
+
+
+def case_elementwise_chain(rng):
+    nodes = [h.make_node("Add", ["x", "z"], ["a"]), h.make_node("Mul", ["k", "a"], ["b"]),
+             h.make_node("Exp", ["b"], ["e"]), h.make_node("Div", ["one", "e"], ["y"])]
+    inits = {"k": weights(rng, 5), "one": np.float32(1.0)}
+    return build(nodes, {"x": [3, 5], "z": [3, 5]}, {"y": 2}, inits), \
+        {"elementwise_chain"}, {"Elementwise": 1}
+
+
+def case_single_elementwise_stays(rng):
+    return build([h.make_node("Relu", ["x"], ["y"])], {"x": [3, 5]}, {"y": 2}), set(), \
+        {"Relu": 1}
+
+
+def case_sum_three(rng):
+    nodes = [h.make_node("Sum", ["x", "z", "w"], ["y"])]
+    return build(nodes, {"x": [3, 5], "z": [3, 5], "w": [5]}, {"y": 2}), \
+        {"elementwise_chain"}, {"Elementwise": 1}
+
+
+def case_noops(rng):
+    nodes = [h.make_node("Identity", ["x"], ["i"]), h.make_node("Dropout", ["i"], ["d"]),
+             h.make_node("Cast", ["d"], ["c"], to=TensorProto.FLOAT),
+             h.make_node("Reshape", ["c", "shape"], ["r"]),
+             h.make_node("Transpose", ["r"], ["t"], perm=[0, 1, 2]),
+             h.make_node("Pad", ["t", "pads"], ["p"]),
+             h.make_node("Expand", ["p", "shape"], ["e"]),
+             h.make_node("Relu", ["e"], ["y"])]
+    inits = {"shape": np.array([2, 3, 4], np.int64), "pads": np.zeros(6, np.int64)}
+    return build(nodes, {"x": [2, 3, 4]}, {"y": 3}, inits), set(), {"Relu": 1}
+
+
+def case_reshape_and_transpose_pairs(rng):
+    nodes = [h.make_node("Reshape", ["x", "s1"], ["a"]), h.make_node("Reshape", ["a", "s2"], ["b"]),
+             h.make_node("Transpose", ["b"], ["t1"], perm=[1, 0, 2]),
+             h.make_node("Transpose", ["t1"], ["t2"], perm=[1, 0, 2]),
+             h.make_node("Transpose", ["t2"], ["t3"], perm=[1, 2, 0]),
+             h.make_node("Transpose", ["t3"], ["y"], perm=[1, 2, 0])]
+    inits = {"s1": np.array([6, -1], np.int64), "s2": np.array([0, 2, 2], np.int64)}
+    return build(nodes, {"x": [2, 3, 4]}, {"y": 3}, inits), set(), \
+        {"Reshape": 1, "Transpose": 1}
+
+
+def case_output_through_identity(rng):
+    nodes = [h.make_node("Relu", ["x"], ["a"]), h.make_node("Identity", ["a"], ["y"]),
+             h.make_node("Identity", ["x"], ["z"])]
+    return build(nodes, {"x": [3]}, {"y": 1, "z": 1}), set(), {"Identity": 1, "Relu": 1}
+
+
+def case_constant_folding(rng):
+    nodes = [h.make_node("Shape", ["x"], ["s"]), h.make_node("Gather", ["s", "zero"], ["n"]),
+             h.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+             h.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+             h.make_node("Reshape", ["x", "shape"], ["r"]),
+             h.make_node("Expand", ["tiny", "big_shape"], ["big"]),  # 16 MiB + : stays
+             h.make_node("ReduceSum", ["big"], ["sb"], keepdims=0),
+             h.make_node("Add", ["r", "sb"], ["y"])]
+    inits = {"zero": np.array(0, np.int64), "axes": np.array([0], np.int64),
+             "minus1": np.array([-1], np.int64), "tiny": np.ones((1, 1), np.float32) * 1e-7,
+             "big_shape": np.array([4097, 1024], np.int64)}
+    return build(nodes, {"x": [2, 3, 4]}, {"y": 2}, inits), set(), \
+        {"Add": 1, "Expand": 1, "ReduceSum": 1, "Reshape": 1}
+
+
+def case_standalone_bn_and_shared_conv(rng):
+    nodes = [conv(), h.make_node("Relu", ["c"], ["y"]), bn("c", "z")]
+    return build(nodes, X4, {"y": 4, "z": 4}, conv_inits(rng)), set(), \
+        {"BatchNormalization": 1, "Conv": 1, "Relu": 1}
+
+
+CASES = {
+    "conv_bn_relu": case_conv_bn_relu,
+    "conv_scale_bias": case_conv_scale_bias,
+    "gemm_bn": case_gemm_bn,
+    "matmul_bn": case_matmul_bn,
+    "matmul_add_relu": case_matmul_add_relu,
+    "gemm_bias_add": case_gemm_bias_add,
+    "nd_matmul_bias_tanh": case_nd_matmul_bias_tanh,
+    "conv_silu": case_conv_silu,
+    "silu_alone": case_silu_alone,
+    "hard_swish": case_hard_swish,
+    "gelu_div_first": gelu_case("div_first"),
+    "gelu_half_last_x": gelu_case("half_last_x"),
+    "gelu_half_x_first": gelu_case("half_x_first"),
+    "relu6_clip_inputs": activation_case(
+        [h.make_node("Clip", ["c", "lo", "hi"], ["y"])],
+        inits={"lo": np.float32(0), "hi": np.float32(6)}),
+    "clip_attrs_opset9": activation_case([h.make_node("Clip", ["c"], ["y"], min=-1.0, max=2.0)],
+                                         opset=9),
+    "leaky_relu": activation_case([h.make_node("LeakyRelu", ["c"], ["y"], alpha=0.2)]),
+    "sigmoid_tanh": activation_case([h.make_node("Sigmoid", ["c"], ["s1"]),
+                                     h.make_node("Tanh", ["s1"], ["y"])]),
+    "hard_sigmoid": activation_case([h.make_node("HardSigmoid", ["c"], ["y"], alpha=0.3)]),
+    "gelu_op": activation_case([h.make_node("Gelu", ["c"], ["y"])], opset=20),
+    "gelu_tanh_op": activation_case([h.make_node("Gelu", ["c"], ["y"], approximate="tanh")],
+                                    opset=20),
+    "hard_swish_op": activation_case([h.make_node("HardSwish", ["c"], ["y"])], opset=14),
+    "residual": case_residual,
+    "identity_residual": case_identity_residual,
+    "elementwise_chain": case_elementwise_chain,
+    "single_elementwise_stays": case_single_elementwise_stays,
+    "sum_three": case_sum_three,
+    "noops": case_noops,
+    "reshape_and_transpose_pairs": case_reshape_and_transpose_pairs,
+    "output_through_identity": case_output_through_identity,
+    "constant_folding": case_constant_folding,
+    "standalone_bn_and_shared_conv": case_standalone_bn_and_shared_conv,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fusion_case(case, rng):
+    graph, rules, ops_after = CASES[case](rng)
+    optimized, report = optimize_checked(graph)
+    assert optimized.op_counts() == ops_after
+    for rule in rules:
+        assert report.rules[rule] >= 1, f"rule {rule} did not fire: {report.rules}"
+    assert_equivalent(graph, optimized, rng)
+
+
+def test_residual_add_then_relu_order(rng):
+    graph, _, _ = case_residual(rng)
+    optimized, _ = optimize(graph, target=TARGET)
+    fused = [n for n in optimized.nodes if n.epilogue]
+    assert len(fused) == 1
+    assert [s.op for s in fused[0].epilogue] == ["add", "relu"]
+    operand = fused[0].epilogue[0].operand
+    assert operand == 3 and fused[0].inputs[operand] in {n.outputs[0] for n in optimized.nodes}
+
+
+def test_gelu_and_silu_become_single_steps(rng):
+    for make, step in ((gelu_case("div_first"), "gelu"), (case_conv_silu, "silu")):
+        optimized, _ = optimize(make(rng)[0], target=TARGET)
+        assert [s.op for n in optimized.nodes for s in n.epilogue] == [step]
+
+
+def test_folding_keeps_original_graph_untouched(rng):
+    graph, _, _ = case_conv_bn_relu(rng)
+    before = graph.op_counts()
+    optimize(graph, target=TARGET)
+    assert graph.op_counts() == before
+
+
+def test_pipeline_accepts_target_specific_passes(monkeypatch):
+    from wpk.passes.base import GraphPass
+
+    class Marker(GraphPass):
+        name = "marker"
+
+        def run(self, graph):
+            self.hit()
+            return graph
+
+    monkeypatch.setattr("wpk.passes.PIPELINE",
+                        [*PIPELINE, PipelineEntry(Marker, targets=frozenset({"special"}))])
+    graph = build([h.make_node("Relu", ["x"], ["y"])], {"x": [2]}, {"y": 1})
+    assert "marker" not in optimize(graph, target=TARGET)[1].passes
+    assert optimize(graph, target="special")[1].passes["marker"] == 1
+
+
+@pytest.mark.parametrize("filename", LIGHT_MODELS)
+def test_light_model_equivalent_after_passes(filename, rng):
+    graph = load_model(os.path.join(LIGHT_DIR, filename))
+    strip_softmax(graph)
+    randomize_weights(graph, rng)
+    optimized, report = optimize_checked(graph)
+    assert report.nodes_after < report.nodes_before
+    assert not {"Dropout", "Sum", "Identity"} & set(report.ops_after)
+    assert_equivalent(graph, optimized, rng)
+
+
+def test_resnet50_fused(capsys):
+    start = time.perf_counter()
+    graph = load_model(os.path.join(LIGHT_DIR, "light_resnet50.onnx"))
+    optimized, report = optimize(graph, target=TARGET)
+    seconds = time.perf_counter() - start
+    convs = [n for n in optimized.nodes if n.op == "Conv"]
+    assert len(convs) == 53
+    # 49 = 33 conv+relu + 16 conv+add+relu; the other 4 are the projection shortcuts (or
+    # the main-branch conv whose sum the shortcut took), whose output only feeds the Add.
+    assert sum(1 for n in convs if n.epilogue) == 49
+    assert sum(1 for n in convs if [s.op for s in n.epilogue] == ["add", "relu"]) == 16
+    assert not {"BatchNormalization", "Sum", "Relu", "Add"} & set(report.ops_after)
+    assert report.rules["batchnorm_into_conv"] == 53
+    with capsys.disabled():
+        print(f"\nResNet-50 load+optimize {seconds:.2f} s; ops before {report.ops_before}"
+              f"\n  after {report.ops_after}")
