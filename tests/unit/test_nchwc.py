@@ -317,3 +317,22 @@ def test_full_cpu_pipeline_keeps_function(name, rng):
     actual = evaluate(optimized, feeds)
     for output in expected:
         assert rel_l2(actual[output], expected[output]) <= 1e-4, output
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2_like", "efficientnet_like"])
+def test_full_cpu_pipeline_on_depthwise_and_silu_models(name, rng):
+    """SiLU convs split: MLAS runs the conv, a blocked Elementwise the rest; SE blocks blocked."""
+    from tests import models
+
+    graph = load_model(models.load_model(name))
+    feeds = {n: rng.standard_normal(graph.tensors[n].shape).astype(np.float32)
+             for n in graph.inputs}
+    expected = ort_outputs(graph, feeds)
+    optimized, _ = optimize(graph, "cpu")
+    check_graph(optimized)
+    ops = _ops(optimized)
+    assert ops["wpk.nchwc:Conv"] > 3 * ops.get("Conv", 0)
+    assert ops.get("wpk.nchwc:ReorderInput", 0) + ops["wpk.nchwc:ReorderOutput"] <= 8
+    actual = evaluate(optimized, feeds)
+    for output in expected:
+        assert rel_l2(actual[output], expected[output]) <= 1e-4, output

@@ -23,7 +23,8 @@ the logical channel count of its output):
   operand of Y's shape that the node's `epilogue` adds. The epilogue is
   wpk's (`wpk.kernels.workload`): Y = epilogue(conv(X, W) + B); the pass emits
   only [], [act], [add(3)] and [add(3), act] with act one of relu, clip,
-  leaky_relu, tanh, sigmoid, hard_sigmoid (as MLAS computes act(conv + B + R)).
+  leaky_relu, tanh, sigmoid, hard_sigmoid (as MLAS computes act(conv + B + R));
+  the rest of a fused epilogue (e.g. SiLU) follows as a blocked Elementwise.
   Padding lanes of Y are computed as if the filter and bias had zero entries
   for them: epilogue(0 + R's padding lane).
 - MaxPool / AveragePool(X blocked) -> Y blocked: the ONNX pools with
@@ -33,7 +34,8 @@ the logical channel count of its output):
 
 Other ops on blocked tensors. An elementwise node or chain (Add, Mul, Relu,
 Clip, Sum, ..., `Elementwise`) whose value and tensor operands are all blocked
-tensors of one logical shape becomes a wpk `Elementwise` node (domain 'wpk')
+tensors of one logical shape (operands may also be (N, C, 1, 1), e.g. a
+squeeze-excitation gate) becomes a wpk `Elementwise` node (domain 'wpk')
 on the 5-d tensors, when every step maps a zero padding lane to zero; a
 constant operand that is a scalar or per channel ((C,1,1) or (1,C,1,1))
 becomes a (1, Cb, 1, 1, b) constant whose padding lanes are neutral (0 for
@@ -51,7 +53,7 @@ grouped convs whole blocks per group; graphs with fewer than
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,17 +61,14 @@ from wpk.graph import Graph, Node, TensorInfo
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.workload import EpilogueStep
 from wpk.passes.base import GraphPass, drop_unused_constants
-from wpk.passes.elementwise import chain_start, make_elementwise
+from wpk.passes.elementwise import chain_start
+from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Rewrite
 from wpk.passes.nchwc_rules import (
-    constant_pad_value,
     conv_bias,
     conv_input_mode,
     explicit_pads,
-    per_channel_vector,
-    step_keeps_zero,
+    mlas_epilogue_prefix,
 )
-
-NCHWC_DOMAIN = "wpk.nchwc"
 
 
 @dataclass(frozen=True)
@@ -79,67 +78,6 @@ class NchwcOptions:
     enabled: bool = True
     block: int | None = None   # None: the host's block (16 with AVX-512F, 8 with AVX2)
     min_convs: int = 2         # fewer convertible convs than this: not worth the reorders
-
-
-@dataclass
-class _Blocked:
-    name: str       # the blocked tensor
-    channels: int   # logical channel count
-
-
-@dataclass
-class _Rewrite:
-    graph: Graph
-    block: int
-    nodes: list[Node] = field(default_factory=list)
-    blocked: dict[str, _Blocked] = field(default_factory=dict)   # logical name -> blocked
-    missing: set[str] = field(default_factory=set)   # logical names that exist only blocked
-    taken: set[str] = field(default_factory=set)
-    constants: dict[tuple[str, float], str] = field(default_factory=dict)  # re-blocked ones
-
-    def fresh(self, base: str) -> str:
-        name, i = base, 0
-        while name in self.taken:
-            i += 1
-            name = f"{base}_{i}"
-        self.taken.add(name)
-        return name
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.graph.tensors[name].shape)
-
-    def new_blocked(self, logical: str, channels: int, replaces_producer: bool = True) -> str:
-        """A fresh blocked tensor standing for `logical` (registered, TensorInfo added)."""
-        name = self.fresh(f"{logical}_nchwc")
-        n, _, h, w = self.shape(logical)
-        self.graph.tensors[name] = TensorInfo(fmt.blocked_shape((n, channels, h, w), self.block),
-                                              "float32")
-        self.blocked[logical] = _Blocked(name, channels)
-        if replaces_producer:
-            self.missing.add(logical)
-        return name
-
-    def as_blocked(self, logical: str) -> str:
-        """The blocked form of `logical`, inserting a shared ReorderInput when needed."""
-        if logical in self.blocked:
-            return self.blocked[logical].name
-        channels = self.shape(logical)[1]
-        out = self.new_blocked(logical, channels, replaces_producer=False)
-        self.nodes.append(Node("ReorderInput", [logical], [out],
-                               self.fresh(f"reorder_in_{logical}"),
-                               {"block": self.block, "channels": channels}, NCHWC_DOMAIN))
-        return out
-
-    def as_nchw(self, logical: str) -> str:
-        """Make sure `logical` exists in NCHW form, inserting a shared ReorderOutput."""
-        if logical in self.missing:
-            entry = self.blocked[logical]
-            self.nodes.append(Node("ReorderOutput", [entry.name], [logical],
-                                   self.fresh(f"reorder_out_{logical}"),
-                                   {"block": self.block, "channels": entry.channels},
-                                   NCHWC_DOMAIN))
-            self.missing.discard(logical)
-        return logical
 
 
 class NchwcLayout(GraphPass):
@@ -158,8 +96,7 @@ class NchwcLayout(GraphPass):
         convertible = sum(1 for n in graph.nodes if conv_input_mode(graph, n, block, set()))
         if convertible < self.options.min_convs:
             return graph
-        rw = _Rewrite(graph, block)
-        rw.taken = set(graph.tensors) | {n.name for n in graph.nodes}
+        rw = Rewrite(graph, block)
         for node in graph.nodes:
             if not self._convert(rw, node):
                 node.inputs = [rw.as_nchw(i) if i else i for i in node.inputs]
@@ -173,7 +110,7 @@ class NchwcLayout(GraphPass):
 
     # --- one method per rewritten op family -------------------------------------------------
 
-    def _convert(self, rw: _Rewrite, node: Node) -> bool:
+    def _convert(self, rw: Rewrite, node: Node) -> bool:
         if node.domain not in ("", "ai.onnx", "wpk") or len(node.outputs) != 1:
             return False
         op = node.op
@@ -189,37 +126,45 @@ class NchwcLayout(GraphPass):
             return self._concat(rw, node)
         return self._elementwise(rw, node)
 
-    def _conv(self, rw: _Rewrite, node: Node) -> bool:
-        mode = conv_input_mode(rw.graph, node, rw.block, set(rw.blocked))
+    def _conv(self, rw: Rewrite, node: Node) -> bool:
+        g = rw.graph
+        mode = conv_input_mode(g, node, rw.block, set(rw.blocked))
         if not mode:
             return False
-        g = rw.graph
         weight = g.constants[node.inputs[1]]
-        bias = conv_bias(g, node)
+        channels = int(weight.shape[0])
+        fused = mlas_epilogue_prefix(g, node, channels, rw.block)
+        rest = [(s, None if s.operand is None else node.inputs[s.operand])
+                for s in node.epilogue[fused:]]
+        out_shape = rw.shape(node.outputs[0])
+        if rest and not rw.chain_is_blockable(rest, channels, out_shape):
+            return False
         x = node.inputs[0]
         x_in = rw.as_nchw(x) if mode == "nchw" else rw.as_blocked(x)
-        inputs = [x_in, node.inputs[1], bias]
-        epilogue = list(node.epilogue)
+        inputs = [x_in, node.inputs[1], conv_bias(g, node)]
+        epilogue = list(node.epilogue[:fused])
         if epilogue and epilogue[0].op == "add":
             inputs.append(rw.as_blocked(node.inputs[epilogue[0].operand]))
             epilogue[0] = EpilogueStep("add", epilogue[0].attrs, 3, False)
         attrs = {
             "kernel_shape": tuple(int(k) for k in weight.shape[2:]),
             "strides": tuple(node.attr("strides", (1, 1))),
-            "pads": explicit_pads(node, self._in_hw(rw, x), self._out_hw(rw, node),
-                                  weight.shape[2:]),
+            "pads": explicit_pads(node, self._in_hw(rw, x), out_shape[2:], weight.shape[2:]),
             "dilations": tuple(node.attr("dilations", (1, 1))),
             "group": int(node.attr("group", 1)),
             "block": rw.block,
-            "channels": int(weight.shape[0]),
+            "channels": channels,
         }
-        out = rw.new_blocked(node.outputs[0], int(weight.shape[0]))
-        rw.nodes.append(Node("Conv", inputs, [out], node.name, attrs, NCHWC_DOMAIN,
+        out = rw.new_blocked(node.outputs[0], channels)
+        conv_out = rw.blocked_tensor(f"{out}_conv", out_shape, channels) if rest else out
+        rw.nodes.append(Node("Conv", inputs, [conv_out], node.name, attrs, NCHWC_DOMAIN,
                              tuple(epilogue)))
+        if rest:  # what MLAS cannot fuse runs as a blocked Elementwise right after
+            rw.emit_chain(rw.fresh(f"{node.name}_epilogue"), conv_out, rest, channels, out)
         self.hit("Conv")
         return True
 
-    def _pool(self, rw: _Rewrite, node: Node) -> bool:
+    def _pool(self, rw: Rewrite, node: Node) -> bool:
         x = node.inputs[0]
         shape = rw.shape(x)
         if len(shape) != 4 or node.epilogue or rw.graph.tensors[x].dtype != "float32":
@@ -242,7 +187,7 @@ class NchwcLayout(GraphPass):
         self.hit(node.op)
         return True
 
-    def _global_pool(self, rw: _Rewrite, node: Node) -> bool:
+    def _global_pool(self, rw: Rewrite, node: Node) -> bool:
         x = node.inputs[0]
         if x not in rw.blocked or node.epilogue:
             return False
@@ -253,7 +198,7 @@ class NchwcLayout(GraphPass):
         self.hit(node.op)
         return True
 
-    def _batch_norm(self, rw: _Rewrite, node: Node) -> bool:
+    def _batch_norm(self, rw: Rewrite, node: Node) -> bool:
         g = rw.graph
         x = node.inputs[0]
         if x not in rw.blocked or len(node.inputs) < 5 or node.epilogue \
@@ -279,7 +224,7 @@ class NchwcLayout(GraphPass):
         self.hit("BatchNormalization")
         return True
 
-    def _concat(self, rw: _Rewrite, node: Node) -> bool:
+    def _concat(self, rw: Rewrite, node: Node) -> bool:
         axis = int(node.attr("axis", 1))
         ins = node.inputs
         if axis not in (1, -3) or not ins or not all(i in rw.blocked for i in ins):
@@ -293,7 +238,7 @@ class NchwcLayout(GraphPass):
         self.hit("Concat")
         return True
 
-    def _elementwise(self, rw: _Rewrite, node: Node) -> bool:
+    def _elementwise(self, rw: Rewrite, node: Node) -> bool:
         g = rw.graph
         if node.op == "Sum" and node.domain in ("", "ai.onnx") and len(node.inputs) > 1:
             start = (node.inputs[0], [(EpilogueStep("add"), i) for i in node.inputs[1:]])
@@ -306,50 +251,19 @@ class NchwcLayout(GraphPass):
         if rw.shape(value) != out_shape or g.tensors[node.outputs[0]].dtype != "float32":
             return False
         channels = rw.blocked[value].channels
-        blocked_chain = []
-        for step, operand in chain:
-            if operand is None:
-                name, is_constant = None, None
-            elif operand in g.constants:
-                name, is_constant = self._blocked_constant(rw, operand, step, channels), True
-                if name is None:
-                    return False
-            elif operand in rw.blocked and rw.shape(operand) == out_shape:
-                name, is_constant = rw.blocked[operand].name, False
-            else:
-                return False
-            if not step_keeps_zero(step, is_constant):
-                return False
-            blocked_chain.append((step, name))
+        if not rw.chain_is_blockable(chain, channels, out_shape):
+            return False
         out = rw.new_blocked(node.outputs[0], channels)
-        rw.nodes.append(make_elementwise(node.name, rw.blocked[value].name, blocked_chain, [out]))
+        rw.emit_chain(node.name, rw.blocked[value].name, chain, channels, out)
         self.hit("elementwise")
         return True
 
     @staticmethod
-    def _blocked_constant(rw: _Rewrite, name: str, step: EpilogueStep,
-                          channels: int) -> str | None:
-        """A (1, Cb, 1, 1, b) copy of a per-channel or scalar constant, padding lanes neutral."""
-        pad = constant_pad_value(step)
-        vector = per_channel_vector(np.asarray(rw.graph.constants[name]), channels)
-        if pad is None or vector is None:
-            return None
-        if (name, pad) not in rw.constants:
-            padded = np.full(fmt.round_up(channels, rw.block), pad, dtype=np.float32)
-            padded[:channels] = vector
-            value = padded.reshape(1, -1, 1, 1, rw.block)
-            key = rw.fresh(f"{name}_nchwc")
-            rw.graph.constants[key] = value
-            rw.graph.tensors[key] = TensorInfo(tuple(value.shape), "float32")
-            rw.constants[(name, pad)] = key
-        return rw.constants[(name, pad)]
-
-    @staticmethod
-    def _in_hw(rw: _Rewrite, name: str) -> tuple[int, int]:
+    def _in_hw(rw: Rewrite, name: str) -> tuple[int, int]:
         return tuple(rw.shape(name)[2:4])
 
     @staticmethod
-    def _out_hw(rw: _Rewrite, node: Node) -> tuple[int, int]:
+    def _out_hw(rw: Rewrite, node: Node) -> tuple[int, int]:
         return tuple(rw.shape(node.outputs[0])[2:4])
 
 

@@ -57,20 +57,24 @@ def _activation_keeps_zero(step: EpilogueStep) -> bool:
     return step.op in _ZERO_UNARY
 
 
-def conv_epilogue_ok(graph: Graph, node: Node, out_channels: int, block: int) -> bool:
-    """Epilogue of the form [add(blocked-able operand)] + at most one MLAS activation."""
+def mlas_epilogue_prefix(graph: Graph, node: Node, out_channels: int, block: int) -> int:
+    """How many leading epilogue steps MLAS fuses: [add(same-shape tensor)] then one activation.
+
+    An activation that maps 0 elsewhere is only fused when there are no
+    padding lanes (out_channels a multiple of the block).
+    """
     steps = list(node.epilogue)
-    if steps and steps[0].op == "add":
-        operand = steps.pop(0).operand
-        if operand is None or operand >= len(node.inputs):
-            return False
-        name = node.inputs[operand]
-        if name in graph.constants or not _is_float4d(graph, name) \
-                or graph.tensors[name].shape != graph.tensors[node.outputs[0]].shape:
-            return False
-    if len(steps) > 1 or (steps and steps[0].op not in MLAS_ACTIVATIONS):
-        return False
-    return not (steps and out_channels % block and not _activation_keeps_zero(steps[0]))
+    taken = 0
+    if steps and steps[0].op == "add" and steps[0].operand is not None \
+            and steps[0].operand < len(node.inputs):
+        name = node.inputs[steps[0].operand]
+        if name not in graph.constants and _is_float4d(graph, name) \
+                and graph.tensors[name].shape == graph.tensors[node.outputs[0]].shape:
+            taken = 1
+    if taken < len(steps) and steps[taken].op in MLAS_ACTIVATIONS and \
+            (out_channels % block == 0 or _activation_keeps_zero(steps[taken])):
+        taken += 1
+    return taken
 
 
 def conv_bias(graph: Graph, node: Node) -> str | None:
@@ -103,8 +107,6 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     in_channels = graph.tensors[x].shape[1]
     group = int(node.attr("group", 1))
     if out_channels % 4 or out_channels < MIN_CONV_CHANNELS:
-        return ""
-    if not conv_epilogue_ok(graph, node, out_channels, block):
         return ""
     if group > 1:
         if per_group == 1 and out_channels == group == in_channels:
