@@ -41,7 +41,6 @@ _ACTIVATIONS = {
     "clip": ("Clip", ("min", "max"), (-np.inf, np.inf)),
     "hard_sigmoid": ("HardSigmoid", ("alpha", "beta"), (0.2, 0.5)),
 }
-_ZERO_PRESERVING = ("relu", "tanh", "leaky_relu")
 
 
 def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] | str:
@@ -60,16 +59,6 @@ def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] |
     if len(steps) > 1 or (steps and steps[0].op not in _ACTIVATIONS):
         return f"epilogue {[s.op for s in workload.epilogue]} is not [add] + one MLAS activation"
     return sum_index, (steps[0] if steps else None)
-
-
-def activation_keeps_zero(step) -> bool:
-    """Whether act(0) == 0, so the zero padding channels stay zero."""
-    if step is None or step.op in _ZERO_PRESERVING:
-        return True
-    if step.op == "clip":
-        lo, hi = step.attr("min"), step.attr("max")
-        return (lo is None or lo <= 0) and (hi is None or hi >= 0)
-    return False
 
 
 def conv_filter_format(workload: Workload) -> str:
@@ -101,11 +90,7 @@ def _unsupported_conv(workload: Workload, b: int) -> str | None:
     elif group == 1 and i_per_group % 4:
         return "input channels are not a multiple of 4"
     form = conv_epilogue_form(workload)
-    if isinstance(form, str):
-        return form
-    if o % b and not activation_keeps_zero(form[1]):
-        return "the activation would make the padding channels non-zero"
-    return None
+    return form if isinstance(form, str) else None
 
 
 def unsupported_reason(workload: Workload) -> str | None:
