@@ -87,7 +87,7 @@ def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarr
                 fan_in = _fan_in(workload, index)
                 if fan_in:
                     value *= 1.0 / math.sqrt(max(fan_in, 1))
-            arrays.append(np.ascontiguousarray(value.astype(dtype)))
+            arrays.append(np.array(value, dtype=dtype, order="C"))
         elif dtype.kind == "b":
             arrays.append(np.asarray(rng.random(size=spec.shape) < 0.5))
         elif dtype.kind in "iu":

@@ -120,7 +120,7 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
     outputs = [np.array(y, copy=True) for y in outputs]
     if workload.epilogue:
         outputs[0] = apply_epilogue(outputs[0], workload.epilogue, wide)
-    return [np.ascontiguousarray(y.reshape(spec.shape)) for y, spec in
+    return [np.array(y.reshape(spec.shape), order="C") for y, spec in
             zip(outputs, workload.outputs)]
 
 

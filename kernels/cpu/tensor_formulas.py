@@ -62,9 +62,9 @@ def _clip(workload, inputs):
 def _binary(workload, inputs):
     ufunc = BINARY_UFUNCS[workload.op]
     args = [x for x in inputs if x is not None]
+    y = args[0]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        y = ufunc(args[0], args[1])
-        for x in args[2:]:  # Max/Min are variadic
+        for x in args[1:]:  # Max/Min are variadic (one input is allowed too)
             y = ufunc(y, x)
     return [np.asarray(y)]
 

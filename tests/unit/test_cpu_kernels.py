@@ -3,6 +3,8 @@ against the float64 reference, with outputs poisoned (NaN) before each run."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -300,3 +302,63 @@ def test_support_by_op_name_and_by_dtype():
     integer_add = Workload("Add", (S((3,), "int64"), S((3,), "int64")), (S((3,), "int64"),))
     assert not is_supported(integer_add)
     assert [c.label for c in registry.candidates(integer_add)] == ["ort.fallback"]
+
+
+def _conformance_workload(model, inputs, outputs):
+    """A workload for a single-node ONNX conformance case (integer inputs become static)."""
+    from onnx import GraphProto, TensorProto, helper, numpy_helper
+
+    def value(attribute):
+        v = helper.get_attribute_value(attribute)
+        if isinstance(v, bytes):
+            return v.decode()
+        if isinstance(v, list):
+            return tuple(x.decode() if isinstance(x, bytes) else x for x in v)
+        if isinstance(v, TensorProto):
+            return numpy_helper.to_array(v)
+        return v.SerializeToString() if isinstance(v, GraphProto) else v
+
+    node = model.graph.node[0]
+    feeds = dict(zip([i.name for i in model.graph.input], inputs))
+    arrays = [np.asarray(feeds[name]) if name else None for name in node.input]
+    small_float_static = node.op_type in ("Clip", "Pad", "Resize", "Dropout", "Slice")
+    statics = tuple((i, a) for i, a in enumerate(arrays) if a is not None and i > 0 and (
+        a.dtype.kind in "iub" or (small_float_static and a.size <= 64)))
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    workload = Workload(node.op_type, tuple(None if a is None else S(a.shape, a.dtype.name)
+                                            for a in arrays),
+                        tuple(S(np.shape(o), np.asarray(o).dtype.name) for o in outputs),
+                        attrs=tuple(sorted((a.name, value(a)) for a in node.attribute)),
+                        opset=opset, const_inputs=tuple(i for i, _ in statics),
+                        static_inputs=statics)
+    return workload, arrays
+
+
+def test_onnx_conformance_cases_of_supported_ops():
+    """ONNX's node test cases (expected values rounded, hence the runner's rtol 1e-3)."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    checked, failures = 0, []
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases(None)
+    for case in cases:
+        graph = case.model.graph
+        if len(graph.node) != 1 or graph.node[0].op_type not in SUPPORTED_OPS:
+            continue
+        for inputs, outputs in case.data_sets or []:
+            workload, arrays = _conformance_workload(case.model, inputs, outputs)
+            if not is_supported(workload):
+                continue
+            expected = np.asarray(outputs[0])
+            actual = reference(workload, arrays)[0]
+            results = {"reference": actual}
+            for candidate in registry.candidates(workload):
+                results[candidate.label] = run_poisoned(candidate, workload, arrays)[1][0]
+            for label, result in results.items():
+                if result.shape != expected.shape or not np.allclose(
+                        result, expected, rtol=1e-3, atol=1e-6, equal_nan=True):
+                    failures.append(f"{case.name} {label}")
+            checked += 1
+    assert not failures, failures
+    assert checked >= 200  # the sweep really ran (about 230 data sets today)
