@@ -61,8 +61,8 @@ def core_input_count(workload: Workload) -> int:
     while count > 0 and count - 1 in operands:
         count -= 1
     schema = schema_for(workload)
-    if schema is not None:
-        count = min(count, schema.max_input)
+    if schema is not None:  # an operand may also be one of the op's own required inputs
+        count = min(max(count, schema.min_input), schema.max_input, len(workload.inputs))
     return count
 
 

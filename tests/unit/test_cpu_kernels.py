@@ -98,6 +98,8 @@ CASES = {
     "max_variadic": Workload("Max", (S((2, 3)), S((3,)), S((2, 1))), (S((2, 3)),)),
     "sum3_relu": Workload("Sum", (S((2, 3)), S((3,)), S((2, 3))), (S((2, 3)),), opset=9,
                           epilogue=(E("relu"),)),
+    "mul_then_add_own_input": Workload("Mul", (S((2, 3)), S((2, 3))), (S((2, 3)),),
+                                       epilogue=(E("add", operand=1),)),
     "mean2": Workload("Mean", (S((2, 3)), S((2, 1))), (S((2, 3)),)),
     "dropout_opset9": Workload("Dropout", (S((2, 5)),), (S((2, 5)),), attrs=(("ratio", 0.5),),
                                opset=9),
