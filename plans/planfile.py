@@ -133,6 +133,12 @@ class Plan:
     def target(self) -> str:
         return self.manifest["target"]
 
+    def __repr__(self) -> str:
+        names = ", ".join(e["name"] for e in self.manifest.get("inputs", []))
+        return (f"<Plan {self.manifest.get('graph', '?')} for {self.manifest.get('target')}: "
+                f"{len(self.manifest.get('steps', []))} steps, {len(self.weights)} constants, "
+                f"inputs {names}>")
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write the plan atomically to `path`; returns the path."""
         return write_plan(self, path)

@@ -78,6 +78,10 @@ class Session:
         """Read, check and prepare the plan at `path`."""
         return cls(read_plan(path), os.fspath(path))
 
+    def __repr__(self) -> str:
+        return (f"<Session {self.path}: {len(self._calls)} steps, "
+                f"{self.plan.buffer_plan.arena_bytes} arena bytes>")
+
     def get_inputs(self) -> list[TensorMeta]:
         """The graph inputs: name, shape and type."""
         return list(self._inputs)
