@@ -90,8 +90,8 @@ def render_summary(report: Mapping, top: int = 5) -> Group:
 def render_table(report: Mapping) -> Group:
     """A rich renderable: summary, then one row per workload (largest share first)."""
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
-    for column, justify, width in (("operator", "left", 20), ("n", "right", None),
-                                   ("chosen", "left", 12), ("median", "right", None),
+    for column, justify, width in (("operator", "left", 18), ("n", "right", None),
+                                   ("chosen", "left", 10), ("median", "right", None),
                                    ("share", "right", None), ("vs next", "right", None),
                                    ("ok", "right", None)):
         table.add_column(column, justify=justify, min_width=width)
