@@ -364,3 +364,16 @@ def test_onnx_conformance_cases_of_supported_ops():
             checked += 1
     assert not failures, failures
     assert checked >= 200  # the sweep really ran (about 230 data sets today)
+
+
+def test_ort_kernel_reuses_bindings_of_unchanged_buffers(rng):
+    workload = Workload("Relu", (S((64, 128)),), (S((64, 128)),))  # big enough to bind
+    kernel = registry.get("ort").prepare(workload, {}, {})
+    x = rng.standard_normal((64, 128)).astype(np.float32)
+    out, other = np.empty_like(x), np.empty_like(x)
+    kernel([x], [out])
+    x *= -1  # same buffer, new contents
+    kernel([x], [out])
+    np.testing.assert_array_equal(out, np.maximum(x, 0))
+    kernel([x.copy()], [other])  # new addresses: rebound
+    np.testing.assert_array_equal(other, np.maximum(x, 0))
