@@ -29,8 +29,14 @@ def ensure_builtin_importable() -> None:
         sys.modules["wpk.kernels.builtin"] = types.ModuleType("wpk.kernels.builtin")
 
 
+# The test implementations are registered (the runtime finds implementations by
+# name), under a target of their own so that no real build ever draws them.
+TEST_TARGET = "wpk-unit-test"
+
+
 class TestMatMul(Implementation):
     name = "planfile_test.matmul"
+    target = TEST_TARGET
 
     def unsupported_reason(self, workload):
         return None if workload.op == "MatMul" else "MatMul only"
@@ -42,6 +48,7 @@ class TestMatMul(Implementation):
 
 class TestRelu(Implementation):
     name = "planfile_test.relu"
+    target = TEST_TARGET
 
     def unsupported_reason(self, workload):
         return None if workload.op == "Relu" else "Relu only"
@@ -52,6 +59,7 @@ class TestRelu(Implementation):
 
 class TestAdd(Implementation):
     name = "planfile_test.add"
+    target = TEST_TARGET
 
     def unsupported_reason(self, workload):
         return None if workload.op == "Add" else "Add only"

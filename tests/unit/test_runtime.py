@@ -16,7 +16,13 @@ from wpk.plans.planner import Choice, PlanChoices
 from wpk.runtime import Session
 from wpk.search.measure import Measurement, Status
 
-from .plan_helpers import IMPLEMENTATIONS, NodeWorkload, register_test_implementations, tiny_plan
+from .plan_helpers import (
+    IMPLEMENTATIONS,
+    TEST_TARGET,
+    NodeWorkload,
+    register_test_implementations,
+    tiny_plan,
+)
 
 
 @pytest.fixture
@@ -117,6 +123,7 @@ class ScaledAdd(Implementation):
     """Adds with a scale that lives in a kernel artifact (as a compiled binary would)."""
 
     name = "runtime_test.scaled_add"
+    target = TEST_TARGET
 
     def unsupported_reason(self, workload):
         return None
