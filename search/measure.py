@@ -238,6 +238,7 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
         return _failure(workload, candidate, Status.COMPILE_ERROR, _describe(exc))
 
     outputs = poisoned_outputs(workload.outputs)
+    originals = [None if x is None else x.copy() for x in inputs]
     try:
         start = time.perf_counter()
         kernel(inputs, outputs)
@@ -247,6 +248,11 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
     if timeout is not None and first_run > timeout:
         return _failure(workload, candidate, Status.TIMEOUT,
                         f"one run took {first_run:.3g} s, over the {timeout:.3g} s limit")
+    for index, (before, after) in enumerate(zip(originals, inputs)):
+        if before is not None and not np.array_equal(before, after,
+                                                     equal_nan=before.dtype.kind in "fc"):
+            return _failure(workload, candidate, Status.WRONG_ANSWER,
+                            f"the kernel overwrote its input {index}")
     error, why = compare(outputs, reference_fn(workload, inputs))
     if why or error > limit:
         return _failure(workload, candidate, Status.WRONG_ANSWER,

@@ -89,6 +89,20 @@ class IgnoresItsInput(NumpyMatMul):
         return kernel
 
 
+class ScribblesOnItsInput(NumpyMatMul):
+    """Right answer, but uses its input as scratch space (would corrupt other readers)."""
+
+    name = "test.matmul_scribbles"
+
+    def prepare(self, workload, consts, config):
+        weight = consts[1]
+
+        def kernel(inputs, outputs):
+            np.matmul(inputs[0], weight, out=outputs[0])
+            inputs[0][...] = 0.0
+        return kernel
+
+
 def measure(impl, rng, **kw):
     return measure_candidate(MATMUL, Candidate(impl, {}), rng=rng, warmup=1, repeats=3,
                              min_time=0.0, inputs_fn=random_inputs, reference_fn=reference, **kw)
@@ -126,6 +140,11 @@ def test_exceptions_become_statuses_with_messages(rng):
 def test_second_input_set_catches_a_kernel_that_ignores_its_inputs(rng):
     m = measure(IgnoresItsInput(), rng)
     assert m.status is Status.WRONG_ANSWER and "second input set" in m.message
+
+
+def test_a_kernel_that_overwrites_its_input_is_wrong(rng):
+    m = measure(ScribblesOnItsInput(), rng)
+    assert m.status is Status.WRONG_ANSWER and m.message == "the kernel overwrote its input 0"
 
 
 def test_loose_tolerance_accepts_small_errors(rng):
