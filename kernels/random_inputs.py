@@ -18,7 +18,7 @@ from wpk.kernels.workload import TensorSpec, Workload
 
 # Ops whose data input must be positive for a finite result.
 _POSITIVE_DATA_OPS = frozenset({"Log", "Sqrt", "Reciprocal", "Pow"})
-# Epilogue steps that want a positive value before them (applied to input 0 of Elementwise).
+# Epilogue steps that want a positive argument.
 _POSITIVE_STEPS = frozenset({"log", "sqrt", "reciprocal", "pow"})
 
 
@@ -44,9 +44,9 @@ def _positive_inputs(workload: Workload) -> set[int]:
         positive.add(0)
     if workload.op == "Div":
         positive.add(1)
-    first = workload.epilogue[0].op if workload.epilogue else None
-    if workload.op == "Elementwise" and first in _POSITIVE_STEPS:
-        positive.add(0)
+    if any(step.op in _POSITIVE_STEPS for step in workload.epilogue):
+        # A step with a restricted domain somewhere in the chain: keep every value positive.
+        positive |= set(range(len(workload.inputs)))
     for step in workload.epilogue:
         if step.operand is not None and (step.op == "div" and not step.swap
                                          or step.op == "pow" and step.swap):
