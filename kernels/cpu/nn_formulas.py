@@ -80,10 +80,11 @@ def _layer_norm(workload, inputs):
     mean = x.mean(axis=axes, keepdims=True)
     centered = x - mean
     var = (centered * centered).mean(axis=axes, keepdims=True)
-    y = centered / np.sqrt(var + workload.attr("epsilon", 1e-5)) * scale
+    inv_std = 1.0 / np.sqrt(var + workload.attr("epsilon", 1e-5))
+    y = centered * inv_std * scale
     if bias is not None:
         y = y + bias
-    return [y]
+    return [y, mean, inv_std][:len(workload.outputs)]  # optional Mean and InvStdDev outputs
 
 
 def _batch_norm(workload, inputs):

@@ -220,7 +220,7 @@ class NumpySoftmax(NumpyImplementation):
 
 
 class NumpyLayerNorm(NumpyImplementation):
-    """LayerNormalization with one output, mean and variance over the trailing axes."""
+    """LayerNormalization over the trailing axes (with the optional Mean/InvStdDev outputs)."""
 
     name = "numpy.layernorm"
     ops = ("LayerNormalization",)
@@ -233,9 +233,12 @@ class NumpyLayerNorm(NumpyImplementation):
         has_bias = self.core_inputs(workload) > 2 and workload.inputs[2] is not None
         steps = workload.epilogue
 
+        extra = len(workload.outputs) > 1
+
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
             out = outputs[0]
-            np.subtract(inputs[0], inputs[0].mean(axis=axes, keepdims=True), out=out)
+            mean = inputs[0].mean(axis=axes, keepdims=True)
+            np.subtract(inputs[0], mean, out=out)
             var = np.mean(np.square(out), axis=axes, keepdims=True)
             var += eps
             np.sqrt(var, out=var)
@@ -244,6 +247,11 @@ class NumpyLayerNorm(NumpyImplementation):
             if has_bias:
                 out += inputs[2]
             finish_epilogue(out, steps, inputs)
+            if extra:  # Mean and InvStdDev, shaped like the kept-dims statistics
+                np.copyto(outputs[1], mean.reshape(outputs[1].shape))
+                if len(outputs) > 2:
+                    np.reciprocal(var, out=var)
+                    np.copyto(outputs[2], var.reshape(outputs[2].shape))
 
         return kernel
 

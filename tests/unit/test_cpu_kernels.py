@@ -380,3 +380,16 @@ def test_ort_kernel_reuses_bindings_of_unchanged_buffers(rng):
     np.testing.assert_array_equal(out, np.maximum(x, 0))
     kernel([x.copy()], [other])  # new addresses: rebound
     np.testing.assert_array_equal(other, np.maximum(x, 0))
+
+
+def test_layernorm_statistics_outputs(rng):
+    workload = Workload("LayerNormalization", (S((3, 4, 8)), S((8,)), S((8,))),
+                        (S((3, 4, 8)), S((3, 4, 1)), S((3, 4, 1))), const_inputs=(1, 2))
+    inputs = random_inputs(workload, rng)
+    expected = reference(workload, inputs)
+    candidates = registry.candidates(workload)
+    assert {c.label for c in candidates} == {"ort", "numpy.layernorm"}
+    for candidate in candidates:
+        _, outputs = run_poisoned(candidate, workload, inputs)
+        for out, ref in zip(outputs, expected):
+            assert rel_l2(out, ref) < 1e-5, candidate.label
