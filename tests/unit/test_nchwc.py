@@ -336,3 +336,24 @@ def test_full_cpu_pipeline_on_depthwise_and_silu_models(name, rng):
     actual = evaluate(optimized, feeds)
     for output in expected:
         assert rel_l2(actual[output], expected[output]) <= 1e-4, output
+
+
+def test_tensors_read_by_subgraphs_are_restored_before_the_node(rng):
+    c = 2 * B
+    weights = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+               for n, s in (("w1", (c, 3, 3, 3)), ("w2", (c, c, 3, 3)))]
+    branch = helper.make_graph([helper.make_node("Identity", ["y2"], ["o"])], "branch", [],
+                               [helper.make_tensor_value_info("o", 1, [1, c, 8, 8])])
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["y1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["y1", "w2"], ["y2"], pads=[1, 1, 1, 1]),
+             helper.make_node("If", ["cond"], ["out"], then_branch=branch, else_branch=branch)]
+    graph = helper.make_graph(nodes, "if", [helper.make_tensor_value_info("x", 1, [1, 3, 8, 8]),
+                                            helper.make_tensor_value_info("cond", 9, [])],
+                              [helper.make_tensor_value_info("out", 1, [1, c, 8, 8])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    optimized = NchwcLayout().run(load_model(model))
+    check_graph(optimized)
+    order = [n.op for n in optimized.nodes]
+    assert order == ["Conv", "Conv", "ReorderOutput", "If"]
+    assert optimized.nodes[2].outputs == ["y2"]

@@ -60,7 +60,7 @@ import numpy as np
 from wpk.graph import Graph, Node, TensorInfo
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.workload import EpilogueStep
-from wpk.passes.base import GraphPass, drop_unused_constants
+from wpk.passes.base import GraphPass, drop_unused_constants, subgraph_names
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Rewrite
 from wpk.passes.nchwc_rules import (
@@ -97,9 +97,13 @@ class NchwcLayout(GraphPass):
         if convertible < self.options.min_convs:
             return graph
         rw = Rewrite(graph, block)
+        outer_scope = subgraph_names(graph)  # read by If/Loop bodies, not listed as inputs
         for node in graph.nodes:
             if not self._convert(rw, node):
                 node.inputs = [rw.as_nchw(i) if i else i for i in node.inputs]
+                if outer_scope and _has_subgraph(node):
+                    for name in outer_scope:
+                        rw.as_nchw(name)
                 rw.nodes.append(node)
         for name in graph.outputs:
             rw.as_nchw(name)
@@ -265,6 +269,11 @@ class NchwcLayout(GraphPass):
     @staticmethod
     def _out_hw(rw: Rewrite, node: Node) -> tuple[int, int]:
         return tuple(rw.shape(node.outputs[0])[2:4])
+
+
+def _has_subgraph(node: Node) -> bool:
+    return any(hasattr(sub, "node") for value in node.attrs.values()
+               for sub in (value if isinstance(value, tuple) else (value,)))
 
 
 def _forget_unused_tensors(graph: Graph) -> None:
