@@ -1,0 +1,130 @@
+"""The worker process of `wpk.search.workers`: `python -m wpk.search.worker_main`.
+
+Protocol: one JSON object a line. Requests arrive on stdin; replies leave on
+the stdout the process started with, which is moved to a private descriptor
+first (fd 1 then points at stderr, so a kernel that prints cannot corrupt a
+reply). The worker says `{"ready": pid}` once its imports are done, then
+answers each request in turn:
+
+* `{"kind": "init", "sys_path": [...]}` -> `{"ok": true}` (the parent's import path);
+* `{"kind": "measure", "workload": ..., "candidate": CandidateSpec JSON,
+  "options": {...}, "seed": int}` -> `{"measurement": Measurement JSON}`;
+* `{"kind": "call", "function": "module:name", "kwargs": {...}}` ->
+  `{"result": ...}` (compile jobs);
+
+and any request that raises -> `{"error": "...", "traceback": "..."}`. A
+crash (signal) or a hang is the parent's to detect. The process asks the
+kernel to kill it when its parent dies (Linux), so no worker outlives a build.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Mapping
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: EOF on stdin still ends the worker
+        pass
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _import_function(path: str):
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ValueError(f"function {path!r} is not 'module:name'")
+    return getattr(importlib.import_module(module), name)
+
+
+def _measure(request: Mapping) -> dict:
+    import numpy as np
+
+    from wpk.kernels import registry
+    from wpk.kernels.registry import Candidate
+    from wpk.kernels.workload import Workload
+    from wpk.search.measure import Measurement, Status, measure_candidate
+
+    workload = Workload.from_json(request["workload"])
+    spec = request["candidate"]
+    options = request.get("options", {})
+    impl_name, config = spec["impl"], dict(spec.get("config") or {})
+    args = ",".join(f"{k}={v}" for k, v in sorted(config.items()))
+    label = f"{impl_name}[{args}]" if config else impl_name
+    try:
+        for module in spec.get("modules") or ():
+            importlib.import_module(module)
+        implementation = registry.get(impl_name)
+        artifact = spec.get("artifact")
+        if artifact and not os.path.exists(artifact):
+            raise FileNotFoundError(f"artifact {artifact} is missing")
+    except Exception as exc:  # the candidate cannot be built here: a compile error
+        failure = Measurement(label=label, impl=impl_name, config=config,
+                              status=Status.COMPILE_ERROR, workload_key=workload.key,
+                              message=f"cannot load implementation {impl_name!r}: "
+                                      f"{_describe(exc)}")
+        return {"measurement": failure.to_json()}
+    measurement = measure_candidate(
+        workload, Candidate(implementation, config), rng=np.random.default_rng(request["seed"]),
+        warmup=options.get("warmup", 2), repeats=options.get("repeats", 5),
+        max_repeats=options.get("max_repeats", 50), min_time=options.get("min_time", 0.05),
+        tolerance=options.get("tolerance"), timeout=options.get("run_timeout_s"))
+    return {"measurement": measurement.to_json()}
+
+
+def _handle(request: Mapping) -> dict:
+    kind = request.get("kind")
+    if kind == "init":
+        sys.path[:] = list(request["sys_path"])
+        importlib.invalidate_caches()
+        return {"ok": True}
+    if kind == "measure":
+        return _measure(request)
+    if kind == "call":
+        function = _import_function(request["function"])
+        return {"result": function(**dict(request.get("kwargs") or {}))}
+    raise ValueError(f"unknown request kind {kind!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve requests until stdin closes; `argv` names modules to import up front."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    faulthandler.enable()
+    _die_with_parent()
+    import numpy  # noqa: F401  (paid once, before the first request's clock starts)
+
+    import wpk.search.measure  # noqa: F401
+
+    for module in sys.argv[1:] if argv is None else argv:
+        importlib.import_module(module)
+    replies.write(json.dumps({"ready": os.getpid()}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            reply = _handle(json.loads(line))
+        except Exception as exc:
+            reply = {"error": _describe(exc), "traceback": traceback.format_exc()[-4000:]}
+        replies.write(json.dumps(reply) + "\n")
+
+
+if __name__ == "__main__":
+    main()
