@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wpk.errors import InputError, PlanError
 from wpk.graph import Graph, Node, TensorInfo
@@ -161,3 +163,46 @@ def test_an_unknown_implementation_is_a_plan_error(rng, tmp_path):
     path = Plan(manifest, plan.weights).save(tmp_path / "gone.wpk")
     with pytest.raises(PlanError, match="uses implementation 'gone.impl' \\(node 'add1'\\)"):
         Session.load(path)
+
+
+@st.composite
+def random_programs(draw):
+    """Random DAGs of Add/Relu over (3, 4) tensors, with one or more outputs."""
+    names, nodes = ["x"], []
+    for index in range(draw(st.integers(1, 14))):
+        if draw(st.booleans()):
+            nodes.append(Node("Add", [draw(st.sampled_from(names)), draw(st.sampled_from(names))],
+                              [f"t{index}"], f"add{index}"))
+        else:
+            nodes.append(Node("Relu", [draw(st.sampled_from(names))], [f"t{index}"],
+                              f"relu{index}"))
+        names.append(f"t{index}")
+    outputs = draw(st.lists(st.sampled_from(names[1:]), min_size=1, max_size=3, unique=True))
+    return nodes, outputs
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_programs())
+def test_random_programs_match_direct_evaluation(program):
+    register_test_implementations()
+    nodes, outputs = program
+    spec = TensorSpec((3, 4))
+    graph = Graph(nodes, ["x"], outputs, {name: TensorInfo((3, 4)) for name in
+                                          ["x", *(n.outputs[0] for n in nodes)]})
+    by_op = {"Add": (Workload("Add", (spec, spec), (spec,)), IMPLEMENTATIONS[2]),
+             "Relu": (Workload("Relu", (spec,), (spec,)), IMPLEMENTATIONS[1])}
+    choices = {}
+    for workload, impl in by_op.values():
+        measurement = Measurement(impl.name, impl.name, {}, Status.OK, median_s=1e-6)
+        choices[workload.key] = Choice(workload, [], [], Candidate(impl, {}), measurement)
+    items = [NodeWorkload(n, by_op[n.op][0]) for n in nodes]
+    session = Session(assemble_plan(graph, items, PlanChoices(choices)))
+    x = np.random.default_rng(len(nodes)).standard_normal((3, 4)).astype(np.float32)
+    values = {"x": x}
+    for node in nodes:
+        args = [values[i] for i in node.inputs]
+        values[node.outputs[0]] = args[0] + args[1] if node.op == "Add" else np.maximum(args[0], 0)
+    for _ in range(2):  # a second run reuses every buffer
+        got = session.run({"x": x})
+        for name in outputs:
+            np.testing.assert_array_equal(got[name], values[name])
