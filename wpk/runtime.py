@@ -15,6 +15,7 @@ the next run. A session is not thread-safe: use one per thread.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -184,6 +185,23 @@ class Session:
             indices = [self._output_index[n] for n in names]
         self._execute(feeds)
         return [self._output_sources[i].copy() for i in indices]
+
+    def profile(self, feeds: Mapping, repeats: int = 10) -> list[dict]:
+        """Median seconds of every step, each called alone on this input's real data.
+
+        Rows in execution order: node, op, impl, kind, median_s, min_s.
+        """
+        self._execute(feeds)  # fill every buffer with this input's intermediate values
+        rows = []
+        for step, (kernel, inputs, outputs) in zip(self.plan.steps, self._calls):
+            times = []
+            for _ in range(max(1, repeats)):
+                start = time.perf_counter()
+                kernel(inputs, outputs)
+                times.append(time.perf_counter() - start)
+            rows.append({"node": step.node, "op": step.op, "impl": step.impl, "kind": step.kind,
+                         "median_s": float(np.median(times)), "min_s": min(times)})
+        return rows
 
     def _input_names(self) -> str:
         return ", ".join(repr(m.name) for m in self._inputs) or "(none)"

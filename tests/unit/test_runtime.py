@@ -61,6 +61,14 @@ def test_outputs_are_copies(session, rng):
     np.testing.assert_allclose(second, expected(session, x2), rtol=1e-6)
 
 
+def test_profile_times_every_step(session, rng):
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    rows = session.profile({"x": x}, repeats=3)
+    assert [r["node"] for r in rows] == ["mm", "relu", "add"]
+    assert all(0 < r["min_s"] <= r["median_s"] for r in rows)
+    np.testing.assert_allclose(session.run({"x": x})["y"], expected(session, x), rtol=1e-6)
+
+
 def test_metadata_like_onnxruntime(session):
     [inp], [out] = session.get_inputs(), session.get_outputs()
     assert (inp.name, inp.shape, inp.type) == ("x", [2, 8], "tensor(float)")
