@@ -131,27 +131,28 @@ def _fix_input_shapes(proto: onnx.ModelProto, source: str,
         given = input_shapes.get(value.name)
         shown = "unknown rank" if dims is None else "[" + ", ".join(map(str, dims)) + "]"
         if given is None:
-            if dims is None or any(not isinstance(d, int) or d <= 0 for d in dims):
+            if dims is None or any(not isinstance(d, int) for d in dims):
                 raise ShapeError(f"input '{value.name}' of '{source}' has dims {shown}, "
                                  "which are not all fixed",
                                  hint=f"give the input shape, e.g. --input-shape "
                                       f"{value.name}=1x3x224x224")
             continue
         given = tuple(int(d) for d in given)
-        if any(d <= 0 for d in given):
+        if any(d < 0 for d in given):
             raise ShapeError(f"--input-shape {value.name}={'x'.join(map(str, given))} "
-                             "has a dim that is not positive", hint=SHAPE_HINT)
+                             "has a negative dim", hint=SHAPE_HINT)
         if dims is not None:
             if len(dims) != len(given):
                 raise ShapeError(f"input '{value.name}' of '{source}' has rank {len(dims)} "
                                  f"({shown}) but the given shape {given} has rank {len(given)}",
                                  hint=f"give {len(dims)} dims for '{value.name}'")
             for axis, (have, want) in enumerate(zip(dims, given)):
-                if isinstance(have, int) and have > 0 and have != want:
+                if isinstance(have, int) and have != want:
                     raise ShapeError(f"input '{value.name}' of '{source}' has dim {have} at "
                                      f"axis {axis} ({shown}) but the given shape says {want}",
                                      hint="fixed dims of the model cannot be changed")
         ttype.ClearField("shape")
+        ttype.shape.SetInParent()  # a scalar still has a (rank 0) shape
         for d in given:
             ttype.shape.dim.add().dim_value = d
     return proto
@@ -333,21 +334,32 @@ def _fill_mask_shapes(graph: Graph, unknown: list[str]) -> None:
 
 def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
                      source: str) -> None:
-    """Fill shapes that inference left open by running the model on zero inputs."""
+    """Fill shapes that inference left open by running the model on constant inputs.
+
+    It runs twice (inputs all 0, then all 1): a shape that differs between the
+    two depends on input values, which no static plan can serve.
+    """
     from onnx.reference import ReferenceEvaluator
 
-    feeds = {name: np.zeros(graph.tensors[name].shape, graph.tensors[name].dtype)
-             for name in graph.inputs}
-    try:
-        results = ReferenceEvaluator(proto).run(None, feeds, intermediate=True)
-    except Exception as exc:  # noqa: BLE001 - any evaluation failure means no shapes
-        raise ShapeError(f"cannot determine the shapes of {', '.join(unknown[:5])} in "
-                         f"'{source}': shape inference left them open and evaluating the "
-                         f"model failed: {_first_line(exc)}", hint=SHAPE_HINT) from exc
+    runs = []
+    for fill in (0, 1):
+        feeds = {name: np.full(graph.tensors[name].shape, fill, graph.tensors[name].dtype)
+                 for name in graph.inputs}
+        try:
+            runs.append(ReferenceEvaluator(proto).run(None, feeds, intermediate=True))
+        except Exception as exc:  # noqa: BLE001 - any evaluation failure means no shapes
+            raise ShapeError(
+                f"cannot determine the shapes of {', '.join(unknown[:5])} in '{source}': "
+                f"shape inference left them open and evaluating the model failed: "
+                f"{_first_line(exc)}", hint=SHAPE_HINT) from exc
     for name in unknown:
-        value = results.get(name)
-        if value is None:
+        values = [run.get(name) for run in runs]
+        if any(v is None for v in values):
             raise ShapeError(f"cannot determine the shape of tensor '{name}' in '{source}'",
                              hint=SHAPE_HINT)
-        value = np.asarray(value)
-        graph.tensors[name] = TensorInfo(tuple(value.shape), value.dtype.name)
+        first, second = (np.asarray(v) for v in values)
+        if first.shape != second.shape:
+            raise ShapeError(f"the shape of tensor '{name}' in '{source}' depends on the "
+                             f"values of the inputs ({first.shape} or {second.shape})",
+                             hint="wpk needs static shapes; export the model with them fixed")
+        graph.tensors[name] = TensorInfo(tuple(first.shape), first.dtype.name)

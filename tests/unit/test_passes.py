@@ -265,6 +265,21 @@ def case_elementwise_chain(rng):
         {"elementwise_chain"}, {"Elementwise": 1}
 
 
+def case_gelu_tanh_expanded(rng):
+    """ONNX's own expansion of tanh-GELU: chains whose operands name the chain's input."""
+    nodes = [h.make_node("Pow", ["x", "three"], ["cube"]),
+             h.make_node("Mul", ["c0", "cube"], ["cube_c0"]),
+             h.make_node("Sum", ["x", "cube_c0"], ["inner"]),
+             h.make_node("Mul", ["k", "inner"], ["arg"]), h.make_node("Tanh", ["arg"], ["t"]),
+             h.make_node("Sum", ["one", "t"], ["phi"]), h.make_node("Mul", ["half", "x"], ["hx"]),
+             h.make_node("Mul", ["hx", "phi"], ["y"])]
+    inits = {"three": np.float32(3), "c0": np.float32(0.044715),
+             "k": np.float32(math.sqrt(2 / math.pi)), "one": np.float32(1),
+             "half": np.float32(0.5)}
+    return build(nodes, {"x": [3, 5]}, {"y": 2}, inits), {"elementwise_chain"}, \
+        {"Elementwise": 2}
+
+
 def case_single_elementwise_stays(rng):
     return build([h.make_node("Relu", ["x"], ["y"])], {"x": [3, 5]}, {"y": 2}), set(), \
         {"Relu": 1}
@@ -356,6 +371,7 @@ CASES = {
     "residual": case_residual,
     "identity_residual": case_identity_residual,
     "elementwise_chain": case_elementwise_chain,
+    "gelu_tanh_expanded": case_gelu_tanh_expanded,
     "single_elementwise_stays": case_single_elementwise_stays,
     "sum_three": case_sum_three,
     "noops": case_noops,

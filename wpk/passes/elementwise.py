@@ -105,7 +105,11 @@ def _elementwise_chain(node: Node, value: str) -> Chain | None:
 def chain_start(graph: Graph, node: Node) -> tuple[str, Chain] | None:
     """The value a chain-able node starts from and its chain, or None."""
     if node.op == ELEMENTWISE_OP and node.domain == WPK_DOMAIN:
-        return node.inputs[0], chain_of(graph, node, node.inputs[0]) or []
+        if not _is_float(graph, node.outputs[0]):
+            return None
+        return node.inputs[0], [  # operands may name input 0: it stays an outside tensor
+            (EpilogueStep(s.op, s.attrs, None, s.swap),
+             None if s.operand is None else node.inputs[s.operand]) for s in node.epilogue]
     if not node.inputs or not node.inputs[0]:
         return None
     if unary_step(graph, node) is not None:

@@ -16,6 +16,7 @@ from wpk.passes.base import GraphPass, add_constant, bypass, pinned_names
 
 RESHAPE_LIKE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 SAME_SHAPE_NOOPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand"})
+IDENTITY_CANDIDATES = SAME_SHAPE_NOOPS | {"Identity", "Dropout", "Cast", "Transpose", "Pad"}
 
 
 def _const(graph: Graph, name: str) -> np.ndarray | None:
@@ -24,8 +25,10 @@ def _const(graph: Graph, name: str) -> np.ndarray | None:
 
 def _is_identity(graph: Graph, node: Node, used: set[str]) -> bool:
     op = node.op
+    if op not in IDENTITY_CANDIDATES or node.domain not in ("", "ai.onnx"):
+        return False
     src, dst = node.inputs[0] if node.inputs else "", node.outputs[0]
-    if not src or src not in graph.tensors:
+    if not src or src not in graph.tensors or dst not in graph.tensors:
         return False
     same_shape = graph.tensors[src].shape == graph.tensors[dst].shape
     same_type = graph.tensors[src].dtype == graph.tensors[dst].dtype
