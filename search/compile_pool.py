@@ -98,14 +98,15 @@ def usable_cores() -> int:
 
 
 class CompilePool:
-    """`jobs` compile workers (default: one per usable core), started on first use."""
+    """`jobs` compile workers (default: one per usable core), started on first use, with
+    environment `env` (default: this process's when a worker starts)."""
 
-    def __init__(self, jobs: int | None = None):
+    def __init__(self, jobs: int | None = None, env: Mapping[str, str] | None = None):
         jobs = usable_cores() if jobs is None else jobs
         if jobs < 1:
             raise OptionError(f"--jobs must be at least 1, got {jobs}", hint="use --jobs 1 or more")
         self.jobs = jobs
-        self.workers = [WorkerProcess() for _ in range(jobs)]
+        self.workers = [WorkerProcess(env=env) for _ in range(jobs)]
 
     def __enter__(self) -> CompilePool:
         return self
@@ -176,7 +177,8 @@ class CompilePool:
                 continue
             seconds = time.monotonic() - started
             if "error" in reply:
+                message = reply["error"].split(":")[0] + ": " + reply.get("detail", "")
                 results[index] = CompileResult(job, Status.COMPILE_ERROR,
-                                               message=reply["error"], seconds=seconds)
+                                               message=message, seconds=seconds)
             else:
                 results[index] = CompileResult(job, Status.OK, reply["result"], seconds=seconds)

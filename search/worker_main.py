@@ -12,7 +12,8 @@ answers each request in turn:
 * `{"kind": "call", "function": "module:name", "kwargs": {...}}` ->
   `{"result": ...}` (compile jobs);
 
-and any request that raises -> `{"error": "...", "traceback": "..."}`. A
+and any request that raises -> `{"error": first line, "detail": message,
+"traceback": ...}`. A
 crash (signal) or a hang is the parent's to detect. The process asks the
 kernel to kill it when its parent dies (Linux), so no worker outlives a build.
 """
@@ -69,7 +70,10 @@ def _measure(request: Mapping) -> dict:
     label = f"{impl_name}[{args}]" if config else impl_name
     try:
         for module in spec.get("modules") or ():
-            importlib.import_module(module)
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ImportError(f"module {module!r} does not import ({_describe(exc)})") from None
         implementation = registry.get(impl_name)
         artifact = spec.get("artifact")
         if artifact and not os.path.exists(artifact):
@@ -122,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             reply = _handle(json.loads(line))
         except Exception as exc:
-            reply = {"error": _describe(exc), "traceback": traceback.format_exc()[-4000:]}
+            reply = {"error": _describe(exc), "detail": str(exc)[-4000:],
+                     "traceback": traceback.format_exc()[-4000:]}
         replies.write(json.dumps(reply) + "\n")
 
 

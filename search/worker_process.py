@@ -43,11 +43,13 @@ class WorkerProcess:
 
     `request(message, timeout_s)` returns the reply dict or raises
     `WorkerTimeout` / `WorkerCrash`; after either the next request starts a
-    fresh process. `starts` counts the processes started.
+    fresh process. `starts` counts the processes started. `env` is the child's
+    environment (default: this process's at the time the child starts).
     """
 
-    def __init__(self, preload: Sequence[str] = ()):
+    def __init__(self, preload: Sequence[str] = (), env: Mapping[str, str] | None = None):
         self.preload = tuple(preload)
+        self.env = None if env is None else dict(env)
         self.starts = 0
         self._proc: subprocess.Popen | None = None
         self._buffer = b""
@@ -80,7 +82,7 @@ class WorkerProcess:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "wpk.search.worker_main", *self.preload],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-            start_new_session=True)
+            env=self.env, start_new_session=True)
         self._buffer = b""
         self._ready = False
         self.starts += 1

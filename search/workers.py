@@ -134,11 +134,16 @@ def crash_location(stderr: str) -> str:
 
 
 class MeasureWorker:
-    """A long-lived child process that verifies and times one candidate at a time."""
+    """A long-lived child process that verifies and times one candidate at a time.
 
-    def __init__(self, options: MeasureOptions | None = None):
+    `options` are the defaults of `measure`; `env` the child's environment (default:
+    this process's when the child starts, e.g. WPK_CACHE_DIR).
+    """
+
+    def __init__(self, options: MeasureOptions | None = None,
+                 env: Mapping[str, str] | None = None):
         self.options = options or MeasureOptions()
-        self.process = WorkerProcess(MEASURE_PRELOAD)
+        self.process = WorkerProcess(MEASURE_PRELOAD, env)
         self.measurements = 0
 
     @property

@@ -12,12 +12,14 @@ the worker measures them by name.
 from __future__ import annotations
 
 import ctypes
+import os
+import signal
+import time
 
-import numpy as np
-
-from wpk.dsl.toolchain import compile_c_shared, load_function
+from wpk.dsl.toolchain import load_function
 from wpk.kernels.registry import Implementation, register
 from wpk.kernels.workload import TensorSpec, Workload
+from wpk.search.compile_pool import compile_c_source
 
 RELU_WORKLOAD = Workload("Relu", (TensorSpec((64, 64)),), (TensorSpec((64, 64)),))
 
@@ -50,7 +52,7 @@ ARGTYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long)
 
 
 def _kernel_from_source(source: str):
-    function = load_function(compile_c_shared(source), "relu", ARGTYPES)
+    function = load_function(compile_c_source(source), "relu", ARGTYPES)
 
     def kernel(inputs, outputs):
         x, y = inputs[0], outputs[0]
@@ -69,7 +71,7 @@ class CRelu(Implementation):
         return "test fixture: measured by name only"
 
     def prepare(self, workload, consts, config):
-        return _kernel_from_source(SOURCE % BODIES[self.behaviour])
+        return _kernel_from_source(source_of(self.behaviour))
 
 
 class TiledRelu(Implementation):
@@ -84,8 +86,7 @@ class TiledRelu(Implementation):
         return [{"block": b, "unroll": u} for b in (64, 256, 1024) for u in (1, 4)]
 
     def prepare(self, workload, consts, config):
-        return _kernel_from_source(TILED_SOURCE % {"block": int(config["block"]),
-                                                   "unroll": int(config["unroll"])})
+        return _kernel_from_source(tiled_source(config))
 
 
 class PythonRaises(Implementation):
@@ -107,5 +108,23 @@ TILED = register(TiledRelu())
 RAISES = register(PythonRaises())
 
 
-def relu_reference(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x.astype(np.float64), 0.0)
+def source_of(behaviour: str) -> str:
+    """The C source of `CRelu(behaviour)` (to compile ahead in a CompilePool)."""
+    return SOURCE % BODIES[behaviour]
+
+
+def tiled_source(config) -> str:
+    """The C source of `TiledRelu` under `config`."""
+    return TILED_SOURCE % {"block": int(config["block"]), "unroll": int(config["unroll"])}
+
+
+def slow_compile(seconds: float) -> str:
+    """A compile job that takes `seconds` (to test the pool's timeout)."""
+    time.sleep(seconds)
+    return "slow"
+
+
+def crashing_compile() -> str:
+    """A compile job whose process dies by SIGSEGV."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+    return "unreachable"

@@ -1,0 +1,125 @@
+"""Measuring through tuning records: reuse what is recorded, record what is measured.
+
+    store = RecordStore(db_path)
+    measurer = RecordedMeasurer(store, target_fingerprint(), worker=MeasureWorker())
+    for config in tuner.next_batch(8):
+        m = measurer.measure(workload, CandidateSpec("dsl.gemm", config, modules=(...)))
+    winner = measurer.finalize(workload, k=3)      # top-k re-measured once, then recorded
+    measurer.measured, measurer.reused              # what this run measured / took from records
+
+`measure` looks the candidate up in the store (same workload key, target
+fingerprint, implementation and config, search phase); a hit is returned as a
+`Measurement` (with `extra["from_record"]`) and nothing runs. A miss is measured
+in the isolated worker and appended (fsynced) before `measure` returns, so a
+build killed at any point resumes from its last completed measurement, and a
+rebuild from complete records measures nothing. Failed measurements (crash,
+timeout, wrong answer) are records too and are not retried.
+
+`finalize` re-measures the `k` fastest search records of the workload alone
+with more repeats (`remeasure_top`), records them in the final phase, and
+returns the store's best; a candidate that already has a final record is not
+re-measured, so the winner of a rebuild is the same as the first build's.
+Each measurement's seed derives from (seed, workload key, candidate), so the
+inputs a candidate is verified on do not depend on the order of the search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from wpk.kernels.registry import Candidate
+from wpk.kernels.workload import Workload
+from wpk.search.measure import Measurement
+from wpk.search.records import (
+    FINAL,
+    SEARCH,
+    RecordStore,
+    TargetFingerprint,
+    TuningRecord,
+    config_key,
+)
+from wpk.search.workers import (
+    CandidateSpec,
+    MeasureOptions,
+    MeasureWorker,
+    default_worker,
+    remeasure_top,
+)
+
+
+def candidate_seed(seed: int, workload_key: str, impl: str, config: dict) -> int:
+    """A 32-bit seed for one candidate's measurement, independent of search order."""
+    text = f"{seed}|{workload_key}|{impl}|{config_key(config)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
+class RecordedMeasurer:
+    """Measurements of candidates on one target, through a `RecordStore`."""
+
+    def __init__(self, store: RecordStore, fingerprint: TargetFingerprint, *,
+                 worker: MeasureWorker | None = None, options: MeasureOptions | None = None,
+                 seed: int = 0):
+        self.store = store
+        self.fingerprint = fingerprint
+        self.worker = worker
+        self.options = options
+        self.seed = seed
+        self.measured = 0   # measurements this run made (each appended to the store)
+        self.reused = 0     # measurements taken from the store instead
+
+    def _worker(self) -> MeasureWorker:
+        if self.worker is None:
+            self.worker = default_worker()
+        return self.worker
+
+    def lookup(self, workload: Workload, candidate: Candidate | CandidateSpec,
+               phase: str = SEARCH) -> TuningRecord | None:
+        """The recorded measurement of a candidate, or None."""
+        spec = CandidateSpec.of(candidate)
+        return self.store.lookup(workload.key, self.fingerprint, spec.impl, spec.config, phase)
+
+    def measure(self, workload: Workload, candidate: Candidate | CandidateSpec) -> Measurement:
+        """The candidate's recorded measurement, or a fresh one (then recorded)."""
+        spec = CandidateSpec.of(candidate)
+        record = self.lookup(workload, spec)
+        if record is not None:
+            self.reused += 1
+            return record.to_measurement()
+        seed = candidate_seed(self.seed, workload.key, spec.impl, dict(spec.config))
+        measurement = self._worker().measure(workload, spec, self.options, seed=seed)
+        self._record(workload, spec.modules, measurement, SEARCH)
+        return measurement
+
+    def measure_many(self, workload: Workload,
+                     candidates: Iterable[Candidate | CandidateSpec]) -> list[Measurement]:
+        """`measure` each candidate in turn."""
+        return [self.measure(workload, c) for c in candidates]
+
+    def _record(self, workload: Workload, modules: Sequence[str], measurement: Measurement,
+                phase: str) -> None:
+        extra = {**measurement.extra, "modules": list(modules)}
+        self.store.append(TuningRecord.from_measurement(
+            replace(measurement, extra=extra), workload, self.fingerprint, phase=phase))
+        self.measured += 1
+
+    def finalize(self, workload: Workload, k: int = 3, factor: int = 3) -> Measurement | None:
+        """Re-measure the top `k` search records alone (unless already done) and return the
+        winner: the store's best for the workload, or None when nothing verified."""
+        search = [r for r in self.store.for_workload(workload.key, self.fingerprint)
+                  if r.phase == SEARCH and r.ok]
+        latest = {r.identity: r for r in search}
+        top = sorted(latest.values(), key=lambda r: r.median_s)[:k]
+        for record in top:
+            if self.store.lookup(workload.key, self.fingerprint, record.impl, record.config,
+                                 FINAL) is not None:
+                continue
+            modules = tuple(record.extra.get("modules", ()))
+            seed = candidate_seed(self.seed + 1, workload.key, record.impl, dict(record.config))
+            (fresh,) = remeasure_top(workload, [record.to_measurement()], k=1, modules=modules,
+                                     options=self.options, factor=factor, seed=seed,
+                                     worker=self._worker())
+            self._record(workload, modules, fresh, FINAL)
+        best = self.store.best(workload.key, self.fingerprint)
+        return None if best is None else best.to_measurement()
