@@ -56,10 +56,20 @@ def set_cpu_threads(threads: int | None) -> None:
     _THREADS = threads
 
 
-def session_options(threads: int | None = None) -> ort.SessionOptions:
-    """Options shared by all wpk sessions: full graph optimization, no spinning threads."""
+_OPTIMIZATION_LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}
+# Ops that onnxruntime's NCHWc layout transformer rewrites (with reorders around each session).
+_NCHWC_OPS = frozenset({"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
+
+
+def session_options(threads: int | None = None, optimization: str = "all") -> ort.SessionOptions:
+    """Options shared by all wpk sessions: full graph optimization, no spinning threads.
+
+    `optimization` "extended" stops before the layout transformations (NCHWc),
+    which in a one-node session cost a reorder in and out around the node.
+    """
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = _OPTIMIZATION_LEVELS[optimization]
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.intra_op_num_threads = threads or cpu_threads()
     options.inter_op_num_threads = 1
@@ -69,11 +79,11 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     return options
 
 
-def create_session(model_bytes: bytes, label: str,
-                   threads: int | None = None) -> ort.InferenceSession:
+def create_session(model_bytes: bytes, label: str, threads: int | None = None,
+                   optimization: str = "all") -> ort.InferenceSession:
     """An onnxruntime CPU session for a serialized model; UnsupportedError if ORT refuses it."""
     try:
-        return ort.InferenceSession(model_bytes, session_options(threads),
+        return ort.InferenceSession(model_bytes, session_options(threads, optimization),
                                     providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped errors
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -94,10 +104,11 @@ def static_consts(workload: Workload) -> dict[int, np.ndarray]:
 
 
 def make_ort_kernel(workload: Workload, consts: Mapping[int, np.ndarray],
-                    threads: int | None = None) -> Kernel:
+                    threads: int | None = None, optimization: str = "all") -> Kernel:
     """Prepare a kernel running the workload (with epilogue) in one onnxruntime session."""
     node_model = build_node_model(workload, {**static_consts(workload), **consts})
-    session = create_session(node_model.model.SerializeToString(), workload.label, threads)
+    session = create_session(node_model.model.SerializeToString(), workload.label, threads,
+                             optimization)
     feeds = [(i, input_name(i)) for i in node_model.feeds]
     out_names = [output_name(j) for j in range(len(workload.outputs))]
     small = sum(np.dtype(s.dtype).itemsize * s.size for s in workload.outputs)
@@ -190,9 +201,19 @@ class OrtNode(Implementation):
                 self._probe_cache[key] = f"onnxruntime fails on it: {text[0] if text else exc}"
         return self._probe_cache[key]
 
+    def configs(self, workload: Workload) -> list[dict]:
+        """Full optimization, plus plain NCHW (no layout reorders) for NCHWc-able ops."""
+        if workload.op in _NCHWC_OPS and workload.domain in ("", "ai.onnx"):
+            return [{}, {"optimization": "extended"}]
+        return [{}]
+
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        return make_ort_kernel(workload, consts, config.get("threads"))
+        optimization = config.get("optimization", "all")
+        if optimization not in _OPTIMIZATION_LEVELS:
+            raise UnsupportedError(f"unknown onnxruntime optimization level {optimization!r}",
+                                   hint=f"use one of {sorted(_OPTIMIZATION_LEVELS)}")
+        return make_ort_kernel(workload, consts, config.get("threads"), optimization)
 
 
 class OrtFallback(OrtNode):

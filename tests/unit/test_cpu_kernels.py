@@ -216,6 +216,15 @@ def test_ort_vendor_kernel_is_offered_for_supported_ops():
     assert ort_node.kind_for(CASES["conv3x3_residual_relu"]) == registry.VENDOR
 
 
+def test_ort_offers_plain_nchw_sessions_for_layout_sensitive_ops():
+    labels = {c.label for c in registry.candidates(CASES["conv3x3_residual_relu"])}
+    assert {"ort", "ort[optimization=extended]"} <= labels
+    labels = {c.label for c in registry.candidates(CASES["softmax_axis1"])}
+    assert "ort[optimization=extended]" not in labels
+    with pytest.raises(WpkError, match="optimization"):
+        registry.get("ort").prepare(CASES["softmax_axis1"], {}, {"optimization": "none"})
+
+
 def test_ort_rejects_what_it_cannot_run():
     # onnxruntime refuses dilation with SAME padding; wpk's own kernel still runs it.
     reason = registry.get("ort").unsupported_reason(CASES["conv_same_upper_dilation2"])
