@@ -7,6 +7,7 @@ import io
 import json
 import re
 import time
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
@@ -114,6 +115,8 @@ def test_html_is_self_contained_and_marks_the_chosen(report):
     assert "compile_error: RuntimeError: cannot build" in page
     assert "<td>Relu</td><td>2</td><td>0</td>" in page
     assert "<td>gemm_relu</td><td>2</td>" in page
+    for svg in re.findall(r"<svg.*?</svg>", page, re.S):
+        ElementTree.fromstring(svg)  # every chart is well-formed SVG
 
 
 def test_format_time():
