@@ -55,6 +55,8 @@ REBUILD_HINT = "rebuild the plan with `wpk build`"
 ISA_FLAGS = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
              "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+REQUIRED_KEYS = ("target", "steps", "workloads", "buffers", "inputs", "outputs", "members",
+                 "manifest_sha256")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same plan gives the same bytes
 
 
@@ -279,6 +281,10 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
             raise PlanError(f"plan '{name}': member '{MANIFEST}' is not a manifest",
                             hint=REBUILD_HINT)
         _check_version(manifest, name)
+        missing = [key for key in REQUIRED_KEYS if key not in manifest]
+        if missing:
+            raise PlanError(f"plan '{name}': the manifest lacks {', '.join(missing)}",
+                            hint=REBUILD_HINT)
         if manifest.get("manifest_sha256") != _manifest_digest(manifest):
             raise PlanError(f"plan '{name}': member '{MANIFEST}' changed since it was written "
                             "(checksum mismatch)", hint=REBUILD_HINT)

@@ -109,6 +109,14 @@ def test_a_newer_format_version_is_refused(built, tmp_path):
     assert str(info.value) == expected
 
 
+def test_a_manifest_without_steps_is_refused(built, tmp_path):
+    _, plan = built
+    manifest = {k: v for k, v in plan.manifest.items() if k != "steps"}
+    path = write_plan(Plan(manifest, plan.weights), tmp_path / "p.wpk")
+    with pytest.raises(PlanError, match="the manifest lacks steps"):
+        read_plan(path)
+
+
 def test_not_a_plan(tmp_path):
     text = tmp_path / "model.onnx"
     text.write_bytes(b"\x08\x07garbage")
