@@ -17,6 +17,7 @@ C_TYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "i32": "int32_t",
 _F32_FUNCS = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "erf": "erff",
               "abs": "fabsf", "floor": "floorf", "ceil": "ceilf"}
 _F64_FUNCS = {k: v[:-1] for k, v in _F32_FUNCS.items()}
+HEAP_THRESHOLD = 64 * 1024  # bytes: bigger buffers outside all loops go to the heap
 _INFIX = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!="}
 
 PRELUDE = """#include <math.h>
@@ -34,6 +35,8 @@ class CPrinter:
     def __init__(self):
         self.lines: list[str] = []
         self.indent = 0
+        self.loop_depth = 0
+        self.heap: list[str] = []  # buffers allocated outside every loop, freed by the caller
 
     # ------------------------------------------------------------------ expressions
     def expr(self, e: L.Expr) -> str:
@@ -153,11 +156,19 @@ class CPrinter:
             self.emit(f"#pragma GCC unroll {s.extent}")
         var = s.var.name
         self.emit(f"for (int32_t {var} = 0; {var} < {s.extent}; ++{var}) {{")
+        self.loop_depth += 1
         self.block(s.body)
+        self.loop_depth -= 1
         self.emit("}")
 
     def allocate(self, b: L.Buffer) -> None:
-        self.emit(f"{C_TYPES[b.dtype]} {b.name}[{b.size}] __attribute__((aligned(64)));")
+        ctype = C_TYPES[b.dtype]
+        if self.loop_depth == 0 and b.size * 8 > HEAP_THRESHOLD:
+            nbytes = (b.size * 8 + 63) // 64 * 64
+            self.emit(f"{ctype}* restrict {b.name} = ({ctype}*)aligned_alloc(64, {nbytes});")
+            self.heap.append(b.name)
+            return
+        self.emit(f"{ctype} {b.name}[{b.size}] __attribute__((aligned(64)));")
 
     def barrier(self) -> None:
         raise ValueError("barriers only exist in CUDA kernels")
@@ -187,6 +198,9 @@ def generate_c(func: L.PrimFunc) -> str:
         if len(func.kernels) > 1:
             printer.emit(f"// stage {k.name}")
         printer.stmt(k.body)
+        for name in printer.heap:
+            printer.emit(f"free({name});")
+        printer.heap.clear()
     for w in func.workspaces:
         printer.emit(f"free({w.name});")
     printer.indent -= 1

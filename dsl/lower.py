@@ -26,16 +26,21 @@ class _Cache:
     base: list[L.Expr]
     extents: list[int]
     ranged: dict = field(default_factory=dict)
+    strides: list[int] = field(default_factory=list)
 
     def local_index(self, d: int, index: L.Expr) -> L.Expr:
         """Position of tensor index `index` (dim `d`) inside the cached region."""
         form = split_affine(index, self.ranged)
         base = split_affine(self.base[d], self.ranged)
-        if form is not None and base is not None and form[1] == base[1]:
-            local: L.Expr = L.const(form[2] - base[2])
-            for v, x in sorted(form[0].items()):
-                local = L.add(L.mul(L.Var(v), x), local)
+        step = self.strides[d] if self.strides else 1
+        if form is not None and base is not None and form[1] == base[1] and \
+                all(x % step == 0 for x in form[0].values()) and (form[2] - base[2]) % step == 0:
+            local: L.Expr = L.const((form[2] - base[2]) // step)
+            for term, x in sorted(form[0].items(), key=lambda item: str(item[0])):
+                local = L.add(L.mul(_term_expr(term), x // step), local)
             return local
+        if step != 1:
+            raise ScheduleError("strided cache read with an access off its stride")
         return L.binary("-", index, self.base[d])
 
 
@@ -217,10 +222,13 @@ def _translate_load(expr: C.Load, env: _Env) -> L.Expr:
 
 
 # ----------------------------------------------------------------------------- regions
-def split_affine(expr: L.Expr, ranged) -> tuple[dict[str, int], L.Expr, int] | None:
+def split_affine(expr: L.Expr, ranged) -> tuple[dict, L.Expr, int] | None:
     """`expr` as (coefficients of the `ranged` variables, remaining expression free of them,
-    constant); None when a ranged variable appears non-linearly."""
-    if not (L.free_vars(expr) & set(ranged)):
+    constant). A `//` or `%` of ranged variables only (a fused loop's coordinate) is kept as
+    an opaque term, keyed by the expression; None when ranged and fixed variables mix
+    non-linearly."""
+    used = L.free_vars(expr) & set(ranged)
+    if not used:
         if isinstance(expr, L.Imm):
             return {}, L.const(0), int(expr.value)
         if isinstance(expr, L.Bin) and expr.op in ("+", "-") and isinstance(expr.b, L.Imm):
@@ -248,34 +256,60 @@ def split_affine(expr: L.Expr, ranged) -> tuple[dict[str, int], L.Expr, int] | N
                 scale = int(k.value)
                 return ({v: x * scale for v, x in inner[0].items()}, L.mul(inner[1], scale),
                         inner[2] * scale)
+    if isinstance(expr, L.Bin) and expr.op in ("//", "%") and L.free_vars(expr) <= set(ranged):
+        return {expr: 1}, L.const(0), 0
     return None
 
 
+def _term_range(term, ranged, all_ranges) -> tuple[int, int] | None:
+    if isinstance(term, str):
+        return 0, ranged[term] - 1
+    return L.bounds(term, all_ranges)
+
+
+def _term_expr(term) -> L.Expr:
+    return L.Var(term) if isinstance(term, str) else term
+
+
 def region(accesses: list[list[L.Expr]], shape, ranged: dict[str, int], all_ranges):
-    """Per dim, (base expression over the fixed loops, extent) covering every access when the
-    `ranged` loops (name -> extent) run over their whole range."""
-    bases, extents = [], []
+    """Per dim, (base expression over the fixed loops, extent, stride) covering every access
+    when the `ranged` loops (name -> extent) run over their whole range. The stride is the
+    common step of the accesses (2 for a stride-2 1x1 convolution), so the copy is dense."""
+    bases, extents, strides = [], [], []
     for d in range(len(shape)):
         forms = [split_affine(acc[d], ranged) for acc in accesses]
-        if any(f is None for f in forms) or any(f[1] != forms[0][1] for f in forms):
-            spans = [L.bounds(acc[d], all_ranges) for acc in accesses]
-            if any(sp is None for sp in spans):
+        spans = None
+        if all(f is not None for f in forms) and all(f[1] == forms[0][1] for f in forms):
+            spans = []
+            for coef, _, c in forms:
+                lo = hi = c
+                for term, x in coef.items():
+                    rng = _term_range(term, ranged, all_ranges)
+                    if rng is None:
+                        spans = None
+                        break
+                    lo, hi = lo + min(x * rng[0], x * rng[1]), hi + max(x * rng[0], x * rng[1])
+                if spans is None:
+                    break
+                spans.append((lo, hi))
+        if spans is None:
+            bounds = [L.bounds(acc[d], all_ranges) for acc in accesses]
+            if any(b is None for b in bounds):
                 raise ScheduleError(f"cannot bound the region read in dimension {d}")
-            lo, hi = min(sp[0] for sp in spans), max(sp[1] for sp in spans)
+            lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
             bases.append(L.const(lo))
             extents.append(hi - lo + 1)
+            strides.append(1)
             continue
-        lows, highs = [], []
-        for coef, _, c in forms:
-            lo = hi = c
-            for v, x in coef.items():
-                span = x * (ranged[v] - 1)
-                lo, hi = lo + min(0, span), hi + max(0, span)
-            lows.append(lo)
-            highs.append(hi)
-        bases.append(L.add(forms[0][1], min(lows)))
-        extents.append(max(highs) - min(lows) + 1)
-    return bases, extents
+        low = min(sp[0] for sp in spans)
+        step = 0
+        for (coef, _, c), _sp in zip(forms, spans):
+            step = math.gcd(step, c - low, *[abs(x) for x in coef.values()])
+        step = max(step, 1)
+        bases.append(L.add(forms[0][1], low))
+        extents.append((max(sp[1] for sp in spans) - low) // step + 1)
+        strides.append(step)
+    return bases, extents, strides
 
 
 # ----------------------------------------------------------------------------- nests
@@ -311,8 +345,10 @@ def _place_guards(conds, names, hoist: bool) -> dict[int, list]:
     return placed
 
 
-def _fill(cache: _Cache, tensor: str, op, sched: StageSchedule, gpu: bool) -> L.Stmt:
-    """Copy the region of `tensor` into the cache buffer (zero outside the tensor)."""
+def _fill(cache: _Cache, tensor: str, op, sched: StageSchedule, gpu: bool,
+          root: bool = False) -> L.Stmt:
+    """Copy the region of `tensor` into the cache buffer (zero outside the tensor); a copy
+    made before all loops (`root`) on the CPU is itself a parallel loop nest."""
     shape = shape_of(op, tensor)
     dtype = op.tensor_dtype(tensor)
     name = cache.buffer.name
@@ -332,7 +368,7 @@ def _fill(cache: _Cache, tensor: str, op, sched: StageSchedule, gpu: bool) -> L.
             coords.append(L.binary("%", L.binary("//", flat, stride), ext))
         ranges = {_cname(n): (0, sched.axes[n].extent - 1) for n in sched.order}
         ranges[it.name] = (0, math.ceil(total / nthreads) - 1)
-        idx = [L.add(b, c) for b, c in zip(cache.base, coords)]
+        idx = [L.add(b, L.mul(c, st)) for b, c, st in zip(cache.base, coords, cache.strides)]
         cond = in_bounds(idx, shape, ranges)
         load = L.Load(tensor, flatten(idx, shape), dtype)
         value = load if _is_true(cond) else L.Select(cond, load, L.Imm(0.0, dtype), dtype)
@@ -347,16 +383,16 @@ def _fill(cache: _Cache, tensor: str, op, sched: StageSchedule, gpu: bool) -> L.
     ranges = {_cname(n): (0, sched.axes[n].extent - 1) for n in sched.order}
     ranges.update({v.name: (0, e - 1) for v, e in zip(loop_vars, cache.extents)
                    if isinstance(v, L.Var)})
-    idx = [L.add(b, v) for b, v in zip(cache.base, loop_vars)]
+    idx = [L.add(b, L.mul(v, st)) for b, v, st in zip(cache.base, loop_vars, cache.strides)]
     cond = in_bounds(idx, shape, ranges)
     load = L.Load(tensor, flatten(idx, shape), dtype)
     value = load if _is_true(cond) else L.Select(cond, load, L.Imm(0.0, dtype), dtype)
     stmt: L.Stmt = L.Store(name, flatten(loop_vars, cache.extents), value)
-    for d in range(len(loop_vars) - 1, -1, -1):
-        if not isinstance(loop_vars[d], L.Var):
-            continue
-        stmt = L.For(loop_vars[d], cache.extents[d], stmt,
-                     "vectorize" if d == len(loop_vars) - 1 else "serial")
+    real = [d for d, v in enumerate(loop_vars) if isinstance(v, L.Var)]
+    for d in reversed(real):
+        kind = "vectorize" if d == real[-1] else ("parallel" if root and d == real[0]
+                                                   else "serial")
+        stmt = L.For(loop_vars[d], cache.extents[d], stmt, kind)
     return stmt
 
 
@@ -448,14 +484,15 @@ def lower_stage(op: C.Operator, schedule: Schedule, stage: C.Stage, out_stage: C
         if gpu:
             ranged.update({_cname(n): sched.axes[n].extent
                            for n in sched.bound_leaves("threadIdx")})
-        bases, extents = region(accesses, shape_of(op, cr.tensor), ranged, ranges)
+        bases, extents, strides = region(accesses, shape_of(op, cr.tensor), ranged, ranges)
         buf = L.Buffer(f"{cr.tensor}_{cr.scope}", op.tensor_dtype(cr.tensor), tuple(extents),
                        cr.scope)
-        cache = pending[cr.tensor] = _Cache(buf, bases, extents, ranged)
+        cache = pending[cr.tensor] = _Cache(buf, bases, extents, ranged, strides)
         decl = [] if cr.scope == "shared" and gpu else [L.Allocate(buf)]
         if cr.scope == "shared" and gpu:
             shared.append(buf)
-        prologue.setdefault(cr.at, []).extend(decl + [_fill(cache, cr.tensor, op, sched, gpu)])
+        fill = _fill(cache, cr.tensor, op, sched, gpu, root=cr.at is None)
+        prologue.setdefault(cr.at, []).extend(decl + [fill])
     env.caches.update(pending)  # only now, so regions are computed on the original accesses
     out_shape = shape_of(op, out_stage.name)
     out_index = flatten([exprs[a.name] for a in stage.axes], out_shape)

@@ -141,8 +141,8 @@ class Template:
     def check_resources(self, func: L.PrimFunc) -> str | None:
         lim = self.limits
         for kernel in func.kernels:
-            local = sum(n.buffer.size * _bytes(n.buffer.dtype) for n in L.walk(kernel.body)
-                        if isinstance(n, L.Allocate) and n.buffer.scope == "local")
+            local = sum(b.size * _bytes(b.dtype) for b in loop_allocations(kernel.body)
+                        if b.scope == "local")
             if self.target == "cpu":
                 tile = max((n.buffer.size for n in L.walk(kernel.body)
                             if isinstance(n, L.Allocate) and n.buffer.name.endswith("_acc")),
@@ -205,6 +205,23 @@ class Template:
                 if limit is not None and len(out) >= limit:
                     break
         return out
+
+
+def loop_allocations(stmt, inside: bool = False):
+    """Buffers declared inside some loop (those outside every loop live on the heap on CPUs,
+    in the kernel's frame on GPUs)."""
+    if isinstance(stmt, L.Allocate):
+        if inside:
+            yield stmt.buffer
+    elif isinstance(stmt, L.For):
+        yield from loop_allocations(stmt.body, True)
+    elif isinstance(stmt, L.Seq):
+        for s in stmt.stmts:
+            yield from loop_allocations(s, inside)
+    elif isinstance(stmt, L.IfThenElse):
+        yield from loop_allocations(stmt.then, inside)
+        if stmt.orelse is not None:
+            yield from loop_allocations(stmt.orelse, inside)
 
 
 def _bytes(dtype: str) -> int:
@@ -379,7 +396,7 @@ class ConvTemplate(Template):
                 tile_x=_choices([lanes // 2, lanes, 2 * lanes], max(y * x, lanes // 2)),
                 tile_y=_choices([1, 2, 4], y),
                 tile_c=sorted({t for t in (c, 4, 8, 16, 32, 64) if t <= c}, reverse=True),
-                cache_input=[0, 1],
+                cache_input=[0, 1, 2],
                 unroll_window=[1, 0],
             )
         return KnobSpace(
@@ -433,7 +450,7 @@ class ConvTemplate(Template):
                 s.unroll(r)
                 s.unroll(w)
             if config["cache_input"] and inputs[0] is not None:
-                s.cache_read(inputs[0], "local", co)
+                s.cache_read(inputs[0], "local", co if config["cache_input"] == 1 else None)
             fused = outer[0]
             for nxt in outer[1:-1]:
                 fused = s.fuse(fused, nxt)

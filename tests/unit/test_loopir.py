@@ -63,15 +63,22 @@ def test_split_affine_separates_ranged_variables():
     expr = L.binary("-", L.binary("+", L.binary("*", i, 2), j), 1)
     coef, rest, const = split_affine(expr, {"j": 3})
     assert coef == {"j": 1} and rest == L.binary("*", i, 2) and const == -1
-    assert split_affine(L.binary("//", j, 2), {"j": 3}) is None
+    # a fused coordinate of ranged loops is an opaque term; mixing with a fixed loop is not
+    term = L.binary("//", j, 2)
+    assert split_affine(term, {"j": 3}) == ({term: 1}, L.const(0), 0)
+    assert split_affine(L.binary("//", L.binary("+", i, j), 2), {"j": 3}) is None
 
 
 def test_region_covers_every_access_of_a_stencil():
     # x[2*i + j - 1] for j in 0..2 (ranged), i fixed: window of 3 starting at 2*i - 1
     access = [L.binary("-", L.binary("+", L.binary("*", i, 2), j), 1)]
-    bases, extents = region([access], (10,), {"j": 3}, {"i": (0, 4), "j": (0, 2)})
-    assert extents == [3]
+    bases, extents, strides = region([access], (10,), {"j": 3}, {"i": (0, 4), "j": (0, 2)})
+    assert extents == [3] and strides == [1]
     assert bases[0] == L.binary("+", L.binary("*", i, 2), -1)
-    # non-affine access: falls back to the interval over every loop
-    bases, extents = region([[L.binary("//", j, 2)]], (10,), {"j": 3}, {"j": (0, 2)})
-    assert bases == [L.const(0)] and extents == [2]
+    # a stride-2 access is copied densely: x[2*j] for j in 0..2 -> 3 elements, step 2
+    bases, extents, strides = region([[L.binary("*", j, 2)]], (10,), {"j": 3}, {"j": (0, 2)})
+    assert (bases, extents, strides) == ([L.const(0)], [3], [2])
+    # mixed fixed/ranged non-linear access: falls back to the interval over every loop
+    mixed = L.binary("//", L.binary("+", i, j), 2)
+    bases, extents, strides = region([[mixed]], (10,), {"j": 3}, {"i": (0, 4), "j": (0, 2)})
+    assert bases == [L.const(0)] and extents == [4] and strides == [1]
