@@ -233,7 +233,8 @@ def main(argv=None) -> int:
             print(f"{shape.label()}: wrong answer (relative L2 {err:.2e})", file=sys.stderr)
             return 1
         out = np.empty_like(ref)
-        runs = {"wpk": lambda: kernel(X=x, Wt=wt, out={"Y": out}), "ort": ort,
+        runs = {"wpk": lambda k=kernel, x=x, wt=wt, out=out: k(X=x, Wt=wt, out={"Y": out}),
+                "ort": ort,
                 "ort_no_spin": ort_passive, "numpy": im2col}
         times: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(args.rounds):  # alternate A B C so load changes hit all alike
