@@ -1,6 +1,8 @@
-"""Per-call overhead of the onnxruntime single-node kernel, and numpy conv vs onnxruntime.
+"""CPU kernel figures: onnxruntime per-call overhead, numpy conv vs onnxruntime, and a chain
+of one-node sessions vs the same chain as one onnxruntime model.
 
-Not a test: prints medians (alternating A B A B, as DESIGN.md's performance method asks).
+Not a test: prints medians, alternating the contenders (A B A B) as DESIGN.md's
+performance method asks. Timings on a shared machine are noisy; ratios hold better.
     python scripts/bench_cpu_kernels.py
 """
 
@@ -11,75 +13,131 @@ import statistics
 import time
 
 import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 
 from wpk.kernels import registry
 from wpk.kernels.cpu.node_model import build_node_model
-from wpk.kernels.cpu.ort_node import create_session
+from wpk.kernels.cpu.ort_node import create_session, session_options
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 
-
-def _time_call(kernel, inputs, outputs, repeat: int) -> float:
-    start = time.perf_counter()
-    for _ in range(repeat):
-        kernel(inputs, outputs)
-    return (time.perf_counter() - start) / repeat
+spec = TensorSpec
 
 
-def compare(workload: Workload, names: list[str], rounds: int = 7, repeat: int = 10) -> dict:
-    """Median seconds per call of each named implementation, alternating between them."""
-    rng = np.random.default_rng(0)
-    inputs = random_inputs(workload, rng)
+def _median_time(call, repeat: int, rounds: int = 7) -> list[float]:
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(repeat):
+            call()
+        times.append((time.perf_counter() - start) / repeat)
+    return times
+
+
+def compare(workload: Workload, labels: list[str], rounds: int = 7, repeat: int = 10) -> dict:
+    """Median seconds per call of each candidate (by label), alternating between them."""
+    inputs = random_inputs(workload, np.random.default_rng(0))
     consts = {i: inputs[i] for i in workload.const_inputs}
     outputs = [np.empty(s.shape, s.dtype) for s in workload.outputs]
-    kernels = {}
-    for name in names:
-        impl = registry.get(name)
-        config = impl.configs(workload)[0]
-        kernels[name] = impl.prepare(workload, consts, config)
-        kernels[name](inputs, outputs)
-    times = {name: [] for name in names}
+    found = {c.label: c for c in registry.candidates(workload)}
+    calls = {}
+    for label in labels:
+        kernel = found[label].implementation.prepare(workload, consts, found[label].config)
+        calls[label] = (lambda k=kernel: k(inputs, outputs))
+        calls[label]()
+    times = {label: [] for label in labels}
     for _ in range(rounds):
-        for name in names:
-            times[name].append(_time_call(kernels[name], inputs, outputs, repeat))
-    return {name: statistics.median(t) for name, t in times.items()}
+        for label in labels:
+            times[label] += _median_time(calls[label], repeat, rounds=1)
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
-def _raw_session_run(workload: Workload, repeat: int = 500) -> float:
+def raw_session_run(workload: Workload, repeat: int = 500) -> float:
     """Seconds per plain `InferenceSession.run` of the same node plus a copy to the output."""
     model = build_node_model(workload, {})
     session = create_session(model.model.SerializeToString(), workload.label)
     x = random_inputs(workload, np.random.default_rng(0))[0]
     out = np.empty(workload.outputs[0].shape, np.float32)
 
-    def call(inputs, outputs):
-        np.copyto(outputs[0], session.run(None, {"in0": inputs[0]})[0])
+    def call():
+        np.copyto(out, session.run(None, {"in0": x})[0])
 
-    call([x], [out])
-    return statistics.median(_time_call(call, [x], [out], repeat) for _ in range(5))
+    call()
+    return statistics.median(_median_time(call, repeat))
+
+
+def conv_chain(layers: int = 20, channels: int = 64, size: int = 28) -> dict:
+    """`layers` Conv3x3+Relu as one-node sessions (each config) vs one whole ORT model."""
+    rng = np.random.default_rng(0)
+    shape = (1, channels, size, size)
+    weights = [rng.uniform(-1, 1, (channels, channels, 3, 3)).astype(np.float32) / 24
+               for _ in range(layers)]
+    biases = [rng.uniform(-0.1, 0.1, channels).astype(np.float32) for _ in range(layers)]
+    nodes, inits = [], []
+    for i in range(layers):
+        inits += [numpy_helper.from_array(weights[i], f"w{i}"),
+                  numpy_helper.from_array(biases[i], f"b{i}")]
+        nodes += [helper.make_node("Conv", [f"t{i}", f"w{i}", f"b{i}"], [f"c{i}"],
+                                   pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"t{i + 1}"])]
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info(f"t{layers}", TensorProto.FLOAT, list(shape))],
+        initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    whole = ort.InferenceSession(model.SerializeToString(), session_options(),
+                                 providers=["CPUExecutionProvider"])
+    workload = Workload("Conv", (spec(shape), spec((channels, channels, 3, 3)),
+                                 spec((channels,))), (spec(shape),),
+                        attrs=(("pads", (1, 1, 1, 1)),),
+                        epilogue=(EpilogueStep("relu"),), const_inputs=(1, 2))
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    buffers = [np.empty(shape, np.float32) for _ in range(2)]
+    calls = {"whole model": lambda: whole.run(None, {"t0": x})}
+    for config in ({}, {"optimization": "extended"}):
+        kernels = [registry.get("ort").prepare(workload, {1: w, 2: b}, config)
+                   for w, b in zip(weights, biases)]
+
+        def plan(kernels=kernels):
+            source = x
+            for i, kernel in enumerate(kernels):
+                kernel([source, None, None], [buffers[i % 2]])
+                source = buffers[i % 2]
+
+        calls[f"{layers} sessions {config or 'all'}"] = plan
+    times = {k: [] for k in calls}
+    for _ in range(15):
+        for name, call in calls.items():
+            times[name] += _median_time(call, 3, rounds=1)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = med["whole model"]
+    return {k: {"ms": round(v * 1e3, 3), "vs whole": round(v / base, 3)} for k, v in med.items()}
 
 
 def main() -> None:
-    spec = TensorSpec
     results = {}
     tiny = Workload("Relu", (spec((1, 16)),), (spec((1, 16)),))
-    results["ort per-call, Relu 1x16 (us)"] = compare(tiny, ["ort"], repeat=2000)["ort"] * 1e6
-    results["raw session.run, Relu 1x16 (us)"] = _raw_session_run(tiny) * 1e6
+    per_call = compare(tiny, ["ort"], repeat=2000)["ort"]
+    results["ort kernel per call, Relu 1x16 (us)"] = per_call * 1e6
+    results["raw session.run, Relu 1x16 (us)"] = raw_session_run(tiny) * 1e6
     mid = Workload("Relu", (spec((1, 64, 56, 56)),), (spec((1, 64, 56, 56)),))
     results["Relu 1x64x56x56 (us)"] = {k: round(v * 1e6, 1) for k, v in compare(
-        mid, ["ort", "numpy.formula"], repeat=200).items()}
-    results["raw session.run + copy, Relu 1x64x56x56 (us)"] = _raw_session_run(mid) * 1e6
+        mid, ["ort", "numpy.elementwise"], repeat=200).items()}
+    results["raw session.run + copy, Relu 1x64x56x56 (us)"] = raw_session_run(mid) * 1e6
     for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
         conv = Workload("Conv", (spec((1, c, hw, hw)), spec((c, c, 3, 3)), spec((c,)),
                                  spec((1, c, hw, hw))), (spec((1, c, hw, hw)),),
                         attrs=(("pads", (1, 1, 1, 1)),),
                         epilogue=(EpilogueStep("add", operand=3), EpilogueStep("relu")),
                         const_inputs=(1, 2))
-        med = compare(conv, ["numpy.conv", "ort"])
+        med = compare(conv, ["numpy.conv[strategy=im2col]", "ort", "ort[optimization=extended]"])
         results[f"conv3x3 {c}x{hw}x{hw} +add+relu (ms)"] = {
             k: round(v * 1e3, 3) for k, v in med.items()} | {
-            "numpy/ort": round(med["numpy.conv"] / med["ort"], 2)}
+            "numpy/ort": round(med["numpy.conv[strategy=im2col]"] / med["ort"], 2)}
+    results["conv chain 20 x (3x3 64x28x28 + relu)"] = conv_chain()
     big = Workload("Conv", (spec((1, 256, 56, 56)), spec((256, 256, 3, 3)), spec((256,))),
                    (spec((1, 256, 56, 56)),), attrs=(("pads", (1, 1, 1, 1)),))
     inputs = random_inputs(big, np.random.default_rng(0))
