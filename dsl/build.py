@@ -151,9 +151,10 @@ class CpuKernel:
         return results
 
 
-def build_cpu(op: C.Operator, bindings, config: Mapping | None = None) -> CpuKernel:
-    """Generate, compile and load the C kernel of `op` for `bindings` under `config`."""
-    func = lower_for(op, bindings, config, "cpu")
+def build_cpu(op: C.Operator, bindings, config: Mapping | None = None, hw=None) -> CpuKernel:
+    """Generate, compile and load the C kernel of `op` for `bindings` under `config`
+    (validated against `hw`, a CPU HardwareSpec; None: this host)."""
+    func = lower_for(op, bindings, config, "cpu", hw)
     source = generate_c(func)
     return CpuKernel(func, source, compile_c(source))
 

@@ -122,6 +122,8 @@ def binary(op: str, a, b) -> Expr:
             return binary("-", a, -b.value)
     if op == "-" and _is(b, 0):
         return a
+    if op == "-" and isinstance(b, Imm) and b.dtype == INT and b.value < 0:
+        return binary("+", a, -b.value)
     if op == "-" and a == b and a.dtype == INT:
         return const(0)
     if op == "*":
@@ -376,3 +378,64 @@ def bounds(expr: Expr, ranges: dict[str, tuple[int, int]]) -> tuple[int, int] | 
 def loop_ranges(stmt: Stmt) -> dict[str, tuple[int, int]]:
     """Inclusive range of every loop variable in a statement tree."""
     return {n.var.name: (0, n.extent - 1) for n in walk(stmt) if isinstance(n, For)}
+
+
+# ----------------------------------------------------------------------------- printing
+def expr_text(e: Expr) -> str:
+    """Compact infix rendering of an expression."""
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Imm):
+        return str(e.value).lower() if e.dtype == "bool" else repr(e.value)
+    if isinstance(e, Load):
+        return f"{e.buffer}[{expr_text(e.index)}]"
+    if isinstance(e, Select):
+        return f"select({expr_text(e.cond)}, {expr_text(e.a)}, {expr_text(e.b)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype}({expr_text(e.value)})"
+    if isinstance(e, Call):
+        return f"{e.func}({', '.join(expr_text(a) for a in e.args)})"
+    if isinstance(e, Bin):
+        if e.op in ("min", "max", "pow"):
+            return f"{e.op}({expr_text(e.a)}, {expr_text(e.b)})"
+        return f"({expr_text(e.a)} {e.op} {expr_text(e.b)})"
+    return repr(e)
+
+
+def _stmt_lines(s: Stmt, indent: int, out: list[str]) -> None:
+    pad = "  " * indent
+    if isinstance(s, Seq):
+        for child in s.stmts:
+            _stmt_lines(child, indent, out)
+    elif isinstance(s, For):
+        kind = "" if s.kind == "serial" else f"{s.kind} "
+        out.append(f"{pad}{kind}for {s.var.name} in 0..{s.extent}:")
+        _stmt_lines(s.body, indent + 1, out)
+    elif isinstance(s, Allocate):
+        b = s.buffer
+        out.append(f"{pad}alloc {b.scope} {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}]")
+    elif isinstance(s, Store):
+        out.append(f"{pad}{s.buffer}[{expr_text(s.index)}] = {expr_text(s.value)}")
+    elif isinstance(s, IfThenElse):
+        out.append(f"{pad}if {expr_text(s.cond)}:")
+        _stmt_lines(s.then, indent + 1, out)
+        if s.orelse is not None:
+            out.append(f"{pad}else:")
+            _stmt_lines(s.orelse, indent + 1, out)
+    elif isinstance(s, Barrier):
+        out.append(f"{pad}barrier")
+    elif isinstance(s, Comment):
+        out.append(f"{pad}# {s.text}")
+
+
+def to_text(func: PrimFunc) -> str:
+    """The whole lowered function as indented pseudo-code (what `wpk dsl --emit ir` shows)."""
+    params = ", ".join(f"{b.name}: {b.dtype}[{', '.join(map(str, b.shape))}]"
+                       for b in func.params)
+    lines = [f"func {func.name}({params})  # target {func.target}"]
+    for w in func.workspaces:
+        lines.append(f"  workspace {w.name}: {w.dtype}[{', '.join(map(str, w.shape))}]")
+    for k in func.kernels:
+        lines.append(f"  kernel {k.name}:")
+        _stmt_lines(k.body, 2, lines)
+    return "\n".join(lines)

@@ -16,6 +16,7 @@ Every template offers
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import OrderedDict
@@ -58,7 +59,9 @@ class Limits:
 def limits_from(hw, target: str) -> Limits:
     """Translate a HardwareSpec (any object with the usual attribute names) into `Limits`."""
     if hw is None:
-        return Limits() if target == "cpu" else Limits(name="gpu")
+        if target != "cpu":
+            return Limits(name="gpu")
+        hw = _host_cpu()
     if isinstance(hw, Limits):
         return hw
     get = lambda *names, default: next((getattr(hw, n) for n in names if hasattr(hw, n)),  # noqa: E731
@@ -81,6 +84,13 @@ def limits_from(hw, target: str) -> Limits:
                                     default=65536)),
         warp_size=int(get("warp_size", default=32)),
     )
+
+
+@functools.cache
+def _host_cpu():
+    from wpk.devices import host_cpu
+
+    return host_cpu()
 
 
 def _choices(candidates, limit: int) -> list[int]:

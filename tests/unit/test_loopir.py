@@ -82,3 +82,21 @@ def test_region_covers_every_access_of_a_stencil():
     mixed = L.binary("//", L.binary("+", i, j), 2)
     bases, extents, strides = region([[mixed]], (10,), {"j": 3}, {"i": (0, 4), "j": (0, 2)})
     assert bases == [L.const(0)] and extents == [4] and strides == [1]
+
+
+def test_to_text_prints_the_lowered_function():
+    import numpy as np
+
+    from wpk.dsl import compute as C
+    from wpk.dsl.build import lower_for
+    from wpk.kernels.dsl_library import load_operator
+
+    op = load_operator("conv2d")
+    arrays = {"X": np.zeros((1, 4, 6, 6), np.float32), "Wt": np.zeros((4, 4, 3, 3), np.float32)}
+    bindings = C.infer_bindings(op, arrays, {"pad_t": 1, "pad_l": 1, "pad_b": 1, "pad_r": 1})
+    config = {"threads_x": 4, "threads_y": 2, "tile_k": 2, "block_k": 2, "tile_c": 2,
+              "cache_input": 1, "cache_weight": 0}
+    text = L.to_text(lower_for(op, bindings, config, "cuda"))
+    assert text.startswith("func wpk_conv2d(X: f32[1, 4, 6, 6]")
+    assert "threadIdx.x for" in text and "barrier" in text
+    assert "alloc shared X_shared" in text and "alloc local Y_acc" in text
