@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from wpk.search.records import RecordError, RecordStore, TuningRecord, best_of, merge
 
@@ -63,10 +64,10 @@ def _table(records: Sequence[TuningRecord], title: str) -> Table:
     table.add_column("error")
     for record in records:
         low, high = record.spread_s
-        table.add_row(record.workload_key, _workload_label(record), record.fingerprint.device,
-                      record.label, record.status.value, record.phase, _micros(record.median_s),
-                      f"{_micros(low)}-{_micros(high)}" if record.ok else "",
-                      record.error[:80])
+        cells = (record.workload_key, _workload_label(record), record.fingerprint.device,
+                 record.label, record.status.value, record.phase, _micros(record.median_s),
+                 f"{_micros(low)}-{_micros(high)}" if record.ok else "", record.error[:80])
+        table.add_row(*(Text(cell) for cell in cells))  # Text: no markup ('[tile=8]')
     return table
 
 

@@ -1,0 +1,302 @@
+"""Tuning records: durable appends, tolerant reads, lookup/best/merge, the CLI views, and
+resuming an interrupted tuning loop (real worker, real kernels) without losing a record
+or measuring anything twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.unit import worker_fixtures as F
+from wpk.search.compile_pool import CompileJob, CompilePool
+from wpk.search.measure import Measurement, Status
+from wpk.search.recorded import RecordedMeasurer
+from wpk.search.records import (
+    SCHEMA_VERSION,
+    RecordError,
+    RecordStore,
+    RecordWarning,
+    TargetFingerprint,
+    TuningRecord,
+    merge,
+    target_fingerprint,
+)
+from wpk.search.records_cli import records_best, records_list, records_merge
+from wpk.search.workers import CandidateSpec, MeasureOptions, MeasureWorker
+
+REPO = Path(__file__).resolve().parents[2]
+FP = TargetFingerprint("cpu:x86_64:avx2", "gcc (test) 1.0", "1")
+OTHER_FP = TargetFingerprint("cpu:x86_64:avx512f", "gcc (test) 1.0", "1")
+WORKLOAD = F.RELU_WORKLOAD
+FIXTURES = "tests.unit.worker_fixtures"
+QUICK = MeasureOptions(warmup=1, repeats=3, max_repeats=10, min_time=0.001, timeout_s=30.0)
+
+
+def measurement(impl: str, config: dict, median: float | None, status=Status.OK,
+                message: str = "") -> Measurement:
+    times = () if median is None else (median * 0.9, median, median * 1.2)
+    return Measurement(label=impl, impl=impl, config=config, status=status, times_s=times,
+                       median_s=float("nan") if median is None else median,
+                       spread_s=(float("nan"),) * 2 if median is None else (times[0], times[2]),
+                       rel_l2_error=1e-7 if status is Status.OK else float("nan"),
+                       message=message, workload_key=WORKLOAD.key)
+
+
+def record(impl="k", config=None, median=1e-3, status=Status.OK, fp=FP, phase="search",
+           message="") -> TuningRecord:
+    return TuningRecord.from_measurement(measurement(impl, config or {}, median, status,
+                                                     message), WORKLOAD, fp, phase=phase)
+
+
+# ----------------------------------------------------------------------------- store
+def test_records_round_trip_and_are_self_describing(tmp_path):
+    path = tmp_path / "db.jsonl"
+    store = RecordStore(path)
+    first = record("k", {"tile": 8, "order": [0, 1]}, 2e-3)
+    failed = record("k", {"tile": 16}, None, Status.TIMEOUT, message="no result within 5 s")
+    store.append(first)
+    store.append(failed)
+    assert store.appended == 2
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    data = json.loads(lines[0])
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["workload_key"] == WORKLOAD.key and data["workload"]["op"] == "Relu"
+    assert data["fingerprint"] == FP.to_json() and data["fingerprint_key"] == FP.key
+    assert json.loads(lines[1])["median_s"] is None  # NaN is stored as null
+
+    reread = RecordStore(path)
+    assert reread.appended == 0 and len(reread) == 2
+    got = reread.lookup(WORKLOAD.key, FP, "k", {"order": (0, 1), "tile": 8})  # tuple == list
+    assert got == first
+    assert got.to_workload() == WORKLOAD
+    assert got.to_measurement().median_s == 2e-3
+    timeout = reread.lookup(WORKLOAD.key, FP.key, "k", {"tile": 16})
+    assert timeout.status is Status.TIMEOUT and timeout.error == "no result within 5 s"
+    assert reread.lookup(WORKLOAD.key, OTHER_FP, "k", {"tile": 16}) is None
+    assert reread.lookup(WORKLOAD.key, FP, "k", {"tile": 32}) is None
+
+
+def test_best_prefers_final_remeasurements_and_ignores_failures_and_other_targets(tmp_path):
+    store = RecordStore(tmp_path / "db.jsonl")
+    for rec in (record("a", {}, 3e-3), record("b", {}, 1e-3),
+                record("c", {}, None, Status.WRONG_ANSWER), record("d", {}, 1e-4, fp=OTHER_FP),
+                record("b", {}, 4e-3, phase="final"),
+                record("a", {}, 2.5e-3, phase="final")):
+        store.append(rec)
+    best = store.best(WORKLOAD.key, FP)
+    assert (best.impl, best.phase, best.median_s) == ("a", "final", 2.5e-3)
+    assert store.best(WORKLOAD.key, OTHER_FP).impl == "d"
+    assert store.best("0" * 16, FP) is None
+    assert store.lookup(WORKLOAD.key, FP, "b", {}).median_s == 1e-3       # search phase
+    assert store.lookup(WORKLOAD.key, FP, "b", {}, phase="final").median_s == 4e-3
+
+
+def test_torn_last_line_is_skipped_with_a_warning_and_the_next_append_starts_fresh(tmp_path):
+    path = tmp_path / "db.jsonl"
+    RecordStore(path).append(record("a"))
+    line = record("b").to_line()
+    with open(path, "a") as handle:  # what a kill in the middle of a write leaves
+        handle.write(line[: len(line) // 2])
+    with pytest.warns(RecordWarning, match=r"db\.jsonl:2: torn last line"):
+        store = RecordStore(path)
+    assert [r.impl for r in store] == ["a"]
+    store.append(record("c"))
+    with pytest.warns(RecordWarning, match=r"db\.jsonl:2: corrupted record"):
+        assert [r.impl for r in RecordStore(path)] == ["a", "c"]
+
+
+def test_corrupted_lines_warn_with_file_and_line_and_never_crash(tmp_path):
+    path = tmp_path / "db.jsonl"
+    good = record("a").to_line()
+    missing_field = json.dumps({"schema_version": 1, "impl": "x"}) + "\n"
+    path.write_text(good + "{not json\n" + missing_field + "\n" + good)
+    with pytest.warns(RecordWarning) as caught:
+        store = RecordStore(path)
+    assert len(store) == 2
+    messages = [str(w.message) for w in caught]
+    assert any(f"{path}:2: corrupted record" in m for m in messages)
+    assert any(f"{path}:3: corrupted record" in m for m in messages)
+
+
+def test_a_newer_schema_is_a_clear_error(tmp_path):
+    path = tmp_path / "db.jsonl"
+    data = record("a").to_json() | {"schema_version": SCHEMA_VERSION + 1}
+    path.write_text(record("a").to_line() + json.dumps(data) + "\n")
+    with pytest.raises(RecordError, match=rf"db\.jsonl:2: .*schema version {SCHEMA_VERSION + 1}"
+                       ) as error:
+        RecordStore(path)
+    assert "upgrade wpk" in error.value.hint
+
+
+def test_merge_keeps_every_distinct_measurement_once(tmp_path):
+    shared, only_a, only_b = record("s", {}, 1e-3), record("a", {}, 2e-3), record("b", {}, 3e-3)
+    again = record("s", {}, 1.1e-3)  # the same candidate measured again: distinct, kept
+    for name, records in (("a", [shared, only_a]), ("b", [shared, only_b, again])):
+        store = RecordStore(tmp_path / f"{name}.jsonl")
+        for rec in records:
+            store.append(rec)
+    summary = merge([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "out.jsonl")
+    assert (summary.read, summary.written, summary.duplicates) == (5, 4, 1)
+    merged = RecordStore(tmp_path / "out.jsonl")
+    assert [r.to_line() for r in merged] == [r.to_line() for r in (shared, only_a, only_b, again)]
+    with pytest.raises(RecordError, match="does not exist"):
+        merge([tmp_path / "missing.jsonl"], tmp_path / "x.jsonl")
+
+
+def test_target_fingerprint_names_this_host_and_its_compiler():
+    fingerprint = target_fingerprint()
+    assert fingerprint.device.startswith("cpu:")
+    assert "gcc" in fingerprint.compiler.lower() or fingerprint.compiler == "none"
+    assert fingerprint.key == TargetFingerprint.from_json(fingerprint.to_json()).key
+    assert fingerprint.key != FP.key
+
+
+# ----------------------------------------------------------------------------- kill -9
+APPENDER = textwrap.dedent("""
+    import sys
+    from tests.unit.test_records import record
+    from wpk.search.records import RecordStore
+    store = RecordStore(sys.argv[1])
+    index = 0
+    while True:
+        store.append(record("appender", {"index": index}))
+        print(index, flush=True)
+        index += 1
+""")
+
+
+def child_env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *sys.path]))
+
+
+def test_kill_minus_nine_while_appending_loses_no_acknowledged_record(tmp_path):
+    path = tmp_path / "db.jsonl"
+    child = subprocess.Popen([sys.executable, "-c", APPENDER, str(path)], cwd=REPO,
+                             stdout=subprocess.PIPE, text=True, env=child_env())
+    acknowledged = []
+    for line in child.stdout:
+        acknowledged.append(int(line))
+        if len(acknowledged) >= 50:
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    acknowledged += [int(line) for line in child.stdout if line.strip()]
+    child.wait()
+    assert child.returncode == -signal.SIGKILL
+    indices = [r.config["index"] for r in RecordStore(path)]
+    # Every record the writer saw written is there, in order, with nothing lost between.
+    assert indices[: len(acknowledged)] == acknowledged
+    assert indices == list(range(len(indices)))
+    assert len(indices) - len(acknowledged) <= 1
+
+
+# ----------------------------------------------------------------------------- resume
+TUNING_LOOP = textwrap.dedent("""
+    import sys, time
+    from tests.unit.test_records import loop_candidates, QUICK
+    from tests.unit.worker_fixtures import RELU_WORKLOAD
+    from wpk.search.recorded import RecordedMeasurer
+    from wpk.search.records import RecordStore, target_fingerprint
+    from wpk.search.workers import MeasureWorker
+    measurer = RecordedMeasurer(RecordStore(sys.argv[1]), target_fingerprint(),
+                                worker=MeasureWorker(QUICK))
+    for spec in loop_candidates():
+        measurer.measure(RELU_WORKLOAD, spec)
+        time.sleep(0.5)
+""")
+
+
+def loop_candidates() -> list[CandidateSpec]:
+    """Six configs of the tunable kernel and a wrong kernel, in the loop's order."""
+    tiled = [CandidateSpec(F.TILED.name, c, (FIXTURES,)) for c in F.TILED.configs(WORKLOAD)]
+    return tiled + [CandidateSpec("test.worker.wrong", {}, (FIXTURES,))]
+
+
+def run_tuning(path: Path, worker: MeasureWorker):
+    """The whole loop in this process: measure every candidate, then pick the winner."""
+    measurer = RecordedMeasurer(RecordStore(path), target_fingerprint(), worker=worker)
+    results = [measurer.measure(WORKLOAD, spec) for spec in loop_candidates()]
+    winner = measurer.finalize(WORKLOAD, k=2, factor=2)
+    return measurer, results, winner
+
+
+def test_interrupted_tuning_resumes_and_a_complete_rebuild_measures_nothing(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("WPK_CACHE_DIR", str(tmp_path / "cache"))
+    with CompilePool(jobs=2) as pool:  # the compile step of a build, in parallel
+        jobs = [CompileJob.c_source(F.tiled_source(s.config)) for s in loop_candidates()[:-1]]
+        jobs.append(CompileJob.c_source(F.source_of("wrong")))
+        assert all(r.ok for r in pool.compile(jobs, timeout_s=120))
+    path = tmp_path / "db.jsonl"
+
+    child = subprocess.Popen([sys.executable, "-c", TUNING_LOOP, str(path)], cwd=REPO,
+                             env=child_env())
+    deadline = time.monotonic() + 60
+    while (not path.exists() or len(path.read_text().splitlines()) < 2) \
+            and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    done_before = len(RecordStore(path))
+    assert 2 <= done_before < len(loop_candidates()), "the loop was not interrupted midway"
+
+    with MeasureWorker(QUICK) as worker:
+        resumed, results, winner = run_tuning(path, worker)
+    assert resumed.reused == done_before
+    assert resumed.measured == len(loop_candidates()) - done_before + 2  # + 2 re-measured
+    assert [r.status for r in results] == [Status.OK] * 6 + [Status.WRONG_ANSWER]
+    store = RecordStore(path)
+    search = [(r.impl, json.dumps(r.config, sort_keys=True)) for r in store
+              if r.phase == "search"]
+    assert len(search) == len(set(search)) == len(loop_candidates())  # each exactly once
+    assert sum(r.phase == "final" for r in store) == 2
+    assert winner is not None and winner.ok and winner.extra["phase"] == "final"
+
+    idle = MeasureWorker(QUICK)  # never started unless something is measured
+    rebuilt, again, same_winner = run_tuning(path, idle)
+    assert (rebuilt.measured, idle.measurements, idle.starts) == (0, 0, 0)
+    assert rebuilt.reused == len(loop_candidates())
+    assert len(RecordStore(path)) == len(store)
+    assert (same_winner.impl, dict(same_winner.config), same_winner.median_s) == \
+        (winner.impl, dict(winner.config), winner.median_s)
+    assert [m.status for m in again] == [m.status for m in results]
+
+
+# ----------------------------------------------------------------------------- CLI views
+def render(renderable) -> str:
+    console = Console(width=250, record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_records_cli_list_best_and_merge(tmp_path):
+    path = tmp_path / "db.jsonl"
+    store = RecordStore(path)
+    for rec in (record("fast", {"tile": 8}, 1e-4), record("slow", {}, 1e-3),
+                record("broken", {}, None, Status.RUNTIME_ERROR,
+                       message="worker killed by SIGSEGV")):
+        store.append(rec)
+    text = render(records_list(path))
+    assert "3 tuning records" in text and "fast[tile=8]" in text and "SIGSEGV" in text
+    assert "Relu 64x64 -> 64x64" in text and "100.00" in text
+    listed = [json.loads(line) for line in records_list(path, as_json=True).splitlines()]
+    assert [r["impl"] for r in listed] == ["fast", "slow", "broken"]
+    best = [json.loads(line) for line in
+            records_best(path, workload=WORKLOAD.key[:6], as_json=True).splitlines()]
+    assert [(b["impl"], b["median_s"]) for b in best] == [("fast", 1e-4)]
+    assert "fast[tile=8]" in render(records_best(path))
+    with pytest.raises(RecordError, match="no records of a workload"):
+        records_list(path, workload="zzzz")
+    with pytest.raises(RecordError, match="does not exist"):
+        records_list(tmp_path / "nope.jsonl")
+    summary = records_merge([path, path], tmp_path / "merged.jsonl")
+    assert "6 records read, 3 written" in summary and "3 duplicates" in summary
