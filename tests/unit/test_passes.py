@@ -280,6 +280,29 @@ def case_gelu_tanh_expanded(rng):
         {"Elementwise": 2}
 
 
+def layer_norm_case(square: str, affine: bool, opset: int):
+    def case(rng):
+        axes = {"axes": [-1]} if opset < 18 else {}
+        extra = [] if opset < 18 else ["axes"]
+        nodes = [h.make_node("ReduceMean", ["x", *extra], ["mean"], **axes),
+                 h.make_node("Sub", ["x", "mean"], ["d"]),
+                 h.make_node("Pow", ["d", "two"], ["sq"]) if square == "pow" else
+                 h.make_node("Mul", ["d", "d"], ["sq"]),
+                 h.make_node("ReduceMean", ["sq", *extra], ["var"], **axes),
+                 h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["std"]),
+                 h.make_node("Div", ["d", "std"], ["y" if not affine else "n"])]
+        if affine:
+            nodes += [h.make_node("Mul", ["n", "gamma"], ["g"]),
+                      h.make_node("Add", ["beta", "g"], ["y"])]
+        inits = {"two": np.float32(2), "eps": np.float32(1e-5), "axes": np.array([-1]),
+                 "gamma": weights(rng, 1, 8), "beta": weights(rng, 8)}
+        fused = opset >= 17
+        return build(nodes, {"x": [2, 5, 8]}, {"y": 3}, inits, opset=opset), \
+            {"layer_norm"} if fused else set(), \
+            {"LayerNormalization": 1} if fused else None
+    return case
+
+
 def case_single_elementwise_stays(rng):
     return build([h.make_node("Relu", ["x"], ["y"])], {"x": [3, 5]}, {"y": 2}), set(), \
         {"Relu": 1}
@@ -373,6 +396,9 @@ CASES = {
     "elementwise_chain": case_elementwise_chain,
     "gelu_tanh_expanded": case_gelu_tanh_expanded,
     "single_elementwise_stays": case_single_elementwise_stays,
+    "layer_norm_pow_affine": layer_norm_case("pow", True, 17),
+    "layer_norm_mul_axes_input": layer_norm_case("mul", False, 18),
+    "layer_norm_old_opset_kept": layer_norm_case("pow", True, 13),
     "sum_three": case_sum_three,
     "noops": case_noops,
     "reshape_and_transpose_pairs": case_reshape_and_transpose_pairs,
@@ -386,7 +412,8 @@ CASES = {
 def test_fusion_case(case, rng):
     graph, rules, ops_after = CASES[case](rng)
     optimized, report = optimize_checked(graph)
-    assert optimized.op_counts() == ops_after
+    if ops_after is not None:
+        assert optimized.op_counts() == ops_after
     for rule in rules:
         assert report.rules[rule] >= 1, f"rule {rule} did not fire: {report.rules}"
     assert_equivalent(graph, optimized, rng)

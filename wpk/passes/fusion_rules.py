@@ -3,7 +3,7 @@
 `LINEAR_RULES` fold what is linear into Conv/Gemm weights (BatchNormalization,
 per-channel bias and scale, MatMul + bias -> Gemm). `PATTERN_RULES` recognise
 activations that exporters spell with several ops (x*sigmoid(x), the erf form
-of GELU, x*hard_sigmoid(x)). `CHAIN_RULES` merge chains of elementwise ops
+of GELU, x*hard_sigmoid(x), layer normalization). `CHAIN_RULES` merge chains of elementwise ops
 into one `Elementwise` node. `EPILOGUE_RULES` fuse what follows a
 Conv/Gemm/MatMul (activation, one residual Add, constant-operand steps) into
 its epilogue. See `wpk.passes.fusion.FusionRule` for the rule shape.
@@ -28,6 +28,7 @@ from wpk.passes.elementwise import (
     unary_step,
 )
 from wpk.passes.fusion import FusionContext, FusionRule
+from wpk.passes.norm_rules import match_layer_norm, rewrite_layer_norm
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN
 
 LINEAR_OPS = frozenset({"Conv", "Gemm", "MatMul"})
@@ -373,6 +374,8 @@ PATTERN_RULES = (
           "x * HardSigmoid(x; 1/6, 1/2) -> Elementwise[hard_swish]"),
     _rule("gelu_erf", {"Erf"}, _match_gelu_erf, _rewrite_gelu_erf,
           "0.5 * x * (1 + Erf(x / sqrt(2))) -> Elementwise[gelu]"),
+    _rule("layer_norm", {"Div"}, match_layer_norm, rewrite_layer_norm,
+          "(x - mean) / sqrt(var + eps) [* gamma] [+ beta] -> LayerNormalization (opset 17+)"),
 )
 
 CHAIN_RULES = (

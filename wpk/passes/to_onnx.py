@@ -164,7 +164,10 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
                               [_value_info(graph, i) for i in graph.inputs],
                               [_value_info(graph, o) for o in graph.outputs],
                               initializer=initializers, value_info=value_info)
-    opsets = [helper.make_opsetid(d, v) for d, v in graph.opsets.items() if d != WPK_DOMAIN]
+    versions = {d: v for d, v in graph.opsets.items() if d != WPK_DOMAIN}
+    for node in emit.nodes:  # custom domains of later passes (e.g. wpk.nchwc), version 1
+        versions.setdefault(node.domain, 1)
+    opsets = [helper.make_opsetid(d, v) for d, v in versions.items()]
     model = helper.make_model(proto, opset_imports=opsets, producer_name="wpk")
     model.ir_version = min(model.ir_version, 10)
     return model

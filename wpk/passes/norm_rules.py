@@ -1,0 +1,129 @@
+"""Match and rewrite of the decomposed layer normalization (rule `layer_norm` in
+`wpk.passes.fusion_rules`).
+
+    mean = ReduceMean(x); d = x - mean; var = ReduceMean(d^2 or d*d)
+    y = d / Sqrt(var + eps) [* gamma] [+ beta]     ->  LayerNormalization(x, gamma, beta)
+
+Both reductions must cover the same trailing axes (keepdims=1). Only for
+opset >= 17, where LayerNormalization is a standard op.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wpk.graph import Node
+from wpk.passes.base import FLOAT_DTYPES, add_constant
+from wpk.passes.fusion import FusionContext
+
+LAYER_NORM_OPSET = 17
+
+
+def _reduced_axes(ctx: FusionContext, node: Node | None, rank: int) -> tuple[int, ...] | None:
+    if node is None or node.op != "ReduceMean" or not node.attr("keepdims", 1):
+        return None
+    if len(node.inputs) > 1 and node.inputs[1]:
+        axes = ctx.const(node.inputs[1])
+        if axes is None:
+            return None
+    else:
+        axes = node.attr("axes")
+    if axes is None:
+        return None
+    axes = tuple(sorted(int(a) % rank for a in np.asarray(axes).reshape(-1)))
+    return axes if axes == tuple(range(axes[0], rank)) else None
+
+
+def _only_feeds(ctx: FusionContext, node: Node | None, user: Node) -> bool:
+    return node is not None and ctx.single_consumer(node) is user
+
+
+def _scalar(ctx: FusionContext, name: str) -> float | None:
+    value = ctx.const(name)
+    return None if value is None or value.size != 1 else float(value.reshape(-1)[0])
+
+
+def _const_operand(ctx: FusionContext, node: Node | None, op: str, value: str):
+    if node is None or node.op != op or len(node.inputs) != 2 or node.inputs.count(value) != 1:
+        return None
+    other = node.inputs[1] if node.inputs[0] == value else node.inputs[0]
+    return ctx.const(other)
+
+
+def match_layer_norm(ctx: FusionContext, div: Node):
+    """The pattern ending in `div` (d / std), or None."""
+    graph = ctx.graph
+    if graph.opset < LAYER_NORM_OPSET or len(div.inputs) != 2:
+        return None
+    d_name, std_name = div.inputs
+    prod = ctx.producers
+    sub, std = prod.get(d_name), prod.get(std_name)
+    if sub is None or sub.op != "Sub" or std is None or std.op != "Sqrt":
+        return None
+    x, mean_name = sub.inputs
+    if graph.tensors[x].dtype not in FLOAT_DTYPES:
+        return None
+    rank = len(graph.tensors[x].shape)
+    mean = prod.get(mean_name)
+    axes = _reduced_axes(ctx, mean, rank)
+    if axes is None or mean.inputs[0] != x or not _only_feeds(ctx, mean, sub):
+        return None
+    add_eps = prod.get(std.inputs[0])
+    if add_eps is None or add_eps.op != "Add" or not _only_feeds(ctx, std, div):
+        return None
+    var = next((prod.get(i) for i in add_eps.inputs if i in prod), None)
+    eps = _const_operand(ctx, add_eps, "Add", var.outputs[0]) if var is not None else None
+    if eps is None or eps.size != 1 or _reduced_axes(ctx, var, rank) != axes:
+        return None
+    square = prod.get(var.inputs[0])
+    if square is None or not _only_feeds(ctx, square, var) or not _only_feeds(ctx, add_eps, std):
+        return None
+    if not _only_feeds(ctx, var, add_eps):
+        return None
+    if square.op == "Pow":
+        if square.inputs[0] != d_name or _scalar(ctx, square.inputs[1]) != 2.0:
+            return None
+    elif square.op != "Mul" or square.inputs != [d_name, d_name]:
+        return None
+    if {id(n) for n in ctx.users.get(d_name, [])} != {id(square), id(div)}:
+        return None
+    norm_shape = graph.tensors[x].shape[axes[0]:]
+    nodes, params = [mean, sub, square, var, add_eps, std, div], {}
+    for op in ("Mul", "Add"):
+        nxt = ctx.single_consumer(nodes[-1])
+        value = _const_operand(ctx, nxt, op, nodes[-1].outputs[0]) if nxt is not None else None
+        param = None if value is None else _norm_param(value, norm_shape)
+        if param is None or graph.tensors[nxt.outputs[0]].shape != graph.tensors[x].shape:
+            break
+        nodes.append(nxt)
+        params[op] = param
+    return x, axes[0], float(eps.reshape(-1)[0]), params, nodes
+
+
+def _norm_param(value: np.ndarray, norm_shape: tuple[int, ...]) -> np.ndarray | None:
+    """A scale/shift as an array of the normalized shape, if it only varies along it."""
+    extra = value.ndim - len(norm_shape)
+    if extra > 0:
+        if any(d != 1 for d in value.shape[:extra]):
+            return None
+        value = value.reshape(value.shape[extra:])
+    try:
+        return np.broadcast_to(value, norm_shape)
+    except ValueError:
+        return None
+
+
+def rewrite_layer_norm(ctx: FusionContext, div: Node, found) -> None:
+    """Replace the pattern with one LayerNormalization node (constants materialized)."""
+    x, axis, eps, params, nodes = found
+    info = ctx.graph.tensors[x]
+    dtype = np.dtype(info.dtype)
+    scale = params.get("Mul", np.ones(info.shape[axis:], dtype))
+    inputs = [x, add_constant(ctx.graph, f"{div.name}_scale", np.array(scale, dtype))]
+    if "Add" in params:
+        inputs.append(add_constant(ctx.graph, f"{div.name}_bias", np.array(params["Add"], dtype)))
+    anchor, last = nodes[0], nodes[-1]
+    anchor.op, anchor.domain, anchor.inputs = "LayerNormalization", "", inputs
+    anchor.attrs = {"axis": int(axis), "epsilon": eps}
+    anchor.epilogue = ()
+    ctx.absorb(anchor, last, remove=nodes[1:-1])
