@@ -5,6 +5,7 @@
     for config in tuner.next_batch(8):
         m = measurer.measure(workload, CandidateSpec("dsl.gemm", config, modules=(...)))
     winner = measurer.finalize(workload, k=3)      # top-k re-measured once, then recorded
+    plan(..., measure=measurer.planner_measure)    # the planner's measurements, recorded
     measurer.measured, measurer.reused              # what this run measured / took from records
 
 `measure` looks the candidate up in the store (same workload key, target
@@ -91,6 +92,22 @@ class RecordedMeasurer:
         measurement = self._worker().measure(workload, spec, self.options, seed=seed)
         self._record(workload, spec.modules, measurement, SEARCH)
         return measurement
+
+    def planner_measure(self, workload: Workload, candidate: Candidate, *, rng=None,
+                        warmup: int = 2, repeats: int = 5, max_repeats: int = 50,
+                        min_time: float = 0.05, tolerance: float | None = None,
+                        timeout: float | None = None) -> Measurement:
+        """`measure` with the signature of `wpk.search.measure.measure_candidate`, so the
+        planner can take it as its `measure=` (`rng` is unused: seeds derive from the
+        candidate; `timeout` limits one kernel run, as in-process)."""
+        original = self.options
+        self.options = replace(original or MeasureOptions(), warmup=warmup, repeats=repeats,
+                               max_repeats=max_repeats, min_time=min_time, tolerance=tolerance,
+                               run_timeout_s=timeout)
+        try:
+            return self.measure(workload, candidate)
+        finally:
+            self.options = original
 
     def measure_many(self, workload: Workload,
                      candidates: Iterable[Candidate | CandidateSpec]) -> list[Measurement]:

@@ -11,12 +11,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from tests.unit import worker_fixtures as F
+from wpk.kernels.workload import TensorSpec, Workload
+from wpk.plans.planner import PlanOptions, plan
 from wpk.search.compile_pool import CompileJob, CompilePool
 from wpk.search.measure import Measurement, Status
 from wpk.search.recorded import RecordedMeasurer
@@ -269,6 +272,30 @@ def test_interrupted_tuning_resumes_and_a_complete_rebuild_measures_nothing(
     assert (same_winner.impl, dict(same_winner.config), same_winner.median_s) == \
         (winner.impl, dict(winner.config), winner.median_s)
     assert [m.status for m in again] == [m.status for m in results]
+
+
+@dataclass
+class NodeWorkload:
+    node: str
+    workload: Workload
+
+
+def test_planner_through_records_rebuilds_the_same_plan_with_zero_measurements(tmp_path):
+    matmul = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),
+                      const_inputs=(1,))
+    nodes = [NodeWorkload("mm0", matmul), NodeWorkload("mm1", matmul), NodeWorkload("r", WORKLOAD)]
+    options = PlanOptions(warmup=1, repeats=3, min_time=0.001)
+    path = tmp_path / "db.jsonl"
+    with MeasureWorker(QUICK) as worker:
+        first = RecordedMeasurer(RecordStore(path), target_fingerprint(), worker=worker)
+        planned = plan(nodes, options=options, measure=first.planner_measure)
+    assert first.measured == len(RecordStore(path)) >= 3 and first.reused == 0
+    idle = MeasureWorker(QUICK)
+    again = RecordedMeasurer(RecordStore(path), target_fingerprint(), worker=idle)
+    replanned = plan(nodes, options=options, measure=again.planner_measure)
+    assert (again.measured, idle.starts) == (0, 0) and again.reused == first.measured
+    assert [(c.candidate.label, c.measurement.median_s) for c in replanned] == \
+        [(c.candidate.label, c.measurement.median_s) for c in planned]
 
 
 # ----------------------------------------------------------------------------- CLI views
