@@ -164,3 +164,33 @@ def test_random_inputs_respect_the_op(rng):
     x, w, absent = random_inputs(conv, rng)
     assert absent is None and np.abs(w).max() <= 1 / np.sqrt(64 * 9)
     assert np.abs(x).max() <= 1 and np.abs(x).max() > 0.9
+
+
+def test_apply_epilogue_broadcasting_to_a_bigger_shape_returns_a_new_array():
+    y = np.ones((1, 3), np.float32)
+    operand = np.arange(6, dtype=np.float64).reshape(2, 3)
+    result = apply_epilogue(y, (E("mul", operand=0),), [operand])
+    assert result is not y and result.shape == (2, 3) and result.dtype == np.float32
+    np.testing.assert_array_equal(result, operand)
+
+
+def test_epilogue_nodes_for_old_opsets_use_clip_attributes(rng):
+    steps = (E("clip", (("min", -0.5),)), E("leaky_relu", (("alpha", 0.3),)))
+    nodes = epilogue_onnx_nodes(steps, "v", {}, "out", "p_", opset=9)
+    clip = next(n for n in nodes if n.op_type == "Clip")
+    assert len(clip.input) == 1 and {a.name for a in clip.attribute} == {"min", "max"}
+    graph = helper.make_graph(
+        nodes, "old", [helper.make_tensor_value_info("v", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 4
+    v = rng.uniform(-2, 2, 8).astype(np.float32)
+    expected = apply_epilogue(v.astype(np.float64), steps, [])
+    np.testing.assert_allclose(run_ort(model, {"v": v}), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_unknown_epilogue_step_is_refused():
+    with pytest.raises(WpkError, match="unknown epilogue op"):
+        apply_epilogue(np.zeros(2), (E("cosh"),), [])
+    with pytest.raises(WpkError, match="unknown epilogue op"):
+        epilogue_onnx_nodes((E("cosh"),), "v", {}, "out", "p_")
