@@ -63,7 +63,11 @@ def _integer_input(workload: Workload, index: int, spec: TensorSpec,
     if workload.op == "GatherElements" and index == 1:
         dim = workload.inputs[0].shape[workload.attr("axis", 0) % len(workload.inputs[0].shape)]
         return rng.integers(0, dim, size=spec.shape).astype(spec.dtype)
-    return rng.integers(0, 4, size=spec.shape).astype(spec.dtype)
+    # Unknown index semantics: stay below every dimension of the data input, so any
+    # axis it may index (GatherND, ScatterElements, OneHot...) stays in range.
+    data = workload.inputs[0] if index > 0 and workload.inputs else None
+    high = min([4] + [d for d in data.shape if d > 0]) if data is not None else 4
+    return rng.integers(0, max(high, 1), size=spec.shape).astype(spec.dtype)
 
 
 def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarray | None]:
