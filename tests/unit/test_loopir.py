@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from wpk.dsl import loopir as L
-from wpk.dsl.lower import flatten, region, simplify_cond, split_affine
+from wpk.dsl.regions import flatten, region, simplify_cond, split_affine
 
 i, j, k = L.Var("i"), L.Var("j"), L.Var("k")
 
