@@ -208,12 +208,13 @@ def case_hard_swish(rng):
 
 
 def _gelu_nodes(form: str, x: str = "g") -> list:
+    """Three spellings of the erf-GELU of tensor `x` (output y)."""
     if form == "div_first":   # torch's export: (x * (1 + erf(x / sqrt2))) * 0.5
         return [h.make_node("Div", [x, "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
                 h.make_node("Add", ["e", "one"], ["p"]), h.make_node("Mul", [x, "p"], ["q"]),
                 h.make_node("Mul", ["q", "half"], ["y"])]
-    if form == "half_last_x":  # (0.5 * (1 + erf(x * 1/sqrt2))) * x
-        return [h.make_node("Mul", [x, "rsqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+    if form == "half_last_x":  # (0.5 * (1 + erf(1/sqrt2 * x))) * x
+        return [h.make_node("Mul", ["rsqrt2", x], ["d"]), h.make_node("Erf", ["d"], ["e"]),
                 h.make_node("Add", ["one", "e"], ["p"]), h.make_node("Mul", ["p", "half"], ["q"]),
                 h.make_node("Mul", ["q", x], ["y"])]
     return [h.make_node("Mul", [x, "half"], ["hx"]),  # (0.5 * x) * (1 + erf(x / sqrt2))
@@ -265,19 +266,25 @@ def case_elementwise_chain(rng):
         {"elementwise_chain"}, {"Elementwise": 1}
 
 
-def case_gelu_tanh_expanded(rng):
-    """ONNX's own expansion of tanh-GELU: chains whose operands name the chain's input."""
-    nodes = [h.make_node("Pow", ["x", "three"], ["cube"]),
-             h.make_node("Mul", ["c0", "cube"], ["cube_c0"]),
-             h.make_node("Sum", ["x", "cube_c0"], ["inner"]),
-             h.make_node("Mul", ["k", "inner"], ["arg"]), h.make_node("Tanh", ["arg"], ["t"]),
-             h.make_node("Sum", ["one", "t"], ["phi"]), h.make_node("Mul", ["half", "x"], ["hx"]),
-             h.make_node("Mul", ["hx", "phi"], ["y"])]
-    inits = {"three": np.float32(3), "c0": np.float32(0.044715),
-             "k": np.float32(math.sqrt(2 / math.pi)), "one": np.float32(1),
-             "half": np.float32(0.5)}
-    return build(nodes, {"x": [3, 5]}, {"y": 2}, inits), {"elementwise_chain"}, \
-        {"Elementwise": 2}
+def gelu_tanh_case(c0: float):
+    """ONNX's own expansion of tanh-GELU; with another cubic factor it is no GELU, and the
+    chains left have operands naming the chain's input."""
+    def case(rng):
+        nodes = [h.make_node("Pow", ["x", "three"], ["cube"]),
+                 h.make_node("Mul", ["c0", "cube"], ["cube_c0"]),
+                 h.make_node("Sum", ["x", "cube_c0"], ["inner"]),
+                 h.make_node("Mul", ["k", "inner"], ["arg"]), h.make_node("Tanh", ["arg"], ["t"]),
+                 h.make_node("Sum", ["one", "t"], ["phi"]),
+                 h.make_node("Mul", ["half", "x"], ["hx"]),
+                 h.make_node("Mul", ["hx", "phi"], ["y"])]
+        inits = {"three": np.float32(3), "c0": np.float32(c0),
+                 "k": np.float32(math.sqrt(2 / math.pi)), "one": np.float32(1),
+                 "half": np.float32(0.5)}
+        gelu = c0 == 0.044715
+        return build(nodes, {"x": [3, 5]}, {"y": 2}, inits), \
+            {"gelu_tanh"} if gelu else {"elementwise_chain"}, \
+            {"Elementwise": 1 if gelu else 2}
+    return case
 
 
 def layer_norm_case(square: str, affine: bool, opset: int):
@@ -394,7 +401,8 @@ CASES = {
     "residual": case_residual,
     "identity_residual": case_identity_residual,
     "elementwise_chain": case_elementwise_chain,
-    "gelu_tanh_expanded": case_gelu_tanh_expanded,
+    "gelu_tanh_expanded": gelu_tanh_case(0.044715),
+    "not_gelu_tanh_chains": gelu_tanh_case(0.05),
     "single_elementwise_stays": case_single_elementwise_stays,
     "layer_norm_pow_affine": layer_norm_case("pow", True, 17),
     "layer_norm_mul_axes_input": layer_norm_case("mul", False, 18),

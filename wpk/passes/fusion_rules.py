@@ -28,6 +28,7 @@ from wpk.passes.elementwise import (
     unary_step,
 )
 from wpk.passes.fusion import FusionContext, FusionRule
+from wpk.passes.gelu_rules import match_gelu_erf, match_gelu_tanh, rewrite_gelu
 from wpk.passes.norm_rules import match_layer_norm, rewrite_layer_norm
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN
 
@@ -252,48 +253,6 @@ def _hard_swish_gate(node: Node) -> bool:
             and math.isclose(node.attr("beta", 0.5), 0.5, rel_tol=1e-3))
 
 
-def _match_gelu_erf(ctx: FusionContext, erf: Node):
-    """0.5 * x * (1 + erf(x / sqrt(2))) in the orders exporters write it."""
-    scale = ctx.producers.get(erf.inputs[0])
-    if scale is None or ctx.single_consumer(scale) is not erf or scale.op not in ("Div", "Mul"):
-        return None
-    x = scale.inputs[0]
-    factor = math.sqrt(2) if scale.op == "Div" else 1 / math.sqrt(2)
-    if not _is_scalar(ctx, scale.inputs[1], factor):
-        return None
-    add = _consumer(ctx, erf, frozenset({"Add"}))
-    if add is None or not _is_scalar(ctx, _other_input(add, erf.outputs[0]) or "", 1.0):
-        return None
-    mul1 = _consumer(ctx, add, frozenset({"Mul"}))
-    other = _other_input(mul1, add.outputs[0]) if mul1 else None
-    if other is None:
-        return None
-    nodes = [scale, add, mul1]
-    if other == x or _is_scalar(ctx, other, 0.5):     # (x * (1+erf)) * 0.5, or (0.5*(1+erf)) * x
-        last = _consumer(ctx, mul1, frozenset({"Mul"}))
-        want = (lambda n: _is_scalar(ctx, n, 0.5)) if other == x else (lambda n: n == x)
-        if last is None or not want(_other_input(last, mul1.outputs[0]) or ""):
-            return None
-        nodes.append(last)
-    else:                                             # (0.5 * x) * (1 + erf)
-        half = ctx.producers.get(other)
-        if half is None or half.op != "Mul" or ctx.single_consumer(half) is not mul1:
-            return None
-        if _other_input(half, x) is None or not _is_scalar(ctx, _other_input(half, x), 0.5):
-            return None
-        nodes.append(half)
-    return x, nodes
-
-
-def _rewrite_gelu_erf(ctx: FusionContext, erf: Node, found) -> None:
-    x, nodes = found
-    last = max(nodes, key=ctx.graph.nodes.index)
-    new = make_elementwise(erf.name, x, [(EpilogueStep("gelu"), None)], [])
-    erf.op, erf.domain, erf.inputs, erf.attrs, erf.epilogue = (
-        new.op, new.domain, new.inputs, {}, new.epilogue)
-    ctx.absorb(erf, last, remove=[n for n in nodes if n is not last])
-
-
 # ---------------------------------------------------------------- elementwise chains
 
 def _match_chain(ctx: FusionContext, node: Node):
@@ -372,8 +331,10 @@ PATTERN_RULES = (
     _rule("silu", {"Sigmoid"}, *_silu, "x * Sigmoid(x) -> Elementwise[silu]"),
     _rule("hard_swish", {"HardSigmoid"}, *_hard_swish,
           "x * HardSigmoid(x; 1/6, 1/2) -> Elementwise[hard_swish]"),
-    _rule("gelu_erf", {"Erf"}, _match_gelu_erf, _rewrite_gelu_erf,
+    _rule("gelu_erf", {"Erf"}, match_gelu_erf, rewrite_gelu,
           "0.5 * x * (1 + Erf(x / sqrt(2))) -> Elementwise[gelu]"),
+    _rule("gelu_tanh", {"Tanh"}, match_gelu_tanh, rewrite_gelu,
+          "0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> Elementwise[gelu_tanh]"),
     _rule("layer_norm", {"Div"}, match_layer_norm, rewrite_layer_norm,
           "(x - mean) / sqrt(var + eps) [* gamma] [+ beta] -> LayerNormalization (opset 17+)"),
 )

@@ -1,0 +1,118 @@
+"""Match and rewrite of GELU spelled with several ops (rules `gelu_erf` and `gelu_tanh` in
+`wpk.passes.fusion_rules`).
+
+    erf form:  0.5 * x * (1 + Erf(x / sqrt(2)))                      -> Elementwise[gelu]
+    tanh form: 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> Elementwise[gelu_tanh]
+
+The outer product is accepted in the orders exporters write it:
+(x * (1 + a)) * 0.5, (0.5 * (1 + a)) * x and (0.5 * x) * (1 + a).
+"""
+
+from __future__ import annotations
+
+import math
+
+from wpk.graph import Node
+from wpk.kernels.workload import EpilogueStep
+from wpk.passes.base import FLOAT_DTYPES
+from wpk.passes.elementwise import make_elementwise
+from wpk.passes.fusion import FusionContext
+
+
+def _is_scalar(ctx: FusionContext, name: str | None, expected: float) -> bool:
+    value = ctx.const(name) if name else None
+    return (value is not None and value.size == 1
+            and math.isclose(float(value.reshape(-1)[0]), expected, rel_tol=1e-3))
+
+
+def _split(node: Node | None, op: str) -> list[str] | None:
+    return list(node.inputs) if node is not None and node.op == op and len(
+        node.inputs) == 2 else None
+
+
+def _by_scalar(ctx: FusionContext, node: Node | None, op: str, factor: float) -> str | None:
+    """The tensor operand of `op(t, factor)` (either order for Mul), or None."""
+    inputs = _split(node, op)
+    if inputs is None:
+        return None
+    if _is_scalar(ctx, inputs[1], factor):
+        return inputs[0]
+    if op == "Mul" and _is_scalar(ctx, inputs[0], factor):
+        return inputs[1]
+    return None
+
+
+def _other(node: Node | None, name: str) -> str | None:
+    if node is None or len(node.inputs) != 2 or node.inputs.count(name) != 1:
+        return None
+    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+
+def _consumer(ctx: FusionContext, node: Node, op: str) -> Node | None:
+    user = ctx.single_consumer(node)
+    return user if user is not None and user.op == op else None
+
+
+def _producer(ctx: FusionContext, name: str, user: Node) -> Node | None:
+    node = ctx.producers.get(name)
+    return node if node is not None and ctx.single_consumer(node) is user else None
+
+
+def _tail(ctx: FusionContext, act: Node, x: str) -> list[Node] | None:
+    """The nodes of 0.5 * x * (1 + act) after `act`, or None."""
+    add = _consumer(ctx, act, "Add")
+    if add is None or not _is_scalar(ctx, _other(add, act.outputs[0]), 1.0):
+        return None
+    mul1 = _consumer(ctx, add, "Mul")
+    other = _other(mul1, add.outputs[0])
+    if other is None:
+        return None
+    if other == x or _is_scalar(ctx, other, 0.5):
+        last = _consumer(ctx, mul1, "Mul")
+        rest = _other(last, mul1.outputs[0])
+        ok = _is_scalar(ctx, rest, 0.5) if other == x else rest == x
+        return [add, mul1, last] if ok else None
+    half = _producer(ctx, other, mul1)
+    if half is None or _by_scalar(ctx, half, "Mul", 0.5) != x:
+        return None
+    return [add, mul1, half]
+
+
+def match_gelu_erf(ctx: FusionContext, erf: Node):
+    """x and the pattern's nodes when `erf` is the heart of an erf-GELU, else None."""
+    scale = _producer(ctx, erf.inputs[0], erf)
+    x = _by_scalar(ctx, scale, "Div", math.sqrt(2)) or _by_scalar(
+        ctx, scale, "Mul", 1 / math.sqrt(2))
+    if x is None or ctx.graph.tensors[x].dtype not in FLOAT_DTYPES:
+        return None
+    tail = _tail(ctx, erf, x)
+    return None if tail is None else ("gelu", x, [scale, *tail])
+
+
+def match_gelu_tanh(ctx: FusionContext, tanh: Node):
+    """x and the pattern's nodes when `tanh` is the heart of a tanh-GELU, else None."""
+    arg = _producer(ctx, tanh.inputs[0], tanh)
+    inner_name = _by_scalar(ctx, arg, "Mul", math.sqrt(2 / math.pi))
+    inner = _producer(ctx, inner_name, arg) if inner_name else None
+    if _split(inner, "Add") is None:
+        return None
+    for x, cubic_name in (inner.inputs, inner.inputs[::-1]):
+        cubic = _producer(ctx, cubic_name, inner)
+        cube_name = _by_scalar(ctx, cubic, "Mul", 0.044715)
+        cube = _producer(ctx, cube_name, cubic) if cube_name else None
+        if cube is not None and _by_scalar(ctx, cube, "Pow", 3.0) == x:
+            if ctx.graph.tensors[x].dtype not in FLOAT_DTYPES:
+                return None
+            tail = _tail(ctx, tanh, x)
+            return None if tail is None else ("gelu_tanh", x, [arg, inner, cubic, cube, *tail])
+    return None
+
+
+def rewrite_gelu(ctx: FusionContext, act: Node, found) -> None:
+    """Turn the activation node into Elementwise[step] over x; the other nodes go."""
+    step, x, nodes = found
+    last = max(nodes, key=ctx.graph.nodes.index)
+    new = make_elementwise(act.name, x, [(EpilogueStep(step), None)], [])
+    act.op, act.domain, act.inputs, act.attrs, act.epilogue = (
+        new.op, new.domain, new.inputs, {}, new.epilogue)
+    ctx.absorb(act, last, remove=[n for n in nodes if n is not last])
