@@ -55,6 +55,7 @@ class WorkerProcess:
         self._buffer = b""
         self._stderr = None
         self._ready = False
+        self._awaiting = 0   # replies owed (startup line, requests sent)
         self.deadline = 0.0
 
     @property
@@ -85,6 +86,7 @@ class WorkerProcess:
             env=self.env, start_new_session=True)
         self._buffer = b""
         self._ready = False
+        self._awaiting = 1
         self.starts += 1
         self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
 
@@ -114,6 +116,7 @@ class WorkerProcess:
         try:
             self._proc.stdin.write(json.dumps(message).encode() + b"\n")
             self._proc.stdin.flush()
+            self._awaiting += 1
         except (BrokenPipeError, OSError):
             raise self._crashed() from None
 
@@ -145,6 +148,7 @@ class WorkerProcess:
                 raise self._crashed()
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
+        self._awaiting -= 1
         return json.loads(line)
 
     def _crashed(self) -> WorkerCrash:
@@ -187,10 +191,12 @@ class WorkerProcess:
             self._stderr = None
         self._buffer = b""
         self._ready = False
+        self._awaiting = 0
 
     def close(self) -> None:
-        """End the child: EOF on its stdin, then SIGKILL if it lingers."""
-        if self.alive:
+        """End the child: EOF on its stdin, then SIGKILL if it lingers; at once when it is
+        still busy with a request (a build interrupted mid-measurement)."""
+        if self.alive and self._awaiting == 0:
             try:
                 self._proc.stdin.close()
                 self._proc.wait(timeout=5)

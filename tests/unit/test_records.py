@@ -210,12 +210,23 @@ TUNING_LOOP = textwrap.dedent("""
     from wpk.search.recorded import RecordedMeasurer
     from wpk.search.records import RecordStore, target_fingerprint
     from wpk.search.workers import MeasureWorker
-    measurer = RecordedMeasurer(RecordStore(sys.argv[1]), target_fingerprint(),
-                                worker=MeasureWorker(QUICK))
-    for spec in loop_candidates():
-        measurer.measure(RELU_WORKLOAD, spec)
-        time.sleep(0.5)
+    with MeasureWorker(QUICK) as worker:
+        measurer = RecordedMeasurer(RecordStore(sys.argv[1]), target_fingerprint(),
+                                    worker=worker)
+        for spec in loop_candidates():
+            measurer.measure(RELU_WORKLOAD, spec)
+            print(worker.process.pid, flush=True)
+            time.sleep(0.2)
 """)
+
+
+def running(pid: int) -> bool:
+    """True while process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def loop_candidates() -> list[CandidateSpec]:
@@ -232,8 +243,9 @@ def run_tuning(path: Path, worker: MeasureWorker):
     return measurer, results, winner
 
 
+@pytest.mark.parametrize("interrupt", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
 def test_interrupted_tuning_resumes_and_a_complete_rebuild_measures_nothing(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, interrupt):
     monkeypatch.setenv("WPK_CACHE_DIR", str(tmp_path / "cache"))
     with CompilePool(jobs=2) as pool:  # the compile step of a build, in parallel
         jobs = [CompileJob.c_source(F.tiled_source(s.config)) for s in loop_candidates()[:-1]]
@@ -242,13 +254,15 @@ def test_interrupted_tuning_resumes_and_a_complete_rebuild_measures_nothing(
     path = tmp_path / "db.jsonl"
 
     child = subprocess.Popen([sys.executable, "-c", TUNING_LOOP, str(path)], cwd=REPO,
-                             env=child_env())
-    deadline = time.monotonic() + 60
-    while (not path.exists() or len(path.read_text().splitlines()) < 2) \
-            and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
+                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    worker_pids = {int(child.stdout.readline()), int(child.stdout.readline())}
+    os.kill(child.pid, interrupt)  # after two measurements, maybe within the third
+    _, stderr = child.communicate(timeout=30)
+    assert child.returncode == -interrupt  # Python re-raises an unhandled Ctrl-C's SIGINT
+    assert ("KeyboardInterrupt" in stderr) == (interrupt == signal.SIGINT)
+    time.sleep(0.2)  # a killed parent's worker gets its SIGKILL asynchronously
+    assert not any(running(pid) for pid in worker_pids), "a worker outlived the loop"
     done_before = len(RecordStore(path))
     assert 2 <= done_before < len(loop_candidates()), "the loop was not interrupted midway"
 

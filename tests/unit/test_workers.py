@@ -31,7 +31,7 @@ from wpk.search.workers import (
 
 FIXTURES = "tests.unit.worker_fixtures"
 QUICK = MeasureOptions(warmup=1, repeats=3, max_repeats=10, min_time=0.001, timeout_s=20.0)
-HANG_LIMIT_S = 3.0
+HANG_LIMIT_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_compile_pool_times_out_and_survives_crashing_jobs(worker_env):
             CompileJob.c_source(F.source_of("good"), label="good")]
     began = time.monotonic()
     with CompilePool(jobs=2, env=worker_env) as pool:
-        results = pool.compile(jobs, timeout_s=4.0)
+        results = pool.compile(jobs, timeout_s=3.0)
         again = pool.compile([jobs[-1]], timeout_s=60)
     assert time.monotonic() - began < 25
     statuses = [r.status for r in results]
