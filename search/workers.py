@@ -106,9 +106,9 @@ class MeasureOptions:
                 "run_timeout_s": self.run_timeout_s}
 
     def scaled(self, factor: int) -> MeasureOptions:
-        """The same options with `factor` times the repeats and the least time."""
-        return replace(self, repeats=self.repeats * factor,
-                       max_repeats=max(self.max_repeats, self.repeats * factor) * factor,
+        """The same options with `factor` times the repeats, their cap, the least time and
+        the wall-clock limit."""
+        return replace(self, repeats=self.repeats * factor, max_repeats=self.max_repeats * factor,
                        min_time=self.min_time * factor, timeout_s=self.timeout_s * factor)
 
 
