@@ -74,7 +74,8 @@ class ScheduleEnv(gym.Env):
         self.observation_space = spaces.Box(0.0, 1.0, shape=(len(space.dims) + 1,),
                                             dtype=np.float32)
         self.action_space = spaces.Discrete(2 * len(space.dims))
-        self.costs: dict[Indices, float | None] = {}   # measured points (the memo)
+        self.costs: dict[Indices, float | None] = {}   # measured points (the memo: a point
+        # is measured once per environment, so `len(costs)` counts the measurements)
         self.point: Indices = tuple(0 for _ in space.dims)
         self.steps = 0
 
@@ -93,16 +94,13 @@ class ScheduleEnv(gym.Env):
                               hint="actions are integers in [0, 2 * number of knobs)")
         self.point = move(self.space.dims, self.point, int(action))
         self.steps += 1
-        measured = False
         reason = self.space.invalid_reason(self.point)
         if reason is None and self.point not in self.costs:
             self.costs[self.point] = self.measure(self.space.config(self.point))
-            measured = True
         cost = self.costs.get(self.point) if reason is None else None
         reward = speedup_reward(cost, self.reference_time, self.min_reward)
         terminated = self.steps >= self.horizon
-        info = {"config": self.space.config(self.point), "cost": cost, "measured": measured,
-                "invalid": reason}
+        info = {"config": self.space.config(self.point), "cost": cost, "invalid": reason}
         return self._obs(), reward, terminated, False, info
 
     def _obs(self) -> np.ndarray:
