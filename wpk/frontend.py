@@ -22,10 +22,10 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from wpk.errors import ModelError, ShapeError, UnsupportedError
+from wpk.frontend_shapes import SHAPE_HINT, complete_shapes
 from wpk.graph import Graph, Node, TensorInfo
 
 MIN_OPSET = 7
-SHAPE_HINT = "give the input shape, e.g. --input-shape NAME=1x3x224x224"
 
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto,
@@ -315,51 +315,6 @@ def _build_graph(proto: onnx.ModelProto, source: str) -> Graph:
     graph = Graph(nodes=nodes, inputs=inputs, outputs=[o.name for o in gp.output],
                   tensors=tensors, constants=constants, name=gp.name or "graph",
                   opsets=opsets, source=source)
-    _fill_mask_shapes(graph, unknown)
     if unknown:
-        _evaluate_shapes(proto, graph, unknown, source)
+        complete_shapes(proto, graph, unknown)
     return graph
-
-
-def _fill_mask_shapes(graph: Graph, unknown: list[str]) -> None:
-    """Dropout's mask output (old opsets infer no shape for it) has the data's shape."""
-    for node in graph.nodes:
-        if node.op == "Dropout" and len(node.outputs) > 1 and node.outputs[1] in unknown:
-            data = graph.tensors.get(node.inputs[0])
-            if data is not None:
-                dtype = "bool" if graph.opset >= 10 else data.dtype
-                graph.tensors[node.outputs[1]] = TensorInfo(data.shape, dtype)
-                unknown.remove(node.outputs[1])
-
-
-def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
-                     source: str) -> None:
-    """Fill shapes that inference left open by running the model on constant inputs.
-
-    It runs twice (inputs all 0, then all 1): a shape that differs between the
-    two depends on input values, which no static plan can serve.
-    """
-    from onnx.reference import ReferenceEvaluator
-
-    runs = []
-    for fill in (0, 1):
-        feeds = {name: np.full(graph.tensors[name].shape, fill, graph.tensors[name].dtype)
-                 for name in graph.inputs}
-        try:
-            runs.append(ReferenceEvaluator(proto).run(None, feeds, intermediate=True))
-        except Exception as exc:  # noqa: BLE001 - any evaluation failure means no shapes
-            raise ShapeError(
-                f"cannot determine the shapes of {', '.join(unknown[:5])} in '{source}': "
-                f"shape inference left them open and evaluating the model failed: "
-                f"{_first_line(exc)}", hint=SHAPE_HINT) from exc
-    for name in unknown:
-        values = [run.get(name) for run in runs]
-        if any(v is None for v in values):
-            raise ShapeError(f"cannot determine the shape of tensor '{name}' in '{source}'",
-                             hint=SHAPE_HINT)
-        first, second = (np.asarray(v) for v in values)
-        if first.shape != second.shape:
-            raise ShapeError(f"the shape of tensor '{name}' in '{source}' depends on the "
-                             f"values of the inputs ({first.shape} or {second.shape})",
-                             hint="wpk needs static shapes; export the model with them fixed")
-        graph.tensors[name] = TensorInfo(tuple(first.shape), first.dtype.name)

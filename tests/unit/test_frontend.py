@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto
 from onnx import helper as h
 
-import wpk.frontend as frontend
+import wpk.frontend_shapes as frontend_shapes
 from wpk.errors import ModelError, ShapeError, UnsupportedError
 from wpk.frontend import load_model
 
@@ -106,8 +106,8 @@ def test_shape_left_open_by_inference_is_evaluated(monkeypatch):
              h.make_node("ConstantOfShape", ["si"], ["y"])]
     two = h.make_tensor("two", TensorProto.FLOAT, [], [2.0])
     evaluated = []
-    original = frontend._evaluate_shapes
-    monkeypatch.setattr(frontend, "_evaluate_shapes",
+    original = frontend_shapes._evaluate_shapes
+    monkeypatch.setattr(frontend_shapes, "_evaluate_shapes",
                         lambda *a: evaluated.append(a[2]) or original(*a))
     graph = load_model(make_model(nodes, {"x": [2, 3]}, [("y", 2)], [two]))
     assert "y" in evaluated[0]
@@ -115,6 +115,16 @@ def test_shape_left_open_by_inference_is_evaluated(monkeypatch):
 
 
 # ------------------------------------------------------------------ errors
+
+def test_shape_that_depends_on_input_values():
+    graph = h.make_graph(
+        [h.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")], "g",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+         h.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])])
+    with pytest.raises(ShapeError, match="'y'.*Reshape node 'reshape'.*values of the inputs"):
+        load_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+
 
 def test_missing_file(tmp_path):
     with pytest.raises(ModelError, match=r"model file '.*nope\.onnx' not found") as err:

@@ -1,0 +1,125 @@
+"""Shapes that ONNX shape inference leaves open, completed for the frontend.
+
+Dropout's mask (old opsets) takes the data's shape. Everything else is found
+by evaluating the model (`onnx.reference`) on constant inputs, after making
+sure the shape cannot depend on the *values* of graph inputs: a tensor whose
+producer is data-dependent by nature (NonZero, Unique, ...), or reads a
+shape-defining input (a Reshape shape, Pad pads, Slice bounds, ...) computed
+from graph input values, has no static shape, which is a `ShapeError`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from wpk.errors import ShapeError
+from wpk.graph import Graph, Node, TensorInfo
+
+SHAPE_HINT = "give the input shape, e.g. --input-shape NAME=1x3x224x224"
+# Ops whose output shape depends on input values whatever the inputs are.
+VALUE_SHAPED_OPS = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression",
+                              "StringSplit", "RegexFullMatch", "TfIdfVectorizer"})
+# Inputs (by index) that define the output shape of an op by their values.
+SHAPE_INPUTS = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Pad": (1, 3), "Slice": (1, 2, 3, 4),
+    "ConstantOfShape": (0,), "Range": (0, 1, 2), "Resize": (1, 2, 3), "Upsample": (1,),
+    "TopK": (1,), "OneHot": (1,), "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
+    "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
+    "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,), "CenterCropPad": (1,),
+    "Col2Im": (1, 2), "AffineGrid": (1,), "MaxUnpool": (2,), "STFT": (2, 3), "DFT": (1,),
+    "BlackmanWindow": (0,), "HammingWindow": (0,), "HannWindow": (0,), "MelWeightMatrix": (0,),
+}
+
+
+def complete_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str]) -> None:
+    """Give every tensor in `unknown` a static shape, or raise `ShapeError`."""
+    _fill_mask_shapes(graph, unknown)
+    if not unknown:
+        return
+    _reject_value_shaped(graph, unknown)
+    _evaluate_shapes(proto, graph, unknown)
+
+
+def _fill_mask_shapes(graph: Graph, unknown: list[str]) -> None:
+    """Dropout's mask output (old opsets infer no shape for it) has the data's shape."""
+    for node in graph.nodes:
+        if node.op == "Dropout" and len(node.outputs) > 1 and node.outputs[1] in unknown:
+            data = graph.tensors.get(node.inputs[0])
+            if data is not None:
+                dtype = "bool" if graph.opset >= 10 else data.dtype
+                graph.tensors[node.outputs[1]] = TensorInfo(data.shape, dtype)
+                unknown.remove(node.outputs[1])
+
+
+def _reject_value_shaped(graph: Graph, unknown: list[str]) -> None:
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}
+    value_memo: dict[str, bool] = {}
+
+    def reads_input_values(name: str) -> bool:
+        """Whether the value of `name` is computed from the value of a graph input."""
+        if name in value_memo:
+            return value_memo[name]
+        value_memo[name] = False  # cycles cannot happen; this only stops re-entry
+        node = producers.get(name)
+        if name in graph.inputs:
+            result = True
+        elif node is None or node.op in ("Shape", "Size"):
+            result = False
+        else:
+            result = any(reads_input_values(i) for i in node.inputs if i)
+        value_memo[name] = result
+        return result
+
+    for name in unknown:
+        node = producers.get(name)
+        if node is None:
+            continue
+        if node.op in VALUE_SHAPED_OPS or any(
+                index < len(node.inputs) and node.inputs[index]
+                and reads_input_values(node.inputs[index])
+                for index in SHAPE_INPUTS.get(node.op, ())):
+            raise _value_shaped(graph, name, node)
+
+
+def _value_shaped(graph: Graph, name: str, node: Node) -> ShapeError:
+    return ShapeError(f"the shape of tensor '{name}' (output of {node.op} node '{node.name}') "
+                      f"in '{graph.source}' depends on the values of the inputs",
+                      hint="wpk needs static shapes: make that input a constant of the model")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str]) -> None:
+    """Fill shapes by running the model on constant inputs (all 0, then all 1).
+
+    A shape that differs between the two runs depends on input values after all.
+    """
+    from onnx.reference import ReferenceEvaluator
+
+    runs = []
+    for fill in (0, 1):
+        feeds = {name: np.full(graph.tensors[name].shape, fill, graph.tensors[name].dtype)
+                 for name in graph.inputs}
+        try:
+            runs.append(ReferenceEvaluator(proto).run(None, feeds, intermediate=True))
+        except Exception as exc:  # noqa: BLE001 - any evaluation failure means no shapes
+            raise ShapeError(
+                f"cannot determine the shapes of {', '.join(unknown[:5])} in "
+                f"'{graph.source}': shape inference left them open and evaluating the model "
+                f"failed: {_first_line(exc)}", hint=SHAPE_HINT) from exc
+    for name in unknown:
+        values = [run.get(name) for run in runs]
+        if any(v is None for v in values):
+            raise ShapeError(f"cannot determine the shape of tensor '{name}' in "
+                             f"'{graph.source}'", hint=SHAPE_HINT)
+        first, second = (np.asarray(v) for v in values)
+        if first.shape != second.shape:
+            raise ShapeError(f"the shape of tensor '{name}' in '{graph.source}' depends on "
+                             f"the values of the inputs ({first.shape} or {second.shape})",
+                             hint="wpk needs static shapes: make that input a constant")
+        graph.tensors[name] = TensorInfo(tuple(first.shape), first.dtype.name)
