@@ -235,6 +235,53 @@ def devices(as_json: bool) -> None:
         Console().print(render_devices(info))
 
 
+@cli.group()
+def records() -> None:
+    """Inspect and merge tuning records (JSON lines written by `wpk build --db`)."""
+
+
+def _print(renderable) -> None:
+    if isinstance(renderable, str):
+        click.echo(renderable)
+    else:
+        from rich.console import Console
+
+        Console().print(renderable)
+
+
+@records.command("list")
+@click.argument("db", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--workload", metavar="KEY", help="Only this workload (a unique key prefix).")
+@click.option("--json", "as_json", is_flag=True, help="Records as JSON lines.")
+def records_list(db: Path, workload: str | None, as_json: bool) -> None:
+    """Every measurement in DB."""
+    from wpk.search.records_cli import records_list as listing
+
+    _print(listing(db, workload=workload, as_json=as_json))
+
+
+@records.command("best")
+@click.argument("db", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--workload", metavar="KEY", help="Only this workload (a unique key prefix).")
+@click.option("--json", "as_json", is_flag=True, help="Records as JSON lines.")
+def records_best(db: Path, workload: str | None, as_json: bool) -> None:
+    """The fastest verified measurement of each workload and target in DB."""
+    from wpk.search.records_cli import records_best as best
+
+    _print(best(db, workload=workload, as_json=as_json))
+
+
+@records.command("merge")
+@click.argument("dbs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Merged record file to write.")
+def records_merge(dbs: tuple[Path, ...], output: Path) -> None:
+    """Merge record files into one (identical lines dropped, repeats kept)."""
+    from wpk.search.records_cli import records_merge as merge
+
+    click.echo(merge(list(dbs), output))
+
+
 # ----------------------------------------------------------------------------- helpers
 
 def read_inputs(path: Path, session) -> dict[str, np.ndarray]:
