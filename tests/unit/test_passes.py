@@ -16,6 +16,7 @@ from onnx import helper as h
 
 from wpk.frontend import load_model
 from wpk.graph import Graph
+from wpk.kernels.workload import EpilogueStep
 from wpk.passes import PIPELINE, PassReport, PipelineEntry, optimize, passes_for, to_onnx
 from wpk.passes.base import check_graph
 
@@ -494,3 +495,38 @@ def test_resnet50_fused(capsys):
     with capsys.disabled():
         print(f"\nResNet-50 load+optimize {seconds:.2f} s; ops before {report.ops_before}"
               f"\n  after {report.ops_after}")
+
+
+EPILOGUE_STEPS = [
+    EpilogueStep("relu"), EpilogueStep("clip", (("max", 0.7), ("min", -0.3))),
+    EpilogueStep("clip", (("min", 0.1),)), EpilogueStep("leaky_relu", (("alpha", 0.2),)),
+    EpilogueStep("sigmoid"), EpilogueStep("silu"), EpilogueStep("tanh"),
+    EpilogueStep("hard_sigmoid", (("alpha", 0.3), ("beta", 0.4))), EpilogueStep("hard_swish"),
+    EpilogueStep("gelu"), EpilogueStep("gelu_tanh"), EpilogueStep("exp"), EpilogueStep("log"),
+    EpilogueStep("sqrt"), EpilogueStep("reciprocal"), EpilogueStep("neg"), EpilogueStep("abs"),
+    EpilogueStep("erf"), EpilogueStep("softplus"),
+    *(EpilogueStep(op, operand=1, swap=swap) for op in ("add", "sub", "mul", "div", "pow",
+                                                        "max", "min") for swap in (False, True)),
+]
+
+
+@pytest.mark.parametrize("step", EPILOGUE_STEPS, ids=lambda s: f"{s.op}{'_swap' if s.swap else ''}")
+def test_to_onnx_expands_steps_as_the_kernels_apply_them(step, rng):
+    from wpk.graph import Node, TensorInfo
+    from wpk.kernels.epilogue import apply_epilogue
+
+    info = TensorInfo((4, 6), "float32")
+    node = Node("Elementwise", ["x", "b"] if step.operand else ["x"], ["y"], "e",
+                domain="wpk", epilogue=(step,))
+    graph = Graph([node], ["x", *node.inputs[1:]], ["y"],
+                  {"x": info, "b": TensorInfo((6,), "float32"), "y": info},
+                  opsets={"": 17, "wpk": 1})
+    x = (rng.uniform(0.5, 2.0, (4, 6)) * rng.choice([-1, 1], (4, 6))).astype(np.float32)
+    if step.op in ("log", "sqrt", "pow"):
+        x = np.abs(x).astype(np.float32)
+    b = rng.uniform(0.5, 2.0, 6).astype(np.float32)
+    feeds = {"x": x, "b": b} if step.operand else {"x": x}
+    (got,) = run_ort(graph, feeds)
+    expected = apply_epilogue(x.astype(np.float64), [step], [x.astype(np.float64),
+                                                              b.astype(np.float64)])
+    assert rel_l2(expected, got) <= 1e-5
