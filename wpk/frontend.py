@@ -13,6 +13,7 @@ by evaluating the model on zero inputs where shape inference leaves one open.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -187,8 +188,9 @@ def _node_in_message(proto: onnx.ModelProto, text: str) -> str | None:
         if node.name and (f"'{node.name}'" in text or f"node {node.name}" in text
                           or f"name: {node.name}" in text):
             return label
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
     for index, node in enumerate(proto.graph.node):
-        if f"op_type:{node.op_type}" in text.replace(" ", "") or f"({node.op_type})" in text:
+        if node.op_type in words:
             return node.name or f"{node.op_type}_{index}"
     return None
 

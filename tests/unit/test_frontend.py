@@ -156,6 +156,12 @@ def test_checker_failure_names_the_node():
     assert err.value.hint
 
 
+def test_checker_failure_on_unknown_op_names_the_node():
+    node = h.make_node("FooBar", ["x"], ["y"])
+    with pytest.raises(ModelError, match="at node 'FooBar_0'.*FooBar"):
+        load_model(make_model([node], {"x": [2]}, [("y", 1)]))
+
+
 def test_checker_failure_on_undefined_input():
     node = h.make_node("Relu", ["missing"], ["y"], name="r")
     with pytest.raises(ModelError, match="checker"):
