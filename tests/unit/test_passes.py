@@ -465,7 +465,10 @@ def test_pipeline_accepts_target_specific_passes(monkeypatch):
                         [*PIPELINE, PipelineEntry(Marker, targets=frozenset({"special"}))])
     graph = build([h.make_node("Relu", ["x"], ["y"])], {"x": [2]}, {"y": 1})
     assert "marker" not in optimize(graph, target=TARGET)[1].passes
-    assert optimize(graph, target="special")[1].passes["marker"] == 1
+    report = optimize(graph, target="special")[1]
+    assert report.passes["marker"] == 1
+    assert set(report.seconds) == set(report.passes) and list(report.passes)[-1] == "marker"
+    assert report.to_json()["nodes_after"] == 1
 
 
 @pytest.mark.parametrize("filename", LIGHT_MODELS)

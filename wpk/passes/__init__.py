@@ -19,6 +19,7 @@ standard ONNX.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,13 +66,14 @@ PIPELINE: list[PipelineEntry] = [
 
 @dataclass
 class PassReport:
-    """What the passes did: op counts before/after and hit counts per pass and per rule."""
+    """What the passes did: op counts before/after, hits per pass and per rule, seconds per pass."""
 
     target: str
     ops_before: dict[str, int]
     ops_after: dict[str, int] = field(default_factory=dict)
     passes: dict[str, int] = field(default_factory=dict)
     rules: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def nodes_before(self) -> int:
@@ -84,6 +86,7 @@ class PassReport:
     def to_json(self) -> dict:
         return {"target": self.target, "ops_before": self.ops_before,
                 "ops_after": self.ops_after, "passes": self.passes, "rules": self.rules,
+                "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
                 "nodes_before": self.nodes_before, "nodes_after": self.nodes_after}
 
 
@@ -97,7 +100,10 @@ def optimize(graph: Graph, target: str = "cpu") -> tuple[Graph, PassReport]:
     report = PassReport(target=target, ops_before=graph.op_counts())
     graph = graph.copy()
     for graph_pass in passes_for(target):
+        start = time.perf_counter()
         graph = graph_pass.run(graph)
+        report.seconds[graph_pass.name] = report.seconds.get(graph_pass.name, 0.0) + (
+            time.perf_counter() - start)
         report.passes[graph_pass.name] = report.passes.get(graph_pass.name, 0) + sum(
             graph_pass.hits.values())
         if isinstance(graph_pass, FusionPass):
