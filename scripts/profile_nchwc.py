@@ -1,6 +1,7 @@
 """Per-node time of a CNN in the NCHWc blocked layout vs onnxruntime's whole model.
 
     python scripts/profile_nchwc.py [--model light_resnet50] [--rounds 7] [--runs 10] [--top 8]
+                                    [--threads N]
 
 Builds the graph through wpk's pass pipeline twice, with and without the
 NCHWc layout pass, prepares one kernel per node (onnxruntime's MLAS NCHWc
@@ -25,7 +26,7 @@ import onnxruntime as ort
 
 from wpk.frontend import load_model
 from wpk.kernels import registry
-from wpk.kernels.cpu.ort_node import cpu_threads
+from wpk.kernels.cpu.ort_node import cpu_threads, set_cpu_threads
 from wpk.passes import passes_for
 from wpk.passes.nchwc_layout import NchwcLayout, NchwcOptions
 from wpk.workloads import workload_of
@@ -86,7 +87,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--top", type=int, default=8, help="slowest blocked nodes to list")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="intra-op threads of every session (default: usable cores)")
     args = parser.parse_args()
+    set_cpu_threads(args.threads)
 
     path = os.path.join(LIGHT, f"{args.model}.onnx")
     graph = load_model(path)

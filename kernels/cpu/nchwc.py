@@ -14,7 +14,6 @@ output arrays. The op semantics are documented in `wpk.passes.nchwc_layout`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -23,6 +22,7 @@ from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
 from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.cpu.ort_node import cpu_threads
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
 from wpk.kernels.workload import Workload
 
@@ -193,7 +193,7 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     """Options for a single-node session: no graph rewriting, cores threads, no spinning."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = threads or (os.cpu_count() or 1)
+    options.intra_op_num_threads = threads or cpu_threads()
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
