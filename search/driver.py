@@ -1,0 +1,342 @@
+"""The search driver: tune the generated kernels of workloads and hand the winners on.
+
+    result = tune_workload(workload, "ga", trials=64, deadline=None, measurer=measurer,
+                           compile_pool=pool, reference_time=vendor_s, seed=0)
+    results = tune_model(items, TuneOptions("ga", trials=32, budget_s=900), vendor_times,
+                         measurer=measurer, compile_pool=pool)
+    plan(items, providers=[registry_candidates, generated_provider(results)],
+         measure=final_preferring(measurer))
+
+One workload is tuned in a loop: the tuner proposes a batch; invalid points
+are rejected by the template's `validate` inside the tuner (penalised, never
+compiled); an optional cost model keeps the predicted best of a larger pool;
+the batch's configs not yet in the records are compiled in parallel in the
+`CompilePool`; each is verified and timed in the isolated worker through the
+`RecordedMeasurer` (a recorded config is reused, not measured); the costs go
+back to the tuner. The loop ends at `trials` measured configs, at the
+deadline, when the tuner has nothing left, or early when the best has not
+improved by more than 1% during the last `patience` trials. The `k` fastest
+records of the workload (generated and vendor alike) are then re-measured
+alone with more repeats before the winner is chosen (`RecordedMeasurer.finalize`).
+
+`tune_model` spends `--budget` on the workloads with the largest share of the
+model latency first (`wpk.search.budget`) with at most `--trials` each, and
+shows per workload the trials, the best time and the speed-up over the
+vendor kernel (a rich table on a terminal).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from wpk.errors import OptionError
+from wpk.kernels.registry import Candidate
+from wpk.kernels.workload import Workload
+from wpk.search.budget import EarlyStop, ShareEntry, by_latency_share, shares, time_slice
+from wpk.search.measure import Measurement
+from wpk.search.recorded import RecordedMeasurer
+from wpk.search.records import FINAL, best_of
+from wpk.search.workers import CandidateSpec
+
+GENERATED_IMPL = "dsl.cpu"
+GENERATED_MODULES = ("wpk.kernels.generated",)
+DEFAULT_TRIALS = 32
+DEFAULT_BUDGET_TRIALS = 64   # per workload when only --budget limits the search
+
+ProgressFn = Callable[["TuneResult"], None]
+
+
+@dataclass
+class TuneResult:
+    """What tuning one workload's generated kernel found."""
+
+    workload: Workload
+    tuner: str
+    best_config: dict | None = None
+    best_s: float = math.inf
+    reference_s: float | None = None
+    trials: int = 0           # measured configs (fresh or from the records)
+    measured: int = 0         # of those, measured in this run
+    invalid: int = 0          # rejected by validate (never compiled)
+    failed: int = 0           # compile errors, crashes, wrong answers, timeouts
+    history: list[tuple[dict, float]] = field(default_factory=list)
+    stopped: str = ""         # trials | deadline | converged | exhausted
+    seconds: float = 0.0
+    final: Measurement | None = None   # the workload's winner after re-measurement
+
+    @property
+    def speedup(self) -> float | None:
+        """Vendor time over the best generated time (> 1: generated is faster)."""
+        if self.reference_s is None or not math.isfinite(self.best_s) or self.best_s <= 0:
+            return None
+        return self.reference_s / self.best_s
+
+    def to_json(self) -> dict:
+        finite = (lambda v: v if v is not None and math.isfinite(v) else None)  # noqa: E731
+        return {"key": self.workload.key, "label": self.workload.label, "tuner": self.tuner,
+                "best_config": self.best_config, "best_s": finite(self.best_s),
+                "reference_s": finite(self.reference_s), "speedup": self.speedup,
+                "trials": self.trials, "measured": self.measured, "invalid": self.invalid,
+                "failed": self.failed, "stopped": self.stopped, "seconds": self.seconds,
+                "winner": None if self.final is None else self.final.label}
+
+
+def generated_spec(config: Mapping) -> CandidateSpec:
+    """The worker-side spec of a generated CPU kernel with schedule `config`."""
+    return CandidateSpec(GENERATED_IMPL, dict(config), GENERATED_MODULES)
+
+
+def _compile(pool, workload: Workload, configs: Sequence[dict],
+             measurer: RecordedMeasurer) -> None:
+    """Fill the compile cache for the configs that the records do not hold yet."""
+    if pool is None:
+        return
+    from wpk.kernels.generated import compile_job
+
+    todo = [c for c in configs if measurer.lookup(workload, generated_spec(c)) is None]
+    if todo:
+        pool.compile([compile_job(workload, c) for c in todo])
+
+
+def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = DEFAULT_TRIALS,
+                  deadline: float | None = None, measurer: RecordedMeasurer,
+                  compile_pool=None, reference_time: float | None = None, seed: int = 0,
+                  on_progress: ProgressFn | None = None, batch_size: int = 8,
+                  patience: int = 16, min_gain: float = 0.01, cost_model: bool = False,
+                  finalize_k: int = 3, target: str = "cpu",
+                  tuner_options: Mapping[str, Any] | None = None) -> TuneResult:
+    """Search the schedule space of the workload's generated kernel (see the module
+    docstring); `deadline` is a `time.monotonic()` value. Returns the best config found."""
+    from wpk.kernels.generated import search_space
+    from wpk.search.tuners import make_tuner
+
+    if trials < 1:
+        raise OptionError(f"--trials must be at least 1, got {trials}")
+    started = time.monotonic()
+    result = TuneResult(workload, tuner_name, reference_s=reference_time)
+    space = search_space(workload, target)
+    tuner = make_tuner(tuner_name, space, seed, **dict(tuner_options or {}))
+    if cost_model:
+        from wpk.search.cost_model import CostModelFilter
+
+        tuner = CostModelFilter(tuner)
+    stopper = EarlyStop(patience=patience, min_gain=min_gain)
+    result.stopped = "exhausted"
+    while tuner.has_next():
+        if result.trials >= trials:
+            result.stopped = "trials"
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            result.stopped = "deadline"
+            break
+        configs = tuner.next_batch(min(batch_size, trials - result.trials))
+        if not configs:
+            break
+        _compile(compile_pool, workload, configs, measurer)
+        done, costs = [], []
+        for config in configs:
+            if done and deadline is not None and time.monotonic() >= deadline:
+                break
+            before = measurer.measured
+            m = measurer.measure(workload, generated_spec(config))
+            result.measured += measurer.measured - before
+            cost = m.median_s if m.ok else None
+            done.append(config)
+            costs.append(cost)
+            result.trials += 1
+            result.failed += 0 if m.ok else 1
+            result.history.append((dict(config), math.inf if cost is None else cost))
+            if cost is not None and cost < result.best_s:
+                result.best_s, result.best_config = cost, dict(config)
+            if stopper.observe(cost):
+                break
+        tuner.update(done, costs)
+        if on_progress:
+            on_progress(result)
+        if stopper.stopped:
+            result.stopped = "converged"
+            break
+    result.invalid = sum(1 for t in tuner.history if t.status == "invalid")
+    if finalize_k > 0 and result.best_config is not None:
+        result.final = measurer.finalize(workload, k=finalize_k)
+        best = best_generated(measurer, workload)
+        if best is not None:
+            result.best_config, result.best_s = dict(best.config), best.median_s
+    result.seconds = time.monotonic() - started
+    if on_progress:
+        on_progress(result)
+    return result
+
+
+def best_generated(measurer: RecordedMeasurer, workload: Workload):
+    """The fastest verified generated record of the workload (final records preferred)."""
+    records = [r for r in measurer.store.for_workload(workload.key, measurer.fingerprint)
+               if r.impl == GENERATED_IMPL]
+    return best_of(records)
+
+
+# ----------------------------------------------------------------------------- a whole model
+@dataclass(frozen=True)
+class TuneOptions:
+    """How `tune_model` searches: tuner, trials per workload, seconds for all of them."""
+
+    tuner: str = "ga"
+    trials: int | None = None
+    budget_s: float | None = None
+    seed: int = 0
+    batch_size: int = 8
+    patience: int = 16
+    min_gain: float = 0.01
+    finalize_k: int = 3
+    cost_model: bool = False
+    min_slice_s: float = 5.0
+
+    @property
+    def trials_per_workload(self) -> int:
+        if self.trials is not None:
+            return self.trials
+        return DEFAULT_BUDGET_TRIALS if self.budget_s is not None else DEFAULT_TRIALS
+
+
+def tunable(items: Sequence, target: str = "cpu") -> dict[str, tuple[Workload, int]]:
+    """Distinct workloads (by key, graph order) that map to a generated kernel, with their
+    node counts."""
+    from wpk.kernels.generated import map_workload
+
+    found: dict[str, tuple[Workload, int]] = {}
+    for item in items:
+        w = item.workload
+        if w.key in found:
+            found[w.key] = (w, found[w.key][1] + 1)
+        elif not isinstance(map_workload(w), str):
+            found[w.key] = (w, 1)
+    return found
+
+
+def tune_model(items: Sequence, options: TuneOptions, vendor_times: Mapping[str, float], *,
+               measurer: RecordedMeasurer, compile_pool=None, progress: bool = False,
+               deadline: float | None = None, target: str = "cpu",
+               stream=None) -> dict[str, TuneResult]:
+    """Tune every tunable workload of `items` (NodeWorkloads), largest share of the model
+    latency (`vendor_times[key]` x node count) first, within `options.budget_s` seconds
+    (or the absolute monotonic `deadline`, whichever is sooner) and `options.trials` each."""
+    workloads = tunable(items, target)
+    entries = [ShareEntry(k, float(vendor_times.get(k, math.nan)), n)
+               for k, (_, n) in workloads.items()]
+    order = by_latency_share(entries)
+    fraction = shares(entries)
+    start = time.monotonic()
+    end = deadline
+    if options.budget_s is not None:
+        end = min(end if end is not None else math.inf, start + options.budget_s)
+    results: dict[str, TuneResult] = {}
+    with TuningDisplay(progress, stream) as display:
+        for index, entry in enumerate(order):
+            workload = workloads[entry.key][0]
+            limit = None
+            if end is not None:
+                left = sum(fraction[e.key] for e in order[index:])
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    results[entry.key] = TuneResult(workload, options.tuner,
+                                                    reference_s=_finite(entry.vendor_s),
+                                                    stopped="budget")
+                    display.update(results[entry.key])
+                    continue
+                limit = time.monotonic() + time_slice(remaining, fraction[entry.key], left,
+                                                      options.min_slice_s)
+            results[entry.key] = tune_workload(
+                workload, options.tuner, trials=options.trials_per_workload, deadline=limit,
+                measurer=measurer, compile_pool=compile_pool,
+                reference_time=_finite(entry.vendor_s), seed=options.seed,
+                on_progress=display.update, batch_size=options.batch_size,
+                patience=options.patience, min_gain=options.min_gain,
+                cost_model=options.cost_model, finalize_k=options.finalize_k, target=target)
+    return {k: results[k] for k in workloads if k in results}
+
+
+def _finite(value: float) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+# ----------------------------------------------------------------------------- planner glue
+def generated_provider(results: Mapping[str, TuneResult]):
+    """A planner candidate provider: the best generated kernel of each tuned workload."""
+    def provide(workload: Workload, target: str) -> list[Candidate]:
+        from wpk.kernels.generated import DSL_CPU
+
+        found = results.get(workload.key)
+        if target != DSL_CPU.target or found is None or found.best_config is None:
+            return []
+        return [Candidate(DSL_CPU, dict(found.best_config))]
+    return provide
+
+
+def final_preferring(measurer: RecordedMeasurer):
+    """A planner `measure=`: a candidate's final (re-measured) record when it has one, else
+    `measurer.planner_measure` (the search record, or a fresh recorded measurement)."""
+    def measure(workload: Workload, candidate: Candidate, **kwargs) -> Measurement:
+        record = measurer.lookup(workload, candidate, phase=FINAL)
+        if record is not None:
+            measurer.reused += 1
+            return record.to_measurement()
+        return measurer.planner_measure(workload, candidate, **kwargs)
+    return measure
+
+
+# ----------------------------------------------------------------------------- display
+class TuningDisplay:
+    """Per workload: trials, best generated time, vendor time and speed-up (rich, on a
+    terminal; silent otherwise)."""
+
+    def __init__(self, enabled: bool = True, stream=None):
+        stream = stream if stream is not None else sys.stderr
+        self.enabled = bool(enabled) and hasattr(stream, "isatty") and stream.isatty()
+        self.stream = stream
+        self.rows: dict[str, TuneResult] = {}
+        self.live = None
+
+    def __enter__(self) -> TuningDisplay:
+        if self.enabled:
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(self.table(), console=Console(file=self.stream),
+                             refresh_per_second=4, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.update(self.table())
+            self.live.__exit__(*exc)
+
+    def update(self, result: TuneResult) -> None:
+        self.rows[result.workload.key] = result
+        if self.live is not None:
+            self.live.update(self.table())
+
+    def table(self):
+        """The rich Table of the rows so far."""
+        from rich.table import Table
+
+        table = Table(title="tuning generated kernels", expand=False)
+        for name, justify in (("workload", "left"), ("trials", "right"), ("best", "right"),
+                              ("vendor", "right"), ("speed-up", "right"), ("state", "left")):
+            table.add_column(name, justify=justify)
+        for r in self.rows.values():
+            table.add_row(r.workload.label[:60], str(r.trials), _ms(r.best_s),
+                          _ms(r.reference_s), "" if r.speedup is None else f"{r.speedup:.2f}x",
+                          r.stopped or "tuning")
+        return table
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    return f"{seconds * 1e3:.3f} ms"
