@@ -60,7 +60,7 @@ class RLOptions:
     """
 
     reference_time: float | None = None
-    horizon: int = 16
+    horizon: int = 8
     n_steps: int = 32
     batch_size: int = 32
     n_epochs: int = 4
@@ -71,7 +71,7 @@ class RLOptions:
     ent_coef: float = 0.01
     hidden: tuple[int, ...] = (32, 32)
     min_reward: float = -4.0
-    restart_from_best: float = 0.5
+    restart_from_best: float = 0.8
     max_idle_steps: int = 32
 
     def __post_init__(self):
