@@ -20,7 +20,7 @@ from wpk.errors import DeviceError, OptionError
 from wpk.plans.planfile import Plan
 
 TARGETS = ("cpu", "cuda")
-SEARCHES = ("none", "ga", "rl", "random")
+SEARCHES = ("none", "ga", "rl", "random", "grid")
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,6 @@ class BuildOptions:
         if self.search not in SEARCHES:
             raise OptionError(f"unknown search '{self.search}'",
                               hint=f"use one of: {', '.join(SEARCHES)}")
-        if self.search != "none":
-            raise OptionError(f"--search {self.search} is not available yet",
-                              hint="build with --search none (vendor and library kernels)")
         for name in ("trials", "jobs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -132,14 +129,22 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     items = extract_workloads(optimized)
     plan_options = PlanOptions(warmup=opts.warmup, repeats=opts.repeats,
                                min_time=opts.min_time, seed=opts.seed, strict=opts.strict)
-    with progress_bar(opts.progress, description="measuring") as on_progress:
-        choices = plan(items, opts.target, plan_options, on_progress)
+    search_summary = None
+    if opts.search != "none" or opts.db is not None:  # records, and generated kernels
+        from wpk.search_build import plan_with_search
+
+        choices, search_summary = plan_with_search(items, opts, plan_options)
+    else:
+        with progress_bar(opts.progress, description="measuring") as on_progress:
+            choices = plan(items, opts.target, plan_options, on_progress)
     result = assemble_plan(optimized, items, choices, opts.target)
     result.report = make_report(
         choices, target=opts.target, model=_model_name(model),
         device=result.manifest["device"], pass_report=pass_report,
         build_time_s=time.perf_counter() - started, buffers=result.buffer_plan,
         options=opts.to_json())
+    if search_summary is not None:
+        result.report["search"] = search_summary
     if output is not None:
         result.save(output)
     return result

@@ -25,7 +25,6 @@ def dataclasses_frozen_error():
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"target": "tpu"}, "unknown target 'tpu'"),
-    ({"search": "ga"}, "--search ga is not available yet"),
     ({"search": "magic"}, "unknown search 'magic'"),
     ({"trials": 0}, "--trials must be a positive integer"),
     ({"jobs": 2.5}, "--jobs must be a positive integer"),
