@@ -167,13 +167,17 @@ def _l2_cache_bytes() -> int:
         return 1 << 20
 
 
+@functools.cache
+def _flush_buffer() -> np.ndarray:
+    return np.zeros(2 * _l2_cache_bytes() // 8, dtype=np.float64)
+
+
 class CacheFlusher:
     """Evicts a small working set from L1/L2 by writing a buffer twice the L2 size."""
 
     def __init__(self, working_set_bytes: int):
-        size = 2 * _l2_cache_bytes()
-        self.enabled = working_set_bytes < size
-        self._buffer = np.zeros(size // 8, dtype=np.float64) if self.enabled else None
+        self.enabled = working_set_bytes < 2 * _l2_cache_bytes()
+        self._buffer = _flush_buffer() if self.enabled else None
         self._value = 0.0
 
     def __call__(self) -> None:
@@ -296,10 +300,11 @@ def time_kernel(kernel: Callable, inputs: Sequence[np.ndarray | None],
     for _ in range(warmup):
         kernel(inputs, outputs)
     times: list[float] = []
-    clock = time.perf_counter
-    while len(times) < max(1, repeats) or (sum(times) < min_time and len(times) < max_repeats):
+    total, clock = 0.0, time.perf_counter
+    while len(times) < max(1, repeats) or (total < min_time and len(times) < max_repeats):
         flush()
         start = clock()
         kernel(inputs, outputs)
         times.append(clock() - start)
+        total += times[-1]
     return times
