@@ -202,4 +202,12 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], target: str = "cpu",
     if none_verified:
         raise WpkError("no candidate computed the right answer for: " + "; ".join(none_verified),
                        hint="this is a bug in wpk's kernels; please report it with the model")
+    if options.strict:
+        fallbacks = [f"{name} ({choice.workload.op}: only the fallback verified)"
+                     for choice in choices.values() if choice.is_fallback
+                     for name in choice.node_names]
+        if fallbacks:
+            raise UnsupportedError(f"--strict: {len(fallbacks)} node(s) would run on the "
+                                   f"fallback: {', '.join(fallbacks)}",
+                                   hint="drop --strict to accept the onnxruntime fallback")
     return PlanChoices(choices)

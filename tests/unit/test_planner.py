@@ -142,6 +142,20 @@ def test_strict_lists_every_unsupported_node_before_measuring():
     assert choices[ODD.key].is_fallback and not choices[MATMUL.key].is_fallback
 
 
+class FallbackMatMul(BlasMatMul):
+    name = "test.fallback_matmul"
+    kind = FALLBACK
+
+
+def test_strict_refuses_a_fallback_chosen_because_the_native_kernel_failed():
+    providers = [provider_of(Broken(), FallbackMatMul())]
+    items = [node("mm", MATMUL)]
+    with pytest.raises(UnsupportedError, match=r"mm \(MatMul: only the fallback verified\)"):
+        plan(items, "cpu", PlanOptions(strict=True, warmup=0, repeats=2, min_time=0.0),
+             providers=providers, measure=MEASURE)
+    assert plan(items, "cpu", FAST, providers=providers, measure=MEASURE)[MATMUL.key].is_fallback
+
+
 def test_progress_reports_each_workload_and_the_end():
     seen = []
     plan([node("mm", MATMUL), node("odd", ODD)], "cpu", FAST,
