@@ -91,12 +91,13 @@ def fold_operand(shape: Sequence[int], out: Sequence[int], new_out: Sequence[int
 
 def coalesce(out: Sequence[int], operands: Sequence[Sequence[int]]
              ) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
-    """Merge adjacent output dims wherever every operand is full in both or broadcast
-    (size 1) in both, like numpy's iterator; returns the new output and operand shapes."""
+    """Drop size-1 output dims and merge adjacent ones wherever every operand is full in
+    both or broadcast (size 1) in both, like numpy's iterator; returns the new output
+    and operand shapes."""
     rank = len(out)
     aligned = [(1,) * (rank - len(s)) + tuple(s) for s in operands]
     groups: list[list[int]] = []
-    for axis in range(rank):
+    for axis in (a for a in range(rank) if out[a] != 1):   # size-1 dims drop out
         if groups and all((a[axis] == 1) == (a[groups[-1][-1]] == 1) for a in aligned) \
                 and all(a[axis] in (1, out[axis]) for a in aligned):
             groups[-1].append(axis)
