@@ -208,19 +208,20 @@ def case_hard_swish(rng):
         {"hard_swish", "epilogue_activation"}, {"Conv": 1}
 
 
-def _gelu_nodes(form: str, x: str = "g") -> list:
-    """Three spellings of the erf-GELU of tensor `x` (output y)."""
+def _gelu_nodes(form: str, x: str = "g", p: str = "") -> list:
+    """Three spellings of the erf-GELU of tensor `x` (output p+"y", intermediates prefixed)."""
+    d, e, q, y, hx, one = p + "d", p + "e", p + "p", p + "y", p + "hx", p + "q"
     if form == "div_first":   # torch's export: (x * (1 + erf(x / sqrt2))) * 0.5
-        return [h.make_node("Div", [x, "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
-                h.make_node("Add", ["e", "one"], ["p"]), h.make_node("Mul", [x, "p"], ["q"]),
-                h.make_node("Mul", ["q", "half"], ["y"])]
+        return [h.make_node("Div", [x, "sqrt2"], [d]), h.make_node("Erf", [d], [e]),
+                h.make_node("Add", [e, "one"], [one]), h.make_node("Mul", [x, one], [q]),
+                h.make_node("Mul", [q, "half"], [y])]
     if form == "half_last_x":  # (0.5 * (1 + erf(1/sqrt2 * x))) * x
-        return [h.make_node("Mul", ["rsqrt2", x], ["d"]), h.make_node("Erf", ["d"], ["e"]),
-                h.make_node("Add", ["one", "e"], ["p"]), h.make_node("Mul", ["p", "half"], ["q"]),
-                h.make_node("Mul", ["q", x], ["y"])]
-    return [h.make_node("Mul", [x, "half"], ["hx"]),  # (0.5 * x) * (1 + erf(x / sqrt2))
-            h.make_node("Div", [x, "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
-            h.make_node("Add", ["e", "one"], ["p"]), h.make_node("Mul", ["hx", "p"], ["y"])]
+        return [h.make_node("Mul", ["rsqrt2", x], [d]), h.make_node("Erf", [d], [e]),
+                h.make_node("Add", ["one", e], [one]), h.make_node("Mul", [one, "half"], [q]),
+                h.make_node("Mul", [q, x], [y])]
+    return [h.make_node("Mul", [x, "half"], [hx]),  # (0.5 * x) * (1 + erf(x / sqrt2))
+            h.make_node("Div", [x, "sqrt2"], [d]), h.make_node("Erf", [d], [e]),
+            h.make_node("Add", [e, "one"], [one]), h.make_node("Mul", [hx, one], [y])]
 
 
 def gelu_case(form):
@@ -309,6 +310,32 @@ def layer_norm_case(square: str, affine: bool, opset: int):
             {"layer_norm"} if fused else set(), \
             {"LayerNormalization": 1} if fused else None
     return case
+
+
+def case_transformer_blocks(rng, blocks=3, dim=16):
+    """MatMul + bias -> erf-GELU -> residual Add -> decomposed LayerNorm, three times."""
+    nodes, inits, x = [], {"sqrt2": np.float32(math.sqrt(2)), "one": np.float32(1),
+                           "half": np.float32(0.5), "two": np.float32(2),
+                           "eps": np.float32(1e-5)}, "x"
+    for i in range(blocks):
+        p = f"b{i}_"
+        inits[p + "W"], inits[p + "b"] = weights(rng, dim, dim) * 0.3, weights(rng, dim)
+        nodes += [h.make_node("MatMul", [x, p + "W"], [p + "m"]),
+                  h.make_node("Add", [p + "m", p + "b"], [p + "g"]),
+                  *_gelu_nodes("div_first", p + "g", p),
+                  h.make_node("Add", [p + "y", x], [p + "r"]),
+                  h.make_node("ReduceMean", [p + "r"], [p + "mu"], axes=[-1]),
+                  h.make_node("Sub", [p + "r", p + "mu"], [p + "dd"]),
+                  h.make_node("Pow", [p + "dd", "two"], [p + "sq"]),
+                  h.make_node("ReduceMean", [p + "sq"], [p + "var"], axes=[-1]),
+                  h.make_node("Add", [p + "var", "eps"], [p + "ve"]),
+                  h.make_node("Sqrt", [p + "ve"], [p + "std"]),
+                  h.make_node("Div", [p + "dd", p + "std"], [p + "o"])]
+        x = p + "o"
+    nodes.append(h.make_node("Identity", [x], ["y"]))
+    return build(nodes, {"x": [2, 4, dim]}, {"y": 3}, inits), \
+        {"gelu_erf", "layer_norm", "elementwise_chain", "epilogue_residual_add"}, \
+        {"LayerNormalization": blocks, "MatMul": blocks}
 
 
 def case_single_elementwise_stays(rng):
@@ -405,6 +432,7 @@ CASES = {
     "gelu_tanh_expanded": gelu_tanh_case(0.044715),
     "not_gelu_tanh_chains": gelu_tanh_case(0.05),
     "single_elementwise_stays": case_single_elementwise_stays,
+    "transformer_blocks": case_transformer_blocks,
     "layer_norm_pow_affine": layer_norm_case("pow", True, 17),
     "layer_norm_mul_axes_input": layer_norm_case("mul", False, 18),
     "layer_norm_old_opset_kept": layer_norm_case("pow", True, 13),

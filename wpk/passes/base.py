@@ -62,6 +62,11 @@ def pinned_names(graph: Graph) -> set[str]:
     return set(graph.outputs) | subgraph_names(graph)
 
 
+def remove_node(graph: Graph, node: Node) -> None:
+    """Take `node` out of the graph (by identity: equal-looking nodes stay)."""
+    graph.nodes = [n for n in graph.nodes if n is not node]
+
+
 def rename_uses(graph: Graph, old: str, new: str) -> None:
     """Make every node that reads `old` read `new` instead."""
     for node in graph.nodes:
@@ -76,14 +81,14 @@ def bypass(graph: Graph, node: Node, src: str, dst: str, pinned: set[str]) -> bo
     producer of `src` is renamed to produce `dst` (if `src` itself may be renamed).
     """
     if dst not in pinned:
-        graph.nodes.remove(node)
+        remove_node(graph, node)
         rename_uses(graph, dst, src)
         graph.tensors.pop(dst, None)
         return True
     producer = next((n for n in graph.nodes if src in n.outputs), None)
     if producer is None or src in pinned or producer is node:
         return False
-    graph.nodes.remove(node)
+    remove_node(graph, node)
     producer.outputs = [dst if o == src else o for o in producer.outputs]
     rename_uses(graph, src, dst)
     graph.tensors.pop(src, None)
@@ -92,7 +97,10 @@ def bypass(graph: Graph, node: Node, src: str, dst: str, pinned: set[str]) -> bo
 
 def add_constant(graph: Graph, base: str, value: np.ndarray) -> str:
     """Store a new constant under a fresh name derived from `base` and return the name."""
-    name = graph.unique_name(base)
+    name, k = base, 0
+    while name in graph.tensors:
+        k += 1
+        name = f"{base}_{k}"
     graph.constants[name] = value
     graph.tensors[name] = TensorInfo(tuple(value.shape), value.dtype.name)
     return name

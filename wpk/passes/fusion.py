@@ -19,30 +19,42 @@ from wpk.passes.base import GraphPass, pinned_names
 
 
 class FusionContext:
-    """The graph being rewritten, with the queries and edits rules need."""
+    """The graph being rewritten, with the queries and edits rules need.
+
+    The consumer/producer maps are kept up to date by `absorb`, the one edit
+    rules make, so a rewrite costs time proportional to the nodes it touches;
+    `graph.nodes` itself is brought up to date by `commit` (after each sweep).
+    """
 
     def __init__(self, graph: Graph):
         self.graph = graph
         self.pinned = pinned_names(graph)
-        self._users: dict[str, list[Node]] | None = None
-        self._producers: dict[str, Node] | None = None
+        self.users: dict[str, list[Node]] = {}
+        self.producers: dict[str, Node] = {}
+        self._reads: dict[int, tuple[str, ...]] = {}
         self.removed: set[int] = set()
+        self._graveyard: list[Node] = []
+        self._slot: dict[int, int] = {}       # anchor -> id of the node whose place it takes
+        self._moves: dict[int, Node] = {}     # id of a replaced node -> the anchor there
+        self._position = {id(n): k for k, n in enumerate(graph.nodes)}
+        for node in graph.nodes:
+            self._register(node)
 
-    def invalidate(self) -> None:
-        self._users = None
-        self._producers = None
+    def _register(self, node: Node) -> None:
+        reads = tuple(dict.fromkeys(i for i in node.inputs if i))
+        self._reads[id(node)] = reads
+        for name in reads:
+            self.users.setdefault(name, []).append(node)
+        for name in node.outputs:
+            if name:
+                self.producers[name] = node
 
-    @property
-    def users(self) -> dict[str, list[Node]]:
-        if self._users is None:
-            self._users = self.graph.consumers()
-        return self._users
-
-    @property
-    def producers(self) -> dict[str, Node]:
-        if self._producers is None:
-            self._producers = self.graph.producers()
-        return self._producers
+    def _unregister(self, node: Node) -> None:
+        for name in self._reads.pop(id(node), ()):
+            self.users[name] = [n for n in self.users.get(name, []) if n is not node]
+        for name in node.outputs:
+            if name and self.producers.get(name) is node:
+                del self.producers[name]
 
     def const(self, name: str):
         """The constant value of tensor `name`, or None."""
@@ -57,31 +69,58 @@ class FusionContext:
         """The one node reading `node`'s only used output (None if several, or pinned)."""
         if not node.outputs:
             return None
-        if any(o and (o in self.users or o in self.pinned) for o in node.outputs[1:]):
+        if any(o and (self.users.get(o) or o in self.pinned) for o in node.outputs[1:]):
             return None
         return self.single_user(node.outputs[0])
+
+    def position(self, node: Node) -> int:
+        """Where `node` stands in the (committed or pending) node order."""
+        return self._position[self._slot.get(id(node), id(node))]
 
     def absorb(self, anchor: Node, consumer: Node, remove: Sequence[Node] = ()) -> None:
         """`anchor` takes over `consumer`'s outputs and position; `consumer` and `remove` go.
 
         Taking the consumer's position keeps the order topological even when the
-        anchor gains inputs (operands) produced between the two.
+        anchor gains inputs (operands) produced between the two. The rule may
+        have changed the anchor's inputs, op and attrs already.
         """
         graph = self.graph
+        for node in (anchor, consumer, *remove):
+            self._unregister(node)
         for name in anchor.outputs:
             if name and name not in consumer.outputs:
                 graph.tensors.pop(name, None)
         anchor.outputs = list(consumer.outputs)
-        graph.nodes.remove(anchor)
-        graph.nodes[graph.nodes.index(consumer)] = anchor
-        self.removed.add(id(consumer))
         for node in remove:
-            graph.nodes.remove(node)
-            self.removed.add(id(node))
             for name in node.outputs:
                 if name and name not in anchor.outputs:
                     graph.tensors.pop(name, None)
-        self.invalidate()
+        self._register(anchor)
+        for node in (consumer, *remove):
+            self.removed.add(id(node))
+            self._graveyard.append(node)  # keeps ids unique while the pass runs
+        self._moves[self._slot.get(id(anchor), id(anchor))] = None
+        for node in remove:
+            self._moves[self._slot.get(id(node), id(node))] = None
+        self._slot[id(anchor)] = self._slot.get(id(consumer), id(consumer))
+        self._moves[self._slot[id(anchor)]] = anchor
+
+    def commit(self) -> None:
+        """Write the pending moves and removals into `graph.nodes`."""
+        if not self._moves:
+            return
+        nodes = []
+        for node in self.graph.nodes:
+            key = id(node)
+            if key in self._moves:
+                if self._moves[key] is not None:
+                    nodes.append(self._moves[key])
+            else:
+                nodes.append(node)
+        self.graph.nodes = nodes
+        self._moves.clear()
+        self._slot.clear()
+        self._position = {id(n): k for k, n in enumerate(nodes)}
 
 
 @dataclass(frozen=True)
@@ -118,8 +157,8 @@ class FusionPass(GraphPass):
                     if found is None or found is False:
                         continue
                     rule.rewrite(ctx, node, found)
-                    ctx.invalidate()
                     self.hit(rule.name)
                     changed = True
                     break
+            ctx.commit()
         return graph

@@ -111,7 +111,7 @@ def match_gelu_tanh(ctx: FusionContext, tanh: Node):
 def rewrite_gelu(ctx: FusionContext, act: Node, found) -> None:
     """Turn the activation node into Elementwise[step] over x; the other nodes go."""
     step, x, nodes = found
-    last = max(nodes, key=ctx.graph.nodes.index)
+    last = max(nodes, key=ctx.position)
     new = make_elementwise(act.name, x, [(EpilogueStep(step), None)], [])
     act.op, act.domain, act.inputs, act.attrs, act.epilogue = (
         new.op, new.domain, new.inputs, {}, new.epilogue)

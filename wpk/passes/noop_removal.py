@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from wpk.graph import Graph, Node
-from wpk.passes.base import GraphPass, add_constant, bypass, pinned_names
+from wpk.passes.base import GraphPass, add_constant, bypass, pinned_names, remove_node
 
 RESHAPE_LIKE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 SAME_SHAPE_NOOPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand"})
@@ -65,9 +65,7 @@ class NoOpRemoval(GraphPass):
             changed = False
             pinned = pinned_names(graph)
             used = pinned | {i for n in graph.nodes for i in n.inputs}
-            for node in list(graph.nodes):
-                if node not in graph.nodes:
-                    continue
+            for node in list(graph.nodes):  # a removal only ever drops visited nodes
                 if _is_identity(graph, node, used):
                     if bypass(graph, node, node.inputs[0], node.outputs[0], pinned):
                         self.hit(f"remove_{node.op}")
@@ -99,6 +97,6 @@ class NoOpRemoval(GraphPass):
             self.hit("collapse_transpose")
         else:
             return False
-        graph.nodes.remove(first)
+        remove_node(graph, first)
         graph.tensors.pop(mid, None)
         return True
