@@ -151,6 +151,10 @@ class Template:
     def check_resources(self, func: L.PrimFunc) -> str | None:
         lim = self.limits
         for kernel in func.kernels:
+            copies = max_unrolled_copies(kernel.body)
+            if copies > MAX_UNROLLED_COPIES:
+                return (f"unrolled loops would repeat a statement {copies} times (limit "
+                        f"{MAX_UNROLLED_COPIES}): the compiler would take minutes")
             local = sum(b.size * _bytes(b.dtype) for b in loop_allocations(kernel.body)
                         if b.scope == "local")
             if self.target == "cpu":
@@ -215,6 +219,22 @@ class Template:
                 if limit is not None and len(out) >= limit:
                     break
         return out
+
+
+MAX_UNROLLED_COPIES = 512
+
+
+def max_unrolled_copies(stmt, factor: int = 1) -> int:
+    """The largest number of copies of one statement that nested unroll loops create."""
+    if isinstance(stmt, L.For):
+        return max_unrolled_copies(stmt.body, factor * (stmt.extent if stmt.kind == "unroll"
+                                                        else 1))
+    if isinstance(stmt, L.Seq):
+        return max((max_unrolled_copies(s, factor) for s in stmt.stmts), default=factor)
+    if isinstance(stmt, L.IfThenElse):
+        branches = [stmt.then] + ([stmt.orelse] if stmt.orelse is not None else [])
+        return max(max_unrolled_copies(s, factor) for s in branches)
+    return factor
 
 
 def loop_allocations(stmt, inside: bool = False):

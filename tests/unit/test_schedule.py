@@ -95,6 +95,12 @@ def test_validate_rejects_resource_overflows_with_reasons():
     assert cpu.validate(cfg) is None
     too_many = dict(cfg, tile_k=16, fuse_yx=0, tile_x=32, tile_y=4)
     assert "vector registers" in cpu.validate(too_many)
+    big, _ = conv_op(c=3, h=30, k=64, r=7)
+    window = template_for(big, "cpu", host_cpu())
+    unrolled = {"tile_k": 16, "fuse_yx": 0, "tile_x": 16, "tile_y": 2, "tile_c": 3,
+                "cache_input": 2, "unroll_window": 1}
+    assert "unrolled loops" in window.validate(unrolled)
+    assert window.validate(dict(unrolled, unroll_window=0)) is None
 
 
 def test_invalid_configs_are_rejected_before_compiling(monkeypatch):
