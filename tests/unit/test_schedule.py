@@ -93,7 +93,7 @@ def test_validate_rejects_resource_overflows_with_reasons():
     cpu = template_for(op, "cpu", host_cpu())
     cfg = cpu.default_config()
     assert cpu.validate(cfg) is None
-    too_many = dict(cfg, tile_k=16, fuse_yx=0, tile_x=32, tile_y=4)
+    too_many = dict(cfg, tile_k=16, fuse_yx=0, tile_x=32, tile_y=4, unroll_window=0)
     assert "vector registers" in cpu.validate(too_many)
     big, _ = conv_op(c=3, h=30, k=64, r=7)
     window = template_for(big, "cpu", host_cpu())
