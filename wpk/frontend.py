@@ -199,11 +199,17 @@ def _dtype_name(elem_type: int) -> str:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
 
 
-def _value_infos(proto: onnx.ModelProto) -> dict[str, TensorInfo | None]:
+def _value_infos(proto: onnx.ModelProto, source: str) -> dict[str, TensorInfo | None]:
     infos: dict[str, TensorInfo | None] = {}
     graph = proto.graph
     for value in [*graph.input, *graph.value_info, *graph.output]:
         ttype = value.type.tensor_type
+        kind = value.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            raise UnsupportedError(
+                f"value '{value.name}' of '{source}' is a "
+                f"{kind.replace('_type', '')}, not a tensor",
+                hint="wpk runs tensor graphs only (no sequences, maps or optionals)")
         if not value.type.HasField("tensor_type") or ttype.elem_type == 0:
             continue
         if not ttype.HasField("shape"):
@@ -285,7 +291,7 @@ def _build_graph(proto: onnx.ModelProto, source: str) -> Graph:
     for sparse in gp.sparse_initializer:
         node = helper.make_node("Constant", [], [sparse.values.name], sparse_value=sparse)
         constants[sparse.values.name] = _constant_value(node)
-    infos = _value_infos(proto)
+    infos = _value_infos(proto, source)
     nodes: list[Node] = []
     for node, name in zip(gp.node, _node_names(proto)):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):

@@ -211,6 +211,16 @@ def test_too_old_opset():
         load_model(model)
 
 
+def test_sequence_values_are_unsupported():
+    nodes = [h.make_node("SequenceConstruct", ["x", "x"], ["s"]),
+             h.make_node("SequenceAt", ["s", "i"], ["y"])]
+    model = make_model(nodes, {"x": [2]}, [("y", 1)], [h.make_tensor("i", TensorProto.INT64,
+                                                                      [], [0])])
+    with pytest.raises(UnsupportedError, match="'s' .* is a sequence") as err:
+        load_model(model)
+    assert "tensor" in err.value.hint
+
+
 def test_not_a_model_argument():
     with pytest.raises(ModelError):
         load_model(12345)
