@@ -3,11 +3,14 @@ of one-node sessions vs the same chain as one onnxruntime model.
 
 Not a test: prints medians, alternating the contenders (A B A B) as DESIGN.md's
 performance method asks. Timings on a shared machine are noisy; ratios hold better.
-    python scripts/bench_cpu_kernels.py
+On a loaded machine, `--threads 1 --cpu-time` (with OPENBLAS_NUM_THREADS=1 in the
+environment) compares the work each contender does rather than wall time.
+    python scripts/bench_cpu_kernels.py [--threads N] [--cpu-time]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -18,7 +21,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from wpk.kernels import registry
 from wpk.kernels.cpu.node_model import build_node_model
-from wpk.kernels.cpu.ort_node import create_session, session_options
+from wpk.kernels.cpu.ort_node import (
+    cpu_threads,
+    create_session,
+    session_options,
+    set_cpu_threads,
+)
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
@@ -26,13 +34,17 @@ from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 spec = TensorSpec
 
 
+_CLOCK = [time.perf_counter]
+
+
 def _median_time(call, repeat: int, rounds: int = 7) -> list[float]:
+    clock = _CLOCK[0]
     times = []
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(repeat):
             call()
-        times.append((time.perf_counter() - start) / repeat)
+        times.append((clock() - start) / repeat)
     return times
 
 
@@ -118,7 +130,14 @@ def conv_chain(layers: int = 20, channels: int = 64, size: int = 28) -> dict:
 
 
 def main() -> None:
-    results = {}
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument("--cpu-time", action="store_true", help="process CPU time, not wall time")
+    args = parser.parse_args()
+    set_cpu_threads(args.threads)
+    if args.cpu_time:
+        _CLOCK[0] = time.process_time
+    results = {"threads": cpu_threads(), "clock": "cpu" if args.cpu_time else "wall"}
     tiny = Workload("Relu", (spec((1, 16)),), (spec((1, 16)),))
     per_call = compare(tiny, ["ort"], repeat=2000)["ort"]
     results["ort kernel per call, Relu 1x16 (us)"] = per_call * 1e6
