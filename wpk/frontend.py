@@ -119,7 +119,7 @@ def _fix_input_shapes(proto: onnx.ModelProto, source: str,
         if name not in names:
             raise ShapeError(f"--input-shape names '{name}', which is not an input of '{source}'",
                              hint=f"the inputs are: {', '.join(names) or '(none)'}")
-    proto = _copy(proto)
+    updates: dict[str, tuple[int, ...]] = {}
     for value in proto.graph.input:
         if value.name not in names:
             continue
@@ -152,10 +152,18 @@ def _fix_input_shapes(proto: onnx.ModelProto, source: str,
                     raise ShapeError(f"input '{value.name}' of '{source}' has dim {have} at "
                                      f"axis {axis} ({shown}) but the given shape says {want}",
                                      hint="fixed dims of the model cannot be changed")
-        ttype.ClearField("shape")
-        ttype.shape.SetInParent()  # a scalar still has a (rank 0) shape
-        for d in given:
-            ttype.shape.dim.add().dim_value = d
+        if dims is None or list(dims) != list(given):
+            updates[value.name] = given
+    if not updates:
+        return proto
+    proto = _copy(proto)  # the caller's model stays as it was
+    for value in proto.graph.input:
+        if value.name in updates:
+            ttype = value.type.tensor_type
+            ttype.ClearField("shape")
+            ttype.shape.SetInParent()  # a scalar still has a (rank 0) shape
+            for d in updates[value.name]:
+                ttype.shape.dim.add().dim_value = d
     return proto
 
 

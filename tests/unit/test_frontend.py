@@ -94,8 +94,10 @@ def test_constant_nodes_and_initializer_inputs_become_constants():
 
 
 def test_input_shapes_fix_symbolic_dims():
-    graph = load_model(relu_model(), input_shapes={"x": (2, 3, 4, 4)})
+    model = relu_model()
+    graph = load_model(model, input_shapes={"x": (2, 3, 4, 4)})
     assert graph.tensors["x"].shape == graph.tensors["y"].shape == (2, 3, 4, 4)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"  # untouched
 
 
 def test_shape_left_open_by_inference_is_evaluated(monkeypatch):
