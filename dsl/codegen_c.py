@@ -24,6 +24,11 @@ PRELUDE = """#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+// max/min as compare-and-select: gcc vectorizes these (vmaxps), not fmaxf/fminf calls
+static inline float wpk_maxf(float a, float b) { return a > b ? a : b; }
+static inline float wpk_minf(float a, float b) { return a < b ? a : b; }
+static inline double wpk_max(double a, double b) { return a > b ? a : b; }
+static inline double wpk_min(double a, double b) { return a < b ? a : b; }
 """
 
 
@@ -31,6 +36,7 @@ class CPrinter:
     """Prints loop-IR expressions and statements as C."""
 
     restrict = "restrict"
+    select_minmax = True   # float min/max as the prelude's wpk_max* (vectorizable) helpers
 
     def __init__(self):
         self.lines: list[str] = []
@@ -84,6 +90,8 @@ class CPrinter:
         if e.op == "%":
             return f"({a} % {b})"
         if e.op in ("min", "max"):
+            if floating and self.select_minmax:
+                return f"wpk_{e.op}{self.fsuffix(e.dtype)}({a}, {b})"
             if floating:
                 return f"{'fmin' if e.op == 'min' else 'fmax'}{self.fsuffix(e.dtype)}({a}, {b})"
             cmp = "<" if e.op == "min" else ">"

@@ -22,6 +22,8 @@ CUDA_TYPES = {"f32": "float", "f64": "double", "f16": "__half", "i32": "int",
 class CudaPrinter(CPrinter):
     """Prints loop IR as CUDA C device code."""
 
+    select_minmax = False   # fmaxf/fminf are single instructions on the GPU
+
     restrict = "__restrict__"
 
     def literal(self, value, dtype: str) -> str:
