@@ -8,4 +8,6 @@ import wpk.kernels.cpu.nchwc  # noqa: F401  (onnxruntime MLAS kernels of the wpk
 import wpk.kernels.cpu.nchwc_library  # noqa: F401  (wpk.nchwc ops through library kernels)
 import wpk.kernels.cpu.numpy_ops  # noqa: F401  (numpy elementwise, data movement, norms)
 import wpk.kernels.cpu.ort_node  # noqa: F401  (onnxruntime vendor and fallback kernels)
+import wpk.kernels.cuda.generated  # noqa: F401  (generated CUDA kernels for GPU presets)
+import wpk.kernels.cuda.predicted  # noqa: F401  (cuDNN/cuBLAS placeholders, copies, host steps)
 import wpk.kernels.generated  # noqa: F401  (generated DSL kernels, configs from the search)

@@ -94,16 +94,19 @@ def _model_name(model: Any) -> str:
     return getattr(graph, "name", "") or "<model>"
 
 
-def _check_target(options: BuildOptions) -> None:
+def _check_target(options: BuildOptions):
+    """None for the CPU; for cuda the GPU preset (DeviceError when it is absent and the
+    build is not --offline, see `wpk.offline.check_cuda_target`)."""
     if options.target != "cuda":
-        return
-    from wpk.devices import detect_gpus
+        return None
+    from wpk.offline import check_cuda_target
 
-    if not options.offline and not detect_gpus():
-        raise DeviceError("target cuda: no NVIDIA GPU found on this machine",
-                          hint="build for the CPU with --cpu (or target='cpu')")
-    raise DeviceError("target cuda is not available yet in this wpk",
-                      hint="build for the CPU with --cpu (or target='cpu')")
+    gpu = check_cuda_target(options.gpu, options.offline)
+    if not options.offline:
+        raise DeviceError(f"--gpu {gpu.name}: measuring on the GPU is not available yet in "
+                          "this wpk", hint="add --offline to build with predicted choices, "
+                          "then run `wpk tune PLAN` on the GPU")
+    return gpu
 
 
 def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = None,
@@ -115,7 +118,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     """
     started = time.perf_counter()
     opts = BuildOptions.from_kwargs(target=target, **options)
-    _check_target(opts)
+    gpu = _check_target(opts)
     from wpk.frontend import load_model
     from wpk.passes import optimize
     from wpk.plans.assemble import assemble_plan
@@ -130,14 +133,23 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     plan_options = PlanOptions(warmup=opts.warmup, repeats=opts.repeats,
                                min_time=opts.min_time, seed=opts.seed, strict=opts.strict)
     search_summary = None
-    if opts.search != "none" or opts.db is not None:  # records, and generated kernels
+    if gpu is not None:  # --offline cuda: every choice predicted (wpk.offline)
+        from wpk.offline import plan_offline
+
+        choices = plan_offline(items, gpu, plan_options, opts.progress, seed=opts.seed)
+    elif opts.search != "none" or opts.db is not None:  # records, and generated kernels
         from wpk.search_build import plan_with_search
 
         choices, search_summary = plan_with_search(items, opts, plan_options)
     else:
         with progress_bar(opts.progress, description="measuring") as on_progress:
             choices = plan(items, opts.target, plan_options, on_progress)
-    result = assemble_plan(optimized, items, choices, opts.target)
+    device = None
+    if gpu is not None:
+        from wpk.offline import device_of
+
+        device = device_of(gpu)
+    result = assemble_plan(optimized, items, choices, opts.target, device=device)
     result.report = make_report(
         choices, target=opts.target, model=_model_name(model),
         device=result.manifest["device"], pass_report=pass_report,
@@ -145,6 +157,10 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         options=opts.to_json())
     if search_summary is not None:
         result.report["search"] = search_summary
+    if gpu is not None:
+        from wpk.offline import mark_predicted
+
+        mark_predicted(result, gpu)
     if output is not None:
         result.save(output)
     return result

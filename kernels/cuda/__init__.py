@@ -1,0 +1,1 @@
+"""CUDA kernels: generated DSL kernels for GPU presets, offline checks, analytical model."""

@@ -1,0 +1,256 @@
+"""Generated CUDA kernels: workloads mapped onto DSL operators, compiled for a GPU preset.
+
+    DSL_CUDA = registry.get("dsl.cuda")
+    configs = preferred_configs(workload, gpu, count=3)     # valid knob dicts for the preset
+    built = build_for(workload, config)                     # BuiltCuda: func, source, binary
+    files = DSL_CUDA.artifacts(workload, config)            # stored in the plan's kernels/
+
+The mapping (which DSL operator, bindings, which workload tensor feeds each
+parameter) is the CPU bridge's, `wpk.kernels.generated.map_workload`. A
+config is the template's knob dict plus `"gpu": PRESET` (the preset it was
+validated and compiled for; `split_config` separates the two). Artifacts:
+
+* `kernel.cubin`: the module compiled for the preset's arch,
+* `kernel.cu` (always) and `kernel.ptx` (NVRTC path): for JIT loading on a
+  newer GPU of the same family,
+* `launch.json`: arch, preset, the kernels in launch order with grid, block,
+  shared memory and ptxas usage, and the parameter order (which input or
+  output of the step each pointer is, and the workspaces to allocate).
+
+`prepare` / `prepare_from_artifacts` load the cubin with cupy and return
+`kernel(inputs, outputs)` over cupy arrays. cupy is imported only there, so
+this module imports (and offline builds run) without cupy or a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from wpk.errors import DeviceError, ScheduleError, UnsupportedError
+from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
+from wpk.kernels.workload import Workload
+
+GPU_KEY = "gpu"
+DEFAULT_CONFIG_COUNT = 3
+
+
+def split_config(config: Mapping) -> tuple[dict, str | None]:
+    """(template knobs, preset name or None) of a `dsl.cuda` config."""
+    knobs = {k: v for k, v in config.items() if k != GPU_KEY}
+    return knobs, config.get(GPU_KEY)
+
+
+def _preset(name: str | None):
+    from wpk.devices import gpu_preset
+
+    return gpu_preset(name or "auto")
+
+
+def _mapping(workload: Workload):
+    from wpk.kernels.generated import map_workload
+
+    mapping = map_workload(workload)
+    if isinstance(mapping, str):
+        raise UnsupportedError(f"{workload.label}: {mapping}",
+                               hint="only workloads that map to DSL operators have a "
+                                    "generated CUDA kernel")
+    return mapping
+
+
+@functools.lru_cache(maxsize=512)
+def _template(key: str, preset: str):
+    from wpk.dsl.build import specialize_for
+    from wpk.dsl.templates import template_for
+    from wpk.kernels.generated import _MAPPINGS
+
+    mapping = _MAPPINGS[key]
+    return template_for(specialize_for(mapping.op, mapping.bindings), "cuda", _preset(preset))
+
+
+def cuda_template(workload: Workload, gpu):
+    """The CUDA schedule template of a mapped workload, validated against preset `gpu`."""
+    _mapping(workload)
+    return _template(workload.key, gpu.name)
+
+
+def preferred_configs(workload: Workload, gpu, count: int = DEFAULT_CONFIG_COUNT,
+                      scan: int = 400) -> list[dict]:
+    """Up to `count` valid configs of the template for `gpu`, in the template's preferred
+    order, spread out: the first valid point, then points differing in the block shape
+    (threads) so the analytical model has real alternatives to rank."""
+    template = cuda_template(workload, gpu)
+    valid: list[dict] = []
+    for index, point in enumerate(template.preferred_points()):
+        if index >= scan or len(valid) >= count:
+            break
+        if valid and not all(_distinct(point, other) for other in valid):
+            continue
+        if template.validate(point) is None:
+            valid.append(point)
+    return [dict(point, **{GPU_KEY: gpu.name}) for point in valid]
+
+
+def _distinct(a: Mapping, b: Mapping) -> bool:
+    """Whether two points differ in their block shape or in at least two knobs."""
+    shape = [k for k in a if k.startswith("threads") or k == "block_k"]
+    return any(a[k] != b[k] for k in shape) or sum(a[k] != b[k] for k in a) >= 2
+
+
+@dataclass
+class BuiltCuda:
+    """A workload's CUDA module for one config: loop IR, launches, binary (with usage)."""
+
+    func: object            # wpk.dsl.loopir.PrimFunc
+    source: str
+    launches: list          # codegen_cuda.KernelLaunch
+    binary: object | None   # toolchain_cuda.CudaBinary (None when not compiled)
+    gpu: object             # the preset HardwareSpec
+
+
+def build_for(workload: Workload, config: Mapping, compile: bool = True) -> BuiltCuda:
+    """Lower, print and (with `compile`) compile the workload's kernel for the config's
+    preset. Raises ScheduleError when the config does not fit the preset (before any
+    compilation) and ToolchainError when compilation fails."""
+    from wpk.dsl.build import lower_for
+    from wpk.dsl.codegen_cuda import generate_cuda
+
+    knobs, preset = split_config(config)
+    gpu = _preset(preset)
+    mapping = _mapping(workload)
+    template = cuda_template(workload, gpu)
+    reason = template.validate(knobs)
+    if reason is not None:
+        raise ScheduleError(f"{workload.label}: config {knobs} does not fit {gpu.name}: "
+                            f"{reason}", hint="pick a point of the template's knob space")
+    func = lower_for(mapping.op, mapping.bindings, knobs, "cuda", gpu)
+    source, launches = generate_cuda(func)
+    binary = None
+    if compile:
+        from wpk.dsl.toolchain_cuda import compile_cuda
+
+        binary = compile_cuda(source, gpu.arch)
+    return BuiltCuda(func, source, launches, binary, gpu)
+
+
+def parameter_table(func, mapping) -> list[dict]:
+    """Pointer arguments in order: {'name', 'role' (input|output|workspace), 'index',
+    'size', 'dtype'}; `index` is the step's input/output index."""
+    table = []
+    for buffer in func.params:
+        size = math.prod(buffer.shape)
+        if buffer.name == mapping.output:
+            table.append({"name": buffer.name, "role": "output", "index": 0, "size": size,
+                          "dtype": buffer.dtype})
+        elif buffer.name in mapping.feeds:
+            table.append({"name": buffer.name, "role": "input",
+                          "index": mapping.feeds[buffer.name], "size": size,
+                          "dtype": buffer.dtype})
+        else:
+            raise ValueError(f"generated kernel parameter {buffer.name} has no feed")
+    for buffer in func.workspaces:
+        table.append({"name": buffer.name, "role": "workspace", "index": -1,
+                      "size": math.prod(buffer.shape), "dtype": buffer.dtype})
+    return table
+
+
+def launch_description(workload: Workload, built: BuiltCuda) -> dict:
+    """The `launch.json` document of a built module (see the module docstring)."""
+    from dataclasses import asdict
+
+    usage = built.binary.kernels if built.binary is not None else {}
+    kernels = []
+    for item in built.launches:
+        used = usage.get(item.name)
+        kernels.append({"name": item.name, "grid": list(item.launch.grid),
+                        "block": list(item.launch.block),
+                        "shared_bytes": item.launch.shared_bytes,
+                        "usage": asdict(used) if used is not None else None})
+    return {"format": 1, "gpu": built.gpu.name, "arch": built.gpu.arch,
+            "compiler": built.binary.compiler if built.binary is not None else None,
+            "kernels": kernels, "params": parameter_table(built.func, _mapping(workload))}
+
+
+class DslCuda(Implementation):
+    """Generated CUDA kernels of DSL operators, for the preset named in the config."""
+
+    name = "dsl.cuda"
+    kind = GENERATED
+    target = "cuda"
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        from wpk.kernels.generated import map_workload
+
+        mapping = map_workload(workload)
+        return mapping if isinstance(mapping, str) else None
+
+    def configs(self, workload: Workload) -> list[dict]:
+        """None by enumeration: configs come from the offline planner (for a preset) or the
+        search."""
+        return []
+
+    def artifacts(self, workload: Workload, config: Mapping) -> dict[str, bytes]:
+        """cubin, CUDA source (+ PTX on the NVRTC path) and launch.json of the config."""
+        built = build_for(workload, config)
+        files = {"kernel.cubin": built.binary.cubin, "kernel.cu": built.source.encode(),
+                 "launch.json": json.dumps(launch_description(workload, built),
+                                           indent=1).encode()}
+        if built.binary.ptx:
+            files["kernel.ptx"] = built.binary.ptx.encode()
+        return files
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        return self.prepare_from_artifacts(workload, consts, config,
+                                           self.artifacts(workload, config))
+
+    def prepare_from_artifacts(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                               config: Mapping, artifacts: Mapping[str, bytes]) -> Kernel:
+        """Load the stored cubin with cupy; kernel(inputs, outputs) takes cupy arrays."""
+        launch = json.loads(artifacts["launch.json"])
+        return load_cubin_kernel(artifacts["kernel.cubin"], launch)
+
+
+def load_cubin_kernel(cubin: bytes, launch: Mapping) -> Kernel:
+    """A kernel(inputs, outputs) launching every kernel of `launch` from `cubin` (cupy)."""
+    try:
+        import cupy
+    except ImportError:
+        raise DeviceError(f"running a {launch['gpu']} kernel needs cupy and an NVIDIA GPU",
+                          hint="install cupy-cuda12x or cupy-cuda13x on the GPU machine"
+                          ) from None
+    module = cupy.cuda.function.Module()
+    module.load(bytes(cubin))
+    functions = [(module.get_function(k["name"]), tuple(k["grid"]), tuple(k["block"]))
+                 for k in launch["kernels"]]
+    params = launch["params"]
+    dtypes = {"f32": cupy.float32, "f64": cupy.float64, "i32": cupy.int32, "i64": cupy.int64}
+    workspaces = {p["name"]: cupy.empty(p["size"], dtypes[p["dtype"]])
+                  for p in params if p["role"] == "workspace"}
+
+    def kernel(inputs: Sequence, outputs: Sequence) -> None:
+        args = []
+        for p in params:
+            if p["role"] == "workspace":
+                args.append(workspaces[p["name"]])
+                continue
+            array = outputs[p["index"]] if p["role"] == "output" else inputs[p["index"]]
+            if array.size != p["size"]:
+                raise ValueError(f"{p['name']}: {array.size} elements where {p['size']} "
+                                 "are expected")
+            if p["role"] == "input":
+                array = cupy.ascontiguousarray(cupy.asarray(array, dtypes[p["dtype"]]))
+            args.append(array)
+        for function, grid, block in functions:
+            function(grid, block, tuple(args))
+
+    kernel.module = module   # keep the module alive as long as the kernel
+    return kernel
+
+
+DSL_CUDA = register(DslCuda())

@@ -1,0 +1,198 @@
+"""Offline checks of a generated CUDA kernel: compile for the preset, resources, emulator.
+
+    reason = check_usage(binary_usage, launches, gpu)       # None, or why ptxas usage misfits
+    result = verify_emulated(func, feeds, expected)         # sampled-block emulation
+    blocks = sample_blocks(grid, rng, count=4)
+
+Without the target GPU a kernel is still checked end to end:
+
+1. the config is validated against the preset by the template (threads, shared
+   memory, estimated registers) *before* anything is compiled;
+2. it is compiled for the preset's arch (`compile_cuda`: nvcc for sm_75+,
+   NVRTC 12 + ptxas for p100/v100) and the ptxas usage is checked against the
+   preset: registers per thread and per block, static shared memory per
+   block (spills are allowed but reported and cost time in the model);
+3. the exact loop IR the CUDA C was printed from runs in the GPU emulator.
+   Small grids run fully. For grids of more than FULL_GRID_BLOCKS blocks the
+   output kernel runs only on a sample of blocks (first, last, the last block
+   of every grid dimension, and a few seeded random ones); kernels before it
+   (reductions into workspaces) run fully. The outputs start as NaN, so the
+   elements the sampled blocks own are exactly those they wrote; those are
+   compared with the float64 reference by relative L2 error, and a sample that
+   writes nothing fails.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from wpk.dsl import loopir as L
+
+FULL_GRID_BLOCKS = 16        # grids up to this many blocks are emulated fully
+RANDOM_BLOCKS = 3            # random blocks added to the first/last/edge ones
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Outcome of an emulator verification (`ok`, relative L2 error, what was run)."""
+
+    ok: bool
+    rel_l2_error: float
+    blocks: int                # blocks of the output kernel emulated
+    grid_blocks: int           # blocks in its grid
+    elements: int              # output elements checked
+    message: str = ""
+
+    @property
+    def sampled(self) -> bool:
+        return self.blocks < self.grid_blocks
+
+    def describe(self) -> str:
+        how = (f"{self.blocks} of {self.grid_blocks} blocks" if self.sampled
+               else f"all {self.grid_blocks} blocks")
+        return f"emulator: {how}, {self.elements} outputs, rel L2 {self.rel_l2_error:.2e}"
+
+
+def check_usage(usage: Mapping, launches: Sequence, gpu) -> str | None:
+    """None when every kernel's ptxas usage fits the preset, else the reason (names the
+    kernel, the figure and the limit). `usage` maps kernel name -> ResourceUsage."""
+    for item in launches:
+        used = _usage_of(usage, item.name)
+        if used is None:
+            return f"ptxas reported no resource usage for kernel {item.name}"
+        threads = math.prod(item.launch.block)
+        if used.registers > gpu.max_registers_per_thread:
+            return (f"{item.name}: {used.registers} registers per thread exceed the "
+                    f"{gpu.name} limit of {gpu.max_registers_per_thread}")
+        if used.registers * threads > gpu.registers_per_block:
+            return (f"{item.name}: {used.registers} registers x {threads} threads exceed the "
+                    f"{gpu.name} register file of {gpu.registers_per_block} per block")
+        if used.shared_bytes > gpu.shared_memory_per_block:
+            return (f"{item.name}: {used.shared_bytes} bytes of shared memory per block exceed "
+                    f"the {gpu.name} limit of {gpu.shared_memory_per_block}")
+    return None
+
+
+def _usage_of(usage: Mapping, name: str):
+    if name in usage:
+        return usage[name]
+    matches = [u for key, u in usage.items() if name in key]
+    return matches[0] if len(matches) == 1 else None
+
+
+def spill_note(usage: Mapping) -> str:
+    """'' or a note naming the kernels that spill registers."""
+    spilling = [f"{name} ({u.spill_stores} B stores, {u.spill_loads} B loads)"
+                for name, u in usage.items() if u.spills]
+    return "spills: " + ", ".join(spilling) if spilling else ""
+
+
+def sample_blocks(grid: Sequence[int], rng: np.random.Generator,
+                  count: int = RANDOM_BLOCKS) -> list[int]:
+    """Linear block ids to emulate: first, last, the last block of each grid dimension
+    (edge blocks, where partial tiles and padding live) and `count` random ones."""
+    gx, gy, gz = (int(d) for d in grid)
+    total = gx * gy * gz
+    chosen = {0, total - 1, gx - 1, (gy - 1) * gx, (gz - 1) * gx * gy}
+    if total > len(chosen):
+        chosen.update(int(b) for b in rng.choice(total, size=min(count, total), replace=False))
+    return sorted(b for b in chosen if 0 <= b < total)
+
+
+def _run_blocks(func: L.PrimFunc, kernel: L.Kernel, launch, globals_: dict,
+                blocks: Sequence[int]) -> None:
+    """Execute `kernel` for the given linear block ids only (one vectorised chunk)."""
+    from wpk.dsl import emulator as E
+
+    buffers = {n.buffer.name: n.buffer for n in L.walk(kernel.body) if isinstance(n, L.Allocate)}
+    source = E.kernel_source(kernel, {name: b.scope for name, b in buffers.items()})
+    chunk = E._Chunk(func, launch, globals_, 0, len(blocks))
+    chunk.buffers = buffers
+    ids = np.asarray(blocks, np.int64)[chunk.block]
+    gx, gy, _ = launch.grid
+    chunk.dims.update({"blockIdx.x": ids % gx, "blockIdx.y": (ids // gx) % gy,
+                       "blockIdx.z": ids // (gx * gy)})
+    namespace = {
+        "np": np, "_dims": chunk.dims, "_ld": chunk.load, "_st": chunk.store,
+        "_alloc": chunk.alloc, "_barrier": chunk.barrier, "_erf": E._erf, "_cast": E._cast,
+        "_and": lambda m, c: np.asarray(c, bool) if m is None else (m & np.asarray(c, bool)),
+        "_any": lambda m: m is None or bool(np.any(m)),
+        "_bool": lambda c: np.asarray(c, bool),
+        "_ff32": np.float32, "_ff64": np.float64, "_ff16": np.float16,
+    }
+    exec(compile(source, f"<emulated {kernel.name}>", "exec"), namespace)  # noqa: S102
+    with np.errstate(all="ignore"):
+        namespace["_kernel"]()
+
+
+def emulate_sampled(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
+                    rng: np.random.Generator, full_grid_blocks: int = FULL_GRID_BLOCKS
+                    ) -> tuple[dict[str, np.ndarray], int, int]:
+    """Run `func` in the emulator, the last kernel on sampled blocks when its grid is big.
+    Returns (outputs poisoned with NaN where not written, blocks run, blocks in the grid)."""
+    from wpk.dsl.emulator import _NP, EmulatorError, run_kernel
+    from wpk.dsl.templates import launch_of
+
+    outputs = func.meta["outputs"]
+    globals_: dict[str, np.ndarray] = {}
+    for b in func.params + func.workspaces:
+        if b.name in outputs or b in func.workspaces:
+            globals_[b.name] = np.full(b.size, np.nan, _NP[b.dtype])
+        else:
+            arr = np.asarray(feeds[b.name], _NP[b.dtype])
+            if arr.size != b.size:
+                raise EmulatorError(f"{b.name} has {arr.size} elements, expected {b.size}")
+            globals_[b.name] = arr.reshape(-1).copy()
+    *before, last = func.kernels
+    for kernel in before:
+        run_kernel(func, kernel, launch_of(kernel), globals_)
+    launch = launch_of(last)
+    total = math.prod(launch.grid)
+    if total <= full_grid_blocks:
+        run_kernel(func, last, launch, globals_)
+        ran = total
+    else:
+        blocks = sample_blocks(launch.grid, rng)
+        _run_blocks(func, last, launch, globals_, blocks)
+        ran = len(blocks)
+    return ({name: globals_[name].reshape(func.buffer(name).shape) for name in outputs},
+            ran, total)
+
+
+def verify_emulated(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
+                    expected: Mapping[str, np.ndarray], tolerance: float = 1e-4,
+                    seed: int = 0, full_grid_blocks: int = FULL_GRID_BLOCKS) -> Verification:
+    """Emulate `func` (sampled blocks for big grids) and compare the outputs the run wrote
+    with `expected` (float64 references by output name, reshaped to the buffer's size)."""
+    from wpk.dsl.emulator import EmulatorError
+
+    rng = np.random.default_rng(seed)
+    try:
+        got, ran, total = emulate_sampled(func, feeds, rng, full_grid_blocks)
+    except EmulatorError as exc:
+        return Verification(False, math.inf, 0, 0, 0, f"emulator: {exc.message}")
+    sampled = ran < total
+    checked, num, den = 0, 0.0, 0.0
+    for name, out in got.items():
+        ref = np.asarray(expected[name], np.float64).reshape(-1)
+        out = out.reshape(-1).astype(np.float64)
+        written = ~np.isnan(out)
+        if not sampled and not written.all():
+            missing = int(np.argmin(written))
+            return Verification(False, math.inf, ran, total, checked,
+                                f"output {name}[{missing}] was never written")
+        checked += int(written.sum())
+        num += float(np.sum((out[written] - ref[written]) ** 2))
+        den += float(np.sum(ref[written] ** 2))
+    if checked == 0:
+        return Verification(False, math.inf, ran, total, 0,
+                            "the emulated blocks wrote no output element")
+    error = math.sqrt(num / den) if den > 0 else math.sqrt(num)
+    ok = bool(np.isfinite(error) and error <= tolerance)
+    message = "" if ok else f"relative L2 error {error:.3g} over {checked} emulated outputs " \
+                            f"exceeds {tolerance:g}"
+    return Verification(ok, error, ran, total, checked, message)

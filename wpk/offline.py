@@ -1,0 +1,208 @@
+"""Building for a CUDA target: the GPU check, and `--offline` planning by prediction.
+
+    gpu = check_cuda_target(options)                   # HardwareSpec of the preset
+    choices = plan_offline(items, gpu, plan_options)   # predicted, not measured
+    mark_predicted(plan, gpu)                          # manifest + report say so
+
+`--gpu NAME` without `--offline` needs that GPU to be present: otherwise a
+DeviceError names the preset and what is present ("no GPU present" or "found
+NVIDIA A100 (sm_80), not h100") and hints at `--offline`.
+
+With `--offline` every workload gets candidates (`offline_candidates`):
+generated kernels in a few configs for the preset, the cuDNN/cuBLAS
+placeholder, a device copy for data movement, else a host step. Instead of
+being timed, each candidate is *predicted* by `OfflinePredictor`: a
+generated kernel is compiled for the preset's arch (nvcc, or NVRTC 12 +
+ptxas for p100/v100), its ptxas usage checked against the preset, its loop
+IR verified in the GPU emulator on fresh random inputs against the float64
+reference (sampled blocks for big grids), and its time predicted by the
+analytical model (`wpk.kernels.cuda.analytic`); vendor, copy and host steps
+are predicted by that model alone. The planner then keeps the candidate
+with the smallest predicted time. Plan and report carry `"predicted": true`
+per choice and a statement that `wpk tune PLAN` on the GPU measures them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from wpk.errors import DeviceError, OptionError, ScheduleError, ToolchainError
+from wpk.kernels.registry import Candidate
+from wpk.kernels.workload import Workload
+from wpk.search.measure import Measurement, Status, tolerance_for
+
+DEFAULT_CONFIGS = 3
+
+
+def describe_present(gpus) -> str:
+    """'no GPU present' or 'found NVIDIA A100 (sm_80)[, ...]'."""
+    if not gpus:
+        return "no GPU present"
+    return "found " + ", ".join(f"{g.name} (sm_{g.compute_capability[0]}"
+                                f"{g.compute_capability[1]})" for g in gpus)
+
+
+def check_cuda_target(gpu_name: str | None, offline: bool, present=None):
+    """The preset to build for; DeviceError when it is absent and the build is not offline.
+    `present` is the list of detected GPUs (default: `detect_gpus()`)."""
+    from wpk.devices import GPU_PRESETS, detect_gpus, gpu_preset
+
+    name = (gpu_name or "auto").strip().lower()
+    present = detect_gpus() if present is None else present
+    if name == "auto":
+        if offline:
+            raise OptionError("--gpu auto --offline: auto means the GPU present; an offline "
+                              "build needs a named preset",
+                              hint=f"name one of: {', '.join(GPU_PRESETS)}")
+        matching = [g for g in present if g.preset is not None]
+        if not matching:
+            raise DeviceError(f"--gpu auto: {describe_present(present)} that wpk has a "
+                              "preset for", hint=f"name a preset ({', '.join(GPU_PRESETS)}) "
+                              "and add --offline to build without the GPU")
+        return GPU_PRESETS[matching[0].preset]
+    gpu = gpu_preset(name)
+    if not offline and not any(g.preset == gpu.name for g in present):
+        raise DeviceError(f"--gpu {gpu.name}: {describe_present(present)}, not {gpu.name} "
+                          f"({gpu.description}, {gpu.arch})",
+                          hint=f"add --offline to compile and check kernels for {gpu.name} "
+                               "without it (choices are then predicted, not measured), or "
+                               "build with --cpu")
+    return gpu
+
+
+def device_of(gpu) -> dict:
+    """The plan's device entry of a preset."""
+    return {"kind": "cuda", "name": gpu.name, "arch": gpu.arch,
+            "description": gpu.description, "fingerprint": gpu.fingerprint}
+
+
+class OfflinePredictor:
+    """A planner `measure` function that predicts instead of timing (module docstring).
+    Generated kernels are compiled, resource-checked and emulator-verified first."""
+
+    def __init__(self, gpu, seed: int = 0):
+        self.gpu = gpu
+        self.seed = seed
+
+    def __call__(self, workload: Workload, candidate: Candidate, rng=None, **_timing
+                 ) -> Measurement:
+        impl = candidate.implementation
+        base = dict(label=candidate.label, impl=impl.name, config=dict(candidate.config),
+                    kind=impl.kind, workload_key=workload.key)
+        if impl.name == "dsl.cuda":
+            return self._generated(workload, candidate, rng, base)
+        from wpk.kernels.cuda import analytic
+        from wpk.kernels.cuda.predicted import DEVICE_COPY, HOST_STEP
+
+        if impl is HOST_STEP:
+            prediction = analytic.predict_host(workload)
+        elif impl is DEVICE_COPY:
+            prediction = analytic.predict_copy(workload, self.gpu)
+        else:
+            prediction = analytic.predict_vendor(workload, self.gpu, impl.library)
+        return Measurement(status=Status.OK, median_s=prediction.seconds,
+                           spread_s=(prediction.seconds, prediction.seconds),
+                           message="predicted by the analytical model",
+                           extra={"predicted": True, "model": prediction.to_json()}, **base)
+
+    def _generated(self, workload, candidate, rng, base) -> Measurement:
+        from wpk.kernels.cuda.analytic import predict_generated
+        from wpk.kernels.cuda.generated import build_for
+        from wpk.kernels.cuda.offline import check_usage, spill_note
+
+        try:
+            built = build_for(workload, candidate.config)
+        except ScheduleError as exc:
+            return Measurement(status=Status.COMPILE_ERROR, message=f"rejected before "
+                               f"compiling: {exc.message}", extra={"predicted": True}, **base)
+        except ToolchainError as exc:
+            return Measurement(status=Status.COMPILE_ERROR, message=exc.message[:500],
+                               extra={"predicted": True}, **base)
+        usage = built.binary.kernels
+        extra = {"predicted": True, "arch": built.binary.arch,
+                 "compiler": built.binary.compiler,
+                 "usage": {name: {"registers": u.registers, "shared_bytes": u.shared_bytes,
+                                  "spill_stores": u.spill_stores, "spill_loads": u.spill_loads}
+                           for name, u in usage.items()}}
+        reason = check_usage(usage, built.launches, self.gpu)
+        if reason is not None:
+            return Measurement(status=Status.RUNTIME_ERROR, message=f"ptxas usage: {reason}",
+                               extra=extra, **base)
+        verification = verify_generated(workload, built, rng, self.seed)
+        extra["verified"] = verification.describe()
+        extra["emulated_blocks"] = verification.blocks
+        if not verification.ok:
+            return Measurement(status=Status.WRONG_ANSWER, message=verification.message,
+                               rel_l2_error=verification.rel_l2_error, extra=extra, **base)
+        prediction = predict_generated(workload, self.gpu, built.launches, usage)
+        extra["model"] = prediction.to_json()
+        note = spill_note(usage)
+        return Measurement(status=Status.OK, median_s=prediction.seconds,
+                           spread_s=(prediction.seconds, prediction.seconds),
+                           rel_l2_error=verification.rel_l2_error,
+                           message="; ".join(filter(None, ["predicted; " + extra["verified"],
+                                                           note])),
+                           extra=extra, **base)
+
+
+def verify_generated(workload: Workload, built, rng=None, seed: int = 0):
+    """Emulator verification of a built generated kernel on fresh random inputs."""
+    from wpk.kernels.cuda.generated import _mapping
+    from wpk.kernels.cuda.offline import verify_emulated
+    from wpk.kernels.random_inputs import random_inputs
+    from wpk.kernels.reference import reference
+
+    rng = rng if rng is not None else np.random.default_rng(seed)
+    mapping = _mapping(workload)
+    inputs = random_inputs(workload, rng)
+    expected = reference(workload, inputs)
+    feeds = {name: np.asarray(inputs[index]) for name, index in mapping.feeds.items()}
+    return verify_emulated(built.func, feeds, {mapping.output: expected[0]},
+                           tolerance=tolerance_for(workload), seed=seed)
+
+
+def offline_provider(gpu, count: int = DEFAULT_CONFIGS):
+    """A planner candidate provider for an offline build for `gpu`."""
+    from wpk.kernels.cuda.predicted import offline_candidates
+
+    @functools.wraps(offline_candidates)
+    def provide(workload: Workload, target: str) -> list[Candidate]:
+        return offline_candidates(workload, gpu, count) if target == "cuda" else []
+
+    return provide
+
+
+def plan_offline(items: Sequence, gpu, plan_options, progress: bool = False,
+                 count: int = DEFAULT_CONFIGS, seed: int = 0):
+    """The planner's choices for `items` on `gpu`, every candidate predicted."""
+    from wpk.plans.planner import plan
+    from wpk.plans.progress import progress_bar
+
+    with progress_bar(progress, description=f"predicting for {gpu.name}") as on_progress:
+        return plan(items, "cuda", plan_options, on_progress,
+                    providers=[offline_provider(gpu, count)],
+                    measure=OfflinePredictor(gpu, seed))
+
+
+def predicted_statement(gpu_name: str) -> str:
+    return (f"choices predicted by the analytical model, not measured: run `wpk tune PLAN` "
+            f"on a {gpu_name} to measure")
+
+
+def mark_predicted(plan, gpu) -> None:
+    """Record in the plan's manifest and report which choices are predicted."""
+    predicted_keys = set()
+    for entry in plan.report.get("workloads", []):
+        entry["predicted"] = True
+        predicted_keys.add(entry["key"])
+    for step in plan.manifest["steps"]:
+        step["predicted"] = step["workload_key"] in predicted_keys
+    summary = {"by": "analytical model", "gpu": gpu.name, "arch": gpu.arch,
+               "workloads": len(predicted_keys), "statement": predicted_statement(gpu.name)}
+    plan.manifest["predicted"] = summary
+    plan.report["predicted"] = summary
+    plan.report["device"] = device_of(gpu)
+
