@@ -59,7 +59,9 @@ def summary_lines(report: Mapping) -> list[str]:
         where += f" ({device.get('machine', '?')}, {device.get('cores', '?')} cores)"
     elif device.get("name"):
         where += f" ({device['name']})"
-    lines = [
+    predicted = report.get("predicted") or {}
+    lines = [f"NOTE: {predicted['statement']}"] if predicted.get("statement") else []
+    lines += [
         f"model {report.get('model') or '?'} on {where}",
         f"{totals.get('nodes', 0)} nodes, {totals.get('workloads', 0)} distinct workloads, "
         f"{totals.get('verified', 0)}/{totals.get('candidates', 0)} candidates verified, "

@@ -59,9 +59,11 @@ def check_cuda_target(gpu_name: str | None, offline: bool, present=None):
                               hint=f"name one of: {', '.join(GPU_PRESETS)}")
         matching = [g for g in present if g.preset is not None]
         if not matching:
-            raise DeviceError(f"--gpu auto: {describe_present(present)} that wpk has a "
-                              "preset for", hint=f"name a preset ({', '.join(GPU_PRESETS)}) "
-                              "and add --offline to build without the GPU")
+            what = describe_present(present) + (", none of them a wpk preset" if present
+                                                 else "")
+            raise DeviceError(f"target cuda (--gpu auto): {what}",
+                              hint=f"name a preset ({', '.join(GPU_PRESETS)}) and add "
+                              "--offline to build without the GPU, or build with --cpu")
         return GPU_PRESETS[matching[0].preset]
     gpu = gpu_preset(name)
     if not offline and not any(g.preset == gpu.name for g in present):
