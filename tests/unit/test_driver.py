@@ -1,0 +1,165 @@
+"""The search driver and budgets: tuning real generated kernels through records.
+
+Every test measures real compiled kernels in the isolated worker; the
+records live in tmp_path, so a second run over the same file must measure
+nothing and find the same best config.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from wpk.kernels.generated import DSL_CPU
+from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
+from wpk.plans.planner import PlanOptions, plan, registry_candidates
+from wpk.search.budget import EarlyStop, ShareEntry, by_latency_share, shares, time_slice
+from wpk.search.driver import (
+    TuneOptions,
+    final_preferring,
+    generated_provider,
+    tune_model,
+    tune_workload,
+)
+from wpk.search.recorded import RecordedMeasurer
+from wpk.search.records import FINAL, RecordStore, target_fingerprint
+from wpk.search.workers import CompilePool, MeasureOptions, MeasureWorker
+
+
+def t(*shape: int) -> TensorSpec:
+    return TensorSpec(tuple(shape))
+
+
+DEPTHWISE = Workload("Conv", (t(1, 16, 12, 12), t(16, 1, 3, 3), t(16)), (t(1, 16, 12, 12),),
+                     (("group", 16), ("pads", (1, 1, 1, 1))), (EpilogueStep("relu"),),
+                     const_inputs=(1, 2))
+# A long arithmetic chain: numpy and onnxruntime make one pass over memory per step, the
+# generated kernel one pass in all, so the generated kernel is the fastest by a wide margin.
+CHAIN = Workload("Elementwise", (t(1, 32, 64, 64), t(32, 1, 1), t(32, 1, 1)),
+                 (t(1, 32, 64, 64),), (),
+                 (EpilogueStep("mul", operand=1), EpilogueStep("add", operand=2),
+                  EpilogueStep("relu"), EpilogueStep("mul", operand=1),
+                  EpilogueStep("add", operand=2), EpilogueStep("clip", (("max", 6.0),
+                                                                        ("min", 0.0))),
+                  EpilogueStep("mul", operand=1), EpilogueStep("sub", operand=2)),
+                 domain="wpk")
+SOFTMAX = Workload("Softmax", (t(4, 32),), (t(4, 32),), (("axis", -1),))
+
+
+class Item:
+    """A stand-in for a graph NodeWorkload (what the planner and tune_model take)."""
+
+    def __init__(self, name: str, workload: Workload):
+        self.node = name
+        self.workload = workload
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with MeasureWorker(MeasureOptions(warmup=1, repeats=3, min_time=0.005)) as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with CompilePool(jobs=2) as p:
+        yield p
+
+
+def measurer_on(path, worker) -> RecordedMeasurer:
+    return RecordedMeasurer(RecordStore(path), target_fingerprint(), worker=worker)
+
+
+@pytest.mark.parametrize("tuner", ["random", "ga"])
+def test_tuning_finds_a_verified_kernel_within_the_trials(tuner, tmp_path, worker, pool):
+    measurer = measurer_on(tmp_path / "r.jsonl", worker)
+    result = tune_workload(DEPTHWISE, tuner, trials=6, deadline=None, measurer=measurer,
+                           compile_pool=pool, seed=1, patience=50, finalize_k=2)
+    assert result.trials == 6 and result.stopped == "trials"
+    assert result.best_config is not None and math.isfinite(result.best_s)
+    assert min(c for _, c in result.history) <= result.best_s * 1.5
+    assert result.failed == 0
+    # The two fastest were re-measured alone, and the winner is one of the records.
+    finals = [r for r in measurer.store if r.phase == FINAL]
+    assert len(finals) == 2
+    assert result.final is not None and result.final.ok
+    assert measurer.measured == 6 + 2
+
+
+def test_second_run_over_the_records_measures_nothing(tmp_path, worker, pool):
+    path = tmp_path / "r.jsonl"
+    first = tune_workload(DEPTHWISE, "ga", trials=5, deadline=None,
+                          measurer=measurer_on(path, worker), compile_pool=pool, seed=3)
+    again = measurer_on(path, worker)
+    second = tune_workload(DEPTHWISE, "ga", trials=5, deadline=None, measurer=again,
+                           compile_pool=pool, seed=3)
+    assert again.measured == 0 and again.reused >= 5
+    assert second.best_config == first.best_config and second.best_s == first.best_s
+
+
+def test_deadline_stops_the_search(tmp_path, worker, pool):
+    measurer = measurer_on(tmp_path / "r.jsonl", worker)
+    result = tune_workload(DEPTHWISE, "random", trials=500, deadline=time.monotonic() - 1,
+                           measurer=measurer, compile_pool=pool)
+    assert result.stopped == "deadline" and result.trials == 0
+    assert measurer.measured == 0 and result.best_config is None
+
+
+def test_search_stops_early_when_the_best_stops_improving(tmp_path, worker, pool):
+    measurer = measurer_on(tmp_path / "r.jsonl", worker)
+    # No trial can improve on the first by 99%: the search stops after 1 + patience.
+    result = tune_workload(DEPTHWISE, "random", trials=40, deadline=None, measurer=measurer,
+                           compile_pool=pool, patience=3, min_gain=0.99, finalize_k=0)
+    assert result.stopped == "converged" and result.trials == 4
+
+
+def test_budget_goes_to_the_largest_share_first(tmp_path, worker, pool):
+    measurer = measurer_on(tmp_path / "r.jsonl", worker)
+    items = [Item("a", SOFTMAX), Item("b", DEPTHWISE), Item("c", DEPTHWISE)]
+    vendor = {SOFTMAX.key: 1e-5, DEPTHWISE.key: 2e-5}     # depthwise: 2 nodes x 2e-5
+    results = tune_model(items, TuneOptions("random", trials=2, finalize_k=0), vendor,
+                         measurer=measurer, compile_pool=pool)
+    assert list(results) == [SOFTMAX.key, DEPTHWISE.key]          # graph order back
+    assert measurer.store.records[0].workload_key == DEPTHWISE.key   # tuned first
+    assert all(r.trials == 2 for r in results.values())
+    assert results[DEPTHWISE.key].reference_s == 2e-5
+
+
+def test_an_exhausted_budget_tunes_nothing_more(tmp_path, worker, pool):
+    measurer = measurer_on(tmp_path / "r.jsonl", worker)
+    results = tune_model([Item("a", SOFTMAX)], TuneOptions("ga", trials=4), {SOFTMAX.key: 1e-5},
+                         measurer=measurer, compile_pool=pool, deadline=time.monotonic() - 1)
+    assert results[SOFTMAX.key].stopped == "budget" and measurer.measured == 0
+
+
+def test_planner_picks_the_generated_kernel_when_it_is_fastest(tmp_path, worker, pool):
+    measurer = measurer_on(tmp_path / "r.jsonl", worker)
+    items = [Item("chain", CHAIN)]
+    options = PlanOptions(repeats=3, min_time=0.01)
+    first = plan(items, "cpu", options, measure=final_preferring(measurer))
+    vendor = {CHAIN.key: first[CHAIN.key].measurement.median_s}
+    results = tune_model(items, TuneOptions("ga", trials=6), vendor, measurer=measurer,
+                         compile_pool=pool)
+    choices = plan(items, "cpu", options, measure=final_preferring(measurer),
+                   providers=[registry_candidates, generated_provider(results)])
+    choice = choices[CHAIN.key]
+    kinds = {m.kind for m in choice.measurements}
+    assert "generated" in kinds and kinds & {"library", "vendor"}   # side by side
+    assert choice.candidate.implementation is DSL_CPU, [
+        (m.label, m.median_s) for m in choice.measurements]
+    assert results[CHAIN.key].speedup > 1
+
+
+def test_budget_helpers():
+    entries = [ShareEntry("a", 1.0, 1), ShareEntry("b", 1.0, 3), ShareEntry("c", math.nan, 2)]
+    assert [e.key for e in by_latency_share(entries)] == ["b", "a", "c"]
+    assert shares(entries) == {"a": 0.25, "b": 0.75, "c": 0.0}
+    assert time_slice(100.0, 0.25, 1.0) == 25.0
+    assert time_slice(100.0, 0.25, 0.5) == 50.0
+    assert time_slice(10.0, 0.0, 1.0, minimum_s=3.0) == 3.0
+    assert time_slice(0.0, 1.0, 1.0) == 0.0
+    stop = EarlyStop(patience=2, min_gain=0.1)
+    assert [stop.observe(c) for c in (10.0, 9.5, 8.0, 7.9, None)] == [False, False, False,
+                                                                        False, True]
