@@ -8,9 +8,12 @@ NCHWc layout pass, prepares one kernel per node (onnxruntime's MLAS NCHWc
 kernels for the `wpk.nchwc` ops, onnxruntime single-node kernels for the
 rest) on preallocated buffers, and times, alternating in every round:
 onnxruntime on the whole model (ORT_ENABLE_ALL, same intra-op thread count),
-the blocked node sequence and the NCHW node sequence. Prints the median
-whole-model time, the sum of per-node medians and the median time of a whole
-node-by-node run (Python dispatch included) of each layout, and the ratios.
+the blocked node sequence and the NCHW node sequence (and onnxruntime with
+its threads' spinning off, as wpk's single-node sessions run). Prints the median (and
+best) whole-model time, the sum of per-node medians (and bests) and the time
+of a whole node-by-node run (Python dispatch included) of each layout, and
+the ratios to onnxruntime. On a loaded machine the best times are the more
+telling ones.
 Models come from the onnx wheel (`onnx/backend/test/data/light`).
 """
 
@@ -77,8 +80,8 @@ class NodeSequence:
             times.append(clock() - t0)
         self.totals.append(clock() - start)
 
-    def node_sum(self) -> float:
-        return float(sum(np.median(t) for t in self.times))
+    def node_sum(self, stat=np.median) -> float:
+        return float(sum(stat(t) for t in self.times))
 
 
 def main() -> None:
@@ -102,9 +105,12 @@ def main() -> None:
     options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     whole = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    whole_nospin = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     sequences = {"nchwc": NodeSequence(optimized(graph, True), feeds),
                  "nchw": NodeSequence(optimized(graph, False), feeds)}
     ort_times: list[float] = []
+    nospin_times: list[float] = []
     for _ in range(2):  # warm-up
         whole.run(None, feeds)
         for seq in sequences.values():
@@ -113,24 +119,29 @@ def main() -> None:
         seq.times = [[] for _ in seq.steps]
         seq.totals = []
     for _ in range(args.rounds):
-        for _ in range(args.runs):
-            t0 = time.perf_counter()
-            whole.run(None, feeds)
-            ort_times.append(time.perf_counter() - t0)
+        for session, times in ((whole, ort_times), (whole_nospin, nospin_times)):
+            for _ in range(args.runs):
+                t0 = time.perf_counter()
+                session.run(None, feeds)
+                times.append(time.perf_counter() - t0)
         for seq in sequences.values():
             for _ in range(args.runs):
                 seq.run()
 
-    ort_ms = 1e3 * float(np.median(ort_times))
-    print(f"model {args.model}, {threads} threads, {args.rounds} rounds x {args.runs} runs "
-          "(alternating)")
-    print(f"onnxruntime whole model (ORT_ENABLE_ALL): {ort_ms:8.2f} ms")
+    rows = [("onnxruntime whole model, ORT_ENABLE_ALL", ort_times),
+            ("onnxruntime whole model, spinning off", nospin_times)]
     for name, seq in sequences.items():
-        node_ms = 1e3 * seq.node_sum()
-        run_ms = 1e3 * float(np.median(seq.totals))
-        print(f"wpk {name:5s} {len(seq.steps):4d} nodes: sum of per-node medians "
-              f"{node_ms:8.2f} ms ({node_ms / ort_ms:.2f}x ORT), whole node-by-node run "
-              f"{run_ms:8.2f} ms ({run_ms / ort_ms:.2f}x ORT)")
+        rows.append((f"wpk {name} ({len(seq.steps)} nodes): sum of per-node times",
+                     [seq.node_sum()], [seq.node_sum(np.min)]))
+        rows.append((f"wpk {name}: whole node-by-node run", seq.totals))
+    ort_median, ort_best = float(np.median(ort_times)), float(np.min(ort_times))
+    print(f"model {args.model}, {threads} threads, {args.rounds} rounds x {args.runs} runs, "
+          "alternating")
+    print(f"{'':52s} {'median ms':>10s} {'best ms':>9s} {'/ORT med':>9s} {'/ORT best':>9s}")
+    for label, times, *best in rows:
+        median, low = float(np.median(times)), float(np.min(best[0] if best else times))
+        print(f"{label:52s} {1e3 * median:10.2f} {1e3 * low:9.2f} {median / ort_median:9.2f} "
+              f"{low / ort_best:9.2f}")
     blocked = sequences["nchwc"]
     order = sorted(range(len(blocked.steps)), key=lambda i: -np.median(blocked.times[i]))
     print(f"slowest {args.top} blocked nodes:")
