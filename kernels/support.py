@@ -6,6 +6,7 @@ marked as a fallback in reports.
 
 from __future__ import annotations
 
+from wpk.errors import WpkError
 from wpk.kernels.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
 
 ELEMENTWISE_UNARY_OPS = frozenset({
@@ -22,6 +23,11 @@ NN_OPS = frozenset({
     "Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
     "Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "LRN",
 })
+# wpk's blocked-layout ops (domain wpk.nchwc), written by the NCHWc layout pass.
+NCHWC_DOMAIN = "wpk.nchwc"
+NCHWC_REORDERS = frozenset({"ReorderInput", "ReorderOutput"})
+NCHWC_OPS = NCHWC_REORDERS | {"Conv", "MaxPool", "AveragePool", "GlobalMaxPool",
+                              "GlobalAveragePool"}
 SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_BINARY_OPS
                           | DATA_MOVEMENT_OPS | NN_OPS)
 # Inputs that must be constants with fixed values (static inputs); Clip bounds may vary.
@@ -34,6 +40,8 @@ _FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
 def unsupported_reason(workload: Workload) -> str | None:
     """None when wpk's own reference and library kernels cover the workload, else why not."""
     op = workload.op
+    if workload.domain == NCHWC_DOMAIN:
+        return _nchwc_reason(workload)
     if workload.domain not in ("", "ai.onnx", "wpk"):
         return f"domain {workload.domain!r} is not implemented by wpk"
     if op not in SUPPORTED_OPS or (workload.domain == "wpk") != (op == "Elementwise"):
@@ -71,6 +79,19 @@ def unsupported_reason(workload: Workload) -> str | None:
     return None
 
 
+def _nchwc_reason(workload: Workload) -> str | None:
+    """Blocked-layout ops (see wpk.passes.nchwc_layout) are supported as their logical op is."""
+    if workload.op in NCHWC_REORDERS:
+        return None
+    from wpk.kernels.nchwc_logical import logical_workload  # the blocked ops' own module
+
+    try:
+        logical = logical_workload(workload)
+    except WpkError as exc:
+        return exc.message
+    return unsupported_reason(logical)
+
+
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -106,5 +127,7 @@ def is_supported(workload: Workload | str, domain: str = "") -> bool:
     if isinstance(workload, str):
         if workload == "Elementwise":
             return domain == "wpk"
+        if domain == NCHWC_DOMAIN:
+            return workload in NCHWC_OPS
         return domain in ("", "ai.onnx") and workload in SUPPORTED_OPS
     return unsupported_reason(workload) is None

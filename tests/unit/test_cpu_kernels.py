@@ -402,3 +402,21 @@ def test_layernorm_statistics_outputs(rng):
         _, outputs = run_poisoned(candidate, workload, inputs)
         for out, ref in zip(outputs, expected):
             assert rel_l2(out, ref) < 1e-5, candidate.label
+
+
+def test_blocked_layout_ops_are_supported_as_their_logical_op():
+    def blocked(c, size):
+        return S((1, -(-c // 8), size, size, 8))
+
+    conv = Workload("Conv", (blocked(16, 6), S((16, 16, 3, 3)), S((16,))), (blocked(16, 6),),
+                    attrs=(("block", 8), ("channels", 16), ("dilations", (1, 1)), ("group", 1),
+                           ("kernel_shape", (3, 3)), ("pads", (1, 1, 1, 1)),
+                           ("strides", (1, 1))),
+                    domain="wpk.nchwc", const_inputs=(1, 2))
+    assert is_supported(conv) and is_supported("ReorderInput", "wpk.nchwc")
+    reorder = Workload("ReorderOutput", (blocked(12, 4),), (S((1, 12, 4, 4)),),
+                       attrs=(("block", 8), ("channels", 12)), domain="wpk.nchwc")
+    assert is_supported(reorder)
+    assert not is_supported("Softmax", "wpk.nchwc")
+    # wpk's own ops are never onnxruntime fallbacks.
+    assert "ort.fallback" not in {c.label for c in registry.candidates(conv)}
