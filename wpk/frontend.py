@@ -27,6 +27,7 @@ from wpk.frontend_shapes import SHAPE_HINT, complete_shapes
 from wpk.graph import Graph, Node, TensorInfo
 
 MIN_OPSET = 7
+SKELETON_KEEP_ELEMENTS = 4096  # initializers up to this size stay in the checked model
 
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto,
@@ -39,14 +40,16 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto,
     """
     proto, source = _read(model)
     _check_opset(proto, source)
-    proto = _fix_input_shapes(proto, source, dict(input_shapes or {}))
-    _check(proto, source)
+    constants = _initializer_names(proto.graph)
+    skeleton = _skeleton(proto)
+    _fix_input_shapes(skeleton, source, dict(input_shapes or {}), constants)
+    _check(skeleton, source)
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types here
         raise ModelError(f"shape inference failed for '{source}': {_first_line(exc)}",
                          hint="check the model with onnx.checker and the input shapes") from exc
-    return _build_graph(inferred, source)
+    return _build_graph(proto, inferred, source)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -111,8 +114,8 @@ def _initializer_names(graph: onnx.GraphProto) -> set[str]:
 
 
 def _fix_input_shapes(proto: onnx.ModelProto, source: str,
-                      input_shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
-    constants = _initializer_names(proto.graph)
+                      input_shapes: dict[str, tuple[int, ...]], constants: set[str]) -> None:
+    """Check `input_shapes` against the inputs of `proto` and write them into it."""
     real_inputs = [i for i in proto.graph.input if i.name not in constants]
     names = [i.name for i in real_inputs]
     for name in input_shapes:
@@ -154,9 +157,6 @@ def _fix_input_shapes(proto: onnx.ModelProto, source: str,
                                      hint="fixed dims of the model cannot be changed")
         if dims is None or list(dims) != list(given):
             updates[value.name] = given
-    if not updates:
-        return proto
-    proto = _copy(proto)  # the caller's model stays as it was
     for value in proto.graph.input:
         if value.name in updates:
             ttype = value.type.tensor_type
@@ -164,13 +164,43 @@ def _fix_input_shapes(proto: onnx.ModelProto, source: str,
             ttype.shape.SetInParent()  # a scalar still has a (rank 0) shape
             for d in updates[value.name]:
                 ttype.shape.dim.add().dim_value = d
-    return proto
 
 
-def _copy(proto: onnx.ModelProto) -> onnx.ModelProto:
-    clone = onnx.ModelProto()
-    clone.CopyFrom(proto)
-    return clone
+def _copy_field(message, field, value) -> None:
+    repeated = getattr(field, "is_repeated", None)
+    if repeated is None:  # older protobuf
+        repeated = field.label == field.LABEL_REPEATED
+    if repeated:
+        getattr(message, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(message, field.name).CopyFrom(value)
+    else:
+        setattr(message, field.name, value)
+
+
+def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model without the data of big initializers, for checker and inference.
+
+    A big initializer becomes a graph input of its type and shape (unless it is
+    declared as one already), so serializing the model for the checker and for
+    shape inference costs nothing like the weights; small ones (shapes, axes)
+    stay, for data propagation. The caller's model is never modified.
+    """
+    skeleton = onnx.ModelProto()
+    for field, value in proto.ListFields():
+        if field.name != "graph":
+            _copy_field(skeleton, field, value)
+    for field, value in proto.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(skeleton.graph, field, value)
+    declared = {value.name for value in proto.graph.input}
+    for tensor in proto.graph.initializer:
+        if int(np.prod(tensor.dims, dtype=np.int64)) <= SKELETON_KEEP_ELEMENTS:
+            skeleton.graph.initializer.append(tensor)
+        elif tensor.name not in declared:
+            skeleton.graph.input.append(helper.make_tensor_value_info(
+                tensor.name, tensor.data_type, list(tensor.dims)))
+    return skeleton
 
 
 def _check(proto: onnx.ModelProto, source: str) -> None:
@@ -293,13 +323,19 @@ def _node_names(proto: onnx.ModelProto) -> list[str]:
     return names
 
 
-def _build_graph(proto: onnx.ModelProto, source: str) -> Graph:
+def _build_graph(proto: onnx.ModelProto, inferred: onnx.ModelProto, source: str) -> Graph:
     gp = proto.graph
-    constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in gp.initializer}
+    constants: dict[str, np.ndarray] = {}
+    for tensor in gp.initializer:
+        try:
+            constants[tensor.name] = numpy_helper.to_array(tensor)
+        except (ValueError, TypeError) as exc:
+            raise ModelError(f"initializer '{tensor.name}' of '{source}' is malformed: "
+                             f"{_first_line(exc)}", hint="export the model again") from exc
     for sparse in gp.sparse_initializer:
         node = helper.make_node("Constant", [], [sparse.values.name], sparse_value=sparse)
         constants[sparse.values.name] = _constant_value(node)
-    infos = _value_infos(proto, source)
+    infos = _value_infos(inferred, source)
     nodes: list[Node] = []
     for node, name in zip(gp.node, _node_names(proto)):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):

@@ -93,6 +93,30 @@ def test_constant_nodes_and_initializer_inputs_become_constants():
     assert [n.op for n in graph.nodes] == ["Mul", "Add"]
 
 
+@pytest.mark.parametrize("declared_as_input", [False, True])
+def test_big_initializers_load_intact(declared_as_input, rng):
+    weight = rng.standard_normal((100, 100)).astype(np.float32)  # past the skeleton limit
+    inputs = {"x": ["N", 100]}
+    if declared_as_input:  # IR 3 style: every initializer is also a graph input
+        inputs["w"] = [100, 100]
+    model = make_model([h.make_node("MatMul", ["x", "w"], ["y"])], inputs, [("y", 2)],
+                       [onnx.numpy_helper.from_array(weight, "w")])
+    graph = load_model(model, input_shapes={"x": (3, 100)})
+    assert graph.inputs == ["x"]
+    np.testing.assert_array_equal(graph.constants["w"], weight)
+    assert graph.tensors["y"].shape == (3, 100)
+    assert len(model.graph.initializer) == 1 and len(model.graph.input) == len(inputs)
+
+
+def test_malformed_initializer():
+    bad = onnx.numpy_helper.from_array(np.zeros((100, 100), np.float32), "w")
+    bad.raw_data = bad.raw_data[:100]
+    model = make_model([h.make_node("MatMul", ["x", "w"], ["y"])], {"x": [3, 100]},
+                       [("y", 2)], [bad])
+    with pytest.raises(ModelError, match="'w'"):
+        load_model(model)
+
+
 def test_input_shapes_fix_symbolic_dims():
     model = relu_model()
     graph = load_model(model, input_shapes={"x": (2, 3, 4, 4)})
