@@ -11,7 +11,8 @@ Conventions of the optimized graph: fused Conv/Gemm/MatMul nodes carry an
 `epilogue` whose operands are extra inputs after the op's own (absent
 optional inputs padded with ''); chains of two or more elementwise ops become
 one node `Elementwise` (domain 'wpk') whose input 0 is the chain's first
-value; a single elementwise op stays the standard ONNX op, except activations
+value (a step's `operand` may be 0 too: `x * f(x)` reads the chain's input
+again); a single elementwise op stays the standard ONNX op, except activations
 that ONNX spells with several ops (SiLU, erf-GELU, HardSwish before opset 14),
 which become a one-step `Elementwise`. `to_onnx` expands all of it back into
 standard ONNX.
