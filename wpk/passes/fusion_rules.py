@@ -2,9 +2,9 @@
 
 `LINEAR_RULES` fold what is linear into Conv/Gemm weights (BatchNormalization,
 per-channel bias and scale, MatMul + bias -> Gemm). `PATTERN_RULES` recognise
-activations that exporters spell with several ops (x*sigmoid(x), the erf form
-of GELU, x*hard_sigmoid(x), layer normalization). `CHAIN_RULES` merge chains of elementwise ops
-into one `Elementwise` node. `EPILOGUE_RULES` fuse what follows a
+what exporters spell with several ops (x*sigmoid(x), both forms of GELU,
+x*hard_sigmoid(x), layer normalization). `CHAIN_RULES` merge chains of
+elementwise ops into one `Elementwise` node. `EPILOGUE_RULES` fuse what follows a
 Conv/Gemm/MatMul (activation, one residual Add, constant-operand steps) into
 its epilogue. See `wpk.passes.fusion.FusionRule` for the rule shape.
 """
@@ -25,7 +25,6 @@ from wpk.passes.elementwise import (
     chain_start,
     make_elementwise,
     operand_names,
-    unary_step,
 )
 from wpk.passes.fusion import FusionContext, FusionRule
 from wpk.passes.gelu_rules import match_gelu_erf, match_gelu_tanh, rewrite_gelu
@@ -75,7 +74,7 @@ def _consumer(ctx: FusionContext, node: Node, ops: frozenset[str]) -> Node | Non
 def _bn_params(ctx: FusionContext, bn: Node, channels: int):
     if bn.attr("training_mode", 0) or bn.attr("spatial", 1) != 1:
         return None
-    if any(o for o in bn.outputs[1:]) and any(o in ctx.users for o in bn.outputs[1:] if o):
+    if any(ctx.users.get(o) or o in ctx.pinned for o in bn.outputs[1:] if o):
         return None
     values = [ctx.const(name) for name in bn.inputs[1:5]]
     if len(values) != 4 or any(v is None or v.shape != (channels,) for v in values):
@@ -224,12 +223,6 @@ def _rewrite_gemm_bias(ctx: FusionContext, node: Node, found) -> None:
 
 # ---------------------------------------------------------------- activation patterns
 
-def _is_scalar(ctx: FusionContext, name: str, expected: float, rel: float = 1e-3) -> bool:
-    value = ctx.const(name)
-    return (value is not None and value.size == 1
-            and math.isclose(float(value.reshape(-1)[0]), expected, rel_tol=rel))
-
-
 def _gate_pattern(step: str, check=lambda node: True):
     """x * gate(x) where the gate is a unary op on x: silu, hard_swish."""
     def match(ctx: FusionContext, gate: Node):
@@ -353,4 +346,4 @@ EPILOGUE_RULES = (
           "Conv/Gemm/MatMul -> steps with constant operands (N-D MatMul bias)"),
 )
 
-__all__ = ["CHAIN_RULES", "EPILOGUE_RULES", "LINEAR_RULES", "PATTERN_RULES", "unary_step"]
+__all__ = ["CHAIN_RULES", "EPILOGUE_RULES", "LINEAR_RULES", "PATTERN_RULES"]
