@@ -196,3 +196,15 @@ def verify_emulated(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
     message = "" if ok else f"relative L2 error {error:.3g} over {checked} emulated outputs " \
                             f"exceeds {tolerance:g}"
     return Verification(ok, error, ran, total, checked, message)
+
+
+def cubin_arch(cubin: bytes) -> str:
+    """'sm_XY' a cubin was compiled for, read from its ELF header (e_flags: the arch is the
+    low byte in the older CUDA ELF ABI, the second byte in the newer one, OS ABI 0x41)."""
+    import struct
+
+    if cubin[:4] != b"\x7fELF" or len(cubin) < 52:
+        raise ValueError("not a cubin (no ELF header)")
+    flags = struct.unpack_from("<I", cubin, 48)[0]
+    number = (flags >> 8) & 0xFF if cubin[7] == 0x41 else flags & 0xFF
+    return f"sm_{number}"

@@ -1,0 +1,221 @@
+"""Offline CUDA checks: the analytical model on hand-computed cases, resource rejection,
+sampled-block emulator verification (a correct kernel passes, an off-by-one one fails),
+the GPU-presence errors and cubin arch decoding. No GPU needed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wpk.devices import DetectedGpu, gpu_preset
+from wpk.dsl import loopir as L
+from wpk.dsl.codegen_cuda import KernelLaunch
+from wpk.dsl.templates import LaunchConfig
+from wpk.dsl.toolchain_cuda import ResourceUsage
+from wpk.errors import DeviceError, OptionError
+from wpk.kernels.cuda import analytic
+from wpk.kernels.cuda.generated import DSL_CUDA, build_for, preferred_configs
+from wpk.kernels.cuda.offline import check_usage, cubin_arch, sample_blocks, verify_emulated
+from wpk.kernels.registry import Candidate
+from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
+from wpk.offline import OfflinePredictor, check_cuda_target, verify_generated
+
+H100, P100, T4 = gpu_preset("h100"), gpu_preset("p100"), gpu_preset("t4")
+
+
+def _gemm(m, n, k) -> Workload:
+    return Workload("Gemm", (TensorSpec((m, k)), TensorSpec((k, n))), (TensorSpec((m, n)),))
+
+
+def _conv(c=8, k=16, size=20) -> Workload:
+    return Workload("Conv", (TensorSpec((1, c, size, size)), TensorSpec((k, c, 3, 3))),
+                    (TensorSpec((1, k, size, size)),), (("pads", (1, 1, 1, 1)),))
+
+
+# ----------------------------------------------------------------------------- analytic model
+def test_occupancy_hand_computed():
+    # 256 threads = 8 warps; 2048/256 = 8 blocks by threads; 32 regs -> 1024 per warp ->
+    # 65536 / (1024 * 8) = 8 blocks by registers: 64 of 64 warps.
+    occ = analytic.occupancy(H100, threads=256, registers=32, shared_bytes=0)
+    assert (occ.blocks_per_sm, occ.occupancy) == (8, 1.0)
+    # 128 regs -> 4096 per warp -> 65536 / (4096 * 8) = 2 blocks: 16/64 warps.
+    occ = analytic.occupancy(H100, threads=256, registers=128, shared_bytes=0)
+    assert (occ.blocks_per_sm, occ.limited_by, occ.occupancy) == (2, "registers", 0.25)
+    # P100: 64 KiB shared per SM, 40 KiB per block -> 1 block of 4 warps: 4/64.
+    occ = analytic.occupancy(P100, threads=128, registers=16, shared_bytes=40 * 1024)
+    assert (occ.blocks_per_sm, occ.limited_by) == (1, "shared memory")
+    assert occ.occupancy == pytest.approx(4 / 64)
+    # T4 (sm_75): at most 16 blocks and 32 warps per SM: 32-thread blocks give 16/32.
+    occ = analytic.occupancy(T4, threads=32, registers=16, shared_bytes=0)
+    assert (occ.blocks_per_sm, occ.limited_by, occ.occupancy) == (16, "blocks", 0.5)
+
+
+def test_workload_work_and_roofline_hand_computed():
+    flops, nbytes = analytic.workload_work(_gemm(1024, 1024, 1024))
+    assert flops == 2 * 1024 ** 3
+    assert nbytes == 3 * 1024 * 1024 * 4
+    # H100: compute 2.147e9 / 67e12 = 32.05 us > memory 12.6e6 / 3.35e12 = 3.76 us.
+    assert analytic.roofline_seconds(flops, nbytes, H100) == pytest.approx(2 * 1024 ** 3 / 67e12)
+    conv_flops, conv_bytes = analytic.workload_work(_conv(8, 16, 20))
+    assert conv_flops == 2 * 16 * 20 * 20 * 8 * 9
+    assert conv_bytes == 4 * (8 * 400 + 16 * 8 * 9 + 16 * 400)
+    # An elementwise op is memory bound: 2 x 4 MiB over 732 GB/s on a P100.
+    relu = Workload("Relu", (TensorSpec((1 << 20,)),), (TensorSpec((1 << 20,)),))
+    assert analytic.roofline_seconds(*analytic.workload_work(relu), P100) == \
+        pytest.approx(8 * 2 ** 20 / 732e9)
+
+
+def test_vendor_prediction_is_roofline_at_stated_efficiency():
+    w = _gemm(1024, 1024, 1024)
+    roof = 2 * 1024 ** 3 / 67e12
+    got = analytic.predict_vendor(w, H100, "cublas")
+    assert got.seconds == pytest.approx(roof / analytic.VENDOR_EFFICIENCY["cublas"]
+                                        + analytic.LAUNCH_OVERHEAD_S)
+    with_epilogue = dataclasses.replace(w, epilogue=(
+        EpilogueStep("sigmoid"),))
+    extra = 2 * 1024 * 1024 * 4 / 3350e9 + analytic.LAUNCH_OVERHEAD_S
+    assert analytic.predict_vendor(with_epilogue, H100, "cublas").seconds == \
+        pytest.approx(got.seconds + extra, rel=1e-3)
+
+
+def test_generated_prediction_waves_and_occupancy():
+    w = _gemm(1024, 1024, 1024)
+    roof = 2 * 1024 ** 3 / 67e12
+    usage = {"k": ResourceUsage(registers=32)}
+    # 264 blocks of 256 threads: 8 per SM x 132 SMs = 1056 per wave -> 1 wave, 1/4 full.
+    quarter = [KernelLaunch("k", LaunchConfig((264, 1, 1), (256, 1, 1), 0))]
+    got = analytic.predict_generated(w, H100, quarter, usage)
+    assert got.waves == 1 and got.occupancy == 1.0
+    assert got.efficiency == pytest.approx(analytic.GENERATED_EFFICIENCY * 0.25)
+    assert got.seconds == pytest.approx(roof / got.efficiency + analytic.LAUNCH_OVERHEAD_S)
+    # 2112 blocks: exactly 2 full waves -> efficiency GENERATED_EFFICIENCY, 4x faster.
+    full = [KernelLaunch("k", LaunchConfig((2112, 1, 1), (256, 1, 1), 0))]
+    assert analytic.predict_generated(w, H100, full, usage).efficiency == \
+        pytest.approx(analytic.GENERATED_EFFICIENCY)
+    # Spilling halves the efficiency.
+    spilled = {"k": ResourceUsage(registers=32, spill_stores=8)}
+    assert analytic.predict_generated(w, H100, full, spilled).efficiency == \
+        pytest.approx(analytic.GENERATED_EFFICIENCY * analytic.SPILL_FACTOR)
+
+
+# ----------------------------------------------------------------------------- resources
+def test_ptxas_usage_over_the_preset_is_rejected():
+    launch = [KernelLaunch("wpk_k", LaunchConfig((10, 1, 1), (512, 1, 1), 0))]
+    assert check_usage({"wpk_k": ResourceUsage(registers=64)}, launch, H100) is None
+    reason = check_usage({"wpk_k": ResourceUsage(registers=255)}, launch, H100)
+    assert "255 registers x 512 threads" in reason and "65536" in reason
+    reason = check_usage({"wpk_k": ResourceUsage(registers=32, shared_bytes=64 * 1024)},
+                         launch, P100)
+    assert "65536 bytes of shared memory" in reason and "p100" in reason
+
+
+def test_config_over_the_shared_memory_limit_is_rejected_before_compiling():
+    w = Workload("Conv", (TensorSpec((1, 64, 28, 28)), TensorSpec((128, 64, 3, 3))),
+                 (TensorSpec((1, 128, 28, 28)),), (("pads", (1, 1, 1, 1)),))
+    config = dict(threads_x=8, threads_y=8, tile_k=16, block_k=4, tile_c=32, cache_input=1,
+                  cache_weight=1, gpu="p100")
+    cache = os.environ["WPK_CACHE_DIR"]
+    before = sorted(str(p) for p in Path(cache).rglob("cu_*"))
+    result = OfflinePredictor(P100)(w, Candidate(DSL_CUDA, config))
+    assert result.status.value == "compile_error"
+    assert "rejected before compiling" in result.message and "49152" in result.message
+    after = sorted(str(p) for p in Path(cache).rglob("cu_*"))
+    assert after == before   # nothing was compiled
+
+
+# ----------------------------------------------------------------------------- emulator
+def _shift_input_loads(stmt, buffer: str):
+    """The loop IR with every load of `buffer` reading one element further (off by one)."""
+    def expr(e):
+        if isinstance(e, L.Load) and e.buffer == buffer:
+            return dataclasses.replace(e, index=L.add(expr(e.index), 1))
+        if dataclasses.is_dataclass(e) and isinstance(e, L.Expr):
+            return dataclasses.replace(e, **{f.name: _visit(getattr(e, f.name), expr)
+                                             for f in dataclasses.fields(e)})
+        return e
+
+    return _visit(stmt, expr)
+
+
+def _visit(node, expr):
+    if isinstance(node, L.Expr):
+        return expr(node)
+    if isinstance(node, tuple):
+        return tuple(_visit(n, expr) for n in node)
+    if dataclasses.is_dataclass(node) and isinstance(node, (L.Stmt, L.Kernel)):
+        return dataclasses.replace(node, **{f.name: _visit(getattr(node, f.name), expr)
+                                            for f in dataclasses.fields(node)})
+    return node
+
+
+def test_sampled_emulation_passes_correct_kernel_and_catches_off_by_one():
+    w = _conv(8, 16, 20)
+    config = dict(threads_x=4, threads_y=4, tile_k=4, block_k=1, tile_c=8, cache_input=0,
+                  cache_weight=0, gpu="h100")
+    built = build_for(w, config, compile=False)
+    assert math.prod(built.launches[-1].launch.grid) > 16   # big enough to be sampled
+    good = verify_generated(w, built, np.random.default_rng(1))
+    assert good.ok and good.sampled and good.elements > 0, good
+    assert good.rel_l2_error < 1e-5
+    kernels = tuple(dataclasses.replace(k, body=_shift_input_loads(k.body, "X"))
+                    for k in built.func.kernels)
+    built.func = dataclasses.replace(built.func, kernels=kernels)
+    bad = verify_generated(w, built, np.random.default_rng(1))
+    assert not bad.ok
+    assert "relative L2 error" in bad.message or "out-of-bounds" in bad.message
+
+
+def test_full_emulation_reports_unwritten_outputs():
+    w = Workload("Relu", (TensorSpec((40,)),), (TensorSpec((40,)),))
+    built = build_for(w, dict(threads=32, per_thread=1, gpu="t4"), compile=False)
+    x = np.random.default_rng(0).standard_normal(40).astype(np.float32)
+    ok = verify_emulated(built.func, {"X": x}, {"Y": np.maximum(x, 0)})
+    assert ok.ok and not ok.sampled and ok.elements == 40
+    wrong = verify_emulated(built.func, {"X": x}, {"Y": np.maximum(x, 0) + 1})
+    assert not wrong.ok and "relative L2" in wrong.message
+
+
+def test_sample_blocks_covers_first_last_and_edges():
+    blocks = sample_blocks((10, 4, 2), np.random.default_rng(0), count=3)
+    assert {0, 79, 9, 30, 40} <= set(blocks)
+    assert len(blocks) <= 8 and all(0 <= b < 80 for b in blocks)
+    assert blocks == sample_blocks((10, 4, 2), np.random.default_rng(0), count=3)
+
+
+# ----------------------------------------------------------------------------- compile + arch
+@pytest.mark.parametrize("preset, arch", [("h100", "sm_90"), ("p100", "sm_60")])
+def test_generated_kernel_compiles_for_the_preset_arch(preset, arch):
+    w = Workload("Relu", (TensorSpec((1000,)),), (TensorSpec((1000,)),))
+    gpu = gpu_preset(preset)
+    configs = preferred_configs(w, gpu, count=2)
+    assert configs and all(c["gpu"] == preset for c in configs)
+    built = build_for(w, configs[0])
+    assert built.binary.arch == arch and cubin_arch(built.binary.cubin) == arch
+    result = OfflinePredictor(gpu)(w, Candidate(DSL_CUDA, configs[0]))
+    assert result.ok and result.extra["predicted"] and result.extra["arch"] == arch
+    assert "emulator" in result.message and result.median_s > 0
+
+
+# ----------------------------------------------------------------------------- presence
+def _a100():
+    return DetectedGpu(0, "NVIDIA A100-SXM4-80GB", (8, 0), 80 << 30, "a100")
+
+
+def test_absent_gpu_without_offline_names_both():
+    with pytest.raises(DeviceError) as info:
+        check_cuda_target("h100", offline=False, present=[])
+    assert "h100" in info.value.message and "no GPU present" in info.value.message
+    assert "--offline" in info.value.hint
+    with pytest.raises(DeviceError) as info:
+        check_cuda_target("h100", offline=False, present=[_a100()])
+    assert "found NVIDIA A100-SXM4-80GB (sm_80), not h100" in info.value.message
+    assert check_cuda_target("h100", offline=True, present=[]).name == "h100"
+    assert check_cuda_target("a100", offline=False, present=[_a100()]).name == "a100"
+    assert check_cuda_target("auto", offline=False, present=[_a100()]).name == "a100"
+    with pytest.raises(OptionError):
+        check_cuda_target("auto", offline=True, present=[])
