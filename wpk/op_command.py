@@ -1,0 +1,138 @@
+"""`wpk op`: tune and benchmark a single operator workload.
+
+    wpk op Conv --shape X=1x64x56x56 --shape W=64x64x3x3 --attr pads=1,1,1,1 --search ga
+    op_command("Conv", {"X": (1, 64, 56, 56), "W": (64, 64, 3, 3)}, {"pads": "1,1,1,1"},
+               target="cpu", search="ga", trials=32, as_json=False)  -> rich renderable
+
+The shapes name the node's inputs in order: the first is the data input, the
+others are constants (weights, bias) with seeded random values, so they are
+what an implementation may pre-pack. Attributes are parsed from text: comma
+lists of ints or floats, numbers, or strings. The output shapes come from ONNX
+shape inference. The vendor and library candidates are measured, the
+generated kernel is tuned (`--search`, `--trials`), and the per-operator
+report lists every candidate with its time and its speed-up over the vendor one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from wpk.errors import OptionError
+
+OPSET = 17
+
+
+def parse_attr(text: str) -> Any:
+    """'1,1' -> [1, 1]; '0.5' -> 0.5; '2' -> 2; anything else stays a string."""
+    parts = [p.strip() for p in str(text).split(",")]
+    for kind in (int, float):
+        try:
+            values = [kind(p) for p in parts]
+        except ValueError:
+            continue
+        return values if len(values) > 1 or "," in str(text) else values[0]
+    return str(text)
+
+
+def operator_model(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, Any],
+                   seed: int = 0) -> onnx.ModelProto:
+    """A one-node ONNX model: input 0 a graph input, the others seeded random initializers."""
+    if not shapes:
+        raise OptionError(f"wpk op {op}: give the input shapes",
+                          hint="e.g. --shape X=1x64x56x56 --shape W=64x64x3x3")
+    rng = np.random.default_rng(seed)
+    names = list(shapes)
+    initializers = []
+    for name in names[1:]:
+        shape = tuple(int(d) for d in shapes[name])
+        fan_in = max(1, int(np.prod(shape[1:], dtype=np.int64)))
+        value = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+        initializers.append(numpy_helper.from_array(value, name))
+    parsed = {k: parse_attr(v) if isinstance(v, str) else v for k, v in attrs.items()}
+    node = helper.make_node(op, names, ["Y"], name=op.lower(), **parsed)
+    first = helper.make_tensor_value_info(names[0], TensorProto.FLOAT, list(shapes[names[0]]))
+    out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([node], f"op_{op}", [first], [out], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              ir_version=8)
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception as exc:  # onnx raises InferenceError, a private type
+        raise OptionError(f"wpk op {op}: ONNX rejects these shapes or attributes: "
+                          f"{str(exc).strip().splitlines()[-1]}",
+                          hint="check --shape (node inputs in order) and --attr") from None
+
+
+def op_report(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, Any], *,
+              target: str = "cpu", search: str = "ga", trials: int | None = None,
+              budget: float | None = None, db: str | None = None,
+              progress: bool = False) -> dict:
+    """The benchmark report of one operator (the build report's shape, plus 'search')."""
+    from wpk.frontend import load_model
+    from wpk.pipeline import BuildOptions
+    from wpk.plans.planner import PlanOptions
+    from wpk.plans.report import make_report
+    from wpk.search_build import plan_with_search
+    from wpk.workloads import extract_workloads
+
+    options = BuildOptions(target=target, search=search, trials=trials, budget=budget, db=db,
+                           progress=progress)
+    graph = load_model(operator_model(op, shapes, attrs))
+    items = extract_workloads(graph)
+    choices, summary = plan_with_search(items, options, PlanOptions(seed=options.seed))
+    report = make_report(choices, target=target, model=f"op {op}", options=options.to_json())
+    report["search"] = summary
+    return report
+
+
+def candidates_table(report: Mapping):
+    """Every candidate of every workload side by side, with its speed-up over the vendor."""
+    from rich import box
+    from rich.table import Table
+
+    from wpk.plans.render import format_time
+
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold")
+    for column, justify in (("workload", "left"), ("candidate", "left"), ("kind", "left"),
+                            ("status", "left"), ("median", "right"), ("vs vendor", "right")):
+        table.add_column(column, justify=justify)
+    for workload in report["workloads"]:
+        vendor = [c["median_s"] for c in workload["candidates"]
+                  if c["kind"] == "vendor" and c["median_s"]]
+        best_vendor = min(vendor) if vendor else None
+        rows = sorted(workload["candidates"],
+                      key=lambda c: (c["median_s"] is None, c["median_s"] or 0.0))
+        for index, c in enumerate(rows):
+            speedup = (f"{best_vendor / c['median_s']:.2f}x"
+                       if best_vendor and c["median_s"] else "-")
+            mark = " *" if c["label"] == workload["chosen"] else ""
+            table.add_row(workload["label"] if index == 0 else "", c["label"] + mark,
+                          c["kind"], c["status"], format_time(c["median_s"]), speedup)
+    return table
+
+
+def op_command(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, Any],
+               target: str = "cpu", search: str = "ga", trials: int | None = None,
+               as_json: bool = False, budget: float | None = None, db: str | None = None,
+               progress: bool = True):
+    """`wpk op`: the report as JSON text (`as_json`) or a rich renderable (summary,
+    then every candidate side by side; the chosen one marked with *)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from wpk.plans.render import render_json, summary_lines
+
+    report = op_report(op, shapes, attrs, target=target, search=search, trials=trials,
+                       budget=budget, db=db, progress=progress and not as_json)
+    if as_json:
+        return render_json(report)
+    tuned = report["search"].get("tuned", [])
+    lines = summary_lines(report) + [
+        f"search {report['search']['search']}: " + (", ".join(
+            f"{t['trials']} trials ({t['stopped']})" for t in tuned) or "nothing to tune")]
+    return Group(Text("\n".join(lines)), candidates_table(report))
