@@ -1,0 +1,41 @@
+"""`wpk op`: one operator tuned and benchmarked, every candidate side by side."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from wpk.errors import OptionError
+from wpk.op_command import op_command, operator_model, parse_attr
+
+
+def test_attribute_text_is_parsed():
+    assert parse_attr("1,1") == [1, 1]
+    assert parse_attr("2") == 2
+    assert parse_attr("0.5") == 0.5
+    assert parse_attr("0.5,1") == [0.5, 1.0]
+    assert parse_attr("SAME_UPPER") == "SAME_UPPER"
+
+
+def test_bad_shapes_are_an_option_error():
+    with pytest.raises(OptionError, match="ONNX rejects"):
+        operator_model("MatMul", {"A": (2, 3), "B": (4, 5)}, {})
+    with pytest.raises(OptionError, match="give the input shapes"):
+        operator_model("Relu", {}, {})
+
+
+def test_op_report_lists_generated_and_vendor_candidates():
+    text = op_command("Conv", {"X": (1, 8, 10, 10), "W": (8, 1, 3, 3)},
+                      {"pads": "1,1,1,1", "group": "8"}, search="random", trials=2,
+                      as_json=True)
+    report = json.loads(text)
+    (workload,) = report["workloads"]
+    kinds = {c["kind"] for c in workload["candidates"]}
+    assert {"generated", "vendor"} <= kinds
+    assert report["search"]["tuned"][0]["trials"] == 2
+    console = Console(width=200, record=True)
+    console.print(op_command("Relu", {"X": (4, 33)}, {}, search="random", trials=2))
+    rendered = console.export_text()
+    assert "dsl.cpu" in rendered and "vs vendor" in rendered
