@@ -113,7 +113,7 @@ class OfflinePredictor:
     def _generated(self, workload, candidate, rng, base) -> Measurement:
         from wpk.kernels.cuda.analytic import predict_generated
         from wpk.kernels.cuda.generated import build_for
-        from wpk.kernels.cuda.offline import check_usage, spill_note
+        from wpk.kernels.cuda.offline import check_usage, cubin_arch, spill_note
 
         try:
             built = build_for(workload, candidate.config)
@@ -129,7 +129,10 @@ class OfflinePredictor:
                  "usage": {name: {"registers": u.registers, "shared_bytes": u.shared_bytes,
                                   "spill_stores": u.spill_stores, "spill_loads": u.spill_loads}
                            for name, u in usage.items()}}
+        extra["cubin_arch"] = cubin_arch(built.binary.cubin)
         reason = check_usage(usage, built.launches, self.gpu)
+        if extra["cubin_arch"] != self.gpu.arch:
+            reason = f"the cubin is for {extra['cubin_arch']}, not {self.gpu.arch}"
         if reason is not None:
             return Measurement(status=Status.RUNTIME_ERROR, message=f"ptxas usage: {reason}",
                                extra=extra, **base)
