@@ -11,6 +11,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto
 from onnx import helper as h
 
@@ -561,3 +563,48 @@ def test_to_onnx_expands_steps_as_the_kernels_apply_them(step, rng):
     expected = apply_epilogue(x.astype(np.float64), [step], [x.astype(np.float64),
                                                               b.astype(np.float64)])
     assert rel_l2(expected, got) <= 1e-5
+
+
+UNARY_FOR_PROPERTY = ["Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Erf", "Softplus", "Exp"]
+BINARY_FOR_PROPERTY = ["Add", "Sub", "Mul", "Div", "Max", "Min"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_elementwise_graphs_stay_equivalent(data):
+    """Random DAGs of elementwise ops (optionally after a Conv) are optimized without changing
+    what they compute, whatever the fusions chosen."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    with_conv = data.draw(st.booleans())
+    values, nodes, inits = ["x", "z"], [], {"W": weights(rng, 4, 4, 1, 1), "B": weights(rng, 4)}
+    if with_conv:
+        nodes.append(h.make_node("Conv", ["x", "W", "B"], ["c"]))
+        values.append("c")
+    for k in range(data.draw(st.integers(1, 7))):
+        out = f"v{k}"
+        if data.draw(st.booleans()):
+            op = data.draw(st.sampled_from(UNARY_FOR_PROPERTY))
+            src = data.draw(st.sampled_from(values))
+            if op == "Exp":  # keep magnitudes sane
+                nodes.append(h.make_node("Tanh", [src], [out + "t"]))
+                src = out + "t"
+            nodes.append(h.make_node(op, [src], [out]))
+        else:
+            op = data.draw(st.sampled_from(BINARY_FOR_PROPERTY))
+            a = data.draw(st.sampled_from(values))
+            kind = data.draw(st.sampled_from(["tensor", "scalar", "channel"]))
+            if kind == "tensor":
+                b = data.draw(st.sampled_from(values))
+            else:
+                b = f"k{k}"
+                shape = () if kind == "scalar" else (4, 1, 1)
+                inits[b] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+            pair = [a, b] if data.draw(st.booleans()) else [b, a]
+            nodes.append(h.make_node(op, pair, [out]))
+        values.append(out)
+    outputs = {values[-1]: 4}
+    if data.draw(st.booleans()) and len(values) > 3:
+        outputs[data.draw(st.sampled_from(values[2:-1]))] = 4
+    graph = build(nodes, {"x": [1, 4, 3, 3], "z": [1, 4, 3, 3]}, outputs, inits)
+    optimized, _ = optimize_checked(graph)
+    assert_equivalent(graph, optimized, rng, tol=1e-5)
