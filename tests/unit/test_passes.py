@@ -608,3 +608,35 @@ def test_random_elementwise_graphs_stay_equivalent(data):
     graph = build(nodes, {"x": [1, 4, 3, 3], "z": [1, 4, 3, 3]}, outputs, inits)
     optimized, _ = optimize_checked(graph)
     assert_equivalent(graph, optimized, rng, tol=1e-5)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_layout_chains_stay_equivalent(data):
+    """Random chains of Reshape/Transpose/Identity/Flatten/Relu, with some intermediates as
+    graph outputs: no-op removal and pair collapsing keep values and output names."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    shape, nodes, inits, values, ranks = [2, 3, 4], [], {}, ["x"], {}
+    for k in range(data.draw(st.integers(1, 8))):
+        src, out = values[-1], f"v{k}"
+        op = data.draw(st.sampled_from(["Reshape", "Transpose", "Identity", "Relu", "Flatten"]))
+        if op == "Reshape":
+            shape = list(data.draw(st.sampled_from([(2, 3, 4), (6, 4), (4, 6), (24,), (2, 12)])))
+            inits[f"s{k}"] = np.array(shape, np.int64)
+            nodes.append(h.make_node("Reshape", [src, f"s{k}"], [out]))
+        elif op == "Transpose":
+            perm = list(data.draw(st.permutations(range(len(shape)))))
+            nodes.append(h.make_node("Transpose", [src], [out], perm=perm))
+            shape = [shape[p] for p in perm]
+        elif op == "Flatten":
+            nodes.append(h.make_node("Flatten", [src], [out], axis=1))
+            shape = [shape[0], int(np.prod(shape[1:]))]
+        else:
+            nodes.append(h.make_node(op, [src], [out]))
+        values.append(out)
+        ranks[out] = len(shape)
+    chosen = data.draw(st.lists(st.sampled_from(values[1:]), max_size=2, unique=True))
+    outputs = {name: ranks[name] for name in dict.fromkeys([*chosen, values[-1]])}
+    graph = build(nodes, {"x": [2, 3, 4]}, outputs, inits)
+    optimized, _ = optimize_checked(graph)
+    assert_equivalent(graph, optimized, rng, tol=0.0)
