@@ -19,7 +19,15 @@ from onnx import helper as h
 from wpk.frontend import load_model
 from wpk.graph import Graph
 from wpk.kernels.workload import EpilogueStep
-from wpk.passes import PIPELINE, PassReport, PipelineEntry, optimize, passes_for, to_onnx
+from wpk.passes import (
+    PIPELINE,
+    PassReport,
+    PipelineEntry,
+    optimize,
+    passes_for,
+    rule_docs,
+    to_onnx,
+)
 from wpk.passes.base import check_graph
 
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
@@ -456,6 +464,13 @@ def test_fusion_case(case, rng):
     for rule in rules:
         assert report.rules[rule] >= 1, f"rule {rule} did not fire: {report.rules}"
     assert_equivalent(graph, optimized, rng)
+
+
+def test_every_rule_is_documented_and_reported(rng):
+    graph, _, _ = case_conv_bn_relu(rng)
+    _, report = optimize(graph, target=TARGET)
+    docs = rule_docs()
+    assert set(report.rules) == set(docs) and all(docs.values())
 
 
 def test_residual_add_then_relu_order(rng):

@@ -36,7 +36,7 @@ from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
 
 __all__ = ["ELEMENTWISE_OP", "PIPELINE", "WPK_DOMAIN", "PassReport", "PipelineEntry",
-           "optimize", "passes_for", "to_onnx"]
+           "optimize", "passes_for", "rule_docs", "to_onnx"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,13 @@ class PassReport:
                 "ops_after": self.ops_after, "passes": self.passes, "rules": self.rules,
                 "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
                 "nodes_before": self.nodes_before, "nodes_after": self.nodes_after}
+
+
+def rule_docs() -> dict[str, str]:
+    """One line per fusion rule (name -> what it fuses), in pipeline order."""
+    return {rule.name: rule.doc
+            for rules in (LINEAR_RULES, PATTERN_RULES, CHAIN_RULES, EPILOGUE_RULES)
+            for rule in rules}
 
 
 def passes_for(target: str) -> list[GraphPass]:
