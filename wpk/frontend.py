@@ -5,9 +5,12 @@
 Steps: parse (path, bytes or ModelProto) -> fix symbolic input dims from
 `input_shapes` -> `onnx.checker.check_model(full_check=True)` ->
 `onnx.shape_inference.infer_shapes(strict_mode=True, data_prop=True)` ->
-`Graph`. Initializers, `Constant` nodes and `ConstantOfShape` of a constant
-shape become `graph.constants`; every tensor gets a static shape and dtype,
-by evaluating the model on zero inputs where shape inference leaves one open.
+`Graph`. Checker and inference see a skeleton of the model without the data
+of big initializers (so a 500 MB model is not serialized twice). Initializers
+(also those declared as graph inputs, as old opsets do), `Constant` nodes and
+`ConstantOfShape` of a constant shape become `graph.constants`; every tensor
+gets a static shape and dtype (`wpk.frontend_shapes` completes what inference
+leaves open, or says why it cannot). Unnamed nodes are named `<op>_<index>`.
 """
 
 from __future__ import annotations
@@ -206,12 +209,8 @@ def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
 def _check(proto: onnx.ModelProto, source: str) -> None:
     try:
         onnx.checker.check_model(proto, full_check=True)
-    except ValueError as exc:  # protobuf over 2 GiB: check without serializing
-        if "2GB" not in str(exc) and "2 GB" not in str(exc):
-            raise ModelError(f"'{source}' is not a valid ONNX model: {_first_line(exc)}",
-                             hint="fix the model (onnx.checker.check_model tells the details)"
-                             ) from exc
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError,
+            ValueError) as exc:
         text = str(exc)
         node = _node_in_message(proto, text)
         where = f" at node '{node}'" if node else ""
