@@ -33,6 +33,8 @@ class NumpyImplementation(Implementation):
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.op not in self.ops:
             return f"{self.name} implements {', '.join(self.ops)}, not {workload.op}"
+        if workload.domain not in ("", "ai.onnx", "wpk"):  # e.g. blocked wpk.nchwc ops
+            return f"{self.name} implements default-domain ops, not {workload.domain}"
         reason = unsupported_reason(workload)
         if reason:
             return reason
