@@ -348,6 +348,30 @@ def case_transformer_blocks(rng, blocks=3, dim=16):
         {"LayerNormalization": blocks, "MatMul": blocks}
 
 
+def case_squeeze_excite(rng):
+    """EfficientNet's block: Conv+BN+SiLU, squeeze-excite gate (broadcast Mul stays), Conv+BN,
+    identity residual."""
+    inits = conv_inits(rng, cin=4, cout=4)
+    inits.update(W1=weights(rng, 2, 4, 1, 1), B1=weights(rng, 2), W2=weights(rng, 4, 2, 1, 1),
+                 B2=weights(rng, 4), W3=weights(rng, 4, 4, 1, 1) * 0.3,
+                 s3=weights(rng, 4, positive=True), b3=weights(rng, 4), m3=weights(rng, 4),
+                 v3=weights(rng, 4, positive=True))
+    nodes = [conv(), bn(), h.make_node("Sigmoid", ["n"], ["sg"]),
+             h.make_node("Mul", ["n", "sg"], ["a"]),
+             h.make_node("GlobalAveragePool", ["a"], ["p"]),
+             h.make_node("Conv", ["p", "W1", "B1"], ["q"]),
+             h.make_node("Sigmoid", ["q"], ["q1"]), h.make_node("Mul", ["q", "q1"], ["q2"]),
+             h.make_node("Conv", ["q2", "W2", "B2"], ["r"]), h.make_node("Sigmoid", ["r"], ["g"]),
+             h.make_node("Mul", ["a", "g"], ["ag"]),
+             h.make_node("Conv", ["ag", "W3"], ["o"]),
+             h.make_node("BatchNormalization", ["o", "s3", "b3", "m3", "v3"], ["on"]),
+             h.make_node("Add", ["on", "x"], ["y"])]
+    graph = build(nodes, {"x": [1, 4, 6, 6]}, {"y": 4}, inits)
+    return graph, {"silu", "batchnorm_into_conv", "epilogue_activation",
+                   "epilogue_residual_add"}, \
+        {"Conv": 4, "GlobalAveragePool": 1, "Mul": 1}
+
+
 def case_single_elementwise_stays(rng):
     return build([h.make_node("Relu", ["x"], ["y"])], {"x": [3, 5]}, {"y": 2}), set(), \
         {"Relu": 1}
@@ -443,6 +467,7 @@ CASES = {
     "not_gelu_tanh_chains": gelu_tanh_case(0.05),
     "single_elementwise_stays": case_single_elementwise_stays,
     "transformer_blocks": case_transformer_blocks,
+    "squeeze_excite": case_squeeze_excite,
     "layer_norm_pow_affine": layer_norm_case("pow", True, 17),
     "layer_norm_mul_axes_input": layer_norm_case("mul", False, 18),
     "layer_norm_old_opset_kept": layer_norm_case("pow", True, 13),
