@@ -2,7 +2,8 @@
 
 The C function takes one `restrict` pointer per parameter buffer (inputs, then
 outputs) and allocates its workspaces itself. `parallel` loops become
-`#pragma omp parallel for`, `vectorize` loops `#pragma omp simd`, `unroll`
+`#pragma omp parallel for schedule(dynamic)` (a thread that the OS preempts on a
+busy machine does not hold the others back), `vectorize` loops `#pragma omp simd`, `unroll`
 loops `#pragma GCC unroll`. Build with `gcc -O3 -march=native -fopenmp`.
 """
 
@@ -29,6 +30,15 @@ static inline float wpk_maxf(float a, float b) { return a > b ? a : b; }
 static inline float wpk_minf(float a, float b) { return a < b ? a : b; }
 static inline double wpk_max(double a, double b) { return a > b ? a : b; }
 static inline double wpk_min(double a, double b) { return a < b ? a : b; }
+// glibc's vector math (libmvec, linked through -lm) for these inside `omp simd` loops
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#pragma omp declare simd notinbranch
+float erff(float);
 """
 
 
@@ -128,8 +138,7 @@ class CPrinter:
 
     def stmt(self, s: L.Stmt) -> None:
         if isinstance(s, L.Seq):
-            for child in s.stmts:
-                self.stmt(child)
+            self.sequence(list(s.stmts))
         elif isinstance(s, L.For):
             self.loop(s)
         elif isinstance(s, L.Allocate):
@@ -155,9 +164,31 @@ class CPrinter:
         self.stmt(s)
         self.indent -= 1
 
-    def loop(self, s: L.For) -> None:
+    def sequence(self, stmts: list[L.Stmt]) -> None:
+        """Statements in order; consecutive parallel loops share one OpenMP parallel region
+        (one wake-up of the thread team; `omp for`'s implicit barrier orders them)."""
+        i = 0
+        while i < len(stmts):
+            run = 0
+            while i + run < len(stmts) and isinstance(stmts[i + run], L.For) and \
+                    stmts[i + run].kind == "parallel":
+                run += 1
+            if run < 2:
+                self.stmt(stmts[i])
+                i += 1
+                continue
+            self.emit("#pragma omp parallel")
+            self.emit("{")
+            self.indent += 1
+            for loop in stmts[i:i + run]:
+                self.loop(loop, pragma="#pragma omp for schedule(dynamic)")
+            self.indent -= 1
+            self.emit("}")
+            i += run
+
+    def loop(self, s: L.For, pragma: str = "#pragma omp parallel for schedule(dynamic)") -> None:
         if s.kind == "parallel":
-            self.emit("#pragma omp parallel for")
+            self.emit(pragma)
         elif s.kind == "vectorize":
             self.emit("#pragma omp simd")
         elif s.kind == "unroll":
