@@ -235,6 +235,61 @@ def devices(as_json: bool) -> None:
         Console().print(render_devices(info))
 
 
+@cli.command("op")
+@click.argument("op_type", metavar="OP")
+@click.option("--shape", "shapes", multiple=True, required=True, metavar="NAME=1x64x56x56",
+              help="Input shapes in node-input order: data first, then weights (repeatable).")
+@click.option("--attr", "attrs", multiple=True, metavar="NAME=VALUE",
+              help="Node attribute, e.g. strides=2,2 or alpha=0.1 (repeatable).")
+@click.option("--cpu", is_flag=True, help="Measure on the host CPU (the default).")
+@click.option("--gpu", metavar="NAME", help="Measure on a GPU preset.")
+@click.option("--search", type=click.Choice(SEARCHES), default="ga", show_default=True,
+              help="Schedule search for the generated kernel.")
+@click.option("--trials", type=click.IntRange(min=1), help="Search trials.")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Time budget for the search.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path),
+              help="Tuning records (JSON lines) to reuse and extend.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+def op(op_type: str, shapes: tuple[str, ...], attrs: tuple[str, ...], cpu: bool,
+       gpu: str | None, search: str, trials: int | None, budget: float | None,
+       db: Path | None, as_json: bool) -> None:
+    """Tune one operator workload and print its per-operator benchmark report."""
+    from wpk.op_command import op_command, parse_attr
+
+    target, _ = _target(cpu, gpu)
+    named_shapes = {}
+    for value in shapes:
+        name, sep, dims = value.rpartition("=")
+        if not sep or not name:
+            raise OptionError(f"--shape: expected NAME=DIMS, got '{value}'",
+                              hint="e.g. --shape X=1x64x56x56 --shape W=64x64x3x3")
+        named_shapes[name] = parse_shape(dims, "--shape")
+    named_attrs = {}
+    for value in attrs:
+        name, sep, text = value.partition("=")
+        if not sep or not name:
+            raise OptionError(f"--attr: expected NAME=VALUE, got '{value}'",
+                              hint="e.g. --attr strides=2,2")
+        named_attrs[name] = parse_attr(text)
+    _print(op_command(op_type, named_shapes, named_attrs, target=target, search=search,
+                      trials=trials, as_json=as_json, budget=budget,
+                      db=None if db is None else str(db)))
+
+
+@cli.command()
+@click.argument("plan", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--trials", type=click.IntRange(min=1), help="Configs to measure per workload.")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Time budget for the whole tuning.")
+def tune(plan: Path, trials: int | None, budget: float | None) -> None:
+    """Measure on the present GPU what an --offline build predicted, and rewrite PLAN."""
+    from wpk.tune_command import tune_plan
+
+    summary = tune_plan(str(plan), trials=trials, budget=budget)
+    click.echo(json.dumps(summary, indent=2, default=str))
+
+
 @cli.group()
 def records() -> None:
     """Inspect and merge tuning records (JSON lines written by `wpk build --db`)."""
