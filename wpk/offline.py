@@ -25,6 +25,7 @@ per choice and a statement that `wpk tune PLAN` on the GPU measures them.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -85,9 +86,26 @@ class OfflinePredictor:
     """A planner `measure` function that predicts instead of timing (module docstring).
     Generated kernels are compiled, resource-checked and emulator-verified first."""
 
-    def __init__(self, gpu, seed: int = 0):
+    def __init__(self, gpu, seed: int = 0, pool=None):
         self.gpu = gpu
         self.seed = seed
+        self.pool = pool              # a concurrent.futures executor for `prefetch`
+        self._builds: dict = {}
+
+    def prefetch(self, workload: Workload, candidate: Candidate) -> None:
+        """Start building (compiling) a generated candidate in the pool, so compilation
+        overlaps the emulator runs of the candidates before it."""
+        from wpk.kernels.cuda.generated import build_for
+
+        key = (workload.key, candidate.label)
+        if self.pool is not None and key not in self._builds:
+            self._builds[key] = self.pool.submit(build_for, workload, candidate.config)
+
+    def _build(self, workload: Workload, candidate: Candidate):
+        from wpk.kernels.cuda.generated import build_for
+
+        future = self._builds.pop((workload.key, candidate.label), None)
+        return future.result() if future is not None else build_for(workload, candidate.config)
 
     def __call__(self, workload: Workload, candidate: Candidate, rng=None, **_timing
                  ) -> Measurement:
@@ -112,11 +130,10 @@ class OfflinePredictor:
 
     def _generated(self, workload, candidate, rng, base) -> Measurement:
         from wpk.kernels.cuda.analytic import predict_generated
-        from wpk.kernels.cuda.generated import build_for
         from wpk.kernels.cuda.offline import check_usage, cubin_arch, spill_note
 
         try:
-            built = build_for(workload, candidate.config)
+            built = self._build(workload, candidate)
         except ScheduleError as exc:
             return Measurement(status=Status.COMPILE_ERROR, message=f"rejected before "
                                f"compiling: {exc.message}", extra={"predicted": True}, **base)
@@ -170,26 +187,46 @@ def verify_generated(workload: Workload, built, rng=None, seed: int = 0):
 
 
 def offline_provider(gpu, count: int = DEFAULT_CONFIGS):
-    """A planner candidate provider for an offline build for `gpu`."""
+    """A planner candidate provider for an offline build for `gpu` (cached per workload)."""
     from wpk.kernels.cuda.predicted import offline_candidates
+
+    found: dict[str, list[Candidate]] = {}
 
     @functools.wraps(offline_candidates)
     def provide(workload: Workload, target: str) -> list[Candidate]:
-        return offline_candidates(workload, gpu, count) if target == "cuda" else []
+        if target != "cuda":
+            return []
+        if workload.key not in found:
+            found[workload.key] = offline_candidates(workload, gpu, count)
+        return found[workload.key]
 
     return provide
 
 
 def plan_offline(items: Sequence, gpu, plan_options, progress: bool = False,
-                 count: int = DEFAULT_CONFIGS, seed: int = 0):
-    """The planner's choices for `items` on `gpu`, every candidate predicted."""
+                 count: int = DEFAULT_CONFIGS, seed: int = 0, jobs: int | None = None):
+    """The planner's choices for `items` on `gpu`, every candidate predicted. Generated
+    kernels compile in `jobs` threads (default: the CPU count) ahead of their checks."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from wpk.plans.planner import plan
     from wpk.plans.progress import progress_bar
 
-    with progress_bar(progress, description=f"predicting for {gpu.name}") as on_progress:
-        return plan(items, "cuda", plan_options, on_progress,
-                    providers=[offline_provider(gpu, count)],
-                    measure=OfflinePredictor(gpu, seed))
+    provider = offline_provider(gpu, count)
+    with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool, \
+            progress_bar(progress, description=f"predicting for {gpu.name}") as on_progress:
+        predictor = OfflinePredictor(gpu, seed, pool)
+        workloads = {item.workload.key: item.workload for item in items}
+        for workload in workloads.values():
+            for candidate in provider(workload, "cuda"):
+                if candidate.implementation.name == "dsl.cuda":
+                    predictor.prefetch(workload, candidate)
+        try:
+            return plan(items, "cuda", plan_options, on_progress, providers=[provider],
+                        measure=predictor)
+        finally:
+            for future in predictor._builds.values():
+                future.cancel()
 
 
 def predicted_statement(gpu_name: str) -> str:

@@ -136,7 +136,8 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     if gpu is not None:  # --offline cuda: every choice predicted (wpk.offline)
         from wpk.offline import plan_offline
 
-        choices = plan_offline(items, gpu, plan_options, opts.progress, seed=opts.seed)
+        choices = plan_offline(items, gpu, plan_options, opts.progress, seed=opts.seed,
+                               jobs=opts.jobs)
     elif opts.search != "none" or opts.db is not None:  # records, and generated kernels
         from wpk.search_build import plan_with_search
 
