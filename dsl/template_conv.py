@@ -15,10 +15,13 @@ class ConvTemplate(Template):
     """2-D convolution in NCHW (axes n, k, y, x; reduction c, r, s).
 
     CPU: loops n, k.o, y.o, x.o (fused into one parallel loop), c.o, then c.i, r, s
-    (unrolled window), then a register tile k.i x y.i x x.i with x.i vectorised.
+    (unrolled window), then a register tile k.i x y.i x x.i with x.i vectorised;
+    with `k_inner` the pixel tiles are outermost and k.o inside them, so one input
+    patch (`cache_input=1`) serves every output-channel tile.
     With `fuse_yx` the output pixels y*x form one axis (good for small images and
-    1x1 kernels). `cache_input` copies the zero-padded input patch of each c block
-    into a local buffer, removing the padding test from the inner loop.
+    1x1 kernels). `cache_input` 1 copies the zero-padded input patch (of each c block,
+    or of the pixel tile with `k_inner`) into a local buffer, 2 the whole padded input
+    once; both remove the padding test from the inner loop.
     CUDA: blocks over (n, k.o, y.o, x.o), threads over (y.i, x.i), a `tile_k`
     register tile per thread, optional shared-memory staging of the input patch
     and of the weights per `tile_c` block of input channels."""
@@ -43,6 +46,7 @@ class ConvTemplate(Template):
                 tile_c=sorted({t for t in (c, 4, 8, 16, 32, 64) if t <= c}, reverse=True),
                 cache_input=[0, 1, 2],
                 unroll_window=[1, 0],
+                k_inner=[0, 1],
             )
         return KnobSpace(
             threads_x=_choices([4, 8, 16, 32], max(x, 4)),
@@ -80,14 +84,30 @@ class ConvTemplate(Template):
             if config["fuse_yx"]:
                 p = s.fuse(y, x)
                 po, pi = s.split(p, config["tile_x"])
-                s.reorder(n, ko, po, co, ci, r, w, ki, pi)
-                outer, tile = [n, ko, po], [ki, pi]
+                pixels, tile = [n, po], [ki, pi]
             else:
                 yo, yi = s.split(y, config["tile_y"])
                 xo, xi = s.split(x, config["tile_x"])
-                s.reorder(n, ko, yo, xo, co, ci, r, w, ki, yi, xi)
-                outer, tile = [n, ko, yo, xo], [ki, yi, xi]
+                pixels, tile = [n, yo, xo], [ki, yi, xi]
                 s.unroll(yi)
+            if config["k_inner"]:  # pixel tiles outside: one input patch serves every k tile
+                s.reorder(*pixels, ko, co, ci, r, w, *tile)
+                fused = pixels[0]
+                for nxt in pixels[1:]:
+                    fused = s.fuse(fused, nxt)
+                s.parallel(fused)
+                s.cache_write(ko)
+                s.unroll(ki)
+                s.vectorize(tile[-1])
+                if config["unroll_window"]:
+                    s.unroll(r)
+                    s.unroll(w)
+                if config["cache_input"] and inputs[0] is not None:
+                    s.cache_read(inputs[0], "local", fused if config["cache_input"] == 1
+                                 else None)
+                return
+            s.reorder(n, ko, *pixels[1:], co, ci, r, w, *tile)
+            outer = [n, ko, *pixels[1:]]
             s.cache_write(outer[-1])
             s.unroll(ki)
             s.vectorize(tile[-1])

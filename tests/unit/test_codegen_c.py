@@ -55,7 +55,7 @@ def test_conv_edge_shapes_on_c_and_emulated_cuda(case):
 def test_generated_c_is_readable_and_uses_openmp_simd_restrict():
     op, bindings, arrays, ref = conv_case(**EDGE_CASES["odd sizes"])
     config = {"tile_k": 4, "fuse_yx": 0, "tile_x": 8, "tile_y": 2, "tile_c": 3,
-              "cache_input": 1, "unroll_window": 1}
+              "cache_input": 1, "unroll_window": 1, "k_inner": 0}
     kernel = build_cpu(op, bindings, config)
     src = kernel.source
     assert "void wpk_conv2d_bias(const float* restrict X" in src

@@ -98,7 +98,7 @@ def test_validate_rejects_resource_overflows_with_reasons():
     big, _ = conv_op(c=3, h=30, k=64, r=7)
     window = template_for(big, "cpu", host_cpu())
     unrolled = {"tile_k": 16, "fuse_yx": 0, "tile_x": 16, "tile_y": 2, "tile_c": 3,
-                "cache_input": 2, "unroll_window": 1}
+                "cache_input": 2, "unroll_window": 1, "k_inner": 0}
     assert "unrolled loops" in window.validate(unrolled)
     assert window.validate(dict(unrolled, unroll_window=0)) is None
 
