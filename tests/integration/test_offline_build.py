@@ -121,3 +121,37 @@ def test_tune_without_the_gpu_is_a_device_error(model_path, tmp_path):
     assert "p100" in info.value.message and "no GPU present" in info.value.message
     assert "p100" in info.value.hint
     assert out.read_bytes() == before
+
+
+def test_retune_rewrites_the_plan_with_the_new_choices(model_path, tmp_path):
+    """The plan rewrite of `wpk tune`, driven here by the offline predictor (the GPU
+    measurement needs a GPU): vendor placeholders are not candidates of a tune, so the
+    convolutions move to generated kernels with their cubins, and the plan stays marked
+    predicted because the predictor's results are predictions."""
+    from wpk.devices import gpu_preset
+    from wpk.offline import OfflinePredictor
+    from wpk.plans.planfile import write_plan
+    from wpk.tune_command import retune
+
+    out = tmp_path / "model.wpk"
+    assert main(["build", str(model_path), "--gpu", "p100", "--offline", "-q",
+                 "-o", str(out)]) == 0
+    plan = read_plan(out)
+    gpu = gpu_preset("p100")
+    untouched = retune(read_plan(out), gpu, OfflinePredictor(gpu), trials=2, budget=1e-9)
+    assert untouched["measured"] == 0 and untouched["left_predicted"] > 0
+    summary = retune(plan, gpu, OfflinePredictor(gpu), trials=2)
+    assert summary["changed"] > 0 and summary["measured"] > 0
+    impls = {step["impl"] for step in plan.manifest["steps"]}
+    assert "cuda.cudnn.predicted" not in impls and "cuda.cublas.predicted" not in impls
+    for step in plan.manifest["steps"]:
+        if step["impl"] == "dsl.cuda":
+            cubin = plan.kernels[next(m for m in step["artifacts"] if m.endswith(".cubin"))]
+            assert cubin_arch(cubin) == "sm_60"
+    referenced = {m for step in plan.manifest["steps"] for m in step["artifacts"]}
+    assert set(plan.kernels) == referenced
+    assert plan.report["predicted"]["statement"]
+    write_plan(plan, out)
+    again = read_plan(out)
+    assert [s["impl"] for s in again.manifest["steps"]] == \
+        [s["impl"] for s in plan.manifest["steps"]]
