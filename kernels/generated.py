@@ -18,7 +18,10 @@ What maps (float32 only):
 - Softmax and LayerNormalization over the last axis (reshaped to 2-D),
   Softmax of opset < 13 over any axis (its 2-D coercion);
 - `Elementwise` chains and plain unary/binary ONNX elementwise ops, their
-  dims coalesced where every operand broadcasts alike.
+  dims coalesced where every operand broadcasts alike;
+- blocked `wpk.nchwc` Convs (regular, first-layer NCHW input, depthwise) ->
+  operators written over the blocked layout, filters packed in `prepare`
+  (`wpk.kernels.generated_nchwc`).
 
 The workload's epilogue is fused into the output stage with
 `wpk.dsl.epilogue.with_epilogue`. `configs(workload)` is empty: generated
@@ -54,6 +57,7 @@ class DslMapping:
     feeds: dict[str, int]
     output: str
     library_op: str              # the library operator it came from ("" when written here)
+    packed: tuple = ()           # (param, input index, packer, blocks, block): packed once
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -108,7 +112,7 @@ def coalesce(out: Sequence[int], operands: Sequence[Sequence[int]]
     return new_out, new_ops
 
 
-def _pads_2d(workload: Workload, kernel: tuple[int, int]):
+def pads_2d(workload: Workload, kernel: tuple[int, int]):
     """(pad_t, pad_l, pad_b, pad_r, strides, dilations) giving exactly the output size."""
     from wpk.kernels.cpu.window import window_geometry
 
@@ -127,7 +131,7 @@ def _map_conv(w: Workload, lib, core: int):
     x, wt = w.inputs[0], w.inputs[1]
     if len(x.shape) != 4 or wt is None or len(wt.shape) != 4:
         return "only 2-D convolutions (NCHW) map to DSL operators"
-    found = _pads_2d(w, tuple(wt.shape[2:]))
+    found = pads_2d(w, tuple(wt.shape[2:]))
     if found is None:
         return "the padding does not give the output size"
     (pt, pl, pb, pr), geom = found
@@ -204,7 +208,7 @@ def _map_pool(w: Workload, lib, core: int):
     if len(w.outputs) > 1:
         return "MaxPool with an Indices output does not map"
     kernel = tuple(int(k) for k in w.attr("kernel_shape"))
-    found = _pads_2d(w, kernel)
+    found = pads_2d(w, kernel)
     if found is None:
         return "the padding does not give the output size"
     (pt, pl, pb, pr), geom = found
@@ -290,8 +294,9 @@ def _map(w: Workload) -> DslMapping | str:
     from wpk.kernels.cpu.tensor_formulas import BINARY_UFUNCS, UNARY_AS_STEP
     from wpk.kernels.dsl_library import load_operator
 
-    if w.domain not in ("", "ai.onnx") and not is_elementwise(w):
-        return f"domain {w.domain!r} ops do not map to DSL operators"
+    nchwc = w.domain == "wpk.nchwc" and w.op == "Conv"
+    if w.domain not in ("", "ai.onnx") and not is_elementwise(w) and not nchwc:
+        return f"domain {w.domain!r} {w.op} does not map to DSL operators"
     specs = [s for s in w.inputs if s is not None] + list(w.outputs)
     if any(s.dtype != DTYPE for s in specs):
         return "generated kernels compute float32 only"
@@ -300,14 +305,24 @@ def _map(w: Workload) -> DslMapping | str:
     if is_elementwise(w) or w.op in UNARY_AS_STEP or (
             w.op in BINARY_UFUNCS and core_input_count(w) == 2):
         return _elementwise(w)
-    mapper = MAPPERS.get(w.op)
-    if mapper is None:
-        return f"no DSL operator for {w.op}"
     core = core_input_count(w)
-    found = mapper(w, load_operator, core)
-    if isinstance(found, str):
-        return found
-    op, shapes, scalars, feeds, out, new_out = found
+    packed = ()
+    if nchwc:
+        from wpk.kernels.generated_nchwc import map_nchwc_conv
+
+        found = map_nchwc_conv(w, core)
+        if isinstance(found, str):
+            return found
+        op, shapes, scalars, feeds, packed = found
+        out = new_out = tuple(w.outputs[0].shape)
+    else:
+        mapper = MAPPERS.get(w.op)
+        if mapper is None:
+            return f"no DSL operator for {w.op}"
+        found = mapper(w, load_operator, core)
+        if isinstance(found, str):
+            return found
+        op, shapes, scalars, feeds, out, new_out = found
     operands = sorted({s.operand for s in w.epilogue if s.operand is not None})
     folded = {}
     for i in operands:
@@ -320,7 +335,8 @@ def _map(w: Workload) -> DslMapping | str:
     feeds = feeds | {f"E{i}": i for i in operands}
     shapes = dict(shapes) | {f"E{i}": s for i, s in folded.items()}
     return DslMapping(op, _bind(op, shapes, scalars), feeds, op.outputs[0],
-                      "" if op.name.startswith(("gemm_", "elementwise")) else op.name)
+                      "" if op.name.startswith(("gemm_", "elementwise", "conv_nchwc"))
+                      else op.name, packed)
 
 
 _MAPPINGS: dict[str, DslMapping | str] = {}
@@ -422,13 +438,24 @@ class DslCpu(Implementation):
         if isinstance(mapping, str):
             raise ValueError(f"{workload.label}: {mapping}")
         built = build_cpu(mapping.op, mapping.bindings, dict(config))
-        order = []   # (is_output, index, size) per C parameter
+        packed = {}
+        if mapping.packed:
+            from wpk.kernels.generated_nchwc import PACKERS
+
+            for param, index, packer, blocks, block in mapping.packed:
+                if index not in consts:
+                    raise ValueError(f"{workload.label}: input {index} must be a constant")
+                value = np.asarray(consts[index], np.float32)
+                packed[param] = PACKERS[packer](value, blocks, block)
+        order = []   # (source, index or packed array, size) per C parameter
         for buffer in built.func.params:
             size = math.prod(buffer.shape)
             if buffer.name == mapping.output:
-                order.append((True, 0, size))
+                order.append(("out", 0, size))
+            elif buffer.name in packed:
+                order.append(("packed", packed[buffer.name], size))
             elif buffer.name in mapping.feeds:
-                order.append((False, mapping.feeds[buffer.name], size))
+                order.append(("in", mapping.feeds[buffer.name], size))
             else:
                 raise ValueError(f"generated kernel parameter {buffer.name} has no feed")
         fn = built._fn
@@ -436,7 +463,11 @@ class DslCpu(Implementation):
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
             pointers, temps = [], []
-            for is_output, index, size in order:
+            for source, index, size in order:
+                if source == "packed":
+                    pointers.append(index.ctypes.data)
+                    continue
+                is_output = source == "out"
                 array = outputs[index] if is_output else inputs[index]
                 if array.size != size:
                     raise ValueError(f"{keep.func.name}: tensor of {array.size} elements "

@@ -92,6 +92,22 @@ CASES = {
         "Elementwise", (t(3, 7), t(1)), (t(3, 7),), (), (E("div", operand=1, swap=True),
                                                        E("tanh")), domain="wpk"),
     "relu": Workload("Relu", (t(3, 7),), (t(3, 7),)),
+    "nchwc_first_conv_stride2": Workload(
+        "Conv", (t(1, 3, 11, 11), t(20, 3, 3, 3), t(20)), (t(1, 2, 5, 5, 16),),
+        (("block", 16), ("channels", 20), ("strides", (2, 2))), (E("relu"),),
+        domain="wpk.nchwc", const_inputs=(1, 2)),
+    "nchwc_pointwise_padded_lanes": Workload(
+        "Conv", (t(1, 1, 5, 5, 16), t(24, 12, 1, 1)), (t(1, 2, 5, 5, 16),),
+        (("block", 16), ("channels", 24)), domain="wpk.nchwc", const_inputs=(1,)),
+    "nchwc_3x3_residual": Workload(
+        "Conv", (t(1, 2, 7, 7, 16), t(16, 32, 3, 3), t(16), t(1, 1, 7, 7, 16)),
+        (t(1, 1, 7, 7, 16),), (("block", 16), ("channels", 16), ("pads", (1, 1, 1, 1))),
+        (E("add", operand=3), E("relu")), domain="wpk.nchwc", const_inputs=(1, 2)),
+    "nchwc_depthwise_stride2": Workload(
+        "Conv", (t(1, 2, 9, 9, 16), t(32, 1, 3, 3), t(32)), (t(1, 2, 5, 5, 16),),
+        (("block", 16), ("channels", 32), ("group", 32), ("pads", (1, 1, 1, 1)),
+         ("strides", (2, 2))), (E("clip", (("max", 6.0), ("min", 0.0))),),
+        domain="wpk.nchwc", const_inputs=(1, 2)),
     "add_broadcast_row": Workload("Add", (t(3, 7), t(7)), (t(3, 7),)),
     "hard_swish_odd": Workload("HardSwish", (t(1, 13),), (t(1, 13),)),
 }
@@ -132,8 +148,12 @@ def test_generated_kernel_takes_non_contiguous_inputs(rng):
 
 
 UNSUPPORTED = {
-    "nchwc domain": (Workload("Conv", (t(1, 1, 4, 4, 16), t(16, 16, 1, 1)),
-                              (t(1, 1, 4, 4, 16),), domain="wpk.nchwc"), "domain"),
+    "nchwc pool": (Workload("MaxPool", (t(1, 1, 4, 4, 16),), (t(1, 1, 2, 2, 16),),
+                            (("block", 16), ("channels", 16), ("kernel_shape", (2, 2)),
+                             ("strides", (2, 2))), domain="wpk.nchwc"), "domain"),
+    "nchwc runtime filter": (Workload("Conv", (t(1, 1, 4, 4, 16), t(16, 16, 1, 1)),
+                                      (t(1, 1, 4, 4, 16),), (("block", 16), ("channels", 16)),
+                                      domain="wpk.nchwc"), "constant"),
     "float64": (Workload("Relu", (t(3, dtype="float64"),), (t(3, dtype="float64"),)),
                 "float32 only"),
     "1-D matmul": (Workload("MatMul", (t(5), t(5, 3)), (t(3),)), "1-D"),
