@@ -61,7 +61,7 @@ def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
     constants = set(graph.constants)
     used = {name for step in steps for name in step.inputs if name in constants}
     used |= {name for name in graph.outputs if name in constants}
-    weights = {name: np.ascontiguousarray(graph.constants[name])
+    weights = {name: np.asarray(graph.constants[name], order="C")  # keeps 0-d arrays 0-d
                for name in graph.constants if name in used}
     step_io = [([i for i in step.inputs if i and i not in constants], list(step.outputs))
                for step in steps]
