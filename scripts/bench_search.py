@@ -279,8 +279,8 @@ def main() -> None:
                        measure_s=workload.measure_s, space_size=workload.space.size,
                        filter_reports=filters)
         results["workloads"][workload.label] = summary
-    results["wall_s"] = time.perf_counter() - started
-    write_outputs(results, trials, args.out)
+        results["wall_s"] = time.perf_counter() - started
+        write_outputs(results, trials, args.out)     # after each workload: partial results
 
 
 if __name__ == "__main__":

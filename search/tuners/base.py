@@ -15,6 +15,9 @@ Guarantees of every tuner:
   cost `INVALID_COST` (a penalty), so nothing is compiled or measured for it;
 * `update` with ``None`` or a non-finite cost records a failed measurement, which
   the search also sees as `INVALID_COST`;
+* `update` also takes configs the tuner did not propose (measurements from tuning
+  records): they become known and visited, so a resumed search measures them never
+  again;
 * ``update(..., predicted=True)`` feeds the search with costs a model predicted
   (see `wpk.search.cost_model.CostModelFilter`): they steer the search but are not
   measurements, so they enter neither `history` nor `best`, and the points become
@@ -87,6 +90,7 @@ class Tuner:
             if predicted:
                 self._visited.discard(point)
                 continue
+            self._visited.add(point)     # also for configs it did not propose (records)
             config = self.space.config(point)
             status = "ok" if math.isfinite(cost) else "failed"
             self.history.append(Trial(config, cost, status))

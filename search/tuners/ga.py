@@ -183,14 +183,15 @@ class GATuner(Tuner):
 
     def _settle(self, child) -> None:
         """Give `child` a known cost, or make it a new point (claimed for measurement)."""
-        for _ in range(self.options.retries + 1):
+        retries = self.options.retries
+        for attempt in range(retries + 1):
             point = tuple(child)
             if point not in self._visited:
                 if not self._claim(point):      # new but invalid: penalised, not measured
                     child.fitness.values = (INVALID_COST,)
                 return
-            self.toolbox.mutate(child)
-        point = tuple(child)
+            if attempt < retries:
+                self.toolbox.mutate(child)
         if point in self._known:
             child.fitness.values = (self._known[point],)
         else:   # a point still being measured: share its pending result

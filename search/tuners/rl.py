@@ -55,6 +55,8 @@ class RLOptions:
     hidden: sizes of the policy's and value function's hidden layers.
     min_reward: reward floor, also the reward of an invalid or failed point.
     restart_from_best: probability that an episode starts at the best point so far.
+    random_starts: points drawn uniformly before the walk begins (a broad first look,
+        so the first episodes start from a good point rather than one random one).
     max_idle_steps: steps without a new point before a random unvisited point is
         proposed directly.
     """
@@ -71,7 +73,8 @@ class RLOptions:
     ent_coef: float = 0.01
     hidden: tuple[int, ...] = (32, 32)
     min_reward: float = -4.0
-    restart_from_best: float = 0.8
+    restart_from_best: float = 0.9
+    random_starts: int = 12
     max_idle_steps: int = 32
 
     def __post_init__(self):
@@ -82,6 +85,7 @@ class RLOptions:
             (1 <= self.batch_size <= self.n_steps, "batch_size must be in [1, n_steps]"),
             (0.0 <= self.restart_from_best <= 1.0, "restart_from_best must be in [0, 1]"),
             (self.max_idle_steps >= 1, "max_idle_steps must be at least 1"),
+            (self.random_starts >= 0, "random_starts must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
@@ -135,6 +139,7 @@ class RLTuner(Tuner):
         self._predicted: dict[Indices, float] = {}
         self._point: Indices | None = None
         self._t = 0
+        self._random_proposed = 0
 
     @contextlib.contextmanager
     def _own_rngs(self):
@@ -154,6 +159,11 @@ class RLTuner(Tuner):
         out: list[Indices] = []
         idle = 0
         with self._own_rngs():
+            while len(out) < n and self._random_proposed < self.options.random_starts:
+                point = self._random_new_point()
+                self._random_proposed += 1
+                if point is not None:
+                    out.append(point)
             while len(out) < n and len(self._visited) < self.space.size:
                 new = self._walk_one_step()
                 if new is not None:

@@ -132,6 +132,23 @@ def test_predicted_costs_steer_but_are_not_measurements():
     assert {tuple(c.values()) for c in configs} <= set(proposals)   # proposable again
 
 
+@pytest.mark.parametrize("name", ["random", "grid", "ga"])
+def test_points_known_from_records_are_never_proposed(name):
+    """A resumed search: configs measured earlier (tuning records) are given to `update`
+    before the first batch and never proposed again."""
+    problem = synthetic_space(SMALL, seed=3)
+    valid = [problem.space.config(p) for p in problem.space.points()
+             if problem.space.is_valid(p)]
+    earlier = valid[::3]
+    tuner = make_tuner(name, problem.space, seed=0)
+    tuner.update(earlier, [problem.cost(c) for c in earlier])
+    assert tuner.trials == len(earlier)
+    _, proposals = drive(tuner, CountingCost(problem), problem.space.size)
+    assert not {tuple(c.values()) for c in earlier} & set(proposals)
+    assert len(proposals) + len(earlier) == len(valid)
+    assert tuner.best[0] == problem.optimum
+
+
 def test_ga_options_are_validated():
     with pytest.raises(OptionError, match="elite"):
         GAOptions(population_size=4, elite=4)
