@@ -163,3 +163,18 @@ def test_budget_helpers():
     stop = EarlyStop(patience=2, min_gain=0.1)
     assert [stop.observe(c) for c in (10.0, 9.5, 8.0, 7.9, None)] == [False, False, False,
                                                                         False, True]
+
+
+def test_progress_table_shows_trials_best_and_speedup():
+    from rich.console import Console
+
+    from wpk.search.driver import TuneResult, TuningDisplay
+
+    display = TuningDisplay(enabled=False)
+    display.update(TuneResult(SOFTMAX, "ga", best_config={"vector": 16}, best_s=2e-6,
+                              reference_s=5e-6, trials=7, stopped="converged"))
+    console = Console(width=160, record=True)
+    console.print(display.table())
+    text = console.export_text()
+    assert "Softmax 4x32" in text and " 7 " in text and "0.002 ms" in text
+    assert "2.50x" in text and "converged" in text
