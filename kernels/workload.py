@@ -111,8 +111,10 @@ class Workload:
     implementation may pre-pack in `prepare`. `static_inputs` holds the values
     of constant inputs that define *what* is computed rather than data (any
     integer tensor such as a Reshape shape or Gather indices, and small float
-    tensors of at most 64 elements such as Clip bounds or Resize scales): they
-    are part of the identity, and measurement feeds these exact values while
+    tensors of at most 64 elements such as Clip bounds or Resize scales, except
+    the weight inputs of Conv, Gemm, MatMul and the normalizations, listed in
+    `wpk.workloads.WEIGHT_INPUTS`, which stay data however small): they are
+    part of the identity, and measurement feeds these exact values while
     drawing every other input, weights included, at random. Attribute values
     are ints, floats, strings, tuples of those, or numpy arrays.
     """
