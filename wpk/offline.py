@@ -76,6 +76,15 @@ def check_cuda_target(gpu_name: str | None, offline: bool, present=None):
     return gpu
 
 
+def check_offline_options(options) -> None:
+    """OptionError for flags an offline build cannot honour (a search needs timings)."""
+    if options.offline and options.search != "none":
+        raise OptionError(f"--search {options.search} measures schedules, and an --offline "
+                          "build has no GPU to measure on",
+                          hint="drop --search (offline choices are predicted), then run "
+                               "`wpk tune PLAN` on the GPU")
+
+
 def device_of(gpu) -> dict:
     """The plan's device entry of a preset."""
     return {"kind": "cuda", "name": gpu.name, "arch": gpu.arch,
@@ -234,12 +243,23 @@ def predicted_statement(gpu_name: str) -> str:
             f"on a {gpu_name} to measure")
 
 
-def mark_predicted(plan, gpu) -> None:
-    """Record in the plan's manifest and report which choices are predicted."""
+def mark_predicted(plan, gpu, choices=None) -> None:
+    """Record in the plan's manifest and report which choices are predicted; with the
+    planner's `choices`, each report candidate also gets the model's terms (roofline,
+    efficiency, occupancy, waves), the arch, ptxas usage and the emulator check."""
+    details = {}
+    for choice in choices or ():
+        for m in choice.measurements:
+            details[(choice.workload.key, m.label)] = {
+                k: m.extra[k] for k in ("model", "arch", "cubin_arch", "usage", "verified")
+                if k in m.extra}
     predicted_keys = set()
     for entry in plan.report.get("workloads", []):
         entry["predicted"] = True
         predicted_keys.add(entry["key"])
+        for cand in entry["candidates"]:
+            cand["predicted"] = True
+            cand.update(details.get((entry["key"], cand["label"]), {}))
     for step in plan.manifest["steps"]:
         step["predicted"] = step["workload_key"] in predicted_keys
     summary = {"by": "analytical model", "gpu": gpu.name, "arch": gpu.arch,

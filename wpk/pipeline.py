@@ -99,8 +99,9 @@ def _check_target(options: BuildOptions):
     build is not --offline, see `wpk.offline.check_cuda_target`)."""
     if options.target != "cuda":
         return None
-    from wpk.offline import check_cuda_target
+    from wpk.offline import check_cuda_target, check_offline_options
 
+    check_offline_options(options)
     gpu = check_cuda_target(options.gpu, options.offline)
     if not options.offline:
         raise DeviceError(f"--gpu {gpu.name}: measuring on the GPU is not available yet in "
@@ -161,7 +162,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     if gpu is not None:
         from wpk.offline import mark_predicted
 
-        mark_predicted(result, gpu)
+        mark_predicted(result, gpu, choices)
     if output is not None:
         result.save(output)
     return result

@@ -94,6 +94,8 @@ def test_offline_build_compiles_and_verifies_every_generated_kernel(
             if cand["impl"] == "dsl.cuda":
                 assert cand["status"] == "ok", cand
                 assert "emulator" in cand["message"] and cand["rel_l2_error"] < 1e-4
+                assert cand["arch"] == cand["cubin_arch"] == arch
+                assert cand["predicted"] and cand["model"]["occupancy"] > 0
                 checked += 1
     assert checked >= len(generated)
     capsys.readouterr()

@@ -23,7 +23,12 @@ from wpk.kernels.cuda.generated import DSL_CUDA, build_for, preferred_configs
 from wpk.kernels.cuda.offline import check_usage, cubin_arch, sample_blocks, verify_emulated
 from wpk.kernels.registry import Candidate
 from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
-from wpk.offline import OfflinePredictor, check_cuda_target, verify_generated
+from wpk.offline import (
+    OfflinePredictor,
+    check_cuda_target,
+    check_offline_options,
+    verify_generated,
+)
 
 H100, P100, T4 = gpu_preset("h100"), gpu_preset("p100"), gpu_preset("t4")
 
@@ -219,3 +224,12 @@ def test_absent_gpu_without_offline_names_both():
     assert check_cuda_target("auto", offline=False, present=[_a100()]).name == "a100"
     with pytest.raises(OptionError):
         check_cuda_target("auto", offline=True, present=[])
+
+
+def test_offline_build_refuses_a_search():
+    from wpk.pipeline import BuildOptions
+
+    with pytest.raises(OptionError, match="--search ga"):
+        check_offline_options(BuildOptions(target="cuda", gpu="h100", offline=True,
+                                           search="ga"))
+    check_offline_options(BuildOptions(target="cuda", gpu="h100", offline=True))
