@@ -94,6 +94,7 @@ def candidates_table(report: Mapping):
     """Every candidate of every workload side by side, with its speed-up over the vendor."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     from wpk.plans.render import format_time
 
@@ -111,7 +112,7 @@ def candidates_table(report: Mapping):
             speedup = (f"{best_vendor / c['median_s']:.2f}x"
                        if best_vendor and c["median_s"] else "-")
             mark = " *" if c["label"] == workload["chosen"] else ""
-            table.add_row(workload["label"] if index == 0 else "", c["label"] + mark,
+            table.add_row(workload["label"] if index == 0 else "", Text(c["label"] + mark),
                           c["kind"], c["status"], format_time(c["median_s"]), speedup)
     return table
 

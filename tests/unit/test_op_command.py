@@ -38,4 +38,4 @@ def test_op_report_lists_generated_and_vendor_candidates():
     console = Console(width=200, record=True)
     console.print(op_command("Relu", {"X": (4, 33)}, {}, search="random", trials=2))
     rendered = console.export_text()
-    assert "dsl.cpu" in rendered and "vs vendor" in rendered
+    assert "dsl.cpu[" in rendered and "vs vendor" in rendered   # the config is shown
