@@ -64,7 +64,9 @@ class ConvTemplate(Template):
         if self.target == "cpu":
             lanes = self.limits.vector_lanes
             fuse = 1 if x < lanes or r * s == 1 else 0
-            points.sort(key=lambda p: (p["fuse_yx"] != fuse, p["tile_x"] != lanes,
+            points.sort(key=lambda p: (p["k_inner"] != 1, p["cache_input"] != (2 if r * s > 1
+                                                                              else 0),
+                                       p["fuse_yx"] != fuse, p["tile_x"] != lanes,
                                        -p["tile_k"], p["tile_y"] != 2, p["cache_input"] !=
                                        (1 if r * s > 1 else 0), p["tile_c"] != min(c, 64)))
         else:

@@ -28,7 +28,7 @@ SETTINGS = dict(derandomize=True, deadline=None, database=None,
 
 def _examples(name: str, cpu: bool) -> int:
     if name in CONV_LIKE:
-        return 8 if cpu else 14
+        return 6 if cpu else 12
     return 2 if cpu else 4
 
 
