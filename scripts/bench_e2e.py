@@ -56,16 +56,28 @@ def machine_description() -> dict:
                               if line.startswith("model name")), cpu_model)
     except OSError:
         pass
+    from wpk.kernels.cpu.ort_node import cpu_threads
+
     fingerprint = cpu_fingerprint()
     return {"host": socket.gethostname(), "cpu_model": cpu_model, "cores": os.cpu_count(),
             "machine": fingerprint.get("machine"), "isa": fingerprint.get("isa"),
-            "os": platform.platform(), "python": platform.python_version(),
+            "wpk_threads": cpu_threads(), "os": platform.platform(),
+            "python": platform.python_version(),
             "versions": {"wpk": wpk.__version__, "onnxruntime": onnxruntime.__version__,
                          "onnx": onnx.__version__, "numpy": np.__version__}}
 
 
-def ort_session(model: onnx.ModelProto, threads: int) -> onnxruntime.InferenceSession:
+def ort_session(model: onnx.ModelProto, threads: int,
+                spinning: bool) -> onnxruntime.InferenceSession:
+    """The peer: ORT_ENABLE_ALL, `threads` intra-op threads, spin-waiting as asked.
+
+    Spinning threads keep burning a core after each run, which would slow the wpk
+    run that follows in an alternating benchmark; wpk's own onnxruntime sessions
+    do not spin, so by default the peer does not either (`--ort-spinning` to allow).
+    """
     options = onnxruntime.SessionOptions()
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -90,35 +102,22 @@ def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:
 
 
 def step_breakdown(session, feeds: dict, repeats: int) -> list[dict]:
-    """Median time of every plan step, each called on its own (buffers hold real data)."""
-    session.run(feeds)  # fill every buffer with this input's intermediate values
-    calls = getattr(session, "_calls", None)
-    if calls is None:
-        raise SystemExit("this wpk runtime does not expose its steps; --breakdown unavailable")
-    rows = []
-    for step, (kernel, inputs, outputs) in zip(session.plan.steps, calls):
-        kernel(inputs, outputs)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            kernel(inputs, outputs)
-            times.append(time.perf_counter() - start)
-        rows.append({"node": step.node, "op": step.op, "impl": step.impl, "kind": step.kind,
-                     "median_ms": statistics.median(times) * 1e3})
-    return rows
+    """Median time of every plan step, each called on its own (`Session.profile`)."""
+    return [{**row, "median_ms": row["median_s"] * 1e3}
+            for row in session.profile(feeds, repeats=repeats)]
 
 
 def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options: dict,
-                breakdown: bool, workdir: str) -> dict:
+                breakdown: bool, workdir: str, ort_spinning: bool = False) -> dict:
     model = models.load_model(name)
     feeds = models.random_inputs(model, seed=0)
     started = time.perf_counter()
-    plan = wpk.build(model, target="cpu", **build_options)
+    plan = wpk.build(model, target="cpu", progress=False, **build_options)
     build_s = time.perf_counter() - started
     path = os.path.join(workdir, f"{name}.wpk")
     plan.save(path)
     session = wpk.load(path)
-    ort = ort_session(model, threads)
+    ort = ort_session(model, threads, ort_spinning)
     names = [o.name for o in ort.get_outputs()]
 
     ours = session.run(feeds)
@@ -195,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="onnxruntime intra-op threads (default: cores)")
     parser.add_argument("--search", default="none", help="wpk build --search (default none)")
+    parser.add_argument("--ort-spinning", action="store_true",
+                        help="let onnxruntime's threads spin-wait (its default; off here)")
     parser.add_argument("--breakdown", action="store_true", help="time every plan step")
     parser.add_argument("--top", type=int, default=12, help="rows in the breakdown tables")
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
@@ -212,13 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             print(f"{name}: building and timing ...", file=sys.stderr, flush=True)
             results.append(bench_model(name, args.rounds, args.warmup, args.threads,
-                                       build_options, args.breakdown, workdir))
+                                       build_options, args.breakdown, workdir,
+                                       args.ort_spinning))
 
     report = {"benchmark": "e2e", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "method": f"{args.warmup} warm-up rounds, then {args.rounds} rounds alternating "
                         "wpk and onnxruntime in one process; medians and quartiles",
               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
-              "threads": args.threads, "build_options": build_options,
+              "threads": args.threads, "ort_spinning": args.ort_spinning,
+              "build_options": build_options,
               "machine": machine_description(), "results": results}
     print(markdown_table(results, args.threads))
     if args.breakdown:

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.version_converter
 from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from wpk.errors import DeviceError, InputError, ModelError
+from wpk.errors import DeviceError, InputError, ModelError, UnsupportedError
 
 # Node inputs (by position) whose values determine output shapes; a graph
 # input that feeds one of these is folded into a constant per run.
@@ -81,7 +82,8 @@ def _is_static(value: onnx.ValueInfoProto) -> bool:
 class WpkBackendRep(BackendRep):
     """A prepared model: one wpk plan per (input shapes, shape-defining values) seen so far."""
 
-    def __init__(self, model: onnx.ModelProto, target: str, options: Mapping[str, Any]):
+    def __init__(self, model: onnx.ModelProto, target: str, options: Mapping[str, Any],
+                 lazy: bool = False):
         self.model = model
         self.target = target
         self.options = dict(options)
@@ -91,7 +93,8 @@ class WpkBackendRep(BackendRep):
         self._sessions: dict[tuple, Any] = {}
         self._outputs_type = namedtupledict("Outputs", self.output_names)
         declared = {i.name: i for i in _real_inputs(model)}
-        if not self.folded_inputs and all(_is_static(declared[n]) for n in self.input_names):
+        if (not lazy and not self.folded_inputs
+                and all(_is_static(declared[n]) for n in self.input_names)):
             shapes = {n: tuple(d.dim_value for d in declared[n].type.tensor_type.shape.dim)
                       for n in self.input_names}
             self._session_for(shapes, {})
@@ -104,12 +107,19 @@ class WpkBackendRep(BackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Run on `inputs` (a list in graph-input order, a dict by name, or one array)."""
         feeds = self._feeds(inputs)
-        shapes = {n: feeds[n].shape for n in self.input_names if n not in self.folded_inputs}
-        folded = {n: feeds[n] for n in self.folded_inputs}
-        session = self._session_for(shapes, folded)
+        session = self._session_for(*self._specialization(feeds))
         runtime_feeds = {n: feeds[n] for n in self.input_names if n not in self.folded_inputs}
         results = session.run(runtime_feeds)
         return self._outputs_type(*(results[name] for name in self.output_names))
+
+    def specialized_model(self, inputs: Any) -> onnx.ModelProto:
+        """The model a plan is built from for these inputs (shapes fixed, shape inputs folded)."""
+        return self._specialize(*self._specialization(self._feeds(inputs)))
+
+    def _specialization(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+        shapes = {n: feeds[n].shape for n in self.input_names if n not in self.folded_inputs}
+        folded = {n: feeds[n] for n in self.folded_inputs}
+        return shapes, folded
 
     def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
         if isinstance(inputs, Mapping):
@@ -200,13 +210,16 @@ class WpkBackend(Backend):
             return False
 
     @classmethod
-    def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> WpkBackendRep:
+    def prepare(cls, model: Any, device: str = "CPU", lazy: bool = False,
+                **kwargs: Any) -> WpkBackendRep:
         """Validate the model and return a rep; builds now when nothing depends on run inputs.
 
-        `model` is a ModelProto, the bytes of one or a path. Keyword arguments
+        `model` is a ModelProto, the bytes of one or a path. Models older than
+        the frontend's minimum opset are converted with onnx.version_converter.
+        With `lazy`, every build waits for the first `run`. Keyword arguments
         other than the test runner's `rtol`/`atol` are passed to `wpk.build`.
         """
-        proto = _as_model(model)
+        proto = _upgrade_opset(_as_model(model))
         try:
             onnx.checker.check_model(proto)
         except onnx.checker.ValidationError as exc:
@@ -214,7 +227,7 @@ class WpkBackend(Backend):
                              hint="fix the model (onnx.checker.check_model shows where)") from exc
         options = {"progress": False}
         options.update((k, v) for k, v in kwargs.items() if k not in _HARNESS_OPTIONS)
-        return WpkBackendRep(proto, _target_of(device), options)
+        return WpkBackendRep(proto, _target_of(device), options, lazy=lazy)
 
     @classmethod
     def run_model(cls, model: Any, inputs: Any, device: str = "CPU",
@@ -248,6 +261,22 @@ class WpkBackend(Backend):
             model.graph.output.extend(known.get(n) or helper.make_empty_tensor_value_info(n)
                                       for n in node.output if n)
         return cls.prepare(model, device, **kwargs).run(dict(zip(names, arrays)))
+
+
+def _upgrade_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Convert a model below the frontend's minimum default-domain opset up to it."""
+    from wpk.frontend import MIN_OPSET
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= MIN_OPSET:
+        return model
+    try:
+        return onnx.version_converter.convert_version(model, MIN_OPSET)
+    except Exception as exc:  # noqa: BLE001 - the converter raises several types
+        raise UnsupportedError(
+            f"the model uses ONNX opset {opset} and cannot be converted to opset {MIN_OPSET}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            hint="convert it with onnx.version_converter to a newer opset") from exc
 
 
 def _as_model(model: Any) -> onnx.ModelProto:

@@ -8,9 +8,9 @@ Three sources, as `OnnxCase`s (model, list of (inputs, expected outputs), tolera
 - the nine `light` CNNs, fed the way ONNX's runner feeds them
   (`arange(n).reshape(shape) / n`), against the stored `light_<name>_output_0.pb`.
 
-`skip_reason(model, ...)` says why wpk cannot run a case (an op outside
-`SUPPORTED_OPS`, a sequence/optional/map type, strings, training mode, ...),
-or None when wpk claims it: then the case must pass.
+`skip_reason(model, data_sets)` says why no wpk plan can take a case (a
+sequence/optional/map type, strings, training mode, empty tensors, ...);
+`unsupported_ops` lists the ops of a model outside wpk's claimed set.
 """
 
 from __future__ import annotations
@@ -182,16 +182,14 @@ def _type_problem(type_proto: onnx.TypeProto) -> str | None:
     return None
 
 
-def skip_reason(model: onnx.ModelProto, data_sets: list[tuple[list, list]],
-                is_supported: Callable[[onnx.NodeProto, int], bool]) -> str | None:
-    """Why wpk cannot run this case, or None when it claims every op in it."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    functions = {(f.domain, f.name) for f in model.functions}
-    unsupported = sorted({op_label(n) for n in iter_nodes(model.graph)
-                          if (n.domain, n.op_type) not in functions
-                          and not is_supported(n, opset)})
-    if unsupported:
-        return f"unsupported op {', '.join(unsupported)}"
+def unsupported_ops(model: onnx.ModelProto,
+                    is_supported: Callable[[onnx.NodeProto], bool]) -> list[str]:
+    """Sorted labels of the ops in the model (subgraphs included) that wpk does not claim."""
+    return sorted({op_label(n) for n in iter_nodes(model.graph) if not is_supported(n)})
+
+
+def skip_reason(model: onnx.ModelProto, data_sets: list[tuple[list, list]]) -> str | None:
+    """Why no plan can take this case whatever its ops (types, training mode, ...), or None."""
     if model.functions:
         return "model-local functions"
     for value in list(_real_inputs(model)) + list(model.graph.output):

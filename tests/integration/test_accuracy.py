@@ -1,0 +1,143 @@
+"""End-to-end accuracy: wpk plans against onnxruntime on the evaluation models.
+
+For the nine `light` CNNs of the onnx wheel (weights made random and
+BatchNormalization calibrated, see `tests.models.load_model`) and the three
+hand-built models: build a CPU plan, save it, load it, run it on seeded random
+inputs and compare every output with onnxruntime (ORT_ENABLE_ALL) on the same
+inputs. Relative L2 error must stay below 1e-4. ResNet-50 also goes through
+the command line (`wpk build`, `wpk run`) in a subprocess.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+
+import wpk
+from tests import models
+
+MAX_RELATIVE_L2 = 1e-4
+# Build options that keep CI fast: library and vendor kernels, no schedule search, each
+# candidate verified and timed once; measurements shared through one records file.
+FAST_BUILD = {"search": "none", "warmup": 0, "repeats": 1, "min_time": 0.0, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def build_options(tmp_path_factory) -> dict:
+    """FAST_BUILD plus the session's tuning-records file (shared with test_onnx_backend)."""
+    return {**FAST_BUILD, "db": str(tmp_path_factory.getbasetemp() / "wpk-records.jsonl")}
+
+
+def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:
+    """||actual - expected|| / ||expected|| in float64 (0 when both are zero)."""
+    expected64 = np.asarray(expected, np.float64)
+    diff = np.linalg.norm(np.asarray(actual, np.float64) - expected64)
+    norm = np.linalg.norm(expected64)
+    return float(diff / norm) if norm > 0 else float(diff)
+
+
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    """The reference: onnxruntime with every graph optimization on."""
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def assert_close_to(actual: dict, expected: dict, label: str) -> None:
+    assert set(actual) == set(expected), f"{label}: outputs {sorted(actual)} != {sorted(expected)}"
+    for name, reference in expected.items():
+        assert actual[name].shape == reference.shape, f"{label}: shape of {name}"
+        assert np.isfinite(actual[name]).all(), f"{label}: non-finite values in {name}"
+        error = relative_l2(actual[name], reference)
+        assert error < MAX_RELATIVE_L2, f"{label}: output {name} relative L2 error {error:.2e}"
+
+
+def test_relative_l2_detects_a_wrong_answer():
+    """The metric itself: equal arrays give 0, a 1% perturbation is far above the bound."""
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    assert relative_l2(x, x) == 0.0
+    assert relative_l2(x * 1.01, x) > 10 * MAX_RELATIVE_L2
+
+
+def _ops(model: onnx.ModelProto) -> set[str]:
+    return {node.op_type for node in model.graph.node}
+
+
+def test_hand_built_models_have_the_intended_structure():
+    """Depthwise convs + Clip + BN; SiLU as x*sigmoid(x); erf-Gelu, LayerNorm, heads."""
+    mobilenet = models.load_model("mobilenet_v2_like")
+    depthwise = [n for n in mobilenet.graph.node if n.op_type == "Conv"
+                 and any(a.name == "group" and a.i > 1 for a in n.attribute)]
+    assert len(depthwise) >= 10
+    assert {"Clip", "BatchNormalization", "Add", "Gemm"} <= _ops(mobilenet)
+    efficientnet = models.load_model("efficientnet_like")
+    assert {"Sigmoid", "Mul", "GlobalAveragePool", "BatchNormalization"} <= _ops(efficientnet)
+    encoder = models.load_model("transformer_encoder")
+    assert {"MatMul", "Softmax", "LayerNormalization", "Erf", "Reshape",
+            "Transpose"} <= _ops(encoder)
+    assert encoder.opset_import[0].version == 17
+    dims = [d.dim_value for d in encoder.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 64, 256]
+
+
+def test_models_are_deterministic():
+    """Seeded weights: two builds give the same bytes."""
+    for name in ("transformer_encoder", "light_squeezenet"):
+        assert (models.load_model(name).SerializeToString()
+                == models.load_model(name).SerializeToString())
+
+
+def test_random_light_weights_make_outputs_depend_on_the_input():
+    """The shipped light weights give a uniform softmax; the randomized ones do not."""
+    shipped = models.load_model("light_squeezenet", random_weights=False)
+    randomized = models.load_model("light_squeezenet")
+    for model, varies in ((shipped, False), (randomized, True)):
+        a = next(iter(onnxruntime_outputs(model, models.random_inputs(model, 1)).values()))
+        b = next(iter(onnxruntime_outputs(model, models.random_inputs(model, 2)).values()))
+        assert (relative_l2(a, b) > 1e-3) == varies
+
+
+@pytest.mark.parametrize("name", models.ALL_MODELS)
+def test_plan_matches_onnxruntime(name, tmp_path, build_options):
+    model = models.load_model(name)
+    feeds = models.random_inputs(model, seed=7)
+    expected = onnxruntime_outputs(model, feeds)
+    plan = wpk.build(model, target="cpu", **build_options)
+    path = tmp_path / f"{name}.wpk"
+    plan.save(path)
+    session = wpk.load(path)
+    actual = session.run(feeds)
+    assert_close_to(actual, expected, name)
+    # A second run reuses the session's buffers: it must give the same answer on new data.
+    feeds2 = models.random_inputs(model, seed=8)
+    assert_close_to(session.run(feeds2), onnxruntime_outputs(model, feeds2), f"{name} (run 2)")
+
+
+def test_cli_build_and_run_resnet50(tmp_path, build_options):
+    model = models.load_model("light_resnet50")
+    model_path = tmp_path / "resnet50.onnx"
+    onnx.save(model, str(model_path))
+    feeds = models.random_inputs(model, seed=9)
+    np.savez(tmp_path / "x.npz", **feeds)
+    plan_path, out_path = tmp_path / "resnet50.wpk", tmp_path / "y.npz"
+    cli = [sys.executable, "-m", "wpk.cli"]
+    build = subprocess.run([*cli, "build", str(model_path), "--cpu", "--search", "none",
+                            "--db", build_options["db"], "--quiet", "-o", str(plan_path)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr
+    assert plan_path.is_file()
+    run = subprocess.run([*cli, "run", str(plan_path), "--inputs", str(tmp_path / "x.npz"),
+                          "--output", str(out_path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    with np.load(out_path, allow_pickle=False) as data:
+        actual = {name: data[name] for name in data.files}
+    assert_close_to(actual, onnxruntime_outputs(model, feeds), "cli resnet50")
