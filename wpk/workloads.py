@@ -34,6 +34,11 @@ WEIGHT_INPUTS = {
     "BatchNormalization": {1, 2, 3, 4}, "InstanceNormalization": {1, 2},
     "LayerNormalization": {1, 2}, "PRelu": {1},
 }
+# The same for ops of other domains, keyed by (domain, op).
+DOMAIN_WEIGHT_INPUTS = {("wpk.nchwc", "Conv"): {1, 2}}
+# Pooling attributes that ONNX added in opset 10; older models must not carry them,
+# or onnxruntime rejects the node.
+POOL_ATTRS_SINCE_10 = ("ceil_mode", "dilations")
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,15 @@ def _explicit_pads(node: Node, in_shape: tuple[int, ...], kernel: tuple[int, ...
 
 
 def _window_attrs(graph: Graph, node: Node) -> dict[str, Any]:
+    attrs = _window_attrs_all(graph, node)
+    if node.op in POOL_OPS and graph.opset < 10:
+        for name in POOL_ATTRS_SINCE_10:
+            if name not in node.attrs:
+                attrs.pop(name, None)
+    return attrs
+
+
+def _window_attrs_all(graph: Graph, node: Node) -> dict[str, Any]:
     attrs = dict(node.attrs)
     in_shape = graph.tensors[node.inputs[0]].shape
     if node.op in CONV_OPS:
@@ -122,7 +136,10 @@ def workload_of(graph: Graph, node: Node) -> Workload:
     outputs = tuple(graph.tensors[name].spec for name in node.outputs if name)
     const_inputs = tuple(k for k, name in enumerate(node.inputs) if name in graph.constants)
     static_inputs = []
-    weights = WEIGHT_INPUTS.get(node.op, set()) if node.domain in ("", "ai.onnx") else set()
+    if node.domain in ("", "ai.onnx"):
+        weights = WEIGHT_INPUTS.get(node.op, set())
+    else:
+        weights = DOMAIN_WEIGHT_INPUTS.get((node.domain, node.op), set())
     for k in const_inputs:
         value = np.asarray(graph.constants[node.inputs[k]])
         if k not in weights and _is_static(value):

@@ -127,3 +127,31 @@ def test_resnet50_workloads_group_and_keys_are_stable():
     assert len(residual) == 16
     assert all(w.inputs[3] == w.outputs[0] for w in residual)
     assert all(w.opset == graph.opset for w in residual)
+
+
+def test_old_opset_pools_get_no_attributes_from_opset_10():
+    """ceil_mode/dilations exist since opset 10; onnxruntime rejects them on opset-9 nodes."""
+    nodes = [h.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[2, 2])]
+    old = workload_of(build(nodes, {"x": [1, 3, 8, 8]}, {"y": 4}, opset=9),
+                      by_name(build(nodes, {"x": [1, 3, 8, 8]}, {"y": 4}, opset=9), "pool"))
+    assert old.attr("ceil_mode") is None and old.attr("dilations") is None
+    new_graph = build(nodes, {"x": [1, 3, 8, 8]}, {"y": 4}, opset=13)
+    new = workload_of(new_graph, by_name(new_graph, "pool"))
+    assert new.attr("ceil_mode") == 0 and new.attr("dilations") == (1, 1)
+
+
+def test_blocked_conv_weights_are_data_not_identity(rng):
+    """Two blocked convs differing only in weight values share one workload key."""
+    w1 = rng.standard_normal((16, 16, 1, 1)).astype(np.float32)
+    w2 = rng.standard_normal((16, 16, 1, 1)).astype(np.float32)
+    nodes = [h.make_node("Conv", ["x", "W1"], ["a"], name="c1"),
+             h.make_node("Relu", ["a"], ["b"], name="r1"),
+             h.make_node("Conv", ["b", "W2"], ["c"], name="c2"),
+             h.make_node("Relu", ["c"], ["d"], name="r2")]
+    graph = build(nodes, {"x": [1, 16, 8, 8]}, {"d": 4}, {"W1": w1, "W2": w2})
+    optimized, _ = optimize(graph, "cpu")
+    convs = [p for p in extract_workloads(optimized)
+             if p.workload.domain == "wpk.nchwc" and p.workload.op == "Conv"]
+    assert len(convs) == 2
+    assert convs[0].workload.static_inputs == ()
+    assert convs[0].workload.key == convs[1].workload.key
