@@ -81,18 +81,31 @@ def cuda_template(workload: Workload, gpu):
 
 def preferred_configs(workload: Workload, gpu, count: int = DEFAULT_CONFIG_COUNT,
                       scan: int = 400) -> list[dict]:
-    """Up to `count` valid configs of the template for `gpu`, in the template's preferred
-    order, spread out: the first valid point, then points differing in the block shape
-    (threads) so the analytical model has real alternatives to rank."""
+    """Up to `count` valid configs of the template for `gpu`: the template's first valid
+    point, then the first valid point staging through shared memory (each `cache_*`
+    knob), then further points differing in block shape, so the analytical model ranks
+    real alternatives and the checks cover shared memory and barriers."""
     template = cuda_template(workload, gpu)
+    points = list(template.preferred_points())
     valid: list[dict] = []
-    for index, point in enumerate(template.preferred_points()):
-        if index >= scan or len(valid) >= count:
+
+    def take(candidates) -> None:
+        for index, point in enumerate(candidates):
+            if index >= scan or len(valid) >= count:
+                return
+            if all(_distinct(point, other) for other in valid) \
+                    and template.validate(point) is None:
+                valid.append(point)
+                return
+
+    take(points)
+    for flag in [k for k in template.space() if k.startswith("cache_")]:
+        take([p for p in points if p[flag]])
+    while len(valid) < count:
+        before = len(valid)
+        take(points)
+        if len(valid) == before:
             break
-        if valid and not all(_distinct(point, other) for other in valid):
-            continue
-        if template.validate(point) is None:
-            valid.append(point)
     return [dict(point, **{GPU_KEY: gpu.name}) for point in valid]
 
 
