@@ -233,3 +233,40 @@ def test_offline_build_refuses_a_search():
         check_offline_options(BuildOptions(target="cuda", gpu="h100", offline=True,
                                            search="ga"))
     check_offline_options(BuildOptions(target="cuda", gpu="h100", offline=True))
+
+
+# ----------------------------------------------------------------------------- other steps
+def test_offline_candidates_keep_every_plan_complete():
+    from wpk.kernels.cuda.predicted import offline_candidates
+
+    conv = {c.implementation.name for c in offline_candidates(_conv(), H100, 2)}
+    assert conv == {"dsl.cuda", "cuda.cudnn.predicted"}
+    cat = Workload("Concat", (TensorSpec((1, 2, 3)), TensorSpec((1, 4, 3))),
+                   (TensorSpec((1, 6, 3)),), (("axis", 1),))
+    assert [c.implementation.name for c in offline_candidates(cat, H100)] == ["cuda.copy"]
+    sin = Workload("Sin", (TensorSpec((5,)),), (TensorSpec((5,)),))
+    (host,) = offline_candidates(sin, H100)
+    assert host.implementation.name == "cuda.host" and host.implementation.kind == "fallback"
+    assert analytic.predict_host(sin).seconds == pytest.approx(
+        40 / (analytic.HOST_LINK_GBS * 1e9) + analytic.HOST_SYNC_S)
+
+
+def test_device_copy_and_host_step_compute_on_numpy_arrays():
+    from wpk.kernels.cuda.predicted import DEVICE_COPY, HOST_STEP, host_config
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((1, 2, 3)), rng.standard_normal((1, 4, 3))
+    cat = Workload("Concat", (TensorSpec((1, 2, 3)), TensorSpec((1, 4, 3))),
+                   (TensorSpec((1, 6, 3)),), (("axis", -2),))
+    out = np.full((1, 6, 3), np.nan, np.float32)
+    DEVICE_COPY.prepare(cat, {}, {})([a, b], [out])
+    np.testing.assert_allclose(out, np.concatenate([a, b], axis=1), rtol=1e-6)
+    tr = Workload("Transpose", (TensorSpec((2, 3)),), (TensorSpec((3, 2)),), (("perm", (1, 0)),))
+    out = np.full((3, 2), np.nan, np.float32)
+    DEVICE_COPY.prepare(tr, {}, {})([a[0, :, :]], [out])
+    np.testing.assert_allclose(out, a[0].T, rtol=1e-6)
+    sin = Workload("Sin", (TensorSpec((5,)),), (TensorSpec((5,)),))
+    x = rng.standard_normal(5).astype(np.float32)
+    out = np.full(5, np.nan, np.float32)
+    HOST_STEP.prepare(sin, {}, host_config(sin))([x], [out])
+    np.testing.assert_allclose(out, np.sin(x), rtol=1e-5)
