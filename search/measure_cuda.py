@@ -1,0 +1,404 @@
+"""Measuring candidates on the GPU: verify against float64, time with CUDA events.
+
+    m = measure_candidate(workload, candidate, rng=rng)          # in this process
+    m = measure_isolated_cuda(worker, workload, candidate)       # in a MeasureWorker child
+    result = measure_parallel(workload, candidates, rng=rng)     # several streams at once
+
+`measure_candidate` has the signature of `wpk.search.measure.measure_candidate`
+(so `wpk tune` and the planner can swap it in): fresh random inputs (static
+inputs exact), uploaded once; constants passed to `prepare` as device
+arrays; outputs poisoned with NaN on the device; the relative L2 error
+against the float64 reference on the host; a second input set when a run is
+short; for generated kernels, the same inputs through the vendor library
+(cuDNN/cuBLAS) when one takes the workload, its disagreement kept in
+`extra['vendor_rel_l2']`. Timing: `warmup` runs, then `repeats` ..
+`max_repeats` runs until `min_time` seconds, each between two CUDA events
+on a non-default stream, with the L2 cache flushed before each run by
+writing a buffer twice the L2 size (`l2_flush_bytes`). Median and
+interquartile range are kept, as on the CPU.
+
+`measure_parallel` times several verified candidates at once, each on its
+own stream, re-measures the `top` fastest alone (with L2 flushes), and
+picks the winner among those; it reports the tuning time it saved against
+measuring every candidate alone (estimated from the medians).
+
+Without cupy or a GPU these functions raise `DeviceError`; the worker entry
+point `measure_request` turns that into a failed measurement.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from wpk.errors import DeviceError
+from wpk.kernels.registry import GENERATED, Candidate
+from wpk.kernels.workload import Workload
+from wpk.search.measure import (
+    SECOND_CHECK_MAX_S,
+    InputsFn,
+    Measurement,
+    ReferenceFn,
+    Status,
+    _default_inputs_fn,
+    _default_reference_fn,
+    _describe,
+    _failure,
+    compare,
+    tolerance_for,
+)
+
+DEFAULT_L2_BYTES = 50 * 1024 * 1024
+MEASURE_FUNCTION = "wpk.search.measure_cuda:measure_request"
+
+
+def l2_flush_bytes(l2_bytes: int | None) -> int:
+    """Bytes written between timed runs: twice the L2 size (50 MiB assumed when unknown),
+    rounded up to whole float32 elements."""
+    size = 2 * (l2_bytes if l2_bytes and l2_bytes > 0 else DEFAULT_L2_BYTES)
+    return -(-size // 4) * 4
+
+
+def needs_more_runs(times: Sequence[float], repeats: int, max_repeats: int,
+                    min_time: float) -> bool:
+    """Whether timing goes on: fewer than `repeats` runs, or under `min_time` seconds and
+    under `max_repeats` runs."""
+    if len(times) < max(1, repeats):
+        return True
+    return sum(times) < min_time and len(times) < max_repeats
+
+
+def summarize(times: Sequence[float]) -> tuple[float, tuple[float, float]]:
+    """Median and interquartile range of the timed runs."""
+    q25, median, q75 = np.percentile(np.asarray(times, dtype=np.float64), [25, 50, 75])
+    return float(median), (float(q25), float(q75))
+
+
+def _cupy():
+    from wpk.kernels.cuda.cupy_support import require_cupy
+
+    return require_cupy("GPU measurement")
+
+
+class L2Flusher:
+    """Evicts the L2 cache by filling a device buffer of `l2_flush_bytes` on a stream."""
+
+    def __init__(self, cupy, l2_bytes: int | None = None):
+        if l2_bytes is None:
+            props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+            l2_bytes = int(props.get("l2CacheSize", 0))
+        self.buffer = cupy.empty(l2_flush_bytes(l2_bytes) // 4, cupy.float32)
+        self._value = 0.0
+
+    def __call__(self) -> None:
+        self._value += 1.0
+        self.buffer.fill(self._value)
+
+
+def time_gpu(kernel: Callable, inputs: Sequence, outputs: Sequence, *, stream=None,
+             flush: Callable | None = None, warmup: int = 2, repeats: int = 5,
+             max_repeats: int = 50, min_time: float = 0.05) -> list[float]:
+    """Seconds per run between CUDA events on `stream` (a new non-blocking one by default);
+    `flush` runs on the same stream before each timed run."""
+    cupy = _cupy()
+    stream = stream or cupy.cuda.Stream(non_blocking=True)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times: list[float] = []
+    with stream:
+        for _ in range(warmup):
+            kernel(inputs, outputs)
+        stream.synchronize()
+        while needs_more_runs(times, repeats, max_repeats, min_time):
+            if flush is not None:
+                flush()
+            start.record(stream)
+            kernel(inputs, outputs)
+            end.record(stream)
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return times
+
+
+def _upload(cupy, arrays: Sequence[np.ndarray | None]) -> list:
+    return [None if a is None else cupy.asarray(np.ascontiguousarray(a)) for a in arrays]
+
+
+def _poisoned(cupy, workload: Workload) -> list:
+    outs = []
+    for spec in workload.outputs:
+        dtype = np.dtype(spec.dtype)
+        fill = np.nan if dtype.kind in "fc" else (np.iinfo(dtype).max if dtype.kind in "iu"
+                                                  else True)
+        outs.append(cupy.full(spec.shape, fill, dtype=dtype))
+    return outs
+
+
+def _run_checked(cupy, kernel, workload: Workload, host_inputs, device_inputs,
+                 reference_fn: ReferenceFn, limit: float) -> tuple[float, str, float]:
+    """Run once on poisoned outputs: (error, why wrong or '', seconds of the run)."""
+    outputs = _poisoned(cupy, workload)
+    cupy.cuda.Device().synchronize()
+    started = time.perf_counter()
+    kernel(device_inputs, outputs)
+    cupy.cuda.Device().synchronize()
+    seconds = time.perf_counter() - started
+    for index, (host, device) in enumerate(zip(host_inputs, device_inputs)):
+        if host is not None and not np.array_equal(host, cupy.asnumpy(device),
+                                                   equal_nan=host.dtype.kind in "fc"):
+            return float("inf"), f"the kernel overwrote its input {index}", seconds
+    error, why = compare([cupy.asnumpy(o) for o in outputs], reference_fn(workload, host_inputs))
+    if not why and error > limit:
+        why = f"relative L2 error {error:.3g} exceeds {limit:.3g}"
+    return error, why, seconds
+
+
+def vendor_disagreement(workload: Workload, candidate: Candidate, device_inputs,
+                        outputs) -> float | None:
+    """Relative L2 difference between a generated kernel's outputs and the vendor library's
+    on the same inputs (None when no vendor implementation takes the workload)."""
+    from wpk.kernels import registry
+    from wpk.kernels.registry import VENDOR
+
+    if candidate.implementation.kind != GENERATED:
+        return None
+    cupy = _cupy()
+    consts = {i: device_inputs[i] for i in workload.const_inputs if device_inputs[i] is not None}
+    for impl in registry.implementations("cuda"):
+        if impl.kind != VENDOR or impl.unsupported_reason(workload) is not None:
+            continue
+        try:
+            configs = impl.configs(workload) or [{}]
+            kernel = impl.prepare(workload, consts, configs[0])
+            expected = _poisoned(cupy, workload)
+            kernel(device_inputs, expected)
+        except Exception:
+            continue
+        error, _ = compare([cupy.asnumpy(o) for o in outputs],
+                           [cupy.asnumpy(e).astype(np.float64) for e in expected])
+        return error
+    return None
+
+
+def measure_candidate(workload: Workload, candidate: Candidate, *,
+                      rng: np.random.Generator, warmup: int = 2, repeats: int = 5,
+                      max_repeats: int = 50, min_time: float = 0.05,
+                      tolerance: float | None = None, timeout: float | None = None,
+                      inputs_fn: InputsFn | None = None,
+                      reference_fn: ReferenceFn | None = None,
+                      flusher: L2Flusher | None = None) -> Measurement:
+    """Prepare, verify and time one candidate on the current GPU (see the module docstring).
+    DeviceError without cupy or a GPU; every failure of the candidate is a status."""
+    cupy = _cupy()
+    inputs_fn = inputs_fn or _default_inputs_fn()
+    reference_fn = reference_fn or _default_reference_fn()
+    limit = tolerance_for(workload) if tolerance is None else tolerance
+    host_inputs = list(inputs_fn(workload, rng))
+    device_inputs = _upload(cupy, host_inputs)
+    consts = {i: device_inputs[i] for i in workload.const_inputs if device_inputs[i] is not None}
+    try:
+        kernel = candidate.implementation.prepare(workload, consts, candidate.config)
+    except DeviceError as exc:
+        return _failure(workload, candidate, Status.COMPILE_ERROR, _describe(exc))
+    except Exception as exc:
+        return _failure(workload, candidate, Status.COMPILE_ERROR, _describe(exc))
+    try:
+        error, why, first_run = _run_checked(cupy, kernel, workload, host_inputs,
+                                             device_inputs, reference_fn, limit)
+    except Exception as exc:
+        return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
+    if timeout is not None and first_run > timeout:
+        return _failure(workload, candidate, Status.TIMEOUT,
+                        f"one run took {first_run:.3g} s, over the {timeout:.3g} s limit")
+    if why:
+        return _failure(workload, candidate, Status.WRONG_ANSWER, why, error)
+    if first_run < SECOND_CHECK_MAX_S:
+        fresh = list(inputs_fn(workload, rng))
+        second = [host_inputs[i] if i in consts else fresh[i] for i in range(len(fresh))]
+        second_device = [device_inputs[i] if i in consts else d
+                         for i, d in enumerate(_upload(cupy, second))]
+        try:
+            error2, why, _ = _run_checked(cupy, kernel, workload, second, second_device,
+                                          reference_fn, limit)
+        except Exception as exc:
+            return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
+        if why:
+            return _failure(workload, candidate, Status.WRONG_ANSWER,
+                            why + " (second input set)", error2)
+        error = max(error, error2)
+    outputs = _poisoned(cupy, workload)
+    extra: dict = {"device": _device_name(cupy), "timer": "cuda_events"}
+    try:
+        flush = flusher or L2Flusher(cupy)
+        times = time_gpu(kernel, device_inputs, outputs, flush=flush, warmup=warmup,
+                         repeats=repeats, max_repeats=max_repeats, min_time=min_time)
+        disagreement = vendor_disagreement(workload, candidate, device_inputs, outputs)
+    except Exception as exc:
+        return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
+    if disagreement is not None:
+        extra["vendor_rel_l2"] = disagreement
+    plan = getattr(kernel, "plan", None)
+    if plan:
+        extra["vendor_plan"] = dict(plan)
+    median, spread = summarize(times)
+    impl = candidate.implementation
+    return Measurement(label=candidate.label, impl=impl.name, kind=impl.kind,
+                       config=dict(candidate.config), status=Status.OK, times_s=tuple(times),
+                       median_s=median, spread_s=spread, rel_l2_error=error,
+                       workload_key=workload.key, extra=extra)
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def measure_request(workload: Mapping, candidate: Mapping, options: Mapping | None = None,
+                    seed: int = 0) -> dict:
+    """Worker entry point (`{"kind": "call", "function": MEASURE_FUNCTION}`): JSON in,
+    {'measurement': JSON} out; a missing GPU is a failed measurement, not an exception."""
+    from wpk.kernels import registry
+    from wpk.search.workers import CandidateSpec
+
+    load = Workload.from_json(workload)
+    spec = CandidateSpec(candidate["impl"], dict(candidate.get("config", {})),
+                         tuple(candidate.get("modules", ())))
+    options = dict(options or {})
+    options.pop("run_timeout_s", None)
+    try:
+        impl = registry.get(spec.impl)
+        measurement = measure_candidate(load, Candidate(impl, spec.config),
+                                        rng=np.random.default_rng(seed), **options)
+    except Exception as exc:  # DeviceError (no GPU), unknown implementation ...
+        measurement = Measurement(label=spec.label, impl=spec.impl, config=spec.config,
+                                  status=Status.RUNTIME_ERROR, message=_describe(exc),
+                                  workload_key=load.key)
+    return {"measurement": measurement.to_json()}
+
+
+def measure_isolated_cuda(worker, workload: Workload, candidate, options=None,
+                          seed: int = 0) -> Measurement:
+    """`measure_candidate` in a `MeasureWorker`'s child process: a crash or a hang costs
+    this candidate only (status runtime_error / timeout)."""
+    from wpk.search.workers import (
+        CandidateSpec,
+        WorkerCrash,
+        WorkerTimeout,
+        crash_location,
+        failed_measurement,
+    )
+
+    options = options or worker.options
+    spec = CandidateSpec.of(candidate)
+    kwargs = {"workload": workload.to_json(), "candidate": spec.to_json(),
+              "options": {k: v for k, v in options.to_json().items()}, "seed": int(seed)}
+    try:
+        reply = worker.process.request({"kind": "call", "function": MEASURE_FUNCTION,
+                                        "kwargs": kwargs}, options.timeout_s)
+    except WorkerTimeout:
+        return failed_measurement(workload.key, spec, Status.TIMEOUT,
+                                  f"no result within {options.timeout_s:g} s; worker killed")
+    except WorkerCrash as crash:
+        where = crash_location(crash.stderr_tail)
+        return failed_measurement(workload.key, spec, Status.RUNTIME_ERROR,
+                                  crash.reason + (f" at {where}" if where else ""))
+    if "error" in reply:
+        return failed_measurement(workload.key, spec, Status.RUNTIME_ERROR,
+                                  f"worker failed: {reply['error']}")
+    return Measurement.from_json(reply["result"]["measurement"])
+
+
+# ----------------------------------------------------------------------------- parallel
+
+
+def top_candidates(measurements: Sequence[Measurement], k: int) -> list[int]:
+    """Indices of the `k` fastest verified measurements, fastest first."""
+    ok = [i for i, m in enumerate(measurements) if m.ok and np.isfinite(m.median_s)]
+    return sorted(ok, key=lambda i: measurements[i].median_s)[:max(0, k)]
+
+
+def estimated_sequential_s(medians: Sequence[float], runs: int, flush_s: float) -> float:
+    """What timing every candidate alone would have cost: `runs` flushed runs each."""
+    return sum(runs * (m + flush_s) for m in medians if np.isfinite(m))
+
+
+@dataclass(frozen=True)
+class ParallelResult:
+    """Parallel timing (contended), the alone re-measurements, the winner and time saved."""
+
+    parallel: list[Measurement]
+    remeasured: dict[int, Measurement]
+    winner: int | None
+    wall_s: float
+    estimated_sequential_s: float
+
+    @property
+    def saved_s(self) -> float:
+        return max(0.0, self.estimated_sequential_s - self.wall_s)
+
+
+def measure_parallel(workload: Workload, candidates: Sequence[Candidate], *,
+                     rng: np.random.Generator, streams: int = 4, top: int = 3, runs: int = 20,
+                     **options) -> ParallelResult:
+    """Verify every candidate, time them concurrently on `streams` streams (no L2 flush:
+    contended times rank, they do not decide), re-measure the `top` fastest alone with
+    `measure_candidate` and pick the fastest of those."""
+    cupy = _cupy()
+    started = time.perf_counter()
+    seed = int(rng.integers(2**31))
+    checked = [measure_candidate(workload, c, rng=np.random.default_rng(seed), warmup=1,
+                                 repeats=1, max_repeats=1, min_time=0.0) for c in candidates]
+    live = [i for i, m in enumerate(checked) if m.ok]
+    pool = [cupy.cuda.Stream(non_blocking=True) for _ in range(max(1, streams))]
+    setups = {}
+    host = list(_default_inputs_fn()(workload, np.random.default_rng(seed)))
+    for i in live:
+        device_inputs = _upload(cupy, host)
+        consts = {j: device_inputs[j] for j in workload.const_inputs
+                  if device_inputs[j] is not None}
+        kernel = candidates[i].implementation.prepare(workload, consts, candidates[i].config)
+        setups[i] = (kernel, device_inputs, _poisoned(cupy, workload),
+                     pool[len(setups) % len(pool)], [])
+    phase_started = time.perf_counter()
+    for _ in range(runs):
+        events = []
+        for i, (kernel, ins, outs, stream, _) in setups.items():
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            with stream:
+                start.record(stream)
+                kernel(ins, outs)
+                end.record(stream)
+            events.append((i, start, end))
+        for i, start, end in events:
+            end.synchronize()
+            setups[i][4].append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    phase_s = time.perf_counter() - phase_started
+    parallel = list(checked)
+    for i, (_, _, _, _, times) in setups.items():
+        median, spread = summarize(times)
+        parallel[i] = replace(checked[i], times_s=tuple(times), median_s=median,
+                              spread_s=spread, extra={**checked[i].extra, "parallel": True})
+    remeasured = {i: measure_candidate(workload, candidates[i], rng=np.random.default_rng(seed),
+                                       **options) for i in top_candidates(parallel, top)}
+    best = top_candidates([remeasured.get(i, replace(m, status=Status.TIMEOUT))
+                           for i, m in enumerate(parallel)], 1)
+    wall = time.perf_counter() - started
+    flush_s = _flush_seconds(cupy, L2Flusher(cupy))
+    alone = [remeasured[i].median_s if i in remeasured and remeasured[i].ok
+             else parallel[i].median_s for i in setups]
+    estimate = wall - phase_s + estimated_sequential_s(alone, runs, flush_s)
+    return ParallelResult(parallel, remeasured, best[0] if best else None, wall, estimate)
+
+
+def _flush_seconds(cupy, flusher: L2Flusher) -> float:
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    flusher()
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) / 1e3
+
+
+def _device_name(cupy) -> str:
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
