@@ -10,4 +10,6 @@ import wpk.kernels.cpu.numpy_ops  # noqa: F401  (numpy elementwise, data movemen
 import wpk.kernels.cpu.ort_node  # noqa: F401  (onnxruntime vendor and fallback kernels)
 import wpk.kernels.cuda.generated  # noqa: F401  (generated CUDA kernels for GPU presets)
 import wpk.kernels.cuda.predicted  # noqa: F401  (cuDNN/cuBLAS placeholders, copies, host steps)
+import wpk.kernels.cuda.vendor_cublas  # noqa: F401  (cuBLAS Gemm/MatMul, im2col Conv; GPU only)
+import wpk.kernels.cuda.vendor_cudnn  # noqa: F401  (cuDNN Conv engines; GPU only)
 import wpk.kernels.generated  # noqa: F401  (generated DSL kernels, configs from the search)

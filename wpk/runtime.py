@@ -76,8 +76,13 @@ class Session:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Session:
-        """Read, check and prepare the plan at `path`."""
-        return cls(read_plan(path), os.fspath(path))
+        """Read, check and prepare the plan at `path` (a CUDA plan loads as a CudaSession)."""
+        plan = read_plan(path)
+        if plan.target == "cuda" and cls is Session:
+            from wpk.runtime_cuda import CudaSession
+
+            return CudaSession(plan, os.fspath(path))
+        return cls(plan, os.fspath(path))
 
     def __repr__(self) -> str:
         return (f"<Session {self.path}: {len(self._calls)} steps, "
