@@ -122,7 +122,7 @@ class DeviceCopy(Implementation):
             out = outputs[0]
             if op == "Concat":
                 parts = [xp.asarray(a) for a in inputs if a is not None]
-                out[...] = xp.concatenate(parts, axis=axis % out.ndim)
+                xp.concatenate(parts, axis=axis % out.ndim, out=out)  # no temporary
             elif op == "Transpose":
                 x = xp.asarray(inputs[0])
                 out[...] = xp.transpose(x, None if perm is None else tuple(perm))
