@@ -157,11 +157,13 @@ class OfflinePredictor:
                            for name, u in usage.items()}}
         extra["cubin_arch"] = cubin_arch(built.binary.cubin)
         reason = check_usage(usage, built.launches, self.gpu)
+        if reason is not None:
+            reason = f"ptxas usage: {reason}"
         if extra["cubin_arch"] != self.gpu.arch:
             reason = f"the cubin is for {extra['cubin_arch']}, not {self.gpu.arch}"
         if reason is not None:
-            return Measurement(status=Status.RUNTIME_ERROR, message=f"ptxas usage: {reason}",
-                               extra=extra, **base)
+            return Measurement(status=Status.RUNTIME_ERROR, message=reason, extra=extra,
+                               **base)
         verification = verify_generated(workload, built, rng, self.seed)
         extra["verified"] = verification.describe()
         extra["emulated_blocks"] = verification.blocks
