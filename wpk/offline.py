@@ -122,7 +122,7 @@ class OfflinePredictor:
         base = dict(label=candidate.label, impl=impl.name, config=dict(candidate.config),
                     kind=impl.kind, workload_key=workload.key)
         if impl.name == "dsl.cuda":
-            return self._generated(workload, candidate, rng, base)
+            return self._generated(workload, candidate, rng, base, _timing.get("tolerance"))
         from wpk.kernels.cuda import analytic
         from wpk.kernels.cuda.predicted import DEVICE_COPY, HOST_STEP
 
@@ -137,7 +137,7 @@ class OfflinePredictor:
                            message="predicted by the analytical model",
                            extra={"predicted": True, "model": prediction.to_json()}, **base)
 
-    def _generated(self, workload, candidate, rng, base) -> Measurement:
+    def _generated(self, workload, candidate, rng, base, tolerance=None) -> Measurement:
         from wpk.kernels.cuda.analytic import predict_generated
         from wpk.kernels.cuda.offline import check_usage, cubin_arch, spill_note
 
@@ -164,7 +164,7 @@ class OfflinePredictor:
         if reason is not None:
             return Measurement(status=Status.RUNTIME_ERROR, message=reason, extra=extra,
                                **base)
-        verification = verify_generated(workload, built, rng, self.seed)
+        verification = verify_generated(workload, built, rng, self.seed, tolerance)
         extra["verified"] = verification.describe()
         extra["emulated_blocks"] = verification.blocks
         if not verification.ok:
@@ -181,8 +181,10 @@ class OfflinePredictor:
                            extra=extra, **base)
 
 
-def verify_generated(workload: Workload, built, rng=None, seed: int = 0):
-    """Emulator verification of a built generated kernel on fresh random inputs."""
+def verify_generated(workload: Workload, built, rng=None, seed: int = 0,
+                     tolerance: float | None = None):
+    """Emulator verification of a built generated kernel on fresh random inputs (relative
+    L2 `tolerance`, default the workload's)."""
     from wpk.kernels.cuda.generated import _mapping
     from wpk.kernels.cuda.offline import verify_emulated
     from wpk.kernels.random_inputs import random_inputs
@@ -194,7 +196,7 @@ def verify_generated(workload: Workload, built, rng=None, seed: int = 0):
     expected = reference(workload, inputs)
     feeds = {name: np.asarray(inputs[index]) for name, index in mapping.feeds.items()}
     return verify_emulated(built.func, feeds, {mapping.output: expected[0]},
-                           tolerance=tolerance_for(workload), seed=seed)
+                           tolerance=tolerance or tolerance_for(workload), seed=seed)
 
 
 def offline_provider(gpu, count: int = DEFAULT_CONFIGS):
