@@ -1,7 +1,8 @@
 """C code generation from loop IR (shared printer, also the base of the CUDA generator).
 
 The C function takes one `restrict` pointer per parameter buffer (inputs, then
-outputs) and allocates its workspaces itself. `parallel` loops become
+outputs); its workspaces and big copies live in scratch memory it keeps per
+calling thread. `parallel` loops become
 `#pragma omp parallel for schedule(dynamic)` (a thread that the OS preempts on a
 busy machine does not hold the others back), `vectorize` loops `#pragma omp simd`, `unroll`
 loops `#pragma GCC unroll`. Build with `gcc -O3 -march=native -fopenmp`.
@@ -18,7 +19,8 @@ C_TYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "i32": "int32_t",
 _F32_FUNCS = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "erf": "erff",
               "abs": "fabsf", "floor": "floorf", "ceil": "ceilf"}
 _F64_FUNCS = {k: v[:-1] for k, v in _F32_FUNCS.items()}
-HEAP_THRESHOLD = 64 * 1024  # bytes: bigger buffers outside all loops go to the heap
+HEAP_THRESHOLD = 64 * 1024  # bytes: bigger buffers outside all loops go to kept scratch memory
+_BYTES = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "bool": 1}
 _INFIX = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!="}
 
 PRELUDE = """#include <math.h>
@@ -52,7 +54,6 @@ class CPrinter:
         self.lines: list[str] = []
         self.indent = 0
         self.loop_depth = 0
-        self.heap: list[str] = []  # buffers allocated outside every loop, freed by the caller
 
     # ------------------------------------------------------------------ expressions
     def expr(self, e: L.Expr) -> str:
@@ -203,11 +204,21 @@ class CPrinter:
     def allocate(self, b: L.Buffer) -> None:
         ctype = C_TYPES[b.dtype]
         if self.loop_depth == 0 and b.size * 8 > HEAP_THRESHOLD:
-            nbytes = (b.size * 8 + 63) // 64 * 64
-            self.emit(f"{ctype}* restrict {b.name} = ({ctype}*)aligned_alloc(64, {nbytes});")
-            self.heap.append(b.name)
+            self.scratch(b)
             return
         self.emit(f"{ctype} {b.name}[{b.size}] __attribute__((aligned(64)));")
+
+    def scratch(self, b: L.Buffer) -> None:
+        """A big buffer as per-calling-thread memory kept between calls: allocating and
+        freeing megabytes per call costs page faults that made kernels 3x slower at random
+        on a busy machine. OpenMP workers share the pointer; it is never freed (one buffer
+        per kernel per calling thread, like a runtime's arena)."""
+        ctype = C_TYPES[b.dtype]
+        nbytes = (b.size * _BYTES.get(b.dtype, 8) + 63) // 64 * 64
+        keep = f"wpk_keep_{b.name}"
+        self.emit(f"static __thread {ctype}* {keep};")
+        self.emit(f"if (!{keep}) {keep} = ({ctype}*)aligned_alloc(64, {nbytes});")
+        self.emit(f"{ctype}* restrict {b.name} = {keep};")
 
     def barrier(self) -> None:
         raise ValueError("barriers only exist in CUDA kernels")
@@ -231,17 +242,11 @@ def generate_c(func: L.PrimFunc) -> str:
     printer.emit(f"void {c_signature(func)} {{")
     printer.indent += 1
     for w in func.workspaces:
-        printer.emit(f"{C_TYPES[w.dtype]}* restrict {w.name} = ({C_TYPES[w.dtype]}*)"
-                     f"aligned_alloc(64, {(w.size * 8 + 63) // 64 * 64});")
+        printer.scratch(w)
     for k in func.kernels:
         if len(func.kernels) > 1:
             printer.emit(f"// stage {k.name}")
         printer.stmt(k.body)
-        for name in printer.heap:
-            printer.emit(f"free({name});")
-        printer.heap.clear()
-    for w in func.workspaces:
-        printer.emit(f"free({w.name});")
     printer.indent -= 1
     printer.emit("}")
     return PRELUDE + "\n" + "\n".join(printer.lines) + "\n"
