@@ -197,7 +197,7 @@ def small_session(tmp_path_factory, present_gpu):
     plan = wpk.build(model, target="cuda", gpu=present_gpu.name, offline=True, progress=False)
     path = folder / "small.wpk"
     plan.save(path)
-    tune_plan(path, trials=2, budget=60)
+    tune_plan(path, trials=2, budget=30)
     session = wpk.load(path)
     assert isinstance(session, CudaSession)
     return model, session
