@@ -125,11 +125,14 @@ def fusion_levels(workload: Workload) -> list[int]:
 
 def find_plan(names: Sequence[str | None], name: str | None, index: int | None) -> int | None:
     """The plan to execute: the one named `name` (stable across runs), else `index` when it
-    builds, else None. `names[i]` is None for a plan that did not build."""
+    builds, else None; with neither, the heuristics' first plan. `names[i]` is None for a
+    plan that did not build."""
     if name is not None and name in names:
         return names.index(name)
     if index is not None and 0 <= index < len(names) and names[index] is not None:
         return index
+    if name is None and index is None:
+        return next((i for i, n in enumerate(names) if n is not None), None)
     return None
 
 
@@ -185,9 +188,12 @@ class ConvGraph:
     fused: list
 
 
-def build_conv_graph(workload: Workload, fuse: int, max_plans: int = MAX_PLANS) -> ConvGraph:
-    """Build the graph of `workload` with `fuse` epilogue steps fused and every plan the
-    heuristics offer (up to `max_plans` built); DeviceError when cuDNN takes none."""
+def build_conv_graph(workload: Workload, fuse: int, max_plans: int = MAX_PLANS,
+                     try_build: bool = True) -> ConvGraph:
+    """Build the graph of `workload` with `fuse` epilogue steps fused and rank the plans the
+    heuristics offer. With `try_build`, build up to `max_plans` of them (a plan that does not
+    build gets the name None); without, only name them (`prepare` builds the one it runs).
+    DeviceError when cuDNN offers or builds none."""
     from wpk.kernels.cuda.cupy_support import require_cupy
 
     cupy = require_cupy("a cuDNN convolution")
@@ -237,11 +243,12 @@ def build_conv_graph(workload: Workload, fuse: int, max_plans: int = MAX_PLANS) 
     names: list = []
     built = 0
     for index in range(graph.get_execution_plan_count()):
-        if built >= max_plans:
+        if try_build and built >= max_plans:
             names.append(None)
             continue
         try:
-            graph.build_plan_at_index(index)
+            if try_build:
+                graph.build_plan_at_index(index)
             names.append(graph.get_plan_name_at_index(index))
             built += 1
         except Exception:  # a plan that does not build is not a candidate
@@ -293,7 +300,7 @@ class CudnnConv(Implementation):
         cupy = require_cupy("a cuDNN convolution")
         cudnn, _ = _frontend()
         fuse = int(config.get("fuse", 0))
-        built = build_conv_graph(workload, fuse)
+        built = build_conv_graph(workload, fuse, try_build=False)
         index = find_plan(built.names, config.get("plan"), config.get("index"))
         if index is None:
             raise DeviceError(f"{workload.label}: cuDNN plan {config.get('plan')!r} is not "

@@ -224,6 +224,7 @@ def test_plan_selection_prefers_the_name_then_the_index():
     assert find_plan(names, "gone", 2) == 2
     assert find_plan(names, "gone", 1) is None          # that index did not build
     assert find_plan(names, None, 7) is None
+    assert find_plan(names, None, None) == 0 and find_plan([None, "x"], None, None) == 1
     configs = plan_configs({0: ["a", None, "b"], 2: [None, "c"]}, limit=1)
     assert configs == [{"fuse": 2, "plan": "c", "index": 1}, {"fuse": 0, "plan": "a", "index": 0}]
 
