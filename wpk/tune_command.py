@@ -8,7 +8,7 @@ present. Every workload whose choice was predicted is measured again on the
 GPU: the generated kernel in up to `trials` configs for the preset, the real
 vendor implementations registered for 'cuda' (cuDNN, cuBLAS), device copies
 or the host step; the fastest verified one replaces the prediction. Timing
-is the GPU runtime's (`wpk.runtime_cuda.measure_candidate`, CUDA events),
+is the GPU measurement's (`wpk.search.measure_cuda.measure_candidate`, CUDA events),
 with the same signature as `wpk.search.measure.measure_candidate`. Within
 `budget` seconds, workloads left unmeasured stay predicted and the plan
 still says so. The plan is rewritten atomically (`write_plan`).
@@ -31,12 +31,12 @@ from wpk.kernels.workload import Workload
 DEFAULT_TRIALS = 8
 
 
-def _runtime_measure() -> Callable:
+def _gpu_measure() -> Callable:
     try:
-        from wpk.runtime_cuda import measure_candidate
+        from wpk.search.measure_cuda import measure_candidate
     except ImportError as exc:
-        raise DeviceError(f"wpk tune needs the CUDA runtime (wpk.runtime_cuda): {exc}",
-                          hint="install cupy on the GPU machine") from None
+        raise DeviceError(f"wpk tune needs the GPU measurement (wpk.search.measure_cuda): "
+                          f"{exc}", hint="install cupy on the GPU machine") from None
     return measure_candidate
 
 
@@ -175,6 +175,6 @@ def tune_plan(path: str | os.PathLike, trials: int | None = None,
         raise DeviceError(f"wpk tune: plan '{name}' was built for {gpu.name} "
                           f"({gpu.description}, {gpu.arch}); {describe_present(present)}",
                           hint=f"run `wpk tune` on a machine with a {gpu.name}")
-    summary = retune(plan, gpu, _runtime_measure(), trials or DEFAULT_TRIALS, budget)
+    summary = retune(plan, gpu, _gpu_measure(), trials or DEFAULT_TRIALS, budget)
     write_plan(plan, name)
     return dict(summary, gpu=gpu.name, path=name)
