@@ -242,6 +242,23 @@ def plan_offline(items: Sequence, gpu, plan_options, progress: bool = False,
                 future.cancel()
 
 
+def plan_measured(items: Sequence, gpu, plan_options, progress: bool = False,
+                  count: int = DEFAULT_CONFIGS):
+    """The planner's choices for `items` measured on the GPU present (CUDA events,
+    `wpk.search.measure_cuda`), over the candidates `wpk tune` measures."""
+    from wpk.plans.planner import plan
+    from wpk.plans.progress import progress_bar
+    from wpk.search.measure_cuda import measure_candidate
+    from wpk.tune_command import tune_candidates
+
+    def provide(workload: Workload, target: str) -> list[Candidate]:
+        return tune_candidates(workload, gpu, count) if target == "cuda" else []
+
+    with progress_bar(progress, description=f"measuring on {gpu.name}") as on_progress:
+        return plan(items, "cuda", plan_options, on_progress, providers=[provide],
+                    measure=measure_candidate)
+
+
 def predicted_statement(gpu_name: str) -> str:
     return (f"choices predicted by the analytical model, not measured: run `wpk tune PLAN` "
             f"on a {gpu_name} to measure")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wpk.errors import DeviceError, OptionError
+from wpk.errors import OptionError
 from wpk.plans.planfile import Plan
 
 TARGETS = ("cpu", "cuda")
@@ -102,12 +102,7 @@ def _check_target(options: BuildOptions):
     from wpk.offline import check_cuda_target, check_offline_options
 
     check_offline_options(options)
-    gpu = check_cuda_target(options.gpu, options.offline)
-    if not options.offline:
-        raise DeviceError(f"--gpu {gpu.name}: measuring on the GPU is not available yet in "
-                          "this wpk", hint="add --offline to build with predicted choices, "
-                          "then run `wpk tune PLAN` on the GPU")
-    return gpu
+    return check_cuda_target(options.gpu, options.offline)
 
 
 def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = None,
@@ -134,11 +129,15 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     plan_options = PlanOptions(warmup=opts.warmup, repeats=opts.repeats,
                                min_time=opts.min_time, seed=opts.seed, strict=opts.strict)
     search_summary = None
-    if gpu is not None:  # --offline cuda: every choice predicted (wpk.offline)
+    if gpu is not None and opts.offline:  # every choice predicted (wpk.offline)
         from wpk.offline import plan_offline
 
         choices = plan_offline(items, gpu, plan_options, opts.progress, seed=opts.seed,
                                jobs=opts.jobs)
+    elif gpu is not None:  # the GPU is present: measured with CUDA events
+        from wpk.offline import plan_measured
+
+        choices = plan_measured(items, gpu, plan_options, opts.progress)
     elif opts.search != "none" or opts.db is not None:  # records, and generated kernels
         from wpk.search_build import plan_with_search
 
@@ -159,7 +158,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         options=opts.to_json())
     if search_summary is not None:
         result.report["search"] = search_summary
-    if gpu is not None:
+    if gpu is not None and opts.offline:
         from wpk.offline import mark_predicted
 
         mark_predicted(result, gpu, choices)

@@ -270,3 +270,10 @@ def test_device_copy_and_host_step_compute_on_numpy_arrays():
     out = np.full(5, np.nan, np.float32)
     HOST_STEP.prepare(sin, {}, host_config(sin))([x], [out])
     np.testing.assert_allclose(out, np.sin(x), rtol=1e-5)
+
+
+def test_measured_candidates_leave_out_the_predicted_placeholders():
+    from wpk.tune_command import tune_candidates
+
+    names = [c.implementation.name for c in tune_candidates(_conv(), H100, 2)]
+    assert "dsl.cuda" in names and not any(n.endswith(".predicted") for n in names)
