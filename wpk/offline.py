@@ -3,6 +3,7 @@
     gpu = check_cuda_target(options)                   # HardwareSpec of the preset
     choices = plan_offline(items, gpu, plan_options)   # predicted, not measured
     mark_predicted(plan, gpu)                          # manifest + report say so
+    choices = plan_measured(items, gpu, plan_options)  # GPU present: CUDA-event timings
 
 `--gpu NAME` without `--offline` needs that GPU to be present: otherwise a
 DeviceError names the preset and what is present ("no GPU present" or "found
