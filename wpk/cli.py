@@ -287,7 +287,8 @@ def tune(plan: Path, trials: int | None, budget: float | None) -> None:
     from wpk.tune_command import tune_plan
 
     summary = tune_plan(str(plan), trials=trials, budget=budget)
-    click.echo(json.dumps(summary, indent=2, default=str))
+    _stderr(f"tuned {summary['path']} on {summary['gpu']}: {summary['measured']} measured, "
+            f"{summary['changed']} choices changed, {summary['left_predicted']} still predicted")
 
 
 @cli.group()
