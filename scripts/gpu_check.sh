@@ -26,8 +26,23 @@ declare -A RESULT
 
 section "carried wheels"
 if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-        && echo "installed: $(ls .whl)"
+    # the cuDNN frontend always; the others (wpk's pure-Python dependencies, pytest,
+    # hypothesis) only where this machine lacks them, so nothing of its own is shadowed
+    mapfile -t WHEELS < <(python3 - <<'EOF'
+import glob, importlib.util
+modules = {"nvidia_cudnn_frontend": None, "markdown_it_py": "markdown_it", "attrs": "attr",
+           "scikit_learn": "sklearn"}
+for path in sorted(glob.glob(".whl/*.whl")):
+    dist = path.rsplit("/", 1)[-1].split("-")[0].lower()
+    module = modules.get(dist, dist)
+    if module is None or importlib.util.find_spec(module) is None:
+        print(path)
+EOF
+)
+    if [ "${#WHEELS[@]}" -gt 0 ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${WHEELS[@]}" \
+            && echo "installed into /tmp/site: ${WHEELS[*]}"
+    fi
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 else
     echo "no .whl/ folder: the cuDNN frontend is absent, cuDNN candidates will say so"
