@@ -124,6 +124,7 @@ class CudaSession(Session):
         self._output_sources = [self._pinned(m) for m in self._outputs]
         self.segments = segment_steps([kind not in HOST_KINDS for kind in kinds])
         self._warm_up()
+        self.capture_errors: dict[int, str] = {}
         self._graphs = self._capture() if cuda_graph else {}
 
     @classmethod
@@ -133,8 +134,8 @@ class CudaSession(Session):
 
     def __repr__(self) -> str:
         return (f"<CudaSession {self.path}: {len(self._calls)} steps, "
-                f"{len(self._graphs)} CUDA graphs, {self.plan.buffer_plan.arena_bytes} "
-                "arena bytes>")
+                f"{len(self._graphs)} CUDA graphs ({len(self.capture_errors)} segments eager), "
+                f"{self.plan.buffer_plan.arena_bytes} arena bytes>")
 
     # -- loading ------------------------------------------------------------------
 
@@ -220,18 +221,24 @@ class CudaSession(Session):
         self.stream.synchronize()
 
     def _capture(self) -> dict[int, object]:
+        """One CUDA graph per device segment; a segment whose capture fails (a library call
+        that cannot be captured) runs eagerly instead, its error kept in `capture_errors`."""
         graphs = {}
         with self.stream:
             for number, (device, indices) in enumerate(self.segments):
                 if not device:
                     continue
-                self.stream.begin_capture()
                 try:
-                    self._run_steps(indices)
-                finally:
-                    graph = self.stream.end_capture()
-                graph.upload(self.stream)
-                graphs[number] = graph
+                    self.stream.begin_capture()
+                    try:
+                        self._run_steps(indices)
+                    finally:
+                        graph = self.stream.end_capture()
+                    graph.upload(self.stream)
+                    graphs[number] = graph
+                except Exception as exc:
+                    names = [self._step_names[i] for i in indices]
+                    self.capture_errors[number] = f"{names[0]}..{names[-1]}: {exc}"
         self.stream.synchronize()
         return graphs
 

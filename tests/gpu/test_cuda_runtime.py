@@ -212,7 +212,7 @@ def test_cuda_graph_session_matches_onnxruntime(small_session):
         None, {"x": x})[0]
     got = session.run({"x": x})["y"]
     assert _relative_l2(got, expected) < 1e-4
-    assert session._graphs, "no CUDA graph was captured"
+    assert session._graphs and not session.capture_errors, session.capture_errors
     # a second input gives a second answer: the graph reads the arena, not a frozen copy
     x2 = x[::-1].copy()
     expected2 = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(
