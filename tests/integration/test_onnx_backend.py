@@ -30,15 +30,6 @@ RUN_FALLBACK = True
 # float64 reference, but timed once without warm-up.
 BUILD_OPTIONS = {"warmup": 0, "repeats": 1, "min_time": 0.0}
 _FALLBACK_SECONDS = [0.0]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _shared_records(tmp_path_factory):
-    """One tuning-records file for the whole test session (test_accuracy uses it too):
-    a workload measured once (same op, shapes, attributes) is not measured again."""
-    BUILD_OPTIONS["db"] = str(tmp_path_factory.getbasetemp() / "wpk-records.jsonl")
-    yield
-    BUILD_OPTIONS.pop("db", None)
 _OUTCOMES: dict[str, tuple[str, str, float, str]] = {}
 
 
