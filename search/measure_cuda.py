@@ -6,10 +6,11 @@
 
 `measure_candidate` has the signature of `wpk.search.measure.measure_candidate`
 (so `wpk tune` and the planner can swap it in): fresh random inputs (static
-inputs exact), uploaded once; constants passed to `prepare` as device
+inputs exact; the candidates of one workload share one set and its float64
+reference, `shared_inputs`), uploaded once; constants passed to `prepare` as device
 arrays; outputs poisoned with NaN on the device; the relative L2 error
-against the float64 reference on the host; a second input set when a run is
-short; for generated kernels, the same inputs through the vendor library
+against the float64 reference on the host; a second input set when both a run
+and the reference are cheap; for generated kernels, the same inputs through the vendor library
 (cuDNN/cuBLAS) when one takes the workload, its disagreement kept in
 `extra['vendor_rel_l2']`. Timing: `warmup` runs, then `repeats` ..
 `max_repeats` runs until `min_time` seconds, each between two CUDA events
@@ -29,6 +30,7 @@ point `measure_request` turns that into a failed measurement.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -136,8 +138,33 @@ def _poisoned(cupy, workload: Workload) -> list:
     return outs
 
 
+_REFERENCES: OrderedDict = OrderedDict()
+REFERENCE_CACHE_SIZE = 2
+
+
+def shared_inputs(workload: Workload, rng: np.random.Generator, inputs_fn: InputsFn,
+                  reference_fn: ReferenceFn) -> tuple[list, list, float]:
+    """(inputs, float64 reference outputs, seconds the reference took) for a workload.
+    The candidates of one workload measured one after another share one input set drawn
+    from the first one's `rng` (fresh for every binary: drawn when it is measured, never
+    seen at build time), so the host reference, which costs far more than a GPU run, is
+    computed once per workload, not once per candidate."""
+    key = (workload.key, id(inputs_fn), id(reference_fn))
+    if key in _REFERENCES:
+        _REFERENCES.move_to_end(key)
+        return _REFERENCES[key]
+    inputs = list(inputs_fn(workload, rng))
+    started = time.perf_counter()
+    expected = list(reference_fn(workload, inputs))
+    entry = (inputs, expected, time.perf_counter() - started)
+    _REFERENCES[key] = entry
+    while len(_REFERENCES) > REFERENCE_CACHE_SIZE:
+        _REFERENCES.popitem(last=False)
+    return entry
+
+
 def _run_checked(cupy, kernel, workload: Workload, host_inputs, device_inputs,
-                 reference_fn: ReferenceFn, limit: float) -> tuple[float, str, float]:
+                 expected: Sequence, limit: float) -> tuple[float, str, float]:
     """Run once on poisoned outputs: (error, why wrong or '', seconds of the run)."""
     outputs = _poisoned(cupy, workload)
     cupy.cuda.Device().synchronize()
@@ -149,7 +176,7 @@ def _run_checked(cupy, kernel, workload: Workload, host_inputs, device_inputs,
         if host is not None and not np.array_equal(host, cupy.asnumpy(device),
                                                    equal_nan=host.dtype.kind in "fc"):
             return float("inf"), f"the kernel overwrote its input {index}", seconds
-    error, why = compare([cupy.asnumpy(o) for o in outputs], reference_fn(workload, host_inputs))
+    error, why = compare([cupy.asnumpy(o) for o in outputs], expected)
     if not why and error > limit:
         why = f"relative L2 error {error:.3g} exceeds {limit:.3g}"
     return error, why, seconds
@@ -195,7 +222,7 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
     inputs_fn = inputs_fn or _default_inputs_fn()
     reference_fn = reference_fn or _default_reference_fn()
     limit = tolerance_for(workload) if tolerance is None else tolerance
-    host_inputs = list(inputs_fn(workload, rng))
+    host_inputs, expected, reference_s = shared_inputs(workload, rng, inputs_fn, reference_fn)
     device_inputs = _upload(cupy, host_inputs)
     consts = {i: device_inputs[i] for i in workload.const_inputs if device_inputs[i] is not None}
     try:
@@ -206,7 +233,7 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
         return _failure(workload, candidate, Status.COMPILE_ERROR, _describe(exc))
     try:
         error, why, first_run = _run_checked(cupy, kernel, workload, host_inputs,
-                                             device_inputs, reference_fn, limit)
+                                             device_inputs, expected, limit)
     except Exception as exc:
         return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
     if timeout is not None and first_run > timeout:
@@ -214,14 +241,14 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
                         f"one run took {first_run:.3g} s, over the {timeout:.3g} s limit")
     if why:
         return _failure(workload, candidate, Status.WRONG_ANSWER, why, error)
-    if first_run < SECOND_CHECK_MAX_S:
+    if first_run < SECOND_CHECK_MAX_S and reference_s < SECOND_CHECK_MAX_S:
         fresh = list(inputs_fn(workload, rng))
         second = [host_inputs[i] if i in consts else fresh[i] for i in range(len(fresh))]
         second_device = [device_inputs[i] if i in consts else d
                          for i, d in enumerate(_upload(cupy, second))]
         try:
             error2, why, _ = _run_checked(cupy, kernel, workload, second, second_device,
-                                          reference_fn, limit)
+                                          reference_fn(workload, second), limit)
         except Exception as exc:
             return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
         if why:

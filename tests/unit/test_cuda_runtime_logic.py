@@ -34,6 +34,7 @@ from wpk.search.measure_cuda import (
     estimated_sequential_s,
     l2_flush_bytes,
     needs_more_runs,
+    shared_inputs,
     summarize,
     top_candidates,
 )
@@ -283,6 +284,29 @@ def test_run_count_and_statistics():
     assert not needs_more_runs([1e-3] * 10, 3, 10, 1.0)
     median, (q25, q75) = summarize([4.0, 1.0, 3.0, 2.0, 100.0])
     assert median == 3.0 and q25 == 2.0 and q75 == 4.0
+
+
+def test_candidates_of_a_workload_share_inputs_and_reference():
+    calls = []
+
+    def inputs_fn(workload, rng):
+        return [rng.standard_normal(s.shape).astype(np.float32) for s in workload.inputs]
+
+    def reference_fn(workload, inputs):
+        calls.append(workload.key)
+        return [inputs[0].astype(np.float64) @ inputs[1]]
+
+    a = _workload("MatMul", [(2, 3), (3, 4)], [(2, 4)])
+    b = _workload("MatMul", [(2, 5), (5, 4)], [(2, 4)])
+    c = _workload("MatMul", [(1, 5), (5, 4)], [(1, 4)])
+    first = shared_inputs(a, np.random.default_rng(1), inputs_fn, reference_fn)
+    again = shared_inputs(a, np.random.default_rng(2), inputs_fn, reference_fn)
+    assert again[0] is first[0] and calls == [a.key]
+    np.testing.assert_allclose(first[1][0], first[0][0].astype(np.float64) @ first[0][1])
+    shared_inputs(b, np.random.default_rng(3), inputs_fn, reference_fn)
+    shared_inputs(c, np.random.default_rng(4), inputs_fn, reference_fn)   # evicts a
+    shared_inputs(a, np.random.default_rng(5), inputs_fn, reference_fn)
+    assert calls == [a.key, b.key, c.key, a.key]
 
 
 def _m(median, status=Status.OK):
