@@ -83,7 +83,7 @@ def map_nchwc_conv(w: Workload, core: int):
     """(op, shapes, scalars, feeds, packed) of a blocked Conv, or why it does not map.
     `packed` lists (param, input index, packer name, blocks, block)."""
     from wpk.dsl.parser import parse_source
-    from wpk.kernels.generated import pads_2d
+    from wpk.kernels.generated_ops import pads_2d
     from wpk.kernels.nchwc_logical import is_depthwise, logical_workload
 
     x, wt = w.inputs[0], w.inputs[1]

@@ -1,0 +1,222 @@
+"""How ONNX workloads map onto DSL library operators: shapes, scalars and feeds per op.
+
+Each `MAPPERS[op](workload, load_operator, core_inputs)` returns
+`(operator, param shapes, scalars, feeds, output shape, DSL output shape)` or a
+string saying why the workload does not map; `wpk.kernels.generated` fuses the
+epilogue and binds the symbols. Helpers: `fold_operand` (an epilogue operand
+against a reshaped output), `coalesce` (merging elementwise dims), `pads_2d`
+(pads giving exactly a window op's output size).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from wpk.kernels.workload import Workload
+
+
+def _stub(shape: Sequence[int]) -> np.ndarray:
+    return np.broadcast_to(np.float32(0), tuple(int(d) for d in shape))
+
+
+def bind(op, shapes: Mapping[str, Sequence[int]], scalars: Mapping | None = None) -> dict:
+    from wpk.dsl.compute import infer_bindings
+
+    return infer_bindings(op, {k: _stub(v) for k, v in shapes.items()}, scalars or {})
+
+
+def _strip(shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def fold_operand(shape: Sequence[int], out: Sequence[int], new_out: Sequence[int]
+                 ) -> tuple[int, ...] | None:
+    """The shape an epilogue operand broadcast against `out` takes against the reshaped
+    output `new_out` (same elements), or None when the reshape breaks its broadcasting."""
+    stripped = _strip(shape)
+    if math.prod(stripped) == math.prod(out) and stripped == _strip(out):
+        return tuple(new_out)
+    if not stripped:
+        return (1,)
+    rank = len(stripped)
+    if rank <= len(new_out) and tuple(out[-rank:]) == tuple(new_out[-rank:]):
+        return stripped
+    return None
+
+
+def coalesce(out: Sequence[int], operands: Sequence[Sequence[int]]
+             ) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Drop size-1 output dims and merge adjacent ones wherever every operand is full in
+    both or broadcast (size 1) in both, like numpy's iterator; returns the new output
+    and operand shapes."""
+    rank = len(out)
+    aligned = [(1,) * (rank - len(s)) + tuple(s) for s in operands]
+    groups: list[list[int]] = []
+    for axis in (a for a in range(rank) if out[a] != 1):   # size-1 dims drop out
+        if groups and all((a[axis] == 1) == (a[groups[-1][-1]] == 1) for a in aligned) \
+                and all(a[axis] in (1, out[axis]) for a in aligned):
+            groups[-1].append(axis)
+        else:
+            groups.append([axis])
+    new_out = tuple(math.prod(out[a] for a in g) for g in groups) or (1,)
+    new_ops = [tuple(math.prod(s[a] for a in g) for g in groups) or (1,) for s in aligned]
+    return new_out, new_ops
+
+
+def pads_2d(workload: Workload, kernel: tuple[int, int]):
+    """(pad_t, pad_l, pad_b, pad_r, strides, dilations) giving exactly the output size."""
+    from wpk.kernels.cpu.window import window_geometry
+
+    geom = window_geometry(workload, kernel)
+    # The declared end pads, unless ceil_mode windows reach further (then exactly those).
+    ends = tuple(max(c, e) for c, e in zip(geom.cover_end, geom.pads_end))
+    for size, begin, end, ext, stride, out in zip(geom.in_size, geom.pads_begin, ends,
+                                                  geom.extent, geom.strides, geom.out_size):
+        if (size + begin + end - ext) // stride + 1 != out:
+            return None
+    return (*geom.pads_begin, *ends), geom
+
+
+# ----------------------------------------------------------------------------- per op
+def _map_conv(w: Workload, lib, core: int):
+    x, wt = w.inputs[0], w.inputs[1]
+    if len(x.shape) != 4 or wt is None or len(wt.shape) != 4:
+        return "only 2-D convolutions (NCHW) map to DSL operators"
+    found = pads_2d(w, tuple(wt.shape[2:]))
+    if found is None:
+        return "the padding does not give the output size"
+    (pt, pl, pb, pr), geom = found
+    has_bias = core > 2 and w.inputs[2] is not None
+    op = lib("conv2d_bias" if has_bias else "conv2d")
+    scalars = dict(stride_h=geom.strides[0], stride_w=geom.strides[1], pad_t=pt, pad_l=pl,
+                   pad_b=pb, pad_r=pr, dil_h=geom.dilations[0], dil_w=geom.dilations[1],
+                   groups=int(w.attr("group", 1)))
+    shapes = {"X": x.shape, "Wt": wt.shape}
+    feeds = {"X": 0, "Wt": 1}
+    if has_bias:
+        shapes["B"] = w.inputs[2].shape
+        feeds["B"] = 2
+    return op, shapes, scalars, feeds, tuple(w.outputs[0].shape), tuple(w.outputs[0].shape)
+
+
+def _map_matmul(w: Workload, lib, core: int):
+    a, b = w.inputs[0].shape, w.inputs[1].shape
+    out = tuple(w.outputs[0].shape)
+    if len(a) < 2 or len(b) < 2:
+        return "MatMul of 1-D operands does not map"
+    if len(b) == 2:
+        m = math.prod(a[:-1])
+        return (lib("matmul"), {"A": (m, a[-1]), "B": b}, {}, {"A": 0, "B": 1}, out,
+                (m, b[-1]))
+    if tuple(a[:-2]) != tuple(b[:-2]):
+        return "MatMul with broadcast batch dimensions does not map"
+    bt = math.prod(a[:-2])
+    return (lib("batched_matmul"), {"A": (bt, *a[-2:]), "B": (bt, *b[-2:])}, {},
+            {"A": 0, "B": 1}, out, (bt, a[-2], b[-1]))
+
+
+def _map_gemm(w: Workload, lib, core: int):
+    from wpk.dsl.parser import parse_source
+
+    ta, tb = int(w.attr("transA", 0)), int(w.attr("transB", 0))
+    alpha, beta = float(w.attr("alpha", 1.0)), float(w.attr("beta", 1.0))
+    a, b = w.inputs[0].shape, w.inputs[1].shape
+    m, n = w.outputs[0].shape
+    params = [f"A: f32[{'K, M' if ta else 'M, K'}]", f"B: f32[{'N, K' if tb else 'K, N'}]"]
+    body = f"sum(k in K) {{ A[{'k, m' if ta else 'm, k'}] * B[{'n, k' if tb else 'k, n'}] }}"
+    if alpha != 1.0:
+        body = f"{alpha!r} * {body}"
+    shapes = {"A": a, "B": b}
+    feeds = {"A": 0, "B": 1}
+    c = w.inputs[2] if core > 2 else None
+    if c is not None and beta != 0.0:
+        cs = _strip(c.shape)
+        index = {(m, n): ("C[m, n]", (m, n)), (n,): ("C[n]", (n,)), (m, 1): ("C[m]", (m,)),
+                 (): ("C[0]", (1,)), (1,): ("C[0]", (1,))}.get(cs)
+        if cs == (m,) and m != n:
+            index = None
+        if index is None:
+            return f"Gemm with C of shape {c.shape} does not map"
+        params.append(f"C: f32[{', '.join(map(str, index[1]))}]")
+        term = index[0] if beta == 1.0 else f"{beta!r} * {index[0]}"
+        body = f"{body} + {term}"
+        shapes["C"] = index[1]
+        feeds["C"] = 2
+    text = f"op gemm_{'t' if ta else 'n'}{'t' if tb else 'n'}({', '.join(params)}) " \
+           f"-> Y: f32[M, N] {{\n    Y[m, n] = {body}\n}}\n"
+    (op,) = parse_source(text, "<gemm>")
+    return op, shapes, {}, feeds, (m, n), (m, n)
+
+
+def _map_pool(w: Workload, lib, core: int):
+    x = w.inputs[0].shape
+    if len(x) != 4:
+        return "only 2-D pooling (NCHW) maps to DSL operators"
+    out = tuple(w.outputs[0].shape)
+    if w.op in ("GlobalAveragePool", "GlobalMaxPool"):
+        name = "global_avgpool2d" if w.op == "GlobalAveragePool" else "global_maxpool2d"
+        return lib(name), {"X": x}, {}, {"X": 0}, out, out
+    if len(w.outputs) > 1:
+        return "MaxPool with an Indices output does not map"
+    kernel = tuple(int(k) for k in w.attr("kernel_shape"))
+    found = pads_2d(w, kernel)
+    if found is None:
+        return "the padding does not give the output size"
+    (pt, pl, pb, pr), geom = found
+    scalars = dict(KH=kernel[0], KW=kernel[1], stride_h=geom.strides[0],
+                   stride_w=geom.strides[1], pad_t=pt, pad_l=pl, pad_b=pb, pad_r=pr)
+    if w.op == "MaxPool":
+        scalars.update(dil_h=geom.dilations[0], dil_w=geom.dilations[1])
+        return lib("maxpool2d"), {"X": x}, scalars, {"X": 0}, out, out
+    if any(d != 1 for d in geom.dilations):
+        return "AveragePool with dilations does not map"
+    include = int(w.attr("count_include_pad", 0))
+    if include and (pb, pr) != tuple(geom.pads_end):
+        return "AveragePool counting pads with ceil_mode windows does not map"
+    scalars["count_include_pad"] = include
+    return lib("avgpool2d"), {"X": x}, scalars, {"X": 0}, out, out
+
+
+def _last_axis(w: Workload, default: int) -> int:
+    rank = len(w.inputs[0].shape)
+    axis = int(w.attr("axis", default))
+    return axis + rank if axis < 0 else axis
+
+
+def _map_softmax(w: Workload, lib, core: int):
+    x = w.inputs[0].shape
+    axis = _last_axis(w, -1 if w.opset >= 13 else 1)
+    if w.opset >= 13 and axis != len(x) - 1:
+        return "Softmax over an axis other than the last does not map"
+    rows, cols = math.prod(x[:axis]), math.prod(x[axis:])
+    name = "softmax" if w.op == "Softmax" else "log_softmax"
+    return lib(name), {"X": (rows, cols)}, {}, {"X": 0}, tuple(x), (rows, cols)
+
+
+def _map_layernorm(w: Workload, lib, core: int):
+    x = w.inputs[0].shape
+    if len(w.outputs) > 1:
+        return "LayerNormalization with Mean/InvStdDev outputs does not map"
+    if _last_axis(w, -1) != len(x) - 1:
+        return "LayerNormalization over more than the last axis does not map"
+    d = x[-1]
+    if core < 3 or w.inputs[2] is None:
+        return "LayerNormalization without a bias does not map"
+    if _strip(w.inputs[1].shape) != (d,) or _strip(w.inputs[2].shape) != (d,):
+        return "LayerNormalization with scale/bias not of shape [D] does not map"
+    rows = math.prod(x[:-1])
+    return (lib("layernorm"), {"X": (rows, d), "Gamma": (d,), "Beta": (d,)},
+            {"eps": float(w.attr("epsilon", 1e-5))}, {"X": 0, "Gamma": 1, "Beta": 2},
+            tuple(x), (rows, d))
+
+
+MAPPERS = {"Conv": _map_conv, "MatMul": _map_matmul, "Gemm": _map_gemm,
+           "MaxPool": _map_pool, "AveragePool": _map_pool, "GlobalAveragePool": _map_pool,
+           "GlobalMaxPool": _map_pool, "Softmax": _map_softmax, "LogSoftmax": _map_softmax,
+           "LayerNormalization": _map_layernorm}
