@@ -57,7 +57,7 @@ def per_operator(report: dict) -> list[dict]:
 def bench(name: str, args, workdir: str) -> dict:
     db = Path(args.db_dir) / f"{name}.jsonl"
     db.parent.mkdir(parents=True, exist_ok=True)
-    options = {"search": args.search, "budget": args.budget, "db": str(db), "progress": False}
+    options = {"search": args.search, "budget": args.budget, "db": str(db)}
     if args.trials:
         options["trials"] = args.trials
     result = e2e.bench_model(name, args.rounds, args.warmup, args.threads, options, False,
