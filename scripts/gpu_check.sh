@@ -3,6 +3,7 @@
 #
 #   scripts/gpu_check.sh            # results under $OUT (default ./out)
 #   scripts/gpu_check.sh --no-install   # wpk already importable (a development machine)
+#   scripts/gpu_check.sh --light-only   # only the nine light models (their own 8 minutes)
 #
 # 1. installs the wheels carried in .whl/ (nvidia-cudnn-frontend, with --no-deps) into
 #    /tmp/site, and wpk itself (editable, no deps; else a symlink tree mapping the top-level
@@ -16,6 +17,15 @@
 # Every part has its own time limit and writes as it goes, so a part that runs out of time
 # still leaves its partial results; the summary at the end gives each part's verdict.
 set -u -o pipefail
+INSTALL=1
+LIGHT_ONLY=0
+for arg in "$@"; do
+    case $arg in
+        --no-install) INSTALL=0 ;;
+        --light-only) LIGHT_ONLY=1 ;;
+        *) echo "usage: $0 [--no-install] [--light-only]"; exit 2 ;;
+    esac
+done
 
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
@@ -49,7 +59,7 @@ else
 fi
 
 section "wpk"
-if [ "${1:-}" = "--no-install" ]; then
+if [ "$INSTALL" = 0 ]; then
     echo "not installing wpk (--no-install)"
 elif ! python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip-wpk.log" 2>&1; then
     echo "editable install failed (see pip-wpk.log); mapping the folders by symlinks"
@@ -130,19 +140,28 @@ run_part() {   # name, limit in seconds, command...
 }
 
 export WPK_CACHE_DIR=/tmp/wpk-cache
-run_part unit-logic 40 python3 -m pytest -q -p no:cacheprovider tests/unit/test_cuda_runtime_logic.py \
-    --junitxml="$OUT/junit-unit-logic.xml"
-run_part gpu-runtime 170 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_cuda_runtime.py \
-    --junitxml="$OUT/junit-gpu-runtime.xml"
-run_part gpu-light-models 130 python3 -m pytest -q -rA -p no:cacheprovider \
-    tests/gpu/test_light_models_gpu.py --junitxml="$OUT/junit-gpu-light.xml"
-run_part bench-gpu 150 python3 scripts/bench_gpu.py --quick --out "$OUT" \
-    --trials 3 --rounds 3 --tune-budget 15
-mkdir -p benchmarks/results && cp "$OUT"/gpu-*.json benchmarks/results/ 2>/dev/null
+if [ "$LIGHT_ONLY" = 1 ]; then
+    PARTS="gpu-light-models"
+    run_part gpu-light-models 470 python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/gpu/test_light_models_gpu.py --junitxml="$OUT/junit-gpu-light.xml"
+else
+    PARTS="unit-logic gpu-runtime gpu-light-models bench-gpu"
+    run_part unit-logic 40 python3 -m pytest -q -p no:cacheprovider \
+        tests/unit/test_cuda_runtime_logic.py --junitxml="$OUT/junit-unit-logic.xml"
+    run_part gpu-runtime 170 python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/gpu/test_cuda_runtime.py --junitxml="$OUT/junit-gpu-runtime.xml"
+    # the smallest light models only; all nine: --light-only
+    run_part gpu-light-models 130 python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/gpu/test_light_models_gpu.py -k "squeezenet or shufflenet or alexnet" \
+        --junitxml="$OUT/junit-gpu-light.xml"
+    run_part bench-gpu 150 python3 scripts/bench_gpu.py --quick --out "$OUT" \
+        --trials 3 --rounds 3 --tune-budget 15
+    mkdir -p benchmarks/results && cp "$OUT"/gpu-*.json benchmarks/results/ 2>/dev/null
+fi
 
 section "summary"
 status=0
-for name in unit-logic gpu-runtime gpu-light-models bench-gpu; do
+for name in $PARTS; do
     rc=${RESULT[$name]:-missing}
     case $rc in
         0) verdict=passed ;;
