@@ -29,6 +29,7 @@ point `measure_request` turns that into a failed measurement.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +37,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from wpk.errors import DeviceError
 from wpk.kernels.registry import GENERATED, Candidate
 from wpk.kernels.workload import Workload
 from wpk.search.measure import (
@@ -149,7 +149,7 @@ def shared_inputs(workload: Workload, rng: np.random.Generator, inputs_fn: Input
     from the first one's `rng` (fresh for every binary: drawn when it is measured, never
     seen at build time), so the host reference, which costs far more than a GPU run, is
     computed once per workload, not once per candidate."""
-    key = (workload.key, id(inputs_fn), id(reference_fn))
+    key = (workload.key, inputs_fn, reference_fn)  # the functions stay alive while cached
     if key in _REFERENCES:
         _REFERENCES.move_to_end(key)
         return _REFERENCES[key]
@@ -227,9 +227,7 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
     consts = {i: device_inputs[i] for i in workload.const_inputs if device_inputs[i] is not None}
     try:
         kernel = candidate.implementation.prepare(workload, consts, candidate.config)
-    except DeviceError as exc:
-        return _failure(workload, candidate, Status.COMPILE_ERROR, _describe(exc))
-    except Exception as exc:
+    except Exception as exc:  # DeviceError, ToolchainError, cuDNN declining the graph ...
         return _failure(workload, candidate, Status.COMPILE_ERROR, _describe(exc))
     try:
         error, why, first_run = _run_checked(cupy, kernel, workload, host_inputs,
@@ -291,8 +289,10 @@ def measure_request(workload: Mapping, candidate: Mapping, options: Mapping | No
     spec = CandidateSpec(candidate["impl"], dict(candidate.get("config", {})),
                          tuple(candidate.get("modules", ())))
     options = dict(options or {})
-    options.pop("run_timeout_s", None)
+    options["timeout"] = options.pop("run_timeout_s", None)
     try:
+        for module in spec.modules:
+            importlib.import_module(module)
         impl = registry.get(spec.impl)
         measurement = measure_candidate(load, Candidate(impl, spec.config),
                                         rng=np.random.default_rng(seed), **options)
