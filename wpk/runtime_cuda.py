@@ -245,6 +245,13 @@ class CudaSession(Session):
     # -- running ------------------------------------------------------------------
 
     def _execute(self, feeds: Mapping) -> None:
+        self._enqueue(feeds)
+        self.stream.synchronize()
+
+    def _enqueue(self, feeds: Mapping) -> None:
+        """Everything of a run but the final synchronisation: feeds into the pinned buffers,
+        copies in, graph launches (host steps eagerly), copies out; all asynchronous on
+        `stream` unless a host step runs."""
         self._load_feeds(feeds)
         stream = self.stream
         with stream:
@@ -258,7 +265,6 @@ class CudaSession(Session):
                     self._run_steps(indices)
             for source, host in zip(self._device_outputs, self._output_sources):
                 source.get(stream=stream, out=host, blocking=False)
-        stream.synchronize()
 
     def _load_feeds(self, feeds: Mapping) -> None:
         # Validation as on the CPU, into the pinned host buffers (the base class copies into

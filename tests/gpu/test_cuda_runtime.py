@@ -220,8 +220,14 @@ def test_cuda_graph_session_matches_onnxruntime(small_session):
     assert _relative_l2(session.run({"x": x2})["y"], expected2) < 1e-4
 
 
+SPIN = r"""extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}"""
+
+
 def test_steady_state_allocates_nothing_and_does_not_synchronise(cupy, small_session):
-    import cupyx
+    import time
 
     _, session = small_session
     x = np.random.default_rng(5).standard_normal((2, 3, 16, 16)).astype(np.float32)
@@ -234,6 +240,20 @@ def test_steady_state_allocates_nothing_and_does_not_synchronise(cupy, small_ses
     host_steps = [s.node for s in session.plan.steps if s.kind == "fallback"]
     if host_steps:
         pytest.skip(f"steps {host_steps} run on the host (they synchronise by design)")
-    with cupyx.allow_synchronize(False):   # raises on any implicit device synchronisation
-        for _ in range(3):
-            session.run({"x": x})
+    # Keep the stream busy for ~0.2 s, then enqueue a whole run: with no host
+    # synchronisation inside, enqueueing returns long before the stream is done.
+    spin = cupy.RawKernel(SPIN, "spin")
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    spin((1,), (1,), (np.int64(10_000_000),))
+    end.record()
+    end.synchronize()
+    cycles_per_s = 10_000_000 / (cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    with session.stream:
+        spin((1,), (1,), (np.int64(0.2 * cycles_per_s),))
+    started = time.perf_counter()
+    session._enqueue({"x": x})
+    enqueue_s = time.perf_counter() - started
+    busy = not session.stream.done
+    session.stream.synchronize()
+    assert busy and enqueue_s < 0.1, f"enqueueing a run waited for the GPU ({enqueue_s:.3f} s)"
