@@ -119,7 +119,10 @@ def run_gemm(cupy, call: GemmCall, first, second, out, alpha: np.ndarray,
              beta: np.ndarray) -> None:
     """Issue `call` on the current stream; `alpha`/`beta` are float32 host scalars that
     outlive the call (host pointer mode reads them at launch or capture)."""
-    from cupy_backends.cuda.libs import cublas
+    try:
+        from cupy_backends.cuda.libs import cublas
+    except ImportError:  # pragma: no cover - older/newer cupy layouts
+        from cupy.cuda import cublas
 
     handle = cupy.cuda.device.get_cublas_handle()
     cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
