@@ -64,11 +64,10 @@ class ConvTemplate(Template):
         if self.target == "cpu":
             lanes = self.limits.vector_lanes
             fuse = 1 if x < lanes or r * s == 1 else 0
-            points.sort(key=lambda p: (p["k_inner"] != 1, p["cache_input"] != (2 if r * s > 1
-                                                                              else 0),
+            points.sort(key=lambda p: (p["k_inner"] != 1, p["cache_input"] != 2,
                                        p["fuse_yx"] != fuse, p["tile_x"] != lanes,
-                                       -p["tile_k"], p["tile_y"] != 2, p["cache_input"] !=
-                                       (1 if r * s > 1 else 0), p["tile_c"] != min(c, 64)))
+                                       -p["tile_k"], p["tile_y"] != 2,
+                                       p["tile_c"] != min(c, 64)))
         else:
             points.sort(key=lambda p: (p["threads_x"] * p["threads_y"] not in (64, 128, 256),
                                        p["tile_k"] != 4, p["cache_input"], p["cache_weight"]))
