@@ -19,7 +19,7 @@ import numpy as np
 
 from wpk.errors import InputError, OptionError, WpkError
 
-SEARCHES = ("none", "ga", "rl", "random")
+SEARCHES = ("none", "ga", "rl", "random", "grid")
 DEVICE_HINT = "pass --cpu, or --gpu NAME with one of the presets listed by 'wpk devices'"
 
 
