@@ -186,6 +186,7 @@ def summarise(label, reference_s, curves: dict[str, list[list[float]]], trials: 
         reached = [r for r in reach if r is not None]
         out["tuners"][name] = {
             "mean_curve_s": [statistics.fmean(col) for col in zip(*padded)],
+            "curves_s": padded,
             "final_s": [c[-1] for c in padded],
             "trials_to_random_final": reach,
             "median_trials_to_random_final":
