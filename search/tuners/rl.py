@@ -13,8 +13,10 @@ not measured). `update` fills in the rewards; completed transitions go in order
 into PPO's `RolloutBuffer`, and every `n_steps` transitions PPO computes the
 advantages (GAE) and trains (clipped objective, `n_epochs` passes).
 
-Episodes start at the best point measured so far with probability
-`restart_from_best` (exploit), else at a random point (explore). If the walk goes
+The first `random_starts` points are drawn uniformly (a broad first look, as
+model-based tuners do before trusting a model). Episodes then start at the best
+point measured so far with probability `restart_from_best` (exploit), else at a
+random point (explore). If the walk goes
 `max_idle_steps` steps without reaching a new point (the policy sits in a known
 region), a random unvisited point is proposed directly, so the budget is spent and
 the search only stops when the space is exhausted.
