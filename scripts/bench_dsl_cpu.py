@@ -26,9 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper, shape_inference
+# OpenBLAS threads spin ~2^28 cycles (~0.1 s) after each call by default, starving whatever
+# runs next on a 2-core machine; let them sleep at once (read when numpy loads OpenBLAS).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper, shape_inference  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -251,7 +255,7 @@ def main(argv=None) -> int:
         times: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(args.rounds):  # alternate A B C so load changes hit all alike
             for name, fn in runs.items():
-                time.sleep(0.05)  # let the previous contender's spinning threads go idle
+                time.sleep(0.15)  # let the previous contender's spinning threads go idle
                 times[name].append(timeit(fn, 3))
         med = {k: statistics.median(v) for k, v in times.items()}
         gflops = {k: shape.flops / v / 1e9 for k, v in med.items()}
