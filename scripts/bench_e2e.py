@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"known: {', '.join(models.ALL_MODELS)}")
     build_options = {"search": args.search}
     results = []
+    load_at_start = list(os.getloadavg())  # others' work on a shared machine shows here
     with tempfile.TemporaryDirectory(prefix="wpk-bench-") as workdir:
         for name in names:
             print(f"{name}: building and timing ...", file=sys.stderr, flush=True)
@@ -222,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
               "threads": args.threads, "ort_spinning": args.ort_spinning,
               "build_options": build_options,
-              "machine": machine_description(), "results": results}
+              "machine": {**machine_description(), "load_average_at_start": load_at_start},
+              "results": results}
+    report["machine"]["load_average_at_end"] = list(os.getloadavg())
     print(markdown_table(results, args.threads))
     if args.breakdown:
         for result in results:
