@@ -244,8 +244,40 @@ def fill(cache: Cache, tensor: str, op, sched: StageSchedule, gpu: bool,
     value = load if is_true(cond) else L.Select(cond, load, L.Imm(0.0, dtype), dtype)
     stmt: L.Stmt = L.Store(name, flatten(loop_vars, cache.extents), value)
     real = [d for d, v in enumerate(loop_vars) if isinstance(v, L.Var)]
+    rows = _row_fill(cache, tensor, shape, dtype, loop_vars, idx, ranges)
+    if rows is not None and real and real[-1] == len(loop_vars) - 1:
+        stmt, real = rows, real[:-1]
     for d in reversed(real):
-        kind = "vectorize" if d == real[-1] else ("parallel" if root and d == real[0]
-                                                   else "serial")
+        kind = "vectorize" if d == real[-1] and rows is None else (
+            "parallel" if root and d == real[0] else "serial")
         stmt = L.For(loop_vars[d], cache.extents[d], stmt, kind)
     return stmt
+
+
+def _row_fill(cache: Cache, tensor, shape, dtype, loop_vars, idx, ranges) -> L.Stmt | None:
+    """One row of a padded copy as zeros | unconditional contiguous copy | zeros, when the
+    row's start is a constant: the per-element bounds test kept the copy scalar."""
+    last = len(loop_vars) - 1
+    var, base = loop_vars[last], cache.base[last]
+    if not isinstance(var, L.Var) or not isinstance(base, L.Imm) or cache.strides[last] != 1:
+        return None
+    b, ext, dim = int(base.value), cache.extents[last], int(shape[last])
+    lo, hi = min(ext, max(0, -b)), max(0, min(ext, dim - b))
+    if hi <= lo:
+        return None
+    outer_cond = in_bounds(idx[:-1], shape[:-1], ranges)
+
+    def segment(start: int, stop: int, copy: bool) -> L.Stmt | None:
+        if stop <= start:
+            return None
+        pos = L.add(var, start)
+        local = flatten([*loop_vars[:-1], pos], cache.extents)
+        value = L.Imm(0.0, dtype)
+        if copy:
+            value = L.Load(tensor, flatten([*idx[:-1], L.add(pos, b)], shape), dtype)
+        return L.For(var, stop - start, L.Store(cache.buffer.name, local, value), "vectorize")
+
+    row = L.seq(segment(0, lo, False), segment(lo, hi, True), segment(hi, ext, False))
+    if is_true(outer_cond):
+        return row
+    return L.IfThenElse(outer_cond, row, segment(0, ext, False))
