@@ -55,7 +55,8 @@ def _summary(request):
     if not _OUTCOMES:
         return
     by_kind = collections.defaultdict(collections.Counter)
-    skips, fallback = collections.Counter(), collections.Counter()
+    skips, fallback, fallback_errors = (collections.Counter(), collections.Counter(),
+                                        collections.Counter())
     seconds = 0.0
     for name, (outcome, reason, elapsed, fallback_outcome) in _OUTCOMES.items():
         by_kind[name.split("::")[0]][outcome] += 1
@@ -64,6 +65,8 @@ def _summary(request):
             skips[_category(reason)] += 1
         if fallback_outcome:
             fallback[fallback_outcome.split(" ")[0]] += 1
+            if fallback_outcome != "passed":
+                fallback_errors[fallback_outcome.split(" ", 1)[-1].strip("()")] += 1
     total = collections.Counter()
     for counts in by_kind.values():
         total.update(counts)
@@ -78,7 +81,8 @@ def _summary(request):
     if fallback:
         lines.append(f"  unclaimed cases run anyway through the onnxruntime fallback: "
                      f"{fallback['passed']} passed, {fallback['failed']} failed "
-                     f"({_FALLBACK_SECONDS[0]:.1f} s of the time in cases)")
+                     f"({_FALLBACK_SECONDS[0]:.1f} s of the time in cases); failures by error: "
+                     + ", ".join(f"{e}: {n}" for e, n in fallback_errors.most_common()))
     plugins = request.config.pluginmanager
     reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
