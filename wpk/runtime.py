@@ -129,26 +129,10 @@ class Session:
         return raw, views
 
     def _prepare_steps(self, arrays: Mapping[str, np.ndarray]):
-        from wpk.kernels import registry
-
-        workloads = self.plan.workloads
         calls, names = [], []
         for step in self.plan.steps:
-            try:
-                impl = registry.get(step.impl)
-            except KeyError:
-                raise PlanError(f"plan '{self.path}' uses implementation '{step.impl}' (node "
-                                f"'{step.node}') which this wpk does not have",
-                                hint="rebuild the plan with this wpk version") from None
-            workload = workloads[step.workload_key]
-            try:
-                inputs = [arrays[name] if name else None for name in step.inputs]
-                outputs = [arrays[name] for name in step.outputs]
-            except KeyError as exc:
-                raise PlanError(f"plan '{self.path}': tensor {exc} of node '{step.node}' has "
-                                "no buffer", hint="rebuild the plan with `wpk build`") from None
-            consts = {i: arrays[name] for i, name in enumerate(step.inputs)
-                      if name in self.plan.weights}
+            impl, workload, inputs, outputs, consts = bind_step(
+                self.plan, step, arrays, self.plan.weights, self.path)
             try:
                 if step.artifacts and hasattr(impl, "prepare_from_artifacts"):
                     files = {m.split("/")[-1]: self.plan.kernels[m] for m in step.artifacts}
@@ -247,3 +231,28 @@ class Session:
                                       f"{meta.name}={'x'.join(map(str, array.shape)) or '1'} "
                                       "for this shape")
             np.copyto(self._input_views[meta.name], array)
+
+
+def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):
+    """Resolve one plan step against the allocated arrays (host or device).
+
+    Returns (implementation, workload, input arrays, output arrays, constants by
+    input index); PlanError when this wpk lacks the implementation or a tensor
+    has no buffer.
+    """
+    from wpk.kernels import registry
+
+    try:
+        impl = registry.get(step.impl)
+    except KeyError:
+        raise PlanError(f"plan '{path}' uses implementation '{step.impl}' (node "
+                        f"'{step.node}') which this wpk does not have",
+                        hint="rebuild the plan with this wpk version") from None
+    try:
+        inputs = [arrays[name] if name else None for name in step.inputs]
+        outputs = [arrays[name] for name in step.outputs]
+    except KeyError as exc:
+        raise PlanError(f"plan '{path}': tensor {exc} of node '{step.node}' has "
+                        "no buffer", hint="rebuild the plan with `wpk build`") from None
+    consts = {i: arrays[name] for i, name in enumerate(step.inputs) if name in weights}
+    return impl, plan.workloads[step.workload_key], inputs, outputs, consts

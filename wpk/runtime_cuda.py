@@ -158,26 +158,12 @@ class CudaSession(Session):
         return raw, views
 
     def _prepare_device_steps(self, arrays: Mapping):
-        from wpk.kernels import registry
+        from wpk.runtime import bind_step
 
-        workloads = self.plan.workloads
         calls, names, kinds = [], [], []
         for step in self.plan.steps:
-            try:
-                impl = registry.get(step.impl)
-            except KeyError:
-                raise PlanError(f"plan '{self.path}' uses implementation '{step.impl}' (node "
-                                f"'{step.node}') which this wpk does not have",
-                                hint="rebuild the plan with this wpk version") from None
-            workload = workloads[step.workload_key]
-            try:
-                inputs = [arrays[name] if name else None for name in step.inputs]
-                outputs = [arrays[name] for name in step.outputs]
-            except KeyError as exc:
-                raise PlanError(f"plan '{self.path}': tensor {exc} of node '{step.node}' has "
-                                "no buffer", hint="rebuild the plan with `wpk build`") from None
-            consts = {i: arrays[name] for i, name in enumerate(step.inputs)
-                      if name in self._weights}
+            impl, workload, inputs, outputs, consts = bind_step(
+                self.plan, step, arrays, self._weights, self.path)
             files = {m.split("/")[-1]: self.plan.kernels[m] for m in step.artifacts
                      if m in self.plan.kernels}
             try:
