@@ -231,13 +231,19 @@ def main(argv: list[str] | None = None) -> int:
         for result in results:
             print(breakdown_text(result, args.top))
     if not args.no_save:
-        out_dir = Path(args.results_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        day = datetime.date.today().isoformat()
-        path = out_dir / f"e2e-{day}-{report['machine']['host']}.json"
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nwrote {path}", file=sys.stderr)
+        write_results(report, "e2e", args.results_dir)
     return 0
+
+
+def write_results(report: dict, prefix: str, results_dir: str | Path) -> Path:
+    """Write a benchmark report to RESULTS_DIR/PREFIX-<date>-<host>.json."""
+    out_dir = Path(results_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    day = datetime.date.today().isoformat()
+    path = out_dir / f"{prefix}-{day}-{report['machine']['host']}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {path}", file=sys.stderr)
+    return path
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -123,12 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         print(operator_table(result))
     if not args.no_save:
-        out_dir = Path(args.results_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        day = datetime.date.today().isoformat()
-        path = out_dir / f"tuned-{day}-{report['machine']['host']}.json"
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nwrote {path}", file=sys.stderr)
+        e2e.write_results(report, "tuned", args.results_dir)
     return 0
 
 
