@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
 from wpk.kernels import nchwc_format as fmt
-from wpk.kernels.cpu.ort_node import cpu_threads
+from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
 from wpk.kernels.workload import Workload
 
@@ -189,25 +189,15 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
     return model, tuple(feeds)
 
 
-def session_options(threads: int | None = None) -> ort.SessionOptions:
-    """Options for a single-node session: no graph rewriting, cores threads, no spinning."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = threads or cpu_threads()
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return options
-
-
-def make_kernel(model, feeds: tuple[tuple[str, int], ...], workload: Workload) -> Kernel:
+def make_kernel(model, feeds: tuple[tuple[str, int], ...], workload: Workload,
+                threads: int | None = None) -> Kernel:
     """A kernel(inputs, outputs) running the session with IOBinding on the caller's buffers.
 
     Buffers are bound by address; a call whose arrays sit where the previous
     call's did (the runtime's arena) skips the rebinding and only runs.
     """
-    session = ort.InferenceSession(model.SerializeToString(), session_options(),
+    options = session_options(threads, optimization="disabled")  # the node is already final
+    session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     binding = session.io_binding()._iobinding
     bind_input, bind_output = binding.bind_input, binding.bind_output
@@ -251,7 +241,7 @@ class OrtNchwc(Implementation):
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
         model, feeds = build_ort_model(workload, consts)
-        return make_kernel(model, feeds, workload)
+        return make_kernel(model, feeds, workload, config.get("threads"))
 
 
 ORT_NCHWC = register(OrtNchwc())

@@ -57,7 +57,8 @@ def set_cpu_threads(threads: int | None) -> None:
 
 
 _OPTIMIZATION_LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-                        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}
+                        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
 # Ops that onnxruntime's NCHWc layout transformer rewrites (with reorders around each session).
 _NCHWC_OPS = frozenset({"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
 
