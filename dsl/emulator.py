@@ -17,7 +17,7 @@ barriers reached by only part of a block.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -280,28 +280,57 @@ def _cast(x, dtype):
     return np.asarray(x).astype(_NP[dtype]) if np.ndim(x) else _NP[dtype](x)
 
 
-def run_kernel(func: L.PrimFunc, kernel: L.Kernel, launch, globals_: dict) -> None:
-    """Execute one kernel over its whole grid (in chunks of blocks)."""
+def run_kernel(func: L.PrimFunc, kernel: L.Kernel, launch, globals_: dict,
+               blocks: Sequence[int] | None = None) -> None:
+    """Execute one kernel over its whole grid (in chunks of blocks), or only over the given
+    linear block ids (one vectorised chunk), as sampled verification does."""
     buffers = {n.buffer.name: n.buffer for n in L.walk(kernel.body) if isinstance(n, L.Allocate)}
-    scopes = {name: b.scope for name, b in buffers.items()}
-    source = kernel_source(kernel, scopes)
-    blocks = math.prod(launch.grid)
-    threads = math.prod(launch.block)
-    per_chunk = max(1, MAX_LANES // threads)
-    for block0 in range(0, blocks, per_chunk):
-        chunk = _Chunk(func, launch, globals_, block0, min(per_chunk, blocks - block0))
+    source = kernel_source(kernel, {name: b.scope for name, b in buffers.items()})
+    if blocks is not None:
+        chunk = _Chunk(func, launch, globals_, 0, len(blocks))
         chunk.buffers = buffers
-        namespace = {
-            "np": np, "_dims": chunk.dims, "_ld": chunk.load, "_st": chunk.store,
-            "_alloc": chunk.alloc, "_barrier": chunk.barrier, "_erf": _erf, "_cast": _cast,
-            "_and": lambda m, c: np.asarray(c, bool) if m is None else (m & np.asarray(c, bool)),
-            "_any": lambda m: m is None or bool(np.any(m)),
-            "_bool": lambda c: np.asarray(c, bool),
-            "_ff32": np.float32, "_ff64": np.float64, "_ff16": np.float16,
-        }
-        exec(compile(source, f"<emulated {kernel.name}>", "exec"), namespace)  # noqa: S102
-        with np.errstate(all="ignore"):
-            namespace["_kernel"]()
+        ids = np.asarray(blocks, np.int64)[chunk.block]
+        gx, gy, _ = launch.grid
+        chunk.dims.update({"blockIdx.x": ids % gx, "blockIdx.y": (ids // gx) % gy,
+                           "blockIdx.z": ids // (gx * gy)})
+        _execute(kernel, source, chunk)
+        return
+    count = math.prod(launch.grid)
+    per_chunk = max(1, MAX_LANES // math.prod(launch.block))
+    for block0 in range(0, count, per_chunk):
+        chunk = _Chunk(func, launch, globals_, block0, min(per_chunk, count - block0))
+        chunk.buffers = buffers
+        _execute(kernel, source, chunk)
+
+
+def _execute(kernel: L.Kernel, source: str, chunk: _Chunk) -> None:
+    namespace = {
+        "np": np, "_dims": chunk.dims, "_ld": chunk.load, "_st": chunk.store,
+        "_alloc": chunk.alloc, "_barrier": chunk.barrier, "_erf": _erf, "_cast": _cast,
+        "_and": lambda m, c: np.asarray(c, bool) if m is None else (m & np.asarray(c, bool)),
+        "_any": lambda m: m is None or bool(np.any(m)),
+        "_bool": lambda c: np.asarray(c, bool),
+        "_ff32": np.float32, "_ff64": np.float64, "_ff16": np.float16,
+    }
+    exec(compile(source, f"<emulated {kernel.name}>", "exec"), namespace)  # noqa: S102
+    with np.errstate(all="ignore"):
+        namespace["_kernel"]()
+
+
+def global_memory(func: L.PrimFunc, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The emulated global memory of `func`: flat copies of the inputs (checked against the
+    parameter sizes), outputs and workspaces poisoned with NaN."""
+    outputs = func.meta["outputs"]
+    globals_: dict[str, np.ndarray] = {}
+    for b in func.params + func.workspaces:
+        if b.name in outputs or b in func.workspaces:
+            globals_[b.name] = np.full(b.size, np.nan, _NP[b.dtype])
+        else:
+            arr = np.asarray(arrays[b.name], _NP[b.dtype])
+            if arr.size != b.size:
+                raise EmulatorError(f"{b.name} has shape {arr.shape}, expected {b.shape}")
+            globals_[b.name] = arr.reshape(-1).copy()
+    return globals_
 
 
 def emulate(func: L.PrimFunc, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -312,15 +341,11 @@ def emulate(func: L.PrimFunc, arrays: Mapping[str, np.ndarray]) -> dict[str, np.
     if func.target != "cuda":
         raise EmulatorError(f"{func.name} was lowered for {func.target}, not cuda")
     outputs = func.meta["outputs"]
-    globals_: dict[str, np.ndarray] = {}
-    for b in func.params + func.workspaces:
-        if b.name in outputs or b in func.workspaces:
-            globals_[b.name] = np.full(b.size, np.nan, _NP[b.dtype])
-        else:
-            arr = np.asarray(arrays[b.name], _NP[b.dtype])
-            if arr.shape != b.shape:
-                raise EmulatorError(f"{b.name} has shape {arr.shape}, expected {b.shape}")
-            globals_[b.name] = arr.reshape(-1).copy()
+    for b in func.params:
+        if b.name not in outputs and np.shape(arrays[b.name]) != b.shape:
+            raise EmulatorError(f"{b.name} has shape {np.shape(arrays[b.name])}, "
+                                f"expected {b.shape}")
+    globals_ = global_memory(func, arrays)
     for kernel in func.kernels:
         run_kernel(func, kernel, launch_of(kernel), globals_)
     return {name: globals_[name].reshape(func.buffer(name).shape) for name in outputs}

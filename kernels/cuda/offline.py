@@ -103,50 +103,16 @@ def sample_blocks(grid: Sequence[int], rng: np.random.Generator,
     return sorted(b for b in chosen if 0 <= b < total)
 
 
-def _run_blocks(func: L.PrimFunc, kernel: L.Kernel, launch, globals_: dict,
-                blocks: Sequence[int]) -> None:
-    """Execute `kernel` for the given linear block ids only (one vectorised chunk)."""
-    from wpk.dsl import emulator as E
-
-    buffers = {n.buffer.name: n.buffer for n in L.walk(kernel.body) if isinstance(n, L.Allocate)}
-    source = E.kernel_source(kernel, {name: b.scope for name, b in buffers.items()})
-    chunk = E._Chunk(func, launch, globals_, 0, len(blocks))
-    chunk.buffers = buffers
-    ids = np.asarray(blocks, np.int64)[chunk.block]
-    gx, gy, _ = launch.grid
-    chunk.dims.update({"blockIdx.x": ids % gx, "blockIdx.y": (ids // gx) % gy,
-                       "blockIdx.z": ids // (gx * gy)})
-    namespace = {
-        "np": np, "_dims": chunk.dims, "_ld": chunk.load, "_st": chunk.store,
-        "_alloc": chunk.alloc, "_barrier": chunk.barrier, "_erf": E._erf, "_cast": E._cast,
-        "_and": lambda m, c: np.asarray(c, bool) if m is None else (m & np.asarray(c, bool)),
-        "_any": lambda m: m is None or bool(np.any(m)),
-        "_bool": lambda c: np.asarray(c, bool),
-        "_ff32": np.float32, "_ff64": np.float64, "_ff16": np.float16,
-    }
-    exec(compile(source, f"<emulated {kernel.name}>", "exec"), namespace)  # noqa: S102
-    with np.errstate(all="ignore"):
-        namespace["_kernel"]()
-
-
 def emulate_sampled(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
                     rng: np.random.Generator, full_grid_blocks: int = FULL_GRID_BLOCKS
                     ) -> tuple[dict[str, np.ndarray], int, int]:
     """Run `func` in the emulator, the last kernel on sampled blocks when its grid is big.
     Returns (outputs poisoned with NaN where not written, blocks run, blocks in the grid)."""
-    from wpk.dsl.emulator import _NP, EmulatorError, run_kernel
+    from wpk.dsl.emulator import global_memory, run_kernel
     from wpk.dsl.templates import launch_of
 
     outputs = func.meta["outputs"]
-    globals_: dict[str, np.ndarray] = {}
-    for b in func.params + func.workspaces:
-        if b.name in outputs or b in func.workspaces:
-            globals_[b.name] = np.full(b.size, np.nan, _NP[b.dtype])
-        else:
-            arr = np.asarray(feeds[b.name], _NP[b.dtype])
-            if arr.size != b.size:
-                raise EmulatorError(f"{b.name} has {arr.size} elements, expected {b.size}")
-            globals_[b.name] = arr.reshape(-1).copy()
+    globals_ = global_memory(func, feeds)
     *before, last = func.kernels
     for kernel in before:
         run_kernel(func, kernel, launch_of(kernel), globals_)
@@ -157,7 +123,7 @@ def emulate_sampled(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
         ran = total
     else:
         blocks = sample_blocks(launch.grid, rng)
-        _run_blocks(func, last, launch, globals_, blocks)
+        run_kernel(func, last, launch, globals_, blocks)
         ran = len(blocks)
     return ({name: globals_[name].reshape(func.buffer(name).shape) for name in outputs},
             ran, total)
