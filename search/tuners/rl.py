@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from stable_baselines3 import PPO
-from stable_baselines3.common.logger import configure
+from stable_baselines3.common.logger import Logger
 
 from wpk.errors import OptionError
 from wpk.search.space import Indices, SearchSpace
@@ -135,7 +135,8 @@ class RLTuner(Tuner):
                              gae_lambda=options.gae_lambda, clip_range=options.clip_range,
                              ent_coef=options.ent_coef, seed=self.seed, device="cpu",
                              policy_kwargs={"net_arch": list(options.hidden)}, verbose=0)
-        self.model.set_logger(configure(None, []))
+        # a Logger with no outputs: sb3's configure() would create a folder in /tmp per tuner
+        self.model.set_logger(Logger(folder=None, output_formats=[]))
         self.updates = 0
         self._steps: list[_Step] = []
         self._predicted: dict[Indices, float] = {}

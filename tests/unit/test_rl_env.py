@@ -99,12 +99,14 @@ def test_sb3_ppo_learns_on_the_env_directly():
     """The standalone env works with PPO's own learn() loop (a tiny run)."""
     import torch
     from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import Logger
 
     torch.set_num_threads(1)
     problem = synthetic_space(BIG, seed=0)
     cost = CountingCost(problem)
     model = PPO("MlpPolicy", make_env(problem, cost), n_steps=32, batch_size=32, n_epochs=2,
                 seed=0, device="cpu", policy_kwargs={"net_arch": [16]})
+    model.set_logger(Logger(folder=None, output_formats=[]))  # no log folder in /tmp
     model.learn(total_timesteps=64)
     assert 0 < len(cost.calls) <= 64 and len(cost.calls) == len(set(cost.calls))
 
