@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from wpk.kernels.cpu.blas_threads import one_blas_thread
 from wpk.kernels.registry import Candidate
 from wpk.kernels.workload import TensorSpec, Workload
 
@@ -295,7 +296,16 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
 def time_kernel(kernel: Callable, inputs: Sequence[np.ndarray | None],
                 outputs: Sequence[np.ndarray], *, warmup: int = 2, repeats: int = 5,
                 max_repeats: int = 50, min_time: float = 0.05) -> list[float]:
-    """Seconds per run: `warmup` untimed runs, then `repeats`..`max_repeats` timed ones."""
+    """Seconds per run: `warmup` untimed runs, then `repeats`..`max_repeats` timed ones,
+    with BLAS on one thread as the runtime runs it (`one_blas_thread`)."""
+    with one_blas_thread():
+        return _time_kernel(kernel, inputs, outputs, warmup=warmup, repeats=repeats,
+                            max_repeats=max_repeats, min_time=min_time)
+
+
+def _time_kernel(kernel: Callable, inputs: Sequence[np.ndarray | None],
+                 outputs: Sequence[np.ndarray], *, warmup: int, repeats: int,
+                 max_repeats: int, min_time: float) -> list[float]:
     flush = CacheFlusher(_working_set(inputs, outputs))
     for _ in range(warmup):
         kernel(inputs, outputs)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wpk.errors import DeviceError, InputError, PlanError
+from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.kernels.workload import TensorSpec
 from wpk.plans.planfile import KERNELS, Plan, read_plan
 
@@ -66,6 +67,7 @@ class Session:
         self._input_views = {meta.name: views[meta.name] for meta in self._inputs}
         arrays = {**plan.weights, **views}
         self._calls, self._step_names = self._prepare_steps(arrays)
+        self._one_blas_thread = OneBlasThread()  # after the kernels loaded their libraries
         self._output_sources = []
         for meta in self._outputs:
             if meta.name not in arrays:
@@ -184,10 +186,11 @@ class Session:
         rows = []
         for step, (kernel, inputs, outputs) in zip(self.plan.steps, self._calls):
             times = []
-            for _ in range(max(1, repeats)):
-                start = time.perf_counter()
-                kernel(inputs, outputs)
-                times.append(time.perf_counter() - start)
+            with self._one_blas_thread():
+                for _ in range(max(1, repeats)):
+                    start = time.perf_counter()
+                    kernel(inputs, outputs)
+                    times.append(time.perf_counter() - start)
             rows.append({"node": step.node, "op": step.op, "impl": step.impl, "kind": step.kind,
                          "median_s": float(np.median(times)), "min_s": min(times)})
         return rows
@@ -200,8 +203,9 @@ class Session:
         calls = self._calls
         kernel = None
         try:
-            for kernel, inputs, outputs in calls:
-                kernel(inputs, outputs)
+            with self._one_blas_thread():
+                for kernel, inputs, outputs in calls:
+                    kernel(inputs, outputs)
         except Exception as exc:
             index = next(i for i, call in enumerate(calls) if call[0] is kernel)
             raise RuntimeError(f"node '{self._step_names[index]}' failed: {exc}") from exc

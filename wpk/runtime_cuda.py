@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from wpk.errors import DeviceError, PlanError
+from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.kernels.workload import TensorSpec
 from wpk.plans.planfile import KERNELS, Plan, read_plan
 from wpk.runtime import Session, TensorMeta
@@ -114,6 +115,7 @@ class CudaSession(Session):
             arrays = {**weights, **views}
             self._weights = weights
             self._calls, self._step_names, kinds = self._prepare_device_steps(arrays)
+        self._one_blas_thread = OneBlasThread()  # host steps, as in the CPU runtime
         self._input_views = {m.name: views[m.name] for m in self._inputs}
         missing = [m.name for m in self._outputs if m.name not in arrays]
         if missing:
