@@ -52,7 +52,7 @@ def _shape_text(shape: Sequence[int]) -> str:
 class Session:
     """A loaded plan, ready to run."""
 
-    def __init__(self, plan: Plan, path: str = "<plan>"):
+    def __init__(self, plan: Plan, path: str = "<plan>", merge_regions: bool = True):
         if plan.target != "cpu":
             raise DeviceError(f"plan '{path}' targets {plan.target}; this runtime executes "
                               "cpu plans only so far", hint="rebuild the plan with --cpu")
@@ -66,6 +66,8 @@ class Session:
         self._arena, views = self._allocate(specs)
         self._input_views = {meta.name: views[meta.name] for meta in self._inputs}
         arrays = {**plan.weights, **views}
+        self.merge_regions = merge_regions
+        self._arrays, self._step_calls = arrays, None
         self._calls, self._step_names = self._prepare_steps(arrays)
         self._one_blas_thread = OneBlasThread()  # after the kernels loaded their libraries
         self._output_sources = []
@@ -130,26 +132,60 @@ class Session:
             views[name] = arena[offset:offset + nbytes].view(dtype).reshape(spec.shape)
         return raw, views
 
-    def _prepare_steps(self, arrays: Mapping[str, np.ndarray]):
-        calls, names = [], []
-        for step in self.plan.steps:
-            impl, workload, inputs, outputs, consts = bind_step(
-                self.plan, step, arrays, self.plan.weights, self.path)
-            try:
-                if step.artifacts and hasattr(impl, "prepare_from_artifacts"):
-                    files = {m.split("/")[-1]: self.plan.kernels[m] for m in step.artifacts}
-                    kernel = impl.prepare_from_artifacts(workload, consts, step.config, files)
-                else:
-                    kernel = impl.prepare(workload, consts, step.config)
-            except KeyError as exc:
-                raise PlanError(f"plan '{self.path}': artifact {exc} of node '{step.node}' is "
-                                f"missing under {KERNELS}", hint="rebuild the plan") from None
-            except Exception as exc:
-                raise PlanError(f"plan '{self.path}': node '{step.node}' ({step.impl}) failed "
-                                f"to load: {exc}", hint="rebuild the plan on this machine") from exc
-            calls.append((kernel, inputs, outputs))
-            names.append(step.node)
+    def _prepare_steps(self, arrays: Mapping[str, np.ndarray], merge: bool = True):
+        """(kernel, inputs, outputs) calls and their names; with `merge`, runs of two or
+        more consecutive `ort.nchwc` steps become one session (`nchwc_region`)."""
+        from wpk.kernels.cpu.nchwc_region import REGION_IMPL
+
+        steps = self.plan.steps
+        calls, names, start = [], [], 0
+        while start < len(steps):
+            end = start + 1
+            exported: set[str] = set()
+            if merge and self.merge_regions and steps[start].impl == REGION_IMPL:
+                end, exported = _region(steps, start, arrays, self.plan.weights,
+                                        {meta.name for meta in self._outputs})
+            if end - start >= 2:
+                calls.append(self._prepare_region(steps[start:end], arrays, exported))
+                names.append(f"{steps[start].node}..{steps[end - 1].node}")
+            else:
+                calls.append(self._prepare_step(steps[start], arrays))
+                names.append(steps[start].node)
+            start = end
         return calls, names
+
+    def _prepare_step(self, step, arrays: Mapping[str, np.ndarray]):
+        impl, workload, inputs, outputs, consts = bind_step(
+            self.plan, step, arrays, self.plan.weights, self.path)
+        try:
+            if step.artifacts and hasattr(impl, "prepare_from_artifacts"):
+                files = {m.split("/")[-1]: self.plan.kernels[m] for m in step.artifacts}
+                kernel = impl.prepare_from_artifacts(workload, consts, step.config, files)
+            else:
+                kernel = impl.prepare(workload, consts, step.config)
+        except KeyError as exc:
+            raise PlanError(f"plan '{self.path}': artifact {exc} of node '{step.node}' is "
+                            f"missing under {KERNELS}", hint="rebuild the plan") from None
+        except Exception as exc:
+            raise PlanError(f"plan '{self.path}': node '{step.node}' ({step.impl}) failed "
+                            f"to load: {exc}", hint="rebuild the plan on this machine") from exc
+        return kernel, inputs, outputs
+
+    def _prepare_region(self, steps, arrays: Mapping[str, np.ndarray], exported: set[str]):
+        from wpk.kernels.cpu.nchwc_region import RegionMember, region_kernel
+
+        members = []
+        for step in steps:
+            _, workload, _, _, consts = bind_step(self.plan, step, arrays, self.plan.weights,
+                                                 self.path)
+            members.append(RegionMember(workload, consts, step.inputs, step.outputs[0]))
+        try:
+            kernel, inputs, outputs = region_kernel(members, exported)
+        except Exception as exc:
+            raise PlanError(f"plan '{self.path}': nodes '{steps[0].node}'..'{steps[-1].node}' "
+                            f"failed to load as one onnxruntime session: {exc}",
+                            hint="rebuild the plan on this machine") from exc
+        return kernel, [arrays[n] for n in inputs], [arrays[n] for n in outputs]
 
     # -- running ------------------------------------------------------------------
 
@@ -183,8 +219,12 @@ class Session:
         Rows in execution order: node, op, impl, kind, median_s, min_s.
         """
         self._execute(feeds)  # fill every buffer with this input's intermediate values
+        if self._step_calls is None:
+            self._step_calls, _ = self._prepare_steps(self._arrays, merge=False)
+        for kernel, inputs, outputs in self._step_calls:  # regions leave internal buffers
+            kernel(inputs, outputs)
         rows = []
-        for step, (kernel, inputs, outputs) in zip(self.plan.steps, self._calls):
+        for step, (kernel, inputs, outputs) in zip(self.plan.steps, self._step_calls):
             times = []
             with self._one_blas_thread():
                 for _ in range(max(1, repeats)):
@@ -260,3 +300,31 @@ def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):
                         "no buffer", hint="rebuild the plan with `wpk build`") from None
     consts = {i: arrays[name] for i, name in enumerate(step.inputs) if name in weights}
     return impl, plan.workloads[step.workload_key], inputs, outputs, consts
+
+
+def _region(steps, start: int, arrays: Mapping, weights: Mapping,
+            graph_outputs: set[str]) -> tuple[int, set[str]]:
+    """The longest run of `ort.nchwc` steps from `start` that can share one session, as
+    (end, outputs read after it). The tensors crossing its boundary must sit in their own
+    arena bytes: onnxruntime may order independent nodes differently from the plan and
+    knows nothing of buffer reuse."""
+    from wpk.kernels.cpu.nchwc_region import REGION_IMPL
+
+    limit = start + 1
+    while (limit < len(steps) and steps[limit].impl == REGION_IMPL
+           and len(steps[limit].outputs) == 1):
+        limit += 1
+    if steps[start].impl != REGION_IMPL or len(steps[start].outputs) != 1:
+        return start + 1, set()
+    best = (start + 1, set())
+    for end in range(start + 2, limit + 1):
+        produced = {s.outputs[0] for s in steps[start:end]}
+        later = {n for s in steps[end:] for n in s.inputs} | graph_outputs
+        exported = produced & later
+        boundary = ({n for s in steps[start:end] for n in s.inputs
+                     if n and n not in produced and n not in weights} | exported)
+        spans = sorted((arrays[n].ctypes.data, arrays[n].ctypes.data + arrays[n].nbytes)
+                       for n in boundary)
+        if all(a[1] <= b[0] for a, b in zip(spans, spans[1:])):
+            best = (end, exported)
+    return best

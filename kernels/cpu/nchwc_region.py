@@ -1,0 +1,107 @@
+"""Consecutive `ort.nchwc` steps of a plan executed as one onnxruntime session.
+
+Every step of a plan is chosen, verified and timed on its own; running dozens
+of one-node sessions back to back then costs a session call per node (input
+and output binding, execution frame, thread-pool hand-off). When several
+consecutive steps were all given to `ort.nchwc`, the runtime may execute them
+as one session holding exactly those nodes, with exactly the same packed
+weights and attributes (`build_ort_model` of each step), graph optimizations
+disabled so onnxruntime runs the same kernels. The outputs that later steps
+or the graph read are bound to their arena buffers; the others stay inside the
+session. Nothing is chosen differently: it is an execution
+strategy of already verified kernels, checked against step-by-step execution
+by the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+from onnx import helper
+
+from wpk.kernels.cpu.nchwc import _CPU, ORT_NCHWC_DOMAIN, _ort_shape, build_ort_model
+from wpk.kernels.cpu.ort_node import session_options
+from wpk.kernels.registry import Kernel
+from wpk.kernels.workload import Workload
+
+REGION_IMPL = "ort.nchwc"
+
+
+@dataclass(frozen=True)
+class RegionMember:
+    """One plan step of a region: its workload, constants and tensor names."""
+
+    workload: Workload
+    consts: Mapping[int, np.ndarray]
+    inputs: Sequence[str]
+    output: str
+
+
+def region_model(members: Sequence[RegionMember], exported: set[str] | None = None):
+    """The merged model, its external input names (in order) and its output names: the
+    members' outputs in `exported` (all of them when None); the others stay inside the
+    session, in onnxruntime's own memory."""
+    nodes, initializers, produced = [], [], set()
+    external: list[str] = []
+    shapes: dict[str, list[int]] = {}
+    for index, member in enumerate(members):
+        model, feeds = build_ort_model(member.workload, member.consts)
+        rename = {"y": member.output}
+        for local, input_index in feeds:
+            name = member.inputs[input_index]
+            rename[local] = name
+            shapes[name] = _ort_shape(member.workload.inputs[input_index].shape)
+            if name not in produced and name not in external:
+                external.append(name)
+        for tensor in model.graph.initializer:
+            rename[tensor.name] = f"s{index}/{tensor.name}"
+            tensor.name = rename[tensor.name]
+            initializers.append(tensor)
+        for node in model.graph.node:
+            node.input[:] = [rename.get(name, name) if name else "" for name in node.input]
+            node.output[:] = [rename.get(name, name) for name in node.output]
+            nodes.append(node)
+        shapes[member.output] = _ort_shape(member.workload.outputs[0].shape)
+        produced.add(member.output)
+    outputs = [m.output for m in members if exported is None or m.output in exported]
+    graph = helper.make_graph(
+        nodes, "nchwc_region",
+        [helper.make_tensor_value_info(n, 1, shapes[n]) for n in external],
+        [helper.make_tensor_value_info(n, 1, shapes[n]) for n in outputs], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)])
+    model.ir_version = 8
+    return model, external, outputs, shapes
+
+
+def region_kernel(members: Sequence[RegionMember], exported: set[str] | None = None
+                  ) -> tuple[Kernel, list[str], list[str]]:
+    """A kernel(inputs, outputs) running the merged session, and the tensor names of its
+    inputs and outputs (in the order the kernel takes the arrays)."""
+    model, external, outputs, shapes = region_model(members, exported)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   session_options(optimization="disabled"),
+                                   providers=["CPUExecutionProvider"])
+    binding = session.io_binding()._iobinding
+    run = session._sess.run_with_iobinding
+    run_options = ort.RunOptions()
+    float32 = np.dtype(np.float32)
+    bound: list[int] = []
+
+    def kernel(inputs, outs) -> None:
+        arrays = [*inputs, *outs]
+        addresses = [a.ctypes.data for a in arrays]
+        if addresses != bound:
+            if not all(a.dtype == float32 and a.flags.c_contiguous for a in arrays):
+                raise ValueError("an nchwc region needs C-contiguous float32 buffers")
+            for name, address in zip(external, addresses):
+                binding.bind_input(name, _CPU, float32, shapes[name], address)
+            for name, address in zip(outputs, addresses[len(external):]):
+                binding.bind_output(name, _CPU, float32, shapes[name], address)
+            bound[:] = addresses
+        run(binding, run_options)
+
+    return kernel, external, outputs
