@@ -15,10 +15,7 @@ it is validated against the target before anything is generated.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import subprocess
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +26,7 @@ from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
 from wpk.dsl.codegen_c import generate_c
 from wpk.dsl.lower import lower
-from wpk.errors import InputError, ScheduleError, ToolchainError
+from wpk.errors import InputError, ScheduleError
 
 C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11",
            "-fno-math-errno")
@@ -61,35 +58,11 @@ def lower_for(op: C.Operator, bindings, config=None, target: str = "cpu", hw=Non
 
 
 # ----------------------------------------------------------------------------- CPU
-def _cache_dir() -> Path:
-    root = os.environ.get("WPK_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "wpk-cache")
-    path = Path(root) / "dsl-c"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def compile_c(source: str, flags=C_FLAGS) -> Path:
-    """Compile C source to a shared library (cached by the hash of source and flags)."""
-    try:
-        from wpk.dsl import toolchain  # the shared toolchain (compile cache, gcc discovery)
-    except ImportError:  # pragma: no cover - only while the toolchain module is absent
-        toolchain = None
-    if toolchain is not None:
-        return Path(toolchain.compile_c_shared(source, flags=list(flags)))
-    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:24]
-    lib = _cache_dir() / f"k_{digest}.so"
-    if lib.exists():
-        return lib
-    src = lib.with_suffix(".c")
-    src.write_text(source)
-    tmp = lib.with_suffix(f".{os.getpid()}.tmp.so")
-    proc = subprocess.run(["gcc", *flags, str(src), "-o", str(tmp), "-lm"],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ToolchainError(f"gcc failed on generated kernel {src}:\n{proc.stderr[-3000:]}",
-                             hint="this is a code generator bug; report the config")
-    os.replace(tmp, lib)
-    return lib
+    """Compile generated C to a shared library through the toolchain's compile cache."""
+    from wpk.dsl import toolchain
+
+    return Path(toolchain.compile_c_shared(source, flags=list(flags)))
 
 
 _NP = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "bool": np.bool_}
