@@ -26,6 +26,7 @@ import numpy as np
 from wpk.dsl import compute as ir
 from wpk.dsl.parser import parse_file
 from wpk.errors import DslError, OptionError, ToolchainError
+from wpk.numerics import relative_l2
 
 DEFAULT_DIM = 8
 CHECK_TOLERANCE = 1e-4
@@ -154,16 +155,6 @@ def emit_operator(op: ir.Operator, bindings, config, target: str, emit: str, hw)
     return kernel.source
 
 
-def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Relative L2 error (inf when `actual` has NaNs or a different shape)."""
-    actual = np.asarray(actual, dtype=np.float64)
-    if actual.shape != expected.shape or not np.all(np.isfinite(actual) == np.isfinite(expected)):
-        return float("inf")
-    finite = np.isfinite(expected)
-    diff = np.linalg.norm((actual - expected)[finite])
-    return float(diff / max(np.linalg.norm(expected[finite]), 1e-30))
-
-
 def check_operator(op: ir.Operator, arrays, bindings, config, target: str, hw) -> str:
     """Build/emulate `op`, compare every output with the reference; a report line per output."""
     from wpk.dsl import build
@@ -180,7 +171,7 @@ def check_operator(op: ir.Operator, arrays, bindings, config, target: str, hw) -
         lines.append(_compile_report(op, bindings, config, hw))
     failures = []
     for name in op.outputs:
-        err = relative_error(outputs[name], reference[name])
+        err = relative_l2(outputs[name], reference[name])
         ok = err <= CHECK_TOLERANCE
         lines.append(f"check {op.name}.{name} [{how}]: relative L2 error {err:.2e} "
                      f"{'ok' if ok else 'FAILED'}")

@@ -41,6 +41,7 @@ import onnxruntime  # noqa: E402
 
 import wpk  # noqa: E402
 from tests import models  # noqa: E402
+from wpk.numerics import relative_l2  # noqa: E402
 
 DEFAULT_MODELS = ("light_resnet50", "light_squeezenet", "transformer_encoder")
 
@@ -92,13 +93,6 @@ def summarize(times: list[float]) -> dict:
     q1, _, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0], ms[0], ms[0])
     return {"median_ms": statistics.median(ms), "p25_ms": q1, "p75_ms": q3,
             "min_ms": ms[0], "max_ms": ms[-1], "runs": len(ms)}
-
-
-def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:
-    expected64 = np.asarray(expected, np.float64)
-    norm = np.linalg.norm(expected64)
-    diff = np.linalg.norm(np.asarray(actual, np.float64) - expected64)
-    return float(diff / norm) if norm > 0 else float(diff)
 
 
 def step_breakdown(session, feeds: dict, repeats: int) -> list[dict]:

@@ -20,19 +20,12 @@ import pytest
 
 import wpk
 from tests import models
+from wpk.numerics import relative_l2
 
 MAX_RELATIVE_L2 = 1e-4
 # Build options that keep CI fast: library and vendor kernels, no schedule search, each
 # candidate verified against the float64 reference and timed once.
 FAST_BUILD = {"search": "none", "warmup": 0, "repeats": 1, "min_time": 0.0, "progress": False}
-
-
-def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:
-    """||actual - expected|| / ||expected|| in float64 (0 when both are zero)."""
-    expected64 = np.asarray(expected, np.float64)
-    diff = np.linalg.norm(np.asarray(actual, np.float64) - expected64)
-    norm = np.linalg.norm(expected64)
-    return float(diff / norm) if norm > 0 else float(diff)
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:

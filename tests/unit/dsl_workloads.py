@@ -102,19 +102,6 @@ def draw_config(data, template) -> dict:
     return template.default_config()
 
 
-def relative_l2(out: np.ndarray, ref: np.ndarray) -> float:
-    """Relative L2 error of `out` against the float64 reference (NaN-aware)."""
-    out = np.asarray(out, np.float64)
-    if not np.all(np.isfinite(out) == np.isfinite(ref)):
-        return float("inf")
-    finite = np.isfinite(ref)
-    if not np.array_equal(out[~finite], ref[~finite]):
-        return float("inf")
-    diff = np.linalg.norm(out[finite] - ref[finite])
-    scale = np.linalg.norm(ref[finite])
-    return float(diff / scale) if scale > 0 else float(diff)
-
-
 FIXED_CONV = {"N": 1, "C": 6, "CG": 3, "K": 8, "H": 9, "W": 10, "R": 3, "S": 3, "groups": 2,
               "stride_h": 2, "stride_w": 1, "pad_t": 1, "pad_l": 1, "pad_b": 1, "pad_r": 0,
               "dil_h": 1, "dil_w": 2}

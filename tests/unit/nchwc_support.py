@@ -86,6 +86,3 @@ def expose_logits(graph: Graph) -> None:
             graph.outputs.append(node.inputs[0])
 
 
-def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
-    expected = np.asarray(expected, dtype=np.float64)
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))

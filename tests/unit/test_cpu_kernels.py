@@ -15,6 +15,7 @@ from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.kernels.support import SUPPORTED_OPS, is_supported
 from wpk.kernels.workload import UNARY_EPILOGUE_OPS, EpilogueStep, TensorSpec, Workload
+from wpk.numerics import relative_l2 as rel_l2
 
 S = TensorSpec
 E = EpilogueStep
@@ -171,10 +172,6 @@ for _op in ("add", "sub", "mul", "div", "pow", "max", "min"):
             "Elementwise", (S((3, 17)), S((17,))), (S((3, 17)),), domain="wpk",
             epilogue=(E("abs"), E(_op, operand=1, swap=_swap)) if _op == "pow" and not _swap
             else (E(_op, operand=1, swap=_swap),))
-
-
-def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
 def run_poisoned(candidate, workload, inputs):

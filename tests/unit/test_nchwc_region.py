@@ -9,11 +9,8 @@ import pytest
 import wpk
 from tests import models
 from wpk.kernels.cpu.nchwc_region import REGION_IMPL
+from wpk.numerics import relative_l2
 from wpk.runtime import Session
-
-
-def relative_l2(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b), 1e-30))
 
 
 @pytest.fixture(scope="module")

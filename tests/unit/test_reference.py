@@ -14,6 +14,7 @@ from wpk.kernels.epilogue import apply_epilogue, epilogue_onnx_nodes
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import has_formula, reference
 from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
+from wpk.numerics import relative_l2 as rel_l2
 
 S = TensorSpec
 E = EpilogueStep
@@ -36,10 +37,6 @@ def oracle_model(op, input_shapes, output_shape, attrs, opset=17):
 def run_ort(model, feeds):
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, feeds)[0]
-
-
-def rel_l2(actual, expected):
-    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
 
 
 ORACLE_CASES = [

@@ -1,0 +1,23 @@
+"""The one accuracy measure wpk uses everywhere: relative L2 error against a reference."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def relative_l2(actual, expected) -> float:
+    """||actual - expected|| / ||expected|| in float64 over the finite reference entries.
+
+    inf when the shapes differ or a non-finite value does not match the reference
+    exactly (a NaN left where the reference is finite is an unwritten element).
+    """
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        return float("inf")
+    finite = np.isfinite(expected)
+    if not np.array_equal(np.isfinite(actual), finite) or not np.array_equal(
+            actual[~finite], expected[~finite], equal_nan=True):
+        return float("inf")
+    diff = np.linalg.norm((actual - expected)[finite])
+    return float(diff / max(np.linalg.norm(expected[finite]), 1e-30))
