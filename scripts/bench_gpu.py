@@ -172,7 +172,9 @@ def end_to_end_row(name: str, gpu, budget: float, rounds: int, runs: int,
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    row: dict = {"model": name, "contenders": {}}
+    from torch_models import check_against_onnx
+
+    row: dict = {"model": name, "contenders": {}, "torch_vs_onnx": check_against_onnx(name)}
     started = time.perf_counter()
     session, summary = wpk_session(name, gpu, budget, folder)
     row["wpk_build_and_tune_s"] = time.perf_counter() - started
@@ -274,8 +276,31 @@ def main(argv=None) -> int:
                                  row.get("contenders", {}).items()} or row.get("error")),
               flush=True)
         results.add("end_to_end", row)
+    results.data["goals"] = goals(results.data)
+    results.save()
+    print(json.dumps(results.data["goals"], indent=1))
     print("results:", ", ".join(paths))
     return 0
+
+
+def goals(data: dict) -> dict:
+    """Issue 5's goals read off the results: the generated kernel beats cuDNN's best engine
+    on at least a third of the convolution workloads, and the plan's latency is at most
+    0.8x PyTorch eager's on ResNet-50."""
+    compared = [row["contenders"] for row in data["operators"]
+                if row.get("contenders", {}).get("wpk_generated", {}).get("median_s")
+                and row["contenders"].get("cudnn", {}).get("median_s")]
+    wins = sum(c["wpk_generated"]["median_s"] < c["cudnn"]["median_s"] for c in compared)
+    summary: dict = {"generated_beats_cudnn": f"{wins} of {len(compared)} workloads",
+                     "generated_goal_met": bool(compared) and 3 * wins >= len(compared)}
+    for row in data["end_to_end"]:
+        contenders = row.get("contenders", {})
+        if "wpk" in contenders and "torch_eager" in contenders:
+            ratio = contenders["wpk"]["median_s"] / contenders["torch_eager"]["median_s"]
+            summary[f"{row['model']}_wpk_over_eager"] = round(ratio, 3)
+            if row["model"] == "resnet50":
+                summary["resnet50_goal_met"] = ratio <= 0.8
+    return summary
 
 
 if __name__ == "__main__":

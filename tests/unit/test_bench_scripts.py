@@ -1,0 +1,48 @@
+"""The GPU benchmark's pieces that run without a GPU: the torch stand-ins for the ONNX
+models and the goal summary."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def scripts_on_path():
+    sys.path.insert(0, str(SCRIPTS))
+    yield
+    sys.path.remove(str(SCRIPTS))
+
+
+@pytest.mark.parametrize("name", ["resnet50", "squeezenet", "bvlc_alexnet"])
+def test_torch_models_have_the_onnx_models_parameters_and_outputs(scripts_on_path, name):
+    pytest.importorskip("torch")
+    from torch_models import check_against_onnx
+
+    check = check_against_onnx(name)
+    assert check["same_output_shape"], check
+    assert check["torch_params"] == check["onnx_params_folded"], check
+
+
+def test_goals_count_wins_over_cudnn_and_the_resnet_ratio(scripts_on_path):
+    pytest.importorskip("torch")
+    from bench_gpu import goals
+
+    def row(generated, cudnn):
+        return {"contenders": {"wpk_generated": {"median_s": generated} if generated else {},
+                               "cudnn": {"median_s": cudnn}}}
+
+    data = {"operators": [row(1.0, 2.0), row(3.0, 2.0), row(3.0, 2.5), row(None, 2.0),
+                          {"workload": "w", "error": "boom"}],
+            "end_to_end": [{"model": "resnet50", "contenders": {
+                "wpk": {"median_s": 0.9}, "torch_eager": {"median_s": 1.0}}},
+                {"model": "squeezenet", "error": "boom"}]}
+    summary = goals(data)
+    assert summary["generated_beats_cudnn"] == "1 of 3 workloads"
+    assert summary["generated_goal_met"] is True
+    assert summary["resnet50_wpk_over_eager"] == 0.9
+    assert summary["resnet50_goal_met"] is False
+    data["operators"].append(row(4.0, 2.0))
+    assert goals(data)["generated_goal_met"] is False
