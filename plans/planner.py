@@ -143,8 +143,15 @@ def _nodes_text(items: Sequence[NodeWorkloadLike]) -> str:
 def plan(graph_workloads: Sequence[NodeWorkloadLike], target: str = "cpu",
          options: PlanOptions | None = None, on_progress: ProgressCallback | None = None, *,
          providers: Sequence[CandidateProvider] | None = None,
-         measure: MeasureFn | None = None) -> PlanChoices:
+         measure: MeasureFn | None = None,
+         measure_many: Callable[..., list[Measurement]] | None = None) -> PlanChoices:
     """Measure every candidate of every distinct workload and keep the fastest verified one.
+
+    `measure(workload, candidate, rng=..., warmup=..., ...)` measures one candidate;
+    `measure_many(workload, candidates, rng=..., warmup=..., ...)`, when given, measures
+    all candidates of a workload at once (e.g. concurrently on GPU streams) and returns
+    one measurement per candidate, in order; a measurement marked
+    `extra["contended"]` ranks but is chosen only when nothing timed alone verified.
 
     `on_progress(done, total, label)` is called before each workload and once
     at the end. With `options.strict`, any workload that wpk does not support
@@ -167,9 +174,10 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], target: str = "cpu",
                 f"{target}: {', '.join(missing)}",
                 hint="drop --strict to run these nodes with the onnxruntime fallback")
 
-    run = functools.partial(measure, warmup=options.warmup, repeats=options.repeats,
-                            max_repeats=options.max_repeats, min_time=options.min_time,
-                            tolerance=options.tolerance, timeout=options.timeout)
+    timing = dict(warmup=options.warmup, repeats=options.repeats,
+                  max_repeats=options.max_repeats, min_time=options.min_time,
+                  tolerance=options.tolerance, timeout=options.timeout)
+    run = functools.partial(measure, **timing)
     choices: dict[str, Choice] = {}
     no_candidate, none_verified = [], []
     for done, (key, items) in enumerate(groups.items()):
@@ -181,14 +189,20 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], target: str = "cpu",
             no_candidate.append(f"{workload.op} at {_nodes_text(items)}")
             continue
         rng = _rng_for(options.seed, key)
-        measured = [(c, run(workload, c, rng=rng)) for c in candidates]
+        if measure_many is not None:
+            measured = list(zip(candidates, measure_many(workload, candidates, rng=rng,
+                                                         **timing)))
+        else:
+            measured = [(c, run(workload, c, rng=rng)) for c in candidates]
         verified = [(c, m) for c, m in measured if m.ok]
         if not verified:
             reasons = "; ".join(f"{m.label}: {m.status.value} ({m.message})"
                                 for _, m in measured)
             none_verified.append(f"{workload.op} at {_nodes_text(items)} [{reasons}]")
             continue
-        best, best_measurement = min(verified, key=lambda pair: pair[1].median_s)
+        # Times taken concurrently with other candidates rank, they do not decide.
+        alone = [(c, m) for c, m in verified if not m.extra.get("contended")]
+        best, best_measurement = min(alone or verified, key=lambda pair: pair[1].median_s)
         choices[key] = Choice(workload, [_node_name(i.node) for i in items],
                               [getattr(i.node, "op", workload.op) for i in items],
                               best, best_measurement, [m for _, m in measured])

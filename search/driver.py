@@ -34,17 +34,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wpk.errors import OptionError
+from wpk.errors import OptionError, WpkError
 from wpk.kernels.registry import Candidate
 from wpk.kernels.workload import Workload
 from wpk.search.budget import EarlyStop, ShareEntry, by_latency_share, shares, time_slice
+from wpk.search.generated_target import CPU_IMPL, CPU_MODULES, GeneratedTarget, generated_target
 from wpk.search.measure import Measurement
 from wpk.search.recorded import RecordedMeasurer
 from wpk.search.records import FINAL, best_of
 from wpk.search.workers import CandidateSpec
 
-GENERATED_IMPL = "dsl.cpu"
-GENERATED_MODULES = ("wpk.kernels.generated",)
+GENERATED_IMPL = CPU_IMPL
+GENERATED_MODULES = CPU_MODULES
 DEFAULT_TRIALS = 32
 DEFAULT_BUDGET_TRIALS = 64   # per workload when only --budget limits the search
 
@@ -88,19 +89,18 @@ class TuneResult:
 
 def generated_spec(config: Mapping) -> CandidateSpec:
     """The worker-side spec of a generated CPU kernel with schedule `config`."""
-    return CandidateSpec(GENERATED_IMPL, dict(config), GENERATED_MODULES)
+    return generated_target("cpu").spec(config)
 
 
-def _compile(pool, workload: Workload, configs: Sequence[dict],
-             measurer: RecordedMeasurer) -> None:
-    """Fill the compile cache for the configs that the records do not hold yet."""
+def _compile(pool, workload: Workload, configs: Sequence[dict], measurer: RecordedMeasurer,
+             generated: GeneratedTarget) -> None:
+    """Fill the compile cache for the configs that the records do not hold yet (`pool` is a
+    `CompilePool`, or anything with `compile(jobs)`)."""
     if pool is None:
         return
-    from wpk.kernels.generated import compile_job
-
-    todo = [c for c in configs if measurer.lookup(workload, generated_spec(c)) is None]
+    todo = [c for c in configs if measurer.lookup(workload, generated.spec(c)) is None]
     if todo:
-        pool.compile([compile_job(workload, c) for c in todo])
+        pool.compile(generated.compile_jobs(workload, todo))
 
 
 def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = DEFAULT_TRIALS,
@@ -109,17 +109,20 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
                   on_progress: ProgressFn | None = None, batch_size: int = 8,
                   patience: int = 16, min_gain: float = 0.01, cost_model: bool = False,
                   finalize_k: int = 3, target: str = "cpu",
-                  tuner_options: Mapping[str, Any] | None = None) -> TuneResult:
+                  tuner_options: Mapping[str, Any] | None = None,
+                  generated: GeneratedTarget | None = None) -> TuneResult:
     """Search the schedule space of the workload's generated kernel (see the module
-    docstring); `deadline` is a `time.monotonic()` value. Returns the best config found."""
-    from wpk.kernels.generated import search_space
+    docstring); `deadline` is a `time.monotonic()` value. `generated` says which generated
+    implementation is tuned (default: the one of `target`, a CUDA one needs its preset).
+    Returns the best config found."""
     from wpk.search.tuners import make_tuner
 
     if trials < 1:
         raise OptionError(f"--trials must be at least 1, got {trials}")
+    generated = generated or generated_target(target)
     started = time.monotonic()
     result = TuneResult(workload, tuner_name, reference_s=reference_time)
-    space = search_space(workload, target)
+    space = generated.space(workload)
     tuner = make_tuner(tuner_name, space, seed, **dict(tuner_options or {}))
     if cost_model:
         from wpk.search.cost_model import CostModelFilter
@@ -137,14 +140,12 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
         configs = tuner.next_batch(min(batch_size, trials - result.trials))
         if not configs:
             break
-        _compile(compile_pool, workload, configs, measurer)
+        _compile(compile_pool, workload, configs, measurer, generated)
         done, costs = [], []
-        for config in configs:
-            if done and deadline is not None and time.monotonic() >= deadline:
-                break
-            before = measurer.measured
-            m = measurer.measure(workload, generated_spec(config))
-            result.measured += measurer.measured - before
+        specs = [generated.spec(config) for config in configs]
+        for index, m, fresh in measurer.iter_batch(workload, specs, deadline):
+            config = configs[index]
+            result.measured += fresh
             cost = m.median_s if m.ok else None
             done.append(config)
             costs.append(cost)
@@ -164,7 +165,7 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
     result.invalid = sum(1 for t in tuner.history if t.status == "invalid")
     if finalize_k > 0 and result.best_config is not None:
         result.final = measurer.finalize(workload, k=finalize_k)
-        best = best_generated(measurer, workload)
+        best = best_generated(measurer, workload, generated.impl)
         if best is not None:
             result.best_config, result.best_s = dict(best.config), best.median_s
     result.seconds = time.monotonic() - started
@@ -173,10 +174,12 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
     return result
 
 
-def best_generated(measurer: RecordedMeasurer, workload: Workload):
-    """The fastest verified generated record of the workload (final records preferred)."""
+def best_generated(measurer: RecordedMeasurer, workload: Workload,
+                   impl: str = GENERATED_IMPL):
+    """The fastest verified generated record (of `impl`) of the workload (final records
+    preferred)."""
     records = [r for r in measurer.store.for_workload(workload.key, measurer.fingerprint)
-               if r.impl == GENERATED_IMPL]
+               if r.impl == impl]
     return best_of(records)
 
 
@@ -221,10 +224,13 @@ def tunable(items: Sequence, target: str = "cpu") -> dict[str, tuple[Workload, i
 def tune_model(items: Sequence, options: TuneOptions, vendor_times: Mapping[str, float], *,
                measurer: RecordedMeasurer, compile_pool=None, progress: bool = False,
                deadline: float | None = None, target: str = "cpu",
-               stream=None) -> dict[str, TuneResult]:
+               stream=None, generated: GeneratedTarget | None = None
+               ) -> dict[str, TuneResult]:
     """Tune every tunable workload of `items` (NodeWorkloads), largest share of the model
     latency (`vendor_times[key]` x node count) first, within `options.budget_s` seconds
-    (or the absolute monotonic `deadline`, whichever is sooner) and `options.trials` each."""
+    (or the absolute monotonic `deadline`, whichever is sooner) and `options.trials` each.
+    `generated` is the generated implementation tuned (default: `target`'s). A workload
+    whose template has no space on the target is left untuned (stopped 'unsupported')."""
     workloads = tunable(items, target)
     entries = [ShareEntry(k, float(vendor_times.get(k, math.nan)), n)
                for k, (_, n) in workloads.items()]
@@ -250,13 +256,22 @@ def tune_model(items: Sequence, options: TuneOptions, vendor_times: Mapping[str,
                     continue
                 limit = time.monotonic() + time_slice(remaining, fraction[entry.key], left,
                                                       options.min_slice_s)
-            results[entry.key] = tune_workload(
-                workload, options.tuner, trials=options.trials_per_workload, deadline=limit,
-                measurer=measurer, compile_pool=compile_pool,
-                reference_time=_finite(entry.vendor_s), seed=options.seed,
-                on_progress=display.update, batch_size=options.batch_size,
-                patience=options.patience, min_gain=options.min_gain,
-                cost_model=options.cost_model, finalize_k=options.finalize_k, target=target)
+            try:
+                results[entry.key] = tune_workload(
+                    workload, options.tuner, trials=options.trials_per_workload,
+                    deadline=limit, measurer=measurer, compile_pool=compile_pool,
+                    reference_time=_finite(entry.vendor_s), seed=options.seed,
+                    on_progress=display.update, batch_size=options.batch_size,
+                    patience=options.patience, min_gain=options.min_gain,
+                    cost_model=options.cost_model, finalize_k=options.finalize_k,
+                    target=target, generated=generated)
+            except OptionError:
+                raise
+            except WpkError as exc:  # no schedule template for this workload on the target
+                results[entry.key] = TuneResult(workload, options.tuner,
+                                                reference_s=_finite(entry.vendor_s),
+                                                stopped=f"unsupported: {exc.message}"[:200])
+                display.update(results[entry.key])
     return {k: results[k] for k in workloads if k in results}
 
 
@@ -265,15 +280,17 @@ def _finite(value: float) -> float | None:
 
 
 # ----------------------------------------------------------------------------- planner glue
-def generated_provider(results: Mapping[str, TuneResult]):
-    """A planner candidate provider: the best generated kernel of each tuned workload."""
-    def provide(workload: Workload, target: str) -> list[Candidate]:
-        from wpk.kernels.generated import DSL_CPU
+def generated_provider(results: Mapping[str, TuneResult],
+                       generated: GeneratedTarget | None = None):
+    """A planner candidate provider: the best generated kernel of each tuned workload
+    (of `generated`, default the CPU's)."""
+    generated = generated or generated_target("cpu")
 
+    def provide(workload: Workload, target: str) -> list[Candidate]:
         found = results.get(workload.key)
-        if target != DSL_CPU.target or found is None or found.best_config is None:
+        if target != generated.target or found is None or found.best_config is None:
             return []
-        return [Candidate(DSL_CPU, dict(found.best_config))]
+        return [generated.candidate(found.best_config)]
     return provide
 
 

@@ -344,77 +344,193 @@ def top_candidates(measurements: Sequence[Measurement], k: int) -> list[int]:
     return sorted(ok, key=lambda i: measurements[i].median_s)[:max(0, k)]
 
 
-def estimated_sequential_s(medians: Sequence[float], runs: int, flush_s: float) -> float:
-    """What timing every candidate alone would have cost: `runs` flushed runs each."""
-    return sum(runs * (m + flush_s) for m in medians if np.isfinite(m))
+def runs_alone(median_s: float, repeats: int = 5, max_repeats: int = 50,
+               min_time: float = 0.05) -> int:
+    """How many timed runs `time_gpu` makes for a kernel of `median_s` seconds."""
+    if not median_s > 0:
+        return max(1, repeats)
+    wanted = int(np.ceil(min_time / median_s)) if min_time > 0 else 0
+    return max(max(1, repeats), min(max_repeats, wanted))
+
+
+def estimated_sequential_s(medians: Sequence[float], flush_s: float, warmup: int = 2,
+                           repeats: int = 5, max_repeats: int = 50,
+                           min_time: float = 0.05) -> float:
+    """What timing every candidate alone (`measure_candidate`: `warmup` runs, then
+    `runs_alone` flushed runs) would have cost, from each one's median run time."""
+    total = 0.0
+    for median in medians:
+        if np.isfinite(median):
+            runs = runs_alone(median, repeats, max_repeats, min_time)
+            total += (warmup + runs) * median + runs * flush_s
+    return total
+
+
+def alone_estimates(parallel: Sequence[Measurement], remeasured: Mapping[int, Measurement],
+                    timed: Sequence[int]) -> list[float]:
+    """Each timed candidate's median alone: its re-measurement, else its contended median
+    scaled by the median (alone / contended) ratio of the re-measured ones."""
+    ratios = [remeasured[i].median_s / parallel[i].median_s for i in timed
+              if i in remeasured and remeasured[i].ok and parallel[i].median_s > 0]
+    scale = float(np.median(ratios)) if ratios else 1.0
+    return [remeasured[i].median_s if i in remeasured and remeasured[i].ok
+            else parallel[i].median_s * scale for i in timed]
 
 
 @dataclass(frozen=True)
 class ParallelResult:
-    """Parallel timing (contended), the alone re-measurements, the winner and time saved."""
+    """Parallel timing (contended), the alone re-measurements, the winner and time saved.
+
+    `parallel[i]` is candidate i's verification failure or its contended timing
+    (`extra["contended"]`); `remeasured[i]` its timing alone (flushed, sequential) for the
+    top ones; `winner` the index of the fastest re-measured one (None when none verified).
+    """
 
     parallel: list[Measurement]
     remeasured: dict[int, Measurement]
     winner: int | None
     wall_s: float
     estimated_sequential_s: float
+    streams: int = 1
 
     @property
     def saved_s(self) -> float:
+        """Estimated sequential time minus the wall time (0 when parallel was slower)."""
         return max(0.0, self.estimated_sequential_s - self.wall_s)
+
+    def measurements(self) -> list[Measurement]:
+        """Per candidate: its re-measurement alone when it has one, else `parallel[i]`."""
+        return [self.remeasured.get(i, m) for i, m in enumerate(self.parallel)]
+
+    def to_json(self) -> dict:
+        return {"parallel": [m.to_json() for m in self.parallel],
+                "remeasured": {str(i): m.to_json() for i, m in self.remeasured.items()},
+                "winner": self.winner, "wall_s": self.wall_s,
+                "estimated_sequential_s": self.estimated_sequential_s,
+                "streams": self.streams}
+
+    @staticmethod
+    def from_json(data: Mapping) -> ParallelResult:
+        return ParallelResult([Measurement.from_json(m) for m in data["parallel"]],
+                              {int(i): Measurement.from_json(m)
+                               for i, m in data["remeasured"].items()},
+                              data["winner"], float(data["wall_s"]),
+                              float(data["estimated_sequential_s"]), int(data["streams"]))
+
+
+@dataclass
+class _Setup:
+    """A verified candidate prepared again for the parallel phase, on its own buffers."""
+
+    kernel: Callable
+    inputs: list
+    outputs: list
+    stream: object
+    events: tuple
+    times: list
+
+
+def _parallel_setups(cupy, workload: Workload, candidates: Sequence[Candidate],
+                     live: Sequence[int], host: Sequence, pool: Sequence,
+                     failed: dict[int, Measurement]) -> dict[int, _Setup]:
+    """Prepare every verified candidate on its own inputs/outputs and stream (round robin);
+    one untimed run each as warm-up. A candidate that fails here goes to `failed`."""
+    setups: dict[int, _Setup] = {}
+    for i in live:
+        stream = pool[len(setups) % len(pool)]
+        try:
+            device_inputs = _upload(cupy, host)
+            consts = {j: device_inputs[j] for j in workload.const_inputs
+                      if device_inputs[j] is not None}
+            kernel = candidates[i].implementation.prepare(workload, consts,
+                                                          candidates[i].config)
+            outputs = _poisoned(cupy, workload)
+            with stream:
+                kernel(device_inputs, outputs)
+        except Exception as exc:
+            failed[i] = _failure(workload, candidates[i], Status.RUNTIME_ERROR,
+                                 "parallel setup: " + _describe(exc))
+            continue
+        setups[i] = _Setup(kernel, device_inputs, outputs, stream,
+                           (cupy.cuda.Event(), cupy.cuda.Event()), [])
+    for setup in setups.values():
+        setup.stream.synchronize()
+    return setups
+
+
+def _parallel_rounds(cupy, workload: Workload, candidates: Sequence[Candidate],
+                     setups: dict[int, _Setup], runs: int,
+                     failed: dict[int, Measurement]) -> None:
+    """`runs` rounds: every candidate launched between its own two events on its own
+    stream, then every end event waited for. A candidate that raises leaves `setups`."""
+    for _ in range(runs):
+        for i, setup in list(setups.items()):
+            start, end = setup.events
+            try:
+                with setup.stream:
+                    start.record(setup.stream)
+                    setup.kernel(setup.inputs, setup.outputs)
+                    end.record(setup.stream)
+            except Exception as exc:
+                failed[i] = _failure(workload, candidates[i], Status.RUNTIME_ERROR,
+                                     "parallel run: " + _describe(exc))
+                del setups[i]
+        for setup in setups.values():
+            start, end = setup.events
+            end.synchronize()
+            setup.times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
 
 
 def measure_parallel(workload: Workload, candidates: Sequence[Candidate], *,
                      rng: np.random.Generator, streams: int = 4, top: int = 3, runs: int = 20,
-                     **options) -> ParallelResult:
-    """Verify every candidate, time them concurrently on `streams` streams (no L2 flush:
-    contended times rank, they do not decide), re-measure the `top` fastest alone with
-    `measure_candidate` and pick the fastest of those."""
+                     warmup: int = 2, repeats: int = 5, max_repeats: int = 50,
+                     min_time: float = 0.05, tolerance: float | None = None,
+                     timeout: float | None = None, inputs_fn: InputsFn | None = None,
+                     reference_fn: ReferenceFn | None = None) -> ParallelResult:
+    """Verify every candidate (`measure_candidate`, one flushed run), time the verified
+    ones concurrently on `streams` streams for `runs` rounds (no L2 flush: contended
+    times rank, they do not decide), re-measure the `top` fastest alone with
+    `measure_candidate` (flushed, `warmup`/`repeats`/... as given) and pick the fastest
+    of those. The time saved is estimated against timing every verified candidate alone
+    with the same options (`estimated_sequential_s`)."""
     cupy = _cupy()
     started = time.perf_counter()
     seed = int(rng.integers(2**31))
-    checked = [measure_candidate(workload, c, rng=np.random.default_rng(seed), warmup=1,
-                                 repeats=1, max_repeats=1, min_time=0.0) for c in candidates]
-    live = [i for i, m in enumerate(checked) if m.ok]
-    pool = [cupy.cuda.Stream(non_blocking=True) for _ in range(max(1, streams))]
-    setups = {}
-    host = list(_default_inputs_fn()(workload, np.random.default_rng(seed)))
-    for i in live:
-        device_inputs = _upload(cupy, host)
-        consts = {j: device_inputs[j] for j in workload.const_inputs
-                  if device_inputs[j] is not None}
-        kernel = candidates[i].implementation.prepare(workload, consts, candidates[i].config)
-        setups[i] = (kernel, device_inputs, _poisoned(cupy, workload),
-                     pool[len(setups) % len(pool)], [])
-    phase_started = time.perf_counter()
-    for _ in range(runs):
-        events = []
-        for i, (kernel, ins, outs, stream, _) in setups.items():
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            with stream:
-                start.record(stream)
-                kernel(ins, outs)
-                end.record(stream)
-            events.append((i, start, end))
-        for i, start, end in events:
-            end.synchronize()
-            setups[i][4].append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    phase_s = time.perf_counter() - phase_started
-    parallel = list(checked)
-    for i, (_, _, _, _, times) in setups.items():
-        median, spread = summarize(times)
-        parallel[i] = replace(checked[i], times_s=tuple(times), median_s=median,
-                              spread_s=spread, extra={**checked[i].extra, "parallel": True})
-    remeasured = {i: measure_candidate(workload, candidates[i], rng=np.random.default_rng(seed),
-                                       **options) for i in top_candidates(parallel, top)}
-    best = top_candidates([remeasured.get(i, replace(m, status=Status.TIMEOUT))
-                           for i, m in enumerate(parallel)], 1)
+    flusher = L2Flusher(cupy)
+    check = dict(tolerance=tolerance, timeout=timeout, inputs_fn=inputs_fn,
+                 reference_fn=reference_fn, flusher=flusher)
+    parallel = [measure_candidate(workload, c, rng=np.random.default_rng(seed), warmup=1,
+                                  repeats=1, max_repeats=1, min_time=0.0, **check)
+                for c in candidates]
+    verify_s = time.perf_counter() - started
+    live = [i for i, m in enumerate(parallel) if m.ok]
+    failed: dict[int, Measurement] = {}
+    setups: dict[int, _Setup] = {}
+    if live:
+        host, _, _ = shared_inputs(workload, np.random.default_rng(seed),
+                                   inputs_fn or _default_inputs_fn(),
+                                   reference_fn or _default_reference_fn())
+        pool = [cupy.cuda.Stream(non_blocking=True) for _ in range(max(1, streams))]
+        setups = _parallel_setups(cupy, workload, candidates, live, host, pool, failed)
+        _parallel_rounds(cupy, workload, candidates, setups, max(1, runs), failed)
+    for i, bad in failed.items():
+        parallel[i] = bad
+    for i, setup in setups.items():
+        median, spread = summarize(setup.times)
+        parallel[i] = replace(parallel[i], times_s=tuple(setup.times), median_s=median,
+                              spread_s=spread, extra={**parallel[i].extra, "contended": True,
+                                                      "streams": min(streams, len(setups))})
+    timing = dict(warmup=warmup, repeats=repeats, max_repeats=max_repeats, min_time=min_time)
+    remeasured = {i: measure_candidate(workload, candidates[i],
+                                       rng=np.random.default_rng(seed), **timing, **check)
+                  for i in top_candidates(parallel, top)}
+    order = sorted(remeasured, key=lambda i: remeasured[i].median_s)
+    winner = next((i for i in order if remeasured[i].ok), None)
     wall = time.perf_counter() - started
-    flush_s = _flush_seconds(cupy, L2Flusher(cupy))
-    alone = [remeasured[i].median_s if i in remeasured and remeasured[i].ok
-             else parallel[i].median_s for i in setups]
-    estimate = wall - phase_s + estimated_sequential_s(alone, runs, flush_s)
-    return ParallelResult(parallel, remeasured, best[0] if best else None, wall, estimate)
+    timed = list(setups)
+    estimate = verify_s + estimated_sequential_s(
+        alone_estimates(parallel, remeasured, timed), _flush_seconds(cupy, flusher), **timing)
+    return ParallelResult(parallel, remeasured, winner, wall, estimate, max(1, streams))
 
 
 def _flush_seconds(cupy, flusher: L2Flusher) -> float:

@@ -22,12 +22,20 @@ returns the store's best; a candidate that already has a final record is not
 re-measured, so the winner of a rebuild is the same as the first build's.
 Each measurement's seed derives from (seed, workload key, candidate), so the
 inputs a candidate is verified on do not depend on the order of the search.
+
+What "measure" means is pluggable: by default the CPU `MeasureWorker`; a
+`measure_fn(workload, spec, options, seed)` replaces it (the CUDA measurement in
+the worker, `measure_isolated_cuda`, or the offline build's analytical
+prediction). `iter_batch` measures a tuner's batch: one at a time, or, with a
+`batch_fn(workload, specs, options, seeds)` (`--parallel-measure`), the
+unrecorded ones together.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from wpk.kernels.registry import Candidate
@@ -56,17 +64,26 @@ def candidate_seed(seed: int, workload_key: str, impl: str, config: dict) -> int
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
 
 
+MeasureFn = Callable[[Workload, CandidateSpec, "MeasureOptions | None", int], Measurement]
+BatchFn = Callable[[Workload, Sequence[CandidateSpec], "MeasureOptions | None",
+                    Sequence[int]], list[Measurement]]
+
+
 class RecordedMeasurer:
-    """Measurements of candidates on one target, through a `RecordStore`."""
+    """Measurements of candidates on one target, through a `RecordStore` (`measure_fn` and
+    `batch_fn`: see the module docstring)."""
 
     def __init__(self, store: RecordStore, fingerprint: TargetFingerprint, *,
                  worker: MeasureWorker | None = None, options: MeasureOptions | None = None,
-                 seed: int = 0):
+                 seed: int = 0, measure_fn: MeasureFn | None = None,
+                 batch_fn: BatchFn | None = None):
         self.store = store
         self.fingerprint = fingerprint
         self.worker = worker
         self.options = options
         self.seed = seed
+        self.measure_fn = measure_fn
+        self.batch_fn = batch_fn
         self.measured = 0   # measurements this run made (each appended to the store)
         self.reused = 0     # measurements taken from the store instead
 
@@ -89,9 +106,45 @@ class RecordedMeasurer:
             self.reused += 1
             return record.to_measurement()
         seed = candidate_seed(self.seed, workload.key, spec.impl, dict(spec.config))
-        measurement = self._worker().measure(workload, spec, self.options, seed=seed)
+        measurement = self._measure_one(workload, spec, self.options, seed)
         self._record(workload, spec.modules, measurement, SEARCH)
         return measurement
+
+    def _measure_one(self, workload: Workload, spec: CandidateSpec,
+                     options: MeasureOptions | None, seed: int) -> Measurement:
+        if self.measure_fn is not None:
+            return self.measure_fn(workload, spec, options, seed)
+        return self._worker().measure(workload, spec, options, seed=seed)
+
+    def iter_batch(self, workload: Workload, specs: Sequence[CandidateSpec],
+                   deadline: float | None = None) -> Iterator[tuple[int, Measurement, int]]:
+        """(index in `specs`, measurement, how many fresh measurements it took) for a tuner's
+        batch. One at a time, stopping at the `time.monotonic()` `deadline` once at least
+        one is done; with `batch_fn`, the unrecorded ones are measured together first."""
+        if self.batch_fn is None:
+            for index, spec in enumerate(specs):
+                if index and deadline is not None and time.monotonic() >= deadline:
+                    return
+                before = self.measured
+                measurement = self.measure(workload, spec)
+                yield index, measurement, self.measured - before
+            return
+        found = {i: self.lookup(workload, s) for i, s in enumerate(specs)}
+        missing = [i for i, record in found.items() if record is None]
+        fresh: dict[int, Measurement] = {}
+        if missing:
+            seeds = [candidate_seed(self.seed, workload.key, specs[i].impl,
+                                    dict(specs[i].config)) for i in missing]
+            batch = self.batch_fn(workload, [specs[i] for i in missing], self.options, seeds)
+            for i, measurement in zip(missing, batch):
+                self._record(workload, specs[i].modules, measurement, SEARCH)
+                fresh[i] = measurement
+        for index, record in found.items():
+            if record is not None:
+                self.reused += 1
+                yield index, record.to_measurement(), 0
+            else:
+                yield index, fresh[index], 1
 
     def planner_measure(self, workload: Workload, candidate: Candidate, *, rng=None,
                         warmup: int = 2, repeats: int = 5, max_repeats: int = 50,
@@ -134,9 +187,16 @@ class RecordedMeasurer:
                 continue
             modules = tuple(record.extra.get("modules", ()))
             seed = candidate_seed(self.seed + 1, workload.key, record.impl, dict(record.config))
-            (fresh,) = remeasure_top(workload, [record.to_measurement()], k=1, modules=modules,
-                                     options=self.options, factor=factor, seed=seed,
-                                     worker=self._worker())
+            if self.measure_fn is None:
+                (fresh,) = remeasure_top(workload, [record.to_measurement()], k=1,
+                                         modules=modules, options=self.options, factor=factor,
+                                         seed=seed, worker=self._worker())
+            else:  # alone, with `factor` times the repeats, as `remeasure_top` does
+                base = self.options or (self.worker.options if self.worker else None)
+                options = (base or MeasureOptions()).scaled(factor)
+                fresh = self.measure_fn(workload, CandidateSpec(record.impl, dict(record.config),
+                                                                modules), options, seed)
+                fresh = replace(fresh, extra={**fresh.extra, "phase": FINAL})
             self._record(workload, modules, fresh, FINAL)
         best = self.store.best(workload.key, self.fingerprint)
         return None if best is None else best.to_measurement()

@@ -331,7 +331,8 @@ class RecordStore:
         """The fastest ok candidate of a workload on a fingerprint, or None.
 
         A candidate's latest final record (re-measurement) stands for it when it
-        has one, else its latest search record; ties go to the earlier record.
+        has one, else its latest search record; ties go to the earlier record;
+        records timed alone beat those timed concurrently (`extra["contended"]`).
         """
         return best_of(self.for_workload(workload_key, fingerprint))
 
@@ -349,7 +350,10 @@ def best_of(records: Iterable[TuningRecord]) -> TuningRecord | None:
         if held is None or record.phase == FINAL or held.phase != FINAL:
             representative[ident] = record
     ok = [r for r in representative.values() if r.ok and math.isfinite(r.median_s)]
-    return min(ok, key=lambda r: r.median_s, default=None)
+    # Times taken concurrently with other candidates (--parallel-measure) rank, they do not
+    # decide: a candidate timed alone wins over them whenever there is one.
+    alone = [r for r in ok if not r.extra.get("contended")]
+    return min(alone or ok, key=lambda r: r.median_s, default=None)
 
 
 def _ends_without_newline(path: Path) -> bool:

@@ -3,7 +3,7 @@
     gpu = check_cuda_target(options)                   # HardwareSpec of the preset
     choices = plan_offline(items, gpu, plan_options)   # predicted, not measured
     mark_predicted(plan, gpu)                          # manifest + report say so
-    choices = plan_measured(items, gpu, plan_options)  # GPU present: CUDA-event timings
+    choices, _ = plan_measured(items, gpu, plan_options)  # GPU present: CUDA events
 
 `--gpu NAME` without `--offline` needs that GPU to be present: otherwise a
 DeviceError names the preset and what is present ("no GPU present" or "found
@@ -75,15 +75,6 @@ def check_cuda_target(gpu_name: str | None, offline: bool, present=None):
                                "without it (choices are then predicted, not measured), or "
                                "build with --cpu")
     return gpu
-
-
-def check_offline_options(options) -> None:
-    """OptionError for flags an offline build cannot honour (a search needs timings)."""
-    if options.offline and options.search != "none":
-        raise OptionError(f"--search {options.search} measures schedules, and an --offline "
-                          "build has no GPU to measure on",
-                          hint="drop --search (offline choices are predicted), then run "
-                               "`wpk tune PLAN` on the GPU")
 
 
 def device_of(gpu) -> dict:
@@ -244,9 +235,11 @@ def plan_offline(items: Sequence, gpu, plan_options, progress: bool = False,
 
 
 def plan_measured(items: Sequence, gpu, plan_options, progress: bool = False,
-                  count: int = DEFAULT_CONFIGS):
-    """The planner's choices for `items` measured on the GPU present (CUDA events,
-    `wpk.search.measure_cuda`), over the candidates `wpk tune` measures."""
+                  count: int = DEFAULT_CONFIGS, parallel: int | None = None):
+    """(choices, parallel summary or None): the planner's choices for `items` measured on
+    the GPU present (CUDA events, `wpk.search.measure_cuda`), over the candidates `wpk tune`
+    measures; with `parallel` streams, each workload's candidates are timed together and
+    the fastest re-measured alone (`wpk.search.parallel_measure`)."""
     from wpk.plans.planner import plan
     from wpk.plans.progress import progress_bar
     from wpk.search.measure_cuda import measure_candidate
@@ -255,9 +248,16 @@ def plan_measured(items: Sequence, gpu, plan_options, progress: bool = False,
     def provide(workload: Workload, target: str) -> list[Candidate]:
         return tune_candidates(workload, gpu, count) if target == "cuda" else []
 
+    summary = many = None
+    if parallel:
+        from wpk.search.parallel_measure import ParallelSummary, in_process_many
+
+        summary = ParallelSummary(parallel)
+        many = in_process_many(summary, parallel)
     with progress_bar(progress, description=f"measuring on {gpu.name}") as on_progress:
-        return plan(items, "cuda", plan_options, on_progress, providers=[provide],
-                    measure=measure_candidate)
+        choices = plan(items, "cuda", plan_options, on_progress, providers=[provide],
+                       measure=measure_candidate, measure_many=many)
+    return choices, None if summary is None else summary.to_json()
 
 
 def predicted_statement(gpu_name: str) -> str:

@@ -42,6 +42,7 @@ class BuildOptions:
     min_time: float = 0.05
     seed: int = 0
     progress: bool = True
+    parallel_measure: int | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -61,6 +62,7 @@ class BuildOptions:
             raise OptionError("warmup must be >= 0, repeats >= 1 and min_time >= 0")
         if self.gpu is not None and self.target != "cuda":
             raise OptionError(f"--gpu {self.gpu} needs target 'cuda', not '{self.target}'")
+        self._check_parallel_measure()
         shapes = {}
         for name, shape in dict(self.input_shapes or {}).items():
             try:
@@ -70,6 +72,23 @@ class BuildOptions:
                                   f"not {shape!r}", hint="e.g. input_shapes={'x': (1, 3, 224, "
                                   "224)} or --input-shape x=1x3x224x224") from None
         object.__setattr__(self, "input_shapes", shapes)
+
+    def _check_parallel_measure(self) -> None:
+        """--parallel-measure N: CUDA streams, so an online GPU build only."""
+        from wpk.search.parallel_measure import check_streams
+
+        if check_streams(self.parallel_measure) is None:
+            return
+        if self.target != "cuda":
+            raise OptionError(f"--parallel-measure times candidates on CUDA streams; target "
+                              f"'{self.target}' has none",
+                              hint="drop --parallel-measure, or build with --gpu NAME on a "
+                                   "machine with that GPU")
+        if self.offline:
+            raise OptionError("--parallel-measure times candidates on the GPU, and an "
+                              "--offline build predicts instead of timing",
+                              hint="drop --parallel-measure, then run `wpk tune PLAN "
+                                   "--parallel-measure N` on the GPU")
 
     @classmethod
     def from_kwargs(cls, **options: Any) -> BuildOptions:
@@ -99,9 +118,8 @@ def _check_target(options: BuildOptions):
     build is not --offline, see `wpk.offline.check_cuda_target`)."""
     if options.target != "cuda":
         return None
-    from wpk.offline import check_cuda_target, check_offline_options
+    from wpk.offline import check_cuda_target
 
-    check_offline_options(options)
     return check_cuda_target(options.gpu, options.offline)
 
 
@@ -129,7 +147,13 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     plan_options = PlanOptions(warmup=opts.warmup, repeats=opts.repeats,
                                min_time=opts.min_time, seed=opts.seed, strict=opts.strict)
     search_summary = None
-    if gpu is not None and opts.offline:  # every choice predicted (wpk.offline)
+    parallel_summary = None
+    if opts.search != "none" or (opts.db is not None and gpu is None):  # records, search
+        from wpk.search_build import plan_with_search
+
+        choices, search_summary = plan_with_search(items, opts, plan_options, gpu=gpu)
+        parallel_summary = search_summary.get("parallel_measure")
+    elif gpu is not None and opts.offline:  # every choice predicted (wpk.offline)
         from wpk.offline import plan_offline
 
         choices = plan_offline(items, gpu, plan_options, opts.progress, seed=opts.seed,
@@ -137,11 +161,8 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     elif gpu is not None:  # the GPU is present: measured with CUDA events
         from wpk.offline import plan_measured
 
-        choices = plan_measured(items, gpu, plan_options, opts.progress)
-    elif opts.search != "none" or opts.db is not None:  # records, and generated kernels
-        from wpk.search_build import plan_with_search
-
-        choices, search_summary = plan_with_search(items, opts, plan_options)
+        choices, parallel_summary = plan_measured(items, gpu, plan_options, opts.progress,
+                                                  parallel=opts.parallel_measure)
     else:
         with progress_bar(opts.progress, description="measuring") as on_progress:
             choices = plan(items, opts.target, plan_options, on_progress)
@@ -158,6 +179,8 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         options=opts.to_json())
     if search_summary is not None:
         result.report["search"] = search_summary
+    if parallel_summary is not None:
+        result.report["parallel_measure"] = parallel_summary
     if gpu is not None and opts.offline:
         from wpk.offline import mark_predicted
 

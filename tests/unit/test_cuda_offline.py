@@ -26,7 +26,6 @@ from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 from wpk.offline import (
     OfflinePredictor,
     check_cuda_target,
-    check_offline_options,
     verify_generated,
 )
 
@@ -224,15 +223,6 @@ def test_absent_gpu_without_offline_names_both():
     assert check_cuda_target("auto", offline=False, present=[_a100()]).name == "a100"
     with pytest.raises(OptionError):
         check_cuda_target("auto", offline=True, present=[])
-
-
-def test_offline_build_refuses_a_search():
-    from wpk.pipeline import BuildOptions
-
-    with pytest.raises(OptionError, match="--search ga"):
-        check_offline_options(BuildOptions(target="cuda", gpu="h100", offline=True,
-                                           search="ga"))
-    check_offline_options(BuildOptions(target="cuda", gpu="h100", offline=True))
 
 
 # ----------------------------------------------------------------------------- other steps
