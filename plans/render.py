@@ -73,6 +73,25 @@ def summary_lines(report: Mapping) -> list[str]:
                      f"{format_bytes(totals.get('no_reuse_bytes'))} without reuse")
     if report.get("build_time_s") is not None:
         lines.append(f"built in {report['build_time_s']:.1f} s")
+    lines += search_lines(report)
+    return lines
+
+
+def search_lines(report: Mapping) -> list[str]:
+    """What the schedule search and the parallel measurement did (when they ran)."""
+    lines = []
+    search = report.get("search") or {}
+    if search:
+        what = "predicted" if search.get("predicted") else "measured"
+        tuned = [t for t in search.get("tuned", []) if t.get("trials")]
+        lines.append(f"search {search.get('search')}: {len(tuned)} workloads tuned, "
+                     f"{search.get('measured', 0)} {what}, {search.get('reused', 0)} reused "
+                     f"from {search.get('records', 0)} records")
+    parallel = report.get("parallel_measure")
+    if parallel:
+        from wpk.search.parallel_measure import summary_line
+
+        lines.append(summary_line(parallel))
     return lines
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from wpk.errors import InputError, OptionError, WpkError
 
 SEARCHES = ("none", "ga", "rl", "random", "grid")
+PARALLEL_STREAMS = 4   # --parallel-measure without N (wpk.search.parallel_measure)
 DEVICE_HINT = "pass --cpu, or --gpu NAME with one of the presets listed by 'wpk devices'"
 
 
@@ -94,10 +95,15 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Fail if any node would fall back to onnxruntime.")
 @click.option("--offline", is_flag=True,
               help="Build for a GPU that is not present (predicted, not measured).")
+@click.option("--parallel-measure", "parallel_measure", type=click.IntRange(1, 64),
+              is_flag=False, flag_value=PARALLEL_STREAMS, default=None, metavar="[N]",
+              help="GPU: time each workload's candidates together on N CUDA streams "
+                   f"(default {PARALLEL_STREAMS}), re-measure the fastest alone.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def build(model: Path, output: Path | None, cpu: bool, gpu: str | None, search: str,
           trials: int | None, budget: float | None, db: Path | None, jobs: int | None,
-          input_shapes: tuple[str, ...], strict: bool, offline: bool, quiet: bool) -> None:
+          input_shapes: tuple[str, ...], strict: bool, offline: bool,
+          parallel_measure: int | None, quiet: bool) -> None:
     """Optimize, tune and plan MODEL; write the plan and its benchmark report."""
     from wpk.pipeline import build as build_plan
     from wpk.plans.render import render_summary
@@ -107,7 +113,7 @@ def build(model: Path, output: Path | None, cpu: bool, gpu: str | None, search: 
     options = {"gpu": gpu_name, "search": search, "strict": strict, "offline": offline,
                "input_shapes": parse_input_shapes(input_shapes), "progress": not quiet}
     optional = {"trials": trials, "budget": budget, "db": None if db is None else str(db),
-                "jobs": jobs}
+                "jobs": jobs, "parallel_measure": parallel_measure}
     options.update({k: v for k, v in optional.items() if v is not None})
     started = time.perf_counter()
     plan = build_plan(str(model), target=target, output=str(output), **options)
@@ -282,13 +288,22 @@ def op(op_type: str, shapes: tuple[str, ...], attrs: tuple[str, ...], cpu: bool,
 @click.option("--trials", type=click.IntRange(min=1), help="Configs to measure per workload.")
 @click.option("--budget", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Time budget for the whole tuning.")
-def tune(plan: Path, trials: int | None, budget: float | None) -> None:
+@click.option("--parallel-measure", "parallel_measure", type=click.IntRange(1, 64),
+              is_flag=False, flag_value=PARALLEL_STREAMS, default=None, metavar="[N]",
+              help="Time each workload's candidates together on N CUDA streams "
+                   f"(default {PARALLEL_STREAMS}), re-measure the fastest alone.")
+def tune(plan: Path, trials: int | None, budget: float | None,
+         parallel_measure: int | None) -> None:
     """Measure on the present GPU what an --offline build predicted, and rewrite PLAN."""
     from wpk.tune_command import tune_plan
 
-    summary = tune_plan(str(plan), trials=trials, budget=budget)
+    summary = tune_plan(str(plan), trials=trials, budget=budget, parallel=parallel_measure)
     _stderr(f"tuned {summary['path']} on {summary['gpu']}: {summary['measured']} measured, "
             f"{summary['changed']} choices changed, {summary['left_predicted']} still predicted")
+    if summary.get("parallel_measure"):
+        from wpk.search.parallel_measure import summary_line
+
+        _stderr(summary_line(summary["parallel_measure"]))
 
 
 @cli.group()

@@ -13,8 +13,13 @@ with the same signature as `wpk.search.measure.measure_candidate`. Within
 `budget` seconds, workloads left unmeasured stay predicted and the plan
 still says so. The plan is rewritten atomically (`write_plan`).
 
+With `parallel=N` (`--parallel-measure N`) the candidates of each workload
+are timed together on N CUDA streams and the fastest re-measured alone
+(`wpk.search.parallel_measure`); the time saved goes to the summary and to
+`report["parallel_measure"]`.
+
 `retune(plan, gpu, measure, ...)` is the plan rewrite itself, for any
-measure function.
+measure function (and `measure_many`, all candidates of a workload at once).
 """
 
 from __future__ import annotations
@@ -57,9 +62,11 @@ def tune_candidates(workload: Workload, gpu, trials: int) -> list:
 
 
 def retune(plan, gpu, measure: Callable, trials: int = DEFAULT_TRIALS,
-           budget: float | None = None, seed: int = 0) -> dict:
-    """Re-measure the predicted choices of `plan` with `measure` and rewrite it in memory;
-    returns a summary {'measured', 'changed', 'left_predicted', 'seconds'}."""
+           budget: float | None = None, seed: int = 0,
+           measure_many: Callable | None = None) -> dict:
+    """Re-measure the predicted choices of `plan` with `measure` (or `measure_many`, every
+    candidate of a workload in one call) and rewrite it in memory; returns a summary
+    {'measured', 'changed', 'left_predicted', 'seconds'}."""
     from wpk.kernels import registry
     from wpk.plans.planner import _rng_for
 
@@ -74,14 +81,19 @@ def retune(plan, gpu, measure: Callable, trials: int = DEFAULT_TRIALS,
             left.append(key)
             continue
         workload = workloads[key]
-        results = [(c, measure(workload, c, rng=_rng_for(seed, key)))
-                   for c in tune_candidates(workload, gpu, trials)]
+        candidates = tune_candidates(workload, gpu, trials)
+        if measure_many is not None:
+            found = measure_many(workload, candidates, rng=_rng_for(seed, key))
+        else:
+            found = [measure(workload, c, rng=_rng_for(seed, key)) for c in candidates]
+        results = list(zip(candidates, found))
         ok = [(c, m) for c, m in results if m.ok and np.isfinite(m.median_s)]
         measured += len(results)
         if not ok:
             left.append(key)
             continue
-        best, timing = min(ok, key=lambda pair: pair[1].median_s)
+        alone = [(c, m) for c, m in ok if not m.extra.get("contended")]  # contended: rank only
+        best, timing = min(alone or ok, key=lambda pair: pair[1].median_s)
         still_predicted = bool(timing.extra.get("predicted"))
         if still_predicted:
             left.append(key)
@@ -159,14 +171,18 @@ def plan_gpu(plan, path: str = "<plan>"):
 
 
 def tune_plan(path: str | os.PathLike, trials: int | None = None,
-              budget: float | None = None, present=None) -> dict:
+              budget: float | None = None, present=None, parallel: int | None = None) -> dict:
     """`wpk tune PLAN`: measure the plan's predicted choices on its GPU and rewrite it
     atomically. DeviceError when that GPU is absent (`present`: detected GPUs, default
-    `detect_gpus()`). Returns the summary of `retune` plus 'gpu' and 'path'."""
+    `detect_gpus()`). `parallel`: CUDA streams to time each workload's candidates on
+    together. Returns the summary of `retune` plus 'gpu' and 'path' (and
+    'parallel_measure' with `parallel`)."""
     from wpk.devices import detect_gpus
     from wpk.offline import describe_present
     from wpk.plans.planfile import read_plan, write_plan
+    from wpk.search.parallel_measure import check_streams
 
+    check_streams(parallel)
     name = os.fspath(path)
     plan = read_plan(name, check_device=False)
     gpu = plan_gpu(plan, name)
@@ -175,6 +191,15 @@ def tune_plan(path: str | os.PathLike, trials: int | None = None,
         raise DeviceError(f"wpk tune: plan '{name}' was built for {gpu.name} "
                           f"({gpu.description}, {gpu.arch}); {describe_present(present)}",
                           hint=f"run `wpk tune` on a machine with a {gpu.name}")
-    summary = retune(plan, gpu, _gpu_measure(), trials or DEFAULT_TRIALS, budget)
+    many = totals = None
+    if parallel:
+        from wpk.search.parallel_measure import ParallelSummary, in_process_many
+
+        totals = ParallelSummary(parallel)
+        many = in_process_many(totals, parallel)
+    summary = retune(plan, gpu, _gpu_measure(), trials or DEFAULT_TRIALS, budget,
+                     measure_many=many)
+    if totals is not None:
+        summary["parallel_measure"] = plan.report["parallel_measure"] = totals.to_json()
     write_plan(plan, name)
     return dict(summary, gpu=gpu.name, path=name)
