@@ -38,6 +38,9 @@ class Implementation(ABC):
     name: str = ""
     kind: str = LIBRARY
     target: str = "cpu"
+    # Whether the runtime runs consecutive steps of this implementation as one session
+    # (`ort.nchwc`, see wpk.kernels.cpu.nchwc_region): such a step saves a call there.
+    joins_regions: bool = False
 
     @abstractmethod
     def unsupported_reason(self, workload: Workload) -> str | None:

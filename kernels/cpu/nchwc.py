@@ -10,6 +10,8 @@ with the filter packed the way onnxruntime's NchwcTransformer packs it
 every graph optimization off (the node is already what we want), intra-op
 threads = cores, spinning off, and IOBinding straight into the caller's
 output arrays. The op semantics are documented in `wpk.passes.nchwc_layout`.
+The blocked Concat and Elementwise nodes around them are run with onnxruntime's
+standard kernels (`wpk.kernels.cpu.nchwc_standard`), so they can share a region.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
 from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.cpu.nchwc_standard import (
+    build_standard_model,
+    declared_shapes,
+    is_standard_blocked,
+    standard_reason,
+)
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
 from wpk.kernels.workload import Workload
@@ -95,6 +103,8 @@ def _unsupported_conv(workload: Workload, b: int) -> str | None:
 
 def unsupported_reason(workload: Workload) -> str | None:
     """Why onnxruntime's NCHWc kernels cannot compute the workload (None if they can)."""
+    if is_standard_blocked(workload):
+        return standard_reason(workload)
     if workload.domain != NCHWC_DOMAIN or workload.op not in NCHWC_OPS:
         return "not a wpk.nchwc op"
     if any(s is not None and s.dtype != "float32" for s in (*workload.inputs, *workload.outputs)):
@@ -131,7 +141,10 @@ def _onnx_attrs(workload: Workload, names: Sequence[str]) -> dict:
 
 
 def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
-    """The one-node `com.microsoft.nchwc` model and the workload inputs it is fed, in order."""
+    """The one-node `com.microsoft.nchwc` model and the workload inputs it is fed, in order
+    (a blocked Concat or Elementwise: its standard ONNX form, `nchwc_standard`)."""
+    if is_standard_blocked(workload):
+        return build_standard_model(workload, consts)
     b = int(workload.attr("block"))
     initializers, feeds, node_inputs = [], [], ["x"]
     op, attrs = workload.op, {}
@@ -204,9 +217,9 @@ def make_kernel(model, feeds: tuple[tuple[str, int], ...], workload: Workload,
     run = session._sess.run_with_iobinding
     run_options = ort.RunOptions()
     float32 = np.dtype(np.float32)
-    inputs_to_bind = [(name, index, _ort_shape(workload.inputs[index].shape))
-                      for name, index in feeds]
-    out_shape = _ort_shape(workload.outputs[0].shape)
+    shapes = declared_shapes(model)
+    inputs_to_bind = [(name, index, shapes[name]) for name, index in feeds]
+    out_shape = shapes["y"]
     bound: list[int] = []
 
     def kernel(inputs, outputs) -> None:
@@ -234,6 +247,7 @@ class OrtNchwc(Implementation):
     name = "ort.nchwc"
     kind = VENDOR
     target = "cpu"
+    joins_regions = True
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         return unsupported_reason(workload)

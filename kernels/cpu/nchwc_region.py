@@ -16,13 +16,14 @@ by the tests.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
-from onnx import helper
+from onnx import helper, numpy_helper
 
-from wpk.kernels.cpu.nchwc import _CPU, ORT_NCHWC_DOMAIN, _ort_shape, build_ort_model
+from wpk.kernels.cpu.nchwc import _CPU, ORT_NCHWC_DOMAIN, build_ort_model
+from wpk.kernels.cpu.nchwc_standard import declared_shapes
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.registry import Kernel
 from wpk.kernels.workload import Workload
@@ -43,38 +44,66 @@ class RegionMember:
 def region_model(members: Sequence[RegionMember], exported: set[str] | None = None):
     """The merged model, its external input names (in order) and its output names: the
     members' outputs in `exported` (all of them when None); the others stay inside the
-    session, in onnxruntime's own memory."""
-    nodes, initializers, produced = [], [], set()
-    external: list[str] = []
-    shapes: dict[str, list[int]] = {}
+    session, in onnxruntime's own memory. A tensor that a member declares with another
+    shape than the one it was produced or bound with (the 4-d view of a blocked tensor
+    read 5-d by a broadcasting Elementwise, or back) is read through a Reshape."""
+    merged = _Merged()
     for index, member in enumerate(members):
         model, feeds = build_ort_model(member.workload, member.consts)
+        declared = declared_shapes(model)
         rename = {"y": member.output}
         for local, input_index in feeds:
-            name = member.inputs[input_index]
-            rename[local] = name
-            shapes[name] = _ort_shape(member.workload.inputs[input_index].shape)
-            if name not in produced and name not in external:
-                external.append(name)
+            rename[local] = merged.read(member.inputs[input_index], declared[local])
+        prefix = f"s{index}/"
         for tensor in model.graph.initializer:
-            rename[tensor.name] = f"s{index}/{tensor.name}"
+            rename[tensor.name] = prefix + tensor.name
             tensor.name = rename[tensor.name]
-            initializers.append(tensor)
+            merged.initializers.append(tensor)
         for node in model.graph.node:
-            node.input[:] = [rename.get(name, name) if name else "" for name in node.input]
-            node.output[:] = [rename.get(name, name) for name in node.output]
-            nodes.append(node)
-        shapes[member.output] = _ort_shape(member.workload.outputs[0].shape)
-        produced.add(member.output)
+            node.input[:] = [rename.get(name, prefix + name) if name else ""
+                             for name in node.input]
+            node.output[:] = [rename.get(name, prefix + name) for name in node.output]
+            node.name = prefix + (node.name or node.op_type)
+            merged.nodes.append(node)
+        merged.shapes[member.output] = declared["y"]
     outputs = [m.output for m in members if exported is None or m.output in exported]
+    shapes = merged.shapes
     graph = helper.make_graph(
-        nodes, "nchwc_region",
-        [helper.make_tensor_value_info(n, 1, shapes[n]) for n in external],
-        [helper.make_tensor_value_info(n, 1, shapes[n]) for n in outputs], initializers)
+        merged.nodes, "nchwc_region",
+        [helper.make_tensor_value_info(n, 1, shapes[n]) for n in merged.external],
+        [helper.make_tensor_value_info(n, 1, shapes[n]) for n in outputs], merged.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)])
     model.ir_version = 8
-    return model, external, outputs, shapes
+    return model, merged.external, outputs, shapes
+
+
+@dataclass
+class _Merged:
+    """The region model being assembled: nodes, initializers, tensor shapes, inputs."""
+
+    nodes: list = field(default_factory=list)
+    initializers: list = field(default_factory=list)
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    external: list[str] = field(default_factory=list)
+    reshaped: dict[tuple[str, tuple[int, ...]], str] = field(default_factory=dict)
+
+    def read(self, name: str, shape: list[int]) -> str:
+        """The tensor to read `name` as `shape`: itself, or one shared Reshape of it."""
+        if name not in self.shapes:  # first read of a region input: bound with this shape
+            self.external.append(name)
+            self.shapes[name] = list(shape)
+        if self.shapes[name] == list(shape):
+            return name
+        key = (name, tuple(shape))
+        if key not in self.reshaped:
+            target = f"{name}@{'x'.join(map(str, shape))}"
+            self.initializers.append(numpy_helper.from_array(
+                np.asarray(shape, dtype=np.int64), f"{target}/shape"))
+            self.nodes.append(helper.make_node("Reshape", [name, f"{target}/shape"], [target],
+                                               name=f"reshape/{target}"))
+            self.reshaped[key] = target
+        return self.reshaped[key]
 
 
 def region_kernel(members: Sequence[RegionMember], exported: set[str] | None = None

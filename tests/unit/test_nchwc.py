@@ -256,11 +256,12 @@ def test_pass_on_small_cnn_keeps_the_function(impl, rng):
     assert ops["wpk.nchwc:Conv"] == 5          # 4 convs + the BN; the 4-channel conv stays
     assert ops["Conv"] == 1
     assert ops["wpk.nchwc:MaxPool"] == 1 and ops["wpk.nchwc:GlobalAveragePool"] == 1
-    assert ops["wpk:Elementwise"] == 4 and ops["Concat"] == 1
+    assert ops["wpk:Elementwise"] == 3 and ops["Concat"] == 1
     assert "wpk.nchwc:ReorderInput" not in ops  # the first conv reads NCHW directly
     # NCHW is restored for Flatten, the 4-channel conv and the graph output `cat`
     assert ops["wpk.nchwc:ReorderOutput"] == 3
     assert layout.hits["BatchNormalization"] == 1
+    assert layout.hits["activation_into_conv"] == 1  # the ReLU after the BN
     actual = evaluate(optimized, feeds, impl)
     for name in expected:
         assert rel_l2(actual[name], expected[name]) <= 1e-4, name

@@ -154,6 +154,34 @@ def _rewrite_bn_gemm(ctx: FusionContext, node: Node, found) -> None:
     ctx.absorb(node, bn)
 
 
+def _match_bn_affine(ctx: FusionContext, bn: Node):
+    """BatchNormalization -> Mul/Div/Add/Sub by a per-channel constant (pre-activation BN)."""
+    if not _plain(bn) or len(bn.inputs) < 5:
+        return None
+    shape = ctx.graph.tensors[bn.outputs[0]].shape
+    if len(shape) < 2 or _bn_params(ctx, bn, shape[1]) is None:
+        return None
+    found = _match_const_operand(ctx, bn, frozenset({"Mul", "Div", "Add", "Sub"}))
+    if found is None:
+        return None
+    vector = _per_channel(found[1], shape, 1)
+    return None if vector is None else (found[0], vector)
+
+
+def _rewrite_bn_affine(ctx: FusionContext, bn: Node, found) -> None:
+    consumer, vector = found
+    scale, bias = (ctx.const(name).astype(np.float64) for name in bn.inputs[1:3])
+    if consumer.op in ("Mul", "Div"):
+        factor = vector if consumer.op == "Mul" else 1.0 / vector
+        scale, bias = scale * factor, bias * factor
+    else:
+        bias = bias + (vector if consumer.op == "Add" else -vector)
+    dtype = ctx.const(bn.inputs[1]).dtype
+    bn.inputs = [bn.inputs[0], _new_const(ctx, bn, "scale", scale, dtype),
+                 _new_const(ctx, bn, "bias", bias, dtype), *bn.inputs[3:5]]
+    ctx.absorb(bn, consumer)
+
+
 # ---------------------------------------------------------------- bias and scale
 
 def _match_const_operand(ctx: FusionContext, node: Node, ops: frozenset[str]):
@@ -308,6 +336,9 @@ LINEAR_RULES = (
           "Conv -> BatchNormalization: scale W, shift B"),
     _rule("batchnorm_into_gemm", {"Gemm", "MatMul"}, _match_bn_gemm, _rewrite_bn_gemm,
           "Gemm/2-D MatMul -> BatchNormalization: scale B columns, shift C"),
+    _rule("affine_into_batchnorm", {"BatchNormalization"}, _match_bn_affine,
+          _rewrite_bn_affine,
+          "BatchNormalization -> Mul/Div/Add/Sub of a per-channel constant: into scale, bias"),
     _rule("bias_into_conv", {"Conv"}, _match_conv_affine(frozenset({"Add", "Sub"})),
           _rewrite_conv_affine, "Conv -> Add/Sub of a per-channel constant: into B"),
     _rule("scale_into_conv", {"Conv"}, _match_conv_affine(frozenset({"Mul", "Div"})),

@@ -64,10 +64,12 @@ from wpk.passes.base import GraphPass, drop_unused_constants, subgraph_names
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Rewrite
 from wpk.passes.nchwc_rules import (
+    MLAS_ACTIVATIONS,
     conv_bias,
     conv_input_mode,
     explicit_pads,
     mlas_epilogue_prefix,
+    step_keeps_zero,
 )
 
 
@@ -97,6 +99,7 @@ class NchwcLayout(GraphPass):
         if convertible < self.options.min_convs:
             return graph
         rw = Rewrite(graph, block)
+        self._readers = _reader_counts(graph)
         outer_scope = subgraph_names(graph)  # read by If/Loop bodies, not listed as inputs
         for node in graph.nodes:
             if not self._convert(rw, node):
@@ -257,9 +260,31 @@ class NchwcLayout(GraphPass):
         channels = rw.blocked[value].channels
         if not rw.chain_is_blockable(chain, channels, out_shape):
             return False
+        if self._fuse_activation(rw, value, chain, node.outputs[0]):
+            return True
         out = rw.new_blocked(node.outputs[0], channels)
         rw.emit_chain(node.name, rw.blocked[value].name, chain, channels, out)
         self.hit("elementwise")
+        return True
+
+    def _fuse_activation(self, rw: Rewrite, value: str, chain, output: str) -> bool:
+        """Fold a lone activation into the blocked Conv that alone feeds it (as MLAS does,
+        e.g. the ReLU after a BatchNormalization turned depthwise Conv)."""
+        if len(chain) != 1 or chain[0][1] is not None or self._readers.get(value, 0) != 1:
+            return False
+        step = chain[0][0]
+        producer = _producer(rw.nodes, rw.blocked[value].name)
+        if producer is None or producer.domain != NCHWC_DOMAIN or producer.op != "Conv" \
+                or any(s.op != "add" for s in producer.epilogue):
+            return False
+        channels = rw.blocked[value].channels
+        if step.op not in MLAS_ACTIVATIONS or not (channels % rw.block == 0
+                                                   or step_keeps_zero(step, None)):
+            return False
+        producer.epilogue = (*producer.epilogue, step)
+        rw.blocked[output] = rw.blocked[value]
+        rw.missing.add(output)
+        self.hit("activation_into_conv")
         return True
 
     @staticmethod
@@ -274,6 +299,21 @@ class NchwcLayout(GraphPass):
 def _has_subgraph(node: Node) -> bool:
     return any(hasattr(sub, "node") for value in node.attrs.values()
                for sub in (value if isinstance(value, tuple) else (value,)))
+
+
+def _reader_counts(graph: Graph) -> dict[str, int]:
+    """How many node inputs read each tensor (graph outputs count as one more)."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            counts[name] = counts.get(name, 0) + 1
+    for name in graph.outputs:
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _producer(nodes: list[Node], name: str) -> Node | None:
+    return next((n for n in reversed(nodes) if name in n.outputs), None)
 
 
 def _forget_unused_tensors(graph: Graph) -> None:

@@ -1,0 +1,105 @@
+"""Standard ONNX ops on blocked tensors, run by onnxruntime next to its NCHWc kernels.
+
+The NCHWc layout pass leaves two kinds of nodes on blocked (N, Cb, H, W, b)
+tensors that are not `wpk.nchwc` ops: a default-domain Concat on axis 1
+(every input a whole number of blocks) and wpk `Elementwise` chains (a
+BatchNormalization's leftovers, SiLU, a squeeze-excitation gate). Both are
+plain ONNX on the 5-d buffers, so onnxruntime's standard kernels compute them
+exactly; written in the `ort.nchwc` fragment form (`build_standard_model`),
+they can join the MLAS NCHWc nodes around them in one onnxruntime session
+(`wpk.kernels.cpu.nchwc_region`) instead of ending it.
+
+Declared shapes: a Concat, and an Elementwise whose every operand has the
+output's shape, are declared on the 4-d view (N, Cb*b, H, W) that the MLAS
+nodes use (same memory, same element order), so they chain without a
+Reshape; an Elementwise that broadcasts (per-channel constants, a gate of
+shape (N, Cb, 1, 1, b)) keeps its 5-d shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import numpy as np
+import onnx
+
+from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.cpu.node_model import build_node_model, input_name, is_elementwise, output_name
+from wpk.kernels.epilogue import validate_epilogue
+from wpk.kernels.workload import TensorSpec, Workload
+
+OUTPUT = "y"
+REGION_OPSET = 17
+
+
+def is_standard_blocked(workload: Workload) -> bool:
+    """Whether the workload is a Concat or Elementwise that would run on blocked tensors."""
+    concat = workload.op == "Concat" and workload.domain in ("", "ai.onnx")
+    return (concat or is_elementwise(workload)) and len(workload.outputs) == 1 \
+        and len(workload.outputs[0].shape) == 5
+
+
+def _blocked(spec: TensorSpec | None, block: int) -> bool:
+    return spec is not None and spec.dtype == "float32" and len(spec.shape) == 5 \
+        and spec.shape[4] == block
+
+
+def standard_reason(workload: Workload) -> str | None:
+    """Why onnxruntime cannot run this blocked Concat/Elementwise in an NCHWc region."""
+    block = fmt.host_block_size()
+    out = workload.outputs[0]
+    if not all(_blocked(s, block) for s in (*workload.inputs, out)):
+        return f"not every tensor is float32 blocked with MLAS's block {block}"
+    if workload.op == "Concat":
+        if int(workload.attr("axis", 1)) not in (1, -4):
+            return "a blocked Concat must join along the channel blocks (axis 1)"
+        if any(s.shape[:1] + s.shape[2:] != out.shape[:1] + out.shape[2:]
+               for s in workload.inputs):
+            return "Concat inputs differ outside the channel blocks"
+        return None
+    return validate_epilogue(workload.epilogue, len(workload.inputs))
+
+
+def _flat(workload: Workload) -> bool:
+    """Whether every operand has the output's shape (no broadcasting): the 4-d view works."""
+    if workload.op == "Concat":
+        return True
+    return all(s.shape == workload.outputs[0].shape for s in workload.inputs)
+
+
+def _set_shape(value: onnx.ValueInfoProto, shape: list[int]) -> None:
+    dims = value.type.tensor_type.shape.dim
+    del dims[:]
+    for d in shape:
+        dims.add().dim_value = int(d)
+
+
+def build_standard_model(workload: Workload, consts: Mapping[int, np.ndarray]):
+    """The fragment (model with output 'y', feeds as (graph input, workload input index))."""
+    # opset 17, the NCHWc fragments' one, so that both kinds can share one region model
+    workload = replace(workload, opset=max(workload.opset, REGION_OPSET), _key="")
+    model = build_node_model(workload, consts).model
+    graph = model.graph
+    for node in graph.node:
+        node.output[:] = [OUTPUT if name == output_name(0) else name for name in node.output]
+    graph.output[0].name = OUTPUT
+    flat = _flat(workload)
+    if flat:
+        for value in (*graph.input, graph.output[0]):
+            _set_shape(value, fmt_view(value))
+    index = {input_name(i): i for i in range(len(workload.inputs))}
+    feeds = tuple((value.name, index[value.name]) for value in graph.input)
+    return model, feeds
+
+
+def fmt_view(value: onnx.ValueInfoProto) -> list[int]:
+    """The 4-d view (N, Cb*b, H, W) of a declared 5-d blocked shape."""
+    n, cb, h, w, b = (d.dim_value for d in value.type.tensor_type.shape.dim)
+    return [n, cb * b, h, w]
+
+
+def declared_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """The shapes a fragment declares for its graph inputs and outputs, by name."""
+    return {value.name: [d.dim_value for d in value.type.tensor_type.shape.dim]
+            for value in (*model.graph.input, *model.graph.output)}
