@@ -214,6 +214,29 @@ def transformer_encoder(seq_len: int = 64, d_model: int = 256, heads: int = 4,
     return g.model("transformer_encoder", [inp], [out])
 
 
+def tiny_conv_gemm(seed: int = 3) -> onnx.ModelProto:
+    """Conv(+bias)+Relu, GlobalAveragePool, Flatten, Gemm on a 1x3x8x8 image: the smallest
+    model with a convolution, a pooling and a GEMM workload (fast GPU search tests)."""
+    rng = np.random.default_rng(seed)
+
+    def const(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32),
+                                       name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("GlobalAveragePool", ["r1"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "tiny_conv_gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [const("w1", (8, 3, 3, 3)), const("b1", (8,)), const("fc", (8, 10)),
+         const("fcb", (10,))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
 BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "mobilenet_v2_like": mobilenet_v2_like,
     "efficientnet_like": efficientnet_like,
