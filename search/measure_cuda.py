@@ -524,8 +524,8 @@ def measure_parallel(workload: Workload, candidates: Sequence[Candidate], *,
     remeasured = {i: measure_candidate(workload, candidates[i],
                                        rng=np.random.default_rng(seed), **timing, **check)
                   for i in top_candidates(parallel, top)}
-    order = sorted(remeasured, key=lambda i: remeasured[i].median_s)
-    winner = next((i for i in order if remeasured[i].ok), None)
+    alone_ok = [i for i, m in remeasured.items() if m.ok and np.isfinite(m.median_s)]
+    winner = min(alone_ok, key=lambda i: remeasured[i].median_s, default=None)
     wall = time.perf_counter() - started
     timed = list(setups)
     estimate = verify_s + estimated_sequential_s(

@@ -318,7 +318,8 @@ def test_parallel_bookkeeping():
                                                                                  Status.TIMEOUT)]
     assert top_candidates(ms, 2) == [1, 3]
     assert top_candidates(ms, 0) == []
-    assert estimated_sequential_s([1e-3, 2e-3], runs=10, flush_s=1e-4) == pytest.approx(0.032)
+    assert estimated_sequential_s([1e-3, 2e-3], flush_s=1e-4, warmup=0, repeats=10,
+                                  max_repeats=10, min_time=0.0) == pytest.approx(0.032)
     result = ParallelResult(ms, {}, 1, wall_s=0.05, estimated_sequential_s=0.2)
     assert result.saved_s == pytest.approx(0.15)
     assert ParallelResult(ms, {}, 1, 0.3, 0.2).saved_s == 0.0
