@@ -24,6 +24,7 @@ from onnx import helper, numpy_helper
 
 from wpk.kernels.cpu.nchwc import _CPU, ORT_NCHWC_DOMAIN, build_ort_model
 from wpk.kernels.cpu.nchwc_standard import declared_shapes
+from wpk.kernels.cpu.node_model import MS_DOMAIN
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.registry import Kernel
 from wpk.kernels.workload import Workload
@@ -73,7 +74,8 @@ def region_model(members: Sequence[RegionMember], exported: set[str] | None = No
         [helper.make_tensor_value_info(n, 1, shapes[n]) for n in merged.external],
         [helper.make_tensor_value_info(n, 1, shapes[n]) for n in outputs], merged.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)])
+                                                    helper.make_opsetid(ORT_NCHWC_DOMAIN, 1),
+                                                    helper.make_opsetid(MS_DOMAIN, 1)])
     model.ir_version = 8
     return model, merged.external, outputs, shapes
 

@@ -433,7 +433,20 @@ def case_standalone_bn_and_shared_conv(rng):
         {"BatchNormalization": 1, "Conv": 1, "Relu": 1}
 
 
+def case_preactivation_bn_affine(rng):
+    """DenseNet's pre-activation BN: BN -> Mul -> Add -> Div by per-channel constants -> Relu."""
+    nodes = [bn("x", "n"), h.make_node("Mul", ["n", "k"], ["p"]),
+             h.make_node("Add", ["t", "p"], ["q"]), h.make_node("Div", ["q", "u"], ["r"]),
+             h.make_node("Relu", ["r"], ["y"])]
+    inits = {"s": weights(rng, 3, positive=True), "b": weights(rng, 3), "m": weights(rng, 3),
+             "v": weights(rng, 3, positive=True), "k": weights(rng, 1, 3, 1, 1),
+             "t": weights(rng, 3, 1, 1), "u": np.float32(1.5)}
+    return build(nodes, X4, {"y": 4}, inits), {"affine_into_batchnorm"}, \
+        {"BatchNormalization": 1, "Relu": 1}
+
+
 CASES = {
+    "preactivation_bn_affine": case_preactivation_bn_affine,
     "conv_bn_relu": case_conv_bn_relu,
     "conv_scale_bias": case_conv_scale_bias,
     "gemm_bn": case_gemm_bn,

@@ -162,3 +162,35 @@ def test_progress_reports_each_workload_and_the_end():
          on_progress=lambda done, total, label: seen.append((done, total)),
          providers=[provider_of(BlasMatMul(), DoubleByOrt())], measure=MEASURE)
     assert seen == [(0, 2), (1, 2), (2, 2)]
+
+
+class RegionMatMul(BlasMatMul):
+    """Joins the runtime's merged regions (as ort.nchwc does)."""
+
+    name = "test.region"
+    joins_regions = True
+
+
+def _timed(impl, median_s):
+    candidate = Candidate(impl, {})
+    return candidate, measure_result(candidate, median_s)
+
+
+def measure_result(candidate, median_s):
+    from wpk.search.measure import Measurement
+
+    return Measurement(candidate.label, candidate.implementation.name, {}, Status.OK,
+                       (median_s,), median_s)
+
+
+def test_a_region_joining_candidate_wins_within_the_credit_only():
+    from wpk.plans.planner import fastest
+
+    blas, region = BlasMatMul(), RegionMatMul()
+    close = [_timed(blas, 10e-6), _timed(region, 25e-6)]
+    assert fastest(close, 20e-6)[0].implementation is region
+    far = [_timed(blas, 10e-6), _timed(region, 40e-6)]
+    assert fastest(far, 20e-6)[0].implementation is blas
+    assert fastest(close, 0.0)[0].implementation is blas  # no credit: plain fastest
+    faster = [_timed(region, 5e-6), _timed(blas, 10e-6)]
+    assert fastest(faster, 20e-6)[0].implementation is region
