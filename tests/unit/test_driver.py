@@ -79,7 +79,10 @@ def test_tuning_finds_a_verified_kernel_within_the_trials(tuner, tmp_path, worke
                            compile_pool=pool, seed=1, patience=50, finalize_k=2)
     assert result.trials == 6 and result.stopped == "trials"
     assert result.best_config is not None and math.isfinite(result.best_s)
-    assert min(c for _, c in result.history) <= result.best_s * 1.5
+    # The winner is one of the two fastest of the search (re-measured alone): a logical
+    # check, not a timing ratio, which a loaded machine can break.
+    fastest_two = [c for c, _ in sorted(result.history, key=lambda h: h[1])[:2]]
+    assert result.best_config in fastest_two
     assert result.failed == 0
     # The two fastest were re-measured alone, and the winner is one of the records.
     finals = [r for r in measurer.store if r.phase == FINAL]
