@@ -53,8 +53,8 @@ def plan(op: C.Operator, bindings, config: Mapping | None, target: str, hw=None)
 
 def lower_for(op: C.Operator, bindings, config=None, target: str = "cpu", hw=None) -> L.PrimFunc:
     """Loop IR of the operator for `target` ('cpu' or 'cuda') under `config`."""
-    spec, _, schedule = plan(op, bindings, config, target, hw)
-    return lower(spec, schedule, target)
+    _, _, schedule = plan(op, bindings, config, target, hw)
+    return lower(schedule.op, schedule, target)
 
 
 # ----------------------------------------------------------------------------- CPU

@@ -23,6 +23,7 @@ from wpk.dsl.regions import (
     in_bounds,
     is_false,
     is_true,
+    merge_accesses,
     region,
     shape_of,
     simplify_cond,
@@ -128,7 +129,7 @@ def _translate_load(expr: C.Load, env: _Env) -> L.Expr:
         env.seen_loads.append((expr.tensor, indices))
         cache = env.caches.get(expr.tensor)
         if cache is not None:
-            local = [cache.local_index(d, i) for d, i in enumerate(indices)]
+            local = cache.local_indices(indices, shape)
             value = L.Load(cache.buffer.name, flatten(local, cache.extents), expr.dtype)
             if expr.pad is not None and isinstance(expr.pad, C.Const) and expr.pad.value == 0:
                 return value  # the cache holds zeros outside the tensor
@@ -214,6 +215,13 @@ def stage_plan(op: C.Operator, schedule: Schedule) -> tuple[list[C.Stage], dict,
     return roots, fusions, inlined
 
 
+def _shared_fills(stmts: list[L.Stmt]) -> list[L.Stmt]:
+    """The cooperative fills placed at one loop, between one pair of barriers (they write
+    different buffers, so one barrier after all of them suffices)."""
+    flat = [x for st in stmts for x in (st.stmts if isinstance(st, L.Seq) else (st,))]
+    return [L.Barrier(), *(x for x in flat if not isinstance(x, L.Barrier)), L.Barrier()]
+
+
 def _check_gpu_order(sched: StageSchedule) -> None:
     bound = [n for n in sched.order if sched.annotations.get(n, "") in L.GPU_BINDINGS]
     if sched.order[:len(bound)] != bound:
@@ -264,15 +272,21 @@ def lower_stage(op: C.Operator, schedule: Schedule, stage: C.Stage, out_stage: C
         if gpu:
             ranged.update({_cname(n): sched.axes[n].extent
                            for n in sched.bound_leaves("threadIdx")})
-        bases, extents, strides = region(accesses, shape_of(op, cr.tensor), ranged, ranges)
+        shape = shape_of(op, cr.tensor)
+        if gpu:  # fused coordinates read as one dim: a box, not whole rows
+            accesses, shape = merge_accesses(accesses, shape)
+        bases, extents, strides = region(accesses, shape, ranged, ranges)
         buf = L.Buffer(f"{cr.tensor}_{cr.scope}", op.tensor_dtype(cr.tensor), tuple(extents),
                        cr.scope)
-        cache = pending[cr.tensor] = Cache(buf, bases, extents, ranged, strides)
+        cache = pending[cr.tensor] = Cache(buf, bases, extents, ranged, strides,
+                                           tuple(shape) if gpu else None)
         decl = [] if cr.scope == "shared" and gpu else [L.Allocate(buf)]
         if cr.scope == "shared" and gpu:
             shared.append(buf)
         copy = fill(cache, cr.tensor, op, sched, gpu, root=cr.at is None)
         prologue.setdefault(cr.at, []).extend(decl + [copy])
+    if gpu:
+        prologue = {at: _shared_fills(stmts) for at, stmts in prologue.items()}
     env.caches.update(pending)  # only now, so regions are computed on the original accesses
     out_shape = shape_of(op, out_stage.name)
     out_index = flatten([exprs[a.name] for a in stage.axes], out_shape)

@@ -23,9 +23,9 @@ def shape_of(op: C.Operator, tensor: str) -> tuple[int, ...]:
     return tuple(C.bind_dim(d, {}) for d in op.tensor_shape(tensor))
 
 
-def flatten(indices: list[L.Expr], shape) -> L.Expr:
-    """Row-major linear index. A pair of dims indexed `(e // k, e % k)` with inner extent k
-    (a fused loop) is merged back into `e`, so contiguous accesses stay visibly contiguous."""
+def merge_fused(indices, shape) -> tuple[list[L.Expr], list[int]]:
+    """(indices, shape) with every pair of dims indexed `(e // k, e % k)`, k the inner
+    extent (a fused loop's coordinates), merged into one dim indexed `e`."""
     indices, shape = list(indices), [int(d) for d in shape]
     d = 0
     while d + 1 < len(indices):
@@ -37,6 +37,24 @@ def flatten(indices: list[L.Expr], shape) -> L.Expr:
             shape[d:d + 2] = [shape[d] * shape[d + 1]]
         else:
             d += 1
+    return indices, shape
+
+
+def merge_accesses(accesses: list[list[L.Expr]], shape) -> tuple[list[list[L.Expr]], tuple]:
+    """The accesses of one tensor over its dims merged by `merge_fused` when every access
+    merges the same dims (a 1x1 convolution over fused pixels reads `X[n, c, p]`, a box of
+    one dim instead of whole image rows), else unchanged."""
+    merged = [merge_fused(acc, shape) for acc in accesses]
+    shapes = {tuple(m[1]) for m in merged}
+    if len(shapes) != 1 or len(next(iter(shapes))) == len(shape):
+        return accesses, tuple(int(d) for d in shape)
+    return [m[0] for m in merged], next(iter(shapes))
+
+
+def flatten(indices: list[L.Expr], shape) -> L.Expr:
+    """Row-major linear index. A pair of dims indexed `(e // k, e % k)` with inner extent k
+    (a fused loop) is merged back into `e`, so contiguous accesses stay visibly contiguous."""
+    indices, shape = merge_fused(indices, shape)
     flat: L.Expr = L.const(0)
     for idx, dim in zip(indices, shape):
         flat = L.add(L.mul(flat, int(dim)), idx)
@@ -183,6 +201,16 @@ class Cache:
     extents: list[int]
     ranged: dict = field(default_factory=dict)
     strides: list[int] = field(default_factory=list)
+    shape: tuple | None = None  # the tensor's dims as the region sees them (merged), or None
+
+    def local_indices(self, indices: list[L.Expr], shape) -> list[L.Expr]:
+        """Positions inside the cached region of a tensor access (one index per tensor dim,
+        merged like the region's dims)."""
+        if self.shape is not None and len(self.shape) != len(shape):
+            indices, merged = merge_fused(indices, shape)
+            if tuple(merged) != tuple(self.shape):
+                raise ScheduleError("a cached tensor is read with dims merged differently")
+        return [self.local_index(d, i) for d, i in enumerate(indices)]
 
     def local_index(self, d: int, index: L.Expr) -> L.Expr:
         """Position of tensor index `index` (dim `d`) inside the cached region."""
@@ -204,7 +232,7 @@ def fill(cache: Cache, tensor: str, op, sched: StageSchedule, gpu: bool,
           root: bool = False) -> L.Stmt:
     """Copy the region of `tensor` into the cache buffer (zero outside the tensor); a copy
     made before all loops (`root`) on the CPU is itself a parallel loop nest."""
-    shape = shape_of(op, tensor)
+    shape = cache.shape or shape_of(op, tensor)
     dtype = op.tensor_dtype(tensor)
     name = cache.buffer.name
     ranges = {}

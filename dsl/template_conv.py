@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from wpk.dsl.conv_cuda import cuda_preferred_points, schedule_conv_cuda, split_choices
+from wpk.dsl.rfactor import rfactor
 from wpk.dsl.schedule import Schedule
 from wpk.dsl.templates import KnobSpace, Template, _choices
 
@@ -22,9 +24,12 @@ class ConvTemplate(Template):
     1x1 kernels). `cache_input` 1 copies the zero-padded input patch (of each c block,
     or of the pixel tile with `k_inner`) into a local buffer, 2 the whole padded input
     once; both remove the padding test from the inner loop.
-    CUDA: blocks over (n, k.o, y.o, x.o), threads over (y.i, x.i), a `tile_k`
-    register tile per thread, optional shared-memory staging of the input patch
-    and of the weights per `tile_c` block of input channels."""
+    CUDA (`wpk.dsl.conv_cuda`): blocks over (n, k.o, pixel tiles), threads over pixels and
+    `block_k` groups of output channels, a `tile_k` x `tile_x` register tile per thread
+    (output channels x pixels), optional shared-memory staging of the input patch and of
+    the weights per `tile_c` block of input channels; `fuse_yx` maps the pixels as one
+    axis (a 1x1 stride-1 convolution is then a GEMM); `split_c` splits the channels over
+    blocks with a second kernel summing the parts."""
 
     name = "conv2d"
 
@@ -56,7 +61,33 @@ class ConvTemplate(Template):
             tile_c=sorted({t for t in (c, 1, 2, 4, 8, 16, 32) if t <= c}),
             cache_input=[0, 1],
             cache_weight=[0, 1],
+            tile_x=_choices([1, 2, 4, 8], max(1, y * x // 4)),
+            fuse_yx=[0, 1],
+            split_c=split_choices(c),
         )
+
+    def knob_defaults(self) -> dict:
+        """CUDA knobs added with the 2-D register tile and split-C: their defaults give the
+        schedule of a config recorded before them."""
+        return {"tile_x": 1, "fuse_yx": 0, "split_c": 1} if self.target == "cuda" else {}
+
+    def check_knobs(self, config: dict) -> str | None:
+        if self.target != "cuda" or config["split_c"] == 1:
+            return None
+        c = self._extents()[4]
+        if config["tile_c"] > c // config["split_c"]:
+            return (f"tile_c={config['tile_c']} exceeds the {c // config['split_c']} channels "
+                    f"of one of the split_c={config['split_c']} parts")
+        return None
+
+    def transformed(self, config: dict):
+        """With `split_c` > 1 (CUDA), the operator whose conv stage sums `split_c` partial
+        convolutions over channel slices (`wpk.dsl.rfactor`)."""
+        parts = config.get("split_c", 1) if self.target == "cuda" else 1
+        if parts == 1:
+            return self.op
+        stage = self.main_stage
+        return rfactor(self.op, stage.name, stage.reduce.axes[0].name, parts)
 
     def preferred_points(self):
         n, k, y, x, c, r, s = self._extents()
@@ -69,8 +100,7 @@ class ConvTemplate(Template):
                                        -p["tile_k"], p["tile_y"] != 2,
                                        p["tile_c"] != min(c, 64)))
         else:
-            points.sort(key=lambda p: (p["threads_x"] * p["threads_y"] not in (64, 128, 256),
-                                       p["tile_k"] != 4, p["cache_input"], p["cache_weight"]))
+            return cuda_preferred_points(self)
         return points
 
     def _apply(self, sched: Schedule, config: dict) -> None:
@@ -79,8 +109,8 @@ class ConvTemplate(Template):
         n, k, y, x = (a.name for a in stage.axes)
         c, r, w = (a.name for a in stage.reduce.axes)
         inputs = _conv_inputs(stage)
-        co, ci = s.split(c, config["tile_c"])
         if self.target == "cpu":
+            co, ci = s.split(c, config["tile_c"])
             ko, ki = s.split(k, config["tile_k"])
             if config["fuse_yx"]:
                 p = s.fuse(y, x)
@@ -122,22 +152,7 @@ class ConvTemplate(Template):
                 fused = s.fuse(fused, nxt)
             s.parallel(fused)
             return
-        ko, kt = s.split(k, config["tile_k"] * config["block_k"])
-        kb, ki = s.split(kt, config["tile_k"])
-        yo, yi = s.split(y, config["threads_y"])
-        xo, xi = s.split(x, config["threads_x"])
-        s.reorder(n, ko, yo, xo, kb, yi, xi, co, ci, r, w, ki)
-        blocks = s.fuse(s.fuse(s.fuse(n, ko), yo), xo)
-        s.bind(blocks, "blockIdx.x")
-        s.bind(kb, "threadIdx.z")
-        s.bind(yi, "threadIdx.y")
-        s.bind(xi, "threadIdx.x")
-        s.cache_write(xi)
-        s.unroll(ki)
-        if config["cache_input"] and inputs[0] is not None:
-            s.cache_read(inputs[0], "shared", co)
-        if config["cache_weight"] and inputs[1] is not None:
-            s.cache_read(inputs[1], "shared", co)
+        schedule_conv_cuda(sched, stage, config, inputs)
 
 
 def _conv_inputs(stage) -> tuple[str | None, str | None]:

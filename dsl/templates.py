@@ -22,7 +22,9 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from wpk.dsl import gemm_cuda
 from wpk.dsl import loopir as L
+from wpk.dsl.rfactor import rf_stage_name, rfactor
 from wpk.dsl.schedule import Schedule, StageSchedule
 from wpk.errors import ScheduleError
 
@@ -123,15 +125,36 @@ class Template:
     def _apply(self, sched: Schedule, config: dict) -> None:
         raise NotImplementedError
 
+    def knob_defaults(self) -> dict:
+        """Values of the knobs a config may leave out: knobs added after configs were
+        recorded, whose default gives the schedule such a config always meant."""
+        return {}
+
+    def complete(self, config: dict) -> dict:
+        """`config` with the knobs it leaves out at their defaults."""
+        return {**self.knob_defaults(), **config}
+
+    def transformed(self, config: dict):
+        """The operator the schedule of `config` is built on: `self.op`, or a rewrite of it
+        (e.g. `wpk.dsl.rfactor` for split reductions). Its params and outputs are `self.op`'s."""
+        return self.op
+
+    def check_knobs(self, config: dict) -> str | None:
+        """None, or why a combination of knob values makes no sense (checked before lowering)."""
+        return None
+
     def apply(self, config: dict) -> Schedule:
-        """The schedule of this config (not validated: call `validate` first)."""
-        sched = Schedule(self.op, self.target)
-        self._apply(sched, dict(config))
+        """The schedule of this config (not validated: call `validate` first); its `op` is
+        the operator to lower with it."""
+        config = self.complete(config)
+        sched = Schedule(self.transformed(config), self.target)
+        self._apply(sched, config)
         return sched
 
     def validate(self, config: dict) -> str | None:
         """None if the config is legal and fits the target, else the reason it does not."""
         space = self.space()
+        config = self.complete(config)
         for knob, choices in space.items():
             if knob not in config:
                 return f"missing knob {knob}"
@@ -140,10 +163,14 @@ class Template:
         extra = set(config) - set(space)
         if extra:
             return f"unknown knobs {sorted(extra)}"
+        reason = self.check_knobs(config)
+        if reason is not None:
+            return reason
         from wpk.dsl.lower import lower
 
         try:
-            func = lower(self.op, self.apply(config), self.target)
+            sched = self.apply(config)
+            func = lower(sched.op, sched, self.target)
         except ScheduleError as exc:
             return str(exc)
         return self.check_resources(func)
@@ -309,10 +336,33 @@ class GenericTemplate(Template):
         total = math.prod(extents) if extents else 1
         threads = [t for t in (32, 64, 128, 256, 512, 1024)
                    if t <= self.limits.max_threads_per_block]
-        return KnobSpace(threads=[t for t in threads if t <= max(32, total)] or [32],
-                         per_thread=[1, 2, 4])
+        space = KnobSpace(threads=[t for t in threads if t <= max(32, total)] or [32],
+                          per_thread=[1, 2, 4])
+        if self._gemm:
+            space.update(gemm_cuda.gemm_knobs(stage, self.limits.max_threads_per_block))
+        return space
+
+    @functools.cached_property
+    def _gemm(self) -> bool:
+        """Whether the CUDA schedule may be the tiled GEMM (`wpk.dsl.gemm_cuda`)."""
+        return self.target == "cuda" and gemm_cuda.is_matmul_like(self.main_stage)
+
+    def knob_defaults(self) -> dict:
+        return dict(gemm_cuda.GEMM_DEFAULTS) if self._gemm else {}
+
+    def check_knobs(self, config: dict) -> str | None:
+        return gemm_cuda.check_gemm_knobs(config) if self._gemm else None
+
+    def transformed(self, config: dict):
+        """With `split_k` > 1, the operator summing partial products (`wpk.dsl.rfactor`)."""
+        if not self._gemm or config.get("split_k", 1) == 1:
+            return self.op
+        stage = self.main_stage
+        return rfactor(self.op, stage.name, stage.reduce.axes[0].name, config["split_k"])
 
     def preferred_points(self):
+        if self._gemm:
+            return gemm_cuda.preferred_points(self)
         points = list(self.space().points())
         if self.target == "cpu":
             lanes = self.limits.vector_lanes
@@ -323,9 +373,14 @@ class GenericTemplate(Template):
         return points
 
     def _apply(self, sched: Schedule, config: dict) -> None:
-        for stage in self.op.stages:
+        tiled = self._gemm and gemm_cuda.is_tiled(config)
+        if tiled:
+            gemm_cuda.schedule_gemm_cuda(sched, self.main_stage.name, config)
+        done = {self.main_stage.name, rf_stage_name(self.main_stage.name)} if tiled else set()
+        for stage in sched.op.stages:
             s = sched[stage.name]
-            if s.placement == "inline" or _is_fused_epilogue(self.op, stage):
+            if s.placement == "inline" or _is_fused_epilogue(sched.op, stage) \
+                    or stage.name in done:
                 continue
             if self.target == "cpu":
                 _generic_cpu(s, config)

@@ -71,7 +71,8 @@ def test_template_choice_and_knob_spaces_follow_the_hardware():
     small = template_for(mm, "cuda", Limits(name="tiny", max_threads_per_block=64)).space()
     assert max(small["threads"]) == 64
     assert list(template_for(op, "cuda", gpu_preset("h100")).space()) == [
-        "threads_x", "threads_y", "tile_k", "block_k", "tile_c", "cache_input", "cache_weight"]
+        "threads_x", "threads_y", "tile_k", "block_k", "tile_c", "cache_input", "cache_weight",
+        "tile_x", "fuse_yx", "split_c"]
 
 
 def test_validate_rejects_resource_overflows_with_reasons():
