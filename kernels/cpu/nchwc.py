@@ -11,7 +11,9 @@ every graph optimization off (the node is already what we want), intra-op
 threads = cores, spinning off, and IOBinding straight into the caller's
 output arrays. The op semantics are documented in `wpk.passes.nchwc_layout`.
 The blocked Concat and Elementwise nodes around them are run with onnxruntime's
-standard kernels (`wpk.kernels.cpu.nchwc_standard`), so they can share a region.
+standard kernels (`wpk.kernels.cpu.nchwc_standard`), so they can share a region;
+a squeeze-excitation gate multiply runs as a depthwise 1x1 Conv whose filter is
+the gate (`wpk.kernels.cpu.nchwc_gate`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
 from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.cpu.nchwc_gate import build_gate_model, is_gate_multiply
 from wpk.kernels.cpu.nchwc_standard import (
     build_standard_model,
     declared_shapes,
@@ -142,7 +145,10 @@ def _onnx_attrs(workload: Workload, names: Sequence[str]) -> dict:
 
 def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
     """The one-node `com.microsoft.nchwc` model and the workload inputs it is fed, in order
-    (a blocked Concat or Elementwise: its standard ONNX form, `nchwc_standard`)."""
+    (a blocked Concat or Elementwise: its standard ONNX form, `nchwc_standard`, except
+    a gate multiply: a depthwise 1x1 Conv with the gate as filter, `nchwc_gate`)."""
+    if is_gate_multiply(workload):
+        return build_gate_model(workload, consts)
     if is_standard_blocked(workload):
         return build_standard_model(workload, consts)
     b = int(workload.attr("block"))

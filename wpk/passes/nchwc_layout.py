@@ -46,8 +46,9 @@ becomes a depthwise 1x1 `wpk.nchwc` Conv (per-channel scale and shift).
 Every other consumer, and every graph output, reads the NCHW tensor through
 one shared ReorderOutput, which keeps the original tensor name.
 
-Where it pays: convs need a multiple of 4 channels and at least 8 outputs,
-grouped convs whole blocks per group; graphs with fewer than
+Where it pays: convs need a multiple of 4 channels and at least 8 outputs
+(any output count on a 1x1 output, e.g. a squeeze-excitation conv, where the
+padding lanes cost nothing), grouped convs whole blocks per group; graphs with fewer than
 `NchwcOptions.min_convs` convertible convs are left alone.
 """
 

@@ -91,6 +91,14 @@ def conv_bias(graph: Graph, node: Node) -> str | None:
     return node.inputs[2] if bias is not None and bias.shape == (weight.shape[0],) else None
 
 
+def _pooled(graph: Graph, name: str) -> bool:
+    """Whether a 4-d tensor is 1x1 spatially (pooled features, as in squeeze-excitation):
+    padding its channels to whole blocks costs nothing there, and a conv producing it
+    stays blocked with the rest of the block (as onnxruntime's NchwcTransformer does)."""
+    shape = graph.tensors[name].shape
+    return len(shape) == 4 and shape[2] == 1 and shape[3] == 1
+
+
 def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> str:
     """'blocked' or 'nchw' (how an NCHWc Conv reads its input), '' if it must stay NCHW."""
     if node.op != "Conv" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
@@ -106,7 +114,8 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     out_channels, per_group = int(weight.shape[0]), int(weight.shape[1])
     in_channels = graph.tensors[x].shape[1]
     group = int(node.attr("group", 1))
-    if out_channels % 4 or out_channels < MIN_CONV_CHANNELS:
+    if (out_channels % 4 or out_channels < MIN_CONV_CHANNELS) \
+            and not _pooled(graph, node.outputs[0]):
         return ""
     if group > 1:
         if per_group == 1 and out_channels == group == in_channels:
