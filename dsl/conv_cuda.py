@@ -29,8 +29,8 @@ from wpk.dsl.schedule import Schedule, StageSchedule
 
 SPLITS = (1, 2, 4, 8, 16)
 MIN_PART_CHANNELS = 16      # a channel part smaller than this is not worth a workspace pass
-HEAD_SIZE = 64              # preferred points listed before the rest of the space
 SUM_THREADS = 256           # threads per block of the kernel summing split-C parts
+SATURATING_THREADS_PER_SM = 512    # a quarter of an SM's threads, with a register tile's ILP
 
 
 def split_choices(channels: int) -> list[int]:
@@ -104,11 +104,11 @@ def cuda_preferred_points(template):
     the space's order (lazily: the space has some 10^5 points)."""
     space = template.space()
     n, k, y, x, c, r, s = template._extents()
-    head = [p for p in _head_candidates(space, c, r * s, y * x)]
+    head = list(_head_candidates(space, c))
     sms = max(1, template.limits.cores)
     head.sort(key=lambda p: tile_cost(p, n, k, y, x, sms))
     seen = set()
-    for point in head[:HEAD_SIZE]:
+    for point in head:
         key = tuple(point.values())
         if key not in seen:
             seen.add(key)
@@ -118,14 +118,13 @@ def cuda_preferred_points(template):
             yield point
 
 
-def _head_candidates(space, channels: int, window: int, pixels: int):
+def _head_candidates(space, channels: int):
     """Register-tiled points with both operands staged in shared memory."""
-    fuse = 1 if window == 1 or pixels <= 256 else 0
     shapes = [(16, 1, 8), (32, 1, 8), (8, 2, 8), (16, 2, 8), (8, 4, 8), (16, 2, 4),
               (32, 1, 4), (8, 1, 8), (16, 1, 4), (8, 2, 4)]
     tiles = [(4, 4), (8, 4), (4, 8), (8, 8), (4, 2), (2, 4), (2, 2), (8, 2), (4, 1)]
-    for (tx, ty, bk), (tk, tn), tc, split in itertools.product(
-            shapes, tiles, (16, 8, 32), space["split_c"]):
+    for (tx, ty, bk), (tk, tn), tc, split, fuse in itertools.product(
+            shapes, tiles, (16, 8, 32), space["split_c"], (1, 0)):
         point = {"threads_x": tx, "threads_y": ty, "tile_k": tk, "block_k": bk,
                  "tile_c": min(tc, channels // split), "cache_input": 1, "cache_weight": 1,
                  "tile_x": tn, "fuse_yx": fuse, "split_c": split}
@@ -135,7 +134,10 @@ def _head_candidates(space, channels: int, window: int, pixels: int):
 
 def tile_cost(point: dict, n: int, k: int, y: int, x: int, sms: int) -> float:
     """A unitless estimate for ordering (not a time): wasted tile work, operand loads per
-    FMA from shared memory, and how well the grid fills `sms` multiprocessors."""
+    FMA from shared memory, and how well the grid's threads fill `sms` multiprocessors
+    (SATURATING_THREADS_PER_SM each). Fusing pixels comes first among equals: a 1x1
+    stride-1 convolution is then a dense GEMM; the validation rejects fused points whose
+    staged input would be too big (strided or padded large images)."""
     bm = point["tile_k"] * point["block_k"]
     tx, ty, tn = point["threads_x"], point["threads_y"], point["tile_x"]
     if point["fuse_yx"]:
@@ -147,8 +149,9 @@ def tile_cost(point: dict, n: int, k: int, y: int, x: int, sms: int) -> float:
     k_tiles = math.ceil(k / bm)
     waste = k_tiles * bm * covered / (k * y * x)
     blocks = n * k_tiles * tiles * point["split_c"]
-    fill = min(1.0, blocks / (2 * sms))
+    threads = tx * point["threads_y"] * point["block_k"]
+    fill = min(1.0, blocks * threads / (sms * SATURATING_THREADS_PER_SM))
     tm = point["tile_k"]
     loads_per_fma = (tm + tn) / (tm * tn)
     split_pass = 0.1 * (point["split_c"] - 1) / point["split_c"]
-    return waste * (1 + loads_per_fma) / fill + split_pass
+    return waste * (1 + loads_per_fma) / fill + split_pass + 0.01 * (1 - point["fuse_yx"])

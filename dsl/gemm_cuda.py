@@ -30,6 +30,7 @@ from wpk.dsl.schedule import Schedule, StageSchedule
 GEMM_DEFAULTS = {"tile_m": 1, "tile_n": 1, "threads_m": 1, "tile_r": 0, "split_k": 1}
 MIN_PART = 32               # reduction elements per split-K part, at least
 SUM_THREADS = 256           # threads per block of the kernel adding split-K parts
+SATURATING_THREADS_PER_SM = 512    # a quarter of an SM's threads, with a register tile's ILP
 
 
 def operands(stage) -> list[str]:
@@ -161,12 +162,13 @@ def preferred_points(template):
 
 def gemm_cost(point: dict, m: int, n: int, k: int, sms: int) -> float:
     """A unitless estimate for ordering (not a time): wasted tile work, shared-memory
-    operand loads per FMA, grid fill of `sms` multiprocessors, and the split-K pass."""
+    operand loads per FMA, how the grid's threads fill `sms` multiprocessors, and the
+    split-K pass."""
     tm, tn, thm = point["tile_m"], point["tile_n"], point["threads_m"]
     bm, bn = tm * thm, tn * (point["threads"] // thm)
     tiles_m, tiles_n = math.ceil(m / bm), math.ceil(n / bn)
     waste = tiles_m * bm * tiles_n * bn / (m * n)
     blocks = tiles_m * tiles_n * point["split_k"]
-    fill = min(1.0, blocks / (2 * sms))
+    fill = min(1.0, blocks * point["threads"] / (sms * SATURATING_THREADS_PER_SM))
     split_pass = 0.1 * (point["split_k"] - 1) / point["split_k"]
     return waste * (1 + (tm + tn) / (tm * tn)) / fill + split_pass

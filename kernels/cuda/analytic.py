@@ -151,13 +151,21 @@ def occupancy(gpu, threads: int, registers: int, shared_bytes: int) -> Occupancy
     return Occupancy(blocks, limited_by, min(1.0, blocks * warps / max_warps))
 
 
-def predict_generated(workload: Workload, gpu, launches: Iterable, usage: Mapping
-                      ) -> Prediction:
+def predict_generated(workload: Workload, gpu, launches: Iterable, usage: Mapping,
+                      work: Mapping | None = None) -> Prediction:
     """Predicted time of a generated kernel: `launches` are `KernelLaunch`es (name, launch
-    with grid/block/shared_bytes), `usage` maps kernel name -> ptxas `ResourceUsage`."""
+    with grid/block/shared_bytes), `usage` maps kernel name -> ptxas `ResourceUsage`.
+    With `work` (kernel name -> `traffic.KernelWork` counted from the loop IR), the
+    roofline is raised to the kernels' on-chip bound (executed flops, load/store
+    wavefronts), which is what tells a register-tiled schedule from a naive one."""
     launches = list(launches)
     flops, nbytes = workload_work(workload)
     roof = roofline_seconds(flops, nbytes, gpu)
+    if work:
+        from wpk.kernels.cuda.traffic import onchip_seconds
+
+        roof = max(roof, sum(onchip_seconds(work[item.name], gpu) for item in launches
+                             if item.name in work))
     weights, factors, details = [], [], None
     for item in launches:
         launch = item.launch

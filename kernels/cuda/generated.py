@@ -25,6 +25,7 @@ this module imports (and offline builds run) without cupy or a GPU.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -86,7 +87,7 @@ def preferred_configs(workload: Workload, gpu, count: int = DEFAULT_CONFIG_COUNT
     knob), then further points differing in block shape, so the analytical model ranks
     real alternatives and the checks cover shared memory and barriers."""
     template = cuda_template(workload, gpu)
-    points = list(template.preferred_points())
+    points = list(itertools.islice(template.preferred_points(), scan))  # spaces reach 10^5
     valid: list[dict] = []
 
     def take(candidates) -> None:
