@@ -162,7 +162,11 @@ class OfflinePredictor:
         if not verification.ok:
             return Measurement(status=Status.WRONG_ANSWER, message=verification.message,
                                rel_l2_error=verification.rel_l2_error, extra=extra, **base)
-        prediction = predict_generated(workload, self.gpu, built.launches, usage)
+        from wpk.kernels.cuda.traffic import kernel_work
+
+        # the on-chip work (flops, load/store wavefronts) tells a tiled kernel from a naive one
+        work = {kernel.name: kernel_work(kernel) for kernel in built.func.kernels}
+        prediction = predict_generated(workload, self.gpu, built.launches, usage, work)
         extra["model"] = prediction.to_json()
         note = spill_note(usage)
         return Measurement(status=Status.OK, median_s=prediction.seconds,
