@@ -253,13 +253,15 @@ def test_pass_on_small_cnn_keeps_the_function(impl, rng):
     optimized = layout.run(graph.copy())
     check_graph(optimized)
     ops = _ops(optimized)
-    assert ops["wpk.nchwc:Conv"] == 5          # 4 convs + the BN; the 4-channel conv stays
+    # 4 convs + the BN + the classifier Gemm; the 4-channel (6x6 output) conv stays
+    assert ops["wpk.nchwc:Conv"] == 6 and "Gemm" not in ops
     assert ops["Conv"] == 1
     assert ops["wpk.nchwc:MaxPool"] == 1 and ops["wpk.nchwc:GlobalAveragePool"] == 1
     assert ops["wpk:Elementwise"] == 3 and ops["Concat"] == 1
     assert "wpk.nchwc:ReorderInput" not in ops  # the first conv reads NCHW directly
-    # NCHW is restored for Flatten, the 4-channel conv and the graph output `cat`
-    assert ops["wpk.nchwc:ReorderOutput"] == 3
+    # NCHW is restored for the classifier's Flatten, the 4-channel conv and the output `cat`
+    assert ops["wpk.nchwc:ReorderOutput"] == 3 and ops["Flatten"] == 1
+    assert layout.hits["classifier"] == 1
     assert layout.hits["BatchNormalization"] == 1
     assert layout.hits["activation_into_conv"] == 1  # the ReLU after the BN
     actual = evaluate(optimized, feeds, impl)

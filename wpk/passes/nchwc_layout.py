@@ -42,7 +42,10 @@ becomes a (1, Cb, 1, 1, b) constant whose padding lanes are neutral (0 for
 add/sub/mul/max/min, 1 for a divisor or exponent). Concat along channels
 stays a default-domain Concat on axis 1 of the 5-d tensors when every input's
 channel count is a multiple of b. BatchNormalization on a blocked input
-becomes a depthwise 1x1 `wpk.nchwc` Conv (per-channel scale and shift).
+becomes a depthwise 1x1 `wpk.nchwc` Conv (per-channel scale and shift). A
+Gemm that alone reads the flattened blocked pooled features (N, C, 1, 1)
+becomes a blocked 1x1 Conv followed by a ReorderOutput and a Flatten of its
+(N, O, 1, 1) result (`wpk.passes.nchwc_classifier`).
 Every other consumer, and every graph output, reads the NCHW tensor through
 one shared ReorderOutput, which keeps the original tensor name.
 
@@ -63,6 +66,7 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.workload import EpilogueStep
 from wpk.passes.base import GraphPass, drop_unused_constants, subgraph_names
 from wpk.passes.elementwise import chain_start
+from wpk.passes.nchwc_classifier import match_classifier, readers_of
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Rewrite
 from wpk.passes.nchwc_rules import (
     MLAS_ACTIVATIONS,
@@ -101,6 +105,8 @@ class NchwcLayout(GraphPass):
             return graph
         rw = Rewrite(graph, block)
         self._readers = _reader_counts(graph)
+        self._reader_nodes = readers_of(graph)
+        self._absorbed: set[int] = set()   # ids of nodes rewritten along with an earlier one
         outer_scope = subgraph_names(graph)  # read by If/Loop bodies, not listed as inputs
         for node in graph.nodes:
             if not self._convert(rw, node):
@@ -119,9 +125,13 @@ class NchwcLayout(GraphPass):
     # --- one method per rewritten op family -------------------------------------------------
 
     def _convert(self, rw: Rewrite, node: Node) -> bool:
+        if id(node) in self._absorbed:
+            return True
         if node.domain not in ("", "ai.onnx", "wpk") or len(node.outputs) != 1:
             return False
         op = node.op
+        if op in ("Flatten", "Reshape"):
+            return self._classifier(rw, node)
         if op == "Conv":
             return self._conv(rw, node)
         if op in ("MaxPool", "AveragePool"):
@@ -266,6 +276,34 @@ class NchwcLayout(GraphPass):
         out = rw.new_blocked(node.outputs[0], channels)
         rw.emit_chain(node.name, rw.blocked[value].name, chain, channels, out)
         self.hit("elementwise")
+        return True
+
+    def _classifier(self, rw: Rewrite, node: Node) -> bool:
+        """Flatten/Reshape of blocked pooled features -> Gemm: a blocked 1x1 Conv, then the
+        layout change and the Flatten on its (N, O, 1, 1) output (`nchwc_classifier`)."""
+        x = node.inputs[0]
+        if x not in rw.blocked or rw.blocked[x].channels % 4:
+            return False
+        found = match_classifier(rw.graph, node, self._reader_nodes.get(node.outputs[0], []))
+        if found is None:
+            return False
+        g, gemm, out = rw.graph, found.gemm, found.gemm.outputs[0]
+        outputs = int(found.weight.shape[0])
+        names = []
+        for suffix, value in (("W", found.weight), ("B", found.bias)):
+            names.append(rw.fresh(f"{gemm.name}_{suffix}"))
+            g.constants[names[-1]] = value
+            g.tensors[names[-1]] = TensorInfo(tuple(value.shape), "float32")
+        logical = rw.fresh(f"{out}_pixels")
+        g.tensors[logical] = TensorInfo((g.tensors[out].shape[0], outputs, 1, 1), "float32")
+        attrs = {"kernel_shape": (1, 1), "strides": (1, 1), "pads": (0, 0, 0, 0),
+                 "dilations": (1, 1), "group": 1, "block": rw.block, "channels": outputs}
+        rw.nodes.append(Node("Conv", [rw.blocked[x].name, *names],
+                             [rw.new_blocked(logical, outputs)], gemm.name, attrs,
+                             NCHWC_DOMAIN))
+        rw.nodes.append(Node("Flatten", [rw.as_nchw(logical)], [out], node.name, {"axis": 1}))
+        self._absorbed.add(id(gemm))
+        self.hit("classifier")
         return True
 
     def _fuse_activation(self, rw: Rewrite, value: str, chain, output: str) -> bool:
