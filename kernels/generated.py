@@ -215,6 +215,7 @@ class DslCpu(Implementation):
     """Generated C kernels of DSL operators, scheduled by a config from the search."""
 
     name = "dsl.cpu"
+    uses_blas = False
     kind = GENERATED
     target = "cpu"
 

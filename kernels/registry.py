@@ -41,6 +41,9 @@ class Implementation(ABC):
     # Whether the runtime runs consecutive steps of this implementation as one session
     # (`ort.nchwc`, see wpk.kernels.cpu.nchwc_region): such a step saves a call there.
     joins_regions: bool = False
+    # Whether its kernels may call BLAS (numpy matmul): the runtime then limits BLAS to one
+    # thread while it runs (`wpk.kernels.cpu.blas_threads`); a plan without any skips that.
+    uses_blas: bool = True
 
     @abstractmethod
     def unsupported_reason(self, workload: Workload) -> str | None:

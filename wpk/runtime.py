@@ -14,6 +14,7 @@ the next run. A session is not thread-safe: use one per thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -69,7 +70,9 @@ class Session:
         self.merge_regions = merge_regions
         self._arrays, self._step_calls = arrays, None
         self._calls, self._step_names = self._prepare_steps(arrays)
-        self._one_blas_thread = OneBlasThread()  # after the kernels loaded their libraries
+        # after the kernels loaded their libraries; entering it costs ~10 us a run, so only
+        # when some step may call BLAS
+        self._one_blas_thread = OneBlasThread() if _uses_blas(plan) else contextlib.nullcontext
         self._output_sources = []
         for meta in self._outputs:
             if meta.name not in arrays:
@@ -275,6 +278,13 @@ class Session:
                                       f"{meta.name}={'x'.join(map(str, array.shape)) or '1'} "
                                       "for this shape")
             np.copyto(self._input_views[meta.name], array)
+
+
+def _uses_blas(plan: Plan) -> bool:
+    """Whether any step's implementation may call BLAS (see `Implementation.uses_blas`)."""
+    from wpk.kernels import registry
+
+    return any(registry.get(step.impl).uses_blas for step in plan.steps)
 
 
 def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):

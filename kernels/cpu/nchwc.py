@@ -251,6 +251,7 @@ class OrtNchwc(Implementation):
     """onnxruntime's MLAS NCHWc kernels (contrib domain com.microsoft.nchwc)."""
 
     name = "ort.nchwc"
+    uses_blas = False
     kind = VENDOR
     target = "cpu"
     joins_regions = True

@@ -62,6 +62,7 @@ class NumpyElementwise(NumpyImplementation):
     """
 
     name = "numpy.elementwise"
+    uses_blas = False
     ops = ("Elementwise",) + tuple(sorted(UNARY_AS_STEP)) + tuple(sorted(BINARY_UFUNCS))
 
     def extra_reason(self, workload: Workload) -> str | None:
@@ -103,6 +104,7 @@ class NumpyCopy(NumpyImplementation):
     """Data movement straight into the output buffer."""
 
     name = "numpy.copy"
+    uses_blas = False
     ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize")
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],

@@ -168,6 +168,7 @@ class OrtNode(Implementation):
     """onnxruntime runs the node and its epilogue; constants are initializers."""
 
     name = "ort"
+    uses_blas = False
     kind = VENDOR
     fallback = False
 

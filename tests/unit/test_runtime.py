@@ -173,6 +173,24 @@ def test_an_unknown_implementation_is_a_plan_error(rng, tmp_path):
         Session.load(path)
 
 
+def test_blas_is_limited_only_for_plans_that_may_call_it(tmp_path):
+    """Entering the one-BLAS-thread context costs about 10 us a run: skipped when no step's
+    implementation may call BLAS (onnxruntime, copies, elementwise numpy)."""
+    from wpk.kernels.cpu.blas_threads import OneBlasThread
+    from wpk.kernels.cpu.numpy_ops import NumpyElementwise
+
+    register_test_implementations()
+    blas_free = registry.get(NumpyElementwise.name)
+    assert not blas_free.uses_blas and registry.get("ort.nchwc").uses_blas is False
+    session = Session.load(chain_plan(2, blas_free).save(tmp_path / "free.wpk"))
+    assert not isinstance(session._one_blas_thread, OneBlasThread)
+    assert registry.get("numpy.gemm").uses_blas
+    plan = chain_plan(2)
+    assert registry.get(plan.steps[0].impl).uses_blas  # the default: it may
+    session = Session.load(plan.save(tmp_path / "blas.wpk"))
+    assert isinstance(session._one_blas_thread, OneBlasThread)
+
+
 @st.composite
 def random_programs(draw):
     """Random DAGs of Add/Relu over (3, 4) tensors, with one or more outputs."""
