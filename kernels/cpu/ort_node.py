@@ -63,18 +63,25 @@ _OPTIMIZATION_LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 _NCHWC_OPS = frozenset({"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
 
 
-def session_options(threads: int | None = None, optimization: str = "all") -> ort.SessionOptions:
+def session_options(threads: int | None = None, optimization: str = "all",
+                    spin_during_run: bool = False) -> ort.SessionOptions:
     """Options shared by all wpk sessions: full graph optimization, no spinning threads.
 
     `optimization` "extended" stops before the layout transformations (NCHWc),
     which in a one-node session cost a reorder in and out around the node.
+    `spin_during_run`: the intra-op threads spin between the session's nodes (no
+    wake-up per node) and stop spinning when the run returns, so nothing is left
+    burning a core for the next step or program (for sessions of many nodes).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = _OPTIMIZATION_LEVELS[optimization]
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.intra_op_num_threads = threads or cpu_threads()
     options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning",
+                                     "1" if spin_during_run else "0")
+    if spin_during_run:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.log_severity_level = 4  # failures surface as exceptions
     return options

@@ -1,0 +1,48 @@
+"""NCHWc region sessions spin only during a run: nothing burns CPU after it returns."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+import wpk
+from tests.unit.test_nchwc_gate import _se_model
+from wpk.kernels.cpu.ort_node import session_options
+from wpk.runtime import Session
+
+
+def _cpu_seconds_while_idle(seconds: float = 0.1) -> float:
+    """CPU time this process uses while its main thread sleeps (spinning pool threads)."""
+    start = time.process_time()
+    time.sleep(seconds)
+    return time.process_time() - start
+
+
+def test_spin_during_run_options():
+    options = session_options(spin_during_run=True)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_region_leaves_no_thread_spinning_after_a_run():
+    model = _se_model(np.random.default_rng(2))
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 3, 12, 12), np.float32)}
+    session = Session(plan)
+    assert any(".." in name for name in session._step_names)  # at least one region
+    options = ort.SessionOptions()  # onnxruntime's default: spinning, no stop
+    options.intra_op_num_threads = 2
+    options.log_severity_level = 3
+    peer = ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        peer.run(None, feeds)
+    spun = _cpu_seconds_while_idle()
+    assert spun > 0.005  # the measurement sees spinning threads
+    _cpu_seconds_while_idle(0.3)  # let the peer's threads go to sleep
+    for _ in range(3):
+        session.run(feeds)
+    assert _cpu_seconds_while_idle() < max(0.005, spun / 4)
