@@ -22,8 +22,9 @@ def build(model, target: str = "cpu", **options):
     return _build(model, target=target, **options)
 
 
-def load(path):
-    """Load a plan file and return a `wpk.runtime.Session` ready to run."""
+def load(path, spin_threads: bool = False):
+    """Load a plan file and return a `wpk.runtime.Session` ready to run (`spin_threads`:
+    onnxruntime's threads spin while a run lasts, see `wpk.kernels.cpu.nchwc_region`)."""
     from wpk.runtime import Session
 
-    return Session.load(path)
+    return Session.load(path, spin_threads=spin_threads)

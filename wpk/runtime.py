@@ -53,7 +53,8 @@ def _shape_text(shape: Sequence[int]) -> str:
 class Session:
     """A loaded plan, ready to run."""
 
-    def __init__(self, plan: Plan, path: str = "<plan>", merge_regions: bool = True):
+    def __init__(self, plan: Plan, path: str = "<plan>", merge_regions: bool = True,
+                 spin_threads: bool = False):
         if plan.target != "cpu":
             raise DeviceError(f"plan '{path}' targets {plan.target}; this runtime executes "
                               "cpu plans only so far", hint="rebuild the plan with --cpu")
@@ -68,6 +69,7 @@ class Session:
         self._input_views = {meta.name: views[meta.name] for meta in self._inputs}
         arrays = {**plan.weights, **views}
         self.merge_regions = merge_regions
+        self.spin_threads = spin_threads  # regions' threads spin during runs (nchwc_region)
         self._arrays, self._step_calls = arrays, None
         self._calls, self._step_names = self._prepare_steps(arrays)
         # after the kernels loaded their libraries; entering it costs ~10 us a run, so only
@@ -82,14 +84,15 @@ class Session:
         self._output_index = {meta.name: i for i, meta in enumerate(self._outputs)}
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Session:
-        """Read, check and prepare the plan at `path` (a CUDA plan loads as a CudaSession)."""
+    def load(cls, path: str | os.PathLike, spin_threads: bool = False) -> Session:
+        """Read, check and prepare the plan at `path` (a CUDA plan loads as a CudaSession);
+        `spin_threads`: onnxruntime regions spin during runs, stopping at the end of each."""
         plan = read_plan(path)
         if plan.target == "cuda" and cls is Session:
             from wpk.runtime_cuda import CudaSession
 
             return CudaSession(plan, os.fspath(path))
-        return cls(plan, os.fspath(path))
+        return cls(plan, os.fspath(path), spin_threads=spin_threads)
 
     def __repr__(self) -> str:
         return (f"<Session {self.path}: {len(self._calls)} steps, "
@@ -183,7 +186,7 @@ class Session:
                                                  self.path)
             members.append(RegionMember(workload, consts, step.inputs, step.outputs[0]))
         try:
-            kernel, inputs, outputs = region_kernel(members, exported)
+            kernel, inputs, outputs = region_kernel(members, exported, self.spin_threads)
         except Exception as exc:
             raise PlanError(f"plan '{self.path}': nodes '{steps[0].node}'..'{steps[-1].node}' "
                             f"failed to load as one onnxruntime session: {exc}",

@@ -8,12 +8,14 @@ as one session holding exactly those nodes, with exactly the same packed
 weights and attributes (`build_ort_model` of each step), graph optimizations
 disabled so onnxruntime runs the same kernels. The outputs that later steps
 or the graph read are bound to their arena buffers; the others stay inside the
-session. The session's threads spin between its nodes during a run (a worker
-woken per node costs tens of microseconds on a busy core) and stop spinning when
-the run returns (`session_options(spin_during_run=True)`), so they leave no
-core busy for the steps or programs after it. Nothing is chosen differently:
-it is an execution strategy of already verified kernels, checked against
-step-by-step execution by the tests.
+session. On request (`Session(spin_threads=True)`) the session's threads spin
+between its nodes during a run, as onnxruntime's own default does (no worker
+wake-up per node: about 25% faster on an idle 2-core machine), and stop
+spinning when the run returns (`session_options(spin_during_run=True)`), so
+they leave no core busy for what follows. Off by default: with another busy
+process on the cores, spinning workers wait on each other (up to 2x slower).
+Nothing is chosen differently: it is an execution strategy of already
+verified kernels, checked against step-by-step execution by the tests.
 """
 
 from __future__ import annotations
@@ -111,13 +113,14 @@ class _Merged:
         return self.reshaped[key]
 
 
-def region_kernel(members: Sequence[RegionMember], exported: set[str] | None = None
-                  ) -> tuple[Kernel, list[str], list[str]]:
+def region_kernel(members: Sequence[RegionMember], exported: set[str] | None = None,
+                  spin: bool = False) -> tuple[Kernel, list[str], list[str]]:
     """A kernel(inputs, outputs) running the merged session, and the tensor names of its
-    inputs and outputs (in the order the kernel takes the arrays)."""
+    inputs and outputs (in the order the kernel takes the arrays); with `spin`, its threads
+    spin during a run (see the module docstring)."""
     model, external, outputs, shapes = region_model(members, exported)
     session = ort.InferenceSession(model.SerializeToString(),
-                                   session_options(optimization="disabled", spin_during_run=True),
+                                   session_options(optimization="disabled", spin_during_run=spin),
                                    providers=["CPUExecutionProvider"])
     binding = session.io_binding()._iobinding
     run = session._sess.run_with_iobinding

@@ -1,4 +1,5 @@
-"""NCHWc region sessions spin only during a run: nothing burns CPU after it returns."""
+"""`spin_threads`: NCHWc region sessions spin only during a run, nothing burns CPU after it
+returns; off by default."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_region_leaves_no_thread_spinning_after_a_run():
     model = _se_model(np.random.default_rng(2))
     plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
     feeds = {"x": np.random.default_rng(3).standard_normal((1, 3, 12, 12), np.float32)}
-    session = Session(plan)
+    session = Session(plan, spin_threads=True)
     assert any(".." in name for name in session._step_names)  # at least one region
     options = ort.SessionOptions()  # onnxruntime's default: spinning, no stop
     options.intra_op_num_threads = 2
@@ -46,3 +47,15 @@ def test_region_leaves_no_thread_spinning_after_a_run():
     for _ in range(3):
         session.run(feeds)
     assert _cpu_seconds_while_idle() < max(0.005, spun / 4)
+
+
+def test_spinning_is_opt_in(tmp_path):
+    model = _se_model(np.random.default_rng(2))
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
+    path = plan.save(tmp_path / "se.wpk")
+    assert not wpk.load(path).spin_threads
+    session = wpk.load(path, spin_threads=True)
+    assert session.spin_threads
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 3, 12, 12), np.float32)}
+    np.testing.assert_allclose(session.run(feeds)["y"], Session(plan).run(feeds)["y"],
+                               rtol=1e-5, atol=1e-6)
