@@ -160,6 +160,7 @@ class _Chunk:
         self.writer: dict[str, np.ndarray] = {}
         self.reader: dict[str, np.ndarray] = {}
         self.buffers: dict[str, L.Buffer] = {}
+        self.scratch: dict[str, np.ndarray] = {}   # duplicate detection, per array
 
     def where(self, lane: int) -> str:
         return (f"block {self.block0 + int(self.block[lane])} thread {int(self.tid[lane])} "
@@ -217,15 +218,29 @@ class _Chunk:
         return arr[self.block, safe]
 
     def _mark_readers(self, name, idx, act):
+        """Record the reading thread of every element (-2: read by several threads since
+        the last barrier), without sorting: after a scattered write of the thread ids, an
+        element read by two threads in this statement holds only one of them."""
         keys = (self.block * self.arrays[name].shape[1] + idx)[act]
         if keys.size == 0:
             return
         tids = self.tid[act]
-        _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
         reader = self.reader[name].reshape(-1)
         old = reader[keys]
-        new = np.where(((old == -1) | (old == tids)) & (counts[inverse] == 1), tids, -2)
-        reader[keys] = new
+        reader[keys] = tids
+        shared_read = (reader[keys] != tids) | ((old != -1) & (old != tids))
+        if shared_read.any():
+            reader[keys[shared_read]] = -2
+
+    def _has_duplicates(self, name: str, keys: np.ndarray, size: int) -> bool:
+        """Whether `keys` (< size) repeat, in linear time: scatter each key's position into a
+        scratch array and see whether every position reads itself back."""
+        scratch = self.scratch.get(name)
+        if scratch is None or scratch.size < size:
+            scratch = self.scratch[name] = np.empty(size, np.int64)
+        order = np.arange(keys.size)
+        scratch[keys] = order
+        return bool((scratch[keys] != order).any())
 
     def store(self, name: str, idx, value, m) -> None:
         act = self.active(m)
@@ -235,7 +250,7 @@ class _Chunk:
             arr = self.globals[name]
             self._check_bounds(name, idx, act, arr.size, "write")
             targets = idx[act]
-            if np.unique(targets).size != targets.size:
+            if self._has_duplicates(name, targets, arr.size):
                 raise EmulatorError(f"data race: several threads of kernel {self.func.name} "
                                     f"store to the same element of {name} in one statement",
                                     hint="each output element must have exactly one writer")
@@ -252,7 +267,7 @@ class _Chunk:
         writer = self.writer[name][blocks, targets]
         reader = self.reader[name][blocks, targets]
         clash = ((writer >= 0) & (writer != tids)) | ((reader != -1) & (reader != tids))
-        if clash.any() or np.unique(keys).size != keys.size:
+        if clash.any() or self._has_duplicates(name, keys, arr.size):
             raise EmulatorError(f"data race on shared {name} in kernel {self.func.name}: an "
                                 "element is written by one thread and touched by another "
                                 "in the same phase",

@@ -15,11 +15,15 @@ Without the target GPU a kernel is still checked end to end:
 3. the exact loop IR the CUDA C was printed from runs in the GPU emulator.
    Small grids run fully. For grids of more than FULL_GRID_BLOCKS blocks the
    output kernel runs only on a sample of blocks (first, last, the last block
-   of every grid dimension, and a few seeded random ones); kernels before it
-   (reductions into workspaces) run fully. The outputs start as NaN, so the
-   elements the sampled blocks own are exactly those they wrote; those are
-   compared with the float64 reference by relative L2 error, and a sample that
-   writes nothing fails.
+   of every grid dimension, and a few seeded random ones). A kernel before it
+   (split-C/split-K partial sums into a workspace, `blockIdx.y` = the part)
+   with a big grid runs on sampled columns: a few `blockIdx.x` values with
+   every `blockIdx.y`/`z`, so the tiles it covers get all their parts; the
+   output kernel then runs fully. Outputs and workspaces start as NaN, which
+   propagates through sums and epilogues, so the output elements the run
+   computed from written data are exactly the non-NaN ones; those are compared
+   with the float64 reference by relative L2 error, and a sample that writes
+   nothing fails.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ class Verification:
 
     ok: bool
     rel_l2_error: float
-    blocks: int                # blocks of the output kernel emulated
-    grid_blocks: int           # blocks in its grid
+    blocks: int                # blocks emulated (all kernels)
+    grid_blocks: int           # blocks in their grids
     elements: int              # output elements checked
     message: str = ""
 
@@ -103,6 +107,17 @@ def sample_blocks(grid: Sequence[int], rng: np.random.Generator,
     return sorted(b for b in chosen if 0 <= b < total)
 
 
+def column_blocks(grid: Sequence[int], rng: np.random.Generator,
+                  count: int = RANDOM_BLOCKS) -> list[int]:
+    """Linear block ids of sampled columns: the first, the last and `count` random
+    `blockIdx.x` values, each with every `blockIdx.y` and `blockIdx.z`."""
+    gx, gy, gz = (int(d) for d in grid)
+    xs = {0, gx - 1}
+    if gx > len(xs):
+        xs.update(int(x) for x in rng.choice(gx, size=min(count, gx), replace=False))
+    return sorted(x + gx * (y + gy * z) for x in xs for y in range(gy) for z in range(gz))
+
+
 def emulate_sampled(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
                     rng: np.random.Generator, full_grid_blocks: int = FULL_GRID_BLOCKS
                     ) -> tuple[dict[str, np.ndarray], int, int]:
@@ -114,17 +129,23 @@ def emulate_sampled(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
     outputs = func.meta["outputs"]
     globals_ = global_memory(func, feeds)
     *before, last = func.kernels
+    ran = total = 0
     for kernel in before:
-        run_kernel(func, kernel, launch_of(kernel), globals_)
+        launch = launch_of(kernel)
+        grid = math.prod(launch.grid)
+        blocks = column_blocks(launch.grid, rng) if grid > full_grid_blocks else None
+        run_kernel(func, kernel, launch, globals_, blocks)
+        ran, total = ran + (grid if blocks is None else len(blocks)), total + grid
     launch = launch_of(last)
-    total = math.prod(launch.grid)
-    if total <= full_grid_blocks:
+    grid = math.prod(launch.grid)
+    if grid <= full_grid_blocks or ran < total:  # after sampled parts: every output block
         run_kernel(func, last, launch, globals_)
-        ran = total
+        ran += grid
     else:
         blocks = sample_blocks(launch.grid, rng)
         run_kernel(func, last, launch, globals_, blocks)
-        ran = len(blocks)
+        ran += len(blocks)
+    total += grid
     return ({name: globals_[name].reshape(func.buffer(name).shape) for name in outputs},
             ran, total)
 

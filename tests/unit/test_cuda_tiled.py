@@ -180,3 +180,28 @@ def test_preferred_configs_compile_without_spills_and_verify(preset, compiler, k
     expected = C.evaluate(mapping.op, arrays, mapping.bindings)
     result = verify_emulated(built.func, arrays, expected)
     assert result.ok, result.message
+
+
+def test_split_kernels_verify_on_sampled_columns():
+    """A split-C conv's partial-sum kernel runs on sampled columns (every part of a few
+    tiles), the sum kernel on all blocks: the tiles covered are checked, the rest are NaN
+    and left out; a wrong expectation still fails."""
+    from wpk.kernels.cuda.generated import build_for, preferred_configs
+    from wpk.kernels.cuda.offline import verify_emulated
+    from wpk.kernels.generated import map_workload
+
+    workload = _resnet_like(512, 64, 14, 1, [EpilogueStep("relu")])
+    split = [c for c in preferred_configs(workload, H100, count=8) if c.get("split_c", 1) > 1]
+    assert split, "no split-C config among the preferred ones"
+    mapping = map_workload(workload)
+    func = build_for(workload, split[0], compile=False).func
+    assert len(func.kernels) == 2
+    rng = np.random.default_rng(1)
+    arrays = {p.name: rng.standard_normal(tuple(int(d.value) for d in p.shape))
+              .astype(np.float32) for p in C.specialize(mapping.op, mapping.bindings).params}
+    expected = C.evaluate(mapping.op, arrays, mapping.bindings)
+    result = verify_emulated(func, arrays, expected)
+    assert result.ok, result.message
+    assert result.blocks < result.grid_blocks and result.elements > 0
+    wrong = {name: value * 1.01 for name, value in expected.items()}
+    assert not verify_emulated(func, arrays, wrong).ok

@@ -123,3 +123,38 @@ def test_cuda_kernel_object_emulates_and_exposes_python_source():
     assert relative_l2(kernel.emulate(**arrays)["Y"], ref) < 1e-5
     assert kernel.launch.grid[0] >= 1
     assert "def _kernel" in kernel_source(kernel.func.kernels[0], {})
+
+
+def _read_then_write(reader_index: L.Expr, writer_cond: L.Expr) -> L.PrimFunc:
+    """S filled and synchronised; every thread reads S[reader_index] into Y, then the
+    threads where `writer_cond` holds overwrite S[0] with no barrier in between."""
+    shared = L.Buffer("S", "f32", (4,), "shared")
+    body = L.seq(L.Allocate(shared), threads(L.seq(
+        L.Store("S", tx, L.Load("X", tx)), L.Barrier(),
+        L.Store("Y", tx, L.Load("S", reader_index)),
+        L.IfThenElse(writer_cond, L.Store("S", L.const(0), L.Load("X", tx))))))
+    return func(body)
+
+
+def test_write_after_a_read_by_other_threads_is_a_race():
+    one = L.Bin("==", tx, L.const(1), "bool")
+    with pytest.raises(EmulatorError, match="data race"):   # threads 0-3 read S[0]
+        emulate(_read_then_write(L.const(0), one), {"X": X})
+    pairs = L.binary("*", L.binary("//", tx, 2), 2)          # threads 0 and 1 read S[0]
+    with pytest.raises(EmulatorError, match="data race"):   # and thread 1 writes it
+        emulate(_read_then_write(pairs, one), {"X": X})
+    zero = L.Bin("==", tx, L.const(0), "bool")
+    with pytest.raises(EmulatorError, match="data race"):   # thread 0 read it: 1 writes
+        emulate(_read_then_write(tx, one), {"X": X})
+    # thread 0 alone read S[0] and thread 0 alone writes it: no race
+    out = emulate(_read_then_write(tx, zero), {"X": X})["Y"]
+    assert np.array_equal(out, X)
+
+
+def test_duplicate_shared_stores_in_one_statement_are_a_race():
+    shared = L.Buffer("S", "f32", (4,), "shared")
+    body = L.seq(L.Allocate(shared), threads(L.seq(
+        L.Store("S", L.const(0), L.Load("X", tx)), L.Barrier(),
+        L.Store("Y", tx, L.Load("S", L.const(0))))))
+    with pytest.raises(EmulatorError, match="data race"):
+        emulate(func(body), {"X": X})
