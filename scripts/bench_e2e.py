@@ -74,7 +74,9 @@ def ort_session(model: onnx.ModelProto, threads: int,
 
     Spinning threads keep burning a core after each run, which would slow the wpk
     run that follows in an alternating benchmark; wpk's own onnxruntime sessions
-    do not spin, so by default the peer does not either (`--ort-spinning` to allow).
+    do not spin by default, so by default the peer does not either (`--ort-spinning`
+    to allow, with `--block` so that the next engine's timed runs start after it has
+    calmed down, and `--wpk-spin` for wpk's opt-in equivalent, `spin_threads`).
     """
     options = onnxruntime.SessionOptions()
     if not spinning:
@@ -103,7 +105,7 @@ def step_breakdown(session, feeds: dict, repeats: int) -> list[dict]:
 
 def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options: dict,
                 breakdown: bool, workdir: str, ort_spinning: bool = False,
-                block: int = 1) -> dict:
+                block: int = 1, wpk_spin: bool = False) -> dict:
     model = models.load_model(name)
     feeds = models.random_inputs(model, seed=0)
     started = time.perf_counter()
@@ -111,7 +113,7 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
     build_s = time.perf_counter() - started
     path = os.path.join(workdir, f"{name}.wpk")
     plan.save(path)
-    session = wpk.load(path)
+    session = wpk.load(path, spin_threads=wpk_spin)
     ort = ort_session(model, threads, ort_spinning)
     names = [o.name for o in ort.get_outputs()]
 
@@ -140,10 +142,16 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
     return result
 
 
+BLOCK_PAUSE_S = 0.3   # onnxruntime's threads were seen spinning for about 3 runs after one
+
+
 def timed_block(call, block: int) -> list[float]:
-    """Seconds of `block` consecutive calls; with `block` > 1 the first is untimed, so what
-    the other engine left running (onnxruntime's spinning threads) does not land on it."""
+    """Seconds of `block` consecutive calls; with `block` > 1, after a pause of
+    BLOCK_PAUSE_S, and the first call untimed, so what the other engine left running
+    (onnxruntime's spinning threads) does not land on them."""
     times = []
+    if block > 1:
+        time.sleep(BLOCK_PAUSE_S)  # the other engine's spinning threads go back to sleep
     for index in range(block):
         start = time.perf_counter()
         call()
@@ -203,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=1,
                         help="consecutive runs per engine per round, the first untimed when "
                              "> 1 (default 1: strict alternation)")
+    parser.add_argument("--wpk-spin", action="store_true",
+                        help="load plans with spin_threads=True (wpk's opt-in spinning)")
     parser.add_argument("--breakdown", action="store_true", help="time every plan step")
     parser.add_argument("--top", type=int, default=12, help="rows in the breakdown tables")
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
@@ -222,16 +232,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: building and timing ...", file=sys.stderr, flush=True)
             results.append(bench_model(name, args.rounds, args.warmup, args.threads,
                                        build_options, args.breakdown, workdir,
-                                       args.ort_spinning, max(1, args.block)))
+                                       args.ort_spinning, max(1, args.block),
+                                       args.wpk_spin))
 
     report = {"benchmark": "e2e", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "method": f"{args.warmup} warm-up rounds, then {args.rounds} rounds alternating "
                         f"wpk and onnxruntime in one process, {args.block} run(s) of each per "
-                        "round (the first of a block untimed when more than one); medians "
-                        "and quartiles",
+                        f"round (when more than one: a {BLOCK_PAUSE_S} s pause before a block "
+                        "and its first run untimed); medians and quartiles",
               "block": args.block,
               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
               "threads": args.threads, "ort_spinning": args.ort_spinning,
+              "wpk_spin_threads": args.wpk_spin,
               "build_options": build_options,
               "machine": {**machine_description(), "load_average_at_start": load_at_start},
               "results": results}

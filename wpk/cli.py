@@ -135,12 +135,15 @@ def build(model: Path, output: Path | None, cpu: bool, gpu: str | None, search: 
               help="Timed runs.")
 @click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
               help="Untimed runs before the timed ones.")
+@click.option("--spin-threads", is_flag=True,
+              help="CPU plans: onnxruntime region threads spin while a run lasts (faster "
+                   "on an otherwise idle machine, slower when other processes compete).")
 def run(plan: Path, inputs_path: Path | None, output_path: Path | None, repeat: int,
-        warmup: int) -> None:
+        warmup: int, spin_threads: bool) -> None:
     """Execute PLAN on inputs and print latency (and write outputs)."""
     import wpk
 
-    session = wpk.load(str(plan))
+    session = wpk.load(str(plan), spin_threads=spin_threads)
     feeds = (read_inputs(inputs_path, session) if inputs_path
              else random_inputs(session, seed=0))
     for _ in range(warmup):

@@ -39,14 +39,18 @@ def test_region_leaves_no_thread_spinning_after_a_run():
     options.log_severity_level = 3
     peer = ort.InferenceSession(model.SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        peer.run(None, feeds)
-    spun = _cpu_seconds_while_idle()
+
+    def after(engine_run) -> float:
+        for _ in range(3):
+            engine_run()
+        return _cpu_seconds_while_idle()
+
+    # a few tries each, so that a busy machine (threads descheduled) cannot decide it
+    spun = max(after(lambda: peer.run(None, feeds)) for _ in range(5))
     assert spun > 0.005  # the measurement sees spinning threads
     _cpu_seconds_while_idle(0.3)  # let the peer's threads go to sleep
-    for _ in range(3):
-        session.run(feeds)
-    assert _cpu_seconds_while_idle() < max(0.005, spun / 4)
+    ours = min(after(lambda: session.run(feeds)) for _ in range(3))
+    assert ours < max(0.005, spun / 4)
 
 
 def test_spinning_is_opt_in(tmp_path):
@@ -59,3 +63,22 @@ def test_spinning_is_opt_in(tmp_path):
     feeds = {"x": np.random.default_rng(3).standard_normal((1, 3, 12, 12), np.float32)}
     np.testing.assert_allclose(session.run(feeds)["y"], Session(plan).run(feeds)["y"],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_cli_run_takes_spin_threads(tmp_path):
+    from click.testing import CliRunner
+
+    from wpk.cli import cli
+
+    model = _se_model(np.random.default_rng(2))
+    path = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1,
+                     min_time=0).save(tmp_path / "se.wpk")
+    outputs = {}
+    for flag in ([], ["--spin-threads"]):
+        out = tmp_path / f"out{len(flag)}.npz"
+        result = CliRunner().invoke(cli, ["run", str(path), "--repeat", "2", "--output",
+                                          str(out), *flag])
+        assert result.exit_code == 0, result.output
+        with np.load(out) as data:
+            outputs[len(flag)] = data["y"]
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-6)
