@@ -253,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         for result in results:
             print(breakdown_text(result, args.top))
     if not args.no_save:
-        write_results(report, "e2e", args.results_dir)
+        prefix = ("e2e" + ("-ort-spinning" if args.ort_spinning else "")
+                  + ("-wpk-spin" if args.wpk_spin else ""))
+        write_results(report, prefix, args.results_dir)
     return 0
 
 
