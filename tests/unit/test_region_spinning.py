@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 import wpk
 from tests.unit.test_nchwc_gate import _se_model
@@ -21,6 +22,14 @@ def _cpu_seconds_while_idle(seconds: float = 0.1) -> float:
     return time.process_time() - start
 
 
+@pytest.fixture(scope="module")
+def se_region_plan():
+    """A squeeze-excite model's plan, measured as `wpk build` does by default (a one-shot
+    measurement can let a lone step beat the region by noise)."""
+    model = _se_model(np.random.default_rng(2))
+    return model, wpk.build(model, target="cpu", progress=False)
+
+
 def test_spin_during_run_options():
     options = session_options(spin_during_run=True)
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
@@ -28,9 +37,8 @@ def test_spin_during_run_options():
     assert session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
-def test_region_leaves_no_thread_spinning_after_a_run():
-    model = _se_model(np.random.default_rng(2))
-    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
+def test_region_leaves_no_thread_spinning_after_a_run(se_region_plan):
+    model, plan = se_region_plan
     feeds = {"x": np.random.default_rng(3).standard_normal((1, 3, 12, 12), np.float32)}
     session = Session(plan, spin_threads=True)
     assert any(".." in name for name in session._step_names)  # at least one region
@@ -53,9 +61,8 @@ def test_region_leaves_no_thread_spinning_after_a_run():
     assert ours < max(0.005, spun / 4)
 
 
-def test_spinning_is_opt_in(tmp_path):
-    model = _se_model(np.random.default_rng(2))
-    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
+def test_spinning_is_opt_in(tmp_path, se_region_plan):
+    _, plan = se_region_plan
     path = plan.save(tmp_path / "se.wpk")
     assert not wpk.load(path).spin_threads
     session = wpk.load(path, spin_threads=True)
