@@ -86,3 +86,12 @@ def expose_logits(graph: Graph) -> None:
             graph.outputs.append(node.inputs[0])
 
 
+def model_x_to_y(name: str, nodes, initializers, x_shape, y_shape) -> onnx.ModelProto:
+    """An opset-17 float32 model with one input `x` and one output `y`."""
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", 1, x_shape)],
+                              [helper.make_tensor_value_info("y", 1, y_shape)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -10,6 +10,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import wpk
+from tests.unit.nchwc_support import model_x_to_y
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc import ORT_NCHWC, build_ort_model
 from wpk.kernels.cpu.nchwc_gate import is_gate_multiply
@@ -42,12 +43,7 @@ def _se_model(rng) -> onnx.ModelProto:
              n("Conv", ["se1r", "w3", "b3"], ["se2"]), n("Sigmoid", ["se2"], ["gate"]),
              n("Mul", ["h", "gate"], ["excited"]),
              n("Conv", ["excited", "w4"], ["y"])]
-    graph = helper.make_graph(nodes, "se",
-                              [helper.make_tensor_value_info("x", 1, [1, 3, 12, 12])],
-                              [helper.make_tensor_value_info("y", 1, [1, C, 12, 12])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return model_x_to_y("se", nodes, inits, [1, 3, 12, 12], [1, C, 12, 12])
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import wpk
+from tests.unit.nchwc_support import model_x_to_y
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc import ORT_NCHWC, build_ort_model
 from wpk.kernels.cpu.nchwc_region import RegionMember, region_kernel, region_model
@@ -49,12 +50,7 @@ def _dense_se_model(rng) -> onnx.ModelProto:
              n("Conv", ["se1r", "w5"], ["se2"]), n("Sigmoid", ["se2"], ["gate"]),
              n("Mul", ["silu", "gate"], ["excited"]),
              n("Conv", ["excited", "w6"], ["y"])]
-    graph = helper.make_graph(nodes, "dense_se",
-                              [helper.make_tensor_value_info("x", 1, [1, 3, 10, 10])],
-                              [helper.make_tensor_value_info("y", 1, [1, C, 10, 10])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return model_x_to_y("dense_se", nodes, inits, [1, 3, 10, 10], [1, C, 10, 10])
 
 
 @pytest.fixture(scope="module")
