@@ -128,11 +128,7 @@ class ConvTemplate(Template):
                     fused = s.fuse(fused, nxt)
                 s.parallel(fused)
                 s.cache_write(ko)
-                s.unroll(ki)
-                s.vectorize(tile[-1])
-                if config["unroll_window"]:
-                    s.unroll(r)
-                    s.unroll(w)
+                _register_tile(s, config, ki, tile[-1], r, w)
                 if config["cache_input"] and inputs[0] is not None:
                     s.cache_read(inputs[0], "local", fused if config["cache_input"] == 1
                                  else None)
@@ -140,11 +136,7 @@ class ConvTemplate(Template):
             s.reorder(n, ko, *pixels[1:], co, ci, r, w, *tile)
             outer = [n, ko, *pixels[1:]]
             s.cache_write(outer[-1])
-            s.unroll(ki)
-            s.vectorize(tile[-1])
-            if config["unroll_window"]:
-                s.unroll(r)
-                s.unroll(w)
+            _register_tile(s, config, ki, tile[-1], r, w)
             if config["cache_input"] and inputs[0] is not None:
                 s.cache_read(inputs[0], "local", co if config["cache_input"] == 1 else None)
             fused = outer[0]
@@ -153,6 +145,16 @@ class ConvTemplate(Template):
             s.parallel(fused)
             return
         schedule_conv_cuda(sched, stage, config, inputs)
+
+
+def _register_tile(s, config: dict, ki: str, vector: str, r: str, w: str) -> None:
+    """CPU: the k tile unrolled, the innermost pixel loop vectorised and, with
+    `unroll_window`, the kernel window unrolled."""
+    s.unroll(ki)
+    s.vectorize(vector)
+    if config["unroll_window"]:
+        s.unroll(r)
+        s.unroll(w)
 
 
 def _conv_inputs(stage) -> tuple[str | None, str | None]:

@@ -197,6 +197,16 @@ def breakdown_text(result: dict, top: int) -> str:
     return "\n".join(lines)
 
 
+def model_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The comma-separated model names of `--models`; a parser error for unknown ones."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in models.ALL_MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; "
+                     f"known: {', '.join(models.ALL_MODELS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
@@ -209,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ort-spinning", action="store_true",
                         help="let onnxruntime's threads spin-wait (its default; off here)")
     parser.add_argument("--block", type=int, default=1,
-                        help="consecutive runs per engine per round, the first untimed when "
-                             "> 1 (default 1: strict alternation)")
+                        help="consecutive runs per engine per round; when > 1, after a "
+                             f"{BLOCK_PAUSE_S} s pause and the first untimed (default 1: "
+                             "strict alternation)")
     parser.add_argument("--wpk-spin", action="store_true",
                         help="load plans with spin_threads=True (wpk's opt-in spinning)")
     parser.add_argument("--breakdown", action="store_true", help="time every plan step")
@@ -219,11 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-save", action="store_true", help="print only, write no JSON")
     args = parser.parse_args(argv)
 
-    names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in models.ALL_MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; "
-                     f"known: {', '.join(models.ALL_MODELS)}")
+    names = model_names(parser, args.models)
     build_options = {"search": args.search}
     results = []
     load_at_start = list(os.getloadavg())  # others' work on a shared machine shows here

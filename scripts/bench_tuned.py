@@ -100,10 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-save", action="store_true", help="print only, write no JSON")
     args = parser.parse_args(argv)
 
-    names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in models.ALL_MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}")
+    names = e2e.model_names(parser, args.models)
     results = []
     with tempfile.TemporaryDirectory(prefix="wpk-tuned-") as workdir:
         for name in names:

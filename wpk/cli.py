@@ -323,10 +323,17 @@ def _print(renderable) -> None:
         Console().print(renderable)
 
 
+def _record_query(command):
+    """The arguments of `wpk records list` and `best`: DB, --workload, --json."""
+    command = click.option("--json", "as_json", is_flag=True,
+                           help="Records as JSON lines.")(command)
+    command = click.option("--workload", metavar="KEY",
+                           help="Only this workload (a unique key prefix).")(command)
+    return click.argument("db", type=click.Path(dir_okay=False, path_type=Path))(command)
+
+
 @records.command("list")
-@click.argument("db", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--workload", metavar="KEY", help="Only this workload (a unique key prefix).")
-@click.option("--json", "as_json", is_flag=True, help="Records as JSON lines.")
+@_record_query
 def records_list(db: Path, workload: str | None, as_json: bool) -> None:
     """Every measurement in DB."""
     from wpk.search.records_cli import records_list as listing
@@ -335,9 +342,7 @@ def records_list(db: Path, workload: str | None, as_json: bool) -> None:
 
 
 @records.command("best")
-@click.argument("db", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--workload", metavar="KEY", help="Only this workload (a unique key prefix).")
-@click.option("--json", "as_json", is_flag=True, help="Records as JSON lines.")
+@_record_query
 def records_best(db: Path, workload: str | None, as_json: bool) -> None:
     """The fastest verified measurement of each workload and target in DB."""
     from wpk.search.records_cli import records_best as best

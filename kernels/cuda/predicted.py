@@ -117,8 +117,12 @@ class DeviceCopy(Implementation):
         axis = int(workload.attr("axis", 0))
         perm = workload.attr("perm")
 
+        module = []  # the arrays' module (cupy or numpy), found on the first run
+
         def kernel(inputs: Sequence, outputs: Sequence) -> None:
-            xp = _module([*inputs, *outputs])
+            if not module:
+                module.append(_module([*inputs, *outputs]))
+            xp = module[0]
             out = outputs[0]
             if op == "Concat":
                 parts = [xp.asarray(a) for a in inputs if a is not None]
