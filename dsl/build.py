@@ -28,9 +28,6 @@ from wpk.dsl.codegen_c import generate_c
 from wpk.dsl.lower import lower
 from wpk.errors import InputError, ScheduleError
 
-C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11",
-           "-fno-math-errno")
-
 
 def specialize_for(op: C.Operator, bindings: Mapping[str, int | float]) -> C.Operator:
     """The operator with every symbol and scalar bound (what lowering needs)."""
@@ -58,11 +55,12 @@ def lower_for(op: C.Operator, bindings, config=None, target: str = "cpu", hw=Non
 
 
 # ----------------------------------------------------------------------------- CPU
-def compile_c(source: str, flags=C_FLAGS) -> Path:
-    """Compile generated C to a shared library through the toolchain's compile cache."""
+def compile_c(source: str, flags=None) -> Path:
+    """Compile generated C to a shared library through the toolchain's compile cache
+    (default flags: `toolchain.c_flags()`, the host's ISA)."""
     from wpk.dsl import toolchain
 
-    return Path(toolchain.compile_c_shared(source, flags=list(flags)))
+    return Path(toolchain.compile_c_shared(source, flags=None if flags is None else list(flags)))
 
 
 _NP = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "bool": np.bool_}

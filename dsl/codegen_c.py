@@ -5,7 +5,8 @@ outputs); its workspaces and big copies live in scratch memory it keeps per
 calling thread. `parallel` loops become
 `#pragma omp parallel for schedule(dynamic)` (a thread that the OS preempts on a
 busy machine does not hold the others back), `vectorize` loops `#pragma omp simd`, `unroll`
-loops `#pragma GCC unroll`. Build with `gcc -O3 -march=native -fopenmp`.
+loops `#pragma GCC unroll`. Built with `gcc -O3 -fopenmp` for the host's ISA level
+(`wpk.dsl.toolchain.c_flags`).
 """
 
 from __future__ import annotations

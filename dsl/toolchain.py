@@ -28,7 +28,8 @@ from wpk.errors import ToolchainError
 
 # Bump when the code generators change what they emit for the same input.
 CODEGEN_VERSION = "1"
-C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+# Everything but the ISA, which `c_flags` adds for the host (see `compiler_isa_flags`).
+BASE_C_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-fno-math-errno")
 COMPILE_TIMEOUT_S = 300
 
 
@@ -106,9 +107,20 @@ def compiler_version(executable: str) -> str:
     return lines[0] if lines else executable
 
 
-def compile_c(source: str, flags: Sequence[str] = C_FLAGS, libraries: Sequence[str] = ("-lm",),
+def c_flags() -> tuple[str, ...]:
+    """gcc flags of generated kernels: `BASE_C_FLAGS` plus the host's ISA level, which is
+    part of every cache key, so a cache shared by an AVX-512 and an AVX2 machine never
+    hands one the other's binary."""
+    from wpk.devices import compiler_isa_flags
+
+    return (*BASE_C_FLAGS, *compiler_isa_flags())
+
+
+def compile_c(source: str, flags: Sequence[str] | None = None,
+              libraries: Sequence[str] = ("-lm",),
               codegen_version: str = CODEGEN_VERSION) -> CompiledArtifact:
-    """Compile C `source` into a shared library (cached)."""
+    """Compile C `source` into a shared library (cached); `flags` default to `c_flags()`."""
+    flags = c_flags() if flags is None else flags
     cc = c_compiler()
     all_flags = [*flags, *libraries]
     key = cache_key(source, all_flags, compiler_version(cc), codegen_version)
@@ -128,8 +140,9 @@ def compile_c(source: str, flags: Sequence[str] = C_FLAGS, libraries: Sequence[s
     return CompiledArtifact(lib, key, False, proc.stderr)
 
 
-def compile_c_shared(source: str, flags: Sequence[str] = C_FLAGS) -> Path:
-    """Path of the shared library built from C `source` (cached)."""
+def compile_c_shared(source: str, flags: Sequence[str] | None = None) -> Path:
+    """Path of the shared library built from C `source` (cached; default `c_flags()`)."""
+    flags = c_flags() if flags is None else flags
     has_shared = "-shared" in flags
     flags = list(flags) if has_shared else [*flags, "-shared", "-fPIC"]
     return compile_c(source, flags).path

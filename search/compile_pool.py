@@ -42,7 +42,7 @@ class CompileJob:
 
     @staticmethod
     def c_source(source: str, flags: Sequence[str] | None = None, label: str = "") -> CompileJob:
-        """C source -> path of its shared library (default flags: `wpk.dsl.build.C_FLAGS`)."""
+        """C source -> path of its shared library (default flags: `wpk.dsl.toolchain.c_flags()`)."""
         kwargs = {"source": source} | ({} if flags is None else {"flags": list(flags)})
         return CompileJob("wpk.search.compile_pool:compile_c_source", kwargs, label or "C source")
 
@@ -75,7 +75,7 @@ def compile_c_source(source: str, flags: Sequence[str] | None = None) -> str:
     """Compile C source through the compile cache; the shared library's path."""
     from wpk.dsl import build
 
-    return str(build.compile_c(source, tuple(flags) if flags is not None else build.C_FLAGS))
+    return str(build.compile_c(source, None if flags is None else tuple(flags)))
 
 
 def compile_dsl_operator(op: str, bindings: Mapping[str, Any],

@@ -28,6 +28,9 @@ import sys
 import traceback
 from collections.abc import Mapping
 
+from wpk.devices import restrict_cpu_flags
+from wpk.search.worker_process import CPU_FLAGS_OPTION
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -107,7 +110,8 @@ def _handle(request: Mapping) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve requests until stdin closes; `argv` names modules to import up front."""
+    """Serve requests until stdin closes; `argv` names modules to import up front, and
+    `--cpu-flags=a,b` the CPU flags the parent restricted itself to."""
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -117,8 +121,11 @@ def main(argv: list[str] | None = None) -> None:
 
     import wpk.search.measure  # noqa: F401
 
-    for module in sys.argv[1:] if argv is None else argv:
-        importlib.import_module(module)
+    for argument in sys.argv[1:] if argv is None else argv:
+        if argument.startswith(CPU_FLAGS_OPTION):
+            restrict_cpu_flags(argument.removeprefix(CPU_FLAGS_OPTION).split(","))
+        else:
+            importlib.import_module(argument)
     replies.write(json.dumps({"ready": os.getpid()}) + "\n")
     for line in sys.stdin:
         if not line.strip():

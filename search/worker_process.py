@@ -21,8 +21,14 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
+from wpk.devices import restricted_cpu_flags
+
 STARTUP_TIMEOUT_S = 120.0
 STDERR_TAIL_CHARS = 2000
+
+
+# argv of a child: '--cpu-flags=avx2,fma,...' (the parent's `restrict_cpu_flags`).
+CPU_FLAGS_OPTION = "--cpu-flags="
 
 
 class WorkerTimeout(Exception):
@@ -80,8 +86,10 @@ class WorkerProcess:
         """Start a fresh child without waiting for it (`wait_ready` finishes the start)."""
         self.kill()
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115  (lives as long as the child)
+        restricted = restricted_cpu_flags()  # the child sees the CPU as this process does
+        isa = [] if restricted is None else [CPU_FLAGS_OPTION + ",".join(restricted)]
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "wpk.search.worker_main", *self.preload],
+            [sys.executable, "-m", "wpk.search.worker_main", *isa, *self.preload],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
             env=self.env, start_new_session=True)
         self._buffer = b""

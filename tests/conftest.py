@@ -1,4 +1,5 @@
-"""Shared fixtures: seeded generators and a temporary cache directory per test."""
+"""Shared fixtures: seeded generators and a temporary cache directory per test; the
+`--isa` option (see tests/isa.py)."""
 
 from __future__ import annotations
 
@@ -18,3 +19,15 @@ def cache_dir(tmp_path_factory, monkeypatch) -> str:
     path = tmp_path_factory.mktemp("wpk-cache")
     monkeypatch.setenv("WPK_CACHE_DIR", str(path))
     return str(path)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--isa", default="host", choices=("host", "avx2"),
+                     help="the CPU ISA wpk sees in this process: the host's, or AVX2 only "
+                          "(checks the AVX2 code paths on an AVX-512 machine)")
+
+
+def pytest_configure(config):
+    from tests.isa import force_isa
+
+    force_isa(config.getoption("--isa"))

@@ -1,6 +1,6 @@
 """Hardware specifications, in one place: the host CPU and the NVIDIA GPU presets.
 
-    host_cpu()          -> HardwareSpec of this machine (ISA flags from /proc/cpuinfo,
+    host_cpu()          -> HardwareSpec of this machine (ISA flags this process can run,
                            vector width, cores, cache sizes from sysfs)
     gpu_preset("t4")    -> HardwareSpec of a preset: p100 (sm_60), v100 (sm_70),
                            t4 (sm_75), a100 (sm_80), h100 (sm_90), h200 (sm_90)
@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,9 +141,97 @@ def preset_for_compute_capability(cc: tuple[int, int], name: str = "") -> str | 
 # ----------------------------------------------------------------------------- CPU
 
 
+# /proc/cpuinfo's names of SIMD extensions -> numpy's names of the same runtime checks.
+RUNTIME_CHECKED = {
+    "sse4_1": "SSE41", "sse4_2": "SSE42", "avx": "AVX", "f16c": "F16C", "fma": "FMA3",
+    "avx2": "AVX2", "avx512f": "AVX512F", "avx512cd": "AVX512CD", "avx512bw": "AVX512BW",
+    "avx512dq": "AVX512DQ", "avx512vl": "AVX512VL", "avx512_vnni": "AVX512VNNI",
+    "avx512_bf16": "AVX512BF16", "avx512_fp16": "AVX512FP16", "avx512ifma": "AVX512IFMA",
+    "avx512vbmi": "AVX512VBMI", "avx512vbmi2": "AVX512VBMI2",
+}
+
+
+_restriction: frozenset[str] | None = None
+
+
 def cpu_flags() -> tuple[str, ...]:
-    """ISA flags of this CPU from /proc/cpuinfo (empty when unavailable)."""
-    return _cpuinfo().get("flags", ())
+    """ISA flags this process can execute (empty when unknown).
+
+    /proc/cpuinfo lists what the CPU has; a SIMD extension is kept only when
+    the runtime check of numpy (CPUID and the OS-enabled register state, as
+    compilers and onnxruntime's MLAS see them) agrees, so an emulator or an OS
+    that disables AVX-512 state never gets AVX-512 code. `restrict_cpu_flags`
+    narrows it further.
+    """
+    flags = runtime_checked(_cpuinfo().get("flags", ()), _runtime_features())
+    if _restriction is not None:
+        flags = tuple(f for f in flags if f in _restriction)
+    return flags
+
+
+def restrict_cpu_flags(flags: Iterable[str] | None) -> None:
+    """Let wpk in this process use only `flags` of the CPU's (None: all it can run).
+
+    The checks use it to run the AVX2 code paths on an AVX-512 machine; worker
+    processes started by wpk inherit it (`restricted_cpu_flags`). onnxruntime
+    keeps choosing its kernels by the real CPU.
+    """
+    global _restriction
+    _restriction = None if flags is None else frozenset(flags)
+    host_cpu.cache_clear()
+
+
+def restricted_cpu_flags() -> tuple[str, ...] | None:
+    """The flags `restrict_cpu_flags` limited this process to, or None."""
+    return None if _restriction is None else tuple(sorted(_restriction))
+
+
+def runtime_checked(flags: tuple[str, ...], runtime: dict[str, bool] | None) -> tuple[str, ...]:
+    """`flags` less the SIMD extensions that `runtime` (numpy's feature dict) reports
+    unusable; every avx512 extension needs avx512f."""
+    if runtime is None:
+        return tuple(flags)
+    kept = tuple(f for f in flags
+                 if f not in RUNTIME_CHECKED or runtime.get(RUNTIME_CHECKED[f], True))
+    if "avx512f" not in kept:
+        kept = tuple(f for f in kept if not f.startswith("avx512"))
+    return kept
+
+
+def _runtime_features() -> dict[str, bool] | None:
+    """numpy's CPU feature dict (CPUID + XGETBV, checked when numpy loaded), or None."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # pragma: no cover - numpy < 2
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__
+        except ImportError:
+            return None
+    return dict(__cpu_features__)
+
+
+# x86-64 micro-architecture levels (the psABI's), highest first, with the flags each needs.
+X86_LEVELS = (
+    ("x86-64-v4", ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
+    ("x86-64-v3", ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe")),
+    ("x86-64-v2", ("sse4_1", "sse4_2", "ssse3", "popcnt")),
+)
+
+
+def compiler_isa_flags(spec: HardwareSpec | None = None) -> tuple[str, ...]:
+    """gcc flags that target exactly the ISA of `spec` (default: this host).
+
+    On x86-64 an explicit micro-architecture level rather than -march=native, so
+    a compiled kernel and its cache key name the ISA it needs (and gcc, even when
+    run outside an emulator, emits only what this process can execute); tuning
+    stays the host's. Elsewhere -march=native.
+    """
+    spec = spec or host_cpu()
+    if spec.arch != "x86_64":
+        return ("-march=native",)
+    flags = set(spec.isa_flags)
+    level = next((name for name, needs in X86_LEVELS if flags.issuperset(needs)), "x86-64")
+    return (f"-march={level}", "-mtune=native")
 
 
 @functools.cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -51,13 +52,63 @@ def test_host_cpu_reads_proc_cpuinfo():
     assert spec.kind == "cpu" and spec.cores >= 1
     text = Path("/proc/cpuinfo").read_text()
     flags_line = next(line for line in text.splitlines() if line.startswith("flags"))
-    flags = set(flags_line.split(":", 1)[1].split())
-    assert set(spec.isa_flags) == flags
+    listed = tuple(sorted(flags_line.split(":", 1)[1].split()))
+    flags = set(devices.runtime_checked(listed, devices._runtime_features()))
+    assert set(spec.isa_flags) == flags and flags <= set(listed)
     expected_bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
     assert spec.vector_bits == expected_bits
     assert spec.vector_lanes == expected_bits // 32
     assert spec.l1_bytes >= 16 * 1024 and spec.l2_bytes >= spec.l1_bytes
     assert spec.fingerprint.startswith(f"cpu:{spec.arch}:")
+
+
+AVX512_HOST = ("avx", "avx2", "avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl",
+               "avx512_vnni", "bmi1", "bmi2", "f16c", "fma", "movbe", "popcnt", "sse4_1",
+               "sse4_2", "ssse3")
+
+
+def test_simd_extensions_the_process_cannot_run_are_dropped():
+    """/proc/cpuinfo lists AVX-512, but the CPU the process runs on (an emulator, an OS
+    without AVX-512 state) does not: no avx512 flag survives, the rest stays."""
+    runtime = {"AVX": True, "AVX2": True, "FMA3": True, "F16C": True, "AVX512F": False,
+               "AVX512BW": False, "AVX512VL": False, "AVX512DQ": False, "AVX512CD": False,
+               "SSE41": True, "SSE42": True}
+    kept = devices.runtime_checked(AVX512_HOST, runtime)
+    assert not [f for f in kept if f.startswith("avx512")]
+    assert {"avx2", "fma", "bmi2", "sse4_2"} <= set(kept)
+    assert devices.runtime_checked(AVX512_HOST, None) == AVX512_HOST
+    everything = {name: True for name in devices.RUNTIME_CHECKED.values()}
+    assert devices.runtime_checked(AVX512_HOST, everything) == AVX512_HOST
+
+
+@pytest.mark.parametrize("flags, level, lanes", [
+    (AVX512_HOST, "x86-64-v4", 16),
+    (tuple(f for f in AVX512_HOST if not f.startswith("avx512")), "x86-64-v3", 8),
+    (("sse4_1", "sse4_2", "ssse3", "popcnt"), "x86-64-v2", 4),
+])
+def test_compiler_flags_name_the_isa_level(flags, level, lanes):
+    """Generated C is compiled for an explicit ISA level (part of the compile-cache key),
+    never -march=native, so a cache shared by two machines cannot hand one the other's
+    instructions."""
+    base = devices.host_cpu()
+    bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
+    spec = dataclasses.replace(base, arch="x86_64", isa_flags=flags, vector_bits=bits)
+    assert devices.compiler_isa_flags(spec)[0] == f"-march={level}"
+    assert "-march=native" not in devices.compiler_isa_flags(spec)
+    assert spec.vector_lanes == lanes
+    assert spec.fingerprint != dataclasses.replace(spec, isa_flags=AVX512_HOST).fingerprint \
+        or level == "x86-64-v4"
+
+
+def test_forcing_avx2_changes_what_wpk_compiles_for():
+    from tests.isa import forced_isa
+    from wpk.dsl import toolchain
+
+    with forced_isa("avx2"):
+        assert "avx512f" not in devices.host_cpu().isa_flags
+        assert devices.host_cpu().vector_lanes <= 8
+        assert not [f for f in toolchain.c_flags() if f == "-march=x86-64-v4"]
+    assert devices.host_cpu().isa_flags == devices.cpu_flags()
 
 
 def test_parse_nvidia_smi_maps_to_presets():

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tests.isa import current_isa
 from tests.unit import worker_fixtures as F
 from wpk.kernels.workload import TensorSpec, Workload
 from wpk.plans.planner import PlanOptions, plan
@@ -205,6 +206,8 @@ def test_kill_minus_nine_while_appending_loses_no_acknowledged_record(tmp_path):
 # ----------------------------------------------------------------------------- resume
 TUNING_LOOP = textwrap.dedent("""
     import sys, time
+    from tests.isa import force_isa
+    force_isa(sys.argv[2])  # the CPU the test process sees (pytest --isa)
     from tests.unit.test_records import loop_candidates, QUICK
     from tests.unit.worker_fixtures import RELU_WORKLOAD
     from wpk.search.recorded import RecordedMeasurer
@@ -253,7 +256,8 @@ def test_interrupted_tuning_resumes_and_a_complete_rebuild_measures_nothing(
         assert all(r.ok for r in pool.compile(jobs, timeout_s=120))
     path = tmp_path / "db.jsonl"
 
-    child = subprocess.Popen([sys.executable, "-c", TUNING_LOOP, str(path)], cwd=REPO,
+    child = subprocess.Popen([sys.executable, "-c", TUNING_LOOP, str(path), current_isa()],
+                             cwd=REPO,
                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     worker_pids = {int(child.stdout.readline()), int(child.stdout.readline())}

@@ -3,6 +3,8 @@ and validation that rejects bad configs with a reason before anything is compile
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -91,15 +93,36 @@ def test_validate_rejects_resource_overflows_with_reasons():
     assert "register" in tight.validate(regs)
     assert "not one of" in gpu.validate(dict(base, tile_k=3))
     assert "missing knob" in gpu.validate({"threads_x": 4})
-    cpu = template_for(op, "cpu", host_cpu())
+
+
+# The same CPU seen with AVX-512 (16 lanes, 32 vector registers) and AVX2 only (8, 16), so
+# the knob spaces and register checks of both are exercised on any host.
+CPU_ISAS = {"avx512": ("avx512f", 512, 32), "avx2": ("avx2", 256, 16)}
+
+
+def cpu_with(isa: str):
+    flag, bits, registers = CPU_ISAS[isa]
+    flags = tuple(f for f in host_cpu().isa_flags if not f.startswith("avx512")) + (flag,)
+    return dataclasses.replace(host_cpu(), isa_flags=flags, vector_bits=bits,
+                               vector_registers=registers)
+
+
+@pytest.mark.parametrize("isa", sorted(CPU_ISAS))
+def test_cpu_templates_reject_register_and_unroll_overflows_on_both_isas(isa):
+    op, _ = conv_op(c=64, h=28, k=64)
+    hw = cpu_with(isa)
+    cpu = template_for(op, "cpu", hw)
     cfg = cpu.default_config()
     assert cpu.validate(cfg) is None
-    too_many = dict(cfg, tile_k=16, fuse_yx=0, tile_x=32, tile_y=4, unroll_window=0)
+    widest = max(cpu.space()["tile_x"])
+    assert widest == 2 * hw.vector_lanes
+    too_many = dict(cfg, tile_k=16, fuse_yx=0, tile_x=widest, tile_y=4, unroll_window=0)
     assert "vector registers" in cpu.validate(too_many)
     big, _ = conv_op(c=3, h=30, k=64, r=7)
-    window = template_for(big, "cpu", host_cpu())
-    unrolled = {"tile_k": 16, "fuse_yx": 0, "tile_x": 16, "tile_y": 2, "tile_c": 3,
-                "cache_input": 2, "unroll_window": 1, "k_inner": 0}
+    window = template_for(big, "cpu", hw)
+    fits = min(16, hw.vector_registers // 2)  # a tile_k x lanes x 2 tile in the registers
+    unrolled = {"tile_k": fits, "fuse_yx": 0, "tile_x": hw.vector_lanes, "tile_y": 2,
+                "tile_c": 3, "cache_input": 2, "unroll_window": 1, "k_inner": 0}
     assert "unrolled loops" in window.validate(unrolled)
     assert window.validate(dict(unrolled, unroll_window=0)) is None
 
