@@ -122,6 +122,8 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
             return "blocked"  # depthwise
         return "blocked" if per_group % block == 0 and (out_channels // group) % block == 0 \
             else ""
+    if x in blocked and _pooled(graph, x):
+        return "blocked"  # pooled features (squeeze-excite): zero padding lanes cost nothing
     if in_channels < block:
         return "nchw"
     return "blocked" if in_channels % 4 == 0 else ""
