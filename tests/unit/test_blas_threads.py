@@ -74,7 +74,13 @@ def test_session_runs_with_one_blas_thread(two_blas_threads, tmp_path, rng):
     x = rng.standard_normal((64, 64)).astype(np.float32)
     (y,) = session.run(None, {"x": x})
     np.testing.assert_allclose(y, x @ weight_array(weight), rtol=1e-4, atol=1e-4)
-    assert seen == [(1,) * len(blas_threads())]
+    # Which candidate won is the measurement's call; the limit applies exactly when the
+    # chosen implementation may call BLAS (numpy's matmul wins on most machines).
+    from wpk.kernels import registry
+
+    (step,) = session.plan.steps
+    limited = 1 if registry.get(step.impl).uses_blas else 2
+    assert seen == [(limited,) * len(blas_threads())]
     assert set(blas_threads()) == {2}
 
 
