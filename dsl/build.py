@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from wpk.core.errors import InputError, ScheduleError
 from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
 from wpk.dsl.codegen_c import generate_c
 from wpk.dsl.lower import lower
-from wpk.errors import InputError, ScheduleError
 
 
 def specialize_for(op: C.Operator, bindings: Mapping[str, int | float]) -> C.Operator:
@@ -162,7 +162,7 @@ def build_cuda(op: C.Operator, bindings, config: Mapping | None = None, gpu=None
                arch: str | None = None, compile: bool = True, compiler: str = "auto"
                ) -> CudaKernel:
     """Generate the CUDA kernels of `op` for `bindings` under `config`, validated against the
-    GPU spec `gpu` (a `wpk.devices` HardwareSpec or None for generic limits). With `compile`
+    GPU spec `gpu` (a `wpk.core.devices` HardwareSpec or None for generic limits). With `compile`
     and an `arch` ('sm_90', 'sm_60', ...), also compile to a cubin with its resource usage."""
     from wpk.dsl.codegen_cuda import generate_cuda
 

@@ -23,10 +23,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from wpk.core.errors import DslError, OptionError, ToolchainError
+from wpk.core.numerics import relative_l2
 from wpk.dsl import compute as ir
 from wpk.dsl.parser import parse_file
-from wpk.errors import DslError, OptionError, ToolchainError
-from wpk.numerics import relative_l2
 
 DEFAULT_DIM = 8
 CHECK_TOLERANCE = 1e-4
@@ -118,7 +118,7 @@ def dsl_command(path: str, target: str = "cpu", gpu: str = "h100", config_json: 
         emit = "ir"
     hw = None
     if target == "cuda":
-        from wpk.devices import gpu_preset
+        from wpk.core.devices import gpu_preset
 
         hw = gpu_preset(gpu)
     sections = []

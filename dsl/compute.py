@@ -86,7 +86,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from wpk.errors import DslError
+from wpk.core.errors import DslError
 
 FLOAT_TYPES = ("f16", "f32", "f64")
 INT_TYPES = ("i32", "i64")

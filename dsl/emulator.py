@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from wpk.core.errors import WpkError
 from wpk.dsl import loopir as L
-from wpk.errors import WpkError
 
 MAX_LANES = 1 << 16
 _NP = {"f32": np.float32, "f64": np.float64, "i32": np.int64, "i64": np.int64, "bool": np.bool_,

@@ -1,7 +1,7 @@
 """Fusing a workload's elementwise epilogue into a DSL operator's output stage.
 
 `with_epilogue(op, steps, operand_shapes)` appends the `EpilogueStep`s of a
-fused graph node (meanings in `wpk.kernels.workload`) to the body of the
+fused graph node (meanings in `wpk.core.workload`) to the body of the
 operator's output stage, so the epilogue runs in the same loop nest, after
 the reduction, without another pass over memory. A binary step reads the
 node input `operand` as a new parameter named `E{operand}`, broadcast
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from wpk.core.errors import DslError
 from wpk.dsl import compute as ir
-from wpk.errors import DslError
 
 BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "pow", "max": "max",
               "min": "min"}
@@ -72,7 +72,7 @@ def with_epilogue(op: ir.Operator, steps: Sequence, operand_shapes: Mapping[int,
         else:
             raise DslError(f"unknown epilogue step '{step.op}' for {op.name}",
                            hint="see UNARY_EPILOGUE_OPS and BINARY_EPILOGUE_OPS in "
-                                "wpk.kernels.workload")
+                                "wpk.core.workload")
     stages = tuple(replace(s, body=value) if s.name == target.name else s for s in op.stages)
     return replace(op, params=op.params + tuple(params.values()), stages=stages,
                    requires=op.requires + tuple(requires))
@@ -106,7 +106,7 @@ def epilogue_expr(fn: str, x: ir.Expr, extra: list[ir.Expr]) -> ir.Expr:
     """The compute IR of epilogue function `fn` (relu, gelu, ...) applied to float `x`.
 
     `extra` holds the optional arguments (clip bounds, leaky_relu/hard_sigmoid
-    alpha and beta). Names and defaults follow `wpk.kernels.workload`; the
+    alpha and beta). Names and defaults follow `wpk.core.workload`; the
     DSL's functions of the same names are desugared here too.
     """
     t = x.dtype

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from wpk.core.errors import DslError
 from wpk.dsl import compute as ir
-from wpk.errors import DslError
 
 try:  # scipy is optional; erf is only needed by gelu-like kernels
     from scipy.special import erf as _erf

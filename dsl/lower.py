@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from wpk.core.errors import ScheduleError
 from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
 from wpk.dsl.regions import (
@@ -29,7 +30,6 @@ from wpk.dsl.regions import (
     simplify_cond,
 )
 from wpk.dsl.schedule import Schedule, StageSchedule, _cname
-from wpk.errors import ScheduleError
 
 
 @dataclass

@@ -15,9 +15,9 @@ from pathlib import Path
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from wpk.core.errors import DslError
 from wpk.dsl import compute as ir
 from wpk.dsl.typecheck import Context, ExprChecker, Scope, TensorInfo, dtype_name, position
-from wpk.errors import DslError
 
 GRAMMAR_PATH = Path(__file__).with_name("grammar.lark")
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from wpk.core.errors import ScheduleError
 from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
 from wpk.dsl.schedule import StageSchedule, _cname
-from wpk.errors import ScheduleError
 
 
 def shape_of(op: C.Operator, tensor: str) -> tuple[int, ...]:

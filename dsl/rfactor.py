@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from wpk.core.errors import ScheduleError
 from wpk.dsl import compute as C
 from wpk.dsl.schedule import StageSchedule
-from wpk.errors import ScheduleError
 
 
 def rf_stage_name(stage: str) -> str:

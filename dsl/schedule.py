@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from wpk.core.errors import ScheduleError
 from wpk.dsl import loopir as L
-from wpk.errors import ScheduleError
 
 ANNOTATIONS = L.LOOP_KINDS + L.GPU_BINDINGS
 

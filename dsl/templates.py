@@ -22,11 +22,11 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from wpk.core.errors import ScheduleError
 from wpk.dsl import gemm_cuda
 from wpk.dsl import loopir as L
 from wpk.dsl.rfactor import rf_stage_name, rfactor
 from wpk.dsl.schedule import Schedule, StageSchedule
-from wpk.errors import ScheduleError
 
 
 class KnobSpace(OrderedDict):
@@ -44,7 +44,7 @@ class KnobSpace(OrderedDict):
 
 @dataclass(frozen=True)
 class Limits:
-    """The hardware limits the templates check (read from a `wpk.devices` HardwareSpec)."""
+    """The hardware limits the templates check (read from a `wpk.core.devices` HardwareSpec)."""
 
     name: str = "cpu"
     vector_lanes: int = 16            # float32 lanes of the widest SIMD register
@@ -90,7 +90,7 @@ def limits_from(hw, target: str) -> Limits:
 
 @functools.cache
 def _host_cpu():
-    from wpk.devices import host_cpu
+    from wpk.core.devices import host_cpu
 
     return host_cpu()
 

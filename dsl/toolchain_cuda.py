@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from wpk.core.errors import ToolchainError
 from wpk.dsl.toolchain import CODEGEN_VERSION, atomic_write, cache_key, compile_cache_dir, run_tool
-from wpk.errors import ToolchainError
 
 NVCC_MIN_ARCH = 75
 NVCC_FLAGS = ("-O3", "--use_fast_math")

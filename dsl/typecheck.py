@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from lark import Token, Tree
 
+from wpk.core.errors import DslError
 from wpk.dsl import compute as ir
 from wpk.dsl.epilogue import epilogue_expr
-from wpk.errors import DslError
 
 TYPE_ALIASES = {"int": "i32", "float": "f32"}
 DEFAULT_FLOAT = "f32"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from wpk.core.errors import DslError
 from wpk.dsl.compute import Operator
 from wpk.dsl.parser import parse_file
-from wpk.errors import DslError
 
 LIBRARY_DIR = Path(__file__).with_name("dsl")
 

@@ -1,6 +1,6 @@
 """Fused epilogues: applying them with numpy, and expressing them as ONNX nodes.
 
-The meaning of every step is documented in `wpk.kernels.workload`. The numpy
+The meaning of every step is documented in `wpk.core.workload`. The numpy
 form (`apply_epilogue`) is shared by the float64 references and the numpy
 library kernels; the ONNX form (`epilogue_onnx_nodes`) is used by the
 onnxruntime single-node kernels and by anything that writes a fused graph
@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from wpk.errors import UnsupportedError
-from wpk.kernels.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, EpilogueStep
+from wpk.core.errors import UnsupportedError
+from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, EpilogueStep
 
 try:  # scipy is exact and fast; math.erf per element is the slow fallback
     from scipy.special import erf as _erf_ufunc
@@ -149,7 +149,7 @@ def apply_epilogue(y: np.ndarray, steps: Sequence[EpilogueStep],
             ufunc = _BINARY_UFUNCS.get(step.op)
             if ufunc is None:
                 raise UnsupportedError(f"unknown epilogue op {step.op!r}",
-                                       hint="see wpk.kernels.workload for the known ops")
+                                       hint="see wpk.core.workload for the known ops")
             operand = inputs[step.operand]
             args = (operand, y) if step.swap else (y, operand)
             shape = np.broadcast_shapes(y.shape, np.shape(operand))
@@ -231,7 +231,7 @@ def _emit_unary(w: _NodeWriter, step: EpilogueStep, x: str, out: str | None) -> 
         half = w.node("Mul", [x, w.const(0.5)])
         return w.node("Mul", [half, w.node("Add", [gate, w.const(1.0)])], out)
     raise UnsupportedError(f"unknown epilogue op {op!r}",
-                           hint="see wpk.kernels.workload for the known ops")
+                           hint="see wpk.core.workload for the known ops")
 
 
 def epilogue_onnx_nodes(steps: Sequence[EpilogueStep], value_name: str,

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.errors import WpkError
+from wpk.core.errors import WpkError
+from wpk.core.workload import Workload
 from wpk.kernels.generated_ops import MAPPERS, bind, coalesce, fold_operand
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
-from wpk.kernels.workload import Workload
 
 DTYPE = "float32"
 
@@ -165,7 +165,7 @@ def template_of(workload: Workload, target: str = "cpu"):
     """The DSL schedule template of a mapped workload (WpkError-free: call map first)."""
     mapping = map_workload(workload)
     if isinstance(mapping, str):
-        from wpk.errors import UnsupportedError
+        from wpk.core.errors import UnsupportedError
 
         raise UnsupportedError(f"{workload.label}: {mapping}",
                                hint="only workloads that map to DSL operators can be tuned")
@@ -194,7 +194,7 @@ def compile_generated(workload: Mapping, config: Mapping | None = None) -> str:
     w = Workload.from_json(workload)
     mapping = map_workload(w)
     if isinstance(mapping, str):
-        from wpk.errors import UnsupportedError
+        from wpk.core.errors import UnsupportedError
 
         raise UnsupportedError(f"{w.label}: {mapping}", hint="not a generated-kernel workload")
     func = build.lower_for(mapping.op, mapping.bindings, dict(config or {}), "cpu")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wpk.kernels.workload import Workload
+from wpk.core.workload import Workload
 
 NCHWC_DOMAIN = "wpk.nchwc"
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from wpk.kernels.workload import Workload
+from wpk.core.workload import Workload
 
 
 def _stub(shape: Sequence[int]) -> np.ndarray:

@@ -28,7 +28,7 @@ import functools
 
 import numpy as np
 
-from wpk.errors import ShapeError
+from wpk.core.errors import ShapeError
 
 SUPPORTED_BLOCKS = (4, 8, 16)
 
@@ -69,7 +69,7 @@ def mlas_block_size() -> int | None:
 
 def _cpu_flags() -> set[str]:
     try:
-        from wpk.devices import cpu_flags
+        from wpk.core.devices import cpu_flags
         return set(cpu_flags())
     except Exception:  # pragma: no cover - devices is part of wpk
         return set()

@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from wpk.errors import UnsupportedError
+from wpk.core.errors import UnsupportedError
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import nchwc_format as fmt
-from wpk.kernels.workload import TensorSpec, Workload
 
 NCHWC_DOMAIN = "wpk.nchwc"
 LAYOUT_ATTRS = ("block", "channels")

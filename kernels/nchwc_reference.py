@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN, logical_inputs, logical_workload
 from wpk.kernels.reference import reference
-from wpk.kernels.workload import Workload
 
 
 def is_nchwc(workload: Workload) -> bool:

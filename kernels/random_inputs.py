@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from wpk.kernels.workload import TensorSpec, Workload
+from wpk.core.workload import TensorSpec, Workload
 
 # Ops whose data input must be positive for a finite result.
 _POSITIVE_DATA_OPS = frozenset({"Log", "Sqrt", "Reciprocal", "Pow"})

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 from onnx.reference import ReferenceEvaluator
 
-from wpk.errors import UnsupportedError
+from wpk.core.errors import UnsupportedError
+from wpk.core.workload import Workload
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
 from wpk.kernels.cpu.node_model import (
     MS_DOMAIN,
@@ -30,7 +31,6 @@ from wpk.kernels.cpu.node_model import (
 from wpk.kernels.cpu.tensor_formulas import TENSOR_FORMULAS
 from wpk.kernels.cpu.window import pad_spatial, window_geometry, windows
 from wpk.kernels.epilogue import apply_epilogue, validate_epilogue
-from wpk.kernels.workload import Workload
 
 _FLOAT_KINDS = "f"
 
@@ -107,7 +107,7 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
     reason = validate_epilogue(workload.epilogue, len(inputs))
     if reason:
         raise UnsupportedError(f"{workload.label}: {reason}",
-                               hint="see wpk.kernels.workload for epilogue steps")
+                               hint="see wpk.core.workload for epilogue steps")
     wide = [to_float64(x) for x in inputs]
     if is_elementwise(workload):
         outputs = [np.array(np.broadcast_to(wide[0], workload.outputs[0].shape))]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.kernels.workload import Workload
+from wpk.core.workload import Workload
 
 Kernel = Callable[[Sequence[np.ndarray | None], Sequence[np.ndarray]], None]
 

@@ -6,8 +6,8 @@ marked as a fallback in reports.
 
 from __future__ import annotations
 
-from wpk.errors import WpkError
-from wpk.kernels.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
+from wpk.core.errors import WpkError
+from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
 
 ELEMENTWISE_UNARY_OPS = frozenset({
     "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from wpk import __version__
-from wpk.graph import Graph
+from wpk.core.graph import Graph
 from wpk.plans.buffers import plan_graph_buffers
 from wpk.plans.planfile import FORMAT_VERSION, Plan, Step, cpu_fingerprint
 from wpk.plans.planner import NodeWorkloadLike, PlanChoices

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from wpk import __version__
-from wpk.errors import PlanError
-from wpk.kernels.workload import Workload
+from wpk.core.errors import PlanError
+from wpk.core.workload import Workload
 from wpk.plans.buffers import BufferPlan
 
 FORMAT_VERSION = 1
@@ -63,7 +63,7 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same plan gives the s
 @functools.cache
 def cpu_fingerprint() -> dict:
     """The host CPU: machine, core count and the ISA flags of ISA_FLAGS it has."""
-    from wpk.devices import cpu_flags
+    from wpk.core.devices import cpu_flags
 
     flags = set(cpu_flags())
     return {"kind": "cpu", "machine": platform.machine(), "cores": os.cpu_count() or 1,

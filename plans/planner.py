@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from wpk.errors import UnsupportedError, WpkError
+from wpk.core.errors import UnsupportedError, WpkError
+from wpk.core.workload import Workload
 from wpk.kernels.registry import FALLBACK, Candidate
-from wpk.kernels.workload import Workload
 from wpk.search.measure import Measurement, measure_candidate
 
 CandidateProvider = Callable[[Workload, str], Sequence[Candidate]]

@@ -19,6 +19,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.cpu.node_model import build_node_model
 from wpk.kernels.cpu.ort_node import (
@@ -29,7 +30,6 @@ from wpk.kernels.cpu.ort_node import (
 )
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
-from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 
 spec = TensorSpec
 

@@ -41,7 +41,7 @@ import onnxruntime  # noqa: E402
 
 import wpk  # noqa: E402
 from tests import models  # noqa: E402
-from wpk.numerics import relative_l2  # noqa: E402
+from wpk.core.numerics import relative_l2  # noqa: E402
 
 DEFAULT_MODELS = ("light_resnet50", "light_squeezenet", "transformer_encoder")
 

@@ -229,8 +229,8 @@ def main(argv=None) -> int:
                         help="torch.compile mode ('' to skip torch.compile)")
     args = parser.parse_args(argv)
 
-    from wpk.devices import GPU_PRESETS, detect_gpus
-    from wpk.errors import WpkError
+    from wpk.core.devices import GPU_PRESETS, detect_gpus
+    from wpk.core.errors import WpkError
     from wpk.kernels.cuda.cupy_support import device_description
 
     try:

@@ -123,7 +123,7 @@ for name in ("numpy", "cupy", "torch", "onnx", "onnxruntime", "cudnn"):
         print(f"{name} {getattr(module, '__version__', '?')}{extra}")
     except Exception as exc:
         print(f"{name}: not importable ({type(exc).__name__}: {exc})")
-from wpk.devices import detect_gpus
+from wpk.core.devices import detect_gpus
 print("wpk detects:", detect_gpus())
 from wpk.kernels.cuda.cupy_support import device_description
 try:

@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
 python=$(python -c 'import sys; print(sys.executable)')
-if python -c 'import sys; from wpk.devices import host_cpu; sys.exit("avx512f" not in host_cpu().isa_flags)'; then
+if python -c 'import sys; from wpk.core.devices import host_cpu; sys.exit("avx512f" not in host_cpu().isa_flags)'; then
     echo "isa_check: unit tests with wpk restricted to AVX2"
     python -m pytest -q -p no:cacheprovider --isa avx2 tests/unit
 else

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import onnx
 
-from wpk.devices import gpu_preset
+from wpk.core.devices import gpu_preset
 from wpk.kernels.cuda.offline import cubin_arch
 from wpk.pipeline import build
 

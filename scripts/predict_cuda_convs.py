@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     parser.add_argument("--count", type=int, default=3)
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
-    from wpk.devices import gpu_preset
+    from wpk.core.devices import gpu_preset
     from wpk.kernels.cuda.analytic import predict_vendor
     from wpk.kernels.cuda.generated import cuda_template, preferred_configs
 

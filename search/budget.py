@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.search.measure import Status
 from wpk.search.worker_process import WorkerCrash, WorkerProcess, WorkerTimeout
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.ensemble import GradientBoostingRegressor
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.search.space import SearchSpace
 from wpk.search.tuners.base import Tuner
 

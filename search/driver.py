@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wpk.errors import OptionError, WpkError
+from wpk.core.errors import OptionError, WpkError
+from wpk.core.workload import Workload
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import Workload
 from wpk.search.budget import EarlyStop, ShareEntry, by_latency_share, shares, time_slice
 from wpk.search.generated_target import CPU_IMPL, CPU_MODULES, GeneratedTarget, generated_target
 from wpk.search.measure import Measurement

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from wpk.core.workload import Workload
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import Workload
 from wpk.search.workers import CandidateSpec
 
 CPU_IMPL = "dsl.cpu"
@@ -31,7 +31,8 @@ CUDA_MODULES = ("wpk.kernels.cuda.generated",)
 @dataclass(frozen=True)
 class GeneratedTarget:
     """The generated implementation of one target: name, worker modules and, for CUDA,
-    the GPU preset (a `wpk.devices.HardwareSpec`) its kernels are validated and compiled for."""
+    the GPU preset (a `wpk.core.devices.HardwareSpec`) its kernels are validated and
+    compiled for."""
 
     target: str = "cpu"
     gpu: Any = None

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.cpu.blas_threads import one_blas_thread
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import TensorSpec, Workload
 
 InputsFn = Callable[[Workload, np.random.Generator], Sequence[np.ndarray | None]]
 ReferenceFn = Callable[[Workload, Sequence[np.ndarray | None]], Sequence[np.ndarray]]

@@ -37,8 +37,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from wpk.core.workload import Workload
 from wpk.kernels.registry import GENERATED, Candidate
-from wpk.kernels.workload import Workload
 from wpk.search.measure import (
     SECOND_CHECK_MAX_S,
     InputsFn,

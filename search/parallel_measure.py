@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
+from wpk.core.workload import Workload
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import Workload
 from wpk.search.measure import Measurement, Status
 
 DEFAULT_STREAMS = 4

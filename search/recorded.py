@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
+from wpk.core.workload import Workload
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import Workload
 from wpk.search.measure import Measurement
 from wpk.search.records import (
     FINAL,

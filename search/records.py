@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wpk.errors import WpkError
-from wpk.kernels.workload import Workload
+from wpk.core.errors import WpkError
+from wpk.core.workload import Workload
 from wpk.search.measure import Measurement, Status
 
 SCHEMA_VERSION = 1
@@ -80,7 +80,7 @@ class TargetFingerprint:
 
 
 def target_fingerprint(hw=None, compiler: str | None = None) -> TargetFingerprint:
-    """The fingerprint of `hw` (a `wpk.devices.HardwareSpec`; default: this host's CPU).
+    """The fingerprint of `hw` (a `wpk.core.devices.HardwareSpec`; default: this host's CPU).
 
     `compiler` defaults to gcc's version for a CPU target and to nvcc's (or
     NVRTC's) for a CUDA one; 'none' when no compiler is found.
@@ -88,7 +88,7 @@ def target_fingerprint(hw=None, compiler: str | None = None) -> TargetFingerprin
     from wpk.dsl import toolchain
 
     if hw is None:
-        from wpk.devices import host_cpu
+        from wpk.core.devices import host_cpu
 
         hw = host_cpu()
     if compiler is None:

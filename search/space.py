@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 
 Indices = tuple[int, ...]
 ValidateFn = Callable[[dict], "str | None"]

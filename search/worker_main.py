@@ -28,7 +28,7 @@ import sys
 import traceback
 from collections.abc import Mapping
 
-from wpk.devices import restrict_cpu_flags
+from wpk.core.devices import restrict_cpu_flags
 from wpk.search.worker_process import CPU_FLAGS_OPTION
 
 PR_SET_PDEATHSIG = 1
@@ -60,9 +60,9 @@ def _import_function(path: str):
 def _measure(request: Mapping) -> dict:
     import numpy as np
 
+    from wpk.core.workload import Workload
     from wpk.kernels import registry
     from wpk.kernels.registry import Candidate
-    from wpk.kernels.workload import Workload
     from wpk.search.measure import Measurement, Status, measure_candidate
 
     workload = Workload.from_json(request["workload"])

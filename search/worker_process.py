@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from wpk.devices import restricted_cpu_flags
+from wpk.core.devices import restricted_cpu_flags
 
 STARTUP_TIMEOUT_S = 120.0
 STDERR_TAIL_CHARS = 2000

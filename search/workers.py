@@ -34,9 +34,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
+from wpk.core.workload import Workload
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import Workload
 from wpk.search.compile_pool import CompileJob, CompilePool, CompileResult
 from wpk.search.measure import Measurement, Status
 from wpk.search.worker_process import WorkerCrash, WorkerProcess, WorkerTimeout

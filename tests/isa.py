@@ -4,7 +4,7 @@
     with forced_isa("avx2"): ...        # one block of a test
 
 What is forced is wpk's view of the CPU in this process: the ISA flags
-(`wpk.devices.cpu_flags`, so `host_cpu()`'s vector width, the records
+(`wpk.core.devices.cpu_flags`, so `host_cpu()`'s vector width, the records
 fingerprint and the C compiler's `-march` level) and with them every schedule
 template and generated kernel. onnxruntime's MLAS still picks its NCHWc block
 from the real CPU; `scripts/isa_check.sh` runs the NCHWc tests under an
@@ -22,7 +22,7 @@ ISAS = ("host", "avx2")
 def force_isa(isa: str) -> None:
     """Make wpk in this process (and the workers it starts) see an `isa` CPU ('host':
     the real one)."""
-    from wpk import devices
+    from wpk.core import devices
 
     if isa not in ISAS:
         raise ValueError(f"unknown ISA {isa!r}; one of {ISAS}")
@@ -36,7 +36,7 @@ def force_isa(isa: str) -> None:
 @contextlib.contextmanager
 def forced_isa(isa: str):
     """`force_isa(isa)` for the duration of a with-block (then what was seen before)."""
-    from wpk import devices
+    from wpk.core import devices
 
     before = devices.restricted_cpu_flags()
     force_isa(isa)
@@ -49,7 +49,7 @@ def forced_isa(isa: str):
 def current_isa() -> str:
     """'avx2' when this process is restricted to AVX2 by `force_isa`, else 'host' (what a
     test hands a `python -c` child so it sees the same CPU)."""
-    from wpk import devices
+    from wpk.core import devices
 
     restricted = devices.restricted_cpu_flags()
     return "host" if restricted is None or "avx512f" in restricted else "avx2"

@@ -27,7 +27,7 @@ import onnx.version_converter
 from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from wpk.errors import DeviceError, InputError, ModelError, UnsupportedError
+from wpk.core.errors import DeviceError, InputError, ModelError, UnsupportedError
 
 # Node inputs (by position) whose values determine output shapes; a graph
 # input that feeds one of these is folded into a constant per run.

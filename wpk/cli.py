@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from wpk.errors import InputError, OptionError, WpkError
+from wpk.core.errors import InputError, OptionError, WpkError
 
 SEARCHES = ("none", "ga", "rl", "random", "grid")
 PARALLEL_STREAMS = 4   # --parallel-measure without N (wpk.search.parallel_measure)

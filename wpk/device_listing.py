@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from wpk.devices import GPU_PRESETS, detect_gpus, host_cpu
+from wpk.core.devices import GPU_PRESETS, detect_gpus, host_cpu
 
 
 def device_listing() -> dict:

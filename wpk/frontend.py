@@ -25,9 +25,9 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
-from wpk.errors import ModelError, ShapeError, UnsupportedError
+from wpk.core.errors import ModelError, ShapeError, UnsupportedError
+from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.frontend_shapes import SHAPE_HINT, complete_shapes
-from wpk.graph import Graph, Node, TensorInfo
 
 MIN_OPSET = 7
 SKELETON_KEEP_ELEMENTS = 4096  # initializers up to this size stay in the checked model

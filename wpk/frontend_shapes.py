@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from wpk.errors import ShapeError
-from wpk.graph import Graph, Node, TensorInfo
+from wpk.core.errors import ShapeError
+from wpk.core.graph import Graph, Node, TensorInfo
 
 SHAPE_HINT = "give the input shape, e.g. --input-shape NAME=1x3x224x224"
 # Ops whose output shape depends on input values whatever the inputs are.

@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from wpk.core.workload import Workload
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import Workload
 from wpk.search.generated_target import GeneratedTarget, generated_target
 
 PREDICTED_PREFIX = "predicted:"

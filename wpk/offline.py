@@ -31,9 +31,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wpk.errors import DeviceError, OptionError, ScheduleError, ToolchainError
+from wpk.core.errors import DeviceError, OptionError, ScheduleError, ToolchainError
+from wpk.core.workload import Workload
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import Workload
 from wpk.search.measure import Measurement, Status, tolerance_for
 
 DEFAULT_CONFIGS = 3
@@ -50,7 +50,7 @@ def describe_present(gpus) -> str:
 def check_cuda_target(gpu_name: str | None, offline: bool, present=None):
     """The preset to build for; DeviceError when it is absent and the build is not offline.
     `present` is the list of detected GPUs (default: `detect_gpus()`)."""
-    from wpk.devices import GPU_PRESETS, detect_gpus, gpu_preset
+    from wpk.core.devices import GPU_PRESETS, detect_gpus, gpu_preset
 
     name = (gpu_name or "auto").strip().lower()
     present = detect_gpus() if present is None else present

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 
 OPSET = 17
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.plans.planfile import Plan
 
 TARGETS = ("cpu", "cuda")

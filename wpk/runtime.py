@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.errors import DeviceError, InputError, PlanError
+from wpk.core.errors import DeviceError, InputError, PlanError
+from wpk.core.workload import TensorSpec
 from wpk.kernels.cpu.blas_threads import OneBlasThread
-from wpk.kernels.workload import TensorSpec
 from wpk.plans.planfile import KERNELS, Plan, read_plan
 
 _ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16",

@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from wpk.errors import DeviceError, PlanError
+from wpk.core.errors import DeviceError, PlanError
+from wpk.core.workload import TensorSpec
 from wpk.kernels.cpu.blas_threads import OneBlasThread
-from wpk.kernels.workload import TensorSpec
 from wpk.plans.planfile import KERNELS, Plan, read_plan
 from wpk.runtime import Session, TensorMeta
 from wpk.search.measure_cuda import measure_candidate  # noqa: F401  (wpk tune's timer)

@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from wpk.errors import DeviceError, PlanError
-from wpk.kernels.workload import Workload
+from wpk.core.errors import DeviceError, PlanError
+from wpk.core.workload import Workload
 
 DEFAULT_TRIALS = 8
 
@@ -157,7 +157,7 @@ def _update_totals(report: dict) -> None:
 
 def plan_gpu(plan, path: str = "<plan>"):
     """The preset an offline CUDA plan was built for (PlanError for other plans)."""
-    from wpk.devices import GPU_PRESETS
+    from wpk.core.devices import GPU_PRESETS
 
     if plan.target != "cuda":
         raise PlanError(f"plan '{path}' is for target {plan.target}; `wpk tune` measures the "
@@ -177,7 +177,7 @@ def tune_plan(path: str | os.PathLike, trials: int | None = None,
     `detect_gpus()`). `parallel`: CUDA streams to time each workload's candidates on
     together. Returns the summary of `retune` plus 'gpu' and 'path' (and
     'parallel_measure' with `parallel`)."""
-    from wpk.devices import detect_gpus
+    from wpk.core.devices import detect_gpus
     from wpk.offline import describe_present
     from wpk.plans.planfile import read_plan, write_plan
     from wpk.search.parallel_measure import check_streams

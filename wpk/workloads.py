@@ -9,7 +9,7 @@ ONNX defaults of Conv, ConvTranspose, pooling and Gemm are written out
 shape, alpha/beta/trans flags), lists become tuples, subgraphs their
 serialized bytes. Constant inputs are listed in `const_inputs`; integer
 constants and float constants of at most `STATIC_FLOAT_LIMIT` elements are
-`static_inputs` (part of the identity, see `wpk.kernels.workload.Workload`),
+`static_inputs` (part of the identity, see `wpk.core.workload.Workload`),
 except the weights of the ops in `WEIGHT_INPUTS` (a 64-channel Conv bias is
 data, not identity, so equal convolutions share one workload).
 """
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from wpk.graph import Graph, Node
-from wpk.kernels.workload import Workload
+from wpk.core.graph import Graph, Node
+from wpk.core.workload import Workload
 
 STATIC_FLOAT_LIMIT = 64
 CONV_OPS = frozenset({"Conv", "ConvTranspose"})

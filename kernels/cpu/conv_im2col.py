@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from wpk.core.workload import Workload
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
 from wpk.kernels.cpu.window import WindowGeometry, window_geometry, windows
 from wpk.kernels.registry import Kernel, register
-from wpk.kernels.workload import Workload
 
 
 def _strategy(workload: Workload, geom: WindowGeometry) -> str:

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from wpk.core.workload import Workload
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
 from wpk.kernels.registry import Kernel, register
-from wpk.kernels.workload import Workload
 
 
 class NumpyGemm(NumpyImplementation):

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.cpu.node_model import core_input_count
 from wpk.kernels.epilogue import apply_epilogue
 from wpk.kernels.registry import LIBRARY, Implementation
 from wpk.kernels.support import unsupported_reason
-from wpk.kernels.workload import EpilogueStep, Workload
 
 _LIBRARY_DTYPES = frozenset({"float32", "float64"})
 

@@ -25,6 +25,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
+from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc_gate import build_gate_model, is_gate_multiply
 from wpk.kernels.cpu.nchwc_standard import (
@@ -35,7 +36,6 @@ from wpk.kernels.cpu.nchwc_standard import (
 )
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
-from wpk.kernels.workload import Workload
 
 NCHWC_DOMAIN = "wpk.nchwc"
 _CPU = ort_capi.OrtDevice(ort_capi.OrtDevice.cpu(), ort_capi.OrtDevice.default_memory(), 0)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import helper, numpy_helper
 
-from wpk.kernels.workload import Workload
+from wpk.core.workload import Workload
 
 ORT_NCHWC_DOMAIN = "com.microsoft.nchwc"
 OUTPUT = "y"

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.nchwc_logical import (
     NCHWC_DOMAIN,
@@ -20,7 +21,6 @@ from wpk.kernels.nchwc_logical import (
     logical_workload,
 )
 from wpk.kernels.registry import LIBRARY, Candidate, Implementation, Kernel, candidates, register
-from wpk.kernels.workload import Workload
 
 _REORDERS = ("ReorderInput", "ReorderOutput")
 

@@ -27,12 +27,12 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from wpk.core.workload import Workload
 from wpk.kernels.cpu.nchwc import _CPU, ORT_NCHWC_DOMAIN, build_ort_model
 from wpk.kernels.cpu.nchwc_standard import declared_shapes
 from wpk.kernels.cpu.node_model import MS_DOMAIN
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.registry import Kernel
-from wpk.kernels.workload import Workload
 
 REGION_IMPL = "ort.nchwc"
 

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.node_model import (
     MS_DOMAIN,
@@ -36,7 +37,6 @@ from wpk.kernels.cpu.node_model import (
     output_name,
 )
 from wpk.kernels.epilogue import validate_epilogue
-from wpk.kernels.workload import TensorSpec, Workload
 
 OUTPUT = "y"
 REGION_OPSET = 17

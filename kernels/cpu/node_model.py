@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper
 
+from wpk.core.workload import Workload
 from wpk.kernels.epilogue import epilogue_onnx_nodes
-from wpk.kernels.workload import Workload
 
 ELEMENTWISE_OP = "Elementwise"
 WPK_DOMAIN = "wpk"

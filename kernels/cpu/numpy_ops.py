@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
 from wpk.kernels.cpu.tensor_formulas import (
@@ -30,7 +31,6 @@ from wpk.kernels.cpu.tensor_formulas import (
 )
 from wpk.kernels.epilogue import apply_epilogue, erf, sigmoid
 from wpk.kernels.registry import Kernel, register
-from wpk.kernels.workload import EpilogueStep, Workload
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
            "pow": np.power, "max": np.maximum, "min": np.minimum}

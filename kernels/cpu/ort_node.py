@@ -23,13 +23,13 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import _pybind_state as ort_capi
 
-from wpk.errors import UnsupportedError
+from wpk.core.errors import UnsupportedError
+from wpk.core.workload import Workload
 from wpk.kernels.cpu.node_model import build_node_model, check_buildable, input_name, output_name
 from wpk.kernels.epilogue import validate_epilogue
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.registry import FALLBACK, VENDOR, Implementation, Kernel, register
 from wpk.kernels.support import is_supported
-from wpk.kernels.workload import Workload
 
 _THREADS: int | None = None
 # Outputs up to this many bytes are returned by `run` and copied; bigger ones are bound.

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.epilogue import apply_epilogue
-from wpk.kernels.workload import EpilogueStep, Workload
 
 Formula = Callable[[Workload, Sequence[np.ndarray | None]], list[np.ndarray]]
 

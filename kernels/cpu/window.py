@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from wpk.kernels.workload import Workload
+from wpk.core.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-from wpk.kernels.workload import Workload
+from wpk.core.workload import Workload
 
 LAUNCH_OVERHEAD_S = 3e-6          # per kernel launch (assumption; CUDA graphs lower it)
 OCCUPANCY_SATURATION = 0.5        # occupancy above which latency is hidden (assumption)

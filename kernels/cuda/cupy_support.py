@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from wpk.errors import DeviceError
+from wpk.core.errors import DeviceError
 
 INSTALL_HINT = ("install the CUDA extra on a machine with an NVIDIA GPU: "
                 "pip install wpk[cuda] (cupy-cuda12x or cupy-cuda13x)")

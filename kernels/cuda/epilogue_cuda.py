@@ -3,7 +3,7 @@
     source = epilogue_source(workload.epilogue)    # EpilogueSource (params, body)
     apply = epilogue_kernel(workload)               # apply(out, inputs) on cupy arrays
 
-The steps and their meaning are those of `wpk.kernels.workload` (and of the
+The steps and their meaning are those of `wpk.core.workload` (and of the
 numpy `apply_epilogue`). The kernel is a cupy `ElementwiseKernel` whose
 output `y` is read and written in place; the operands of binary steps are
 extra inputs broadcast against `y` by cupy. Building the source needs no GPU
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from wpk.errors import UnsupportedError
-from wpk.kernels.workload import (
+from wpk.core.errors import UnsupportedError
+from wpk.core.workload import (
     BINARY_EPILOGUE_OPS,
     EpilogueStep,
     Workload,
@@ -70,7 +70,7 @@ def _unary_code(step: EpilogueStep) -> str:
         gate = f"fminf(fmaxf(v * {_float(alpha)} + {_float(beta)}, 0.0f), 1.0f)"
         return f"v = {gate};" if op == "hard_sigmoid" else f"v = v * {gate};"
     raise UnsupportedError(f"unknown epilogue op {op!r}",
-                           hint="see wpk.kernels.workload for the known ops")
+                           hint="see wpk.core.workload for the known ops")
 
 
 @dataclass(frozen=True)

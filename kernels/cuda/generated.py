@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.errors import DeviceError, ScheduleError, UnsupportedError
+from wpk.core.errors import DeviceError, ScheduleError, UnsupportedError
+from wpk.core.workload import Workload
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
-from wpk.kernels.workload import Workload
 
 GPU_KEY = "gpu"
 DEFAULT_CONFIG_COUNT = 3
@@ -48,7 +48,7 @@ def split_config(config: Mapping) -> tuple[dict, str | None]:
 
 
 def _preset(name: str | None):
-    from wpk.devices import gpu_preset
+    from wpk.core.devices import gpu_preset
 
     return gpu_preset(name or "auto")
 

@@ -28,7 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from wpk.errors import DeviceError
+from wpk.core.errors import DeviceError
+from wpk.core.workload import Workload
 from wpk.kernels.registry import (
     FALLBACK,
     LIBRARY,
@@ -38,7 +39,6 @@ from wpk.kernels.registry import (
     Kernel,
     register,
 )
-from wpk.kernels.workload import Workload
 
 PLACEHOLDER_TARGET = "cuda.predicted"
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
@@ -201,7 +201,7 @@ def offline_candidates(workload: Workload, gpu, count: int = 3) -> list[Candidat
 
     found: list[Candidate] = []
     if not isinstance(map_workload(workload), str):
-        from wpk.errors import ScheduleError
+        from wpk.core.errors import ScheduleError
 
         try:
             configs = preferred_configs(workload, gpu, count)

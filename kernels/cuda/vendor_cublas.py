@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wpk.core.workload import Workload
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
-from wpk.kernels.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.errors import DeviceError
+from wpk.core.errors import DeviceError
+from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.cuda.vendor_cublas import ConvGeometry, conv_geometry
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
-from wpk.kernels.workload import EpilogueStep, Workload
 
 MAX_PLANS = 12
 HEURISTIC_MODES = ("A", "FALLBACK")

@@ -12,7 +12,7 @@ imported only when asked for.
 
 from __future__ import annotations
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.search.space import SearchSpace
 from wpk.search.tuners.base import INVALID_COST, Trial, Tuner
 

@@ -30,7 +30,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.search.space import Indices, SearchSpace
 
 INVALID_COST = math.inf

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from deap import base, creator, tools
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.search.space import Indices, SearchSpace
 from wpk.search.tuners.base import INVALID_COST, Tuner
 

@@ -37,7 +37,7 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.logger import Logger
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.search.space import Indices, SearchSpace
 from wpk.search.tuners.base import Tuner
 from wpk.search.tuners.rl_env import ScheduleEnv, move, observation, speedup_reward

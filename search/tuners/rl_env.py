@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.search.space import Indices, SearchSpace
 
 MeasureFn = Callable[[dict], "float | None"]

@@ -1,7 +1,7 @@
 """GPU tests: run only where an NVIDIA GPU and cupy are present, else skipped with the reason.
 
 Every test in this folder is marked `gpu`. The folder is skipped as a whole (not failed)
-when `wpk.devices.detect_gpus()` finds no GPU or cupy cannot use one, so `pytest tests/gpu`
+when `wpk.core.devices.detect_gpus()` finds no GPU or cupy cannot use one, so `pytest tests/gpu`
 is safe anywhere; `scripts/gpu_check.sh` runs it on the GPU machine.
 """
 
@@ -15,7 +15,7 @@ import pytest
 @functools.cache
 def gpu_skip_reason() -> str | None:
     """Why the GPU tests cannot run here (None when they can)."""
-    from wpk.devices import detect_gpus
+    from wpk.core.devices import detect_gpus
     from wpk.kernels.cuda.cupy_support import missing_reason
 
     if not detect_gpus():
@@ -45,7 +45,7 @@ def cupy():
 @pytest.fixture(scope="session")
 def present_gpu():
     """The preset describing the GPU present."""
-    from wpk.devices import GPU_PRESETS, detect_gpus
+    from wpk.core.devices import GPU_PRESETS, detect_gpus
 
     for gpu in detect_gpus():
         if gpu.preset is not None:

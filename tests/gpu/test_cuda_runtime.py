@@ -15,9 +15,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 from wpk.search import measure_cuda
 
 pytestmark = pytest.mark.gpu

@@ -18,9 +18,9 @@ import pytest
 
 import wpk
 from tests import models
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.cuda.generated import DSL_CUDA, preferred_configs
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import TensorSpec, Workload
 from wpk.search.measure import Status
 
 pytestmark = pytest.mark.gpu

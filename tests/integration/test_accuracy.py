@@ -20,7 +20,7 @@ import pytest
 
 import wpk
 from tests import models
-from wpk.numerics import relative_l2
+from wpk.core.numerics import relative_l2
 
 MAX_RELATIVE_L2 = 1e-4
 # Build options that keep CI fast: library and vendor kernels, no schedule search, each

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
-from wpk.errors import InputError, UnsupportedError
+from wpk.core.errors import InputError, UnsupportedError
 from wpk.plans.planfile import read_plan
 from wpk.plans.render import render_html
 

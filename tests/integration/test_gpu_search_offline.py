@@ -18,7 +18,7 @@ import pytest
 import wpk
 from tests import models
 from wpk.cli import main
-from wpk.devices import GPU_PRESETS, detect_gpus
+from wpk.core.devices import GPU_PRESETS, detect_gpus
 from wpk.gpu_search import cuda_fingerprint
 from wpk.kernels.cuda.offline import cubin_arch
 from wpk.plans.planfile import read_plan

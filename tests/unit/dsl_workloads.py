@@ -12,8 +12,8 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from wpk.core.errors import DslError
 from wpk.dsl import compute as C
-from wpk.errors import DslError
 
 CONV_OPS = ("conv2d", "conv2d_bias", "conv2d_bias_relu_add")
 POOL_OPS = ("avgpool2d", "maxpool2d")

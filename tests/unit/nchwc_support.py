@@ -8,10 +8,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from wpk.core.graph import Graph
+from wpk.core.workload import Workload
 from wpk.frontend import load_model
-from wpk.graph import Graph
 from wpk.kernels import registry
-from wpk.kernels.workload import Workload
 from wpk.passes.to_onnx import to_onnx
 from wpk.workloads import workload_of
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.graph import Graph, Node, TensorInfo
+from wpk.core.graph import Graph, Node, TensorInfo
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.registry import Candidate, Implementation
-from wpk.kernels.workload import TensorSpec, Workload
 from wpk.plans.assemble import assemble_plan
 from wpk.plans.planner import PlanOptions, plan
 from wpk.search.measure import measure_candidate

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import wpk.backend as backend
-from wpk.errors import InputError, ModelError
+from wpk.core.errors import InputError, ModelError
 
 FAST = {"warmup": 0, "repeats": 1, "min_time": 0.0}
 

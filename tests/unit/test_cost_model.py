@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.search.cost_model import CostModel, CostModelFilter, CostModelOptions
 from wpk.search.space import synthetic_space
 from wpk.search.tuners import make_tuner

@@ -8,14 +8,14 @@ import warnings
 import numpy as np
 import pytest
 
-from wpk.errors import WpkError
+from wpk.core.errors import WpkError
+from wpk.core.numerics import relative_l2 as rel_l2
+from wpk.core.workload import UNARY_EPILOGUE_OPS, EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.cpu import ort_node
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.kernels.support import SUPPORTED_OPS, is_supported
-from wpk.kernels.workload import UNARY_EPILOGUE_OPS, EpilogueStep, TensorSpec, Workload
-from wpk.numerics import relative_l2 as rel_l2
 
 S = TensorSpec
 E = EpilogueStep

@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wpk.devices import DetectedGpu, gpu_preset
+from wpk.core.devices import DetectedGpu, gpu_preset
+from wpk.core.errors import DeviceError, OptionError
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.dsl import loopir as L
 from wpk.dsl.codegen_cuda import KernelLaunch
 from wpk.dsl.templates import LaunchConfig
 from wpk.dsl.toolchain_cuda import ResourceUsage
-from wpk.errors import DeviceError, OptionError
 from wpk.kernels.cuda import analytic
 from wpk.kernels.cuda.generated import DSL_CUDA, build_for, preferred_configs
 from wpk.kernels.cuda.offline import check_usage, cubin_arch, sample_blocks, verify_emulated
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 from wpk.offline import (
     OfflinePredictor,
     check_cuda_target,

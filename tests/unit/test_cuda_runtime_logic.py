@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wpk.devices import GPU_PRESETS
-from wpk.errors import DeviceError, PlanError, UnsupportedError
+from wpk.core.devices import GPU_PRESETS
+from wpk.core.errors import DeviceError, PlanError, UnsupportedError
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels.cuda.epilogue_cuda import epilogue_source
 from wpk.kernels.cuda.vendor_cublas import conv_geometry, gemm_call, gemm_problem
 from wpk.kernels.cuda.vendor_cudnn import (
@@ -25,7 +26,6 @@ from wpk.kernels.cuda.vendor_cudnn import (
     plan_configs,
 )
 from wpk.kernels.epilogue import apply_epilogue
-from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 from wpk.plans.buffers import BufferPlan
 from wpk.runtime_cuda import binary_choice, buffer_layout, generated_artifacts, segment_steps
 from wpk.search.measure import Measurement, Status

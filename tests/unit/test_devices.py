@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from wpk import devices
-from wpk.errors import DeviceError
+from wpk.core import devices
+from wpk.core.errors import DeviceError
 
 
 def test_presets_cover_the_supported_architectures():

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels.generated import DSL_CPU
-from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 from wpk.plans.planner import PlanOptions, plan, registry_candidates
 from wpk.search.budget import EarlyStop, ShareEntry, by_latency_share, shares, time_slice
 from wpk.search.driver import (

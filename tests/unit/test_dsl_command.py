@@ -7,11 +7,11 @@ import json
 import pytest
 
 from wpk.cli import main
+from wpk.core.errors import OptionError
+from wpk.core.numerics import relative_l2 as relative_error
 from wpk.dsl import toolchain_cuda
 from wpk.dsl.command import dsl_command
-from wpk.errors import OptionError
 from wpk.kernels.dsl_library import operator_file
-from wpk.numerics import relative_l2 as relative_error
 
 CONV = json.dumps({"op": "conv2d", "bindings": {
     "N": 1, "C": 4, "H": 7, "W": 6, "K": 4, "CG": 2, "R": 3, "S": 3, "groups": 2,

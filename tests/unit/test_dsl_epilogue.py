@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from wpk.core.errors import DslError
+from wpk.core.workload import UNARY_EPILOGUE_OPS, EpilogueStep
 from wpk.dsl import build
 from wpk.dsl.compute import evaluate, infer_bindings
 from wpk.dsl.epilogue import operand_name, with_epilogue
-from wpk.errors import DslError
 from wpk.kernels.dsl_library import load_operator
 from wpk.kernels.epilogue import apply_epilogue
-from wpk.kernels.workload import UNARY_EPILOGUE_OPS, EpilogueStep
 
 UNARY_ATTRS = {"clip": (("max", 6.0), ("min", 0.0)), "leaky_relu": (("alpha", 0.2),),
                "hard_sigmoid": (("alpha", 0.3), ("beta", 0.4))}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from wpk.core.errors import DslError
 from wpk.dsl.compute import evaluate
 from wpk.dsl.parser import parse_file, parse_source
-from wpk.errors import DslError
 
 HEADER = ("op f(X: f32[N, C], B: f32[C], D: f64[N], alpha: f32 = 1.0, g: int = 2) "
           "-> Y: f32[N, C] {\n")

@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from wpk.core.errors import DslError
 from wpk.dsl.compute import evaluate
-from wpk.errors import DslError
 from wpk.kernels.dsl_library import list_operators, load_operator, operator_file
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from wpk.devices import gpu_preset
+from wpk.core.devices import gpu_preset
+from wpk.core.numerics import relative_l2 as relative_error
 from wpk.dsl import build
 from wpk.dsl import toolchain_cuda as cuda
 from wpk.dsl.command import example_arrays
 from wpk.dsl.compute import evaluate
 from wpk.kernels.dsl_library import list_operators, load_operator
-from wpk.numerics import relative_l2 as relative_error
 
 CONV = {"N": 1, "C": 4, "H": 6, "W": 5, "K": 4, "CG": 2, "R": 3, "S": 3, "groups": 2,
         "pad_t": 1, "pad_l": 1, "pad_b": 1, "pad_r": 0, "stride_h": 2, "dil_w": 2}

@@ -11,7 +11,7 @@ from onnx import TensorProto
 from onnx import helper as h
 
 import wpk.frontend_shapes as frontend_shapes
-from wpk.errors import ModelError, ShapeError, UnsupportedError
+from wpk.core.errors import ModelError, ShapeError, UnsupportedError
 from wpk.frontend import load_model
 
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.generated import (
     DSL_CPU,
@@ -23,7 +24,6 @@ from wpk.kernels.generated import (
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.kernels.registry import Candidate
-from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
 from wpk.search.measure import Status, measure_candidate
 
 

@@ -17,9 +17,9 @@ import pytest
 
 from tests import models
 from wpk.cli import main
-from wpk.devices import GPU_PRESETS, detect_gpus
-from wpk.errors import OptionError
-from wpk.kernels.workload import TensorSpec, Workload
+from wpk.core.devices import GPU_PRESETS, detect_gpus
+from wpk.core.errors import OptionError
+from wpk.core.workload import TensorSpec, Workload
 from wpk.pipeline import BuildOptions
 from wpk.search.driver import generated_spec
 from wpk.search.generated_target import compile_cuda, generated_target

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.registry import Candidate, Implementation
-from wpk.kernels.workload import TensorSpec, Workload
 from wpk.search.measure import Measurement, Status, compare, measure_candidate, time_kernel
 
 MATMUL = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),

@@ -13,12 +13,12 @@ from tests.unit.nchwc_support import (
     load_light,
     ort_outputs,
 )
+from wpk.core.numerics import relative_l2 as rel_l2
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.frontend import load_model
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels import registry
 from wpk.kernels.nchwc_reference import nchwc_reference
-from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
-from wpk.numerics import relative_l2 as rel_l2
 from wpk.passes import optimize
 from wpk.passes.base import check_graph
 from wpk.passes.constant_folding import ConstantFolding

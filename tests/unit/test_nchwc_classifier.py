@@ -9,9 +9,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 from tests.unit.nchwc_support import evaluate, ort_outputs
+from wpk.core.numerics import relative_l2
 from wpk.frontend import load_model
 from wpk.kernels import nchwc_format as fmt
-from wpk.numerics import relative_l2
 from wpk.passes.base import check_graph
 from wpk.passes.nchwc_layout import NchwcLayout
 

@@ -8,8 +8,8 @@ import pytest
 
 import wpk
 from tests import models
+from wpk.core.numerics import relative_l2
 from wpk.kernels.cpu.nchwc_region import REGION_IMPL
-from wpk.numerics import relative_l2
 from wpk.runtime import Session
 
 

@@ -10,13 +10,13 @@ from onnx import helper, numpy_helper
 
 import wpk
 from tests.unit.nchwc_support import model_x_to_y
+from wpk.core.numerics import relative_l2
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc import ORT_NCHWC, build_ort_model
 from wpk.kernels.cpu.nchwc_region import RegionMember, region_kernel, region_model
 from wpk.kernels.cpu.nchwc_standard import is_standard_blocked
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
-from wpk.numerics import relative_l2
 from wpk.runtime import Session
 
 B = fmt.host_block_size()

@@ -7,7 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.op_command import op_command, operator_model, parse_attr
 
 

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto
 from onnx import helper as h
 
+from wpk.core.graph import Graph
+from wpk.core.numerics import relative_l2
+from wpk.core.workload import EpilogueStep
 from wpk.frontend import load_model
-from wpk.graph import Graph
-from wpk.kernels.workload import EpilogueStep
-from wpk.numerics import relative_l2
 from wpk.passes import (
     PIPELINE,
     PassReport,
@@ -598,7 +598,7 @@ EPILOGUE_STEPS = [
 
 @pytest.mark.parametrize("step", EPILOGUE_STEPS, ids=lambda s: f"{s.op}{'_swap' if s.swap else ''}")
 def test_to_onnx_expands_steps_as_the_kernels_apply_them(step, rng):
-    from wpk.graph import Node, TensorInfo
+    from wpk.core.graph import Node, TensorInfo
     from wpk.kernels.epilogue import apply_epilogue
 
     info = TensorInfo((4, 6), "float32")

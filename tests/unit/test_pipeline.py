@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wpk.errors import DeviceError, OptionError
+from wpk.core.errors import DeviceError, OptionError
 from wpk.pipeline import BuildOptions, build
 
 

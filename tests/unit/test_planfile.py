@@ -9,7 +9,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from wpk.errors import PlanError
+from wpk.core.errors import PlanError
 from wpk.plans import planfile
 from wpk.plans.planfile import FORMAT_VERSION, Plan, read_plan, write_plan
 

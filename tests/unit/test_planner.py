@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from wpk.errors import UnsupportedError, WpkError
-from wpk.graph import Node
+from wpk.core.errors import UnsupportedError, WpkError
+from wpk.core.graph import Node
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.registry import FALLBACK, Candidate, Implementation
-from wpk.kernels.workload import TensorSpec, Workload
 from wpk.plans.planner import PlanOptions, plan
 from wpk.search.measure import Status, measure_candidate
 

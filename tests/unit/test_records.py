@@ -19,7 +19,7 @@ from rich.console import Console
 
 from tests.isa import current_isa
 from tests.unit import worker_fixtures as F
-from wpk.kernels.workload import TensorSpec, Workload
+from wpk.core.workload import TensorSpec, Workload
 from wpk.plans.planner import PlanOptions, plan
 from wpk.search.compile_pool import CompileJob, CompilePool
 from wpk.search.measure import Measurement, Status

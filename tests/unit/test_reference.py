@@ -9,12 +9,12 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from wpk.errors import WpkError
+from wpk.core.errors import WpkError
+from wpk.core.numerics import relative_l2 as rel_l2
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels.epilogue import apply_epilogue, epilogue_onnx_nodes
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import has_formula, reference
-from wpk.kernels.workload import EpilogueStep, TensorSpec, Workload
-from wpk.numerics import relative_l2 as rel_l2
 
 S = TensorSpec
 E = EpilogueStep

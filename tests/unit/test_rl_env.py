@@ -11,7 +11,7 @@ pytest.importorskip("gymnasium", reason="the rl extra (gymnasium) is not install
 pytest.importorskip("torch", reason="the rl extra (torch) is not installed")
 pytest.importorskip("stable_baselines3", reason="the rl extra (stable-baselines3) is not installed")
 
-from wpk.errors import OptionError  # noqa: E402
+from wpk.core.errors import OptionError  # noqa: E402
 from wpk.search.space import synthetic_space  # noqa: E402
 from wpk.search.tuners import make_tuner  # noqa: E402
 from wpk.search.tuners.rl import RLOptions  # noqa: E402

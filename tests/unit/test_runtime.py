@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wpk.errors import InputError, PlanError
-from wpk.graph import Graph, Node, TensorInfo
+from wpk.core.errors import InputError, PlanError
+from wpk.core.graph import Graph, Node, TensorInfo
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.registry import Candidate, Implementation
-from wpk.kernels.workload import TensorSpec, Workload
 from wpk.plans.assemble import assemble_plan
 from wpk.plans.planfile import Plan
 from wpk.plans.planner import Choice, PlanChoices

@@ -8,14 +8,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from wpk.devices import gpu_preset, host_cpu
+from wpk.core.devices import gpu_preset, host_cpu
+from wpk.core.errors import ScheduleError
 from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
 from wpk.dsl.build import build_cuda
 from wpk.dsl.schedule import Schedule
 from wpk.dsl.template_conv import ConvTemplate
 from wpk.dsl.templates import GenericTemplate, Limits, template_for
-from wpk.errors import ScheduleError
 from wpk.kernels.dsl_library import load_operator
 
 

@@ -7,9 +7,9 @@ import ctypes
 import numpy as np
 import pytest
 
+from wpk.core.errors import ToolchainError
 from wpk.dsl import toolchain
 from wpk.dsl import toolchain_cuda as cuda
-from wpk.errors import ToolchainError
 
 SAXPY_C = r"""
 void saxpy(int n, float a, const float *x, float *y) {

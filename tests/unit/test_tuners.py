@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from wpk.errors import OptionError
+from wpk.core.errors import OptionError
 from wpk.search.space import SearchSpace, synthetic_space
 from wpk.search.tuners import INVALID_COST, make_tuner
 from wpk.search.tuners.ga import GAOptions

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from tests.unit import worker_fixtures as F
+from wpk.core.errors import OptionError
 from wpk.dsl.build import build_cpu
-from wpk.errors import OptionError
 from wpk.kernels.dsl_library import load_operator
 from wpk.kernels.registry import Candidate
 from wpk.search.compile_pool import CompileJob, CompilePool

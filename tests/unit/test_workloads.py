@@ -9,8 +9,8 @@ import onnx
 from onnx import TensorProto
 from onnx import helper as h
 
+from wpk.core.workload import Workload
 from wpk.frontend import load_model
-from wpk.kernels.workload import Workload
 from wpk.passes import optimize
 from wpk.workloads import NodeWorkload, distinct, extract_workloads, workload_of
 

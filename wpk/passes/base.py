@@ -14,7 +14,7 @@ from collections import Counter
 
 import numpy as np
 
-from wpk.graph import Graph, Node, TensorInfo
+from wpk.core.graph import Graph, Node, TensorInfo
 
 FLOAT_DTYPES = frozenset({"float16", "float32", "float64", "bfloat16"})
 

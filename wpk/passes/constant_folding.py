@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference import ReferenceEvaluator
 
+from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.frontend import constant_of_shape
-from wpk.graph import Graph, Node, TensorInfo
 from wpk.passes.base import GraphPass
 from wpk.passes.to_onnx import node_to_proto
 

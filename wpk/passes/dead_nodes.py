@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wpk.graph import Graph
+from wpk.core.graph import Graph
 from wpk.passes.base import GraphPass, drop_unused_constants, pinned_names
 
 

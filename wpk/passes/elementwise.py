@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from wpk.graph import Graph, Node
-from wpk.kernels.workload import EpilogueStep
+from wpk.core.graph import Graph, Node
+from wpk.core.workload import EpilogueStep
 from wpk.passes.base import FLOAT_DTYPES
 from wpk.passes.to_onnx import BASE_ARITY, ELEMENTWISE_OP, WPK_DOMAIN
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from wpk.graph import Graph, Node
+from wpk.core.graph import Graph, Node
 from wpk.passes.base import GraphPass, pinned_names
 
 

@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from wpk.graph import Node
-from wpk.kernels.workload import EpilogueStep
+from wpk.core.graph import Node
+from wpk.core.workload import EpilogueStep
 from wpk.passes.base import FLOAT_DTYPES, add_constant
 from wpk.passes.elementwise import (
     Chain,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from wpk.graph import Node
-from wpk.kernels.workload import EpilogueStep
+from wpk.core.graph import Node
+from wpk.core.workload import EpilogueStep
 from wpk.passes.base import FLOAT_DTYPES
 from wpk.passes.elementwise import make_elementwise
 from wpk.passes.fusion import FusionContext

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.graph import Graph, Node
+from wpk.core.graph import Graph, Node
 
 
 @dataclass(frozen=True)

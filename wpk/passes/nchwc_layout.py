@@ -21,7 +21,7 @@ the logical channel count of its output):
   OIHW filter (O, C/group, KH, KW) and B the logical bias (O,) or absent
   (''): constants, packed by the kernels. Input 3, when present, is a blocked
   operand of Y's shape that the node's `epilogue` adds. The epilogue is
-  wpk's (`wpk.kernels.workload`): Y = epilogue(conv(X, W) + B); the pass emits
+  wpk's (`wpk.core.workload`): Y = epilogue(conv(X, W) + B); the pass emits
   only [], [act], [add(3)] and [add(3), act] with act one of relu, clip,
   leaky_relu, tanh, sigmoid, hard_sigmoid (as MLAS computes act(conv + B + R));
   the rest of a fused epilogue (e.g. SiLU) follows as a blocked Elementwise.
@@ -61,9 +61,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.graph import Graph, Node, TensorInfo
+from wpk.core.graph import Graph, Node, TensorInfo
+from wpk.core.workload import EpilogueStep
 from wpk.kernels import nchwc_format as fmt
-from wpk.kernels.workload import EpilogueStep
 from wpk.passes.base import GraphPass, drop_unused_constants, subgraph_names
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_classifier import match_classifier, readers_of

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wpk.graph import Graph, Node, TensorInfo
+from wpk.core.graph import Graph, Node, TensorInfo
+from wpk.core.workload import EpilogueStep
 from wpk.kernels import nchwc_format as fmt
-from wpk.kernels.workload import EpilogueStep
 from wpk.passes.elementwise import make_elementwise
 from wpk.passes.nchwc_rules import constant_pad_value, per_channel_vector, step_keeps_zero
 

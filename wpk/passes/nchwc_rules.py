@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wpk.graph import Graph, Node
-from wpk.kernels.workload import EpilogueStep
+from wpk.core.graph import Graph, Node
+from wpk.core.workload import EpilogueStep
 
 # Activations MLAS fuses into an NCHWc Conv (wpk epilogue names).
 MLAS_ACTIVATIONS = frozenset({"relu", "clip", "leaky_relu", "tanh", "sigmoid", "hard_sigmoid"})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wpk.graph import Graph, Node
+from wpk.core.graph import Graph, Node
 from wpk.passes.base import GraphPass, add_constant, bypass, pinned_names, remove_node
 
 RESHAPE_LIKE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})

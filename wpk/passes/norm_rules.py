@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wpk.graph import Node
+from wpk.core.graph import Node
 from wpk.passes.base import FLOAT_DTYPES, add_constant
 from wpk.passes.fusion import FusionContext
 

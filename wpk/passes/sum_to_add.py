@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wpk.graph import Graph, Node, TensorInfo
+from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.passes.base import GraphPass
 
 

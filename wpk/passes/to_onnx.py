@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from wpk.graph import Graph, Node
-from wpk.kernels.workload import EpilogueStep
+from wpk.core.graph import Graph, Node
+from wpk.core.workload import EpilogueStep
 
 ELEMENTWISE_OP = "Elementwise"
 WPK_DOMAIN = "wpk"

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from wpk.errors import DeviceError
+from wpk.core.errors import DeviceError
 
 KIB = 1024
 MIB = 1024 * 1024

@@ -4,7 +4,7 @@ A `Graph` is a topologically ordered list of `Node`s over named tensors.
 Every tensor has a `TensorInfo` (static shape and dtype; after the frontend
 no dimension is symbolic). Constants (initializers, folded values) live in
 `Graph.constants` and are never produced by a node. A node may carry an
-`epilogue` (see `wpk.kernels.workload.EpilogueStep`): elementwise steps fused
+`epilogue` (see `wpk.core.workload.EpilogueStep`): elementwise steps fused
 into it, whose binary operands are further node inputs.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from wpk.kernels.workload import EpilogueStep, TensorSpec
+from wpk.core.workload import EpilogueStep, TensorSpec
 
 
 @dataclass
