@@ -154,7 +154,7 @@ def wpk_session(name: str, gpu, budget: float, folder: str):
     from torch_models import onnx_path
 
     import wpk
-    from wpk.tune_command import tune_plan
+    from wpk.commands.tune import tune_plan
 
     path = os.path.join(folder, f"{name}.wpk")
     plan = wpk.build(onnx_path(name), target="cuda", gpu=gpu.name, offline=True,

@@ -76,7 +76,7 @@ def base_provider(gpu, offline: bool):
             if offline:
                 listed = offline_candidates(workload, gpu, 0)
             else:
-                from wpk.tune_command import tune_candidates
+                from wpk.commands.tune import tune_candidates
 
                 listed = tune_candidates(workload, gpu, 0)
             listed = [c for c in listed if c.implementation is not DSL_CUDA]

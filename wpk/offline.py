@@ -244,10 +244,10 @@ def plan_measured(items: Sequence, gpu, plan_options, progress: bool = False,
     the GPU present (CUDA events, `wpk.search.measure_cuda`), over the candidates `wpk tune`
     measures; with `parallel` streams, each workload's candidates are timed together and
     the fastest re-measured alone (`wpk.search.parallel_measure`)."""
+    from wpk.commands.tune import tune_candidates
     from wpk.plans.planner import plan
     from wpk.plans.progress import progress_bar
     from wpk.search.measure_cuda import measure_candidate
-    from wpk.tune_command import tune_candidates
 
     def provide(workload: Workload, target: str) -> list[Candidate]:
         return tune_candidates(workload, gpu, count) if target == "cuda" else []

@@ -189,8 +189,8 @@ def _small_model(path):
 @pytest.fixture(scope="module")
 def small_session(tmp_path_factory, present_gpu):
     import wpk
+    from wpk.commands.tune import tune_plan
     from wpk.runtime_cuda import CudaSession
-    from wpk.tune_command import tune_plan
 
     folder = tmp_path_factory.mktemp("small")
     model = _small_model(str(folder / "small.onnx"))

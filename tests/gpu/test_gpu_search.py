@@ -37,7 +37,7 @@ def model_path(tmp_path_factory):
 
 
 def gemm_candidates(gpu) -> list[Candidate]:
-    from wpk.tune_command import tune_candidates
+    from wpk.commands.tune import tune_candidates
 
     return tune_candidates(GEMM, gpu, 4)
 
@@ -107,8 +107,8 @@ def test_online_search_build_measures_records_and_rebuilds_from_them(model_path,
 
 def test_parallel_measure_build_search_and_tune_report_the_time_saved(model_path, tmp_path,
                                                                       present_gpu):
+    from wpk.commands.tune import tune_plan
     from wpk.plans.planfile import read_plan
-    from wpk.tune_command import tune_plan
 
     plain = wpk.build(str(model_path), target="cuda", gpu="auto", parallel_measure=4,
                       output=str(tmp_path / "p.wpk"), progress=False, **FAST)

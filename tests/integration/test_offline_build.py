@@ -18,11 +18,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from wpk.cli import main
+from wpk.commands.tune import tune_plan
 from wpk.core.devices import detect_gpus
 from wpk.core.errors import DeviceError
 from wpk.kernels.cuda.offline import cubin_arch
 from wpk.plans.planfile import read_plan
-from wpk.tune_command import tune_plan
 
 pytestmark = pytest.mark.skipif(bool(detect_gpus()), reason="checks the no-GPU behaviour")
 
@@ -130,10 +130,10 @@ def test_retune_rewrites_the_plan_with_the_new_choices(model_path, tmp_path):
     measurement needs a GPU): vendor placeholders are not candidates of a tune, so the
     convolutions move to generated kernels with their cubins, and the plan stays marked
     predicted because the predictor's results are predictions."""
+    from wpk.commands.tune import retune
     from wpk.core.devices import gpu_preset
     from wpk.offline import OfflinePredictor
     from wpk.plans.planfile import write_plan
-    from wpk.tune_command import retune
 
     out = tmp_path / "model.wpk"
     assert main(["build", str(model_path), "--gpu", "p100", "--offline", "-q",

@@ -263,7 +263,7 @@ def test_device_copy_and_host_step_compute_on_numpy_arrays():
 
 
 def test_measured_candidates_leave_out_the_predicted_placeholders():
-    from wpk.tune_command import tune_candidates
+    from wpk.commands.tune import tune_candidates
 
     names = [c.implementation.name for c in tune_candidates(_conv(), H100, 2)]
     assert "dsl.cuda" in names and not any(n.endswith(".predicted") for n in names)

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from wpk.cli import main
+from wpk.commands.dsl import dsl_command
 from wpk.core.errors import OptionError
 from wpk.core.numerics import relative_l2 as relative_error
 from wpk.dsl import toolchain_cuda
-from wpk.dsl.command import dsl_command
 from wpk.kernels.dsl_library import operator_file
 
 CONV = json.dumps({"op": "conv2d", "bindings": {

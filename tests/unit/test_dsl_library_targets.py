@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from wpk.commands.dsl import example_arrays
 from wpk.core.devices import gpu_preset
 from wpk.core.numerics import relative_l2 as relative_error
 from wpk.dsl import build
 from wpk.dsl import toolchain_cuda as cuda
-from wpk.dsl.command import example_arrays
 from wpk.dsl.compute import evaluate
 from wpk.kernels.dsl_library import list_operators, load_operator
 

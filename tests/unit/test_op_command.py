@@ -7,8 +7,8 @@ import json
 import pytest
 from rich.console import Console
 
+from wpk.commands.op import op_command, operator_model, parse_attr
 from wpk.core.errors import OptionError
-from wpk.op_command import op_command, operator_model, parse_attr
 
 
 def test_attribute_text_is_parsed():

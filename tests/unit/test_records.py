@@ -19,6 +19,7 @@ from rich.console import Console
 
 from tests.isa import current_isa
 from tests.unit import worker_fixtures as F
+from wpk.commands.records import records_best, records_list, records_merge
 from wpk.core.workload import TensorSpec, Workload
 from wpk.plans.planner import PlanOptions, plan
 from wpk.search.compile_pool import CompileJob, CompilePool
@@ -34,7 +35,6 @@ from wpk.search.records import (
     merge,
     target_fingerprint,
 )
-from wpk.search.records_cli import records_best, records_list, records_merge
 from wpk.search.workers import CandidateSpec, MeasureOptions, MeasureWorker
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from wpk.kernels.registry import FALLBACK, Candidate, Implementation
-from wpk.plans.buffers import plan_graph_buffers
-from wpk.plans.progress import progress_bar, wants_progress
-from wpk.plans.render import (
+from wpk.commands.render import (
     format_time,
     render_html,
     render_json,
     render_summary,
     render_table,
 )
+from wpk.kernels.registry import FALLBACK, Candidate, Implementation
+from wpk.plans.buffers import plan_graph_buffers
+from wpk.plans.progress import progress_bar, wants_progress
 from wpk.plans.report import make_report
 
 from .plan_helpers import tiny_choices

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 
+import click
+
+from wpk.commands.common import echo
 from wpk.core.devices import GPU_PRESETS, detect_gpus, host_cpu
 
 
@@ -50,3 +54,11 @@ def render_devices(info: dict):
     host = Text(f"host CPU (--cpu): {cpu['description']}, {cpu['cores']} cores, "
                 f"{cpu['vector_bits']}-bit SIMD ({cpu['fingerprint']})")
     return Group(presets, detected, host)
+
+
+@click.command("devices")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def command(as_json: bool) -> None:
+    """List the GPU presets, the detected GPUs and the host CPU."""
+    info = device_listing()
+    echo(json.dumps(info, indent=2) if as_json else render_devices(info))

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
+import click
+
+from wpk.commands.common import echo, parse_input_shapes
 from wpk.frontend import load_model
 from wpk.passes import optimize
 from wpk.workloads import distinct, extract_workloads
@@ -55,3 +60,17 @@ def render_inspection(info: dict):
     for entry in info["workloads"]:
         loads.add_row(entry["label"], str(entry["count"]), entry["key"])
     return Group(ops, rules, loads)
+
+
+@click.command("inspect")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
+              help="Fix the shape of an input with symbolic dimensions (repeatable).")
+@click.option("--cpu/--gpu", "cpu_target", default=True, help="Target whose passes to run.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def command(model: Path, input_shapes: tuple[str, ...], cpu_target: bool,
+            as_json: bool) -> None:
+    """Show MODEL's graph before/after the passes, each rule's hits and the workloads."""
+    info = inspect_model(str(model), parse_input_shapes(input_shapes),
+                         target="cpu" if cpu_target else "cuda")
+    echo(json.dumps(info, indent=2) if as_json else render_inspection(info))

@@ -16,12 +16,15 @@ report lists every candidate with its time and its speed-up over the vendor one.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from wpk.commands.common import SEARCHES, echo, parse_shape, target_of
 from wpk.core.errors import OptionError
 
 OPSET = 17
@@ -96,7 +99,7 @@ def candidates_table(report: Mapping):
     from rich.table import Table
     from rich.text import Text
 
-    from wpk.plans.render import format_time
+    from wpk.commands.render import format_time
 
     table = Table(box=box.SIMPLE_HEAD, header_style="bold")
     for column, justify in (("workload", "left"), ("candidate", "left"), ("kind", "left"),
@@ -126,7 +129,7 @@ def op_command(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str,
     from rich.console import Group
     from rich.text import Text
 
-    from wpk.plans.render import render_json, summary_lines
+    from wpk.commands.render import render_json, summary_lines
 
     report = op_report(op, shapes, attrs, target=target, search=search, trials=trials,
                        budget=budget, db=db, progress=progress and not as_json)
@@ -137,3 +140,43 @@ def op_command(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str,
         f"search {report['search']['search']}: " + (", ".join(
             f"{t['trials']} trials ({t['stopped']})" for t in tuned) or "nothing to tune")]
     return Group(Text("\n".join(lines)), candidates_table(report))
+
+
+@click.command("op")
+@click.argument("op_type", metavar="OP")
+@click.option("--shape", "shapes", multiple=True, required=True, metavar="NAME=1x64x56x56",
+              help="Input shapes in node-input order: data first, then weights (repeatable).")
+@click.option("--attr", "attrs", multiple=True, metavar="NAME=VALUE",
+              help="Node attribute, e.g. strides=2,2 or alpha=0.1 (repeatable).")
+@click.option("--cpu", is_flag=True, help="Measure on the host CPU (the default).")
+@click.option("--gpu", metavar="NAME", help="Measure on a GPU preset.")
+@click.option("--search", type=click.Choice(SEARCHES), default="ga", show_default=True,
+              help="Schedule search for the generated kernel.")
+@click.option("--trials", type=click.IntRange(min=1), help="Search trials.")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Time budget for the search.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path),
+              help="Tuning records (JSON lines) to reuse and extend.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+def command(op_type: str, shapes: tuple[str, ...], attrs: tuple[str, ...], cpu: bool,
+            gpu: str | None, search: str, trials: int | None, budget: float | None,
+            db: Path | None, as_json: bool) -> None:
+    """Tune one operator workload and print its per-operator benchmark report."""
+    target, _ = target_of(cpu, gpu)
+    named_shapes = {}
+    for value in shapes:
+        name, sep, dims = value.rpartition("=")
+        if not sep or not name:
+            raise OptionError(f"--shape: expected NAME=DIMS, got '{value}'",
+                              hint="e.g. --shape X=1x64x56x56 --shape W=64x64x3x3")
+        named_shapes[name] = parse_shape(dims, "--shape")
+    named_attrs = {}
+    for value in attrs:
+        name, sep, text = value.partition("=")
+        if not sep or not name:
+            raise OptionError(f"--attr: expected NAME=VALUE, got '{value}'",
+                              hint="e.g. --attr strides=2,2")
+        named_attrs[name] = parse_attr(text)
+    echo(op_command(op_type, named_shapes, named_attrs, target=target, search=search,
+                    trials=trials, as_json=as_json, budget=budget,
+                    db=None if db is None else str(db)))

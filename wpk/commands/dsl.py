@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 
+import click
 import numpy as np
 
 from wpk.core.errors import DslError, OptionError, ToolchainError
@@ -199,3 +201,19 @@ def _compile_report(op: ir.Operator, bindings, config, hw) -> str:
                       f"{u.spill_stores + u.spill_loads} B spilled"
                       for k, u in kernel.usage.items())
     return f"compile {op.name} for {hw.arch}: ok ({usage})"
+
+
+@click.command("dsl")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--gpu", "gpu_name", default="h100", show_default=True,
+              help="GPU preset whose limits apply with --target cuda.")
+@click.option("--config", "config_json", metavar="JSON", help="Schedule knobs as JSON.")
+@click.option("--emit", type=click.Choice(["c", "cuda", "ir"]), help="What to print.")
+@click.option("--check", is_flag=True,
+              help="Compile and run (C) or emulate (CUDA) and compare with the reference.")
+def command(file: Path, target: str, gpu_name: str, config_json: str | None, emit: str | None,
+            check: bool) -> None:
+    """Compile a DSL operator FILE.wpk: print generated code or check it."""
+    click.echo(dsl_command(str(file), target=target, gpu=gpu_name, config_json=config_json,
+                           emit=emit, check=check))

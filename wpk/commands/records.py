@@ -18,9 +18,11 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import click
 from rich.table import Table
 from rich.text import Text
 
+from wpk.commands.common import echo
 from wpk.search.records import RecordError, RecordStore, TuningRecord, best_of, merge
 
 
@@ -101,3 +103,40 @@ def records_merge(paths: Sequence[Path | str], out: Path | str) -> str:
     summary = merge(paths, out)
     return (f"merged {len(paths)} files: {summary.read} records read, {summary.written} "
             f"written to {summary.out}, {summary.duplicates} duplicates dropped")
+
+
+def _record_query(command):
+    """The arguments of `wpk records list` and `best`: DB, --workload, --json."""
+    command = click.option("--json", "as_json", is_flag=True,
+                           help="Records as JSON lines.")(command)
+    command = click.option("--workload", metavar="KEY",
+                           help="Only this workload (a unique key prefix).")(command)
+    return click.argument("db", type=click.Path(dir_okay=False, path_type=Path))(command)
+
+
+@click.group("records")
+def command() -> None:
+    """Inspect and merge tuning records (JSON lines written by `wpk build --db`)."""
+
+
+@command.command("list")
+@_record_query
+def list_command(db: Path, workload: str | None, as_json: bool) -> None:
+    """Every measurement in DB."""
+    echo(records_list(db, workload=workload, as_json=as_json))
+
+
+@command.command("best")
+@_record_query
+def best_command(db: Path, workload: str | None, as_json: bool) -> None:
+    """The fastest verified measurement of each workload and target in DB."""
+    echo(records_best(db, workload=workload, as_json=as_json))
+
+
+@command.command("merge")
+@click.argument("dbs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Merged record file to write.")
+def merge_command(dbs: tuple[Path, ...], output: Path) -> None:
+    """Merge record files into one (identical lines dropped, repeats kept)."""
+    click.echo(records_merge(list(dbs), output))

@@ -27,9 +27,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import click
 import numpy as np
 
+from wpk.commands.common import parallel_measure_option, stderr
 from wpk.core.errors import DeviceError, PlanError
 from wpk.core.workload import Workload
 
@@ -203,3 +206,21 @@ def tune_plan(path: str | os.PathLike, trials: int | None = None,
         summary["parallel_measure"] = plan.report["parallel_measure"] = totals.to_json()
     write_plan(plan, name)
     return dict(summary, gpu=gpu.name, path=name)
+
+
+@click.command("tune")
+@click.argument("plan", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--trials", type=click.IntRange(min=1), help="Configs to measure per workload.")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Time budget for the whole tuning.")
+@parallel_measure_option("Time each workload's candidates together on N CUDA streams")
+def command(plan: Path, trials: int | None, budget: float | None,
+            parallel_measure: int | None) -> None:
+    """Measure on the present GPU what an --offline build predicted, and rewrite PLAN."""
+    from wpk.search.parallel_measure import summary_line
+
+    summary = tune_plan(str(plan), trials=trials, budget=budget, parallel=parallel_measure)
+    stderr(f"tuned {summary['path']} on {summary['gpu']}: {summary['measured']} measured, "
+           f"{summary['changed']} choices changed, {summary['left_predicted']} still predicted")
+    if summary.get("parallel_measure"):
+        stderr(summary_line(summary["parallel_measure"]))

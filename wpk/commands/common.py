@@ -1,0 +1,86 @@
+"""What several subcommands share: parsing shapes and the target flags, printing, writing.
+
+Exit codes follow DESIGN.md: a user error raises a `WpkError` (reported by
+`wpk.cli.main` as one `error:` line and a `hint:` line, exit code 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from wpk.core.errors import OptionError
+
+SEARCHES = ("none", "ga", "rl", "random", "grid")
+PARALLEL_STREAMS = 4   # --parallel-measure without N (wpk.search.parallel_measure)
+DEVICE_HINT = "pass --cpu, or --gpu NAME with one of the presets listed by 'wpk devices'"
+
+
+def parse_shape(text: str, flag: str = "--input-shape") -> tuple[int, ...]:
+    """Parse `1x3x224x224` (or `1,3,224,224`) into a tuple of positive ints."""
+    parts = text.replace(",", "x").split("x")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise OptionError(f"{flag}: cannot read shape '{text}'",
+                          hint="write dimensions as positive integers joined by 'x', "
+                               "e.g. 1x3x224x224")
+    return dims
+
+
+def parse_input_shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    """Parse repeated `--input-shape NAME=1x3x224x224` options."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in values:
+        name, sep, shape = value.rpartition("=")
+        if not sep or not name:
+            raise OptionError(f"--input-shape: expected NAME=DIMS, got '{value}'",
+                              hint="e.g. --input-shape input=1x3x224x224")
+        shapes[name] = parse_shape(shape)
+    return shapes
+
+
+def target_of(cpu: bool, gpu: str | None) -> tuple[str, str | None]:
+    """('cpu', None) or ('cuda', preset name) from the --cpu / --gpu flags."""
+    if cpu and gpu:
+        raise OptionError("--cpu and --gpu are mutually exclusive", hint=DEVICE_HINT)
+    if gpu:
+        return "cuda", gpu
+    return "cpu", None
+
+
+def parallel_measure_option(help_text: str):
+    """The `--parallel-measure [N]` option of `wpk build` and `wpk tune`."""
+    return click.option("--parallel-measure", "parallel_measure", type=click.IntRange(1, 64),
+                        is_flag=False, flag_value=PARALLEL_STREAMS, default=None,
+                        metavar="[N]", help=f"{help_text} (default {PARALLEL_STREAMS}), "
+                                            "re-measure the fastest alone.")
+
+
+def stderr(message: str) -> None:
+    """One line on standard error."""
+    click.echo(message, err=True)
+
+
+def echo(renderable) -> None:
+    """Print text, or a rich renderable through a rich Console."""
+    if isinstance(renderable, str):
+        click.echo(renderable)
+    else:
+        from rich.console import Console
+
+        Console().print(renderable)
+
+
+def write_text(text: str, output: Path | None) -> None:
+    """`text` to standard output, or atomically to `output`."""
+    if output is None:
+        click.echo(text)
+        return
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(output)
+    stderr(f"wrote {output}")
