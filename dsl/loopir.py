@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 LOOP_KINDS = ("serial", "parallel", "unroll", "vectorize")
 GPU_BINDINGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z",
                 "threadIdx.x", "threadIdx.y", "threadIdx.z")
-SCOPES = ("global", "shared", "local")
 INT = "i32"
 
 
@@ -373,11 +372,6 @@ def bounds(expr: Expr, ranges: dict[str, tuple[int, int]]) -> tuple[int, int] | 
     if expr.op == "max":
         return max(a[0], b[0]), max(a[1], b[1])
     return None
-
-
-def loop_ranges(stmt: Stmt) -> dict[str, tuple[int, int]]:
-    """Inclusive range of every loop variable in a statement tree."""
-    return {n.var.name: (0, n.extent - 1) for n in walk(stmt) if isinstance(n, For)}
 
 
 # ----------------------------------------------------------------------------- printing

@@ -86,9 +86,6 @@ class StageSchedule:
                                 hint="use the names returned by split/fuse")
         return self.axes[name]
 
-    def leaves(self) -> list[Axis]:
-        return [self.axes[n] for n in self.order]
-
     # ------------------------------------------------------------------ primitives
     def split(self, name: str, factor: int) -> tuple[str, str]:
         """Split loop `name` into an outer loop and an inner loop of `factor` iterations."""
@@ -177,9 +174,11 @@ class StageSchedule:
         self.caches.append(CacheRead(tensor, scope, at))
 
     def compute_inline(self) -> None:
+        """Compute this temporary stage where it is read, not into a buffer of its own."""
         self.placement = "inline"
 
     def compute_root(self) -> None:
+        """Compute this temporary stage into its own buffer first (the default)."""
         self.placement = "root"
 
     # ------------------------------------------------------------------ queries

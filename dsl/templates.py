@@ -1,9 +1,10 @@
 """Schedule templates: named knobs per operator, a knob space per workload and target.
 
-`template_for(op, target, hw)` picks the template of a specialised operator:
-`ConvTemplate` (`wpk.dsl.template_conv`) for a stage shaped like a 2-D convolution (4 spatial axes
-n, k, y, x and reduction axes c, r, s), `GenericTemplate` for everything else
-(elementwise, pooling, reductions, matmul with a 2-D register tile).
+The bases of schedule templates and the generic one; the operators' own
+templates (convolution, tiled GEMM) live in `wpk.kernels.templates`, whose
+`template_for(op, target, hw)` picks the template of a specialised operator.
+`GenericTemplate` schedules any operator (elementwise, pooling, reductions,
+matmul with a 2-D register tile on the CPU).
 
 Every template offers
 * `space() -> KnobSpace` (ordered knob name -> choices, derived from the
@@ -23,9 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from wpk.core.errors import ScheduleError
-from wpk.dsl import gemm_cuda
 from wpk.dsl import loopir as L
-from wpk.dsl.rfactor import rf_stage_name, rfactor
 from wpk.dsl.schedule import Schedule, StageSchedule
 
 
@@ -336,33 +335,10 @@ class GenericTemplate(Template):
         total = math.prod(extents) if extents else 1
         threads = [t for t in (32, 64, 128, 256, 512, 1024)
                    if t <= self.limits.max_threads_per_block]
-        space = KnobSpace(threads=[t for t in threads if t <= max(32, total)] or [32],
-                          per_thread=[1, 2, 4])
-        if self._gemm:
-            space.update(gemm_cuda.gemm_knobs(stage, self.limits.max_threads_per_block))
-        return space
-
-    @functools.cached_property
-    def _gemm(self) -> bool:
-        """Whether the CUDA schedule may be the tiled GEMM (`wpk.dsl.gemm_cuda`)."""
-        return self.target == "cuda" and gemm_cuda.is_matmul_like(self.main_stage)
-
-    def knob_defaults(self) -> dict:
-        return dict(gemm_cuda.GEMM_DEFAULTS) if self._gemm else {}
-
-    def check_knobs(self, config: dict) -> str | None:
-        return gemm_cuda.check_gemm_knobs(config) if self._gemm else None
-
-    def transformed(self, config: dict):
-        """With `split_k` > 1, the operator summing partial products (`wpk.dsl.rfactor`)."""
-        if not self._gemm or config.get("split_k", 1) == 1:
-            return self.op
-        stage = self.main_stage
-        return rfactor(self.op, stage.name, stage.reduce.axes[0].name, config["split_k"])
+        return KnobSpace(threads=[t for t in threads if t <= max(32, total)] or [32],
+                         per_thread=[1, 2, 4])
 
     def preferred_points(self):
-        if self._gemm:
-            return gemm_cuda.preferred_points(self)
         points = list(self.space().points())
         if self.target == "cpu":
             lanes = self.limits.vector_lanes
@@ -373,10 +349,10 @@ class GenericTemplate(Template):
         return points
 
     def _apply(self, sched: Schedule, config: dict) -> None:
-        tiled = self._gemm and gemm_cuda.is_tiled(config)
-        if tiled:
-            gemm_cuda.schedule_gemm_cuda(sched, self.main_stage.name, config)
-        done = {self.main_stage.name, rf_stage_name(self.main_stage.name)} if tiled else set()
+        self.apply_generic(sched, config)
+
+    def apply_generic(self, sched: Schedule, config: dict, done=frozenset()) -> None:
+        """The generic schedule of every stage not inlined, fused or in `done`."""
         for stage in sched.op.stages:
             s = sched[stage.name]
             if s.placement == "inline" or _is_fused_epilogue(sched.op, stage) \
@@ -443,15 +419,3 @@ def _generic_gpu(s: StageSchedule, config: dict) -> None:
         s.reorder(block, thread, *reduce, inner)
         if reduce:
             s.cache_write(thread)
-
-
-def template_for(op, target: str = "cpu", hw=None) -> Template:
-    """The schedule template of a specialised operator for `target` ('cpu' or 'cuda')."""
-    if target not in ("cpu", "cuda"):
-        raise ScheduleError(f"unknown target {target!r}", hint="use cpu or cuda")
-    from wpk.dsl.template_conv import ConvTemplate, is_conv_stage
-
-    reduces = [s for s in op.stages if s.reduce is not None]
-    if len(reduces) == 1 and is_conv_stage(reduces[0]):
-        return ConvTemplate(op, target, hw)
-    return GenericTemplate(op, target, hw)

@@ -261,6 +261,3 @@ def epilogue_onnx_nodes(steps: Sequence[EpilogueStep], value_name: str,
             value = _emit_unary(w, step, value, target)
     return w.nodes
 
-
-# The name the brief first used; kept as an alias.
-epilogue_to_onnx_nodes = epilogue_onnx_nodes

@@ -1,7 +1,7 @@
 """Generated kernels: ONNX workloads mapped onto DSL operators, compiled with a searched schedule.
 
     mapping = map_workload(workload)        # DslMapping, or a str saying why it does not map
-    space = search_space(workload, "cpu")   # the schedule knobs the tuners search
+    template = template_of(workload, "cpu")   # its knob space is what the tuners search
     kernel = DSL_CPU.prepare(workload, consts, config)   # kernel(inputs, outputs)
 
 `DSL_CPU` (name `dsl.cpu`, kind `generated`) is a registered `Implementation`.
@@ -41,6 +41,7 @@ import numpy as np
 
 from wpk.core.errors import WpkError
 from wpk.core.workload import Workload
+from wpk.kernels import templates
 from wpk.kernels.generated_ops import MAPPERS, bind, coalesce, fold_operand
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
@@ -57,7 +58,6 @@ class DslMapping:
     bindings: dict
     feeds: dict[str, int]
     output: str
-    library_op: str              # the library operator it came from ("" when written here)
     packed: tuple = ()           # (param, input index, packer, blocks, block): packed once
 
 
@@ -81,7 +81,7 @@ def _elementwise(w: Workload) -> DslMapping | str:
     op = with_epilogue(op, steps, dict(zip(operands, shapes)))
     feeds = {"X": 0} | {f"E{i}": i for i in operands}
     all_shapes = {"X": new_out} | {f"E{i}": s for i, s in zip(operands, shapes)}
-    return DslMapping(op, bind(op, all_shapes), feeds, "Y", "")
+    return DslMapping(op, bind(op, all_shapes), feeds, "Y")
 
 
 def _map(w: Workload) -> DslMapping | str:
@@ -130,9 +130,7 @@ def _map(w: Workload) -> DslMapping | str:
     op = with_epilogue(op, w.epilogue, folded)
     feeds = feeds | {f"E{i}": i for i in operands}
     shapes = dict(shapes) | {f"E{i}": s for i, s in folded.items()}
-    return DslMapping(op, bind(op, shapes, scalars), feeds, op.outputs[0],
-                      "" if op.name.startswith(("gemm_", "elementwise", "conv_nchwc"))
-                      else op.name, packed)
+    return DslMapping(op, bind(op, shapes, scalars), feeds, op.outputs[0], packed)
 
 
 _MAPPINGS: dict[str, DslMapping | str] = {}
@@ -154,11 +152,11 @@ def map_workload(workload: Workload) -> DslMapping | str:
 
 @functools.lru_cache(maxsize=256)
 def _template(key: str, target: str):
-    from wpk.dsl.build import specialize_for
-    from wpk.dsl.templates import template_for
+    from wpk.dsl.compute import specialize
+    from wpk.kernels.templates import template_for
 
     mapping = _MAPPINGS[key]
-    return template_for(specialize_for(mapping.op, mapping.bindings), target)
+    return template_for(specialize(mapping.op, mapping.bindings), target)
 
 
 def template_of(workload: Workload, target: str = "cpu"):
@@ -170,14 +168,6 @@ def template_of(workload: Workload, target: str = "cpu"):
         raise UnsupportedError(f"{workload.label}: {mapping}",
                                hint="only workloads that map to DSL operators can be tuned")
     return _template(workload.key, target)
-
-
-def search_space(workload: Workload, target: str = "cpu"):
-    """The schedule `SearchSpace` of a workload's generated kernel on `target`."""
-    from wpk.search.space import SearchSpace
-
-    template = template_of(workload, target)
-    return SearchSpace.from_template(template, name=workload.label)
 
 
 def default_config(workload: Workload, target: str = "cpu") -> dict:
@@ -197,13 +187,13 @@ def compile_generated(workload: Mapping, config: Mapping | None = None) -> str:
         from wpk.core.errors import UnsupportedError
 
         raise UnsupportedError(f"{w.label}: {mapping}", hint="not a generated-kernel workload")
-    func = build.lower_for(mapping.op, mapping.bindings, dict(config or {}), "cpu")
+    func = templates.lower_for(mapping.op, mapping.bindings, dict(config or {}), "cpu")
     return str(build.compile_c(generate_c(func)))
 
 
 def compile_job(workload: Workload, config: Mapping):
     """The `CompileJob` that puts the workload's kernel for `config` in the compile cache."""
-    from wpk.search.compile_pool import CompileJob
+    from wpk.kernels.jobs import CompileJob
 
     return CompileJob("wpk.kernels.generated:compile_generated",
                       {"workload": workload.to_json(), "config": dict(config)},
@@ -229,7 +219,7 @@ class DslCpu(Implementation):
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        from wpk.dsl.build import build_cpu
+        from wpk.kernels.templates import build_cpu
 
         mapping = map_workload(workload)
         if isinstance(mapping, str):

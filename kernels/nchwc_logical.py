@@ -99,8 +99,3 @@ def logical_consts(workload: Workload, consts: dict[int, np.ndarray]) -> dict[in
     padded = logical_inputs(workload, [consts.get(i) for i in range(len(workload.inputs))])
     return {i: padded[i] for i in consts}
 
-
-def block_outputs(workload: Workload, outputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Logical outputs -> the blocked outputs of the workload."""
-    b = int(workload.attr("block"))
-    return [fmt.block(y, b) for y in outputs]

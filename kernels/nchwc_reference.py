@@ -14,13 +14,8 @@ import numpy as np
 
 from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
-from wpk.kernels.nchwc_logical import NCHWC_DOMAIN, logical_inputs, logical_workload
+from wpk.kernels.nchwc_logical import logical_inputs, logical_workload
 from wpk.kernels.reference import reference
-
-
-def is_nchwc(workload: Workload) -> bool:
-    """Whether the workload is one of the blocked-layout ops."""
-    return workload.domain == NCHWC_DOMAIN
 
 
 def nchwc_reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from wpk import __version__
+from wpk.core.devices import cpu_fingerprint
 from wpk.core.graph import Graph
+from wpk.core.version import __version__
 from wpk.plans.buffers import plan_graph_buffers
-from wpk.plans.planfile import FORMAT_VERSION, Plan, Step, cpu_fingerprint
+from wpk.plans.planfile import FORMAT_VERSION, Plan, Step
 from wpk.plans.planner import NodeWorkloadLike, PlanChoices
 
 

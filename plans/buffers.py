@@ -47,9 +47,6 @@ class BufferPlan:
             return 0
         return self.offsets[-1] + _align(self.sizes[-1], self.alignment)
 
-    def offset_of(self, tensor: str) -> int:
-        return self.offsets[self.assignment[tensor]]
-
     def to_json(self) -> dict:
         return {
             "alignment": self.alignment,

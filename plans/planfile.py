@@ -25,12 +25,10 @@ that the file is a zip, the format version, every checksum and the device.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import json
 import os
-import platform
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -40,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from wpk import __version__
+from wpk.core.devices import cpu_fingerprint
 from wpk.core.errors import PlanError
+from wpk.core.version import __version__
 from wpk.core.workload import Workload
 from wpk.plans.buffers import BufferPlan
 
@@ -51,23 +50,9 @@ WEIGHTS = "weights.npz"
 REPORT = "report.json"
 KERNELS = "kernels/"
 REBUILD_HINT = "rebuild the plan with `wpk build`"
-# CPU features worth recording: those a native kernel may be compiled for.
-ISA_FLAGS = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
-             "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-             "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
 REQUIRED_KEYS = ("target", "steps", "workloads", "buffers", "inputs", "outputs", "members",
                  "manifest_sha256")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same plan gives the same bytes
-
-
-@functools.cache
-def cpu_fingerprint() -> dict:
-    """The host CPU: machine, core count and the ISA flags of ISA_FLAGS it has."""
-    from wpk.core.devices import cpu_flags
-
-    flags = set(cpu_flags())
-    return {"kind": "cpu", "machine": platform.machine(), "cores": os.cpu_count() or 1,
-            "isa": [flag for flag in ISA_FLAGS if flag in flags]}
 
 
 @dataclass(frozen=True)

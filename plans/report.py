@@ -31,13 +31,15 @@ from wpk.search.measure import Measurement
 REPORT_VERSION = 1
 
 
-def _candidate_entry(measurement: Measurement) -> dict:
+def candidate_entry(measurement: Measurement) -> dict:
+    """A candidate's entry in the report."""
     data = measurement.to_json()
     return {name: data[name] for name in ("label", "impl", "kind", "status", "median_s",
                                           "spread_s", "rel_l2_error", "message")}
 
 
-def _workload_entry(choice: Choice) -> dict:
+def workload_entry(choice: Choice) -> dict:
+    """A workload's entry in the report (without its share of the latency)."""
     chosen = choice.measurement.to_json()
     return {
         "key": choice.workload.key, "label": choice.workload.label, "op": choice.workload.op,
@@ -47,7 +49,7 @@ def _workload_entry(choice: Choice) -> dict:
         "median_s": chosen["median_s"], "spread_s": chosen["spread_s"],
         "latency_s": (chosen["median_s"] or 0.0) * choice.count,
         "fallback": choice.is_fallback,
-        "candidates": [_candidate_entry(m) for m in choice.measurements],
+        "candidates": [candidate_entry(m) for m in choice.measurements],
     }
 
 
@@ -71,27 +73,37 @@ def make_report(choices: PlanChoices, *, target: str = "cpu", model: str = "",
                 build_time_s: float | None = None, buffers: BufferPlan | None = None,
                 options: Any = None) -> dict:
     """The report document of a build (see the module docstring for its shape)."""
-    workloads = [_workload_entry(choice) for choice in choices]
+    workloads = [workload_entry(choice) for choice in choices]
+    report = {
+        "report_version": REPORT_VERSION, "model": model, "target": target,
+        "device": dict(device or {}), "build_time_s": build_time_s,
+        "options": to_jsonable(options) or {}, "totals": {},
+        "passes": to_jsonable(pass_report), "workloads": workloads,
+    }
+    update_totals(report, buffers)
+    return report
+
+
+def update_totals(report: dict, buffers: BufferPlan | None = None) -> None:
+    """Recompute the workloads' shares and the totals of `report` (after its workloads
+    changed); the buffer figures stay unless `buffers` is given."""
+    workloads = report["workloads"]
     total = sum(w["latency_s"] for w in workloads)
     for entry in workloads:
         entry["share"] = entry["latency_s"] / total if total > 0 else 0.0
     candidates = [c for w in workloads for c in w["candidates"]]
-    totals = {
+    totals = report.setdefault("totals", {})
+    totals.update({
         "latency_s": total,
         "workloads": len(workloads),
         "nodes": sum(w["count"] for w in workloads),
         "fallback_nodes": sum(w["count"] for w in workloads if w["fallback"]),
         "candidates": len(candidates),
         "verified": sum(1 for c in candidates if c["status"] == "ok"),
-        "arena_bytes": buffers.arena_bytes if buffers else None,
-        "no_reuse_bytes": buffers.no_reuse_bytes if buffers else None,
-    }
-    return {
-        "report_version": REPORT_VERSION, "model": model, "target": target,
-        "device": dict(device or {}), "build_time_s": build_time_s,
-        "options": to_jsonable(options) or {}, "totals": totals,
-        "passes": to_jsonable(pass_report), "workloads": workloads,
-    }
+    })
+    if buffers is not None or "arena_bytes" not in totals:
+        totals["arena_bytes"] = buffers.arena_bytes if buffers else None
+        totals["no_reuse_bytes"] = buffers.no_reuse_bytes if buffers else None
 
 
 def by_share(report: Mapping) -> list[dict]:

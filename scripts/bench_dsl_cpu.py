@@ -192,8 +192,7 @@ def timeit(fn, repeat: int) -> float:
 
 def tune(shape, x, wt, max_configs, threads, jobs):
     from wpk.dsl import compute as C
-    from wpk.dsl.build import build_cpu
-    from wpk.dsl.templates import template_for
+    from wpk.kernels.templates import build_cpu, template_for
 
     op, bindings = wpk_setup(shape, x, wt)
     template = template_for(C.specialize(op, bindings), "cpu")

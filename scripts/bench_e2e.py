@@ -48,7 +48,7 @@ DEFAULT_MODELS = ("light_resnet50", "light_squeezenet", "transformer_encoder")
 
 def machine_description() -> dict:
     """CPU model, cores, ISA flags and the versions of everything measured."""
-    from wpk.plans.planfile import cpu_fingerprint
+    from wpk.core.devices import cpu_fingerprint
 
     cpu_model = platform.processor()
     try:

@@ -38,10 +38,12 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
-from wpk.dsl.build import build_cpu, specialize_for  # noqa: E402
-from wpk.dsl.compute import infer_bindings  # noqa: E402
-from wpk.dsl.templates import template_for  # noqa: E402
+from wpk.dsl.compute import (
+    infer_bindings,  # noqa: E402
+    specialize,
+)
 from wpk.kernels.dsl_library import load_operator  # noqa: E402
+from wpk.kernels.templates import build_cpu, template_for
 from wpk.search.cost_model import CostModelFilter  # noqa: E402
 from wpk.search.space import SearchSpace  # noqa: E402
 from wpk.search.tuners import make_tuner  # noqa: E402
@@ -70,7 +72,7 @@ class ConvWorkload:
         self.w = rng.standard_normal((k, c, r, r)).astype(np.float32)
         pads = {"pad_t": pad, "pad_l": pad, "pad_b": pad, "pad_r": pad}
         self.bindings = infer_bindings(self.op, {"X": self.x, "Wt": self.w}, pads)
-        template = template_for(specialize_for(self.op, self.bindings), "cpu")
+        template = template_for(specialize(self.op, self.bindings), "cpu")
         self.space = SearchSpace.from_template(template, name=label)
         self.session = _ort_conv(self.x.shape, self.w, pad)
         self.expected = self.session.run(None, {"X": self.x})[0]

@@ -8,7 +8,7 @@
 
 A job names a function `"module:name"` and its keyword arguments (JSON);
 the worker imports and calls it. `CompileJob.c_source` and `CompileJob.dsl`
-build the two jobs wpk needs (C source -> shared library, DSL library
+(`wpk.kernels.jobs`) build the two jobs wpk needs (C source -> shared library, DSL library
 operator + bindings + schedule config -> shared library); both go through
 the compile cache (`wpk.dsl.toolchain`), so the measuring worker's
 `prepare` finds the library there. A job that runs past its timeout has its
@@ -22,38 +22,15 @@ import os
 import select
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from wpk.core.errors import OptionError
+from wpk.kernels.jobs import CompileJob
 from wpk.search.measure import Status
 from wpk.search.worker_process import WorkerCrash, WorkerProcess, WorkerTimeout
 
 DEFAULT_COMPILE_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True)
-class CompileJob:
-    """A call `function(**kwargs)` to run in a compile worker ("module:name")."""
-
-    function: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    label: str = ""
-
-    @staticmethod
-    def c_source(source: str, flags: Sequence[str] | None = None, label: str = "") -> CompileJob:
-        """C source -> path of its shared library (default flags: `wpk.dsl.toolchain.c_flags()`)."""
-        kwargs = {"source": source} | ({} if flags is None else {"flags": list(flags)})
-        return CompileJob("wpk.search.compile_pool:compile_c_source", kwargs, label or "C source")
-
-    @staticmethod
-    def dsl(op: str, bindings: Mapping[str, Any], config: Mapping[str, Any] | None = None,
-            label: str = "") -> CompileJob:
-        """DSL library operator `op` for `bindings` under schedule `config` -> .so path."""
-        return CompileJob("wpk.search.compile_pool:compile_dsl_operator",
-                          {"op": op, "bindings": dict(bindings),
-                           "config": None if config is None else dict(config)},
-                          label or f"{op}{dict(config or {})}")
 
 
 @dataclass(frozen=True)
@@ -69,24 +46,6 @@ class CompileResult:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
-
-
-def compile_c_source(source: str, flags: Sequence[str] | None = None) -> str:
-    """Compile C source through the compile cache; the shared library's path."""
-    from wpk.dsl import build
-
-    return str(build.compile_c(source, None if flags is None else tuple(flags)))
-
-
-def compile_dsl_operator(op: str, bindings: Mapping[str, Any],
-                         config: Mapping[str, Any] | None = None) -> str:
-    """Lower, generate and compile DSL library operator `op` (what `build_cpu` would load)."""
-    from wpk.dsl import build
-    from wpk.dsl.codegen_c import generate_c
-    from wpk.kernels.dsl_library import load_operator
-
-    func = build.lower_for(load_operator(op), dict(bindings), config, "cpu")
-    return str(build.compile_c(generate_c(func)))
 
 
 def usable_cores() -> int:

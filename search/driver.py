@@ -1,23 +1,23 @@
 """The search driver: tune the generated kernels of workloads and hand the winners on.
 
-    result = tune_workload(workload, "ga", trials=64, deadline=None, measurer=measurer,
-                           compile_pool=pool, reference_time=vendor_s, seed=0)
+    result = tune_workload(workload, "ga", trials=64, deadline=None, runner=runner,
+                           generated=target.generated, compile_pool=pool,
+                           reference_time=vendor_s, seed=0)
     results = tune_model(items, TuneOptions("ga", trials=32, budget_s=900), vendor_times,
-                         measurer=measurer, compile_pool=pool)
-    plan(items, providers=[registry_candidates, generated_provider(results)],
-         measure=final_preferring(measurer))
+                         runner=runner, generated=target.generated, compile_pool=pool)
+    extra = generated_candidates(results, target.generated)   # the winners, for the planner
 
 One workload is tuned in a loop: the tuner proposes a batch; invalid points
 are rejected by the template's `validate` inside the tuner (penalised, never
 compiled); an optional cost model keeps the predicted best of a larger pool;
 the batch's configs not yet in the records are compiled in parallel in the
 `CompilePool`; each is verified and timed in the isolated worker through the
-`RecordedMeasurer` (a recorded config is reused, not measured); the costs go
+`RecordedRunner` (a recorded config is reused, not measured); the costs go
 back to the tuner. The loop ends at `trials` measured configs, at the
 deadline, when the tuner has nothing left, or early when the best has not
 improved by more than 1% during the last `patience` trials. The `k` fastest
 records of the workload (generated and vendor alike) are then re-measured
-alone with more repeats before the winner is chosen (`RecordedMeasurer.finalize`).
+alone with more repeats before the winner is chosen (`RecordedRunner.finalize`).
 
 `tune_model` spends `--budget` on the workloads with the largest share of the
 model latency first (`wpk.search.budget`) with at most `--trials` each, and
@@ -36,16 +36,14 @@ from typing import Any
 
 from wpk.core.errors import OptionError, WpkError
 from wpk.core.workload import Workload
+from wpk.kernels.generated import map_workload
 from wpk.kernels.registry import Candidate
+from wpk.kernels.target import GeneratedKernels
 from wpk.search.budget import EarlyStop, ShareEntry, by_latency_share, shares, time_slice
-from wpk.search.generated_target import CPU_IMPL, CPU_MODULES, GeneratedTarget, generated_target
 from wpk.search.measure import Measurement
-from wpk.search.recorded import RecordedMeasurer
-from wpk.search.records import FINAL, best_of
-from wpk.search.workers import CandidateSpec
+from wpk.search.recorded import RecordedRunner
+from wpk.search.space import SearchSpace
 
-GENERATED_IMPL = CPU_IMPL
-GENERATED_MODULES = CPU_MODULES
 DEFAULT_TRIALS = 32
 DEFAULT_BUDGET_TRIALS = 64   # per workload when only --budget limits the search
 
@@ -87,42 +85,35 @@ class TuneResult:
                 "winner": None if self.final is None else self.final.label}
 
 
-def generated_spec(config: Mapping) -> CandidateSpec:
-    """The worker-side spec of a generated CPU kernel with schedule `config`."""
-    return generated_target("cpu").spec(config)
-
-
-def _compile(pool, workload: Workload, configs: Sequence[dict], measurer: RecordedMeasurer,
-             generated: GeneratedTarget) -> None:
+def _compile(pool, workload: Workload, configs: Sequence[dict], runner: RecordedRunner,
+             generated: GeneratedKernels) -> None:
     """Fill the compile cache for the configs that the records do not hold yet (`pool` is a
     `CompilePool`, or anything with `compile(jobs)`)."""
     if pool is None:
         return
-    todo = [c for c in configs if measurer.lookup(workload, generated.spec(c)) is None]
+    todo = [c for c in configs if runner.lookup(workload, generated.spec(c)) is None]
     if todo:
         pool.compile(generated.compile_jobs(workload, todo))
 
 
 def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = DEFAULT_TRIALS,
-                  deadline: float | None = None, measurer: RecordedMeasurer,
-                  compile_pool=None, reference_time: float | None = None, seed: int = 0,
+                  deadline: float | None = None, runner: RecordedRunner,
+                  generated: GeneratedKernels, compile_pool=None,
+                  reference_time: float | None = None, seed: int = 0,
                   on_progress: ProgressFn | None = None, batch_size: int = 8,
                   patience: int = 16, min_gain: float = 0.01, cost_model: bool = False,
-                  finalize_k: int = 3, target: str = "cpu",
-                  tuner_options: Mapping[str, Any] | None = None,
-                  generated: GeneratedTarget | None = None) -> TuneResult:
-    """Search the schedule space of the workload's generated kernel (see the module
-    docstring); `deadline` is a `time.monotonic()` value. `generated` says which generated
-    implementation is tuned (default: the one of `target`, a CUDA one needs its preset).
-    Returns the best config found."""
+                  finalize_k: int = 3,
+                  tuner_options: Mapping[str, Any] | None = None) -> TuneResult:
+    """Search the schedule space of the workload's kernel in `generated` (a target's
+    generated kernels; see the module docstring); `deadline` is a `time.monotonic()`
+    value. Returns the best config found."""
     from wpk.search.tuners import make_tuner
 
     if trials < 1:
         raise OptionError(f"--trials must be at least 1, got {trials}")
-    generated = generated or generated_target(target)
     started = time.monotonic()
     result = TuneResult(workload, tuner_name, reference_s=reference_time)
-    space = generated.space(workload)
+    space = SearchSpace.from_template(generated.template(workload), name=workload.label)
     tuner = make_tuner(tuner_name, space, seed, **dict(tuner_options or {}))
     if cost_model:
         from wpk.search.cost_model import CostModelFilter
@@ -140,10 +131,10 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
         configs = tuner.next_batch(min(batch_size, trials - result.trials))
         if not configs:
             break
-        _compile(compile_pool, workload, configs, measurer, generated)
+        _compile(compile_pool, workload, configs, runner, generated)
         done, costs = [], []
         specs = [generated.spec(config) for config in configs]
-        for index, m, fresh in measurer.iter_batch(workload, specs, deadline):
+        for index, m, fresh in runner.iter_batch(workload, specs, deadline):
             config = configs[index]
             result.measured += fresh
             cost = m.median_s if m.ok else None
@@ -164,8 +155,8 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
             break
     result.invalid = sum(1 for t in tuner.history if t.status == "invalid")
     if finalize_k > 0 and result.best_config is not None:
-        result.final = measurer.finalize(workload, k=finalize_k)
-        best = best_generated(measurer, workload, generated.impl)
+        result.final = runner.finalize(workload, k=finalize_k)
+        best = best_generated(runner, workload, generated.impl)
         if best is not None:
             result.best_config, result.best_s = dict(best.config), best.median_s
     result.seconds = time.monotonic() - started
@@ -174,13 +165,10 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
     return result
 
 
-def best_generated(measurer: RecordedMeasurer, workload: Workload,
-                   impl: str = GENERATED_IMPL):
-    """The fastest verified generated record (of `impl`) of the workload (final records
-    preferred)."""
-    records = [r for r in measurer.store.for_workload(workload.key, measurer.fingerprint)
-               if r.impl == impl]
-    return best_of(records)
+def best_generated(runner: RecordedRunner, workload: Workload, impl: str):
+    """The winning record of implementation `impl` of the workload (`RecordedRunner.best`:
+    the re-measured ones decide), or None."""
+    return runner.best(workload, impl)
 
 
 # ----------------------------------------------------------------------------- a whole model
@@ -206,11 +194,9 @@ class TuneOptions:
         return DEFAULT_BUDGET_TRIALS if self.budget_s is not None else DEFAULT_TRIALS
 
 
-def tunable(items: Sequence, target: str = "cpu") -> dict[str, tuple[Workload, int]]:
+def tunable(items: Sequence) -> dict[str, tuple[Workload, int]]:
     """Distinct workloads (by key, graph order) that map to a generated kernel, with their
     node counts."""
-    from wpk.kernels.generated import map_workload
-
     found: dict[str, tuple[Workload, int]] = {}
     for item in items:
         w = item.workload
@@ -222,16 +208,15 @@ def tunable(items: Sequence, target: str = "cpu") -> dict[str, tuple[Workload, i
 
 
 def tune_model(items: Sequence, options: TuneOptions, vendor_times: Mapping[str, float], *,
-               measurer: RecordedMeasurer, compile_pool=None, progress: bool = False,
-               deadline: float | None = None, target: str = "cpu",
-               stream=None, generated: GeneratedTarget | None = None
+               runner: RecordedRunner, generated: GeneratedKernels, compile_pool=None,
+               progress: bool = False, deadline: float | None = None, stream=None
                ) -> dict[str, TuneResult]:
     """Tune every tunable workload of `items` (NodeWorkloads), largest share of the model
     latency (`vendor_times[key]` x node count) first, within `options.budget_s` seconds
     (or the absolute monotonic `deadline`, whichever is sooner) and `options.trials` each.
-    `generated` is the generated implementation tuned (default: `target`'s). A workload
-    whose template has no space on the target is left untuned (stopped 'unsupported')."""
-    workloads = tunable(items, target)
+    `generated` is the target's generated kernels. A workload whose template has no space
+    on the target is left untuned (stopped 'unsupported')."""
+    workloads = tunable(items)
     entries = [ShareEntry(k, float(vendor_times.get(k, math.nan)), n)
                for k, (_, n) in workloads.items()]
     order = by_latency_share(entries)
@@ -259,12 +244,12 @@ def tune_model(items: Sequence, options: TuneOptions, vendor_times: Mapping[str,
             try:
                 results[entry.key] = tune_workload(
                     workload, options.tuner, trials=options.trials_per_workload,
-                    deadline=limit, measurer=measurer, compile_pool=compile_pool,
+                    deadline=limit, runner=runner, generated=generated,
+                    compile_pool=compile_pool,
                     reference_time=_finite(entry.vendor_s), seed=options.seed,
                     on_progress=display.update, batch_size=options.batch_size,
                     patience=options.patience, min_gain=options.min_gain,
-                    cost_model=options.cost_model, finalize_k=options.finalize_k,
-                    target=target, generated=generated)
+                    cost_model=options.cost_model, finalize_k=options.finalize_k)
             except OptionError:
                 raise
             except WpkError as exc:  # no schedule template for this workload on the target
@@ -280,30 +265,15 @@ def _finite(value: float) -> float | None:
 
 
 # ----------------------------------------------------------------------------- planner glue
-def generated_provider(results: Mapping[str, TuneResult],
-                       generated: GeneratedTarget | None = None):
-    """A planner candidate provider: the best generated kernel of each tuned workload
-    (of `generated`, default the CPU's)."""
-    generated = generated or generated_target("cpu")
-
-    def provide(workload: Workload, target: str) -> list[Candidate]:
+def generated_candidates(results: Mapping[str, TuneResult], generated: GeneratedKernels):
+    """`(workload) -> [Candidate]`: the best generated kernel of each tuned workload, for
+    the planner's second pass."""
+    def provide(workload: Workload) -> list[Candidate]:
         found = results.get(workload.key)
-        if target != generated.target or found is None or found.best_config is None:
+        if found is None or found.best_config is None:
             return []
         return [generated.candidate(found.best_config)]
     return provide
-
-
-def final_preferring(measurer: RecordedMeasurer):
-    """A planner `measure=`: a candidate's final (re-measured) record when it has one, else
-    `measurer.planner_measure` (the search record, or a fresh recorded measurement)."""
-    def measure(workload: Workload, candidate: Candidate, **kwargs) -> Measurement:
-        record = measurer.lookup(workload, candidate, phase=FINAL)
-        if record is not None:
-            measurer.reused += 1
-            return record.to_measurement()
-        return measurer.planner_measure(workload, candidate, **kwargs)
-    return measure
 
 
 # ----------------------------------------------------------------------------- display

@@ -1,11 +1,11 @@
 """Measuring candidates on the GPU: verify against float64, time with CUDA events.
 
     m = measure_candidate(workload, candidate, rng=rng)          # in this process
-    m = measure_isolated_cuda(worker, workload, candidate)       # in a MeasureWorker child
+    MeasureWorker(timer="cuda-events").measure(workload, spec)   # the same in a worker
     result = measure_parallel(workload, candidates, rng=rng)     # several streams at once
 
 `measure_candidate` has the signature of `wpk.search.measure.measure_candidate`
-(so `wpk tune` and the planner can swap it in): fresh random inputs (static
+(the 'cuda-events' timer of `wpk.search.runner.TIMERS`): fresh random inputs (static
 inputs exact; the candidates of one workload share one set and its float64
 reference, `shared_inputs`), uploaded once; constants passed to `prepare` as device
 arrays; outputs poisoned with NaN on the device; the relative L2 error
@@ -23,13 +23,12 @@ own stream, re-measures the `top` fastest alone (with L2 flushes), and
 picks the winner among those; it reports the tuning time it saved against
 measuring every candidate alone (estimated from the medians).
 
-Without cupy or a GPU these functions raise `DeviceError`; the worker entry
-point `measure_request` turns that into a failed measurement.
+Without cupy or a GPU these functions raise `DeviceError`; the worker turns
+that into a failed measurement.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -54,7 +53,6 @@ from wpk.search.measure import (
 )
 
 DEFAULT_L2_BYTES = 50 * 1024 * 1024
-MEASURE_FUNCTION = "wpk.search.measure_cuda:measure_request"
 
 
 def l2_flush_bytes(l2_bytes: int | None) -> int:
@@ -276,63 +274,6 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
 
 
 # ----------------------------------------------------------------------------- workers
-
-
-def measure_request(workload: Mapping, candidate: Mapping, options: Mapping | None = None,
-                    seed: int = 0) -> dict:
-    """Worker entry point (`{"kind": "call", "function": MEASURE_FUNCTION}`): JSON in,
-    {'measurement': JSON} out; a missing GPU is a failed measurement, not an exception."""
-    from wpk.kernels import registry
-    from wpk.search.workers import CandidateSpec
-
-    load = Workload.from_json(workload)
-    spec = CandidateSpec(candidate["impl"], dict(candidate.get("config", {})),
-                         tuple(candidate.get("modules", ())))
-    options = dict(options or {})
-    options["timeout"] = options.pop("run_timeout_s", None)
-    try:
-        for module in spec.modules:
-            importlib.import_module(module)
-        impl = registry.get(spec.impl)
-        measurement = measure_candidate(load, Candidate(impl, spec.config),
-                                        rng=np.random.default_rng(seed), **options)
-    except Exception as exc:  # DeviceError (no GPU), unknown implementation ...
-        measurement = Measurement(label=spec.label, impl=spec.impl, config=spec.config,
-                                  status=Status.RUNTIME_ERROR, message=_describe(exc),
-                                  workload_key=load.key)
-    return {"measurement": measurement.to_json()}
-
-
-def measure_isolated_cuda(worker, workload: Workload, candidate, options=None,
-                          seed: int = 0) -> Measurement:
-    """`measure_candidate` in a `MeasureWorker`'s child process: a crash or a hang costs
-    this candidate only (status runtime_error / timeout)."""
-    from wpk.search.workers import (
-        CandidateSpec,
-        WorkerCrash,
-        WorkerTimeout,
-        crash_location,
-        failed_measurement,
-    )
-
-    options = options or worker.options
-    spec = CandidateSpec.of(candidate)
-    kwargs = {"workload": workload.to_json(), "candidate": spec.to_json(),
-              "options": {k: v for k, v in options.to_json().items()}, "seed": int(seed)}
-    try:
-        reply = worker.process.request({"kind": "call", "function": MEASURE_FUNCTION,
-                                        "kwargs": kwargs}, options.timeout_s)
-    except WorkerTimeout:
-        return failed_measurement(workload.key, spec, Status.TIMEOUT,
-                                  f"no result within {options.timeout_s:g} s; worker killed")
-    except WorkerCrash as crash:
-        where = crash_location(crash.stderr_tail)
-        return failed_measurement(workload.key, spec, Status.RUNTIME_ERROR,
-                                  crash.reason + (f" at {where}" if where else ""))
-    if "error" in reply:
-        return failed_measurement(workload.key, spec, Status.RUNTIME_ERROR,
-                                  f"worker failed: {reply['error']}")
-    return Measurement.from_json(reply["result"]["measurement"])
 
 
 # ----------------------------------------------------------------------------- parallel

@@ -1,37 +1,48 @@
 """`--parallel-measure N`: the candidates of a workload timed together on N CUDA streams.
 
-    summary = ParallelSummary(streams=4)
-    many = in_process_many(summary, streams=4)          # planner / `wpk tune`: measure_many
-    batch = isolated_batch(worker, summary, streams=4)  # search: RecordedMeasurer batch_fn
+    runner = ParallelRunner(base, streams=4, summary=ParallelSummary(4))
+    measurements = runner.run(workload, candidates)   # concurrently, the fastest alone
+    runner.measure(workload, candidate)               # one candidate alone (base runner)
     summary.to_json()  # {'streams', 'workloads', 'candidates', 'wall_s', 'saved_s', ...}
 
-Both run `wpk.search.measure_cuda.measure_parallel`: every candidate verified
-against the float64 reference, the verified ones timed concurrently (one
-stream each, round robin), the `top` fastest re-measured alone with L2 flushes
-(`measure_candidate`); the winner is the fastest of those. Per candidate the
-caller gets the alone re-measurement when there is one, else the contended
+`run` executes `wpk.search.measure_cuda.measure_parallel` in this process (base
+a `LocalRunner`) or in the base's worker process (an `IsolatedRunner`: a crash
+or a hang costs the batch, whose candidates are then failed measurements, not
+the build): every candidate verified against the float64 reference, the
+verified ones timed concurrently (one stream each, round robin), the `top`
+fastest re-measured alone with L2 flushes (`measure_candidate`). Per candidate
+the caller gets the alone re-measurement when there is one, else the contended
 timing marked `extra["contended"]` (which ranks but never wins against a time
-taken alone), or the failure. `ParallelSummary` adds up, over workloads, the
-wall time and the estimated time of measuring every candidate alone; their
-difference is the tuning time saved, shown in the build/tune summary and in
-`wpk report` (`report["parallel_measure"]`).
-
-`isolated_batch` runs `measure_parallel` in a `MeasureWorker`'s child (the
-search's isolation: a crash or a hang costs the batch, whose candidates are
-then recorded as failed, not the build).
+taken alone, `wpk.search.choice`), or the failure. `ParallelSummary` adds up,
+over workloads, the wall time and the estimated time of measuring every
+candidate alone; their difference is the tuning time saved, shown in the
+build/tune summary and in `wpk report` (`report["parallel_measure"]`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from wpk.core.errors import OptionError
 from wpk.core.workload import Workload
-from wpk.kernels.registry import Candidate
+from wpk.kernels.jobs import CandidateSpec
 from wpk.search.measure import Measurement, Status
+from wpk.search.measure_cuda import ParallelResult, measure_parallel
+from wpk.search.runner import (
+    AnyCandidate,
+    IsolatedRunner,
+    LocalRunner,
+    Runner,
+    as_candidate,
+    failed,
+)
+from wpk.search.worker_process import WorkerCrash, WorkerTimeout
+from wpk.search.workers import MeasureOptions
+
+MEASURE_FIELDS = ("warmup", "repeats", "max_repeats", "min_time", "tolerance", "run_timeout_s")
 
 DEFAULT_STREAMS = 4
 DEFAULT_TOP = 3
@@ -86,78 +97,84 @@ def summary_line(data: Mapping) -> str:
             "(estimated)")
 
 
-def in_process_many(summary: ParallelSummary, streams: int = DEFAULT_STREAMS,
-                    top: int = DEFAULT_TOP) -> Callable[..., list[Measurement]]:
-    """A planner `measure_many` (and `wpk tune`'s): `measure_parallel` in this process."""
-    def measure_many(workload: Workload, candidates: Sequence[Candidate], *, rng,
-                     **timing) -> list[Measurement]:
-        from wpk.search.measure_cuda import measure_parallel
-
-        result = measure_parallel(workload, list(candidates), rng=rng, streams=streams,
-                                  top=top, **timing)
-        summary.add(result)
-        return result.measurements()
-    return measure_many
-
-
 def parallel_request(workload: Mapping, candidates: Sequence[Mapping],
                      options: Mapping | None = None, seed: int = 0,
                      streams: int = DEFAULT_STREAMS, top: int = DEFAULT_TOP) -> dict:
     """Worker entry point (`{"kind": "call", "function": PARALLEL_FUNCTION}`): JSON in,
     {'parallel': ParallelResult JSON} out; a missing GPU fails every candidate."""
-    import importlib
-
-    from wpk.kernels import registry
-    from wpk.search.measure_cuda import ParallelResult, measure_parallel
-    from wpk.search.workers import CandidateSpec
-
     load = Workload.from_json(workload)
-    specs = [CandidateSpec(c["impl"], dict(c.get("config", {})), tuple(c.get("modules", ())))
-             for c in candidates]
-    options = dict(options or {})
-    options["timeout"] = options.pop("run_timeout_s", None)
+    specs = [CandidateSpec.from_json(c) for c in candidates]
+    timing = MeasureOptions(**{k: v for k, v in dict(options or {}).items()
+                               if k in MEASURE_FIELDS}).timing()
     try:
-        for module in dict.fromkeys(m for s in specs for m in s.modules):
-            importlib.import_module(module)
-        chosen = [Candidate(registry.get(s.impl), s.config) for s in specs]
+        chosen = [as_candidate(s) for s in specs]
         result = measure_parallel(load, chosen, rng=np.random.default_rng(seed),
-                                  streams=streams, top=top, **options)
+                                  streams=streams, top=top, **timing)
     except Exception as exc:  # DeviceError (no GPU), unknown implementation ...
-        from wpk.search.measure import _describe
-
-        failed = [Measurement(label=s.label, impl=s.impl, config=dict(s.config),
-                              status=Status.RUNTIME_ERROR, message=_describe(exc),
-                              workload_key=load.key) for s in specs]
-        result = ParallelResult(failed, {}, None, 0.0, 0.0, streams)
+        why = f"{type(exc).__name__}: {exc}"
+        result = ParallelResult([failed(load, s, Status.RUNTIME_ERROR, why) for s in specs],
+                                {}, None, 0.0, 0.0, streams)
     return {"parallel": result.to_json()}
 
 
-def isolated_batch(worker, summary: ParallelSummary, streams: int = DEFAULT_STREAMS,
-                   top: int = DEFAULT_TOP):
-    """A `RecordedMeasurer` batch_fn: `measure_parallel` in `worker`'s child process, with a
-    wall-clock limit of the worker's per-measurement limit times (candidates + top)."""
-    def batch(workload: Workload, specs: Sequence, options=None,
-              seeds: Sequence[int] = ()) -> list[Measurement]:
-        from wpk.search.measure_cuda import ParallelResult
-        from wpk.search.workers import WorkerCrash, WorkerTimeout, failed_measurement
+class ParallelRunner(Runner):
+    """Times a workload's candidates together on `streams` CUDA streams (module docstring)."""
 
-        options = options or worker.options
-        limit = options.timeout_s * (len(specs) + top)
+    concurrent = True
+
+    def __init__(self, base: LocalRunner | IsolatedRunner, streams: int = DEFAULT_STREAMS,
+                 summary: ParallelSummary | None = None, top: int = DEFAULT_TOP):
+        super().__init__(base.options, base.seed)
+        self.base = base
+        self.streams = check_streams(streams)
+        self.summary = summary if summary is not None else ParallelSummary(self.streams)
+        self.top = top
+
+    def measure(self, workload: Workload, candidate: AnyCandidate,
+                options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
+        return self.base.measure(workload, candidate, options, seed)
+
+    def run(self, workload: Workload, candidates: Sequence[AnyCandidate],
+            options: MeasureOptions | None = None) -> list[Measurement]:
+        if not candidates:
+            return []
+        options = options or self.options
+        seed = self.seed_of(workload, candidates[0])
+        if isinstance(self.base, IsolatedRunner):
+            result = self._isolated(workload, candidates, options, seed)
+            if isinstance(result, list):
+                return result
+        else:
+            result = measure_parallel(workload, [as_candidate(c) for c in candidates],
+                                      rng=np.random.default_rng(seed), streams=self.streams,
+                                      top=self.top, **options.timing())
+        self.summary.add(result)
+        return result.measurements()
+
+    def _isolated(self, workload: Workload, candidates: Sequence[AnyCandidate],
+                  options: MeasureOptions, seed: int):
+        """`measure_parallel` in the base's worker, with a wall-clock limit of the per-
+        measurement limit times (candidates + top); a list of failures when it fails."""
+        specs = [CandidateSpec.of(c) for c in candidates]
+        limit = options.timeout_s * (len(specs) + self.top)
         kwargs = {"workload": workload.to_json(), "candidates": [s.to_json() for s in specs],
-                  "options": options.to_json(), "seed": int(seeds[0]) if seeds else 0,
-                  "streams": streams, "top": top}
+                  "options": options.to_json(), "seed": int(seed), "streams": self.streams,
+                  "top": self.top}
         try:
-            reply = worker.process.request({"kind": "call", "function": PARALLEL_FUNCTION,
-                                            "kwargs": kwargs}, limit)
+            reply = self.base.worker.process.request(
+                {"kind": "call", "function": PARALLEL_FUNCTION, "kwargs": kwargs}, limit)
         except (WorkerTimeout, WorkerCrash) as exc:
             status = Status.TIMEOUT if isinstance(exc, WorkerTimeout) else Status.RUNTIME_ERROR
             why = (f"the parallel batch gave no result within {limit:g} s; worker killed"
                    if status is Status.TIMEOUT else f"the parallel batch crashed: {exc}")
-            return [failed_measurement(workload.key, s, status, why) for s in specs]
+            return [failed(workload, s, status, why) for s in specs]
         if "error" in reply:
-            return [failed_measurement(workload.key, s, Status.RUNTIME_ERROR,
-                                       f"worker failed: {reply['error']}") for s in specs]
-        result = ParallelResult.from_json(reply["result"]["parallel"])
-        summary.add(result)
-        return result.measurements()
-    return batch
+            return [failed(workload, s, Status.RUNTIME_ERROR, f"worker failed: {reply['error']}")
+                    for s in specs]
+        return ParallelResult.from_json(reply["result"]["parallel"])
+
+    def prefetch(self, workload: Workload, candidates: Sequence[AnyCandidate]) -> None:
+        self.base.prefetch(workload, candidates)
+
+    def close(self) -> None:
+        self.base.close()

@@ -1,30 +1,33 @@
-"""Tuning records: append-only JSON lines, one measurement a line (see DESIGN.md).
+"""Tuning records: the `Database` of measurements, append-only JSON lines (see DESIGN.md).
 
-    fp = target_fingerprint()                       # this host, its gcc, the codegen version
-    store = RecordStore("tuning.jsonl")             # reads what is there (tolerantly)
-    record = TuningRecord.from_measurement(measurement, workload, fp)
-    store.append(record)                            # one line, flushed and fsynced
-    store.lookup(workload.key, fp, "dsl.conv2d", {"tile": 8})  -> TuningRecord | None
-    store.best(workload.key, fp)                    -> fastest ok TuningRecord | None
+    db = RecordStore("tuning.jsonl")                # reads what is there (tolerantly)
+    db = RecordStore(None)                          # in memory (a build without --db)
+    record = TuningRecord.from_measurement(measurement, workload, target.fingerprint())
+    db.commit(record)                               # one line, flushed and fsynced
+    db.lookup(workload.key, fp, "dsl.cpu", {"tile_k": 8})  -> TuningRecord | None
+    db.top_k(workload.key, fp, k=3)                 -> the k best candidates' records
     merge([a, b], out)                              -> MergeSummary (dedupes identical lines)
+
+`Database` is the protocol the search and the planner use (lookup, commit,
+top_k, records, len); `RecordStore` implements it over a JSON-lines file, or
+in memory without a path.
 
 A record is self-describing: it holds the workload's JSON as well as its key,
 and the target fingerprint (device arch/ISA, compiler version, codegen
 version) as well as the fingerprint's key, so records from another machine or
 an older compiler never match. `phase` tells a search measurement ("search")
 from the re-measurement of a top candidate before the winner is chosen
-("final"); `best` prefers a candidate's final record to its search records.
+("final"); a candidate's final record stands for it when ranking.
 
-Each `append` is one `write` of one line followed by flush and fsync, so a
+Each `commit` is one `write` of one line followed by flush and fsync, so a
 build killed at any point loses no completed record; a torn last line from a
-kill is skipped with a warning when read, and the next append starts on a
+kill is skipped with a warning when read, and the next commit starts on a
 fresh line. A corrupted line elsewhere is skipped with a warning naming
 file:line. A record from a newer schema version raises `RecordError`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -33,10 +36,12 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from wpk.core.errors import WpkError
 from wpk.core.workload import Workload
+from wpk.kernels.target import TargetFingerprint
+from wpk.search.choice import ranked
 from wpk.search.measure import Measurement, Status
 
 SCHEMA_VERSION = 1
@@ -55,61 +60,6 @@ class RecordWarning(UserWarning):
 def canonical_json(value: Any) -> str:
     """Sorted-keys, no-whitespace JSON (the identity of configs and fingerprints)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-@dataclass(frozen=True)
-class TargetFingerprint:
-    """What a measurement depends on besides the workload: device, compiler, code generator."""
-
-    device: str      # e.g. 'cpu:x86_64:avx2,fma' or 'cuda:sm_90' (HardwareSpec.fingerprint)
-    compiler: str    # first line of `gcc --version` / nvcc version
-    codegen: str     # wpk.dsl.toolchain.CODEGEN_VERSION
-
-    @property
-    def key(self) -> str:
-        """16 hex digits identifying the fingerprint."""
-        return hashlib.sha256(canonical_json(self.to_json()).encode()).hexdigest()[:16]
-
-    def to_json(self) -> dict:
-        return {"device": self.device, "compiler": self.compiler, "codegen": self.codegen}
-
-    @staticmethod
-    def from_json(data: Mapping) -> TargetFingerprint:
-        return TargetFingerprint(str(data["device"]), str(data["compiler"]),
-                                 str(data["codegen"]))
-
-
-def target_fingerprint(hw=None, compiler: str | None = None) -> TargetFingerprint:
-    """The fingerprint of `hw` (a `wpk.core.devices.HardwareSpec`; default: this host's CPU).
-
-    `compiler` defaults to gcc's version for a CPU target and to nvcc's (or
-    NVRTC's) for a CUDA one; 'none' when no compiler is found.
-    """
-    from wpk.dsl import toolchain
-
-    if hw is None:
-        from wpk.core.devices import host_cpu
-
-        hw = host_cpu()
-    if compiler is None:
-        compiler = _compiler_version(hw.kind)
-    return TargetFingerprint(hw.fingerprint, compiler, toolchain.CODEGEN_VERSION)
-
-
-def _compiler_version(kind: str) -> str:
-    from wpk.dsl import toolchain
-
-    try:
-        if kind == "cuda":
-            from wpk.dsl import toolchain_cuda
-
-            nvcc = toolchain_cuda.find_nvcc()
-            if nvcc:
-                return toolchain_cuda.tool_version(nvcc)
-            return f"nvrtc {toolchain_cuda.nvrtc_version()}"
-        return toolchain.compiler_version(toolchain.c_compiler())
-    except Exception:  # no compiler: records still work, they just never match a real one
-        return "none"
 
 
 def _fingerprint_key(fingerprint: TargetFingerprint | str) -> str:
@@ -265,34 +215,62 @@ def read_records(path: Path | str) -> Iterator[TuningRecord]:
             warnings.warn(f"{path}:{number}: {why}; skipped", RecordWarning, stacklevel=2)
 
 
+class Database(Protocol):
+    """Where measurements are kept and found again (after TVM MetaSchedule's database)."""
+
+    def lookup(self, workload_key: str, fingerprint: TargetFingerprint | str, impl: str,
+               config: Mapping, phase: str | None = SEARCH) -> TuningRecord | None:
+        """The latest record of one candidate (in `phase`; any phase with None), or None."""
+
+    def commit(self, record: TuningRecord) -> None:
+        """Keep a record (durably, before returning, where the database is a file)."""
+
+    def top_k(self, workload_key: str, fingerprint: TargetFingerprint | str, k: int = 1,
+              impl: str | None = None) -> list[TuningRecord]:
+        """The `k` best candidates of a workload (of implementation `impl`), best first."""
+
+    def records(self, workload_key: str | None = None,
+                fingerprint: TargetFingerprint | str | None = None) -> list[TuningRecord]:
+        """Every record (of a workload, on a fingerprint), in commit order."""
+
+    def __len__(self) -> int:
+        """How many records it holds."""
+
+
 class RecordStore:
-    """An append-only JSON-lines file of `TuningRecord`s, indexed in memory.
+    """The `Database` of `TuningRecord`s: an append-only JSON-lines file indexed in memory,
+    or (`path` None) memory only.
 
     Opening reads every existing record. `appended` counts the records this
-    instance wrote (the measurements a build actually made).
+    instance committed (the measurements a build actually made).
     """
 
-    def __init__(self, path: Path | str):
-        self.path = Path(path)
-        self.records: list[TuningRecord] = []
+    def __init__(self, path: Path | str | None):
+        self.path = None if path is None else Path(path)
+        self._records: list[TuningRecord] = []
         self._index: dict[tuple[str, str, str, str], list[TuningRecord]] = {}
         self.appended = 0
-        for record in read_records(self.path):
+        for record in read_records(self.path) if self.path is not None else ():
             self._add(record)
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self._records)
 
     def __iter__(self) -> Iterator[TuningRecord]:
-        return iter(self.records)
+        return iter(self._records)
 
     def _add(self, record: TuningRecord) -> None:
-        self.records.append(record)
+        self._records.append(record)
         self._index.setdefault(record.identity, []).append(record)
 
-    def append(self, record: TuningRecord) -> None:
-        """Write one record as one line, flushed and fsynced before returning."""
-        line = record.to_line().encode()
+    def commit(self, record: TuningRecord) -> None:
+        """Keep one record; in a file, one line, flushed and fsynced before returning."""
+        if self.path is not None:
+            self._write(record.to_line().encode())
+        self._add(record)
+        self.appended += 1
+
+    def _write(self, line: bytes) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -306,8 +284,6 @@ class RecordStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._add(record)
-        self.appended += 1
 
     def lookup(self, workload_key: str, fingerprint: TargetFingerprint | str, impl: str,
                config: Mapping, phase: str | None = SEARCH) -> TuningRecord | None:
@@ -319,41 +295,43 @@ class RecordStore:
                 return record
         return None
 
-    def for_workload(self, workload_key: str,
-                     fingerprint: TargetFingerprint | str | None = None) -> list[TuningRecord]:
-        """Every record of a workload (on one fingerprint, or all), in file order."""
+    def records(self, workload_key: str | None = None,
+                fingerprint: TargetFingerprint | str | None = None) -> list[TuningRecord]:
+        """Every record (of a workload, on one fingerprint), in file order."""
         key = None if fingerprint is None else _fingerprint_key(fingerprint)
-        return [r for r in self.records if r.workload_key == workload_key
+        return [r for r in self._records
+                if (workload_key is None or r.workload_key == workload_key)
                 and (key is None or r.fingerprint.key == key)]
+
+    def top_k(self, workload_key: str, fingerprint: TargetFingerprint | str, k: int = 1,
+              impl: str | None = None) -> list[TuningRecord]:
+        """The `k` fastest ok candidates of a workload on a fingerprint (of `impl`), fastest
+        first: a candidate's latest final record (re-measurement) stands for it when it has
+        one, else its latest search record; ranked by `wpk.search.choice`."""
+        found = [r for r in self.records(workload_key, fingerprint)
+                 if impl is None or r.impl == impl]
+        return top_records(found, k)
 
     def best(self, workload_key: str,
              fingerprint: TargetFingerprint | str) -> TuningRecord | None:
-        """The fastest ok candidate of a workload on a fingerprint, or None.
-
-        A candidate's latest final record (re-measurement) stands for it when it
-        has one, else its latest search record; ties go to the earlier record;
-        records timed alone beat those timed concurrently (`extra["contended"]`).
-        """
-        return best_of(self.for_workload(workload_key, fingerprint))
+        """The best candidate's record of a workload on a fingerprint, or None."""
+        best = self.top_k(workload_key, fingerprint, 1)
+        return best[0] if best else None
 
     def workload_keys(self) -> list[str]:
         """Distinct workload keys, in order of first appearance."""
-        return list(dict.fromkeys(r.workload_key for r in self.records))
+        return list(dict.fromkeys(r.workload_key for r in self._records))
 
 
-def best_of(records: Iterable[TuningRecord]) -> TuningRecord | None:
-    """`RecordStore.best` over any records (one fingerprint assumed)."""
+def top_records(records: Iterable[TuningRecord], k: int = 1) -> list[TuningRecord]:
+    """`RecordStore.top_k` over any records (one fingerprint assumed)."""
     representative: dict[tuple, TuningRecord] = {}
     for record in records:
         ident = record.identity
         held = representative.get(ident)
         if held is None or record.phase == FINAL or held.phase != FINAL:
             representative[ident] = record
-    ok = [r for r in representative.values() if r.ok and math.isfinite(r.median_s)]
-    # Times taken concurrently with other candidates (--parallel-measure) rank, they do not
-    # decide: a candidate timed alone wins over them whenever there is one.
-    alone = [r for r in ok if not r.extra.get("contended")]
-    return min(alone or ok, key=lambda r: r.median_s, default=None)
+    return [record for record, _ in ranked([(r, r) for r in representative.values()])][:k]
 
 
 def _ends_without_newline(path: Path) -> bool:

@@ -8,7 +8,10 @@ answers each request in turn:
 
 * `{"kind": "init", "sys_path": [...]}` -> `{"ok": true}` (the parent's import path);
 * `{"kind": "measure", "workload": ..., "candidate": CandidateSpec JSON,
-  "options": {...}, "seed": int}` -> `{"measurement": Measurement JSON}`;
+  "options": {...}, "seed": int, "timer": "host" | "cuda-events"}` ->
+  `{"measurement": Measurement JSON}` (the timer's function of
+  `wpk.search.runner.TIMERS`; its exceptions, such as no GPU, are failed
+  measurements);
 * `{"kind": "call", "function": "module:name", "kwargs": {...}}` ->
   `{"result": ...}` (compile jobs);
 
@@ -63,7 +66,8 @@ def _measure(request: Mapping) -> dict:
     from wpk.core.workload import Workload
     from wpk.kernels import registry
     from wpk.kernels.registry import Candidate
-    from wpk.search.measure import Measurement, Status, measure_candidate
+    from wpk.search.measure import Measurement, Status
+    from wpk.search.runner import timer_function
 
     workload = Workload.from_json(request["workload"])
     spec = request["candidate"]
@@ -71,6 +75,12 @@ def _measure(request: Mapping) -> dict:
     impl_name, config = spec["impl"], dict(spec.get("config") or {})
     args = ",".join(f"{k}={v}" for k, v in sorted(config.items()))
     label = f"{impl_name}[{args}]" if config else impl_name
+
+    def failure(status: Status, message: str) -> dict:
+        return {"measurement": Measurement(label=label, impl=impl_name, config=config,
+                                           status=status, workload_key=workload.key,
+                                           message=message).to_json()}
+
     try:
         for module in spec.get("modules") or ():
             try:
@@ -82,16 +92,18 @@ def _measure(request: Mapping) -> dict:
         if artifact and not os.path.exists(artifact):
             raise FileNotFoundError(f"artifact {artifact} is missing")
     except Exception as exc:  # the candidate cannot be built here: a compile error
-        failure = Measurement(label=label, impl=impl_name, config=config,
-                              status=Status.COMPILE_ERROR, workload_key=workload.key,
-                              message=f"cannot load implementation {impl_name!r}: "
-                                      f"{_describe(exc)}")
-        return {"measurement": failure.to_json()}
-    measurement = measure_candidate(
-        workload, Candidate(implementation, config), rng=np.random.default_rng(request["seed"]),
-        warmup=options.get("warmup", 2), repeats=options.get("repeats", 5),
-        max_repeats=options.get("max_repeats", 50), min_time=options.get("min_time", 0.05),
-        tolerance=options.get("tolerance"), timeout=options.get("run_timeout_s"))
+        return failure(Status.COMPILE_ERROR,
+                       f"cannot load implementation {impl_name!r}: {_describe(exc)}")
+    try:
+        measure = timer_function(request.get("timer", "host"))
+        measurement = measure(
+            workload, Candidate(implementation, config),
+            rng=np.random.default_rng(request["seed"]), warmup=options.get("warmup", 2),
+            repeats=options.get("repeats", 5), max_repeats=options.get("max_repeats", 50),
+            min_time=options.get("min_time", 0.05), tolerance=options.get("tolerance"),
+            timeout=options.get("run_timeout_s"))
+    except Exception as exc:  # no GPU for a CUDA timer, a device error ...
+        return failure(Status.RUNTIME_ERROR, _describe(exc))
     return {"measurement": measurement.to_json()}
 
 

@@ -1,85 +1,47 @@
 """Isolated measurement and parallel compilation in worker processes.
 
-    spec = CandidateSpec("dsl.conv2d", {"tile": 8}, modules=("wpk.search.bridge",))
+    spec = CandidateSpec("dsl.cpu", {"tile_k": 8}, modules=("wpk.kernels.generated",))
     with MeasureWorker() as worker:                     # one long-lived child process
         m = worker.measure(workload, spec, MeasureOptions(repeats=10), seed=0)
-    m = measure_isolated(workload, candidate_or_spec)  # through a shared default worker
-    top = remeasure_top(workload, measurements, k=3)    # alone, more repeats; top[0] wins
-
+    with MeasureWorker(timer="cuda-events") as worker:  # CUDA events, on the GPU
+        ...
     with CompilePool(jobs=4) as pool:                   # one worker per core by default
         results = pool.compile([CompileJob.dsl("gemm", bindings, config), ...], timeout_s=60)
 
 Every child is `python -m wpk.search.worker_main` (see its docstring for the
 protocol), in its own session so a Ctrl-C reaches only the build, which then
-kills its workers. A `MeasureWorker` verifies and times candidates with
-`wpk.search.measure.measure_candidate` (fresh random inputs, NaN-poisoned
-outputs, float64 reference, warm-up, repeats, median and spread, cache flush).
-The parent turns what the child cannot report into a `Measurement`: a hang
-past `timeout_s` is killed (status timeout), a death by signal is a
-runtime_error naming the signal (SIGSEGV ...) with the tail of the child's
-stderr (faulthandler's traceback). The worker is restarted only after such a
-failure, so its start cost is paid once per build, not per candidate.
+kills its workers. A `MeasureWorker` verifies and times candidates with the
+function of its timer (`wpk.search.runner.TIMERS`: fresh random inputs,
+NaN-poisoned outputs, float64 reference, warm-up, repeats, median and spread,
+cache or L2 flush). The parent turns what the child cannot report into a
+`Measurement`: a hang past `timeout_s` is killed (status timeout), a death by
+signal is a runtime_error naming the signal (SIGSEGV ...) with the tail of the
+child's stderr (faulthandler's traceback). The worker is restarted only after
+such a failure, so its start cost is paid once per build, not per candidate.
 
-A candidate crosses the process boundary as a `CandidateSpec`: the child
-imports `modules`, looks the implementation up by name in the registry
-(`wpk.kernels.registry.get`) and calls its `prepare`; generated kernels are
+A candidate crosses the process boundary as a `CandidateSpec`
+(`wpk.kernels.jobs`): the child imports its modules, looks the implementation
+up by name in the registry and calls its `prepare`; generated kernels are
 registered implementations whose `prepare` loads from the compile cache,
 which a `CompilePool` has filled in parallel beforehand.
 """
 
 from __future__ import annotations
 
-import atexit
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from wpk.core.errors import OptionError
 from wpk.core.workload import Workload
+from wpk.kernels.jobs import CandidateSpec
 from wpk.kernels.registry import Candidate
-from wpk.search.compile_pool import CompileJob, CompilePool, CompileResult
 from wpk.search.measure import Measurement, Status
 from wpk.search.worker_process import WorkerCrash, WorkerProcess, WorkerTimeout
-
-__all__ = ["CandidateSpec", "CompileJob", "CompilePool", "CompileResult", "MeasureOptions",
-           "MeasureWorker", "WorkerCrash", "WorkerProcess", "WorkerTimeout", "default_worker",
-           "crash_location", "failed_measurement", "measure_isolated", "remeasure_top"]
 
 MEASURE_PRELOAD = ("wpk.kernels.builtin",)
 
 
 # ----------------------------------------------------------------------------- measuring
-@dataclass(frozen=True)
-class CandidateSpec:
-    """A candidate the worker can rebuild: registry name, config, modules to import first
-    (those that register the implementation) and, optionally, its compiled artifact."""
-
-    impl: str
-    config: Mapping[str, Any] = field(default_factory=dict)
-    modules: tuple[str, ...] = ()
-    artifact: str | None = None
-
-    @property
-    def label(self) -> str:
-        if not self.config:
-            return self.impl
-        return f"{self.impl}[{','.join(f'{k}={v}' for k, v in sorted(self.config.items()))}]"
-
-    @staticmethod
-    def of(candidate: Candidate | CandidateSpec, modules: Sequence[str] = ()) -> CandidateSpec:
-        """The spec of a registry `Candidate` (its implementation's module is imported first)."""
-        if isinstance(candidate, CandidateSpec):
-            extra = tuple(m for m in modules if m not in candidate.modules)
-            return replace(candidate, modules=candidate.modules + extra) if extra else candidate
-        home = type(candidate.implementation).__module__
-        names = tuple(dict.fromkeys([*modules, *([] if home == "__main__" else [home])]))
-        return CandidateSpec(candidate.implementation.name, dict(candidate.config), names)
-
-    def to_json(self) -> dict:
-        return {"impl": self.impl, "config": dict(self.config), "modules": list(self.modules),
-                "artifact": self.artifact}
-
-
 @dataclass(frozen=True)
 class MeasureOptions:
     """How a worker measures: warm-up runs, least/most timed runs and the least total time
@@ -104,6 +66,12 @@ class MeasureOptions:
         return {"warmup": self.warmup, "repeats": self.repeats, "max_repeats": self.max_repeats,
                 "min_time": self.min_time, "tolerance": self.tolerance,
                 "run_timeout_s": self.run_timeout_s}
+
+    def timing(self) -> dict:
+        """Keyword arguments of a measuring function (`measure_candidate`)."""
+        return {"warmup": self.warmup, "repeats": self.repeats,
+                "max_repeats": self.max_repeats, "min_time": self.min_time,
+                "tolerance": self.tolerance, "timeout": self.run_timeout_s}
 
     def scaled(self, factor: int) -> MeasureOptions:
         """The same options with `factor` times the repeats, their cap, the least time and
@@ -137,12 +105,14 @@ class MeasureWorker:
     """A long-lived child process that verifies and times one candidate at a time.
 
     `options` are the defaults of `measure`; `env` the child's environment (default:
-    this process's when the child starts, e.g. WPK_CACHE_DIR).
+    this process's when the child starts, e.g. WPK_CACHE_DIR); `timer` names the
+    measuring function (`wpk.search.runner.TIMERS`).
     """
 
     def __init__(self, options: MeasureOptions | None = None,
-                 env: Mapping[str, str] | None = None):
+                 env: Mapping[str, str] | None = None, timer: str = "host"):
         self.options = options or MeasureOptions()
+        self.timer = timer
         self.process = WorkerProcess(MEASURE_PRELOAD, env)
         self.measurements = 0
 
@@ -167,7 +137,7 @@ class MeasureWorker:
         options = options or self.options
         spec = CandidateSpec.of(candidate)
         message = {"kind": "measure", "workload": workload.to_json(), "candidate": spec.to_json(),
-                   "options": options.to_json(), "seed": int(seed)}
+                   "options": options.to_json(), "seed": int(seed), "timer": self.timer}
         self.measurements += 1
         try:
             reply = self.process.request(message, options.timeout_s)
@@ -186,43 +156,3 @@ class MeasureWorker:
         return replace(measurement, workload_key=workload.key,
                        extra={**measurement.extra, **({"artifact": spec.artifact}
                                                       if spec.artifact else {})})
-
-
-_DEFAULT_WORKER: MeasureWorker | None = None
-
-
-def default_worker() -> MeasureWorker:
-    """The process-wide worker `measure_isolated` uses (closed at exit)."""
-    global _DEFAULT_WORKER
-    if _DEFAULT_WORKER is None:
-        _DEFAULT_WORKER = MeasureWorker()
-        atexit.register(_DEFAULT_WORKER.close)
-    return _DEFAULT_WORKER
-
-
-def measure_isolated(workload: Workload, candidate: Candidate | CandidateSpec, *,
-                     options: MeasureOptions | None = None, seed: int = 0,
-                     worker: MeasureWorker | None = None) -> Measurement:
-    """Measure one candidate in an isolated worker (`worker`, or the default one)."""
-    return (worker or default_worker()).measure(workload, candidate, options, seed)
-
-
-def remeasure_top(workload: Workload, measurements: Sequence[Measurement], k: int = 3, *,
-                  modules: Sequence[str] = (), options: MeasureOptions | None = None,
-                  factor: int = 3, seed: int = 0,
-                  worker: MeasureWorker | None = None) -> list[Measurement]:
-    """Re-measure the `k` fastest ok candidates alone, with `factor` times the repeats, and
-    return the new measurements fastest first (failures last): element 0 is the winner.
-
-    `modules` are imported in the worker before the implementations are looked up.
-    Each new measurement carries `extra["phase"] == "final"`.
-    """
-    worker = worker or default_worker()
-    options = (options or worker.options).scaled(factor)
-    ok = sorted((m for m in measurements if m.ok), key=lambda m: m.median_s)
-    fresh = []
-    for index, old in enumerate(ok[:k]):
-        spec = CandidateSpec(old.impl, dict(old.config), tuple(modules))
-        new = worker.measure(workload, spec, options, seed=seed + index)
-        fresh.append(replace(new, extra={**new.extra, "phase": "final"}))
-    return sorted(fresh, key=lambda m: (not m.ok, m.median_s if m.ok else 0.0))

@@ -10,7 +10,7 @@ Imports are lazy so that `import wpk.dsl` (or any subsystem) stays light.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from wpk.core.version import __version__
 
 __all__ = ["__version__", "build", "load"]
 

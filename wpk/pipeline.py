@@ -2,9 +2,21 @@
 
     plan = build("model.onnx", target="cpu", output="model.wpk", strict=True)
 
-`BuildOptions` holds every `wpk build` flag of DESIGN.md; `build` validates
-them, runs load_model -> optimize -> extract_workloads -> planner -> buffer
-plan -> report, and returns the `Plan` (saved atomically when `output` is given).
+One path for every target. `BuildOptions` holds every `wpk build` flag of
+DESIGN.md; `build` validates them, makes the `Target` (a GPU preset must be
+present unless `--offline`) and its `Runner`, and runs load_model -> optimize
+-> extract_workloads -> `choose_implementations` -> plan assembly (buffer plan)
+-> report, returning the `Plan` (saved atomically when `output` is given).
+
+`choose_implementations` measures what the target offers for every workload
+(the planner); with `--search` it then tunes the generated kernel of every
+tunable workload (`wpk.search.driver`), largest share of the latency first,
+within `--trials` per workload and `--budget` for the build, and plans again
+with each workload's best generated kernel among the candidates. With
+`--search` or `--db` every measurement goes through the tuning records (in a
+worker process, so a crash or a hang costs one candidate): a rebuild with
+complete records measures nothing new. An `--offline` target's runner
+predicts instead of measuring.
 """
 
 from __future__ import annotations
@@ -12,15 +24,37 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from wpk.core.errors import OptionError
+from wpk.frontend import load_model
+from wpk.kernels.target import Target, create_target, target_class
+from wpk.passes import optimize
+from wpk.plans.assemble import assemble_plan
 from wpk.plans.planfile import Plan
+from wpk.plans.planner import PlanChoices, PlanOptions, plan
+from wpk.plans.predicted import mark_predicted
+from wpk.plans.progress import progress_bar
+from wpk.plans.report import make_report
+from wpk.search.compile_pool import CompilePool
+from wpk.search.driver import TuneOptions, generated_candidates, tune_model
+from wpk.search.parallel_measure import ParallelSummary, check_streams
+from wpk.search.recorded import RecordedRunner
+from wpk.search.records import RecordStore
+from wpk.search.runner import Runner, check_runner, create_runner
+from wpk.search.workers import MeasureOptions
+from wpk.workloads import extract_workloads
 
-TARGETS = ("cpu", "cuda")
 SEARCHES = ("none", "ga", "rl", "random", "grid")
+# Measurements of a search (and of the records), in the worker; the planner's own
+# measurements use the build's warmup/repeats/min_time.
+SEARCH_MEASURE = MeasureOptions(warmup=1, repeats=3, min_time=0.02)
+# Share of the remaining --budget the search may use; the rest covers re-measurement
+# of the top candidates and the final planner pass.
+SEARCH_SHARE = 0.9
+MIN_SEARCH_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -45,9 +79,7 @@ class BuildOptions:
     parallel_measure: int | None = None
 
     def __post_init__(self) -> None:
-        if self.target not in TARGETS:
-            raise OptionError(f"unknown target '{self.target}'",
-                              hint=f"use one of: {', '.join(TARGETS)}")
+        target_class(self.target)  # OptionError naming the known targets
         if self.search not in SEARCHES:
             raise OptionError(f"unknown search '{self.search}'",
                               hint=f"use one of: {', '.join(SEARCHES)}")
@@ -62,7 +94,7 @@ class BuildOptions:
             raise OptionError("warmup must be >= 0, repeats >= 1 and min_time >= 0")
         if self.gpu is not None and self.target != "cuda":
             raise OptionError(f"--gpu {self.gpu} needs target 'cuda', not '{self.target}'")
-        self._check_parallel_measure()
+        check_streams(self.parallel_measure)
         shapes = {}
         for name, shape in dict(self.input_shapes or {}).items():
             try:
@@ -73,22 +105,6 @@ class BuildOptions:
                                   "224)} or --input-shape x=1x3x224x224") from None
         object.__setattr__(self, "input_shapes", shapes)
 
-    def _check_parallel_measure(self) -> None:
-        """--parallel-measure N: CUDA streams, so an online GPU build only."""
-        from wpk.search.parallel_measure import check_streams
-
-        if check_streams(self.parallel_measure) is None:
-            return
-        if self.target != "cuda":
-            raise OptionError(f"--parallel-measure times candidates on CUDA streams; target "
-                              f"'{self.target}' has none",
-                              hint="drop --parallel-measure, or build with --gpu NAME on a "
-                                   "machine with that GPU")
-        if self.offline:
-            raise OptionError("--parallel-measure times candidates on the GPU, and an "
-                              "--offline build predicts instead of timing",
-                              hint="drop --parallel-measure, then run `wpk tune PLAN "
-                                   "--parallel-measure N` on the GPU")
 
     @classmethod
     def from_kwargs(cls, **options: Any) -> BuildOptions:
@@ -113,16 +129,6 @@ def _model_name(model: Any) -> str:
     return getattr(graph, "name", "") or "<model>"
 
 
-def _check_target(options: BuildOptions):
-    """None for the CPU; for cuda the GPU preset (DeviceError when it is absent and the
-    build is not --offline, see `wpk.offline.check_cuda_target`)."""
-    if options.target != "cuda":
-        return None
-    from wpk.offline import check_cuda_target
-
-    return check_cuda_target(options.gpu, options.offline)
-
-
 def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = None,
           **options: Any) -> Plan:
     """Build a plan for an ONNX model (path, bytes or ModelProto).
@@ -132,59 +138,88 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     """
     started = time.perf_counter()
     opts = BuildOptions.from_kwargs(target=target, **options)
-    gpu = _check_target(opts)
-    from wpk.frontend import load_model
-    from wpk.passes import optimize
-    from wpk.plans.assemble import assemble_plan
-    from wpk.plans.planner import PlanOptions, plan
-    from wpk.plans.progress import progress_bar
-    from wpk.plans.report import make_report
-    from wpk.workloads import extract_workloads
-
+    build_target = create_target(opts.target, gpu=opts.gpu, offline=opts.offline)
+    check_runner(build_target, opts.parallel_measure)  # before reading the model
     graph = load_model(model, opts.input_shapes)
     optimized, pass_report = optimize(graph, opts.target)
     items = extract_workloads(optimized)
-    plan_options = PlanOptions(warmup=opts.warmup, repeats=opts.repeats,
-                               min_time=opts.min_time, seed=opts.seed, strict=opts.strict)
-    search_summary = None
-    parallel_summary = None
-    if opts.search != "none" or (opts.db is not None and gpu is None):  # records, search
-        from wpk.search_build import plan_with_search
-
-        choices, search_summary = plan_with_search(items, opts, plan_options, gpu=gpu)
-        parallel_summary = search_summary.get("parallel_measure")
-    elif gpu is not None and opts.offline:  # every choice predicted (wpk.offline)
-        from wpk.offline import plan_offline
-
-        choices = plan_offline(items, gpu, plan_options, opts.progress, seed=opts.seed,
-                               jobs=opts.jobs)
-    elif gpu is not None:  # the GPU is present: measured with CUDA events
-        from wpk.offline import plan_measured
-
-        choices, parallel_summary = plan_measured(items, gpu, plan_options, opts.progress,
-                                                  parallel=opts.parallel_measure)
-    else:
-        with progress_bar(opts.progress, description="measuring") as on_progress:
-            choices = plan(items, opts.target, plan_options, on_progress)
-    device = None
-    if gpu is not None:
-        from wpk.offline import device_of
-
-        device = device_of(gpu)
-    result = assemble_plan(optimized, items, choices, opts.target, device=device)
+    choices, search, parallel = plan_workloads(items, build_target, opts, started)
+    result = assemble_plan(optimized, items, choices, opts.target, device=build_target.device())
     result.report = make_report(
         choices, target=opts.target, model=_model_name(model),
         device=result.manifest["device"], pass_report=pass_report,
         build_time_s=time.perf_counter() - started, buffers=result.buffer_plan,
         options=opts.to_json())
-    if search_summary is not None:
-        result.report["search"] = search_summary
-    if parallel_summary is not None:
-        result.report["parallel_measure"] = parallel_summary
-    if gpu is not None and opts.offline:
-        from wpk.offline import mark_predicted
-
-        mark_predicted(result, gpu, choices)
+    if search is not None:
+        result.report["search"] = search
+    if parallel is not None:
+        result.report["parallel_measure"] = parallel
+    if build_target.predicted:
+        mark_predicted(result, build_target.hardware, choices)
     if output is not None:
         result.save(output)
     return result
+
+
+def plan_workloads(items: Sequence, target: Target, opts: BuildOptions,
+                   started: float | None = None, records: bool | None = None):
+    """(choices, search summary or None, parallel summary or None) of `items`
+    (NodeWorkloads) on `target`, as `opts` says. `records` (default: with --search or
+    --db) measures through the tuning records."""
+    started = time.perf_counter() if started is None else started
+    summary = ParallelSummary(opts.parallel_measure) if opts.parallel_measure else None
+    if records is None:
+        records = opts.search != "none" or opts.db is not None
+    runner = create_runner(target, isolated=records and not target.predicted,
+                           parallel=opts.parallel_measure, seed=opts.seed, jobs=opts.jobs,
+                           summary=summary, options=SEARCH_MEASURE if records else None)
+    with runner:
+        if records:
+            runner = RecordedRunner(runner, RecordStore(opts.db), target.fingerprint())
+        choices, search = choose_implementations(items, target, runner, opts, started)
+    return choices, search, None if summary is None else summary.to_json()
+
+
+def choose_implementations(items: Sequence, target: Target, runner: Runner,
+                           opts: BuildOptions, started: float) -> tuple[PlanChoices, dict | None]:
+    """The planner's choices for `items` and, with records, the search summary (stored as
+    `report["search"]`: what was tuned, measured and reused); see the module docstring."""
+    plan_options = PlanOptions(warmup=opts.warmup, repeats=opts.repeats,
+                               min_time=opts.min_time, strict=opts.strict)
+    searching = opts.search != "none"
+    offered = 0 if searching else None  # a search finds the generated kernels itself
+    description = f"predicting for {target.hardware.name}" if target.predicted else "measuring"
+    with progress_bar(opts.progress, description=description) as on_progress:
+        choices = plan(items, lambda w: target.candidates(w, offered), runner, plan_options,
+                       on_progress)
+    if not isinstance(runner, RecordedRunner):
+        return choices, None
+    summary: dict = {"search": opts.search, "db": opts.db, "tuned": []}
+    if searching:
+        results = _tune(items, target, runner, opts, choices, started)
+        summary["tuned"] = [r.to_json() for r in results.values()]
+        extra = generated_candidates(results, target.generated)
+        with progress_bar(opts.progress, description="planning") as on_progress:
+            choices = plan(items, lambda w: [*target.candidates(w, 0), *extra(w)], runner,
+                           plan_options, on_progress)
+    summary.update(measured=runner.measured, reused=runner.reused,
+                   records=len(runner.database), fingerprint=runner.fingerprint.to_json())
+    if target.predicted:
+        summary["predicted"] = True
+    return choices, summary
+
+
+def _tune(items: Sequence, target: Target, runner: RecordedRunner, opts: BuildOptions,
+          choices: PlanChoices, started: float) -> dict:
+    """Tune every tunable workload's generated kernel (`wpk.search.driver.tune_model`)
+    within the rest of the budget."""
+    vendor = {c.workload.key: c.measurement.median_s for c in choices}
+    budget = None
+    if opts.budget is not None:
+        left = opts.budget - (time.perf_counter() - started)
+        budget = max(SEARCH_SHARE * left, MIN_SEARCH_S)
+    tune = TuneOptions(opts.search, opts.trials, budget, opts.seed,
+                       finalize_k=0 if target.predicted else 3)  # a prediction never changes
+    with CompilePool(opts.jobs) as pool:
+        return tune_model(items, tune, vendor, runner=runner, generated=target.generated,
+                          compile_pool=pool, progress=opts.progress)

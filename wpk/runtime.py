@@ -15,6 +15,7 @@ the next run. A session is not thread-safe: use one per thread.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.core.errors import DeviceError, InputError, PlanError
+from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
 from wpk.kernels.cpu.blas_threads import OneBlasThread
+from wpk.kernels.target import target_class
 from wpk.plans.planfile import KERNELS, Plan, read_plan
 
 _ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16",
@@ -51,13 +53,15 @@ def _shape_text(shape: Sequence[int]) -> str:
 
 
 class Session:
-    """A loaded plan, ready to run."""
+    """A loaded plan of the host CPU, ready to run."""
+
+    target = "cpu"
 
     def __init__(self, plan: Plan, path: str = "<plan>", merge_regions: bool = True,
                  spin_threads: bool = False):
-        if plan.target != "cpu":
-            raise DeviceError(f"plan '{path}' targets {plan.target}; this runtime executes "
-                              "cpu plans only so far", hint="rebuild the plan with --cpu")
+        if plan.target != self.target:
+            raise DeviceError(f"plan '{path}' targets {plan.target}; {type(self).__name__} "
+                              f"executes {self.target} plans", hint="load it with wpk.load")
         self.plan = plan
         self.path = path
         self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
@@ -85,14 +89,12 @@ class Session:
 
     @classmethod
     def load(cls, path: str | os.PathLike, spin_threads: bool = False) -> Session:
-        """Read, check and prepare the plan at `path` (a CUDA plan loads as a CudaSession);
-        `spin_threads`: onnxruntime regions spin during runs, stopping at the end of each."""
+        """Read, check and prepare the plan at `path`, as the session class of its target
+        (`Target.session`: a CUDA plan loads as a CudaSession); `spin_threads`: onnxruntime
+        regions spin during runs, stopping at the end of each (CPU plans)."""
         plan = read_plan(path)
-        if plan.target == "cuda" and cls is Session:
-            from wpk.runtime_cuda import CudaSession
-
-            return CudaSession(plan, os.fspath(path))
-        return cls(plan, os.fspath(path), spin_threads=spin_threads)
+        session_class = session_class_of(plan, os.fspath(path)) if cls is Session else cls
+        return session_class(plan, os.fspath(path), spin_threads=spin_threads)
 
     def __repr__(self) -> str:
         return (f"<Session {self.path}: {len(self._calls)} steps, "
@@ -281,6 +283,16 @@ class Session:
                                       f"{meta.name}={'x'.join(map(str, array.shape)) or '1'} "
                                       "for this shape")
             np.copyto(self._input_views[meta.name], array)
+
+
+def session_class_of(plan: Plan, path: str = "<plan>") -> type[Session]:
+    """The runtime session class of the plan's target (`Target.session`)."""
+    try:
+        module, _, name = target_class(plan.target).session.partition(":")
+    except OptionError:
+        raise PlanError(f"plan '{path}' targets '{plan.target}', which this wpk does not know",
+                        hint="rebuild the plan with this wpk version") from None
+    return getattr(importlib.import_module(module), name)
 
 
 def _uses_blas(plan: Plan) -> bool:

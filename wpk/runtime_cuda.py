@@ -17,8 +17,6 @@ synchronise, stay outside). A run copies the feeds into pinned host buffers
 and from there into the arena, replays the graphs, copies the outputs into
 pinned host buffers and synchronises once: no allocation, one host sync.
 
-`measure_candidate` is the GPU measurement (`wpk.search.measure_cuda`), the
-function `wpk tune` uses.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from wpk.core.workload import TensorSpec
 from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.plans.planfile import KERNELS, Plan, read_plan
 from wpk.runtime import Session, TensorMeta
-from wpk.search.measure_cuda import measure_candidate  # noqa: F401  (wpk tune's timer)
 
 HOST_KINDS = frozenset({"fallback"})   # steps that copy to the host and synchronise
 
@@ -93,12 +90,16 @@ def generated_artifacts(files: Mapping[str, bytes], choice: str) -> bytes:
 class CudaSession(Session):
     """A loaded CUDA plan (see the module docstring); not thread-safe."""
 
-    def __init__(self, plan: Plan, path: str = "<plan>", cuda_graph: bool = True):
+    target = "cuda"
+
+    def __init__(self, plan: Plan, path: str = "<plan>", cuda_graph: bool = True,
+                 spin_threads: bool = False):
+        """`spin_threads` has no effect on the GPU (it is the CPU session's option)."""
         from wpk.kernels.cuda.cupy_support import compute_capability, require_cupy
 
-        if plan.target != "cuda":
-            raise PlanError(f"plan '{path}' targets {plan.target}, not cuda",
-                            hint="load it with wpk.load (the CPU runtime)")
+        if plan.target != self.target:
+            raise PlanError(f"plan '{path}' targets {plan.target}, not {self.target}",
+                            hint="load it with wpk.load")
         cupy = require_cupy(f"plan '{path}' (target cuda)")
         self.cupy, self.plan, self.path = cupy, plan, path
         self.cuda_graph = cuda_graph
@@ -280,4 +281,4 @@ class CudaSession(Session):
 
 
 __all__ = ["CudaSession", "KERNELS", "binary_choice", "buffer_layout", "generated_artifacts",
-           "measure_candidate", "segment_steps"]
+           "segment_steps"]

@@ -96,9 +96,6 @@ class NodeModel:
     model: onnx.ModelProto
     feeds: tuple[int, ...]        # workload input indices fed at run time, in graph order
 
-    def feed_names(self) -> list[str]:
-        return [input_name(i) for i in self.feeds]
-
 
 def opset_imports(workload: Workload) -> list[onnx.OperatorSetIdProto]:
     imports = [helper.make_opsetid("", workload.opset)]

@@ -53,7 +53,8 @@ def _preset(name: str | None):
     return gpu_preset(name or "auto")
 
 
-def _mapping(workload: Workload):
+def workload_mapping(workload: Workload):
+    """The DSL mapping of a workload (UnsupportedError when it has none)."""
     from wpk.kernels.generated import map_workload
 
     mapping = map_workload(workload)
@@ -66,17 +67,17 @@ def _mapping(workload: Workload):
 
 @functools.lru_cache(maxsize=512)
 def _template(key: str, preset: str):
-    from wpk.dsl.build import specialize_for
-    from wpk.dsl.templates import template_for
+    from wpk.dsl.compute import specialize
     from wpk.kernels.generated import _MAPPINGS
+    from wpk.kernels.templates import template_for
 
     mapping = _MAPPINGS[key]
-    return template_for(specialize_for(mapping.op, mapping.bindings), "cuda", _preset(preset))
+    return template_for(specialize(mapping.op, mapping.bindings), "cuda", _preset(preset))
 
 
 def cuda_template(workload: Workload, gpu):
     """The CUDA schedule template of a mapped workload, validated against preset `gpu`."""
-    _mapping(workload)
+    workload_mapping(workload)
     return _template(workload.key, gpu.name)
 
 
@@ -131,12 +132,12 @@ def build_for(workload: Workload, config: Mapping, compile: bool = True) -> Buil
     """Lower, print and (with `compile`) compile the workload's kernel for the config's
     preset. Raises ScheduleError when the config does not fit the preset (before any
     compilation) and ToolchainError when compilation fails."""
-    from wpk.dsl.build import lower_for
     from wpk.dsl.codegen_cuda import generate_cuda
+    from wpk.kernels.templates import lower_for
 
     knobs, preset = split_config(config)
     gpu = _preset(preset)
-    mapping = _mapping(workload)
+    mapping = workload_mapping(workload)
     template = cuda_template(workload, gpu)
     reason = template.validate(knobs)
     if reason is not None:
@@ -150,6 +151,12 @@ def build_for(workload: Workload, config: Mapping, compile: bool = True) -> Buil
 
         binary = compile_cuda(source, gpu.arch)
     return BuiltCuda(func, source, launches, binary, gpu)
+
+
+def compile_for_cache(workload: Mapping, config: Mapping) -> str:
+    """Compile a workload's generated CUDA kernel for the preset named in `config` into the
+    compile cache (a `CompileJob` function); returns the arch it was compiled for."""
+    return build_for(Workload.from_json(workload), config).binary.arch
 
 
 def parameter_table(func, mapping) -> list[dict]:
@@ -187,7 +194,7 @@ def launch_description(workload: Workload, built: BuiltCuda) -> dict:
                         "usage": asdict(used) if used is not None else None})
     return {"format": 1, "gpu": built.gpu.name, "arch": built.gpu.arch,
             "compiler": built.binary.compiler if built.binary is not None else None,
-            "kernels": kernels, "params": parameter_table(built.func, _mapping(workload))}
+            "kernels": kernels, "params": parameter_table(built.func, workload_mapping(workload))}
 
 
 class DslCuda(Implementation):

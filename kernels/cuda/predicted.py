@@ -17,9 +17,9 @@ An `--offline` CUDA plan must be complete, so every workload gets a step:
   outputs are copied back. Reports count these as fallback nodes.
 
 These implementations are registered under targets that the registry never
-enumerates for 'cuda' ('cuda.predicted'); the offline planner offers them
-itself (`offline_candidates`), and `registry.get(name)` finds them when a
-plan is loaded.
+enumerates for 'cuda' ('cuda.predicted'); the CUDA target offers them itself
+(`wpk.kernels.cuda.target.CudaTarget.candidates`), and `registry.get(name)`
+finds them when a plan is loaded.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from wpk.kernels.registry import (
     FALLBACK,
     LIBRARY,
     VENDOR,
-    Candidate,
     Implementation,
     Kernel,
     register,
@@ -190,31 +189,3 @@ CUDNN = register(PredictedVendor("cudnn"))
 CUBLAS = register(PredictedVendor("cublas"))
 DEVICE_COPY = register(DeviceCopy())
 HOST_STEP = register(HostStep())
-
-
-def offline_candidates(workload: Workload, gpu, count: int = 3) -> list[Candidate]:
-    """Every candidate an offline CUDA build considers for a workload: generated kernels
-    (`count` configs for `gpu`), the vendor placeholder, a device copy, and the host step
-    only when nothing runs it on the device."""
-    from wpk.kernels.cuda.generated import DSL_CUDA, preferred_configs
-    from wpk.kernels.generated import map_workload
-
-    found: list[Candidate] = []
-    if not isinstance(map_workload(workload), str):
-        from wpk.core.errors import ScheduleError
-
-        try:
-            configs = preferred_configs(workload, gpu, count)
-        except ScheduleError:
-            configs = []
-        found += [Candidate(DSL_CUDA, config) for config in configs]
-    library = vendor_library(workload)
-    if library is not None:
-        found.append(Candidate(CUDNN if library == "cudnn" else CUBLAS, {}))
-    if DEVICE_COPY.unsupported_reason(workload) is None:
-        found.append(Candidate(DEVICE_COPY, {}))
-    if not found:
-        config = host_config(workload)
-        if config is not None:
-            found.append(Candidate(HOST_STEP, config))
-    return found

@@ -41,15 +41,15 @@ def _library_ops():
 @pytest.mark.parametrize("name", _library_ops())
 def test_generated_kernel_matches_emulator_and_numpy(cupy, present_gpu, name):
     from tests.unit.dsl_workloads import fixed_workload
-    from wpk.dsl.build import build_cuda, specialize_for
+    from wpk.dsl.compute import specialize
     from wpk.dsl.emulator import emulate
     from wpk.dsl.evaluate import evaluate
-    from wpk.dsl.templates import template_for
     from wpk.kernels.dsl_library import load_operator
+    from wpk.kernels.templates import build_cuda, template_for
 
     op = load_operator(name)
     bindings, arrays = fixed_workload(op)
-    template = template_for(specialize_for(op, bindings), "cuda", present_gpu)
+    template = template_for(specialize(op, bindings), "cuda", present_gpu)
     config = next(p for i, p in enumerate(template.preferred_points())
                   if i < 400 and template.validate(p) is None)
     built = build_cuda(op, bindings, config, present_gpu, compile=False)

@@ -37,9 +37,9 @@ def model_path(tmp_path_factory):
 
 
 def gemm_candidates(gpu) -> list[Candidate]:
-    from wpk.commands.tune import tune_candidates
+    from wpk.kernels.cuda.target import CudaTarget
 
-    return tune_candidates(GEMM, gpu, 4)
+    return CudaTarget.for_preset(gpu).candidates(GEMM, 4)
 
 
 def test_measure_parallel_picks_a_winner_remeasured_alone(present_gpu):

@@ -19,8 +19,8 @@ import wpk
 from tests import models
 from wpk.cli import main
 from wpk.core.devices import GPU_PRESETS, detect_gpus
-from wpk.gpu_search import cuda_fingerprint
 from wpk.kernels.cuda.offline import cubin_arch
+from wpk.kernels.cuda.target import CudaTarget
 from wpk.plans.planfile import read_plan
 from wpk.search.records import RecordStore
 
@@ -78,7 +78,7 @@ def test_offline_search_predicts_verified_kernels_and_rebuild_predicts_nothing(
     assert "search ga: 3 workloads tuned, 0 predicted" in err
 
     # predictions never stand in for measurements on the GPU itself
-    measured = cuda_fingerprint(GPU_PRESETS["h100"], offline=False)
+    measured = CudaTarget.for_preset(GPU_PRESETS["h100"]).fingerprint()
     store = RecordStore(db)
     assert all(r.fingerprint.key != measured.key for r in store)
     assert store.workload_keys() and all(

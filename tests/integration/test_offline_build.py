@@ -130,19 +130,21 @@ def test_retune_rewrites_the_plan_with_the_new_choices(model_path, tmp_path):
     measurement needs a GPU): vendor placeholders are not candidates of a tune, so the
     convolutions move to generated kernels with their cubins, and the plan stays marked
     predicted because the predictor's results are predictions."""
-    from wpk.commands.tune import retune
     from wpk.core.devices import gpu_preset
-    from wpk.offline import OfflinePredictor
+    from wpk.kernels.cuda.target import CudaTarget
     from wpk.plans.planfile import write_plan
+    from wpk.plans.retune import retune
+    from wpk.search.predicted import PredictedRunner
 
     out = tmp_path / "model.wpk"
     assert main(["build", str(model_path), "--gpu", "p100", "--offline", "-q",
                  "-o", str(out)]) == 0
     plan = read_plan(out)
     gpu = gpu_preset("p100")
-    untouched = retune(read_plan(out), gpu, OfflinePredictor(gpu), trials=2, budget=1e-9)
+    target = CudaTarget.for_preset(gpu)     # measured candidates: no vendor placeholders
+    untouched = retune(read_plan(out), target, PredictedRunner(gpu), trials=2, budget=1e-9)
     assert untouched["measured"] == 0 and untouched["left_predicted"] > 0
-    summary = retune(plan, gpu, OfflinePredictor(gpu), trials=2)
+    summary = retune(plan, target, PredictedRunner(gpu), trials=2)
     assert summary["changed"] > 0 and summary["measured"] > 0
     impls = {step["impl"] for step in plan.manifest["steps"]}
     assert "cuda.cudnn.predicted" not in impls and "cuda.cublas.predicted" not in impls

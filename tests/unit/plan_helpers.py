@@ -19,6 +19,7 @@ from wpk.kernels.registry import Candidate, Implementation
 from wpk.plans.assemble import assemble_plan
 from wpk.plans.planner import PlanOptions, plan
 from wpk.search.measure import measure_candidate
+from wpk.search.runner import Runner
 
 
 def ensure_builtin_importable() -> None:
@@ -122,18 +123,32 @@ def workloads_of(graph: Graph) -> list[NodeWorkload]:
     return items
 
 
+class FunctionRunner(Runner):
+    """A runner over a measuring function with the signature of `measure_candidate`
+    (the tests' fake implementations bring their own inputs and reference)."""
+
+    def __init__(self, function, options=None, seed: int = 0):
+        super().__init__(options, seed)
+        self.function = function
+
+    def measure(self, workload, candidate, options=None, seed=None):
+        seed = self.seed_of(workload, candidate) if seed is None else seed
+        return self.function(workload, candidate, rng=np.random.default_rng(seed),
+                             **(options or self.options).timing())
+
+
 def tiny_choices(rng: np.random.Generator, extra=()):
     """The tiny graph, its node workloads and the planner's choices (test implementations)."""
     register_test_implementations()
     graph = tiny_graph(rng)
     items = workloads_of(graph)
 
-    def provider(workload, target):
+    def provider(workload):
         return [Candidate(i, {}) for i in [*IMPLEMENTATIONS, *extra]
                 if i.unsupported_reason(workload) is None]
     measure = functools.partial(measure_candidate, inputs_fn=random_inputs, reference_fn=reference)
-    choices = plan(items, "cpu", PlanOptions(warmup=0, repeats=2, min_time=0.0),
-                   providers=[provider], measure=measure)
+    choices = plan(items, provider, FunctionRunner(measure),
+                   PlanOptions(warmup=0, repeats=2, min_time=0.0))
     return graph, items, choices
 
 

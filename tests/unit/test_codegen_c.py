@@ -10,9 +10,8 @@ import pytest
 from wpk.core.errors import InputError
 from wpk.core.numerics import relative_l2
 from wpk.dsl import compute as C
-from wpk.dsl.build import build_cpu, emulate_cuda
-from wpk.dsl.templates import template_for
 from wpk.kernels.dsl_library import load_operator
+from wpk.kernels.templates import build_cpu, emulate_cuda, template_for
 
 EDGE_CASES = {
     "1x1 image": dict(n=1, c=3, h=1, w=1, k=5, r=1, s=1),

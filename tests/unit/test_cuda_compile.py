@@ -11,10 +11,9 @@ from tests.unit.dsl_workloads import fixed_workload
 from wpk.core.devices import gpu_preset
 from wpk.core.errors import ScheduleError
 from wpk.dsl import compute as C
-from wpk.dsl.build import build_cuda
-from wpk.dsl.templates import template_for
 from wpk.dsl.toolchain_cuda import compile_cuda, find_nvcc, nvrtc_available
 from wpk.kernels.dsl_library import list_operators, load_operator
+from wpk.kernels.templates import build_cuda, template_for
 
 PRESETS = {"sm_90": ("h100", "nvcc"), "sm_60": ("p100", "nvrtc")}
 

@@ -22,12 +22,9 @@ from wpk.dsl.toolchain_cuda import ResourceUsage
 from wpk.kernels.cuda import analytic
 from wpk.kernels.cuda.generated import DSL_CUDA, build_for, preferred_configs
 from wpk.kernels.cuda.offline import check_usage, cubin_arch, sample_blocks, verify_emulated
+from wpk.kernels.cuda.target import CudaTarget, preset_to_build_for
 from wpk.kernels.registry import Candidate
-from wpk.offline import (
-    OfflinePredictor,
-    check_cuda_target,
-    verify_generated,
-)
+from wpk.search.predicted import PredictedRunner, verify_generated
 
 H100, P100, T4 = gpu_preset("h100"), gpu_preset("p100"), gpu_preset("t4")
 
@@ -125,7 +122,7 @@ def test_config_over_the_shared_memory_limit_is_rejected_before_compiling():
                   cache_weight=1, gpu="p100")
     cache = os.environ["WPK_CACHE_DIR"]
     before = sorted(str(p) for p in Path(cache).rglob("cu_*"))
-    result = OfflinePredictor(P100)(w, Candidate(DSL_CUDA, config))
+    result = PredictedRunner(P100).measure(w, Candidate(DSL_CUDA, config))
     assert result.status.value == "compile_error"
     assert "rejected before compiling" in result.message and "49152" in result.message
     after = sorted(str(p) for p in Path(cache).rglob("cu_*"))
@@ -163,13 +160,13 @@ def test_sampled_emulation_passes_correct_kernel_and_catches_off_by_one():
                   cache_weight=0, gpu="h100")
     built = build_for(w, config, compile=False)
     assert math.prod(built.launches[-1].launch.grid) > 16   # big enough to be sampled
-    good = verify_generated(w, built, np.random.default_rng(1))
+    good = verify_generated(w, built, seed=1)
     assert good.ok and good.sampled and good.elements > 0, good
     assert good.rel_l2_error < 1e-5
     kernels = tuple(dataclasses.replace(k, body=_shift_input_loads(k.body, "X"))
                     for k in built.func.kernels)
     built.func = dataclasses.replace(built.func, kernels=kernels)
-    bad = verify_generated(w, built, np.random.default_rng(1))
+    bad = verify_generated(w, built, seed=1)
     assert not bad.ok
     assert "relative L2 error" in bad.message or "out-of-bounds" in bad.message
 
@@ -200,7 +197,7 @@ def test_generated_kernel_compiles_for_the_preset_arch(preset, arch):
     assert configs and all(c["gpu"] == preset for c in configs)
     built = build_for(w, configs[0])
     assert built.binary.arch == arch and cubin_arch(built.binary.cubin) == arch
-    result = OfflinePredictor(gpu)(w, Candidate(DSL_CUDA, configs[0]))
+    result = PredictedRunner(gpu).measure(w, Candidate(DSL_CUDA, configs[0]))
     assert result.ok and result.extra["predicted"] and result.extra["arch"] == arch
     assert "emulator" in result.message and result.median_s > 0
 
@@ -212,23 +209,25 @@ def _a100():
 
 def test_absent_gpu_without_offline_names_both():
     with pytest.raises(DeviceError) as info:
-        check_cuda_target("h100", offline=False, present=[])
+        preset_to_build_for("h100", offline=False, present=[])
     assert "h100" in info.value.message and "no GPU present" in info.value.message
     assert "--offline" in info.value.hint
     with pytest.raises(DeviceError) as info:
-        check_cuda_target("h100", offline=False, present=[_a100()])
+        preset_to_build_for("h100", offline=False, present=[_a100()])
     assert "found NVIDIA A100-SXM4-80GB (sm_80), not h100" in info.value.message
-    assert check_cuda_target("h100", offline=True, present=[]).name == "h100"
-    assert check_cuda_target("a100", offline=False, present=[_a100()]).name == "a100"
-    assert check_cuda_target("auto", offline=False, present=[_a100()]).name == "a100"
+    assert preset_to_build_for("h100", offline=True, present=[]).name == "h100"
+    assert preset_to_build_for("a100", offline=False, present=[_a100()]).name == "a100"
+    assert preset_to_build_for("auto", offline=False, present=[_a100()]).name == "a100"
     with pytest.raises(OptionError):
-        check_cuda_target("auto", offline=True, present=[])
+        preset_to_build_for("auto", offline=True, present=[])
 
 
 # ----------------------------------------------------------------------------- other steps
-def test_offline_candidates_keep_every_plan_complete():
-    from wpk.kernels.cuda.predicted import offline_candidates
+def offline_candidates(workload, gpu, count=None):
+    return CudaTarget.for_preset(gpu, predicted=True).candidates(workload, count)
 
+
+def test_offline_candidates_keep_every_plan_complete():
     conv = {c.implementation.name for c in offline_candidates(_conv(), H100, 2)}
     assert conv == {"dsl.cuda", "cuda.cudnn.predicted"}
     cat = Workload("Concat", (TensorSpec((1, 2, 3)), TensorSpec((1, 4, 3))),
@@ -263,7 +262,5 @@ def test_device_copy_and_host_step_compute_on_numpy_arrays():
 
 
 def test_measured_candidates_leave_out_the_predicted_placeholders():
-    from wpk.commands.tune import tune_candidates
-
-    names = [c.implementation.name for c in tune_candidates(_conv(), H100, 2)]
+    names = [c.implementation.name for c in CudaTarget.for_preset(H100).candidates(_conv(), 2)]
     assert "dsl.cuda" in names and not any(n.endswith(".predicted") for n in names)

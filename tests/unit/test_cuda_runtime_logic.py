@@ -371,12 +371,12 @@ def test_cuda_plan_load_is_a_device_error(rng, tmp_path):
 def test_measurement_in_a_worker_reports_the_missing_gpu():
     from wpk.kernels import registry
     from wpk.kernels.registry import Candidate
-    from wpk.search.measure_cuda import measure_isolated_cuda
-    from wpk.search.workers import MeasureOptions, MeasureWorker
+    from wpk.search.runner import IsolatedRunner
+    from wpk.search.workers import MeasureOptions
 
     gemm = _workload("Gemm", [(3, 4), (4, 5)], [(3, 5)])
-    with MeasureWorker(MeasureOptions(timeout_s=60)) as worker:
-        m = measure_isolated_cuda(worker, gemm, Candidate(registry.get("cublas"), {}))
+    with IsolatedRunner("cuda-events", MeasureOptions(timeout_s=60)) as runner:
+        (m,) = runner.run(gemm, [Candidate(registry.get("cublas"), {})])
     assert m.status is Status.RUNTIME_ERROR
     assert "GPU" in m.message and m.impl == "cublas"
 

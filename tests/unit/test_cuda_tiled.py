@@ -12,12 +12,11 @@ from wpk.core.devices import gpu_preset
 from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
-from wpk.dsl.build import lower_for
 from wpk.dsl.emulator import emulate
 from wpk.dsl.rfactor import rfactor
-from wpk.dsl.templates import template_for
 from wpk.dsl.toolchain_cuda import find_nvcc, nvrtc_available
 from wpk.kernels.dsl_library import load_operator
+from wpk.kernels.templates import lower_for, template_for
 
 H100 = gpu_preset("h100")
 PAD1 = {"pad_t": 1, "pad_l": 1, "pad_b": 1, "pad_r": 1}

@@ -14,18 +14,17 @@ import pytest
 
 from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels.generated import DSL_CPU
-from wpk.plans.planner import PlanOptions, plan, registry_candidates
+from wpk.kernels.target import create_target
+from wpk.plans.planner import PlanOptions, plan
 from wpk.search.budget import EarlyStop, ShareEntry, by_latency_share, shares, time_slice
-from wpk.search.driver import (
-    TuneOptions,
-    final_preferring,
-    generated_provider,
-    tune_model,
-    tune_workload,
-)
-from wpk.search.recorded import RecordedMeasurer
-from wpk.search.records import FINAL, RecordStore, config_key, target_fingerprint
-from wpk.search.workers import CompilePool, MeasureOptions, MeasureWorker
+from wpk.search.compile_pool import CompilePool
+from wpk.search.driver import TuneOptions, generated_candidates, tune_model, tune_workload
+from wpk.search.recorded import RecordedRunner
+from wpk.search.records import FINAL, RecordStore, config_key
+from wpk.search.runner import IsolatedRunner
+from wpk.search.workers import MeasureOptions, MeasureWorker
+
+CPU = create_target("cpu")
 
 
 def t(*shape: int) -> TensorSpec:
@@ -68,24 +67,27 @@ def pool():
         yield p
 
 
-def measurer_on(path, worker) -> RecordedMeasurer:
-    return RecordedMeasurer(RecordStore(path), target_fingerprint(), worker=worker)
+def measurer_on(path, worker) -> RecordedRunner:
+    return RecordedRunner(IsolatedRunner(options=worker.options, worker=worker),
+                          RecordStore(path), CPU.fingerprint())
 
 
 @pytest.mark.parametrize("tuner", ["random", "ga"])
 def test_tuning_finds_a_verified_kernel_within_the_trials(tuner, tmp_path, worker, pool):
     measurer = measurer_on(tmp_path / "r.jsonl", worker)
-    result = tune_workload(DEPTHWISE, tuner, trials=6, deadline=None, measurer=measurer,
-                           compile_pool=pool, seed=1, patience=50, finalize_k=2)
+    result = tune_workload(DEPTHWISE, tuner, trials=6, deadline=None, runner=measurer,
+                           generated=CPU.generated, compile_pool=pool, seed=1, patience=50,
+                           finalize_k=2)
     assert result.trials == 6 and result.stopped == "trials"
     assert result.best_config is not None and math.isfinite(result.best_s)
     # The winner is the fastest record, a config's final (alone) re-measurement standing
     # for it where there is one: a logical check, not a timing ratio a busy machine breaks.
-    finals = {config_key(r.config): r.median_s for r in measurer.store if r.phase == FINAL}
+    finals = {config_key(r.config): r.median_s for r in measurer.database.records()
+              if r.phase == FINAL}
     assert result.best_s == min(finals.get(config_key(c), cost) for c, cost in result.history)
     assert result.failed == 0
     # The two fastest were re-measured alone, and the winner is one of the records.
-    finals = [r for r in measurer.store if r.phase == FINAL]
+    finals = [r for r in measurer.database.records() if r.phase == FINAL]
     assert len(finals) == 2
     assert result.final is not None and result.final.ok
     assert measurer.measured == 6 + 2
@@ -94,9 +96,11 @@ def test_tuning_finds_a_verified_kernel_within_the_trials(tuner, tmp_path, worke
 def test_second_run_over_the_records_measures_nothing(tmp_path, worker, pool):
     path = tmp_path / "r.jsonl"
     first = tune_workload(DEPTHWISE, "ga", trials=5, deadline=None,
-                          measurer=measurer_on(path, worker), compile_pool=pool, seed=3)
+                          runner=measurer_on(path, worker), generated=CPU.generated,
+                          compile_pool=pool, seed=3)
     again = measurer_on(path, worker)
-    second = tune_workload(DEPTHWISE, "ga", trials=5, deadline=None, measurer=again,
+    second = tune_workload(DEPTHWISE, "ga", trials=5, deadline=None, runner=again,
+                           generated=CPU.generated,
                            compile_pool=pool, seed=3)
     assert again.measured == 0 and again.reused >= 5
     assert second.best_config == first.best_config and second.best_s == first.best_s
@@ -105,7 +109,7 @@ def test_second_run_over_the_records_measures_nothing(tmp_path, worker, pool):
 def test_deadline_stops_the_search(tmp_path, worker, pool):
     measurer = measurer_on(tmp_path / "r.jsonl", worker)
     result = tune_workload(DEPTHWISE, "random", trials=500, deadline=time.monotonic() - 1,
-                           measurer=measurer, compile_pool=pool)
+                           runner=measurer, generated=CPU.generated, compile_pool=pool)
     assert result.stopped == "deadline" and result.trials == 0
     assert measurer.measured == 0 and result.best_config is None
 
@@ -113,8 +117,9 @@ def test_deadline_stops_the_search(tmp_path, worker, pool):
 def test_search_stops_early_when_the_best_stops_improving(tmp_path, worker, pool):
     measurer = measurer_on(tmp_path / "r.jsonl", worker)
     # No trial can improve on the first by 99%: the search stops after 1 + patience.
-    result = tune_workload(DEPTHWISE, "random", trials=40, deadline=None, measurer=measurer,
-                           compile_pool=pool, patience=3, min_gain=0.99, finalize_k=0)
+    result = tune_workload(DEPTHWISE, "random", trials=40, deadline=None, runner=measurer,
+                           generated=CPU.generated, compile_pool=pool, patience=3,
+                           min_gain=0.99, finalize_k=0)
     assert result.stopped == "converged" and result.trials == 4
 
 
@@ -123,9 +128,9 @@ def test_budget_goes_to_the_largest_share_first(tmp_path, worker, pool):
     items = [Item("a", SOFTMAX), Item("b", DEPTHWISE), Item("c", DEPTHWISE)]
     vendor = {SOFTMAX.key: 1e-5, DEPTHWISE.key: 2e-5}     # depthwise: 2 nodes x 2e-5
     results = tune_model(items, TuneOptions("random", trials=2, finalize_k=0), vendor,
-                         measurer=measurer, compile_pool=pool)
+                         runner=measurer, generated=CPU.generated, compile_pool=pool)
     assert list(results) == [SOFTMAX.key, DEPTHWISE.key]          # graph order back
-    assert measurer.store.records[0].workload_key == DEPTHWISE.key   # tuned first
+    assert measurer.database.records()[0].workload_key == DEPTHWISE.key   # tuned first
     assert all(r.trials == 2 for r in results.values())
     assert results[DEPTHWISE.key].reference_s == 2e-5
 
@@ -133,7 +138,8 @@ def test_budget_goes_to_the_largest_share_first(tmp_path, worker, pool):
 def test_an_exhausted_budget_tunes_nothing_more(tmp_path, worker, pool):
     measurer = measurer_on(tmp_path / "r.jsonl", worker)
     results = tune_model([Item("a", SOFTMAX)], TuneOptions("ga", trials=4), {SOFTMAX.key: 1e-5},
-                         measurer=measurer, compile_pool=pool, deadline=time.monotonic() - 1)
+                         runner=measurer, generated=CPU.generated, compile_pool=pool,
+                         deadline=time.monotonic() - 1)
     assert results[SOFTMAX.key].stopped == "budget" and measurer.measured == 0
 
 
@@ -141,12 +147,12 @@ def test_planner_picks_the_generated_kernel_when_it_is_fastest(tmp_path, worker,
     measurer = measurer_on(tmp_path / "r.jsonl", worker)
     items = [Item("chain", CHAIN)]
     options = PlanOptions(repeats=3, min_time=0.01)
-    first = plan(items, "cpu", options, measure=final_preferring(measurer))
+    first = plan(items, CPU.candidates, measurer, options)
     vendor = {CHAIN.key: first[CHAIN.key].measurement.median_s}
-    results = tune_model(items, TuneOptions("ga", trials=6), vendor, measurer=measurer,
-                         compile_pool=pool)
-    choices = plan(items, "cpu", options, measure=final_preferring(measurer),
-                   providers=[registry_candidates, generated_provider(results)])
+    results = tune_model(items, TuneOptions("ga", trials=6), vendor, runner=measurer,
+                         generated=CPU.generated, compile_pool=pool)
+    extra = generated_candidates(results, CPU.generated)
+    choices = plan(items, lambda w: [*CPU.candidates(w), *extra(w)], measurer, options)
     choice = choices[CHAIN.key]
     kinds = {m.kind for m in choice.measurements}
     assert "generated" in kinds and kinds & {"library", "vendor"}   # side by side

@@ -7,9 +7,9 @@ import pytest
 
 from wpk.core.errors import DslError
 from wpk.core.workload import UNARY_EPILOGUE_OPS, EpilogueStep
-from wpk.dsl import build
 from wpk.dsl.compute import evaluate, infer_bindings
 from wpk.dsl.epilogue import operand_name, with_epilogue
+from wpk.kernels import templates
 from wpk.kernels.dsl_library import load_operator
 from wpk.kernels.epilogue import apply_epilogue
 
@@ -41,7 +41,7 @@ def test_gemm_with_bias_residual_and_activation_chain(rng):
     arrays = {"A": a, "B": b, operand_name(2): bias, "E3": res, "E4": scale}
     expected = apply_epilogue(a @ b, steps, [a, b, bias, res, scale])
     np.testing.assert_allclose(evaluate(op, arrays)["Y"], expected, rtol=1e-12)
-    kernel = build.build_cpu(op, infer_bindings(op, arrays))  # the fused C kernel agrees
+    kernel = templates.build_cpu(op, infer_bindings(op, arrays))  # the fused C kernel agrees
     np.testing.assert_allclose(kernel(**arrays)["Y"], expected, rtol=1e-5, atol=1e-5)
 
 

@@ -9,9 +9,9 @@ import pytest
 from wpk.commands.dsl import example_arrays
 from wpk.core.devices import gpu_preset
 from wpk.core.numerics import relative_l2 as relative_error
-from wpk.dsl import build
 from wpk.dsl import toolchain_cuda as cuda
 from wpk.dsl.compute import evaluate
+from wpk.kernels import templates
 from wpk.kernels.dsl_library import list_operators, load_operator
 
 CONV = {"N": 1, "C": 4, "H": 6, "W": 5, "K": 4, "CG": 2, "R": 3, "S": 3, "groups": 2,
@@ -37,8 +37,8 @@ def example(name: str):
 def test_c_and_emulated_cuda_match_the_reference(name):
     op, arrays, bindings = example(name)
     reference = evaluate(op, arrays, bindings)
-    c_out = build.build_cpu(op, bindings)(**arrays)
-    cuda_out = build.emulate_cuda(op, bindings, None, arrays, gpu=gpu_preset("t4"))
+    c_out = templates.build_cpu(op, bindings)(**arrays)
+    cuda_out = templates.emulate_cuda(op, bindings, None, arrays, gpu=gpu_preset("t4"))
     for out in op.outputs:
         assert relative_error(c_out[out], reference[out]) < 1e-5, out
         assert relative_error(cuda_out[out], reference[out]) < 1e-5, out
@@ -48,7 +48,7 @@ def test_c_and_emulated_cuda_match_the_reference(name):
 @pytest.mark.parametrize("name", COMPILED)
 def test_generated_cuda_compiles_for_sm_90_with_nvcc(name):
     op, _, bindings = example(name)
-    kernel = build.build_cuda(op, bindings, gpu=gpu_preset("h100"), arch="sm_90",
+    kernel = templates.build_cuda(op, bindings, gpu=gpu_preset("h100"), arch="sm_90",
                               compiler="nvcc")
     assert kernel.cubin and kernel.usage
     assert all(0 < u.registers <= 255 for u in kernel.usage.values())
@@ -59,7 +59,7 @@ def test_generated_cuda_compiles_for_sm_90_with_nvcc(name):
 @pytest.mark.parametrize("name", COMPILED)
 def test_generated_cuda_compiles_for_sm_60_with_nvrtc(name):
     op, _, bindings = example(name)
-    kernel = build.build_cuda(op, bindings, gpu=gpu_preset("p100"), arch="sm_60",
+    kernel = templates.build_cuda(op, bindings, gpu=gpu_preset("p100"), arch="sm_60",
                               compiler="nvrtc")
     assert kernel.cubin and kernel.usage
     assert all(0 < u.registers <= 255 for u in kernel.usage.values())

@@ -15,10 +15,9 @@ from hypothesis import strategies as st
 from tests.unit.dsl_workloads import draw_config, draw_workload
 from wpk.core.numerics import relative_l2
 from wpk.dsl import compute as C
-from wpk.dsl.build import build_cpu, lower_for
 from wpk.dsl.emulator import emulate
-from wpk.dsl.templates import template_for
 from wpk.kernels.dsl_library import list_operators, load_operator
+from wpk.kernels.templates import build_cpu, lower_for, template_for
 
 TOLERANCE = 1e-5
 CONV_LIKE = {"conv2d", "conv2d_bias", "conv2d_bias_relu_add", "avgpool2d", "maxpool2d"}

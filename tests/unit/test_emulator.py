@@ -11,9 +11,9 @@ import pytest
 from wpk.core.numerics import relative_l2
 from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
-from wpk.dsl.build import build_cuda, lower_for
 from wpk.dsl.emulator import EmulatorError, emulate, kernel_source
 from wpk.kernels.dsl_library import load_operator
+from wpk.kernels.templates import build_cuda, lower_for
 
 tx, bx = L.Var("tx"), L.Var("bx")
 

@@ -18,13 +18,13 @@ from wpk.kernels.generated import (
     default_config,
     fold_operand,
     map_workload,
-    search_space,
     template_of,
 )
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.kernels.registry import Candidate
 from wpk.search.measure import Status, measure_candidate
+from wpk.search.space import SearchSpace
 
 
 def t(*shape: int, dtype: str = "float32") -> TensorSpec:
@@ -117,7 +117,7 @@ CASES = {
 def test_generated_kernel_matches_reference(name, rng):
     workload = CASES[name]
     assert DSL_CPU.unsupported_reason(workload) is None, map_workload(workload)
-    space = search_space(workload)
+    space = SearchSpace.from_template(template_of(workload), name=workload.label)
     configs = [default_config(workload)]
     configs += [c for c in template_of(workload).sample(np.random.default_rng(7), 1)
                 if c != configs[0]]

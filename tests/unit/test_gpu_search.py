@@ -16,13 +16,15 @@ import onnx
 import pytest
 
 from tests import models
+from tests.unit.plan_helpers import FunctionRunner
 from wpk.cli import main
 from wpk.core.devices import GPU_PRESETS, detect_gpus
 from wpk.core.errors import OptionError
 from wpk.core.workload import TensorSpec, Workload
+from wpk.kernels.cuda.generated import compile_for_cache
+from wpk.kernels.cuda.target import CudaTarget
+from wpk.kernels.target import create_target
 from wpk.pipeline import BuildOptions
-from wpk.search.driver import generated_spec
-from wpk.search.generated_target import compile_cuda, generated_target
 from wpk.search.measure import Measurement, Status
 from wpk.search.measure_cuda import (
     ParallelResult,
@@ -31,6 +33,8 @@ from wpk.search.measure_cuda import (
     runs_alone,
 )
 from wpk.search.parallel_measure import ParallelSummary, check_streams, summary_line
+from wpk.search.runner import check_runner
+from wpk.search.space import SearchSpace
 
 H100 = GPU_PRESETS["h100"]
 GEMM = Workload("Gemm", (TensorSpec((4, 16)), TensorSpec((16, 8)), TensorSpec((8,))),
@@ -54,7 +58,9 @@ def model_path(tmp_path_factory):
 ])
 def test_parallel_measure_is_refused_where_it_cannot_run(kwargs, match):
     with pytest.raises(OptionError, match=match) as caught:
-        BuildOptions(**kwargs)
+        options = BuildOptions(**kwargs)
+        target = create_target(options.target, gpu=options.gpu, offline=options.offline)
+        check_runner(target, options.parallel_measure)
     assert caught.value.hint
 
 
@@ -65,7 +71,7 @@ def test_options_accept_an_online_gpu_parallel_build_and_an_offline_search():
 
 
 @pytest.mark.parametrize("args, first", [
-    (["--cpu", "--parallel-measure"], "error: --parallel-measure times candidates on CUDA"),
+    (["--cpu", "--parallel-measure"], "error: --parallel-measure times candidates on device"),
     (["--parallel-measure", "--gpu", "h100", "--offline"],       # N omitted: 4 streams
      "error: --parallel-measure times candidates on the GPU, and an --offline"),
     (["--gpu", "h100", "--offline", "--parallel-measure", "0"], "error: Invalid value"),
@@ -85,21 +91,23 @@ def test_cli_tune_parallel_measure_checks_its_value(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- targets
-def test_cpu_target_keeps_the_cpu_spec():
-    cpu = generated_target("cpu")
-    assert cpu.impl == "dsl.cpu" and cpu.spec({"a": 1}) == generated_spec({"a": 1})
+def test_cpu_target_generates_c_kernels():
+    spec = create_target("cpu").generated.spec({"a": 1})
+    assert spec.impl == "dsl.cpu" and spec.config == {"a": 1}
+    assert spec.modules == ("wpk.kernels.generated",)
 
 
 def test_cuda_target_searches_the_preset_template_and_compiles_for_its_arch():
-    cuda = generated_target("cuda", H100)
-    space = cuda.space(GEMM)
+    cuda = CudaTarget.for_preset(H100).generated
+    space = SearchSpace.from_template(cuda.template(GEMM))
     point = space.config(next(i for i in space.points() if space.is_valid(i)))
     spec = cuda.spec(point)
     assert spec.impl == "dsl.cuda" and spec.config == {**point, "gpu": "h100"}
     assert "wpk.kernels.cuda.generated" in spec.modules
     assert cuda.candidate(point).label.startswith("dsl.cuda[")
     (job,) = cuda.compile_jobs(GEMM, [point])
-    assert compile_cuda(**job.kwargs) == "sm_90"     # nvcc, cached for the worker
+    assert job.function == "wpk.kernels.cuda.generated:compile_for_cache"
+    assert compile_for_cache(**job.kwargs) == "sm_90"     # nvcc, cached for the worker
 
 
 # ----------------------------------------------------------------------------- estimates
@@ -155,58 +163,82 @@ def test_nothing_verified_saves_nothing():
 
 # ----------------------------------------------------------------------------- choosing
 def test_a_time_taken_concurrently_ranks_but_does_not_win():
-    from wpk.search.records import TargetFingerprint, TuningRecord, best_of
+    from wpk.kernels.target import TargetFingerprint
+    from wpk.search.records import TuningRecord, top_records
 
     fp = TargetFingerprint("cuda:sm_90:h100", "nvcc", "1")
     fast = TuningRecord.from_measurement(ok("a", 1e-4, contended=True), GEMM, fp)
     slow = TuningRecord.from_measurement(ok("b", 2e-4), GEMM, fp)
-    assert best_of([fast, slow]) is slow
-    assert best_of([fast]) is fast       # only contended times: the best of those
+    assert top_records([fast, slow]) == [slow]
+    assert top_records([fast]) == [fast]       # only contended times: the best of those
 
 
-def test_planner_measure_many_prefers_the_candidate_timed_alone():
-    from tests.unit.test_planner import FAST, MEASURE, BlasMatMul, LoopMatMul, node, provider_of
+class ContendedBlas(FunctionRunner):
+    """As a ParallelRunner hands them out: test.blas timed only concurrently."""
+
+    concurrent = True
+
+    def run(self, workload, candidates, options=None):
+        return [m if m.impl != "test.blas" else
+                Measurement(**{**m.__dict__, "extra": {"contended": True}})
+                for m in super().run(workload, candidates, options)]
+
+
+def test_the_planner_prefers_the_candidate_timed_alone():
+    from tests.unit.test_planner import (
+        FAST,
+        MATMUL,
+        MEASURE,
+        BlasMatMul,
+        LoopMatMul,
+        node,
+        provider_of,
+    )
     from wpk.plans.planner import plan
 
-    def measure_many(workload, candidates, *, rng, **timing):
-        found = [MEASURE(workload, c, rng=rng, **timing) for c in candidates]
-        # as measure_parallel hands them out: blas timed only concurrently
-        return [m if m.impl != "test.blas" else
-                Measurement(**{**m.__dict__, "extra": {"contended": True}}) for m in found]
-
-    from tests.unit.test_planner import MATMUL
-
-    choices = plan([node("mm", MATMUL)], "cpu", FAST,
-                   providers=[provider_of(LoopMatMul(), BlasMatMul())],
-                   measure_many=measure_many)
+    choices = plan([node("mm", MATMUL)], provider_of(LoopMatMul(), BlasMatMul()),
+                   ContendedBlas(MEASURE), FAST)
     choice = choices[MATMUL.key]
     assert choice.candidate.implementation.name == "test.loops"
     assert {m.impl for m in choice.measurements} == {"test.loops", "test.blas"}
 
 
 # ----------------------------------------------------------------------------- batches
+class CountingBatches(FunctionRunner):
+    """Runs every batch in one call (as a ParallelRunner does), counting the calls."""
+
+    concurrent = True
+
+    def __init__(self, worker):
+        super().__init__(None)
+        self.worker, self.calls = worker, []
+
+    def measure(self, workload, candidate, options=None, seed=None):
+        seed = self.seed_of(workload, candidate) if seed is None else seed
+        return self.worker.measure(workload, candidate, options, seed)
+
+    def run(self, workload, candidates, options=None):
+        self.calls.append(len(candidates))
+        return super().run(workload, candidates, options)
+
+
 def test_batch_measurements_are_recorded_once_and_reused(tmp_path):
-    from wpk.kernels.generated import search_space
-    from wpk.search.recorded import RecordedMeasurer
-    from wpk.search.records import RecordStore, target_fingerprint
+    from wpk.search.recorded import RecordedRunner
+    from wpk.search.records import RecordStore
     from wpk.search.workers import MeasureOptions, MeasureWorker
 
-    space = search_space(GEMM, "cpu")
+    cpu = create_target("cpu")
+    space = SearchSpace.from_template(cpu.generated.template(GEMM))
     configs = [space.config(i) for i in space.points() if space.is_valid(i)][:3]
-    specs = [generated_spec(c) for c in configs]
-    calls = []
+    specs = [cpu.generated.spec(c) for c in configs]
     with MeasureWorker(MeasureOptions(warmup=0, repeats=1, min_time=0.0)) as worker:
-        def batch(workload, todo, options, seeds):
-            calls.append(len(todo))
-            return [worker.measure(workload, s, options, seed) for s, seed in zip(todo, seeds)]
-
-        store = RecordStore(tmp_path / "r.jsonl")
-        measurer = RecordedMeasurer(store, target_fingerprint(), worker=worker, batch_fn=batch)
-        first = list(measurer.iter_batch(GEMM, specs))
-        again = RecordedMeasurer(RecordStore(tmp_path / "r.jsonl"), target_fingerprint(),
-                                 worker=worker, batch_fn=batch)
+        batches = CountingBatches(worker)
+        first_runner = RecordedRunner(batches, RecordStore(tmp_path / "r.jsonl"),
+                                      cpu.fingerprint())
+        first = list(first_runner.iter_batch(GEMM, specs))
+        again = RecordedRunner(batches, RecordStore(tmp_path / "r.jsonl"), cpu.fingerprint())
         second = list(again.iter_batch(GEMM, specs))
-    assert calls == [3]                                  # one batch, nothing re-measured
+    assert batches.calls == [3]                          # one batch, nothing re-measured
     assert [i for i, _, _ in first] == [0, 1, 2] and [f for *_, f in first] == [1, 1, 1]
     assert [f for *_, f in second] == [0, 0, 0] and again.measured == 0
     assert [m.median_s for _, m, _ in second] == [m.median_s for _, m, _ in first]
@@ -214,16 +246,27 @@ def test_batch_measurements_are_recorded_once_and_reused(tmp_path):
 
 @pytest.mark.skipif(bool(detect_gpus()), reason="checks the no-GPU behaviour")
 def test_isolated_parallel_batch_without_a_gpu_fails_each_candidate(tmp_path):
-    from wpk.search.parallel_measure import isolated_batch
-    from wpk.search.workers import MeasureWorker
+    from wpk.search.parallel_measure import ParallelRunner
+    from wpk.search.runner import IsolatedRunner
 
-    cuda = generated_target("cuda", H100)
-    space = cuda.space(GEMM)
+    cuda = CudaTarget.for_preset(H100).generated
+    space = SearchSpace.from_template(cuda.template(GEMM))
     points = [space.config(i) for i in space.points() if space.is_valid(i)][:2]
     summary = ParallelSummary(2)
-    with MeasureWorker() as worker:
-        found = isolated_batch(worker, summary, 2)(GEMM, [cuda.spec(p) for p in points],
-                                                   None, [7])
+    with ParallelRunner(IsolatedRunner("cuda-events"), 2, summary) as runner:
+        found = runner.run(GEMM, [cuda.spec(p) for p in points])
     assert [m.status for m in found] == [Status.RUNTIME_ERROR] * 2
     assert all("cupy" in m.message or "GPU" in m.message for m in found)
     assert summary.to_json()["saved_s"] == 0.0
+
+
+@pytest.mark.skipif(bool(detect_gpus()), reason="checks the no-GPU behaviour")
+def test_isolated_cuda_timer_without_a_gpu_is_a_failed_measurement():
+    from wpk.search.runner import IsolatedRunner
+
+    cuda = CudaTarget.for_preset(H100)
+    (candidate, *_) = cuda.candidates(GEMM, 1)
+    with IsolatedRunner("cuda-events") as runner:
+        (found,) = runner.run(GEMM, [candidate])
+    assert found.status is Status.RUNTIME_ERROR
+    assert "cupy" in found.message or "GPU" in found.message

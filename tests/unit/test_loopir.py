@@ -88,8 +88,8 @@ def test_to_text_prints_the_lowered_function():
     import numpy as np
 
     from wpk.dsl import compute as C
-    from wpk.dsl.build import lower_for
     from wpk.kernels.dsl_library import load_operator
+    from wpk.kernels.templates import lower_for
 
     op = load_operator("conv2d")
     arrays = {"X": np.zeros((1, 4, 6, 6), np.float32), "Wt": np.zeros((4, 4, 3, 3), np.float32)}

@@ -9,8 +9,8 @@ import zipfile
 import numpy as np
 import pytest
 
+from wpk.core.devices import cpu_fingerprint
 from wpk.core.errors import PlanError
-from wpk.plans import planfile
 from wpk.plans.planfile import FORMAT_VERSION, Plan, read_plan, write_plan
 
 from .plan_helpers import tiny_plan
@@ -178,4 +178,4 @@ def test_plan_files_hold_no_pickle(built, tmp_path):
         for name in npz.namelist():
             header = npz.read(name)[:128]
             assert b"'descr': '|O'" not in header
-    assert planfile.cpu_fingerprint()["kind"] == "cpu"
+    assert cpu_fingerprint()["kind"] == "cpu"

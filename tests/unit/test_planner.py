@@ -8,11 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from tests.unit.plan_helpers import FunctionRunner
 from wpk.core.errors import UnsupportedError, WpkError
 from wpk.core.graph import Node
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.registry import FALLBACK, Candidate, Implementation
-from wpk.plans.planner import PlanOptions, plan
+from wpk.plans.planner import PlanOptions, joins_regions, plan
+from wpk.search.choice import choose
 from wpk.search.measure import Status, measure_candidate
 
 MATMUL = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),
@@ -87,12 +89,13 @@ def node(name, workload):
 
 
 def provider_of(*impls):
-    def provide(workload, target):
+    def provide(workload):
         return [Candidate(i, {}) for i in impls if i.unsupported_reason(workload) is None]
     return provide
 
 
 MEASURE = functools.partial(measure_candidate, inputs_fn=random_inputs, reference_fn=reference)
+RUNNER = FunctionRunner(MEASURE)
 FAST = PlanOptions(warmup=1, repeats=5, min_time=0.0)
 
 
@@ -102,9 +105,9 @@ def test_picks_the_faster_verified_candidate_and_keeps_all_measurements():
     def counting(*args, **kw):
         calls.append(args[1].label)
         return MEASURE(*args, **kw)
-    choices = plan([node("mm1", MATMUL), node("mm2", MATMUL)], "cpu", FAST,
-                   providers=[provider_of(LoopMatMul(), BlasMatMul(), Broken())],
-                   measure=counting)
+    choices = plan([node("mm1", MATMUL), node("mm2", MATMUL)],
+                   provider_of(LoopMatMul(), BlasMatMul(), Broken()), FunctionRunner(counting),
+                   FAST)
     assert sorted(calls) == ["test.blas", "test.broken", "test.loops"]  # measured once
     choice = choices[MATMUL.key]
     assert choice.candidate.implementation.name == "test.blas"
@@ -118,27 +121,25 @@ def test_picks_the_faster_verified_candidate_and_keeps_all_measurements():
 
 def test_no_verified_candidate_names_the_nodes():
     with pytest.raises(WpkError, match=r"'mm1'.*test.broken: wrong_answer") as info:
-        plan([node("mm1", MATMUL)], "cpu", FAST, providers=[provider_of(Broken())],
-             measure=MEASURE)
+        plan([node("mm1", MATMUL)], provider_of(Broken()), RUNNER, FAST)
     assert info.value.hint
 
 
 def test_no_candidate_at_all_is_unsupported():
     with pytest.raises(UnsupportedError, match="NotAnOp at 'odd'"):
-        plan([node("odd", ODD)], "cpu", FAST, providers=[provider_of(BlasMatMul())],
-             measure=MEASURE)
+        plan([node("odd", ODD)], provider_of(BlasMatMul()), RUNNER, FAST)
 
 
 def test_strict_lists_every_unsupported_node_before_measuring():
     measured = []
     items = [node("odd1", ODD), node("mm", MATMUL), node("odd2", ODD)]
-    providers = [provider_of(BlasMatMul(), DoubleByOrt())]
+    providers = provider_of(BlasMatMul(), DoubleByOrt())
     expected = r"2 node\(s\).*odd1 \(NotAnOp: .+\), odd2 \(NotAnOp: "
     with pytest.raises(UnsupportedError, match=expected):
-        plan(items, "cpu", PlanOptions(strict=True), providers=providers,
-             measure=lambda *a, **k: measured.append(a))
+        plan(items, providers, FunctionRunner(lambda *a, **k: measured.append(a)),
+             PlanOptions(strict=True))
     assert measured == []
-    choices = plan(items, "cpu", FAST, providers=providers, measure=MEASURE)
+    choices = plan(items, providers, RUNNER, FAST)
     assert choices[ODD.key].is_fallback and not choices[MATMUL.key].is_fallback
 
 
@@ -148,19 +149,18 @@ class FallbackMatMul(BlasMatMul):
 
 
 def test_strict_refuses_a_fallback_chosen_because_the_native_kernel_failed():
-    providers = [provider_of(Broken(), FallbackMatMul())]
+    providers = provider_of(Broken(), FallbackMatMul())
     items = [node("mm", MATMUL)]
     with pytest.raises(UnsupportedError, match=r"mm \(MatMul: only the fallback verified\)"):
-        plan(items, "cpu", PlanOptions(strict=True, warmup=0, repeats=2, min_time=0.0),
-             providers=providers, measure=MEASURE)
-    assert plan(items, "cpu", FAST, providers=providers, measure=MEASURE)[MATMUL.key].is_fallback
+        plan(items, providers, RUNNER,
+             PlanOptions(strict=True, warmup=0, repeats=2, min_time=0.0))
+    assert plan(items, providers, RUNNER, FAST)[MATMUL.key].is_fallback
 
 
 def test_progress_reports_each_workload_and_the_end():
     seen = []
-    plan([node("mm", MATMUL), node("odd", ODD)], "cpu", FAST,
-         on_progress=lambda done, total, label: seen.append((done, total)),
-         providers=[provider_of(BlasMatMul(), DoubleByOrt())], measure=MEASURE)
+    plan([node("mm", MATMUL), node("odd", ODD)], provider_of(BlasMatMul(), DoubleByOrt()),
+         RUNNER, FAST, on_progress=lambda done, total, label: seen.append((done, total)))
     assert seen == [(0, 2), (1, 2), (2, 2)]
 
 
@@ -183,9 +183,12 @@ def measure_result(candidate, median_s):
                        (median_s,), median_s)
 
 
-def test_a_region_joining_candidate_wins_within_the_credit_only():
-    from wpk.plans.planner import fastest
+def fastest(pairs, credit_s):
+    """The planner's rule: `choose` preferring region-joining candidates."""
+    return choose(pairs, prefer=joins_regions, credit_s=credit_s)
 
+
+def test_a_region_joining_candidate_wins_within_the_credit_only():
     blas, region = BlasMatMul(), RegionMatMul()
     close = [_timed(blas, 10e-6), _timed(region, 25e-6)]
     assert fastest(close, 20e-6)[0].implementation is region

@@ -21,21 +21,22 @@ from tests.isa import current_isa
 from tests.unit import worker_fixtures as F
 from wpk.commands.records import records_best, records_list, records_merge
 from wpk.core.workload import TensorSpec, Workload
+from wpk.kernels.jobs import CandidateSpec, CompileJob
+from wpk.kernels.target import TargetFingerprint, create_target
 from wpk.plans.planner import PlanOptions, plan
-from wpk.search.compile_pool import CompileJob, CompilePool
+from wpk.search.compile_pool import CompilePool
 from wpk.search.measure import Measurement, Status
-from wpk.search.recorded import RecordedMeasurer
+from wpk.search.recorded import RecordedRunner
 from wpk.search.records import (
     SCHEMA_VERSION,
     RecordError,
     RecordStore,
     RecordWarning,
-    TargetFingerprint,
     TuningRecord,
     merge,
-    target_fingerprint,
 )
-from wpk.search.workers import CandidateSpec, MeasureOptions, MeasureWorker
+from wpk.search.runner import IsolatedRunner
+from wpk.search.workers import MeasureOptions, MeasureWorker
 
 REPO = Path(__file__).resolve().parents[2]
 FP = TargetFingerprint("cpu:x86_64:avx2", "gcc (test) 1.0", "1")
@@ -67,8 +68,8 @@ def test_records_round_trip_and_are_self_describing(tmp_path):
     store = RecordStore(path)
     first = record("k", {"tile": 8, "order": [0, 1]}, 2e-3)
     failed = record("k", {"tile": 16}, None, Status.TIMEOUT, message="no result within 5 s")
-    store.append(first)
-    store.append(failed)
+    store.commit(first)
+    store.commit(failed)
     assert store.appended == 2
     lines = path.read_text().splitlines()
     assert len(lines) == 2
@@ -96,7 +97,7 @@ def test_best_prefers_final_remeasurements_and_ignores_failures_and_other_target
                 record("c", {}, None, Status.WRONG_ANSWER), record("d", {}, 1e-4, fp=OTHER_FP),
                 record("b", {}, 4e-3, phase="final"),
                 record("a", {}, 2.5e-3, phase="final")):
-        store.append(rec)
+        store.commit(rec)
     best = store.best(WORKLOAD.key, FP)
     assert (best.impl, best.phase, best.median_s) == ("a", "final", 2.5e-3)
     assert store.best(WORKLOAD.key, OTHER_FP).impl == "d"
@@ -107,14 +108,14 @@ def test_best_prefers_final_remeasurements_and_ignores_failures_and_other_target
 
 def test_torn_last_line_is_skipped_with_a_warning_and_the_next_append_starts_fresh(tmp_path):
     path = tmp_path / "db.jsonl"
-    RecordStore(path).append(record("a"))
+    RecordStore(path).commit(record("a"))
     line = record("b").to_line()
     with open(path, "a") as handle:  # what a kill in the middle of a write leaves
         handle.write(line[: len(line) // 2])
     with pytest.warns(RecordWarning, match=r"db\.jsonl:2: torn last line"):
         store = RecordStore(path)
     assert [r.impl for r in store] == ["a"]
-    store.append(record("c"))
+    store.commit(record("c"))
     with pytest.warns(RecordWarning, match=r"db\.jsonl:2: corrupted record"):
         assert [r.impl for r in RecordStore(path)] == ["a", "c"]
 
@@ -148,7 +149,7 @@ def test_merge_keeps_every_distinct_measurement_once(tmp_path):
     for name, records in (("a", [shared, only_a]), ("b", [shared, only_b, again])):
         store = RecordStore(tmp_path / f"{name}.jsonl")
         for rec in records:
-            store.append(rec)
+            store.commit(rec)
     summary = merge([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "out.jsonl")
     assert (summary.read, summary.written, summary.duplicates) == (5, 4, 1)
     merged = RecordStore(tmp_path / "out.jsonl")
@@ -158,7 +159,7 @@ def test_merge_keeps_every_distinct_measurement_once(tmp_path):
 
 
 def test_target_fingerprint_names_this_host_and_its_compiler():
-    fingerprint = target_fingerprint()
+    fingerprint = create_target("cpu").fingerprint()
     assert fingerprint.device.startswith("cpu:")
     assert "gcc" in fingerprint.compiler.lower() or fingerprint.compiler == "none"
     assert fingerprint.key == TargetFingerprint.from_json(fingerprint.to_json()).key
@@ -173,7 +174,7 @@ APPENDER = textwrap.dedent("""
     store = RecordStore(sys.argv[1])
     index = 0
     while True:
-        store.append(record("appender", {"index": index}))
+        store.commit(record("appender", {"index": index}))
         print(index, flush=True)
         index += 1
 """)
@@ -210,12 +211,14 @@ TUNING_LOOP = textwrap.dedent("""
     force_isa(sys.argv[2])  # the CPU the test process sees (pytest --isa)
     from tests.unit.test_records import loop_candidates, QUICK
     from tests.unit.worker_fixtures import RELU_WORKLOAD
-    from wpk.search.recorded import RecordedMeasurer
-    from wpk.search.records import RecordStore, target_fingerprint
+    from wpk.kernels.target import create_target
+    from wpk.search.recorded import RecordedRunner
+    from wpk.search.records import RecordStore
+    from wpk.search.runner import IsolatedRunner
     from wpk.search.workers import MeasureWorker
     with MeasureWorker(QUICK) as worker:
-        measurer = RecordedMeasurer(RecordStore(sys.argv[1]), target_fingerprint(),
-                                    worker=worker)
+        measurer = RecordedRunner(IsolatedRunner(worker=worker), RecordStore(sys.argv[1]),
+                                  create_target("cpu").fingerprint())
         for spec in loop_candidates():
             measurer.measure(RELU_WORKLOAD, spec)
             print(worker.process.pid, flush=True)
@@ -238,9 +241,15 @@ def loop_candidates() -> list[CandidateSpec]:
     return tiled + [CandidateSpec("test.worker.wrong", {}, (FIXTURES,))]
 
 
+def recorded(path: Path, worker: MeasureWorker) -> RecordedRunner:
+    """A runner through the records at `path`, measuring in `worker`."""
+    return RecordedRunner(IsolatedRunner(options=QUICK, worker=worker), RecordStore(path),
+                          create_target("cpu").fingerprint())
+
+
 def run_tuning(path: Path, worker: MeasureWorker):
     """The whole loop in this process: measure every candidate, then pick the winner."""
-    measurer = RecordedMeasurer(RecordStore(path), target_fingerprint(), worker=worker)
+    measurer = recorded(path, worker)
     results = [measurer.measure(WORKLOAD, spec) for spec in loop_candidates()]
     winner = measurer.finalize(WORKLOAD, k=2, factor=2)
     return measurer, results, winner
@@ -304,13 +313,14 @@ def test_planner_through_records_rebuilds_the_same_plan_with_zero_measurements(t
     nodes = [NodeWorkload("mm0", matmul), NodeWorkload("mm1", matmul), NodeWorkload("r", WORKLOAD)]
     options = PlanOptions(warmup=1, repeats=3, min_time=0.001)
     path = tmp_path / "db.jsonl"
+    cpu = create_target("cpu")
     with MeasureWorker(QUICK) as worker:
-        first = RecordedMeasurer(RecordStore(path), target_fingerprint(), worker=worker)
-        planned = plan(nodes, options=options, measure=first.planner_measure)
+        first = recorded(path, worker)
+        planned = plan(nodes, cpu.candidates, first, options)
     assert first.measured == len(RecordStore(path)) >= 3 and first.reused == 0
     idle = MeasureWorker(QUICK)
-    again = RecordedMeasurer(RecordStore(path), target_fingerprint(), worker=idle)
-    replanned = plan(nodes, options=options, measure=again.planner_measure)
+    again = recorded(path, idle)
+    replanned = plan(nodes, cpu.candidates, again, options)
     assert (again.measured, idle.starts) == (0, 0) and again.reused == first.measured
     assert [(c.candidate.label, c.measurement.median_s) for c in replanned] == \
         [(c.candidate.label, c.measurement.median_s) for c in planned]
@@ -329,7 +339,7 @@ def test_records_cli_list_best_and_merge(tmp_path):
     for rec in (record("fast", {"tile": 8}, 1e-4), record("slow", {}, 1e-3),
                 record("broken", {}, None, Status.RUNTIME_ERROR,
                        message="worker killed by SIGSEGV")):
-        store.append(rec)
+        store.commit(rec)
     text = render(records_list(path))
     assert "3 tuning records" in text and "fast[tile=8]" in text and "SIGSEGV" in text
     assert "Relu 64x64 -> 64x64" in text and "100.00" in text

@@ -12,11 +12,11 @@ from wpk.core.devices import gpu_preset, host_cpu
 from wpk.core.errors import ScheduleError
 from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
-from wpk.dsl.build import build_cuda
 from wpk.dsl.schedule import Schedule
-from wpk.dsl.template_conv import ConvTemplate
-from wpk.dsl.templates import GenericTemplate, Limits, template_for
+from wpk.dsl.templates import GenericTemplate, Limits
 from wpk.kernels.dsl_library import load_operator
+from wpk.kernels.templates import build_cuda, template_for
+from wpk.kernels.templates.conv import ConvTemplate
 
 
 def specialized(name: str, shapes: dict, **scalars) -> tuple[C.Operator, dict]:

@@ -205,15 +205,14 @@ def test_space_from_the_dsl_conv_template():
     """A real template: the conv knob space and its validate() feed the tuners."""
     import numpy as np
 
-    from wpk.dsl.build import specialize_for
-    from wpk.dsl.compute import infer_bindings
-    from wpk.dsl.templates import template_for
+    from wpk.dsl.compute import infer_bindings, specialize
     from wpk.kernels.dsl_library import load_operator
+    from wpk.kernels.templates import template_for
 
     op = load_operator("conv2d")
     arrays = {"X": np.zeros((1, 8, 6, 6), np.float32), "Wt": np.zeros((8, 8, 3, 3), np.float32)}
     bindings = infer_bindings(op, arrays, {"pad_t": 1, "pad_l": 1, "pad_b": 1, "pad_r": 1})
-    template = template_for(specialize_for(op, bindings), "cpu")
+    template = template_for(specialize(op, bindings), "cpu")
     space = SearchSpace.from_template(template)
     assert space.names == tuple(template.space())
     tuner = make_tuner("random", space, seed=0)

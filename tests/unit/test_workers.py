@@ -15,19 +15,17 @@ import pytest
 
 from tests.unit import worker_fixtures as F
 from wpk.core.errors import OptionError
-from wpk.dsl.build import build_cpu
 from wpk.kernels.dsl_library import load_operator
+from wpk.kernels.jobs import CandidateSpec, CompileJob
 from wpk.kernels.registry import Candidate
-from wpk.search.compile_pool import CompileJob, CompilePool
+from wpk.kernels.target import create_target
+from wpk.kernels.templates import build_cpu
+from wpk.search.compile_pool import CompilePool
 from wpk.search.measure import Status
-from wpk.search.workers import (
-    CandidateSpec,
-    MeasureOptions,
-    MeasureWorker,
-    crash_location,
-    measure_isolated,
-    remeasure_top,
-)
+from wpk.search.recorded import RecordedRunner
+from wpk.search.records import FINAL, RecordStore
+from wpk.search.runner import IsolatedRunner, LocalRunner, create_runner
+from wpk.search.workers import MeasureOptions, MeasureWorker, crash_location
 
 FIXTURES = "tests.unit.worker_fixtures"
 QUICK = MeasureOptions(warmup=1, repeats=3, max_repeats=10, min_time=0.001, timeout_s=20.0)
@@ -132,23 +130,28 @@ def test_unknown_implementation_is_a_compile_error(worker):
     assert "no.such.module" in bad_module.message
 
 
-def test_remeasure_top_keeps_the_fastest_ok_candidates_in_order(worker):
-    measured = [worker.measure(F.RELU_WORKLOAD, spec(b)) for b in ("good", "wrong")]
+def test_finalize_remeasures_the_fastest_ok_candidates_alone_with_more_repeats(worker):
+    runner = RecordedRunner(IsolatedRunner(options=QUICK, worker=worker), RecordStore(None),
+                            create_target("cpu").fingerprint())
     tiled = CandidateSpec("test.worker.tiled", {"block": 256, "unroll": 4}, (FIXTURES,))
-    measured.append(worker.measure(F.RELU_WORKLOAD, tiled))
+    measured = runner.run(F.RELU_WORKLOAD, [spec("good"), spec("wrong"), tiled])
     assert [m.ok for m in measured] == [True, False, True]
-    final = remeasure_top(F.RELU_WORKLOAD, measured, k=2, modules=(FIXTURES,), worker=worker,
-                          options=QUICK, factor=2)
-    assert {m.impl for m in final} == {"test.worker.good", "test.worker.tiled"}
-    assert all(m.ok and m.extra["phase"] == "final" for m in final)
-    assert len(final[0].times_s) >= 2 * QUICK.repeats
-    assert final[0].median_s <= final[1].median_s
+    runner.finalize(F.RELU_WORKLOAD, k=2, factor=2)
+    final = [r for r in runner.database.records(F.RELU_WORKLOAD.key) if r.phase == FINAL]
+    assert {r.impl for r in final} == {"test.worker.good", "test.worker.tiled"}
+    assert all(r.ok and len(r.times_s) >= 2 * QUICK.repeats for r in final)
+    best = runner.database.top_k(F.RELU_WORKLOAD.key, runner.fingerprint, 2)
+    assert [r.phase for r in best] == [FINAL, FINAL] and best[0].median_s <= best[1].median_s
 
 
-def test_measure_isolated_uses_a_default_worker():
-    measurement = measure_isolated(F.RELU_WORKLOAD, Candidate(F.IMPLEMENTATIONS["good"], {}),
-                                   options=QUICK)
-    assert measurement.status is Status.OK, measurement.message
+@pytest.mark.parametrize("isolated", [False, True])
+def test_runners_of_the_cpu_target_measure_in_process_or_in_a_worker(isolated, compiled):
+    with create_runner(create_target("cpu"), isolated=isolated, options=QUICK) as runner:
+        assert isinstance(runner, IsolatedRunner if isolated else LocalRunner)
+        good, wrong = runner.run(F.RELU_WORKLOAD, [
+            Candidate(F.IMPLEMENTATIONS["good"], {}), spec("wrong")])
+    assert good.status is Status.OK, good.message
+    assert wrong.status is Status.WRONG_ANSWER
 
 
 def test_compile_pool_times_out_and_survives_crashing_jobs(worker_env):

@@ -18,8 +18,8 @@ import time
 
 from wpk.core.workload import TensorSpec, Workload
 from wpk.dsl.toolchain import load_function
+from wpk.kernels.jobs import compile_c_source
 from wpk.kernels.registry import Implementation, register
-from wpk.search.compile_pool import compile_c_source
 
 RELU_WORKLOAD = Workload("Relu", (TensorSpec((64, 64)),), (TensorSpec((64, 64)),))
 

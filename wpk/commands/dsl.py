@@ -29,6 +29,7 @@ from wpk.core.errors import DslError, OptionError, ToolchainError
 from wpk.core.numerics import relative_l2
 from wpk.dsl import compute as ir
 from wpk.dsl.parser import parse_file
+from wpk.kernels import templates
 
 DEFAULT_DIM = 8
 CHECK_TOLERANCE = 1e-4
@@ -138,7 +139,6 @@ def dsl_command(path: str, target: str = "cpu", gpu: str = "h100", config_json: 
 
 def emit_operator(op: ir.Operator, bindings, config, target: str, emit: str, hw) -> str:
     """The compute IR (and loop IR when printable), C or CUDA source of `op`."""
-    from wpk.dsl import build
 
     if emit == "ir":
         text = ir.operator_text(op) + "\n// specialised:\n" + \
@@ -147,28 +147,28 @@ def emit_operator(op: ir.Operator, bindings, config, target: str, emit: str, hw)
 
         printer = getattr(loopir, "to_text", None) or getattr(loopir, "format_func", None)
         if printer is not None:
-            text += "\n// loop IR:\n" + printer(build.lower_for(op, bindings, config, target, hw))
+            func = templates.lower_for(op, bindings, config, target, hw)
+            text += "\n// loop IR:\n" + printer(func)
         return text
     if emit == "c":
         from wpk.dsl.codegen_c import generate_c
 
-        return generate_c(build.lower_for(op, bindings, config, "cpu"))
-    kernel = build.build_cuda(op, bindings, config, gpu=hw, compile=False)
+        return generate_c(templates.lower_for(op, bindings, config, "cpu"))
+    kernel = templates.build_cuda(op, bindings, config, gpu=hw, compile=False)
     return kernel.source
 
 
 def check_operator(op: ir.Operator, arrays, bindings, config, target: str, hw) -> str:
     """Build/emulate `op`, compare every output with the reference; a report line per output."""
-    from wpk.dsl import build
 
     reference = ir.evaluate(op, arrays, bindings)
     lines = []
     if target == "cpu":
-        kernel = build.build_cpu(op, bindings, config)
+        kernel = templates.build_cpu(op, bindings, config)
         outputs = kernel(**arrays)
         how = "C (gcc)"
     else:
-        outputs = build.emulate_cuda(op, bindings, config, arrays, gpu=hw)
+        outputs = templates.emulate_cuda(op, bindings, config, arrays, gpu=hw)
         how = f"CUDA emulated for {hw.name}"
         lines.append(_compile_report(op, bindings, config, hw))
     failures = []
@@ -188,10 +188,9 @@ def check_operator(op: ir.Operator, arrays, bindings, config, target: str, hw) -
 
 
 def _compile_report(op: ir.Operator, bindings, config, hw) -> str:
-    from wpk.dsl import build
 
     try:
-        kernel = build.build_cuda(op, bindings, config, gpu=hw, arch=hw.arch)
+        kernel = templates.build_cuda(op, bindings, config, gpu=hw, arch=hw.arch)
     except ToolchainError as exc:
         if "not found" in exc.message or "not installed" in exc.message or \
                 "are needed" in exc.message:

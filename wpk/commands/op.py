@@ -26,6 +26,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from wpk.commands.common import SEARCHES, echo, parse_shape, target_of
 from wpk.core.errors import OptionError
+from wpk.frontend import load_model
+from wpk.kernels.target import create_target
+from wpk.pipeline import BuildOptions, plan_workloads
+from wpk.plans.report import make_report
+from wpk.workloads import extract_workloads
 
 OPSET = 17
 
@@ -76,18 +81,11 @@ def op_report(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, 
               budget: float | None = None, db: str | None = None,
               progress: bool = False) -> dict:
     """The benchmark report of one operator (the build report's shape, plus 'search')."""
-    from wpk.frontend import load_model
-    from wpk.pipeline import BuildOptions
-    from wpk.plans.planner import PlanOptions
-    from wpk.plans.report import make_report
-    from wpk.search_build import plan_with_search
-    from wpk.workloads import extract_workloads
-
     options = BuildOptions(target=target, search=search, trials=trials, budget=budget, db=db,
                            progress=progress)
     graph = load_model(operator_model(op, shapes, attrs))
-    items = extract_workloads(graph)
-    choices, summary = plan_with_search(items, options, PlanOptions(seed=options.seed))
+    choices, summary, _ = plan_workloads(extract_workloads(graph), create_target(target),
+                                         options, records=True)
     report = make_report(choices, target=target, model=f"op {op}", options=options.to_json())
     report["search"] = summary
     return report

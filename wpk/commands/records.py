@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from wpk.commands.common import echo
-from wpk.search.records import RecordError, RecordStore, TuningRecord, best_of, merge
+from wpk.search.records import RecordError, RecordStore, TuningRecord, merge, top_records
 
 
 def _open(path: Path | str) -> RecordStore:
@@ -80,7 +80,7 @@ def _json_lines(records: Sequence[TuningRecord]) -> str:
 def records_list(path: Path | str, workload: str | None = None,
                  as_json: bool = False) -> Table | str:
     """Every record of the file (of one workload), in file order."""
-    records = _select(_open(path).records, workload)
+    records = _select(_open(path).records(), workload)
     if as_json:
         return _json_lines(records)
     return _table(records, f"{len(records)} tuning records in {path}")
@@ -90,9 +90,9 @@ def records_best(path: Path | str, workload: str | None = None,
                  as_json: bool = False) -> Table | str:
     """The fastest verified candidate of each (workload, target fingerprint)."""
     groups: dict[tuple[str, str], list[TuningRecord]] = {}
-    for record in _select(_open(path).records, workload):
+    for record in _select(_open(path).records(), workload):
         groups.setdefault((record.workload_key, record.fingerprint.key), []).append(record)
-    best = [b for b in (best_of(group) for group in groups.values()) if b is not None]
+    best = [top[0] for top in (top_records(group) for group in groups.values()) if top]
     if as_json:
         return _json_lines(best)
     return _table(best, f"best of {len(groups)} workload/target pairs in {path}")

@@ -298,6 +298,20 @@ def host_cpu() -> HardwareSpec:
         shared_memory_per_block=0, shared_memory_per_block_optin=0)
 
 
+# CPU features worth recording: those a native kernel may be compiled for.
+ISA_FLAGS = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
+             "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+             "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+@functools.cache
+def cpu_fingerprint() -> dict:
+    """The host CPU: machine, core count and the ISA flags of ISA_FLAGS it has."""
+    flags = set(cpu_flags())
+    return {"kind": "cpu", "machine": platform.machine(), "cores": os.cpu_count() or 1,
+            "isa": [flag for flag in ISA_FLAGS if flag in flags]}
+
+
 # ----------------------------------------------------------------------------- GPU detection
 
 

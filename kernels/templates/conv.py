@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from wpk.dsl.conv_cuda import cuda_preferred_points, schedule_conv_cuda, split_choices
 from wpk.dsl.rfactor import rfactor
 from wpk.dsl.schedule import Schedule
 from wpk.dsl.templates import KnobSpace, Template, _choices
+from wpk.kernels.templates.conv_cuda import cuda_preferred_points, schedule_conv_cuda, split_choices
 
 
 def is_conv_stage(stage) -> bool:
@@ -24,7 +24,7 @@ class ConvTemplate(Template):
     1x1 kernels). `cache_input` 1 copies the zero-padded input patch (of each c block,
     or of the pixel tile with `k_inner`) into a local buffer, 2 the whole padded input
     once; both remove the padding test from the inner loop.
-    CUDA (`wpk.dsl.conv_cuda`): blocks over (n, k.o, pixel tiles), threads over pixels and
+    CUDA (`conv_cuda`): blocks over (n, k.o, pixel tiles), threads over pixels and
     `block_k` groups of output channels, a `tile_k` x `tile_x` register tile per thread
     (output channels x pixels), optional shared-memory staging of the input patch and of
     the weights per `tile_c` block of input channels; `fuse_yx` maps the pixels as one

@@ -1,0 +1,207 @@
+"""Runners: verify and time candidates (DESIGN.md: `Runner.run(workload, candidates)`).
+
+    runner = create_runner(target)                     # in this process
+    runner = create_runner(target, isolated=True)      # in a worker process
+    runner = create_runner(target, parallel=4)         # CUDA: 4 streams at once
+    with runner:
+        measurements = runner.run(workload, candidates)    # one per candidate, in order
+
+Implementations:
+
+* `LocalRunner`: in this process, with the target's timer (the host's wall
+  clock, or CUDA events with an L2 flush per run);
+* `IsolatedRunner`: the same in a worker process (`wpk.search.workers`), so a
+  crash or a hang costs one candidate, not the build;
+* `ParallelRunner` (`wpk.search.parallel_measure`): a workload's candidates
+  timed together on N CUDA streams, the fastest re-measured alone;
+* `PredictedRunner` (`wpk.search.predicted`): an offline build's candidates
+  compiled, resource-checked, emulator-verified and predicted;
+* `RecordedRunner` (`wpk.search.recorded`): a `Database` in front of another
+  runner (reuse what is recorded, record what is measured).
+
+`create_runner` reads the target's capability fields (`timer`, `streams`,
+`predicted`), never its name. Every candidate's random inputs derive from
+(seed, workload key, candidate), so they do not depend on measurement order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from wpk.core.errors import OptionError
+from wpk.core.workload import Workload
+from wpk.kernels import registry
+from wpk.kernels.jobs import CandidateSpec
+from wpk.kernels.registry import Candidate
+from wpk.kernels.target import Target
+from wpk.search.measure import Measurement, Status
+from wpk.search.workers import MeasureOptions, MeasureWorker
+
+AnyCandidate = Candidate | CandidateSpec
+# timer (a Target capability) -> the function measuring one candidate in a process
+TIMERS = {"host": "wpk.search.measure:measure_candidate",
+          "cuda-events": "wpk.search.measure_cuda:measure_candidate"}
+
+
+def candidate_seed(seed: int, workload_key: str, impl: str, config) -> int:
+    """A 32-bit seed for one candidate's measurement, independent of search order."""
+    canonical = json.dumps(json.loads(json.dumps(dict(config), sort_keys=True, default=str)),
+                           sort_keys=True, separators=(",", ":"))
+    text = f"{seed}|{workload_key}|{impl}|{canonical}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
+def timer_function(timer: str):
+    """The measuring function of a timer name (see `TIMERS`)."""
+    module, _, name = TIMERS[timer].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def as_candidate(candidate: AnyCandidate) -> Candidate:
+    """A registry `Candidate` (a spec's modules imported and its implementation looked up)."""
+    if isinstance(candidate, Candidate):
+        return candidate
+    for module in candidate.modules:
+        importlib.import_module(module)
+    return Candidate(registry.get(candidate.impl), dict(candidate.config))
+
+
+def failed(workload: Workload, candidate: AnyCandidate, status: Status,
+           message: str) -> Measurement:
+    """The measurement of a candidate that never reached its kernel."""
+    spec = CandidateSpec.of(candidate)
+    return Measurement(label=spec.label, impl=spec.impl, config=dict(spec.config),
+                       status=status, message=message, workload_key=workload.key)
+
+
+class Runner(ABC):
+    """Verifies and times candidates of a workload; `options` are the defaults of `run`."""
+
+    concurrent = False   # whether `run` times a workload's candidates together
+
+    def __init__(self, options: MeasureOptions | None = None, seed: int = 0):
+        self.options = options or MeasureOptions()
+        self.seed = seed
+
+    def run(self, workload: Workload, candidates: Sequence[AnyCandidate],
+            options: MeasureOptions | None = None) -> list[Measurement]:
+        """One measurement per candidate, in order; never raises for a failing candidate
+        (the status says what happened)."""
+        return [self.measure(workload, c, options) for c in candidates]
+
+    @abstractmethod
+    def measure(self, workload: Workload, candidate: AnyCandidate,
+                options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
+        """One candidate, alone (`seed` default: the candidate's own, `candidate_seed`)."""
+
+    def prefetch(self, workload: Workload, candidates: Sequence[AnyCandidate]) -> None:
+        """Start preparing candidates that will be measured later (compiling, say); the
+        planner calls it for every workload first. Nothing by default."""
+        return None
+
+    def seed_of(self, workload: Workload, candidate: AnyCandidate) -> int:
+        spec = CandidateSpec.of(candidate)
+        return candidate_seed(self.seed, workload.key, spec.impl, spec.config)
+
+    def close(self) -> None:
+        """Release worker processes and pools (a closed runner may be used again)."""
+        return None
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LocalRunner(Runner):
+    """Measures in this process with a timer of `TIMERS`."""
+
+    def __init__(self, timer: str = "host", options: MeasureOptions | None = None,
+                 seed: int = 0):
+        super().__init__(options, seed)
+        self.timer = timer
+        self._measure = timer_function(timer)
+
+    def measure(self, workload: Workload, candidate: AnyCandidate,
+                options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
+        options = options or self.options
+        seed = self.seed_of(workload, candidate) if seed is None else seed
+        try:
+            chosen = as_candidate(candidate)
+        except Exception as exc:  # an implementation this process cannot load
+            return failed(workload, candidate, Status.COMPILE_ERROR,
+                          f"cannot load implementation {CandidateSpec.of(candidate).impl!r}: "
+                          f"{type(exc).__name__}: {exc}")
+        return self._measure(workload, chosen, rng=np.random.default_rng(seed),
+                             **options.timing())
+
+
+class IsolatedRunner(Runner):
+    """Measures in a long-lived worker process (restarted only after a crash or a hang)."""
+
+    def __init__(self, timer: str = "host", options: MeasureOptions | None = None,
+                 seed: int = 0, worker: MeasureWorker | None = None):
+        super().__init__(options, seed)
+        self.timer = timer
+        self.worker = worker or MeasureWorker(self.options, timer=timer)
+        self._owns_worker = worker is None
+
+    def measure(self, workload: Workload, candidate: AnyCandidate,
+                options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
+        seed = self.seed_of(workload, candidate) if seed is None else seed
+        return self.worker.measure(workload, candidate, options or self.options, seed=seed)
+
+    def close(self) -> None:
+        if self._owns_worker:
+            self.worker.close()
+
+
+def check_runner(target: Target, parallel: int | None = None) -> None:
+    """OptionError when `target` cannot be measured as asked (`parallel` streams on a target
+    without streams, or on a predicted one)."""
+    if not parallel:
+        return
+    if target.predicted:
+        raise OptionError("--parallel-measure times candidates on the GPU, and an "
+                          "--offline build predicts instead of timing",
+                          hint="drop --parallel-measure, then run `wpk tune PLAN "
+                               "--parallel-measure N` on the GPU")
+    if not target.streams:
+        raise OptionError(f"--parallel-measure times candidates on device streams; target "
+                          f"'{target.name}' has none",
+                          hint="drop --parallel-measure, or build with --gpu NAME on a "
+                               "machine with that GPU")
+
+
+def create_runner(target: Target, *, isolated: bool = False, parallel: int | None = None,
+                  options: MeasureOptions | None = None, seed: int = 0,
+                  jobs: int | None = None, summary=None) -> Runner:
+    """The runner a build for `target` measures with: predicted for a predicted target,
+    else the target's timer in this process or (`isolated`) in a worker, and with
+    `parallel` streams when the target has streams (their totals added to `summary`,
+    a `ParallelSummary`). `jobs`: compile threads of a predicted build."""
+    check_runner(target, parallel)
+    if target.predicted:
+        from wpk.search.predicted import PredictedRunner
+
+        return PredictedRunner(target.hardware, options, seed, jobs=jobs)
+    base = (IsolatedRunner(target.timer, options, seed) if isolated
+            else LocalRunner(target.timer, options, seed))
+    if not parallel:
+        return base
+    from wpk.search.parallel_measure import ParallelRunner
+
+    return ParallelRunner(base, parallel, summary)
+
+
+def final_phase(measurement: Measurement) -> Measurement:
+    """`measurement` marked as a final (alone, more repeats) re-measurement."""
+    return replace(measurement, extra={**measurement.extra, "phase": "final"})
