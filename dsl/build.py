@@ -23,14 +23,14 @@ import numpy as np
 
 from wpk.core.errors import InputError
 from wpk.dsl import loopir as L
+from wpk.dsl import toolchain
+from wpk.dsl.emulator import emulate
 
 
 # ----------------------------------------------------------------------------- CPU
 def compile_c(source: str, flags=None) -> Path:
     """Compile generated C to a shared library through the toolchain's compile cache
     (default flags: `toolchain.c_flags()`, the host's ISA)."""
-    from wpk.dsl import toolchain
-
     return Path(toolchain.compile_c_shared(source, flags=None if flags is None else list(flags)))
 
 
@@ -113,8 +113,6 @@ class CudaKernel:
 
     def emulate(self, *arrays, **named) -> dict[str, np.ndarray]:
         """Run on the CPU with the GPU emulator."""
-        from wpk.dsl.emulator import emulate
-
         feeds = dict(zip([b.name for b in self.func.params
                           if b.name not in self.func.meta["outputs"]], arrays))
         feeds.update(named)

@@ -23,6 +23,7 @@ import numpy as np
 
 from wpk.core.errors import WpkError
 from wpk.dsl import loopir as L
+from wpk.dsl.templates import launch_of
 
 MAX_LANES = 1 << 16
 _NP = {"f32": np.float32, "f64": np.float64, "i32": np.int64, "i64": np.int64, "bool": np.bool_,
@@ -351,8 +352,6 @@ def global_memory(func: L.PrimFunc, arrays: Mapping[str, np.ndarray]) -> dict[st
 def emulate(func: L.PrimFunc, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run a CUDA-target `PrimFunc` on the CPU; returns its outputs (poisoned with NaN first,
     so an element no thread writes shows up)."""
-    from wpk.dsl.templates import launch_of
-
     if func.target != "cuda":
         raise EmulatorError(f"{func.name} was lowered for {func.target}, not cuda")
     outputs = func.meta["outputs"]

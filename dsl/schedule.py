@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 from wpk.core.errors import ScheduleError
+from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
 
 ANNOTATIONS = L.LOOP_KINDS + L.GPU_BINDINGS
@@ -221,8 +222,6 @@ class Schedule:
     """Schedules of every stage of a specialised operator (`compute.specialize`)."""
 
     def __init__(self, op, target: str = "cpu"):
-        from wpk.dsl import compute as C
-
         self.op = op
         self.target = target
         self.stages: dict[str, StageSchedule] = {}

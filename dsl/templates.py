@@ -23,8 +23,10 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from wpk.core.devices import host_cpu
 from wpk.core.errors import ScheduleError
 from wpk.dsl import loopir as L
+from wpk.dsl.lower import fused_epilogue, lower
 from wpk.dsl.schedule import Schedule, StageSchedule
 
 
@@ -89,8 +91,6 @@ def limits_from(hw, target: str) -> Limits:
 
 @functools.cache
 def _host_cpu():
-    from wpk.core.devices import host_cpu
-
     return host_cpu()
 
 
@@ -165,7 +165,6 @@ class Template:
         reason = self.check_knobs(config)
         if reason is not None:
             return reason
-        from wpk.dsl.lower import lower
 
         try:
             sched = self.apply(config)
@@ -365,8 +364,6 @@ class GenericTemplate(Template):
 
 
 def _is_fused_epilogue(op, stage) -> bool:
-    from wpk.dsl.lower import fused_epilogue
-
     return any(fused_epilogue(op, s) is stage for s in op.stages)
 
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from wpk.core.devices import compiler_isa_flags
 from wpk.core.errors import ToolchainError
 
 # Bump when the code generators change what they emit for the same input.
@@ -111,8 +112,6 @@ def c_flags() -> tuple[str, ...]:
     """gcc flags of generated kernels: `BASE_C_FLAGS` plus the host's ISA level, which is
     part of every cache key, so a cache shared by an AVX-512 and an AVX2 machine never
     hands one the other's binary."""
-    from wpk.core.devices import compiler_isa_flags
-
     return (*BASE_C_FLAGS, *compiler_isa_flags())
 
 

@@ -39,11 +39,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wpk.core.errors import WpkError
+from wpk.core.errors import UnsupportedError, WpkError
 from wpk.core.workload import Workload
+from wpk.dsl import build
+from wpk.dsl.codegen_c import generate_c
+from wpk.dsl.compute import specialize
+from wpk.dsl.epilogue import with_epilogue
+from wpk.dsl.parser import parse_source
 from wpk.kernels import templates
+from wpk.kernels.cpu.node_model import core_input_count, is_elementwise
+from wpk.kernels.cpu.numpy_ops import elementwise_steps
+from wpk.kernels.cpu.tensor_formulas import BINARY_UFUNCS, UNARY_AS_STEP
+from wpk.kernels.dsl_library import load_operator
+from wpk.kernels.generated_nchwc import PACKERS, map_nchwc_conv
 from wpk.kernels.generated_ops import MAPPERS, bind, coalesce, fold_operand
+from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
+from wpk.kernels.templates import build_cpu, template_for
 
 DTYPE = "float32"
 
@@ -62,10 +74,6 @@ class DslMapping:
 
 
 def _elementwise(w: Workload) -> DslMapping | str:
-    from wpk.dsl.epilogue import with_epilogue
-    from wpk.dsl.parser import parse_source
-    from wpk.kernels.cpu.numpy_ops import elementwise_steps
-
     steps = elementwise_steps(w)
     out = tuple(w.outputs[0].shape)
     if tuple(w.inputs[0].shape) != out:
@@ -85,11 +93,6 @@ def _elementwise(w: Workload) -> DslMapping | str:
 
 
 def _map(w: Workload) -> DslMapping | str:
-    from wpk.dsl.epilogue import with_epilogue
-    from wpk.kernels.cpu.node_model import core_input_count, is_elementwise
-    from wpk.kernels.cpu.tensor_formulas import BINARY_UFUNCS, UNARY_AS_STEP
-    from wpk.kernels.dsl_library import load_operator
-
     nchwc = w.domain == "wpk.nchwc" and w.op == "Conv"
     if w.domain not in ("", "ai.onnx") and not is_elementwise(w) and not nchwc:
         return f"domain {w.domain!r} {w.op} does not map to DSL operators"
@@ -104,8 +107,6 @@ def _map(w: Workload) -> DslMapping | str:
     core = core_input_count(w)
     packed = ()
     if nchwc:
-        from wpk.kernels.generated_nchwc import map_nchwc_conv
-
         found = map_nchwc_conv(w, core)
         if isinstance(found, str):
             return found
@@ -152,9 +153,6 @@ def map_workload(workload: Workload) -> DslMapping | str:
 
 @functools.lru_cache(maxsize=256)
 def _template(key: str, target: str):
-    from wpk.dsl.compute import specialize
-    from wpk.kernels.templates import template_for
-
     mapping = _MAPPINGS[key]
     return template_for(specialize(mapping.op, mapping.bindings), target)
 
@@ -163,8 +161,6 @@ def template_of(workload: Workload, target: str = "cpu"):
     """The DSL schedule template of a mapped workload (WpkError-free: call map first)."""
     mapping = map_workload(workload)
     if isinstance(mapping, str):
-        from wpk.core.errors import UnsupportedError
-
         raise UnsupportedError(f"{workload.label}: {mapping}",
                                hint="only workloads that map to DSL operators can be tuned")
     return _template(workload.key, target)
@@ -178,14 +174,9 @@ def default_config(workload: Workload, target: str = "cpu") -> dict:
 def compile_generated(workload: Mapping, config: Mapping | None = None) -> str:
     """Compile a workload's generated CPU kernel into the compile cache (a `CompileJob`
     function: `CompileJob("wpk.kernels.generated:compile_generated", {...})`)."""
-    from wpk.dsl import build
-    from wpk.dsl.codegen_c import generate_c
-
     w = Workload.from_json(workload)
     mapping = map_workload(w)
     if isinstance(mapping, str):
-        from wpk.core.errors import UnsupportedError
-
         raise UnsupportedError(f"{w.label}: {mapping}", hint="not a generated-kernel workload")
     func = templates.lower_for(mapping.op, mapping.bindings, dict(config or {}), "cpu")
     return str(build.compile_c(generate_c(func)))
@@ -193,8 +184,6 @@ def compile_generated(workload: Mapping, config: Mapping | None = None) -> str:
 
 def compile_job(workload: Workload, config: Mapping):
     """The `CompileJob` that puts the workload's kernel for `config` in the compile cache."""
-    from wpk.kernels.jobs import CompileJob
-
     return CompileJob("wpk.kernels.generated:compile_generated",
                       {"workload": workload.to_json(), "config": dict(config)},
                       label=f"{workload.label} {dict(config)}")
@@ -219,16 +208,12 @@ class DslCpu(Implementation):
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        from wpk.kernels.templates import build_cpu
-
         mapping = map_workload(workload)
         if isinstance(mapping, str):
             raise ValueError(f"{workload.label}: {mapping}")
         built = build_cpu(mapping.op, mapping.bindings, dict(config))
         packed = {}
         if mapping.packed:
-            from wpk.kernels.generated_nchwc import PACKERS
-
             for param, index, packer, blocks, block in mapping.packed:
                 if index not in consts:
                     raise ValueError(f"{workload.label}: input {index} must be a constant")

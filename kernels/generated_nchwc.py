@@ -21,6 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from wpk.core.workload import Workload
+from wpk.dsl.parser import parse_source
+from wpk.kernels.generated_ops import pads_2d
+from wpk.kernels.nchwc_logical import is_depthwise, logical_workload
 
 NCHWC_DOMAIN = "wpk.nchwc"
 
@@ -82,10 +85,6 @@ def conv_source(kind: str, bias: bool) -> str:
 def map_nchwc_conv(w: Workload, core: int):
     """(op, shapes, scalars, feeds, packed) of a blocked Conv, or why it does not map.
     `packed` lists (param, input index, packer name, blocks, block)."""
-    from wpk.dsl.parser import parse_source
-    from wpk.kernels.generated_ops import pads_2d
-    from wpk.kernels.nchwc_logical import is_depthwise, logical_workload
-
     x, wt = w.inputs[0], w.inputs[1]
     out = w.outputs[0].shape
     if len(out) != 5 or wt is None or len(wt.shape) != 4:

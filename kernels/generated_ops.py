@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from wpk.core.workload import Workload
+from wpk.dsl.compute import infer_bindings
+from wpk.dsl.parser import parse_source
+from wpk.kernels.cpu.window import window_geometry
 
 
 def _stub(shape: Sequence[int]) -> np.ndarray:
@@ -23,8 +26,6 @@ def _stub(shape: Sequence[int]) -> np.ndarray:
 
 
 def bind(op, shapes: Mapping[str, Sequence[int]], scalars: Mapping | None = None) -> dict:
-    from wpk.dsl.compute import infer_bindings
-
     return infer_bindings(op, {k: _stub(v) for k, v in shapes.items()}, scalars or {})
 
 
@@ -71,8 +72,6 @@ def coalesce(out: Sequence[int], operands: Sequence[Sequence[int]]
 
 def pads_2d(workload: Workload, kernel: tuple[int, int]):
     """(pad_t, pad_l, pad_b, pad_r, strides, dilations) giving exactly the output size."""
-    from wpk.kernels.cpu.window import window_geometry
-
     geom = window_geometry(workload, kernel)
     # The declared end pads, unless ceil_mode windows reach further (then exactly those).
     ends = tuple(max(c, e) for c, e in zip(geom.cover_end, geom.pads_end))
@@ -122,8 +121,6 @@ def _map_matmul(w: Workload, lib, core: int):
 
 
 def _map_gemm(w: Workload, lib, core: int):
-    from wpk.dsl.parser import parse_source
-
     ta, tb = int(w.attr("transA", 0)), int(w.attr("transB", 0))
     alpha, beta = float(w.attr("alpha", 1.0)), float(w.attr("beta", 1.0))
     a, b = w.inputs[0].shape, w.inputs[1].shape

@@ -28,6 +28,7 @@ import functools
 
 import numpy as np
 
+from wpk.core.devices import cpu_flags
 from wpk.core.errors import ShapeError
 
 SUPPORTED_BLOCKS = (4, 8, 16)
@@ -41,7 +42,7 @@ def round_up(value: int, multiple: int) -> int:
 @functools.cache
 def host_block_size() -> int:
     """The NCHWc block of this host: what MLAS uses, else 16 with avx512f, 8 otherwise."""
-    return mlas_block_size() or (16 if "avx512f" in _cpu_flags() else 8)
+    return mlas_block_size() or (16 if "avx512f" in cpu_flags() else 8)
 
 
 def mlas_block_size() -> int | None:
@@ -65,14 +66,6 @@ def mlas_block_size() -> int | None:
     except Exception:  # no onnxruntime, or a build without the NCHWc kernels
         return None
     return int(padded) if padded in SUPPORTED_BLOCKS else None
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        from wpk.core.devices import cpu_flags
-        return set(cpu_flags())
-    except Exception:  # pragma: no cover - devices is part of wpk
-        return set()
 
 
 def blocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from wpk.core.errors import WpkError
 from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
+from wpk.kernels.nchwc_logical import logical_workload  # the blocked ops' own module
 
 ELEMENTWISE_UNARY_OPS = frozenset({
     "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf",
@@ -83,7 +84,6 @@ def _nchwc_reason(workload: Workload) -> str | None:
     """Blocked-layout ops (see wpk.passes.nchwc_layout) are supported as their logical op is."""
     if workload.op in NCHWC_REORDERS:
         return None
-    from wpk.kernels.nchwc_logical import logical_workload  # the blocked ops' own module
 
     try:
         logical = logical_workload(workload)

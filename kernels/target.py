@@ -36,6 +36,7 @@ from wpk.core.devices import HardwareSpec
 from wpk.core.errors import OptionError
 from wpk.core.workload import Workload
 from wpk.dsl import toolchain
+from wpk.kernels import registry
 from wpk.kernels.jobs import CandidateSpec, CompileJob
 from wpk.kernels.registry import Candidate
 
@@ -103,8 +104,6 @@ class GeneratedKernels(ABC):
 
     def candidate(self, knobs: Mapping) -> Candidate:
         """The planner candidate of the kernel scheduled by `knobs`."""
-        from wpk.kernels import registry
-
         for module in self.modules:
             importlib.import_module(module)
         return Candidate(registry.get(self.impl), self.config(knobs))

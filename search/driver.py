@@ -43,6 +43,7 @@ from wpk.search.budget import EarlyStop, ShareEntry, by_latency_share, shares, t
 from wpk.search.measure import Measurement
 from wpk.search.recorded import RecordedRunner
 from wpk.search.space import SearchSpace
+from wpk.search.tuners import make_tuner
 
 DEFAULT_TRIALS = 32
 DEFAULT_BUDGET_TRIALS = 64   # per workload when only --budget limits the search
@@ -107,8 +108,6 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
     """Search the schedule space of the workload's kernel in `generated` (a target's
     generated kernels; see the module docstring); `deadline` is a `time.monotonic()`
     value. Returns the best config found."""
-    from wpk.search.tuners import make_tuner
-
     if trials < 1:
         raise OptionError(f"--trials must be at least 1, got {trials}")
     started = time.monotonic()

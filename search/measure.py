@@ -24,6 +24,8 @@ import numpy as np
 
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.cpu.blas_threads import one_blas_thread
+from wpk.kernels.random_inputs import random_inputs
+from wpk.kernels.reference import reference
 from wpk.kernels.registry import Candidate
 
 InputsFn = Callable[[Workload, np.random.Generator], Sequence[np.ndarray | None]]
@@ -192,14 +194,10 @@ def _working_set(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarr
 
 
 def _default_inputs_fn() -> InputsFn:
-    from wpk.kernels.random_inputs import random_inputs
-
     return random_inputs
 
 
 def _default_reference_fn() -> ReferenceFn:
-    from wpk.kernels.reference import reference
-
     return reference
 
 

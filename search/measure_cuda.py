@@ -37,7 +37,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from wpk.core.workload import Workload
-from wpk.kernels.registry import GENERATED, Candidate
+from wpk.kernels import registry
+from wpk.kernels.cuda.cupy_support import require_cupy
+from wpk.kernels.registry import GENERATED, VENDOR, Candidate
 from wpk.search.measure import (
     SECOND_CHECK_MAX_S,
     InputsFn,
@@ -78,8 +80,6 @@ def summarize(times: Sequence[float]) -> tuple[float, tuple[float, float]]:
 
 
 def _cupy():
-    from wpk.kernels.cuda.cupy_support import require_cupy
-
     return require_cupy("GPU measurement")
 
 
@@ -184,9 +184,6 @@ def vendor_disagreement(workload: Workload, candidate: Candidate, device_inputs,
                         outputs) -> float | None:
     """Relative L2 difference between a generated kernel's outputs and the vendor library's
     on the same inputs (None when no vendor implementation takes the workload)."""
-    from wpk.kernels import registry
-    from wpk.kernels.registry import VENDOR
-
     if candidate.implementation.kind != GENERATED:
         return None
     cupy = _cupy()

@@ -27,7 +27,10 @@ import onnx.version_converter
 from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
+import wpk
 from wpk.core.errors import DeviceError, InputError, ModelError, UnsupportedError
+from wpk.frontend import MIN_OPSET
+from wpk.runtime import Session
 
 # Node inputs (by position) whose values determine output shapes; a graph
 # input that feeds one of these is folded into a constant per run.
@@ -177,9 +180,6 @@ class WpkBackendRep(BackendRep):
 
     def _build(self, model: onnx.ModelProto):
         """Build a plan in memory and load it into a runtime session (no file written)."""
-        import wpk
-        from wpk.runtime import Session
-
         plan = wpk.build(model, target=self.target, **self.options)
         return Session(plan, f"<backend plan {len(self._sessions)} of {model.graph.name}>")
 
@@ -265,8 +265,6 @@ class WpkBackend(Backend):
 
 def _upgrade_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     """Convert a model below the frontend's minimum default-domain opset up to it."""
-    from wpk.frontend import MIN_OPSET
-
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or opset >= MIN_OPSET:
         return model

@@ -25,7 +25,9 @@ import numpy as np
 
 from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
+from wpk.kernels import registry
 from wpk.kernels.cpu.blas_threads import OneBlasThread
+from wpk.kernels.cpu.nchwc_region import REGION_IMPL, RegionMember, region_kernel
 from wpk.kernels.target import target_class
 from wpk.plans.planfile import KERNELS, Plan, read_plan
 
@@ -143,8 +145,6 @@ class Session:
     def _prepare_steps(self, arrays: Mapping[str, np.ndarray], merge: bool = True):
         """(kernel, inputs, outputs) calls and their names; with `merge`, runs of two or
         more consecutive `ort.nchwc` steps become one session (`nchwc_region`)."""
-        from wpk.kernels.cpu.nchwc_region import REGION_IMPL
-
         steps = self.plan.steps
         calls, names, start = [], [], 0
         while start < len(steps):
@@ -180,8 +180,6 @@ class Session:
         return kernel, inputs, outputs
 
     def _prepare_region(self, steps, arrays: Mapping[str, np.ndarray], exported: set[str]):
-        from wpk.kernels.cpu.nchwc_region import RegionMember, region_kernel
-
         members = []
         for step in steps:
             _, workload, _, _, consts = bind_step(self.plan, step, arrays, self.plan.weights,
@@ -297,8 +295,6 @@ def session_class_of(plan: Plan, path: str = "<plan>") -> type[Session]:
 
 def _uses_blas(plan: Plan) -> bool:
     """Whether any step's implementation may call BLAS (see `Implementation.uses_blas`)."""
-    from wpk.kernels import registry
-
     return any(registry.get(step.impl).uses_blas for step in plan.steps)
 
 
@@ -309,8 +305,6 @@ def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):
     input index); PlanError when this wpk lacks the implementation or a tensor
     has no buffer.
     """
-    from wpk.kernels import registry
-
     try:
         impl = registry.get(step.impl)
     except KeyError:
@@ -333,8 +327,6 @@ def _region(steps, start: int, arrays: Mapping, weights: Mapping,
     (end, outputs read after it). The tensors crossing its boundary must sit in their own
     arena bytes: onnxruntime may order independent nodes differently from the plan and
     knows nothing of buffer reuse."""
-    from wpk.kernels.cpu.nchwc_region import REGION_IMPL
-
     limit = start + 1
     while (limit < len(steps) and steps[limit].impl == REGION_IMPL
            and len(steps[limit].outputs) == 1):

@@ -29,8 +29,11 @@ import numpy as np
 from wpk.core.errors import DeviceError, PlanError
 from wpk.core.workload import TensorSpec
 from wpk.kernels.cpu.blas_threads import OneBlasThread
+from wpk.kernels.cuda.cupy_support import compute_capability, require_cupy
+from wpk.kernels.cuda.generated import load_cubin_kernel
 from wpk.plans.planfile import KERNELS, Plan, read_plan
-from wpk.runtime import Session, TensorMeta
+from wpk.runtime import Session, TensorMeta, bind_step
+from wpk.search.measure_cuda import summarize, time_gpu
 
 HOST_KINDS = frozenset({"fallback"})   # steps that copy to the host and synchronise
 
@@ -95,8 +98,6 @@ class CudaSession(Session):
     def __init__(self, plan: Plan, path: str = "<plan>", cuda_graph: bool = True,
                  spin_threads: bool = False):
         """`spin_threads` has no effect on the GPU (it is the CPU session's option)."""
-        from wpk.kernels.cuda.cupy_support import compute_capability, require_cupy
-
         if plan.target != self.target:
             raise PlanError(f"plan '{path}' targets {plan.target}, not {self.target}",
                             hint="load it with wpk.load")
@@ -161,8 +162,6 @@ class CudaSession(Session):
         return raw, views
 
     def _prepare_device_steps(self, arrays: Mapping):
-        from wpk.runtime import bind_step
-
         calls, names, kinds = [], [], []
         for step in self.plan.steps:
             impl, workload, inputs, outputs, consts = bind_step(
@@ -186,8 +185,6 @@ class CudaSession(Session):
         import json
 
         if impl.name == "dsl.cuda" and "launch.json" in files:
-            from wpk.kernels.cuda.generated import load_cubin_kernel
-
             launch = json.loads(files["launch.json"])
             choice = binary_choice(launch["arch"], self.device_cc, "kernel.ptx" in files)
             return load_cubin_kernel(generated_artifacts(files, choice), launch)
@@ -267,8 +264,6 @@ class CudaSession(Session):
 
     def profile(self, feeds: Mapping, repeats: int = 10) -> list[dict]:
         """Median seconds of every step alone (CUDA events), in execution order."""
-        from wpk.search.measure_cuda import summarize, time_gpu
-
         self._execute(feeds)
         rows = []
         for step, (kernel, inputs, outputs) in zip(self.plan.steps, self._calls):

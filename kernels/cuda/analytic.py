@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from wpk.core.workload import Workload
+from wpk.kernels.cuda.traffic import onchip_seconds
 
 LAUNCH_OVERHEAD_S = 3e-6          # per kernel launch (assumption; CUDA graphs lower it)
 OCCUPANCY_SATURATION = 0.5        # occupancy above which latency is hidden (assumption)
@@ -162,8 +163,6 @@ def predict_generated(workload: Workload, gpu, launches: Iterable, usage: Mappin
     flops, nbytes = workload_work(workload)
     roof = roofline_seconds(flops, nbytes, gpu)
     if work:
-        from wpk.kernels.cuda.traffic import onchip_seconds
-
         roof = max(roof, sum(onchip_seconds(work[item.name], gpu) for item in launches
                              if item.name in work))
     weights, factors, details = [], [], None

@@ -33,9 +33,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wpk.core.devices import gpu_preset
 from wpk.core.errors import DeviceError, ScheduleError, UnsupportedError
 from wpk.core.workload import Workload
+from wpk.dsl.codegen_cuda import generate_cuda
+from wpk.dsl.compute import specialize
+from wpk.dsl.toolchain_cuda import compile_cuda
+from wpk.kernels.generated import _MAPPINGS, map_workload
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
+from wpk.kernels.templates import lower_for, template_for
 
 GPU_KEY = "gpu"
 DEFAULT_CONFIG_COUNT = 3
@@ -48,15 +54,11 @@ def split_config(config: Mapping) -> tuple[dict, str | None]:
 
 
 def _preset(name: str | None):
-    from wpk.core.devices import gpu_preset
-
     return gpu_preset(name or "auto")
 
 
 def workload_mapping(workload: Workload):
     """The DSL mapping of a workload (UnsupportedError when it has none)."""
-    from wpk.kernels.generated import map_workload
-
     mapping = map_workload(workload)
     if isinstance(mapping, str):
         raise UnsupportedError(f"{workload.label}: {mapping}",
@@ -67,10 +69,6 @@ def workload_mapping(workload: Workload):
 
 @functools.lru_cache(maxsize=512)
 def _template(key: str, preset: str):
-    from wpk.dsl.compute import specialize
-    from wpk.kernels.generated import _MAPPINGS
-    from wpk.kernels.templates import template_for
-
     mapping = _MAPPINGS[key]
     return template_for(specialize(mapping.op, mapping.bindings), "cuda", _preset(preset))
 
@@ -132,9 +130,6 @@ def build_for(workload: Workload, config: Mapping, compile: bool = True) -> Buil
     """Lower, print and (with `compile`) compile the workload's kernel for the config's
     preset. Raises ScheduleError when the config does not fit the preset (before any
     compilation) and ToolchainError when compilation fails."""
-    from wpk.dsl.codegen_cuda import generate_cuda
-    from wpk.kernels.templates import lower_for
-
     knobs, preset = split_config(config)
     gpu = _preset(preset)
     mapping = workload_mapping(workload)
@@ -147,8 +142,6 @@ def build_for(workload: Workload, config: Mapping, compile: bool = True) -> Buil
     source, launches = generate_cuda(func)
     binary = None
     if compile:
-        from wpk.dsl.toolchain_cuda import compile_cuda
-
         binary = compile_cuda(source, gpu.arch)
     return BuiltCuda(func, source, launches, binary, gpu)
 
@@ -205,8 +198,6 @@ class DslCuda(Implementation):
     target = "cuda"
 
     def unsupported_reason(self, workload: Workload) -> str | None:
-        from wpk.kernels.generated import map_workload
-
         mapping = map_workload(workload)
         return mapping if isinstance(mapping, str) else None
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from wpk.dsl import loopir as L
+from wpk.dsl.emulator import EmulatorError, global_memory, run_kernel
+from wpk.dsl.templates import launch_of
 
 FULL_GRID_BLOCKS = 16        # grids up to this many blocks are emulated fully
 RANDOM_BLOCKS = 3            # random blocks added to the first/last/edge ones
@@ -123,9 +125,6 @@ def emulate_sampled(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
                     ) -> tuple[dict[str, np.ndarray], int, int]:
     """Run `func` in the emulator, the last kernel on sampled blocks when its grid is big.
     Returns (outputs poisoned with NaN where not written, blocks run, blocks in the grid)."""
-    from wpk.dsl.emulator import global_memory, run_kernel
-    from wpk.dsl.templates import launch_of
-
     outputs = func.meta["outputs"]
     globals_ = global_memory(func, feeds)
     *before, last = func.kernels
@@ -155,8 +154,6 @@ def verify_emulated(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
                     seed: int = 0, full_grid_blocks: int = FULL_GRID_BLOCKS) -> Verification:
     """Emulate `func` (sampled blocks for big grids) and compare the outputs the run wrote
     with `expected` (float64 references by output name, reshaped to the buffer's size)."""
-    from wpk.dsl.emulator import EmulatorError
-
     rng = np.random.default_rng(seed)
     try:
         got, ran, total = emulate_sampled(func, feeds, rng, full_grid_blocks)

@@ -30,6 +30,7 @@ import numpy as np
 
 from wpk.core.errors import DeviceError
 from wpk.core.workload import Workload
+from wpk.kernels import registry
 from wpk.kernels.registry import (
     FALLBACK,
     LIBRARY,
@@ -72,8 +73,6 @@ class PredictedVendor(Implementation):
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        from wpk.kernels import registry
-
         for impl in registry.implementations("cuda"):
             if impl.kind == VENDOR and self.library in impl.name \
                     and impl.unsupported_reason(workload) is None:
@@ -147,8 +146,6 @@ class HostStep(Implementation):
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        from wpk.kernels import registry
-
         cpu = registry.get(config["host_impl"])
         host_consts = {i: _to_host(a) for i, a in consts.items()}
         inner = cpu.prepare(workload, host_consts, dict(config.get("host_config", {})))
@@ -174,8 +171,6 @@ def _to_host(array):
 
 def host_config(workload: Workload) -> dict | None:
     """The CPU implementation a host step runs: library first, then vendor, then fallback."""
-    from wpk.kernels import registry
-
     found = registry.candidates(workload, "cpu")
     rank = {LIBRARY: 0, VENDOR: 1, FALLBACK: 2}
     found = [c for c in found if c.implementation.kind in rank]

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from wpk.core.workload import Workload
+from wpk.kernels.cuda.cupy_support import missing_reason, require_cupy
+from wpk.kernels.cuda.epilogue_cuda import epilogue_kernel
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
 
 
@@ -142,14 +144,10 @@ def run_gemm(cupy, call: GemmCall, first, second, out, alpha: np.ndarray,
 
 
 def _cupy(what: str):
-    from wpk.kernels.cuda.cupy_support import require_cupy
-
     return require_cupy(what)
 
 
 def _support_reason() -> str | None:
-    from wpk.kernels.cuda.cupy_support import missing_reason
-
     return missing_reason()
 
 
@@ -170,8 +168,6 @@ class CublasGemm(Implementation):
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        from wpk.kernels.cuda.epilogue_cuda import epilogue_kernel
-
         cupy = _cupy("a cuBLAS GEMM")
         problem = gemm_problem(workload)
         call = gemm_call(problem.m, problem.n, problem.k, problem.trans_a, problem.trans_b,
@@ -272,8 +268,6 @@ class CublasIm2col(Implementation):
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        from wpk.kernels.cuda.epilogue_cuda import epilogue_kernel
-
         cupy = _cupy("an im2col convolution")
         g = conv_geometry(workload)
         crs, p = g.c * g.r * g.s, g.oh * g.ow

@@ -36,6 +36,8 @@ import numpy as np
 
 from wpk.core.errors import DeviceError
 from wpk.core.workload import EpilogueStep, Workload
+from wpk.kernels.cuda.cupy_support import missing_reason, require_cupy
+from wpk.kernels.cuda.epilogue_cuda import epilogue_kernel
 from wpk.kernels.cuda.vendor_cublas import ConvGeometry, conv_geometry
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
 
@@ -194,8 +196,6 @@ def build_conv_graph(workload: Workload, fuse: int, max_plans: int = MAX_PLANS,
     heuristics offer. With `try_build`, build up to `max_plans` of them (a plan that does not
     build gets the name None); without, only name them (`prepare` builds the one it runs).
     DeviceError when cuDNN offers or builds none."""
-    from wpk.kernels.cuda.cupy_support import require_cupy
-
     cupy = require_cupy("a cuDNN convolution")
     cudnn, why = _frontend()
     if cudnn is None:
@@ -273,7 +273,6 @@ class CudnnConv(Implementation):
         geometry = conv_geometry(workload)
         if isinstance(geometry, str):
             return geometry
-        from wpk.kernels.cuda.cupy_support import missing_reason
 
         why = missing_reason()
         return why if why is not None else _frontend()[1] or None
@@ -295,8 +294,6 @@ class CudnnConv(Implementation):
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        from wpk.kernels.cuda.cupy_support import require_cupy
-        from wpk.kernels.cuda.epilogue_cuda import epilogue_kernel
         cupy = require_cupy("a cuDNN convolution")
         cudnn, _ = _frontend()
         fuse = int(config.get("fuse", 0))

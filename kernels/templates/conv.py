@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from wpk.dsl import compute as C
 from wpk.dsl.rfactor import rfactor
 from wpk.dsl.schedule import Schedule
 from wpk.dsl.templates import KnobSpace, Template, _choices
@@ -159,8 +160,6 @@ def _register_tile(s, config: dict, ki: str, vector: str, r: str, w: str) -> Non
 
 def _conv_inputs(stage) -> tuple[str | None, str | None]:
     """(data tensor, weight tensor) of a conv stage: the loads inside its reduction."""
-    from wpk.dsl import compute as C
-
     loads = C.loads(stage.reduce.body)
     data = next((ld.tensor for ld in loads if ld.pad is not None or len(ld.indices) == 4), None)
     weight = next((ld.tensor for ld in loads if ld.tensor != data), None)

@@ -25,9 +25,12 @@ from pathlib import Path
 import click
 import numpy as np
 
+from wpk.core.devices import gpu_preset
 from wpk.core.errors import DslError, OptionError, ToolchainError
 from wpk.core.numerics import relative_l2
 from wpk.dsl import compute as ir
+from wpk.dsl import loopir
+from wpk.dsl.codegen_c import generate_c
 from wpk.dsl.parser import parse_file
 from wpk.kernels import templates
 
@@ -121,8 +124,6 @@ def dsl_command(path: str, target: str = "cpu", gpu: str = "h100", config_json: 
         emit = "ir"
     hw = None
     if target == "cuda":
-        from wpk.core.devices import gpu_preset
-
         hw = gpu_preset(gpu)
     sections = []
     for op in operators:
@@ -143,7 +144,6 @@ def emit_operator(op: ir.Operator, bindings, config, target: str, emit: str, hw)
     if emit == "ir":
         text = ir.operator_text(op) + "\n// specialised:\n" + \
             ir.operator_text(ir.specialize(op, bindings))
-        from wpk.dsl import loopir
 
         printer = getattr(loopir, "to_text", None) or getattr(loopir, "format_func", None)
         if printer is not None:
@@ -151,8 +151,6 @@ def emit_operator(op: ir.Operator, bindings, config, target: str, emit: str, hw)
             text += "\n// loop IR:\n" + printer(func)
         return text
     if emit == "c":
-        from wpk.dsl.codegen_c import generate_c
-
         return generate_c(templates.lower_for(op, bindings, config, "cpu"))
     kernel = templates.build_cuda(op, bindings, config, gpu=hw, compile=False)
     return kernel.source

@@ -25,6 +25,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from wpk.commands.common import SEARCHES, echo, parse_shape, target_of
+from wpk.commands.render import format_time, render_json, summary_lines
 from wpk.core.errors import OptionError
 from wpk.frontend import load_model
 from wpk.kernels.target import create_target
@@ -97,8 +98,6 @@ def candidates_table(report: Mapping):
     from rich.table import Table
     from rich.text import Text
 
-    from wpk.commands.render import format_time
-
     table = Table(box=box.SIMPLE_HEAD, header_style="bold")
     for column, justify in (("workload", "left"), ("candidate", "left"), ("kind", "left"),
                             ("status", "left"), ("median", "right"), ("vs vendor", "right")):
@@ -126,8 +125,6 @@ def op_command(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str,
     then every candidate side by side; the chosen one marked with *)."""
     from rich.console import Group
     from rich.text import Text
-
-    from wpk.commands.render import render_json, summary_lines
 
     report = op_report(op, shapes, attrs, target=target, search=search, trials=trials,
                        budget=budget, db=db, progress=progress and not as_json)

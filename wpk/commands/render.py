@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from wpk.plans.report import by_share
+from wpk.search.parallel_measure import summary_line
 
 
 def format_time(seconds: float | None) -> str:
@@ -89,8 +90,6 @@ def search_lines(report: Mapping) -> list[str]:
                      f"from {search.get('records', 0)} records")
     parallel = report.get("parallel_measure")
     if parallel:
-        from wpk.search.parallel_measure import summary_line
-
         lines.append(summary_line(parallel))
     return lines
 
