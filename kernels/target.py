@@ -17,7 +17,9 @@ read instead of branching on its name (after tinygrad's renderers):
 * `streams`: candidates may be timed concurrently on device streams;
 * `predicted`: choices come from the analytical model, not from timing (an
   offline build for a GPU that is not present);
-* `session`: "module:Class" of the runtime session that executes its plans.
+* `session`: "module:Class" of the runtime session that executes its plans;
+* `onnxruntime_peer`: onnxruntime runs whole models on it, so a plan is
+  measured end to end against that (`wpk.partition`).
 
 A new backend is one module with a `Target` subclass, named in `TARGETS`.
 """
@@ -120,6 +122,7 @@ class Target(ABC):
     timer: ClassVar[str]
     streams: ClassVar[bool] = False
     session: ClassVar[str]
+    onnxruntime_peer: ClassVar[bool] = False
     # How many preferred configs of the generated kernel an untuned build measures.
     default_generated: ClassVar[int] = 0
 

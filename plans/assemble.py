@@ -1,4 +1,5 @@
-"""Assembling a `Plan` from a graph, its workloads and the planner's choices.
+"""Assembling a `Plan` from a graph, its workloads and the planner's choices, or from a
+whole model onnxruntime runs (`whole_model_plan`).
 
 Steps follow the graph's node order; the buffer plan comes from tensor
 lifetimes; constants the steps read (or that are graph outputs) become the
@@ -17,6 +18,7 @@ import numpy as np
 from wpk.core.devices import cpu_fingerprint
 from wpk.core.graph import Graph
 from wpk.core.version import __version__
+from wpk.kernels.cpu.ort_model import MODEL_FILE, MODEL_OP, ORT_MODEL, model_workload
 from wpk.plans.buffers import plan_graph_buffers
 from wpk.plans.planfile import FORMAT_VERSION, Plan, Step
 from wpk.plans.planner import NodeWorkloadLike, PlanChoices
@@ -59,6 +61,26 @@ def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
                           tuple(node.inputs), tuple(o for o in node.outputs if o),
                           tuple(artifacts)))
 
+    return _plan(graph, steps, kernels, isa, [c.workload for c in choices], target, report,
+                 device)
+
+
+def whole_model_plan(graph: Graph, model_bytes: bytes, device: Mapping[str, Any] | None = None
+                     ) -> Plan:
+    """The plan of one step: onnxruntime runs the whole model (`ort.model`, the model file
+    among the plan's kernels); `graph` is the model as loaded (before wpk's passes)."""
+    workload = model_workload(graph)
+    member = f"{workload.key}/{ORT_MODEL.name}/{MODEL_FILE}"
+    inputs = tuple(workload.attr("inputs"))
+    step = Step("onnxruntime", MODEL_OP, workload.key, ORT_MODEL.name, {}, ORT_MODEL.kind,
+                inputs, tuple(graph.outputs), (member,))
+    return _plan(graph, [step], {member: bytes(model_bytes)}, set(), [workload], "cpu", None,
+                 device)
+
+
+def _plan(graph: Graph, steps: list[Step], kernels: dict[str, bytes], isa: set[str],
+          workloads: Sequence, target: str, report: Mapping[str, Any] | None,
+          device: Mapping[str, Any] | None) -> Plan:
     constants = set(graph.constants)
     used = {name for step in steps for name in step.inputs if name in constants}
     used |= {name for name in graph.outputs if name in constants}
@@ -80,7 +102,7 @@ def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
         "device": host,
         "requires": {"isa": sorted(isa), "machine": host.get("machine") if kernels else None},
         "steps": [s.to_json() for s in steps],
-        "workloads": {c.workload.key: c.workload.to_json() for c in choices},
+        "workloads": {w.key: w.to_json() for w in workloads},
         "buffers": buffers.to_json(),
         "inputs": [_tensor_entry(graph, n) for n in graph.inputs if n not in constants],
         "outputs": [_tensor_entry(graph, n) for n in graph.outputs],

@@ -28,11 +28,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import onnx
+
 from wpk.core.errors import OptionError
 from wpk.frontend import load_model
 from wpk.kernels.target import Target, create_target, target_class
+from wpk.partition import choose_partition
 from wpk.passes import optimize
-from wpk.plans.assemble import assemble_plan
+from wpk.plans.assemble import assemble_plan, whole_model_plan
 from wpk.plans.planfile import Plan
 from wpk.plans.planner import PlanChoices, PlanOptions, plan
 from wpk.plans.predicted import mark_predicted
@@ -77,6 +80,9 @@ class BuildOptions:
     seed: int = 0
     progress: bool = True
     parallel_measure: int | None = None
+    # Measure the plan end to end against onnxruntime running the whole model and keep
+    # the faster (`wpk.partition`), where the target has that peer.
+    partition: bool = True
 
     def __post_init__(self) -> None:
         target_class(self.target)  # OptionError naming the known targets
@@ -129,6 +135,22 @@ def _model_name(model: Any) -> str:
     return getattr(graph, "name", "") or "<model>"
 
 
+def model_bytes(model: Any) -> bytes:
+    """The serialized model (path, bytes or ModelProto; external data loaded)."""
+    if isinstance(model, (bytes, bytearray)):
+        return bytes(model)
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model))
+    return model.SerializeToString()
+
+
+def whole_model_runs(graph) -> bool:
+    """Whether onnxruntime's whole model can stand in for the plan: it has inputs to feed,
+    and no output is a constant (a plan keeps those among its weights)."""
+    return bool([n for n in graph.inputs if n not in graph.constants]) and \
+        not any(name in graph.constants for name in graph.outputs)
+
+
 def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = None,
           **options: Any) -> Plan:
     """Build a plan for an ONNX model (path, bytes or ModelProto).
@@ -156,6 +178,11 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         result.report["parallel_measure"] = parallel
     if build_target.predicted:
         mark_predicted(result, build_target.hardware, choices)
+    if opts.partition and build_target.onnxruntime_peer and whole_model_runs(graph):
+        whole = whole_model_plan(graph, model_bytes(model), result.manifest["device"])
+        chosen, summary = choose_partition(result, whole)
+        chosen.report = {**result.report, "partition": summary}  # the per-operator report
+        result = chosen
     if output is not None:
         result.save(output)
     return result

@@ -283,6 +283,21 @@ class Session:
             np.copyto(self._input_views[meta.name], array)
 
 
+def example_feeds(session: Session, seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic random inputs for every plan input (U(0,1) floats, small ints)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for meta in session.get_inputs():
+        dtype = np.dtype(meta.dtype)
+        if dtype.kind == "f":
+            feeds[meta.name] = rng.random(meta.shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[meta.name] = rng.random(meta.shape) < 0.5
+        else:
+            feeds[meta.name] = rng.integers(0, 2, size=meta.shape).astype(dtype)
+    return feeds
+
+
 def session_class_of(plan: Plan, path: str = "<plan>") -> type[Session]:
     """The runtime session class of the plan's target (`Target.session`)."""
     try:

@@ -48,6 +48,7 @@ class CpuTarget(Target):
     name = "cpu"
     timer = "host"
     session = "wpk.runtime:Session"
+    onnxruntime_peer = True
 
     @classmethod
     def create(cls, **options: Any) -> CpuTarget:

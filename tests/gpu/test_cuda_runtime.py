@@ -194,7 +194,8 @@ def small_session(tmp_path_factory, present_gpu):
 
     folder = tmp_path_factory.mktemp("small")
     model = _small_model(str(folder / "small.onnx"))
-    plan = wpk.build(model, target="cuda", gpu=present_gpu.name, offline=True, progress=False)
+    plan = wpk.build(model, target="cuda", gpu=present_gpu.name, offline=True, progress=False,
+                     partition=False)
     path = folder / "small.wpk"
     plan.save(path)
     tune_plan(path, trials=2, budget=30)

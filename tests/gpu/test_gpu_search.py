@@ -90,7 +90,7 @@ def test_online_search_build_measures_records_and_rebuilds_from_them(model_path,
     db = tmp_path / "records.jsonl"
     options = dict(target="cuda", gpu="auto", search="random", trials=3, db=str(db),
                    progress=False, **FAST)
-    plan = wpk.build(str(model_path), output=str(tmp_path / "a.wpk"), **options)
+    plan = wpk.build(str(model_path), output=str(tmp_path / "a.wpk"), **options, partition=False)
     search = plan.report["search"]
     assert search["measured"] > 0 and not search.get("predicted")
     assert search["fingerprint"]["device"] == f"cuda:{present_gpu.arch}:{present_gpu.name}"
@@ -100,7 +100,7 @@ def test_online_search_build_measures_records_and_rebuilds_from_them(model_path,
     assert generated and all("predicted" not in c for c in generated)
     run_and_compare(tmp_path / "a.wpk", models.tiny_conv_gemm())
 
-    again = wpk.build(str(model_path), output=str(tmp_path / "b.wpk"), **options)
+    again = wpk.build(str(model_path), output=str(tmp_path / "b.wpk"), **options, partition=False)
     assert again.report["search"]["measured"] == 0
     assert again.manifest["steps"] == plan.manifest["steps"]
 
@@ -111,19 +111,19 @@ def test_parallel_measure_build_search_and_tune_report_the_time_saved(model_path
     from wpk.plans.planfile import read_plan
 
     plain = wpk.build(str(model_path), target="cuda", gpu="auto", parallel_measure=4,
-                      output=str(tmp_path / "p.wpk"), progress=False, **FAST)
+                      output=str(tmp_path / "p.wpk"), progress=False, **FAST, partition=False)
     totals = plain.report["parallel_measure"]
     assert totals["streams"] == 4 and totals["candidates"] > 0 and totals["wall_s"] > 0
     run_and_compare(tmp_path / "p.wpk", models.tiny_conv_gemm())
 
     searched = wpk.build(str(model_path), target="cuda", gpu="auto", search="random",
-                         trials=4, parallel_measure=2, progress=False, **FAST)
+                         trials=4, parallel_measure=2, progress=False, **FAST, partition=False)
     assert searched.report["parallel_measure"]["candidates"] > 0
     assert searched.report["search"]["parallel_measure"]["streams"] == 2
 
     offline = tmp_path / "o.wpk"
     wpk.build(str(model_path), target="cuda", gpu=present_gpu.name, offline=True,
-              output=str(offline), progress=False)
+              output=str(offline), progress=False, partition=False)
     summary = tune_plan(offline, trials=3, parallel=4)
     assert summary["parallel_measure"]["candidates"] > 0
     assert read_plan(offline).report["parallel_measure"]["streams"] == 4

@@ -34,7 +34,7 @@ def test_light_model_plan_matches_onnxruntime(present_gpu, tmp_path, name):
 
     model = os.path.join(LIGHT_DIR, f"light_{name}.onnx")
     plan = wpk.build(model, target="cuda", gpu="auto", progress=False, warmup=1, repeats=2,
-                     min_time=0.0)
+                     min_time=0.0, partition=False)
     assert plan.manifest["device"]["name"] == present_gpu.name
     assert not plan.manifest.get("predicted"), "a --gpu auto build left choices predicted"
     path = tmp_path / f"{name}.wpk"

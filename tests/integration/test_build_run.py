@@ -43,7 +43,7 @@ def conv_relu_gemm(rng) -> onnx.ModelProto:
 def test_build_save_load_run_matches_onnxruntime(rng, tmp_path):
     model = conv_relu_gemm(rng)
     path = tmp_path / "model.wpk"
-    plan = wpk.build(model, target="cpu", output=path, **FAST)
+    plan = wpk.build(model, target="cpu", output=path, **FAST, partition=False)
     assert path.exists()
     session = wpk.load(path)
     reference = ort.InferenceSession(model.SerializeToString(),
@@ -75,8 +75,8 @@ def test_strict_names_unsupported_nodes(tmp_path):
          helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 3])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with pytest.raises(UnsupportedError, match=r"determinant \(Det.*rounding \(Round"):
-        wpk.build(model, strict=True, **FAST)
-    plan = wpk.build(model, output=tmp_path / "odd.wpk", **FAST)
+        wpk.build(model, strict=True, **FAST, partition=False)
+    plan = wpk.build(model, output=tmp_path / "odd.wpk", **FAST, partition=False)
     assert plan.report["totals"]["fallback_nodes"] == 2
     session = wpk.load(tmp_path / "odd.wpk")
     x = np.random.default_rng(3).standard_normal((2, 3, 3)).astype(np.float32)

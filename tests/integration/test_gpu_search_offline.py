@@ -42,7 +42,7 @@ def test_offline_search_predicts_verified_kernels_and_rebuild_predicts_nothing(
         model_path, tmp_path, capsys):
     db = tmp_path / "records.jsonl"
     plan = wpk.build(str(model_path), target="cuda", gpu="h100", offline=True, search="ga",
-                     trials=4, db=str(db), progress=False)
+                     trials=4, db=str(db), progress=False, partition=False)
     search = plan.report["search"]
     assert search["predicted"] is True and search["search"] == "ga"
     assert search["fingerprint"]["device"] == "predicted:cuda:sm_90:h100"
@@ -68,7 +68,7 @@ def test_offline_search_predicts_verified_kernels_and_rebuild_predicts_nothing(
 
     out = tmp_path / "again.wpk"
     assert main(["build", str(model_path), "--gpu", "h100", "--offline", "--search", "ga",
-                 "--trials", "4", "--db", str(db), "-o", str(out)]) == 0
+                 "--trials", "4", "--db", str(db), "-o", str(out), "--no-partition"]) == 0
     rebuilt = read_plan(out, check_device=False)
     assert rebuilt.report["search"]["measured"] == 0
     assert rebuilt.report["search"]["reused"] >= search["measured"]
@@ -87,7 +87,7 @@ def test_offline_search_predicts_verified_kernels_and_rebuild_predicts_nothing(
 
 def test_offline_search_stays_within_its_trials(model_path, tmp_path):
     plan = wpk.build(str(model_path), target="cuda", gpu="h100", offline=True,
-                     search="random", trials=2, progress=False)
+                     search="random", trials=2, progress=False, partition=False)
     tuned = plan.report["search"]["tuned"]
     assert tuned and all(1 <= t["trials"] <= 2 for t in tuned)
     assert plan.report["search"]["measured"] <= 2 * len(tuned) + len(plan.report["workloads"])

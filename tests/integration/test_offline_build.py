@@ -70,7 +70,7 @@ def test_offline_build_compiles_and_verifies_every_generated_kernel(
         model_path, tmp_path, capsys, preset, arch, compiler):
     out = tmp_path / f"model_{preset}.wpk"
     assert main(["build", str(model_path), "--gpu", preset, "--offline", "-q",
-                 "-o", str(out)]) == 0
+                 "-o", str(out), "--no-partition"]) == 0
     plan = read_plan(out)
     assert plan.target == "cuda" and plan.manifest["device"]["name"] == preset
     assert plan.manifest["predicted"]["gpu"] == preset
@@ -107,7 +107,7 @@ def test_offline_build_compiles_and_verifies_every_generated_kernel(
 
 def test_absent_gpu_without_offline_is_exit_2_naming_both(model_path, tmp_path, capsys):
     out = tmp_path / "never.wpk"
-    assert main(["build", str(model_path), "--gpu", "h100", "-o", str(out)]) == 2
+    assert main(["build", str(model_path), "--gpu", "h100", "-o", str(out), "--no-partition"]) == 2
     err = capsys.readouterr().err
     assert "h100" in err and "no GPU present" in err and "--offline" in err
     assert not out.exists()
@@ -116,7 +116,7 @@ def test_absent_gpu_without_offline_is_exit_2_naming_both(model_path, tmp_path, 
 def test_tune_without_the_gpu_is_a_device_error(model_path, tmp_path):
     out = tmp_path / "model.wpk"
     assert main(["build", str(model_path), "--gpu", "p100", "--offline", "-q",
-                 "-o", str(out)]) == 0
+                 "-o", str(out), "--no-partition"]) == 0
     before = out.read_bytes()
     with pytest.raises(DeviceError) as info:
         tune_plan(out)
@@ -138,7 +138,7 @@ def test_retune_rewrites_the_plan_with_the_new_choices(model_path, tmp_path):
 
     out = tmp_path / "model.wpk"
     assert main(["build", str(model_path), "--gpu", "p100", "--offline", "-q",
-                 "-o", str(out)]) == 0
+                 "-o", str(out), "--no-partition"]) == 0
     plan = read_plan(out)
     gpu = gpu_preset("p100")
     target = CudaTarget.for_preset(gpu)     # measured candidates: no vendor placeholders

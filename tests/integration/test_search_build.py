@@ -41,7 +41,7 @@ def test_search_build_matches_onnxruntime_and_rebuild_measures_nothing(tmp_path)
     onnx.save(model, str(model_path))
     db = tmp_path / "records.jsonl"
 
-    plan = wpk.build(str(model_path), target="cpu", db=str(db), **SEARCH_BUILD)
+    plan = wpk.build(str(model_path), target="cpu", db=str(db), **SEARCH_BUILD, partition=False)
     search = plan.report["search"]
     assert search["search"] == "ga" and search["measured"] > 0
     assert search["tuned"], "no workload was tuned"

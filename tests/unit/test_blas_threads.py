@@ -60,7 +60,8 @@ def test_session_runs_with_one_blas_thread(two_blas_threads, tmp_path, rng):
     model.ir_version = 8
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
-    plan = wpk.build(str(path), target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
+    plan = wpk.build(str(path), target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
+                     partition=False)
     plan.save(tmp_path / "m.wpk")
     session = wpk.load(str(tmp_path / "m.wpk"))
     seen = []

@@ -49,7 +49,8 @@ def _se_model(rng) -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def se_plan():
     model = _se_model(np.random.default_rng(11))
-    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
+                     partition=False)
     return model, plan
 
 

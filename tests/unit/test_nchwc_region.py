@@ -16,7 +16,8 @@ from wpk.runtime import Session
 @pytest.fixture(scope="module")
 def mobilenet_plan():
     model = models.load_model("mobilenet_v2_like")
-    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
+                     partition=False)
     return model, plan
 
 

@@ -56,7 +56,8 @@ def _dense_se_model(rng) -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def dense_se():
     model = _dense_se_model(np.random.default_rng(7))
-    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
+                     partition=False)
     return model, plan
 
 
@@ -149,7 +150,8 @@ def test_squeezenet_concats_are_verified_region_candidates():
     from tests import models
 
     model = models.load_model("light_squeezenet")
-    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0)
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
+                     partition=False)
     rows = [w for w in plan.report["workloads"] if w["op"] == "Concat"]
     assert rows
     for row in rows:

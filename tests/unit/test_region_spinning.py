@@ -27,7 +27,7 @@ def se_region_plan():
     """A squeeze-excite model's plan, measured as `wpk build` does by default (a one-shot
     measurement can let a lone step beat the region by noise)."""
     model = _se_model(np.random.default_rng(2))
-    return model, wpk.build(model, target="cpu", progress=False)
+    return model, wpk.build(model, target="cpu", progress=False, partition=False)
 
 
 def test_spin_during_run_options():
@@ -79,7 +79,7 @@ def test_cli_run_takes_spin_threads(tmp_path):
 
     model = _se_model(np.random.default_rng(2))
     path = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1,
-                     min_time=0).save(tmp_path / "se.wpk")
+                     min_time=0, partition=False).save(tmp_path / "se.wpk")
     outputs = {}
     for flag in ([], ["--spin-threads"]):
         out = tmp_path / f"out{len(flag)}.npz"

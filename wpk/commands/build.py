@@ -41,16 +41,20 @@ from wpk.pipeline import build
 @click.option("--offline", is_flag=True,
               help="Build for a GPU that is not present (predicted, not measured).")
 @parallel_measure_option("GPU: time each workload's candidates together on N CUDA streams")
+@click.option("--no-partition", "no_partition", is_flag=True,
+              help="Keep wpk's per-operator plan even where onnxruntime runs the whole model "
+                   "faster (by default the faster of the two, measured, is the plan).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def command(model: Path, output: Path | None, cpu: bool, gpu: str | None, search: str,
             trials: int | None, budget: float | None, db: Path | None, jobs: int | None,
             input_shapes: tuple[str, ...], strict: bool, offline: bool,
-            parallel_measure: int | None, quiet: bool) -> None:
+            parallel_measure: int | None, no_partition: bool, quiet: bool) -> None:
     """Optimize, tune and plan MODEL; write the plan and its benchmark report."""
     target, gpu_name = target_of(cpu, gpu)
     output = output or model.with_suffix(".wpk")
     options = {"gpu": gpu_name, "search": search, "strict": strict, "offline": offline,
-               "input_shapes": parse_input_shapes(input_shapes), "progress": not quiet}
+               "input_shapes": parse_input_shapes(input_shapes), "progress": not quiet,
+               "partition": not no_partition}
     optional = {"trials": trials, "budget": budget, "db": None if db is None else str(db),
                 "jobs": jobs, "parallel_measure": parallel_measure}
     options.update({k: v for k, v in optional.items() if v is not None})

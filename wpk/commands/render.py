@@ -75,7 +75,22 @@ def summary_lines(report: Mapping) -> list[str]:
     if report.get("build_time_s") is not None:
         lines.append(f"built in {report['build_time_s']:.1f} s")
     lines += search_lines(report)
+    lines += partition_lines(report)
     return lines
+
+
+def partition_lines(report: Mapping) -> list[str]:
+    """What the end-to-end comparison with onnxruntime's whole model decided."""
+    partition = report.get("partition") or {}
+    if not partition:
+        return []
+    if "wpk_median_s" not in partition:
+        return [f"end to end: {partition.get('reason', '')}"]
+    plan = ("onnxruntime runs the whole model" if partition["winner"] == "onnxruntime"
+            else "wpk's per-operator plan")
+    return [f"end to end: wpk's plan {format_time(partition['wpk_median_s'])}, onnxruntime "
+            f"{format_time(partition['onnxruntime_median_s'])} "
+            f"({partition['ratio']:.2f}x): the plan is {plan}"]
 
 
 def search_lines(report: Mapping) -> list[str]:

@@ -9,7 +9,7 @@ import click
 import numpy as np
 
 from wpk.core.errors import InputError
-from wpk.runtime import Session
+from wpk.runtime import Session, example_feeds
 
 
 @click.command("run")
@@ -30,7 +30,7 @@ def command(plan: Path, inputs_path: Path | None, output_path: Path | None, repe
     """Execute PLAN on inputs and print latency (and write outputs)."""
     session = Session.load(str(plan), spin_threads=spin_threads)
     feeds = (read_inputs(inputs_path, session) if inputs_path
-             else random_inputs(session, seed=0))
+             else example_feeds(session, seed=0))
     for _ in range(warmup):
         session.run(feeds)
     times = []
@@ -67,21 +67,6 @@ def read_inputs(path: Path, session) -> dict[str, np.ndarray]:
     if sorted(arrays) == sorted(positional) and not set(names) & set(arrays):
         arrays = {name: arrays[key] for name, key in zip(names, positional)}
     return arrays
-
-
-def random_inputs(session, seed: int = 0) -> dict[str, np.ndarray]:
-    """Deterministic random inputs for every plan input (U(0,1) floats, small ints)."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for meta in session.get_inputs():
-        dtype = np.dtype(meta.dtype)
-        if dtype.kind == "f":
-            feeds[meta.name] = rng.random(meta.shape).astype(dtype)
-        elif dtype.kind == "b":
-            feeds[meta.name] = rng.random(meta.shape) < 0.5
-        else:
-            feeds[meta.name] = rng.integers(0, 2, size=meta.shape).astype(dtype)
-    return feeds
 
 
 def write_outputs(path: Path, outputs: dict[str, np.ndarray]) -> None:
