@@ -54,6 +54,9 @@ def test_host_cpu_reads_proc_cpuinfo():
     flags_line = next(line for line in text.splitlines() if line.startswith("flags"))
     listed = tuple(sorted(flags_line.split(":", 1)[1].split()))
     flags = set(devices.runtime_checked(listed, devices._runtime_features()))
+    restricted = devices.restricted_cpu_flags()  # pytest --isa avx2
+    if restricted is not None:
+        flags &= set(restricted)
     assert set(spec.isa_flags) == flags and flags <= set(listed)
     expected_bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
     assert spec.vector_bits == expected_bits
