@@ -27,7 +27,7 @@ from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
 from wpk.kernels import registry
 from wpk.kernels.cpu.blas_threads import OneBlasThread
-from wpk.kernels.cpu.nchwc_region import REGION_IMPL, RegionMember, region_kernel
+from wpk.kernels.cpu.ort_region import RegionMember, region_kernel
 from wpk.kernels.target import target_class
 from wpk.plans.planfile import KERNELS, Plan, read_plan
 
@@ -75,7 +75,7 @@ class Session:
         self._input_views = {meta.name: views[meta.name] for meta in self._inputs}
         arrays = {**plan.weights, **views}
         self.merge_regions = merge_regions
-        self.spin_threads = spin_threads  # regions' threads spin during runs (nchwc_region)
+        self.spin_threads = spin_threads  # regions' threads spin during runs (ort_region)
         self._arrays, self._step_calls = arrays, None
         self._calls, self._step_names = self._prepare_steps(arrays)
         # after the kernels loaded their libraries; entering it costs ~10 us a run, so only
@@ -144,14 +144,14 @@ class Session:
 
     def _prepare_steps(self, arrays: Mapping[str, np.ndarray], merge: bool = True):
         """(kernel, inputs, outputs) calls and their names; with `merge`, runs of two or
-        more consecutive `ort.nchwc` steps become one session (`nchwc_region`)."""
+        more consecutive steps run by onnxruntime become one session (`ort_region`)."""
         steps = self.plan.steps
         calls, names, start = [], [], 0
         while start < len(steps):
             end = start + 1
             exported: set[str] = set()
-            if merge and self.merge_regions and steps[start].impl == REGION_IMPL:
-                end, exported = _region(steps, start, arrays, self.plan.weights,
+            if merge and self.merge_regions:
+                end, exported = _region(self.plan, start, arrays,
                                         {meta.name for meta in self._outputs})
             if end - start >= 2:
                 calls.append(self._prepare_region(steps[start:end], arrays, exported))
@@ -182,9 +182,9 @@ class Session:
     def _prepare_region(self, steps, arrays: Mapping[str, np.ndarray], exported: set[str]):
         members = []
         for step in steps:
-            _, workload, _, _, consts = bind_step(self.plan, step, arrays, self.plan.weights,
-                                                 self.path)
-            members.append(RegionMember(workload, consts, step.inputs, step.outputs[0]))
+            impl, workload, _, _, consts = bind_step(self.plan, step, arrays,
+                                                     self.plan.weights, self.path)
+            members.append(RegionMember(impl, workload, consts, step.inputs, step.outputs))
         try:
             kernel, inputs, outputs = region_kernel(members, exported, self.spin_threads)
         except Exception as exc:
@@ -336,21 +336,33 @@ def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):
     return impl, plan.workloads[step.workload_key], inputs, outputs, consts
 
 
-def _region(steps, start: int, arrays: Mapping, weights: Mapping,
+def _region_opset(plan: Plan, step) -> int | None:
+    """The opset of the step's ONNX form when it may join an onnxruntime region, else None."""
+    try:
+        impl = registry.get(step.impl)
+    except KeyError:
+        return None
+    if not impl.joins_regions:
+        return None
+    return impl.onnx_opset(plan.workloads[step.workload_key])
+
+
+def _region(plan: Plan, start: int, arrays: Mapping,
             graph_outputs: set[str]) -> tuple[int, set[str]]:
-    """The longest run of `ort.nchwc` steps from `start` that can share one session, as
-    (end, outputs read after it). The tensors crossing its boundary must sit in their own
-    arena bytes: onnxruntime may order independent nodes differently from the plan and
-    knows nothing of buffer reuse."""
-    limit = start + 1
-    while (limit < len(steps) and steps[limit].impl == REGION_IMPL
-           and len(steps[limit].outputs) == 1):
-        limit += 1
-    if steps[start].impl != REGION_IMPL or len(steps[start].outputs) != 1:
+    """The longest run of region-joining steps (of one opset) from `start` that can share
+    one onnxruntime session, as (end, outputs read after it). The tensors crossing its
+    boundary must sit in their own arena bytes: onnxruntime may order independent nodes
+    differently from the plan and knows nothing of buffer reuse."""
+    steps, weights = plan.steps, plan.weights
+    opset = _region_opset(plan, steps[start])
+    if opset is None:
         return start + 1, set()
+    limit = start + 1
+    while limit < len(steps) and _region_opset(plan, steps[limit]) == opset:
+        limit += 1
     best = (start + 1, set())
     for end in range(start + 2, limit + 1):
-        produced = {s.outputs[0] for s in steps[start:end]}
+        produced = {name for s in steps[start:end] for name in s.outputs}
         later = {n for s in steps[end:] for n in s.inputs} | graph_outputs
         exported = produced & later
         boundary = ({n for s in steps[start:end] for n in s.inputs

@@ -29,11 +29,13 @@ from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc_gate import build_gate_model, is_gate_multiply
 from wpk.kernels.cpu.nchwc_standard import (
+    FRAGMENT_OPSET,
     build_standard_model,
     declared_shapes,
     is_standard_blocked,
     standard_reason,
 )
+from wpk.kernels.cpu.node_model import OnnxPart
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
 
@@ -263,6 +265,13 @@ class OrtNchwc(Implementation):
                 config: Mapping) -> Kernel:
         model, feeds = build_ort_model(workload, consts)
         return make_kernel(model, feeds, workload, config.get("threads"))
+
+    def onnx_part(self, workload: Workload, consts: Mapping[int, np.ndarray]) -> OnnxPart:
+        model, feeds = build_ort_model(workload, consts)
+        return OnnxPart(model, tuple(feeds), ("y",))
+
+    def onnx_opset(self, workload: Workload) -> int:
+        return max(workload.opset, FRAGMENT_OPSET)
 
 
 ORT_NCHWC = register(OrtNchwc())

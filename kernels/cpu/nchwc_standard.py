@@ -7,7 +7,7 @@ BatchNormalization's leftovers, SiLU, a squeeze-excitation gate). Both are
 plain ONNX on the 5-d buffers, so onnxruntime's standard kernels compute them
 exactly; written in the `ort.nchwc` fragment form (`build_standard_model`),
 they can join the MLAS NCHWc nodes around them in one onnxruntime session
-(`wpk.kernels.cpu.nchwc_region`) instead of ending it. Fragments run with
+(`wpk.kernels.cpu.ort_region`) instead of ending it. Fragments run with
 graph optimization off, so x * Sigmoid(x) is written as onnxruntime's
 one-pass QuickGelu (alpha 1) directly.
 
@@ -39,7 +39,7 @@ from wpk.kernels.cpu.node_model import (
 from wpk.kernels.epilogue import validate_epilogue
 
 OUTPUT = "y"
-REGION_OPSET = 17
+FRAGMENT_OPSET = 17
 
 
 def is_standard_blocked(workload: Workload) -> bool:
@@ -87,7 +87,7 @@ def _set_shape(value: onnx.ValueInfoProto, shape: list[int]) -> None:
 def build_standard_model(workload: Workload, consts: Mapping[int, np.ndarray]):
     """The fragment (model with output 'y', feeds as (graph input, workload input index))."""
     # opset 17, the NCHWc fragments' one, so that both kinds can share one region model
-    workload = replace(workload, opset=max(workload.opset, REGION_OPSET), _key="")
+    workload = replace(workload, opset=max(workload.opset, FRAGMENT_OPSET), _key="")
     model = build_node_model(workload, consts).model
     graph = model.graph
     for node in graph.node:

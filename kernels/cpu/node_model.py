@@ -97,6 +97,24 @@ class NodeModel:
     feeds: tuple[int, ...]        # workload input indices fed at run time, in graph order
 
 
+@dataclass(frozen=True)
+class OnnxPart:
+    """A step's ONNX form, for merging into a region model: the model, which graph input
+    each workload input index feeds (`feeds`: (graph input name, input index)), and the
+    graph outputs of the workload's outputs, in order."""
+
+    model: onnx.ModelProto
+    feeds: tuple[tuple[str, int], ...]
+    outputs: tuple[str, ...]
+
+
+def node_part(workload: Workload, consts: Mapping[int, np.ndarray] | None = None) -> OnnxPart:
+    """The `OnnxPart` of the workload's node and epilogue (constants as initializers)."""
+    node = build_node_model(workload, consts)
+    return OnnxPart(node.model, tuple((input_name(i), i) for i in node.feeds),
+                    tuple(output_name(j) for j in range(len(workload.outputs))))
+
+
 def opset_imports(workload: Workload) -> list[onnx.OperatorSetIdProto]:
     imports = [helper.make_opsetid("", workload.opset)]
     if workload.domain == MS_DOMAIN:
