@@ -100,7 +100,9 @@ def _unsupported_conv(workload: Workload, b: int) -> str | None:
     elif group > 1 and not (i_per_group == 1 and o == group):
         if i_per_group % b or (o // group) % b:
             return "grouped conv channels per group are not multiples of the block"
-    elif group == 1 and i_per_group % 4:
+    elif group == 1 and i_per_group % 4 and x.shape[1] * b < 4:
+        # a blocked input is zero padded to whole blocks and the packed filter's input
+        # channels with it (OIHWBiBo), so only a real count below 4 stays out
         return "input channels are not a multiple of 4"
     form = conv_epilogue_form(workload)
     return form if isinstance(form, str) else None
