@@ -84,34 +84,41 @@ class _NumpyBuilder(Builder[np.ndarray]):
         return self.dtype.type(value)
 
     def binary(self, op: str, a, b):
-        return self._compute(_UFUNCS[op], (a, b), casting="unsafe")
+        return self._compute(_UFUNCS[op], a, b, casting="unsafe")
 
     def call(self, fn: str, x):
-        return self._compute(_CALLS[fn], (x,))
+        return self._compute(_CALLS[fn], x)
+
+    def clip(self, x, lo, hi):  # one pass, where maximum then minimum take two slower ones
+        return self._compute(np.clip, x, lo, hi)
 
     def less(self, a, b):
-        self._read(a, b)
+        self._read(a)
+        self._read(b)
         return np.less(a, b)
 
     def select(self, cond, a, b):
-        self._read(a, b)
+        self._read(a)
+        self._read(b)
         return self._own(np.where(cond, a, b))
 
-    def _read(self, *args) -> None:
-        for arg in args:  # buffers stay alive, so an argument with a buffer's id is it
-            if id(arg) in self.reads_left:
-                self.reads_left[id(arg)] -= 1
+    def _read(self, arg) -> None:
+        key = id(arg)  # buffers stay alive, so an argument with a buffer's id is it
+        if key in self.reads_left:
+            self.reads_left[key] -= 1
 
-    def _compute(self, fn, args, **kwargs):
-        self._read(*args)
-        shape = np.broadcast_shapes(*(np.shape(a) for a in args))
-        out = next((buf for buf in self.buffers
-                    if self.reads_left[id(buf)] <= 0 and buf.shape == shape), None)
-        if out is None:
-            return self._own(fn(*args, **kwargs))
-        fn(*args, out=out, **kwargs)
-        self.reads_left[id(out)] = 1
-        return out
+    def _compute(self, fn, *args, **kwargs):
+        shape = ()
+        for arg in args:
+            self._read(arg)
+            if isinstance(arg, np.ndarray) and arg.shape != shape:  # constants are scalars
+                shape = np.broadcast_shapes(shape, arg.shape) if shape else arg.shape
+        for buf in self.buffers:
+            if self.reads_left[id(buf)] <= 0 and buf.shape == shape:
+                fn(*args, out=buf, **kwargs)
+                self.reads_left[id(buf)] = 1
+                return buf
+        return self._own(fn(*args, **kwargs))
 
     def _own(self, result) -> np.ndarray:
         result = np.asarray(result).astype(self.dtype, copy=False)

@@ -88,6 +88,10 @@ class Builder(ABC, Generic[V]):
     def min(self, a: V, b: V) -> V:
         return self.binary("min", a, b)
 
+    def clip(self, x: V, lo: V, hi: V) -> V:
+        """min(max(x, lo), hi); a backend with a faster clip overrides it."""
+        return self.min(self.max(x, lo), hi)
+
 
 # --- ONNX forms ------------------------------------------------------------------------------
 
@@ -208,11 +212,12 @@ def _binary(op: str) -> Callable:
 
 
 def _clip(b: Builder, x, **bounds):
-    if bounds["min"] is not None:
-        x = b.max(x, bounds["min"])
-    if bounds["max"] is not None:
-        x = b.min(x, bounds["max"])
-    return x
+    lo, hi = bounds["min"], bounds["max"]
+    if lo is not None and hi is not None:
+        return b.clip(x, lo, hi)
+    if lo is not None:
+        return b.max(x, lo)
+    return x if hi is None else b.min(x, hi)
 
 
 def _leaky_relu(b: Builder, x, alpha):
@@ -220,7 +225,7 @@ def _leaky_relu(b: Builder, x, alpha):
 
 
 def _hard_sigmoid(b: Builder, x, alpha, beta):
-    return b.min(b.max(b.add(b.mul(alpha, x), beta), b.const(0.0)), b.const(1.0))
+    return b.clip(b.add(b.mul(alpha, x), beta), b.const(0.0), b.const(1.0))
 
 
 def _hard_swish(b: Builder, x):
@@ -309,17 +314,15 @@ def epilogue_op(name: str) -> EpilogueOp:
 def step_value(b: Builder[V], step, value: V, operand: V | None = None) -> V:
     """`step` (an EpilogueStep) applied to `value` with builder `b`; `operand` is the
     value of a binary step's node input (`value op operand`, or the reverse with `swap`)."""
-    row = epilogue_op(step.op)
-    args = step_arguments(step, value, operand)
+    row, attrs, _ = _resolve(step)
     if row.arity == 2:
-        return row.formula(b, *args)
-    given = row.attr_values(dict(step.attrs))
-    return row.build(b, args, {k: None if v is None else b.const(v) for k, v in given.items()})
+        return row.formula(b, *step_arguments(step, value, operand))
+    return row.formula(b, value, **{k: None if v is None else b.const(v) for k, v in attrs})
 
 
 def step_arguments(step, value: V, operand: V | None = None) -> tuple[V, ...]:
     """The arguments of `step`'s formula: (value,), or a binary step's pair in order."""
-    if epilogue_op(step.op).arity == 1:
+    if _resolve(step)[0].arity == 1:
         return (value,)
     if operand is None:
         raise UnsupportedError(f"epilogue step {step.op!r} has no operand")
@@ -328,11 +331,20 @@ def step_arguments(step, value: V, operand: V | None = None) -> tuple[V, ...]:
 
 def value_uses(step) -> int:
     """How many times `step`'s formula reads the value it is applied to."""
+    return _resolve(step)[2]
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve(step) -> tuple[EpilogueOp, tuple[tuple[str, float | None], ...], int]:
+    """A step's row, every attribute value, and how often its formula reads the value
+    (cached: numpy kernels apply the same steps on every call)."""
     row = epilogue_op(step.op)
+    attrs = row.attr_values(dict(step.attrs))
     if row.arity == 2:
-        return argument_uses(row.name, frozenset())[1 if step.swap else 0]
-    given = row.attr_values(dict(step.attrs))
-    return argument_uses(row.name, frozenset(k for k, v in given.items() if v is not None))[0]
+        uses = argument_uses(row.name, frozenset())[1 if step.swap else 0]
+    else:
+        uses = argument_uses(row.name, frozenset(k for k, v in attrs.items() if v is not None))[0]
+    return row, tuple(attrs.items()), uses
 
 
 class _Counter(Builder[object]):
