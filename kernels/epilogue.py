@@ -176,7 +176,7 @@ def apply_epilogue_into(out: np.ndarray, x: np.ndarray, steps: Sequence[Epilogue
 # --- ONNX form -------------------------------------------------------------------------------
 
 
-class _OnnxBuilder(Builder[str]):
+class OnnxBuilder(Builder[str]):
     """Emits ONNX nodes (valid from opset 9) for formulas; values are tensor names, every
     name starting with `prefix`, constants `Constant` nodes of `dtype`."""
 
@@ -188,10 +188,12 @@ class _OnnxBuilder(Builder[str]):
         self.count = 0
 
     def fresh(self, hint: str) -> str:
+        """A new name under the prefix."""
         self.count += 1
         return f"{self.prefix}{hint}_{self.count}"
 
     def node(self, op: str, inputs: list[str], **attrs) -> str:
+        """Append a node of `op`; returns its (fresh) output name."""
         out = self.fresh(op.lower())
         self.nodes.append(helper.make_node(op, inputs, [out], name=self.fresh(op), **attrs))
         return out
@@ -252,7 +254,7 @@ def epilogue_onnx_nodes(steps: Sequence[EpilogueStep], value_name: str,
     """
     if not steps:
         return [helper.make_node("Identity", [value_name], [out_name], name=prefix + "identity")]
-    builder = _OnnxBuilder(prefix, dtype, opset)
+    builder = OnnxBuilder(prefix, dtype, opset)
     value = value_name
     for step in steps:
         operand = None if step.operand is None else operand_names[step.operand]

@@ -280,7 +280,7 @@ _ROWS = (
     _unary("reciprocal", "Reciprocal", lambda b, x: b.div(b.const(1.0), x)),
     _unary("neg", "Neg"),
     _unary("abs", "Abs"),
-    _unary("erf", "Erf"),
+    _unary("erf", "Erf", since=9),
     _unary("softplus", "Softplus", _softplus),
     _binary_row("add", "Add", True),
     _binary_row("sub", "Sub", False),
