@@ -53,7 +53,8 @@ class Builder(ABC, Generic[V]):
 
     @abstractmethod
     def binary(self, op: str, a: V, b: V) -> V:
-        """`a op b` for `op` in BINARY_OPS (max and min as numpy's maximum, minimum)."""
+        """`a op b` for `op` in BINARY_OPS (max and min with a NaN: as the backend does it,
+        numpy's propagate it, C's fmaxf returns the other operand)."""
 
     @abstractmethod
     def call(self, fn: str, x: V) -> V:
@@ -68,24 +69,31 @@ class Builder(ABC, Generic[V]):
         """`a` where `cond` holds, else `b` (numpy's where)."""
 
     def add(self, a: V, b: V) -> V:
+        """`a + b`."""
         return self.binary("add", a, b)
 
     def sub(self, a: V, b: V) -> V:
+        """`a - b`."""
         return self.binary("sub", a, b)
 
     def mul(self, a: V, b: V) -> V:
+        """`a * b`."""
         return self.binary("mul", a, b)
 
     def div(self, a: V, b: V) -> V:
+        """`a / b`."""
         return self.binary("div", a, b)
 
     def pow(self, a: V, b: V) -> V:
+        """`a ** b`."""
         return self.binary("pow", a, b)
 
     def max(self, a: V, b: V) -> V:
+        """The larger of `a` and `b`."""
         return self.binary("max", a, b)
 
     def min(self, a: V, b: V) -> V:
+        """The smaller of `a` and `b`."""
         return self.binary("min", a, b)
 
     def clip(self, x: V, lo: V, hi: V) -> V:
@@ -179,7 +187,8 @@ class EpilogueOp:
     builder values (None for an absent attribute without default); a binary
     one is `formula(b, x, y)`, computing `x op y`. `attrs` lists the
     attribute names in order with their defaults (None: absent unless given).
-    `commutative` binary steps ignore `swap`.
+    A `commutative` binary step computes the same with its operands swapped (so
+    the ONNX parser never sets `swap` on it).
     """
 
     name: str
