@@ -27,11 +27,13 @@ _FUNCTIONS = {"pow": "powf", "max": "fmaxf", "min": "fminf", "exp": "expf", "log
 
 
 def _literal(value: float) -> str:
+    """A float32 C literal; inf and NaN by their bits (NVRTC, as cupy runs it, has no
+    math.h and so no INFINITY or NAN)."""
     value = float(value)
     if math.isnan(value):
-        return "NAN"
+        return "__int_as_float(0x7fffffff)"
     if math.isinf(value):
-        return "INFINITY" if value > 0 else "(-INFINITY)"
+        return "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
     return f"({value!r}f)" if math.copysign(1.0, value) < 0 else f"{value!r}f"
 
 

@@ -12,11 +12,13 @@ try:  # scipy is optional (the GPU machine may lack it)
 except ImportError:  # pragma: no cover
     erf = np.vectorize(math.erf, otypes=[np.float64])
 
-_C_TO_NUMPY = [(r"(\d(?:\.\d*)?(?:e-?\d+)?)f\b", r"\1"), (r"\bfmaxf\b", "np.maximum"),
+_C_TO_NUMPY = [(r"__int_as_float\(0x7f800000\)", "np.inf"),
+               (r"__int_as_float\(0xff800000\)", "(-np.inf)"),
+               (r"__int_as_float\(0x7fffffff\)", "np.nan"),
+               (r"(\d(?:\.\d*)?(?:e-?\d+)?)f\b", r"\1"), (r"\bfmaxf\b", "np.maximum"),
                (r"\bfminf\b", "np.minimum"), (r"\bexpf\b", "np.exp"), (r"\btanhf\b", "np.tanh"),
                (r"\berff\b", "erf"), (r"\blogf\b", "np.log"), (r"\blog1pf\b", "np.log1p"),
-               (r"\bsqrtf\b", "np.sqrt"), (r"\bfabsf\b", "np.abs"), (r"\bpowf\b", "np.power"),
-               (r"\bINFINITY\b", "np.inf")]
+               (r"\bsqrtf\b", "np.sqrt"), (r"\bfabsf\b", "np.abs"), (r"\bpowf\b", "np.power")]
 
 
 def run_c_body(body: str, y: np.ndarray, operands: list[np.ndarray]) -> np.ndarray:

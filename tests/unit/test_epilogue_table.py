@@ -28,6 +28,7 @@ from wpk.core.epilogue import (
 from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, EpilogueStep
 from wpk.dsl.compute import evaluate, infer_bindings
 from wpk.dsl.epilogue import with_epilogue
+from wpk.dsl.toolchain_cuda import compile_cuda, nvrtc_available
 from wpk.kernels import templates
 from wpk.kernels.cpu.node_model import ir_version_for
 from wpk.kernels.cuda.epilogue_cuda import epilogue_source
@@ -205,6 +206,31 @@ def test_cuda_source_matches_numpy(step, rng):
     assert source.operands == ((1,) if EPILOGUE_TABLE[step.op].arity == 2 else ())
     got = run_c_body(source.body, x.astype(np.float32), [w.astype(np.float32)])
     _close(got, _reference(step, x, w), rtol=1e-12, atol=1e-14)
+
+
+def _cupy_like_kernel(name: str, step: EpilogueStep) -> str:
+    """The body of `step` in a kernel shaped like the one cupy's ElementwiseKernel makes."""
+    source = epilogue_source([step])
+    params = ", ".join(["float* y_", *(f"const float* o{i}_" for i in range(len(source.operands)))])
+    reads = "".join(f"const float o{i} = o{i}_[i]; " for i in range(len(source.operands)))
+    return (f'extern "C" __global__ void {name}({params}, int n) {{\n'
+            f"int i = blockIdx.x * blockDim.x + threadIdx.x; if (i >= n) return; {reads}"
+            f"float& y = y_[i];\n{source.body}\n}}")
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="the NVRTC 12 and ptxas wheels are missing")
+def test_cuda_sources_compile_with_nvrtc():
+    """NVRTC, which cupy compiles with, has no math.h: infinities and NaN need no macro."""
+    odd = [EpilogueStep("clip", (("min", -math.inf), ("max", math.inf))),
+           EpilogueStep("clip", (("max", math.nan),)),
+           EpilogueStep("leaky_relu", (("alpha", -2.0),))]
+    steps = CASES + odd
+    source = "\n".join(_cupy_like_kernel(f"k{i}", step) for i, step in enumerate(steps))
+    binary = compile_cuda(source, "sm_90", compiler="nvrtc")
+    assert set(binary.kernels) == {f"k{i}" for i in range(len(steps))}
+    x = np.array([-np.inf, -3.0, 0.5, np.inf], np.float32)
+    got = run_c_body(epilogue_source(odd[:1]).body, x, [])
+    np.testing.assert_array_equal(got, x)
 
 
 @pytest.mark.parametrize("opset", OPSETS)
