@@ -275,8 +275,9 @@ _ROWS = (
     EpilogueOp("leaky_relu", 1, _leaky_relu, (("alpha", 0.01),),
                OnnxForm("LeakyRelu", attrs=(_ALPHA,))),
     _unary("sigmoid", "Sigmoid"),
-    _unary("silu", "Swish", lambda b, x: b.mul(x, b.call("sigmoid", x)), since=24,
-           fixed=(("alpha", 1.0, 1.0),)),
+    # No ONNX form: Swish (opset 24) would be one, but onnxruntime 1.32 runs it at opset 24
+    # only, and reading it as silu would fuse nodes that wpk leaves to onnxruntime today.
+    EpilogueOp("silu", 1, lambda b, x: b.mul(x, b.call("sigmoid", x))),
     _unary("tanh", "Tanh"),
     EpilogueOp("hard_sigmoid", 1, _hard_sigmoid, (("alpha", 0.2), ("beta", 0.5)),
                OnnxForm("HardSigmoid", attrs=(_ALPHA, _BETA))),
