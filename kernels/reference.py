@@ -107,7 +107,7 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
     reason = validate_epilogue(workload.epilogue, len(inputs))
     if reason:
         raise UnsupportedError(f"{workload.label}: {reason}",
-                               hint="see wpk.core.workload for epilogue steps")
+                               hint="see EPILOGUE_TABLE in wpk.core.epilogue for the steps")
     wide = [to_float64(x) for x in inputs]
     if is_elementwise(workload):
         outputs = [np.array(np.broadcast_to(wide[0], workload.outputs[0].shape))]

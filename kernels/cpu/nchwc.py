@@ -25,6 +25,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
+from wpk.core.epilogue import EPILOGUE_TABLE
 from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc_gate import build_gate_model, is_gate_multiply
@@ -45,15 +46,20 @@ ORT_NCHWC_DOMAIN = "com.microsoft.nchwc"
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
 NCHWC_OPS = ("Conv", "ReorderInput", "ReorderOutput", *POOL_OPS)
 
-# wpk epilogue activation -> (MLAS activation name, parameter attribute names, defaults)
-_ACTIVATIONS = {
-    "relu": ("Relu", (), ()),
-    "sigmoid": ("Sigmoid", (), ()),
-    "tanh": ("Tanh", (), ()),
-    "leaky_relu": ("LeakyRelu", ("alpha",), (0.01,)),
-    "clip": ("Clip", ("min", "max"), (-np.inf, np.inf)),
-    "hard_sigmoid": ("HardSigmoid", ("alpha", "beta"), (0.2, 0.5)),
-}
+# The epilogue steps MLAS fuses into an NCHWc Conv as its activation. MLAS names each as its
+# ONNX op and takes the op's attributes (Clip's as in opsets 6-10) as activation_params.
+_ACTIVATIONS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "clip", "hard_sigmoid"})
+_ATTRIBUTES_OPSET = 10  # the last opset where Clip's bounds are attributes
+
+
+def _activation_attrs(step) -> dict:
+    """The MLAS Conv attributes of activation `step` (from the epilogue table's ONNX form)."""
+    row = EPILOGUE_TABLE[step.op]
+    _, params = row.onnx.to_onnx(row.attr_values(dict(step.attrs)), _ATTRIBUTES_OPSET)
+    attrs = {"activation": row.onnx.op}
+    if params:
+        attrs["activation_params"] = [float(v) for v in params.values()]
+    return attrs
 
 
 def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] | str:
@@ -182,11 +188,7 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
             group = fmt.round_up(out_channels, b)
         attrs["group"] = group
         if act is not None:
-            name, params, defaults = _ACTIVATIONS[act.op]
-            attrs["activation"] = name
-            if params:
-                attrs["activation_params"] = [float(act.attr(p, d))
-                                              for p, d in zip(params, defaults)]
+            attrs.update(_activation_attrs(act))
     elif op in ("MaxPool", "AveragePool"):
         names = ("kernel_shape", "strides", "pads", "dilations", "ceil_mode")
         if op == "AveragePool":

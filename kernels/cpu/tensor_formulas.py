@@ -13,26 +13,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from wpk.core.epilogue import step_from_onnx
 from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.epilogue import apply_epilogue
+from wpk.kernels.support import ELEMENTWISE_UNARY_OPS
 
 Formula = Callable[[Workload, Sequence[np.ndarray | None]], list[np.ndarray]]
 
-# ONNX unary ops that are exactly one epilogue step (attribute names map 1:1).
-UNARY_AS_STEP = {
-    "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log",
-    "Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg", "Abs": "abs", "Erf": "erf",
-    "Softplus": "softplus", "LeakyRelu": "leaky_relu", "HardSigmoid": "hard_sigmoid",
-    "HardSwish": "hard_swish",
-}
+# ONNX unary ops wpk computes as one epilogue step (which step: the epilogue table).
+UNARY_AS_STEP = ELEMENTWISE_UNARY_OPS - {"Clip"}
 BINARY_UFUNCS = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
                  "Pow": np.power, "Max": np.maximum, "Min": np.minimum}
 
 
 def unary_step(workload: Workload) -> EpilogueStep:
     """The epilogue step equivalent to a unary ONNX op."""
-    attrs = tuple(sorted((k, float(v)) for k, v in workload.attrs if k in ("alpha", "beta")))
-    return EpilogueStep(UNARY_AS_STEP[workload.op], attrs)
+    return EpilogueStep(*step_from_onnx(workload.op, dict(workload.attrs)))
 
 
 def _unary(workload, inputs):

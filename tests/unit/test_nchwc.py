@@ -124,6 +124,13 @@ WORKLOADS = {
                                              epilogue=(EpilogueStep("sigmoid"),)),
     "conv_sigmoid_padded": _conv_workload(B, 20, 6, 1, 1, 0,
                                           epilogue=(EpilogueStep("sigmoid"),)),  # pads 0.5
+    # MLAS activation parameters: defaults filled in, open clip bounds
+    "conv_leaky_relu_default": _conv_workload(B, 2 * B, 6, 1, 1, 0,
+                                              epilogue=(EpilogueStep("leaky_relu"),)),
+    "conv_hard_sigmoid_alpha": _conv_workload(B, 2 * B, 6, 1, 1, 0, epilogue=(
+        EpilogueStep("hard_sigmoid", (("alpha", 0.3),)),)),
+    "conv_clip_max_only": _conv_workload(B, 2 * B, 6, 1, 1, 0, epilogue=(
+        EpilogueStep("clip", (("max", 0.5),)),)),
     "maxpool": _pool_workload("MaxPool", 40, 9, 5, kernel_shape=(3, 3), strides=(2, 2),
                               pads=(1, 1, 1, 1)),
     "maxpool_ceil": _pool_workload("MaxPool", 32, 8, 4, kernel_shape=(3, 3), strides=(2, 2),

@@ -8,7 +8,6 @@ optimized graph with the original, and for `wpk inspect`.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -16,18 +15,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from wpk.core.graph import Graph, Node
-from wpk.core.workload import EpilogueStep
+from wpk.kernels.epilogue import epilogue_onnx_nodes
 
 ELEMENTWISE_OP = "Elementwise"
 WPK_DOMAIN = "wpk"
 # Inputs a fused node keeps before its epilogue operands (absent optional ones are '').
 BASE_ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2, ELEMENTWISE_OP: 1}
-
-_UNARY_ONNX = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp",
-               "log": "Log", "sqrt": "Sqrt", "reciprocal": "Reciprocal", "neg": "Neg",
-               "abs": "Abs", "erf": "Erf", "softplus": "Softplus"}
-_BINARY_ONNX = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
-                "max": "Max", "min": "Min"}
 
 
 def attr_to_proto(name: str, value: Any) -> onnx.AttributeProto | None:
@@ -58,70 +51,17 @@ def node_to_proto(node: Node, inputs: list[str] | None = None,
 
 
 class _Emitter:
-    """Collects the nodes and constants of the exported model."""
+    """Collects the nodes of the exported model."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
         self.opset = graph.opset
         self.nodes: list[onnx.NodeProto] = []
-        self.extra: dict[str, np.ndarray] = {}
         self.count = 0
 
     def fresh(self, base: str) -> str:
         self.count += 1
         return f"{base}__x{self.count}"
-
-    def const(self, value: float, dtype: str) -> str:
-        name = self.fresh("c")
-        self.extra[name] = np.array(value, dtype=dtype)
-        return name
-
-    def op(self, op: str, inputs: list[str], output: str, **attrs) -> str:
-        self.nodes.append(helper.make_node(op, inputs, [output], name=self.fresh(op), **attrs))
-        return output
-
-    def step(self, step: EpilogueStep, value: str, node: Node, out: str, dtype: str) -> str:
-        name = step.op
-        if name in _BINARY_ONNX:
-            operand = node.inputs[step.operand]
-            pair = [operand, value] if step.swap else [value, operand]
-            return self.op(_BINARY_ONNX[name], pair, out)
-        if name in _UNARY_ONNX:
-            return self.op(_UNARY_ONNX[name], [value], out)
-        if name == "clip":
-            lo, hi = step.attr("min", -math.inf), step.attr("max", math.inf)
-            if self.opset < 11:
-                return self.op("Clip", [value], out, min=float(lo), max=float(hi))
-            return self.op("Clip", [value, self.const(lo, dtype), self.const(hi, dtype)], out)
-        if name == "leaky_relu":
-            return self.op("LeakyRelu", [value], out, alpha=float(step.attr("alpha", 0.01)))
-        if name == "hard_sigmoid":
-            return self.op("HardSigmoid", [value], out, alpha=float(step.attr("alpha", 0.2)),
-                           beta=float(step.attr("beta", 0.5)))
-        if name == "hard_swish":
-            gate = self.op("HardSigmoid", [value], self.fresh("hs"), alpha=1 / 6, beta=0.5)
-            return self.op("Mul", [value, gate], out)
-        if name == "silu":
-            gate = self.op("Sigmoid", [value], self.fresh("sig"))
-            return self.op("Mul", [value, gate], out)
-        if name == "gelu":
-            scaled = self.op("Mul", [value, self.const(1 / math.sqrt(2), dtype)], self.fresh("g"))
-            erf = self.op("Erf", [scaled], self.fresh("g"))
-            one = self.op("Add", [erf, self.const(1.0, dtype)], self.fresh("g"))
-            half = self.op("Mul", [value, self.const(0.5, dtype)], self.fresh("g"))
-            return self.op("Mul", [half, one], out)
-        if name == "gelu_tanh":
-            cube = self.op("Mul", [value, self.op("Mul", [value, value], self.fresh("g"))],
-                           self.fresh("g"))
-            inner = self.op("Add", [value, self.op("Mul", [cube, self.const(0.044715, dtype)],
-                                                   self.fresh("g"))], self.fresh("g"))
-            arg = self.op("Mul", [inner, self.const(math.sqrt(2 / math.pi), dtype)],
-                          self.fresh("g"))
-            one = self.op("Add", [self.op("Tanh", [arg], self.fresh("g")),
-                                  self.const(1.0, dtype)], self.fresh("g"))
-            half = self.op("Mul", [value, self.const(0.5, dtype)], self.fresh("g"))
-            return self.op("Mul", [half, one], out)
-        raise ValueError(f"unknown epilogue step '{name}'")
 
     def node(self, node: Node) -> None:
         if not node.epilogue and node.op != ELEMENTWISE_OP:
@@ -137,11 +77,8 @@ class _Emitter:
                 base.pop()
             value = self.fresh(out)
             self.nodes.append(node_to_proto(node, inputs=base, outputs=[value]))
-        if not node.epilogue:
-            self.op("Identity", [value], out)
-        for k, step in enumerate(node.epilogue):
-            target = out if k == len(node.epilogue) - 1 else self.fresh(out)
-            value = self.step(step, value, node, target, dtype)
+        self.nodes += epilogue_onnx_nodes(node.epilogue, value, node.inputs, out,
+                                          self.fresh(out) + "_", dtype=dtype, opset=self.opset)
 
 
 def _value_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
@@ -156,7 +93,7 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
     for node in graph.nodes:
         emit.node(node)
     initializers = [numpy_helper.from_array(np.asarray(v, order="C"), name)
-                    for name, v in [*graph.constants.items(), *emit.extra.items()]]
+                    for name, v in graph.constants.items()]
     produced = {o for n in graph.nodes for o in n.outputs}
     value_info = [_value_info(graph, name) for name in produced
                   if name in graph.tensors and name not in graph.outputs]
