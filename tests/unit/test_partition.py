@@ -54,6 +54,7 @@ class SlowMatMul(Implementation):
     onnxruntime's whole model, whatever else the machine does."""
 
     name = "test.slow_matmul"
+    target = "test"  # never among the cpu target's candidates; plans name it explicitly
 
     def unsupported_reason(self, workload):
         return None if workload.op == "MatMul" else "MatMul only"
