@@ -32,6 +32,7 @@ from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import CHAIN_RULES, EPILOGUE_RULES, LINEAR_RULES, PATTERN_RULES
 from wpk.passes.nchwc_layout import NchwcLayout
 from wpk.passes.noop_removal import NoOpRemoval
+from wpk.passes.reduce_to_pool import ReduceToPool
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
 
@@ -54,6 +55,7 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(ConstantFolding),
     PipelineEntry(DeadNodeElimination),
     PipelineEntry(SumToAdd),
+    PipelineEntry(ReduceToPool),
     PipelineEntry(NoOpRemoval),
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
