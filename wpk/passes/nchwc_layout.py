@@ -67,14 +67,14 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.passes.base import GraphPass, drop_unused_constants, subgraph_names
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_classifier import match_classifier, readers_of
-from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Rewrite
+from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Blocked, Rewrite
 from wpk.passes.nchwc_rules import (
     MLAS_ACTIVATIONS,
     conv_bias,
     conv_input_mode,
     explicit_pads,
+    fused_dirty,
     mlas_epilogue_prefix,
-    step_keeps_zero,
 )
 
 
@@ -155,7 +155,10 @@ class NchwcLayout(GraphPass):
         rest = [(s, None if s.operand is None else node.inputs[s.operand])
                 for s in node.epilogue[fused:]]
         out_shape = rw.shape(node.outputs[0])
-        if rest and not rw.chain_is_blockable(rest, channels, out_shape):
+        residual = node.epilogue[0] if fused and node.epilogue[0].op == "add" else None
+        dirty = fused_dirty(node.epilogue[:fused], residual is not None
+                            and rw.is_dirty(node.inputs[residual.operand]))
+        if rest and not rw.chain_is_blockable(rest, channels, out_shape, dirty):
             return False
         x = node.inputs[0]
         x_in = rw.as_nchw(x) if mode == "nchw" else rw.as_blocked(x)
@@ -173,7 +176,7 @@ class NchwcLayout(GraphPass):
             "block": rw.block,
             "channels": channels,
         }
-        out = rw.new_blocked(node.outputs[0], channels)
+        out = rw.new_blocked(node.outputs[0], channels, dirty=dirty and not rest)
         conv_out = rw.blocked_tensor(f"{out}_conv", out_shape, channels) if rest else out
         rw.nodes.append(Node("Conv", inputs, [conv_out], node.name, attrs, NCHWC_DOMAIN,
                              tuple(epilogue)))
@@ -200,7 +203,7 @@ class NchwcLayout(GraphPass):
         if node.op == "AveragePool":
             attrs["count_include_pad"] = int(node.attr("count_include_pad", 0))
         x_in = rw.as_blocked(x)
-        out = rw.new_blocked(node.outputs[0], shape[1])
+        out = rw.new_blocked(node.outputs[0], shape[1], dirty=rw.is_dirty(x))
         rw.nodes.append(Node(node.op, [x_in], [out], node.name, attrs, NCHWC_DOMAIN))
         self.hit(node.op)
         return True
@@ -210,7 +213,7 @@ class NchwcLayout(GraphPass):
         if x not in rw.blocked or node.epilogue:
             return False
         channels = rw.blocked[x].channels
-        out = rw.new_blocked(node.outputs[0], channels)
+        out = rw.new_blocked(node.outputs[0], channels, dirty=rw.is_dirty(x))
         rw.nodes.append(Node(node.op, [rw.blocked[x].name], [out], node.name,
                              {"block": rw.block, "channels": channels}, NCHWC_DOMAIN))
         self.hit(node.op)
@@ -269,10 +272,10 @@ class NchwcLayout(GraphPass):
         if rw.shape(value) != out_shape or g.tensors[node.outputs[0]].dtype != "float32":
             return False
         channels = rw.blocked[value].channels
-        if not rw.chain_is_blockable(chain, channels, out_shape):
-            return False
         if self._fuse_activation(rw, value, chain, node.outputs[0]):
             return True
+        if not rw.chain_is_blockable(chain, channels, out_shape, rw.is_dirty(value)):
+            return False
         out = rw.new_blocked(node.outputs[0], channels)
         rw.emit_chain(node.name, rw.blocked[value].name, chain, channels, out)
         self.hit("elementwise")
@@ -316,12 +319,13 @@ class NchwcLayout(GraphPass):
         if producer is None or producer.domain != NCHWC_DOMAIN or producer.op != "Conv" \
                 or any(s.op != "add" for s in producer.epilogue):
             return False
-        channels = rw.blocked[value].channels
-        if step.op not in MLAS_ACTIVATIONS or not (channels % rw.block == 0
-                                                   or step_keeps_zero(step, None)):
+        if step.op not in MLAS_ACTIVATIONS:
             return False
         producer.epilogue = (*producer.epilogue, step)
-        rw.blocked[output] = rw.blocked[value]
+        entry = rw.blocked[value]
+        dirty = entry.dirty or fused_dirty([step])
+        rw.blocked[output] = Blocked(entry.name, entry.channels,
+                                     dirty and entry.channels % rw.block != 0)
         rw.missing.add(output)
         self.hit("activation_into_conv")
         return True
