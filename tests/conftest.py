@@ -18,3 +18,22 @@ def cache_dir(tmp_path_factory, monkeypatch) -> str:
     path = tmp_path_factory.mktemp("wpk-cache")
     monkeypatch.setenv("WPK_CACHE_DIR", str(path))
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def corpus_model_path(tmp_path_factory):
+    """`corpus_model_path(name) -> Path` of a corpus model (tests/corpus) at its CI size,
+    exported on first use into a temporary folder, once per test session."""
+    import onnx
+
+    from tests.corpus import build_model
+
+    folder = tmp_path_factory.mktemp("corpus")
+
+    def path_of(name: str):
+        path = folder / f"{name}.onnx"
+        if not path.exists():
+            onnx.save(build_model(name, "ci"), str(path))
+        return path
+
+    return path_of
