@@ -10,7 +10,7 @@ graphs in those exporters' spellings:
 | dbnet (text detector: FPN, Resize, ConvTranspose) | x | x | x | |
 | svtr (text recognizer: conv stem + transformer) | x | x | x | |
 | vit (ViT-tiny) | x | x | | x |
-| convnext (depthwise 7x7, LayerNorm, GELU) | x | x | | |
+| convnext (depthwise 7x7, LayerNorm, GELU) | x | x | | x |
 | yolo (SiLU, Split, Concat, Resize) | x | x | | x |
 
 Names are `<architecture>_<exporter>`; every model has one float input "x".
@@ -44,6 +44,7 @@ _HANDWRITTEN_INPUTS = {
     ("dbnet", "paddle"): {"ci": (1, 3, 64, 64), "bench": (1, 3, 320, 320)},
     ("svtr", "paddle"): {"ci": (1, 3, 32, 64), "bench": (1, 3, 48, 192)},
     ("vit", "tf"): {"ci": (1, 32, 32, 3), "bench": (1, 224, 224, 3)},
+    ("convnext", "tf"): {"ci": (1, 32, 32, 3), "bench": (1, 224, 224, 3)},
     ("yolo", "tf"): {"ci": (1, 64, 64, 3), "bench": (1, 320, 320, 3)},
 }
 

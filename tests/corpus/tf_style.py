@@ -15,7 +15,9 @@ What sets these graphs apart from torch's and paddle2onnx's exports:
   ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul, Mul, Sub, Add;
 - Split with sizes as input, Squeeze/Unsqueeze with axes as inputs.
 
-Each builder takes a `size` ("ci" or "bench") and returns an `onnx.ModelProto`
+Models: `vit` (ViT-tiny), `yolo` (YOLOv8-style), `convnext` (ConvNeXt stages,
+a Transpose pair around every convolution since Keras works in NHWC). Each
+builder takes a `size` ("ci" or "bench") and returns an `onnx.ModelProto`
 whose input is "x".
 """
 
@@ -205,3 +207,43 @@ def yolo(size: str = "ci", seed: int = 21) -> onnx.ModelProto:
     anchors = sum((image // s) ** 2 for s in (8, 16, 32))
     return w.model("yolo_tf", {"x": [UNKNOWN_DIM, image, image, 3]},
                    {detections: [UNKNOWN_DIM, anchors, 4 + classes]}, PRODUCER)
+
+
+def convnext(size: str = "ci", seed: int = 22) -> onnx.ModelProto:
+    """Keras ConvNeXt stages: NHWC [-1, S, S, 3] -> [-1, classes] softmax, opset 13.
+
+    Keras keeps NHWC throughout, so every convolution sits between a Transpose to
+    NCHW and one back, and LayerNorm, Dense and GELU (erf form) work on NHWC.
+    """
+    image, dims, depths, classes = ((32, (16, 32), (1, 1), 10) if size == "ci"
+                                    else (224, (96, 192), (3, 3), 1000))
+    w = KerasWriter(seed)
+
+    def nchw_conv(x: str, c_in: int, c_out: int, kernel: int, stride: int, groups: int = 1,
+                  pad: int = 0) -> str:
+        weight = w.weight("conv2d/kernel", (c_out, c_in // groups, kernel, kernel),
+                          c_in // groups * kernel * kernel)
+        bias = w.uniform("conv2d/bias", c_out, -0.1, 0.1)
+        y = w.op("Conv", [w.op("Transpose", [x], perm=[0, 3, 1, 2]), weight, bias],
+                 kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4,
+                 group=groups, dilations=[1, 1])
+        return w.op("Transpose", [y], perm=[0, 2, 3, 1])
+
+    def gelu(x: str) -> str:
+        erf = w.op("Erf", [w.op("Div", [x, w.constant(math.sqrt(2.0))])])
+        return w.op("Mul", [w.op("Mul", [x, w.constant(0.5)]),
+                            w.op("Add", [erf, w.constant(1.0)])])
+
+    x = w.layer_norm(nchw_conv("x", 3, dims[0], 4, 4), dims[0])
+    for index, (dim, depth) in enumerate(zip(dims, depths)):
+        if index:
+            x = nchw_conv(w.layer_norm(x, dims[index - 1]), dims[index - 1], dim, 2, 2)
+        for _ in range(depth):
+            y = w.layer_norm(nchw_conv(x, dim, dim, 7, 1, groups=dim, pad=3), dim)
+            y = w.dense(gelu(w.dense(y, dim, 4 * dim)), 4 * dim, dim)
+            x = w.op("Add", [x, w.op("Mul", [y, w.uniform("layer_scale/gamma", dim,
+                                                          0.1, 0.5)])])
+    pooled = w.layer_norm(w.reduce_mean(x, [1, 2], keepdims=0), dims[-1])
+    probs = w.op("Softmax", [w.dense(pooled, dims[-1], classes)], axis=-1)
+    return w.model("convnext_tf", {"x": [UNKNOWN_DIM, image, image, 3]},
+                   {probs: [UNKNOWN_DIM, classes]}, PRODUCER)

@@ -84,7 +84,8 @@ EXPECTED_OPS = {
     "vit": {"torch": {"LayerNormalization", "MatMul", "Softmax", "Erf", "Concat"},
             "tf": {"ReduceMean", "Reciprocal", "Tanh", "Cast", "Expand", "Softmax"}},
     "convnext": {"torch": {"LayerNormalization", "ReduceMean", "Pow", "Sqrt", "Erf",
-                           "Transpose"}},
+                           "Transpose"},
+                 "tf": {"Transpose", "Reciprocal", "Erf", "MatMul", "ReduceMean"}},
     "yolo": {"torch": {"Sigmoid", "Concat", "Resize", "MaxPool"},
              "tf": {"Sigmoid", "Split", "Resize", "Shape", "Cast", "Transpose"}},
 }
