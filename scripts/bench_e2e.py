@@ -126,6 +126,7 @@ def load_benchmark_model(name: str, corpus_size: str = "bench"
 def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options: dict,
                 breakdown: bool, workdir: str, ort_spinning: bool = False,
                 block: int = 1, wpk_spin: bool = False, corpus_size: str = "bench") -> dict:
+    load_before = list(os.getloadavg())  # others' work on a shared machine shows here
     model, feeds, input_shapes = load_benchmark_model(name, corpus_size)
     if input_shapes:
         build_options = {**build_options, "input_shapes": input_shapes}
@@ -156,7 +157,8 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
               "fallback_steps": sum(1 for s in steps if s.kind == "fallback"),
               "impl_kinds": _count(s.kind for s in steps),
               "relative_l2_vs_ort": error,
-              "wpk": summarize(wpk_times), "onnxruntime": summarize(ort_times)}
+              "wpk": summarize(wpk_times), "onnxruntime": summarize(ort_times),
+              "load_average_before_after": [load_before, list(os.getloadavg())]}
     result["ratio_wpk_over_ort"] = result["wpk"]["median_ms"] / result["onnxruntime"]["median_ms"]
     if breakdown:
         result["breakdown"] = step_breakdown(session, feeds, repeats=max(5, rounds // 2))
