@@ -25,7 +25,8 @@ from wpk.core.numerics import relative_l2
 MAX_RELATIVE_L2 = 1e-4
 # Build options that keep CI fast: library and vendor kernels, no schedule search, each
 # candidate verified against the float64 reference and timed once.
-FAST_BUILD = {"search": "none", "warmup": 0, "repeats": 1, "min_time": 0.0, "progress": False}
+FAST_BUILD = {"search": "none", "warmup": 0, "repeats": 1, "min_time": 0.0, "progress": False,
+              "partition": False}
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:

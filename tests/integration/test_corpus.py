@@ -24,7 +24,7 @@ import pytest
 import wpk
 from tests import corpus
 from tests.integration.test_accuracy import FAST_BUILD
-from wpk.numerics import relative_l2
+from wpk.core.numerics import relative_l2
 
 MAX_RELATIVE_L2 = 1e-4
 # Corpus models on which wpk fails today: name -> the failure as it shows.
