@@ -65,7 +65,8 @@ class Implementation(ABC):
         raise NotImplementedError(f"{self.name} has no ONNX form")
 
     def onnx_opset(self, workload: Workload) -> int:
-        """The default-domain opset of `onnx_part` (a region holds one opset)."""
+        """The default-domain opset of `onnx_part` (a region runs at its members' newest, see
+        `wpk.kernels.cpu.ort_region.upgraded`)."""
         return workload.opset
 
 

@@ -336,29 +336,25 @@ def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):
     return impl, plan.workloads[step.workload_key], inputs, outputs, consts
 
 
-def _region_opset(plan: Plan, step) -> int | None:
-    """The opset of the step's ONNX form when it may join an onnxruntime region, else None."""
+def _joins_regions(step) -> bool:
+    """Whether the step's implementation may join an onnxruntime region."""
     try:
-        impl = registry.get(step.impl)
+        return registry.get(step.impl).joins_regions
     except KeyError:
-        return None
-    if not impl.joins_regions:
-        return None
-    return impl.onnx_opset(plan.workloads[step.workload_key])
+        return False
 
 
 def _region(plan: Plan, start: int, arrays: Mapping,
             graph_outputs: set[str]) -> tuple[int, set[str]]:
-    """The longest run of region-joining steps (of one opset) from `start` that can share
+    """The longest run of region-joining steps from `start` that can share
     one onnxruntime session, as (end, outputs read after it). The tensors crossing its
     boundary must sit in their own arena bytes: onnxruntime may order independent nodes
     differently from the plan and knows nothing of buffer reuse."""
     steps, weights = plan.steps, plan.weights
-    opset = _region_opset(plan, steps[start])
-    if opset is None:
+    if not _joins_regions(steps[start]):
         return start + 1, set()
     limit = start + 1
-    while limit < len(steps) and _region_opset(plan, steps[limit]) == opset:
+    while limit < len(steps) and _joins_regions(steps[limit]):
         limit += 1
     best = (start + 1, set())
     for end in range(start + 2, limit + 1):

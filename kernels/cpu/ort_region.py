@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, version_converter
 
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.nchwc import _CPU, ORT_NCHWC_DOMAIN
@@ -58,13 +58,10 @@ def region_model(members: Sequence[RegionMember], exported: set[str] | None = No
     bound with (the 4-d view of a blocked tensor read 5-d, or back) is read through a
     Reshape."""
     merged = _Merged()
-    opsets = {m.implementation.onnx_opset(m.workload) for m in members}
-    if len(opsets) != 1:
-        raise ValueError(f"a region holds one opset, not {sorted(opsets)}")
-    (opset,) = opsets
+    opset = max(m.implementation.onnx_opset(m.workload) for m in members)
     for index, member in enumerate(members):
         part = member.part()
-        model = part.model
+        model = upgraded(part.model, member.implementation.onnx_opset(member.workload), opset)
         declared = declared_types(model)
         rename = dict(zip(part.outputs, member.outputs))
         for local, input_index in part.feeds:
@@ -94,6 +91,22 @@ def region_model(members: Sequence[RegionMember], exported: set[str] | None = No
                                                     helper.make_opsetid(MS_DOMAIN, 1)])
     model.ir_version = 8
     return model, merged.external, outputs, types
+
+
+def upgraded(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto:
+    """`model` (default-domain opset `opset`) as it reads at opset `target`: unchanged when
+    none of its standard ops was redefined in between, else through ONNX's version
+    converter (Clip's bounds, Split's sizes, ReduceMean's axes become inputs, ...)."""
+    if opset >= target or all(
+            node.domain not in ("", "ai.onnx")
+            or onnx.defs.get_schema(node.op_type, target).since_version <= opset
+            for node in model.graph.node):
+        return model
+    converted = version_converter.convert_version(model, target)
+    declared = {v.name: v for v in (*model.graph.input, *model.graph.output)}
+    for value in (*converted.graph.input, *converted.graph.output):
+        value.CopyFrom(declared[value.name])
+    return converted
 
 
 def declared_types(model: onnx.ModelProto) -> dict[str, tuple[int, list[int]]]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import numpy as np
+import onnx
+import onnxruntime
+from onnx import TensorProto, helper, numpy_helper
 
 import wpk
 from tests import models
 from wpk.core.numerics import relative_l2
 from wpk.kernels import registry
-from wpk.kernels.cpu.ort_region import RegionMember, region_model
+from wpk.kernels.cpu.ort_region import RegionMember, region_kernel, region_model, upgraded
 from wpk.runtime import Session, example_feeds
 
 
@@ -36,20 +39,51 @@ def test_a_transformers_onnxruntime_steps_share_one_session_with_the_same_output
             assert relative_l2(ours[name], reference[name]) <= 1e-6, name
 
 
-def test_a_region_never_mixes_opsets():
-    """Node semantics change between opsets (Squeeze's axes, Clip's bounds): a region model
-    declares one, so steps of another opset start a new region."""
-    plan = transformer_plan_on_onnxruntime()
-    steps = [s for s in plan.steps if registry.get(s.impl).joins_regions][:2]
+def _opset11_model() -> onnx.ModelProto:
+    """Conv -> ReduceMean(axes attribute) -> Squeeze(axes attribute): both ops were later
+    redefined (axes became an input), so they read differently at opset 17+."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMean", ["c"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("Squeeze", ["m"], ["y"], axes=[1])]
+    graph = helper.make_graph(
+        nodes, "opset11", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
 
-    def member(step, opset):
+
+def test_a_region_upgrades_older_members_to_its_newest_opset():
+    """A member at opset 17 (a blocked conv's ONNX form is) and the model's opset-11
+    ReduceMean and Squeeze run as one region, the older nodes converted (axes as inputs),
+    with onnxruntime's answer on the original model."""
+    model = _opset11_model()
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
+                     partition=False)
+    ort_node = registry.get("ort")
+
+    def member(step):
         workload = plan.workloads[step.workload_key]
-        workload = type(workload)(**{**workload.__dict__, "opset": opset, "_key": ""})
+        if step.op == "Conv":
+            workload = type(workload)(**{**workload.__dict__, "opset": 17, "_key": ""})
         consts = {i: plan.weights[n] for i, n in enumerate(step.inputs) if n in plan.weights}
-        return RegionMember(registry.get(step.impl), workload, consts, step.inputs,
-                            step.outputs)
+        return RegionMember(ort_node, workload, consts, step.inputs, step.outputs)
 
-    model, *_ = region_model([member(steps[0], 17), member(steps[1], 17)])
-    assert [o.version for o in model.opset_import if o.domain == ""] == [17]
-    with pytest.raises(ValueError, match="one opset"):
-        region_model([member(steps[0], 13), member(steps[1], 17)])
+    members = [member(s) for s in plan.steps]
+    region, *_ = region_model(members)
+    assert [o.version for o in region.opset_import if o.domain == ""] == [17]
+    squeeze = next(n for n in region.graph.node if n.op_type == "Squeeze")
+    assert len(squeeze.input) == 2 and not squeeze.attribute
+    kernel, inputs, outputs = region_kernel(members, {"y"})
+    assert (inputs, outputs) == (["x"], ["y"])
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    y = np.empty((1, 8, 8), np.float32)
+    kernel([x], [y])
+    (expected,) = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    assert relative_l2(y, expected) <= 1e-6
+
+
+def test_upgraded_leaves_parts_whose_ops_did_not_change_alone():
+    part = _opset11_model()
+    del part.graph.node[1:]
+    assert upgraded(part, 11, 18) is part
