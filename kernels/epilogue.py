@@ -178,11 +178,14 @@ def apply_epilogue_into(out: np.ndarray, x: np.ndarray, steps: Sequence[Epilogue
 
 class OnnxBuilder(Builder[str]):
     """Emits ONNX nodes (valid from opset 9) for formulas; values are tensor names, every
-    name starting with `prefix`, constants `Constant` nodes of `dtype`."""
+    name starting with `prefix`, constants `Constant` nodes of `dtype`. With
+    `onnxruntime`, a step without a standard single op at the opset uses onnxruntime's
+    contrib op where the table gives one (float32 only)."""
 
-    def __init__(self, prefix: str, dtype: str, opset: int):
+    def __init__(self, prefix: str, dtype: str, opset: int, onnxruntime: bool = False):
         self.prefix = prefix
         self.opset = opset
+        self.onnxruntime = onnxruntime and np.dtype(dtype) == np.float32
         self.dtype = np.dtype(dtype)
         self.nodes: list[onnx.NodeProto] = []
         self.count = 0
@@ -192,10 +195,11 @@ class OnnxBuilder(Builder[str]):
         self.count += 1
         return f"{self.prefix}{hint}_{self.count}"
 
-    def node(self, op: str, inputs: list[str], **attrs) -> str:
+    def node(self, op: str, inputs: list[str], domain: str = "", **attrs) -> str:
         """Append a node of `op`; returns its (fresh) output name."""
         out = self.fresh(op.lower())
-        self.nodes.append(helper.make_node(op, inputs, [out], name=self.fresh(op), **attrs))
+        self.nodes.append(helper.make_node(op, inputs, [out], name=self.fresh(op),
+                                           domain=domain or None, **attrs))
         return out
 
     def const(self, value: float) -> str:
@@ -225,12 +229,14 @@ class OnnxBuilder(Builder[str]):
         row = epilogue_op(step.op)
         form = row.onnx
         if form is None or self.opset < form.since:
+            form = row.onnxruntime if self.onnxruntime else None
+        if form is None:
             return step_value(self, step, value, operand)
         args = list(step_arguments(step, value, operand))
         extra, attrs = form.to_onnx(row.attr_values(dict(step.attrs)), self.opset)
         for index in range(len(args), max(extra, default=-1) + 1):
             args.append(self.const(extra[index]) if index in extra else "")
-        return self.node(form.op, args, **attrs)
+        return self.node(form.op, args, form.domain, **attrs)
 
     def finish(self, value: str, out: str) -> None:
         """Make the value the tensor `out` (renaming the last node's output)."""
@@ -243,18 +249,19 @@ class OnnxBuilder(Builder[str]):
 
 def epilogue_onnx_nodes(steps: Sequence[EpilogueStep], value_name: str,
                         operand_names: Mapping[int, str] | Sequence[str], out_name: str,
-                        prefix: str, *, dtype: str = "float32", opset: int = 17
-                        ) -> list[onnx.NodeProto]:
+                        prefix: str, *, dtype: str = "float32", opset: int = 17,
+                        onnxruntime: bool = False) -> list[onnx.NodeProto]:
     """Standard ONNX nodes (valid at `opset`, 9 or later) computing the epilogue of `value_name`.
 
     `operand_names[i]` is the tensor name of node input `i` (used by binary
     steps); the last node writes `out_name`; every intermediate name and node
     name starts with `prefix`. Constants are emitted as `Constant` nodes of
-    `dtype`. With no steps the result is a single `Identity`.
+    `dtype`. With no steps the result is a single `Identity`. `onnxruntime`: the nodes
+    are for onnxruntime only, which may then use its contrib ops (`OnnxBuilder`).
     """
     if not steps:
         return [helper.make_node("Identity", [value_name], [out_name], name=prefix + "identity")]
-    builder = OnnxBuilder(prefix, dtype, opset)
+    builder = OnnxBuilder(prefix, dtype, opset, onnxruntime)
     value = value_name
     for step in steps:
         operand = None if step.operand is None else operand_names[step.operand]

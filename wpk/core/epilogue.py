@@ -9,8 +9,10 @@ implements `Builder` and reads the table:
 - numpy arrays, in place where it can (`wpk.kernels.epilogue.apply_epilogue`);
 - DSL compute IR fused into an operator (`wpk.dsl.epilogue.with_epilogue`);
 - CUDA C, the body of an elementwise kernel (`wpk.kernels.cuda.epilogue_cuda`);
-- ONNX nodes: the single op when the opset has it, else the formula's nodes
-  (`wpk.kernels.epilogue.epilogue_onnx_nodes`, also behind `wpk.passes.to_onnx`);
+- ONNX nodes: the single op when the opset has it, else (for models only
+  onnxruntime runs) onnxruntime's own contrib op where it has one, else the
+  formula's nodes (`wpk.kernels.epilogue.epilogue_onnx_nodes`, also behind
+  `wpk.passes.to_onnx`);
 - and back: `step_from_onnx` reads an ONNX node as a step (`wpk.passes.elementwise`).
 
 Adding an epilogue step is adding a row.
@@ -32,6 +34,8 @@ V = TypeVar("V")
 # The builder's binary operations and calls (math functions of one argument).
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "max", "min")
 CALLS = ("exp", "log", "log1p", "sqrt", "erf", "tanh", "sigmoid", "abs", "neg")
+
+ONNXRUNTIME_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops
 
 SQRT1_2 = 0.7071067811865476      # 1 / sqrt(2)
 GELU_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
@@ -137,6 +141,7 @@ class OnnxForm:
     since: int = 1
     attrs: tuple[OnnxAttr, ...] = ()
     fixed: tuple[tuple[str, Any, Any], ...] = ()
+    domain: str = ""
 
     def matches(self, attrs: Mapping[str, Any]) -> bool:
         """Whether a node of this op with `attrs` computes this step."""
@@ -197,6 +202,9 @@ class EpilogueOp:
     attrs: tuple[tuple[str, float | None], ...] = ()
     onnx: OnnxForm | None = None
     commutative: bool = False
+    # onnxruntime's own one-pass op for the step (a com.microsoft contrib op, float32 only),
+    # for models only onnxruntime runs, where the opset has no standard single op
+    onnxruntime: OnnxForm | None = None
 
     def attr_values(self, given: Mapping[str, float]) -> dict[str, float | None]:
         """Every attribute of the row: its value in `given`, else the default."""
@@ -257,8 +265,10 @@ def _softplus(b: Builder, x):  # max(x, 0) + log1p(exp(-|x|)): no overflow for l
     return b.add(b.max(x, b.const(0.0)), tail)
 
 
-def _unary(name: str, onnx_op: str, formula: Callable | None = None, **options) -> EpilogueOp:
-    return EpilogueOp(name, 1, formula or _call(name), onnx=OnnxForm(onnx_op, **options))
+def _unary(name: str, onnx_op: str, formula: Callable | None = None,
+           onnxruntime: OnnxForm | None = None, **options) -> EpilogueOp:
+    return EpilogueOp(name, 1, formula or _call(name), onnx=OnnxForm(onnx_op, **options),
+                      onnxruntime=onnxruntime)
 
 
 def _binary_row(name: str, onnx_op: str, commutative: bool) -> EpilogueOp:
@@ -277,13 +287,17 @@ _ROWS = (
     _unary("sigmoid", "Sigmoid"),
     # No ONNX form: Swish (opset 24) would be one, but onnxruntime 1.32 runs it at opset 24
     # only, and reading it as silu would fuse nodes that wpk leaves to onnxruntime today.
-    EpilogueOp("silu", 1, lambda b, x: b.mul(x, b.call("sigmoid", x))),
+    EpilogueOp("silu", 1, lambda b, x: b.mul(x, b.call("sigmoid", x)),
+               onnxruntime=OnnxForm("QuickGelu", fixed=(("alpha", 1.0, 1.702),),
+                                    domain=ONNXRUNTIME_DOMAIN)),
     _unary("tanh", "Tanh"),
     EpilogueOp("hard_sigmoid", 1, _hard_sigmoid, (("alpha", 0.2), ("beta", 0.5)),
                OnnxForm("HardSigmoid", attrs=(_ALPHA, _BETA))),
     _unary("hard_swish", "HardSwish", _hard_swish, since=14),
-    _unary("gelu", "Gelu", _gelu, since=20, fixed=(("approximate", "none", "none"),)),
-    _unary("gelu_tanh", "Gelu", _gelu_tanh, since=20, fixed=(("approximate", "tanh", "none"),)),
+    _unary("gelu", "Gelu", _gelu, since=20, fixed=(("approximate", "none", "none"),),
+           onnxruntime=OnnxForm("Gelu", domain=ONNXRUNTIME_DOMAIN)),
+    _unary("gelu_tanh", "Gelu", _gelu_tanh, since=20, fixed=(("approximate", "tanh", "none"),),
+           onnxruntime=OnnxForm("FastGelu", domain=ONNXRUNTIME_DOMAIN)),
     _unary("exp", "Exp"),
     _unary("log", "Log"),
     _unary("sqrt", "Sqrt"),

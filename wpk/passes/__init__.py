@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wpk.core.graph import Graph
+from wpk.passes.activation_chains import ActivationChains
 from wpk.passes.base import GraphPass
 from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.dead_nodes import DeadNodeElimination
@@ -60,6 +61,7 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
+    PipelineEntry(ActivationChains),
     PipelineEntry(lambda: FusionPass("epilogue_fusion", EPILOGUE_RULES)),
     PipelineEntry(DeadNodeElimination),
     # target-specific passes go last
