@@ -77,6 +77,7 @@ class Session:
         self.merge_regions = merge_regions
         self.spin_threads = spin_threads  # regions' threads spin during runs (ort_region)
         self._arrays, self._step_calls = arrays, None
+        self.region_failures: list[str] = []
         self._calls, self._step_names = self._prepare_steps(arrays)
         # after the kernels loaded their libraries; entering it costs ~10 us a run, so only
         # when some step may call BLAS
@@ -153,12 +154,16 @@ class Session:
             if merge and self.merge_regions:
                 end, exported = _region(self.plan, start, arrays,
                                         {meta.name for meta in self._outputs})
+            region = None
             if end - start >= 2:
-                calls.append(self._prepare_region(steps[start:end], arrays, exported))
+                region = self._try_region(steps[start:end], arrays, exported)
+            if region is not None:
+                calls.append(region)
                 names.append(f"{steps[start].node}..{steps[end - 1].node}")
             else:
-                calls.append(self._prepare_step(steps[start], arrays))
-                names.append(steps[start].node)
+                for step in steps[start:end]:
+                    calls.append(self._prepare_step(step, arrays))
+                    names.append(step.node)
             start = end
         return calls, names
 
@@ -178,6 +183,15 @@ class Session:
             raise PlanError(f"plan '{self.path}': node '{step.node}' ({step.impl}) failed "
                             f"to load: {exc}", hint="rebuild the plan on this machine") from exc
         return kernel, inputs, outputs
+
+    def _try_region(self, steps, arrays: Mapping[str, np.ndarray], exported: set[str]):
+        """The region's call, or None when onnxruntime cannot load the merged model (the
+        steps then run one by one, as verified; `region_failures` says why)."""
+        try:
+            return self._prepare_region(steps, arrays, exported)
+        except PlanError as exc:
+            self.region_failures.append(str(exc))
+            return None
 
     def _prepare_region(self, steps, arrays: Mapping[str, np.ndarray], exported: set[str]):
         members = []

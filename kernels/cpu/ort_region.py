@@ -96,17 +96,27 @@ def region_model(members: Sequence[RegionMember], exported: set[str] | None = No
 def upgraded(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto:
     """`model` (default-domain opset `opset`) as it reads at opset `target`: unchanged when
     none of its standard ops was redefined in between, else through ONNX's version
-    converter (Clip's bounds, Split's sizes, ReduceMean's axes become inputs, ...)."""
-    if opset >= target or all(
-            node.domain not in ("", "ai.onnx")
-            or onnx.defs.get_schema(node.op_type, target).since_version <= opset
-            for node in model.graph.node):
+    converter (Clip's bounds, Split's sizes, ReduceMean's axes become inputs, ...). A
+    default-domain op that ONNX does not define at `opset` is onnxruntime's own
+    registration (LayerNormalization before 17), the same op at any opset."""
+    if opset >= target or not any(_redefined(node, opset, target) for node in model.graph.node):
         return model
     converted = version_converter.convert_version(model, target)
     declared = {v.name: v for v in (*model.graph.input, *model.graph.output)}
     for value in (*converted.graph.input, *converted.graph.output):
         value.CopyFrom(declared[value.name])
     return converted
+
+
+def _redefined(node: onnx.NodeProto, opset: int, target: int) -> bool:
+    """Whether ONNX defines the node's op at `opset` and redefined it by `target`."""
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    try:
+        onnx.defs.get_schema(node.op_type, opset)
+    except onnx.defs.SchemaError:
+        return False
+    return onnx.defs.get_schema(node.op_type, target).since_version > opset
 
 
 def declared_types(model: onnx.ModelProto) -> dict[str, tuple[int, list[int]]]:

@@ -87,3 +87,35 @@ def test_upgraded_leaves_parts_whose_ops_did_not_change_alone():
     part = _opset11_model()
     del part.graph.node[1:]
     assert upgraded(part, 11, 18) is part
+
+
+def test_onnxruntimes_own_layer_norm_before_opset_17_is_not_converted():
+    """onnxruntime registers LayerNormalization in the default domain below opset 17 (as
+    paddle2onnx/tf2onnx-era models get it from wpk's fusion); ONNX's converter knows no
+    such op, so the part is kept as it is, and runs in onnxruntime."""
+    scale = numpy_helper.from_array(np.ones(8, np.float32), "g")
+    graph = helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "g"], ["y"], axis=-1)], "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [scale])
+    part = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    part.ir_version = 8
+    assert upgraded(part, 13, 17) is part
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    (y,) = onnxruntime.InferenceSession(part.SerializeToString()).run(None, {"x": x})
+    assert np.allclose(y.mean(axis=-1), 0, atol=1e-6)
+
+
+def test_a_region_onnxruntime_cannot_load_runs_step_by_step(monkeypatch):
+    plan = transformer_plan_on_onnxruntime()
+
+    def refuse(*args, **kwargs):
+        raise ValueError("no such kernel")
+
+    monkeypatch.setattr("wpk.runtime.region_kernel", refuse)
+    session, stepwise = Session(plan), Session(plan, merge_regions=False)
+    assert len(session._calls) == len(stepwise._calls)
+    assert session.region_failures and "no such kernel" in session.region_failures[0]
+    feeds = example_feeds(session, 0)
+    ours, reference = session.run(feeds), stepwise.run(feeds)
+    assert all(relative_l2(ours[n], reference[n]) <= 1e-6 for n in reference)
