@@ -101,7 +101,7 @@ def test_plan_matches_onnxruntime(name, tmp_path):
     model = models.load_model(name)
     feeds = models.random_inputs(model, seed=7)
     expected = onnxruntime_outputs(model, feeds)
-    plan = wpk.build(model, target="cpu", **FAST_BUILD, partition=False)
+    plan = wpk.build(model, target="cpu", **FAST_BUILD)
     path = tmp_path / f"{name}.wpk"
     plan.save(path)
     session = wpk.load(path)
