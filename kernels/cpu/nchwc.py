@@ -2,7 +2,8 @@
 
 Each workload becomes a one-node ONNX model in onnxruntime's contrib domain
 `com.microsoft.nchwc` (Conv with fused activation and Sum input, MaxPool,
-AveragePool, GlobalMaxPool, GlobalAveragePool, ReorderInput, ReorderOutput),
+AveragePool, GlobalMaxPool, GlobalAveragePool, Upsample, ReorderInput,
+ReorderOutput; a ChannelSlice is a standard Slice of the 4-d view),
 with the filter packed the way onnxruntime's NchwcTransformer packs it
 (`wpk.kernels.nchwc_format`) and the bias padded to the block. A blocked
 (N, Cb, H, W, b) buffer is bound to the session as the 4-d NCHWc tensor
@@ -31,6 +32,7 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc_gate import build_gate_model, is_gate_multiply
 from wpk.kernels.cpu.nchwc_standard import (
     FRAGMENT_OPSET,
+    build_channel_slice_model,
     build_standard_model,
     declared_shapes,
     is_standard_blocked,
@@ -44,7 +46,10 @@ NCHWC_DOMAIN = "wpk.nchwc"
 _CPU = ort_capi.OrtDevice(ort_capi.OrtDevice.cpu(), ort_capi.OrtDevice.default_memory(), 0)
 ORT_NCHWC_DOMAIN = "com.microsoft.nchwc"
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
-NCHWC_OPS = ("Conv", "ReorderInput", "ReorderOutput", *POOL_OPS)
+NCHWC_OPS = ("Conv", "ReorderInput", "ReorderOutput", "Upsample", "ChannelSlice", *POOL_OPS)
+# What onnxruntime's blocked Upsample computes (its kernel refuses the rest at load)
+_UPSAMPLE_MODES = {"nearest": ("asymmetric",),
+                   "linear": ("asymmetric", "half_pixel", "align_corners")}
 
 # The epilogue steps MLAS fuses into an NCHWc Conv as its activation. MLAS names each as its
 # ONNX op and takes the op's attributes (Clip's as in opsets 6-10) as activation_params.
@@ -133,6 +138,13 @@ def unsupported_reason(workload: Workload) -> str | None:
         return "fused epilogues are only supported on Conv"
     if workload.op == "ReorderInput" and workload.inputs[0].shape[1] % 4:
         return "onnxruntime's ReorderInput needs a channel count that is a multiple of 4"
+    if workload.op == "Upsample":
+        mode = workload.attr("mode")
+        if workload.attr("coordinate_transformation_mode") not in _UPSAMPLE_MODES.get(mode, ()):
+            return (f"onnxruntime's blocked Upsample has no {mode} mode with the "
+                    f"{workload.attr('coordinate_transformation_mode')} transformation")
+    if workload.op == "ChannelSlice" and int(workload.attr("start")) % b:
+        return "a channel slice must start on a block boundary"
     return None
 
 
@@ -161,6 +173,8 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
         return build_gate_model(workload, consts)
     if is_standard_blocked(workload):
         return build_standard_model(workload, consts)
+    if workload.op == "ChannelSlice":
+        return build_channel_slice_model(workload)
     b = int(workload.attr("block"))
     initializers, feeds, node_inputs = [], [], ["x"]
     op, attrs = workload.op, {}
@@ -198,6 +212,10 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
         attrs = {"channels": int(workload.attr("channels")), "channels_last": 0}
     elif op == "ReorderInput":
         attrs = {"channels_last": 0}
+    elif op == "Upsample":
+        attrs = {"scales": [1, 1, *(int(v) for v in workload.attr("scales"))],
+                 "mode": workload.attr("mode"),
+                 "coordinate_transformation_mode": workload.attr("coordinate_transformation_mode")}
     while node_inputs[-1] == "":
         node_inputs.pop()
     node = helper.make_node(op, node_inputs, ["y"], domain=ORT_NCHWC_DOMAIN, **attrs)

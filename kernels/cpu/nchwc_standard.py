@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import nchwc_format as fmt
@@ -73,6 +74,28 @@ def _flat(workload: Workload) -> bool:
     if workload.op == "Concat":
         return True
     return all(s.shape == workload.outputs[0].shape for s in workload.inputs)
+
+
+def build_channel_slice_model(workload: Workload):
+    """A blocked ChannelSlice as a standard Slice of the 4-d view (N, Cb*b, H, W): whole
+    blocks are contiguous runs of that view, so the slice is exact, padding lanes included."""
+    x, out = workload.inputs[0], workload.outputs[0]
+    start = int(workload.attr("start"))
+    view_in, view_out = _view(x.shape), _view(out.shape)
+    bounds = [numpy_helper.from_array(np.array(v, np.int64), name) for v, name in
+              (([start], "starts"), ([start + view_out[1]], "ends"), ([1], "axes"))]
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "starts", "ends", "axes"], [OUTPUT])], "channel_slice",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, view_in)],
+        [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT, view_out)], bounds)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", FRAGMENT_OPSET)])
+    model.ir_version = 8
+    return model, (("x", 0),)
+
+
+def _view(shape: tuple[int, ...]) -> list[int]:
+    n, cb, h, w, b = shape
+    return [n, cb * b, h, w]
 
 
 def _set_shape(value: onnx.ValueInfoProto, shape: list[int]) -> None:

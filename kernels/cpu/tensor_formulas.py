@@ -156,29 +156,35 @@ def resize_nearest_indices(workload: Workload, inputs) -> list[np.ndarray]:
     default_mode = "asymmetric" if workload.opset < 11 else "half_pixel"
     mode = _attr_str(workload, "coordinate_transformation_mode", default_mode)
     rounding = _attr_str(workload, "nearest_mode", "round_prefer_floor")
-    indices = []
-    for size_in, size_out, scale in zip(in_shape, out_shape, np.asarray(scales, np.float64)):
-        x = np.arange(size_out, dtype=np.float64)
-        if mode == "half_pixel":
-            x = (x + 0.5) / scale - 0.5
-        elif mode == "pytorch_half_pixel":
-            x = (x + 0.5) / scale - 0.5 if size_out > 1 else np.zeros_like(x)
-        elif mode == "align_corners":
-            x = x * (size_in - 1) / (size_out - 1) if size_out > 1 else np.zeros_like(x)
-        elif mode == "tf_half_pixel_for_nn":
-            x = (x + 0.5) / scale
-        else:  # asymmetric
-            x = x / scale
-        if rounding == "floor":
-            x = np.floor(x)
-        elif rounding == "ceil":
-            x = np.ceil(x)
-        elif rounding == "round_prefer_ceil":
-            x = np.floor(x + 0.5)
-        else:  # round_prefer_floor
-            x = np.ceil(x - 0.5)
-        indices.append(np.clip(x, 0, size_in - 1).astype(np.intp))
-    return indices
+    return [nearest_source(size_in, size_out, scale, mode, rounding)
+            for size_in, size_out, scale in zip(in_shape, out_shape,
+                                                np.asarray(scales, np.float64))]
+
+
+def nearest_source(size_in: int, size_out: int, scale: float, mode: str, rounding: str
+                   ) -> np.ndarray:
+    """The source index of every output position along one axis of a nearest-mode Resize
+    (ONNX's coordinate transformation `mode` and `nearest_mode` `rounding`)."""
+    x = np.arange(size_out, dtype=np.float64)
+    if mode == "half_pixel":
+        x = (x + 0.5) / scale - 0.5
+    elif mode == "pytorch_half_pixel":
+        x = (x + 0.5) / scale - 0.5 if size_out > 1 else np.zeros_like(x)
+    elif mode == "align_corners":
+        x = x * (size_in - 1) / (size_out - 1) if size_out > 1 else np.zeros_like(x)
+    elif mode == "tf_half_pixel_for_nn":
+        x = (x + 0.5) / scale
+    else:  # asymmetric
+        x = x / scale
+    if rounding == "floor":
+        x = np.floor(x)
+    elif rounding == "ceil":
+        x = np.ceil(x)
+    elif rounding == "round_prefer_ceil":
+        x = np.floor(x + 0.5)
+    else:  # round_prefer_floor
+        x = np.ceil(x - 0.5)
+    return np.clip(x, 0, size_in - 1).astype(np.intp)
 
 
 def _resize(workload, inputs):

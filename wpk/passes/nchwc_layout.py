@@ -31,6 +31,14 @@ the logical channel count of its output):
   `kernel_shape`, `strides`, explicit `pads`, `ceil_mode` (+ `count_include_pad`
   for AveragePool), applied to every lane including padding lanes.
 - GlobalAveragePool / GlobalMaxPool(X blocked) -> Y blocked (N, Cb, 1, 1, b).
+- Upsample(X blocked) -> Y blocked: a Resize over H and W by whole-number
+  `scales` (2 ints), `mode` nearest (replication) or linear, with
+  `coordinate_transformation_mode` asymmetric, half_pixel or align_corners,
+  applied to every lane (`wpk.passes.nchwc_data.upsample_form` says which
+  Resize nodes qualify).
+- ChannelSlice(X blocked) -> Y blocked: `channels` channels from channel
+  `start` (a multiple of b), i.e. whole blocks of X: a channel Split or Slice
+  on block boundaries, one node per piece.
 
 Other ops on blocked tensors. An elementwise node or chain (Add, Mul, Relu,
 Clip, Sum, ..., `Elementwise`) whose value and tensor operands are all blocked
@@ -67,6 +75,7 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.passes.base import GraphPass, drop_unused_constants, subgraph_names
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_classifier import match_classifier, readers_of
+from wpk.passes.nchwc_data import channel_slices, upsample_form
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Blocked, Rewrite
 from wpk.passes.nchwc_rules import (
     MLAS_ACTIVATIONS,
@@ -127,6 +136,8 @@ class NchwcLayout(GraphPass):
     def _convert(self, rw: Rewrite, node: Node) -> bool:
         if id(node) in self._absorbed:
             return True
+        if node.op in ("Split", "Slice"):
+            return self._channel_slices(rw, node)
         if node.domain not in ("", "ai.onnx", "wpk") or len(node.outputs) != 1:
             return False
         op = node.op
@@ -142,6 +153,8 @@ class NchwcLayout(GraphPass):
             return self._batch_norm(rw, node)
         if op == "Concat":
             return self._concat(rw, node)
+        if op == "Resize":
+            return self._upsample(rw, node)
         return self._elementwise(rw, node)
 
     def _conv(self, rw: Rewrite, node: Node) -> bool:
@@ -257,6 +270,40 @@ class NchwcLayout(GraphPass):
         rw.nodes.append(Node("Concat", [rw.blocked[i].name for i in ins], [out], node.name,
                              {"axis": 1}, node.domain))
         self.hit("Concat")
+        return True
+
+    def _upsample(self, rw: Rewrite, node: Node) -> bool:
+        x = node.inputs[0]
+        form = upsample_form(rw.graph, node) if x in rw.blocked and not node.epilogue else None
+        if form is None:
+            return False
+        entry = rw.blocked[x]
+        out = rw.new_blocked(node.outputs[0], entry.channels, dirty=entry.dirty)
+        attrs = {"scales": form.scales, "mode": form.mode,
+                 "coordinate_transformation_mode": form.transform,
+                 "block": rw.block, "channels": entry.channels}
+        rw.nodes.append(Node("Upsample", [entry.name], [out], node.name, attrs, NCHWC_DOMAIN))
+        self.hit("Upsample")
+        return True
+
+    def _channel_slices(self, rw: Rewrite, node: Node) -> bool:
+        """A block-aligned channel Split/Slice of a blocked tensor: one ChannelSlice per
+        piece, each whole blocks of the input (`nchwc_data.channel_slices`)."""
+        x = node.inputs[0]
+        pieces = channel_slices(rw.graph, node, rw.block) if x in rw.blocked else None
+        if pieces is None or node.epilogue:
+            return False
+        entry = rw.blocked[x]
+        for index, ((start, count), name) in enumerate(zip(pieces, node.outputs)):
+            if not name:
+                continue
+            tail = start + count == entry.channels
+            out = rw.new_blocked(name, count, dirty=entry.dirty and tail)
+            attrs = {"start": start, "block": rw.block, "channels": count}
+            rw.nodes.append(Node("ChannelSlice", [entry.name], [out],
+                                 node.name if len(pieces) == 1 else f"{node.name}/{index}",
+                                 attrs, NCHWC_DOMAIN))
+        self.hit(node.op)
         return True
 
     def _elementwise(self, rw: Rewrite, node: Node) -> bool:
