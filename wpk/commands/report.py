@@ -8,7 +8,8 @@ import click
 from rich.console import Console
 
 from wpk.commands.common import write_text
-from wpk.commands.render import render_html, render_json, render_table
+from wpk.commands.render import render_json, render_table
+from wpk.commands.render_html import render_html
 from wpk.plans.planfile import read_plan
 
 
