@@ -208,3 +208,14 @@ def test_axes_hold_every_value():
     assert axis.ticks()[0] >= axis.low and 1e-5 in axis.ticks()
     linear = LinearAxis(6.89e-3)
     assert linear.high >= 6.89e-3 and linear.ticks()[0] == 0 and len(linear.ticks()) <= 6
+
+
+def test_curve_labels_never_overlap():
+    from wpk.commands.charts import spread_labels
+
+    placed = spread_labels([(50.0, "best", "a"), (52.0, "vendor", "b"), (51.0, "final", "c"),
+                            (200.0, "low", "d")], top=10.0, bottom=190.0)
+    ys = [y for y, _, _ in placed]
+    assert all(b - a >= 13.0 for a, b in zip(ys, ys[1:]))
+    assert ys[0] == 50.0 and ys[-1] <= 190.0
+    assert [text for _, text, _ in placed] == ["best", "final", "vendor", "low"]

@@ -211,20 +211,36 @@ def curve_chart(times: Sequence[float | None], reference_s: float | None = None,
                          f'</circle>')
     parts.append(_step_path([(x_of(i), y_of(v)) for i, v in enumerate(best, start=1)
                              if v is not None], right))
+    notes = []   # (y, text, class) right of the plot, spread so that none overlaps
     if reference_s:
         y = y_of(reference_s)
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" '
                      f'class="reference"/>')
-        parts.append(_text(right + 6, y + 4, f"vendor {format_time(reference_s)}"))
+        notes.append((y, f"vendor {format_time(reference_s)}", "reference-note"))
     if final_s:
         x, y = right, y_of(final_s)
         parts.append(f'<path d="M{x:.1f},{y - 5:.1f} l5,5 l-5,5 l-5,-5 z" class="final">'
                      f'<title>re-measured winner: {format_time(final_s)}</title></path>')
-        parts.append(_text(right + 6, y + 16, f"re-measured {format_time(final_s)}"))
+        notes.append((y, f"re-measured {format_time(final_s)}", "final-note"))
     if best and best[-1] is not None:
-        parts.append(_text(right + 6, y_of(best[-1]) - 6, f"best {format_time(best[-1])}",
-                           class_="best"))
+        notes.append((y_of(best[-1]), f"best {format_time(best[-1])}", "best"))
+    for y, text, kind in spread_labels(notes, top + 4, bottom):
+        parts.append(_text(right + 8, y + 4, text, class_=kind))
     return _svg(height, parts, title)
+
+
+def spread_labels(labels: Sequence[tuple[float, str, str]], top: float, bottom: float,
+                  gap: float = 13.0) -> list[tuple[float, str, str]]:
+    """The labels (y, text, class) moved apart vertically, in order, so that they are at
+    least `gap` apart and inside [top, bottom]."""
+    placed: list[tuple[float, str, str]] = []
+    for y, text, kind in sorted(labels):
+        y = max(y, top, placed[-1][0] + gap if placed else top)
+        placed.append((y, text, kind))
+    overflow = placed[-1][0] - bottom if placed else 0.0
+    if overflow > 0:   # pushed past the bottom: shift all up, keeping the gaps
+        placed = [(y - overflow, text, kind) for y, text, kind in placed]
+    return placed
 
 
 def _step_path(points: Sequence[tuple[float, float]], right: float) -> str:

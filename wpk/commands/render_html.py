@@ -47,6 +47,7 @@ svg .tick{fill:#666;font-size:11px}svg .bad{fill:#c0392b}svg .best{fill:#2e9d5b}
 svg .grid{stroke:#dde2e8;stroke-width:1}
 svg .curve{fill:none;stroke:#2e9d5b;stroke-width:2}svg .trial{fill:#8a97a8}
 svg .reference{stroke:#3b7dd8;stroke-dasharray:5 4;stroke-width:1.5}svg .final{fill:#2e9d5b}
+svg .reference-note{fill:#3b7dd8}
 table{border-collapse:collapse;font-size:.88em}td,th{padding:.25em .7em;text-align:left}
 table.workloads tr:nth-child(even){background:#f7f8fa}
 table.workloads th{cursor:pointer;user-select:none;border-bottom:2px solid #ccd;
