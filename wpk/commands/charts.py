@@ -237,9 +237,11 @@ def spread_labels(labels: Sequence[tuple[float, str, str]], top: float, bottom: 
     for y, text, kind in sorted(labels):
         y = max(y, top, placed[-1][0] + gap if placed else top)
         placed.append((y, text, kind))
-    overflow = placed[-1][0] - bottom if placed else 0.0
-    if overflow > 0:   # pushed past the bottom: shift all up, keeping the gaps
-        placed = [(y - overflow, text, kind) for y, text, kind in placed]
+    limit = bottom
+    for index in range(len(placed) - 1, -1, -1):   # then up from the bottom where needed
+        y, text, kind = placed[index]
+        placed[index] = (min(y, limit), text, kind)
+        limit = placed[index][0] - gap
     return placed
 
 
