@@ -29,7 +29,7 @@ from wpk.kernels import registry
 from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.kernels.cpu.ort_region import RegionMember, region_kernel
 from wpk.kernels.target import target_class
-from wpk.plans.planfile import KERNELS, Plan, read_plan
+from wpk.plans.planfile import KERNELS, Plan, Step, read_plan
 
 _ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16",
               "bfloat16": "bfloat16", "int64": "int64", "int32": "int32", "int16": "int16",
@@ -48,6 +48,16 @@ class TensorMeta:
     @property
     def type(self) -> str:
         return f"tensor({_ORT_TYPES.get(self.dtype, self.dtype)})"
+
+
+@dataclass(frozen=True)
+class CallTiming:
+    """One kernel call of a timed run (`Session.timeline`): the plan steps it executed and
+    when it started and ended (seconds on the `time.perf_counter` clock)."""
+
+    steps: tuple[Step, ...]
+    start_s: float
+    end_s: float
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -77,7 +87,7 @@ class Session:
         self.merge_regions = merge_regions
         self.spin_threads = spin_threads  # regions' threads spin during runs (ort_region)
         self._arrays, self._step_calls = arrays, None
-        self._calls, self._step_names = self._prepare_steps(arrays)
+        self._calls, self._step_names, self._call_spans = self._prepare_steps(arrays)
         # after the kernels loaded their libraries; entering it costs ~10 us a run, so only
         # when some step may call BLAS
         self._one_blas_thread = OneBlasThread() if _uses_blas(plan) else contextlib.nullcontext
@@ -143,10 +153,11 @@ class Session:
         return raw, views
 
     def _prepare_steps(self, arrays: Mapping[str, np.ndarray], merge: bool = True):
-        """(kernel, inputs, outputs) calls and their names; with `merge`, runs of two or
-        more consecutive steps run by onnxruntime become one session (`ort_region`)."""
+        """(kernel, inputs, outputs) calls, their names and the (start, end) indices of the
+        plan steps each runs; with `merge`, runs of two or more consecutive steps run by
+        onnxruntime become one session (`ort_region`)."""
         steps = self.plan.steps
-        calls, names, start = [], [], 0
+        calls, names, spans, start = [], [], [], 0
         while start < len(steps):
             end = start + 1
             exported: set[str] = set()
@@ -159,8 +170,9 @@ class Session:
             else:
                 calls.append(self._prepare_step(steps[start], arrays))
                 names.append(steps[start].node)
+            spans.append((start, end))
             start = end
-        return calls, names
+        return calls, names, spans
 
     def _prepare_step(self, step, arrays: Mapping[str, np.ndarray]):
         impl, workload, inputs, outputs, consts = bind_step(
@@ -226,7 +238,7 @@ class Session:
         """
         self._execute(feeds)  # fill every buffer with this input's intermediate values
         if self._step_calls is None:
-            self._step_calls, _ = self._prepare_steps(self._arrays, merge=False)
+            self._step_calls, _, _ = self._prepare_steps(self._arrays, merge=False)
         for kernel, inputs, outputs in self._step_calls:  # regions leave internal buffers
             kernel(inputs, outputs)
         rows = []
@@ -240,6 +252,20 @@ class Session:
             rows.append({"node": step.node, "op": step.op, "impl": step.impl, "kind": step.kind,
                          "median_s": float(np.median(times)), "min_s": min(times)})
         return rows
+
+    def timeline(self, feeds: Mapping) -> list[CallTiming]:
+        """One run with every call timed on the host clock, in execution order: each
+        call's plan steps (one, or the members of an onnxruntime region) and its start
+        and end (`time.perf_counter` seconds). The outputs are the run's, as after `run`."""
+        self._load_feeds(feeds)
+        steps, timings = self.plan.steps, []
+        with self._one_blas_thread():
+            for (kernel, inputs, outputs), (start, end) in zip(self._calls, self._call_spans):
+                began = time.perf_counter()
+                kernel(inputs, outputs)
+                timings.append(CallTiming(tuple(steps[start:end]), began,
+                                          time.perf_counter()))
+        return timings
 
     def _input_names(self) -> str:
         return ", ".join(repr(m.name) for m in self._inputs) or "(none)"
