@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "dsl" / "LANGUAGE.md"]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+             REPO / "dsl" / "LANGUAGE.md"]
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 OUTSIDE = ("../shared", "/work/", "shared/DESIGN.md")

@@ -84,9 +84,11 @@ class LinearAxis:
         self.low, self.high = 0.0, self.step * math.ceil(high / self.step - 1e-9)
 
     def fraction(self, value: float) -> float:
+        """Where `value` sits on the axis, 0 at zero and 1 at the high end."""
         return min(1.0, max(0.0, value / self.high))
 
     def ticks(self) -> list[float]:
+        """Tick values: 0 and every step up to the high end."""
         return [self.step * k for k in range(round(self.high / self.step) + 1)]
 
 
@@ -175,6 +177,52 @@ def running_best(times: Sequence[float | None]) -> list[float | None]:
     return found
 
 
+class CurvePlot:
+    """The frame of a tuning curve: trials 1..count across, a log time axis up."""
+
+    def __init__(self, count: int, values: Sequence[float], height: float):
+        self.count, self.axis = max(1, count), LogAxis(values)
+        self.left, self.right = 70.0, WIDTH - 150.0
+        self.top, self.bottom = 8.0, height - AXIS_HEIGHT
+
+    def x(self, trial: float) -> float:
+        """The horizontal position of a trial (1-based)."""
+        return self.left + (self.right - self.left) * (trial - 0.5) / self.count
+
+    def y(self, value: float) -> float:
+        """The vertical position of a time."""
+        return self.bottom - (self.bottom - self.top) * self.axis.fraction(value)
+
+    def hline(self, value: float, kind: str) -> str:
+        """A line across the plot at a time."""
+        y = self.y(value)
+        return f'<line x1="{self.left}" y1="{y:.1f}" x2="{self.right}" y2="{y:.1f}" ' \
+               f'class="{kind}"/>'
+
+    def grid(self, trials: int) -> list[str]:
+        """Time grid lines with their labels, and the trial numbers under the plot."""
+        parts = []
+        for value in self.axis.ticks():
+            parts.append(self.hline(value, "grid"))
+            parts.append(_text(self.left - 6, self.y(value) + 4, format_time(value),
+                               text_anchor="end", class_="tick"))
+        return parts + [_text(self.x(t), self.bottom + 16, str(t), text_anchor="middle",
+                              class_="tick") for t in _trial_ticks(trials)]
+
+    def trial_marks(self, times: Sequence[float | None]) -> list[str]:
+        """A dot per measured trial, a red cross at the top per failed one."""
+        parts = []
+        for index, value in enumerate(times, start=1):
+            if value is None or not math.isfinite(value):
+                parts.append(_text(self.x(index), self.top + 8, "\u00d7", text_anchor="middle",
+                                   class_="bad"))
+            else:
+                parts.append(f'<circle cx="{self.x(index):.1f}" cy="{self.y(value):.1f}" '
+                             f'r="2.5" class="trial"><title>trial {index}: '
+                             f'{format_time(value)}</title></circle>')
+        return parts
+
+
 def curve_chart(times: Sequence[float | None], reference_s: float | None = None,
                 final_s: float | None = None, title: str = "", height: float = 190) -> str:
     """Best time so far vs trials (a step line, log time axis), every trial's time as a dot
@@ -182,50 +230,24 @@ def curve_chart(times: Sequence[float | None], reference_s: float | None = None,
     re-measured winner as a diamond after the last trial."""
     best = running_best(times)
     values = [v for v in [*times, reference_s, final_s] if v is not None and math.isfinite(v)]
-    axis = LogAxis(values)
-    left, right, top, bottom = 70.0, WIDTH - 150.0, 8.0, height - AXIS_HEIGHT
-    count = max(1, len(times))
-
-    def x_of(trial: float) -> float:
-        return left + (right - left) * (trial - 0.5) / count
-
-    def y_of(value: float) -> float:
-        return bottom - (bottom - top) * axis.fraction(value)
-
-    parts = []
-    for value in axis.ticks():
-        y = y_of(value)
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" class="grid"/>')
-        parts.append(_text(left - 6, y + 4, format_time(value), text_anchor="end",
-                           class_="tick"))
-    for trial in _trial_ticks(len(times)):
-        parts.append(_text(x_of(trial), bottom + 16, str(trial), text_anchor="middle",
-                           class_="tick"))
-    for index, value in enumerate(times, start=1):
-        if value is None or not math.isfinite(value):
-            parts.append(_text(x_of(index), top + 8, "\u00d7", text_anchor="middle",
-                               class_="bad"))
-        else:
-            parts.append(f'<circle cx="{x_of(index):.1f}" cy="{y_of(value):.1f}" r="2.5" '
-                         f'class="trial"><title>trial {index}: {format_time(value)}</title>'
-                         f'</circle>')
-    parts.append(_step_path([(x_of(i), y_of(v)) for i, v in enumerate(best, start=1)
-                             if v is not None], right))
+    plot = CurvePlot(len(times), values, height)
+    parts = plot.grid(len(times)) + plot.trial_marks(times)
+    parts.append(_step_path([(plot.x(i), plot.y(v)) for i, v in enumerate(best, start=1)
+                             if v is not None], plot.right))
     notes = []   # (y, text, class) right of the plot, spread so that none overlaps
     if reference_s:
-        y = y_of(reference_s)
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" '
-                     f'class="reference"/>')
-        notes.append((y, f"vendor {format_time(reference_s)}", "reference-note"))
+        parts.append(plot.hline(reference_s, "reference"))
+        notes.append((plot.y(reference_s), f"vendor {format_time(reference_s)}",
+                      "reference-note"))
     if final_s:
-        x, y = right, y_of(final_s)
+        x, y = plot.right, plot.y(final_s)
         parts.append(f'<path d="M{x:.1f},{y - 5:.1f} l5,5 l-5,5 l-5,-5 z" class="final">'
                      f'<title>re-measured winner: {format_time(final_s)}</title></path>')
         notes.append((y, f"re-measured {format_time(final_s)}", "final-note"))
     if best and best[-1] is not None:
-        notes.append((y_of(best[-1]), f"best {format_time(best[-1])}", "best"))
-    for y, text, kind in spread_labels(notes, top + 4, bottom):
-        parts.append(_text(right + 8, y + 4, text, class_=kind))
+        notes.append((plot.y(best[-1]), f"best {format_time(best[-1])}", "best"))
+    for y, text, kind in spread_labels(notes, plot.top + 4, plot.bottom):
+        parts.append(_text(plot.right + 8, y + 4, text, class_=kind))
     return _svg(height, parts, title)
 
 

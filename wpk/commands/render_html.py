@@ -303,6 +303,7 @@ def tuned_by_key(report: Mapping) -> dict[str, Mapping]:
 
 
 def cards(report: Mapping, order: Sequence[Mapping]) -> str:
+    """The workload cards, in `order`, each with its tuning curve when it was tuned."""
     tuned = tuned_by_key(report)
     return "<h2>Every workload: its candidates and why one was chosen</h2>" + "".join(
         workload_card(w, tuned.get(w["key"])) for w in order)

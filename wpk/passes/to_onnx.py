@@ -77,10 +77,12 @@ class _Emitter:
         self.count = 0
 
     def fresh(self, base: str) -> str:
+        """A tensor name not used yet, from `base`."""
         self.count += 1
         return f"{base}__x{self.count}"
 
     def node(self, node: Node) -> None:
+        """Emit the ONNX nodes of one graph node, named and annotated."""
         start = len(self.nodes)
         self._emit(node)
         self._annotate(node, self.nodes[start:])
