@@ -87,7 +87,7 @@ class Session:
         self.merge_regions = merge_regions
         self.spin_threads = spin_threads  # regions' threads spin during runs (ort_region)
         self._arrays, self._step_calls = arrays, None
-        self._calls, self._step_names, self._call_spans = self._prepare_steps(arrays)
+        self._calls, self._step_names = self._prepare_steps(arrays)
         # after the kernels loaded their libraries; entering it costs ~10 us a run, so only
         # when some step may call BLAS
         self._one_blas_thread = OneBlasThread() if _uses_blas(plan) else contextlib.nullcontext
@@ -153,11 +153,10 @@ class Session:
         return raw, views
 
     def _prepare_steps(self, arrays: Mapping[str, np.ndarray], merge: bool = True):
-        """(kernel, inputs, outputs) calls, their names and the (start, end) indices of the
-        plan steps each runs; with `merge`, runs of two or more consecutive steps run by
-        onnxruntime become one session (`ort_region`)."""
+        """(kernel, inputs, outputs) calls and their names; with `merge`, runs of two or
+        more consecutive steps run by onnxruntime become one session (`ort_region`)."""
         steps = self.plan.steps
-        calls, names, spans, start = [], [], [], 0
+        calls, names, start = [], [], 0
         while start < len(steps):
             end = start + 1
             exported: set[str] = set()
@@ -170,9 +169,8 @@ class Session:
             else:
                 calls.append(self._prepare_step(steps[start], arrays))
                 names.append(steps[start].node)
-            spans.append((start, end))
             start = end
-        return calls, names, spans
+        return calls, names
 
     def _prepare_step(self, step, arrays: Mapping[str, np.ndarray]):
         impl, workload, inputs, outputs, consts = bind_step(
@@ -238,7 +236,7 @@ class Session:
         """
         self._execute(feeds)  # fill every buffer with this input's intermediate values
         if self._step_calls is None:
-            self._step_calls, _, _ = self._prepare_steps(self._arrays, merge=False)
+            self._step_calls, _ = self._prepare_steps(self._arrays, merge=False)
         for kernel, inputs, outputs in self._step_calls:  # regions leave internal buffers
             kernel(inputs, outputs)
         rows = []
@@ -258,14 +256,26 @@ class Session:
         call's plan steps (one, or the members of an onnxruntime region) and its start
         and end (`time.perf_counter` seconds). The outputs are the run's, as after `run`."""
         self._load_feeds(feeds)
-        steps, timings = self.plan.steps, []
+        timings = []
         with self._one_blas_thread():
-            for (kernel, inputs, outputs), (start, end) in zip(self._calls, self._call_spans):
+            for (kernel, inputs, outputs), steps in zip(self._calls, self.call_steps()):
                 began = time.perf_counter()
                 kernel(inputs, outputs)
-                timings.append(CallTiming(tuple(steps[start:end]), began,
-                                          time.perf_counter()))
+                timings.append(CallTiming(steps, began, time.perf_counter()))
         return timings
+
+    def call_steps(self) -> list[tuple[Step, ...]]:
+        """The plan steps each call runs, in order: a call named after one step runs it, a
+        region's call, named 'first..last', the steps from its first to its last."""
+        steps, found, cursor = self.plan.steps, [], 0
+        for name in self._step_names:
+            end = cursor + 1
+            if name != steps[cursor].node:
+                end = next(j + 1 for j in range(cursor + 1, len(steps))
+                           if name == f"{steps[cursor].node}..{steps[j].node}")
+            found.append(tuple(steps[cursor:end]))
+            cursor = end
+        return found
 
     def _input_names(self) -> str:
         return ", ".join(repr(m.name) for m in self._inputs) or "(none)"
