@@ -45,6 +45,9 @@ class Implementation(ABC):
     # Whether its kernels may call BLAS (numpy matmul): the runtime then limits BLAS to one
     # thread while it runs (`wpk.kernels.cpu.blas_threads`); a plan without any skips that.
     uses_blas: bool = True
+    # Whether onnxruntime computes it: the report sets every choice next to onnxruntime's
+    # own kernel for the workload.
+    onnxruntime: bool = False
 
     @abstractmethod
     def unsupported_reason(self, workload: Workload) -> str | None:

@@ -29,7 +29,7 @@ from wpk.kernels import registry
 from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.kernels.cpu.ort_region import RegionMember, region_kernel
 from wpk.kernels.target import target_class
-from wpk.plans.planfile import KERNELS, Plan, read_plan
+from wpk.plans.planfile import KERNELS, Plan, Step, read_plan
 
 _ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16",
               "bfloat16": "bfloat16", "int64": "int64", "int32": "int32", "int16": "int16",
@@ -48,6 +48,16 @@ class TensorMeta:
     @property
     def type(self) -> str:
         return f"tensor({_ORT_TYPES.get(self.dtype, self.dtype)})"
+
+
+@dataclass(frozen=True)
+class CallTiming:
+    """One kernel call of a timed run (`Session.timeline`): the plan steps it executed and
+    when it started and ended (seconds on the `time.perf_counter` clock)."""
+
+    steps: tuple[Step, ...]
+    start_s: float
+    end_s: float
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -254,6 +264,32 @@ class Session:
             rows.append({"node": step.node, "op": step.op, "impl": step.impl, "kind": step.kind,
                          "median_s": float(np.median(times)), "min_s": min(times)})
         return rows
+
+    def timeline(self, feeds: Mapping) -> list[CallTiming]:
+        """One run with every call timed on the host clock, in execution order: each
+        call's plan steps (one, or the members of an onnxruntime region) and its start
+        and end (`time.perf_counter` seconds). The outputs are the run's, as after `run`."""
+        self._load_feeds(feeds)
+        timings = []
+        with self._one_blas_thread():
+            for (kernel, inputs, outputs), steps in zip(self._calls, self.call_steps()):
+                began = time.perf_counter()
+                kernel(inputs, outputs)
+                timings.append(CallTiming(steps, began, time.perf_counter()))
+        return timings
+
+    def call_steps(self) -> list[tuple[Step, ...]]:
+        """The plan steps each call runs, in order: a call named after one step runs it, a
+        region's call, named 'first..last', the steps from its first to its last."""
+        steps, found, cursor = self.plan.steps, [], 0
+        for name in self._step_names:
+            end = cursor + 1
+            if name != steps[cursor].node:
+                end = next(j + 1 for j in range(cursor + 1, len(steps))
+                           if name == f"{steps[cursor].node}..{steps[j].node}")
+            found.append(tuple(steps[cursor:end]))
+            cursor = end
+        return found
 
     def _input_names(self) -> str:
         return ", ".join(repr(m.name) for m in self._inputs) or "(none)"

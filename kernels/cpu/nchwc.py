@@ -275,6 +275,7 @@ class OrtNchwc(Implementation):
     """onnxruntime's MLAS NCHWc kernels (contrib domain com.microsoft.nchwc)."""
 
     name = "ort.nchwc"
+    onnxruntime = True
     uses_blas = False
     kind = VENDOR
     target = "cpu"

@@ -182,6 +182,7 @@ class OrtNode(Implementation):
     """onnxruntime runs the node and its epilogue; constants are initializers."""
 
     name = "ort"
+    onnxruntime = True
     uses_blas = False
     kind = VENDOR
     fallback = False
