@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import wpk
 from wpk.cli import main
+from wpk.core.errors import WpkError
 from wpk.core.numerics import relative_l2
 from wpk.frontend import load_model
 from wpk.kernels import registry
@@ -134,3 +135,22 @@ def test_the_margin_keeps_a_close_plan():
     assert chosen is per_op and summary["winner"] == WPK and summary["ratio"] > 0
     outputs = Session(chosen).run({"x": np.ones((4, 8), np.float32)})
     assert np.isfinite(next(iter(outputs.values()))).all()
+
+
+def test_a_whole_model_plan_feeds_onnxruntime_directly_and_gives_fresh_outputs():
+    model = tiny_matmuls(count=3)
+    session = Session(whole_model_plan(load_model(model), model.SerializeToString()))
+    assert session._direct is not None  # no copy into the arena, none out of it
+    peer = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    first = rng.standard_normal((4, 8)).astype(np.float32)
+    second = rng.standard_normal((4, 8)).astype(np.float32)
+    got_first = session.run({"x": first})["y2"]
+    got_second = session.run(["y2"], {"x": second})[0]
+    assert got_first is not got_second  # a run's result is not overwritten by the next
+    assert relative_l2(got_first, peer.run(None, {"x": first})[0]) <= 1e-6
+    assert relative_l2(got_second, peer.run(None, {"x": second})[0]) <= 1e-6
+    with pytest.raises(WpkError, match="dtype"):
+        session.run({"x": first.astype(np.float64)})
+    with pytest.raises(WpkError, match="shape"):
+        session.run({"x": first[:2]})
