@@ -14,6 +14,8 @@ the logical channel count of its output):
 
 - ReorderInput(X: NCHW) -> Y blocked. Y = X blocked, padding lanes zero.
 - ReorderOutput(X: blocked) -> Y: NCHW with `channels` channels (padding dropped).
+  With `channels_last` = 1 both read or write NHWC instead: a Transpose between
+  NHWC and NCHW at the layout's edge folds into them (`_transpose`).
 - Conv(X, W, B, R?) -> Y blocked, with the ONNX Conv attrs `kernel_shape`,
   `strides`, `pads` (always explicit, 4 values), `dilations`, `group` (the
   logical group count). X is blocked, or NCHW (4-d) for a group-1 conv with
