@@ -1,0 +1,278 @@
+"""Distributed tuning on a Ray cluster, on one machine (issue 15).
+
+The tests start a Ray cluster with `ray.cluster_utils.Cluster`, every process
+bound to 127.0.0.1, and shut it down at the end: a head and a second node that
+measure (one CPU each for compile tasks, each with its own compile cache, so a
+library compiled on one node has to travel to the node that measures it), and
+a node whose C compiler reports another version, so its fingerprint differs
+from the build's and it must be refused. Builds are a seeded random search on
+a tiny model (a convolution, a pooling and a GEMM workload) with
+`wpk build --cluster HOST:PORT`; a local build of the same search is the
+reference. Nothing here is timed: measured times are noise on two shared cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'wpk[cluster]')")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from tests import models  # noqa: E402
+from wpk.cli import main  # noqa: E402
+from wpk.core.devices import GPU_PRESETS  # noqa: E402
+from wpk.core.errors import ClusterError  # noqa: E402
+from wpk.kernels.cpu.target import compiler_version  # noqa: E402
+from wpk.kernels.cuda.target import CudaTarget  # noqa: E402
+from wpk.plans.planfile import read_plan  # noqa: E402
+from wpk.search.cluster import MEASURE_RESOURCE, cluster_runner, require_ray  # noqa: E402
+from wpk.search.records import FINAL, SEARCH, config_key, read_records  # noqa: E402
+
+BUILD = ["--cpu", "--search", "random", "--trials", "6", "--no-partition", "-q"]
+OTHER_COMPILER = "othercc (wpk cluster test) 1.0"
+FAKE_CC = f"""#!/bin/sh
+if [ "$1" = --version ]; then echo "{OTHER_COMPILER}"; exit 0; fi
+exec gcc "$@"
+"""
+WAIT_S = 120.0
+
+
+class ClusterBed:
+    """The test cluster: its address, its nodes by name, and their compile caches."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.nodes: dict[str, object] = {}
+        self.cluster: Cluster | None = None
+
+    def node_args(self, name: str, cpus: int = 1, **env: str) -> dict:
+        cache = self.root / f"cache-{name}"
+        return {"node_ip_address": "127.0.0.1", "num_cpus": cpus, "include_dashboard": False,
+                "resources": {MEASURE_RESOURCE: 1},
+                "env_vars": {"WPK_CACHE_DIR": str(cache), **env}}
+
+    def add(self, name: str, cpus: int = 1, **env: str):
+        args = self.node_args(name, cpus, **env)
+        if self.cluster is None:
+            self.cluster = Cluster(initialize_head=True, head_node_args=args)
+            node = self.cluster.head_node
+        else:
+            node = self.cluster.add_node(**args)
+        self.nodes[name] = node
+        return node
+
+    def remove(self, name: str) -> None:
+        self.cluster.remove_node(self.nodes.pop(name), allow_graceful=False)
+
+    def label(self, name: str) -> str:
+        """How records name a node ('host/id prefix')."""
+        import socket
+
+        return f"{socket.gethostname()}/{self.nodes[name].node_id[:12]}"
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cluster")
+    fake = root / "othercc"
+    fake.write_text(FAKE_CC)
+    fake.chmod(0o755)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        require_ray(loopback=True)  # the driver connects to 127.0.0.1 as the nodes listen
+        bed = ClusterBed(root)
+        try:
+            bed.add("head")
+            bed.add("second")
+            bed.add("other", cpus=0, CC=str(fake))  # refused: its compiler differs
+            bed.cluster.wait_for_nodes()
+            yield bed
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            if bed.cluster is not None:
+                bed.cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny.onnx"
+    onnx.save(models.tiny_conv_gemm(), str(path))
+    return path
+
+
+def search_identities(db: Path) -> Counter:
+    """(workload, implementation, config, status) of every search record of a file."""
+    return Counter((r.workload_key, r.impl, config_key(r.config), r.status.value)
+                   for r in read_records(db) if r.phase == SEARCH)
+
+
+def steps(plan) -> list[tuple[str, str]]:
+    return [(s["node"], s["workload_key"]) for s in plan.manifest["steps"]]
+
+
+@pytest.fixture(scope="module")
+def local_build(model_path, tmp_path_factory):
+    """The same seeded random search on this machine alone: (records file, plan)."""
+    folder = tmp_path_factory.mktemp("local")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WPK_CACHE_DIR", str(folder / "cache"))
+        code = main(["build", str(model_path), *BUILD, "--db", str(folder / "local.jsonl"),
+                     "-o", str(folder / "local.wpk")])
+    assert code == 0
+    return folder / "local.jsonl", read_plan(folder / "local.wpk")
+
+
+def build_command(model_path: Path, db: Path, out: Path, address: str) -> list[str]:
+    return [sys.executable, "-m", "wpk.cli", "build", str(model_path), *BUILD, "--db", str(db),
+            "-o", str(out), "--cluster", address]
+
+
+def wait_for(condition, what: str, timeout: float = WAIT_S) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def lines(path: Path) -> list[dict]:
+    """The complete JSON lines of a records file being written."""
+    if not path.exists():
+        return []
+    found = []
+    for raw in path.read_bytes().split(b"\n")[:-1]:
+        try:
+            found.append(json.loads(raw))
+        except ValueError:
+            continue
+    return found
+
+
+def shipped_libraries(bed: ClusterBed) -> list[Path]:
+    """Libraries in a node's compile cache without their C source: compiled elsewhere."""
+    found = []
+    for cache in bed.root.glob("cache-*"):
+        found += [lib for lib in cache.glob("compile/c_*.so")
+                  if not lib.with_suffix(".c").exists()]
+    return found
+
+
+def test_cluster_build_matches_a_local_build(testbed, model_path, local_build, tmp_path,
+                                             capsys):
+    local_db, local_plan = local_build
+    db, out = tmp_path / "cluster.jsonl", tmp_path / "cluster.wpk"
+    code = main(["build", str(model_path), *BUILD, "--db", str(db), "-o", str(out),
+                 "--cluster", testbed.address])
+    err = capsys.readouterr().err
+    assert code == 0, err
+
+    # The same candidates measured, with the same outcomes, each once.
+    assert search_identities(db) == search_identities(local_db)
+    records = list(read_records(db))
+    measuring = {testbed.label("head"), testbed.label("second")}
+    assert {r.extra["node"] for r in records} == measuring   # both measured, nothing else
+    finals = [r for r in records if r.phase == FINAL]
+    assert finals and len({r.extra["node"] for r in finals}) == 1   # re-measured on one node
+    assert shipped_libraries(testbed), "no library travelled from its compile node"
+
+    # The node with another compiler was refused, both fingerprints named.
+    refused = [line for line in err.splitlines() if line.startswith("warning: cluster: refused")]
+    assert len(refused) == 1 and testbed.label("other") in refused[0]
+    assert OTHER_COMPILER in refused[0] and compiler_version() in refused[0]
+    plan = read_plan(out)
+    summary = plan.report["search"]["cluster"]
+    assert set(summary["nodes"]) == measuring and len(summary["refused"]) == 1
+    assert steps(plan) == steps(local_plan)
+
+    # The records are a local build's: a rebuild here from them measures nothing and
+    # makes the cluster's plan.
+    again = tmp_path / "again.wpk"
+    assert main(["build", str(model_path), *BUILD, "--db", str(db), "-o", str(again)]) == 0
+    rebuilt = read_plan(again)
+    assert rebuilt.report["search"]["measured"] == 0
+    assert rebuilt.manifest["steps"] == plan.manifest["steps"]
+
+
+def test_wpk_op_measures_on_the_cluster(testbed, tmp_path, capsys):
+    db = tmp_path / "op.jsonl"
+    code = main(["op", "Gemm", "--shape", "A=4x16", "--shape", "B=16x8", "--search", "random",
+                 "--trials", "3", "--db", str(db), "--json", "--cluster", testbed.address])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert set(report["search"]["cluster"]["nodes"]) == {testbed.label("head"),
+                                                         testbed.label("second")}
+    assert all(r.extra["node"] in report["search"]["cluster"]["nodes"]
+               for r in read_records(db))
+
+
+def test_a_node_killed_mid_build_loses_only_its_trials(testbed, model_path, local_build,
+                                                       tmp_path):
+    testbed.add("doomed")
+    doomed = testbed.label("doomed")
+    db, out = tmp_path / "killed.jsonl", tmp_path / "killed.wpk"
+    build = subprocess.Popen(build_command(model_path, db, out, testbed.address),
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(r["extra"].get("node") == doomed for r in lines(db)),
+                 "a measurement on the doomed node")
+        assert build.poll() is None, "the build ended before the node could be killed"
+        testbed.remove("doomed")
+        _, err = build.communicate(timeout=WAIT_S)
+    finally:
+        build.kill()
+    assert build.returncode == 0, err
+    assert f"lost node {doomed}" in err
+    assert search_identities(db) == search_identities(local_build[0])   # each exactly once
+    assert any(doomed in lost for lost in read_plan(out).report["search"]["cluster"]["lost"])
+
+
+def test_a_killed_build_resumes_from_its_records(testbed, model_path, local_build, tmp_path,
+                                                 capsys):
+    db, out = tmp_path / "resumed.jsonl", tmp_path / "resumed.wpk"
+    first = subprocess.Popen(build_command(model_path, db, out, testbed.address),
+                             stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(lines(db)) >= 8, "8 records")
+        assert first.poll() is None, "the build ended before it could be killed"
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        first.kill()
+    kept = len(lines(db))
+    assert not out.exists()
+
+    code = main(["build", str(model_path), *BUILD, "--db", str(db), "-o", str(out),
+                 "--cluster", testbed.address])
+    assert code == 0, capsys.readouterr().err
+    search = read_plan(out).report["search"]
+    assert search["reused"] >= kept and search["measured"] > 0
+    assert search_identities(db) == search_identities(local_build[0])   # nothing twice
+
+    again = tmp_path / "again.wpk"
+    assert main(["build", str(model_path), *BUILD, "--db", str(db), "-o", str(again),
+                 "--cluster", testbed.address]) == 0
+    assert read_plan(again).report["search"]["measured"] == 0
+
+
+def test_no_node_that_can_make_the_target_is_an_error(testbed):
+    h100 = CudaTarget.for_preset(GPU_PRESETS["h100"])   # no node here has that GPU
+    with pytest.raises(ClusterError) as caught:
+        cluster_runner(h100, testbed.address)
+    message = caught.value.message
+    assert message.count("cannot make the build target") == 3, message
+    assert not ray.is_initialized()
