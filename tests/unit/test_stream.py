@@ -1,0 +1,76 @@
+"""`Runner.stream` and the records: measurements handed over in any order (as the nodes of
+a cluster finish) are each committed before the next is asked for, and land at their
+candidate's index; the sequential default keeps the deadline rule."""
+
+from __future__ import annotations
+
+import time
+
+from tests.unit import worker_fixtures as F
+from wpk.kernels.jobs import CandidateSpec
+from wpk.kernels.target import create_target
+from wpk.search.driver import TuneOptions
+from wpk.search.recorded import RecordedRunner
+from wpk.search.records import RecordStore
+from wpk.search.runner import LocalRunner
+from wpk.search.workers import MeasureOptions
+
+WORKLOAD = F.RELU_WORKLOAD
+QUICK = MeasureOptions(warmup=1, repeats=3, max_repeats=10, min_time=0.001)
+
+
+class ReversedRunner(LocalRunner):
+    """Measures in this process but hands the measurements over last candidate first, as
+    a runner with several slots may, and notes how many records the database held each
+    time it was asked for the next one."""
+
+    def __init__(self, database: RecordStore):
+        super().__init__(options=QUICK)
+        self.database = database
+        self.held: list[int] = []
+
+    @property
+    def slots(self) -> int:
+        return 3
+
+    def stream(self, workload, candidates, options=None, deadline=None):
+        for index in reversed(range(len(candidates))):
+            measurement = self.measure(workload, candidates[index], options)
+            self.held.append(len(self.database))
+            yield index, measurement
+
+
+def specs() -> list[CandidateSpec]:
+    return [CandidateSpec(F.TILED.name, config, ("tests.unit.worker_fixtures",))
+            for config in F.TILED.configs(WORKLOAD)[:4]]
+
+
+def test_records_commit_each_streamed_measurement_as_it_arrives(tmp_path):
+    store = RecordStore(tmp_path / "db.jsonl")
+    inner = ReversedRunner(store)
+    runner = RecordedRunner(inner, store, create_target("cpu").fingerprint())
+    batch = specs()
+    seen = [(index, m.label, fresh) for index, m, fresh in runner.iter_batch(WORKLOAD, batch)]
+    assert [index for index, _, _ in seen] == [3, 2, 1, 0]
+    assert all(label == batch[index].label for index, label, _ in seen)
+    assert inner.held == [0, 1, 2, 3]   # each committed before the next was measured
+    assert len((tmp_path / "db.jsonl").read_text().splitlines()) == 4
+
+    again = runner.run(WORKLOAD, [*batch, *specs()[:1]])   # all recorded: in order, reused
+    assert [m.label for m in again] == [s.label for s in [*batch, batch[0]]]
+    assert runner.measured == 4 and runner.reused == 5
+    assert runner.slots == 3
+
+
+def test_the_sequential_stream_stops_at_the_deadline_after_one():
+    runner = LocalRunner(options=QUICK)
+    done = list(runner.stream(WORKLOAD, specs(), deadline=time.monotonic() - 1.0))
+    assert [index for index, _ in done] == [0]
+    assert len(list(runner.stream(WORKLOAD, specs()))) == 4
+
+
+def test_batches_fill_the_slots_and_budgets_scale_with_them():
+    options = TuneOptions("random", budget_s=60.0)
+    assert [options.batch_for(n) for n in (1, 2, 3, 5, 16)] == [8, 8, 9, 10, 16]
+    assert options.trials_for(3) == 3 * options.trials_for(1)
+    assert TuneOptions("random", trials=7).trials_for(3) == 7
