@@ -18,9 +18,11 @@ A node measures when it offers one unit of the custom resource
 `MEASURE_RESOURCE` (`ray start --resources='{"wpk_measure": 1}'`; a `local:N`
 node does): the measuring actor of a build holds it, so two trials, or two
 builds, never measure on one machine at once. Before it measures, a node makes
-the build target itself and reports its fingerprint (`NodeReport`); `refusal`
-says why a node whose fingerprint differs from the build target's (device and
-ISA, compiler, code generator) may not measure, naming both.
+the build target itself and reports its fingerprint and hardware model
+(`NodeReport`); `refusal` says why a node whose fingerprint (device and ISA,
+compiler, code generator: what tuning records are keyed by) or hardware model
+(CPU model name, GPU preset) differs from the build target's may not measure,
+naming both.
 """
 
 from __future__ import annotations
@@ -208,14 +210,16 @@ def cluster_runner(target, address: str, options=None, seed: int = 0):
 # ----------------------------------------------------------------------------- admission
 @dataclass(frozen=True)
 class NodeReport:
-    """What a node says of itself: its id, host and address, and the fingerprint of the
-    build target made there (or why it could not make it)."""
+    """What a node says of itself: its id, host and address, and the fingerprint and
+    hardware model (CPU model name, GPU preset) of the build target made there (or why it
+    could not make it)."""
 
     node_id: str
     host: str
     ip: str
     fingerprint: dict[str, Any] | None
     error: str = ""
+    model: str = ""
 
     @property
     def name(self) -> str:
@@ -224,19 +228,23 @@ class NodeReport:
 
 
 def describe_fingerprint(data: dict[str, Any]) -> str:
-    """A fingerprint's fields on one line."""
-    return ", ".join(f"{k}={data.get(k)!r}" for k in ("device", "compiler", "codegen"))
+    """A fingerprint's fields (and the hardware model, when given) on one line."""
+    keys = ("device", "compiler", "codegen") + (("model",) if data.get("model") else ())
+    return ", ".join(f"{k}={data.get(k)!r}" for k in keys)
 
 
-def refusal(report: NodeReport, expected: TargetFingerprint) -> str | None:
-    """Why the node of `report` may not measure for a target of fingerprint `expected`
-    (its own fingerprint differs, or it cannot make the target); None when it may."""
+def refusal(report: NodeReport, expected: TargetFingerprint,
+            model: str | None = None) -> str | None:
+    """Why the node of `report` may not measure for a target of fingerprint `expected` and
+    hardware `model` (its fingerprint or model differs, or it cannot make the target);
+    None when it may."""
     if report.error:
         return (f"node {report.name} ({report.ip}) cannot make the build target: "
                 f"{report.error}")
-    wanted = expected.to_json()
-    found = report.fingerprint or {}
-    differs = [k for k in ("device", "compiler", "codegen") if found.get(k) != wanted[k]]
+    wanted = {**expected.to_json(), "model": model}
+    found = {**(report.fingerprint or {}), "model": report.model}
+    differs = [k for k in ("device", "compiler", "codegen", "model")
+               if found.get(k) != wanted[k] and (k != "model" or model is not None)]
     if not differs:
         return None
     return (f"node {report.name} ({report.ip}) has a different {' and '.join(differs)}: its "

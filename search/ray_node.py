@@ -93,7 +93,8 @@ class NodeMeasurer:
         self.name = f"{self.host}/{self.node_id[:12]}"
 
     def describe(self) -> NodeReport:
-        """This node, and the fingerprint of the build target made here."""
+        """This node, and the fingerprint and hardware model of the build target made
+        here."""
         ip = ray.util.get_node_ip_address()
         try:
             target = create_target(self.target_name, **self.target_options)
@@ -103,7 +104,8 @@ class NodeMeasurer:
         except Exception as exc:  # reported as the reason this node cannot measure
             return NodeReport(self.node_id, self.host, ip, None, f"{type(exc).__name__}: {exc}")
         self.timer = target.timer
-        return NodeReport(self.node_id, self.host, ip, fingerprint)
+        return NodeReport(self.node_id, self.host, ip, fingerprint,
+                          model=target.hardware.description)
 
     def measure(self, workload: Workload, spec: CandidateSpec, options: MeasureOptions,
                 seed: int, compiled: list | None) -> Measurement:

@@ -177,7 +177,7 @@ class RayRunner(Runner):
                 self._refuse(node_id, actor, f"node {node_id[:12]} cannot measure: its "
                                              f"measuring actor failed ({_last_line(exc)})")
                 continue
-            why = refusal(report, self.expected)
+            why = refusal(report, self.expected, self.target.hardware.description)
             if why is not None:
                 self._refuse(node_id, actor, why)
                 continue

@@ -47,7 +47,7 @@ def test_bad_cluster_addresses_name_the_forms(text):
     assert "local:N" in caught.value.message + (caught.value.hint or "")
 
 
-def test_a_node_with_another_fingerprint_is_refused_naming_both():
+def test_a_node_with_another_fingerprint_or_model_is_refused_naming_both():
     same = NodeReport("a" * 56, "node1", "10.0.0.1", FINGERPRINT.to_json())
     assert refusal(same, FINGERPRINT) is None
     other = dict(FINGERPRINT.to_json(), compiler="clang version 18.1.8")
@@ -56,6 +56,10 @@ def test_a_node_with_another_fingerprint_is_refused_naming_both():
     assert "clang version 18.1.8" in why and "gcc (Debian 12.2.0-14) 12.2.0" in why
     broken = NodeReport("c" * 56, "node3", "10.0.0.3", None, "no GPU is present")
     assert "cannot make the build target: no GPU is present" in refusal(broken, FINGERPRINT)
+    intel = NodeReport("d" * 56, "node4", "10.0.0.4", FINGERPRINT.to_json(), model="Xeon 8480")
+    assert refusal(intel, FINGERPRINT, "Xeon 8480") is None
+    why = refusal(intel, FINGERPRINT, "AMD EPYC 7B13")
+    assert "different model" in why and "Xeon 8480" in why and "AMD EPYC 7B13" in why
 
 
 def test_the_host_makes_its_own_target_again():
