@@ -1,14 +1,15 @@
 """Distributed tuning on a Ray cluster, on one machine (issue 15).
 
 The tests start a Ray cluster with `ray.cluster_utils.Cluster`, every process
-bound to 127.0.0.1, and shut it down at the end: a head and a second node that
-measure (one CPU each for compile tasks, each with its own compile cache, so a
-library compiled on one node has to travel to the node that measures it), and
-a node whose C compiler reports another version, so its fingerprint differs
-from the build's and it must be refused. Builds are a seeded random search on
-a tiny model (a convolution, a pooling and a GEMM workload) with
-`wpk build --cluster HOST:PORT`; a local build of the same search is the
-reference. Nothing here is timed: measured times are noise on two shared cores.
+bound to 127.0.0.1 (the head serving Ray Client too), and shut it down at the
+end: a head and a second node that measure (one CPU each for compile tasks,
+each with its own compile cache, so a library compiled on one node has to
+travel to the node that measures it), and a node whose C compiler reports
+another version, so its fingerprint differs from the build's and it must be
+refused. Builds are a seeded random search on a tiny model (a convolution, a
+pooling and a GEMM workload) with `wpk build --cluster HOST:PORT`; a local
+build of the same search is the reference. Nothing here is timed: measured
+times are noise on two shared cores.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,12 +32,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from tests import models  # noqa: E402
 from wpk.cli import main  # noqa: E402
-from wpk.core.devices import GPU_PRESETS  # noqa: E402
-from wpk.core.errors import ClusterError  # noqa: E402
 from wpk.kernels.cpu.target import compiler_version  # noqa: E402
-from wpk.kernels.cuda.target import CudaTarget  # noqa: E402
 from wpk.plans.planfile import read_plan  # noqa: E402
-from wpk.search.cluster import MEASURE_RESOURCE, cluster_runner, require_ray  # noqa: E402
+from wpk.search.cluster import MEASURE_RESOURCE, require_ray  # noqa: E402
 from wpk.search.records import FINAL, SEARCH, config_key, read_records  # noqa: E402
 
 BUILD = ["--cpu", "--search", "random", "--trials", "6", "--no-partition", "-q"]
@@ -47,6 +46,12 @@ exec gcc "$@"
 WAIT_S = 120.0
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 class ClusterBed:
     """The test cluster: its address, its nodes by name, and their compile caches."""
 
@@ -54,6 +59,7 @@ class ClusterBed:
         self.root = root
         self.nodes: dict[str, object] = {}
         self.cluster: Cluster | None = None
+        self.client_port = 0
 
     def node_args(self, name: str, cpus: int = 1, **env: str) -> dict:
         cache = self.root / f"cache-{name}"
@@ -64,7 +70,10 @@ class ClusterBed:
     def add(self, name: str, cpus: int = 1, **env: str):
         args = self.node_args(name, cpus, **env)
         if self.cluster is None:
-            self.cluster = Cluster(initialize_head=True, head_node_args=args)
+            self.client_port = free_port()   # the head serves Ray Client (ray://) too
+            self.cluster = Cluster(initialize_head=True,
+                                   head_node_args={**args,
+                                                   "ray_client_server_port": self.client_port})
             node = self.cluster.head_node
         else:
             node = self.cluster.add_node(**args)
@@ -76,8 +85,6 @@ class ClusterBed:
 
     def label(self, name: str) -> str:
         """How records name a node ('host/id prefix')."""
-        import socket
-
         return f"{socket.gethostname()}/{self.nodes[name].node_id[:12]}"
 
     @property
@@ -207,10 +214,11 @@ def test_cluster_build_matches_a_local_build(testbed, model_path, local_build, t
     assert rebuilt.manifest["steps"] == plan.manifest["steps"]
 
 
-def test_wpk_op_measures_on_the_cluster(testbed, tmp_path, capsys):
+def test_wpk_op_measures_on_the_cluster_through_ray_client(testbed, tmp_path, capsys):
     db = tmp_path / "op.jsonl"
+    client = f"ray://127.0.0.1:{testbed.client_port}"
     code = main(["op", "Gemm", "--shape", "A=4x16", "--shape", "B=16x8", "--search", "random",
-                 "--trials", "3", "--db", str(db), "--json", "--cluster", testbed.address])
+                 "--trials", "3", "--db", str(db), "--json", "--cluster", client])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)
@@ -269,10 +277,16 @@ def test_a_killed_build_resumes_from_its_records(testbed, model_path, local_buil
     assert read_plan(again).report["search"]["measured"] == 0
 
 
-def test_no_node_that_can_make_the_target_is_an_error(testbed):
-    h100 = CudaTarget.for_preset(GPU_PRESETS["h100"])   # no node here has that GPU
-    with pytest.raises(ClusterError) as caught:
-        cluster_runner(h100, testbed.address)
-    message = caught.value.message
-    assert message.count("cannot make the build target") == 3, message
+def test_wpk_tune_with_no_node_that_has_the_gpu_is_an_error(testbed, model_path, tmp_path,
+                                                            capsys):
+    plan = tmp_path / "h100.wpk"   # predicted for an H100, which no node here has
+    assert main(["build", str(model_path), "--gpu", "h100", "--offline", "-o", str(plan),
+                 "-q"]) == 0
+    capsys.readouterr()
+    assert main(["tune", str(plan), "--cluster", testbed.address]) == 2
+    err = capsys.readouterr().err
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "no node of cluster" in error[0], err
+    assert error[0].count("cannot make the build target") == 3 and "h100" in error[0]
+    assert "hint:" in err and "Traceback" not in err
     assert not ray.is_initialized()
