@@ -64,7 +64,7 @@ MAX_ACTOR_STARTS = 3       # measuring actors made on one node (the first, then 
 STARTUP_TIMEOUT_S = 60.0   # for the nodes' actors to start and report
 SCAN_INTERVAL_S = 5.0      # between looks for nodes that joined or came back
 POLL_S = 0.5               # how long one wait for a result lasts
-MAX_PENDING_COMPILES = 1024
+MAX_PENDING_COMPILES = 256   # compiled libraries held here for candidates not yet measured
 NODE_HINT = ("start measuring nodes on machines like this one (same CPU or GPU, compiler and "
              "wpk) with `ray start --address=HEAD:6379 --resources='{\"wpk_measure\": 1}'`")
 RESUME_HINT = ("the records so far are kept (--db): rerun the same command to resume, with "
@@ -235,13 +235,22 @@ class RayRunner(Runner):
         generated = self.target.generated
         if not self.remote_compile or spec.impl != generated.impl:
             return None
-        key = (workload.key, spec.impl, config_key(spec.config))
+        key = self._compile_key(workload, spec)
         if key not in self.compiled:
             job = generated.compile_jobs(workload, [spec.config])[0]
             if len(self.compiled) >= MAX_PENDING_COMPILES:
                 self.compiled.pop(next(iter(self.compiled)))
             self.compiled[key] = [compile_remote.remote(job)]
         return self.compiled[key]
+
+    @staticmethod
+    def _compile_key(workload: Workload, spec: CandidateSpec) -> tuple[str, str, str]:
+        return workload.key, spec.impl, config_key(spec.config)
+
+    def _forget(self, workload: Workload, spec: CandidateSpec) -> None:
+        """Drop a measured candidate's library (a later measurement compiles it again,
+        from the compiling node's cache)."""
+        self.compiled.pop(self._compile_key(workload, spec), None)
 
     def prefetch(self, workload: Workload, candidates: Sequence[AnyCandidate]) -> None:
         """Start compiling the generated candidates on the cluster."""
@@ -333,6 +342,7 @@ class RayRunner(Runner):
             for ref, outcome in self._collect(running):
                 index = running.pop(ref)
                 if isinstance(outcome, Measurement):
+                    self._forget(workload, specs[index])
                     done += 1
                     yield index, outcome
                     continue
@@ -374,7 +384,9 @@ class RayRunner(Runner):
             slot = self._reference_slot()
             ref = self._submit(slot, workload, spec, options or self.options, seed)
             try:
-                return ray.get(ref, timeout=self._call_timeout(options))
+                measurement = ray.get(ref, timeout=self._call_timeout(options))
+                self._forget(workload, spec)
+                return measurement
             except GetTimeoutError:
                 why = f"no answer within {self._call_timeout(options):.0f} s"
                 self._lose(slot, why)

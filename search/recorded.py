@@ -111,23 +111,31 @@ class RecordedRunner(Runner):
     def iter_batch(self, workload: Workload, specs: Sequence[CandidateSpec],
                    deadline: float | None = None) -> Iterator[tuple[int, Measurement, int]]:
         """(index in `specs`, measurement, how many fresh measurements it took) for a tuner's
-        batch: the recorded ones first, then the rest as the inner runner streams them
-        (one at a time, or as each node of a cluster finishes), each committed as it
-        arrives; none starts after the `time.monotonic()` `deadline` once one is done. On a
+        batch, in the batch's order: recorded ones as they come, the rest measured by the
+        inner runner's `stream` (one at a time, or on every node of a cluster at once) and
+        committed as they arrive, then handed on in order, so a tuner sees the same sequence
+        however they arrived. None starts after the `time.monotonic()` `deadline` once one
+        is done; what was recorded or measured by then is handed on, in order. On a
         concurrent runner, the unrecorded ones are measured together."""
         if self.concurrent:
             for index, measurement in enumerate(self.run(workload, specs)):
                 yield index, measurement, int(not measurement.extra.get("from_record"))
             return
-        missing = []
-        for index, spec in enumerate(specs):
-            record = self.lookup(workload, spec, phase=None)
-            if record is None:
-                missing.append(index)
-            else:
+        found = [self.lookup(workload, spec, phase=None) for spec in specs]
+        missing = [index for index, record in enumerate(found) if record is None]
+        arrivals = self._stream(workload, specs, missing, deadline=deadline)
+        arrived: dict[int, Measurement] = {}
+        for index, record in enumerate(found):
+            if record is not None:
                 yield index, self._reuse(record), 0
-        for index, measurement in self._stream(workload, specs, missing, deadline=deadline):
-            yield index, measurement, 1
+                continue
+            while index not in arrived:
+                got = next(arrivals, None)
+                if got is None:   # the deadline ended the stream: this one was not measured
+                    break
+                arrived[got[0]] = got[1]
+            if index in arrived:
+                yield index, arrived.pop(index), 1
 
     def _record(self, workload: Workload, modules: Sequence[str], measurement: Measurement,
                 phase: str) -> None:

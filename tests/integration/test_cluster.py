@@ -28,6 +28,11 @@ import onnx
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'wpk[cluster]')")
+from wpk.core.devices import restricted_cpu_flags  # noqa: E402
+
+if restricted_cpu_flags() is not None:   # pytest --isa avx2: the nodes see the real CPU
+    pytest.skip("the cluster's nodes would see this CPU unrestricted, a different target",
+                allow_module_level=True)
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tests import models  # noqa: E402

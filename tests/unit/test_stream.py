@@ -1,6 +1,7 @@
 """`Runner.stream` and the records: measurements handed over in any order (as the nodes of
-a cluster finish) are each committed before the next is asked for, and land at their
-candidate's index; the sequential default keeps the deadline rule."""
+a cluster finish) are each committed before the next is asked for, and a tuner gets them
+in its batch's order, as from one machine; the sequential default keeps the deadline
+rule."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ class ReversedRunner(LocalRunner):
     a runner with several slots may, and notes how many records the database held each
     time it was asked for the next one."""
 
-    def __init__(self, database: RecordStore):
+    def __init__(self, database: RecordStore, limit: int | None = None):
         super().__init__(options=QUICK)
         self.database = database
+        self.limit = limit   # how many it measures before its deadline stops it
         self.held: list[int] = []
 
     @property
@@ -34,7 +36,7 @@ class ReversedRunner(LocalRunner):
         return 3
 
     def stream(self, workload, candidates, options=None, deadline=None):
-        for index in reversed(range(len(candidates))):
+        for index in list(reversed(range(len(candidates))))[:self.limit]:
             measurement = self.measure(workload, candidates[index], options)
             self.held.append(len(self.database))
             yield index, measurement
@@ -51,8 +53,8 @@ def test_records_commit_each_streamed_measurement_as_it_arrives(tmp_path):
     runner = RecordedRunner(inner, store, create_target("cpu").fingerprint())
     batch = specs()
     seen = [(index, m.label, fresh) for index, m, fresh in runner.iter_batch(WORKLOAD, batch)]
-    assert [index for index, _, _ in seen] == [3, 2, 1, 0]
-    assert all(label == batch[index].label for index, label, _ in seen)
+    assert [index for index, _, _ in seen] == [0, 1, 2, 3]   # the tuner sees the batch's order
+    assert all(label == batch[index].label and fresh == 1 for index, label, fresh in seen)
     assert inner.held == [0, 1, 2, 3]   # each committed before the next was measured
     assert len((tmp_path / "db.jsonl").read_text().splitlines()) == 4
 
@@ -60,6 +62,16 @@ def test_records_commit_each_streamed_measurement_as_it_arrives(tmp_path):
     assert [m.label for m in again] == [s.label for s in [*batch, batch[0]]]
     assert runner.measured == 4 and runner.reused == 5
     assert runner.slots == 3
+
+
+def test_what_a_deadline_left_measured_past_a_gap_still_reaches_the_tuner(tmp_path):
+    store = RecordStore(tmp_path / "db.jsonl")
+    runner = RecordedRunner(ReversedRunner(store, limit=2), store,
+                            create_target("cpu").fingerprint())
+    batch = specs()
+    runner.measure(WORKLOAD, batch[1])   # recorded before the batch
+    seen = [(index, fresh) for index, _, fresh in runner.iter_batch(WORKLOAD, batch)]
+    assert seen == [(1, 0), (2, 1), (3, 1)]   # 0 was not measured by the deadline
 
 
 def test_the_sequential_stream_stops_at_the_deadline_after_one():
