@@ -119,7 +119,8 @@ def functional_row(run: dict) -> dict:
             "best_s": min(found) if found else None,
             "best_over_time": best_over_time(trials),
             "measured_by": dict(Counter(r.extra.get("node", "?") for r in run["records"])),
-            "cluster_lines": [line for line in run["stderr"] if "cluster" in line]}
+            "cluster_lines": [line for line in run["stderr"]
+                              if line.startswith(("cluster:", "warning: cluster:"))]}
 
 
 def trial_costs(records: list) -> list[tuple[float, float | None]]:
