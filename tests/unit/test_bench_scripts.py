@@ -46,17 +46,3 @@ def test_goals_count_wins_over_cudnn_and_the_resnet_ratio(scripts_on_path):
     assert summary["resnet50_goal_met"] is False
     data["operators"].append(row(4.0, 2.0))
     assert goals(data)["generated_goal_met"] is False
-
-
-def test_cluster_replay_keeps_batches_and_fills_the_first_free_host(scripts_on_path):
-    from bench_cluster import best_by, replay, simulated_row
-
-    costs = [(1.0, 5.0), (2.0, 4.0), (1.0, None), (1.0, 3.0), (3.0, 6.0), (1.0, 2.0)]
-    one = replay(costs, 1)
-    assert [at for at, _ in one] == [1.0, 3.0, 4.0, 5.0, 8.0, 9.0]   # one host: in order
-    two = replay(costs, 2)   # one batch of 8: greedy on two hosts
-    assert [at for at, _ in two] == [1.0, 2.0, 2.0, 3.0, 5.0, 4.0]
-    assert best_by(two, 3.0) == 3.0 and best_by(two, 0.5) is None
-    row = simulated_row(costs, 2, target=2.0, span=9.0)
-    assert row["search_s"] == 5.0 and row["reach_best_s"] == 4.0
-    assert row["trials_by_half"] == 5 and row["best_over_time"][-1] == [4.0, 2.0]
