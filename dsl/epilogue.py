@@ -1,9 +1,10 @@
 """Fusing a workload's elementwise epilogue into a DSL operator's output stage.
 
 `with_epilogue(op, steps, operand_shapes)` appends the `EpilogueStep`s of a
-fused graph node (meanings in `wpk.core.workload`) to the body of the
-operator's output stage, so the epilogue runs in the same loop nest, after
-the reduction, without another pass over memory. A binary step reads the
+fused graph node to the body of the operator's output stage, so the epilogue
+runs in the same loop nest, after the reduction, without another pass over
+memory. Each step is its formula in the epilogue table (`wpk.core.epilogue`)
+built as compute IR. A binary step reads the
 node input `operand` as a new parameter named `E{operand}`, broadcast
 against the output numpy-style (right-aligned; size-1 dims read index 0).
 """
@@ -13,14 +14,37 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from wpk.core.epilogue import EPILOGUE_TABLE, Builder, step_value
 from wpk.core.errors import DslError
 from wpk.dsl import compute as ir
 
-BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "pow", "max": "max",
+# The builder's binary operations as compute IR operators.
+_IR_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "pow", "max": "max",
               "min": "min"}
-CALLS = ("exp", "log", "sqrt", "erf", "tanh", "sigmoid", "abs", "neg")
-DESUGARED = ("relu", "leaky_relu", "silu", "gelu", "gelu_tanh", "hard_sigmoid", "hard_swish",
-             "softplus", "reciprocal")
+
+
+class _IrBuilder(Builder[ir.Expr]):
+    """Builds the compute IR of epilogue formulas over float values of dtype `t`."""
+
+    def __init__(self, t: str):
+        self.t = t
+
+    def const(self, value: float) -> ir.Expr:
+        return ir.Const(float(value), self.t)
+
+    def binary(self, op: str, a: ir.Expr, b: ir.Expr) -> ir.Expr:
+        return ir.BinOp(_IR_BINARY[op], a, b, self.t)
+
+    def call(self, fn: str, x: ir.Expr) -> ir.Expr:
+        if fn == "log1p":  # the IR has no log1p
+            return ir.Call("log", (self.add(self.const(1.0), x),), self.t)
+        return ir.Call(fn, (x,), self.t)
+
+    def less(self, a: ir.Expr, b: ir.Expr) -> ir.Expr:
+        return ir.BinOp("<", a, b, "bool")
+
+    def select(self, cond: ir.Expr, a: ir.Expr, b: ir.Expr) -> ir.Expr:
+        return ir.Select(cond, a, b, self.t)
 
 
 def operand_name(index: int) -> str:
@@ -41,38 +65,21 @@ def with_epilogue(op: ir.Operator, steps: Sequence, operand_shapes: Mapping[int,
     value = target.body
     params: dict[str, ir.Param] = {}
     requires: list[ir.Require] = []
-    t = target.dtype
+    builder = _IrBuilder(target.dtype)
     for step in steps:
-        attrs = dict(step.attrs)
-        if step.op in BINARY_OPS:
+        if step.op not in EPILOGUE_TABLE:
+            raise DslError(f"unknown epilogue step '{step.op}' for {op.name}",
+                           hint="see EPILOGUE_TABLE in wpk.core.epilogue")
+        load = None
+        if EPILOGUE_TABLE[step.op].arity == 2:
             if step.operand is None or step.operand not in shapes:
                 raise DslError(f"epilogue step {step.op} of {op.name} needs the shape of "
                                f"operand {step.operand}", hint="pass operand_shapes")
             load = _broadcast_load(op, target, step.operand, tuple(shapes[step.operand]),
                                    operand_dtype, params, requires)
-            if load.dtype != t:
-                load = ir.Cast(load, t)
-            a, b = (load, value) if step.swap else (value, load)
-            value = ir.BinOp(BINARY_OPS[step.op], a, b, t)
-        elif step.op in CALLS:
-            value = ir.Call(step.op, (value,), t)
-        elif step.op == "clip":
-            if attrs.get("min") is not None:
-                value = ir.BinOp("max", value, ir.Const(float(attrs["min"]), t), t)
-            if attrs.get("max") is not None:
-                value = ir.BinOp("min", value, ir.Const(float(attrs["max"]), t), t)
-        elif step.op in DESUGARED:
-            extra = []
-            if step.op == "leaky_relu":
-                extra = [ir.Const(float(attrs.get("alpha", 0.01)), t)]
-            elif step.op == "hard_sigmoid":
-                extra = [ir.Const(float(attrs.get("alpha", 0.2)), t),
-                         ir.Const(float(attrs.get("beta", 0.5)), t)]
-            value = epilogue_expr(step.op, value, extra)
-        else:
-            raise DslError(f"unknown epilogue step '{step.op}' for {op.name}",
-                           hint="see UNARY_EPILOGUE_OPS and BINARY_EPILOGUE_OPS in "
-                                "wpk.core.workload")
+            if load.dtype != target.dtype:
+                load = ir.Cast(load, target.dtype)
+        value = step_value(builder, step, value, load)
     stages = tuple(replace(s, body=value) if s.name == target.name else s for s in op.stages)
     return replace(op, params=op.params + tuple(params.values()), stages=stages,
                    requires=op.requires + tuple(requires))
@@ -105,49 +112,15 @@ def _broadcast_load(op: ir.Operator, stage: ir.Stage, index: int, shape: tuple[i
 def epilogue_expr(fn: str, x: ir.Expr, extra: list[ir.Expr]) -> ir.Expr:
     """The compute IR of epilogue function `fn` (relu, gelu, ...) applied to float `x`.
 
-    `extra` holds the optional arguments (clip bounds, leaky_relu/hard_sigmoid
-    alpha and beta). Names and defaults follow `wpk.core.workload`; the
-    DSL's functions of the same names are desugared here too.
+    `extra` holds the optional arguments, in the order of the row's attributes
+    in the epilogue table (clip bounds, leaky_relu/hard_sigmoid alpha and beta);
+    missing ones take the defaults. The DSL's functions of the same names (and
+    relu6, a clip to [0, 6]) are desugared here too.
     """
-    t = x.dtype
-
-    def c(v: float) -> ir.Const:
-        return ir.Const(float(v), t)
-
-    def mul(a, b):
-        return ir.BinOp("*", a, b, t)
-
-    def add(a, b):
-        return ir.BinOp("+", a, b, t)
-
-    def clip(v, lo, hi):
-        return ir.BinOp("min", ir.BinOp("max", v, lo, t), hi, t)
-
-    if fn == "relu":
-        return ir.BinOp("max", x, c(0), t)
+    builder = _IrBuilder(x.dtype)
     if fn == "relu6":
-        return clip(x, c(0), c(6))
-    if fn == "clip":
-        return clip(x, extra[0], extra[1])
-    if fn == "leaky_relu":
-        alpha = extra[0] if extra else c(0.01)
-        return ir.Select(ir.BinOp(">=", x, c(0), "bool"), x, mul(alpha, x), t)
-    if fn == "silu":
-        return mul(x, ir.Call("sigmoid", (x,), t))
-    if fn == "gelu":
-        return mul(mul(c(0.5), x),
-                   add(c(1), ir.Call("erf", (mul(x, c(0.7071067811865476)),), t)))
-    if fn == "gelu_tanh":
-        inner = mul(c(0.7978845608028654), add(x, mul(c(0.044715), mul(x, mul(x, x)))))
-        return mul(mul(c(0.5), x), add(c(1), ir.Call("tanh", (inner,), t)))
-    if fn == "hard_sigmoid":
-        alpha = extra[0] if extra else c(0.2)
-        beta = extra[1] if len(extra) > 1 else c(0.5)
-        return clip(add(mul(alpha, x), beta), c(0), c(1))
-    if fn == "hard_swish":
-        return mul(x, clip(add(mul(c(1 / 6), x), c(0.5)), c(0), c(1)))
-    if fn == "softplus":
-        return ir.Call("log", (add(c(1), ir.Call("exp", (x,), t)),), t)
-    if fn == "reciprocal":
-        return ir.BinOp("/", c(1), x, t)
-    raise ValueError(f"unknown epilogue {fn}")
+        fn, extra = "clip", [builder.const(0.0), builder.const(6.0)]
+    row = EPILOGUE_TABLE.get(fn)
+    if row is None or row.arity != 1:
+        raise ValueError(f"unknown epilogue {fn}")
+    return row.build(builder, (x,), dict(zip((name for name, _ in row.attrs), extra)))

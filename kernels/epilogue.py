@@ -1,10 +1,11 @@
 """Fused epilogues: applying them with numpy, and expressing them as ONNX nodes.
 
-The meaning of every step is documented in `wpk.core.workload`. The numpy
-form (`apply_epilogue`) is shared by the float64 references and the numpy
+Both read the epilogue table (`wpk.core.epilogue`): each step's formula is
+evaluated by a builder of this module. The numpy form (`apply_epilogue`,
+`apply_epilogue_into`) is shared by the float64 references and the numpy
 library kernels; the ONNX form (`epilogue_onnx_nodes`) is used by the
-onnxruntime single-node kernels and by anything that writes a fused graph
-back to ONNX.
+onnxruntime single-node kernels and by `wpk.passes.to_onnx`, which writes a
+fused graph back to ONNX.
 """
 
 from __future__ import annotations
@@ -16,8 +17,15 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from wpk.core.errors import UnsupportedError
-from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, EpilogueStep
+from wpk.core.epilogue import (
+    EPILOGUE_TABLE,
+    Builder,
+    epilogue_op,
+    step_arguments,
+    step_value,
+    value_uses,
+)
+from wpk.core.workload import EpilogueStep
 
 try:  # scipy is exact and fast; math.erf per element is the slow fallback
     from scipy.special import erf as _erf_ufunc
@@ -26,15 +34,12 @@ except ImportError:  # pragma: no cover - scipy is installed with the dev tools
     _erf_ufunc = None
     _expit_ufunc = None
 
-_SQRT2 = math.sqrt(2.0)
-_GELU_TANH_C = math.sqrt(2.0 / math.pi)
-
 
 def erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Elementwise error function (dtype preserved), written into `out` when given."""
     if _erf_ufunc is not None:
         return _erf_ufunc(x, out=out)
-    value = np.vectorize(math.erf, otypes=[x.dtype])(x)
+    value = np.vectorize(math.erf, otypes=[np.asarray(x).dtype])(x)
     if out is None:
         return value
     np.copyto(out, value)
@@ -52,85 +57,100 @@ def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         return np.reciprocal(out, out=out)
 
 
-def _apply_unary(y: np.ndarray, step: EpilogueStep) -> None:
-    op = step.op
-    if op == "relu":
-        np.maximum(y, 0, out=y)
-    elif op == "clip":
-        lo, hi = step.attr("min"), step.attr("max")
-        if lo is not None:
-            np.maximum(y, lo, out=y)
-        if hi is not None:
-            np.minimum(y, hi, out=y)
-    elif op == "leaky_relu":
-        alpha = step.attr("alpha", 0.01)
-        np.multiply(y, np.where(y < 0, y.dtype.type(alpha), y.dtype.type(1)), out=y)
-    elif op == "sigmoid":
-        sigmoid(y, out=y)
-    elif op == "silu":
-        y *= sigmoid(y)
-    elif op == "tanh":
-        np.tanh(y, out=y)
-    elif op in ("hard_sigmoid", "hard_swish"):
-        alpha = step.attr("alpha", 0.2) if op == "hard_sigmoid" else 1.0 / 6.0
-        beta = step.attr("beta", 0.5) if op == "hard_sigmoid" else 0.5
-        gate = y * y.dtype.type(alpha)
-        gate += y.dtype.type(beta)
-        np.clip(gate, 0, 1, out=gate)
-        if op == "hard_sigmoid":
-            np.copyto(y, gate)
-        else:
-            y *= gate
-    elif op == "gelu":
-        gate = np.multiply(y, y.dtype.type(1.0 / _SQRT2))
-        erf(gate, out=gate)
-        gate += 1
-        gate *= y.dtype.type(0.5)
-        y *= gate
-    elif op == "gelu_tanh":
-        gate = y * y
-        gate *= y.dtype.type(0.044715)
-        gate += 1
-        gate *= y
-        gate *= y.dtype.type(_GELU_TANH_C)
-        np.tanh(gate, out=gate)
-        gate += 1
-        gate *= y.dtype.type(0.5)
-        y *= gate
-    elif op == "exp":
-        np.exp(y, out=y)
-    elif op == "log":
-        np.log(y, out=y)
-    elif op == "sqrt":
-        np.sqrt(y, out=y)
-    elif op == "reciprocal":
-        np.reciprocal(y, out=y)
-    elif op == "neg":
-        np.negative(y, out=y)
-    elif op == "abs":
-        np.abs(y, out=y)
-    elif op == "erf":
-        erf(y, out=y)
-    elif op == "softplus":
-        np.logaddexp(y.dtype.type(0), y, out=y)
-    else:  # pragma: no cover - guarded by validate_epilogue
-        raise UnsupportedError(f"unknown epilogue op {op!r}")
+# --- numpy form ------------------------------------------------------------------------------
+
+_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+           "pow": np.power, "max": np.maximum, "min": np.minimum}
+_CALLS = {"exp": np.exp, "log": np.log, "log1p": np.log1p, "sqrt": np.sqrt, "erf": erf,
+          "tanh": np.tanh, "sigmoid": sigmoid, "abs": np.abs, "neg": np.negative}
 
 
-_BINARY_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-                  "pow": np.power, "max": np.maximum, "min": np.minimum}
+class _NumpyBuilder(Builder[np.ndarray]):
+    """Evaluates formulas on arrays of `home`'s dtype, vectorised, writing each result into
+    a buffer whose value is no longer needed when one has the result's shape: `home`
+    and the builder's own temporaries (a formula reads each intermediate once)."""
+
+    def __init__(self, home: np.ndarray):
+        self.dtype = home.dtype
+        self.buffers = [home]  # storage the builder may overwrite, `home` first
+        self.reads_left = {id(home): 0}  # buffer id -> reads its value still has coming
+
+    def hold(self, value: np.ndarray, reads: int) -> None:
+        """Note that `value`, a step's input, is read `reads` times by the step."""
+        if id(value) in self.reads_left:
+            self.reads_left[id(value)] = reads
+
+    def const(self, value: float):
+        return self.dtype.type(value)
+
+    def binary(self, op: str, a, b):
+        return self._compute(_UFUNCS[op], a, b, casting="unsafe")
+
+    def call(self, fn: str, x):
+        return self._compute(_CALLS[fn], x)
+
+    def clip(self, x, lo, hi):  # one pass, where maximum then minimum take two slower ones
+        return self._compute(np.clip, x, lo, hi)
+
+    def less(self, a, b):
+        self._read(a)
+        self._read(b)
+        return np.less(a, b)
+
+    def select(self, cond, a, b):
+        self._read(a)
+        self._read(b)
+        return self._own(np.where(cond, a, b))
+
+    def _read(self, arg) -> None:
+        key = id(arg)  # buffers stay alive, so an argument with a buffer's id is it
+        if key in self.reads_left:
+            self.reads_left[key] -= 1
+
+    def _compute(self, fn, *args, **kwargs):
+        shape = ()
+        for arg in args:
+            self._read(arg)
+            if isinstance(arg, np.ndarray) and arg.shape != shape:  # constants are scalars
+                shape = np.broadcast_shapes(shape, arg.shape) if shape else arg.shape
+        for buf in self.buffers:
+            if self.reads_left[id(buf)] <= 0 and buf.shape == shape:
+                fn(*args, out=buf, **kwargs)
+                self.reads_left[id(buf)] = 1
+                return buf
+        return self._own(fn(*args, **kwargs))
+
+    def _own(self, result) -> np.ndarray:
+        result = np.asarray(result).astype(self.dtype, copy=False)
+        self.buffers.append(result)
+        self.reads_left[id(result)] = 1
+        return result
 
 
 def validate_epilogue(steps: Sequence[EpilogueStep], n_inputs: int) -> str | None:
     """None when every step is known and its operand is a valid input index, else why not."""
     for step in steps:
-        if step.op in UNARY_EPILOGUE_OPS:
-            continue
-        if step.op not in BINARY_EPILOGUE_OPS:
+        row = EPILOGUE_TABLE.get(step.op)
+        if row is None:
             return f"unknown epilogue op {step.op!r}"
-        if step.operand is None or not 0 <= step.operand < n_inputs:
+        if row.arity == 2 and (step.operand is None or not 0 <= step.operand < n_inputs):
             return f"epilogue step {step.op!r} has no valid operand ({step.operand})"
     return None
+
+
+def _evaluate(home: np.ndarray, value: np.ndarray, steps: Sequence[EpilogueStep],
+              inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    """The steps applied to `value`, left in `home` unless an operand broadcast it bigger."""
+    builder = _NumpyBuilder(home)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        for step in steps:
+            builder.hold(value, value_uses(step))
+            operand = None if step.operand is None else inputs[step.operand]
+            value = step_value(builder, step, value, operand)
+        if value is not home and np.shape(value) == home.shape:
+            np.copyto(home, value, casting="unsafe")
+            return home
+    return value
 
 
 def apply_epilogue(y: np.ndarray, steps: Sequence[EpilogueStep],
@@ -141,47 +161,46 @@ def apply_epilogue(y: np.ndarray, steps: Sequence[EpilogueStep],
     dtype of `y` is preserved (operands are cast to it). The result is `y`
     itself unless an operand broadcasts `y` to a bigger shape.
     """
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        for step in steps:
-            if step.op in UNARY_EPILOGUE_OPS:
-                _apply_unary(y, step)
-                continue
-            ufunc = _BINARY_UFUNCS.get(step.op)
-            if ufunc is None:
-                raise UnsupportedError(f"unknown epilogue op {step.op!r}",
-                                       hint="see wpk.core.workload for the known ops")
-            operand = inputs[step.operand]
-            args = (operand, y) if step.swap else (y, operand)
-            shape = np.broadcast_shapes(y.shape, np.shape(operand))
-            if shape == y.shape:
-                ufunc(*args, out=y, casting="unsafe")
-            else:
-                y = ufunc(*args).astype(y.dtype, copy=False)
-    return y
+    return _evaluate(y, y, steps, inputs)
 
 
-# --- ONNX form --------------------------------------------------------------------------------
+def apply_epilogue_into(out: np.ndarray, x: np.ndarray, steps: Sequence[EpilogueStep],
+                        inputs: Sequence[np.ndarray | None]) -> None:
+    """Write the epilogue steps applied to `x` into `out` (x is left as it is; it may
+    broadcast against `out`); the first step already writes into `out` when it can."""
+    result = _evaluate(out, x, steps, inputs)
+    if result is not out:
+        np.copyto(out, result, casting="unsafe")
 
-_UNARY_ONNX = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp",
-               "log": "Log", "sqrt": "Sqrt", "reciprocal": "Reciprocal", "neg": "Neg",
-               "abs": "Abs", "erf": "Erf", "softplus": "Softplus"}
-_BINARY_ONNX = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
-                "max": "Max", "min": "Min"}
+
+# --- ONNX form -------------------------------------------------------------------------------
 
 
-class _NodeWriter:
-    """Emits nodes with unique names under one prefix."""
+class OnnxBuilder(Builder[str]):
+    """Emits ONNX nodes (valid from opset 9) for formulas; values are tensor names, every
+    name starting with `prefix`, constants `Constant` nodes of `dtype`. With
+    `onnxruntime`, a step without a standard single op at the opset uses onnxruntime's
+    contrib op where the table gives one (float32 only)."""
 
-    def __init__(self, prefix: str, dtype: str, opset: int):
+    def __init__(self, prefix: str, dtype: str, opset: int, onnxruntime: bool = False):
         self.prefix = prefix
         self.opset = opset
+        self.onnxruntime = onnxruntime and np.dtype(dtype) == np.float32
         self.dtype = np.dtype(dtype)
         self.nodes: list[onnx.NodeProto] = []
         self.count = 0
 
     def fresh(self, hint: str) -> str:
+        """A new name under the prefix."""
         self.count += 1
         return f"{self.prefix}{hint}_{self.count}"
+
+    def node(self, op: str, inputs: list[str], domain: str = "", **attrs) -> str:
+        """Append a node of `op`; returns its (fresh) output name."""
+        out = self.fresh(op.lower())
+        self.nodes.append(helper.make_node(op, inputs, [out], name=self.fresh(op),
+                                           domain=domain or None, **attrs))
+        return out
 
     def const(self, value: float) -> str:
         name = self.fresh("const")
@@ -190,74 +209,62 @@ class _NodeWriter:
                                            value=tensor))
         return name
 
-    def node(self, op: str, inputs: list[str], out: str | None = None, **attrs) -> str:
-        out = out or self.fresh(op.lower())
-        self.nodes.append(helper.make_node(op, inputs, [out], name=self.fresh(op), **attrs))
-        return out
+    def binary(self, op: str, a: str, b: str) -> str:
+        return self.node(EPILOGUE_TABLE[op].onnx.op, [a, b])  # Add, Sub, ... as the steps
 
+    def call(self, fn: str, x: str) -> str:
+        if fn == "log1p":
+            return self.node("Log", [self.node("Add", [x, self.const(1.0)])])
+        return self.node(EPILOGUE_TABLE[fn].onnx.op, [x])  # Exp, Erf, ... as the steps
 
-def _emit_unary(w: _NodeWriter, step: EpilogueStep, x: str, out: str | None) -> str:
-    op = step.op
-    if op in _UNARY_ONNX:
-        return w.node(_UNARY_ONNX[op], [x], out)
-    if op == "clip":
-        lo, hi = step.attr("min"), step.attr("max")
-        if w.opset < 11:
-            return w.node("Clip", [x], out, min=float(-np.inf if lo is None else lo),
-                          max=float(np.inf if hi is None else hi))
-        args = [x, w.const(lo) if lo is not None else "", w.const(hi) if hi is not None else ""]
-        while args[-1] == "":
-            args.pop()
-        return w.node("Clip", args, out)
-    if op == "leaky_relu":
-        return w.node("LeakyRelu", [x], out, alpha=float(step.attr("alpha", 0.01)))
-    if op == "hard_sigmoid":
-        return w.node("HardSigmoid", [x], out, alpha=float(step.attr("alpha", 0.2)),
-                      beta=float(step.attr("beta", 0.5)))
-    if op == "hard_swish":
-        gate = w.node("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)
-        return w.node("Mul", [x, gate], out)
-    if op == "silu":
-        return w.node("Mul", [x, w.node("Sigmoid", [x])], out)
-    if op == "gelu":
-        scaled = w.node("Div", [x, w.const(_SQRT2)])
-        gate = w.node("Add", [w.node("Erf", [scaled]), w.const(1.0)])
-        half = w.node("Mul", [x, w.const(0.5)])
-        return w.node("Mul", [half, gate], out)
-    if op == "gelu_tanh":
-        cube = w.node("Mul", [w.node("Mul", [x, x]), x])
-        inner = w.node("Add", [x, w.node("Mul", [cube, w.const(0.044715)])])
-        gate = w.node("Tanh", [w.node("Mul", [inner, w.const(_GELU_TANH_C)])])
-        half = w.node("Mul", [x, w.const(0.5)])
-        return w.node("Mul", [half, w.node("Add", [gate, w.const(1.0)])], out)
-    raise UnsupportedError(f"unknown epilogue op {op!r}",
-                           hint="see wpk.core.workload for the known ops")
+    def less(self, a: str, b: str) -> str:
+        return self.node("Less", [a, b])
+
+    def select(self, cond: str, a: str, b: str) -> str:
+        return self.node("Where", [cond, a, b])
+
+    def step(self, step: EpilogueStep, value: str, operand: str | None) -> str:
+        """Nodes computing `step` on `value`: its single op if the opset has one, else
+        its formula's."""
+        row = epilogue_op(step.op)
+        form = row.onnx
+        if form is None or self.opset < form.since:
+            form = row.onnxruntime if self.onnxruntime else None
+        if form is None:
+            return step_value(self, step, value, operand)
+        args = list(step_arguments(step, value, operand))
+        extra, attrs = form.to_onnx(row.attr_values(dict(step.attrs)), self.opset)
+        for index in range(len(args), max(extra, default=-1) + 1):
+            args.append(self.const(extra[index]) if index in extra else "")
+        return self.node(form.op, args, form.domain, **attrs)
+
+    def finish(self, value: str, out: str) -> None:
+        """Make the value the tensor `out` (renaming the last node's output)."""
+        if self.nodes and self.nodes[-1].output[0] == value:
+            self.nodes[-1].output[0] = out
+        else:
+            self.nodes.append(helper.make_node("Identity", [value], [out],
+                                               name=self.fresh("Identity")))
 
 
 def epilogue_onnx_nodes(steps: Sequence[EpilogueStep], value_name: str,
                         operand_names: Mapping[int, str] | Sequence[str], out_name: str,
-                        prefix: str, *, dtype: str = "float32", opset: int = 17
-                        ) -> list[onnx.NodeProto]:
+                        prefix: str, *, dtype: str = "float32", opset: int = 17,
+                        onnxruntime: bool = False) -> list[onnx.NodeProto]:
     """Standard ONNX nodes (valid at `opset`, 9 or later) computing the epilogue of `value_name`.
 
     `operand_names[i]` is the tensor name of node input `i` (used by binary
     steps); the last node writes `out_name`; every intermediate name and node
     name starts with `prefix`. Constants are emitted as `Constant` nodes of
-    `dtype`. With no steps the result is a single `Identity`.
+    `dtype`. With no steps the result is a single `Identity`. `onnxruntime`: the nodes
+    are for onnxruntime only, which may then use its contrib ops (`OnnxBuilder`).
     """
-    w = _NodeWriter(prefix, dtype, opset)
     if not steps:
         return [helper.make_node("Identity", [value_name], [out_name], name=prefix + "identity")]
+    builder = OnnxBuilder(prefix, dtype, opset, onnxruntime)
     value = value_name
-    for i, step in enumerate(steps):
-        target = out_name if i == len(steps) - 1 else None
-        if step.op in _BINARY_ONNX:
-            if step.operand is None:
-                raise UnsupportedError(f"epilogue step {step.op!r} has no operand")
-            operand = operand_names[step.operand]
-            args = [operand, value] if step.swap else [value, operand]
-            value = w.node(_BINARY_ONNX[step.op], args, target)
-        else:
-            value = _emit_unary(w, step, value, target)
-    return w.nodes
-
+    for step in steps:
+        operand = None if step.operand is None else operand_names[step.operand]
+        value = builder.step(step, value, operand)
+    builder.finish(value, out_name)
+    return builder.nodes

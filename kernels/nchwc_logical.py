@@ -47,6 +47,10 @@ def logical_workload(workload: Workload) -> Workload:
     if workload.domain != NCHWC_DOMAIN:
         raise UnsupportedError(f"{workload.label}: not a wpk.nchwc workload")
     op = workload.op
+    if op == "Upsample":
+        return _logical_upsample(workload)
+    if op == "ChannelSlice":
+        return _logical_channel_slice(workload)
     if op not in ("Conv", "MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"):
         raise UnsupportedError(f"{workload.label}: wpk.nchwc {op} has no logical workload",
                                hint="ReorderInput/ReorderOutput are pure layout changes")
@@ -75,6 +79,31 @@ def logical_workload(workload: Workload) -> Workload:
                    _key="")
 
 
+def _logical_upsample(workload: Workload) -> Workload:
+    """Resize(x, scales=[1, 1, sh, sw]) over all Cb*b lanes (nearest: replication)."""
+    x, out = workload.inputs[0], workload.outputs[0]
+    scales = np.array([1, 1, *workload.attr("scales")], dtype=np.float32)
+    attrs = (("coordinate_transformation_mode", workload.attr("coordinate_transformation_mode")),
+             ("mode", workload.attr("mode")), ("nearest_mode", "floor"))
+    return Workload("Resize", (_nchw(x, _padded_channels(x)), None,
+                               TensorSpec((4,), "float32")),
+                    (_nchw(out, _padded_channels(out)),), attrs, const_inputs=(2,),
+                    static_inputs=((2, scales),), opset=max(workload.opset, 13))
+
+
+def _logical_channel_slice(workload: Workload) -> Workload:
+    """Slice(x, starts=[start], ends=[start + padded count], axes=[1]) of the padded lanes."""
+    x, out = workload.inputs[0], workload.outputs[0]
+    start = int(workload.attr("start"))
+    bounds = [np.array([start], np.int64), np.array([start + _padded_channels(out)], np.int64),
+              np.array([1], np.int64)]
+    index = TensorSpec((1,), "int64")
+    return Workload("Slice", (_nchw(x, _padded_channels(x)), index, index, index),
+                    (_nchw(out, _padded_channels(out)),), (), const_inputs=(1, 2, 3),
+                    static_inputs=tuple(zip((1, 2, 3), bounds)),
+                    opset=max(workload.opset, 13))
+
+
 def logical_inputs(workload: Workload, inputs: Sequence[np.ndarray | None]
                    ) -> list[np.ndarray | None]:
     """The inputs of `logical_workload(workload)`: unblocked, filter and bias zero padded."""
@@ -91,6 +120,9 @@ def logical_inputs(workload: Workload, inputs: Sequence[np.ndarray | None]
             result.append(padded)
         else:
             result.append(value)
+    for index in range(len(result), len(logical.inputs)):  # the logical op's static inputs
+        value = logical.static_value(index)
+        result.append(None if value is None else np.asarray(value))
     return result
 
 

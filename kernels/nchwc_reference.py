@@ -15,7 +15,7 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.nchwc_logical import logical_inputs, logical_workload
-from wpk.kernels.reference import reference
+from wpk.kernels.reference import reference, to_float64
 
 
 def nchwc_reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -27,7 +27,6 @@ def nchwc_reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> 
         return [fmt.unblock(np.asarray(inputs[0], dtype=np.float64),
                             int(workload.attr("channels")))]
     logical = logical_workload(workload)
-    values = [None if x is None else np.asarray(x, dtype=np.float64)
-              for x in logical_inputs(workload, inputs)]
+    values = [to_float64(x) for x in logical_inputs(workload, inputs)]
     outputs = reference(logical, values)
     return [fmt.block(np.asarray(y, dtype=np.float64), b) for y in outputs]

@@ -31,6 +31,7 @@ from wpk.kernels.cpu.node_model import (
 from wpk.kernels.cpu.tensor_formulas import TENSOR_FORMULAS
 from wpk.kernels.cpu.window import pad_spatial, window_geometry, windows
 from wpk.kernels.epilogue import apply_epilogue, validate_epilogue
+from wpk.kernels.support import unsupported_reason
 
 _FLOAT_KINDS = "f"
 
@@ -90,9 +91,13 @@ def to_float64(x: np.ndarray | None) -> np.ndarray | None:
 
 
 def has_formula(workload: Workload) -> bool:
-    """Whether the reference uses wpk's own numpy formulation (not onnx.reference)."""
-    return is_elementwise(workload) or (workload.domain in ("", "ai.onnx")
-                                        and workload.op in REFERENCE_FORMULAS)
+    """Whether the reference uses wpk's own numpy formulation (not onnx.reference): only
+    where it covers the workload's whole ONNX definition (`kernels.support`), so e.g. a
+    linear Resize is judged by onnx.reference, not by the nearest-only formula."""
+    if is_elementwise(workload):
+        return True
+    return (workload.domain in ("", "ai.onnx") and workload.op in REFERENCE_FORMULAS
+            and unsupported_reason(workload) is None)
 
 
 def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -107,7 +112,7 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
     reason = validate_epilogue(workload.epilogue, len(inputs))
     if reason:
         raise UnsupportedError(f"{workload.label}: {reason}",
-                               hint="see wpk.core.workload for epilogue steps")
+                               hint="see EPILOGUE_TABLE in wpk.core.epilogue for the steps")
     wide = [to_float64(x) for x in inputs]
     if is_elementwise(workload):
         outputs = [np.array(np.broadcast_to(wide[0], workload.outputs[0].shape))]

@@ -38,12 +38,16 @@ class Implementation(ABC):
     name: str = ""
     kind: str = LIBRARY
     target: str = "cpu"
-    # Whether the runtime runs consecutive steps of this implementation as one session
-    # (`ort.nchwc`, see wpk.kernels.cpu.nchwc_region): such a step saves a call there.
+    # Whether the runtime may run consecutive steps of implementations that join regions as
+    # one onnxruntime session (`wpk.kernels.cpu.ort_region`): such a step saves a call
+    # there. Those implementations give their ONNX form (`onnx_part`, `onnx_opset`).
     joins_regions: bool = False
     # Whether its kernels may call BLAS (numpy matmul): the runtime then limits BLAS to one
     # thread while it runs (`wpk.kernels.cpu.blas_threads`); a plan without any skips that.
     uses_blas: bool = True
+    # Whether onnxruntime computes it: the report sets every choice next to onnxruntime's
+    # own kernel for the workload.
+    onnxruntime: bool = False
 
     @abstractmethod
     def unsupported_reason(self, workload: Workload) -> str | None:
@@ -57,6 +61,16 @@ class Implementation(ABC):
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
         """Build a kernel for the workload; `consts` maps input index to its constant value."""
+
+    def onnx_part(self, workload: Workload, consts: Mapping[int, np.ndarray]):
+        """The step's ONNX form (`wpk.kernels.cpu.node_model.OnnxPart`) for an onnxruntime
+        region; implementations that join regions define it."""
+        raise NotImplementedError(f"{self.name} has no ONNX form")
+
+    def onnx_opset(self, workload: Workload) -> int:
+        """The default-domain opset of `onnx_part` (a region runs at its members' newest, see
+        `wpk.kernels.cpu.ort_region.upgraded`)."""
+        return workload.opset
 
 
 @dataclass(frozen=True)

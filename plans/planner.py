@@ -20,7 +20,7 @@ from wpk.core.errors import UnsupportedError, WpkError
 from wpk.core.workload import Workload
 from wpk.kernels.registry import FALLBACK, Candidate
 from wpk.kernels.support import unsupported_reason
-from wpk.search.choice import choose
+from wpk.search.choice import Reason, choose, explain
 from wpk.search.measure import Measurement
 from wpk.search.runner import Runner
 from wpk.search.workers import MeasureOptions
@@ -68,6 +68,9 @@ class Choice:
     candidate: Candidate
     measurement: Measurement
     measurements: list[Measurement] = field(default_factory=list)
+    # Why it won (`reason_entry`: the rule of `wpk.search.choice` that decided); None
+    # for a choice made elsewhere.
+    reason: dict | None = None
 
     @property
     def count(self) -> int:
@@ -97,6 +100,17 @@ class PlanChoices:
 def joins_regions(candidate: Candidate) -> bool:
     """Whether the runtime runs the candidate inside a merged onnxruntime region."""
     return candidate.implementation.joins_regions
+
+
+def reason_entry(reason: Reason, credit_s: float) -> dict:
+    """The JSON form of a `Reason` for the report: the rule, the verified count, the faster
+    candidate a region choice passed over (label, seconds slower) and the runner-up's label."""
+    entry = {"rule": reason.rule, "verified": reason.verified}
+    if reason.faster is not None:
+        entry.update(faster=reason.faster[0].label, over_s=reason.over_s, credit_s=credit_s)
+    if reason.runner_up is not None:
+        entry["runner_up"] = reason.runner_up[0].label
+    return entry
 
 
 def _node_name(node: Any) -> str:
@@ -166,9 +180,11 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
                                 for _, m in measured)
             none_verified.append(f"{workload.op} at {_nodes_text(items)} [{reasons}]")
             continue
+        reason = explain(measured, winner, prefer=joins_regions)
         choices[key] = Choice(workload, [_node_name(i.node) for i in items],
                               [getattr(i.node, "op", workload.op) for i in items],
-                              winner[0], winner[1], [m for _, m in measured])
+                              winner[0], winner[1], [m for _, m in measured],
+                              reason_entry(reason, options.region_credit_s))
     if on_progress:
         on_progress(len(groups), len(groups), "done")
     if no_candidate:

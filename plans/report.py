@@ -12,10 +12,19 @@
         {"key", "label", "op", "nodes": [names], "count",
          "chosen": label, "chosen_impl", "chosen_kind", "median_s", "spread_s",
          "latency_s": median x count, "share": of totals.latency_s, "fallback": bool,
+         "reason": {"rule": fastest | region | only_verified | timed_alone,
+                    "verified": n, "runner_up": label,
+                    "faster": label, "over_s", "credit_s"} | null,   # plans.planner
+         "onnxruntime_s": onnxruntime's fastest own kernel for it | null,
          "candidates": [{"label", "impl", "kind", "status", "median_s", "spread_s",
-                         "rel_l2_error", "message"}]}]}
+                         "rel_l2_error", "message", "onnxruntime": bool}]}]}
 
-Times are seconds; values that were not measured are null.
+Times are seconds; values that were not measured are null. `reason` and
+`onnxruntime_s` are absent from reports of older builds; `choice_reason` and
+`onnxruntime_time` answer for those too. A build with `--search` adds
+`"search"` (`wpk.pipeline`: per tuned workload its trials' times, `history`),
+and one that compared the plan with onnxruntime's whole model `"partition"`
+(`wpk.partition`).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from wpk.kernels import registry
 from wpk.plans.buffers import BufferPlan
 from wpk.plans.planner import Choice, PlanChoices
 from wpk.search.measure import Measurement
@@ -31,17 +41,62 @@ from wpk.search.measure import Measurement
 REPORT_VERSION = 1
 
 
+def runs_on_onnxruntime(impl: str) -> bool:
+    """Whether the implementation named `impl` is onnxruntime's (False when unknown here)."""
+    try:
+        return registry.get(impl).onnxruntime
+    except KeyError:
+        return False
+
+
 def candidate_entry(measurement: Measurement) -> dict:
     """A candidate's entry in the report."""
     data = measurement.to_json()
-    return {name: data[name] for name in ("label", "impl", "kind", "status", "median_s",
-                                          "spread_s", "rel_l2_error", "message")}
+    entry = {name: data[name] for name in ("label", "impl", "kind", "status", "median_s",
+                                           "spread_s", "rel_l2_error", "message")}
+    entry["onnxruntime"] = runs_on_onnxruntime(measurement.impl)
+    return entry
+
+
+def verified_times(entry: Mapping) -> list[tuple[float, dict]]:
+    """(median, candidate) of the workload's verified, timed candidates, fastest first."""
+    timed = [(c["median_s"], c) for c in entry["candidates"]
+             if c["status"] == "ok" and c["median_s"]]
+    return sorted(timed, key=lambda pair: pair[0])
+
+
+def onnxruntime_time(entry: Mapping) -> float | None:
+    """onnxruntime's fastest verified kernel for the workload (None when it has none)."""
+    times = [t for t, c in verified_times(entry)
+             if c.get("onnxruntime", runs_on_onnxruntime(c["impl"]))]
+    return times[0] if times else None
+
+
+def next_best(entry: Mapping) -> dict | None:
+    """The fastest verified candidate other than the chosen one, or None."""
+    others = [c for _, c in verified_times(entry) if c["label"] != entry["chosen"]]
+    return others[0] if others else None
+
+
+def choice_reason(entry: Mapping) -> dict:
+    """Why the workload's candidate was chosen: the report's `reason`, or for a report of an
+    older build, what its times say (the fastest, the only verified one, or not recorded)."""
+    if entry.get("reason"):
+        return dict(entry["reason"])
+    timed = verified_times(entry)
+    if len(timed) == 1:
+        return {"rule": "only_verified", "verified": 1}
+    faster = [c for t, c in timed if entry["median_s"] is not None and t < entry["median_s"]]
+    if faster:
+        return {"rule": "not_recorded", "verified": len(timed), "faster": faster[0]["label"],
+                "over_s": entry["median_s"] - faster[0]["median_s"]}
+    return {"rule": "fastest", "verified": len(timed)}
 
 
 def workload_entry(choice: Choice) -> dict:
     """A workload's entry in the report (without its share of the latency)."""
     chosen = choice.measurement.to_json()
-    return {
+    entry = {
         "key": choice.workload.key, "label": choice.workload.label, "op": choice.workload.op,
         "nodes": list(choice.node_names), "count": choice.count,
         "chosen": choice.candidate.label, "chosen_impl": choice.candidate.implementation.name,
@@ -49,8 +104,11 @@ def workload_entry(choice: Choice) -> dict:
         "median_s": chosen["median_s"], "spread_s": chosen["spread_s"],
         "latency_s": (chosen["median_s"] or 0.0) * choice.count,
         "fallback": choice.is_fallback,
+        "reason": choice.reason,
         "candidates": [candidate_entry(m) for m in choice.measurements],
     }
+    entry["onnxruntime_s"] = onnxruntime_time(entry)
+    return entry
 
 
 def to_jsonable(value: Any) -> Any:

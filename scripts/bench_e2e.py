@@ -9,11 +9,16 @@ onnxruntime runs with ORT_ENABLE_ALL and intra-op threads = cores.
     python scripts/bench_e2e.py                              # default models
     python scripts/bench_e2e.py --models light_vgg19,mobilenet_v2_like --rounds 30
     python scripts/bench_e2e.py --breakdown                  # + time of every plan step
+    python scripts/bench_e2e.py --models corpus --ort-spinning --block 10 --breakdown
 
 Writes benchmarks/results/e2e-<date>-<host>.json (machine, versions, all
 timings) and prints a markdown table. Models: `light_<arch>` from the onnx
-wheel (weights made random, see tests/models.py) and the hand-built
-mobilenet_v2_like, efficientnet_like, transformer_encoder.
+wheel (weights made random, see tests/models.py), the hand-built
+mobilenet_v2_like, efficientnet_like, transformer_encoder, and the
+real-exporter corpus (tests/corpus) as `corpus_<architecture>_<exporter>`
+(`--models corpus` for all of them) at its benchmark size (`--corpus-size`).
+With `--breakdown`, corpus runs also show onnxruntime's own time per
+operator type (its profiler, after its fusions) beside wpk's.
 """
 
 from __future__ import annotations
@@ -40,10 +45,13 @@ import onnx  # noqa: E402
 import onnxruntime  # noqa: E402
 
 import wpk  # noqa: E402
-from tests import models  # noqa: E402
+from tests import corpus, models  # noqa: E402
 from wpk.core.numerics import relative_l2  # noqa: E402
 
 DEFAULT_MODELS = ("light_resnet50", "light_squeezenet", "transformer_encoder")
+CORPUS_PREFIX = "corpus_"
+CORPUS_MODELS = tuple(CORPUS_PREFIX + name for name in corpus.CORPUS)
+KNOWN_MODELS = models.ALL_MODELS + CORPUS_MODELS
 
 
 def machine_description() -> dict:
@@ -103,11 +111,25 @@ def step_breakdown(session, feeds: dict, repeats: int) -> list[dict]:
             for row in session.profile(feeds, repeats=repeats)]
 
 
+def load_benchmark_model(name: str, corpus_size: str = "bench"
+                         ) -> tuple[onnx.ModelProto, dict, dict]:
+    """(model, seeded feeds, input shapes for wpk.build) of a model of `KNOWN_MODELS`."""
+    if name.startswith(CORPUS_PREFIX):
+        entry = name[len(CORPUS_PREFIX):]
+        return (corpus.build_model(entry, corpus_size),
+                corpus.random_feeds(entry, corpus_size, seed=0),
+                corpus.input_shapes(entry, corpus_size))
+    model = models.load_model(name)
+    return model, models.random_inputs(model, seed=0), {}
+
+
 def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options: dict,
                 breakdown: bool, workdir: str, ort_spinning: bool = False,
-                block: int = 1, wpk_spin: bool = False) -> dict:
-    model = models.load_model(name)
-    feeds = models.random_inputs(model, seed=0)
+                block: int = 1, wpk_spin: bool = False, corpus_size: str = "bench") -> dict:
+    load_before = list(os.getloadavg())  # others' work on a shared machine shows here
+    model, feeds, input_shapes = load_benchmark_model(name, corpus_size)
+    if input_shapes:
+        build_options = {**build_options, "input_shapes": input_shapes}
     started = time.perf_counter()
     plan = wpk.build(model, target="cpu", progress=False, **build_options)
     build_s = time.perf_counter() - started
@@ -135,11 +157,51 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
               "fallback_steps": sum(1 for s in steps if s.kind == "fallback"),
               "impl_kinds": _count(s.kind for s in steps),
               "relative_l2_vs_ort": error,
-              "wpk": summarize(wpk_times), "onnxruntime": summarize(ort_times)}
+              "wpk": summarize(wpk_times), "onnxruntime": summarize(ort_times),
+              "load_average_before_after": [load_before, list(os.getloadavg())]}
     result["ratio_wpk_over_ort"] = result["wpk"]["median_ms"] / result["onnxruntime"]["median_ms"]
     if breakdown:
         result["breakdown"] = step_breakdown(session, feeds, repeats=max(5, rounds // 2))
+        if name.startswith(CORPUS_PREFIX):
+            result["ort_breakdown"] = ort_op_breakdown(model, feeds, threads, ort_spinning,
+                                                       max(5, rounds // 2), workdir)
     return result
+
+
+def ort_op_breakdown(model: onnx.ModelProto, feeds: dict, threads: int, spinning: bool,
+                     runs: int, workdir: str) -> list[dict]:
+    """onnxruntime's kernel time per operator type, in ms per run, largest first: the sum
+    over its nodes of each node's median time in `runs` runs (its profiler, in a separate
+    session with the benchmark's settings; profiling adds a little to every node)."""
+    options = onnxruntime.SessionOptions()
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(workdir, "ort-profile")
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    for _ in range(runs + 1):
+        session.run(None, feeds)
+    with open(session.end_profiling()) as handle:
+        events = json.load(handle)
+    run_starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")
+    steady_from = run_starts[1] if len(run_starts) > 1 else 0  # the first run warms up
+    per_node: dict[tuple[str, str], list[float]] = {}
+    for event in events:
+        if (event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time")
+                and event["ts"] >= steady_from):
+            key = (event["args"]["op_name"], event["name"])
+            per_node.setdefault(key, []).append(event["dur"])
+    by_op: dict[str, list[float]] = {}
+    for (op, _), durations in per_node.items():  # a node's median: preemptions drop out
+        by_op.setdefault(op, []).append(statistics.median(durations) / 1e3)
+    rows = [{"op": op, "nodes": len(medians), "ms_per_run": sum(medians)}
+            for op, medians in by_op.items()]
+    return sorted(rows, key=lambda r: -r["ms_per_run"])
 
 
 BLOCK_PAUSE_S = 0.3   # onnxruntime's threads were seen spinning for about 3 runs after one
@@ -169,13 +231,15 @@ def _count(values) -> dict:
 
 def markdown_table(results: list[dict], threads: int) -> str:
     lines = [f"| model | wpk build (s) | wpk median ms (p25-p75) | onnxruntime median ms "
-             f"(p25-p75), {threads} threads | wpk/ort | fallback steps | rel. L2 vs ort |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             f"(p25-p75), {threads} threads | wpk/ort | wpk/ort of the fastest runs "
+             "| fallback steps | rel. L2 vs ort |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         w, o = r["wpk"], r["onnxruntime"]
         lines.append(f"| {r['model']} | {r['build_s']:.1f} | {w['median_ms']:.2f} "
                      f"({w['p25_ms']:.2f}-{w['p75_ms']:.2f}) | {o['median_ms']:.2f} "
                      f"({o['p25_ms']:.2f}-{o['p75_ms']:.2f}) | {r['ratio_wpk_over_ort']:.2f} "
+                     f"| {w['min_ms'] / o['min_ms']:.2f} "
                      f"| {r['fallback_steps']}/{r['steps']} | {r['relative_l2_vs_ort']:.1e} |")
     return "\n".join(lines)
 
@@ -191,6 +255,22 @@ def breakdown_text(result: dict, top: int) -> str:
              "| op [kind] | steps | total ms | share |", "| --- | ---: | ---: | ---: |"]
     for op, times in sorted(by_op.items(), key=lambda kv: -sum(kv[1]))[:top]:
         lines.append(f"| {op} | {len(times)} | {sum(times):.3f} | {sum(times) / total:.1%} |")
+    by_impl: dict[str, list[float]] = {}
+    for r in rows:
+        by_impl.setdefault(r["impl"], []).append(r["median_ms"])
+    lines += ["", "| implementation | steps | total ms | share |", "| --- | ---: | ---: | ---: |"]
+    for impl, times in sorted(by_impl.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        lines.append(f"| {impl} | {len(times)} | {sum(times):.3f} | {sum(times) / total:.1%} |")
+    if result.get("ort_breakdown"):
+        ort_rows = result["ort_breakdown"]
+        ort_total = sum(r["ms_per_run"] for r in ort_rows) or 1.0
+        lines += ["", f"onnxruntime per operator type (profiler, after its fusions; kernels "
+                  f"{ort_total:.2f} ms, end to end {result['onnxruntime']['median_ms']:.2f} ms)",
+                  "", "| onnxruntime op | nodes | ms per run | share |",
+                  "| --- | ---: | ---: | ---: |"]
+        for r in ort_rows[:top]:
+            lines.append(f"| {r['op']} | {r['nodes']} | {r['ms_per_run']:.3f} | "
+                         f"{r['ms_per_run'] / ort_total:.1%} |")
     lines += ["", "| step | op | implementation | ms |", "| --- | --- | --- | ---: |"]
     for r in sorted(rows, key=lambda r: -r["median_ms"])[:top]:
         lines.append(f"| {r['node']} | {r['op']} | {r['impl']} | {r['median_ms']:.3f} |")
@@ -198,19 +278,26 @@ def breakdown_text(result: dict, top: int) -> str:
 
 
 def model_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
-    """The comma-separated model names of `--models`; a parser error for unknown ones."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in models.ALL_MODELS]
+    """The comma-separated model names of `--models` ("corpus" stands for every
+    `corpus_<architecture>_<exporter>`); a parser error for unknown ones."""
+    names = []
+    for name in (n.strip() for n in text.split(",")):
+        if name:
+            names += list(CORPUS_MODELS) if name == "corpus" else [name]
+    unknown = [n for n in names if n not in KNOWN_MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; "
-                     f"known: {', '.join(models.ALL_MODELS)}")
+                     f"known: {', '.join(KNOWN_MODELS)}, corpus (all corpus_*)")
     return names
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                        help=f"comma-separated; known: {', '.join(models.ALL_MODELS)}")
+                        help=f"comma-separated; known: {', '.join(KNOWN_MODELS)}; "
+                             "corpus: every corpus_* model")
+    parser.add_argument("--corpus-size", choices=corpus.SIZES, default="bench",
+                        help="size of the corpus_* models (default bench; ci: the tests' size)")
     parser.add_argument("--rounds", type=int, default=20, help="timed A/B rounds per model")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
@@ -240,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(bench_model(name, args.rounds, args.warmup, args.threads,
                                        build_options, args.breakdown, workdir,
                                        args.ort_spinning, max(1, args.block),
-                                       args.wpk_spin))
+                                       args.wpk_spin, args.corpus_size))
 
     report = {"benchmark": "e2e", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "method": f"{args.warmup} warm-up rounds, then {args.rounds} rounds alternating "
@@ -252,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
               "threads": args.threads, "ort_spinning": args.ort_spinning,
               "wpk_spin_threads": args.wpk_spin,
               "build_options": build_options,
+              "corpus_size": args.corpus_size,
               "machine": {**machine_description(), "load_average_at_start": load_at_start},
               "results": results}
     report["machine"]["load_average_at_end"] = list(os.getloadavg())
@@ -260,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         for result in results:
             print(breakdown_text(result, args.top))
     if not args.no_save:
-        prefix = ("e2e" + ("-ort-spinning" if args.ort_spinning else "")
+        prefix = ("e2e" + ("-corpus" if any(n in CORPUS_MODELS for n in names) else "")
+                  + ("-ort-spinning" if args.ort_spinning else "")
                   + ("-wpk-spin" if args.wpk_spin else ""))
         write_results(report, prefix, args.results_dir)
     return 0

@@ -26,8 +26,9 @@ model latency first (`wpk.search.budget`) with at most `--trials` each; on a
 runner with several measuring slots (the nodes of a cluster) a tuner's batch
 is whole rounds of them, and a budget-only search allows that many times the
 default trials, since the budget is wall time. It shows per workload the
-trials, the best time and the speed-up over the vendor kernel (a rich table
-on a terminal).
+trials, the best time so far (it never rises), the re-measured winner, the
+speed-up over the vendor kernel and why its search ended (`STOP_REASONS`), as
+a rich table on a terminal.
 """
 
 from __future__ import annotations
@@ -56,9 +57,27 @@ DEFAULT_BUDGET_TRIALS = 64   # per workload when only --budget limits the search
 ProgressFn = Callable[["TuneResult"], None]
 
 
+# Why a workload's search ended (`TuneResult.stopped`), how a person reads it, and the
+# shorter words for a result that does not know its limits.
+STOP_REASONS = {
+    "trials": ("reached its trial limit ({trials})", "reached its trial limit"),
+    "deadline": ("its share of the time budget ran out",) * 2,
+    "converged": ("converged: no gain above {min_gain:.0%} in the last {patience} trials",
+                  "converged: the best stopped improving"),
+    "exhausted": ("the tuner had no untried config left",) * 2,
+    "budget": ("the time budget was spent before its turn: not tuned",) * 2,
+    "unsupported": ("not tunable on this target",) * 2,
+    "": ("tuning",) * 2,
+}
+
+
 @dataclass
 class TuneResult:
-    """What tuning one workload's generated kernel found."""
+    """What tuning one workload's generated kernel found.
+
+    `best_s` is the best time the search measured so far (it never rises); after the
+    search the fastest records are re-measured alone (`finalize`), the winner's config
+    becomes `best_config` and its re-measured time `final_s`."""
 
     workload: Workload
     tuner: str
@@ -70,24 +89,42 @@ class TuneResult:
     invalid: int = 0          # rejected by validate (never compiled)
     failed: int = 0           # compile errors, crashes, wrong answers, timeouts
     history: list[tuple[dict, float]] = field(default_factory=list)
-    stopped: str = ""         # trials | deadline | converged | exhausted
+    stopped: str = ""         # a key of STOP_REASONS
     seconds: float = 0.0
     final: Measurement | None = None   # the workload's winner after re-measurement
+    final_s: float | None = None       # the generated winner's re-measured time
+    limits: dict = field(default_factory=dict)   # trials, patience, min_gain
+    detail: str = ""          # what made it unsupported
 
     @property
     def speedup(self) -> float | None:
-        """Vendor time over the best generated time (> 1: generated is faster)."""
-        if self.reference_s is None or not math.isfinite(self.best_s) or self.best_s <= 0:
+        """Vendor time over the generated kernel's (re-measured when it was; > 1: generated
+        is faster)."""
+        best = self.final_s if self.final_s is not None else self.best_s
+        if self.reference_s is None or not math.isfinite(best) or best <= 0:
             return None
-        return self.reference_s / self.best_s
+        return self.reference_s / best
+
+    @property
+    def stopped_text(self) -> str:
+        """Why the search ended, in words (STOP_REASONS with this search's limits)."""
+        detailed, plain = STOP_REASONS.get(self.stopped, (self.stopped,) * 2)
+        try:
+            text = detailed.format(**self.limits)
+        except KeyError:
+            text = plain
+        return f"{text}: {self.detail}" if self.detail else text
 
     def to_json(self) -> dict:
         finite = (lambda v: v if v is not None and math.isfinite(v) else None)  # noqa: E731
         return {"key": self.workload.key, "label": self.workload.label, "tuner": self.tuner,
                 "best_config": self.best_config, "best_s": finite(self.best_s),
+                "final_s": finite(self.final_s),
                 "reference_s": finite(self.reference_s), "speedup": self.speedup,
                 "trials": self.trials, "measured": self.measured, "invalid": self.invalid,
-                "failed": self.failed, "stopped": self.stopped, "seconds": self.seconds,
+                "failed": self.failed, "stopped": self.stopped,
+                "stopped_text": self.stopped_text, "seconds": self.seconds,
+                "history": [finite(cost) for _, cost in self.history],
                 "winner": None if self.final is None else self.final.label}
 
 
@@ -116,7 +153,8 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
     if trials < 1:
         raise OptionError(f"--trials must be at least 1, got {trials}")
     started = time.monotonic()
-    result = TuneResult(workload, tuner_name, reference_s=reference_time)
+    result = TuneResult(workload, tuner_name, reference_s=reference_time,
+                        limits={"trials": trials, "patience": patience, "min_gain": min_gain})
     space = SearchSpace.from_template(generated.template(workload), name=workload.label)
     tuner = make_tuner(tuner_name, space, seed, **dict(tuner_options or {}))
     if cost_model:
@@ -157,12 +195,14 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
         if stopper.stopped:
             result.stopped = "converged"
             break
+    if result.stopped == "exhausted" and result.trials >= trials:
+        result.stopped = "trials"  # the last batch reached the limit as the space ran out
     result.invalid = sum(1 for t in tuner.history if t.status == "invalid")
     if finalize_k > 0 and result.best_config is not None:
         result.final = runner.finalize(workload, k=finalize_k)
         best = best_generated(runner, workload, generated.impl)
-        if best is not None:
-            result.best_config, result.best_s = dict(best.config), best.median_s
+        if best is not None:  # the re-measured winner; best_s stays the search's best
+            result.best_config, result.final_s = dict(best.config), best.median_s
     result.seconds = time.monotonic() - started
     if on_progress:
         on_progress(result)
@@ -273,7 +313,7 @@ def tune_model(items: Sequence, options: TuneOptions, vendor_times: Mapping[str,
             except WpkError as exc:  # no schedule template for this workload on the target
                 results[entry.key] = TuneResult(workload, options.tuner,
                                                 reference_s=_finite(entry.vendor_s),
-                                                stopped=f"unsupported: {exc.message}"[:200])
+                                                stopped="unsupported", detail=exc.message)
                 display.update(results[entry.key])
     return {k: results[k] for k in workloads if k in results}
 
@@ -327,17 +367,18 @@ class TuningDisplay:
             self.live.update(self.table())
 
     def table(self):
-        """The rich Table of the rows so far."""
+        """The rich Table of the rows so far: names wrap rather than being cut."""
         from rich.table import Table
 
         table = Table(title="tuning generated kernels", expand=False)
-        for name, justify in (("workload", "left"), ("trials", "right"), ("best", "right"),
+        for name, justify in (("workload", "left"), ("trials", "right"),
+                              ("best so far", "right"), ("re-measured", "right"),
                               ("vendor", "right"), ("speed-up", "right"), ("state", "left")):
-            table.add_column(name, justify=justify)
+            table.add_column(name, justify=justify, overflow="fold")
         for r in self.rows.values():
-            table.add_row(r.workload.label[:60], str(r.trials), _ms(r.best_s),
+            table.add_row(r.workload.label, str(r.trials), _ms(r.best_s), _ms(r.final_s),
                           _ms(r.reference_s), "" if r.speedup is None else f"{r.speedup:.2f}x",
-                          r.stopped or "tuning")
+                          r.stopped_text)
         return table
 
 

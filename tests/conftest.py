@@ -31,3 +31,22 @@ def pytest_configure(config):
     from tests.isa import force_isa
 
     force_isa(config.getoption("--isa"))
+
+
+@pytest.fixture(scope="session")
+def corpus_model_path(tmp_path_factory):
+    """`corpus_model_path(name) -> Path` of a corpus model (tests/corpus) at its CI size,
+    exported on first use into a temporary folder, once per test session."""
+    import onnx
+
+    from tests.corpus import build_model
+
+    folder = tmp_path_factory.mktemp("corpus")
+
+    def path_of(name: str):
+        path = folder / f"{name}.onnx"
+        if not path.exists():
+            onnx.save(build_model(name, "ci"), str(path))
+        return path
+
+    return path_of

@@ -24,7 +24,7 @@ def build(model, target: str = "cpu", **options):
 
 def load(path, spin_threads: bool = False):
     """Load a plan file and return a `wpk.runtime.Session` ready to run (`spin_threads`:
-    onnxruntime's threads spin while a run lasts, see `wpk.kernels.cpu.nchwc_region`)."""
+    onnxruntime's threads spin while a run lasts, see `wpk.kernels.cpu.ort_region`)."""
     from wpk.runtime import Session
 
     return Session.load(path, spin_threads=spin_threads)

@@ -3,7 +3,8 @@
     graph = load_model("model.onnx", input_shapes={"data": (1, 3, 224, 224)})
 
 Steps: parse (path, bytes or ModelProto) -> fix symbolic input dims from
-`input_shapes` -> `onnx.checker.check_model(full_check=True)` ->
+`input_shapes` (a declared `dim_value` of -1 or 0, paddle2onnx's and some
+tf2onnx versions' "dynamic", counts as symbolic) -> `onnx.checker.check_model(full_check=True)` ->
 `onnx.shape_inference.infer_shapes(strict_mode=True, data_prop=True)` ->
 `Graph`. Checker and inference see a skeleton of the model without the data
 of big initializers (so a 500 MB model is not serialized twice). Initializers
@@ -133,8 +134,8 @@ def _fix_input_shapes(proto: onnx.ModelProto, source: str,
         if not value.type.HasField("tensor_type"):
             raise UnsupportedError(f"input '{value.name}' of '{source}' is not a tensor",
                                    hint="wpk supports tensor inputs only")
-        dims = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                 for d in ttype.shape.dim] if ttype.HasField("shape") else None)
+        dims = ([_declared_dim(d) for d in ttype.shape.dim]
+                if ttype.HasField("shape") else None)
         given = input_shapes.get(value.name)
         shown = "unknown rank" if dims is None else "[" + ", ".join(map(str, dims)) + "]"
         if given is None:
@@ -167,6 +168,28 @@ def _fix_input_shapes(proto: onnx.ModelProto, source: str,
             ttype.shape.SetInParent()  # a scalar still has a (rank 0) shape
             for d in updates[value.name]:
                 ttype.shape.dim.add().dim_value = d
+    _forget_placeholder_dims([*proto.graph.output, *proto.graph.value_info])
+
+
+def _declared_dim(dim: onnx.TensorShapeProto.Dimension) -> int | str:
+    """A declared dim: its value when fixed, else its name, the placeholder ("-1", "0")
+    or "?". paddle2onnx and tf2onnx declare a dynamic dim as `dim_value: -1` (some
+    exporters 0): unknown, like a symbolic one, so `--input-shape` can fix it."""
+    if dim.HasField("dim_value"):
+        return dim.dim_value if dim.dim_value > 0 else str(dim.dim_value)
+    return dim.dim_param or "?"
+
+
+def _forget_placeholder_dims(values) -> None:
+    """Make `dim_value` -1 or 0 (an exporter's "dynamic") unknown in declared value
+    infos, so shape inference fills them instead of disagreeing with them."""
+    for value in values:
+        ttype = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or not ttype.HasField("shape"):
+            continue
+        for dim in ttype.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value <= 0:
+                dim.ClearField("dim_value")
 
 
 def _copy_field(message, field, value) -> None:

@@ -20,7 +20,9 @@ included), and the faster is the plan:
    slower; within the margin wpk's plan stays.
 
 The summary (`report["partition"]`) gives both times, the ratio, the winner
-and why.
+and why, and for every wpk step outside onnxruntime's regions (`boundaries`)
+what it saves against the best candidate onnxruntime runs in a region, next
+to what leaving the region costs (about one session call).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wpk.core.numerics import relative_l2
+from wpk.kernels import registry
 from wpk.plans.planfile import Plan
 from wpk.runtime import Session, example_feeds
 
@@ -48,6 +51,7 @@ class PartitionOptions:
     margin: float = 0.02       # wpk's plan stays unless onnxruntime is this much faster
     tolerance: float = 1e-4    # relative L2 between the two plans' outputs
     max_seconds: float = 20.0  # stop adding blocks after this long
+    call_s: float = 20e-6      # what a step outside onnxruntime's regions costs: a call
 
 
 def _time_block(session: Session, feeds: dict, runs: int, pause_s: float) -> list[float]:
@@ -91,6 +95,27 @@ def decide(times: dict[str, list[float]], margin: float) -> tuple[str, float]:
     return (ONNXRUNTIME if ratio > 1 + margin else WPK), ratio
 
 
+def boundaries(report: dict, call_s: float) -> list[dict]:
+    """Every chosen candidate that leaves onnxruntime's regions, with the time it saves over
+    the fastest verified candidate that joins them and whether that outweighs `call_s`
+    (what a boundary costs: about one session call)."""
+    found = []
+    for entry in report.get("workloads", []):
+        if registry.get(entry["chosen_impl"]).joins_regions:
+            continue
+        joining = [c for c in entry["candidates"] if c["status"] == "ok"
+                   and c["median_s"] is not None and registry.get(c["impl"]).joins_regions]
+        best = min(joining, key=lambda c: c["median_s"], default=None)
+        saved = None if best is None else best["median_s"] - (entry["median_s"] or 0.0)
+        found.append({"workload": entry["label"], "nodes": entry["count"],
+                      "chosen": entry["chosen"], "median_s": entry["median_s"],
+                      "onnxruntime": None if best is None else best["label"],
+                      "onnxruntime_median_s": None if best is None else best["median_s"],
+                      "saved_s": saved,
+                      "worth_its_boundary": best is None or saved > call_s})
+    return found
+
+
 def choose_partition(per_op: Plan, whole_model: Plan,
                      options: PartitionOptions | None = None) -> tuple[Plan, dict]:
     """The faster of wpk's per-operator plan and onnxruntime's whole model, with the summary
@@ -100,6 +125,7 @@ def choose_partition(per_op: Plan, whole_model: Plan,
     feeds = example_feeds(wpk_session, seed=0)
     difference = agreement(wpk_session, ort_session, feeds)
     summary = {"compared": [WPK, ONNXRUNTIME], "rel_l2_between": difference,
+               "boundaries": boundaries(per_op.report, options.call_s),
                "method": f"{options.blocks} alternating blocks of {options.runs} runs per "
                          f"engine, a {options.pause_s:g} s pause and one untimed run before "
                          f"each; onnxruntime with its default options"}

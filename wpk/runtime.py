@@ -27,9 +27,9 @@ from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
 from wpk.kernels import registry
 from wpk.kernels.cpu.blas_threads import OneBlasThread
-from wpk.kernels.cpu.nchwc_region import REGION_IMPL, RegionMember, region_kernel
+from wpk.kernels.cpu.ort_region import RegionMember, region_kernel
 from wpk.kernels.target import target_class
-from wpk.plans.planfile import KERNELS, Plan, read_plan
+from wpk.plans.planfile import KERNELS, Plan, Step, read_plan
 
 _ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16",
               "bfloat16": "bfloat16", "int64": "int64", "int32": "int32", "int16": "int16",
@@ -48,6 +48,16 @@ class TensorMeta:
     @property
     def type(self) -> str:
         return f"tensor({_ORT_TYPES.get(self.dtype, self.dtype)})"
+
+
+@dataclass(frozen=True)
+class CallTiming:
+    """One kernel call of a timed run (`Session.timeline`): the plan steps it executed and
+    when it started and ended (seconds on the `time.perf_counter` clock)."""
+
+    steps: tuple[Step, ...]
+    start_s: float
+    end_s: float
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -75,8 +85,9 @@ class Session:
         self._input_views = {meta.name: views[meta.name] for meta in self._inputs}
         arrays = {**plan.weights, **views}
         self.merge_regions = merge_regions
-        self.spin_threads = spin_threads  # regions' threads spin during runs (nchwc_region)
+        self.spin_threads = spin_threads  # regions' threads spin during runs (ort_region)
         self._arrays, self._step_calls = arrays, None
+        self.region_failures: list[str] = []
         self._calls, self._step_names = self._prepare_steps(arrays)
         # after the kernels loaded their libraries; entering it costs ~10 us a run, so only
         # when some step may call BLAS
@@ -144,21 +155,25 @@ class Session:
 
     def _prepare_steps(self, arrays: Mapping[str, np.ndarray], merge: bool = True):
         """(kernel, inputs, outputs) calls and their names; with `merge`, runs of two or
-        more consecutive `ort.nchwc` steps become one session (`nchwc_region`)."""
+        more consecutive steps run by onnxruntime become one session (`ort_region`)."""
         steps = self.plan.steps
         calls, names, start = [], [], 0
         while start < len(steps):
             end = start + 1
             exported: set[str] = set()
-            if merge and self.merge_regions and steps[start].impl == REGION_IMPL:
-                end, exported = _region(steps, start, arrays, self.plan.weights,
+            if merge and self.merge_regions:
+                end, exported = _region(self.plan, start, arrays,
                                         {meta.name for meta in self._outputs})
+            region = None
             if end - start >= 2:
-                calls.append(self._prepare_region(steps[start:end], arrays, exported))
+                region = self._try_region(steps[start:end], arrays, exported)
+            if region is not None:
+                calls.append(region)
                 names.append(f"{steps[start].node}..{steps[end - 1].node}")
             else:
-                calls.append(self._prepare_step(steps[start], arrays))
-                names.append(steps[start].node)
+                for step in steps[start:end]:
+                    calls.append(self._prepare_step(step, arrays))
+                    names.append(step.node)
             start = end
         return calls, names
 
@@ -179,12 +194,21 @@ class Session:
                             f"to load: {exc}", hint="rebuild the plan on this machine") from exc
         return kernel, inputs, outputs
 
+    def _try_region(self, steps, arrays: Mapping[str, np.ndarray], exported: set[str]):
+        """The region's call, or None when onnxruntime cannot load the merged model (the
+        steps then run one by one, as verified; `region_failures` says why)."""
+        try:
+            return self._prepare_region(steps, arrays, exported)
+        except PlanError as exc:
+            self.region_failures.append(str(exc))
+            return None
+
     def _prepare_region(self, steps, arrays: Mapping[str, np.ndarray], exported: set[str]):
         members = []
         for step in steps:
-            _, workload, _, _, consts = bind_step(self.plan, step, arrays, self.plan.weights,
-                                                 self.path)
-            members.append(RegionMember(workload, consts, step.inputs, step.outputs[0]))
+            impl, workload, _, _, consts = bind_step(self.plan, step, arrays,
+                                                     self.plan.weights, self.path)
+            members.append(RegionMember(impl, workload, consts, step.inputs, step.outputs))
         try:
             kernel, inputs, outputs = region_kernel(members, exported, self.spin_threads)
         except Exception as exc:
@@ -240,6 +264,32 @@ class Session:
             rows.append({"node": step.node, "op": step.op, "impl": step.impl, "kind": step.kind,
                          "median_s": float(np.median(times)), "min_s": min(times)})
         return rows
+
+    def timeline(self, feeds: Mapping) -> list[CallTiming]:
+        """One run with every call timed on the host clock, in execution order: each
+        call's plan steps (one, or the members of an onnxruntime region) and its start
+        and end (`time.perf_counter` seconds). The outputs are the run's, as after `run`."""
+        self._load_feeds(feeds)
+        timings = []
+        with self._one_blas_thread():
+            for (kernel, inputs, outputs), steps in zip(self._calls, self.call_steps()):
+                began = time.perf_counter()
+                kernel(inputs, outputs)
+                timings.append(CallTiming(steps, began, time.perf_counter()))
+        return timings
+
+    def call_steps(self) -> list[tuple[Step, ...]]:
+        """The plan steps each call runs, in order: a call named after one step runs it, a
+        region's call, named 'first..last', the steps from its first to its last."""
+        steps, found, cursor = self.plan.steps, [], 0
+        for name in self._step_names:
+            end = cursor + 1
+            if name != steps[cursor].node:
+                end = next(j + 1 for j in range(cursor + 1, len(steps))
+                           if name == f"{steps[cursor].node}..{steps[j].node}")
+            found.append(tuple(steps[cursor:end]))
+            cursor = end
+        return found
 
     def _input_names(self) -> str:
         return ", ".join(repr(m.name) for m in self._inputs) or "(none)"
@@ -336,21 +386,29 @@ def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):
     return impl, plan.workloads[step.workload_key], inputs, outputs, consts
 
 
-def _region(steps, start: int, arrays: Mapping, weights: Mapping,
+def _joins_regions(step) -> bool:
+    """Whether the step's implementation may join an onnxruntime region."""
+    try:
+        return registry.get(step.impl).joins_regions
+    except KeyError:
+        return False
+
+
+def _region(plan: Plan, start: int, arrays: Mapping,
             graph_outputs: set[str]) -> tuple[int, set[str]]:
-    """The longest run of `ort.nchwc` steps from `start` that can share one session, as
-    (end, outputs read after it). The tensors crossing its boundary must sit in their own
-    arena bytes: onnxruntime may order independent nodes differently from the plan and
-    knows nothing of buffer reuse."""
-    limit = start + 1
-    while (limit < len(steps) and steps[limit].impl == REGION_IMPL
-           and len(steps[limit].outputs) == 1):
-        limit += 1
-    if steps[start].impl != REGION_IMPL or len(steps[start].outputs) != 1:
+    """The longest run of region-joining steps from `start` that can share
+    one onnxruntime session, as (end, outputs read after it). The tensors crossing its
+    boundary must sit in their own arena bytes: onnxruntime may order independent nodes
+    differently from the plan and knows nothing of buffer reuse."""
+    steps, weights = plan.steps, plan.weights
+    if not _joins_regions(steps[start]):
         return start + 1, set()
+    limit = start + 1
+    while limit < len(steps) and _joins_regions(steps[limit]):
+        limit += 1
     best = (start + 1, set())
     for end in range(start + 2, limit + 1):
-        produced = {s.outputs[0] for s in steps[start:end]}
+        produced = {name for s in steps[start:end] for name in s.outputs}
         later = {n for s in steps[end:] for n in s.inputs} | graph_outputs
         exported = produced & later
         boundary = ({n for s in steps[start:end] for n in s.inputs

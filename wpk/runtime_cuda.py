@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from wpk.core.errors import DeviceError, PlanError
+from wpk.core.errors import DeviceError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
 from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.kernels.cuda.cupy_support import compute_capability, require_cupy
@@ -261,6 +261,14 @@ class CudaSession(Session):
             super()._load_feeds(feeds)
         finally:
             self._input_views = device_views
+
+    def timeline(self, feeds: Mapping):
+        """Not available for CUDA plans yet: a run replays CUDA graphs, whose steps the
+        host clock cannot see one by one."""
+        raise OptionError(f"plan '{self.path}': timing every step of one run (wpk run "
+                          "--profile) is available for CPU plans only",
+                          hint="time a CUDA plan's steps with `wpk run --repeat N` overall, or "
+                               "Session.profile(feeds) per step (CUDA events)")
 
     def profile(self, feeds: Mapping, repeats: int = 10) -> list[dict]:
         """Median seconds of every step alone (CUDA events), in execution order."""

@@ -2,7 +2,8 @@
 
 Each workload becomes a one-node ONNX model in onnxruntime's contrib domain
 `com.microsoft.nchwc` (Conv with fused activation and Sum input, MaxPool,
-AveragePool, GlobalMaxPool, GlobalAveragePool, ReorderInput, ReorderOutput),
+AveragePool, GlobalMaxPool, GlobalAveragePool, Upsample, ReorderInput,
+ReorderOutput; a ChannelSlice is a standard Slice of the 4-d view),
 with the filter packed the way onnxruntime's NchwcTransformer packs it
 (`wpk.kernels.nchwc_format`) and the bias padded to the block. A blocked
 (N, Cb, H, W, b) buffer is bound to the session as the 4-d NCHWc tensor
@@ -25,15 +26,19 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
+from wpk.core.epilogue import EPILOGUE_TABLE
 from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc_gate import build_gate_model, is_gate_multiply
 from wpk.kernels.cpu.nchwc_standard import (
+    FRAGMENT_OPSET,
+    build_channel_slice_model,
     build_standard_model,
     declared_shapes,
     is_standard_blocked,
     standard_reason,
 )
+from wpk.kernels.cpu.node_model import OnnxPart
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
 
@@ -41,17 +46,25 @@ NCHWC_DOMAIN = "wpk.nchwc"
 _CPU = ort_capi.OrtDevice(ort_capi.OrtDevice.cpu(), ort_capi.OrtDevice.default_memory(), 0)
 ORT_NCHWC_DOMAIN = "com.microsoft.nchwc"
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
-NCHWC_OPS = ("Conv", "ReorderInput", "ReorderOutput", *POOL_OPS)
+NCHWC_OPS = ("Conv", "ReorderInput", "ReorderOutput", "Upsample", "ChannelSlice", *POOL_OPS)
+# What onnxruntime's blocked Upsample computes (its kernel refuses the rest at load)
+_UPSAMPLE_MODES = {"nearest": ("asymmetric",),
+                   "linear": ("asymmetric", "half_pixel", "align_corners")}
 
-# wpk epilogue activation -> (MLAS activation name, parameter attribute names, defaults)
-_ACTIVATIONS = {
-    "relu": ("Relu", (), ()),
-    "sigmoid": ("Sigmoid", (), ()),
-    "tanh": ("Tanh", (), ()),
-    "leaky_relu": ("LeakyRelu", ("alpha",), (0.01,)),
-    "clip": ("Clip", ("min", "max"), (-np.inf, np.inf)),
-    "hard_sigmoid": ("HardSigmoid", ("alpha", "beta"), (0.2, 0.5)),
-}
+# The epilogue steps MLAS fuses into an NCHWc Conv as its activation. MLAS names each as its
+# ONNX op and takes the op's attributes (Clip's as in opsets 6-10) as activation_params.
+_ACTIVATIONS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "clip", "hard_sigmoid"})
+_ATTRIBUTES_OPSET = 10  # the last opset where Clip's bounds are attributes
+
+
+def _activation_attrs(step) -> dict:
+    """The MLAS Conv attributes of activation `step` (from the epilogue table's ONNX form)."""
+    row = EPILOGUE_TABLE[step.op]
+    _, params = row.onnx.to_onnx(row.attr_values(dict(step.attrs)), _ATTRIBUTES_OPSET)
+    attrs = {"activation": row.onnx.op}
+    if params:
+        attrs["activation_params"] = [float(v) for v in params.values()]
+    return attrs
 
 
 def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] | str:
@@ -98,7 +111,9 @@ def _unsupported_conv(workload: Workload, b: int) -> str | None:
     elif group > 1 and not (i_per_group == 1 and o == group):
         if i_per_group % b or (o // group) % b:
             return "grouped conv channels per group are not multiples of the block"
-    elif group == 1 and i_per_group % 4:
+    elif group == 1 and i_per_group % 4 and x.shape[1] * b < 4:
+        # a blocked input is zero padded to whole blocks and the packed filter's input
+        # channels with it (OIHWBiBo), so only a real count below 4 stays out
         return "input channels are not a multiple of 4"
     form = conv_epilogue_form(workload)
     return form if isinstance(form, str) else None
@@ -123,6 +138,13 @@ def unsupported_reason(workload: Workload) -> str | None:
         return "fused epilogues are only supported on Conv"
     if workload.op == "ReorderInput" and workload.inputs[0].shape[1] % 4:
         return "onnxruntime's ReorderInput needs a channel count that is a multiple of 4"
+    if workload.op == "Upsample":
+        mode = workload.attr("mode")
+        if workload.attr("coordinate_transformation_mode") not in _UPSAMPLE_MODES.get(mode, ()):
+            return (f"onnxruntime's blocked Upsample has no {mode} mode with the "
+                    f"{workload.attr('coordinate_transformation_mode')} transformation")
+    if workload.op == "ChannelSlice" and int(workload.attr("start")) % b:
+        return "a channel slice must start on a block boundary"
     return None
 
 
@@ -151,6 +173,8 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
         return build_gate_model(workload, consts)
     if is_standard_blocked(workload):
         return build_standard_model(workload, consts)
+    if workload.op == "ChannelSlice":
+        return build_channel_slice_model(workload)
     b = int(workload.attr("block"))
     initializers, feeds, node_inputs = [], [], ["x"]
     op, attrs = workload.op, {}
@@ -178,11 +202,7 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
             group = fmt.round_up(out_channels, b)
         attrs["group"] = group
         if act is not None:
-            name, params, defaults = _ACTIVATIONS[act.op]
-            attrs["activation"] = name
-            if params:
-                attrs["activation_params"] = [float(act.attr(p, d))
-                                              for p, d in zip(params, defaults)]
+            attrs.update(_activation_attrs(act))
     elif op in ("MaxPool", "AveragePool"):
         names = ("kernel_shape", "strides", "pads", "dilations", "ceil_mode")
         if op == "AveragePool":
@@ -192,6 +212,10 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
         attrs = {"channels": int(workload.attr("channels")), "channels_last": 0}
     elif op == "ReorderInput":
         attrs = {"channels_last": 0}
+    elif op == "Upsample":
+        attrs = {"scales": [1, 1, *(int(v) for v in workload.attr("scales"))],
+                 "mode": workload.attr("mode"),
+                 "coordinate_transformation_mode": workload.attr("coordinate_transformation_mode")}
     while node_inputs[-1] == "":
         node_inputs.pop()
     node = helper.make_node(op, node_inputs, ["y"], domain=ORT_NCHWC_DOMAIN, **attrs)
@@ -251,6 +275,7 @@ class OrtNchwc(Implementation):
     """onnxruntime's MLAS NCHWc kernels (contrib domain com.microsoft.nchwc)."""
 
     name = "ort.nchwc"
+    onnxruntime = True
     uses_blas = False
     kind = VENDOR
     target = "cpu"
@@ -263,6 +288,13 @@ class OrtNchwc(Implementation):
                 config: Mapping) -> Kernel:
         model, feeds = build_ort_model(workload, consts)
         return make_kernel(model, feeds, workload, config.get("threads"))
+
+    def onnx_part(self, workload: Workload, consts: Mapping[int, np.ndarray]) -> OnnxPart:
+        model, feeds = build_ort_model(workload, consts)
+        return OnnxPart(model, tuple(feeds), ("y",))
+
+    def onnx_opset(self, workload: Workload) -> int:
+        return max(workload.opset, FRAGMENT_OPSET)
 
 
 ORT_NCHWC = register(OrtNchwc())

@@ -7,9 +7,9 @@ BatchNormalization's leftovers, SiLU, a squeeze-excitation gate). Both are
 plain ONNX on the 5-d buffers, so onnxruntime's standard kernels compute them
 exactly; written in the `ort.nchwc` fragment form (`build_standard_model`),
 they can join the MLAS NCHWc nodes around them in one onnxruntime session
-(`wpk.kernels.cpu.nchwc_region`) instead of ending it. Fragments run with
-graph optimization off, so x * Sigmoid(x) is written as onnxruntime's
-one-pass QuickGelu (alpha 1) directly.
+(`wpk.kernels.cpu.ort_region`) instead of ending it. Fragments run with
+graph optimization off; their steps take onnxruntime's one-pass contrib ops
+where the epilogue table has one (SiLU as QuickGelu with alpha 1).
 
 Declared shapes: a Concat, and an Elementwise whose every operand has the
 output's shape, are declared on the 4-d view (N, Cb*b, H, W) that the MLAS
@@ -25,12 +25,11 @@ from dataclasses import replace
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.node_model import (
-    MS_DOMAIN,
     build_node_model,
     input_name,
     is_elementwise,
@@ -39,7 +38,7 @@ from wpk.kernels.cpu.node_model import (
 from wpk.kernels.epilogue import validate_epilogue
 
 OUTPUT = "y"
-REGION_OPSET = 17
+FRAGMENT_OPSET = 17
 
 
 def is_standard_blocked(workload: Workload) -> bool:
@@ -77,6 +76,28 @@ def _flat(workload: Workload) -> bool:
     return all(s.shape == workload.outputs[0].shape for s in workload.inputs)
 
 
+def build_channel_slice_model(workload: Workload):
+    """A blocked ChannelSlice as a standard Slice of the 4-d view (N, Cb*b, H, W): whole
+    blocks are contiguous runs of that view, so the slice is exact, padding lanes included."""
+    x, out = workload.inputs[0], workload.outputs[0]
+    start = int(workload.attr("start"))
+    view_in, view_out = _view(x.shape), _view(out.shape)
+    bounds = [numpy_helper.from_array(np.array(v, np.int64), name) for v, name in
+              (([start], "starts"), ([start + view_out[1]], "ends"), ([1], "axes"))]
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "starts", "ends", "axes"], [OUTPUT])], "channel_slice",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, view_in)],
+        [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT, view_out)], bounds)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", FRAGMENT_OPSET)])
+    model.ir_version = 8
+    return model, (("x", 0),)
+
+
+def _view(shape: tuple[int, ...]) -> list[int]:
+    n, cb, h, w, b = shape
+    return [n, cb * b, h, w]
+
+
 def _set_shape(value: onnx.ValueInfoProto, shape: list[int]) -> None:
     dims = value.type.tensor_type.shape.dim
     del dims[:]
@@ -87,14 +108,12 @@ def _set_shape(value: onnx.ValueInfoProto, shape: list[int]) -> None:
 def build_standard_model(workload: Workload, consts: Mapping[int, np.ndarray]):
     """The fragment (model with output 'y', feeds as (graph input, workload input index))."""
     # opset 17, the NCHWc fragments' one, so that both kinds can share one region model
-    workload = replace(workload, opset=max(workload.opset, REGION_OPSET), _key="")
+    workload = replace(workload, opset=max(workload.opset, FRAGMENT_OPSET), _key="")
     model = build_node_model(workload, consts).model
     graph = model.graph
     for node in graph.node:
         node.output[:] = [OUTPUT if name == output_name(0) else name for name in node.output]
     graph.output[0].name = OUTPUT
-    if _fuse_silu(graph):
-        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     flat = _flat(workload)
     if flat:
         for value in (*graph.input, graph.output[0]):
@@ -102,32 +121,6 @@ def build_standard_model(workload: Workload, consts: Mapping[int, np.ndarray]):
     index = {input_name(i): i for i in range(len(workload.inputs))}
     feeds = tuple((value.name, index[value.name]) for value in graph.input)
     return model, feeds
-
-
-def _fuse_silu(graph: onnx.GraphProto) -> int:
-    """Rewrite every Mul(x, Sigmoid(x)) as onnxruntime's one-pass QuickGelu(x; alpha=1),
-    which its graph optimizer would make of it in a one-node session; returns how many."""
-    sigmoid_of = {node.output[0]: node for node in graph.node if node.op_type == "Sigmoid"}
-    fused = 0
-    for node in list(graph.node):
-        if node.op_type != "Mul":
-            continue
-        for x, gate in (node.input, node.input[::-1]):
-            sigmoid = sigmoid_of.get(gate)
-            if sigmoid is not None and sigmoid.input[0] == x and _reads(graph, gate) == 1:
-                quick = helper.make_node("QuickGelu", [x], list(node.output), domain=MS_DOMAIN,
-                                         alpha=1.0, name=node.name)
-                graph.node.insert(list(graph.node).index(node), quick)
-                graph.node.remove(node)
-                graph.node.remove(sigmoid)
-                fused += 1
-                break
-    return fused
-
-
-def _reads(graph: onnx.GraphProto, name: str) -> int:
-    return sum(list(node.input).count(name) for node in graph.node) + \
-        sum(1 for value in graph.output if value.name == name)
 
 
 def fmt_view(value: onnx.ValueInfoProto) -> list[int]:

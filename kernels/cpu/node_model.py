@@ -15,12 +15,13 @@ import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper
 
+from wpk.core.epilogue import ONNXRUNTIME_DOMAIN
 from wpk.core.workload import Workload
 from wpk.kernels.epilogue import epilogue_onnx_nodes
 
 ELEMENTWISE_OP = "Elementwise"
 WPK_DOMAIN = "wpk"
-MS_DOMAIN = "com.microsoft"
+MS_DOMAIN = ONNXRUNTIME_DOMAIN
 # Attributes that hold a graph (stored in a workload as serialized GraphProto bytes).
 SUBGRAPH_ATTRS = frozenset({"then_branch", "else_branch", "body"})
 
@@ -97,6 +98,24 @@ class NodeModel:
     feeds: tuple[int, ...]        # workload input indices fed at run time, in graph order
 
 
+@dataclass(frozen=True)
+class OnnxPart:
+    """A step's ONNX form, for merging into a region model: the model, which graph input
+    each workload input index feeds (`feeds`: (graph input name, input index)), and the
+    graph outputs of the workload's outputs, in order."""
+
+    model: onnx.ModelProto
+    feeds: tuple[tuple[str, int], ...]
+    outputs: tuple[str, ...]
+
+
+def node_part(workload: Workload, consts: Mapping[int, np.ndarray] | None = None) -> OnnxPart:
+    """The `OnnxPart` of the workload's node and epilogue (constants as initializers)."""
+    node = build_node_model(workload, consts)
+    return OnnxPart(node.model, tuple((input_name(i), i) for i in node.feeds),
+                    tuple(output_name(j) for j in range(len(workload.outputs))))
+
+
 def opset_imports(workload: Workload) -> list[onnx.OperatorSetIdProto]:
     imports = [helper.make_opsetid("", workload.opset)]
     if workload.domain == MS_DOMAIN:
@@ -148,7 +167,7 @@ def build_node_model(workload: Workload, consts: Mapping[int, np.ndarray] | None
             nodes += epilogue_onnx_nodes(workload.epilogue, input_name(0), _operand_names(workload),
                                          output_name(0), "epi_",
                                          dtype=dtype_of(workload.outputs[0]),
-                                         opset=workload.opset)
+                                         opset=workload.opset, onnxruntime=True)
         else:
             nodes.append(helper.make_node("Identity", [input_name(0)], [output_name(0)]))
     else:
@@ -168,15 +187,18 @@ def build_node_model(workload: Workload, consts: Mapping[int, np.ndarray] | None
             nodes += epilogue_onnx_nodes(workload.epilogue, "main_out0", _operand_names(workload),
                                          output_name(0), "epi_",
                                          dtype=dtype_of(workload.outputs[0]),
-                                         opset=workload.opset)
+                                         opset=workload.opset, onnxruntime=True)
 
     outputs = [helper.make_tensor_value_info(output_name(j), tensor_type(dtype_of(spec)),
                                              list(spec.shape))
                for j, spec in enumerate(workload.outputs)]
     graph = helper.make_graph(nodes, f"wpk_{workload.op}", graph_inputs, outputs,
                               initializer=initializers)
-    model = helper.make_model(graph, opset_imports=opset_imports(workload),
-                              producer_name="wpk")
+    imports = opset_imports(workload)
+    if MS_DOMAIN not in {i.domain for i in imports} and any(n.domain == MS_DOMAIN
+                                                            for n in nodes):
+        imports.append(helper.make_opsetid(MS_DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=imports, producer_name="wpk")
     model.ir_version = ir_version_for(workload.opset)
     return NodeModel(model, tuple(feeds))
 

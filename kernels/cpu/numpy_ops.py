@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from wpk.core.epilogue import ONNX_BINARY_STEPS
 from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
@@ -29,21 +30,8 @@ from wpk.kernels.cpu.tensor_formulas import (
     slice_index,
     unary_step,
 )
-from wpk.kernels.epilogue import apply_epilogue, erf, sigmoid
+from wpk.kernels.epilogue import apply_epilogue, apply_epilogue_into
 from wpk.kernels.registry import Kernel, register
-
-_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-           "pow": np.power, "max": np.maximum, "min": np.minimum}
-
-
-def _relu_into(x, out):
-    return np.maximum(x, 0, out=out)
-
-
-# Unary steps that have a ufunc writing straight into the output.
-_UNARY_INTO = {"relu": _relu_into, "tanh": np.tanh, "exp": np.exp, "log": np.log,
-               "sqrt": np.sqrt, "reciprocal": np.reciprocal, "neg": np.negative,
-               "abs": np.abs, "sigmoid": sigmoid, "erf": erf}
 
 
 def elementwise_steps(workload: Workload) -> tuple[EpilogueStep, ...]:
@@ -51,7 +39,7 @@ def elementwise_steps(workload: Workload) -> tuple[EpilogueStep, ...]:
     if workload.op in UNARY_AS_STEP:
         return (unary_step(workload),) + workload.epilogue
     if workload.op in BINARY_UFUNCS:
-        return (EpilogueStep(workload.op.lower(), operand=1),) + workload.epilogue
+        return (EpilogueStep(ONNX_BINARY_STEPS[workload.op], operand=1),) + workload.epilogue
     return workload.epilogue
 
 
@@ -73,26 +61,9 @@ class NumpyElementwise(NumpyImplementation):
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
         steps = elementwise_steps(workload)
-        first = steps[0] if steps and (steps[0].op in _BINARY or steps[0].op in _UNARY_INTO) \
-            else None
-        rest = steps[1:] if first is not None else steps
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
-            out = outputs[0]
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                if first is None:
-                    np.copyto(out, inputs[0], casting="unsafe")
-                elif first.operand is None:
-                    if inputs[0].shape == out.shape:
-                        _UNARY_INTO[first.op](inputs[0], out=out)
-                    else:
-                        np.copyto(out, inputs[0])
-                        _UNARY_INTO[first.op](out, out=out)
-                else:
-                    operand = inputs[first.operand]
-                    args = (operand, inputs[0]) if first.swap else (inputs[0], operand)
-                    _BINARY[first.op](*args, out=out, casting="unsafe")
-            finish_epilogue(out, rest, inputs)
+            apply_epilogue_into(outputs[0], inputs[0], steps, inputs)
 
         return kernel
 

@@ -50,6 +50,7 @@ class OrtModel(Implementation):
     """The whole model in one onnxruntime session (see the module docstring)."""
 
     name = "ort.model"
+    onnxruntime = True
     kind = VENDOR
     uses_blas = False
 

@@ -25,7 +25,14 @@ from onnxruntime.capi import _pybind_state as ort_capi
 
 from wpk.core.errors import UnsupportedError
 from wpk.core.workload import Workload
-from wpk.kernels.cpu.node_model import build_node_model, check_buildable, input_name, output_name
+from wpk.kernels.cpu.node_model import (
+    OnnxPart,
+    build_node_model,
+    check_buildable,
+    input_name,
+    node_part,
+    output_name,
+)
 from wpk.kernels.epilogue import validate_epilogue
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.registry import FALLBACK, VENDOR, Implementation, Kernel, register
@@ -175,9 +182,11 @@ class OrtNode(Implementation):
     """onnxruntime runs the node and its epilogue; constants are initializers."""
 
     name = "ort"
+    onnxruntime = True
     uses_blas = False
     kind = VENDOR
     fallback = False
+    joins_regions = True
 
     def __init__(self):
         self._probe_cache: dict[str, str | None] = {}
@@ -223,6 +232,10 @@ class OrtNode(Implementation):
             raise UnsupportedError(f"unknown onnxruntime optimization level {optimization!r}",
                                    hint=f"use one of {sorted(_OPTIMIZATION_LEVELS)}")
         return make_ort_kernel(workload, consts, config.get("threads"), optimization)
+
+
+    def onnx_part(self, workload: Workload, consts: Mapping[int, np.ndarray]) -> OnnxPart:
+        return node_part(workload, {**static_consts(workload), **consts})
 
 
 class OrtFallback(OrtNode):

@@ -13,26 +13,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from wpk.core.epilogue import step_from_onnx
 from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.epilogue import apply_epilogue
+from wpk.kernels.support import ELEMENTWISE_UNARY_OPS
 
 Formula = Callable[[Workload, Sequence[np.ndarray | None]], list[np.ndarray]]
 
-# ONNX unary ops that are exactly one epilogue step (attribute names map 1:1).
-UNARY_AS_STEP = {
-    "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log",
-    "Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg", "Abs": "abs", "Erf": "erf",
-    "Softplus": "softplus", "LeakyRelu": "leaky_relu", "HardSigmoid": "hard_sigmoid",
-    "HardSwish": "hard_swish",
-}
+# ONNX unary ops wpk computes as one epilogue step (which step: the epilogue table).
+UNARY_AS_STEP = ELEMENTWISE_UNARY_OPS - {"Clip"}
 BINARY_UFUNCS = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
                  "Pow": np.power, "Max": np.maximum, "Min": np.minimum}
 
 
 def unary_step(workload: Workload) -> EpilogueStep:
     """The epilogue step equivalent to a unary ONNX op."""
-    attrs = tuple(sorted((k, float(v)) for k, v in workload.attrs if k in ("alpha", "beta")))
-    return EpilogueStep(UNARY_AS_STEP[workload.op], attrs)
+    return EpilogueStep(*step_from_onnx(workload.op, dict(workload.attrs)))
 
 
 def _unary(workload, inputs):
@@ -160,29 +156,35 @@ def resize_nearest_indices(workload: Workload, inputs) -> list[np.ndarray]:
     default_mode = "asymmetric" if workload.opset < 11 else "half_pixel"
     mode = _attr_str(workload, "coordinate_transformation_mode", default_mode)
     rounding = _attr_str(workload, "nearest_mode", "round_prefer_floor")
-    indices = []
-    for size_in, size_out, scale in zip(in_shape, out_shape, np.asarray(scales, np.float64)):
-        x = np.arange(size_out, dtype=np.float64)
-        if mode == "half_pixel":
-            x = (x + 0.5) / scale - 0.5
-        elif mode == "pytorch_half_pixel":
-            x = (x + 0.5) / scale - 0.5 if size_out > 1 else np.zeros_like(x)
-        elif mode == "align_corners":
-            x = x * (size_in - 1) / (size_out - 1) if size_out > 1 else np.zeros_like(x)
-        elif mode == "tf_half_pixel_for_nn":
-            x = (x + 0.5) / scale
-        else:  # asymmetric
-            x = x / scale
-        if rounding == "floor":
-            x = np.floor(x)
-        elif rounding == "ceil":
-            x = np.ceil(x)
-        elif rounding == "round_prefer_ceil":
-            x = np.floor(x + 0.5)
-        else:  # round_prefer_floor
-            x = np.ceil(x - 0.5)
-        indices.append(np.clip(x, 0, size_in - 1).astype(np.intp))
-    return indices
+    return [nearest_source(size_in, size_out, scale, mode, rounding)
+            for size_in, size_out, scale in zip(in_shape, out_shape,
+                                                np.asarray(scales, np.float64))]
+
+
+def nearest_source(size_in: int, size_out: int, scale: float, mode: str, rounding: str
+                   ) -> np.ndarray:
+    """The source index of every output position along one axis of a nearest-mode Resize
+    (ONNX's coordinate transformation `mode` and `nearest_mode` `rounding`)."""
+    x = np.arange(size_out, dtype=np.float64)
+    if mode == "half_pixel":
+        x = (x + 0.5) / scale - 0.5
+    elif mode == "pytorch_half_pixel":
+        x = (x + 0.5) / scale - 0.5 if size_out > 1 else np.zeros_like(x)
+    elif mode == "align_corners":
+        x = x * (size_in - 1) / (size_out - 1) if size_out > 1 else np.zeros_like(x)
+    elif mode == "tf_half_pixel_for_nn":
+        x = (x + 0.5) / scale
+    else:  # asymmetric
+        x = x / scale
+    if rounding == "floor":
+        x = np.floor(x)
+    elif rounding == "ceil":
+        x = np.ceil(x)
+    elif rounding == "round_prefer_ceil":
+        x = np.floor(x + 0.5)
+    else:  # round_prefer_floor
+        x = np.ceil(x - 0.5)
+    return np.clip(x, 0, size_in - 1).astype(np.intp)
 
 
 def _resize(workload, inputs):

@@ -3,8 +3,8 @@
     source = epilogue_source(workload.epilogue)    # EpilogueSource (params, body)
     apply = epilogue_kernel(workload)               # apply(out, inputs) on cupy arrays
 
-The steps and their meaning are those of `wpk.core.workload` (and of the
-numpy `apply_epilogue`). The kernel is a cupy `ElementwiseKernel` whose
+Each step is its formula in the epilogue table (`wpk.core.epilogue`), built
+here as CUDA C. The kernel is a cupy `ElementwiseKernel` whose
 output `y` is read and written in place; the operands of binary steps are
 extra inputs broadcast against `y` by cupy. Building the source needs no GPU
 (unit-tested here); compiling and running it needs cupy.
@@ -12,65 +12,62 @@ extra inputs broadcast against `y` by cupy. Building the source needs no GPU
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from wpk.core.epilogue import Builder, epilogue_op, step_value
 from wpk.core.errors import UnsupportedError
-from wpk.core.workload import (
-    BINARY_EPILOGUE_OPS,
-    EpilogueStep,
-    Workload,
-)
+from wpk.core.workload import EpilogueStep, Workload
 
-_SQRT1_2 = 0.7071067811865476
-_GELU_TANH_C = 0.7978845608028654  # sqrt(2/pi)
-
-_UNARY = {
-    "relu": "v = fmaxf(v, 0.0f);",
-    "sigmoid": "v = 1.0f / (1.0f + expf(-v));",
-    "silu": "v = v / (1.0f + expf(-v));",
-    "tanh": "v = tanhf(v);",
-    "gelu": f"v = 0.5f * v * (1.0f + erff(v * {_SQRT1_2}f));",
-    "gelu_tanh": (f"v = 0.5f * v * (1.0f + tanhf({_GELU_TANH_C}f * "
-                  "(v + 0.044715f * v * v * v)));"),
-    "exp": "v = expf(v);",
-    "log": "v = logf(v);",
-    "sqrt": "v = sqrtf(v);",
-    "reciprocal": "v = 1.0f / v;",
-    "neg": "v = -v;",
-    "abs": "v = fabsf(v);",
-    "erf": "v = erff(v);",
-    "softplus": "v = fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v)));",
-}
-_BINARY = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
-           "pow": "powf({a}, {b})", "max": "fmaxf({a}, {b})", "min": "fminf({a}, {b})"}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_FUNCTIONS = {"pow": "powf", "max": "fmaxf", "min": "fminf", "exp": "expf", "log": "logf",
+              "log1p": "log1pf", "sqrt": "sqrtf", "erf": "erff", "tanh": "tanhf",
+              "abs": "fabsf"}
 
 
-def _float(value: float) -> str:
-    return f"{float(value)!r}f".replace("inf", "INFINITY")
+def _literal(value: float) -> str:
+    """A float32 C literal; inf and NaN by their bits (NVRTC, as cupy runs it, has no
+    math.h and so no INFINITY or NAN)."""
+    value = float(value)
+    if math.isnan(value):
+        return "__int_as_float(0x7fffffff)"
+    if math.isinf(value):
+        return "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
+    return f"({value!r}f)" if math.copysign(1.0, value) < 0 else f"{value!r}f"
 
 
-def _unary_code(step: EpilogueStep) -> str:
-    op = step.op
-    if op in _UNARY:
-        return _UNARY[op]
-    if op == "clip":
-        lo, hi = step.attr("min"), step.attr("max")
-        parts = []
-        if lo is not None:
-            parts.append(f"v = fmaxf(v, {_float(lo)});")
-        if hi is not None:
-            parts.append(f"v = fminf(v, {_float(hi)});")
-        return " ".join(parts)
-    if op == "leaky_relu":
-        return f"v = v < 0.0f ? v * {_float(step.attr('alpha', 0.01))} : v;"
-    if op in ("hard_sigmoid", "hard_swish"):
-        alpha = step.attr("alpha", 0.2) if op == "hard_sigmoid" else 1.0 / 6.0
-        beta = step.attr("beta", 0.5) if op == "hard_sigmoid" else 0.5
-        gate = f"fminf(fmaxf(v * {_float(alpha)} + {_float(beta)}, 0.0f), 1.0f)"
-        return f"v = {gate};" if op == "hard_sigmoid" else f"v = v * {gate};"
-    raise UnsupportedError(f"unknown epilogue op {op!r}",
-                           hint="see wpk.core.workload for the known ops")
+class _CudaBuilder(Builder[str]):
+    """Builds float32 CUDA C expressions of epilogue formulas; a select becomes a
+    statement of its own (`lines`), declaring `s1`, `s2`, ..."""
+
+    def __init__(self, first_line: str):
+        self.lines = [first_line]
+        self.selects = 0
+
+    def const(self, value: float) -> str:
+        return _literal(value)
+
+    def binary(self, op: str, a: str, b: str) -> str:
+        if op in _INFIX:
+            return f"({a} {_INFIX[op]} {b})"
+        return f"{_FUNCTIONS[op]}({a}, {b})"
+
+    def call(self, fn: str, x: str) -> str:
+        if fn == "neg":
+            return f"(-{x})"
+        if fn == "sigmoid":
+            return f"(1.0f / (1.0f + expf(-{x})))"
+        return f"{_FUNCTIONS[fn]}({x})"
+
+    def less(self, a: str, b: str) -> str:
+        return f"({a} < {b})"
+
+    def select(self, cond: str, a: str, b: str) -> str:
+        self.selects += 1
+        name = f"s{self.selects}"
+        self.lines.append(f"float {name} = {cond} ? {a} : {b};")
+        return name
 
 
 @dataclass(frozen=True)
@@ -93,21 +90,17 @@ def epilogue_source(steps: Sequence[EpilogueStep], dtype: str = "float32") -> Ep
     if dtype != "float32":
         raise UnsupportedError(f"GPU epilogues are float32 only, not {dtype}")
     operands: list[int] = []
-    lines = ["float v = y;"]
+    builder = _CudaBuilder("float v = y;")
     for step in steps:
-        if step.op in BINARY_EPILOGUE_OPS:
-            if step.operand is None:
-                raise UnsupportedError(f"epilogue step {step.op!r} has no operand")
+        operand = None
+        if epilogue_op(step.op).arity == 2 and step.operand is not None:
             if step.operand not in operands:
                 operands.append(step.operand)
-            name = f"o{operands.index(step.operand)}"
-            a, b = (name, "v") if step.swap else ("v", name)
-            lines.append(f"v = {_BINARY[step.op].format(a=a, b=b)};")
-        else:
-            lines.append(_unary_code(step))
-    lines.append("y = v;")
+            operand = f"o{operands.index(step.operand)}"
+        builder.lines.append(f"v = {step_value(builder, step, 'v', operand)};")
+    builder.lines.append("y = v;")
     in_params = ", ".join(f"float32 o{i}" for i in range(len(operands)))
-    return EpilogueSource(in_params, "float32 y", "\n".join(lines), tuple(operands))
+    return EpilogueSource(in_params, "float32 y", "\n".join(builder.lines), tuple(operands))
 
 
 def epilogue_kernel(workload: Workload) -> Callable | None:

@@ -25,7 +25,8 @@ from wpk.core.numerics import relative_l2
 MAX_RELATIVE_L2 = 1e-4
 # Build options that keep CI fast: library and vendor kernels, no schedule search, each
 # candidate verified against the float64 reference and timed once.
-FAST_BUILD = {"search": "none", "warmup": 0, "repeats": 1, "min_time": 0.0, "progress": False}
+FAST_BUILD = {"search": "none", "warmup": 0, "repeats": 1, "min_time": 0.0, "progress": False,
+              "partition": False}
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
@@ -100,7 +101,7 @@ def test_plan_matches_onnxruntime(name, tmp_path):
     model = models.load_model(name)
     feeds = models.random_inputs(model, seed=7)
     expected = onnxruntime_outputs(model, feeds)
-    plan = wpk.build(model, target="cpu", **FAST_BUILD, partition=False)
+    plan = wpk.build(model, target="cpu", **FAST_BUILD)
     path = tmp_path / f"{name}.wpk"
     plan.save(path)
     session = wpk.load(path)

@@ -75,7 +75,7 @@ def test_offline_search_predicts_verified_kernels_and_rebuild_predicts_nothing(
     assert json.dumps(rebuilt.manifest["steps"], sort_keys=True) == \
         json.dumps(plan.manifest["steps"], sort_keys=True)
     err = capsys.readouterr().err
-    assert "search ga: 3 workloads tuned, 0 predicted" in err
+    assert "search ga: 3 workloads tuned; 0 new predictions" in err
 
     # predictions never stand in for measurements on the GPU itself
     measured = CudaTarget.for_preset(GPU_PRESETS["h100"]).fingerprint()

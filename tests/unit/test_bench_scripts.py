@@ -46,3 +46,23 @@ def test_goals_count_wins_over_cudnn_and_the_resnet_ratio(scripts_on_path):
     assert summary["resnet50_goal_met"] is False
     data["operators"].append(row(4.0, 2.0))
     assert goals(data)["generated_goal_met"] is False
+
+
+def test_bench_e2e_selects_corpus_models(scripts_on_path, capsys):
+    """`--models corpus` expands to every corpus_<architecture>_<exporter>; a corpus model
+    comes with its benchmark feeds and the input shapes its declared -1 dims need."""
+    import argparse
+
+    import bench_e2e
+
+    from tests import corpus
+
+    parser = argparse.ArgumentParser()
+    names = bench_e2e.model_names(parser, "corpus, light_squeezenet")
+    assert names == [f"corpus_{name}" for name in corpus.CORPUS] + ["light_squeezenet"]
+    with pytest.raises(SystemExit):
+        bench_e2e.model_names(parser, "corpus_svtr_onnxmltools")
+    assert "corpus_svtr_onnxmltools" in capsys.readouterr().err
+    model, feeds, shapes = bench_e2e.load_benchmark_model("corpus_svtr_paddle", "ci")
+    assert shapes == {"x": (1, 3, 32, 64)} and feeds["x"].shape == (1, 3, 32, 64)
+    assert model.graph.input[0].type.tensor_type.shape.dim[3].dim_value == -1

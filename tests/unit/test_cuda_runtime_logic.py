@@ -4,8 +4,6 @@ L2 flush sizing, parallel-measurement bookkeeping, and clear errors without cupy
 
 from __future__ import annotations
 
-import math
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,12 +37,8 @@ from wpk.search.measure_cuda import (
     top_candidates,
 )
 
+from .cuda_c_eval import run_c_body
 from .plan_helpers import tiny_plan
-
-try:  # scipy is optional (the GPU machine may lack it)
-    from scipy.special import erf
-except ImportError:  # pragma: no cover
-    erf = np.vectorize(math.erf, otypes=[np.float64])
 
 GPU_PRESENT = False
 try:  # the no-GPU tests below only mean something where cupy cannot run
@@ -137,29 +131,6 @@ def test_conv_geometry_reads_pads_strides_groups():
 # ----------------------------------------------------------------------------- epilogue
 
 
-_C_TO_NUMPY = [(r"(\d(?:\.\d*)?(?:e-?\d+)?)f\b", r"\1"), (r"\bfmaxf\b", "np.maximum"),
-               (r"\bfminf\b", "np.minimum"), (r"\bexpf\b", "np.exp"), (r"\btanhf\b", "np.tanh"),
-               (r"\berff\b", "erf"), (r"\blogf\b", "np.log"), (r"\blog1pf\b", "np.log1p"),
-               (r"\bsqrtf\b", "np.sqrt"), (r"\bfabsf\b", "np.abs"), (r"\bpowf\b", "np.power"),
-               (r"\bINFINITY\b", "np.inf")]
-
-
-def _run_c_body(body: str, y: np.ndarray, operands: list[np.ndarray]) -> np.ndarray:
-    """Evaluate the kernel body in numpy (statement by statement, ternaries as np.where)."""
-    env = {"np": np, "erf": erf, "y": y.astype(np.float64)}
-    env.update({f"o{i}": o.astype(np.float64) for i, o in enumerate(operands)})
-    for statement in filter(None, (s.strip() for s in body.replace("\n", " ").split(";"))):
-        statement = statement.removeprefix("float ")
-        for pattern, repl in _C_TO_NUMPY:
-            statement = re.sub(pattern, repl, statement)
-        target, expr = (part.strip() for part in statement.split("=", 1))
-        ternary = re.fullmatch(r"(.+?)\?(.+?):(.+)", expr)
-        if ternary:
-            expr = f"np.where({ternary[1]}, {ternary[2]}, {ternary[3]})"
-        env[target] = eval(expr, env)  # noqa: S307  (our own generated expression)
-    return env["y"]
-
-
 @pytest.mark.parametrize("steps", [
     [EpilogueStep("relu")],
     [EpilogueStep("clip", (("max", 6.0), ("min", 0.0)))],
@@ -179,7 +150,7 @@ def test_epilogue_source_matches_the_numpy_epilogue(rng, steps):
     inputs = [None, None, rng.standard_normal((2, 3, 4)).astype(np.float32),
               (rng.random((3, 1)) + 0.5).astype(np.float32)]
     source = epilogue_source(steps)
-    got = _run_c_body(source.body, y, [inputs[i] for i in source.operands])
+    got = run_c_body(source.body, y, [inputs[i] for i in source.operands])
     expected = apply_epilogue(y.copy(), steps, inputs)
     finite = np.isfinite(expected)
     np.testing.assert_allclose(got[finite], expected[finite], rtol=2e-5, atol=1e-6)

@@ -84,9 +84,10 @@ def test_tuning_finds_a_verified_kernel_within_the_trials(tuner, tmp_path, worke
     # decide: a logical check, not a timing ratio a busy machine breaks.
     finals = {config_key(r.config): r.median_s for r in measurer.database.records()
               if r.phase == FINAL}
-    assert result.best_s == min(finals.values())
-    assert finals[config_key(result.best_config)] == result.best_s
+    assert result.final_s == min(finals.values())
+    assert finals[config_key(result.best_config)] == result.final_s
     searched = sorted(cost for _, cost in result.history)
+    assert result.best_s == searched[0]   # the search's best, never re-measured upwards
     assert {config_key(c) for c, cost in result.history if cost in searched[:2]} == set(finals)
     assert result.failed == 0
     # The two fastest were re-measured alone, and the winner is one of the records.
@@ -106,7 +107,8 @@ def test_second_run_over_the_records_measures_nothing(tmp_path, worker, pool):
                            generated=CPU.generated,
                            compile_pool=pool, seed=3)
     assert again.measured == 0 and again.reused >= 5
-    assert second.best_config == first.best_config and second.best_s == first.best_s
+    assert second.best_config == first.best_config and second.final_s == first.final_s
+    assert len(second.history) == len(first.history)
 
 
 def test_deadline_stops_the_search(tmp_path, worker, pool):
@@ -184,9 +186,58 @@ def test_progress_table_shows_trials_best_and_speedup():
 
     display = TuningDisplay(enabled=False)
     display.update(TuneResult(SOFTMAX, "ga", best_config={"vector": 16}, best_s=2e-6,
-                              reference_s=5e-6, trials=7, stopped="converged"))
+                              reference_s=5e-6, trials=7, stopped="converged",
+                              limits={"trials": 32, "patience": 16, "min_gain": 0.01}))
     console = Console(width=160, record=True)
     console.print(display.table())
     text = console.export_text()
     assert "Softmax 4x32" in text and " 7 " in text and "0.002 ms" in text
-    assert "2.50x" in text and "converged" in text
+    assert "2.50x" in text and "converged: no gain above 1% in the last 16 trials" in text
+
+
+def test_progress_table_wraps_long_names_instead_of_cutting_them():
+    from rich.console import Console
+
+    from wpk.search.driver import TuneResult, TuningDisplay
+
+    long = Workload("Conv", (TensorSpec((1, 512, 7, 7)), TensorSpec((2048, 512, 1, 1))),
+                    (TensorSpec((1, 2048, 7, 7)),),
+                    epilogue=tuple(EpilogueStep(op) for op in ("relu", "sigmoid", "tanh")))
+    display = TuningDisplay(enabled=False)
+    display.update(TuneResult(long, "ga", stopped="unsupported",
+                              detail="no schedule template for Conv with this epilogue"))
+    console = Console(width=80, record=True)
+    console.print(display.table())
+    text = console.export_text()
+    rows = [line.split("\u2502")[1:-1] for line in text.splitlines() if "\u2502" in line]
+    column = ["".join("".join(row[i].split()) for row in rows) for i in range(len(rows[0]))]
+    assert column[0] == "".join(long.label.split())      # every character, wrapped
+    assert column[-1] == "nottunableonthistarget:noscheduletemplateforConvwiththisepilogue"
+    assert "\u2026" not in text                           # nothing cut
+
+
+def test_the_stop_reasons_are_explained():
+    from wpk.search.driver import STOP_REASONS, TuneResult
+
+    limits = {"trials": 32, "patience": 16, "min_gain": 0.01}
+    texts = {code: TuneResult(SOFTMAX, "ga", stopped=code, limits=limits).stopped_text
+             for code in STOP_REASONS}
+    assert texts["trials"] == "reached its trial limit (32)"
+    assert texts["budget"].endswith("not tuned") and texts[""] == "tuning"
+    assert len(set(texts.values())) == len(texts)           # each says something different
+    assert TuneResult(SOFTMAX, "ga", stopped="trials").stopped_text == "reached its trial limit"
+
+
+def test_the_summary_carries_the_curve_and_the_best_never_rises(tmp_path, worker, pool):
+    measurer = measurer_on(tmp_path / "r.jsonl", worker)
+    seen = []
+    result = tune_workload(DEPTHWISE, "random", trials=6, deadline=None, runner=measurer,
+                           generated=CPU.generated, compile_pool=pool, seed=2, patience=50,
+                           batch_size=2, finalize_k=2,
+                           on_progress=lambda r: seen.append(r.best_s))
+    assert seen == sorted(seen, reverse=True)                  # best so far never rises
+    summary = result.to_json()
+    assert len(summary["history"]) == summary["trials"] == 6
+    assert summary["best_s"] == min(t for t in summary["history"] if t is not None)
+    assert summary["final_s"] is not None and summary["stopped"] == "trials"
+    assert summary["stopped_text"] == "reached its trial limit (6)"

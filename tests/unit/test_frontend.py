@@ -140,6 +140,84 @@ def test_shape_left_open_by_inference_is_evaluated(monkeypatch):
     assert graph.tensors["y"].shape == (4, 6) and graph.tensors["y"].dtype == "float32"
 
 
+def placeholder_model(nodes, x_dims, y_dims, inits=(), opset=11):
+    """A model whose input "x" and output "y" are declared with the given dims as
+    `dim_value`s, -1 or 0 included (as paddle2onnx and tf2onnx declare dynamic dims)."""
+    def value(name, dims):
+        info = h.make_tensor_value_info(name, TensorProto.FLOAT, None)
+        shape = info.type.tensor_type.shape
+        for d in dims:
+            shape.dim.add().dim_value = d
+        return info
+    graph = h.make_graph(nodes, "exported", [value("x", x_dims)], [value("y", y_dims)],
+                         list(inits))
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("placeholder", [-1, 0])
+def test_placeholder_dims_are_fixed_by_input_shapes(placeholder):
+    """dim_value -1 or 0 means "dynamic" to paddle2onnx/tf2onnx: --input-shape fixes it, and
+    the same placeholder on the declared output does not contradict the inferred shape."""
+    model = placeholder_model([h.make_node("Relu", ["x"], ["y"])],
+                              [placeholder, 3, placeholder, 8], [placeholder, 3, placeholder, 8])
+    graph = load_model(model, input_shapes={"x": (2, 3, 5, 8)})
+    assert graph.tensors["x"].shape == graph.tensors["y"].shape == (2, 3, 5, 8)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == placeholder
+
+
+@pytest.mark.parametrize("placeholder", [-1, 0])
+def test_placeholder_dims_without_input_shape(placeholder):
+    model = placeholder_model([h.make_node("Relu", ["x"], ["y"])], [placeholder, 3],
+                              [placeholder, 3])
+    with pytest.raises(ShapeError, match=rf"input 'x'.*\[{placeholder}, 3\].*not all fixed") \
+            as err:
+        load_model(model)
+    assert "--input-shape x=" in err.value.hint
+
+
+def test_placeholder_dims_keep_fixed_dims_fixed():
+    model = placeholder_model([h.make_node("Relu", ["x"], ["y"])], [-1, 3], [-1, 3])
+    with pytest.raises(ShapeError, match="dim 3 at axis 1"):
+        load_model(model, input_shapes={"x": (2, 4)})
+
+
+def test_placeholder_batch_through_a_run_time_reshape():
+    """paddle2onnx's Shape -> Gather -> Unsqueeze -> Concat -> Reshape on a -1 batch dim, and
+    a ConstantOfShape of that run-time shape (left open by inference, evaluated)."""
+    nodes = [h.make_node("Shape", ["x"], ["shape"]),
+             h.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+             h.make_node("Unsqueeze", ["batch"], ["batch1"], axes=[0]),
+             h.make_node("Concat", ["batch1", "rest"], ["target"], axis=0),
+             h.make_node("Reshape", ["x", "target"], ["r"]),
+             h.make_node("ConstantOfShape", ["target"], ["ones"],
+                         value=h.make_tensor("one", TensorProto.FLOAT, [1], [1.0])),
+             h.make_node("Add", ["r", "ones"], ["y"])]
+    inits = [h.make_tensor("zero", TensorProto.INT64, [], [0]),
+             h.make_tensor("rest", TensorProto.INT64, [2], [2, 3])]
+    graph = load_model(placeholder_model(nodes, [-1, 6], [-1, 2, 3], inits),
+                       input_shapes={"x": (4, 6)})
+    assert graph.tensors["r"].shape == graph.tensors["y"].shape == (4, 2, 3)
+
+
+def test_placeholder_dims_in_shapes_left_open_by_inference(monkeypatch):
+    """Shapes that inference leaves open are evaluated on the model as exported (still
+    declaring -1), fed the fixed input shape."""
+    nodes = [h.make_node("Shape", ["x"], ["s"]),
+             h.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+             h.make_node("Mul", ["sf", "two"], ["sf2"]),
+             h.make_node("Cast", ["sf2"], ["si"], to=TensorProto.INT64),
+             h.make_node("ConstantOfShape", ["si"], ["y"])]
+    two = h.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    evaluated = []
+    original = frontend_shapes._evaluate_shapes
+    monkeypatch.setattr(frontend_shapes, "_evaluate_shapes",
+                        lambda *a: evaluated.append(a[2]) or original(*a))
+    graph = load_model(placeholder_model(nodes, [-1, 3], [-1, -1], [two], opset=13),
+                       input_shapes={"x": (2, 3)})
+    assert "y" in evaluated[0]
+    assert graph.tensors["y"].shape == (4, 6)
+
+
 # ------------------------------------------------------------------ errors
 
 def test_shape_that_depends_on_input_values():

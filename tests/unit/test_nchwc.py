@@ -119,8 +119,18 @@ WORKLOADS = {
     "conv_grouped_stride2": _conv_workload(4 * B, 4 * B, 9, 3, 2, 1, group=2, bias=False),
     "conv_sigmoid_full_blocks": _conv_workload(B, 2 * B, 6, 1, 1, 0,
                                                epilogue=(EpilogueStep("sigmoid"),)),
+    # squeeze-excite expand: 6 input channels in one zero-padded block (not a multiple of 4)
+    "conv_pooled_6_channels": _conv_workload(6, 3 * B, 1, 1, 1, 0,
+                                             epilogue=(EpilogueStep("sigmoid"),)),
     "conv_sigmoid_padded": _conv_workload(B, 20, 6, 1, 1, 0,
                                           epilogue=(EpilogueStep("sigmoid"),)),  # pads 0.5
+    # MLAS activation parameters: defaults filled in, open clip bounds
+    "conv_leaky_relu_default": _conv_workload(B, 2 * B, 6, 1, 1, 0,
+                                              epilogue=(EpilogueStep("leaky_relu"),)),
+    "conv_hard_sigmoid_alpha": _conv_workload(B, 2 * B, 6, 1, 1, 0, epilogue=(
+        EpilogueStep("hard_sigmoid", (("alpha", 0.3),)),)),
+    "conv_clip_max_only": _conv_workload(B, 2 * B, 6, 1, 1, 0, epilogue=(
+        EpilogueStep("clip", (("max", 0.5),)),)),
     "maxpool": _pool_workload("MaxPool", 40, 9, 5, kernel_shape=(3, 3), strides=(2, 2),
                               pads=(1, 1, 1, 1)),
     "maxpool_ceil": _pool_workload("MaxPool", 32, 8, 4, kernel_shape=(3, 3), strides=(2, 2),

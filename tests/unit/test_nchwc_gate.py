@@ -16,7 +16,7 @@ from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc import ORT_NCHWC, build_ort_model
 from wpk.kernels.cpu.nchwc_gate import is_gate_multiply
-from wpk.kernels.cpu.nchwc_region import RegionMember, region_kernel
+from wpk.kernels.cpu.ort_region import RegionMember, region_kernel
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.runtime import Session
@@ -133,9 +133,9 @@ def test_se_block_as_one_region_matches_onnxruntime(se_plan):
     steps = [s for s in plan.steps
              if ORT_NCHWC.unsupported_reason(plan.workloads[s.workload_key]) is None]
     assert [s.op for s in steps][-3:] == ["Elementwise", "Conv", "ReorderOutput"]
-    members = [RegionMember(plan.workloads[s.workload_key],
+    members = [RegionMember(ORT_NCHWC, plan.workloads[s.workload_key],
                             {i: plan.weights[n] for i, n in enumerate(s.inputs)
-                             if n in plan.weights}, s.inputs, s.outputs[0]) for s in steps]
+                             if n in plan.weights}, s.inputs, s.outputs) for s in steps]
     kernel, inputs, outputs = region_kernel(members, {"y"})
     assert inputs == ["x"] and outputs == ["y"]
     y = np.full((1, C, 12, 12), np.nan, np.float32)

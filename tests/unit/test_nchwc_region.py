@@ -9,7 +9,6 @@ import pytest
 import wpk
 from tests import models
 from wpk.core.numerics import relative_l2
-from wpk.kernels.cpu.nchwc_region import REGION_IMPL
 from wpk.runtime import Session
 
 
@@ -23,7 +22,7 @@ def mobilenet_plan():
 
 def test_regions_compute_every_tensor_the_steps_compute(mobilenet_plan):
     model, plan = mobilenet_plan
-    assert sum(step.impl == REGION_IMPL for step in plan.steps) >= 2
+    assert sum(step.impl == "ort.nchwc" for step in plan.steps) >= 2
     steps, merged = Session(plan, merge_regions=False), Session(plan)
     assert len(merged._calls) < len(steps._calls)  # some steps did merge
     for seed in (0, 1):
@@ -44,9 +43,9 @@ def test_region_boundaries_never_share_arena_bytes(mobilenet_plan):
     steps, start = plan.steps, 0
     outputs = {meta.name for meta in session.get_outputs()}
     while start < len(steps):
-        end, exported = _region(steps, start, session._arrays, plan.weights, outputs)
+        end, exported = _region(plan, start, session._arrays, outputs)
         if end - start >= 2:
-            produced = {s.outputs[0] for s in steps[start:end]}
+            produced = {name for s in steps[start:end] for name in s.outputs}
             boundary = {n for s in steps[start:end] for n in s.inputs
                         if n and n not in produced and n not in plan.weights} | exported
             arrays = [session._arrays[n] for n in boundary]

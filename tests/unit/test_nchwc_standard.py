@@ -13,8 +13,8 @@ from tests.unit.nchwc_support import model_x_to_y
 from wpk.core.numerics import relative_l2
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.nchwc import ORT_NCHWC, build_ort_model
-from wpk.kernels.cpu.nchwc_region import RegionMember, region_kernel, region_model
 from wpk.kernels.cpu.nchwc_standard import is_standard_blocked
+from wpk.kernels.cpu.ort_region import RegionMember, region_kernel, region_model
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.runtime import Session
@@ -122,9 +122,9 @@ def test_region_with_reshapes_matches_the_steps(dense_se):
     values = _step_values(plan, feeds)
     run = [s for s in plan.steps if ORT_NCHWC.unsupported_reason(
         plan.workloads[s.workload_key]) is None and len(s.outputs) == 1]
-    members = [RegionMember(plan.workloads[s.workload_key],
+    members = [RegionMember(ORT_NCHWC, plan.workloads[s.workload_key],
                             {i: plan.weights[n] for i, n in enumerate(s.inputs)
-                             if n in plan.weights}, s.inputs, s.outputs[0]) for s in run]
+                             if n in plan.weights}, s.inputs, s.outputs) for s in run]
     merged, _, _, _ = region_model(members)
     assert any(node.op_type == "Reshape" for node in merged.graph.node)
     kernel, inputs, outputs = region_kernel(members)

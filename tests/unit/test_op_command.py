@@ -35,7 +35,18 @@ def test_op_report_lists_generated_and_vendor_candidates():
     kinds = {c["kind"] for c in workload["candidates"]}
     assert {"generated", "vendor"} <= kinds
     assert report["search"]["tuned"][0]["trials"] == 2
-    console = Console(width=200, record=True)
+    tuned = report["search"]["tuned"][0]
+    assert len(tuned["history"]) == 2 and tuned["stopped_text"] == "reached its trial limit (2)"
+    console = Console(width=80, record=True)   # a narrow terminal: names wrap, never cut
     console.print(op_command("Relu", {"X": (4, 33)}, {}, search="random", trials=2))
     rendered = console.export_text()
     assert "dsl.cpu[" in rendered and "vs vendor" in rendered   # the config is shown
+    assert "\u2026" not in rendered and "(trials)" not in rendered
+    assert "2 trials" in rendered and "reached its trial limit (2)" in rendered
+    rows = [line[:38] for line in rendered.splitlines()]
+    generated = "".join("".join(r.split()) for r in rows[next(
+        i for i, r in enumerate(rows) if "dsl.cpu[" in r):])
+    label = next(c["label"] for c in json.loads(op_command(
+        "Relu", {"X": (4, 33)}, {}, search="random", trials=2, as_json=True)
+    )["workloads"][0]["candidates"] if c["kind"] == "generated")
+    assert label in generated                                  # every character of it

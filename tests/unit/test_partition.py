@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -12,6 +14,8 @@ import wpk
 from wpk.cli import main
 from wpk.core.numerics import relative_l2
 from wpk.frontend import load_model
+from wpk.kernels import registry
+from wpk.kernels.registry import Implementation
 from wpk.partition import ONNXRUNTIME, WPK, PartitionOptions, choose_partition, decide
 from wpk.plans.assemble import whole_model_plan
 from wpk.plans.planfile import read_plan
@@ -45,21 +49,59 @@ def test_decide_keeps_wpk_within_the_margin():
     assert decide({WPK: [0.5], ONNXRUNTIME: [1.0]}, margin=0.02) == (WPK, 0.5)
 
 
+class SlowMatMul(Implementation):
+    """A correct MatMul that sleeps 2 ms first: a plan of these is certainly slower than
+    onnxruntime's whole model, whatever else the machine does."""
+
+    name = "test.slow_matmul"
+    target = "test"  # never among the cpu target's candidates; plans name it explicitly
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "MatMul" else "MatMul only"
+
+    def prepare(self, workload, consts, config):
+        def kernel(inputs, outputs):
+            time.sleep(0.002)
+            np.matmul(inputs[0], inputs[1], out=outputs[0])
+        return kernel
+
+
+SLOW = registry.register(SlowMatMul())
+
+
 def test_a_plan_slower_than_onnxruntime_becomes_onnxruntimes_whole_model(tmp_path):
-    model = tiny_matmuls()
-    plan = wpk.build(model, target="cpu", progress=False)
-    summary = plan.report["partition"]
-    assert summary["winner"] == ONNXRUNTIME, summary
-    assert summary["ratio"] > 1 and summary["rel_l2_between"] <= 1e-4
-    (step,) = plan.steps
+    model = tiny_matmuls(count=6)
+    slow = wpk.build(model, target="cpu", progress=False, partition=False)
+    for step in slow.manifest["steps"]:
+        step["impl"] = SLOW.name
+    whole = whole_model_plan(load_model(model), model.SerializeToString())
+    chosen, summary = choose_partition(slow, whole, PartitionOptions(blocks=2, runs=3))
+    assert chosen is whole and summary["winner"] == ONNXRUNTIME, summary
+    assert summary["ratio"] > 10 and summary["rel_l2_between"] <= 1e-4
+    (step,) = chosen.steps
     assert step.impl == "ort.model" and step.artifacts
-    assert len(plan.report["workloads"]) >= 1   # the per-operator report stays
-    path = plan.save(tmp_path / "m.wpk")
+    path = chosen.save(tmp_path / "m.wpk")
     x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
     expected = ort.InferenceSession(model.SerializeToString(),
                                     providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     (got,) = wpk.load(str(path)).run(None, {"x": x})
     assert relative_l2(got, expected) <= 1e-6
+
+
+def test_a_build_measures_the_whole_model_and_keeps_the_per_operator_report():
+    model = tiny_matmuls()
+    plan = wpk.build(model, target="cpu", progress=False)
+    summary = plan.report["partition"]
+    assert summary["winner"] in (WPK, ONNXRUNTIME) and summary["rel_l2_between"] <= 1e-4
+    assert summary["runs"] >= 6 and summary["wpk_median_s"] > 0
+    assert (summary["winner"] == ONNXRUNTIME) == (summary["ratio"] > 1.02)
+    assert (plan.steps[0].impl == "ort.model") == (summary["winner"] == ONNXRUNTIME)
+    assert len(plan.report["workloads"]) >= 1   # the per-operator report stays
+    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    (got,) = Session(plan).run(None, {"x": x})
+    assert relative_l2(got, expected) <= 1e-5
 
 
 def test_no_partition_keeps_the_per_operator_plan(tmp_path, capsys):

@@ -315,10 +315,38 @@ def layer_norm_case(square: str, affine: bool, opset: int):
                       h.make_node("Add", ["beta", "g"], ["y"])]
         inits = {"two": np.float32(2), "eps": np.float32(1e-5), "axes": np.array([-1]),
                  "gamma": weights(rng, 1, 8), "beta": weights(rng, 8)}
-        fused = opset >= 17
         return build(nodes, {"x": [2, 5, 8]}, {"y": 3}, inits, opset=opset), \
-            {"layer_norm"} if fused else set(), \
-            {"LayerNormalization": 1} if fused else None
+            {"layer_norm"}, {"LayerNormalization": 1}
+    return case
+
+
+def keras_layer_norm_case(gamma: bool, beta: bool, mean_used_elsewhere: bool = False):
+    """tf2onnx's Keras LayerNormalization at opset 13: x * inv + (beta - mean * inv)."""
+    def case(rng):
+        nodes = [h.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+                 h.make_node("Sub", ["x", "mean"], ["d"]),
+                 h.make_node("Mul", ["d", "d"], ["sq"]),
+                 h.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+                 h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["std"]),
+                 h.make_node("Reciprocal", ["std"], ["r"])]
+        inv = "r"
+        if gamma:
+            nodes.append(h.make_node("Mul", ["r", "gamma"], ["inv"]))
+            inv = "inv"
+        nodes += [h.make_node("Mul", ["x", inv], ["xs"]),
+                  h.make_node("Mul", ["mean", inv], ["ms"]),
+                  h.make_node("Sub", ["beta", "ms"], ["shift"]) if beta else
+                  h.make_node("Neg", ["ms"], ["shift"]),
+                  h.make_node("Add", ["xs", "shift"], ["y"])]
+        outputs = {"y": 3}
+        if mean_used_elsewhere:
+            nodes.append(h.make_node("Relu", ["mean"], ["m2"]))
+            outputs["m2"] = 3
+        inits = {"eps": np.float32(1e-3), "gamma": weights(rng, 8), "beta": weights(rng, 8)}
+        if mean_used_elsewhere:
+            return build(nodes, {"x": [2, 5, 8]}, outputs, inits, opset=13), set(), None
+        return build(nodes, {"x": [2, 5, 8]}, outputs, inits, opset=13), \
+            {"layer_norm_reciprocal"}, {"LayerNormalization": 1}
     return case
 
 
@@ -483,7 +511,11 @@ CASES = {
     "squeeze_excite": case_squeeze_excite,
     "layer_norm_pow_affine": layer_norm_case("pow", True, 17),
     "layer_norm_mul_axes_input": layer_norm_case("mul", False, 18),
-    "layer_norm_old_opset_kept": layer_norm_case("pow", True, 13),
+    "layer_norm_opset13": layer_norm_case("pow", True, 13),
+    "keras_layer_norm": keras_layer_norm_case(True, True),
+    "keras_layer_norm_no_gamma": keras_layer_norm_case(False, True),
+    "keras_layer_norm_no_beta": keras_layer_norm_case(True, False),
+    "keras_layer_norm_mean_read_elsewhere_kept": keras_layer_norm_case(True, True, True),
     "sum_three": case_sum_three,
     "noops": case_noops,
     "reshape_and_transpose_pairs": case_reshape_and_transpose_pairs,
@@ -502,6 +534,13 @@ def test_fusion_case(case, rng):
     for rule in rules:
         assert report.rules[rule] >= 1, f"rule {rule} did not fire: {report.rules}"
     assert_equivalent(graph, optimized, rng)
+
+
+def test_a_layer_norm_whose_mean_is_read_elsewhere_is_not_fused(rng):
+    graph, _, _ = keras_layer_norm_case(True, True, mean_used_elsewhere=True)(rng)
+    optimized, report = optimize(graph, target=TARGET)
+    assert report.rules["layer_norm_reciprocal"] == 0
+    assert "LayerNormalization" not in optimized.op_counts()
 
 
 def test_every_rule_is_documented_and_reported(rng):

@@ -14,7 +14,7 @@ from wpk.core.graph import Node
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.registry import FALLBACK, Candidate, Implementation
 from wpk.plans.planner import PlanOptions, joins_regions, plan
-from wpk.search.choice import choose
+from wpk.search.choice import FASTEST, ONLY_VERIFIED, REGION, TIMED_ALONE, choose, explain
 from wpk.search.measure import Status, measure_candidate
 
 MATMUL = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),
@@ -197,3 +197,47 @@ def test_a_region_joining_candidate_wins_within_the_credit_only():
     assert fastest(close, 0.0)[0].implementation is blas  # no credit: plain fastest
     faster = [_timed(region, 5e-6), _timed(blas, 10e-6)]
     assert fastest(faster, 20e-6)[0].implementation is region
+
+
+def _failed(impl):
+    from wpk.search.measure import Measurement
+
+    candidate = Candidate(impl, {})
+    return candidate, Measurement(candidate.label, impl.name, {}, Status.WRONG_ANSWER)
+
+
+def test_explain_names_the_rule_that_decided():
+    blas, region, loops = BlasMatMul(), RegionMatMul(), LoopMatMul()
+    pairs = [_timed(blas, 10e-6), _timed(region, 25e-6), _timed(loops, 900e-6)]
+    winner = fastest(pairs, 20e-6)
+    reason = explain(pairs, winner, prefer=joins_regions)
+    assert reason.rule == REGION and reason.verified == 3
+    assert reason.faster is pairs[0] and reason.over_s == pytest.approx(15e-6)
+    assert reason.runner_up is pairs[0]
+    far = fastest(pairs, 0.0)
+    plain = explain(pairs, far, prefer=joins_regions)
+    assert plain.rule == FASTEST and plain.runner_up is pairs[1] and plain.faster is None
+    alone = [_timed(loops, 900e-6), _failed(blas)]
+    assert explain(alone, fastest(alone, 0.0)).rule == ONLY_VERIFIED
+
+
+def test_explain_says_when_a_concurrent_time_ranked_but_did_not_decide():
+    from wpk.search.measure import Measurement
+
+    blas, loops = BlasMatMul(), LoopMatMul()
+    quick = Candidate(loops, {})
+    contended = (quick, Measurement(quick.label, loops.name, {}, Status.OK, (1e-6,), 1e-6,
+                                    extra={"contended": True}))
+    pairs = [contended, _timed(blas, 10e-6)]
+    winner = fastest(pairs, 0.0)
+    assert winner is pairs[1]
+    reason = explain(pairs, winner)
+    assert reason.rule == TIMED_ALONE and reason.faster is contended
+    assert reason.over_s == pytest.approx(9e-6)
+
+
+def test_the_planner_records_each_choice_reason():
+    choices = plan([node("mm", MATMUL)], provider_of(LoopMatMul(), BlasMatMul(), Broken()),
+                   RUNNER, FAST)
+    reason = choices[MATMUL.key].reason
+    assert reason == {"rule": FASTEST, "verified": 2, "runner_up": "test.loops"}

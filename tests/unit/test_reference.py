@@ -191,3 +191,24 @@ def test_unknown_epilogue_step_is_refused():
         apply_epilogue(np.zeros(2), (E("cosh"),), [])
     with pytest.raises(WpkError, match="unknown epilogue op"):
         epilogue_onnx_nodes((E("cosh"),), "v", {}, "out", "p_")
+
+
+@pytest.mark.parametrize(("mode", "transform"), [
+    ("linear", "half_pixel"), ("linear", "align_corners"), ("linear", "asymmetric"),
+    ("cubic", "half_pixel"), ("nearest", "half_pixel"), ("nearest", "asymmetric")])
+def test_resize_reference_follows_every_mode_of_the_spec(mode, transform, rng):
+    """The numpy formula only does nearest; any other mode must be judged by an
+    implementation of the whole spec (torch's bilinear Upsample failed every build)."""
+    scales = np.array([1, 1, 2, 3], np.float32)
+    workload = Workload("Resize", (S((1, 2, 4, 5), "float32"), None, S((4,), "float32")),
+                        (S((1, 2, 8, 15), "float32"),),
+                        (("coordinate_transformation_mode", transform), ("mode", mode)),
+                        const_inputs=(2,), static_inputs=((2, scales),))
+    assert has_formula(workload) == (mode == "nearest")
+    x = rng.standard_normal((1, 2, 4, 5)).astype(np.float32)
+    model, names = oracle_model("Resize", [(1, 2, 4, 5), (0,), (4,)], (1, 2, 8, 15),
+                                {"mode": mode, "coordinate_transformation_mode": transform})
+    expected = run_ort(model, {names[0]: x, names[1]: np.zeros(0, np.float32),
+                               names[2]: scales})
+    (actual,) = reference(workload, [x, None, scales])
+    assert rel_l2(actual, expected) <= 1e-6

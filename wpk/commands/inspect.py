@@ -1,4 +1,5 @@
-"""`wpk inspect`: what the passes do to a model and which workloads it yields."""
+"""`wpk inspect`: what the passes do to a model and which workloads it yields; with
+`--export FILE.onnx`, the graph after the passes as an ONNX file (for Netron)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,35 @@ import os
 from pathlib import Path
 
 import click
+import onnx
 
 from wpk.commands.common import echo, parse_input_shapes
+from wpk.commands.onnx_export import write_onnx
 from wpk.frontend import load_model
-from wpk.passes import optimize
+from wpk.passes import optimize, to_onnx
 from wpk.workloads import distinct, extract_workloads
+
+
+def optimized_graph(model: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
+                    target: str = "cpu"):
+    """(the loaded graph, the graph after the target's passes, the pass report)."""
+    graph = load_model(model, input_shapes or None)
+    optimized, report = optimize(graph, target=target)
+    return graph, optimized, report
+
+
+def exported_model(optimized, model: str, target: str) -> onnx.ModelProto:
+    """The graph after the passes as ONNX, its fused nodes named and annotated."""
+    doc = (f"{os.path.basename(model)} after wpk's graph passes for {target}: fused nodes "
+           "are expanded into standard ops named after them, their doc_string says what "
+           "was fused")
+    return to_onnx(optimized, doc=doc)
 
 
 def inspect_model(model: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
                   target: str = "cpu") -> dict:
     """Load and optimize `model`; return op counts, pass/rule hits and distinct workloads."""
-    graph = load_model(model, input_shapes or None)
-    optimized, report = optimize(graph, target=target)
+    graph, optimized, report = optimized_graph(model, input_shapes, target)
     groups = distinct(extract_workloads(optimized))
     workloads = []
     for key, members in groups.items():
@@ -68,9 +86,16 @@ def render_inspection(info: dict):
               help="Fix the shape of an input with symbolic dimensions (repeatable).")
 @click.option("--cpu/--gpu", "cpu_target", default=True, help="Target whose passes to run.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--export", "export_path", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE.onnx", help="Also write the graph after the passes as ONNX "
+                                        "(checked with onnx.checker; open it in Netron).")
 def command(model: Path, input_shapes: tuple[str, ...], cpu_target: bool,
-            as_json: bool) -> None:
+            as_json: bool, export_path: Path | None) -> None:
     """Show MODEL's graph before/after the passes, each rule's hits and the workloads."""
-    info = inspect_model(str(model), parse_input_shapes(input_shapes),
-                         target="cpu" if cpu_target else "cuda")
+    target = "cpu" if cpu_target else "cuda"
+    shapes = parse_input_shapes(input_shapes)
+    info = inspect_model(str(model), shapes, target=target)
     echo(json.dumps(info, indent=2) if as_json else render_inspection(info))
+    if export_path:
+        _, optimized, _ = optimized_graph(str(model), shapes, target)
+        write_onnx(exported_model(optimized, str(model), target), export_path)

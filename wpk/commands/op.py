@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from wpk.commands.common import SEARCHES, cluster_option, echo, parse_shape, target_of
-from wpk.commands.render import format_time, render_json, summary_lines
+from wpk.commands.render import format_time, plural, render_json, summary_lines
 from wpk.core.errors import OptionError
 from wpk.frontend import load_model
 from wpk.kernels.target import create_target
@@ -93,28 +93,42 @@ def op_report(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, 
     return report
 
 
+def wrappable(label: str) -> str:
+    """A candidate label that wraps between its config entries: 'a[x=1, y=2]'."""
+    return label.replace(",", ", ")
+
+
 def candidates_table(report: Mapping):
-    """Every candidate of every workload side by side, with its speed-up over the vendor."""
+    """Per workload, a table of every candidate with its speed-up over the fastest vendor
+    kernel (the chosen one marked with *); long names wrap, none is cut."""
+    from rich.console import Group
+
+    return Group(*(workload_table(workload) for workload in report["workloads"]))
+
+
+def workload_table(workload: Mapping):
+    """One workload's candidates, fastest first, under the workload's label."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=box.SIMPLE_HEAD, header_style="bold")
-    for column, justify in (("workload", "left"), ("candidate", "left"), ("kind", "left"),
-                            ("status", "left"), ("median", "right"), ("vs vendor", "right")):
-        table.add_column(column, justify=justify)
-    for workload in report["workloads"]:
-        vendor = [c["median_s"] for c in workload["candidates"]
-                  if c["kind"] == "vendor" and c["median_s"]]
-        best_vendor = min(vendor) if vendor else None
-        rows = sorted(workload["candidates"],
-                      key=lambda c: (c["median_s"] is None, c["median_s"] or 0.0))
-        for index, c in enumerate(rows):
-            speedup = (f"{best_vendor / c['median_s']:.2f}x"
-                       if best_vendor and c["median_s"] else "-")
-            mark = " *" if c["label"] == workload["chosen"] else ""
-            table.add_row(workload["label"] if index == 0 else "", Text(c["label"] + mark),
-                          c["kind"], c["status"], format_time(c["median_s"]), speedup)
+    table = Table(title=workload["label"], title_justify="left", box=box.SIMPLE_HEAD,
+                  header_style="bold")
+    for column, justify in (("candidate", "left"), ("kind", "left"), ("status", "left"),
+                            ("median", "right"), ("vs vendor", "right")):
+        table.add_column(column, justify=justify, overflow="fold",
+                         ratio=4 if column == "candidate" else None)
+    vendor = [c["median_s"] for c in workload["candidates"]
+              if c["kind"] == "vendor" and c["median_s"]]
+    best_vendor = min(vendor) if vendor else None
+    rows = sorted(workload["candidates"],
+                  key=lambda c: (c["median_s"] is None, c["median_s"] or 0.0))
+    for c in rows:
+        speedup = (f"{best_vendor / c['median_s']:.2f}x"
+                   if best_vendor and c["median_s"] else "-")
+        mark = " *" if c["label"] == workload["chosen"] else ""
+        table.add_row(Text(wrappable(c["label"]) + mark), c["kind"], c["status"],
+                      format_time(c["median_s"]), speedup)
     return table
 
 
@@ -132,11 +146,19 @@ def op_command(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str,
                        cluster=cluster)
     if as_json:
         return render_json(report)
-    tuned = report["search"].get("tuned", [])
-    lines = summary_lines(report) + [
-        f"search {report['search']['search']}: " + (", ".join(
-            f"{t['trials']} trials ({t['stopped']})" for t in tuned) or "nothing to tune")]
+    lines = summary_lines(report) + tuning_lines(report["search"])
     return Group(Text("\n".join(lines)), candidates_table(report))
+
+
+def tuning_lines(search: Mapping) -> list[str]:
+    """Per tuned workload: its trials, best time and why its search ended."""
+    tuned = search.get("tuned", [])
+    if not tuned:
+        return [f"search {search['search']}: nothing to tune"]
+    return [f"tuned {t['label']} ({t['tuner']}): {plural(t['trials'], 'trial')}, best "
+            f"{format_time(t.get('best_s'))}"
+            + (f", re-measured {format_time(t['final_s'])}" if t.get("final_s") else "")
+            + f"; {t.get('stopped_text') or t['stopped']}" for t in tuned]
 
 
 @click.command("op")

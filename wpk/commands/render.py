@@ -1,16 +1,15 @@
-"""Rendering a build report (`wpk.plans.report`) as a table, JSON or an HTML page.
+"""Rendering a build report (`wpk.plans.report`) as text: a table, a summary, JSON.
 
-`render_table(report)` gives a rich renderable (summary line and one row per
-workload, largest share first); `render_summary(report)` a short one for the
-end of a build; `render_json(report)` the JSON text;
-`render_html(report)` a self-contained page (inline CSS and SVG, no external
-assets) with a summary and, per workload, a bar chart of every candidate's
-median time, the chosen one marked, and its share of the total latency.
+`render_table(report)` gives a rich renderable (summary lines and one row per
+workload, largest share first, with why each candidate was chosen);
+`render_summary(report)` a short one for the end of a build;
+`render_json(report)` the JSON text. The HTML page is
+`wpk.commands.render_html`; both share the wording here (`summary_lines`,
+`reason_text`, `format_time`).
 """
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Mapping
 
@@ -19,7 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from wpk.plans.report import by_share
+from wpk.plans.report import by_share, choice_reason, next_best
 from wpk.search.parallel_measure import summary_line
 
 
@@ -33,6 +32,11 @@ def format_time(seconds: float | None) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 workload', '3 workloads'."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def format_bytes(count: int | None) -> str:
     if count is None:
         return "-"
@@ -43,12 +47,47 @@ def format_bytes(count: int | None) -> str:
 
 
 def runner_up_ratio(workload: Mapping) -> float | None:
-    """How many times faster the chosen candidate is than the next verified one."""
-    times = sorted(c["median_s"] for c in workload["candidates"]
-                   if c["status"] == "ok" and c["median_s"])
-    if len(times) < 2 or not workload.get("median_s"):
+    """The fastest other verified candidate's time over the chosen one's: above 1 the
+    chosen is that much faster, below 1 it is slower (a choice that keeps a region whole)."""
+    other = next_best(workload)
+    if other is None or not workload.get("median_s"):
         return None
-    return times[1] / workload["median_s"]
+    return other["median_s"] / workload["median_s"]
+
+
+def format_ratio(ratio: float | None) -> str:
+    """'2.50x' ('-' for None); two decimals, so 0.996 reads 1.00x."""
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def reason_text(workload: Mapping) -> str:
+    """Why the workload's candidate was chosen, in words (see `choice_reason`)."""
+    reason = choice_reason(workload)
+    rule, verified = reason["rule"], reason.get("verified", 0)
+    if rule == "region":
+        text = (f"keeps the onnxruntime region whole (+{format_time(reason['over_s'])} over "
+                f"{reason['faster']}, within the {format_time(reason['credit_s'])} "
+                "credit of a step inside a region)")
+    elif rule == "only_verified":
+        text = f"only verified candidate (of {len(workload['candidates'])})"
+    elif rule == "timed_alone":
+        text = (f"fastest timed alone ({reason['faster']} was "
+                f"{format_time(reason['over_s'])} faster, timed concurrently)")
+    elif rule == "not_recorded":
+        text = (f"not the fastest (+{format_time(reason['over_s'])} over {reason['faster']}); "
+                "this report predates recorded reasons")
+    else:
+        text = f"fastest of {verified} verified candidates"
+    return f"predicted: {text}, by the analytical model" if workload.get("predicted") else text
+
+
+def reason_tag(workload: Mapping) -> str:
+    """A table cell's short form of `reason_text`: fastest, region +5 us, only, ..."""
+    reason = choice_reason(workload)
+    tag = {"region": f"region +{format_time(reason.get('over_s'))}",
+           "only_verified": "only verified", "timed_alone": "timed alone",
+           "not_recorded": "not recorded"}.get(reason["rule"], "fastest")
+    return f"{tag} (predicted)" if workload.get("predicted") else tag
 
 
 def summary_lines(report: Mapping) -> list[str]:
@@ -98,11 +137,12 @@ def search_lines(report: Mapping) -> list[str]:
     lines = []
     search = report.get("search") or {}
     if search:
-        what = "predicted" if search.get("predicted") else "measured"
+        what = "predictions" if search.get("predicted") else "measurements"
         tuned = [t for t in search.get("tuned", []) if t.get("trials")]
-        lines.append(f"search {search.get('search')}: {len(tuned)} workloads tuned, "
-                     f"{search.get('measured', 0)} {what}, {search.get('reused', 0)} reused "
-                     f"from {search.get('records', 0)} records")
+        lines.append(f"search {search.get('search')}: {plural(len(tuned), 'workload')} tuned; "
+                     f"{search.get('measured', 0)} new {what}, {search.get('reused', 0)} "
+                     f"answered by the tuning records (which now hold "
+                     f"{search.get('records', 0)})")
     parallel = report.get("parallel_measure")
     if parallel:
         lines.append(summary_line(parallel))
@@ -128,17 +168,17 @@ def render_table(report: Mapping) -> Group:
     for column, justify, width in (("operator", "left", 18), ("n", "right", None),
                                    ("chosen", "left", 10), ("median", "right", None),
                                    ("share", "right", None), ("vs next", "right", None),
-                                   ("ok", "right", None)):
-        table.add_column(column, justify=justify, min_width=width)
+                                   ("why", "left", None), ("ok", "right", None)):
+        table.add_column(column, justify=justify, min_width=width, overflow="fold")
     for workload in by_share(report):
-        ratio = runner_up_ratio(workload)
+        ratio = runner_up_ratio(workload)  # the fastest other candidate / the chosen
         ok = sum(1 for c in workload["candidates"] if c["status"] == "ok")
         chosen = Text(workload["chosen"])
         chosen.append(f" {workload['chosen_kind']}",
                       style="bold yellow" if workload["fallback"] else "dim")
         table.add_row(workload["label"], str(workload["count"]), chosen,
                       format_time(workload["median_s"]), f"{100 * workload['share']:.1f}%",
-                      f"{ratio:.2f}x" if ratio else "-",
+                      format_ratio(ratio), reason_tag(workload),
                       f"{ok}/{len(workload['candidates'])}")
     return Group(Text("\n".join(summary_lines(report))), table)
 
@@ -146,87 +186,3 @@ def render_table(report: Mapping) -> Group:
 def render_json(report: Mapping) -> str:
     """The report as indented JSON text."""
     return json.dumps(report, indent=2, allow_nan=False)
-
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:70em;
-color:#222}
-h1{font-size:1.5em}h2{font-size:1.1em;margin:1.6em 0 .3em}
-.summary{background:#f4f6f8;border-radius:6px;padding:.8em 1.2em;line-height:1.5}
-.meta{color:#555;font-size:.9em}.fallback{color:#b35900;font-weight:bold}
-.share{display:inline-block;width:12em;height:.8em;background:#e3e7eb;border-radius:3px;
-vertical-align:middle}.share span{display:block;height:100%;background:#3b7dd8;
-border-radius:3px}
-svg text{font-size:12px;font-family:ui-monospace,monospace}
-table{border-collapse:collapse;font-size:.9em}td,th{padding:.2em .8em;text-align:left}
-"""
-
-
-def _bar_chart(workload: Mapping) -> str:
-    candidates = sorted(workload["candidates"],
-                        key=lambda c: (c["median_s"] is None, c["median_s"] or 0.0))
-    longest = max((c["median_s"] or 0.0 for c in candidates), default=0.0) or 1.0
-    row, label_width, bar_width = 22, 330, 420
-    height = row * len(candidates) + 6
-    parts = [f'<svg width="{label_width + bar_width + 170}" height="{height}" '
-             f'role="img" xmlns="http://www.w3.org/2000/svg">']
-    for index, cand in enumerate(candidates):
-        y = 4 + index * row
-        chosen = cand["label"] == workload["chosen"]
-        name = html.escape(cand["label"] if len(cand["label"]) <= 46
-                           else cand["label"][:45] + "\u2026")
-        weight = ' font-weight="bold"' if chosen else ""
-        parts.append(f'<text x="0" y="{y + 14}"{weight}>{name}</text>')
-        if cand["status"] == "ok" and cand["median_s"]:
-            width = max(1.0, bar_width * cand["median_s"] / longest)
-            color = "#2e9d5b" if chosen else "#9aa8b8"
-            tip = html.escape(f"{cand['label']}: {format_time(cand['median_s'])}")
-            parts.append(f'<rect x="{label_width}" y="{y + 3}" width="{width:.1f}" height="14" '
-                         f'fill="{color}"><title>{tip}</title></rect>')
-            note = format_time(cand["median_s"]) + ("  \u25c0 chosen" if chosen else "")
-            parts.append(f'<text x="{label_width + width + 6:.1f}" y="{y + 14}"{weight}>'
-                         f'{html.escape(note)}</text>')
-        else:
-            why = html.escape(f"{cand['status']}: {cand.get('message') or ''}"[:80])
-            parts.append(f'<text x="{label_width}" y="{y + 14}" fill="#c0392b">{why}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _passes_table(passes: Mapping) -> str:
-    before, after = passes.get("ops_before") or {}, passes.get("ops_after") or {}
-    if not (before or after):
-        return ""
-    rows = "".join(f"<tr><td>{html.escape(op)}</td><td>{before.get(op, 0)}</td>"
-                   f"<td>{after.get(op, 0)}</td></tr>" for op in sorted({*before, *after}))
-    hits = {**(passes.get("passes") or {}), **(passes.get("rules") or {})}
-    hit_rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{count}</td></tr>"
-                       for name, count in hits.items() if count)
-    hit_table = (f"<table><tr><th>pass / rule</th><th>hits</th></tr>{hit_rows}</table>"
-                 if hit_rows else "")
-    return ("<h2>Graph passes</h2><table><tr><th>op</th><th>before</th><th>after</th></tr>"
-            f"{rows}</table>{hit_table}")
-
-
-def render_html(report: Mapping) -> str:
-    """A self-contained HTML page: summary, then per workload a chart of its candidates."""
-    summary = "<br>".join(html.escape(line) for line in summary_lines(report))
-    sections = []
-    for workload in by_share(report):
-        nodes = ", ".join(workload["nodes"][:8]) + (" \u2026" if len(workload["nodes"]) > 8
-                                                   else "")
-        fallback = ' <span class="fallback">fallback</span>' if workload["fallback"] else ""
-        share = 100 * workload["share"]
-        sections.append(
-            f'<section><h2>{html.escape(workload["label"])}{fallback}</h2>'
-            f'<div class="meta">{workload["count"]} node(s): {html.escape(nodes)}<br>'
-            f'chosen <b>{html.escape(workload["chosen"])}</b> '
-            f'({html.escape(workload["chosen_kind"])}), '
-            f'{format_time(workload["median_s"])} per call, '
-            f'<span class="share"><span style="width:{share:.1f}%"></span></span> '
-            f'{share:.1f}% of the total latency</div>{_bar_chart(workload)}</section>')
-    passes = _passes_table(report.get("passes") or {})
-    title = html.escape(f"wpk report: {report.get('model') or 'model'}")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}'
-            f"</title><style>{_CSS}</style></head><body><h1>{title}</h1>"
-            f'<div class="summary">{summary}</div>{passes}{"".join(sections)}</body></html>\n')

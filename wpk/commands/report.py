@@ -1,4 +1,6 @@
-"""`wpk report PLAN.wpk`: the per-operator benchmark report a build stored in the plan."""
+"""`wpk report PLAN.wpk`: the per-operator benchmark report a build stored in the plan;
+with `--graph FILE.onnx`, the plan's chosen graph as ONNX (for Netron), each node's
+doc_string giving its chosen implementation, time and why."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import click
 from rich.console import Console
 
 from wpk.commands.common import write_text
-from wpk.commands.render import render_html, render_json, render_table
+from wpk.commands.onnx_export import chosen_graph_model, write_onnx
+from wpk.commands.render import render_json, render_table
+from wpk.commands.render_html import render_html
 from wpk.plans.planfile import read_plan
 
 
@@ -18,9 +22,15 @@ from wpk.plans.planfile import read_plan
               show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write to FILE instead of standard output.")
-def command(plan: Path, fmt: str, output: Path | None) -> None:
+@click.option("--graph", "graph_path", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE.onnx", help="Also write the plan's chosen graph as ONNX, each "
+                                        "node annotated with its implementation and time.")
+def command(plan: Path, fmt: str, output: Path | None, graph_path: Path | None) -> None:
     """Show the per-operator benchmark report stored in PLAN."""
-    data = read_plan(str(plan)).report
+    loaded = read_plan(str(plan))
+    if graph_path:
+        write_onnx(chosen_graph_model(loaded), graph_path)
+    data = loaded.report
     if fmt == "table":
         if output:
             with open(output, "w", encoding="utf-8") as handle:

@@ -1,15 +1,66 @@
-"""`wpk run PLAN.wpk`: execute a plan on given or random inputs, print latency and outputs."""
+"""`wpk run PLAN.wpk`: execute a plan on given or random inputs; print the latency like
+`trtexec` (warm-up runs, then N timed runs: min, mean, percentiles, max, throughput) and
+the outputs; optionally write them, and a Perfetto / Chrome trace of one run."""
 
 from __future__ import annotations
 
+import json
+import math
+import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
 import numpy as np
 
+from wpk.commands.common import write_text
 from wpk.core.errors import InputError
 from wpk.runtime import Session, example_feeds
+from wpk.trace import trace_document
+
+WARMUP = 10
+REPEAT = 100
+PERCENTILES = (50, 90, 95, 99)
+
+
+def percentile(sorted_times: Sequence[float], percent: float) -> float:
+    """The nearest-rank percentile: the smallest time that `percent`% of runs did not
+    exceed (always one of the measured times)."""
+    rank = max(1, math.ceil(percent / 100 * len(sorted_times)))
+    return sorted_times[rank - 1]
+
+
+def latency_summary(times: Sequence[float]) -> dict:
+    """min, mean, median, the PERCENTILES, max (seconds) and throughput (runs/s)."""
+    ordered = sorted(times)
+    summary = {"runs": len(ordered), "min": ordered[0], "mean": statistics.fmean(ordered),
+               "median": statistics.median(ordered), "max": ordered[-1]}
+    summary.update({f"p{p}": percentile(ordered, p) for p in PERCENTILES})
+    summary["throughput"] = len(ordered) / sum(ordered) if sum(ordered) > 0 else math.inf
+    return summary
+
+
+def latency_lines(summary: dict, warmup: int) -> list[str]:
+    """The printed latency: the runs, then the statistics in milliseconds."""
+    ms = {k: v * 1e3 for k, v in summary.items() if k not in ("runs", "throughput")}
+    return [f"latency over {summary['runs']} run(s) after {warmup} warm-up run(s), in ms:",
+            f"  min {ms['min']:.3f}  mean {ms['mean']:.3f}  median {ms['median']:.3f}  "
+            f"max {ms['max']:.3f}",
+            "  " + "  ".join(f"p{p} {ms[f'p{p}']:.3f}" for p in PERCENTILES),
+            f"throughput {summary['throughput']:.1f} runs/s (one run at a time)"]
+
+
+def timed_runs(session: Session, feeds: dict, warmup: int, repeat: int):
+    """(the last run's outputs, the timed runs' seconds) after `warmup` untimed runs."""
+    for _ in range(warmup):
+        session.run(feeds)
+    times, outputs = [], {}
+    for _ in range(repeat):
+        started = time.perf_counter()
+        outputs = session.run(feeds)
+        times.append(time.perf_counter() - started)
+    return outputs, times
 
 
 @click.command("run")
@@ -18,37 +69,36 @@ from wpk.runtime import Session, example_feeds
               help="Inputs as .npz keyed by input name (default: deterministic random).")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every graph output to this .npz, keyed by output name.")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Timed runs.")
-@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--repeat", type=click.IntRange(min=1), default=REPEAT, show_default=True,
+              help="Timed runs, summarized as min, mean, median, p50/p90/p95/p99 and max.")
+@click.option("--warmup", type=click.IntRange(min=0), default=WARMUP, show_default=True,
               help="Untimed runs before the timed ones.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also time every step of one more run and write it as a Perfetto / Chrome "
+                   "trace (JSON; open it in ui.perfetto.dev or chrome://tracing).")
 @click.option("--spin-threads", is_flag=True,
               help="CPU plans: onnxruntime region threads spin while a run lasts (faster "
                    "on an otherwise idle machine, slower when other processes compete).")
 def command(plan: Path, inputs_path: Path | None, output_path: Path | None, repeat: int,
-            warmup: int, spin_threads: bool) -> None:
-    """Execute PLAN on inputs and print latency (and write outputs)."""
+            warmup: int, profile_path: Path | None, spin_threads: bool) -> None:
+    """Execute PLAN on inputs: WARMUP untimed runs, then REPEAT timed ones; print their
+    latency statistics and the outputs."""
     session = Session.load(str(plan), spin_threads=spin_threads)
     feeds = (read_inputs(inputs_path, session) if inputs_path
              else example_feeds(session, seed=0))
-    for _ in range(warmup):
-        session.run(feeds)
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        outputs = session.run(feeds)
-        times.append(time.perf_counter() - started)
+    outputs, times = timed_runs(session, feeds, warmup, repeat)
     if output_path:
         write_outputs(output_path, outputs)
     for name, value in outputs.items():
         click.echo(f"{name}: shape {tuple(value.shape)} {value.dtype}  "
                    f"mean {float(np.mean(value)):.6g}  std {float(np.std(value)):.6g}")
-    median = float(np.median(times)) * 1e3
-    spread = (f" (min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f})"
-              if repeat > 1 else "")
-    click.echo(f"latency: median {median:.3f} ms over {repeat} run(s){spread}")
+    for line in latency_lines(latency_summary(times), warmup):
+        click.echo(line)
     if output_path:
         click.echo(f"wrote {output_path}")
+    if profile_path:
+        document = trace_document(session.plan, session.timeline(feeds), name=plan.name)
+        write_text(json.dumps(document, indent=1, allow_nan=False), profile_path)
 
 
 def read_inputs(path: Path, session) -> dict[str, np.ndarray]:

@@ -2,5 +2,6 @@
 
 errors (the WpkError hierarchy), devices (hardware specs: the host CPU, GPU presets),
 graph (the graph IR), workload (Workload, TensorSpec, EpilogueStep: what is measured and
-stored), numerics (error metrics).
+stored), numerics (error metrics), epilogue (the epilogue table: each epilogue step's
+formula, written once for every backend, and its ONNX form).
 """

@@ -17,21 +17,20 @@ from typing import Any
 
 import numpy as np
 
-# Unary epilogue ops and their attribute names (the graph passes and every
-# implementation agree on these names and meanings):
+from wpk.core.epilogue import EPILOGUE_TABLE
+
+# Epilogue steps, one row each in the epilogue table (wpk.core.epilogue), where every
+# implementation reads its meaning. Unary ones, with attributes:
 #   relu; clip(min, max); leaky_relu(alpha); sigmoid; silu (x*sigmoid(x)); tanh;
 #   hard_sigmoid(alpha, beta) = clip(alpha*x+beta, 0, 1); hard_swish = x*hard_sigmoid(1/6, 1/2);
 #   gelu (exact, erf form); gelu_tanh (tanh approximation);
 #   exp, log, sqrt, reciprocal, neg, abs, erf, softplus.
-UNARY_EPILOGUE_OPS = frozenset({
-    "relu", "clip", "leaky_relu", "sigmoid", "silu", "tanh", "hard_sigmoid", "hard_swish",
-    "gelu", "gelu_tanh", "exp", "log", "sqrt", "reciprocal", "neg", "abs", "erf", "softplus",
-})
+UNARY_EPILOGUE_OPS = frozenset(name for name, row in EPILOGUE_TABLE.items() if row.arity == 1)
 # Binary epilogue ops take the node input `operand` (numpy broadcasting against the value):
 #   add, sub, mul, div, pow, max, min. `swap` means `operand OP value`
 #   instead of `value OP operand`.
 #   A residual Add fused into a Conv/Gemm is `add` with the residual tensor as operand.
-BINARY_EPILOGUE_OPS = frozenset({"add", "sub", "mul", "div", "pow", "max", "min"})
+BINARY_EPILOGUE_OPS = frozenset(name for name, row in EPILOGUE_TABLE.items() if row.arity == 2)
 
 
 @dataclass(frozen=True)

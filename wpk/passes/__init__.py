@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wpk.core.graph import Graph
+from wpk.passes.activation_chains import ActivationChains
 from wpk.passes.base import GraphPass
 from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.dead_nodes import DeadNodeElimination
@@ -32,6 +33,7 @@ from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import CHAIN_RULES, EPILOGUE_RULES, LINEAR_RULES, PATTERN_RULES
 from wpk.passes.nchwc_layout import NchwcLayout
 from wpk.passes.noop_removal import NoOpRemoval
+from wpk.passes.reduce_to_pool import ReduceToPool
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
 
@@ -54,10 +56,12 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(ConstantFolding),
     PipelineEntry(DeadNodeElimination),
     PipelineEntry(SumToAdd),
+    PipelineEntry(ReduceToPool),
     PipelineEntry(NoOpRemoval),
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
+    PipelineEntry(ActivationChains),
     PipelineEntry(lambda: FusionPass("epilogue_fusion", EPILOGUE_RULES)),
     PipelineEntry(DeadNodeElimination),
     # target-specific passes go last

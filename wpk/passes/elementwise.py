@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from wpk.core.epilogue import (
+    COMMUTATIVE_STEPS,
+    ONNX_BINARY_STEPS,
+    is_unary_onnx_op,
+    step_from_onnx,
+)
 from wpk.core.graph import Graph, Node
 from wpk.core.workload import EpilogueStep
 from wpk.passes.base import FLOAT_DTYPES
 from wpk.passes.to_onnx import BASE_ARITY, ELEMENTWISE_OP, WPK_DOMAIN
 
 Chain = list[tuple[EpilogueStep, str | None]]
-
-SIMPLE_UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp",
-                "Log": "log", "Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg",
-                "Abs": "abs", "Erf": "erf", "Softplus": "softplus", "HardSwish": "hard_swish"}
-BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow",
-          "Max": "max", "Min": "min"}
-COMMUTATIVE = frozenset({"add", "mul", "max", "min"})
-
 
 def _scalar(graph: Graph, name: str) -> float | None:
     value = graph.constants.get(name)
@@ -33,31 +31,21 @@ def _scalar(graph: Graph, name: str) -> float | None:
 
 
 def unary_step(graph: Graph, node: Node) -> EpilogueStep | None:
-    """The epilogue step computing a unary ONNX activation node, or None."""
-    if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+    """The epilogue step computing a unary ONNX activation node, or None.
+
+    The epilogue table says which ops and attributes make which step; inputs
+    after the first (Clip's bounds) must be constant scalars.
+    """
+    if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1 \
+            or not is_unary_onnx_op(node.op):
         return None
-    op = node.op
-    if op in SIMPLE_UNARY:
-        return EpilogueStep(SIMPLE_UNARY[op])
-    if op == "LeakyRelu":
-        return EpilogueStep("leaky_relu", (("alpha", float(node.attr("alpha", 0.01))),))
-    if op == "HardSigmoid":
-        return EpilogueStep("hard_sigmoid", (("alpha", float(node.attr("alpha", 0.2))),
-                                             ("beta", float(node.attr("beta", 0.5)))))
-    if op == "Gelu":
-        return EpilogueStep("gelu_tanh" if node.attr("approximate", "none") == "tanh" else "gelu")
-    if op == "Clip":
-        bounds = []
-        for index, key in ((1, "min"), (2, "max")):
-            if len(node.inputs) > index and node.inputs[index]:
-                value = _scalar(graph, node.inputs[index])
-                if value is None:
-                    return None
-                bounds.append((key, value))
-            elif node.attr(key) is not None:
-                bounds.append((key, float(node.attr(key))))
-        return EpilogueStep("clip", tuple(bounds))
-    return None
+    scalars: list[float | None] = [None]
+    for name in node.inputs[1:]:
+        scalars.append(_scalar(graph, name) if name else None)
+        if name and scalars[-1] is None:
+            return None
+    found = step_from_onnx(node.op, node.attrs, scalars)
+    return None if found is None else EpilogueStep(*found)
 
 
 def _is_float(graph: Graph, name: str) -> bool:
@@ -76,16 +64,17 @@ def chain_of(graph: Graph, node: Node, value: str) -> Chain | None:
     step = unary_step(graph, node)
     if step is not None:
         return [(step, None)] if node.inputs[0] == value else None
-    if node.op not in BINARY or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+    if node.op not in ONNX_BINARY_STEPS or node.domain not in ("", "ai.onnx") \
+            or len(node.inputs) != 2:
         return None
     a, b = node.inputs
     if (a == value) == (b == value):
         return None
-    name = BINARY[node.op]
+    name = ONNX_BINARY_STEPS[node.op]
     operand = b if a == value else a
     if graph.tensors[operand].dtype != out.dtype:
         return None
-    swap = a != value and name not in COMMUTATIVE
+    swap = a != value and name not in COMMUTATIVE_STEPS
     return [(EpilogueStep(name, swap=swap), operand)]
 
 
@@ -93,7 +82,7 @@ def _elementwise_chain(node: Node, value: str) -> Chain | None:
     names = [node.inputs[s.operand] if s.operand is not None else None for s in node.epilogue]
     if node.inputs[0] != value:
         first = node.epilogue[0] if node.epilogue else None
-        if (first is None or first.op not in COMMUTATIVE or names[0] != value
+        if (first is None or first.op not in COMMUTATIVE_STEPS or names[0] != value
                 or value in names[1:]):
             return None
         names[0] = node.inputs[0]
@@ -115,7 +104,7 @@ def chain_start(graph: Graph, node: Node) -> tuple[str, Chain] | None:
     if unary_step(graph, node) is not None:
         chain = chain_of(graph, node, node.inputs[0])
         return (node.inputs[0], chain) if chain else None
-    if node.op in BINARY and len(node.inputs) == 2:
+    if node.op in ONNX_BINARY_STEPS and len(node.inputs) == 2:
         for value in node.inputs:
             chain = chain_of(graph, node, value)
             if chain:

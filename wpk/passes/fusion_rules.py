@@ -28,7 +28,7 @@ from wpk.passes.elementwise import (
 )
 from wpk.passes.fusion import FusionContext, FusionRule
 from wpk.passes.gelu_rules import match_gelu_erf, match_gelu_tanh, rewrite_gelu
-from wpk.passes.norm_rules import match_layer_norm, rewrite_layer_norm
+from wpk.passes.norm_rules import match_layer_norm, match_layer_norm_reciprocal, rewrite_layer_norm
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN
 
 LINEAR_OPS = frozenset({"Conv", "Gemm", "MatMul"})
@@ -360,7 +360,11 @@ PATTERN_RULES = (
     _rule("gelu_tanh", {"Tanh"}, match_gelu_tanh, rewrite_gelu,
           "0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> Elementwise[gelu_tanh]"),
     _rule("layer_norm", {"Div"}, match_layer_norm, rewrite_layer_norm,
-          "(x - mean) / sqrt(var + eps) [* gamma] [+ beta] -> LayerNormalization (opset 17+)"),
+          "(x - mean) / sqrt(var + eps) [* gamma] [+ beta] -> LayerNormalization"),
+    _rule("layer_norm_reciprocal", {"Reciprocal"}, match_layer_norm_reciprocal,
+          rewrite_layer_norm,
+          "x * inv + (beta - mean * inv), inv = gamma / sqrt(var + eps) (Keras) -> "
+          "LayerNormalization"),
 )
 
 CHAIN_RULES = (

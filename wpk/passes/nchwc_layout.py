@@ -31,6 +31,14 @@ the logical channel count of its output):
   `kernel_shape`, `strides`, explicit `pads`, `ceil_mode` (+ `count_include_pad`
   for AveragePool), applied to every lane including padding lanes.
 - GlobalAveragePool / GlobalMaxPool(X blocked) -> Y blocked (N, Cb, 1, 1, b).
+- Upsample(X blocked) -> Y blocked: a Resize over H and W by whole-number
+  `scales` (2 ints), `mode` nearest (replication) or linear, with
+  `coordinate_transformation_mode` asymmetric, half_pixel or align_corners,
+  applied to every lane (`wpk.passes.nchwc_data.upsample_form` says which
+  Resize nodes qualify).
+- ChannelSlice(X blocked) -> Y blocked: `channels` channels from channel
+  `start` (a multiple of b), i.e. whole blocks of X: a channel Split or Slice
+  on block boundaries, one node per piece.
 
 Other ops on blocked tensors. An elementwise node or chain (Add, Mul, Relu,
 Clip, Sum, ..., `Elementwise`) whose value and tensor operands are all blocked
@@ -67,14 +75,15 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.passes.base import GraphPass, drop_unused_constants, subgraph_names
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_classifier import match_classifier, readers_of
-from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Rewrite
+from wpk.passes.nchwc_data import channel_slices, upsample_form
+from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Blocked, Rewrite
 from wpk.passes.nchwc_rules import (
     MLAS_ACTIVATIONS,
     conv_bias,
     conv_input_mode,
     explicit_pads,
+    fused_dirty,
     mlas_epilogue_prefix,
-    step_keeps_zero,
 )
 
 
@@ -127,6 +136,8 @@ class NchwcLayout(GraphPass):
     def _convert(self, rw: Rewrite, node: Node) -> bool:
         if id(node) in self._absorbed:
             return True
+        if node.op in ("Split", "Slice"):
+            return self._channel_slices(rw, node)
         if node.domain not in ("", "ai.onnx", "wpk") or len(node.outputs) != 1:
             return False
         op = node.op
@@ -142,6 +153,8 @@ class NchwcLayout(GraphPass):
             return self._batch_norm(rw, node)
         if op == "Concat":
             return self._concat(rw, node)
+        if op == "Resize":
+            return self._upsample(rw, node)
         return self._elementwise(rw, node)
 
     def _conv(self, rw: Rewrite, node: Node) -> bool:
@@ -155,7 +168,10 @@ class NchwcLayout(GraphPass):
         rest = [(s, None if s.operand is None else node.inputs[s.operand])
                 for s in node.epilogue[fused:]]
         out_shape = rw.shape(node.outputs[0])
-        if rest and not rw.chain_is_blockable(rest, channels, out_shape):
+        residual = node.epilogue[0] if fused and node.epilogue[0].op == "add" else None
+        dirty = fused_dirty(node.epilogue[:fused], residual is not None
+                            and rw.is_dirty(node.inputs[residual.operand]))
+        if rest and not rw.chain_is_blockable(rest, channels, out_shape, dirty):
             return False
         x = node.inputs[0]
         x_in = rw.as_nchw(x) if mode == "nchw" else rw.as_blocked(x)
@@ -173,7 +189,7 @@ class NchwcLayout(GraphPass):
             "block": rw.block,
             "channels": channels,
         }
-        out = rw.new_blocked(node.outputs[0], channels)
+        out = rw.new_blocked(node.outputs[0], channels, dirty=dirty and not rest)
         conv_out = rw.blocked_tensor(f"{out}_conv", out_shape, channels) if rest else out
         rw.nodes.append(Node("Conv", inputs, [conv_out], node.name, attrs, NCHWC_DOMAIN,
                              tuple(epilogue)))
@@ -200,7 +216,7 @@ class NchwcLayout(GraphPass):
         if node.op == "AveragePool":
             attrs["count_include_pad"] = int(node.attr("count_include_pad", 0))
         x_in = rw.as_blocked(x)
-        out = rw.new_blocked(node.outputs[0], shape[1])
+        out = rw.new_blocked(node.outputs[0], shape[1], dirty=rw.is_dirty(x))
         rw.nodes.append(Node(node.op, [x_in], [out], node.name, attrs, NCHWC_DOMAIN))
         self.hit(node.op)
         return True
@@ -210,7 +226,7 @@ class NchwcLayout(GraphPass):
         if x not in rw.blocked or node.epilogue:
             return False
         channels = rw.blocked[x].channels
-        out = rw.new_blocked(node.outputs[0], channels)
+        out = rw.new_blocked(node.outputs[0], channels, dirty=rw.is_dirty(x))
         rw.nodes.append(Node(node.op, [rw.blocked[x].name], [out], node.name,
                              {"block": rw.block, "channels": channels}, NCHWC_DOMAIN))
         self.hit(node.op)
@@ -256,6 +272,40 @@ class NchwcLayout(GraphPass):
         self.hit("Concat")
         return True
 
+    def _upsample(self, rw: Rewrite, node: Node) -> bool:
+        x = node.inputs[0]
+        form = upsample_form(rw.graph, node) if x in rw.blocked and not node.epilogue else None
+        if form is None:
+            return False
+        entry = rw.blocked[x]
+        out = rw.new_blocked(node.outputs[0], entry.channels, dirty=entry.dirty)
+        attrs = {"scales": form.scales, "mode": form.mode,
+                 "coordinate_transformation_mode": form.transform,
+                 "block": rw.block, "channels": entry.channels}
+        rw.nodes.append(Node("Upsample", [entry.name], [out], node.name, attrs, NCHWC_DOMAIN))
+        self.hit("Upsample")
+        return True
+
+    def _channel_slices(self, rw: Rewrite, node: Node) -> bool:
+        """A block-aligned channel Split/Slice of a blocked tensor: one ChannelSlice per
+        piece, each whole blocks of the input (`nchwc_data.channel_slices`)."""
+        x = node.inputs[0]
+        pieces = channel_slices(rw.graph, node, rw.block) if x in rw.blocked else None
+        if pieces is None or node.epilogue:
+            return False
+        entry = rw.blocked[x]
+        for index, ((start, count), name) in enumerate(zip(pieces, node.outputs)):
+            if not name:
+                continue
+            tail = start + count == entry.channels
+            out = rw.new_blocked(name, count, dirty=entry.dirty and tail)
+            attrs = {"start": start, "block": rw.block, "channels": count}
+            rw.nodes.append(Node("ChannelSlice", [entry.name], [out],
+                                 node.name if len(pieces) == 1 else f"{node.name}/{index}",
+                                 attrs, NCHWC_DOMAIN))
+        self.hit(node.op)
+        return True
+
     def _elementwise(self, rw: Rewrite, node: Node) -> bool:
         g = rw.graph
         if node.op == "Sum" and node.domain in ("", "ai.onnx") and len(node.inputs) > 1:
@@ -269,10 +319,10 @@ class NchwcLayout(GraphPass):
         if rw.shape(value) != out_shape or g.tensors[node.outputs[0]].dtype != "float32":
             return False
         channels = rw.blocked[value].channels
-        if not rw.chain_is_blockable(chain, channels, out_shape):
-            return False
         if self._fuse_activation(rw, value, chain, node.outputs[0]):
             return True
+        if not rw.chain_is_blockable(chain, channels, out_shape, rw.is_dirty(value)):
+            return False
         out = rw.new_blocked(node.outputs[0], channels)
         rw.emit_chain(node.name, rw.blocked[value].name, chain, channels, out)
         self.hit("elementwise")
@@ -316,12 +366,13 @@ class NchwcLayout(GraphPass):
         if producer is None or producer.domain != NCHWC_DOMAIN or producer.op != "Conv" \
                 or any(s.op != "add" for s in producer.epilogue):
             return False
-        channels = rw.blocked[value].channels
-        if step.op not in MLAS_ACTIVATIONS or not (channels % rw.block == 0
-                                                   or step_keeps_zero(step, None)):
+        if step.op not in MLAS_ACTIVATIONS:
             return False
         producer.epilogue = (*producer.epilogue, step)
-        rw.blocked[output] = rw.blocked[value]
+        entry = rw.blocked[value]
+        dirty = entry.dirty or fused_dirty([step])
+        rw.blocked[output] = Blocked(entry.name, entry.channels,
+                                     dirty and entry.channels % rw.block != 0)
         rw.missing.add(output)
         self.hit("activation_into_conv")
         return True

@@ -4,8 +4,15 @@ Used by `wpk.passes.nchwc_layout`. Every logical (NCHW) tensor that gets a
 blocked twin is recorded with its channel count; NCHW forms that only exist
 blocked are re-created on demand by one shared ReorderOutput, and blocked
 forms of NCHW tensors by one shared ReorderInput. Elementwise chains on
-blocked values are planned (every step must keep zero padding lanes at zero)
-before anything is emitted, so a node is either rewritten whole or left alone.
+blocked values are planned before anything is emitted (their result's padding
+lanes must be zero), so a node is either rewritten whole or left alone.
+
+Padding lanes are zero, except in a *dirty* blocked tensor: a conv whose fused
+activation does not map 0 to 0 (sigmoid, hard_sigmoid: a squeeze-excite gate)
+writes it there, and pools pass it on. Convs never read padding lanes (the
+packed filter is zero there) and ReorderOutput drops them; an elementwise chain
+is blocked only when its result is clean (`mul` by a clean tensor cleans,
+every other step needs both sides clean).
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ Chain = list[tuple[EpilogueStep, str | None]]
 
 @dataclass
 class Blocked:
-    name: str       # the blocked tensor
-    channels: int   # logical channel count
+    name: str            # the blocked tensor
+    channels: int        # logical channel count
+    dirty: bool = False  # padding lanes may hold non-zero values (module docstring)
 
 
 @dataclass
@@ -64,10 +72,11 @@ class Rewrite:
                                               "float32")
         return name
 
-    def new_blocked(self, logical: str, channels: int, replaces_producer: bool = True) -> str:
+    def new_blocked(self, logical: str, channels: int, replaces_producer: bool = True,
+                    dirty: bool = False) -> str:
         """The blocked twin of `logical`; its producer now writes only the twin unless told."""
         name = self.blocked_tensor(f"{logical}_nchwc", self.shape(logical), channels)
-        self.blocked[logical] = Blocked(name, channels)
+        self.blocked[logical] = Blocked(name, channels, dirty and channels % self.block != 0)
         if replaces_producer:
             self.missing.add(logical)
         return name
@@ -96,32 +105,40 @@ class Rewrite:
 
     # --- elementwise chains -------------------------------------------------------------------
 
-    def chain_is_blockable(self, chain: Chain, channels: int,
-                           out_shape: tuple[int, ...]) -> bool:
-        """Whether every step can run on blocked tensors and keeps padding lanes zero.
+    def is_dirty(self, logical: str) -> bool:
+        """Whether the blocked twin of `logical` may hold non-zero padding lanes."""
+        entry = self.blocked.get(logical)
+        return entry is not None and entry.dirty
+
+    def chain_is_blockable(self, chain: Chain, channels: int, out_shape: tuple[int, ...],
+                           value_dirty: bool = False) -> bool:
+        """Whether every step can run on blocked tensors and the result's padding lanes are
+        zero (the value's may be dirty: see the module docstring).
 
         Tensor operands must already be blocked, of the value's logical shape or
         (N, C, 1, 1); constant operands scalar or per channel.
         """
         g = self.graph
         per_channel = (out_shape[0], channels, 1, 1)
+        clean = not value_dirty
         for step, operand in chain:
             if operand is None:
-                is_constant = None
+                clean = clean and step_keeps_zero(step, None)
             elif operand in g.constants:
-                is_constant = True
                 value = np.asarray(g.constants[operand])
                 if constant_pad_value(step) is None or per_channel_vector(value,
                                                                           channels) is None:
                     return False
             else:
-                is_constant = False
                 if operand not in self.blocked or self.blocked[operand].channels != channels \
                         or self.shape(operand) not in (out_shape, per_channel):
                     return False
-            if not step_keeps_zero(step, is_constant):
-                return False
-        return True
+                operand_clean = not self.blocked[operand].dirty
+                if step.op == "mul":
+                    clean = clean or operand_clean
+                else:
+                    clean = clean and operand_clean and step_keeps_zero(step, False)
+        return clean
 
     def emit_chain(self, name: str, value: str, chain: Chain, channels: int, out: str) -> None:
         """Append an `Elementwise` node applying a blockable chain to the blocked `value`."""

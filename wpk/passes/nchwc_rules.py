@@ -58,11 +58,8 @@ def _activation_keeps_zero(step: EpilogueStep) -> bool:
 
 
 def mlas_epilogue_prefix(graph: Graph, node: Node, out_channels: int, block: int) -> int:
-    """How many leading epilogue steps MLAS fuses: [add(same-shape tensor)] then one activation.
-
-    An activation that maps 0 elsewhere is only fused when there are no
-    padding lanes (out_channels a multiple of the block).
-    """
+    """How many leading epilogue steps MLAS fuses: [add(same-shape tensor)] then one activation
+    (one that maps 0 elsewhere makes the output's padding lanes dirty: `fused_dirty`)."""
     steps = list(node.epilogue)
     taken = 0
     if steps and steps[0].op == "add" and steps[0].operand is not None \
@@ -71,10 +68,19 @@ def mlas_epilogue_prefix(graph: Graph, node: Node, out_channels: int, block: int
         if name not in graph.constants and _is_float4d(graph, name) \
                 and graph.tensors[name].shape == graph.tensors[node.outputs[0]].shape:
             taken = 1
-    if taken < len(steps) and steps[taken].op in MLAS_ACTIVATIONS and \
-            (out_channels % block == 0 or _activation_keeps_zero(steps[taken])):
+    if taken < len(steps) and steps[taken].op in MLAS_ACTIVATIONS:
         taken += 1
     return taken
+
+
+def fused_dirty(steps: Sequence[EpilogueStep], residual_dirty: bool = False) -> bool:
+    """Whether MLAS's fused epilogue `steps` ([add(R)] [act]) can leave non-zero values in
+    padding lanes: act(0 + R's padding) with R dirty, or an activation with act(0) != 0."""
+    dirty = residual_dirty and bool(steps) and steps[0].op == "add"
+    for step in steps:
+        if step.op != "add" and not _activation_keeps_zero(step):
+            dirty = True
+    return dirty
 
 
 def conv_bias(graph: Graph, node: Node) -> str | None:
@@ -122,10 +128,10 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
             return "blocked"  # depthwise
         return "blocked" if per_group % block == 0 and (out_channels // group) % block == 0 \
             else ""
-    if x in blocked and _pooled(graph, x):
-        return "blocked"  # pooled features (squeeze-excite): zero padding lanes cost nothing
+    if x in blocked:
+        return "blocked"  # already blocked: the packed filter is zero in its padding lanes
     if in_channels < block:
-        return "nchw"
+        return "nchw"     # a network's first layer reads its NCHW input directly
     return "blocked" if in_channels % 4 == 0 else ""
 
 

@@ -1,11 +1,18 @@
-"""Match and rewrite of the decomposed layer normalization (rule `layer_norm` in
-`wpk.passes.fusion_rules`).
+"""Match and rewrite of the decomposed layer normalization (rules `layer_norm` and
+`layer_norm_reciprocal` in `wpk.passes.fusion_rules`).
 
     mean = ReduceMean(x); d = x - mean; var = ReduceMean(d^2 or d*d)
     y = d / Sqrt(var + eps) [* gamma] [+ beta]     ->  LayerNormalization(x, gamma, beta)
 
-Both reductions must cover the same trailing axes (keepdims=1). Only for
-opset >= 17, where LayerNormalization is a standard op.
+Keras (tf2onnx) writes it with a reciprocal and the shift folded apart:
+
+    inv = Reciprocal(Sqrt(var + eps)) [* gamma]
+    y = x * inv + (beta - mean * inv)              ->  LayerNormalization(x, gamma, beta)
+
+Both reductions must cover the same trailing axes (keepdims=1). At any opset:
+LayerNormalization is a standard op from opset 17 on, and onnxruntime
+registers the same op in the default domain for older opsets (paddle2onnx and
+tf2onnx write opset 11-13), so its kernel runs the node either way.
 """
 
 from __future__ import annotations
@@ -15,8 +22,6 @@ import numpy as np
 from wpk.core.graph import Node
 from wpk.passes.base import FLOAT_DTYPES, add_constant
 from wpk.passes.fusion import FusionContext
-
-LAYER_NORM_OPSET = 17
 
 
 def _reduced_axes(ctx: FusionContext, node: Node | None, rank: int) -> tuple[int, ...] | None:
@@ -53,7 +58,7 @@ def _const_operand(ctx: FusionContext, node: Node | None, op: str, value: str):
 def match_layer_norm(ctx: FusionContext, div: Node):
     """The pattern ending in `div` (d / std), or None."""
     graph = ctx.graph
-    if graph.opset < LAYER_NORM_OPSET or len(div.inputs) != 2:
+    if len(div.inputs) != 2:
         return None
     d_name, std_name = div.inputs
     prod = ctx.producers
@@ -127,3 +132,101 @@ def rewrite_layer_norm(ctx: FusionContext, div: Node, found) -> None:
     anchor.attrs = {"axis": int(axis), "epsilon": eps}
     anchor.epilogue = ()
     ctx.absorb(anchor, last, remove=nodes[1:-1])
+
+
+def _variance_of(ctx: FusionContext, d_name: str, var: Node | None, rank: int,
+                 axes: tuple[int, ...]) -> Node | None:
+    """The square node when `var` is ReduceMean(d*d or d^2) over `axes`, used only there."""
+    if _reduced_axes(ctx, var, rank) != axes:
+        return None
+    square = ctx.producers.get(var.inputs[0])
+    if square is None or not _only_feeds(ctx, square, var):
+        return None
+    if square.op == "Pow" and square.inputs[0] == d_name \
+            and _scalar(ctx, square.inputs[1]) == 2.0:
+        return square
+    return square if square.op == "Mul" and square.inputs == [d_name, d_name] else None
+
+
+def _users(ctx: FusionContext, name: str) -> list[Node]:
+    return list(ctx.users.get(name, []))
+
+
+def match_layer_norm_reciprocal(ctx: FusionContext, recip: Node):
+    """The Keras pattern around `recip` (Reciprocal(Sqrt(var + eps))), or None."""
+    graph, prod = ctx.graph, ctx.producers
+    std = prod.get(recip.inputs[0])
+    if std is None or std.op != "Sqrt" or not _only_feeds(ctx, std, recip):
+        return None
+    add_eps = prod.get(std.inputs[0])
+    if add_eps is None or add_eps.op != "Add" or not _only_feeds(ctx, add_eps, std):
+        return None
+    var = next((prod.get(i) for i in add_eps.inputs if i in prod), None)
+    eps = _const_operand(ctx, add_eps, "Add", var.outputs[0]) if var is not None else None
+    if eps is None or eps.size != 1 or not _only_feeds(ctx, var, add_eps):
+        return None
+    square = prod.get(var.inputs[0])
+    sub = prod.get(square.inputs[0]) if square is not None else None
+    if sub is None or sub.op != "Sub":
+        return None
+    x, mean_name = sub.inputs
+    if graph.tensors[x].dtype not in FLOAT_DTYPES:
+        return None
+    rank = len(graph.tensors[x].shape)
+    mean = prod.get(mean_name)
+    axes = _reduced_axes(ctx, mean, rank)
+    if axes is None or mean.inputs[0] != x or _variance_of(ctx, sub.outputs[0], var, rank,
+                                                          axes) is None:
+        return None
+    if {id(u) for u in _users(ctx, sub.outputs[0])} != {id(square)}:
+        return None
+    norm_shape = graph.tensors[x].shape[axes[0]:]
+    nodes, inv, gamma = [mean, sub, square, var, add_eps, std, recip], recip, None
+    scaled = ctx.single_consumer(recip)
+    value = _const_operand(ctx, scaled, "Mul", recip.outputs[0]) if scaled else None
+    if value is not None:
+        gamma = _norm_param(value, norm_shape)
+        if gamma is None:
+            return None
+        nodes.append(scaled)
+        inv = scaled
+    found = _keras_tail(ctx, x, mean, sub, inv, norm_shape)
+    if found is None:
+        return None
+    tail, beta = found
+    params = {"Mul": gamma} if gamma is not None else {}
+    if beta is not None:
+        params["Add"] = beta
+    return x, axes[0], float(eps.reshape(-1)[0]), params, nodes + tail
+
+
+def _keras_tail(ctx: FusionContext, x: str, mean: Node, sub: Node, inv: Node, norm_shape):
+    """The nodes of x * inv + (beta - mean * inv) after `inv`, and beta (or None)."""
+    users = _users(ctx, inv.outputs[0])
+    if len(users) != 2 or any(u.op != "Mul" or len(u.inputs) != 2 for u in users):
+        return None
+    by_other = {(u.inputs[1] if u.inputs[0] == inv.outputs[0] else u.inputs[0]): u
+                for u in users}
+    scale_x, scale_mean = by_other.get(x), by_other.get(mean.outputs[0])
+    if scale_x is None or scale_mean is None:
+        return None
+    if {id(u) for u in _users(ctx, mean.outputs[0])} != {id(sub), id(scale_mean)}:
+        return None
+    shift = ctx.single_consumer(scale_mean)
+    if shift is None or shift.op not in ("Sub", "Neg"):
+        return None
+    beta = None
+    if shift.op == "Sub":
+        if shift.inputs[1] != scale_mean.outputs[0]:
+            return None
+        beta_value = ctx.const(shift.inputs[0])
+        beta = None if beta_value is None else _norm_param(beta_value, norm_shape)
+        if beta is None:
+            return None
+    add = ctx.single_consumer(shift)
+    if add is None or add.op != "Add" or ctx.single_consumer(scale_x) is not add \
+            or sorted(add.inputs) != sorted([scale_x.outputs[0], shift.outputs[0]]):
+        return None
+    if ctx.graph.tensors[add.outputs[0]].shape != ctx.graph.tensors[x].shape:
+        return None
+    return [scale_x, scale_mean, shift, add], beta

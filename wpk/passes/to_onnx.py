@@ -1,14 +1,24 @@
 """Turn a (possibly optimized) `Graph` back into a standard ONNX model.
 
+    model = to_onnx(graph)                                  # runnable, checkable
+    model = to_onnx(graph, notes={"conv_3": "chosen: ort.nchwc, 177 us"}, doc="...")
+
 Fused epilogues and `Elementwise` nodes (domain 'wpk') are expanded into
 standard ONNX ops of the graph's opset, so onnxruntime or
 `onnx.reference` can run the result: useful to debug passes, to compare an
-optimized graph with the original, and for `wpk inspect`.
+optimized graph with the original, and for `wpk inspect --export` and
+`wpk report --graph`, whose files Netron shows. The nodes a fused node
+expands into are named after it (`conv_3`, then `conv_3/Relu`, ...) and
+each one's doc_string names the fused node and what it fused; `notes` adds a
+text to the doc_string of every node a graph node became (the chosen
+implementation and its time, for a plan); `doc` is the graph's doc_string.
+Ops of wpk's own domains (the blocked NCHWc layout) are kept as they are: the
+file passes `onnx.checker`, but only wpk runs those nodes.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,18 +26,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from wpk.core.graph import Graph, Node
-from wpk.core.workload import EpilogueStep
+from wpk.kernels.epilogue import epilogue_onnx_nodes
 
 ELEMENTWISE_OP = "Elementwise"
 WPK_DOMAIN = "wpk"
 # Inputs a fused node keeps before its epilogue operands (absent optional ones are '').
 BASE_ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2, ELEMENTWISE_OP: 1}
-
-_UNARY_ONNX = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp",
-               "log": "Log", "sqrt": "Sqrt", "reciprocal": "Reciprocal", "neg": "Neg",
-               "abs": "Abs", "erf": "Erf", "softplus": "Softplus"}
-_BINARY_ONNX = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
-                "max": "Max", "min": "Min"}
 
 
 def attr_to_proto(name: str, value: Any) -> onnx.AttributeProto | None:
@@ -57,73 +61,33 @@ def node_to_proto(node: Node, inputs: list[str] | None = None,
     return proto
 
 
-class _Emitter:
-    """Collects the nodes and constants of the exported model."""
+def fused_text(node: Node) -> str:
+    """What a node computes, fusions included: 'Conv +relu +add'."""
+    return node.op + "".join(f" +{step.op}" for step in node.epilogue)
 
-    def __init__(self, graph: Graph):
+
+class _Emitter:
+    """Collects the nodes of the exported model, named and annotated."""
+
+    def __init__(self, graph: Graph, notes: Mapping[str, str] | None = None):
         self.graph = graph
         self.opset = graph.opset
+        self.notes = dict(notes or {})
         self.nodes: list[onnx.NodeProto] = []
-        self.extra: dict[str, np.ndarray] = {}
         self.count = 0
 
     def fresh(self, base: str) -> str:
+        """A tensor name not used yet, from `base`."""
         self.count += 1
         return f"{base}__x{self.count}"
 
-    def const(self, value: float, dtype: str) -> str:
-        name = self.fresh("c")
-        self.extra[name] = np.array(value, dtype=dtype)
-        return name
-
-    def op(self, op: str, inputs: list[str], output: str, **attrs) -> str:
-        self.nodes.append(helper.make_node(op, inputs, [output], name=self.fresh(op), **attrs))
-        return output
-
-    def step(self, step: EpilogueStep, value: str, node: Node, out: str, dtype: str) -> str:
-        name = step.op
-        if name in _BINARY_ONNX:
-            operand = node.inputs[step.operand]
-            pair = [operand, value] if step.swap else [value, operand]
-            return self.op(_BINARY_ONNX[name], pair, out)
-        if name in _UNARY_ONNX:
-            return self.op(_UNARY_ONNX[name], [value], out)
-        if name == "clip":
-            lo, hi = step.attr("min", -math.inf), step.attr("max", math.inf)
-            if self.opset < 11:
-                return self.op("Clip", [value], out, min=float(lo), max=float(hi))
-            return self.op("Clip", [value, self.const(lo, dtype), self.const(hi, dtype)], out)
-        if name == "leaky_relu":
-            return self.op("LeakyRelu", [value], out, alpha=float(step.attr("alpha", 0.01)))
-        if name == "hard_sigmoid":
-            return self.op("HardSigmoid", [value], out, alpha=float(step.attr("alpha", 0.2)),
-                           beta=float(step.attr("beta", 0.5)))
-        if name == "hard_swish":
-            gate = self.op("HardSigmoid", [value], self.fresh("hs"), alpha=1 / 6, beta=0.5)
-            return self.op("Mul", [value, gate], out)
-        if name == "silu":
-            gate = self.op("Sigmoid", [value], self.fresh("sig"))
-            return self.op("Mul", [value, gate], out)
-        if name == "gelu":
-            scaled = self.op("Mul", [value, self.const(1 / math.sqrt(2), dtype)], self.fresh("g"))
-            erf = self.op("Erf", [scaled], self.fresh("g"))
-            one = self.op("Add", [erf, self.const(1.0, dtype)], self.fresh("g"))
-            half = self.op("Mul", [value, self.const(0.5, dtype)], self.fresh("g"))
-            return self.op("Mul", [half, one], out)
-        if name == "gelu_tanh":
-            cube = self.op("Mul", [value, self.op("Mul", [value, value], self.fresh("g"))],
-                           self.fresh("g"))
-            inner = self.op("Add", [value, self.op("Mul", [cube, self.const(0.044715, dtype)],
-                                                   self.fresh("g"))], self.fresh("g"))
-            arg = self.op("Mul", [inner, self.const(math.sqrt(2 / math.pi), dtype)],
-                          self.fresh("g"))
-            one = self.op("Add", [self.op("Tanh", [arg], self.fresh("g")),
-                                  self.const(1.0, dtype)], self.fresh("g"))
-            half = self.op("Mul", [value, self.const(0.5, dtype)], self.fresh("g"))
-            return self.op("Mul", [half, one], out)
-        raise ValueError(f"unknown epilogue step '{name}'")
-
     def node(self, node: Node) -> None:
+        """Emit the ONNX nodes of one graph node, named and annotated."""
+        start = len(self.nodes)
+        self._emit(node)
+        self._annotate(node, self.nodes[start:])
+
+    def _emit(self, node: Node) -> None:
         if not node.epilogue and node.op != ELEMENTWISE_OP:
             self.nodes.append(node_to_proto(node))
             return
@@ -137,11 +101,24 @@ class _Emitter:
                 base.pop()
             value = self.fresh(out)
             self.nodes.append(node_to_proto(node, inputs=base, outputs=[value]))
-        if not node.epilogue:
-            self.op("Identity", [value], out)
-        for k, step in enumerate(node.epilogue):
-            target = out if k == len(node.epilogue) - 1 else self.fresh(out)
-            value = self.step(step, value, node, target, dtype)
+        self.nodes += epilogue_onnx_nodes(node.epilogue, value, node.inputs, out,
+                                          self.fresh(out) + "_", dtype=dtype, opset=self.opset)
+
+    def _annotate(self, node: Node, protos: list[onnx.NodeProto]) -> None:
+        """Name the nodes a graph node became after it and say so in their doc_string."""
+        texts = []
+        if len(protos) > 1:
+            texts.append(f"part of wpk fused node '{node.name}' ({fused_text(node)}), "
+                         f"one of {len(protos)} ONNX nodes it expands into")
+        if node.name in self.notes:
+            texts.append(self.notes[node.name])
+        for index, proto in enumerate(protos):
+            if index or not proto.name:
+                proto.name = f"{node.name}/{proto.op_type}_{index}"
+            own = ([f"op of wpk's domain '{proto.domain}', which only wpk runs"]
+                   if proto.domain not in ("", "ai.onnx") else [])
+            if texts or own:
+                proto.doc_string = "; ".join(own + texts)
 
 
 def _value_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
@@ -150,20 +127,23 @@ def _value_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
         name, helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)), list(info.shape))
 
 
-def to_onnx(graph: Graph) -> onnx.ModelProto:
-    """The graph as a standard ONNX model (epilogues and `Elementwise` nodes expanded)."""
-    emit = _Emitter(graph)
+def to_onnx(graph: Graph, notes: Mapping[str, str] | None = None,
+            doc: str = "") -> onnx.ModelProto:
+    """The graph as a standard ONNX model (epilogues and `Elementwise` nodes expanded, named
+    and annotated; see the module docstring)."""
+    emit = _Emitter(graph, notes)
     for node in graph.nodes:
         emit.node(node)
     initializers = [numpy_helper.from_array(np.asarray(v, order="C"), name)
-                    for name, v in [*graph.constants.items(), *emit.extra.items()]]
+                    for name, v in graph.constants.items()]
     produced = {o for n in graph.nodes for o in n.outputs}
     value_info = [_value_info(graph, name) for name in produced
                   if name in graph.tensors and name not in graph.outputs]
     proto = helper.make_graph(emit.nodes, graph.name,
                               [_value_info(graph, i) for i in graph.inputs],
                               [_value_info(graph, o) for o in graph.outputs],
-                              initializer=initializers, value_info=value_info)
+                              initializer=initializers, value_info=value_info,
+                              doc_string=doc or None)
     versions = {d: v for d, v in graph.opsets.items() if d != WPK_DOMAIN}
     for node in emit.nodes:  # custom domains of later passes (e.g. wpk.nchwc), version 1
         versions.setdefault(node.domain, 1)

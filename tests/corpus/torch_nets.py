@@ -1,0 +1,518 @@
+"""The corpus networks as torch modules, written from the papers' layer lists.
+
+Six architectures that users bring to wpk, each with a small configuration for
+the tests and a larger one for the benchmark (`SIZES`):
+
+- `MobileNetV3Small`: inverted residuals with HardSwish, squeeze-excite as
+  `x.mean((2, 3), keepdim=True)` (ReduceMean) and a HardSigmoid gate.
+- `TextDetector`: DB-style: a conv backbone with four strides, an FPN whose
+  top-down path and merge use nearest `F.interpolate` (Resize), and a
+  probability head with two ConvTranspose upsamplings.
+- `TextRecognizer`: SVTR/CRNN-style: a conv stem, `flatten(2).transpose(1, 2)`
+  into a sequence, transformer blocks whose attention splits heads with
+  `reshape(B, N, 3, heads, d).permute(...)` on the runtime batch size, and a
+  per-column classifier.
+- `VisionTransformer`: ViT-tiny: patch-embedding conv, class token, position
+  embedding, pre-norm blocks with `F.scaled_dot_product_attention`, GELU.
+- `ConvNeXt`: depthwise 7x7 blocks with permute + LayerNorm + Linear + GELU
+  and layer scale, downsampling with the channels-first LayerNorm written out.
+- `YoloDetector`: YOLOv8-style: Conv-BN-SiLU, C2f blocks (`chunk(2, 1)` into
+  Split, Concat), SPPF max pools, a neck with nearest upsampling and Concat, a
+  head that splits box and class channels.
+
+Weights come from `seed_parameters`, a seeded initialisation that keeps
+activations of order one through deep stacks and gives BatchNorm layers
+non-trivial statistics, so fusions that fold them are really exercised.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# -------------------------------------------------------------------- initialisation
+
+
+def seed_parameters(module: nn.Module, seed: int) -> nn.Module:
+    """Give every parameter and BatchNorm statistic a seeded value; returns the module in eval.
+
+    Conv and Linear weights are He-normal (scale sqrt(2 / fan_in)), biases and
+    norm shifts small uniform values, norm scales around 1, BatchNorm running
+    means and variances near the statistics of unit activations.
+    """
+    generator = torch.Generator().manual_seed(seed)
+
+    def uniform(shape, low: float, high: float) -> torch.Tensor:
+        return torch.rand(shape, generator=generator) * (high - low) + low
+
+    with torch.no_grad():
+        for layer in module.modules():
+            if isinstance(layer, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
+                weight = layer.weight
+                if isinstance(layer, nn.ConvTranspose2d):
+                    fan_in = weight.shape[0] * weight[0, 0].numel() // (layer.stride[0]
+                                                                          * layer.stride[1])
+                else:
+                    fan_in = weight[0].numel()
+                weight.copy_(torch.randn(weight.shape, generator=generator)
+                             * math.sqrt(2.0 / max(1, fan_in)))
+                if layer.bias is not None:
+                    layer.bias.copy_(uniform(layer.bias.shape, -0.1, 0.1))
+            elif isinstance(layer, nn.BatchNorm2d):
+                channels = layer.num_features
+                layer.weight.copy_(uniform(channels, 0.5, 1.5))
+                layer.bias.copy_(uniform(channels, -0.2, 0.2))
+                layer.running_mean.copy_(uniform(channels, -0.2, 0.2))
+                layer.running_var.copy_(uniform(channels, 0.5, 2.0))
+            elif isinstance(layer, (nn.LayerNorm, ChannelsFirstLayerNorm)):
+                layer.weight.copy_(uniform(layer.weight.shape, 0.8, 1.2))
+                layer.bias.copy_(uniform(layer.bias.shape, -0.1, 0.1))
+        for name, parameter in module.named_parameters(recurse=True):
+            if name.endswith(("cls_token", "position_embedding")):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+            elif name.endswith("layer_scale"):
+                parameter.copy_(uniform(parameter.shape, 0.1, 0.5))
+    return module.eval()
+
+
+def conv_bn(c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1,
+            activation: nn.Module | None = None) -> nn.Sequential:
+    """Conv (no bias, same padding) + BatchNorm + an optional activation."""
+    layers: list[nn.Module] = [nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2,
+                                         groups=groups, bias=False), nn.BatchNorm2d(c_out)]
+    if activation is not None:
+        layers.append(activation)
+    return nn.Sequential(*layers)
+
+
+# -------------------------------------------------------------------- MobileNetV3-small
+
+
+class SqueezeExcite(nn.Module):
+    """Channel gate: mean over H and W (ReduceMean), 1x1 reduce, ReLU, 1x1 expand, HardSigmoid."""
+
+    def __init__(self, channels: int, squeezed: int):
+        super().__init__()
+        self.reduce = nn.Conv2d(channels, squeezed, 1)
+        self.expand = nn.Conv2d(squeezed, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = x.mean((2, 3), keepdim=True)
+        gate = F.hardsigmoid(self.expand(F.relu(self.reduce(gate))))
+        return x * gate
+
+
+class InvertedResidual(nn.Module):
+    """1x1 expand, depthwise kxk, optional squeeze-excite, 1x1 project, residual if shapes match."""
+
+    def __init__(self, c_in: int, hidden: int, c_out: int, kernel: int, stride: int,
+                 squeeze_excite: bool, hard_swish: bool):
+        super().__init__()
+        def act() -> nn.Module:
+            return nn.Hardswish() if hard_swish else nn.ReLU()
+        layers: list[nn.Module] = []
+        if hidden != c_in:
+            layers.append(conv_bn(c_in, hidden, 1, activation=act()))
+        layers.append(conv_bn(hidden, hidden, kernel, stride, groups=hidden, activation=act()))
+        if squeeze_excite:
+            layers.append(SqueezeExcite(hidden, _divisible(hidden // 4)))
+        layers.append(conv_bn(hidden, c_out, 1))
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and c_in == c_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        return x + y if self.residual else y
+
+
+def _divisible(value: float, divisor: int = 8) -> int:
+    return max(divisor, int(value + divisor / 2) // divisor * divisor)
+
+
+# MobileNetV3-small: (kernel, expanded, out, squeeze-excite, hard-swish, stride).
+MOBILENET_V3_SMALL_BLOCKS = (
+    (3, 16, 16, True, False, 2), (3, 72, 24, False, False, 2), (3, 88, 24, False, False, 1),
+    (5, 96, 40, True, True, 2), (5, 240, 40, True, True, 1), (5, 240, 40, True, True, 1),
+    (5, 120, 48, True, True, 1), (5, 144, 48, True, True, 1), (5, 288, 96, True, True, 2),
+    (5, 576, 96, True, True, 1), (5, 576, 96, True, True, 1))
+
+
+class MobileNetV3Small(nn.Module):
+    """MobileNetV3-small classifier; `width` scales every channel count, `blocks` cuts the list."""
+
+    def __init__(self, width: float = 1.0, blocks: int = len(MOBILENET_V3_SMALL_BLOCKS),
+                 classes: int = 1000, head: int = 1024):
+        super().__init__()
+        stem = _divisible(16 * width)
+        layers: list[nn.Module] = [conv_bn(3, stem, 3, 2, activation=nn.Hardswish())]
+        channels = stem
+        for kernel, expanded, c_out, se, hs, stride in MOBILENET_V3_SMALL_BLOCKS[:blocks]:
+            hidden, out = _divisible(expanded * width), _divisible(c_out * width)
+            layers.append(InvertedResidual(channels, hidden, out, kernel, stride, se, hs))
+            channels = out
+        last = channels * 6
+        layers.append(conv_bn(channels, last, 1, activation=nn.Hardswish()))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Linear(last, head), nn.Hardswish(),
+                                        nn.Linear(head, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = self.features(x).mean((2, 3))
+        return self.classifier(pooled)
+
+
+# -------------------------------------------------------------------- DB text detector
+
+
+class TextDetector(nn.Module):
+    """DB-style detector: conv backbone (strides 4..32), FPN, ConvTranspose probability head."""
+
+    def __init__(self, widths: tuple[int, ...] = (16, 24, 56, 96), fpn: int = 64,
+                 blocks_per_stage: int = 1):
+        super().__init__()
+        self.stem = conv_bn(3, widths[0], 3, 2, activation=nn.ReLU())
+        stages, channels = [], widths[0]
+        for width in widths:  # strides 4, 8, 16, 32
+            layers = [conv_bn(channels, width, 3, 2, activation=nn.ReLU())]
+            layers += [conv_bn(width, width, 3, activation=nn.ReLU())
+                       for _ in range(blocks_per_stage)]
+            stages.append(nn.Sequential(*layers))
+            channels = width
+        self.stages = nn.ModuleList(stages)
+        self.lateral = nn.ModuleList(nn.Conv2d(w, fpn, 1, bias=False) for w in widths)
+        quarter = fpn // 4
+        self.smooth = nn.ModuleList(nn.Conv2d(fpn, quarter, 3, padding=1, bias=False)
+                                    for _ in widths)
+        self.head = nn.Sequential(
+            conv_bn(fpn, quarter, 3, activation=nn.ReLU()),
+            nn.ConvTranspose2d(quarter, quarter, 2, 2), nn.BatchNorm2d(quarter), nn.ReLU(),
+            nn.ConvTranspose2d(quarter, 1, 2, 2), nn.Sigmoid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = []
+        y = self.stem(x)
+        for stage in self.stages:
+            y = stage(y)
+            features.append(y)
+        laterals = [conv(f) for conv, f in zip(self.lateral, features)]
+        for level in range(len(laterals) - 1, 0, -1):  # top-down: upsample and add
+            laterals[level - 1] = laterals[level - 1] + F.interpolate(
+                laterals[level], scale_factor=2.0, mode="nearest")
+        merged = [F.interpolate(conv(p), scale_factor=float(2 ** level), mode="nearest")
+                  if level else conv(p)
+                  for level, (conv, p) in enumerate(zip(self.smooth, laterals))]
+        return self.head(torch.cat(merged[::-1], dim=1))
+
+
+# -------------------------------------------------------------------- SVTR/CRNN recognizer
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention written out (qkv Linear, reshape/permute heads, softmax)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, dim = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.heads, dim // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.proj((weights @ v).transpose(1, 2).reshape(batch, tokens, dim))
+
+
+class SdpaAttention(nn.Module):
+    """Multi-head self-attention through `F.scaled_dot_product_attention` (as timm's ViT)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, dim = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.heads, dim // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        context = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(context.transpose(1, 2).reshape(batch, tokens, dim))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(LN(x)), x + MLP(LN(x)) with GELU."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, sdpa: bool):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = (SdpaAttention if sdpa else Attention)(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TextRecognizer(nn.Module):
+    """SVTR/CRNN-style recognizer: conv stem to H/8 x W/4, transformer blocks, column classifier."""
+
+    def __init__(self, dim: int = 64, depth: int = 2, heads: int = 2, classes: int = 97):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn(3, dim // 2, 3, 2, activation=nn.GELU()),
+                                  conv_bn(dim // 2, dim, 3, 2, activation=nn.GELU()))
+        self.blocks = nn.Sequential(*(TransformerBlock(dim, heads, 2.0, sdpa=False)
+                                      for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.squeeze_height = conv_bn(dim, dim, 3, (2, 1), activation=nn.Hardswish())
+        self.classifier = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        batch, channels, height, width = x.shape
+        tokens = self.norm(self.blocks(x.flatten(2).transpose(1, 2)))
+        x = tokens.transpose(1, 2).reshape(batch, channels, height, width)
+        x = self.squeeze_height(x).mean(2)              # [B, C, W]: average the rows left
+        logits = self.classifier(x.permute(0, 2, 1))    # [B, W, classes]
+        return logits.softmax(-1)
+
+
+# -------------------------------------------------------------------- ViT-tiny
+
+
+class VisionTransformer(nn.Module):
+    """ViT: patch-embedding conv, class token, position embedding, pre-norm blocks, head."""
+
+    def __init__(self, image: int = 224, patch: int = 16, dim: int = 192, depth: int = 12,
+                 heads: int = 3, classes: int = 1000):
+        super().__init__()
+        self.patch_embedding = nn.Conv2d(3, dim, patch, patch)
+        tokens = (image // patch) ** 2 + 1
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.position_embedding = nn.Parameter(torch.zeros(1, tokens, dim))
+        self.blocks = nn.Sequential(*(TransformerBlock(dim, heads, 4.0, sdpa=True)
+                                      for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embedding(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.blocks(x + self.position_embedding)
+        return self.head(self.norm(x)[:, 0])
+
+
+# -------------------------------------------------------------------- ConvNeXt
+
+
+class ChannelsFirstLayerNorm(nn.Module):
+    """LayerNorm over the channels of NCHW, written out as ConvNeXt's reference code does."""
+
+    def __init__(self, channels: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(1, keepdim=True)
+        variance = (x - mean).pow(2).mean(1, keepdim=True)
+        x = (x - mean) / torch.sqrt(variance + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class ConvNeXtBlock(nn.Module):
+    """Depthwise 7x7, permute to NHWC, LayerNorm, Linear 4x, GELU, Linear, layer scale, residual."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.depthwise = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.expand = nn.Linear(dim, 4 * dim)
+        self.project = nn.Linear(4 * dim, dim)
+        self.layer_scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.depthwise(x).permute(0, 2, 3, 1)
+        y = self.project(F.gelu(self.expand(self.norm(y))))
+        return x + (self.layer_scale * y).permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """ConvNeXt stages: patchify stem + channels-first LN, blocks, LN + 2x2 conv downsampling."""
+
+    def __init__(self, dims: tuple[int, ...] = (96, 192), depths: tuple[int, ...] = (3, 3),
+                 classes: int = 1000):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, dims[0], 4, 4), ChannelsFirstLayerNorm(dims[0])]
+        for index, (dim, depth) in enumerate(zip(dims, depths)):
+            if index:
+                layers += [ChannelsFirstLayerNorm(dims[index - 1]),
+                           nn.Conv2d(dims[index - 1], dim, 2, 2)]
+            layers += [ConvNeXtBlock(dim) for _ in range(depth)]
+        self.features = nn.Sequential(*layers)
+        self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
+        self.head = nn.Linear(dims[-1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.features(x).mean((2, 3))))
+
+
+# -------------------------------------------------------------------- YOLO
+
+
+def conv_silu(c_in: int, c_out: int, kernel: int = 1, stride: int = 1) -> nn.Sequential:
+    """YOLO's Conv: conv + BatchNorm + SiLU."""
+    return conv_bn(c_in, c_out, kernel, stride, activation=nn.SiLU())
+
+
+class Bottleneck(nn.Module):
+    """Two 3x3 Conv-BN-SiLU with an optional shortcut."""
+
+    def __init__(self, channels: int, shortcut: bool):
+        super().__init__()
+        self.body = nn.Sequential(conv_silu(channels, channels, 3),
+                                  conv_silu(channels, channels, 3))
+        self.shortcut = shortcut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.shortcut else self.body(x)
+
+
+class C2f(nn.Module):
+    """1x1 conv, chunk in two (Split), bottlenecks on the last part, concat all, 1x1 conv."""
+
+    def __init__(self, c_in: int, c_out: int, blocks: int, shortcut: bool):
+        super().__init__()
+        self.hidden = c_out // 2
+        self.enter = conv_silu(c_in, 2 * self.hidden)
+        self.blocks = nn.ModuleList(Bottleneck(self.hidden, shortcut) for _ in range(blocks))
+        self.leave = conv_silu((2 + blocks) * self.hidden, c_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = list(self.enter(x).chunk(2, 1))
+        for block in self.blocks:
+            parts.append(block(parts[-1]))
+        return self.leave(torch.cat(parts, 1))
+
+
+class SPPF(nn.Module):
+    """Three chained 5x5 max pools, concatenated with their input."""
+
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__()
+        self.enter = conv_silu(c_in, c_in // 2)
+        self.leave = conv_silu(c_in // 2 * 4, c_out)
+        self.pool = nn.MaxPool2d(5, 1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = [self.enter(x)]
+        for _ in range(3):
+            pooled.append(self.pool(pooled[-1]))
+        return self.leave(torch.cat(pooled, 1))
+
+
+class YoloDetector(nn.Module):
+    """YOLOv8-style detector: backbone with C2f and SPPF, FPN/PAN neck, split box/class head.
+
+    Output [B, 4 + classes, anchors]: raw box distances and class probabilities.
+    """
+
+    def __init__(self, width: int = 16, depth: int = 1, classes: int = 80):
+        super().__init__()
+        w = [width, width * 2, width * 4, width * 8, width * 16]
+        self.stem = nn.Sequential(conv_silu(3, w[0], 3, 2), conv_silu(w[0], w[1], 3, 2),
+                                  C2f(w[1], w[1], depth, True))
+        self.down3 = nn.Sequential(conv_silu(w[1], w[2], 3, 2), C2f(w[2], w[2], depth, True))
+        self.down4 = nn.Sequential(conv_silu(w[2], w[3], 3, 2), C2f(w[3], w[3], depth, True))
+        self.down5 = nn.Sequential(conv_silu(w[3], w[4], 3, 2), C2f(w[4], w[4], depth, True),
+                                   SPPF(w[4], w[4]))
+        self.up = nn.Upsample(scale_factor=2.0, mode="nearest")
+        self.top_down4 = C2f(w[4] + w[3], w[3], depth, False)
+        self.top_down3 = C2f(w[3] + w[2], w[2], depth, False)
+        self.bottom_up4 = nn.Sequential(conv_silu(w[2], w[2], 3, 2))
+        self.merge4 = C2f(w[2] + w[3], w[3], depth, False)
+        self.bottom_up5 = nn.Sequential(conv_silu(w[3], w[3], 3, 2))
+        self.merge5 = C2f(w[3] + w[4], w[4], depth, False)
+        self.classes = classes
+        box, cls = max(16, w[2] // 4), max(w[2], classes)
+        self.box_heads = nn.ModuleList(
+            nn.Sequential(conv_silu(c, box, 3), nn.Conv2d(box, 4, 1)) for c in w[2:])
+        self.class_heads = nn.ModuleList(
+            nn.Sequential(conv_silu(c, cls, 3), nn.Conv2d(cls, classes, 1)) for c in w[2:])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p3 = self.down3(self.stem(x))
+        p4 = self.down4(p3)
+        p5 = self.down5(p4)
+        n4 = self.top_down4(torch.cat([self.up(p5), p4], 1))
+        n3 = self.top_down3(torch.cat([self.up(n4), p3], 1))
+        n4 = self.merge4(torch.cat([self.bottom_up4(n3), n4], 1))
+        n5 = self.merge5(torch.cat([self.bottom_up5(n4), p5], 1))
+        levels = []
+        for feature, box_head, class_head in zip((n3, n4, n5), self.box_heads, self.class_heads):
+            levels.append(torch.cat([box_head(feature), class_head(feature)], 1).flatten(2))
+        boxes, scores = torch.cat(levels, 2).split((4, self.classes), 1)
+        return torch.cat([boxes, scores.sigmoid()], 1)
+
+
+# -------------------------------------------------------------------- sizes
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """How to make one corpus network at one size: constructor arguments and input shape."""
+
+    arguments: dict
+    input_shape: tuple[int, ...]
+
+
+NETWORKS: dict[str, type[nn.Module]] = {
+    "mobilenetv3": MobileNetV3Small,
+    "dbnet": TextDetector,
+    "svtr": TextRecognizer,
+    "vit": VisionTransformer,
+    "convnext": ConvNeXt,
+    "yolo": YoloDetector,
+}
+
+# "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
+# (or a stage of it) at a typical input size.
+SIZES: dict[str, dict[str, NetSpec]] = {
+    "ci": {
+        "mobilenetv3": NetSpec({"width": 0.5, "blocks": 6, "classes": 10, "head": 64},
+                               (1, 3, 64, 64)),
+        "dbnet": NetSpec({"widths": (8, 16, 24, 32), "fpn": 16}, (1, 3, 64, 64)),
+        "svtr": NetSpec({"dim": 32, "depth": 1, "heads": 2, "classes": 20}, (1, 3, 32, 64)),
+        "vit": NetSpec({"image": 32, "patch": 8, "dim": 32, "depth": 2, "heads": 2,
+                        "classes": 10}, (1, 3, 32, 32)),
+        "convnext": NetSpec({"dims": (16, 32), "depths": (1, 1), "classes": 10},
+                            (1, 3, 32, 32)),
+        "yolo": NetSpec({"width": 4, "depth": 1, "classes": 8}, (1, 3, 64, 64)),
+    },
+    "bench": {
+        "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
+        "dbnet": NetSpec({"widths": (16, 24, 56, 96), "fpn": 96, "blocks_per_stage": 2},
+                         (1, 3, 320, 320)),
+        "svtr": NetSpec({"dim": 128, "depth": 4, "heads": 4, "classes": 97},
+                        (1, 3, 48, 192)),
+        "vit": NetSpec({}, (1, 3, 224, 224)),
+        "convnext": NetSpec({}, (1, 3, 224, 224)),
+        "yolo": NetSpec({"width": 16, "depth": 1, "classes": 80}, (1, 3, 320, 320)),
+    },
+}
+
+
+def make_network(name: str, size: str, seed: int) -> tuple[nn.Module, tuple[int, ...]]:
+    """The seeded network `name` at `size` ("ci" or "bench") and its input shape."""
+    spec = SIZES[size][name]
+    torch.manual_seed(seed)
+    return seed_parameters(NETWORKS[name](**spec.arguments), seed), spec.input_shape

@@ -1,0 +1,121 @@
+"""Consecutive onnxruntime steps of any kind run as one session (kernels/cpu/ort_region)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+from onnx import TensorProto, helper, numpy_helper
+
+import wpk
+from tests import models
+from wpk.core.numerics import relative_l2
+from wpk.kernels import registry
+from wpk.kernels.cpu.ort_region import RegionMember, region_kernel, region_model, upgraded
+from wpk.runtime import Session, example_feeds
+
+
+def transformer_plan_on_onnxruntime():
+    """The transformer encoder's plan with every step onnxruntime runs given to `ort`
+    (whatever the timing chose), so the region logic is tested, not the planner."""
+    plan = wpk.build(models.load_model("transformer_encoder"), target="cpu", progress=False,
+                     warmup=0, repeats=1, min_time=0, partition=False)
+    ort_node = registry.get("ort")
+    for step in plan.manifest["steps"]:
+        if ort_node.unsupported_reason(plan.workloads[step["workload_key"]]) is None:
+            step.update(impl="ort", config={}, kind=ort_node.kind)
+    return plan
+
+
+def test_a_transformers_onnxruntime_steps_share_one_session_with_the_same_outputs():
+    plan = transformer_plan_on_onnxruntime()
+    assert sum(s.impl == "ort" for s in plan.steps) >= 15
+    merged, stepwise = Session(plan), Session(plan, merge_regions=False)
+    assert len(merged._calls) <= 2 < len(stepwise._calls)
+    for seed in (0, 1):
+        feeds = example_feeds(merged, seed)
+        ours, reference = merged.run(feeds), stepwise.run(feeds)
+        for name in reference:
+            assert relative_l2(ours[name], reference[name]) <= 1e-6, name
+
+
+def _opset11_model() -> onnx.ModelProto:
+    """Conv -> ReduceMean(axes attribute) -> Squeeze(axes attribute): both ops were later
+    redefined (axes became an input), so they read differently at opset 17+."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMean", ["c"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("Squeeze", ["m"], ["y"], axes=[1])]
+    graph = helper.make_graph(
+        nodes, "opset11", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
+def test_a_region_upgrades_older_members_to_its_newest_opset():
+    """A member at opset 17 (a blocked conv's ONNX form is) and the model's opset-11
+    ReduceMean and Squeeze run as one region, the older nodes converted (axes as inputs),
+    with onnxruntime's answer on the original model."""
+    model = _opset11_model()
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
+                     partition=False)
+    ort_node = registry.get("ort")
+
+    def member(step):
+        workload = plan.workloads[step.workload_key]
+        if step.op == "Conv":
+            workload = type(workload)(**{**workload.__dict__, "opset": 17, "_key": ""})
+        consts = {i: plan.weights[n] for i, n in enumerate(step.inputs) if n in plan.weights}
+        return RegionMember(ort_node, workload, consts, step.inputs, step.outputs)
+
+    members = [member(s) for s in plan.steps]
+    region, *_ = region_model(members)
+    assert [o.version for o in region.opset_import if o.domain == ""] == [17]
+    squeeze = next(n for n in region.graph.node if n.op_type == "Squeeze")
+    assert len(squeeze.input) == 2 and not squeeze.attribute
+    kernel, inputs, outputs = region_kernel(members, {"y"})
+    assert (inputs, outputs) == (["x"], ["y"])
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    y = np.empty((1, 8, 8), np.float32)
+    kernel([x], [y])
+    (expected,) = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    assert relative_l2(y, expected) <= 1e-6
+
+
+def test_upgraded_leaves_parts_whose_ops_did_not_change_alone():
+    part = _opset11_model()
+    del part.graph.node[1:]
+    assert upgraded(part, 11, 18) is part
+
+
+def test_onnxruntimes_own_layer_norm_before_opset_17_is_not_converted():
+    """onnxruntime registers LayerNormalization in the default domain below opset 17 (as
+    paddle2onnx/tf2onnx-era models get it from wpk's fusion); ONNX's converter knows no
+    such op, so the part is kept as it is, and runs in onnxruntime."""
+    scale = numpy_helper.from_array(np.ones(8, np.float32), "g")
+    graph = helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "g"], ["y"], axis=-1)], "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [scale])
+    part = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    part.ir_version = 8
+    assert upgraded(part, 13, 17) is part
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    (y,) = onnxruntime.InferenceSession(part.SerializeToString()).run(None, {"x": x})
+    assert np.allclose(y.mean(axis=-1), 0, atol=1e-6)
+
+
+def test_a_region_onnxruntime_cannot_load_runs_step_by_step(monkeypatch):
+    plan = transformer_plan_on_onnxruntime()
+
+    def refuse(*args, **kwargs):
+        raise ValueError("no such kernel")
+
+    monkeypatch.setattr("wpk.runtime.region_kernel", refuse)
+    session, stepwise = Session(plan), Session(plan, merge_regions=False)
+    assert len(session._calls) == len(stepwise._calls)
+    assert session.region_failures and "no such kernel" in session.region_failures[0]
+    feeds = example_feeds(session, 0)
+    ours, reference = session.run(feeds), stepwise.run(feeds)
+    assert all(relative_l2(ours[n], reference[n]) <= 1e-6 for n in reference)

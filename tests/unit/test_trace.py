@@ -1,0 +1,68 @@
+"""`wpk run --profile`: one timed run as a Trace Event Format document (Perfetto,
+chrome://tracing), checked against the format's rules (tests/trace_format.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.trace_format import check_trace
+from wpk.runtime import CallTiming, Session, example_feeds
+from wpk.trace import trace_document
+
+from .plan_helpers import tiny_plan
+
+
+@pytest.fixture
+def session(rng):
+    _, plan = tiny_plan(rng)
+    return Session(plan)
+
+
+def test_a_run_becomes_one_slice_per_step_inside_the_run(session):
+    feeds = example_feeds(session)
+    timings = session.timeline(feeds)
+    document = trace_document(session.plan, timings, name="tiny.wpk")
+    assert check_trace(document) == []
+    slices = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    run, steps = slices[0], slices[1:]
+    assert run["name"] == "run" and run["args"] == {"calls": 3, "steps": 3}
+    assert [s["name"] for s in steps] == ["MatMul", "Relu", "Add"]
+    assert steps[0]["args"] == {"node": "mm", "op": "MatMul", "impl": "planfile_test.matmul",
+                                "kind": "library", "inputs": ["2x8 float32", "8x5 float32"],
+                                "outputs": ["2x5 float32"]}
+    starts = [s["ts"] for s in steps]
+    assert starts == sorted(starts) and all(s["dur"] > 0 for s in steps)
+    names = {e["name"]: e["args"]["name"] for e in document["traceEvents"] if e["ph"] == "M"}
+    assert names == {"process_name": "wpk plan tiny.wpk", "thread_name": "steps"}
+    assert session.run(feeds)["y"].tolist() == session.run(feeds)["y"].tolist()
+
+
+def test_a_region_is_one_slice_listing_its_members(session):
+    steps = session.plan.steps
+    timings = [CallTiming(tuple(steps[:2]), 10.0, 10.000_5), CallTiming((steps[2],), 10.000_5,
+                                                                         10.000_6)]
+    document = trace_document(session.plan, timings)
+    assert check_trace(document) == []
+    region = next(e for e in document["traceEvents"] if e["name"].startswith("onnxruntime"))
+    assert region["name"] == "onnxruntime region (2 steps)"
+    assert region["dur"] == pytest.approx(500.0)
+    assert [m["node"] for m in region["args"]["members"]] == ["mm", "relu"]
+    assert region["args"]["first"] == "mm" and region["args"]["last"] == "relu"
+
+
+def test_the_checker_rejects_what_the_format_forbids(session):
+    document = trace_document(session.plan, session.timeline(example_feeds(session)))
+    broken = {
+        "no dur": lambda d: d["traceEvents"][3].pop("dur"),
+        "string pid": lambda d: d["traceEvents"][3].update(pid="1"),
+        "phase": lambda d: d["traceEvents"][3].update(ph="Q"),
+        "overlap": lambda d: d["traceEvents"][5].update(dur=d["traceEvents"][2]["dur"]),
+        "nan": lambda d: d["traceEvents"][3].update(ts=float("nan")),
+        "metadata": lambda d: d["traceEvents"][0]["args"].pop("name"),
+    }
+    for what, damage in broken.items():
+        bad = copy.deepcopy(document)
+        damage(bad)
+        assert check_trace(bad), what

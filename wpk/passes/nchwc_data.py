@@ -1,0 +1,155 @@
+"""Which data-movement nodes can stay in the NCHWc blocked layout, and as what.
+
+Used by `wpk.passes.nchwc_layout`; every function reads one node and returns
+None when the node must see NCHW tensors.
+
+- `upsample_form`: a Resize (opset 11+) over H and W by whole-number factors that
+  onnxruntime's blocked Upsample computes exactly: bilinear with the
+  asymmetric, half_pixel (pytorch_half_pixel is the same for these sizes) or
+  align_corners transformation, and nearest-neighbour whenever the spec's
+  source index of every output pixel is plain replication (out // factor;
+  torch's and Keras' nearest upsampling are).
+- `channel_slices`: a Split, or a Slice with step 1, along the channels whose
+  pieces start on block boundaries and end on one or at the last channel:
+  each piece is whole blocks of the input (the padding lanes ride along with
+  the last one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wpk.core.graph import Graph, Node
+from wpk.kernels.cpu.tensor_formulas import nearest_source
+
+_LINEAR_TRANSFORMS = {"asymmetric": "asymmetric", "half_pixel": "half_pixel",
+                      "pytorch_half_pixel": "half_pixel", "align_corners": "align_corners"}
+_NEAREST_TRANSFORMS = frozenset({*_LINEAR_TRANSFORMS, "tf_half_pixel_for_nn"})
+
+
+@dataclass(frozen=True)
+class UpsampleForm:
+    """A blocked Upsample: factors along H and W, mode and coordinate transformation."""
+
+    scales: tuple[int, int]
+    mode: str        # nearest | linear
+    transform: str   # asymmetric (nearest) | asymmetric, half_pixel, align_corners (linear)
+
+
+def _text(value, default: str) -> str:
+    value = default if value is None else value
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _const(graph: Graph, node: Node, index: int) -> np.ndarray | None:
+    """The constant input `index` of the node; an empty array when absent."""
+    if index >= len(node.inputs) or not node.inputs[index]:
+        return np.zeros(0)
+    value = graph.constants.get(node.inputs[index])
+    return None if value is None else np.asarray(value)
+
+
+def _factors(graph: Graph, node: Node) -> tuple[int, int] | None:
+    """Whole-number H and W factors that the node's scales (or sizes) really use."""
+    in_shape = graph.tensors[node.inputs[0]].shape
+    out_shape = graph.tensors[node.outputs[0]].shape
+    if len(in_shape) != 4 or in_shape[:2] != out_shape[:2] or 0 in in_shape:
+        return None
+    if any(o % i for i, o in zip(in_shape[2:], out_shape[2:])):
+        return None
+    factors = tuple(o // i for i, o in zip(in_shape[2:], out_shape[2:]))
+    scales = _const(graph, node, 2)
+    if scales is None or (scales.size and not np.array_equal(
+            scales.astype(np.float64), np.array((1, 1, *factors), np.float64))):
+        return None
+    return factors if scales.size or _const(graph, node, 3) is not None else None
+
+
+def upsample_form(graph: Graph, node: Node) -> UpsampleForm | None:
+    """The blocked Upsample computing this Resize node (opset 11+) exactly, or None."""
+    if node.op != "Resize" or node.domain not in ("", "ai.onnx") or graph.opset < 11:
+        return None
+    if graph.tensors[node.inputs[0]].dtype != "float32":
+        return None
+    if node.attr("axes") is not None or int(node.attr("antialias", 0)) \
+            or _text(node.attr("keep_aspect_ratio_policy"), "stretch") != "stretch":
+        return None
+    factors = _factors(graph, node)
+    if factors is None:
+        return None
+    mode = _text(node.attr("mode"), "nearest")
+    transform = _text(node.attr("coordinate_transformation_mode"), "half_pixel")
+    if mode == "linear" and transform in _LINEAR_TRANSFORMS:
+        return UpsampleForm(factors, "linear", _LINEAR_TRANSFORMS[transform])
+    if mode != "nearest" or transform not in _NEAREST_TRANSFORMS:
+        return None
+    rounding = _text(node.attr("nearest_mode"), "round_prefer_floor")
+    in_hw = graph.tensors[node.inputs[0]].shape[2:]
+    for size, factor in zip(in_hw, factors):
+        replicated = np.arange(size * factor) // factor
+        if not np.array_equal(nearest_source(size, size * factor, float(factor), transform,
+                                             rounding), replicated):
+            return None
+    return UpsampleForm(factors, "nearest", "asymmetric")
+
+
+def _split_sizes(graph: Graph, node: Node, channels: int) -> list[int] | None:
+    if len(node.inputs) > 1 and node.inputs[1]:
+        sizes = graph.constants.get(node.inputs[1])
+        return None if sizes is None else [int(v) for v in np.asarray(sizes).ravel()]
+    if node.attr("split") is not None:
+        return [int(v) for v in node.attr("split")]
+    parts = int(node.attr("num_outputs", len(node.outputs)))
+    size = -(-channels // parts)
+    return [size] * (parts - 1) + [channels - size * (parts - 1)]
+
+
+def _slice_range(graph: Graph, node: Node, channels: int) -> tuple[int, int] | None:
+    if graph.opset < 10:
+        starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes")
+        steps = None
+    else:
+        starts, ends, axes, steps = (_const(graph, node, i) for i in (1, 2, 3, 4))
+        if any(v is None for v in (starts, ends, axes, steps)):
+            return None
+        axes = axes if axes.size else None
+        steps = steps if steps.size else None
+    starts, ends = np.asarray(starts).ravel(), np.asarray(ends).ravel()
+    axes = np.arange(len(starts)) if axes is None else np.asarray(axes).ravel() % 4
+    if len(starts) != 1 or int(axes[0]) != 1:
+        return None
+    if steps is not None and int(np.asarray(steps).ravel()[0]) != 1:
+        return None
+    start, end = (int(np.clip(v + channels if v < 0 else v, 0, channels))
+                  for v in (starts[0], ends[0]))
+    return (start, end) if end > start else None
+
+
+def channel_slices(graph: Graph, node: Node, block: int) -> list[tuple[int, int]] | None:
+    """(first channel, channel count) of each output of a block-aligned channel Split or
+    Slice, or None."""
+    if node.domain not in ("", "ai.onnx") or node.op not in ("Split", "Slice"):
+        return None
+    info = graph.tensors[node.inputs[0]]
+    if len(info.shape) != 4 or info.dtype != "float32":
+        return None
+    channels = info.shape[1]
+    if node.op == "Split":
+        if int(node.attr("axis", 0)) % 4 != 1:
+            return None
+        sizes = _split_sizes(graph, node, channels)
+        if sizes is None or len(sizes) != len(node.outputs) or sum(sizes) != channels:
+            return None
+        starts = [int(v) for v in np.cumsum([0, *sizes[:-1]])]
+        pieces = list(zip(starts, sizes))
+    else:
+        found = _slice_range(graph, node, channels)
+        if found is None:
+            return None
+        pieces = [(found[0], found[1] - found[0])]
+    for start, count in pieces:
+        if start % block or ((start + count) % block and start + count != channels):
+            return None
+    return pieces

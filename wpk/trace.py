@@ -1,0 +1,85 @@
+"""A timed run of a plan as a Chrome / Perfetto trace (the Trace Event Format's JSON).
+
+    timings = session.timeline(feeds)                  # wpk.runtime.Session
+    document = trace_document(session.plan, timings, name="model.wpk")
+    json.dump(document, open("trace.json", "w"))       # open in ui.perfetto.dev or
+                                                       # chrome://tracing
+
+The document is the format's JSON Object form: `traceEvents` and
+`displayTimeUnit`, with `otherData` saying what ran. Every call of the run is
+one complete event (`"ph": "X"`, `ts` and `dur` in microseconds from the
+start of the run) on one thread, nested in a slice `run` spanning them all:
+a single step's slice is named by its op and carries in `args` its node,
+op, implementation, kind and input and output shapes; a call that ran
+several steps as one onnxruntime session is one slice, `onnxruntime region
+(N steps)`, whose `args.members` lists each member node the same way.
+Metadata events name the process and the thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from wpk.core.version import __version__
+from wpk.core.workload import TensorSpec
+from wpk.plans.planfile import Plan, Step
+from wpk.runtime import CallTiming
+
+PID, TID = 1, 1
+CATEGORY = "wpk"
+
+
+def shape_text(spec: TensorSpec | None) -> str:
+    """'1x3x224x224 float32' ('' for an absent optional input)."""
+    if spec is None:
+        return ""
+    return "x".join(str(d) for d in spec.shape) + f" {spec.dtype}"
+
+
+def step_args(plan: Plan, step: Step, workloads: Mapping) -> dict:
+    """What a slice says about one plan step: node, op, implementation, kind, shapes."""
+    workload = workloads[step.workload_key]
+    return {"node": step.node, "op": step.op, "impl": step.impl, "kind": step.kind,
+            "inputs": [shape_text(spec) for spec in workload.inputs],
+            "outputs": [shape_text(spec) for spec in workload.outputs]}
+
+
+def call_event(plan: Plan, timing: CallTiming, origin_s: float, workloads: Mapping) -> dict:
+    """The complete event of one call (a step, or an onnxruntime region)."""
+    members = [step_args(plan, step, workloads) for step in timing.steps]
+    if len(members) == 1:
+        name, args = timing.steps[0].op, members[0]
+    else:
+        name = f"onnxruntime region ({len(members)} steps)"
+        args = {"steps": len(members), "first": members[0]["node"],
+                "last": members[-1]["node"], "members": members}
+    return {"name": name, "cat": CATEGORY, "ph": "X", "pid": PID, "tid": TID,
+            "ts": _us(timing.start_s - origin_s), "dur": _us(timing.end_s - timing.start_s),
+            "args": args}
+
+
+def _us(seconds: float) -> float:
+    return round(max(0.0, seconds) * 1e6, 3)
+
+
+def metadata_events(name: str) -> list[dict]:
+    """The process and thread names the viewers show."""
+    return [{"name": "process_name", "ph": "M", "pid": PID, "tid": TID,
+             "args": {"name": f"wpk plan {name}"}},
+            {"name": "thread_name", "ph": "M", "pid": PID, "tid": TID,
+             "args": {"name": "steps"}}]
+
+
+def trace_document(plan: Plan, timings: Sequence[CallTiming], name: str = "plan") -> dict:
+    """The trace of one timed run (see the module docstring)."""
+    if not timings:
+        raise ValueError("a trace needs at least one timed call")
+    origin, workloads = timings[0].start_s, plan.workloads
+    calls = [call_event(plan, t, origin, workloads) for t in timings]
+    run = {"name": "run", "cat": CATEGORY, "ph": "X", "pid": PID, "tid": TID, "ts": 0.0,
+           "dur": max(e["ts"] + e["dur"] for e in calls),   # encloses every call exactly
+           "args": {"calls": len(timings), "steps": sum(len(t.steps) for t in timings)}}
+    events = [run, *calls]
+    return {"traceEvents": metadata_events(name) + events, "displayTimeUnit": "ms",
+            "otherData": {"producer": f"wpk {__version__}", "plan": name,
+                          "target": plan.target, "clock": "host, time.perf_counter"}}
