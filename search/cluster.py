@@ -159,11 +159,25 @@ class Connection:
         self.local = None
         self._owns = False
         if address.local_nodes:
-            self.local = start_local_cluster(self.ray, address.local_nodes)
+            self._start_local()
         else:
             check_reachable(address)
         if not self.ray.is_initialized():
             self._init()
+
+    def _start_local(self) -> None:
+        if self.ray.is_initialized():
+            raise ClusterError(f"--cluster {self.address.text} starts a cluster of its own, "
+                               "and this process is connected to Ray already",
+                               hint="call ray.shutdown() first, or give the address of the "
+                                    "cluster it is connected to")
+        try:
+            self.local = start_local_cluster(self.ray, self.address.local_nodes)
+        except Exception as exc:  # Ray's own errors: ports, /tmp/ray, processes
+            raise ClusterError(f"--cluster {self.address.text}: cannot start a local test "
+                               f"cluster: {type(exc).__name__}: {exc}",
+                               hint="check that /tmp/ray is writable and free memory; "
+                                    "`wpk --debug ...` shows Ray's traceback") from None
 
     def _init(self) -> None:
         target = self.local.address if self.local is not None else self.address.text

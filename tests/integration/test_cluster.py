@@ -295,3 +295,14 @@ def test_wpk_tune_with_no_node_that_has_the_gpu_is_an_error(testbed, model_path,
     assert error[0].count("cannot make the build target") == 3 and "h100" in error[0]
     assert "hint:" in err and "Traceback" not in err
     assert not ray.is_initialized()
+
+
+def test_a_local_test_cluster_starts_measures_and_stops_with_the_command(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "wpk.cli", "op", "Relu", "--shape", "X=64x64", "--search",
+         "none", "--json", "--cluster", "local:2"],
+        capture_output=True, text=True, timeout=WAIT_S)
+    assert done.returncode == 0, done.stderr
+    cluster = json.loads(done.stdout)["search"]["cluster"]
+    assert cluster["address"] == "local:2" and len(cluster["nodes"]) == 2
+    assert "cluster: measuring on 2 node(s)" in done.stderr
