@@ -20,6 +20,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -36,11 +38,16 @@ if restricted_cpu_flags() is not None:   # pytest --isa avx2: the nodes see the 
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tests import models  # noqa: E402
+from tests.unit import worker_fixtures  # noqa: E402
 from wpk.cli import main  # noqa: E402
 from wpk.kernels.cpu.target import compiler_version  # noqa: E402
+from wpk.kernels.jobs import CandidateSpec  # noqa: E402
+from wpk.kernels.target import create_target  # noqa: E402
 from wpk.plans.planfile import read_plan  # noqa: E402
-from wpk.search.cluster import MEASURE_RESOURCE, require_ray  # noqa: E402
+from wpk.search.cluster import MEASURE_RESOURCE, Connection, parse_address, require_ray  # noqa: E402
+from wpk.search.measure import Status  # noqa: E402
 from wpk.search.records import FINAL, SEARCH, config_key, read_records  # noqa: E402
+from wpk.search.workers import MeasureOptions  # noqa: E402
 
 BUILD = ["--cpu", "--search", "random", "--trials", "6", "--no-partition", "-q"]
 OTHER_COMPILER = "othercc (wpk cluster test) 1.0"
@@ -49,6 +56,7 @@ if [ "$1" = --version ]; then echo "{OTHER_COMPILER}"; exit 0; fi
 exec gcc "$@"
 """
 WAIT_S = 120.0
+HANG_TIMEOUT_S = 4.0
 
 
 def free_port() -> int:
@@ -254,6 +262,41 @@ def test_a_node_killed_mid_build_loses_only_its_trials(testbed, model_path, loca
     assert any(doomed in lost for lost in read_plan(out).report["search"]["cluster"]["lost"])
 
 
+def test_the_candidate_in_flight_on_a_killed_node_is_measured_on_another(testbed):
+    """Deterministic where the build above is not: every node is busy with a candidate that
+    hangs until its measurement times out when one node is killed, so that node's
+    candidate is certainly in flight, and must come back measured by another node."""
+    from wpk.search.ray_runner import RayRunner
+
+    testbed.add("victim")
+    testbed.cluster.wait_for_nodes()
+    victim = testbed.label("victim")
+    hang = CandidateSpec(worker_fixtures.IMPLEMENTATIONS["hang"].name, {},
+                         ("tests.unit.worker_fixtures",))
+    options = MeasureOptions(warmup=0, repeats=1, min_time=0.0, timeout_s=HANG_TIMEOUT_S)
+    runner = RayRunner(create_target("cpu"), Connection(parse_address(testbed.address)),
+                       options)
+    found: list = []
+    try:
+        assert victim in runner.admitted and len(runner.nodes) == 3   # head, second, victim
+        thread = threading.Thread(target=lambda: found.extend(
+            runner.stream(worker_fixtures.RELU_WORKLOAD, [hang] * 3)), daemon=True)
+        thread.start()
+        wait_for(lambda: all(slot.busy is not None for slot in list(runner.nodes.values())),
+                 "a candidate in flight on every node")
+        testbed.remove("victim")
+        thread.join(timeout=WAIT_S)
+        assert not thread.is_alive(), "the stream did not end"
+        assert any(victim in lost for lost in runner.lost)
+    finally:
+        runner.close()
+    assert sorted(index for index, _ in found) == [0, 1, 2]   # the victim's one too
+    assert all(m.status == Status.TIMEOUT for _, m in found), [m.message for _, m in found]
+    nodes = Counter(m.extra["node"] for _, m in found)
+    assert set(nodes) == {testbed.label("head"), testbed.label("second")}, nodes
+    assert not ray.is_initialized()
+
+
 def test_a_killed_build_resumes_from_its_records(testbed, model_path, local_build, tmp_path,
                                                  capsys):
     db, out = tmp_path / "resumed.jsonl", tmp_path / "resumed.wpk"
@@ -297,12 +340,31 @@ def test_wpk_tune_with_no_node_that_has_the_gpu_is_an_error(testbed, model_path,
     assert not ray.is_initialized()
 
 
-def test_a_local_test_cluster_starts_measures_and_stops_with_the_command(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "wpk.cli", "op", "Relu", "--shape", "X=64x64", "--search",
-         "none", "--json", "--cluster", "local:2"],
-        capture_output=True, text=True, timeout=WAIT_S)
-    assert done.returncode == 0, done.stderr
-    cluster = json.loads(done.stdout)["search"]["cluster"]
-    assert cluster["address"] == "local:2" and len(cluster["nodes"]) == 2
-    assert "cluster: measuring on 2 node(s)" in done.stderr
+def processes_mentioning(text: str) -> list[int]:
+    """Ids of this machine's processes whose command line contains `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:   # ended meanwhile, or not ours to read
+            continue
+    return found
+
+
+def test_a_local_test_cluster_starts_measures_and_stops_with_the_command():
+    # A Ray temp folder of its own (short: Ray's socket paths must fit 107 bytes) tells
+    # this cluster's processes from the test bed's.
+    with tempfile.TemporaryDirectory(prefix="wr", dir="/tmp") as ray_tmp:
+        done = subprocess.run(
+            [sys.executable, "-m", "wpk.cli", "op", "Relu", "--shape", "X=64x64", "--search",
+             "none", "--json", "--cluster", "local:2"],
+            capture_output=True, text=True, timeout=WAIT_S,
+            env=dict(os.environ, RAY_TMPDIR=ray_tmp))
+        assert done.returncode == 0, done.stderr
+        cluster = json.loads(done.stdout)["search"]["cluster"]
+        assert cluster["address"] == "local:2" and len(cluster["nodes"]) == 2
+        assert "cluster: measuring on 2 node(s)" in done.stderr
+        assert any(Path(ray_tmp).rglob("raylet*")), "the cluster did not use its temp folder"
+        wait_for(lambda: not processes_mentioning(ray_tmp), "the local cluster to stop",
+                 timeout=30)
