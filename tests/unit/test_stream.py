@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 
 from tests.unit import worker_fixtures as F
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.jobs import CandidateSpec
 from wpk.kernels.target import create_target
-from wpk.search.driver import TuneOptions
+from wpk.search.driver import DEFAULT_BUDGET_TRIALS, TuneOptions, tune_model
 from wpk.search.recorded import RecordedRunner
 from wpk.search.records import RecordStore
 from wpk.search.runner import LocalRunner
@@ -86,3 +87,47 @@ def test_batches_fill_the_slots_and_budgets_scale_with_them():
     assert [options.batch_for(n) for n in (1, 2, 3, 5, 16)] == [8, 8, 9, 10, 16]
     assert options.trials_for(3) == 3 * options.trials_for(1)
     assert TuneOptions("random", trials=7).trials_for(3) == 7
+
+
+class Item:
+    """A stand-in for a graph NodeWorkload (what tune_model takes)."""
+
+    def __init__(self, workload: Workload):
+        self.node = workload.op
+        self.workload = workload
+
+
+class ThreeSlotRunner(LocalRunner):
+    """Measures one at a time in this process, but says it has three measuring slots (as a
+    cluster of three nodes does), and notes the size of every batch it is asked for."""
+
+    def __init__(self):
+        super().__init__(options=QUICK)
+        self.batches: list[int] = []
+
+    @property
+    def slots(self) -> int:
+        return 3
+
+    def stream(self, workload, candidates, options=None, deadline=None):
+        self.batches.append(len(candidates))
+        yield from super().stream(workload, candidates, options, deadline)
+
+
+def test_a_budgeted_search_asks_for_whole_rounds_of_the_slots_and_more_trials(tmp_path):
+    """tune_model hands a runner's slots to the tuner: batches of whole rounds of them, and
+    under a budget (wall time) a trial limit that grows with them."""
+    inner = ThreeSlotRunner()
+    runner = RecordedRunner(inner, RecordStore(tmp_path / "db.jsonl"),
+                            create_target("cpu").fingerprint())
+    target = create_target("cpu")
+    workload = Workload("Conv", (TensorSpec((1, 8, 6, 6)), TensorSpec((8, 1, 3, 3))),
+                        (TensorSpec((1, 8, 6, 6)),), (("group", 8), ("pads", (1, 1, 1, 1))),
+                        const_inputs=(1,))   # a depthwise convolution: a space of hundreds
+    options = TuneOptions("random", budget_s=1.0, finalize_k=0)
+    results = tune_model([Item(workload)], options, {workload.key: 1e-5}, runner=runner,
+                         generated=target.generated)
+    result = results[workload.key]
+    assert inner.batches and inner.batches[0] == 9   # 8 rounded up to whole rounds of 3
+    assert result.limits["trials"] == 3 * DEFAULT_BUDGET_TRIALS
+    assert result.stopped == "deadline" and result.measured >= 1
