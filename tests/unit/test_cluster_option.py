@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import tomllib
+from pathlib import Path
 
 import onnx
 import pytest
@@ -16,6 +18,7 @@ from wpk.core.errors import OptionError
 from wpk.kernels.target import TargetFingerprint, create_target
 from wpk.search.cluster import NodeReport, parse_address, refusal
 
+ROOT = Path(__file__).resolve().parents[2]
 FINGERPRINT = TargetFingerprint("cpu:x86_64:avx2,fma", "gcc (Debian 12.2.0-14) 12.2.0", "3")
 
 
@@ -140,3 +143,14 @@ def test_without_ray_the_flag_is_a_clear_error(tmp_path, command):
                        "(No module named 'ray')", done.stderr
     assert lines[1].startswith("hint:") and "pip install 'wpk[cluster]'" in lines[1]
     assert len(lines) == 2 and "Traceback" not in done.stderr
+
+
+def test_the_cluster_extra_pins_ray_and_the_test_extra_holds_it():
+    """Every node must run the build's Ray version, and CI (`.ci/run` installs `.[dev]`)
+    must start the cluster tests with that version."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    (ray_pin,) = extras["cluster"]
+    assert ray_pin.startswith("ray[client]==")
+    assert ray_pin in extras["dev"]
+    assert '".[dev]"' in (ROOT / ".ci" / "run").read_text()
