@@ -176,7 +176,8 @@ class Connection:
         except Exception as exc:  # Ray's own errors: ports, /tmp/ray, processes
             raise ClusterError(f"--cluster {self.address.text}: cannot start a local test "
                                f"cluster: {type(exc).__name__}: {exc}",
-                               hint="check that /tmp/ray is writable and free memory; "
+                               hint="check that Ray's temp folder (/tmp/ray, or "
+                                    "$RAY_TMPDIR/ray) is writable and memory is free; "
                                     "`wpk --debug ...` shows Ray's traceback") from None
 
     def _init(self) -> None:
