@@ -37,7 +37,10 @@ on one node, the reference node, so the times that pick a winner are comparable.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import sys
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -63,6 +66,7 @@ MAX_TRIES = 3              # losses of one candidate with its node before it is 
 MAX_ACTOR_STARTS = 3       # measuring actors made on one node (the first, then after losses)
 STARTUP_TIMEOUT_S = 60.0   # for the nodes' actors to start and report
 SCAN_INTERVAL_S = 5.0      # between looks for nodes that joined or came back
+HEAD_CHECK_S = 2.0         # between looks at the head's GCS port (and how long one may take)
 POLL_S = 0.5               # how long one wait for a result lasts
 MAX_PENDING_COMPILES = 256   # compiled libraries held here for candidates not yet measured
 NODE_HINT = ("start measuring nodes on machines like this one (same CPU or GPU, compiler and "
@@ -90,6 +94,64 @@ def _last_line(exc: BaseException) -> str:
 def _kill(actor: Any) -> None:
     with contextlib.suppress(Exception):  # already gone with its node
         ray.kill(actor)
+
+
+def _gcs_address() -> str | None:
+    """HOST:PORT of the cluster's GCS on its head, when this driver knows it."""
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # Ray Client: the driver runs on the head, not here
+        return None
+
+
+def head_grace_s() -> float:
+    """How long the head's GCS may stay silent before `HeadWatch` ends the build: a little
+    less than Ray waits (`RAY_gcs_rpc_server_reconnect_timeout_s`, 60 s by default) before
+    it ends the process itself, with its own message."""
+    try:
+        ray_waits = float(os.environ.get("RAY_gcs_rpc_server_reconnect_timeout_s", 60))  # noqa: SIM112
+    except ValueError:
+        ray_waits = 60.0
+    return max(HEAD_CHECK_S * 2, ray_waits - 10.0)
+
+
+class HeadWatch:
+    """A thread that looks at the head's GCS port every `HEAD_CHECK_S`; when it has not
+    answered for `grace_s`, it ends this process with an `error:` line and the resume hint
+    (exit 2), as Ray would moments later with a log line and exit 1: Ray calls that need the
+    head wait for it meanwhile, so the build cannot say it. The records are complete (one
+    fsync per record; a torn last line is skipped when read)."""
+
+    def __init__(self, address: str, gcs: str, grace_s: float):
+        host, _, port = gcs.rpartition(":")
+        self.address, self.gcs, self.grace_s = address, (host, int(port)), grace_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="wpk-head-watch", daemon=True)
+        self._thread.start()
+
+    def answers(self) -> bool:
+        """Whether the GCS accepts a connection now."""
+        try:
+            socket.create_connection(self.gcs, timeout=HEAD_CHECK_S).close()
+        except OSError:
+            return False
+        return True
+
+    def _watch(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(HEAD_CHECK_S):
+            if self.answers():
+                last = time.monotonic()
+            elif time.monotonic() - last >= self.grace_s and not self._stop.is_set():
+                sys.stderr.write(f"error: lost the head of cluster {self.address}: its GCS at "
+                                 f"{self.gcs[0]}:{self.gcs[1]} has not answered for "
+                                 f"{self.grace_s:.0f} s\nhint: {RESUME_HINT}\n")
+                sys.stderr.flush()
+                os._exit(2)
+
+    def stop(self) -> None:
+        """End the watch (the build is closing its connection)."""
+        self._stop.set()
 
 
 def _stderr(text: str) -> None:
@@ -121,6 +183,9 @@ class RayRunner(Runner):
         self.compiled: dict[tuple[str, str, str], list] = {}
         self.reference: str | None = None
         self._next_scan = 0.0
+        gcs = _gcs_address()
+        self.watch = (HeadWatch(connection.address.text, gcs, head_grace_s())
+                      if gcs and ":" in gcs else None)
         try:
             self.remote_compile = ray.cluster_resources().get("CPU", 0) >= 1
             self._start()
@@ -409,6 +474,8 @@ class RayRunner(Runner):
 
     def close(self) -> None:
         """End the actors (each closes its worker process) and the connection."""
+        if self.watch is not None:
+            self.watch.stop()
         slots = list(self.nodes.values())
         closing = [slot.actor.close.remote() for slot in slots]
         if closing:

@@ -401,3 +401,41 @@ def test_local_n_in_a_process_connected_to_ray_already_is_an_error(testbed, caps
     err = capsys.readouterr().err
     assert code == 2 and "error: --cluster local:2 starts a cluster of its own" in err, err
     assert "hint: call ray.shutdown() first" in err and "Traceback" not in err
+
+
+def test_a_killed_ray_head_ends_the_build_with_an_error_and_it_resumes_locally(
+        model_path, local_build, tmp_path, capsys):
+    """The head node of the cluster (its GCS) killed mid-build: the build stops with one
+    `error:` line and the resume hint (Ray would end it a little later with a log line),
+    its records are complete, and the same command without --cluster finishes the search
+    as a local build would have."""
+    bed = ClusterBed(tmp_path)
+    db, out = tmp_path / "headless.jsonl", tmp_path / "headless.wpk"
+    try:
+        bed.add("head")
+        bed.add("second")
+        bed.cluster.wait_for_nodes()
+        address = bed.address
+        build = subprocess.Popen(build_command(model_path, db, out, address),
+                                 stderr=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, RAY_gcs_rpc_server_reconnect_timeout_s="15"))
+        try:
+            wait_for(lambda: len(lines(db)) >= 8, "8 records")
+            assert build.poll() is None, "the build ended before the head could be killed"
+            bed.remove("head")
+            _, err = build.communicate(timeout=WAIT_S)
+        finally:
+            build.kill()
+    finally:
+        bed.cluster.shutdown()
+    assert build.returncode == 2, err
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and f"lost the head of cluster {address}" in error[0], err
+    assert "hint: the records so far are kept" in err and "Traceback" not in err
+    kept = len(lines(db))
+    assert not out.exists()
+
+    assert main(["build", str(model_path), *BUILD, "--db", str(db), "-o", str(out)]) == 0
+    search = read_plan(out).report["search"]
+    assert search["reused"] >= kept and "cluster" not in search
+    assert search_identities(db) == search_identities(local_build[0])   # nothing twice
