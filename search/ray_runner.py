@@ -32,6 +32,10 @@ queue for another node (after `MAX_TRIES` such losses it is a runtime_error);
 a node still alive gets a fresh actor. `measure`, one candidate alone (the final
 re-measurement of the top candidates, `RecordedRunner.finalize`), always runs
 on one node, the reference node, so the times that pick a winner are comparable.
+
+The head. Ray ends a driver whose head (its GCS) is gone for a minute, and Ray
+calls that need the head wait for it meanwhile; `HeadWatch` ends the build a
+little sooner with an `error:` line and the resume hint (exit 2).
 """
 
 from __future__ import annotations
