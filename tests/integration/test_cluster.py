@@ -57,7 +57,25 @@ if [ "$1" = --version ]; then echo "{OTHER_COMPILER}"; exit 0; fi
 exec gcc "$@"
 """
 WAIT_S = 120.0
+TEST_LIMIT_S = 240   # per test
 HANG_TIMEOUT_S = 4.0
+
+
+@pytest.fixture(autouse=True)
+def time_limit():
+    """Every test here ends within `TEST_LIMIT_S` (the module's test bed starts before,
+    within Ray's own limits): a cluster that stops answering fails the test with a
+    TimeoutError instead of hanging the suite."""
+    def expire(signum, frame):
+        raise TimeoutError(f"cluster test over its {TEST_LIMIT_S} s limit")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(TEST_LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def free_port() -> int:
