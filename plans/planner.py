@@ -12,12 +12,14 @@ a step that keeps an onnxruntime region whole when it is at most
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wpk.core.errors import UnsupportedError, WpkError
 from wpk.core.workload import Workload
+from wpk.kernels import registry
 from wpk.kernels.registry import FALLBACK, Candidate
 from wpk.kernels.support import unsupported_reason
 from wpk.search.choice import Reason, choose, explain
@@ -203,3 +205,39 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
                                    f"fallback: {', '.join(fallbacks)}",
                                    hint="drop --strict to accept the onnxruntime fallback")
     return PlanChoices(choices)
+
+
+def _measured_pair(measurement: Measurement) -> tuple[Candidate, Measurement] | None:
+    """(candidate, measurement) of a measurement of a registered implementation."""
+    try:
+        return Candidate(registry.get(measurement.impl), measurement.config), measurement
+    except KeyError:
+        return None
+
+
+def within_regions(choices: PlanChoices) -> PlanChoices | None:
+    """The choices with every candidate that leaves onnxruntime's regions replaced by the
+    fastest verified measured candidate that joins them (reason rule `region`, for the end
+    to end check of `wpk.partition`); None when no choice would change.
+
+    Per-operator wins can lose end to end: a generated kernel a little faster than
+    onnxruntime's on its own splits a region in two, and the boundary (a session call,
+    threads woken again, caches cold) can cost more than it saved."""
+    changed, result = False, {}
+    for key, choice in choices.choices.items():
+        result[key] = choice
+        if joins_regions(choice.candidate):
+            continue
+        joining = [pair for pair in map(_measured_pair, choice.measurements)
+                   if pair is not None and joins_regions(pair[0])]
+        best = choose(joining)
+        if best is None:
+            continue
+        over = best[1].median_s - choice.measurement.median_s
+        result[key] = dataclasses.replace(
+            choice, candidate=best[0], measurement=best[1],
+            reason={"rule": "region", "verified": (choice.reason or {}).get("verified", 1),
+                    "faster": choice.candidate.label, "over_s": over, "credit_s": over,
+                    "end_to_end": True})
+        changed = True
+    return PlanChoices(result) if changed else None

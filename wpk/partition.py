@@ -1,28 +1,34 @@
 """The end-to-end check: a plan is never slower than onnxruntime running the model.
 
-    plan, summary = choose_partition(per_op_plan, whole_model, options)
+    plan, summary = choose_partition(per_op_plan, whole_model, options, regions=kept_plan)
 
 The planner picks per operator; nothing there checks the whole. An op that
 falls back, a pattern the passes do not know, or a boundary between steps can
 make the per-operator plan slower than running the model in onnxruntime, which
-fuses inside its graph and pays no call per node. So both are measured end to
-end, on the machine the plan is built on, as users run them (wpk's plan as
-`wpk.load` gives it; onnxruntime with its default options, spinning threads
-included), and the faster is the plan:
+fuses inside its graph and pays no call per node; a generated kernel a little
+faster than onnxruntime's on its own can split a region and lose more at its
+boundaries than it saved. So the partitions are measured end to end, on the
+machine the plan is built on, as users run them (wpk's plans as `wpk.load`
+gives them; onnxruntime with its default options, spinning threads included):
+wpk's per-operator plan, the same plan with every step outside onnxruntime's
+regions given back to its fastest region-joining candidate (when it has such
+steps: `wpk.plans.planner.within_regions`), and onnxruntime's whole model.
 
-1. both run once on the same random inputs; their outputs must agree (relative
-   L2 within `tolerance`), else the per-operator plan (verified operator by
-   operator against the float64 reference) is kept and the summary says why;
-2. they are timed in alternating blocks (a pause before each block, its first
-   run untimed, so one engine's spinning threads do not land on the other's
-   runs), medians over all blocks;
-3. onnxruntime's whole model wins when wpk's median is more than `margin`
-   slower; within the margin wpk's plan stays.
+1. the per-operator plan and the whole model run once on the same random
+   inputs; their outputs must agree (relative L2 within `tolerance`), else the
+   per-operator plan (verified operator by operator against the float64
+   reference) is kept and the summary says why;
+2. they are timed in blocks, the order rotating from round to round (a pause
+   before each block, its first run untimed, so one engine's spinning threads
+   do not land on the other's runs), medians over all blocks;
+3. the faster of wpk's two plans is wpk's; onnxruntime's whole model wins when
+   that is more than `margin` slower; within the margin wpk's plan stays.
 
-The summary (`report["partition"]`) gives both times, the ratio, the winner
-and why, and for every wpk step outside onnxruntime's regions (`boundaries`)
-what it saves against the best candidate onnxruntime runs in a region, next
-to what leaving the region costs (about one session call).
+The summary (`report["partition"]`) gives the times, the ratio, the winner
+(`winner`: wpk or onnxruntime; `plan`: which of wpk's) and why, and for every
+wpk step outside onnxruntime's regions (`boundaries`) what it saves against
+the best candidate onnxruntime runs in a region, next to what leaving the
+region costs (about one session call).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from wpk.plans.planfile import Plan
 from wpk.runtime import Session, example_feeds
 
 WPK, ONNXRUNTIME = "wpk", "onnxruntime"
+REGIONS = "wpk-regions"  # the contender name of the per-operator plan kept within regions
+PER_OPERATOR = "per-operator"
+PLAN_NAMES = {WPK: PER_OPERATOR, REGIONS: "within regions", ONNXRUNTIME: "onnxruntime"}
 
 
 @dataclass(frozen=True)
@@ -65,16 +74,17 @@ def _time_block(session: Session, feeds: dict, runs: int, pause_s: float) -> lis
     return times
 
 
-def measure_pair(wpk_session: Session, ort_session: Session, feeds: dict,
-                 options: PartitionOptions) -> dict[str, list[float]]:
-    """Run times of both sessions in alternating blocks (see the module docstring)."""
-    times: dict[str, list[float]] = {WPK: [], ONNXRUNTIME: []}
+def measure_blocks(sessions: dict[str, Session], feeds: dict,
+                   options: PartitionOptions) -> dict[str, list[float]]:
+    """Run times of every session in blocks, the order rotating from one round to the next
+    (see the module docstring)."""
+    names = list(sessions)
+    times: dict[str, list[float]] = {name: [] for name in names}
     started = time.monotonic()
     for index in range(options.blocks):
-        order = (WPK, ONNXRUNTIME) if index % 2 == 0 else (ONNXRUNTIME, WPK)
-        for name in order:
-            session = wpk_session if name == WPK else ort_session
-            times[name] += _time_block(session, feeds, options.runs, options.pause_s)
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name] += _time_block(sessions[name], feeds, options.runs, options.pause_s)
         if time.monotonic() - started > options.max_seconds:
             break
     return times
@@ -116,34 +126,48 @@ def boundaries(report: dict, call_s: float) -> list[dict]:
     return found
 
 
-def choose_partition(per_op: Plan, whole_model: Plan,
-                     options: PartitionOptions | None = None) -> tuple[Plan, dict]:
-    """The faster of wpk's per-operator plan and onnxruntime's whole model, with the summary
-    of the comparison (see the module docstring)."""
+def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions | None = None,
+                     regions: Plan | None = None) -> tuple[Plan, dict]:
+    """The fastest of wpk's per-operator plan, the same plan with its steps outside
+    onnxruntime's regions given back to onnxruntime (`regions`, when there are such steps:
+    `wpk.plans.planner.within_regions`) and onnxruntime's whole model, with the summary of
+    the comparison (see the module docstring)."""
     options = options or PartitionOptions()
-    wpk_session, ort_session = Session(per_op), Session(whole_model)
-    feeds = example_feeds(wpk_session, seed=0)
-    difference = agreement(wpk_session, ort_session, feeds)
-    summary = {"compared": [WPK, ONNXRUNTIME], "rel_l2_between": difference,
+    sessions = {WPK: Session(per_op)}
+    if regions is not None:
+        sessions[REGIONS] = Session(regions)
+    sessions[ONNXRUNTIME] = Session(whole_model)
+    feeds = example_feeds(sessions[WPK], seed=0)
+    difference = agreement(sessions[WPK], sessions[ONNXRUNTIME], feeds)
+    summary = {"compared": list(sessions), "rel_l2_between": difference,
                "boundaries": boundaries(per_op.report, options.call_s),
-               "method": f"{options.blocks} alternating blocks of {options.runs} runs per "
-                         f"engine, a {options.pause_s:g} s pause and one untimed run before "
-                         f"each; onnxruntime with its default options"}
+               "method": f"{options.blocks} blocks of {options.runs} runs per contender, "
+                         f"in rotating order, a {options.pause_s:g} s pause and one untimed "
+                         f"run before each; onnxruntime with its default options"}
     if not difference <= options.tolerance:
-        summary.update(winner=WPK, reason=f"onnxruntime's outputs differ from the plan's by "
-                                          f"{difference:.2g} relative L2 (> "
-                                          f"{options.tolerance:g}); the verified plan stays")
+        summary.update(winner=WPK, plan=PER_OPERATOR,
+                       reason=f"onnxruntime's outputs differ from the plan's by "
+                              f"{difference:.2g} relative L2 (> {options.tolerance:g}); the "
+                              f"verified plan stays")
         return per_op, summary
-    times = measure_pair(wpk_session, ort_session, feeds, options)
-    winner, ratio = decide(times, options.margin)
-    summary.update(winner=winner, ratio=ratio,
-                   wpk_median_s=statistics.median(times[WPK]),
-                   onnxruntime_median_s=statistics.median(times[ONNXRUNTIME]),
+    times = measure_blocks(sessions, feeds, options)
+    medians = {name: statistics.median(found) for name, found in times.items()}
+    variant = REGIONS if REGIONS in medians and medians[REGIONS] < medians[WPK] else WPK
+    winner, ratio = decide({WPK: times[variant], ONNXRUNTIME: times[ONNXRUNTIME]},
+                           options.margin)
+    summary.update(winner=winner, ratio=ratio, plan=PLAN_NAMES[variant],
+                   wpk_median_s=medians[variant], onnxruntime_median_s=medians[ONNXRUNTIME],
+                   medians_s={PLAN_NAMES.get(name, name): t for name, t in medians.items()},
                    runs=len(times[WPK]))
     if winner == ONNXRUNTIME:
         summary["reason"] = (f"onnxruntime runs the whole model {ratio:.2f}x faster than "
-                             "wpk's per-operator plan: the plan is onnxruntime's")
+                             "wpk's plan: the plan is onnxruntime's")
         return whole_model, summary
+    if variant == REGIONS:
+        summary["reason"] = (f"wpk's plan with its steps outside onnxruntime's regions given "
+                             f"back to them runs {medians[WPK] / medians[REGIONS]:.2f}x faster "
+                             f"than with them, at {ratio:.2f}x onnxruntime's latency")
+        return regions, summary
     summary["reason"] = (f"wpk's per-operator plan runs at {ratio:.2f}x onnxruntime's "
                          f"latency (kept within a {options.margin:.0%} margin)")
     return per_op, summary

@@ -40,7 +40,7 @@ from wpk.partition import choose_partition
 from wpk.passes import optimize
 from wpk.plans.assemble import assemble_plan, whole_model_plan
 from wpk.plans.planfile import Plan
-from wpk.plans.planner import PlanChoices, PlanOptions, plan
+from wpk.plans.planner import PlanChoices, PlanOptions, plan, within_regions
 from wpk.plans.predicted import mark_predicted
 from wpk.plans.progress import progress_bar
 from wpk.plans.report import make_report
@@ -174,22 +174,31 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     optimized, pass_report = optimize(graph, opts.target)
     items = extract_workloads(optimized)
     choices, search, parallel = plan_workloads(items, build_target, opts, started)
-    result = assemble_plan(optimized, items, choices, opts.target, device=build_target.device())
-    result.report = make_report(
-        choices, target=opts.target, model=_model_name(model),
-        device=result.manifest["device"], pass_report=pass_report,
-        build_time_s=time.perf_counter() - started, buffers=result.buffer_plan,
-        options=opts.to_json())
-    if search is not None:
-        result.report["search"] = search
-    if parallel is not None:
-        result.report["parallel_measure"] = parallel
-    if build_target.predicted:
-        mark_predicted(result, build_target.hardware, choices)
+
+    def assembled(chosen: PlanChoices) -> Plan:
+        result = assemble_plan(optimized, items, chosen, opts.target,
+                               device=build_target.device())
+        result.report = make_report(
+            chosen, target=opts.target, model=_model_name(model),
+            device=result.manifest["device"], pass_report=pass_report,
+            build_time_s=time.perf_counter() - started, buffers=result.buffer_plan,
+            options=opts.to_json())
+        if search is not None:
+            result.report["search"] = search
+        if parallel is not None:
+            result.report["parallel_measure"] = parallel
+        if build_target.predicted:
+            mark_predicted(result, build_target.hardware, chosen)
+        return result
+
+    result = assembled(choices)
     if opts.partition and build_target.onnxruntime_peer and whole_model_runs(graph):
         whole = whole_model_plan(graph, model_bytes(model), result.manifest["device"])
-        chosen, summary = choose_partition(result, whole)
-        chosen.report = {**result.report, "partition": summary}  # the per-operator report
+        kept = within_regions(choices)
+        regions = assembled(kept) if kept is not None else None
+        chosen, summary = choose_partition(result, whole, regions=regions)
+        report = regions.report if chosen is regions else result.report  # per operator
+        chosen.report = {**report, "partition": summary}
         result = chosen
     if output is not None:
         result.save(output)

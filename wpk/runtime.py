@@ -68,6 +68,7 @@ class Session:
     """A loaded plan of the host CPU, ready to run."""
 
     target = "cpu"
+    _direct = None  # the whole plan's one call taking feeds as they are (`_direct_call`)
 
     def __init__(self, plan: Plan, path: str = "<plan>", merge_regions: bool = True,
                  spin_threads: bool = False):
@@ -99,6 +100,18 @@ class Session:
                                 hint="rebuild the plan with `wpk build`")
             self._output_sources.append(arrays[meta.name])
         self._output_index = {meta.name: i for i, meta in enumerate(self._outputs)}
+        self._direct = self._direct_call()
+
+    def _direct_call(self):
+        """The whole plan's one call when it can take the feeds as they are and give fresh
+        outputs (`kernel.run_feeds`, e.g. onnxruntime's whole model, `ort.model`): then a
+        run copies neither the inputs into the arena nor the outputs out of it."""
+        if len(self._calls) != 1:
+            return None
+        run_feeds = getattr(self._calls[0][0], "run_feeds", None)
+        if run_feeds is None or list(run_feeds.output_names) != [m.name for m in self._outputs]:
+            return None
+        return run_feeds
 
     @classmethod
     def load(cls, path: str | os.PathLike, spin_threads: bool = False) -> Session:
@@ -222,6 +235,9 @@ class Session:
     def run(self, output_names_or_feeds=None, feeds: Mapping | None = None, run_options=None):
         """`run(feeds) -> {name: array}` or onnxruntime-style `run(names|None, feeds) -> list`."""
         if feeds is None and isinstance(output_names_or_feeds, Mapping):
+            if self._direct is not None:
+                return dict(zip(self._direct.output_names,
+                                self._run_direct(output_names_or_feeds)))
             self._execute(output_names_or_feeds)
             return {meta.name: source.copy()
                     for meta, source in zip(self._outputs, self._output_sources)}
@@ -240,6 +256,9 @@ class Session:
                                  hint="the plan's outputs are: "
                                       + ", ".join(m.name for m in self._outputs))
             indices = [self._output_index[n] for n in names]
+        if self._direct is not None:
+            results = self._run_direct(feeds)
+            return [results[i] for i in indices]
         self._execute(feeds)
         return [self._output_sources[i].copy() for i in indices]
 
@@ -306,7 +325,19 @@ class Session:
             index = next(i for i, call in enumerate(calls) if call[0] is kernel)
             raise RuntimeError(f"node '{self._step_names[index]}' failed: {exc}") from exc
 
+    def _run_direct(self, feeds: Mapping) -> list[np.ndarray]:
+        checked = self._checked_feeds(feeds)
+        try:
+            return self._direct(checked)
+        except Exception as exc:
+            raise RuntimeError(f"node '{self._step_names[0]}' failed: {exc}") from exc
+
     def _load_feeds(self, feeds: Mapping) -> None:
+        for name, array in self._checked_feeds(feeds).items():
+            np.copyto(self._input_views[name], array)
+
+    def _checked_feeds(self, feeds: Mapping) -> dict[str, np.ndarray]:
+        """The feeds as arrays of the plan's inputs, each checked for dtype and shape."""
         if not isinstance(feeds, Mapping):
             raise InputError(f"feeds must be a dict of name -> array, not {type(feeds).__name__}",
                              hint=f"the plan's inputs are: {self._input_names()}")
@@ -314,6 +345,7 @@ class Session:
         if unknown:
             raise InputError(f"unknown input '{unknown[0]}'",
                              hint=f"the plan's inputs are: {self._input_names()}")
+        checked = {}
         for meta in self._inputs:
             if meta.name not in feeds:
                 raise InputError(f"missing input '{meta.name}' (shape {_shape_text(meta.shape)}, "
@@ -330,7 +362,8 @@ class Session:
                                  hint="rebuild the plan with --input-shape "
                                       f"{meta.name}={'x'.join(map(str, array.shape)) or '1'} "
                                       "for this shape")
-            np.copyto(self._input_views[meta.name], array)
+            checked[meta.name] = array
+        return checked
 
 
 def example_feeds(session: Session, seed: int = 0) -> dict[str, np.ndarray]:

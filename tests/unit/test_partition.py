@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -11,15 +12,19 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
+from wpk import pipeline
 from wpk.cli import main
+from wpk.core.errors import WpkError
 from wpk.core.numerics import relative_l2
 from wpk.frontend import load_model
 from wpk.kernels import registry
-from wpk.kernels.registry import Implementation
-from wpk.partition import ONNXRUNTIME, WPK, PartitionOptions, choose_partition, decide
+from wpk.kernels.registry import Candidate, Implementation
+from wpk.partition import ONNXRUNTIME, REGIONS, WPK, PartitionOptions, choose_partition, decide
 from wpk.plans.assemble import whole_model_plan
 from wpk.plans.planfile import read_plan
+from wpk.plans.planner import Choice, PlanChoices, within_regions
 from wpk.runtime import Session
+from wpk.search.measure import Measurement, Status
 
 
 def tiny_matmuls(count: int = 120, size: int = 8, seed: int = 0) -> onnx.ModelProto:
@@ -134,3 +139,86 @@ def test_the_margin_keeps_a_close_plan():
     assert chosen is per_op and summary["winner"] == WPK and summary["ratio"] > 0
     outputs = Session(chosen).run({"x": np.ones((4, 8), np.float32)})
     assert np.isfinite(next(iter(outputs.values()))).all()
+
+
+def test_a_whole_model_plan_feeds_onnxruntime_directly_and_gives_fresh_outputs():
+    model = tiny_matmuls(count=3)
+    session = Session(whole_model_plan(load_model(model), model.SerializeToString()))
+    assert session._direct is not None  # no copy into the arena, none out of it
+    peer = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    first = rng.standard_normal((4, 8)).astype(np.float32)
+    second = rng.standard_normal((4, 8)).astype(np.float32)
+    got_first = session.run({"x": first})["y2"]
+    got_second = session.run(["y2"], {"x": second})[0]
+    assert got_first is not got_second  # a run's result is not overwritten by the next
+    assert relative_l2(got_first, peer.run(None, {"x": first})[0]) <= 1e-6
+    assert relative_l2(got_second, peer.run(None, {"x": second})[0]) <= 1e-6
+    with pytest.raises(WpkError, match="dtype"):
+        session.run({"x": first.astype(np.float64)})
+    with pytest.raises(WpkError, match="shape"):
+        session.run({"x": first[:2]})
+
+
+def _slow_choices(choices):
+    """Every choice given to SlowMatMul, as if it had measured fastest on its own; what
+    onnxruntime measured for the workload stays among its measurements."""
+    swapped = {}
+    for key, choice in choices.choices.items():
+        fast = Measurement(label=SLOW.name, impl=SLOW.name, config={}, status=Status.OK,
+                           times_s=(1e-9,), median_s=1e-9, workload_key=key)
+        swapped[key] = dataclasses.replace(choice, candidate=Candidate(SLOW, {}),
+                                           measurement=fast,
+                                           measurements=[fast, *choice.measurements])
+    return PlanChoices(swapped)
+
+
+def test_within_regions_gives_back_every_step_that_leaves_them():
+    model = tiny_matmuls(count=3)
+    per_op = wpk.build(model, target="cpu", progress=False, partition=False)
+    timed = Measurement("ort", "ort", {}, Status.OK, (2e-6,), 2e-6)
+    choices = PlanChoices({key: Choice(workload, ["mm"], ["MatMul"],
+                                       Candidate(registry.get("ort"), {}), timed, [timed])
+                           for key, workload in per_op.workloads.items()})
+    assert within_regions(choices) is None  # nothing leaves a region: nothing to compare
+    kept = within_regions(_slow_choices(choices))
+    assert kept is not None
+    for choice in kept:
+        assert choice.candidate.implementation.name == "ort"
+        assert choice.reason["rule"] == "region" and choice.reason["faster"] == SLOW.name
+        assert choice.reason["over_s"] == pytest.approx(2e-6 - 1e-9)
+
+
+def test_a_build_whose_per_operator_wins_lose_end_to_end_keeps_the_regions(monkeypatch):
+    """Per-operator choices that leave onnxruntime's regions (here: a kernel 'measured' at
+    1 ns that sleeps 2 ms in the plan) are measured end to end against the same plan with
+    those steps given back to onnxruntime, and lose."""
+    real = pipeline.plan_workloads
+
+    def slow_plan_workloads(*args, **kwargs):
+        choices, search, parallel = real(*args, **kwargs)
+        return _slow_choices(choices), search, parallel
+
+    monkeypatch.setattr(pipeline, "plan_workloads", slow_plan_workloads)
+    plan = wpk.build(tiny_matmuls(count=6), target="cpu", progress=False)
+    summary = plan.report["partition"]
+    medians = summary["medians_s"]
+    assert summary["compared"] == [WPK, REGIONS, ONNXRUNTIME]
+    assert medians["within regions"] * 5 < medians["per-operator"]
+    assert all(step.impl != SLOW.name for step in plan.steps)
+    if summary["winner"] == WPK:
+        assert summary["plan"] == "within regions" and "given back" in summary["reason"]
+        rules = {entry["reason"]["rule"] for entry in plan.report["workloads"]}
+        assert rules == {"region"}
+
+
+def test_the_report_says_when_a_step_went_back_into_its_region():
+    from wpk.commands.render import partition_lines, reason_text
+    workload = {"candidates": [{}, {}], "reason": {"rule": "region", "verified": 2,
+                                                  "faster": "gen.conv[x=1]", "over_s": 3e-6,
+                                                  "credit_s": 3e-6, "end_to_end": True}}
+    assert "lost end to end" in reason_text(workload) and "gen.conv[x=1]" in reason_text(workload)
+    report = {"partition": {"winner": WPK, "plan": "within regions", "wpk_median_s": 1e-3,
+                            "onnxruntime_median_s": 1.1e-3, "ratio": 0.91}}
+    (line,) = partition_lines(report)
+    assert "given back" in line and "0.91x" in line

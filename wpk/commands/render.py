@@ -64,7 +64,10 @@ def reason_text(workload: Mapping) -> str:
     """Why the workload's candidate was chosen, in words (see `choice_reason`)."""
     reason = choice_reason(workload)
     rule, verified = reason["rule"], reason.get("verified", 0)
-    if rule == "region":
+    if rule == "region" and reason.get("end_to_end"):
+        text = (f"keeps the onnxruntime region whole (+{format_time(reason['over_s'])} over "
+                f"{reason['faster']} alone, which lost end to end)")
+    elif rule == "region":
         text = (f"keeps the onnxruntime region whole (+{format_time(reason['over_s'])} over "
                 f"{reason['faster']}, within the {format_time(reason['credit_s'])} "
                 "credit of a step inside a region)")
@@ -118,6 +121,13 @@ def summary_lines(report: Mapping) -> list[str]:
     return lines
 
 
+def wpk_plan_name(partition: Mapping) -> str:
+    """Which of wpk's plans the end-to-end comparison measured as wpk's (`wpk.partition`)."""
+    if partition.get("plan") == "within regions":
+        return "wpk's plan with its steps outside onnxruntime's regions given back to them"
+    return "wpk's per-operator plan"
+
+
 def partition_lines(report: Mapping) -> list[str]:
     """What the end-to-end comparison with onnxruntime's whole model decided."""
     partition = report.get("partition") or {}
@@ -126,7 +136,7 @@ def partition_lines(report: Mapping) -> list[str]:
     if "wpk_median_s" not in partition:
         return [f"end to end: {partition.get('reason', '')}"]
     plan = ("onnxruntime runs the whole model" if partition["winner"] == "onnxruntime"
-            else "wpk's per-operator plan")
+            else wpk_plan_name(partition))
     return [f"end to end: wpk's plan {format_time(partition['wpk_median_s'])}, onnxruntime "
             f"{format_time(partition['onnxruntime_median_s'])} "
             f"({partition['ratio']:.2f}x): the plan is {plan}"]

@@ -27,6 +27,7 @@ from wpk.commands.render import (
     reason_text,
     runner_up_ratio,
     summary_lines,
+    wpk_plan_name,
 )
 from wpk.plans.report import by_share, onnxruntime_time, runs_on_onnxruntime
 
@@ -115,15 +116,14 @@ def end_to_end_chart(report: Mapping) -> str:
         return f'<p class="note">Not measured end to end: {_esc(why)}.</p>'
     wpk_s, ort_s = partition["wpk_median_s"], partition["onnxruntime_median_s"]
     winner = partition.get("winner")
-    bars = [Bar("wpk's per-operator plan, measured end to end", wpk_s, "#2e9d5b",
+    bars = [Bar(f"{wpk_plan_name(partition)}, measured end to end", wpk_s, "#2e9d5b",
                 format_time(wpk_s), chosen=winner == "wpk"),
             Bar("onnxruntime, the whole model in one session", ort_s, kind_color("vendor"),
                 format_time(ort_s), chosen=winner == "onnxruntime")]
     if estimate:
         bars.append(Bar("sum of the chosen kernels' medians (each measured alone)", estimate,
                         OTHER_COLOR, format_time(estimate), chosen=False))
-    plan = ("onnxruntime's whole model" if winner == "onnxruntime"
-            else "wpk's per-operator plan")
+    plan = "onnxruntime's whole model" if winner == "onnxruntime" else wpk_plan_name(partition)
     return (bar_chart(bars, log=False, title="end-to-end latency") +
             f'<p class="note">wpk / onnxruntime = {partition["ratio"]:.2f}x on this machine; '
             f'the saved plan is {plan}. {_esc(partition.get("method", ""))}.</p>')
