@@ -6,6 +6,7 @@
     target.generated.template(w)      # the generated kernel's schedule template (search space)
     target.generated.compile_jobs(w, configs)   # fill the compile cache in parallel
     target.fingerprint()              # what tuning records of this target are keyed by
+    target.create_options()           # what makes the same target on another machine
     target.device()                   # the plan's device entry
 
 A target says what it can do in capability fields, which the layers above
@@ -154,6 +155,11 @@ class Target(ABC):
     @abstractmethod
     def device(self) -> dict:
         """The plan's device entry (what loading a plan checks against the machine)."""
+
+    def create_options(self) -> dict:
+        """The `create` options that make this target again on another machine of the same
+        kind (a cluster node makes it to check its fingerprint); none by default."""
+        return {}
 
 
 def target_class(name: str) -> type[Target]:

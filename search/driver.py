@@ -11,19 +11,24 @@ One workload is tuned in a loop: the tuner proposes a batch; invalid points
 are rejected by the template's `validate` inside the tuner (penalised, never
 compiled); an optional cost model keeps the predicted best of a larger pool;
 the batch's configs not yet in the records are compiled in parallel in the
-`CompilePool`; each is verified and timed in the isolated worker through the
-`RecordedRunner` (a recorded config is reused, not measured); the costs go
-back to the tuner. The loop ends at `trials` measured configs, at the
+`CompilePool` (a runner that `compiles` itself, on a cluster, needs none);
+each is verified and timed in the isolated worker through the
+`RecordedRunner` (a recorded config is reused, not measured; on a cluster,
+every node measures one at a time and the results arrive as they are done);
+the costs go back to the tuner. The loop ends at `trials` measured configs, at the
 deadline, when the tuner has nothing left, or early when the best has not
 improved by more than 1% during the last `patience` trials. The `k` fastest
 records of the workload (generated and vendor alike) are then re-measured
 alone with more repeats before the winner is chosen (`RecordedRunner.finalize`).
 
 `tune_model` spends `--budget` on the workloads with the largest share of the
-model latency first (`wpk.search.budget`) with at most `--trials` each, and
-shows per workload the trials, the best time so far (it never rises), the
-re-measured winner, the speed-up over the vendor kernel and why its search
-ended (`STOP_REASONS`), as a rich table on a terminal.
+model latency first (`wpk.search.budget`) with at most `--trials` each; on a
+runner with several measuring slots (the nodes of a cluster) a tuner's batch
+is whole rounds of them, and a budget-only search allows that many times the
+default trials, since the budget is wall time. It shows per workload the
+trials, the best time so far (it never rises), the re-measured winner, the
+speed-up over the vendor kernel and why its search ended (`STOP_REASONS`), as
+a rich table on a terminal.
 """
 
 from __future__ import annotations
@@ -228,9 +233,23 @@ class TuneOptions:
 
     @property
     def trials_per_workload(self) -> int:
+        return self.trials_for(1)
+
+    def trials_for(self, slots: int) -> int:
+        """Trials per workload: `trials`, else under a budget `DEFAULT_BUDGET_TRIALS` per
+        measuring slot (the budget is wall time, so more slots afford more trials), else
+        `DEFAULT_TRIALS`."""
         if self.trials is not None:
             return self.trials
-        return DEFAULT_BUDGET_TRIALS if self.budget_s is not None else DEFAULT_TRIALS
+        if self.budget_s is not None:
+            return DEFAULT_BUDGET_TRIALS * max(1, slots)
+        return DEFAULT_TRIALS
+
+    def batch_for(self, slots: int) -> int:
+        """A tuner's batch on a runner measuring `slots` candidates at once (the nodes of a
+        cluster): whole rounds of `slots`, at least `batch_size`."""
+        slots = max(1, slots)
+        return slots * math.ceil(self.batch_size / slots)
 
 
 def tunable(items: Sequence) -> dict[str, tuple[Workload, int]]:
@@ -282,11 +301,11 @@ def tune_model(items: Sequence, options: TuneOptions, vendor_times: Mapping[str,
                                                       options.min_slice_s)
             try:
                 results[entry.key] = tune_workload(
-                    workload, options.tuner, trials=options.trials_per_workload,
+                    workload, options.tuner, trials=options.trials_for(runner.slots),
                     deadline=limit, runner=runner, generated=generated,
                     compile_pool=compile_pool,
                     reference_time=_finite(entry.vendor_s), seed=options.seed,
-                    on_progress=display.update, batch_size=options.batch_size,
+                    on_progress=display.update, batch_size=options.batch_for(runner.slots),
                     patience=options.patience, min_gain=options.min_gain,
                     cost_model=options.cost_model, finalize_k=options.finalize_k)
             except OptionError:

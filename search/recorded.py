@@ -3,7 +3,7 @@
     runner = RecordedRunner(create_runner(target, isolated=True), RecordStore(db_path),
                             target.fingerprint())
     m = runner.measure(workload, spec)                     # recorded, or measured and recorded
-    for index, m, fresh in runner.iter_batch(workload, specs, deadline): ...
+    for index, m, fresh in runner.iter_batch(workload, specs, deadline): ...  # as they arrive
     winner = runner.finalize(workload, k=3)                # top-k re-measured once, recorded
     runner.measured, runner.reused                          # what this run measured / reused
 
@@ -11,9 +11,11 @@ A candidate is looked up in the `Database` (same workload key, target
 fingerprint, implementation and config; its latest record, a final
 re-measurement when it has one); a hit is returned as a `Measurement` (with
 `extra["from_record"]`) and nothing runs. A miss is measured by the inner
-runner and committed (fsynced) before `measure` returns, so a build killed at
-any point resumes from its last completed measurement, and a rebuild from
-complete records measures nothing. Failed measurements (crash, timeout, wrong
+runner and committed (fsynced) before `measure` returns (`run` and
+`iter_batch` commit each as the inner runner's `stream` hands it over, so
+measurements from the nodes of a cluster land as they arrive), so a build
+killed at any point resumes from its last completed measurement, and a rebuild
+from complete records measures nothing. Failed measurements (crash, timeout, wrong
 answer) are records too and are not retried.
 
 `finalize` re-measures the `k` fastest search records of the workload alone
@@ -26,7 +28,6 @@ order of the search.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
@@ -49,6 +50,7 @@ class RecordedRunner(Runner):
         self.database = database
         self.fingerprint = fingerprint
         self.concurrent = runner.concurrent
+        self.compiles = runner.compiles
         self.measured = 0   # measurements this run made (each committed)
         self.reused = 0     # measurements taken from the database instead
 
@@ -77,37 +79,63 @@ class RecordedRunner(Runner):
 
     def run(self, workload: Workload, candidates: Sequence[AnyCandidate],
             options: MeasureOptions | None = None) -> list[Measurement]:
-        """Recorded measurements where there are, the rest measured by the inner runner
-        together (concurrently on a `ParallelRunner`) and recorded."""
+        """Recorded measurements where there are; the rest measured by the inner runner
+        (together on a concurrent one, recorded after; else committed one by one as they
+        arrive, `Runner.stream`)."""
         specs = [CandidateSpec.of(c) for c in candidates]
         found = [self.lookup(workload, s, phase=None) for s in specs]
+        results: list[Measurement | None] = [
+            None if record is None else self._reuse(record) for record in found]
         missing = [i for i, record in enumerate(found) if record is None]
-        fresh = dict(zip(missing, self.runner.run(workload, [specs[i] for i in missing],
-                                                  options))) if missing else {}
-        results = []
-        for index, record in enumerate(found):
-            if record is not None:
-                results.append(self._reuse(record))
-            else:
-                self._record(workload, specs[index].modules, fresh[index], SEARCH)
-                results.append(fresh[index])
-        return results
+        if missing and self.concurrent:
+            for index, measurement in zip(missing, self.runner.run(
+                    workload, [specs[i] for i in missing], options)):
+                self._record(workload, specs[index].modules, measurement, SEARCH)
+                results[index] = measurement
+        elif missing:
+            for index, measurement in self._stream(workload, specs, missing, options):
+                results[index] = measurement
+        return results  # type: ignore[return-value]
+
+    def _stream(self, workload: Workload, specs: Sequence[CandidateSpec],
+                missing: Sequence[int], options: MeasureOptions | None = None,
+                deadline: float | None = None) -> Iterator[tuple[int, Measurement]]:
+        """(index in `specs`, measurement) of the `missing` candidates as the inner runner
+        streams them, each committed before it is handed on."""
+        chosen = [specs[i] for i in missing]
+        for position, measurement in self.runner.stream(workload, chosen, options, deadline):
+            index = missing[position]
+            self._record(workload, specs[index].modules, measurement, SEARCH)
+            yield index, measurement
 
     def iter_batch(self, workload: Workload, specs: Sequence[CandidateSpec],
                    deadline: float | None = None) -> Iterator[tuple[int, Measurement, int]]:
         """(index in `specs`, measurement, how many fresh measurements it took) for a tuner's
-        batch: one at a time, stopping at the `time.monotonic()` `deadline` once at least
-        one is done; on a concurrent runner, the unrecorded ones together."""
+        batch, in the batch's order: recorded ones as they come, the rest measured by the
+        inner runner's `stream` (one at a time, or on every node of a cluster at once) and
+        committed as they arrive, then handed on in order, so a tuner sees the same sequence
+        however they arrived. None starts after the `time.monotonic()` `deadline` once one
+        is done; what was recorded or measured by then is handed on, in order. On a
+        concurrent runner, the unrecorded ones are measured together."""
         if self.concurrent:
             for index, measurement in enumerate(self.run(workload, specs)):
                 yield index, measurement, int(not measurement.extra.get("from_record"))
             return
-        for index, spec in enumerate(specs):
-            if index and deadline is not None and time.monotonic() >= deadline:
-                return
-            before = self.measured
-            measurement = self.measure(workload, spec)
-            yield index, measurement, self.measured - before
+        found = [self.lookup(workload, spec, phase=None) for spec in specs]
+        missing = [index for index, record in enumerate(found) if record is None]
+        arrivals = self._stream(workload, specs, missing, deadline=deadline)
+        arrived: dict[int, Measurement] = {}
+        for index, record in enumerate(found):
+            if record is not None:
+                yield index, self._reuse(record), 0
+                continue
+            while index not in arrived:
+                got = next(arrivals, None)
+                if got is None:   # the deadline ended the stream: this one was not measured
+                    break
+                arrived[got[0]] = got[1]
+            if index in arrived:
+                yield index, arrived.pop(index), 1
 
     def _record(self, workload: Workload, modules: Sequence[str], measurement: Measurement,
                 phase: str) -> None:
@@ -146,6 +174,13 @@ class RecordedRunner(Runner):
         final = top_records([r for r in found if r.phase == FINAL])
         best = final or top_records(found)
         return best[0] if best else None
+
+    @property
+    def slots(self) -> int:
+        return self.runner.slots
+
+    def summary(self) -> dict | None:
+        return self.runner.summary()
 
     def prefetch(self, workload: Workload, candidates: Sequence[AnyCandidate]) -> None:
         self.runner.prefetch(workload, [c for c in candidates

@@ -3,8 +3,10 @@
     runner = create_runner(target)                     # in this process
     runner = create_runner(target, isolated=True)      # in a worker process
     runner = create_runner(target, parallel=4)         # CUDA: 4 streams at once
+    runner = create_runner(target, cluster="local:3")  # on the nodes of a Ray cluster
     with runner:
         measurements = runner.run(workload, candidates)    # one per candidate, in order
+        for index, m in runner.stream(workload, candidates, deadline=t): ...   # as each is done
 
 Implementations:
 
@@ -16,11 +18,16 @@ Implementations:
   timed together on N CUDA streams, the fastest re-measured alone;
 * `PredictedRunner` (`wpk.search.predicted`): an offline build's candidates
   compiled, resource-checked, emulator-verified and predicted;
+* `RayRunner` (`wpk.search.ray_runner`): candidates compiled anywhere on a Ray
+  cluster and measured on its nodes of the target's fingerprint, one at a time
+  per node, in each node's isolated worker (`--cluster`; Ray is imported only then);
 * `RecordedRunner` (`wpk.search.recorded`): a `Database` in front of another
   runner (reuse what is recorded, record what is measured).
 
 `create_runner` reads the target's capability fields (`timer`, `streams`,
-`predicted`), never its name. Every candidate's random inputs derive from
+`predicted`), never its name. `stream` hands measurements over as they are done
+(one at a time in order, except on a runner with several measuring `slots`), so
+a `RecordedRunner` commits each as it arrives. Every candidate's random inputs derive from
 (seed, workload key, candidate), so they do not depend on measurement order.
 """
 
@@ -29,8 +36,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -85,6 +93,7 @@ class Runner(ABC):
     """Verifies and times candidates of a workload; `options` are the defaults of `run`."""
 
     concurrent = False   # whether `run` times a workload's candidates together
+    compiles = False     # whether it compiles candidates itself (callers need no CompilePool)
 
     def __init__(self, options: MeasureOptions | None = None, seed: int = 0):
         self.options = options or MeasureOptions()
@@ -95,6 +104,22 @@ class Runner(ABC):
         """One measurement per candidate, in order; never raises for a failing candidate
         (the status says what happened)."""
         return [self.measure(workload, c, options) for c in candidates]
+
+    def stream(self, workload: Workload, candidates: Sequence[AnyCandidate],
+               options: MeasureOptions | None = None, deadline: float | None = None
+               ) -> Iterator[tuple[int, Measurement]]:
+        """(index in `candidates`, measurement) as each is done, in any order; no new
+        measurement starts after the `time.monotonic()` `deadline` once one is done.
+        Default: one at a time, in order, with `measure`."""
+        for index, candidate in enumerate(candidates):
+            if index and deadline is not None and time.monotonic() >= deadline:
+                return
+            yield index, self.measure(workload, candidate, options)
+
+    @property
+    def slots(self) -> int:
+        """How many candidates it measures at once (a tuner's batch should fill them)."""
+        return 1
 
     @abstractmethod
     def measure(self, workload: Workload, candidate: AnyCandidate,
@@ -109,6 +134,10 @@ class Runner(ABC):
     def seed_of(self, workload: Workload, candidate: AnyCandidate) -> int:
         spec = CandidateSpec.of(candidate)
         return candidate_seed(self.seed, workload.key, spec.impl, spec.config)
+
+    def summary(self) -> dict | None:
+        """Where it measured, for the build report (None: nothing to add)."""
+        return None
 
     def close(self) -> None:
         """Release worker processes and pools (a closed runner may be used again)."""
@@ -164,9 +193,13 @@ class IsolatedRunner(Runner):
             self.worker.close()
 
 
-def check_runner(target: Target, parallel: int | None = None) -> None:
+def check_runner(target: Target, parallel: int | None = None,
+                 cluster: str | None = None) -> None:
     """OptionError when `target` cannot be measured as asked (`parallel` streams on a target
-    without streams, or on a predicted one)."""
+    without streams, or on a predicted one; a `cluster` for a predicted target or with
+    `parallel`)."""
+    if cluster is not None:
+        _check_cluster(target, parallel, cluster)
     if not parallel:
         return
     if target.predicted:
@@ -181,14 +214,35 @@ def check_runner(target: Target, parallel: int | None = None) -> None:
                                "machine with that GPU")
 
 
+def _check_cluster(target: Target, parallel: int | None, cluster: str) -> None:
+    from wpk.search.cluster import parse_address
+
+    parse_address(cluster)
+    if target.predicted:
+        raise OptionError("--cluster measures candidates on the cluster's nodes, and an "
+                          "--offline build predicts instead of measuring",
+                          hint="drop --offline to measure on nodes that have the GPU, or "
+                               "drop --cluster")
+    if parallel:
+        raise OptionError("--cluster measures one candidate at a time per node; "
+                          "--parallel-measure times several at once on one GPU",
+                          hint="drop one of --cluster and --parallel-measure")
+
+
 def create_runner(target: Target, *, isolated: bool = False, parallel: int | None = None,
                   options: MeasureOptions | None = None, seed: int = 0,
-                  jobs: int | None = None, summary=None) -> Runner:
+                  jobs: int | None = None, summary=None, cluster: str | None = None) -> Runner:
     """The runner a build for `target` measures with: predicted for a predicted target,
     else the target's timer in this process or (`isolated`) in a worker, and with
     `parallel` streams when the target has streams (their totals added to `summary`,
-    a `ParallelSummary`). `jobs`: compile threads of a predicted build."""
-    check_runner(target, parallel)
+    a `ParallelSummary`), or on the nodes of the Ray `cluster` (an address of
+    `wpk.search.cluster.parse_address`; Ray is imported only then). `jobs`: compile
+    threads of a predicted build."""
+    check_runner(target, parallel, cluster)
+    if cluster is not None:
+        from wpk.search.cluster import cluster_runner
+
+        return cluster_runner(target, cluster, options, seed)
     if target.predicted:
         from wpk.search.predicted import PredictedRunner
 

@@ -13,10 +13,12 @@ present unless `--offline`) and its `Runner`, and runs load_model -> optimize
 tunable workload (`wpk.search.driver`), largest share of the latency first,
 within `--trials` per workload and `--budget` for the build, and plans again
 with each workload's best generated kernel among the candidates. With
-`--search` or `--db` every measurement goes through the tuning records (in a
-worker process, so a crash or a hang costs one candidate): a rebuild with
-complete records measures nothing new. An `--offline` target's runner
-predicts instead of measuring.
+`--search`, `--db` or `--cluster` every measurement goes through the tuning
+records (in a worker process, so a crash or a hang costs one candidate): a
+rebuild with complete records measures nothing new. With `--cluster` the
+measurements are made on the nodes of a Ray cluster (`wpk.search.ray_runner`)
+and committed to the records here as they arrive. An `--offline` target's
+runner predicts instead of measuring.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +44,7 @@ from wpk.plans.planner import PlanChoices, PlanOptions, plan, within_regions
 from wpk.plans.predicted import mark_predicted
 from wpk.plans.progress import progress_bar
 from wpk.plans.report import make_report
+from wpk.search.cluster import parse_address
 from wpk.search.compile_pool import CompilePool
 from wpk.search.driver import TuneOptions, generated_candidates, tune_model
 from wpk.search.parallel_measure import ParallelSummary, check_streams
@@ -80,6 +84,8 @@ class BuildOptions:
     seed: int = 0
     progress: bool = True
     parallel_measure: int | None = None
+    # Measure on the nodes of a Ray cluster (`wpk.search.cluster.parse_address`).
+    cluster: str | None = None
     # Measure the plan end to end against onnxruntime running the whole model and keep
     # the faster (`wpk.partition`), where the target has that peer.
     partition: bool = True
@@ -101,6 +107,8 @@ class BuildOptions:
         if self.gpu is not None and self.target != "cuda":
             raise OptionError(f"--gpu {self.gpu} needs target 'cuda', not '{self.target}'")
         check_streams(self.parallel_measure)
+        if self.cluster is not None:
+            parse_address(self.cluster)  # OptionError naming the forms; Ray is not imported
         shapes = {}
         for name, shape in dict(self.input_shapes or {}).items():
             try:
@@ -161,7 +169,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     started = time.perf_counter()
     opts = BuildOptions.from_kwargs(target=target, **options)
     build_target = create_target(opts.target, gpu=opts.gpu, offline=opts.offline)
-    check_runner(build_target, opts.parallel_measure)  # before reading the model
+    check_runner(build_target, opts.parallel_measure, opts.cluster)  # before reading the model
     graph = load_model(model, opts.input_shapes)
     optimized, pass_report = optimize(graph, opts.target)
     items = extract_workloads(optimized)
@@ -200,15 +208,16 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
 def plan_workloads(items: Sequence, target: Target, opts: BuildOptions,
                    started: float | None = None, records: bool | None = None):
     """(choices, search summary or None, parallel summary or None) of `items`
-    (NodeWorkloads) on `target`, as `opts` says. `records` (default: with --search or
-    --db) measures through the tuning records."""
+    (NodeWorkloads) on `target`, as `opts` says. `records` (default: with --search, --db
+    or --cluster) measures through the tuning records."""
     started = time.perf_counter() if started is None else started
     summary = ParallelSummary(opts.parallel_measure) if opts.parallel_measure else None
     if records is None:
-        records = opts.search != "none" or opts.db is not None
+        records = opts.search != "none" or opts.db is not None or opts.cluster is not None
     runner = create_runner(target, isolated=records and not target.predicted,
                            parallel=opts.parallel_measure, seed=opts.seed, jobs=opts.jobs,
-                           summary=summary, options=SEARCH_MEASURE if records else None)
+                           summary=summary, options=SEARCH_MEASURE if records else None,
+                           cluster=opts.cluster)
     with runner:
         if records:
             runner = RecordedRunner(runner, RecordStore(opts.db), target.fingerprint())
@@ -240,6 +249,8 @@ def choose_implementations(items: Sequence, target: Target, runner: Runner,
                            plan_options, on_progress)
     summary.update(measured=runner.measured, reused=runner.reused,
                    records=len(runner.database), fingerprint=runner.fingerprint.to_json())
+    if runner.summary() is not None:
+        summary["cluster"] = runner.summary()
     if target.predicted:
         summary["predicted"] = True
     return choices, summary
@@ -256,6 +267,7 @@ def _tune(items: Sequence, target: Target, runner: RecordedRunner, opts: BuildOp
         budget = max(SEARCH_SHARE * left, MIN_SEARCH_S)
     tune = TuneOptions(opts.search, opts.trials, budget, opts.seed,
                        finalize_k=0 if target.predicted else 3)  # a prediction never changes
-    with CompilePool(opts.jobs) as pool:
+    pool = nullcontext() if runner.compiles else CompilePool(opts.jobs)  # a cluster compiles
+    with pool as compile_pool:
         return tune_model(items, tune, vendor, runner=runner, generated=target.generated,
-                          compile_pool=pool, progress=opts.progress)
+                          compile_pool=compile_pool, progress=opts.progress)

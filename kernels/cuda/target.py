@@ -172,3 +172,6 @@ class CudaTarget(Target):
 
     def device(self) -> dict:
         return device_of(self.hardware)
+
+    def create_options(self) -> dict:
+        return {"gpu": self.hardware.name, "offline": self.predicted}

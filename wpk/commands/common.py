@@ -60,6 +60,14 @@ def parallel_measure_option(help_text: str):
                                             "re-measure the fastest alone.")
 
 
+def cluster_option(what: str):
+    """The `--cluster ADDRESS` option of `wpk build`, `wpk tune` and `wpk op`."""
+    return click.option("--cluster", metavar="ADDRESS",
+                        help=f"{what} on the nodes of a Ray cluster: ray://HOST:PORT, auto, "
+                             "HOST:PORT (the head's GCS address) or local:N (a test cluster "
+                             "of N nodes on this machine); needs pip install 'wpk[cluster]'.")
+
+
 def stderr(message: str) -> None:
     """One line on standard error."""
     click.echo(message, err=True)

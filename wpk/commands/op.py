@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from wpk.commands.common import SEARCHES, echo, parse_shape, target_of
+from wpk.commands.common import SEARCHES, cluster_option, echo, parse_shape, target_of
 from wpk.commands.render import format_time, plural, render_json, summary_lines
 from wpk.core.errors import OptionError
 from wpk.frontend import load_model
@@ -80,10 +80,11 @@ def operator_model(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[
 def op_report(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, Any], *,
               target: str = "cpu", search: str = "ga", trials: int | None = None,
               budget: float | None = None, db: str | None = None,
-              progress: bool = False) -> dict:
-    """The benchmark report of one operator (the build report's shape, plus 'search')."""
+              progress: bool = False, cluster: str | None = None) -> dict:
+    """The benchmark report of one operator (the build report's shape, plus 'search');
+    `cluster`: measured on the nodes of that Ray cluster."""
     options = BuildOptions(target=target, search=search, trials=trials, budget=budget, db=db,
-                           progress=progress)
+                           progress=progress, cluster=cluster)
     graph = load_model(operator_model(op, shapes, attrs))
     choices, summary, _ = plan_workloads(extract_workloads(graph), create_target(target),
                                          options, records=True)
@@ -134,14 +135,15 @@ def workload_table(workload: Mapping):
 def op_command(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, Any],
                target: str = "cpu", search: str = "ga", trials: int | None = None,
                as_json: bool = False, budget: float | None = None, db: str | None = None,
-               progress: bool = True):
+               progress: bool = True, cluster: str | None = None):
     """`wpk op`: the report as JSON text (`as_json`) or a rich renderable (summary,
     then every candidate side by side; the chosen one marked with *)."""
     from rich.console import Group
     from rich.text import Text
 
     report = op_report(op, shapes, attrs, target=target, search=search, trials=trials,
-                       budget=budget, db=db, progress=progress and not as_json)
+                       budget=budget, db=db, progress=progress and not as_json,
+                       cluster=cluster)
     if as_json:
         return render_json(report)
     lines = summary_lines(report) + tuning_lines(report["search"])
@@ -175,9 +177,10 @@ def tuning_lines(search: Mapping) -> list[str]:
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path),
               help="Tuning records (JSON lines) to reuse and extend.")
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@cluster_option("Measure")
 def command(op_type: str, shapes: tuple[str, ...], attrs: tuple[str, ...], cpu: bool,
             gpu: str | None, search: str, trials: int | None, budget: float | None,
-            db: Path | None, as_json: bool) -> None:
+            db: Path | None, as_json: bool, cluster: str | None) -> None:
     """Tune one operator workload and print its per-operator benchmark report."""
     target, _ = target_of(cpu, gpu)
     named_shapes = {}
@@ -196,4 +199,4 @@ def command(op_type: str, shapes: tuple[str, ...], attrs: tuple[str, ...], cpu: 
         named_attrs[name] = parse_attr(text)
     echo(op_command(op_type, named_shapes, named_attrs, target=target, search=search,
                     trials=trials, as_json=as_json, budget=budget,
-                    db=None if db is None else str(db)))
+                    db=None if db is None else str(db), cluster=cluster))

@@ -62,3 +62,8 @@ class ScheduleError(WpkError):
 
 class ToolchainError(WpkError):
     """A compiler needed for the target is missing or failed."""
+
+
+class ClusterError(WpkError):
+    """A Ray cluster (`--cluster`) cannot be reached, or has no node left that can measure
+    for the build target."""
