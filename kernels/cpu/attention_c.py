@@ -1,0 +1,302 @@
+"""The fused attention kernel as generated C: one query tile at a time, online softmax.
+
+    source = attention_source(shape, heads, config)   # C, sizes baked in as constants
+
+For each (batch*head, query tile) pair (OpenMP over both): the tile of Q is
+copied (pre-scaled, zero rows past Sq), then for each key tile the scores
+S = Q K^T (+ mask) are computed into a [TQ, TK] block in cache, the running
+row max and sum are updated (online softmax: the output accumulator is
+rescaled by exp(m_old - m_new)), and P V is added to the [TQ, Dv] output
+accumulator; the output is divided by the row sums at the end. No
+[seq, seq] tensor is ever written to memory. K is first packed, transposed,
+into a [D, Sk padded] scratch per (batch*head) so the score micro-kernel
+broadcasts Q and loads keys as vectors; V is packed only when Dv is not a
+multiple of the vector width.
+
+Vectors are GCC vector extensions of `vw` floats (`vw` a config knob: the
+host's lanes, half of them, or 1, the portable scalar path); gcc lowers them
+to whatever the ISA flags of `toolchain.c_flags()` allow, and those flags are
+part of the compile cache key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from wpk.kernels.cpu.attention_spec import AttentionShape, mask_strides
+
+# Config knobs: query tile rows, key tile columns, vector width (floats), rows and key
+# vectors of the score micro-tile (its rows are the P V micro-tile's too).
+KNOBS = ("tq", "tk", "vw", "mr", "nr")
+
+_HEADER = r"""
+#include <math.h>
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BH {bh}
+#define HEADS {heads}
+#define SQ {sq}
+#define SK {sk}
+#define SKP {skp}
+#define D {d}
+#define DV {dv}
+#define DVP {dvp}
+#define TQ {tq}
+#define TK {tk}
+#define VW {vw}
+#define MR {mr}
+#define NR {nr}
+#define NQT {nqt}
+#define KT_INPUT {k_transposed}
+#define PACK_V {pack_v}
+#define HAS_MASK {has_mask}
+#define MS0 {ms0}
+#define MS1 {ms1}
+#define MS2 {ms2}
+#define MS3 {ms3}
+static const float SCALE = {scale!r}f;
+
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+typedef int vi __attribute__((vector_size(VW * 4)));
+#define UNROLL _Pragma("GCC unroll 16")
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+/* keep a loaded vector in a register: gcc would otherwise fold the load into every FMA
+   that uses it, and the loads, not the FMAs, would bound the micro-kernels */
+#define IN_REGISTER(x) __asm__("" : "+v"(x))
+#else
+#define IN_REGISTER(x) (void)0
+#endif
+"""
+
+_BODY = r"""
+static inline vf vload(const float *p) { return *(const vfu *)p; }
+static inline void vstore(float *p, vf x) { *(vfu *)p = x; }
+static inline vf vsplat(float x) { return x - (vf){0}; }  /* x - 0 == x: a broadcast */
+static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
+static inline vf vmax(vf a, vf b) { return vsel(a > b, a, b); }
+
+/* exp for x <= 0 (Cephes' single-precision polynomial); 0 below the float range. */
+static inline vf vexp(vf x) {
+    vi tiny = x < -87.3f;
+    x = vmax(x, vsplat(-87.3f));
+    vf fx = x * 1.44269504088896341f + 0.5f;
+    vi n = __builtin_convertvector(fx, vi);
+    vf fn = __builtin_convertvector(n, vf);
+    n += (fn > fx);  /* truncation -> floor: -1 where it rounded up */
+    fn = __builtin_convertvector(n, vf);
+    vf r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
+    vf p = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    vf y = p * r * r + r + 1.0f;
+    vf scale = (vf)((n + 127) << 23);
+    return vsel(tiny, vsplat(0.0f), y * scale);
+}
+
+static inline float hmax(vf x) {
+    float m = x[0];
+    for (int i = 1; i < VW; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+static inline float hsum(vf x) {
+    float s = 0.0f;
+    for (int i = 0; i < VW; ++i) s += x[i];
+    return s;
+}
+
+/* K (or K^T) of one batch*head -> kt[SKP / TK][D][TK]: each key tile transposed and
+   contiguous (no cache-set conflicts between its rows), keys past SK zero. */
+static void pack_k(const float *k, float *kt) {
+    for (int j0 = 0; j0 < SKP; j0 += TK) {
+        float *tile = kt + (size_t)j0 * D;
+        for (int d = 0; d < D; ++d)
+            for (int j = 0; j < TK; ++j)
+                tile[d * TK + j] = j0 + j >= SK ? 0.0f
+                    : KT_INPUT ? k[(size_t)d * SK + j0 + j] : k[(size_t)(j0 + j) * D + d];
+    }
+}
+
+/* scores of TQ rows of q (pre-scaled) against the key tile at j0 of the packed kt. */
+static void scores(const float *q, const float *kt, int j0, float *s) {
+    for (int i0 = 0; i0 < TQ; i0 += MR) {
+        for (int jv = 0; jv < TK; jv += NR * VW) {
+            vf acc[MR][NR];
+            UNROLL for (int r = 0; r < MR; ++r)
+                UNROLL for (int n = 0; n < NR; ++n) acc[r][n] = vsplat(0.0f);
+            const float *kp = kt + (size_t)j0 * D + jv;
+            for (int d = 0; d < D; ++d) {
+                vf kv[NR];
+                UNROLL for (int n = 0; n < NR; ++n) {
+                    kv[n] = vload(kp + d * TK + n * VW);
+                    IN_REGISTER(kv[n]);
+                }
+                UNROLL for (int r = 0; r < MR; ++r) {
+                    vf qb = vsplat(q[(i0 + r) * D + d]);
+                    UNROLL for (int n = 0; n < NR; ++n) acc[r][n] += qb * kv[n];
+                }
+            }
+            UNROLL for (int r = 0; r < MR; ++r)
+                UNROLL for (int n = 0; n < NR; ++n) vstore(s + (i0 + r) * TK + jv + n * VW, acc[r][n]);
+        }
+    }
+}
+
+/* Mask, padding, then the online softmax step; s becomes P, o is rescaled. */
+static void softmax_step(float *s, const float *mask, int q0, int j0, float *m, float *l,
+                         float *o) {
+    for (int i = 0; i < TQ; ++i) {
+        float *row = s + i * TK;
+#if HAS_MASK
+        if (q0 + i < SQ) {
+            const float *mrow = mask + (size_t)(q0 + i) * MS2;
+            int jn = SK - j0 < TK ? SK - j0 : TK;
+            for (int j = 0; j < jn; ++j) row[j] += mrow[(size_t)(j0 + j) * MS3];
+        }
+#endif
+        for (int j = SK - j0; j < TK; ++j) row[j] = -INFINITY;
+        vf mv = vsplat(-FLT_MAX);
+        for (int j = 0; j < TK; j += VW) mv = vmax(mv, vload(row + j));
+        float m_new = hmax(mv);
+        m_new = m_new > m[i] ? m_new : m[i];
+        float alpha = expf(m[i] - m_new);
+        vf sum = vsplat(0.0f), mn = vsplat(m_new);
+        for (int j = 0; j < TK; j += VW) {
+            vf p = vexp(vload(row + j) - mn);
+            vstore(row + j, p);
+            sum += p;
+        }
+        l[i] = l[i] * alpha + hsum(sum);
+        m[i] = m_new;
+        if (alpha != 1.0f) {
+            vf av = vsplat(alpha);
+            for (int d = 0; d < DVP; d += VW) vstore(o + i * DVP + d, vload(o + i * DVP + d) * av);
+        }
+    }
+}
+
+/* o[TQ][DVP] += P[TQ][keys j0..] V[keys][DVP] */
+static void accumulate(const float *p, const float *v, int j0, float *o) {
+    int jn = SK - j0 < TK ? SK - j0 : TK;
+    for (int i0 = 0; i0 < TQ; i0 += MR) {
+        for (int d0 = 0; d0 < DVP; d0 += NV * VW) {
+            vf acc[MR][NV];
+            UNROLL for (int r = 0; r < MR; ++r)
+                UNROLL for (int n = 0; n < NV; ++n) acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW);
+            for (int j = 0; j < jn; ++j) {
+                const float *vrow = v + (size_t)(j0 + j) * DVP + d0;
+                vf vv[NV];
+                UNROLL for (int n = 0; n < NV; ++n) {
+                    vv[n] = vload(vrow + n * VW);
+                    IN_REGISTER(vv[n]);
+                }
+                UNROLL for (int r = 0; r < MR; ++r) {
+                    vf pb = vsplat(p[(i0 + r) * TK + j]);
+                    UNROLL for (int n = 0; n < NV; ++n) acc[r][n] += pb * vv[n];
+                }
+            }
+            UNROLL for (int r = 0; r < MR; ++r)
+                UNROLL for (int n = 0; n < NV; ++n) vstore(o + (i0 + r) * DVP + d0 + n * VW, acc[r][n]);
+        }
+    }
+}
+
+static void query_tile(const float *q, const float *kt, const float *v, const float *mask,
+                       int q0, float *out) {
+    float qt[TQ * D] __attribute__((aligned(64)));
+    float s[TQ * TK] __attribute__((aligned(64)));
+    float o[TQ * DVP] __attribute__((aligned(64)));
+    float m[TQ], l[TQ];
+    for (int i = 0; i < TQ; ++i) {
+        for (int d = 0; d < D; ++d)
+            qt[i * D + d] = q0 + i < SQ ? q[(size_t)(q0 + i) * D + d] * SCALE : 0.0f;
+        m[i] = -FLT_MAX;
+        l[i] = 0.0f;
+    }
+    memset(o, 0, sizeof(o));
+    for (int j0 = 0; j0 < SK; j0 += TK) {
+        scores(qt, kt, j0, s);
+        softmax_step(s, mask, q0, j0, m, l, o);
+        accumulate(s, v, j0, o);
+    }
+    for (int i = 0; i < TQ && q0 + i < SQ; ++i) {
+        float inv = 1.0f / l[i];
+        for (int d = 0; d < DV; ++d) out[(size_t)(q0 + i) * DV + d] = o[i * DVP + d] * inv;
+    }
+}
+
+void wpk_attention(const float *q, const float *k, const float *v, const float *mask,
+                   float *out) {
+    float *kt = malloc(sizeof(float) * (size_t)BH * D * SKP);
+    float *vp = PACK_V ? malloc(sizeof(float) * (size_t)BH * SK * DVP) : NULL;
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static)
+        for (int bh = 0; bh < BH; ++bh) {
+            pack_k(k + (size_t)bh * SK * D, kt + (size_t)bh * D * SKP);
+            if (PACK_V) {
+                for (int j = 0; j < SK; ++j)
+                    for (int d = 0; d < DVP; ++d)
+                        vp[((size_t)bh * SK + j) * DVP + d] =
+                            d < DV ? v[((size_t)bh * SK + j) * DV + d] : 0.0f;
+            }
+        }
+        #pragma omp for collapse(2) schedule(static)
+        for (int bh = 0; bh < BH; ++bh) {
+            for (int t = 0; t < NQT; ++t) {
+                const float *mk = NULL;
+#if HAS_MASK
+                mk = mask + (size_t)(bh / HEADS) * MS0 + (size_t)(bh % HEADS) * MS1;
+#endif
+                const float *vb = PACK_V ? vp + (size_t)bh * SK * DVP : v + (size_t)bh * SK * DV;
+                query_tile(q + (size_t)bh * SQ * D, kt + (size_t)bh * D * SKP, vb, mk, t * TQ,
+                           out + (size_t)bh * SQ * DV);
+            }
+        }
+    }
+    free(kt);
+    free(vp);
+}
+"""
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
+def config_reason(shape: AttentionShape, config: Mapping) -> str | None:
+    """None when `config` is a valid schedule of the shape, else why not."""
+    if sorted(config) != sorted(KNOBS):
+        return f"an attention config has exactly the knobs {', '.join(KNOBS)}"
+    tq, tk, vw, mr, nr = (int(config[k]) for k in KNOBS)
+    if vw not in (1, 2, 4, 8, 16):
+        return "vw must be 1, 2, 4, 8 or 16 floats"
+    if min(tq, tk, mr, nr) < 1 or tk % (nr * vw) or tq % mr:
+        return "tk must be a multiple of nr*vw and tq a multiple of mr"
+    return None
+
+
+def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mapping) -> str:
+    """The C source of the kernel `wpk_attention(q, k, v, mask, out)` for one shape
+    (`heads`: the size of dim 1 of rank-4 tensors, 1 for rank 3)."""
+    reason = config_reason(shape, config)
+    if reason:
+        raise ValueError(reason)
+    tq, tk, vw, mr, nr = (int(config[k]) for k in KNOBS)
+    dvp = _round_up(shape.dv, vw)
+    ms0, ms1, ms2, ms3 = mask_strides(shape, rank)
+    registers = 32 if vw == 16 else 16   # AVX-512 has 32 vector registers, AVX2 16
+    nv = max(n for n in range(1, min(dvp // vw, 4) + 1)
+             if (dvp // vw) % n == 0 and (mr + 1) * n + 1 <= registers or n == 1)
+    return _HEADER.format(
+        bh=shape.batch, heads=heads, sq=shape.sq, sk=shape.sk, skp=_round_up(shape.sk, tk),
+        d=shape.d, dv=shape.dv, dvp=dvp, tq=tq, tk=tk, vw=vw, mr=mr, nr=nr,
+        nqt=-(-shape.sq // tq), k_transposed=int(shape.k_transposed),
+        pack_v=int(dvp != shape.dv), has_mask=int(shape.mask_shape is not None),
+        ms0=ms0, ms1=ms1, ms2=ms2, ms3=ms3, scale=float(shape.scale),
+    ) + f"#define NV {nv}\n" + _BODY
