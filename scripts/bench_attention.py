@@ -85,7 +85,10 @@ def _fused_call(workload, arrays, out, rounds: int = 3):
     best = None
     for config in attention_configs(workload):
         kernel = ATTENTION_C.prepare(workload, {}, config)
-        call = (lambda k=kernel: k(arrays, [out]))
+
+        def call(k=kernel):
+            k(arrays, [out])
+
         call()
         repeat = _repeat_for(call, 0.02)
         seconds = min(_per_call(call, repeat) for _ in range(rounds))

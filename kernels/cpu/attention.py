@@ -39,7 +39,6 @@ from wpk.kernels.cpu.node_model import (
 from wpk.kernels.cpu.ort_node import create_session, session_kernel
 from wpk.kernels.registry import GENERATED, VENDOR, Implementation, Kernel, register
 
-
 # ISO C (-std=c11) turns floating-point contraction off; the kernel wants its FMAs.
 EXTRA_FLAGS = ("-ffp-contract=fast",)
 

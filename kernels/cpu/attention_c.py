@@ -62,7 +62,7 @@ typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 typedef int vi __attribute__((vector_size(VW * 4)));
 #define UNROLL _Pragma("GCC unroll 16")
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && VW >= 4
 /* keep a loaded vector in a register: gcc would otherwise fold the load into every FMA
    that uses it, and the loads, not the FMAs, would bound the micro-kernels */
 #define IN_REGISTER(x) __asm__("" : "+v"(x))
@@ -142,7 +142,8 @@ static void scores(const float *q, const float *kt, int j0, float *s) {
                 }
             }
             UNROLL for (int r = 0; r < MR; ++r)
-                UNROLL for (int n = 0; n < NR; ++n) vstore(s + (i0 + r) * TK + jv + n * VW, acc[r][n]);
+                UNROLL for (int n = 0; n < NR; ++n)
+                    vstore(s + (i0 + r) * TK + jv + n * VW, acc[r][n]);
         }
     }
 }
@@ -187,7 +188,8 @@ static void accumulate(const float *p, const float *v, int j0, float *o) {
         for (int d0 = 0; d0 < DVP; d0 += NV * VW) {
             vf acc[MR][NV];
             UNROLL for (int r = 0; r < MR; ++r)
-                UNROLL for (int n = 0; n < NV; ++n) acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW);
+                UNROLL for (int n = 0; n < NV; ++n)
+                    acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW);
             for (int j = 0; j < jn; ++j) {
                 const float *vrow = v + (size_t)(j0 + j) * DVP + d0;
                 vf vv[NV];
@@ -201,7 +203,8 @@ static void accumulate(const float *p, const float *v, int j0, float *o) {
                 }
             }
             UNROLL for (int r = 0; r < MR; ++r)
-                UNROLL for (int n = 0; n < NV; ++n) vstore(o + (i0 + r) * DVP + d0 + n * VW, acc[r][n]);
+                UNROLL for (int n = 0; n < NV; ++n)
+                    vstore(o + (i0 + r) * DVP + d0 + n * VW, acc[r][n]);
         }
     }
 }

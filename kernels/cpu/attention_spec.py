@@ -49,6 +49,14 @@ class AttentionShape:
         return (self.batch, self.sq, self.sk)
 
 
+def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether `shape` broadcasts against `target` without changing it."""
+    shape, target = tuple(shape), tuple(target)
+    if len(shape) > len(target):
+        return False
+    return all(a in (1, b) for a, b in zip(shape[::-1], target[::-1]))
+
+
 def attention_reason(workload: Workload) -> str | None:
     """None when the workload is a well-formed fused attention, else what is wrong."""
     if not is_attention(workload):
@@ -75,7 +83,7 @@ def attention_reason(workload: Workload) -> str | None:
     if len(specs) == 4 and specs[3] is not None:
         scores = q[:-1] + (sk,)
         mask = tuple(specs[3].shape)
-        if len(mask) > len(scores) or np.broadcast_shapes(mask, scores) != scores:
+        if not broadcasts_to(mask, scores):
             return f"mask {list(mask)} does not broadcast against the scores {list(scores)}"
     return None
 
