@@ -167,3 +167,23 @@ def test_unknown_shapes_do_not_fuse():
     fusion = FusionPass("attention_fusion", ATTENTION_RULES)
     graph = fusion.run(_hand_graph((B, H, S, D)))   # the same graph with shapes fires
     assert fusion.hits["attention"] == 1 and [n.op for n in graph.nodes] == ["Attention"]
+
+
+def test_the_suite_transformer_plans_the_fused_op_against_onnxruntime(rng):
+    """A build of the suite's encoder layer measures (and verifies) the generated kernel and
+    onnxruntime's nodes for the one attention workload, and its plan computes the model."""
+    import wpk
+    from tests.models import transformer_encoder
+    from wpk.runtime import Session
+
+    model = transformer_encoder(seq_len=24, d_model=64, heads=2, ffn=128)
+    plan = wpk.build(model, target="cpu")
+    (item,) = [w for w in plan.report["workloads"] if w["op"] == "Attention"]
+    statuses = {c["impl"]: c["status"] for c in item["candidates"]}
+    assert statuses == {"attention.c": "ok", "ort.attention": "ok"}
+    assert all(c["rel_l2_error"] < 1e-5 for c in item["candidates"])
+    assert item["chosen_impl"] in statuses
+    x = rng.standard_normal((1, 24, 64)).astype(np.float32)
+    (expected,) = run(model, {"input": x})
+    (actual,) = Session(plan).run({"input": x}).values()
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
