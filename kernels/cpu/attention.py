@@ -41,6 +41,8 @@ from wpk.kernels.registry import GENERATED, VENDOR, Implementation, Kernel, regi
 
 # ISO C (-std=c11) turns floating-point contraction off; the kernel wants its FMAs.
 EXTRA_FLAGS = ("-ffp-contract=fast",)
+# Score micro-tiles (keys, vectors of queries), preferred first.
+_MICRO_TILES = ((4, 4), (8, 2), (4, 2), (2, 4), (6, 2), (2, 2), (1, 2), (1, 1))
 
 
 def _heads_and_rank(workload: Workload) -> tuple[int, int]:
@@ -50,11 +52,11 @@ def _heads_and_rank(workload: Workload) -> tuple[int, int]:
 
 def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict]:
     """The schedules worth measuring, at the host's vector width: query tile 32/64, key tile
-    64/128 (tiles much larger than the sequence left out), two score micro-tiles that fit
-    the register file (4x4 or 4x2 vectors with 32 registers, 4x2 or 2x4 with 16)."""
+    64/128 (tiles much larger than the sequence left out), and per tile pair the first two
+    score micro-tiles (keys x query vectors) that fit it and the register file."""
     shape = attention_shape(workload)
     vw = lanes or host_cpu().vector_lanes
-    micro = ((4, 4), (4, 2)) if vw >= 16 else ((4, 2), (2, 4))
+    registers = 32 if vw >= 16 else 16
     found = []
     for tq in (32, 64):
         if tq > 32 and tq >= 2 * shape.sq:
@@ -62,8 +64,9 @@ def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict
         for tk in (64, 128):
             if tk > 64 and tk >= 2 * shape.sk:
                 continue
-            found += [{"tq": tq, "tk": tk, "vw": vw, "mr": mr, "nr": nr} for mr, nr in micro
-                      if tk % (nr * vw) == 0]
+            micro = [(mr, nr) for mr, nr in _MICRO_TILES if tq % (nr * vw) == 0
+                     and tq % mr == 0 and tk % mr == 0 and (mr + 1) * nr + 1 <= registers]
+            found += [{"tq": tq, "tk": tk, "vw": vw, "mr": mr, "nr": nr} for mr, nr in micro[:2]]
     return found
 
 

@@ -1,21 +1,21 @@
 """The fused attention kernel as generated C: one query tile at a time, online softmax.
 
-    source = attention_source(shape, heads, config)   # C, sizes baked in as constants
+    source = attention_source(shape, heads, rank, config)   # sizes baked in as constants
 
 For each (batch*head, query tile) pair (OpenMP over both): the tile of Q is
-copied (pre-scaled, zero rows past Sq), then for each key tile the scores
-S = Q K^T (+ mask) are computed into a [TQ, TK] block in cache, the running
-row max and sum are updated (online softmax: the output accumulator is
-rescaled by exp(m_old - m_new)), and P V is added to the [TQ, Dv] output
-accumulator; the output is divided by the row sums at the end. No
-[seq, seq] tensor is ever written to memory. K is first packed, transposed,
-into a [D, Sk padded] scratch per (batch*head) so the score micro-kernel
-broadcasts Q and loads keys as vectors; V is packed only when Dv is not a
-multiple of the vector width.
+copied transposed and pre-scaled ([D, TQ], zero columns past Sq), then for
+each key tile the scores are computed key-major, S^T = K Q^T, into a
+[TK, TQ] block that stays in cache (keys read where they lie, K or K^T, as
+broadcast scalars: no transposition), the mask is added, and the online
+softmax runs vectorized over the queries (running max and sum per query, the
+output accumulator rescaled by exp(m_old - m_new)); then P V is added to the
+[TQ, Dv] accumulator, which is divided by the sums at the end. No
+[seq, seq] tensor is ever written to memory. V is packed only when Dv is not
+a multiple of the vector width.
 
 Vectors are GCC vector extensions of `vw` floats (`vw` a config knob: the
-host's lanes, half of them, or 1, the portable scalar path); gcc lowers them
-to whatever the ISA flags of `toolchain.c_flags()` allow, and those flags are
+host's lanes, fewer, or 1, the portable scalar path); gcc lowers them to
+whatever the ISA flags of `toolchain.c_flags()` allow, and those flags are
 part of the compile cache key.
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Mapping
 
 from wpk.kernels.cpu.attention_spec import AttentionShape, mask_strides
 
-# Config knobs: query tile rows, key tile columns, vector width (floats), rows and key
-# vectors of the score micro-tile (its rows are the P V micro-tile's too).
+# Config knobs: query tile, key tile, vector width (floats), the score micro-tile's keys
+# (the P V micro-tile's queries too) and its vectors of queries.
 KNOBS = ("tq", "tk", "vw", "mr", "nr")
 
 _HEADER = r"""
@@ -39,7 +39,6 @@ _HEADER = r"""
 #define HEADS {heads}
 #define SQ {sq}
 #define SK {sk}
-#define SKP {skp}
 #define D {d}
 #define DV {dv}
 #define DVP {dvp}
@@ -98,98 +97,81 @@ static inline vf vexp(vf x) {
     return vsel(tiny, vsplat(0.0f), y * scale);
 }
 
-static inline float hmax(vf x) {
-    float m = x[0];
-    for (int i = 1; i < VW; ++i) m = x[i] > m ? x[i] : m;
-    return m;
-}
-
-static inline float hsum(vf x) {
-    float s = 0.0f;
-    for (int i = 0; i < VW; ++i) s += x[i];
-    return s;
-}
-
-/* K (or K^T) of one batch*head -> kt[SKP / TK][D][TK]: each key tile transposed and
-   contiguous (no cache-set conflicts between its rows), keys past SK zero. */
-static void pack_k(const float *k, float *kt) {
-    for (int j0 = 0; j0 < SKP; j0 += TK) {
-        float *tile = kt + (size_t)j0 * D;
-        for (int d = 0; d < D; ++d)
-            for (int j = 0; j < TK; ++j)
-                tile[d * TK + j] = j0 + j >= SK ? 0.0f
-                    : KT_INPUT ? k[(size_t)d * SK + j0 + j] : k[(size_t)(j0 + j) * D + d];
-    }
-}
-
-/* scores of TQ rows of q (pre-scaled) against the key tile at j0 of the packed kt. */
-static void scores(const float *q, const float *kt, int j0, float *s) {
-    for (int i0 = 0; i0 < TQ; i0 += MR) {
-        for (int jv = 0; jv < TK; jv += NR * VW) {
+/* Scores of keys [j0, j0 + jn) against the query tile, key-major: s[j][i] = K[j] . qt[:, i].
+   Keys are read where they lie (K or K^T), as broadcast scalars; the last micro-tile's rows
+   past the keys repeat the last key and are never read. */
+static void scores(const float *k, const float *qt, int j0, int jn, float *s) {
+    for (int j = 0; j < jn; j += MR) {
+        const float *kr[MR];
+        UNROLL for (int r = 0; r < MR; ++r) {
+            int key = j0 + (j + r < jn ? j + r : jn - 1);
+            kr[r] = k + (size_t)key * (KT_INPUT ? 1 : D);
+        }
+        for (int i0 = 0; i0 < TQ; i0 += NR * VW) {
             vf acc[MR][NR];
             UNROLL for (int r = 0; r < MR; ++r)
                 UNROLL for (int n = 0; n < NR; ++n) acc[r][n] = vsplat(0.0f);
-            const float *kp = kt + (size_t)j0 * D + jv;
             for (int d = 0; d < D; ++d) {
-                vf kv[NR];
+                vf qv[NR];
                 UNROLL for (int n = 0; n < NR; ++n) {
-                    kv[n] = vload(kp + d * TK + n * VW);
-                    IN_REGISTER(kv[n]);
+                    qv[n] = vload(qt + d * TQ + i0 + n * VW);
+                    IN_REGISTER(qv[n]);
                 }
                 UNROLL for (int r = 0; r < MR; ++r) {
-                    vf qb = vsplat(q[(i0 + r) * D + d]);
-                    UNROLL for (int n = 0; n < NR; ++n) acc[r][n] += qb * kv[n];
+                    vf kb = vsplat(kr[r][(size_t)d * (KT_INPUT ? SK : 1)]);
+                    UNROLL for (int n = 0; n < NR; ++n) acc[r][n] += kb * qv[n];
                 }
             }
             UNROLL for (int r = 0; r < MR; ++r)
                 UNROLL for (int n = 0; n < NR; ++n)
-                    vstore(s + (i0 + r) * TK + jv + n * VW, acc[r][n]);
+                    vstore(s + (j + r) * TQ + i0 + n * VW, acc[r][n]);
         }
     }
 }
 
-/* Mask, padding, then the online softmax step; s becomes P, o is rescaled. */
-static void softmax_step(float *s, const float *mask, int q0, int j0, float *m, float *l,
-                         float *o) {
-    for (int i = 0; i < TQ; ++i) {
-        float *row = s + i * TK;
+/* The mask, then the online softmax step, vectorized over the queries: s becomes P, the
+   running max m and sum l are updated, alpha gets each query's rescale factor. */
+static void softmax_step(float *s, const float *mask, int q0, int j0, int jn, float *m,
+                         float *l, float *alpha) {
 #if HAS_MASK
-        if (q0 + i < SQ) {
-            const float *mrow = mask + (size_t)(q0 + i) * MS2;
-            int jn = SK - j0 < TK ? SK - j0 : TK;
-            for (int j = 0; j < jn; ++j) row[j] += mrow[(size_t)(j0 + j) * MS3];
+    for (int j = 0; j < jn; ++j) {
+        float *row = s + j * TQ;
+        const float *mk = mask + (size_t)(j0 + j) * MS3;
+        if (MS2 == 0) {
+            vf mv = vsplat(mk[0]);
+            for (int i = 0; i < TQ; i += VW) vstore(row + i, vload(row + i) + mv);
+        } else {
+            int in = SQ - q0 < TQ ? SQ - q0 : TQ;
+            for (int i = 0; i < in; ++i) row[i] += mk[(size_t)(q0 + i) * MS2];
         }
+    }
 #endif
-        for (int j = SK - j0; j < TK; ++j) row[j] = -INFINITY;
-        vf mv = vsplat(-FLT_MAX);
-        for (int j = 0; j < TK; j += VW) mv = vmax(mv, vload(row + j));
-        float m_new = hmax(mv);
-        m_new = m_new > m[i] ? m_new : m[i];
-        float alpha = expf(m[i] - m_new);
-        vf sum = vsplat(0.0f), mn = vsplat(m_new);
-        for (int j = 0; j < TK; j += VW) {
-            vf p = vexp(vload(row + j) - mn);
-            vstore(row + j, p);
+    for (int i = 0; i < TQ; i += VW) {
+        vf mx = vload(m + i);
+        for (int j = 0; j < jn; ++j) mx = vmax(mx, vload(s + j * TQ + i));
+        vf a = vexp(vload(m + i) - mx), sum = vsplat(0.0f);
+        for (int j = 0; j < jn; ++j) {
+            vf p = vexp(vload(s + j * TQ + i) - mx);
+            vstore(s + j * TQ + i, p);
             sum += p;
         }
-        l[i] = l[i] * alpha + hsum(sum);
-        m[i] = m_new;
-        if (alpha != 1.0f) {
-            vf av = vsplat(alpha);
-            for (int d = 0; d < DVP; d += VW) vstore(o + i * DVP + d, vload(o + i * DVP + d) * av);
-        }
+        vstore(l + i, vload(l + i) * a + sum);
+        vstore(m + i, mx);
+        vstore(alpha + i, a);
     }
 }
 
-/* o[TQ][DVP] += P[TQ][keys j0..] V[keys][DVP] */
-static void accumulate(const float *p, const float *v, int j0, float *o) {
-    int jn = SK - j0 < TK ? SK - j0 : TK;
+/* o[TQ][DVP] = o * alpha + P^T[keys][TQ]^T V[keys][DVP] */
+static void accumulate(const float *p, const float *v, int j0, int jn, const float *alpha,
+                       float *o) {
     for (int i0 = 0; i0 < TQ; i0 += MR) {
         for (int d0 = 0; d0 < DVP; d0 += NV * VW) {
             vf acc[MR][NV];
-            UNROLL for (int r = 0; r < MR; ++r)
+            UNROLL for (int r = 0; r < MR; ++r) {
+                vf a = vsplat(alpha[i0 + r]);
                 UNROLL for (int n = 0; n < NV; ++n)
-                    acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW);
+                    acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW) * a;
+            }
             for (int j = 0; j < jn; ++j) {
                 const float *vrow = v + (size_t)(j0 + j) * DVP + d0;
                 vf vv[NV];
@@ -198,7 +180,7 @@ static void accumulate(const float *p, const float *v, int j0, float *o) {
                     IN_REGISTER(vv[n]);
                 }
                 UNROLL for (int r = 0; r < MR; ++r) {
-                    vf pb = vsplat(p[(i0 + r) * TK + j]);
+                    vf pb = vsplat(p[j * TQ + i0 + r]);
                     UNROLL for (int n = 0; n < NV; ++n) acc[r][n] += pb * vv[n];
                 }
             }
@@ -209,23 +191,25 @@ static void accumulate(const float *p, const float *v, int j0, float *o) {
     }
 }
 
-static void query_tile(const float *q, const float *kt, const float *v, const float *mask,
+static void query_tile(const float *q, const float *k, const float *v, const float *mask,
                        int q0, float *out) {
-    float qt[TQ * D] __attribute__((aligned(64)));
-    float s[TQ * TK] __attribute__((aligned(64)));
+    float qt[D * TQ] __attribute__((aligned(64)));
+    float s[TK * TQ] __attribute__((aligned(64)));
     float o[TQ * DVP] __attribute__((aligned(64)));
-    float m[TQ], l[TQ];
+    float m[TQ] __attribute__((aligned(64))), l[TQ] __attribute__((aligned(64)));
+    float alpha[TQ] __attribute__((aligned(64)));
     for (int i = 0; i < TQ; ++i) {
         for (int d = 0; d < D; ++d)
-            qt[i * D + d] = q0 + i < SQ ? q[(size_t)(q0 + i) * D + d] * SCALE : 0.0f;
+            qt[d * TQ + i] = q0 + i < SQ ? q[(size_t)(q0 + i) * D + d] * SCALE : 0.0f;
         m[i] = -FLT_MAX;
         l[i] = 0.0f;
     }
     memset(o, 0, sizeof(o));
     for (int j0 = 0; j0 < SK; j0 += TK) {
-        scores(qt, kt, j0, s);
-        softmax_step(s, mask, q0, j0, m, l, o);
-        accumulate(s, v, j0, o);
+        int jn = SK - j0 < TK ? SK - j0 : TK;
+        scores(k, qt, j0, jn, s);
+        softmax_step(s, mask, q0, j0, jn, m, l, alpha);
+        accumulate(s, v, j0, jn, alpha, o);
     }
     for (int i = 0; i < TQ && q0 + i < SQ; ++i) {
         float inv = 1.0f / l[i];
@@ -235,19 +219,16 @@ static void query_tile(const float *q, const float *kt, const float *v, const fl
 
 void wpk_attention(const float *q, const float *k, const float *v, const float *mask,
                    float *out) {
-    float *kt = malloc(sizeof(float) * (size_t)BH * D * SKP);
     float *vp = PACK_V ? malloc(sizeof(float) * (size_t)BH * SK * DVP) : NULL;
-    #pragma omp parallel
+    #pragma omp parallel if (BH * NQT > 1)
     {
-        #pragma omp for schedule(static)
-        for (int bh = 0; bh < BH; ++bh) {
-            pack_k(k + (size_t)bh * SK * D, kt + (size_t)bh * D * SKP);
-            if (PACK_V) {
+        if (PACK_V) {
+            #pragma omp for schedule(static)
+            for (int bh = 0; bh < BH; ++bh)
                 for (int j = 0; j < SK; ++j)
                     for (int d = 0; d < DVP; ++d)
                         vp[((size_t)bh * SK + j) * DVP + d] =
                             d < DV ? v[((size_t)bh * SK + j) * DV + d] : 0.0f;
-            }
         }
         #pragma omp for collapse(2) schedule(static)
         for (int bh = 0; bh < BH; ++bh) {
@@ -257,12 +238,11 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
                 mk = mask + (size_t)(bh / HEADS) * MS0 + (size_t)(bh % HEADS) * MS1;
 #endif
                 const float *vb = PACK_V ? vp + (size_t)bh * SK * DVP : v + (size_t)bh * SK * DV;
-                query_tile(q + (size_t)bh * SQ * D, kt + (size_t)bh * D * SKP, vb, mk, t * TQ,
+                query_tile(q + (size_t)bh * SQ * D, k + (size_t)bh * SK * D, vb, mk, t * TQ,
                            out + (size_t)bh * SQ * DV);
             }
         }
     }
-    free(kt);
     free(vp);
 }
 """
@@ -279,8 +259,8 @@ def config_reason(shape: AttentionShape, config: Mapping) -> str | None:
     tq, tk, vw, mr, nr = (int(config[k]) for k in KNOBS)
     if vw not in (1, 2, 4, 8, 16):
         return "vw must be 1, 2, 4, 8 or 16 floats"
-    if min(tq, tk, mr, nr) < 1 or tk % (nr * vw) or tq % mr:
-        return "tk must be a multiple of nr*vw and tq a multiple of mr"
+    if min(tq, tk, mr, nr) < 1 or tq % (nr * vw) or tq % mr or tk % mr:
+        return "tq must be a multiple of nr*vw and of mr, tk a multiple of mr"
     return None
 
 
@@ -297,7 +277,7 @@ def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mappi
     nv = max(n for n in range(1, min(dvp // vw, 4) + 1)
              if (dvp // vw) % n == 0 and (mr + 1) * n + 1 <= registers or n == 1)
     return _HEADER.format(
-        bh=shape.batch, heads=heads, sq=shape.sq, sk=shape.sk, skp=_round_up(shape.sk, tk),
+        bh=shape.batch, heads=heads, sq=shape.sq, sk=shape.sk,
         d=shape.d, dv=shape.dv, dvp=dvp, tq=tq, tk=tk, vw=vw, mr=mr, nr=nr,
         nqt=-(-shape.sq // tq), k_transposed=int(shape.k_transposed),
         pack_v=int(dvp != shape.dv), has_mask=int(shape.mask_shape is not None),

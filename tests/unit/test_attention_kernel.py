@@ -82,7 +82,7 @@ def test_generated_kernel_matches_the_reference(rng, case):
 def test_every_vector_width_is_correct(rng, vw, mr, nr):
     """The portable scalar path (vw 1) and narrower vectors than the host's."""
     w = workload(mask=(2, 1, 37, 1))
-    config = {"tq": 8 * mr, "tk": 16 * vw if vw > 1 else 24, "vw": vw, "mr": mr, "nr": nr}
+    config = {"tq": 8 * nr * vw, "tk": 12 * mr, "vw": vw, "mr": mr, "nr": nr}
     assert config_reason(attention_shape(w), config) is None
     assert check(ATTENTION_C.prepare(w, {}, config), w, arrays_for(w, rng)) < TOLERANCE
 
@@ -123,8 +123,8 @@ def test_configs_follow_the_host_vector_width_and_the_sequence():
 
 @pytest.mark.parametrize("config, words", [
     ({"tq": 32, "tk": 64, "vw": 16, "mr": 4}, "exactly the knobs"),
-    ({"tq": 32, "tk": 48, "vw": 16, "mr": 4, "nr": 2}, "multiple of nr*vw"),
-    ({"tq": 30, "tk": 64, "vw": 16, "mr": 4, "nr": 2}, "multiple of mr"),
+    ({"tq": 48, "tk": 64, "vw": 16, "mr": 4, "nr": 2}, "tq must be a multiple of nr*vw"),
+    ({"tq": 32, "tk": 66, "vw": 16, "mr": 4, "nr": 2}, "tk a multiple of mr"),
     ({"tq": 32, "tk": 64, "vw": 3, "mr": 4, "nr": 2}, "vw must be"),
 ])
 def test_bad_configs_are_refused(config, words):
