@@ -41,6 +41,8 @@ from wpk.kernels.registry import GENERATED, VENDOR, Implementation, Kernel, regi
 
 # ISO C (-std=c11) turns floating-point contraction off; the kernel wants its FMAs.
 EXTRA_FLAGS = ("-ffp-contract=fast",)
+# Below this many flops a problem is also measured on the calling thread alone.
+SMALL_FLOPS = 32e6
 # Score micro-tiles (keys, vectors of queries), preferred first.
 _MICRO_TILES = ((4, 4), (8, 2), (4, 2), (2, 4), (6, 2), (2, 2), (1, 2), (1, 1))
 
@@ -53,7 +55,8 @@ def _heads_and_rank(workload: Workload) -> tuple[int, int]:
 def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict]:
     """The schedules worth measuring, at the host's vector width: query tile 32/64, key tile
     64/128 (tiles much larger than the sequence left out), and per tile pair the first two
-    score micro-tiles (keys x query vectors) that fit it and the register file."""
+    score micro-tiles (keys x query vectors) that fit it and the register file; for small
+    problems also the first two on the calling thread alone (`par` 0)."""
     shape = attention_shape(workload)
     vw = lanes or host_cpu().vector_lanes
     registers = 32 if vw >= 16 else 16
@@ -67,6 +70,9 @@ def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict
             micro = [(mr, nr) for mr, nr in _MICRO_TILES if tq % (nr * vw) == 0
                      and tq % mr == 0 and tk % mr == 0 and (mr + 1) * nr + 1 <= registers]
             found += [{"tq": tq, "tk": tk, "vw": vw, "mr": mr, "nr": nr} for mr, nr in micro[:2]]
+    flops = 2 * shape.batch * shape.sq * shape.sk * (shape.d + shape.dv)
+    if flops < SMALL_FLOPS:   # small enough that waking threads may cost more than it saves
+        found += [{**config, "par": 0} for config in found[:2]]
     return found
 
 

@@ -25,6 +25,9 @@ from collections.abc import Mapping
 
 from wpk.kernels.cpu.attention_spec import AttentionShape, mask_strides
 
+# Optional knobs and their defaults: par 0 runs on the calling thread only (no OpenMP wake-up,
+# for problems too small to share).
+OPTIONAL_KNOBS = {"par": 1}
 # Config knobs: query tile, key tile, vector width (floats), the score micro-tile's keys
 # (the P V micro-tile's queries too) and its vectors of queries.
 KNOBS = ("tq", "tk", "vw", "mr", "nr")
@@ -48,6 +51,7 @@ _HEADER = r"""
 #define MR {mr}
 #define NR {nr}
 #define NQT {nqt}
+#define PAR {par}
 #define KT_INPUT {k_transposed}
 #define PACK_V {pack_v}
 #define HAS_MASK {has_mask}
@@ -77,15 +81,15 @@ static inline vf vsplat(float x) { return x - (vf){0}; }  /* x - 0 == x: a broad
 static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
 static inline vf vmax(vf a, vf b) { return vsel(a > b, a, b); }
 
-/* exp for x <= 0 (Cephes' single-precision polynomial); 0 below the float range. */
+/* exp for x <= 0 (Cephes' single-precision polynomial on [-ln2/2, ln2/2]); 0 below the
+   float range. */
 static inline vf vexp(vf x) {
     vi tiny = x < -87.3f;
     x = vmax(x, vsplat(-87.3f));
-    vf fx = x * 1.44269504088896341f + 0.5f;
-    vi n = __builtin_convertvector(fx, vi);
-    vf fn = __builtin_convertvector(n, vf);
-    n += (fn > fx);  /* truncation -> floor: -1 where it rounded up */
-    fn = __builtin_convertvector(n, vf);
+    /* n = round(x / ln 2) by the 1.5 * 2^23 trick: its low mantissa bits hold n */
+    vf t = x * 1.44269504088896341f + 12582912.0f;
+    vf fn = t - 12582912.0f;
+    vi n = (vi)t - (vi)vsplat(12582912.0f);
     vf r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
     vf p = 1.9875691500e-4f * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -220,7 +224,7 @@ static void query_tile(const float *q, const float *k, const float *v, const flo
 void wpk_attention(const float *q, const float *k, const float *v, const float *mask,
                    float *out) {
     float *vp = PACK_V ? malloc(sizeof(float) * (size_t)BH * SK * DVP) : NULL;
-    #pragma omp parallel if (BH * NQT > 1)
+    #pragma omp parallel if (PAR && BH * NQT > 1)
     {
         if (PACK_V) {
             #pragma omp for schedule(static)
@@ -254,8 +258,11 @@ def _round_up(value: int, step: int) -> int:
 
 def config_reason(shape: AttentionShape, config: Mapping) -> str | None:
     """None when `config` is a valid schedule of the shape, else why not."""
-    if sorted(config) != sorted(KNOBS):
-        return f"an attention config has exactly the knobs {', '.join(KNOBS)}"
+    if not set(KNOBS) <= set(config) <= set(KNOBS) | set(OPTIONAL_KNOBS):
+        return (f"an attention config has the knobs {', '.join(KNOBS)} and optionally "
+                f"{', '.join(OPTIONAL_KNOBS)}")
+    if int(config.get("par", 1)) not in (0, 1):
+        return "par is 1 (OpenMP threads) or 0 (the calling thread only)"
     tq, tk, vw, mr, nr = (int(config[k]) for k in KNOBS)
     if vw not in (1, 2, 4, 8, 16):
         return "vw must be 1, 2, 4, 8 or 16 floats"
@@ -279,7 +286,7 @@ def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mappi
     return _HEADER.format(
         bh=shape.batch, heads=heads, sq=shape.sq, sk=shape.sk,
         d=shape.d, dv=shape.dv, dvp=dvp, tq=tq, tk=tk, vw=vw, mr=mr, nr=nr,
-        nqt=-(-shape.sq // tq), k_transposed=int(shape.k_transposed),
+        nqt=-(-shape.sq // tq), par=int(config.get("par", 1)), k_transposed=int(shape.k_transposed),
         pack_v=int(dvp != shape.dv), has_mask=int(shape.mask_shape is not None),
         ms0=ms0, ms1=ms1, ms2=ms2, ms3=ms3, scale=float(shape.scale),
     ) + f"#define NV {nv}\n" + _BODY

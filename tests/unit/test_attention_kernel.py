@@ -118,11 +118,15 @@ def test_configs_follow_the_host_vector_width_and_the_sequence():
     assert {c["vw"] for c in configs} == {lanes}
     assert all(c["tq"] == 32 and c["tk"] == 64 for c in configs)   # no tile 2x the sequence
     assert all(config_reason(attention_shape(w), c) is None for c in configs)
+    assert [c for c in configs if c.get("par") == 0]        # small: the calling thread too
+    big = workload(lead=(1, 12), sq=512, sk=512, d=64, dv=64)
+    assert all(c.get("par", 1) == 1 for c in attention_configs(big))
     assert {c["vw"] for c in attention_configs(w, lanes=8)} == {8}
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"tq": 32, "tk": 64, "vw": 16, "mr": 4}, "exactly the knobs"),
+    ({"tq": 32, "tk": 64, "vw": 16, "mr": 4}, "has the knobs"),
+    ({"tq": 32, "tk": 64, "vw": 16, "mr": 4, "nr": 2, "par": 2}, "par is 1"),
     ({"tq": 48, "tk": 64, "vw": 16, "mr": 4, "nr": 2}, "tq must be a multiple of nr*vw"),
     ({"tq": 32, "tk": 66, "vw": 16, "mr": 4, "nr": 2}, "tk a multiple of mr"),
     ({"tq": 32, "tk": 64, "vw": 3, "mr": 4, "nr": 2}, "vw must be"),
