@@ -27,7 +27,7 @@ def attention_model(*, scale_op: str = "Div", mask: tuple[int, ...] | None = (B,
                     k_transposed: bool = False, axis: int = -1, rank: int = 4,
                     scale_input: bool = False, dtype=TensorProto.FLOAT,
                     extra_outputs: tuple[str, ...] = (), opset: int = 17,
-                    output_shape: bool = True) -> onnx.ModelProto:
+                    output_shape: bool = True, pre_scale: str = "") -> onnx.ModelProto:
     """Q, K, V graph inputs -> attention as exporters write it (see the pass's docstring)."""
     lead = [B, H] if rank == 4 else [B * H]
     np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
@@ -41,7 +41,15 @@ def attention_model(*, scale_op: str = "Div", mask: tuple[int, ...] | None = (B,
         perm = list(range(rank - 2)) + [rank - 1, rank - 2]
         nodes.append(h.make_node("Transpose", ["k"], ["kt"], perm=perm))
         kt = "kt"
-    nodes.append(h.make_node("MatMul", ["q", kt], ["scores"]))
+    q = "q"
+    if "q" in pre_scale:   # torch/paddle: q * s, or q * sqrt(s) and k^T * sqrt(s)
+        inits.append(numpy_helper.from_array(np.array(0.5, np_dtype), "half"))
+        nodes.append(h.make_node("Mul", ["q", "half"], ["q_scaled"]))
+        q = "q_scaled"
+    if "k" in pre_scale:
+        nodes.append(h.make_node("Mul", [kt, "half"], ["kt_scaled"]))
+        kt = "kt_scaled"
+    nodes.append(h.make_node("MatMul", [q, kt], ["scores"]))
     logits = "scores"
     if scale_op:
         value = math.sqrt(D) if scale_op == "Div" else 1 / math.sqrt(D)
@@ -92,6 +100,8 @@ def fused(model: onnx.ModelProto) -> tuple[Graph, int]:
     {}, {"scale_op": "Mul"}, {"mask": None}, {"mask": (1, 1, S, S)}, {"mask": (S,)},
     {"k_transposed": True}, {"rank": 3, "mask": (1, S, S)}, {"scale_op": ""},
     {"axis": 3, "opset": 11}, {"mask": (B, H, S, S), "scale_op": "Mul", "k_transposed": True},
+    {"pre_scale": "q", "scale_op": ""}, {"pre_scale": "qk", "scale_op": ""},
+    {"pre_scale": "qk", "k_transposed": True},
 ], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "bert")
 def test_attention_becomes_one_node_that_computes_the_same(rng, options):
     model = attention_model(**options)
@@ -102,6 +112,7 @@ def test_attention_becomes_one_node_that_computes_the_same(rng, options):
     assert node.domain == "wpk" and node.outputs == ["y"]
     assert node.attrs["k_transposed"] == int(options.get("k_transposed", False))
     scale = 1.0 if options.get("scale_op") == "" else 1 / math.sqrt(D)
+    scale *= 0.5 ** len(options.get("pre_scale", ""))
     assert node.attrs["scale"] == pytest.approx(scale, rel=1e-6)
     feeds = feeds_of(model, rng)
     (expected,) = run(model, feeds)

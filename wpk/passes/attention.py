@@ -3,6 +3,8 @@
 
     scores = MatMul(Q, Transpose(K, last two dims swapped))  or  MatMul(Q, K^T)
     logits = scores * scale  or  scores / scale   (a constant scalar; optional)
+    (Q, K or K^T may come scaled by constant scalars, as torch's and paddle's exports write
+    it: q * s @ k^T, q * sqrt(s) @ k^T * sqrt(s); the factors join the scale)
     logits = logits + mask                        (optional, either operand order)
     Y = MatMul(Softmax(logits, last axis), V)
                         ->  Attention(Q, K or K^T, V[, mask]; scale, k_transposed)
@@ -91,16 +93,41 @@ def _mask_split(ctx: FusionContext, add: Node, logits_shape: tuple[int, ...]):
     return None
 
 
-def _key_of(ctx: FusionContext, scores: Node, rank: int) -> tuple[str, bool, list[Node]]:
+def _scaled_input(ctx: FusionContext, name: str, user: Node) -> tuple[str, float, list[Node]]:
+    """(tensor, factor, [node]) when `name` is a Mul/Div of a tensor by a constant scalar read
+    only by `user` (torch and paddle scale Q, or Q and K^T, before the MatMul), else
+    (name, 1.0, [])."""
+    node = ctx.producers.get(name)
+    if _feeds_only(ctx, node, user, ("Mul", "Div")):
+        found = _scale_of(ctx, node)
+        if found is not None:
+            return found[0], found[1], [node]
+    return name, 1.0, []
+
+
+def _key_of(ctx: FusionContext, kt: str, user: Node, rank: int) -> tuple[str, bool, list[Node]]:
     """K and whether the fused op reads it as K^T: a Transpose swapping the last two dims,
-    read only by the scores MatMul, is absorbed."""
-    kt = scores.inputs[1]
+    read only by `user` (the scores MatMul or a scale on its way), is absorbed."""
     swap = ctx.producers.get(kt)
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-    if _feeds_only(ctx, swap, scores, "Transpose") and \
+    if _feeds_only(ctx, swap, user, "Transpose") and \
             [int(p) for p in swap.attr("perm", ())] == perm:
         return swap.inputs[0], False, [swap]
     return kt, True, []
+
+
+def _operands(ctx: FusionContext, scores: Node, rank: int):
+    """Q, K, whether K is K^T, the product of the scalar factors on their way to the scores
+    MatMul, and the nodes those took."""
+    q, q_factor, nodes = _scaled_input(ctx, scores.inputs[0], scores)
+    kt, k_factor, k_nodes = _scaled_input(ctx, scores.inputs[1], scores)
+    key, k_transposed, swap = _key_of(ctx, kt, k_nodes[0] if k_nodes else scores, rank)
+    factor = q_factor * k_factor
+    if swap:
+        key, swap_factor, swap_nodes = _scaled_input(ctx, key, swap[0])
+        factor *= swap_factor
+        swap += swap_nodes
+    return q, key, k_transposed, factor, nodes + k_nodes + swap
 
 
 def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
@@ -138,8 +165,9 @@ def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
         user, node = node, ctx.producers.get(found[0])
     if not _feeds_only(ctx, node, user, "MatMul") or len(node.inputs) != 2:
         return None
-    key, k_transposed, swap = _key_of(ctx, node, rank)
-    inputs = (node.inputs[0], key, context.inputs[1]) + ((mask,) if mask else ())
+    q, key, k_transposed, factor, operand_nodes = _operands(ctx, node, rank)
+    scale *= factor
+    inputs = (q, key, context.inputs[1]) + ((mask,) if mask else ())
     if not all(_known(ctx, name) for name in (*inputs, context.outputs[0])):
         return None
     workload = Workload(ATTENTION_OP, tuple(graph.tensors[n].spec for n in inputs),
@@ -148,7 +176,8 @@ def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
                         domain=ATTENTION_DOMAIN)
     if attention_reason(workload) is not None:
         return None
-    return AttentionMatch(node, context, tuple(others + swap), inputs, scale, k_transposed)
+    return AttentionMatch(node, context, tuple(others + operand_nodes), inputs, scale,
+                          k_transposed)
 
 
 def rewrite_attention(ctx: FusionContext, softmax: Node, found: AttentionMatch) -> None:
