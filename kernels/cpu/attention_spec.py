@@ -130,24 +130,28 @@ def attention_formula(workload: Workload, inputs: Sequence[np.ndarray | None]) \
 def attention_onnx_nodes(inputs: Sequence[str], output: str, prefix: str, scale: float,
                          k_transposed: bool, rank: int, opset: int):
     """The standard ONNX nodes of the fused op: [Transpose], MatMul, Mul by the scale (a
-    Constant node), [Add mask], Softmax over the last axis, MatMul."""
+    Constant node), [Add mask], Softmax over the last axis, MatMul; names and intermediate
+    tensors start with `prefix`."""
     q, k, v = inputs[:3]
     mask = inputs[3] if len(inputs) > 3 and inputs[3] else None
     nodes = []
     if not k_transposed:
         perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-        nodes.append(helper.make_node("Transpose", [k], [f"{prefix}kt"], perm=perm))
+        nodes.append(helper.make_node("Transpose", [k], [f"{prefix}kt"], f"{prefix}transpose",
+                                      perm=perm))
         k = f"{prefix}kt"
     scale_value = numpy_helper.from_array(np.array(scale, np.float32), f"{prefix}scale")
-    nodes.append(helper.make_node("Constant", [], [f"{prefix}scale"], value=scale_value))
-    nodes.append(helper.make_node("MatMul", [q, k], [f"{prefix}scores"]))
+    nodes.append(helper.make_node("Constant", [], [f"{prefix}scale"], f"{prefix}constant",
+                                  value=scale_value))
+    nodes.append(helper.make_node("MatMul", [q, k], [f"{prefix}scores"], f"{prefix}qk"))
     nodes.append(helper.make_node("Mul", [f"{prefix}scores", f"{prefix}scale"],
-                                  [f"{prefix}scaled"]))
+                                  [f"{prefix}scaled"], f"{prefix}scale_mul"))
     logits = f"{prefix}scaled"
     if mask is not None:
-        nodes.append(helper.make_node("Add", [logits, mask], [f"{prefix}masked"]))
+        nodes.append(helper.make_node("Add", [logits, mask], [f"{prefix}masked"], f"{prefix}mask"))
         logits = f"{prefix}masked"
     axis = -1 if opset >= 13 else rank - 1  # before 13: the 2-D coercion at the last axis
-    nodes.append(helper.make_node("Softmax", [logits], [f"{prefix}probs"], axis=axis))
-    nodes.append(helper.make_node("MatMul", [f"{prefix}probs", v], [output]))
+    nodes.append(helper.make_node("Softmax", [logits], [f"{prefix}probs"], f"{prefix}softmax",
+                                  axis=axis))
+    nodes.append(helper.make_node("MatMul", [f"{prefix}probs", v], [output], f"{prefix}pv"))
     return nodes
