@@ -153,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d-models", type=int, nargs="+", default=list(D_MODELS))
     parser.add_argument("--json", help="write the rows and the machine here")
     args = parser.parse_args(argv)
-    if args.threads < 1 or args.rounds < 1 or any(d % HEAD_DIM for d in args.d_models):
-        print(f"error: --threads and --rounds must be positive and d_model a multiple of "
-              f"{HEAD_DIM}", file=sys.stderr)
+    if min(args.threads, args.rounds, *args.seqs, *args.d_models) < 1 or any(
+            d % HEAD_DIM for d in args.d_models):
+        print(f"error: --threads, --rounds and the sizes must be positive, d_model a multiple "
+              f"of {HEAD_DIM} (hint: --seqs 64 128 --d-models 256 768)", file=sys.stderr)
         return 2
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read when libgomp loads, below
     from wpk.core.devices import cpu_fingerprint

@@ -67,9 +67,9 @@ def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict
         for tk in (64, 128):
             if tk > 64 and tk >= 2 * shape.sk:
                 continue
-            micro = [(mr, nr) for mr, nr in _MICRO_TILES if tq % (nr * vw) == 0
-                     and tq % mr == 0 and tk % mr == 0 and (mr + 1) * nr + 1 <= registers]
-            found += [{"tq": tq, "tk": tk, "vw": vw, "mr": mr, "nr": nr} for mr, nr in micro[:2]]
+            configs = [{"tq": tq, "tk": tk, "vw": vw, "mr": mr, "nr": nr}
+                       for mr, nr in _MICRO_TILES if (mr + 1) * nr + 1 <= registers]
+            found += [c for c in configs if config_reason(shape, c) is None][:2]
     flops = 2 * shape.batch * shape.sq * shape.sk * (shape.d + shape.dv)
     if flops < SMALL_FLOPS:   # small enough that waking threads may cost more than it saves
         found += [{**config, "par": 0} for config in found[:2]]

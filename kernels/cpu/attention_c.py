@@ -25,6 +25,8 @@ from collections.abc import Mapping
 
 from wpk.kernels.cpu.attention_spec import AttentionShape, mask_strides
 
+# A query tile's buffers live on its thread's stack: at most this many bytes.
+STACK_LIMIT = 512 * 1024
 # Optional knobs and their defaults: par 0 runs on the calling thread only (no OpenMP wake-up,
 # for problems too small to share).
 OPTIONAL_KNOBS = {"par": 1}
@@ -268,6 +270,9 @@ def config_reason(shape: AttentionShape, config: Mapping) -> str | None:
         return "vw must be 1, 2, 4, 8 or 16 floats"
     if min(tq, tk, mr, nr) < 1 or tq % (nr * vw) or tq % mr or tk % mr:
         return "tq must be a multiple of nr*vw and of mr, tk a multiple of mr"
+    tile_bytes = 4 * tq * (shape.d + tk + _round_up(shape.dv, vw) + 3)
+    if tile_bytes > STACK_LIMIT:
+        return f"the tiles need {tile_bytes} bytes of stack, more than {STACK_LIMIT}"
     return None
 
 

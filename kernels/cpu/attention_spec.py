@@ -44,10 +44,6 @@ class AttentionShape:
     scale: float
     mask_shape: tuple[int, ...] | None
 
-    @property
-    def scores_shape(self) -> tuple[int, ...]:
-        return (self.batch, self.sq, self.sk)
-
 
 def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
     """Whether `shape` broadcasts against `target` without changing it."""

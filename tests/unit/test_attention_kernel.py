@@ -111,6 +111,18 @@ def test_the_planner_sees_both_candidates_and_the_op_is_wpks():
     assert is_supported(w) and is_supported("Attention", "wpk")
 
 
+def test_head_dims_too_big_for_the_stack_get_no_config():
+    assert attention_configs(workload(d=4096, dv=4096)) == []
+
+
+def test_bench_script_refuses_bad_sizes(capsys):
+    import runpy
+    from pathlib import Path
+    bench = runpy.run_path(str(Path(__file__).parents[2] / "scripts" / "bench_attention.py"))
+    assert bench["main"](["--d-models", "100"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
 def test_configs_follow_the_host_vector_width_and_the_sequence():
     w = workload(sq=20, sk=20)
     lanes = host_cpu().vector_lanes
@@ -130,6 +142,7 @@ def test_configs_follow_the_host_vector_width_and_the_sequence():
     ({"tq": 48, "tk": 64, "vw": 16, "mr": 4, "nr": 2}, "tq must be a multiple of nr*vw"),
     ({"tq": 32, "tk": 66, "vw": 16, "mr": 4, "nr": 2}, "tk a multiple of mr"),
     ({"tq": 32, "tk": 64, "vw": 3, "mr": 4, "nr": 2}, "vw must be"),
+    ({"tq": 64, "tk": 4096, "vw": 16, "mr": 4, "nr": 2}, "bytes of stack"),
 ])
 def test_bad_configs_are_refused(config, words):
     w = workload()
