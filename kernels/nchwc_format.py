@@ -91,6 +91,11 @@ def block(x: np.ndarray, block_size: int, out: np.ndarray | None = None) -> np.n
     return out
 
 
+def channels_last(workload) -> bool:
+    """Whether a ReorderInput reads (a ReorderOutput writes) NHWC instead of NCHW."""
+    return bool(int(workload.attr("channels_last", 0)))
+
+
 def unblock(x: np.ndarray, channels: int) -> np.ndarray:
     """Blocked (N, Cb, H, W, b) array -> NCHW array with `channels` channels (a copy)."""
     n, cb, h, w, b = x.shape

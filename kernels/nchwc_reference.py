@@ -21,11 +21,13 @@ from wpk.kernels.reference import reference, to_float64
 def nchwc_reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """Float64 outputs of a `wpk.nchwc` workload."""
     b = int(workload.attr("block"))
+    channels_last = fmt.channels_last(workload)
     if workload.op == "ReorderInput":
-        return [fmt.block(np.asarray(inputs[0], dtype=np.float64), b)]
+        x = np.asarray(inputs[0], dtype=np.float64)
+        return [fmt.block(x.transpose(0, 3, 1, 2) if channels_last else x, b)]
     if workload.op == "ReorderOutput":
-        return [fmt.unblock(np.asarray(inputs[0], dtype=np.float64),
-                            int(workload.attr("channels")))]
+        y = fmt.unblock(np.asarray(inputs[0], dtype=np.float64), int(workload.attr("channels")))
+        return [np.ascontiguousarray(y.transpose(0, 2, 3, 1)) if channels_last else y]
     logical = logical_workload(workload)
     values = [to_float64(x) for x in logical_inputs(workload, inputs)]
     outputs = reference(logical, values)

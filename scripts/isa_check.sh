@@ -33,6 +33,6 @@ qemu-x86_64 -cpu Haswell-v4 "$python" -c \
     'from wpk.kernels.nchwc_format import mlas_block_size as b; assert b() == 8, b(); print("MLAS block", b())' \
     2> >(grep -v "TCG doesn't support" >&2)
 qemu-x86_64 -cpu Haswell-v4 "$python" -m pytest -q -p no:cacheprovider tests/unit/test_nchwc.py \
-    tests/unit/test_nchwc_data.py tests/unit/test_nchwc_dirty.py \
+    tests/unit/test_nchwc_data.py tests/unit/test_nchwc_dirty.py tests/unit/test_nchwc_transpose.py \
     -k "not light_resnet50 and not light_densenet121 and not inception" \
     2> >(grep -v "TCG doesn't support" >&2)

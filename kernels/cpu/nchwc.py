@@ -136,7 +136,8 @@ def unsupported_reason(workload: Workload) -> str | None:
         return _unsupported_conv(workload, b)
     if workload.epilogue:
         return "fused epilogues are only supported on Conv"
-    if workload.op == "ReorderInput" and workload.inputs[0].shape[1] % 4:
+    channel_axis = 3 if fmt.channels_last(workload) else 1
+    if workload.op == "ReorderInput" and workload.inputs[0].shape[channel_axis] % 4:
         return "onnxruntime's ReorderInput needs a channel count that is a multiple of 4"
     if workload.op == "Upsample":
         mode = workload.attr("mode")
@@ -209,9 +210,10 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
             names = (*names, "count_include_pad")
         attrs = _onnx_attrs(workload, names)
     elif op == "ReorderOutput":
-        attrs = {"channels": int(workload.attr("channels")), "channels_last": 0}
+        attrs = {"channels": int(workload.attr("channels")),
+                 "channels_last": int(fmt.channels_last(workload))}
     elif op == "ReorderInput":
-        attrs = {"channels_last": 0}
+        attrs = {"channels_last": int(fmt.channels_last(workload))}
     elif op == "Upsample":
         attrs = {"scales": [1, 1, *(int(v) for v in workload.attr("scales"))],
                  "mode": workload.attr("mode"),

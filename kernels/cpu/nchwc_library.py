@@ -57,15 +57,18 @@ class NumpyNchwc(Implementation):
                 config: Mapping) -> Kernel:
         b = int(workload.attr("block"))
         channels = int(workload.attr("channels"))
+        channels_last = fmt.channels_last(workload)
         if workload.op == "ReorderInput":
             def reorder_input(inputs, outputs) -> None:
-                fmt.block(inputs[0], b, out=outputs[0])
+                x = inputs[0].transpose(0, 3, 1, 2) if channels_last else inputs[0]
+                fmt.block(x, b, out=outputs[0])
             return reorder_input
         if workload.op == "ReorderOutput":
             def reorder_output(inputs, outputs) -> None:
                 n, cb, h, w, _ = inputs[0].shape
                 full = inputs[0].transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
-                np.copyto(outputs[0], full[:, :channels])
+                out = outputs[0].transpose(0, 3, 1, 2) if channels_last else outputs[0]
+                np.copyto(out, full[:, :channels])
             return reorder_output
 
         logical = logical_workload(workload)

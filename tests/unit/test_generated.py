@@ -147,6 +147,30 @@ def test_generated_kernel_takes_non_contiguous_inputs(rng):
     np.testing.assert_allclose(out, a + b, rtol=1e-6)
 
 
+def test_generated_kernel_binds_again_when_the_arrays_change(rng):
+    """A kernel keeps the pointers of the arrays it was last called with (the runtime's
+    arena views, the same every run); other arrays, or a non-contiguous one that it must
+    copy each time, are bound afresh."""
+    workload = CASES["add_broadcast_row"]
+    kernel = DSL_CPU.prepare(workload, {}, default_config(workload))
+    first = [rng.standard_normal((3, 7)).astype(np.float32), np.ones(7, np.float32)]
+    out = np.empty((3, 7), np.float32)
+    for _ in range(2):
+        kernel(first, [out])
+        np.testing.assert_allclose(out, first[0] + 1, rtol=1e-6)
+    first[0][:] = 5.0  # the same array, new values: read through the kept pointer
+    kernel(first, [out])
+    np.testing.assert_allclose(out, 6.0)
+    other_out = np.empty((3, 7), np.float32)
+    strided = rng.standard_normal((7, 3)).astype(np.float32).T
+    kernel([strided, first[1]], [other_out])
+    np.testing.assert_allclose(other_out, strided + 1, rtol=1e-6)
+    strided[:] = 3.0  # copied to a contiguous temporary each call: the new values count
+    kernel([strided, first[1]], [other_out])
+    np.testing.assert_allclose(other_out, 4.0)
+    np.testing.assert_allclose(out, 6.0)  # the first output was not written again
+
+
 UNSUPPORTED = {
     "nchwc pool": (Workload("MaxPool", (t(1, 1, 4, 4, 16),), (t(1, 1, 2, 2, 16),),
                             (("block", 16), ("channels", 16), ("kernel_shape", (2, 2)),

@@ -14,6 +14,8 @@ the logical channel count of its output):
 
 - ReorderInput(X: NCHW) -> Y blocked. Y = X blocked, padding lanes zero.
 - ReorderOutput(X: blocked) -> Y: NCHW with `channels` channels (padding dropped).
+  With `channels_last` = 1 both read or write NHWC instead: a Transpose between
+  NHWC and NCHW at the layout's edge folds into them (`_transpose`).
 - Conv(X, W, B, R?) -> Y blocked, with the ONNX Conv attrs `kernel_shape`,
   `strides`, `pads` (always explicit, 4 values), `dilations`, `group` (the
   logical group count). X is blocked, or NCHW (4-d) for a group-1 conv with
@@ -155,6 +157,8 @@ class NchwcLayout(GraphPass):
             return self._concat(rw, node)
         if op == "Resize":
             return self._upsample(rw, node)
+        if op == "Transpose":
+            return self._transpose(rw, node)
         return self._elementwise(rw, node)
 
     def _conv(self, rw: Rewrite, node: Node) -> bool:
@@ -286,6 +290,40 @@ class NchwcLayout(GraphPass):
         self.hit("Upsample")
         return True
 
+    def _transpose(self, rw: Rewrite, node: Node) -> bool:
+        """NCHW <-> NHWC transposes at the blocked layout's edge become its reorders with
+        `channels_last` (one pass instead of a reorder and a transpose): a blocked tensor
+        transposed to NHWC is a ReorderOutput to NHWC; an NHWC tensor transposed to NCHW
+        for a reader that can take it blocked (a conv or an elementwise step, e.g. a
+        ConvNeXt block's residual add) is a ReorderInput from NHWC."""
+        x, out = node.inputs[0], node.outputs[0]
+        perm = tuple(int(p) for p in node.attr("perm", ()))
+        if node.epilogue or len(rw.shape(x)) != 4 or rw.graph.tensors[x].dtype != "float32":
+            return False
+        if perm == TO_NHWC and x in rw.blocked and not rw.is_dirty(x):
+            entry = rw.blocked[x]
+            rw.nodes.append(Node("ReorderOutput", [entry.name], [out], node.name,
+                                 {"block": rw.block, "channels": entry.channels,
+                                  "channels_last": 1}, NCHWC_DOMAIN))
+            self.hit("Transpose")
+            return True
+        channels = rw.shape(x)[3]
+        if perm != TO_NCHW or channels % 4 or not self._blocked_reader(out):
+            return False
+        blocked = rw.new_blocked(out, channels)
+        rw.nodes.append(Node("ReorderInput", [x], [blocked], node.name,
+                             {"block": rw.block, "channels": channels, "channels_last": 1},
+                             NCHWC_DOMAIN))
+        self.hit("Transpose")
+        return True
+
+    def _blocked_reader(self, name: str) -> bool:
+        """Whether some reader of `name` may take it blocked: a conv, or an elementwise
+        step (it is blocked when its value is)."""
+        return any(reader.op == "Conv" or (reader.domain in ("", "ai.onnx", "wpk") and
+                                            reader.op in BLOCKABLE_READERS)
+                   for reader in self._reader_nodes.get(name, ()))
+
     def _channel_slices(self, rw: Rewrite, node: Node) -> bool:
         """A block-aligned channel Split/Slice of a blocked tensor: one ChannelSlice per
         piece, each whole blocks of the input (`nchwc_data.channel_slices`)."""
@@ -384,6 +422,10 @@ class NchwcLayout(GraphPass):
     @staticmethod
     def _out_hw(rw: Rewrite, node: Node) -> tuple[int, int]:
         return tuple(rw.shape(node.outputs[0])[2:4])
+
+
+TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+BLOCKABLE_READERS = frozenset({"Add", "Sum", "Mul", "Sub", "Elementwise", "Relu", "Clip"})
 
 
 def _has_subgraph(node: Node) -> bool:
