@@ -18,6 +18,7 @@ from onnx.reference import ReferenceEvaluator
 
 from wpk.core.errors import UnsupportedError
 from wpk.core.workload import Workload
+from wpk.kernels.cpu.attention_spec import attention_formula, is_attention
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
 from wpk.kernels.cpu.node_model import (
     MS_DOMAIN,
@@ -94,7 +95,7 @@ def has_formula(workload: Workload) -> bool:
     """Whether the reference uses wpk's own numpy formulation (not onnx.reference): only
     where it covers the workload's whole ONNX definition (`kernels.support`), so e.g. a
     linear Resize is judged by onnx.reference, not by the nearest-only formula."""
-    if is_elementwise(workload):
+    if is_elementwise(workload) or is_attention(workload):
         return True
     return (workload.domain in ("", "ai.onnx") and workload.op in REFERENCE_FORMULAS
             and unsupported_reason(workload) is None)
@@ -118,7 +119,9 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
         outputs = [np.array(np.broadcast_to(wide[0], workload.outputs[0].shape))]
     else:
         core = wide[:core_input_count(workload)]
-        if has_formula(workload):
+        if is_attention(workload):
+            outputs = attention_formula(workload, core)
+        elif has_formula(workload):
             outputs = REFERENCE_FORMULAS[workload.op](workload, core)
         else:
             outputs = _onnx_reference(workload, core)

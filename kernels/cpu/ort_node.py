@@ -125,6 +125,13 @@ def make_ort_kernel(workload: Workload, consts: Mapping[int, np.ndarray],
     session = create_session(node_model.model.SerializeToString(), workload.label, threads,
                              optimization)
     feeds = [(i, input_name(i)) for i in node_model.feeds]
+    return session_kernel(session, workload, feeds)
+
+
+def session_kernel(session: ort.InferenceSession, workload: Workload,
+                   feeds: list[tuple[int, str]]) -> Kernel:
+    """A kernel running `session` (inputs `feeds`: (workload input index, graph input name);
+    outputs `out0`...): small outputs are returned and copied, bigger ones bound in place."""
     out_names = [output_name(j) for j in range(len(workload.outputs))]
     small = sum(np.dtype(s.dtype).itemsize * s.size for s in workload.outputs)
     if small <= _SMALL_OUTPUT_BYTES:

@@ -20,10 +20,12 @@ def transformer_plan_on_onnxruntime():
     (whatever the timing chose), so the region logic is tested, not the planner."""
     plan = wpk.build(models.load_model("transformer_encoder"), target="cpu", progress=False,
                      warmup=0, repeats=1, min_time=0, partition=False)
-    ort_node = registry.get("ort")
+    ort_impls = [registry.get("ort"), registry.get("ort.attention")]  # the fused attention
     for step in plan.manifest["steps"]:
-        if ort_node.unsupported_reason(plan.workloads[step["workload_key"]]) is None:
-            step.update(impl="ort", config={}, kind=ort_node.kind)
+        workload = plan.workloads[step["workload_key"]]
+        impl = next((i for i in ort_impls if i.unsupported_reason(workload) is None), None)
+        if impl is not None:
+            step.update(impl=impl.name, config={}, kind=impl.kind)
     return plan
 
 

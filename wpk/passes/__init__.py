@@ -14,8 +14,9 @@ one node `Elementwise` (domain 'wpk') whose input 0 is the chain's first
 value (a step's `operand` may be 0 too: `x * f(x)` reads the chain's input
 again); a single elementwise op stays the standard ONNX op, except activations
 that ONNX spells with several ops (SiLU, erf-GELU, HardSwish before opset 14),
-which become a one-step `Elementwise`. `to_onnx` expands all of it back into
-standard ONNX.
+which become a one-step `Elementwise`. On the CPU, scaled dot-product
+attention becomes one node `Attention` (domain 'wpk', `wpk.passes.attention`).
+`to_onnx` expands all of it back into standard ONNX.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 from wpk.core.graph import Graph
 from wpk.passes.activation_chains import ActivationChains
+from wpk.passes.attention import ATTENTION_RULES
 from wpk.passes.base import GraphPass
 from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.dead_nodes import DeadNodeElimination
@@ -58,6 +60,9 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(SumToAdd),
     PipelineEntry(ReduceToPool),
     PipelineEntry(NoOpRemoval),
+    # before the elementwise fusions, which would take the scale and the mask Add apart
+    PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),
+                  targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
@@ -95,11 +100,12 @@ class PassReport:
                 "nodes_before": self.nodes_before, "nodes_after": self.nodes_after}
 
 
-def rule_docs() -> dict[str, str]:
-    """One line per fusion rule (name -> what it fuses), in pipeline order."""
-    return {rule.name: rule.doc
-            for rules in (LINEAR_RULES, PATTERN_RULES, CHAIN_RULES, EPILOGUE_RULES)
-            for rule in rules}
+def rule_docs(target: str | None = None) -> dict[str, str]:
+    """One line per fusion rule (name -> what it fuses), in pipeline order: the rules that
+    run for `target`, or every rule (None)."""
+    entries = [e for e in PIPELINE if target is None or e.applies_to(target)]
+    passes = [entry.make() for entry in entries]
+    return {rule.name: rule.doc for p in passes if isinstance(p, FusionPass) for rule in p.rules}
 
 
 def passes_for(target: str) -> list[GraphPass]:

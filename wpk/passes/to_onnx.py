@@ -3,7 +3,7 @@
     model = to_onnx(graph)                                  # runnable, checkable
     model = to_onnx(graph, notes={"conv_3": "chosen: ort.nchwc, 177 us"}, doc="...")
 
-Fused epilogues and `Elementwise` nodes (domain 'wpk') are expanded into
+Fused epilogues, `Elementwise` and `Attention` nodes (domain 'wpk') are expanded into
 standard ONNX ops of the graph's opset, so onnxruntime or
 `onnx.reference` can run the result: useful to debug passes, to compare an
 optimized graph with the original, and for `wpk inspect --export` and
@@ -26,6 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from wpk.core.graph import Graph, Node
+from wpk.kernels.cpu.attention_spec import ATTENTION_DOMAIN, ATTENTION_OP, attention_onnx_nodes
 from wpk.kernels.epilogue import epilogue_onnx_nodes
 
 ELEMENTWISE_OP = "Elementwise"
@@ -88,6 +89,9 @@ class _Emitter:
         self._annotate(node, self.nodes[start:])
 
     def _emit(self, node: Node) -> None:
+        if node.op == ATTENTION_OP and node.domain == ATTENTION_DOMAIN:
+            self._attention(node)
+            return
         if not node.epilogue and node.op != ELEMENTWISE_OP:
             self.nodes.append(node_to_proto(node))
             return
@@ -103,6 +107,14 @@ class _Emitter:
             self.nodes.append(node_to_proto(node, inputs=base, outputs=[value]))
         self.nodes += epilogue_onnx_nodes(node.epilogue, value, node.inputs, out,
                                           self.fresh(out) + "_", dtype=dtype, opset=self.opset)
+
+    def _attention(self, node: Node) -> None:
+        """wpk's fused attention as the standard nodes it replaced."""
+        out = node.outputs[0]
+        rank = len(self.graph.tensors[node.inputs[0]].shape)
+        self.nodes += attention_onnx_nodes(node.inputs, out, self.fresh(out) + "_",
+                                           float(node.attr("scale", 1.0)),
+                                           bool(node.attr("k_transposed", 0)), rank, self.opset)
 
     def _annotate(self, node: Node, protos: list[onnx.NodeProto]) -> None:
         """Name the nodes a graph node became after it and say so in their doc_string."""

@@ -1,0 +1,153 @@
+"""wpk's fused attention op: what it computes, its float64 formula and its ONNX form.
+
+    Attention(Q, K, V[, mask]) (domain 'wpk', attributes scale, k_transposed)
+      = Softmax(Q @ K^T * scale [+ mask], axis=-1) @ V
+
+Q is [..., Sq, D] and V [..., Sk, Dv] with the same leading (batch, head)
+dims; K is [..., Sk, D] (`k_transposed` 0: the exporter wrote
+MatMul(Q, Transpose(K))) or K^T itself, [..., D, Sk] (`k_transposed` 1). The
+optional mask broadcasts against the scores [..., Sq, Sk]. The graph pass
+`wpk.passes.attention` writes the node; `attention_onnx_nodes` expands it
+back into the standard nodes it replaced (for onnxruntime and `to_onnx`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+from wpk.core.workload import Workload
+
+ATTENTION_OP = "Attention"
+ATTENTION_DOMAIN = "wpk"
+_RANKS = (3, 4)
+
+
+def is_attention(workload: Workload) -> bool:
+    """Whether the workload is wpk's fused attention."""
+    return workload.op == ATTENTION_OP and workload.domain == ATTENTION_DOMAIN
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The sizes of one attention workload: `batch` folds every leading dim."""
+
+    batch: int
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    k_transposed: bool
+    scale: float
+    mask_shape: tuple[int, ...] | None
+
+
+def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether `shape` broadcasts against `target` without changing it."""
+    shape, target = tuple(shape), tuple(target)
+    if len(shape) > len(target):
+        return False
+    return all(a in (1, b) for a, b in zip(shape[::-1], target[::-1]))
+
+
+def attention_reason(workload: Workload) -> str | None:
+    """None when the workload is a well-formed fused attention, else what is wrong."""
+    if not is_attention(workload):
+        return "not wpk's Attention op"
+    specs = workload.inputs
+    if len(specs) not in (3, 4) or any(s is None for s in specs[:3]):
+        return "Attention takes Q, K, V and an optional mask"
+    if len(workload.outputs) != 1:
+        return "Attention has one output"
+    if any(s.dtype != "float32" for s in [*(s for s in specs if s is not None),
+                                          *workload.outputs]):
+        return "Attention computes float32 only"
+    q, k, v = (tuple(s.shape) for s in specs[:3])
+    if len(q) not in _RANKS or not len(q) == len(k) == len(v):
+        return "Attention's Q, K and V must be rank 3 or 4, all the same rank"
+    if not q[:-2] == k[:-2] == v[:-2]:
+        return "Attention's Q, K and V must have the same leading (batch, head) dims"
+    d, sk = (k[-1], k[-2]) if not workload.attr("k_transposed", 0) else (k[-2], k[-1])
+    if d != q[-1] or sk != v[-2]:
+        return "Attention's Q, K and V sizes do not agree"
+    out = tuple(workload.outputs[0].shape)
+    if out != q[:-1] + (v[-1],):
+        return "Attention's output shape is not [..., Sq, Dv]"
+    if len(specs) == 4 and specs[3] is not None:
+        scores = q[:-1] + (sk,)
+        mask = tuple(specs[3].shape)
+        if not broadcasts_to(mask, scores):
+            return f"mask {list(mask)} does not broadcast against the scores {list(scores)}"
+    return None
+
+
+def attention_shape(workload: Workload) -> AttentionShape:
+    """The sizes of a well-formed attention workload (check `attention_reason` first)."""
+    q, k, v = (tuple(s.shape) for s in workload.inputs[:3])
+    mask = workload.inputs[3] if len(workload.inputs) > 3 else None
+    return AttentionShape(batch=int(np.prod(q[:-2], dtype=np.int64)), sq=q[-2], sk=v[-2],
+                          d=q[-1], dv=v[-1], k_transposed=bool(workload.attr("k_transposed", 0)),
+                          scale=float(workload.attr("scale", 1.0)),
+                          mask_shape=None if mask is None else tuple(mask.shape))
+
+
+def mask_strides(shape: AttentionShape, rank: int) -> tuple[int, int, int, int]:
+    """Element strides of the mask along (batch dim 0, batch dim 1, query, key) of the
+    rank-4 view of the scores (0 where it broadcasts); rank-3 workloads have no dim 1."""
+    mask = shape.mask_shape or ()
+    full = (1,) * (4 - len(mask)) + tuple(mask)
+    strides, step = [0, 0, 0, 0], 1
+    for axis in range(3, -1, -1):
+        if full[axis] != 1:
+            strides[axis] = step
+        step *= full[axis]
+    if rank == 3:  # a rank-3 mask's dims are (batch, query, key): no head dim
+        strides = [strides[1], 0, strides[2], strides[3]]
+    return tuple(strides)
+
+
+def attention_formula(workload: Workload, inputs: Sequence[np.ndarray | None]) \
+        -> list[np.ndarray]:
+    """The float64 reference: softmax(Q K^T scale + mask) V, the softmax shifted by its max."""
+    q, k, v = (np.asarray(x, np.float64) for x in inputs[:3])
+    kt = k if workload.attr("k_transposed", 0) else np.swapaxes(k, -1, -2)
+    scores = np.matmul(q, kt) * float(workload.attr("scale", 1.0))
+    if len(inputs) > 3 and inputs[3] is not None:
+        scores = scores + np.asarray(inputs[3], np.float64)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return [np.matmul(probs, v)]
+
+
+def attention_onnx_nodes(inputs: Sequence[str], output: str, prefix: str, scale: float,
+                         k_transposed: bool, rank: int, opset: int):
+    """The standard ONNX nodes of the fused op: [Transpose], MatMul, Mul by the scale (a
+    Constant node), [Add mask], Softmax over the last axis, MatMul; names and intermediate
+    tensors start with `prefix`."""
+    q, k, v = inputs[:3]
+    mask = inputs[3] if len(inputs) > 3 and inputs[3] else None
+    nodes = []
+    if not k_transposed:
+        perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+        nodes.append(helper.make_node("Transpose", [k], [f"{prefix}kt"], f"{prefix}transpose",
+                                      perm=perm))
+        k = f"{prefix}kt"
+    scale_value = numpy_helper.from_array(np.array(scale, np.float32), f"{prefix}scale")
+    nodes.append(helper.make_node("Constant", [], [f"{prefix}scale"], f"{prefix}constant",
+                                  value=scale_value))
+    nodes.append(helper.make_node("MatMul", [q, k], [f"{prefix}scores"], f"{prefix}qk"))
+    nodes.append(helper.make_node("Mul", [f"{prefix}scores", f"{prefix}scale"],
+                                  [f"{prefix}scaled"], f"{prefix}scale_mul"))
+    logits = f"{prefix}scaled"
+    if mask is not None:
+        nodes.append(helper.make_node("Add", [logits, mask], [f"{prefix}masked"], f"{prefix}mask"))
+        logits = f"{prefix}masked"
+    axis = -1 if opset >= 13 else rank - 1  # before 13: the 2-D coercion at the last axis
+    nodes.append(helper.make_node("Softmax", [logits], [f"{prefix}probs"], f"{prefix}softmax",
+                                  axis=axis))
+    nodes.append(helper.make_node("MatMul", [f"{prefix}probs", v], [output], f"{prefix}pv"))
+    return nodes

@@ -1,0 +1,175 @@
+"""Fused attention (`attention.c`) vs onnxruntime running the same unfused nodes.
+
+For seq 64/128/256/512 x d_model 256/512/768 (heads = d_model / 64, batch 1,
+K given untransposed as exporters of BERT write it, a [B,1,1,S] padding mask
+unless --no-mask): onnxruntime runs Transpose, MatMul, Mul, Add, Softmax,
+MatMul in one session with its default options (all graph optimizations,
+spinning threads) and `--threads` intra-op threads; the fused kernel runs
+with as many OpenMP threads. Each kernel is checked against the float64
+reference first; the fused kernel's schedule is the fastest of its configs
+(`attention_configs`, measured briefly, as the planner would). Then the two
+alternate in blocks (a pause after onnxruntime's, whose threads spin) and the
+medians of the blocks give the ratio; the issue's goal is >= 1.5x.
+
+    python scripts/bench_attention.py [--threads 2] [--rounds 9] [--no-mask] [--json F]
+
+Not a test: figures on a shared machine are noisy; ratios hold better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+GOAL = 1.5
+SEQS = (64, 128, 256, 512)
+D_MODELS = (256, 512, 768)
+HEAD_DIM = 64
+
+
+def _workload(seq: int, d_model: int, mask: bool):
+    from wpk.core.workload import TensorSpec, Workload
+
+    heads = d_model // HEAD_DIM
+    qkv = TensorSpec((1, heads, seq, HEAD_DIM))
+    inputs = (qkv, qkv, qkv) + ((TensorSpec((1, 1, 1, seq)),) if mask else ())
+    return Workload("Attention", inputs, (qkv,), (("k_transposed", 0),
+                                                   ("scale", 1 / HEAD_DIM ** 0.5)),
+                    domain="wpk", opset=17)
+
+
+def _inputs(workload, rng: np.random.Generator) -> list[np.ndarray]:
+    arrays = [rng.standard_normal(s.shape).astype(np.float32) for s in workload.inputs[:3]]
+    if len(workload.inputs) > 3:  # the last fifth of the keys padded away, as BERT does
+        mask = np.zeros(workload.inputs[3].shape, np.float32)
+        mask[..., int(mask.shape[-1] * 0.8):] = -10000.0
+        arrays.append(mask)
+    return arrays
+
+
+def _per_call(call, repeat: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeat):
+        call()
+    return (time.perf_counter() - start) / repeat
+
+
+def _repeat_for(call, target_s: float = 0.05) -> int:
+    return max(3, int(target_s / max(_per_call(call, 3), 1e-7)))
+
+
+def _ort_call(workload, arrays, out, threads: int):
+    import onnxruntime as ort
+
+    from wpk.kernels.cpu.attention import attention_model
+    from wpk.kernels.cpu.node_model import input_name
+
+    model, feeds = attention_model(workload, {})
+    options = ort.SessionOptions()   # onnxruntime's defaults, as its users run it
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    named = {input_name(i): arrays[i] for i in feeds}
+    return lambda: np.copyto(out, session.run(None, named)[0])
+
+
+def _fused_call(workload, arrays, out, rounds: int = 3):
+    from wpk.kernels.cpu.attention import ATTENTION_C, attention_configs
+
+    best = None
+    for config in attention_configs(workload):
+        kernel = ATTENTION_C.prepare(workload, {}, config)
+
+        def call(k=kernel):
+            k(arrays, [out])
+
+        call()
+        repeat = _repeat_for(call, 0.02)
+        seconds = min(_per_call(call, repeat) for _ in range(rounds))
+        if best is None or seconds < best[0]:
+            best = (seconds, config, call)
+    return best[1], best[2]
+
+
+def _error(call, out: np.ndarray, expected: np.ndarray) -> float:
+    out.fill(np.nan)
+    call()
+    return float(np.linalg.norm(out - expected) / np.linalg.norm(expected))
+
+
+def measure(seq: int, d_model: int, threads: int, rounds: int, mask: bool) -> dict:
+    """One row: both kernels verified, then alternated in blocks; medians and the ratio."""
+    from wpk.kernels.cpu.attention_spec import attention_formula
+
+    workload = _workload(seq, d_model, mask)
+    arrays = _inputs(workload, np.random.default_rng(seq * 1000 + d_model))
+    expected = attention_formula(workload, arrays)[0]
+    out = np.empty(workload.outputs[0].shape, np.float32)
+    config, fused = _fused_call(workload, arrays, out)
+    ort_run = _ort_call(workload, arrays, out, threads)
+    errors = {"fused": _error(fused, out, expected), "onnxruntime": _error(ort_run, out, expected)}
+    if max(errors.values()) > 1e-4:
+        raise SystemExit(f"error: seq {seq} d_model {d_model}: wrong result {errors}")
+    repeat = _repeat_for(ort_run)
+    times = {"onnxruntime": [], "fused": []}
+    for _ in range(rounds):
+        times["onnxruntime"].append(_per_call(ort_run, repeat))
+        time.sleep(0.05)   # let onnxruntime's spinning threads stop
+        times["fused"].append(_per_call(fused, repeat))
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    return {"seq": seq, "d_model": d_model, "heads": d_model // HEAD_DIM, "mask": mask,
+            "config": config, "errors": errors, "median_s": medians,
+            "spread_s": {k: [min(v), max(v)] for k, v in times.items()},
+            "speedup": medians["onnxruntime"] / medians["fused"]}
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [f"{'seq':>4} {'d_model':>7} {'heads':>5} {'ort ms':>8} {'fused ms':>8} "
+             f"{'speedup':>7}  config"]
+    for r in rows:
+        cfg = ",".join(f"{k}={v}" for k, v in r["config"].items())
+        lines.append(f"{r['seq']:>4} {r['d_model']:>7} {r['heads']:>5} "
+                     f"{r['median_s']['onnxruntime'] * 1e3:>8.3f} "
+                     f"{r['median_s']['fused'] * 1e3:>8.3f} {r['speedup']:>6.2f}x  {cfg}")
+    speedups = [r["speedup"] for r in rows]
+    met = sum(s >= GOAL for s in speedups)
+    lines.append(f"median speedup {statistics.median(speedups):.2f}x (min {min(speedups):.2f}x,"
+                 f" max {max(speedups):.2f}x); goal >= {GOAL}x met in {met}/{len(rows)} rows")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--no-mask", action="store_true")
+    parser.add_argument("--seqs", type=int, nargs="+", default=list(SEQS))
+    parser.add_argument("--d-models", type=int, nargs="+", default=list(D_MODELS))
+    parser.add_argument("--json", help="write the rows and the machine here")
+    args = parser.parse_args(argv)
+    if min(args.threads, args.rounds, *args.seqs, *args.d_models) < 1 or any(
+            d % HEAD_DIM for d in args.d_models):
+        print(f"error: --threads, --rounds and the sizes must be positive, d_model a multiple "
+              f"of {HEAD_DIM} (hint: --seqs 64 128 --d-models 256 768)", file=sys.stderr)
+        return 2
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read when libgomp loads, below
+    from wpk.core.devices import cpu_fingerprint
+
+    rows = [measure(s, d, args.threads, args.rounds, not args.no_mask)
+            for d in args.d_models for s in args.seqs]
+    print(_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": cpu_fingerprint(), "threads": args.threads, "goal": GOAL,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

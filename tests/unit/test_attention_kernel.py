@@ -1,0 +1,165 @@
+"""The fused attention op's implementations against its float64 reference, on odd sizes
+(sequences not a multiple of the tiles, head dims not a multiple of the vector width,
+masks of several broadcasts, batch > 1, rank 3), and the reference against onnx.reference
+running the standard nodes the op stands for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from wpk.core.devices import host_cpu
+from wpk.core.numerics import relative_l2
+from wpk.core.workload import TensorSpec, Workload
+from wpk.kernels import registry
+from wpk.kernels.cpu.attention import (
+    ATTENTION_C,
+    ORT_ATTENTION,
+    attention_configs,
+    attention_model,
+)
+from wpk.kernels.cpu.attention_c import attention_source, config_reason
+from wpk.kernels.cpu.attention_spec import attention_reason, attention_shape
+from wpk.kernels.cpu.node_model import input_name
+from wpk.kernels.reference import has_formula, reference
+from wpk.kernels.support import is_supported
+
+TOLERANCE = 1e-5
+
+
+def workload(lead=(2, 3), sq=37, sk=45, d=20, dv=13, k_transposed=False, mask=None,
+             dtype="float32") -> Workload:
+    k = lead + ((d, sk) if k_transposed else (sk, d))
+    inputs = [TensorSpec(lead + (sq, d), dtype), TensorSpec(k, dtype),
+              TensorSpec(lead + (sk, dv), dtype)]
+    if mask is not None:
+        inputs.append(TensorSpec(mask, dtype))
+    return Workload("Attention", tuple(inputs), (TensorSpec(lead + (sq, dv), dtype),),
+                    (("k_transposed", int(k_transposed)), ("scale", 0.31)), domain="wpk")
+
+
+def arrays_for(w: Workload, rng: np.random.Generator) -> list[np.ndarray]:
+    arrays = [rng.standard_normal(s.shape).astype(np.float32) * 2 for s in w.inputs[:3]]
+    if len(w.inputs) > 3:
+        mask = rng.standard_normal(w.inputs[3].shape).astype(np.float32)
+        if mask.shape[-1] > 1:   # keys masked away (a -1e4 shift of a whole row would cost
+            mask = np.where(mask > 1.0, -1e4, mask)   # float32 its digits, in any kernel)
+        arrays.append(mask.astype(np.float32))
+    return arrays
+
+
+def check(kernel, w: Workload, arrays: list[np.ndarray]) -> float:
+    out = np.full(w.outputs[0].shape, np.nan, np.float32)   # poisoned: every element written
+    kernel(arrays, [out])
+    assert np.isfinite(out).all()
+    return relative_l2(out, reference(w, arrays)[0])
+
+
+CASES = {
+    "bert-mask": dict(mask=(2, 1, 1, 45)),
+    "no-mask": dict(),
+    "k-transposed": dict(k_transposed=True, mask=(1, 1, 37, 45)),
+    "per-head-mask": dict(mask=(2, 3, 70, 130), d=64, dv=64, sq=70, sk=130),
+    "rank-3": dict(lead=(5,), mask=(5, 1, 45)),
+    "tiny": dict(lead=(1, 1), sq=1, sk=1, d=1, dv=1),
+    "key-mask-only": dict(mask=(129,), sq=65, sk=129),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_generated_kernel_matches_the_reference(rng, case):
+    w = workload(**CASES[case])
+    assert attention_reason(w) is None
+    arrays = arrays_for(w, rng)
+    configs = attention_configs(w)
+    assert configs
+    for config in configs[:2] + configs[-1:]:
+        assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
+
+
+@pytest.mark.parametrize("vw, mr, nr", [(1, 4, 2), (4, 2, 4), (8, 4, 2)])
+def test_every_vector_width_is_correct(rng, vw, mr, nr):
+    """The portable scalar path (vw 1) and narrower vectors than the host's."""
+    w = workload(mask=(2, 1, 37, 1))
+    config = {"tq": 8 * nr * vw, "tk": 12 * mr, "vw": vw, "mr": mr, "nr": nr}
+    assert config_reason(attention_shape(w), config) is None
+    assert check(ATTENTION_C.prepare(w, {}, config), w, arrays_for(w, rng)) < TOLERANCE
+
+
+@pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "rank-3"])
+def test_onnxruntime_candidate_matches_the_reference(rng, case):
+    w = workload(**CASES[case])
+    assert check(ORT_ATTENTION.prepare(w, {}, {}), w, arrays_for(w, rng)) < TOLERANCE
+
+
+@pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "rank-3", "key-mask-only"])
+def test_reference_is_what_the_standard_nodes_compute(rng, case):
+    """The float64 formula against onnx.reference running the unfused ONNX nodes."""
+    w = workload(**CASES[case])
+    arrays = arrays_for(w, rng)
+    model, feeds = attention_model(w, {})
+    (expected,) = ReferenceEvaluator(model).run(None, {input_name(i): arrays[i] for i in feeds})
+    assert has_formula(w)
+    assert relative_l2(reference(w, arrays)[0], expected) < TOLERANCE
+
+
+def test_the_planner_sees_both_candidates_and_the_op_is_wpks():
+    w = workload(mask=(2, 1, 1, 45))
+    names = {c.implementation.name for c in registry.candidates(w)}
+    assert names == {"attention.c", "ort.attention"}
+    assert is_supported(w) and is_supported("Attention", "wpk")
+
+
+def test_head_dims_too_big_for_the_stack_get_no_config():
+    assert attention_configs(workload(d=4096, dv=4096)) == []
+
+
+def test_bench_script_refuses_bad_sizes(capsys):
+    import runpy
+    from pathlib import Path
+    bench = runpy.run_path(str(Path(__file__).parents[2] / "scripts" / "bench_attention.py"))
+    assert bench["main"](["--d-models", "100"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_configs_follow_the_host_vector_width_and_the_sequence():
+    w = workload(sq=20, sk=20)
+    lanes = host_cpu().vector_lanes
+    configs = attention_configs(w)
+    assert {c["vw"] for c in configs} == {lanes}
+    assert all(c["tq"] == 32 and c["tk"] == 64 for c in configs)   # no tile 2x the sequence
+    assert all(config_reason(attention_shape(w), c) is None for c in configs)
+    assert [c for c in configs if c.get("par") == 0]        # small: the calling thread too
+    big = workload(lead=(1, 12), sq=512, sk=512, d=64, dv=64)
+    assert all(c.get("par", 1) == 1 for c in attention_configs(big))
+    assert {c["vw"] for c in attention_configs(w, lanes=8)} == {8}
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"tq": 32, "tk": 64, "vw": 16, "mr": 4}, "has the knobs"),
+    ({"tq": 32, "tk": 64, "vw": 16, "mr": 4, "nr": 2, "par": 2}, "par is 1"),
+    ({"tq": 48, "tk": 64, "vw": 16, "mr": 4, "nr": 2}, "tq must be a multiple of nr*vw"),
+    ({"tq": 32, "tk": 66, "vw": 16, "mr": 4, "nr": 2}, "tk a multiple of mr"),
+    ({"tq": 32, "tk": 64, "vw": 3, "mr": 4, "nr": 2}, "vw must be"),
+    ({"tq": 64, "tk": 4096, "vw": 16, "mr": 4, "nr": 2}, "bytes of stack"),
+])
+def test_bad_configs_are_refused(config, words):
+    w = workload()
+    assert words in config_reason(attention_shape(w), config)
+    with pytest.raises(ValueError, match="knobs"):
+        ATTENTION_C.prepare(w, {}, config)
+    with pytest.raises(ValueError):
+        attention_source(attention_shape(w), 3, 4, config)
+
+
+@pytest.mark.parametrize("w, words", [
+    (workload(dtype="float64"), "float32"),
+    (workload(mask=(3, 1, 1, 45)), "does not broadcast"),
+    (Workload("Attention", (TensorSpec((2, 4, 8)), TensorSpec((2, 4, 8)),
+                            TensorSpec((3, 4, 8))), (TensorSpec((2, 4, 8)),), domain="wpk"),
+     "same leading"),
+])
+def test_malformed_workloads_have_no_candidate(w, words):
+    assert words in attention_reason(w)
+    assert ATTENTION_C.unsupported_reason(w) and ORT_ATTENTION.unsupported_reason(w)

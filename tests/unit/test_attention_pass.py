@@ -1,0 +1,200 @@
+"""The attention fusion pass (`wpk.passes.attention`): where it fires, the graph it leaves
+(checked by running it through `to_onnx` in onnxruntime against the original model), and
+every case where it must not fire."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, numpy_helper
+from onnx import helper as h
+
+from wpk.core.graph import Graph, Node, TensorInfo
+from wpk.frontend import load_model
+from wpk.passes import optimize, rule_docs, to_onnx
+from wpk.passes.attention import ATTENTION_RULES
+from wpk.passes.base import check_graph
+from wpk.passes.fusion import FusionPass
+
+B, H, S, D = 2, 3, 11, 8
+
+
+def attention_model(*, scale_op: str = "Div", mask: tuple[int, ...] | None = (B, 1, 1, S),
+                    k_transposed: bool = False, axis: int = -1, rank: int = 4,
+                    scale_input: bool = False, dtype=TensorProto.FLOAT,
+                    extra_outputs: tuple[str, ...] = (), opset: int = 17,
+                    output_shape: bool = True, pre_scale: str = "") -> onnx.ModelProto:
+    """Q, K, V graph inputs -> attention as exporters write it (see the pass's docstring)."""
+    lead = [B, H] if rank == 4 else [B * H]
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    k_shape = lead + ([D, S] if k_transposed else [S, D])
+    inputs = [h.make_tensor_value_info("q", dtype, lead + [S, D]),
+              h.make_tensor_value_info("k", dtype, k_shape),
+              h.make_tensor_value_info("v", dtype, lead + [S, D])]
+    nodes, inits = [], []
+    kt = "k"
+    if not k_transposed:
+        perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+        nodes.append(h.make_node("Transpose", ["k"], ["kt"], perm=perm))
+        kt = "kt"
+    q = "q"
+    if "q" in pre_scale:   # torch/paddle: q * s, or q * sqrt(s) and k^T * sqrt(s)
+        inits.append(numpy_helper.from_array(np.array(0.5, np_dtype), "half"))
+        nodes.append(h.make_node("Mul", ["q", "half"], ["q_scaled"]))
+        q = "q_scaled"
+    if "k" in pre_scale:
+        nodes.append(h.make_node("Mul", [kt, "half"], ["kt_scaled"]))
+        kt = "kt_scaled"
+    nodes.append(h.make_node("MatMul", [q, kt], ["scores"]))
+    logits = "scores"
+    if scale_op:
+        value = math.sqrt(D) if scale_op == "Div" else 1 / math.sqrt(D)
+        if scale_input:
+            inputs.append(h.make_tensor_value_info("scale", dtype, []))
+        else:
+            inits.append(numpy_helper.from_array(np.array(value, np_dtype), "scale"))
+        nodes.append(h.make_node(scale_op, [logits, "scale"], ["scaled"]))
+        logits = "scaled"
+    if mask is not None:
+        inputs.append(h.make_tensor_value_info("mask", dtype, list(mask)))
+        nodes.append(h.make_node("Add", ["mask", logits], ["masked"]))
+        logits = "masked"
+    nodes.append(h.make_node("Softmax", [logits], ["probs"], axis=axis))
+    nodes.append(h.make_node("MatMul", ["probs", "v"], ["y"]))
+    outputs = [h.make_tensor_value_info("y", dtype, lead + [S, D] if output_shape else None)]
+    outputs += [h.make_tensor_value_info(name, dtype, None) for name in extra_outputs]
+    graph = h.make_graph(nodes, "attention", inputs, outputs, inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def feeds_of(model: onnx.ModelProto, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    feeds = {}
+    for value in model.graph.input:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        feeds[value.name] = rng.standard_normal(dims).astype(dtype)
+    if "mask" in feeds:   # a padding mask: a few keys masked away
+        feeds["mask"] = np.where(feeds["mask"] > 1.0, -10000.0, 0.0).astype(feeds["mask"].dtype)
+    if "scale" in feeds:
+        feeds["scale"] = np.array(0.3, feeds["scale"].dtype)
+    return feeds
+
+
+def run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def fused(model: onnx.ModelProto) -> tuple[Graph, int]:
+    graph, report = optimize(load_model(model), "cpu")
+    check_graph(graph)
+    return graph, report.rules.get("attention", 0)
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"scale_op": "Mul"}, {"mask": None}, {"mask": (1, 1, S, S)}, {"mask": (S,)},
+    {"k_transposed": True}, {"rank": 3, "mask": (1, S, S)}, {"scale_op": ""},
+    {"axis": 3, "opset": 11}, {"mask": (B, H, S, S), "scale_op": "Mul", "k_transposed": True},
+    {"pre_scale": "q", "scale_op": ""}, {"pre_scale": "qk", "scale_op": ""},
+    {"pre_scale": "qk", "k_transposed": True},
+], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "bert")
+def test_attention_becomes_one_node_that_computes_the_same(rng, options):
+    model = attention_model(**options)
+    graph, hits = fused(model)
+    assert hits == 1
+    assert graph.op_counts() == {"Attention": 1}
+    (node,) = graph.nodes
+    assert node.domain == "wpk" and node.outputs == ["y"]
+    assert node.attrs["k_transposed"] == int(options.get("k_transposed", False))
+    scale = 1.0 if options.get("scale_op") == "" else 1 / math.sqrt(D)
+    scale *= 0.5 ** len(options.get("pre_scale", ""))
+    assert node.attrs["scale"] == pytest.approx(scale, rel=1e-6)
+    feeds = feeds_of(model, rng)
+    (expected,) = run(model, feeds)
+    (actual,) = run(to_onnx(graph), feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_rule_is_documented_and_runs_only_for_the_cpu():
+    assert "attention" in rule_docs("cpu") and "attention" in rule_docs()
+    assert "attention" not in rule_docs("cuda")
+    graph, report = optimize(load_model(attention_model()), "cuda")
+    assert "Attention" not in graph.op_counts() and report.rules.get("attention", 0) == 0
+
+
+@pytest.mark.parametrize("options, why", [
+    ({"axis": 2}, "softmax over another axis"),
+    ({"axis": 1, "opset": 11}, "opset 11 default-like axis: a 2-D coercion at dim 1"),
+    ({"scale_input": True}, "scale is no constant"),
+    ({"extra_outputs": ("scores",)}, "scores are a graph output"),
+    ({"extra_outputs": ("probs",)}, "probabilities are a graph output"),
+    ({"extra_outputs": ("scaled",)}, "scaled scores are a graph output"),
+    ({"dtype": TensorProto.DOUBLE}, "float64"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_the_pass_does_not_fire(options, why):
+    graph, hits = fused(attention_model(**options))
+    assert hits == 0, why
+    assert "Attention" not in graph.op_counts()
+    assert "Softmax" in graph.op_counts()
+
+
+def test_a_score_read_by_another_node_keeps_the_pattern_apart():
+    model = attention_model()
+    extra = h.make_node("ReduceMax", ["scores"], ["peak"], keepdims=1, axes=[-1])
+    model.graph.node.insert(len(model.graph.node) - 2, extra)
+    model.graph.output.append(h.make_tensor_value_info("peak", TensorProto.FLOAT, None))
+    graph, hits = fused(onnx.shape_inference.infer_shapes(model))
+    assert hits == 0 and "Softmax" in graph.op_counts()
+
+
+def test_a_mask_that_would_grow_the_scores_does_not_fuse():
+    """Add(scores, mask) where the mask broadcasts the scores up ([B,H,S,S] + [2,B,H,S,S])
+    is no attention mask."""
+    graph, hits = fused(attention_model(mask=(2, B, H, S, S), output_shape=False))
+    assert hits == 0 and "Softmax" in graph.op_counts()
+
+
+def _hand_graph(shape_q: tuple[int, ...]) -> Graph:
+    """MatMul -> Softmax -> MatMul with Q's shape as given (unknown dims as -1)."""
+    known = (B, H, S, D)
+    tensors = {"q": TensorInfo(shape_q), "kt": TensorInfo((B, H, D, S)),
+               "v": TensorInfo(known), "s": TensorInfo((B, H, S, S)),
+               "p": TensorInfo((B, H, S, S)), "y": TensorInfo(known)}
+    nodes = [Node("MatMul", ["q", "kt"], ["s"], "scores"),
+             Node("Softmax", ["s"], ["p"], "softmax", {"axis": -1}),
+             Node("MatMul", ["p", "v"], ["y"], "context")]
+    return Graph(nodes, ["q", "kt", "v"], ["y"], tensors)
+
+
+def test_unknown_shapes_do_not_fuse():
+    fusion = FusionPass("attention_fusion", ATTENTION_RULES)
+    graph = fusion.run(_hand_graph((B, -1, S, D)))
+    assert not fusion.hits and [n.op for n in graph.nodes] == ["MatMul", "Softmax", "MatMul"]
+    fusion = FusionPass("attention_fusion", ATTENTION_RULES)
+    graph = fusion.run(_hand_graph((B, H, S, D)))   # the same graph with shapes fires
+    assert fusion.hits["attention"] == 1 and [n.op for n in graph.nodes] == ["Attention"]
+
+
+def test_the_suite_transformer_plans_the_fused_op_against_onnxruntime(rng):
+    """A build of the suite's encoder layer measures (and verifies) the generated kernel and
+    onnxruntime's nodes for the one attention workload, and its plan computes the model."""
+    import wpk
+    from tests.models import transformer_encoder
+    from wpk.runtime import Session
+
+    model = transformer_encoder(seq_len=24, d_model=64, heads=2, ffn=128)
+    plan = wpk.build(model, target="cpu")
+    (item,) = [w for w in plan.report["workloads"] if w["op"] == "Attention"]
+    statuses = {c["impl"]: c["status"] for c in item["candidates"]}
+    assert statuses == {"attention.c": "ok", "ort.attention": "ok"}
+    assert all(c["rel_l2_error"] < 1e-5 for c in item["candidates"])
+    assert item["chosen_impl"] in statuses
+    x = rng.standard_normal((1, 24, 64)).astype(np.float32)
+    (expected,) = run(model, {"input": x})
+    (actual,) = Session(plan).run({"input": x}).values()
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)

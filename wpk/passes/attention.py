@@ -1,0 +1,196 @@
+"""Match and rewrite of scaled dot-product attention into wpk's fused `Attention` op (rule
+`attention`, run by the `attention_fusion` pass on the CPU target).
+
+    scores = MatMul(Q, Transpose(K, last two dims swapped))  or  MatMul(Q, K^T)
+    logits = scores * scale  or  scores / scale   (a constant scalar; optional)
+    (Q, K or K^T may come scaled by constant scalars, as torch's and paddle's exports write
+    it: q * s @ k^T, q * sqrt(s) @ k^T * sqrt(s); the factors join the scale)
+    logits = logits + mask                        (optional, either operand order)
+    Y = MatMul(Softmax(logits, last axis), V)
+                        ->  Attention(Q, K or K^T, V[, mask]; scale, k_transposed)
+
+Q, K, V are the [B, H, S, D] (or [B*H, S, D]) tensors exporters make by
+their Reshape/Transpose head split; the mask broadcasts against the scores
+([B,1,1,S], [1,1,S,S], ...). Fires only when every intermediate (scores,
+scaled, masked, probabilities, a swapped K) has the next node as its only
+reader and is no graph output, the softmax is over the last axis, every
+shape is known and every tensor is float32. The op is defined, with its
+float64 formula and its ONNX form, in `wpk.kernels.cpu.attention_spec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wpk.core.graph import Node
+from wpk.core.workload import Workload
+from wpk.kernels.cpu.attention_spec import (
+    ATTENTION_DOMAIN,
+    ATTENTION_OP,
+    attention_reason,
+    broadcasts_to,
+)
+from wpk.passes.fusion import FusionContext, FusionRule
+
+
+@dataclass(frozen=True)
+class AttentionMatch:
+    """What the rule found: the nodes it replaces and the fused node's inputs and attributes."""
+
+    scores: Node          # MatMul(Q, K^T): becomes the fused node
+    context: Node         # MatMul(P, V): its outputs and place go to the fused node
+    others: tuple[Node, ...]
+    inputs: tuple[str, ...]
+    scale: float
+    k_transposed: bool
+
+
+def _known(ctx: FusionContext, name: str) -> bool:
+    info = ctx.graph.tensors.get(name) if name else None
+    return info is not None and all(isinstance(d, (int, np.integer)) and d > 0
+                                    for d in info.shape)
+
+
+def _feeds_only(ctx: FusionContext, node: Node | None, user: Node, op: str | tuple) -> bool:
+    ops = (op,) if isinstance(op, str) else op
+    return node is not None and node.op in ops and node.domain in ("", "ai.onnx") \
+        and not node.epilogue and ctx.single_consumer(node) is user
+
+
+def _softmax_is_last_axis(ctx: FusionContext, softmax: Node, rank: int) -> bool:
+    default = -1 if ctx.graph.opset >= 13 else 1   # before 13: 2-D coercion at `axis`
+    return int(softmax.attr("axis", default)) % rank == rank - 1
+
+
+def _scale_of(ctx: FusionContext, node: Node) -> tuple[str, float] | None:
+    """(the scores operand, the factor) of a Mul or Div by a constant scalar, else None."""
+    if len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    for tensor, const in ((a, b), (b, a)) if node.op == "Mul" else ((a, b),):
+        value = ctx.const(const)
+        if value is not None and value.size == 1 and value.dtype.kind == "f" \
+                and ctx.const(tensor) is None:
+            factor = float(value.reshape(-1)[0])
+            if node.op == "Div":
+                return (tensor, 1.0 / factor) if factor != 0.0 else None
+            return tensor, factor
+    return None
+
+
+def _mask_split(ctx: FusionContext, add: Node, logits_shape: tuple[int, ...]):
+    """(the scores operand, the mask) of the mask Add, or None."""
+    if len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+        return None
+    for scores, mask in (add.inputs, add.inputs[::-1]):
+        producer = ctx.producers.get(scores)
+        if not _feeds_only(ctx, producer, add, ("Mul", "Div", "MatMul")) or not _known(ctx, mask):
+            continue
+        if broadcasts_to(ctx.graph.tensors[mask].shape, logits_shape):
+            return scores, mask
+    return None
+
+
+def _scaled_input(ctx: FusionContext, name: str, user: Node) -> tuple[str, float, list[Node]]:
+    """(tensor, factor, [node]) when `name` is a Mul/Div of a tensor by a constant scalar read
+    only by `user` (torch and paddle scale Q, or Q and K^T, before the MatMul), else
+    (name, 1.0, [])."""
+    node = ctx.producers.get(name)
+    if _feeds_only(ctx, node, user, ("Mul", "Div")):
+        found = _scale_of(ctx, node)
+        if found is not None:
+            return found[0], found[1], [node]
+    return name, 1.0, []
+
+
+def _key_of(ctx: FusionContext, kt: str, user: Node, rank: int) -> tuple[str, bool, list[Node]]:
+    """K and whether the fused op reads it as K^T: a Transpose swapping the last two dims,
+    read only by `user` (the scores MatMul or a scale on its way), is absorbed."""
+    swap = ctx.producers.get(kt)
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    if _feeds_only(ctx, swap, user, "Transpose") and \
+            [int(p) for p in swap.attr("perm", ())] == perm:
+        return swap.inputs[0], False, [swap]
+    return kt, True, []
+
+
+def _operands(ctx: FusionContext, scores: Node, rank: int):
+    """Q, K, whether K is K^T, the product of the scalar factors on their way to the scores
+    MatMul, and the nodes those took."""
+    q, q_factor, nodes = _scaled_input(ctx, scores.inputs[0], scores)
+    kt, k_factor, k_nodes = _scaled_input(ctx, scores.inputs[1], scores)
+    key, k_transposed, swap = _key_of(ctx, kt, k_nodes[0] if k_nodes else scores, rank)
+    factor = q_factor * k_factor
+    if swap:
+        key, swap_factor, swap_nodes = _scaled_input(ctx, key, swap[0])
+        factor *= swap_factor
+        swap += swap_nodes
+    return q, key, k_transposed, factor, nodes + k_nodes + swap
+
+
+def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
+    """The attention pattern around `softmax`, or None (see the module docstring)."""
+    graph = ctx.graph
+    if softmax.domain not in ("", "ai.onnx") or len(softmax.inputs) != 1 \
+            or not _known(ctx, softmax.inputs[0]):
+        return None
+    logits_shape = tuple(graph.tensors[softmax.inputs[0]].shape)
+    rank = len(logits_shape)
+    if rank not in (3, 4) or not _softmax_is_last_axis(ctx, softmax, rank):
+        return None
+    context = ctx.single_consumer(softmax)
+    if context is None or context.op != "MatMul" or context.domain not in ("", "ai.onnx") \
+            or context.epilogue or context.inputs[0] != softmax.outputs[0] \
+            or context.inputs[1] == softmax.outputs[0]:
+        return None
+    others, value, mask, scale = [softmax], softmax.inputs[0], None, 1.0
+    node = ctx.producers.get(value)
+    if _feeds_only(ctx, node, softmax, "Add"):
+        split = _mask_split(ctx, node, logits_shape)
+        if split is None:
+            return None
+        others.append(node)
+        value, mask = split
+        user, node = node, ctx.producers.get(split[0])
+    else:
+        user = softmax
+    if _feeds_only(ctx, node, user, ("Mul", "Div")):
+        found = _scale_of(ctx, node)
+        if found is None:
+            return None
+        others.append(node)
+        value, scale = found
+        user, node = node, ctx.producers.get(found[0])
+    if not _feeds_only(ctx, node, user, "MatMul") or len(node.inputs) != 2:
+        return None
+    q, key, k_transposed, factor, operand_nodes = _operands(ctx, node, rank)
+    scale *= factor
+    inputs = (q, key, context.inputs[1]) + ((mask,) if mask else ())
+    if not all(_known(ctx, name) for name in (*inputs, context.outputs[0])):
+        return None
+    workload = Workload(ATTENTION_OP, tuple(graph.tensors[n].spec for n in inputs),
+                        (graph.tensors[context.outputs[0]].spec,),
+                        (("k_transposed", int(k_transposed)), ("scale", scale)),
+                        domain=ATTENTION_DOMAIN)
+    if attention_reason(workload) is not None:
+        return None
+    return AttentionMatch(node, context, tuple(others + operand_nodes), inputs, scale,
+                          k_transposed)
+
+
+def rewrite_attention(ctx: FusionContext, softmax: Node, found: AttentionMatch) -> None:
+    """The scores MatMul becomes the fused node, in the context MatMul's place; the rest go."""
+    node = found.scores
+    node.op, node.domain, node.inputs = ATTENTION_OP, ATTENTION_DOMAIN, list(found.inputs)
+    node.attrs = {"scale": found.scale, "k_transposed": int(found.k_transposed)}
+    node.epilogue = ()
+    ctx.absorb(node, found.context, remove=list(found.others))
+
+
+ATTENTION_RULES = [
+    FusionRule("attention", frozenset({"Softmax"}), match_attention, rewrite_attention,
+               "Softmax(MatMul(Q, K^T) * scale [+ mask]) @ V -> wpk Attention (one fused "
+               "kernel, no [seq, seq] tensor)"),
+]
