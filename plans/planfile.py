@@ -31,6 +31,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,7 +210,7 @@ def _read_member(archive: zipfile.ZipFile, name: str, path: str) -> bytes:
         return archive.read(name)
     except KeyError:
         raise PlanError(f"plan '{path}' is missing member '{name}'", hint=REBUILD_HINT) from None
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
         raise PlanError(f"plan '{path}': member '{name}' is corrupted ({exc})",
                         hint=REBUILD_HINT) from None
 

@@ -177,6 +177,22 @@ def test_plan_with_a_changed_byte(tmp_path, plan, capsys):
     assert_user_error(code, err, "weights.npz")
 
 
+def _compressed_data_offsets(path: str) -> dict[str, int]:
+    """For each deflated member, the file offset of the middle of its compressed bytes."""
+    raw = Path(path).read_bytes()
+    offsets = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_DEFLATED or info.compress_size < 8:
+                continue
+            header = info.header_offset
+            name_length = int.from_bytes(raw[header + 26:header + 28], "little")
+            extra_length = int.from_bytes(raw[header + 28:header + 30], "little")
+            start = header + 30 + name_length + extra_length
+            offsets[info.filename] = start + info.compress_size // 2
+    return offsets
+
+
 def test_plan_with_a_changed_byte_in_the_raw_file(tmp_path, plan, capsys):
     data = bytearray(Path(plan).read_bytes())
     data[len(data) // 3] ^= 0xFF
@@ -184,6 +200,20 @@ def test_plan_with_a_changed_byte_in_the_raw_file(tmp_path, plan, capsys):
     tampered.write_bytes(bytes(data))
     code, _, err = run_cli(capsys, "run", tampered)
     assert_user_error(code, err, "raw.wpk")
+
+
+def test_plan_with_a_changed_byte_in_each_compressed_member(tmp_path, plan, capsys):
+    """A flipped byte inside deflated data breaks the stream itself (zlib's error, not the
+    checksum's): still one error line naming the plan, exit 2."""
+    offsets = _compressed_data_offsets(plan)
+    assert offsets, "the plan has no deflated member to damage"
+    for member, offset in offsets.items():
+        data = bytearray(Path(plan).read_bytes())
+        data[offset] ^= 0xFF
+        tampered = tmp_path / f"deflate_{len(member)}.wpk"
+        tampered.write_bytes(bytes(data))
+        code, _, err = run_cli(capsys, "run", tampered)
+        assert_user_error(code, err, tampered.name)
 
 
 def test_plan_from_a_newer_format_version(tmp_path, plan, capsys):
