@@ -150,7 +150,7 @@ class WpkBackendRep(BackendRep):
                tuple(sorted((n, v.dtype.str, v.shape, v.tobytes()) for n, v in folded.items())))
         session = self._sessions.get(key)
         if session is None:
-            session = self._build(self._specialize(shapes, folded))
+            session = self._build(self._specialize(shapes, folded), shapes)
             self._sessions[key] = session
         return session
 
@@ -178,9 +178,14 @@ class WpkBackendRep(BackendRep):
                 n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in folded.items())
         return model
 
-    def _build(self, model: onnx.ModelProto):
-        """Build a plan in memory and load it into a runtime session (no file written)."""
-        plan = wpk.build(model, target=self.target, **self.options)
+    def _build(self, model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]):
+        """Build a plan in memory and load it into a runtime session (no file written).
+
+        The run's shapes are also given as `input_shapes`: a declared dim of 0 (an empty
+        tensor) reads as an exporter's "dynamic" placeholder otherwise.
+        """
+        options = {"input_shapes": {n: tuple(s) for n, s in shapes.items()}, **self.options}
+        plan = wpk.build(model, target=self.target, **options)
         return Session(plan, f"<backend plan {len(self._sessions)} of {model.graph.name}>")
 
 
