@@ -153,7 +153,7 @@ def _weights_bytes(manifest: dict, weights: Mapping[str, np.ndarray]) -> bytes:
     table, arrays = [], {}
     for index, (name, value) in enumerate(weights.items()):
         array = np.asarray(value)
-        table.append({"name": name, "shape": list(array.shape), "dtype": array.dtype.str})
+        table.append({"name": name, "shape": list(array.shape), "dtype": _dtype_text(array)})
         arrays[f"c{index}"] = array
     manifest["constants"] = table
     buffer = io.BytesIO()
@@ -295,6 +295,26 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
 
 
 
+def _dtype_text(array: np.ndarray) -> str:
+    """The dtype as the manifest holds it: numpy's code ('<f4'), or the name of an
+    ml_dtypes type (bfloat16, float8_e4m3fn, int4...), which npz stores as raw bytes."""
+    return array.dtype.name if array.dtype.kind == "V" else array.dtype.str
+
+
+def _as_manifest_dtype(array: np.ndarray, dtype: Any) -> np.ndarray | None:
+    """The loaded array with the manifest's dtype (raw bytes viewed as an ml_dtypes type),
+    or None when they do not match."""
+    if array.dtype.str == dtype:
+        return array
+    if array.dtype.kind != "V" or not isinstance(dtype, str):
+        return None
+    try:
+        wanted = np.dtype(dtype)
+    except TypeError:
+        return None
+    return array.view(wanted) if wanted.itemsize == array.dtype.itemsize else None
+
+
 def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str, np.ndarray]:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
@@ -305,8 +325,9 @@ def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str,
     weights = {}
     for index, entry in enumerate(table):
         array = arrays.get(f"c{index}")
-        if (array is None or list(array.shape) != list(entry["shape"])
-                or array.dtype.str != entry["dtype"]):
+        if array is not None:
+            array = _as_manifest_dtype(array, entry["dtype"])
+        if array is None or list(array.shape) != list(entry["shape"]):
             raise PlanError(f"plan '{path}': constant '{entry['name']}' in '{WEIGHTS}' does "
                             "not match the manifest", hint=REBUILD_HINT)
         weights[entry["name"]] = array
