@@ -41,6 +41,7 @@ import numpy as np
 
 from wpk.core.devices import cpu_fingerprint
 from wpk.core.errors import PlanError
+from wpk.core.numerics import is_ml_dtype
 from wpk.core.version import __version__
 from wpk.core.workload import Workload
 from wpk.plans.buffers import BufferPlan
@@ -154,7 +155,7 @@ def _weights_bytes(manifest: dict, weights: Mapping[str, np.ndarray]) -> bytes:
     for index, (name, value) in enumerate(weights.items()):
         array = np.asarray(value)
         table.append({"name": name, "shape": list(array.shape), "dtype": _dtype_text(array)})
-        arrays[f"c{index}"] = array
+        arrays[f"c{index}"] = _raw(array) if is_ml_dtype(array.dtype) else array
     manifest["constants"] = table
     buffer = io.BytesIO()
     np.savez(buffer, allow_pickle=False, **arrays)
@@ -298,7 +299,12 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
 def _dtype_text(array: np.ndarray) -> str:
     """The dtype as the manifest holds it: numpy's code ('<f4'), or the name of an
     ml_dtypes type (bfloat16, float8_e4m3fn, int4...), which npz stores as raw bytes."""
-    return array.dtype.name if array.dtype.kind == "V" else array.dtype.str
+    return array.dtype.name if is_ml_dtype(array.dtype) else array.dtype.str
+
+
+def _raw(array: np.ndarray) -> np.ndarray:
+    """An ml_dtypes array as raw bytes of the same size (npz cannot name its dtype)."""
+    return array.copy(order="C").view(np.dtype(f"V{array.dtype.itemsize}"))
 
 
 def _as_manifest_dtype(array: np.ndarray, dtype: Any) -> np.ndarray | None:
@@ -312,7 +318,9 @@ def _as_manifest_dtype(array: np.ndarray, dtype: Any) -> np.ndarray | None:
         wanted = np.dtype(dtype)
     except TypeError:
         return None
-    return array.view(wanted) if wanted.itemsize == array.dtype.itemsize else None
+    if not is_ml_dtype(wanted) or wanted.itemsize != array.dtype.itemsize:
+        return None
+    return array.view(wanted)
 
 
 def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str, np.ndarray]:

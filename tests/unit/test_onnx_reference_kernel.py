@@ -117,23 +117,28 @@ def test_the_planner_measures_it_only_when_nothing_else_verifies():
     assert np.array_equal(Session(plan).run({"x": x, "y": y})["z"], np.maximum(x, y))
 
 
-def test_a_bfloat16_model_builds_saves_loads_and_runs(tmp_path):
-    """bfloat16 tensors (Cast, a bfloat16 constant, Mul) flow through onnx.reference steps,
-    and the plan file keeps the constant's dtype (npz stores ml_dtypes as raw bytes)."""
+@pytest.mark.parametrize("dtype", [TensorProto.BFLOAT16, TensorProto.FLOAT8E5M2])
+def test_a_narrow_float_model_builds_saves_loads_and_runs(tmp_path, dtype):
+    """bfloat16 (or float8e5m2) tensors (Cast, Pad with a constant value of that dtype,
+    Cast back) flow through the plan's steps, and the plan file keeps the constant's dtype
+    (npz cannot store ml_dtypes)."""
     from onnx import numpy_helper
 
-    w = np.array([1.5, -2, 3, 0.25], np.float32).astype(ml_dtypes.bfloat16)
-    nodes = [helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
-             helper.make_node("Mul", ["xb", "w"], ["yb"]),
+    narrow = helper.tensor_dtype_to_np_dtype(dtype)
+    value = np.array(-2.5, np.float32).astype(narrow)
+    pads = np.array([0, 0, 1, 0], np.int64)
+    nodes = [helper.make_node("Cast", ["x"], ["xb"], to=dtype),
+             helper.make_node("Pad", ["xb", "pads", "value"], ["yb"]),
              helper.make_node("Cast", ["yb"], ["y"], to=TensorProto.FLOAT)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, [2, 4])], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, [2, 4])], [numpy_helper.from_array(w, "w")])
+            "y", TensorProto.FLOAT, [3, 4])], [numpy_helper.from_array(value, "value"),
+                                              numpy_helper.from_array(pads, "pads")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
-    path = tmp_path / "bf16.wpk"
+    path = tmp_path / "narrow.wpk"
     wpk.build(model, progress=False, partition=False).save(path)
     x = np.arange(8, dtype=np.float32).reshape(2, 4) / 3
     (got,) = wpk.load(str(path)).run(None, {"x": x})
-    expected = (x.astype(ml_dtypes.bfloat16) * w).astype(np.float32)
+    expected = np.concatenate([x.astype(narrow).astype(np.float32), np.full((1, 4), -2.5)])
     assert np.array_equal(got, expected)
