@@ -68,10 +68,19 @@ def skip_reason(model: onnx.ModelProto, data_sets: list) -> str | None:
     return reason if reason in _STRUCTURAL else None
 
 
+_PLANNER_FAILURES = (("no candidate computed the right answer for: ", "no candidate verified"),
+                     ("no implementation supports: ", "no candidate"))
+
+
 def failure_reason(exc: BaseException) -> str:
     """A short, groupable reason: the error type and its message's first words, numbers and
-    names taken out."""
+    names taken out; a planner failure by the op it failed on."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    for prefix, short in _PLANNER_FAILURES:
+        if text.startswith(prefix):
+            ops = sorted({part.split(" at ")[0].strip() for part in
+                          re.split(r"; (?=\w+ at ')", text[len(prefix):])})
+            return f"{short}: {', '.join(ops)[:80]}"
     if isinstance(exc, AssertionError):
         return "wrong answer" if "Mismatch" in str(exc) or "Not equal" in str(exc) \
             else "wrong answer (" + _generic(text)[:60] + ")"
