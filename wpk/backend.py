@@ -44,7 +44,7 @@ SHAPE_DEFINING_INPUTS: dict[str, tuple[int, ...]] = {
     "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,), "CumSum": (1,),
     "BlackmanWindow": (0,), "HannWindow": (0,), "HammingWindow": (0,),
     "MelWeightMatrix": (0, 1, 2), "DFT": (1, 2), "STFT": (1, 3), "Trilu": (1,),
-    "CumProd": (1,), "AffineGrid": (1,),
+    "CumProd": (1,), "AffineGrid": (1,), "Loop": (0, 1),
 }
 # Ops whose output depends on the shape of their input only, not on its values.
 _SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})

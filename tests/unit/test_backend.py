@@ -128,3 +128,23 @@ def test_empty_inputs_are_not_mistaken_for_dynamic_dims():
     rep = backend.prepare(model, "CPU", **FAST)
     (y,) = rep.run([np.zeros((2, 0, 4), np.float32), np.array([1], np.int64)])
     assert y.shape == (2, 1, 4) and not y.any()
+
+
+def test_a_loop_trip_count_input_is_folded():
+    """Loop's trip count sets the length of its scan outputs: a graph input feeding it is
+    folded like a Reshape shape (one plan per value)."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Cast", ["i"], ["count"], to=TensorProto.FLOAT),
+         helper.make_node("Unsqueeze", ["count", "axes"], ["value"])],
+        "body", [_value("i", TensorProto.INT64, []), _value("cond_in", TensorProto.BOOL, [])],
+        [_value("cond_out", TensorProto.BOOL, []), _value("value", TensorProto.FLOAT, [1])],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [0])])
+    loop = helper.make_node("Loop", ["m", "go"], ["y"], body=body)
+    model = _model([loop], [_value("m", TensorProto.INT64, [])],
+                   [_value("y", TensorProto.FLOAT, ["M", 1])])
+    model.graph.initializer.append(helper.make_tensor("go", TensorProto.BOOL, [], [True]))
+    rep = backend.prepare(model, "CPU", **FAST)
+    assert rep.folded_inputs == {"m"}
+    assert rep.run([np.array(3, np.int64)])[0].tolist() == [[0.0], [1.0], [2.0]]
+    assert rep.run([np.array(1, np.int64)])[0].tolist() == [[0.0]]
