@@ -41,6 +41,7 @@ import numpy as np
 
 from wpk.core.devices import cpu_fingerprint
 from wpk.core.errors import PlanError
+from wpk.core.numerics import is_ml_dtype
 from wpk.core.version import __version__
 from wpk.core.workload import Workload
 from wpk.plans.buffers import BufferPlan
@@ -153,8 +154,8 @@ def _weights_bytes(manifest: dict, weights: Mapping[str, np.ndarray]) -> bytes:
     table, arrays = [], {}
     for index, (name, value) in enumerate(weights.items()):
         array = np.asarray(value)
-        table.append({"name": name, "shape": list(array.shape), "dtype": array.dtype.str})
-        arrays[f"c{index}"] = array
+        table.append({"name": name, "shape": list(array.shape), "dtype": _dtype_text(array)})
+        arrays[f"c{index}"] = _raw(array) if is_ml_dtype(array.dtype) else array
     manifest["constants"] = table
     buffer = io.BytesIO()
     np.savez(buffer, allow_pickle=False, **arrays)
@@ -295,6 +296,33 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
 
 
 
+def _dtype_text(array: np.ndarray) -> str:
+    """The dtype as the manifest holds it: numpy's code ('<f4'), or the name of an
+    ml_dtypes type (bfloat16, float8_e4m3fn, int4...), which npz stores as raw bytes."""
+    return array.dtype.name if is_ml_dtype(array.dtype) else array.dtype.str
+
+
+def _raw(array: np.ndarray) -> np.ndarray:
+    """An ml_dtypes array as raw bytes of the same size (npz cannot name its dtype)."""
+    return array.copy(order="C").view(np.dtype(f"V{array.dtype.itemsize}"))
+
+
+def _as_manifest_dtype(array: np.ndarray, dtype: Any) -> np.ndarray | None:
+    """The loaded array with the manifest's dtype (raw bytes viewed as an ml_dtypes type),
+    or None when they do not match."""
+    if array.dtype.str == dtype:
+        return array
+    if array.dtype.kind != "V" or not isinstance(dtype, str):
+        return None
+    try:
+        wanted = np.dtype(dtype)
+    except TypeError:
+        return None
+    if not is_ml_dtype(wanted) or wanted.itemsize != array.dtype.itemsize:
+        return None
+    return array.view(wanted)
+
+
 def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str, np.ndarray]:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
@@ -305,8 +333,9 @@ def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str,
     weights = {}
     for index, entry in enumerate(table):
         array = arrays.get(f"c{index}")
-        if (array is None or list(array.shape) != list(entry["shape"])
-                or array.dtype.str != entry["dtype"]):
+        if array is not None:
+            array = _as_manifest_dtype(array, entry["dtype"])
+        if array is None or list(array.shape) != list(entry["shape"]):
             raise PlanError(f"plan '{path}': constant '{entry['name']}' in '{WEIGHTS}' does "
                             "not match the manifest", hint=REBUILD_HINT)
         weights[entry["name"]] = array

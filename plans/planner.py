@@ -164,7 +164,7 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
         _check_strict(groups)
     listed = {key: _distinct(candidates(items[0].workload)) for key, items in groups.items()}
     for key, found in listed.items():
-        runner.prefetch(groups[key][0].workload, found)
+        runner.prefetch(groups[key][0].workload, _first_round(found)[0])
     measure_options = options.measure_options()
     choices: dict[str, Choice] = {}
     no_candidate, none_verified = [], []
@@ -175,7 +175,7 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
         if not listed[key]:
             no_candidate.append(f"{workload.op} at {_nodes_text(items)}")
             continue
-        measured = list(zip(listed[key], runner.run(workload, listed[key], measure_options)))
+        measured = _measure(workload, listed[key], runner, measure_options)
         winner = choose(measured, prefer=joins_regions, credit_s=options.region_credit_s)
         if winner is None:
             reasons = "; ".join(f"{m.label}: {m.status.value} ({m.message})"
@@ -205,6 +205,23 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
                                    f"fallback: {', '.join(fallbacks)}",
                                    hint="drop --strict to accept the onnxruntime fallback")
     return PlanChoices(choices)
+
+
+def _first_round(found: Sequence[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
+    """(the candidates measured first, the last resorts measured only when none of those
+    verifies: `Implementation.last_resort`)."""
+    first = [c for c in found if not c.implementation.last_resort]
+    return first, [c for c in found if c.implementation.last_resort]
+
+
+def _measure(workload: Workload, found: Sequence[Candidate], runner: Runner,
+             options) -> list[tuple[Candidate, Measurement]]:
+    """Every candidate's measurement, the last resorts only when no other one verified."""
+    first, last = _first_round(found)
+    measured = list(zip(first, runner.run(workload, first, options))) if first else []
+    if last and not any(m.ok for _, m in measured):
+        measured += zip(last, runner.run(workload, last, options))
+    return measured
 
 
 def _measured_pair(measurement: Measurement) -> tuple[Candidate, Measurement] | None:
