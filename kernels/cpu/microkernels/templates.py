@@ -81,6 +81,10 @@ def _epilogue(g: ConvGeometry, lanes: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _interior(g: ConvGeometry) -> tuple[int, int]:
     """[lo, hi): the output columns whose window lies inside the image's columns."""
     lo = min(g.ow, -(-g.pl // g.sw))
@@ -92,9 +96,9 @@ def _interior(g: ConvGeometry) -> tuple[int, int]:
 def _chunks(g: ConvGeometry, rows: int, px: int) -> tuple[int, int]:
     """(column chunk width, chunks per row): rows split so there are about TARGET_UNITS
     units, each chunk a whole number of tiles."""
-    want = max(1, min(-(-TARGET_UNITS // max(rows, 1)), -(-g.ow // px)))
-    width = -(-(-(-g.ow // want)) // px) * px
-    return width, -(-g.ow // width)
+    want = max(1, min(_ceil_div(TARGET_UNITS, max(rows, 1)), _ceil_div(g.ow, px)))
+    width = _ceil_div(_ceil_div(g.ow, want), px) * px
+    return width, _ceil_div(g.ow, width)
 
 
 _CONV_TILE = r"""
@@ -116,7 +120,7 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
             for (int s = 0; s < S; ++s) {{
                 const float *xs[{np}];
                 _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
-                    xs[p] = xrow + (ptrdiff_t)((ow + p) * SW - PL + s * DW) * BLK;
+                    xs[p] = xrow + ((ptrdiff_t)(ow + p) * SW - PL + s * DW) * BLK;
                 if ({checked}) {{
                     int iw = ow * SW - PL + s * DW;
                     if (iw < 0 || iw >= W) continue;
