@@ -10,6 +10,8 @@ compiles and runs there) and the portable path.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -123,16 +125,16 @@ def test_kernel_matches_float64_reference(case, isa, rng):
 def test_every_remainder_tile_and_chunking(rng):
     """A row of 37 pixels with every tile width: the interior's last smaller tile is each
     of 1 .. px-1 somewhere, the column chunks split rows."""
-    workload = conv(B, 2 * B, (3, 37), 3, epilogue=(RELU,))
+    workload = conv(3 * B, 2 * B, (3, 37), 3, epilogue=(RELU,))   # 2 passes of cbt 2
     isa = USABLE[0]
     for px in (2, 3, 5, 7):
-        config = {"isa": isa, "kv": 1, "px": px, "unroll": 4}
+        config = {"isa": isa, "kv": 1, "px": px, "unroll": 4, "cbt": 2}
         assert _check(workload, config, rng) < 1e-5
 
 
 def test_avx2_source_uses_eight_lanes_and_its_flags():
     g = conv_geometry(CASES["3x3_odd_channels"])
-    source = conv_source(g, {"isa": "avx2", "kv": 2, "px": 6, "unroll": 16})
+    source = conv_source(g, {"isa": "avx2", "kv": 2, "px": 6, "unroll": 16, "cbt": 1})
     assert "vector_size(8 * 4)" in source and "#define VW 8" in source
     assert "-march=x86-64-v3" in compile_flags(ISAS["avx2"])
     assert "-march=x86-64-v4" in compile_flags(ISAS["avx512"])
@@ -142,16 +144,17 @@ def test_avx2_source_uses_eight_lanes_and_its_flags():
 
 def test_config_space_rejects_what_does_not_fit():
     g = conv_geometry(CASES["3x3_odd_channels"])
-    assert config_reason(g, {"isa": "portable", "kv": 3, "px": 3, "unroll": 1}) is None
+    fits = {"isa": "portable", "kv": 3, "px": 3, "unroll": 1, "cbt": 1}
+    assert config_reason(g, fits) is None
     # 4 x 3 accumulators + 4 weight vectors + a broadcast: 17 of 16 registers
-    assert "registers" in config_reason(g, {"isa": "portable", "kv": 4, "px": 3, "unroll": 1})
+    assert "registers" in config_reason(g, dict(fits, kv=4))
     assert "knobs" in config_reason(g, {"isa": "portable", "kv": 1})
-    assert "unknown" in config_reason(g, {"isa": "sse9", "kv": 1, "px": 1, "unroll": 1})
+    assert "unknown" in config_reason(g, dict(fits, isa="sse9"))
     kv = g.out_vectors(ISAS["portable"].lanes) + 1
-    too_many = config_reason(g, {"isa": "portable", "kv": kv, "px": 1, "unroll": 1})
+    too_many = config_reason(g, dict(fits, kv=kv, px=1))
     assert "vectors" in too_many
     dw = conv_geometry(CASES["depthwise_3x3"])
-    assert "depthwise" in config_reason(dw, {"isa": "portable", "kv": 2, "px": 1, "unroll": 1})
+    assert "depthwise" in config_reason(dw, dict(fits, kv=2, px=1))
     for workload in CASES.values():
         geometry = conv_geometry(workload)
         assert config_reason(geometry, default_config(geometry)) is None
@@ -198,3 +201,39 @@ def test_tuner_searches_the_space_and_every_proposal_is_correct(rng):
         assert _check(workload, config, rng) < 1e-5
     tuner.update(batch, [float(i + 1) for i in range(len(batch))])
     assert tuner.next_batch(2)
+
+
+# --- the benchmark scripts' pieces ---------------------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.fixture
+def scripts_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+
+
+def test_cpu_peak_measures_fma_peak_and_bandwidth(scripts_on_path):
+    import cpu_peak
+
+    peak = cpu_peak.measure_peak(1, repeat=1)
+    assert peak["isa"] == USABLE[0] and peak["lanes"] == ISAS[USABLE[0]].lanes
+    assert 0.1 < peak["gflops"] < 1e5
+    bandwidth = cpu_peak.measure_bandwidth(1, mib=8, repeat=1)
+    assert 0.01 < bandwidth["copy_gbs"] < 1e4 and 0.01 < bandwidth["triad_gbs"] < 1e4
+
+
+def test_bench_summary_checks_the_goals(scripts_on_path):
+    from bench_microkernels import summarize
+
+    def row(group, ratio, flops, pct):
+        return {"group": group, "ratio_to_ort": ratio, "flops": flops, "label": f"{group} {flops}",
+                "percent_of_peak": {"micro": pct}}
+
+    rows = [row("1x1", 1.0, 10, 50.0), row("1x1", 0.9, 20, 85.0), row("1x1", 0.96, 5, 10.0),
+            row("3x3 s1", 0.8, 30, 40.0), row("depthwise", 1.2, 1, 5.0)]
+    summary = summarize(rows)
+    assert summary["1x1"]["median_ratio_to_ort"] == 0.96 and summary["1x1"]["met"]
+    assert not summary["3x3 s1"]["met"] and summary["depthwise"]["met"]
+    assert summary["largest_1x1"] == {"label": "1x1 20", "percent_of_peak": 85.0,
+                                      "goal": 80.0, "met": True}

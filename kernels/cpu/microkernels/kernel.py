@@ -133,6 +133,8 @@ class MicroNchwc(Implementation):
             x = np.ascontiguousarray(inputs[0], dtype=np.float32)
             s = None if sum_index is None else np.ascontiguousarray(inputs[sum_index],
                                                                     dtype=np.float32)
+            if s is not None and np.shares_memory(s, out):   # y holds partial sums first
+                s = s.copy()
             fn(x.ctypes.data, w_ptr, b_ptr, None if s is None else s.ctypes.data,
                out.ctypes.data)
 

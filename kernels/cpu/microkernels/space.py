@@ -3,14 +3,18 @@
     geometry = conv_geometry(workload)      # ConvGeometry, or a str saying why it does not fit
     space = MicroSpace(geometry)            # space(), validate(config), default_config()
 
-A config is `{"isa": name, "kv": output vectors, "px": output pixels, "unroll": n}`:
+A config is `{"isa": name, "kv": output vectors, "px": output pixels, "unroll": n,
+"cbt": input blocks per pass}`:
 the register tile is kv vectors of output channels (kv * lanes channels) by px
 output pixels of one row, `kv * px` accumulators; a depthwise tile is one
 vector of channels by px pixels (kv is 1). `unroll` unrolls the reduction over
 the input channels of a block (regular convs) or over the filter rows
-(depthwise). `MicroSpace` has the interface of a DSL schedule template
-(`space()`, `validate(config)`, `default_config()`), so the GA/RL tuners of
-`wpk.search` search it as they search generated DSL kernels.
+(depthwise). A regular conv reduces over its input channels in passes of
+`cbt` blocks (partial sums kept in the output), so the weights of a pass stay
+in L1 while every tile of a row segment uses them. `MicroSpace` has the
+interface of a DSL schedule template (`space()`, `validate(config)`,
+`default_config()`), so the GA/RL tuners of `wpk.search` search it as they
+search generated DSL kernels.
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ from wpk.kernels.nchwc_logical import NCHWC_DOMAIN, is_depthwise, logical_worklo
 KV_CHOICES = (1, 2, 3, 4, 6, 8)
 PX_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 UNROLL_CHOICES = (1, 2, 4, 8, 16)
+CBT_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
+# A pass over CBT input blocks keeps its weights in L1 when they take at most this many bytes
+PASS_BYTES = 32 * 1024
 # The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
+KNOBS = ("isa", "kv", "px", "unroll", "cbt")
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
 
 
@@ -149,7 +157,9 @@ class MicroSpace:
     def space(self) -> dict[str, tuple]:
         """Knob -> choices."""
         kv = (1,) if self.geometry.depthwise else KV_CHOICES
-        return {"isa": self.isas, "kv": kv, "px": PX_CHOICES, "unroll": UNROLL_CHOICES}
+        cbt = (1,) if self.geometry.depthwise else CBT_CHOICES
+        return {"isa": self.isas, "kv": kv, "px": PX_CHOICES, "unroll": UNROLL_CHOICES,
+                "cbt": cbt}
 
     def validate(self, config) -> str | None:
         """None when `config` builds a correct kernel on this host, else why not."""
@@ -162,13 +172,15 @@ class MicroSpace:
 
 def config_reason(geometry: ConvGeometry, config) -> str | None:
     """None when `config` is a valid micro-kernel schedule of `geometry`, else why not."""
-    if set(config) != {"isa", "kv", "px", "unroll"}:
-        return "a micro-kernel config has the knobs isa, kv, px and unroll"
+    if set(config) != set(KNOBS):
+        return f"a micro-kernel config has the knobs {', '.join(KNOBS)}"
     try:
         isa = isa_named(str(config["isa"]))
     except ValueError as exc:
         return str(exc)
-    kv, px, unroll = (int(config[k]) for k in ("kv", "px", "unroll"))
+    kv, px, unroll, cbt = (int(config[k]) for k in ("kv", "px", "unroll", "cbt"))
+    if cbt < 1:
+        return "cbt (input blocks per pass) is positive"
     if geometry.block % isa.lanes:
         return f"the block {geometry.block} is not a multiple of {isa.name}'s {isa.lanes} lanes"
     if min(kv, px, unroll) < 1 or px > max(PX_CHOICES) or unroll > max(UNROLL_CHOICES):
@@ -186,12 +198,15 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
 def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA, and the tile of MLAS's NCHWc
     kernels (4 vectors of output channels x 6 pixels with 32 registers, 2 x 6 with 16;
-    depthwise 8 or 4 pixels), fewer vectors where the output has fewer; full unroll."""
+    depthwise 8 or 4 pixels), fewer vectors where the output has fewer; full unroll;
+    passes of as many input blocks as keep their weights within `PASS_BYTES`."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if geometry.block % i.lanes == 0)
     wide = isa.registers >= 32
     if geometry.depthwise:
-        return {"isa": isa.name, "kv": 1, "px": 8 if wide else 4, "unroll": 16}
+        return {"isa": isa.name, "kv": 1, "px": 8 if wide else 4, "unroll": 16, "cbt": 1}
     vectors = geometry.out_vectors(isa.lanes)
     kv = max(k for k in (1, 2, 3, 4)[: 4 if wide else 2] if vectors % k == 0)
-    return {"isa": isa.name, "kv": kv, "px": 6, "unroll": 16}
+    block_bytes = geometry.r * geometry.s * geometry.block * kv * isa.lanes * 4
+    cbt = max([c for c in CBT_CHOICES if c * block_bytes <= PASS_BYTES] or [1])
+    return {"isa": isa.name, "kv": kv, "px": 6, "unroll": 16, "cbt": cbt}

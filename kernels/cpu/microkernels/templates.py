@@ -25,13 +25,15 @@ Vectors are GCC vector extensions of `lanes` floats (`isa.py`); `vload` and
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 
 from wpk.kernels.cpu.microkernels.isa import ISAS
 from wpk.kernels.cpu.microkernels.space import ConvGeometry, config_reason
 
-# Parallel units per kernel call the column chunks aim at (enough for every core to share).
-TARGET_UNITS = 64
+# Parallel units per kernel call the column chunks aim at: a few per core, so the cores
+# share the work evenly and each unit's tiles still reuse the weights they load.
+TARGET_UNITS = max(16, 4 * (os.cpu_count() or 1))
 
 _HEADER = r"""
 #include <math.h>
@@ -102,16 +104,21 @@ def _chunks(g: ConvGeometry, rows: int, px: int) -> tuple[int, int]:
 
 
 _CONV_TILE = r"""
-/* KV x {np} tile at output (n, kt, oh, ow); CHECKED tiles (one pixel) test their columns */
+/* KV x {np} tile at output (n, kt, oh, ow), input blocks [c0, c1): the accumulators start at
+   the bias (c0 == 0) or at the partial sums in y, and end in the epilogue (c1 == CB) or back
+   in y. CHECKED tiles (one pixel) test their columns. */
 INLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
-                        float *y, int n, int kt, int oh, int ow) {{
+                        float *y, int n, int kt, int oh, int ow, int c0, int c1) {{
     vf acc[KV][{np}];
     _Pragma("GCC unroll 16") for (int j = 0; j < KV; ++j) {{
+        int v = kt * KV + j < KVEC ? kt * KV + j : KVEC - 1;
+        size_t base = (((size_t)n * KB + v * VW / BLK) * OH + oh) * OW;
         vf b = HAS_BIAS ? vload(bias + (kt * KV + j) * VW) : vsplat(0.0f);
-        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) acc[j][p] = b;
+        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
+            acc[j][p] = c0 == 0 ? b : vload(y + (base + ow + p) * BLK + (v * VW) % BLK);
     }}
     const float *wk = w + (size_t)kt * CB * R * S * BLK * TK;
-    for (int cb = 0; cb < CB; ++cb) {{
+    for (int cb = c0; cb < c1; ++cb) {{
         for (int r = 0; r < R; ++r) {{
             int ih = oh * SH - PT + r * DH;
             if (ih < 0 || ih >= H) continue;
@@ -145,7 +152,8 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
         size_t base = (((size_t)n * KB + v * VW / BLK) * OH + oh) * OW;
         _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
             size_t at = (base + ow + p) * BLK + (v * VW) % BLK;
-            epilogue(acc[j][p], sum + at, y + at);
+            if (c1 == CB) epilogue(acc[j][p], sum + at, y + at);
+            else vstore(y + at, acc[j][p]);
         }}
     }}
 }}
@@ -154,7 +162,8 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
 _DW_TILE = r"""
 /* {np} pixels x one vector of channels (lane group l of block kb) at output (n, oh, ow) */
 INLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
-                        float *y, int n, int kb, int l, int oh, int ow) {{
+                        float *y, int n, int kb, int l, int oh, int ow, int c0, int c1) {{
+    (void)c0; (void)c1;   /* a depthwise tile reduces over its filter only */
     vf acc[{np}];
     vf b = HAS_BIAS ? vload(bias + kb * BLK + l * VW) : vsplat(0.0f);
     _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) acc[p] = b;
@@ -185,19 +194,24 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
 """
 
 _ROW = r"""
-/* output columns [b0, b1) of one row: checked edges, PX tiles, one smaller tile */
+/* output columns [b0, b1) of one row: checked edges, PX tiles, one smaller tile; the input
+   blocks in passes of CBT, so a pass's weights stay in cache while its tiles run */
 static void row(const float *x, const float *w, const float *bias, const float *sum, float *y,
                 {params}, int oh, int b0, int b1) {{
-    int ow = b0;
-    for (; ow < b1 && ow < OW_LO; ++ow) tile_checked(x, w, bias, sum, y, {args}, oh, ow);
     int hi = b1 < OW_HI ? b1 : OW_HI;
-    for (; ow + PX <= hi; ow += PX) tile_full(x, w, bias, sum, y, {args}, oh, ow);
-    switch (hi - ow) {{
+    for (int c0 = 0; c0 < PASSES * CBT; c0 += CBT) {{
+        int c1 = c0 + CBT < CB ? c0 + CBT : CB;
+        int ow = b0;
+        for (; ow < b1 && ow < OW_LO; ++ow)
+            tile_checked(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
+        for (; ow + PX <= hi; ow += PX) tile_full(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
+        switch (hi - ow) {{
 {cases}
-    default: break;
+        default: break;
+        }}
+        for (ow = ow > hi ? ow : hi; ow < b1; ++ow)
+            tile_checked(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
     }}
-    for (ow = ow > hi ? ow : hi; ow < b1; ++ow)
-        tile_checked(x, w, bias, sum, y, {args}, oh, ow);
 }}
 
 void wpk_micro_conv(const float *x, const float *w, const float *bias, const float *sum,
@@ -222,6 +236,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         raise ValueError(reason)
     isa = ISAS[str(config["isa"])]
     lanes, kv, px, unroll = isa.lanes, int(config["kv"]), int(config["px"]), int(config["unroll"])
+    cbt = min(int(config["cbt"]), g.cb)
     vectors = g.out_vectors(lanes)
     tiles = -(-vectors // kv)
     lo, hi = _interior(g)
@@ -240,6 +255,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KB=g.kb, OH=g.oh, OW=g.ow, R=g.r, S=g.s,
                    SH=g.sh, SW=g.sw, PT=g.pt, PL=g.pl, DH=g.dh, DW=g.dw, BLK=g.block, VW=lanes,
                    KV=kv, PX=px, TK=kv * lanes, KVEC=vectors, LG=g.block // lanes,
+                   CBT=cbt, PASSES=_ceil_div(g.cb, cbt) if not g.depthwise else 1,
                    HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
                    UNITS=rows * chunks)
     parts = [_HEADER.format(lanes=lanes)]
@@ -250,7 +266,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     cases = []
     for np_ in range(1, px):
         parts.append(tile.format(name=f"rest{np_}", np=np_, checked=0, unroll=unroll))
-        cases.append(f"    case {np_}: tile_rest{np_}(x, w, bias, sum, y, {args}, oh, ow); "
-                     f"ow += {np_}; break;")
+        cases.append(f"        case {np_}: tile_rest{np_}(x, w, bias, sum, y, {args}, oh, ow, "
+                     f"c0, c1); ow += {np_}; break;")
     parts.append(_ROW.format(params=params, args=args, cases="\n".join(cases), decode=decode))
     return "".join(parts)
