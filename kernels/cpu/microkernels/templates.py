@@ -43,6 +43,8 @@ typedef float vf __attribute__((vector_size({lanes} * 4)));
 typedef float vfu __attribute__((vector_size({lanes} * 4), aligned(4), may_alias));
 typedef int vi __attribute__((vector_size({lanes} * 4)));
 #define INLINE static inline __attribute__((always_inline))
+/* hide a pointer's value from the optimizer (an empty asm that may change it) */
+#define OPAQUE(p) __asm__("" : "+r"(p))
 INLINE vf vload(const float *p) {{ return *(const vfu *)p; }}
 INLINE void vstore(float *p, vf v) {{ *(vfu *)p = v; }}
 INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
@@ -106,17 +108,11 @@ def _chunks(g: ConvGeometry, rows: int, px: int) -> tuple[int, int]:
 _CONV_TILE = r"""
 /* KV x {np} tile at output (n, kt, oh, ow), input blocks [c0, c1): the accumulators start at
    the bias (c0 == 0) or at the partial sums in y, and end in the epilogue (c1 == CB) or back
-   in y. CHECKED tiles (one pixel) test their columns. */
+   in y. CHECKED tiles (one pixel) test their columns. Every accumulator, weight vector and
+   broadcast is a named variable, so gcc keeps them all in registers. */
 INLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
                         float *y, int n, int kt, int oh, int ow, int c0, int c1) {{
-    vf acc[KV][{np}];
-    _Pragma("GCC unroll 16") for (int j = 0; j < KV; ++j) {{
-        int v = kt * KV + j < KVEC ? kt * KV + j : KVEC - 1;
-        size_t base = (((size_t)n * KB + v * VW / BLK) * OH + oh) * OW;
-        vf b = HAS_BIAS ? vload(bias + (kt * KV + j) * VW) : vsplat(0.0f);
-        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
-            acc[j][p] = c0 == 0 ? b : vload(y + (base + ow + p) * BLK + (v * VW) % BLK);
-    }}
+{init}
     const float *wk = w + (size_t)kt * CB * R * S * BLK * TK;
     for (int cb = c0; cb < c1; ++cb) {{
         for (int r = 0; r < R; ++r) {{
@@ -125,39 +121,49 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
             const float *xrow = x + (((size_t)n * CB + cb) * H + ih) * W * BLK;
             const float *wr = wk + (size_t)((cb * R + r) * S) * BLK * TK;
             for (int s = 0; s < S; ++s) {{
-                const float *xs[{np}];
-                _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
-                    xs[p] = xrow + ((ptrdiff_t)(ow + p) * SW - PL + s * DW) * BLK;
-                if ({checked}) {{
-                    int iw = ow * SW - PL + s * DW;
-                    if (iw < 0 || iw >= W) continue;
-                }}
+                ptrdiff_t iw = (ptrdiff_t)ow * SW - PL + s * DW;
+                if ({checked} && (iw < 0 || iw >= W)) continue;
+                const float *xp = xrow + iw * BLK;
+                OPAQUE(xp);   /* no sharing of broadcasts across taps: they would spill */
                 const float *ws = wr + s * BLK * TK;
                 _Pragma("GCC unroll {unroll}") for (int bi = 0; bi < BLK; ++bi) {{
-                    vf wv[KV];
-                    _Pragma("GCC unroll 16") for (int j = 0; j < KV; ++j)
-                        wv[j] = vload(ws + bi * TK + j * VW);
-                    _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
-                        vf xb = vsplat(xs[p][bi]);
-                        _Pragma("GCC unroll 16") for (int j = 0; j < KV; ++j)
-                            acc[j][p] += xb * wv[j];
-                    }}
+{body}
                 }}
             }}
         }}
     }}
-    _Pragma("GCC unroll 16") for (int j = 0; j < KV; ++j) {{
-        int v = kt * KV + j;
-        if (v >= KVEC) break;
-        size_t base = (((size_t)n * KB + v * VW / BLK) * OH + oh) * OW;
-        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
-            size_t at = (base + ow + p) * BLK + (v * VW) % BLK;
-            if (c1 == CB) epilogue(acc[j][p], sum + at, y + at);
-            else vstore(y + at, acc[j][p]);
-        }}
-    }}
+{store}
 }}
 """
+
+
+def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int) -> str:
+    """The C function of a KV x np_ register tile (see `_CONV_TILE`)."""
+    acc = [[f"a{j}_{p}" for p in range(np_)] for j in range(kv)]
+    init, body, store = [], [], []
+    for j in range(kv):
+        init.append(f"    const int v{j} = kt * KV + {j} < KVEC ? kt * KV + {j} : KVEC - 1;")
+        init.append(f"    const size_t o{j} = ((((size_t)n * KB + v{j} * VW / BLK) * OH + oh) "
+                    f"* OW + ow) * BLK + (v{j} * VW) % BLK;")
+        init.append(f"    const vf b{j} = HAS_BIAS ? vload(bias + (kt * KV + {j}) * VW) "
+                    ": vsplat(0.0f);")
+        for p in range(np_):
+            init.append(f"    vf {acc[j][p]} = c0 == 0 ? b{j} : vload(y + o{j} + {p} * BLK);")
+        body.append(f"                    const vf w{j} = vload(ws + bi * TK + {j} * VW);")
+    for p in range(np_):
+        body.append(f"                    const vf x{p} = vsplat(xp[{p} * SW * BLK + bi]);")
+        body += [f"                    {acc[j][p]} += x{p} * w{j};" for j in range(kv)]
+    for j in range(kv):
+        store.append(f"    if (kt * KV + {j} < KVEC) {{")
+        for p in range(np_):
+            at = f"o{j} + {p} * BLK"
+            store.append(f"        if (c1 == CB) epilogue({acc[j][p]}, sum + {at}, y + {at});")
+            store.append(f"        else vstore(y + {at}, {acc[j][p]});")
+        store.append("    }")
+    return _CONV_TILE.format(name=name, np=np_, checked=checked, unroll=unroll,
+                             init="\n".join(init), body="\n".join(body),
+                             store="\n".join(store))
+
 
 _DW_TILE = r"""
 /* {np} pixels x one vector of channels (lane group l of block kb) at output (n, oh, ow) */
@@ -245,12 +251,14 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         rows = g.n * g.kb * groups * g.oh
         params, args = "int n, int kb, int l", "n, kb, l"
         decode = ("        int l = t % LG; t /= LG;\n        int kb = t % KB; int n = t / KB;")
-        tile = _DW_TILE
+        def tile(name, np_, checked):
+            return _DW_TILE.format(name=name, np=np_, checked=checked, unroll=unroll)
     else:
         rows = g.n * tiles * g.oh
         params, args = "int n, int kt", "n, kt"
         decode = "        int n = t % N; int kt = t / N;"
-        tile = _CONV_TILE
+        def tile(name, np_, checked):
+            return _conv_tile(name, np_, kv, checked, unroll)
     width, chunks = _chunks(g, rows, px)
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KB=g.kb, OH=g.oh, OW=g.ow, R=g.r, S=g.s,
                    SH=g.sh, SW=g.sw, PT=g.pt, PL=g.pl, DH=g.dh, DW=g.dw, BLK=g.block, VW=lanes,
@@ -261,11 +269,11 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_epilogue(g, lanes))
-    parts.append(tile.format(name="checked", np=1, checked=1, unroll=unroll))
-    parts.append(tile.format(name="full", np=px, checked=0, unroll=unroll))
+    parts.append(tile("checked", 1, 1))
+    parts.append(tile("full", px, 0))
     cases = []
     for np_ in range(1, px):
-        parts.append(tile.format(name=f"rest{np_}", np=np_, checked=0, unroll=unroll))
+        parts.append(tile(f"rest{np_}", np_, 0))
         cases.append(f"        case {np_}: tile_rest{np_}(x, w, bias, sum, y, {args}, oh, ow, "
                      f"c0, c1); ow += {np_}; break;")
     parts.append(_ROW.format(params=params, args=args, cases="\n".join(cases), decode=decode))
