@@ -154,14 +154,14 @@ def bench_shape(shape: ConvShape, args, rng) -> dict:
     ort_passive = ort_kernel(workload, consts, args.threads, False)
     runs = {"micro": lambda: best[2](inputs, [out]),
             "micro_default": lambda: default[1](inputs, [out]),
-            "ort": lambda: ort_spin(x, out),
-            "ort_no_spin": lambda: ort_passive(x, out)}
+            "ort_no_spin": lambda: ort_passive(x, out),
+            "ort": lambda: ort_spin(x, out)}   # last: its threads spin on after a run
     runs["ort"]()
     err_ort = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.rounds):   # alternate so load changes hit every contender alike
         for name, fn in runs.items():
-            time.sleep(0.05)       # let a spinning pool go idle before the next contender
+            time.sleep(0.2)        # let a spinning pool go idle before the next contender
             times[name].append(time_block(fn, args.repeat))
     med = {k: statistics.median(v) for k, v in times.items()}
     ort_s = min(med["ort"], med["ort_no_spin"])

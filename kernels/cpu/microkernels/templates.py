@@ -33,7 +33,7 @@ from wpk.kernels.cpu.microkernels.space import ConvGeometry, config_reason
 
 # Parallel units per kernel call the column chunks aim at: a few per core, so the cores
 # share the work evenly and each unit's tiles still reuse the weights they load.
-TARGET_UNITS = max(16, 4 * (os.cpu_count() or 1))
+TARGET_UNITS = max(32, 8 * (os.cpu_count() or 1))
 
 _HEADER = r"""
 #include <math.h>
@@ -222,7 +222,7 @@ static void row(const float *x, const float *w, const float *bias, const float *
 
 void wpk_micro_conv(const float *x, const float *w, const float *bias, const float *sum,
                     float *y) {{
-    #pragma omp parallel for schedule(static) if (UNITS > 1)
+    #pragma omp parallel for schedule(dynamic, 1) if (UNITS > 1)
     for (int u = 0; u < UNITS; ++u) {{
         int c = u % NCH, t = u / NCH;
         int oh = t % OH; t /= OH;
