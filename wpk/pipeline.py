@@ -34,6 +34,7 @@ from typing import Any
 import onnx
 
 from wpk.core.errors import OptionError
+from wpk.core.safe_write import check_output
 from wpk.frontend import load_model
 from wpk.kernels.target import Target, create_target, target_class
 from wpk.partition import choose_partition
@@ -170,6 +171,9 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     opts = BuildOptions.from_kwargs(target=target, **options)
     build_target = create_target(opts.target, gpu=opts.gpu, offline=opts.offline)
     check_runner(build_target, opts.parallel_measure, opts.cluster)  # before reading the model
+    if output is not None:  # before the work: a build must not end in an unwritable path
+        check_output(output, "output", inputs=[model] if isinstance(model, (str, os.PathLike))
+                     else [])
     graph = load_model(model, opts.input_shapes)
     optimized, pass_report = optimize(graph, opts.target)
     items = extract_workloads(optimized)
