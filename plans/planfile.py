@@ -44,6 +44,7 @@ from wpk.core.safe_write import atomic_output
 from wpk.core.version import __version__
 from wpk.core.workload import Workload
 from wpk.plans.buffers import BufferPlan
+from wpk.plans.manifest_check import check_manifest
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -257,6 +258,7 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
         if manifest.get("manifest_sha256") != _manifest_digest(manifest):
             raise PlanError(f"plan '{name}': member '{MANIFEST}' changed since it was written "
                             "(checksum mismatch)", hint=REBUILD_HINT)
+        check_manifest(manifest, name)  # every field, before anything uses one
         expected = manifest.get("members", {})
         unknown = sorted(set(archive.namelist()) - set(expected) - {MANIFEST})
         if unknown:
