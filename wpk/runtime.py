@@ -254,6 +254,10 @@ class Session:
         else:
             if isinstance(names, str):
                 names = [names]
+            if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+                raise InputError(f"output names must be a list of str, not {names!r}",
+                                 hint="pass None for every output, or a list of names: "
+                                      + ", ".join(m.name for m in self._outputs))
             unknown = [n for n in names if n not in self._output_index]
             if unknown:
                 raise InputError(f"unknown output '{unknown[0]}'",

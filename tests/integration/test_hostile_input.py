@@ -251,9 +251,19 @@ def test_api_raises_wpk_errors_for_bad_arguments(plan):
     for feeds in ({"x": "abc"}, {"x": b"abc"}, {"x": [[1, 2], [3]]}, {"x": object()}):
         with pytest.raises(WpkError, match="'x'"):
             session.run(feeds)
+    with pytest.raises(WpkError, match="output names"):
+        session.run(3, {"x": np.ones((1, 3, 8, 8), np.float32)})
     for path in (None, 3, ["a.wpk"]):
         with pytest.raises(WpkError):
             wpk.load(path)
+
+
+@pytest.mark.parametrize("options", [
+    {"input_shapes": ["x"]}, {"output": 123}, {"budget": "x"}, {"repeats": "many"},
+])
+def test_build_api_raises_wpk_errors_for_bad_options(model, options):
+    with pytest.raises(WpkError):
+        wpk.build(model, target="cpu", progress=False, **options)
 
 
 # -- records and plans tampered with ------------------------------------------------------

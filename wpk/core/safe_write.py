@@ -58,6 +58,9 @@ def check_output(path: str | os.PathLike, flag: str,
                  inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Raise OptionError unless a file can be written at `path`: its folder exists and is
     writable, nothing but a regular file is there, and it is none of `inputs`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionError(f"{flag} must be a path, not {type(path).__name__}",
+                          hint="pass a str or a pathlib.Path")
     target = Path(os.fspath(path))
     where = f"{flag} '{target}'"
     if not target.name or target.name in (".", ".."):
