@@ -216,6 +216,9 @@ def read_records(path: Path | str) -> Iterator[TuningRecord]:
     """Every readable record of a file, in order; torn or corrupted lines are skipped with a
     `RecordWarning` naming file:line. RecordError for a newer schema or an unreadable file."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a device or a pipe would be read forever
+        raise RecordError(f"tuning records {path} is not a regular file",
+                          hint="give --db a JSON-lines file (it is created if missing)")
     try:
         data = path.read_bytes()
     except FileNotFoundError:

@@ -112,14 +112,16 @@ def test_build_refuses_to_overwrite_its_input(tmp_path, model, capsys, monkeypat
     assert Path(model).read_bytes() == before
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
-def test_output_onto_a_device_is_refused(model, plan, capsys):
-    for args in (("build", model, "--cpu", "-o", "/dev/full", "--quiet"),
-                 ("run", plan, "--output", "/dev/full", "--repeat", "1"),
-                 ("report", plan, "-o", "/dev/full")):
+def test_output_onto_a_device_is_refused(model, plan, capsys, char_device, tmp_path):
+    db = tmp_path / "db.jsonl"
+    db.write_text("")
+    for args in (("build", model, "--cpu", "-o", char_device, "--quiet"),
+                 ("run", plan, "--output", char_device, "--repeat", "1"),
+                 ("report", plan, "-o", char_device),
+                 ("records", "merge", db, "-o", char_device)):
         code, _, err = run_cli(capsys, *args)
-        assert_clean_error(code, err, "/dev/full")
-    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+        assert_clean_error(code, err, char_device, "device")
+        assert stat.S_ISCHR(os.lstat(char_device).st_mode)
 
 
 def test_a_link_planted_at_the_old_temporary_names_redirects_nothing(tmp_path, plan, capsys):
@@ -409,3 +411,13 @@ def test_every_manifest_field_removed_or_retyped(tmp_path, any_plan, capsys):
             if code not in (0, 2) or "Traceback" in err:
                 failures.append((path, value, err.splitlines()[:1]))
     assert failures == [], failures[:5]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero here")
+def test_records_from_a_device_are_refused_not_read_forever(tmp_path, model, capsys):
+    code, _, err = run_cli(capsys, "records", "list", "/dev/zero")
+    assert_clean_error(code, err, "/dev/zero", "regular file")
+    code, _, err = run_cli(capsys, "build", model, "--cpu", "--db", "/dev/zero", "-o",
+                           tmp_path / "m.wpk")
+    assert_clean_error(code, err, "/dev/zero")
+    assert not (tmp_path / "m.wpk").exists()

@@ -65,11 +65,10 @@ def test_a_symbolic_link_at_the_target_is_refused(tmp_path):
     assert victim.read_text() == "precious" and link.is_symlink()
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
-def test_a_device_is_refused_not_replaced():
+def test_a_device_is_refused_not_replaced(char_device):
     with pytest.raises(OptionError, match="device"):
-        write_bytes("/dev/full", b"data", "-o")
-    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+        write_bytes(char_device, b"data", "-o")
+    assert stat.S_ISCHR(os.lstat(char_device).st_mode)
 
 
 def test_a_folder_and_a_fifo_are_refused(tmp_path):
