@@ -230,6 +230,21 @@ def test_op_without_a_needed_shape_names_it(capsys):
     assert "checker" not in err and "ModelProto" not in err
     code, _, err = run_cli(capsys, "op", "NoSuchOp", "--shape", "A=2x3", "--search", "none")
     assert_clean_error(code, err, "NoSuchOp")
+    for attr, fragment in (("foo=1", "foo"), ("alpha=nan", "alpha")):
+        code, _, err = run_cli(capsys, "op", "LeakyRelu", "--shape", "X=2x3", "--attr", attr,
+                               "--search", "none")
+        assert_clean_error(code, err, "wpk op LeakyRelu", fragment)
+        assert "--attr" in err and "ModelProto" not in err and "fix the model" not in err
+
+
+def test_dsl_file_that_is_a_device_or_not_utf8(tmp_path, capsys):
+    binary = tmp_path / "bin.wpk"
+    binary.write_bytes(b"op x\n\xff\xfe\n")
+    code, _, err = run_cli(capsys, "dsl", binary)
+    assert_clean_error(code, err, "bin.wpk:2", "UTF-8")
+    if os.path.exists("/dev/zero"):  # was read until memory ran out
+        code, _, err = run_cli(capsys, "dsl", "/dev/zero")
+        assert_clean_error(code, err, "/dev/zero", "regular file")
 
 
 # -- bad inputs to a plan ---------------------------------------------------------------

@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from wpk.commands.common import SEARCHES, cluster_option, echo, parse_shape, target_of
 from wpk.commands.render import format_time, plural, render_json, summary_lines
-from wpk.core.errors import OptionError
+from wpk.core.errors import ModelError, OptionError
 from wpk.frontend import load_model
 from wpk.kernels.target import create_target
 from wpk.pipeline import BuildOptions, plan_workloads
@@ -119,7 +119,13 @@ def op_report(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, 
     `cluster`: measured on the nodes of that Ray cluster."""
     options = BuildOptions(target=target, search=search, trials=trials, budget=budget, db=db,
                            progress=progress, cluster=cluster)
-    graph = load_model(operator_model(op, shapes, attrs))
+    try:
+        graph = load_model(operator_model(op, shapes, attrs))
+    except ModelError as exc:  # the one-node model is made of --shape and --attr
+        message = exc.message.replace(" in '<ModelProto>'", "").replace(
+            "'<ModelProto>' ", "the node ")
+        raise OptionError(f"wpk op {op}: {message}",
+                          hint="check --shape (node inputs in order) and --attr") from None
     choices, summary, _ = plan_workloads(extract_workloads(graph), create_target(target),
                                          options, records=True)
     report = make_report(choices, target=target, model=f"op {op}", options=options.to_json())
