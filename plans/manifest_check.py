@@ -101,12 +101,27 @@ def _check_schema(manifest: Mapping, path: str) -> None:
                         hint=REBUILD_HINT)
 
 
-def _numeric_dtype(text: str, where: str, path: str) -> np.dtype:
+def _dtype(text: str) -> np.dtype | None:
+    """numpy's dtype of `text`, names of ml_dtypes' types (bfloat16, float8_*, int4)
+    included; None when it names no type."""
     try:
-        dtype = np.dtype(text)
+        return np.dtype(text)
     except (TypeError, ValueError):
-        dtype = None
-    if dtype is None or dtype.kind not in _NUMERIC_KINDS:
+        pass
+    try:
+        import ml_dtypes  # noqa: F401 - registers its type names with numpy
+        return np.dtype(text)
+    except (ImportError, TypeError, ValueError):
+        return None
+
+
+def _is_numeric(dtype: np.dtype) -> bool:
+    return dtype.kind in _NUMERIC_KINDS or dtype.type.__module__.startswith("ml_dtypes")
+
+
+def _numeric_dtype(text: str, where: str, path: str) -> np.dtype:
+    dtype = _dtype(text)
+    if dtype is None or not _is_numeric(dtype):
         raise PlanError(f"plan '{path}': {where} has dtype {text!r}, not a numeric type",
                         hint=REBUILD_HINT)
     return dtype
