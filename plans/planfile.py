@@ -29,7 +29,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Mapping, Sequence
@@ -42,9 +41,11 @@ import numpy as np
 from wpk.core.devices import cpu_fingerprint
 from wpk.core.errors import PlanError
 from wpk.core.numerics import is_ml_dtype
+from wpk.core.safe_write import atomic_output
 from wpk.core.version import __version__
 from wpk.core.workload import Workload
 from wpk.plans.buffers import BufferPlan
+from wpk.plans.manifest_check import check_manifest
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -176,34 +177,17 @@ def plan_members(plan: Plan) -> dict[str, bytes]:
     return members
 
 
-def write_plan(plan: Plan, path: str | os.PathLike) -> Path:
-    """Write `plan` to a temporary file next to `path` and rename it into place."""
-    target = Path(path)
+def write_plan(plan: Plan, path: str | os.PathLike, flag: str = "output") -> Path:
+    """Write `plan` to a temporary file next to `path` and rename it into place
+    (`wpk.core.safe_write`: OptionError naming `flag` when it cannot be written there)."""
     members = plan_members(plan)
-    handle, temp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.",
-                                    suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            with zipfile.ZipFile(stream, "w") as archive:
-                for name in [MANIFEST, *[n for n in members if n != MANIFEST]]:
-                    info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
-                    info.compress_type = (zipfile.ZIP_STORED if name == WEIGHTS
-                                          else zipfile.ZIP_DEFLATED)
-                    archive.writestr(info, members[name])
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes it private; plans are ordinary files
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    with atomic_output(path, flag) as stream, zipfile.ZipFile(stream, "w") as archive:
+        for name in [MANIFEST, *[n for n in members if n != MANIFEST]]:
+            info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
+            info.compress_type = (zipfile.ZIP_STORED if name == WEIGHTS
+                                  else zipfile.ZIP_DEFLATED)
+            archive.writestr(info, members[name])
+    return Path(path)
 
 
 def _read_member(archive: zipfile.ZipFile, name: str, path: str) -> bytes:
@@ -275,6 +259,7 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
         if manifest.get("manifest_sha256") != _manifest_digest(manifest):
             raise PlanError(f"plan '{name}': member '{MANIFEST}' changed since it was written "
                             "(checksum mismatch)", hint=REBUILD_HINT)
+        check_manifest(manifest, name)  # every field, before anything uses one
         expected = manifest.get("members", {})
         unknown = sorted(set(archive.namelist()) - set(expected) - {MANIFEST})
         if unknown:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference import ReferenceEvaluator
 
+from wpk.core.errors import ModelError
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.frontend import constant_of_shape
 from wpk.passes.base import GraphPass
@@ -63,6 +64,23 @@ def evaluate_node(graph: Graph, node: Node, values: list[np.ndarray | None]) -> 
     return [np.asarray(v) for v in evaluator.run(None, feeds)]
 
 
+def _folded(graph: Graph, node: Node, values: list[np.ndarray | None]) -> list[np.ndarray]:
+    """`evaluate_node`, a failure being the model's: every input is a constant of it."""
+    where = f"{node.op} node '{node.name}'"
+    if node.op == "Range" and len(values) == 3 and values[2] is not None \
+            and not np.any(values[2]):
+        raise ModelError(f"{where} has step (delta) 0: the range never ends",
+                         hint="fix the model: give the Range a non-zero delta")
+    try:
+        return evaluate_node(graph, node, values)
+    except (ArithmeticError, ValueError, TypeError, IndexError, KeyError) as exc:
+        reason = (str(exc).splitlines() or [""])[0]
+        raise ModelError(f"{where} cannot be computed from its constant inputs "
+                         f"({type(exc).__name__}: {reason})",
+                         hint=f"check the node's inputs and attributes against the ONNX "
+                              f"spec of {node.op}") from exc
+
+
 def _nbytes(info: TensorInfo) -> int:
     return int(np.prod(info.shape, dtype=np.int64)) * np.dtype(info.dtype).itemsize
 
@@ -96,7 +114,7 @@ class ConstantFolding(GraphPass):
                 kept.append(node)
                 continue
             values = [graph.constants[i] if i else None for i in node.inputs]
-            results = evaluate_node(graph, node, values)
+            results = _folded(graph, node, values)
             for name, value in zip(node.outputs, results):
                 if name:
                     graph.constants[name] = value
