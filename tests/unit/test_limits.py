@@ -6,6 +6,12 @@ node or tensor and a `hint:` line, before anything big is allocated or evaluated
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import tracemalloc
+import zipfile
+
 import numpy as np
 import onnx
 import pytest
@@ -15,10 +21,11 @@ from onnx import numpy_helper as nh
 
 import wpk
 from wpk.cli import main
-from wpk.core.errors import OptionError, ShapeError
+from wpk.core.errors import OptionError, PlanError, ShapeError
 from wpk.core.limits import LimitError, Limits, default_max_memory, machine_memory, parse_memory
 from wpk.frontend import load_model
 from wpk.frontend_shapes import bounded_evaluator
+from wpk.plans.planfile import MANIFEST, WEIGHTS, _manifest_digest, read_plan, read_report
 
 BIG = 2**20
 
@@ -210,3 +217,96 @@ def test_a_deep_chain_of_value_dependencies_is_no_recursion_error():
     proto = model(nodes, {"x": (T.FLOAT, [2, 3]), "s0": (T.INT64, [2])}, 2)
     with pytest.raises(ShapeError, match="Reshape node 'reshape'"):
         load_model(proto)
+
+
+# --- plan files ---------------------------------------------------------------------------
+
+@pytest.fixture
+def plan_path(rng, tmp_path):
+    from tests.unit.plan_helpers import tiny_plan
+
+    _, plan = tiny_plan(rng)
+    plan.report = {"model": "tiny.onnx", "ops": []}
+    return plan.save(tmp_path / "tiny.wpk")
+
+
+def members_of(path):
+    with zipfile.ZipFile(path) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def rewrite(path, members, big=None):
+    """Write `members` back to `path`; `big` = (name, chunk, count) streams a member of
+    `count` copies of `chunk` without holding it in memory."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for name, data in members.items():
+            if big is None or name != big[0]:
+                archive.writestr(name, data)
+        if big is not None:
+            name, chunk, count = big
+            with archive.open(name, "w", force_zip64=True) as stream:
+                for _ in range(count):
+                    stream.write(chunk)
+
+
+def rechecksum(members):
+    """The members with the manifest's checksums recomputed (a tamperer's plan)."""
+    manifest = json.loads(members[MANIFEST])
+    manifest["members"] = {n: hashlib.sha256(d).hexdigest() for n, d in members.items()
+                           if n != MANIFEST}
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    return {**members, MANIFEST: json.dumps(manifest).encode()}
+
+
+def test_a_manifest_inflating_to_1gb_is_refused_at_once_with_little_memory(plan_path, capsys):
+    members = members_of(plan_path)
+    rewrite(plan_path, members, big=(MANIFEST, b" " * (1 << 20), 1024))
+    assert plan_path.stat().st_size < 8 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(PlanError, match="'manifest.json' would inflate to 1.0 GiB"):
+            read_plan(plan_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+    for command in (["report"], ["run"]):
+        assert_refused(*run_cli(capsys, *command, str(plan_path)), "manifest.json")
+
+
+def test_a_member_compressed_like_a_zip_bomb_is_refused(plan_path):
+    members = members_of(plan_path)
+    rewrite(plan_path, members, big=("kernels/bomb.so", bytes(1 << 20), 8))
+    with pytest.raises(PlanError, match="'kernels/bomb.so' would inflate .* times"):
+        read_plan(plan_path)
+
+
+def test_an_array_header_larger_than_its_data_is_refused_before_numpy_allocates(plan_path):
+    members = members_of(plan_path)
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": "<f4", "fortran_order": False, "shape": (2**40,)})
+    buffer.write(bytes(16))
+    weights = io.BytesIO()
+    with zipfile.ZipFile(weights, "w") as inner:
+        inner.writestr("c0.npy", buffer.getvalue())
+    manifest = json.loads(members[MANIFEST])
+    manifest["constants"] = [{"name": "w", "shape": [2**40], "dtype": "<f4"}]
+    members = rechecksum({**members, MANIFEST: json.dumps(manifest).encode(),
+                          WEIGHTS: weights.getvalue()})
+    rewrite(plan_path, members)
+    with pytest.raises(PlanError, match="constant 'w' in 'weights.npz' does not match"):
+        read_plan(plan_path)
+
+
+def test_wpk_report_reads_only_the_manifest_and_the_report(plan_path, capsys):
+    members = members_of(plan_path)
+    damaged = bytearray(members[WEIGHTS])
+    damaged[len(damaged) // 2] ^= 0xFF
+    rewrite(plan_path, {**members, WEIGHTS: bytes(damaged)})
+    with pytest.raises(PlanError, match="weights.npz"):
+        read_plan(plan_path)
+    manifest, report = read_report(plan_path)
+    assert report["model"] == "tiny.onnx" and manifest["target"] == "cpu"
+    assert main(["report", str(plan_path), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "tiny.onnx"

@@ -13,7 +13,7 @@ from wpk.commands.common import write_text
 from wpk.commands.onnx_export import chosen_graph_model, write_onnx
 from wpk.commands.render import render_json, render_table
 from wpk.commands.render_html import render_html
-from wpk.plans.planfile import read_plan
+from wpk.plans.planfile import read_plan, read_report
 
 
 @click.command("report")
@@ -27,10 +27,12 @@ from wpk.plans.planfile import read_plan
                                         "node annotated with its implementation and time.")
 def command(plan: Path, fmt: str, output: Path | None, graph_path: Path | None) -> None:
     """Show the per-operator benchmark report stored in PLAN."""
-    loaded = read_plan(str(plan))
-    if graph_path:
+    if graph_path:  # the chosen graph needs the whole plan
+        loaded = read_plan(str(plan))
         write_onnx(chosen_graph_model(loaded), graph_path)
-    data = loaded.report
+        data = loaded.report
+    else:  # only the manifest and the report are read (and checked), nothing else inflated
+        _, data = read_report(str(plan))
     if fmt == "table":
         if output:
             with open(output, "w", encoding="utf-8") as handle:
