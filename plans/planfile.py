@@ -319,8 +319,8 @@ def _read_manifest(archive: zipfile.ZipFile, name: str) -> dict:
         raise PlanError(f"'{name}' is not a wpk plan (no {MANIFEST})",
                         hint="give a .wpk file written by `wpk build`")
     try:
-        manifest = json.loads(_read_member(archive, MANIFEST, name))
-    except (ValueError, UnicodeDecodeError):
+        manifest = _strict_json(_read_member(archive, MANIFEST, name))
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise PlanError(f"plan '{name}': member '{MANIFEST}' is not valid JSON",
                         hint=REBUILD_HINT) from None
     if not isinstance(manifest, dict):
@@ -362,9 +362,23 @@ def read_report(path: str | os.PathLike) -> tuple[dict, dict]:
     return manifest, _json_object(data, REPORT, name)
 
 
+def _strict_json(data: bytes) -> Any:
+    """JSON as wpk writes it: no NaN, Infinity or numbers that overflow to them."""
+    def finite(text: str) -> float:
+        value = float(text)
+        if not np.isfinite(value):
+            raise ValueError(f"number {text[:20]} out of range")
+        return value
+
+    def constant(text: str):
+        raise ValueError(f"{text} is not JSON")
+
+    return json.loads(data, parse_float=finite, parse_constant=constant)
+
+
 def _json_object(data: bytes, member: str, path: str) -> dict:
     try:
-        value = json.loads(data)
+        value = _strict_json(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
         value = None
     if not isinstance(value, dict):
@@ -385,12 +399,13 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
                             f"{', '.join(unknown)}", hint=REBUILD_HINT)
         contents = {member: _read_checked(archive, member, digest, name)
                     for member, digest in expected.items()}
+    _check_structure(manifest, name)
     if check_device:
         check_host(manifest, name)
     if WEIGHTS not in contents:
         raise PlanError(f"plan '{name}' is missing member '{WEIGHTS}'", hint=REBUILD_HINT)
     weights = _load_weights(contents[WEIGHTS], manifest.get("constants", []), name)
-    report = json.loads(contents[REPORT]) if REPORT in contents else {}
+    report = _json_object(contents[REPORT], REPORT, name) if REPORT in contents else {}
     kernels = {m[len(KERNELS):]: d for m, d in contents.items() if m.startswith(KERNELS)}
     return Plan(manifest, weights, report, kernels)
 
@@ -431,3 +446,30 @@ def _check_array_header(inner: zipfile.ZipFile, index: int, entry: Mapping, path
             or tensor_bytes(header[0], header[2]) > info.file_size):
         raise PlanError(f"plan '{path}': constant '{entry['name']}' in '{WEIGHTS}' does "
                         "not match the manifest", hint=REBUILD_HINT)
+
+
+def _check_structure(manifest: Mapping, path: str) -> None:
+    """The manifest's fields have the types and bounds the runtime reads (a tampered,
+    re-checksummed manifest is a PlanError, not a KeyError or a huge arena)."""
+    field_name = "steps"
+    try:
+        for step in manifest["steps"]:
+            Step.from_json(step)
+        field_name = "workloads"
+        for workload in manifest["workloads"].values():
+            Workload.from_json(workload)
+        field_name = "buffers"
+        arena = BufferPlan.from_json(manifest["buffers"]).arena_bytes
+        if not 0 <= arena <= default_max_memory():
+            raise ValueError(f"an arena of {arena} bytes")
+        for field_name in ("inputs", "outputs"):
+            for entry in manifest[field_name]:
+                shape = [int(d) for d in entry["shape"]]
+                if not isinstance(entry["name"], str) or min(shape, default=0) < 0:
+                    raise ValueError(entry)
+                np.dtype(entry["dtype"])
+                if tensor_bytes(shape, entry["dtype"]) > default_max_memory():
+                    raise ValueError(f"{entry['name']} is too large")
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise PlanError(f"plan '{path}': the manifest's '{field_name}' is malformed "
+                        f"({type(exc).__name__}: {str(exc)[:80]})", hint=REBUILD_HINT) from None
