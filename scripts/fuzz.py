@@ -16,6 +16,8 @@ import argparse
 import collections
 import json
 import random
+import re
+import resource
 import sys
 import tempfile
 import time
@@ -63,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", help="property to run (repeatable)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument("--top", type=int, default=25, help="most common errors to show")
     args = parser.parse_args(argv)
+    # A strategy bug must not take the (shared) machine's memory: 4 GiB for this process.
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="wpk-fuzz-plan-") as folder:
         plan = build_small_plan(Path(folder))
@@ -71,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only or list(props)
     examples, codes = collections.Counter(), collections.defaultdict(collections.Counter)
     violations: list[dict] = []
+    errors = collections.Counter()  # error lines, names and numbers blanked
     end = time.monotonic() + 60 * args.minutes
     started = time.monotonic()
     index = 0
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         def record(outcome, name=name):
             examples[name] += 1
             codes[name][str(outcome.code)] += 1
+            first = next((line for line in outcome.stderr.splitlines()
+                          if line.startswith("error: ")), None)
+            if first is not None:
+                errors[re.sub(r"'[^']*'|\d+", "_", first)[:90]] += 1
             for problem in outcome.violations:
                 violations.append({"property": name, "problem": problem})
                 print(f"VIOLATION [{name}] {problem}", flush=True)
@@ -90,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"minutes": round((time.monotonic() - started) / 60, 1),
                "examples": sum(examples.values()), "per_property": dict(examples),
                "exit_codes": {k: dict(v) for k, v in codes.items()},
-               "violations": len(violations), "details": violations}
+               "violations": len(violations),
+               "common_errors": dict(errors.most_common(args.top)), "details": violations}
     print(json.dumps({k: v for k, v in summary.items() if k != "details"}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))

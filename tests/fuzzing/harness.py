@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TIMEOUT_S = 120.0
-CHILD_MEMORY = 6 << 30  # address space of a child: a runaway allocation fails fast
+CHILD_MEMORY = 4 << 30  # address space of a child: a runaway allocation fails fast
 MAX_MEMORY = "1G"  # --max-memory given to build and inspect
 PRELOAD = ["wpk.cli", "wpk.commands.build", "wpk.commands.inspect", "wpk.commands.run",
            "wpk.commands.report", "wpk.pipeline", "wpk.runtime", "onnxruntime"]

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import zipfile
 
 import numpy as np
@@ -31,8 +32,11 @@ UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Abs", "Neg", "Sqrt", "Erf", "Softplu
 BINARY = ["Add", "Mul", "Sub", "Div", "Max", "Min", "Pow", "Equal", "Less"]
 OPS = ["unary", "binary", "Conv", "MaxPool", "AveragePool", "Gemm", "MatMul", "Softmax",
        "Transpose", "Reshape", "Concat", "Pad", "Slice", "ReduceMean", "LeakyRelu", "Clip",
-       "BatchNormalization", "GlobalAveragePool", "Flatten", "Resize", "Cast", "Where"]
+       "BatchNormalization", "GlobalAveragePool", "Flatten", "Resize", "Cast", "Where",
+       "Expand", "Tile", "ConstantOfShape", "Range", "Loop"]
+HUGE = st.sampled_from([1, 7, 2**10, 2**16, 2**20, 2**31, 10**12])
 SMALL = st.integers(1, 6)
+MAX_CONST_ELEMENTS = 1 << 12  # constants the strategy makes stay this small
 SHAPE_NOTE = "fuzz input shape: "  # a model's doc_string: the shape of its input 'x'
 
 WEIRD_INTS = st.sampled_from([0, -1, -2, 2**31, 2**40, 10**12, -(2**63), 2**63 - 1])
@@ -70,6 +74,8 @@ def _add_node(draw, b: _Builder, src: str, rng: np.random.Generator) -> str:
     shape = b.shapes[src]
     rank = len(shape)
     op = draw(st.sampled_from(OPS))
+    if math.prod(shape) > MAX_CONST_ELEMENTS:  # after a hostile op: no constant of its shape
+        return b.add(draw(st.sampled_from(UNARY)), [src], shape)
     def rand(*s):
         return (rng.standard_normal(s).astype(np.float32))
     if op == "unary":
@@ -159,6 +165,41 @@ def _add_node(draw, b: _Builder, src: str, rng: np.random.Generator) -> str:
     if op == "Where":
         cond = b.const(rng.integers(0, 2, shape).astype(bool))
         return b.add(op, [cond, src, b.const(rand(*shape))], shape)
+    return _add_hostile(draw, b, src, op, shape)
+
+
+def _add_hostile(draw, b: _Builder, src: str, op: str, shape) -> str:
+    """Ops whose output size comes from values: sometimes small, sometimes enormous."""
+    rank = len(shape)
+    if op == "Expand":
+        dims = [draw(HUGE) for _ in range(draw(st.integers(rank, rank + 2)))]
+        return b.add(op, [src, b.const(np.array(dims, np.int64))], tuple(dims))
+    if op == "Tile" and rank:
+        repeats = [draw(HUGE) for _ in range(rank)]
+        return b.add(op, [src, b.const(np.array(repeats, np.int64))],
+                     tuple(d * r for d, r in zip(shape, repeats)))
+    if op == "ConstantOfShape":
+        dims = [draw(HUGE) for _ in range(draw(st.integers(1, 3)))]
+        made = b.add(op, [b.const(np.array(dims, np.int64))], tuple(dims),
+                     value=h.make_tensor("v", T.FLOAT, [1], [1.0]))
+        return b.add("Add", [made, src], tuple(dims)) if draw(st.booleans()) else made
+    if op == "Range":
+        limit = draw(HUGE)
+        return b.add(op, [b.const(np.float32(0)), b.const(np.float32(limit)),
+                          b.const(np.float32(draw(st.sampled_from([1, 0.5, 0, -1]))))],
+                     (limit,))
+    if op == "Loop":
+        trips = draw(st.sampled_from([0, 3, 10**5 + 1, 10**12, None]))
+        body = h.make_graph(
+            [h.make_node("Identity", ["cond_in"], ["cond_out"]),
+             h.make_node("Identity", ["v_in"], ["v_out"])], "body",
+            [h.make_tensor_value_info("i", T.INT64, []),
+             h.make_tensor_value_info("cond_in", T.BOOL, []),
+             h.make_tensor_value_info("v_in", T.FLOAT, None)],
+            [h.make_tensor_value_info("cond_out", T.BOOL, []),
+             h.make_tensor_value_info("v_out", T.FLOAT, None)])
+        count = "" if trips is None else b.const(np.array(trips, np.int64))
+        return b.add(op, [count, b.const(np.array(True)), src], shape, body=body)
     return b.add("Relu", [src], shape)
 
 
@@ -254,8 +295,10 @@ def input_shape_of(data: bytes) -> str | None:
         note = onnx.load_model_from_string(data).doc_string
     except Exception:  # noqa: BLE001 - damaged bytes
         return None
-    shape = note[len(SHAPE_NOTE):] if note.startswith(SHAPE_NOTE) else ""
-    return f"x={shape}" if shape else None
+    if not isinstance(note, str) or not note.startswith(SHAPE_NOTE):
+        return None  # a damaged doc_string can decode to bytes
+    shape = note[len(SHAPE_NOTE):]
+    return f"x={shape}" if shape else None  # a scalar input needs no shape
 
 
 @st.composite
