@@ -21,6 +21,12 @@ Members:
 Writing goes to a temporary file in the target folder, renamed into place
 (`os.replace`); on any failure the temporary file is removed. Loading checks
 that the file is a zip, the format version, every checksum and the device.
+
+Reading is bounded: before any member is inflated, the sizes the zip declares
+(`ZipInfo.file_size`, the compression ratio, the number of members) are checked
+(`check_member_sizes`), a member is never read past its declared size, and the
+header of every array in `weights.npz` is checked against the manifest before
+numpy allocates it. `read_report` reads only the manifest and the report.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import numpy as np
 
 from wpk.core.devices import cpu_fingerprint
 from wpk.core.errors import PlanError
+from wpk.core.limits import default_max_memory, format_bytes, tensor_bytes
 from wpk.core.numerics import is_ml_dtype
 from wpk.core.safe_write import atomic_output
 from wpk.core.version import __version__
@@ -56,6 +63,10 @@ REBUILD_HINT = "rebuild the plan with `wpk build`"
 REQUIRED_KEYS = ("target", "steps", "workloads", "buffers", "inputs", "outputs", "members",
                  "manifest_sha256")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same plan gives the same bytes
+MAX_MEMBERS = 10_000
+MAX_JSON_BYTES = 256 << 20  # manifest.json, report.json
+MAX_RATIO = 200  # inflated / compressed size of a member over RATIO_FLOOR bytes
+RATIO_FLOOR = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -190,14 +201,55 @@ def write_plan(plan: Plan, path: str | os.PathLike, flag: str = "output") -> Pat
     return Path(path)
 
 
+def _member_cap(name: str, limit: int) -> int:
+    return MAX_JSON_BYTES if name in (MANIFEST, REPORT) else limit
+
+
+def check_member_sizes(archive: zipfile.ZipFile, path: str, limit: int | None = None) -> None:
+    """Refuse, before inflating anything, a plan whose members declare more than `limit`
+    bytes (default: half the RAM) in all, a JSON member over MAX_JSON_BYTES, a member
+    compressed more than MAX_RATIO times (a zip bomb) or more than MAX_MEMBERS members."""
+    limit = default_max_memory() if limit is None else limit
+    infos = archive.infolist()
+    if len(infos) > MAX_MEMBERS:
+        raise PlanError(f"plan '{path}' has {len(infos)} members, more than a plan has "
+                        f"({MAX_MEMBERS})", hint=REBUILD_HINT)
+    total = 0
+    for info in infos:
+        cap = _member_cap(info.filename, limit)
+        if info.file_size > cap:
+            raise PlanError(f"plan '{path}': member '{info.filename}' would inflate to "
+                            f"{format_bytes(info.file_size)}, more than {format_bytes(cap)}",
+                            hint=REBUILD_HINT)
+        if (info.compress_type != zipfile.ZIP_STORED and info.file_size > RATIO_FLOOR
+                and info.file_size > MAX_RATIO * max(info.compress_size, 1)):
+            raise PlanError(f"plan '{path}': member '{info.filename}' would inflate "
+                            f"{info.file_size // max(info.compress_size, 1)} times (to "
+                            f"{format_bytes(info.file_size)}), which no plan does",
+                            hint=REBUILD_HINT)
+        total += info.file_size
+    if total > limit:
+        raise PlanError(f"plan '{path}' would inflate to {format_bytes(total)}, more than "
+                        f"{format_bytes(limit)} (half the RAM)", hint=REBUILD_HINT)
+
+
 def _read_member(archive: zipfile.ZipFile, name: str, path: str) -> bytes:
+    """A member's bytes, never read past its declared size (nor the size caps)."""
     try:
-        return archive.read(name)
+        info = archive.getinfo(name)
+        cap = min(info.file_size, _member_cap(name, default_max_memory()))
+        with archive.open(info) as stream:
+            data = stream.read(cap + 1)
     except KeyError:
         raise PlanError(f"plan '{path}' is missing member '{name}'", hint=REBUILD_HINT) from None
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError,
+            RuntimeError) as exc:
         raise PlanError(f"plan '{path}': member '{name}' is corrupted ({exc})",
                         hint=REBUILD_HINT) from None
+    if len(data) > cap:
+        raise PlanError(f"plan '{path}': member '{name}' is longer than it declares",
+                        hint=REBUILD_HINT)
+    return data
 
 
 def _check_version(manifest: Mapping, path: str) -> None:
@@ -227,9 +279,8 @@ def check_host(manifest: Mapping, path: str = "<plan>") -> None:
                         f"{', '.join(missing)}", hint=REBUILD_HINT + " on this machine")
 
 
-def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
-    """Read a plan file, checking format version, every checksum and (optionally) the device."""
-    name = os.fspath(path)
+def _open(name: str) -> zipfile.ZipFile:
+    """The plan's zip, its declared member sizes checked (nothing inflated yet)."""
     if not os.path.exists(name):
         raise PlanError(f"plan '{name}' does not exist", hint="build one with `wpk build`")
     if not zipfile.is_zipfile(name):
@@ -237,45 +288,110 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
                         hint="give a .wpk file written by `wpk build`")
     try:
         archive = zipfile.ZipFile(name)
-    except (zipfile.BadZipFile, OSError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise PlanError(f"'{name}' is not a wpk plan ({exc})", hint=REBUILD_HINT) from None
-    with archive:
-        if MANIFEST not in archive.namelist():
-            raise PlanError(f"'{name}' is not a wpk plan (no {MANIFEST})",
-                            hint="give a .wpk file written by `wpk build`")
-        try:
-            manifest = json.loads(_read_member(archive, MANIFEST, name))
-        except (ValueError, UnicodeDecodeError):
-            raise PlanError(f"plan '{name}': member '{MANIFEST}' is not valid JSON",
-                            hint=REBUILD_HINT) from None
-        if not isinstance(manifest, dict):
-            raise PlanError(f"plan '{name}': member '{MANIFEST}' is not a manifest",
-                            hint=REBUILD_HINT)
-        _check_version(manifest, name)
-        missing = [key for key in REQUIRED_KEYS if key not in manifest]
-        if missing:
-            raise PlanError(f"plan '{name}': the manifest lacks {', '.join(missing)}",
-                            hint=REBUILD_HINT)
-        if manifest.get("manifest_sha256") != _manifest_digest(manifest):
-            raise PlanError(f"plan '{name}': member '{MANIFEST}' changed since it was written "
-                            "(checksum mismatch)", hint=REBUILD_HINT)
-        check_manifest(manifest, name)  # every field, before anything uses one
+    try:
+        check_member_sizes(archive, name)
+    except PlanError:
+        archive.close()
+        raise
+    return archive
+
+
+def _read_manifest(archive: zipfile.ZipFile, name: str) -> dict:
+    """The checked manifest: JSON object, format version, required keys, its checksum."""
+    if MANIFEST not in archive.namelist():
+        raise PlanError(f"'{name}' is not a wpk plan (no {MANIFEST})",
+                        hint="give a .wpk file written by `wpk build`")
+    try:
+        manifest = _strict_json(_read_member(archive, MANIFEST, name))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise PlanError(f"plan '{name}': member '{MANIFEST}' is not valid JSON",
+                        hint=REBUILD_HINT) from None
+    if not isinstance(manifest, dict):
+        raise PlanError(f"plan '{name}': member '{MANIFEST}' is not a manifest",
+                        hint=REBUILD_HINT)
+    _check_version(manifest, name)
+    missing = [key for key in REQUIRED_KEYS if key not in manifest]
+    if missing:
+        raise PlanError(f"plan '{name}': the manifest lacks {', '.join(missing)}",
+                        hint=REBUILD_HINT)
+    if manifest.get("manifest_sha256") != _manifest_digest(manifest):
+        raise PlanError(f"plan '{name}': member '{MANIFEST}' changed since it was written "
+                        "(checksum mismatch)", hint=REBUILD_HINT)
+    members = manifest["members"]
+    if not isinstance(members, dict) or not all(isinstance(v, str) for v in members.values()):
+        raise PlanError(f"plan '{name}': the manifest's member checksums are malformed",
+                        hint=REBUILD_HINT)
+    check_manifest(manifest, name)  # every field, before anything uses one
+    return manifest
+
+
+def _read_checked(archive: zipfile.ZipFile, member: str, digest: str, name: str) -> bytes:
+    data = _read_member(archive, member, name)
+    if _sha256(data) != digest:
+        raise PlanError(f"plan '{name}': member '{member}' changed since it was written "
+                        "(sha256 mismatch)", hint=REBUILD_HINT)
+    return data
+
+
+def read_report(path: str | os.PathLike) -> tuple[dict, dict]:
+    """(manifest, report) of a plan file, reading and checking only those two members
+    (what `wpk report` shows): no weights or kernels are inflated, no device check."""
+    name = os.fspath(path)
+    with _open(name) as archive:
+        manifest = _read_manifest(archive, name)
+        digest = manifest["members"].get(REPORT)
+        if digest is None:
+            return manifest, {}
+        data = _read_checked(archive, REPORT, digest, name)
+    return manifest, _json_object(data, REPORT, name)
+
+
+def _strict_json(data: bytes) -> Any:
+    """JSON as wpk writes it: no NaN, Infinity or numbers that overflow to them."""
+    def finite(text: str) -> float:
+        value = float(text)
+        if not np.isfinite(value):
+            raise ValueError(f"number {text[:20]} out of range")
+        return value
+
+    def constant(text: str):
+        raise ValueError(f"{text} is not JSON")
+
+    return json.loads(data, parse_float=finite, parse_constant=constant)
+
+
+def _json_object(data: bytes, member: str, path: str) -> dict:
+    try:
+        value = _strict_json(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        raise PlanError(f"plan '{path}': member '{member}' is not a JSON object",
+                        hint=REBUILD_HINT)
+    return value
+
+
+def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
+    """Read a plan file, checking format version, every checksum and (optionally) the device."""
+    name = os.fspath(path)
+    with _open(name) as archive:
+        manifest = _read_manifest(archive, name)
         expected = manifest.get("members", {})
         unknown = sorted(set(archive.namelist()) - set(expected) - {MANIFEST})
         if unknown:
             raise PlanError(f"plan '{name}' holds members the manifest does not list: "
                             f"{', '.join(unknown)}", hint=REBUILD_HINT)
-        contents = {}
-        for member, digest in expected.items():
-            data = _read_member(archive, member, name)
-            if _sha256(data) != digest:
-                raise PlanError(f"plan '{name}': member '{member}' changed since it was written "
-                                "(sha256 mismatch)", hint=REBUILD_HINT)
-            contents[member] = data
+        contents = {member: _read_checked(archive, member, digest, name)
+                    for member, digest in expected.items()}
+    _check_structure(manifest, name)
     if check_device:
         check_host(manifest, name)
+    if WEIGHTS not in contents:
+        raise PlanError(f"plan '{name}' is missing member '{WEIGHTS}'", hint=REBUILD_HINT)
     weights = _load_weights(contents[WEIGHTS], manifest.get("constants", []), name)
-    report = json.loads(contents[REPORT]) if REPORT in contents else {}
+    report = _json_object(contents[REPORT], REPORT, name) if REPORT in contents else {}
     kernels = {m[len(KERNELS):]: d for m, d in contents.items() if m.startswith(KERNELS)}
     return Plan(manifest, weights, report, kernels)
 
@@ -309,10 +425,20 @@ def _as_manifest_dtype(array: np.ndarray, dtype: Any) -> np.ndarray | None:
 
 
 def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str, np.ndarray]:
+    """The constants of `weights.npz`, each array's header checked against the manifest's
+    table before numpy allocates it."""
     try:
+        if not isinstance(table, list):
+            raise TypeError("the constants table is not a list")
+        with zipfile.ZipFile(io.BytesIO(data)) as inner:
+            for index, entry in enumerate(table):
+                _check_array_header(inner, index, entry, path)
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
-    except ValueError as exc:
+            arrays = {f"c{index}": archive[f"c{index}"] for index in range(len(table))}
+    except PlanError:
+        raise
+    except (ValueError, TypeError, KeyError, OSError, EOFError, zipfile.BadZipFile,
+            zlib.error, MemoryError, NotImplementedError) as exc:
         raise PlanError(f"plan '{path}': member '{WEIGHTS}' is unreadable ({exc})",
                         hint=REBUILD_HINT) from None
     weights = {}
@@ -325,3 +451,49 @@ def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str,
                             "not match the manifest", hint=REBUILD_HINT)
         weights[entry["name"]] = array
     return weights
+
+
+def _check_array_header(inner: zipfile.ZipFile, index: int, entry: Mapping, path: str) -> None:
+    """Constant `index`'s .npy header (shape, dtype) against its manifest entry, and its
+    size against the bytes the member holds."""
+    readers = {(1, 0): np.lib.format.read_array_header_1_0,
+               (2, 0): np.lib.format.read_array_header_2_0}
+    key = f"c{index}.npy"
+    info = inner.getinfo(key) if key in inner.namelist() else None
+    header = None
+    if info is not None:
+        with inner.open(info) as stream:
+            reader = readers.get(np.lib.format.read_magic(stream))
+            header = reader(stream) if reader is not None else None
+    if (header is None or list(header[0]) != list(entry["shape"])
+            or _as_manifest_dtype(np.empty(0, header[2]), entry["dtype"]) is None
+            or tensor_bytes(header[0], header[2]) > info.file_size):
+        raise PlanError(f"plan '{path}': constant '{entry['name']}' in '{WEIGHTS}' does "
+                        "not match the manifest", hint=REBUILD_HINT)
+
+
+def _check_structure(manifest: Mapping, path: str) -> None:
+    """The manifest's fields have the types and bounds the runtime reads (a tampered,
+    re-checksummed manifest is a PlanError, not a KeyError or a huge arena)."""
+    field_name = "steps"
+    try:
+        for step in manifest["steps"]:
+            Step.from_json(step)
+        field_name = "workloads"
+        for workload in manifest["workloads"].values():
+            Workload.from_json(workload)
+        field_name = "buffers"
+        arena = BufferPlan.from_json(manifest["buffers"]).arena_bytes
+        if not 0 <= arena <= default_max_memory():
+            raise ValueError(f"an arena of {arena} bytes")
+        for field_name in ("inputs", "outputs"):
+            for entry in manifest[field_name]:
+                shape = [int(d) for d in entry["shape"]]
+                if not isinstance(entry["name"], str) or min(shape, default=0) < 0:
+                    raise ValueError(entry)
+                np.dtype(entry["dtype"])
+                if tensor_bytes(shape, entry["dtype"]) > default_max_memory():
+                    raise ValueError(f"{entry['name']} is too large")
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise PlanError(f"plan '{path}': the manifest's '{field_name}' is malformed "
+                        f"({type(exc).__name__}: {str(exc)[:80]})", hint=REBUILD_HINT) from None

@@ -12,10 +12,16 @@ of big initializers (so a 500 MB model is not serialized twice). Initializers
 `ConstantOfShape` of a constant shape become `graph.constants`; every tensor
 gets a static shape and dtype (`wpk.frontend_shapes` completes what inference
 leaves open, or says why it cannot). Unnamed nodes are named `<op>_<index>`.
+
+Limits (`wpk.core.limits`, `--max-memory`): the given input shapes, every
+declared constant, `ConstantOfShape` and `Loop` trip count are checked before
+anything is allocated or evaluated, and the model's estimated memory (the sum
+of its tensors' sizes) before and after the shapes are completed.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -28,6 +34,7 @@ from onnx import helper, numpy_helper
 
 from wpk.core.errors import ModelError, ShapeError, UnsupportedError
 from wpk.core.graph import Graph, Node, TensorInfo
+from wpk.core.limits import Limits
 from wpk.frontend_shapes import SHAPE_HINT, complete_shapes
 from wpk.model_checks import check_model_values
 
@@ -36,25 +43,30 @@ SKELETON_KEEP_ELEMENTS = 4096  # initializers up to this size stay in the checke
 
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto,
-               input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Graph:
+               input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+               max_memory: int | str | Limits | None = None) -> Graph:
     """Read an ONNX model (path, bytes or ModelProto) into a validated `Graph` with static shapes.
 
     `input_shapes` maps graph input names to full shapes; it is required for
     inputs with symbolic or unknown dims and must agree with fixed dims.
-    Raises `ModelError` (unreadable, invalid) or `ShapeError` (shapes).
+    `max_memory` (bytes, or e.g. "4G"; default half the RAM) bounds every tensor
+    and their sum. Raises `ModelError` (unreadable, invalid), `ShapeError`
+    (shapes) or `LimitError` (over the limits).
     """
+    limits = Limits.of(max_memory)
     proto, source = _read(model)
     _check_opset(proto, source)
+    _check_declared_constants(proto.graph, source, limits)
     constants = _initializer_names(proto.graph)
     skeleton = _skeleton(proto)
-    _fix_input_shapes(skeleton, source, dict(input_shapes or {}), constants)
+    _fix_input_shapes(skeleton, source, dict(input_shapes or {}), constants, limits)
     _check(skeleton, source)
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types here
         raise ModelError(f"shape inference failed for '{source}': {_first_line(exc)}",
                          hint="check the model with onnx.checker and the input shapes") from exc
-    return _build_graph(proto, inferred, source)
+    return _build_graph(proto, inferred, source, limits)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -118,8 +130,39 @@ def _initializer_names(graph: onnx.GraphProto) -> set[str]:
     return {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
 
 
+def _check_declared_constants(graph: onnx.GraphProto, source: str, limits: Limits) -> None:
+    """Every initializer's and `Constant`'s declared shape within the limits, before
+    any is turned into an array (a sparse one would be made dense)."""
+    for tensor in graph.initializer:
+        limits.check_tensor(tensor.dims, _np_dtype(tensor.data_type),
+                            f"initializer '{tensor.name}' of '{source}'")
+    for sparse in graph.sparse_initializer:
+        limits.check_tensor(sparse.dims, _np_dtype(sparse.values.data_type),
+                            f"sparse initializer '{sparse.values.name}' of '{source}'")
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            continue
+        what = f"Constant node '{node.name or f'Constant_{index}'}' of '{source}'"
+        for attr in node.attribute:
+            if attr.name == "value":
+                limits.check_tensor(attr.t.dims, _np_dtype(attr.t.data_type), what)
+            elif attr.name == "sparse_value":
+                limits.check_tensor(attr.sparse_tensor.dims,
+                                    _np_dtype(attr.sparse_tensor.values.data_type), what)
+            elif attr.name in ("value_floats", "value_ints", "value_strings"):
+                limits.check_tensor((len(getattr(attr, attr.name[6:])),), "int64", what)
+
+
+def _np_dtype(elem_type: int):
+    try:
+        return helper.tensor_dtype_to_np_dtype(elem_type)
+    except (KeyError, ValueError, TypeError):
+        return "float64"  # unknown types are refused later, by the checker
+
+
 def _fix_input_shapes(proto: onnx.ModelProto, source: str,
-                      input_shapes: dict[str, tuple[int, ...]], constants: set[str]) -> None:
+                      input_shapes: dict[str, tuple[int, ...]], constants: set[str],
+                      limits: Limits) -> None:
     """Check `input_shapes` against the inputs of `proto` and write them into it."""
     real_inputs = [i for i in proto.graph.input if i.name not in constants]
     names = [i.name for i in real_inputs]
@@ -150,6 +193,8 @@ def _fix_input_shapes(proto: onnx.ModelProto, source: str,
         if any(d < 0 for d in given):
             raise ShapeError(f"--input-shape {value.name}={'x'.join(map(str, given))} "
                              "has a negative dim", hint=SHAPE_HINT)
+        limits.check_tensor(given, _np_dtype(ttype.elem_type),
+                            f"input '{value.name}' of '{source}' (--input-shape)")
         if dims is not None:
             if len(dims) != len(given):
                 raise ShapeError(f"input '{value.name}' of '{source}' has rank {len(dims)} "
@@ -222,7 +267,7 @@ def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
             _copy_field(skeleton.graph, field, value)
     declared = {value.name for value in proto.graph.input}
     for tensor in proto.graph.initializer:
-        if int(np.prod(tensor.dims, dtype=np.int64)) <= SKELETON_KEEP_ELEMENTS:
+        if math.prod(tensor.dims) <= SKELETON_KEEP_ELEMENTS:
             skeleton.graph.initializer.append(tensor)
         elif tensor.name not in declared:
             skeleton.graph.input.append(helper.make_tensor_value_info(
@@ -347,7 +392,50 @@ def _node_names(proto: onnx.ModelProto) -> list[str]:
     return names
 
 
-def _build_graph(proto: onnx.ModelProto, inferred: onnx.ModelProto, source: str) -> Graph:
+def _constant_shape(value: np.ndarray, node: onnx.NodeProto, name: str, source: str,
+                    limits: Limits) -> tuple[int, ...]:
+    """The shape a `ConstantOfShape` makes, checked: 1-D, integers >= 0, within the limits."""
+    what = f"the output of ConstantOfShape node '{name}' in '{source}'"
+    array = np.asarray(value)
+    if array.ndim != 1 or array.dtype.kind not in "iu" or (array < 0).any():
+        raise ModelError(f"{what}: its shape input {node.input[0]!r} is not a 1-D tensor of "
+                         f"integers >= 0 ({array.dtype.name}, {list(array.shape)})",
+                         hint="export the model again")
+    shape = tuple(int(d) for d in array)
+    value_attr = next((a.t for a in node.attribute if a.name == "value"), None)
+    dtype = np.float32 if value_attr is None else _np_dtype(value_attr.data_type)
+    limits.check_tensor(shape, dtype, what)
+    return shape
+
+
+def _check_loop(node: onnx.NodeProto, name: str, constants: Mapping[str, np.ndarray],
+                source: str, limits: Limits) -> None:
+    """A `Loop` whose trip count is a constant runs at most `limits.max_loop_trips` times."""
+    if node.op_type != "Loop" or not node.input or node.input[0] not in constants:
+        return
+    trips = np.asarray(constants[node.input[0]]).reshape(-1)
+    if trips.size == 1 and trips.dtype.kind in "iu":
+        limits.check_trips(int(trips[0]), f"Loop node '{name}' in '{source}'")
+
+
+def _check_memory(graph: Graph, limits: Limits) -> None:
+    """The sum of the sizes of the graph's tensors (activations and weights) within the
+    limits, naming the largest tensor and its producer."""
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}
+
+    def describe(name: str) -> str:
+        node = producers.get(name)
+        kind = ("input" if name in graph.inputs else "constant" if name in graph.constants
+                else "tensor")
+        made = f" (output of {node.op} node '{node.name}')" if node is not None else ""
+        return f"{kind} '{name}'{made} of '{graph.source}'"
+
+    limits.check_total(((name, info.shape, info.dtype) for name, info in graph.tensors.items()),
+                       f"'{graph.source}'", describe)
+
+
+def _build_graph(proto: onnx.ModelProto, inferred: onnx.ModelProto, source: str,
+                 limits: Limits) -> Graph:
     gp = proto.graph
     constants: dict[str, np.ndarray] = {}
     for tensor in gp.initializer:
@@ -367,10 +455,13 @@ def _build_graph(proto: onnx.ModelProto, inferred: onnx.ModelProto, source: str)
             continue
         if (node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx")
                 and node.input[0] in constants):
+            shape = _constant_shape(constants[node.input[0]], node, name, source, limits)
             value = next((numpy_helper.to_array(a.t) for a in node.attribute
                           if a.name == "value"), None)
-            constants[node.output[0]] = constant_of_shape(constants[node.input[0]], value)
+            constants[node.output[0]] = constant_of_shape(np.array(shape, np.int64), value)
             continue
+        if node.domain in ("", "ai.onnx"):
+            _check_loop(node, name, constants, source, limits)
         attrs = {a.name: attribute_value(a) for a in node.attribute}
         nodes.append(Node(node.op_type, list(node.input), list(node.output), name, attrs,
                           "" if node.domain == "ai.onnx" else node.domain))
@@ -391,6 +482,8 @@ def _build_graph(proto: onnx.ModelProto, inferred: onnx.ModelProto, source: str)
     graph = Graph(nodes=nodes, inputs=inputs, outputs=[o.name for o in gp.output],
                   tensors=tensors, constants=constants, name=gp.name or "graph",
                   opsets=opsets, source=source)
+    _check_memory(graph, limits)  # before evaluating anything for the shapes left open
     if unknown:
-        complete_shapes(proto, graph, unknown)
+        complete_shapes(proto, graph, unknown, limits)
+        _check_memory(graph, limits)
     return graph

@@ -6,6 +6,10 @@ sure the shape cannot depend on the *values* of graph inputs: a tensor whose
 producer is data-dependent by nature (NonZero, Unique, ...), or reads a
 shape-defining input (a Reshape shape, Pad pads, Slice bounds, ...) computed
 from graph input values, has no static shape, which is a `ShapeError`.
+
+The evaluation is bounded (`wpk.core.limits`): a `Loop` stops with a
+`LimitError` after `max_loop_trips` iterations, and the outputs computed so far
+may not sum over `max_memory`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import onnx
 
 from wpk.core.errors import ShapeError
 from wpk.core.graph import Graph, Node, TensorInfo
+from wpk.core.limits import LimitError, Limits, format_bytes, shape_text
 
 SHAPE_HINT = "give the input shape, e.g. --input-shape NAME=1x3x224x224"
 # Ops whose output shape depends on input values whatever the inputs are.
@@ -33,13 +38,15 @@ SHAPE_INPUTS = {
 }
 
 
-def complete_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str]) -> None:
-    """Give every tensor in `unknown` a static shape, or raise `ShapeError`."""
+def complete_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
+                    limits: Limits | None = None) -> None:
+    """Give every tensor in `unknown` a static shape, or raise `ShapeError` (`LimitError`
+    when evaluating the model would go over `limits`)."""
     _fill_mask_shapes(graph, unknown)
     if not unknown:
         return
     _reject_value_shaped(graph, unknown)
-    _evaluate_shapes(proto, graph, unknown)
+    _evaluate_shapes(proto, graph, unknown, Limits.of(limits))
 
 
 def _fill_mask_shapes(graph: Graph, unknown: list[str]) -> None:
@@ -55,22 +62,11 @@ def _fill_mask_shapes(graph: Graph, unknown: list[str]) -> None:
 
 def _reject_value_shaped(graph: Graph, unknown: list[str]) -> None:
     producers = {o: n for n in graph.nodes for o in n.outputs if o}
-    value_memo: dict[str, bool] = {}
+    value_memo = _input_valued(graph, producers)
 
     def reads_input_values(name: str) -> bool:
         """Whether the value of `name` is computed from the value of a graph input."""
-        if name in value_memo:
-            return value_memo[name]
-        value_memo[name] = False  # cycles cannot happen; this only stops re-entry
-        node = producers.get(name)
-        if name in graph.inputs:
-            result = True
-        elif node is None or node.op in ("Shape", "Size"):
-            result = False
-        else:
-            result = any(reads_input_values(i) for i in node.inputs if i)
-        value_memo[name] = result
-        return result
+        return value_memo.get(name, False)
 
     for name in unknown:
         node = producers.get(name)
@@ -81,6 +77,19 @@ def _reject_value_shaped(graph: Graph, unknown: list[str]) -> None:
                 and reads_input_values(node.inputs[index])
                 for index in SHAPE_INPUTS.get(node.op, ())):
             raise _value_shaped(graph, name, node)
+
+
+def _input_valued(graph: Graph, producers: dict[str, Node]) -> dict[str, bool]:
+    """For every tensor: whether its value is computed from a graph input's value. One
+    pass in topological order (no recursion: a graph may be thousands of nodes deep)."""
+    valued = dict.fromkeys(graph.inputs, True)
+    for node in graph.nodes:  # ONNX nodes are in topological order
+        result = node.op not in ("Shape", "Size") and any(
+            valued.get(i, False) for i in node.inputs if i)
+        for output in node.outputs:
+            if output:
+                valued[output] = result
+    return valued
 
 
 def _value_shaped(graph: Graph, name: str, node: Node) -> ShapeError:
@@ -94,19 +103,21 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str]) -> None:
+def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
+                    limits: Limits) -> None:
     """Fill shapes by running the model on constant inputs (all 0, then all 1).
 
     A shape that differs between the two runs depends on input values after all.
     """
-    from onnx.reference import ReferenceEvaluator
-
     runs = []
     for fill in (0, 1):
         feeds = {name: np.full(graph.tensors[name].shape, fill, graph.tensors[name].dtype)
                  for name in graph.inputs}
         try:
-            runs.append(ReferenceEvaluator(proto).run(None, feeds, intermediate=True))
+            runs.append(bounded_evaluator(proto, graph.source, limits).run(
+                None, feeds, intermediate=True))
+        except LimitError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any evaluation failure means no shapes
             raise ShapeError(
                 f"cannot determine the shapes of {', '.join(unknown[:5])} in "
@@ -123,3 +134,57 @@ def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str]) -
                              f"the values of the inputs ({first.shape} or {second.shape})",
                              hint="wpk needs static shapes: make that input a constant")
         graph.tensors[name] = TensorInfo(tuple(first.shape), first.dtype.name)
+
+
+def bounded_evaluator(proto: onnx.ModelProto, source: str, limits: Limits):
+    """An `onnx.reference.ReferenceEvaluator` of `proto` whose `Loop`s stop after
+    `limits.max_loop_trips` iterations and whose node outputs may not sum over
+    `limits.max_memory` (LimitError naming the node)."""
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(proto, new_ops=[_bounded_loop(limits, source)])
+    used = [0]
+    for node in evaluator.rt_nodes_:
+        node.run = _counted(node.run, node.onnx_node, source, limits, used)
+    return evaluator
+
+
+def _counted(run, onnx_node, source: str, limits: Limits, used: list[int]):
+    def counted(*args, **kwargs):
+        outputs = run(*args, **kwargs)
+        for name, value in zip(onnx_node.output, outputs):
+            size = int(getattr(value, "nbytes", 0))
+            used[0] += size
+            if used[0] > limits.max_memory:
+                raise LimitError(
+                    f"evaluating '{source}' for its shapes takes more than --max-memory "
+                    f"{format_bytes(limits.max_memory)}: {onnx_node.op_type} node "
+                    f"'{onnx_node.name}' made '{name}' "
+                    f"({shape_text(getattr(value, 'shape', ()))}, {format_bytes(size)})",
+                    hint=limits.hint(used[0]))
+        return outputs
+
+    return counted
+
+
+def _bounded_loop(limits: Limits, source: str):
+    """onnx.reference's Loop, stopped with a LimitError after `max_loop_trips` trips."""
+    from onnx.reference.ops.op_loop import Loop
+
+    def _run(self, *args, **kwargs):
+        self.trips = 0
+        return Loop._run(self, *args, **kwargs)
+
+    def __init__(self, onnx_node, run_params):
+        Loop.__init__(self, onnx_node, run_params)
+        body = self._run_body  # set per instance by OpRun from the `body` attribute
+        what = f"Loop node '{onnx_node.name}' in '{source}' (evaluated for its shapes)"
+
+        def counted(*args, **kwargs):
+            self.trips += 1
+            limits.check_trips(self.trips, what)
+            return body(*args, **kwargs)
+
+        self._run_body = counted
+
+    return type("Loop", (Loop,), {"op_domain": "", "__init__": __init__, "_run": _run})

@@ -34,6 +34,7 @@ from typing import Any
 import onnx
 
 from wpk.core.errors import OptionError
+from wpk.core.limits import parse_memory
 from wpk.core.safe_write import check_output
 from wpk.frontend import load_model
 from wpk.kernels.target import Target, create_target, target_class
@@ -90,9 +91,14 @@ class BuildOptions:
     # Measure the plan end to end against onnxruntime running the whole model and keep
     # the faster (`wpk.partition`), where the target has that peer.
     partition: bool = True
+    # Bytes (or "4G", "512M") the model's tensors may take (`wpk.core.limits`); None:
+    # half the machine's RAM.
+    max_memory: int | str | None = None
 
     def __post_init__(self) -> None:
         target_class(self.target)  # OptionError naming the known targets
+        if self.max_memory is not None:
+            object.__setattr__(self, "max_memory", parse_memory(self.max_memory))
         if self.search not in SEARCHES:
             raise OptionError(f"unknown search '{self.search}'",
                               hint=f"use one of: {', '.join(SEARCHES)}")
@@ -182,7 +188,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     if output is not None:  # before the work: a build must not end in an unwritable path
         check_output(output, "output", inputs=[model] if isinstance(model, (str, os.PathLike))
                      else [])
-    graph = load_model(model, opts.input_shapes)
+    graph = load_model(model, opts.input_shapes, opts.max_memory)
     optimized, pass_report = optimize(graph, opts.target)
     items = extract_workloads(optimized)
     choices, search, parallel = plan_workloads(items, build_target, opts, started)

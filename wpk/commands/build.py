@@ -11,6 +11,7 @@ from rich.console import Console
 from wpk.commands.common import (
     SEARCHES,
     cluster_option,
+    max_memory_option,
     parallel_measure_option,
     parse_input_shapes,
     stderr,
@@ -47,12 +48,13 @@ from wpk.pipeline import build
 @click.option("--no-partition", "no_partition", is_flag=True,
               help="Keep wpk's per-operator plan even where onnxruntime runs the whole model "
                    "faster (by default the faster of the two, measured, is the plan).")
+@max_memory_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def command(model: Path, output: Path | None, cpu: bool, gpu: str | None, search: str,
             trials: int | None, budget: float | None, db: Path | None, jobs: int | None,
             input_shapes: tuple[str, ...], strict: bool, offline: bool,
             parallel_measure: int | None, cluster: str | None, no_partition: bool,
-            quiet: bool) -> None:
+            max_memory: int | None, quiet: bool) -> None:
     """Optimize, tune and plan MODEL; write the plan and its benchmark report."""
     target, gpu_name = target_of(cpu, gpu)
     output = output or model.with_suffix(".wpk")
@@ -61,7 +63,8 @@ def command(model: Path, output: Path | None, cpu: bool, gpu: str | None, search
                "input_shapes": parse_input_shapes(input_shapes), "progress": not quiet,
                "partition": not no_partition}
     optional = {"trials": trials, "budget": budget, "db": None if db is None else str(db),
-                "jobs": jobs, "parallel_measure": parallel_measure, "cluster": cluster}
+                "jobs": jobs, "parallel_measure": parallel_measure, "cluster": cluster,
+                "max_memory": max_memory}
     options.update({k: v for k, v in optional.items() if v is not None})
     started = time.perf_counter()
     plan = build(str(model), target=target, output=str(output), **options)

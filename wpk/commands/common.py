@@ -92,3 +92,14 @@ def write_text(text: str, output: Path | None, flag: str = "-o") -> None:
         return
     safe_write.write_text(output, text, flag)
     stderr(f"wrote {output}")
+
+
+def max_memory_option():
+    """The `--max-memory SIZE` option of `wpk build` and `wpk inspect` (`wpk.core.limits`)."""
+    from wpk.core.limits import parse_memory
+
+    return click.option("--max-memory", "max_memory", metavar="SIZE",
+                        callback=lambda ctx, param, value: (None if value is None
+                                                            else parse_memory(value)),
+                        help="Refuse a model whose tensors (activations and weights) would "
+                             "take more than SIZE, e.g. 4G or 512M (default: half the RAM).")

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import onnx
 
-from wpk.commands.common import echo, parse_input_shapes
+from wpk.commands.common import echo, max_memory_option, parse_input_shapes
 from wpk.commands.onnx_export import write_onnx
 from wpk.core.safe_write import check_output
 from wpk.frontend import load_model
@@ -19,9 +19,10 @@ from wpk.workloads import distinct, extract_workloads
 
 
 def optimized_graph(model: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
-                    target: str = "cpu"):
-    """(the loaded graph, the graph after the target's passes, the pass report)."""
-    graph = load_model(model, input_shapes or None)
+                    target: str = "cpu", max_memory: int | str | None = None):
+    """(the loaded graph, the graph after the target's passes, the pass report);
+    `max_memory` bounds the model's tensors (`wpk.core.limits`)."""
+    graph = load_model(model, input_shapes or None, max_memory)
     optimized, report = optimize(graph, target=target)
     return graph, optimized, report
 
@@ -35,9 +36,9 @@ def exported_model(optimized, model: str, target: str) -> onnx.ModelProto:
 
 
 def inspect_model(model: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
-                  target: str = "cpu") -> dict:
+                  target: str = "cpu", max_memory: int | str | None = None) -> dict:
     """Load and optimize `model`; return op counts, pass/rule hits and distinct workloads."""
-    graph, optimized, report = optimized_graph(model, input_shapes, target)
+    graph, optimized, report = optimized_graph(model, input_shapes, target, max_memory)
     groups = distinct(extract_workloads(optimized))
     workloads = []
     for key, members in groups.items():
@@ -90,15 +91,16 @@ def render_inspection(info: dict):
 @click.option("--export", "export_path", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE.onnx", help="Also write the graph after the passes as ONNX "
                                         "(checked with onnx.checker; open it in Netron).")
+@max_memory_option()
 def command(model: Path, input_shapes: tuple[str, ...], cpu_target: bool,
-            as_json: bool, export_path: Path | None) -> None:
+            as_json: bool, export_path: Path | None, max_memory: int | None) -> None:
     """Show MODEL's graph before/after the passes, each rule's hits and the workloads."""
     target = "cpu" if cpu_target else "cuda"
     shapes = parse_input_shapes(input_shapes)
     if export_path:
         check_output(export_path, "--export", inputs=[model])
-    info = inspect_model(str(model), shapes, target=target)
+    info = inspect_model(str(model), shapes, target=target, max_memory=max_memory)
     echo(json.dumps(info, indent=2) if as_json else render_inspection(info))
     if export_path:
-        _, optimized, _ = optimized_graph(str(model), shapes, target)
+        _, optimized, _ = optimized_graph(str(model), shapes, target, max_memory)
         write_onnx(exported_model(optimized, str(model), target), export_path, "--export")

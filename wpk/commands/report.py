@@ -15,7 +15,7 @@ from wpk.commands.onnx_export import chosen_graph_model, write_onnx
 from wpk.commands.render import render_json, render_table
 from wpk.commands.render_html import render_html
 from wpk.core.safe_write import check_output
-from wpk.plans.planfile import read_plan
+from wpk.plans.planfile import read_plan, read_report
 
 
 @click.command("report")
@@ -32,10 +32,12 @@ def command(plan: Path, fmt: str, output: Path | None, graph_path: Path | None) 
     for path, flag in ((output, "-o"), (graph_path, "--graph")):
         if path is not None:  # before reading the plan
             check_output(path, flag, inputs=[plan])
-    loaded = read_plan(str(plan))
-    if graph_path:
+    if graph_path:  # the chosen graph needs the whole plan
+        loaded = read_plan(str(plan))
         write_onnx(chosen_graph_model(loaded), graph_path)
-    data = loaded.report
+        data = loaded.report
+    else:  # only the manifest and the report are read (and checked), nothing else inflated
+        _, data = read_report(str(plan))
     if fmt == "table":
         if output:
             console = Console(file=io.StringIO(), width=160)

@@ -1,0 +1,112 @@
+"""Fuzz the wpk CLI for N minutes with the strategies of tests/fuzzing and count
+contract violations (exit code other than 0 or 2, traceback, hang, partial file).
+
+    python scripts/fuzz.py --minutes 30                  # all properties, round robin
+    python scripts/fuzz.py --minutes 5 --only build --json fuzz.json
+
+Each round runs `--batch` fresh examples of one property (hypothesis, generate phase
+only, a new seed each round, no shrinking, no example database); every violation is
+recorded with the command and the last lines of stderr. Exit code 0 when none was
+found, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import re
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.fuzzing.conftest import build_small_plan  # noqa: E402
+from tests.fuzzing.properties import check_model, check_plan  # noqa: E402
+from tests.fuzzing.strategies import model_bytes, models, plan_mutations  # noqa: E402
+
+
+def properties(plan: bytes) -> dict:
+    """name -> (strategy, check(example) -> Outcome)."""
+    return {
+        "inspect": (models(), lambda m: check_model(m.SerializeToString(), "inspect")),
+        "inspect-bytes": (model_bytes(), lambda d: check_model(d, "inspect")),
+        "build": (models(), lambda m: check_model(m.SerializeToString(), "build")),
+        "run": (plan_mutations(plan), lambda d: check_plan(d, "run")),
+        "report": (plan_mutations(plan), lambda d: check_plan(d, "report")),
+    }
+
+
+def run_batch(strategy, check, count: int, round_seed: int, record) -> None:
+    """`count` fresh examples of `strategy`, each checked and passed to `record`."""
+
+    @seed(round_seed)
+    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def batch(data):
+        record(check(data.draw(strategy)))
+
+    batch()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=1.0)
+    parser.add_argument("--batch", type=int, default=20, help="examples per round")
+    parser.add_argument("--only", action="append", help="property to run (repeatable)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument("--top", type=int, default=25, help="most common errors to show")
+    args = parser.parse_args(argv)
+    # A strategy bug must not take the (shared) machine's memory: 4 GiB for this process.
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="wpk-fuzz-plan-") as folder:
+        plan = build_small_plan(Path(folder))
+    props = properties(plan)
+    names = args.only or list(props)
+    examples, codes = collections.Counter(), collections.defaultdict(collections.Counter)
+    violations: list[dict] = []
+    errors = collections.Counter()  # error lines, names and numbers blanked
+    end = time.monotonic() + 60 * args.minutes
+    started = time.monotonic()
+    index = 0
+    while time.monotonic() < end:
+        name = names[index % len(names)]
+        index += 1
+        strategy, check = props[name]
+
+        def record(outcome, name=name):
+            examples[name] += 1
+            codes[name][str(outcome.code)] += 1
+            first = next((line for line in outcome.stderr.splitlines()
+                          if line.startswith("error: ")), None)
+            if first is not None:
+                errors[re.sub(r"'[^']*'|\d+", "_", first)[:90]] += 1
+            for problem in outcome.violations:
+                violations.append({"property": name, "problem": problem})
+                print(f"VIOLATION [{name}] {problem}", flush=True)
+
+        run_batch(strategy, check, args.batch, rng.randrange(2**32), record)
+    summary = {"minutes": round((time.monotonic() - started) / 60, 1),
+               "examples": sum(examples.values()), "per_property": dict(examples),
+               "exit_codes": {k: dict(v) for k, v in codes.items()},
+               "violations": len(violations),
+               "common_errors": dict(errors.most_common(args.top)), "details": violations}
+    print(json.dumps({k: v for k, v in summary.items() if k != "details"}, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
