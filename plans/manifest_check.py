@@ -81,7 +81,7 @@ MANIFEST_SCHEMA = {
         "workloads": {"type": "object", "additionalProperties": _WORKLOAD},
         "buffers": _BUFFERS,
         "inputs": {"type": "array", "items": _TENSOR},
-        "outputs": {"type": "array", "items": _TENSOR},
+        "outputs": {"type": "array", "items": _TENSOR, "minItems": 1},
         "constants": {"type": "array", "items": _TENSOR},
         "members": {"type": "object", "additionalProperties": _STRING},
     },

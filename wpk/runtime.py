@@ -331,14 +331,29 @@ class Session:
                     kernel(inputs, outputs)
         except Exception as exc:
             index = next(i for i, call in enumerate(calls) if call[0] is kernel)
-            raise RuntimeError(f"node '{self._step_names[index]}' failed: {exc}") from exc
+            raise self._step_failure(self._step_names[index], exc) from exc
 
     def _run_direct(self, feeds: Mapping) -> list[np.ndarray]:
         checked = self._checked_feeds(feeds)
         try:
             return self._direct(checked)
         except Exception as exc:
-            raise RuntimeError(f"node '{self._step_names[0]}' failed: {exc}") from exc
+            raise self._step_failure(self._step_names[0], exc) from exc
+
+    def _step_failure(self, name: str, exc: Exception) -> Exception:
+        """What a failing step raises: onnxruntime refusing a step that was verified when
+        the plan was built means the plan was altered or built with another onnxruntime
+        (a PlanError); any other failure is wpk's bug (RuntimeError)."""
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if _from_onnxruntime(exc):
+            import onnxruntime
+
+            return PlanError(f"plan '{self.path}': step '{name}' fails in onnxruntime "
+                             f"{onnxruntime.__version__}: {text}",
+                             hint="its steps were verified when it was built, so the plan was "
+                                  "altered or built with another onnxruntime: rebuild the "
+                                  "plan with `wpk build` on this machine")
+        return RuntimeError(f"node '{name}' failed: {exc}")
 
     def _load_feeds(self, feeds: Mapping) -> None:
         for name, array in self._checked_feeds(feeds).items():
@@ -371,6 +386,16 @@ class Session:
                                       "for this shape")
             checked[meta.name] = array
         return checked
+
+
+_ORT_MARKS = ("[ONNXRuntimeError]", "Non-zero status code returned while running")
+
+
+def _from_onnxruntime(exc: BaseException) -> bool:
+    """Whether onnxruntime raised `exc` (its own types, or the RuntimeError its I/O-binding
+    runs raise with its status text)."""
+    return type(exc).__module__.startswith("onnxruntime") or \
+        any(mark in str(exc) for mark in _ORT_MARKS)
 
 
 def _as_array(meta: TensorMeta, value: Any) -> np.ndarray:

@@ -436,3 +436,33 @@ def test_records_from_a_device_are_refused_not_read_forever(tmp_path, model, cap
                            tmp_path / "m.wpk")
     assert_clean_error(code, err, "/dev/zero")
     assert not (tmp_path / "m.wpk").exists()
+
+
+def test_a_step_onnxruntime_refuses_at_run_time_is_a_plan_error(tmp_path, capsys):
+    """An attribute edited into another valid value that the op checks do not model (the
+    blocksize of DepthToSpace, which only onnxruntime runs): the step now computes another
+    shape than its buffers', onnxruntime fails on the verified step when it runs, so the
+    plan was altered (exit 2)."""
+    # two steps onnxruntime runs: one region session
+    path = _save([helper.make_node("DepthToSpace", ["x"], ["h"], name="flat", blocksize=2),
+                  helper.make_node("Hardmax", ["h"], ["y"], name="second", axis=2)],
+                 [vi("x", TensorProto.FLOAT, [1, 8, 2, 2])],
+                 [vi("y", TensorProto.FLOAT, [1, 2, 4, 4])], tmp_path / "d2s.onnx")
+    plan = tmp_path / "d2s.wpk"
+    code, _, err = run_cli(capsys, "build", path, "--cpu", "-o", plan, "-q", "--no-partition")
+    assert code == 0, err
+    bad = tmp_path / "bad.wpk"
+
+    def change(manifest):
+        # a new key too: this process keeps the kernel it built for the original key
+        key = manifest["steps"][0]["workload_key"]
+        workload = manifest["workloads"].pop(key)
+        workload["attrs"]["blocksize"] = 1
+        manifest["workloads"]["0123456789abcdef"] = workload
+        manifest["steps"][0]["workload_key"] = "0123456789abcdef"
+    _rewrite_manifest(plan, bad, change)
+    code, _, err = run_cli(capsys, "run", bad, "--repeat", "1", "--warmup", "0")
+    assert_clean_error(code, err, "bad.wpk", "'flat", "onnxruntime")
+    with zipfile.ZipFile(plan) as archive:
+        assert json.loads(archive.read(MANIFEST))["steps"][0]["impl"] == "ort.fallback"
+    assert "rebuild" in err
