@@ -234,6 +234,16 @@ void wpk_micro_conv(const float *x, const float *w, const float *bias, const flo
 """
 
 
+def _remainders(g: ConvGeometry, lo: int, hi: int, width: int, px: int) -> list[int]:
+    """The smaller last tiles that occur: interior pixels of a column chunk modulo px (only
+    those get a function; gcc is not left to reason about unreachable ones)."""
+    found = set()
+    for b0 in range(0, g.ow, width):
+        found.add((min(b0 + width, g.ow, hi) - max(b0, lo)) % px if min(b0 + width, hi) >
+                  max(b0, lo) else 0)
+    return sorted(found - {0})
+
+
 def conv_source(g: ConvGeometry, config: Mapping) -> str:
     """The C source of `wpk_micro_conv(x, w, bias, sum, y)` for `g` under `config`
     (ValueError for an invalid config)."""
@@ -272,7 +282,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     parts.append(tile("checked", 1, 1))
     parts.append(tile("full", px, 0))
     cases = []
-    for np_ in range(1, px):
+    for np_ in _remainders(g, lo, hi, width, px):
         parts.append(tile(f"rest{np_}", np_, 0))
         cases.append(f"        case {np_}: tile_rest{np_}(x, w, bias, sum, y, {args}, oh, ow, "
                      f"c0, c1); ow += {np_}; break;")
