@@ -9,10 +9,16 @@ for every input channel, filter row and column, loads the KV weight vectors
 of that input channel (packed contiguously at prepare time: `pack_conv_filter`)
 and adds each pixel's input value, broadcast, times them: KV + PX loads for
 KV x PX FMAs. Then the epilogue runs on the registers (residual add,
-activation) and the tile is stored. Pixels whose window leaves the image
-(left and right edges) take a one-pixel tile that checks its columns; filter
-rows outside the image are skipped. The interior's last tile takes a
-specialised smaller tile.
+activation) and the tile is stored. The input channels are reduced in passes
+of CBT blocks over the whole row segment (partial sums parked in the output),
+so a pass's weights stay in cache. Pixels whose window leaves the image (left
+and right edges) take a one-pixel tile that checks its columns; filter rows
+outside the image are skipped. The interior's last tile takes a specialised
+smaller tile. Tiles are generated unrolled, every accumulator, weight vector
+and broadcast a named variable, and the input pointer of each filter column is
+hidden from the optimizer (`OPAQUE`): otherwise gcc shares the broadcasts of
+overlapping columns across the unrolled taps and spills them (checked with
+`gcc -S`: 700 stack accesses per tile sweep without it, none with it).
 
 Depthwise conv: a tile is one vector of channels by PX pixels of a row; per
 filter row the S weight vectors and the row's input vectors are loaded once and
