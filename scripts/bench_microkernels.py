@@ -8,7 +8,8 @@ and the best of a small grid of register tiles (`--grid`, 0 to skip) are
 verified against the float64 reference, then timed against onnxruntime's
 `com.microsoft.nchwc` Conv on the same blocked buffers (same thread count;
 with and without its spinning thread pool, the better of the two is the
-reference), alternating A B per round; medians per round, the median over
+reference), alternating per round (a 0.2 s pause before each contender, the
+first one rotating from round to round); medians per round, the median over
 rounds reported as GFLOP/s, % of the measured peak and the ratio to onnxruntime
 (> 1: wpk is faster). Goals (issues 10 and 11): median >= 0.95x on the 1x1
 convs, >= 0.9x on the 3x3 stride-1 convs, >= 80% of peak on the largest 1x1,
@@ -155,14 +156,18 @@ def bench_shape(shape: ConvShape, args, rng) -> dict:
     runs = {"micro": lambda: best[2](inputs, [out]),
             "micro_default": lambda: default[1](inputs, [out]),
             "ort_no_spin": lambda: ort_passive(x, out),
-            "ort": lambda: ort_spin(x, out)}   # last: its threads spin on after a run
+            "ort": lambda: ort_spin(x, out)}
     runs["ort"]()
     err_ort = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
     times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(args.rounds):   # alternate so load changes hit every contender alike
-        for name, fn in runs.items():
+    names = list(runs)
+    for round_ in range(args.rounds):
+        # alternate, and rotate who goes first: load changes and the pause before a round
+        # hit every contender alike
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
             time.sleep(0.2)        # let a spinning pool go idle before the next contender
-            times[name].append(time_block(fn, args.repeat))
+            times[name].append(time_block(runs[name], args.repeat))
     med = {k: statistics.median(v) for k, v in times.items()}
     ort_s = min(med["ort"], med["ort_no_spin"])
     gflops = {k: shape.flops / v / 1e9 for k, v in med.items()}

@@ -10,6 +10,7 @@ compiles and runs there) and the portable path.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -237,3 +238,29 @@ def test_bench_summary_checks_the_goals(scripts_on_path):
     assert not summary["3x3 s1"]["met"] and summary["depthwise"]["met"]
     assert summary["largest_1x1"] == {"label": "1x1 20", "percent_of_peak": 85.0,
                                       "goal": 80.0, "met": True}
+
+
+def test_search_driver_tunes_micro_kernels_through_records(tmp_path):
+    """`tune_workload` with the micro-kernels as the generated family: configs compiled in
+    the compile pool, verified and timed in the isolated worker, recorded; the winner is a
+    valid config of the space."""
+    from wpk.kernels.target import create_target
+    from wpk.search.compile_pool import CompilePool
+    from wpk.search.driver import tune_workload
+    from wpk.search.recorded import RecordedRunner
+    from wpk.search.records import RecordStore
+    from wpk.search.runner import IsolatedRunner
+    from wpk.search.workers import MeasureOptions, MeasureWorker
+
+    workload = CASES["3x3_odd_channels"]
+    generated = MicroKernels()
+    with MeasureWorker(MeasureOptions(warmup=1, repeats=3, min_time=0.002)) as worker, \
+            CompilePool(jobs=2) as pool:
+        runner = RecordedRunner(IsolatedRunner(options=worker.options, worker=worker),
+                                RecordStore(tmp_path / "r.jsonl"),
+                                create_target("cpu").fingerprint())
+        result = tune_workload(workload, "ga", trials=4, runner=runner, generated=generated,
+                               compile_pool=pool, seed=1, finalize_k=2)
+    assert result.trials == 4 and result.failed == 0
+    assert config_reason(conv_geometry(workload), result.best_config) is None
+    assert result.final_s is not None and math.isfinite(result.final_s)

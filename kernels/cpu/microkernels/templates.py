@@ -9,10 +9,16 @@ for every input channel, filter row and column, loads the KV weight vectors
 of that input channel (packed contiguously at prepare time: `pack_conv_filter`)
 and adds each pixel's input value, broadcast, times them: KV + PX loads for
 KV x PX FMAs. Then the epilogue runs on the registers (residual add,
-activation) and the tile is stored. Pixels whose window leaves the image
-(left and right edges) take a one-pixel tile that checks its columns; filter
-rows outside the image are skipped. The interior's last tile takes a
-specialised smaller tile.
+activation) and the tile is stored. The input channels are reduced in passes
+of CBT blocks over the whole row segment (partial sums parked in the output),
+so a pass's weights stay in cache. Pixels whose window leaves the image (left
+and right edges) take a one-pixel tile that checks its columns; filter rows
+outside the image are skipped. The interior's last tile takes a specialised
+smaller tile. Tiles are generated unrolled, every accumulator, weight vector
+and broadcast a named variable, and the input pointer of each filter column is
+hidden from the optimizer (`OPAQUE`): otherwise gcc shares the broadcasts of
+overlapping columns across the unrolled taps and spills them (checked with
+`gcc -S`: 700 stack accesses per tile sweep without it, none with it).
 
 Depthwise conv: a tile is one vector of channels by PX pixels of a row; per
 filter row the S weight vectors and the row's input vectors are loaded once and
@@ -234,6 +240,16 @@ void wpk_micro_conv(const float *x, const float *w, const float *bias, const flo
 """
 
 
+def _remainders(g: ConvGeometry, lo: int, hi: int, width: int, px: int) -> list[int]:
+    """The smaller last tiles that occur: interior pixels of a column chunk modulo px (only
+    those get a function; gcc is not left to reason about unreachable ones)."""
+    found = set()
+    for b0 in range(0, g.ow, width):
+        found.add((min(b0 + width, g.ow, hi) - max(b0, lo)) % px if min(b0 + width, hi) >
+                  max(b0, lo) else 0)
+    return sorted(found - {0})
+
+
 def conv_source(g: ConvGeometry, config: Mapping) -> str:
     """The C source of `wpk_micro_conv(x, w, bias, sum, y)` for `g` under `config`
     (ValueError for an invalid config)."""
@@ -272,7 +288,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     parts.append(tile("checked", 1, 1))
     parts.append(tile("full", px, 0))
     cases = []
-    for np_ in range(1, px):
+    for np_ in _remainders(g, lo, hi, width, px):
         parts.append(tile(f"rest{np_}", np_, 0))
         cases.append(f"        case {np_}: tile_rest{np_}(x, w, bias, sum, y, {args}, oh, ow, "
                      f"c0, c1); ow += {np_}; break;")
