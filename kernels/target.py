@@ -5,6 +5,7 @@
     target.candidates(workload)       # what an untuned build measures for a workload
     target.generated.template(w)      # the generated kernel's schedule template (search space)
     target.generated.compile_jobs(w, configs)   # fill the compile cache in parallel
+    target.families                   # every generated family a search tunes (generated first)
     target.fingerprint()              # what tuning records of this target are keyed by
     target.create_options()           # what makes the same target on another machine
     target.device()                   # the plan's device entry
@@ -115,6 +116,13 @@ class GeneratedKernels(ABC):
     def compile_jobs(self, workload: Workload, configs: Sequence[Mapping]) -> list[CompileJob]:
         """`CompileJob`s that put the kernels of `configs` in the compile cache."""
 
+    def supports(self, workload: Workload) -> bool:
+        """Whether a search tunes this family for `workload` (default: the workload maps to
+        a DSL kernel; `template` may still find no space for it on the target)."""
+        from wpk.kernels.generated import map_workload  # the DSL mapping, imported late
+
+        return not isinstance(map_workload(workload), str)
+
 
 class Target(ABC):
     """One backend: its hardware, its candidates, its generated kernels, how it is timed."""
@@ -128,10 +136,17 @@ class Target(ABC):
     default_generated: ClassVar[int] = 0
 
     def __init__(self, hardware: HardwareSpec, generated: GeneratedKernels,
-                 predicted: bool = False):
+                 predicted: bool = False, also: Sequence[GeneratedKernels] = ()):
         self.hardware = hardware
         self.generated = generated
         self.predicted = predicted
+        # Every generated family a search tunes: `generated` first, then `also` (each keeps
+        # its own implementation name, so their records never mix).
+        self.families: tuple[GeneratedKernels, ...] = (generated, *also)
+
+    def family(self, impl: str) -> GeneratedKernels | None:
+        """The generated family whose implementation is called `impl`, or None."""
+        return next((f for f in self.families if f.impl == impl), None)
 
     def __repr__(self) -> str:
         mode = " (predicted)" if self.predicted else ""

@@ -45,7 +45,7 @@ from wpk.core.workload import Workload
 from wpk.kernels.generated import map_workload
 from wpk.kernels.registry import Candidate
 from wpk.kernels.target import GeneratedKernels
-from wpk.search.budget import EarlyStop, ShareEntry, by_latency_share, shares, time_slice
+from wpk.search.budget import EarlyStop, ShareEntry, shares, time_slice
 from wpk.search.measure import Measurement
 from wpk.search.recorded import RecordedRunner
 from wpk.search.space import SearchSpace
@@ -82,6 +82,7 @@ class TuneResult:
     workload: Workload
     tuner: str
     best_config: dict | None = None
+    impl: str = ""            # the generated family tuned (its implementation name)
     best_s: float = math.inf
     reference_s: float | None = None
     trials: int = 0           # measured configs (fresh or from the records)
@@ -118,6 +119,7 @@ class TuneResult:
     def to_json(self) -> dict:
         finite = (lambda v: v if v is not None and math.isfinite(v) else None)  # noqa: E731
         return {"key": self.workload.key, "label": self.workload.label, "tuner": self.tuner,
+                "impl": self.impl,
                 "best_config": self.best_config, "best_s": finite(self.best_s),
                 "final_s": finite(self.final_s),
                 "reference_s": finite(self.reference_s), "speedup": self.speedup,
@@ -153,7 +155,7 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
     if trials < 1:
         raise OptionError(f"--trials must be at least 1, got {trials}")
     started = time.monotonic()
-    result = TuneResult(workload, tuner_name, reference_s=reference_time,
+    result = TuneResult(workload, tuner_name, impl=generated.impl, reference_s=reference_time,
                         limits={"trials": trials, "patience": patience, "min_gain": min_gain})
     space = SearchSpace.from_template(generated.template(workload), name=workload.label)
     tuner = make_tuner(tuner_name, space, seed, **dict(tuner_options or {}))
@@ -252,70 +254,125 @@ class TuneOptions:
         return slots * math.ceil(self.batch_size / slots)
 
 
-def tunable(items: Sequence) -> dict[str, tuple[Workload, int]]:
-    """Distinct workloads (by key, graph order) that map to a generated kernel, with their
-    node counts."""
+def tunable(items: Sequence, family: GeneratedKernels | None = None
+            ) -> dict[str, tuple[Workload, int]]:
+    """Distinct workloads (by key, graph order) that `family` tunes (default: those that map
+    to a DSL kernel), with their node counts."""
+    supports = family.supports if family is not None else (
+        lambda w: not isinstance(map_workload(w), str))
     found: dict[str, tuple[Workload, int]] = {}
     for item in items:
         w = item.workload
         if w.key in found:
             found[w.key] = (w, found[w.key][1] + 1)
-        elif not isinstance(map_workload(w), str):
+        elif supports(w):
             found[w.key] = (w, 1)
     return found
+
+
+@dataclass(frozen=True)
+class Search:
+    """One search of `tune_families`: a family on a workload, with its budget share."""
+
+    family: GeneratedKernels
+    workload: Workload
+    vendor_s: float
+    share: float
+
+
+def search_order(items: Sequence, families: Sequence[GeneratedKernels],
+                 vendor_times: Mapping[str, float]) -> list[Search]:
+    """The searches in the order they run: workloads by share of the model latency (graph
+    order on ties), each workload's families in `families` order; a workload's share is
+    split evenly among the families that tune it."""
+    per_family = [tunable(items, family) for family in families]
+    workloads: dict[str, tuple[Workload, int]] = {}
+    for found in per_family:
+        workloads.update(found)
+    graph = {key: index for index, key in enumerate(
+        dict.fromkeys(item.workload.key for item in items))}
+    entries = [ShareEntry(k, float(vendor_times.get(k, math.nan)), n)
+               for k, (_, n) in workloads.items()]
+    fraction = shares(entries)
+    latency = {e.key: e.latency_s for e in entries}
+    tuners = {k: sum(k in found for found in per_family) for k in workloads}
+    jobs = [(-latency[k], graph[k], index, Search(family, w, float(vendor_times.get(k, math.nan)),
+                                                fraction[k] / tuners[k]))
+            for index, (family, found) in enumerate(zip(families, per_family))
+            for k, (w, _) in found.items()]
+    return [job for *_, job in sorted(jobs, key=lambda j: j[:3])]
 
 
 def tune_model(items: Sequence, options: TuneOptions, vendor_times: Mapping[str, float], *,
                runner: RecordedRunner, generated: GeneratedKernels, compile_pool=None,
                progress: bool = False, deadline: float | None = None, stream=None
                ) -> dict[str, TuneResult]:
-    """Tune every tunable workload of `items` (NodeWorkloads), largest share of the model
-    latency (`vendor_times[key]` x node count) first, within `options.budget_s` seconds
-    (or the absolute monotonic `deadline`, whichever is sooner) and `options.trials` each.
-    `generated` is the target's generated kernels. A workload whose template has no space
-    on the target is left untuned (stopped 'unsupported')."""
-    workloads = tunable(items)
-    entries = [ShareEntry(k, float(vendor_times.get(k, math.nan)), n)
-               for k, (_, n) in workloads.items()]
-    order = by_latency_share(entries)
-    fraction = shares(entries)
+    """Tune every tunable workload of `items` (NodeWorkloads) in one generated family
+    (`generated`): `tune_families` with that family alone, by workload key."""
+    return tune_families(items, options, vendor_times, runner=runner, families=(generated,),
+                         compile_pool=compile_pool, progress=progress, deadline=deadline,
+                         stream=stream)[generated.impl]
+
+
+def tune_families(items: Sequence, options: TuneOptions, vendor_times: Mapping[str, float], *,
+                  runner: RecordedRunner, families: Sequence[GeneratedKernels],
+                  compile_pool=None, progress: bool = False, deadline: float | None = None,
+                  stream=None) -> dict[str, dict[str, TuneResult]]:
+    """Tune the workloads of `items` (NodeWorkloads) in every generated family of `families`
+    that supports them (`GeneratedKernels.supports`): `{impl: {workload key: TuneResult}}`,
+    graph order. Workloads go largest share of the model latency (`vendor_times[key]` x
+    node count) first, within `options.budget_s` seconds (or the absolute monotonic
+    `deadline`, whichever is sooner); a workload's share is split evenly among its
+    families, and each family's search has up to `options.trials`. A workload whose
+    template has no space on the target is left untuned (stopped 'unsupported')."""
+    jobs = search_order(items, families, vendor_times)
     start = time.monotonic()
     end = deadline
     if options.budget_s is not None:
         end = min(end if end is not None else math.inf, start + options.budget_s)
-    results: dict[str, TuneResult] = {}
+    results: dict[str, dict[str, TuneResult]] = {f.impl: {} for f in families}
     with TuningDisplay(progress, stream) as display:
-        for index, entry in enumerate(order):
-            workload = workloads[entry.key][0]
+        for index, job in enumerate(jobs):
+            found = results[job.family.impl]
+            key = job.workload.key
             limit = None
             if end is not None:
-                left = sum(fraction[e.key] for e in order[index:])
                 remaining = end - time.monotonic()
                 if remaining <= 0:
-                    results[entry.key] = TuneResult(workload, options.tuner,
-                                                    reference_s=_finite(entry.vendor_s),
-                                                    stopped="budget")
-                    display.update(results[entry.key])
+                    found[key] = TuneResult(job.workload, options.tuner, impl=job.family.impl,
+                                            reference_s=_finite(job.vendor_s),
+                                            stopped="budget")
+                    display.update(found[key])
                     continue
-                limit = time.monotonic() + time_slice(remaining, fraction[entry.key], left,
+                left = sum(j.share for j in jobs[index:])
+                limit = time.monotonic() + time_slice(remaining, job.share, left,
                                                       options.min_slice_s)
-            try:
-                results[entry.key] = tune_workload(
-                    workload, options.tuner, trials=options.trials_for(runner.slots),
-                    deadline=limit, runner=runner, generated=generated,
-                    compile_pool=compile_pool,
-                    reference_time=_finite(entry.vendor_s), seed=options.seed,
-                    on_progress=display.update, batch_size=options.batch_for(runner.slots),
-                    patience=options.patience, min_gain=options.min_gain,
-                    cost_model=options.cost_model, finalize_k=options.finalize_k)
-            except OptionError:
-                raise
-            except WpkError as exc:  # no schedule template for this workload on the target
-                results[entry.key] = TuneResult(workload, options.tuner,
-                                                reference_s=_finite(entry.vendor_s),
-                                                stopped="unsupported", detail=exc.message)
-                display.update(results[entry.key])
-    return {k: results[k] for k in workloads if k in results}
+            found[key] = _tune_job(job, options, runner, compile_pool, limit, display)
+    order = list(dict.fromkeys(item.workload.key for item in items))
+    return {impl: {k: found[k] for k in order if k in found} for impl, found in results.items()}
+
+
+def _tune_job(job: Search, options: TuneOptions, runner: RecordedRunner, compile_pool,
+              deadline: float | None, display: TuningDisplay) -> TuneResult:
+    """One search of `tune_families` (a result stopped 'unsupported' when the family has no
+    schedule template for the workload on the target)."""
+    try:
+        return tune_workload(
+            job.workload, options.tuner, trials=options.trials_for(runner.slots),
+            deadline=deadline, runner=runner, generated=job.family,
+            compile_pool=compile_pool, reference_time=_finite(job.vendor_s),
+            seed=options.seed, on_progress=display.update,
+            batch_size=options.batch_for(runner.slots), patience=options.patience,
+            min_gain=options.min_gain, cost_model=options.cost_model,
+            finalize_k=options.finalize_k)
+    except OptionError:
+        raise
+    except WpkError as exc:
+        result = TuneResult(job.workload, options.tuner, impl=job.family.impl,
+                            reference_s=_finite(job.vendor_s), stopped="unsupported",
+                            detail=exc.message)
+        display.update(result)
+        return result
 
 
 def _finite(value: float) -> float | None:
@@ -334,6 +391,14 @@ def generated_candidates(results: Mapping[str, TuneResult], generated: Generated
     return provide
 
 
+def family_candidates(results: Mapping[str, Mapping[str, TuneResult]],
+                      families: Sequence[GeneratedKernels]):
+    """`(workload) -> [Candidate]`: the best kernel of each tuned workload in every family
+    (`results` as `tune_families` gives them), for the planner's second pass."""
+    providers = [generated_candidates(results.get(f.impl, {}), f) for f in families]
+    return lambda workload: [c for provide in providers for c in provide(workload)]
+
+
 # ----------------------------------------------------------------------------- display
 class TuningDisplay:
     """Per workload: trials, best generated time, vendor time and speed-up (rich, on a
@@ -343,7 +408,7 @@ class TuningDisplay:
         stream = stream if stream is not None else sys.stderr
         self.enabled = bool(enabled) and hasattr(stream, "isatty") and stream.isatty()
         self.stream = stream
-        self.rows: dict[str, TuneResult] = {}
+        self.rows: dict[tuple[str, str], TuneResult] = {}
         self.live = None
 
     def __enter__(self) -> TuningDisplay:
@@ -362,7 +427,7 @@ class TuningDisplay:
             self.live.__exit__(*exc)
 
     def update(self, result: TuneResult) -> None:
-        self.rows[result.workload.key] = result
+        self.rows[(result.impl, result.workload.key)] = result
         if self.live is not None:
             self.live.update(self.table())
 
@@ -371,12 +436,12 @@ class TuningDisplay:
         from rich.table import Table
 
         table = Table(title="tuning generated kernels", expand=False)
-        for name, justify in (("workload", "left"), ("trials", "right"),
+        for name, justify in (("workload", "left"), ("kernel", "left"), ("trials", "right"),
                               ("best so far", "right"), ("re-measured", "right"),
                               ("vendor", "right"), ("speed-up", "right"), ("state", "left")):
             table.add_column(name, justify=justify, overflow="fold")
         for r in self.rows.values():
-            table.add_row(r.workload.label, str(r.trials), _ms(r.best_s), _ms(r.final_s),
+            table.add_row(r.workload.label, r.impl, str(r.trials), _ms(r.best_s), _ms(r.final_s),
                           _ms(r.reference_s), "" if r.speedup is None else f"{r.speedup:.2f}x",
                           r.stopped_text)
         return table

@@ -301,8 +301,8 @@ class RayRunner(Runner):
     def _compile(self, workload: Workload, spec: CandidateSpec) -> list | None:
         """[ObjectRef] of the candidate's remote compile (submitted once), or None when it
         has no compile job or the cluster no CPU to run one."""
-        generated = self.target.generated
-        if not self.remote_compile or spec.impl != generated.impl:
+        generated = self.target.family(spec.impl)
+        if not self.remote_compile or generated is None:
             return None
         key = self._compile_key(workload, spec)
         if key not in self.compiled:

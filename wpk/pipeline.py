@@ -48,7 +48,7 @@ from wpk.plans.progress import progress_bar
 from wpk.plans.report import make_report
 from wpk.search.cluster import parse_address
 from wpk.search.compile_pool import CompilePool
-from wpk.search.driver import TuneOptions, generated_candidates, tune_model
+from wpk.search.driver import TuneOptions, family_candidates, tune_families
 from wpk.search.parallel_measure import ParallelSummary, check_streams
 from wpk.search.recorded import RecordedRunner
 from wpk.search.records import RecordStore
@@ -260,8 +260,9 @@ def choose_implementations(items: Sequence, target: Target, runner: Runner,
     summary: dict = {"search": opts.search, "db": opts.db, "tuned": []}
     if searching:
         results = _tune(items, target, runner, opts, choices, started)
-        summary["tuned"] = [r.to_json() for r in results.values()]
-        extra = generated_candidates(results, target.generated)
+        summary["tuned"] = [r.to_json() for found in results.values()
+                            for r in found.values()]
+        extra = family_candidates(results, target.families)
         with progress_bar(opts.progress, description="planning") as on_progress:
             choices = plan(items, lambda w: [*target.candidates(w, 0), *extra(w)], runner,
                            plan_options, on_progress)
@@ -276,8 +277,9 @@ def choose_implementations(items: Sequence, target: Target, runner: Runner,
 
 def _tune(items: Sequence, target: Target, runner: RecordedRunner, opts: BuildOptions,
           choices: PlanChoices, started: float) -> dict:
-    """Tune every tunable workload's generated kernel (`wpk.search.driver.tune_model`)
-    within the rest of the budget."""
+    """Tune every tunable workload in each of the target's generated families
+    (`wpk.search.driver.tune_families`) within the rest of the budget:
+    `{impl: {workload key: TuneResult}}`."""
     vendor = {c.workload.key: c.measurement.median_s for c in choices}
     budget = None
     if opts.budget is not None:
@@ -287,5 +289,5 @@ def _tune(items: Sequence, target: Target, runner: RecordedRunner, opts: BuildOp
                        finalize_k=0 if target.predicted else 3)  # a prediction never changes
     pool = nullcontext() if runner.compiles else CompilePool(opts.jobs)  # a cluster compiles
     with pool as compile_pool:
-        return tune_model(items, tune, vendor, runner=runner, generated=target.generated,
-                          compile_pool=compile_pool, progress=opts.progress)
+        return tune_families(items, tune, vendor, runner=runner, families=target.families,
+                             compile_pool=compile_pool, progress=opts.progress)

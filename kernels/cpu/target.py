@@ -5,7 +5,9 @@
 
 An untuned build measures the registered CPU implementations (onnxruntime
 kernels, wpk's numpy/BLAS routines, the onnxruntime fallback); a search adds
-the best generated C kernel of each tunable workload (`dsl.cpu`).
+the best generated C kernel of each tunable workload: `dsl.cpu` (DSL kernels) and,
+for the NCHWc convolutions they support, the micro-kernels `micro.nchwc` (whose
+default config alone an untuned build measures).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from wpk.core.workload import Workload
 from wpk.dsl.toolchain import c_compiler
 from wpk.dsl.toolchain import compiler_version as tool_version
 from wpk.kernels import registry
+from wpk.kernels.cpu.microkernels.kernel import MicroKernels
 from wpk.kernels.generated import compile_job, template_of
 from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import Candidate
@@ -52,7 +55,7 @@ class CpuTarget(Target):
 
     @classmethod
     def create(cls, **options: Any) -> CpuTarget:
-        return cls(host_cpu(), CpuGenerated())
+        return cls(host_cpu(), CpuGenerated(), also=(MicroKernels(),))
 
     def candidates(self, workload: Workload, generated: int | None = None) -> list[Candidate]:
         return registry.candidates(workload, self.name, last_resort=True)

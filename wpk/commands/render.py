@@ -148,7 +148,7 @@ def search_lines(report: Mapping) -> list[str]:
     search = report.get("search") or {}
     if search:
         what = "predictions" if search.get("predicted") else "measurements"
-        tuned = [t for t in search.get("tuned", []) if t.get("trials")]
+        tuned = {t["key"] for t in search.get("tuned", []) if t.get("trials")}  # per workload
         lines.append(f"search {search.get('search')}: {plural(len(tuned), 'workload')} tuned; "
                      f"{search.get('measured', 0)} new {what}, {search.get('reused', 0)} "
                      f"answered by the tuning records (which now hold "

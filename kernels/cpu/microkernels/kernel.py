@@ -155,6 +155,10 @@ class MicroKernels(GeneratedKernels):
     def template(self, workload: Workload) -> MicroSpace:
         return MicroSpace(_geometry(workload))
 
+    def supports(self, workload: Workload) -> bool:
+        """The NCHWc convolutions `micro.nchwc` computes on this host."""
+        return MICRO_NCHWC.unsupported_reason(workload) is None
+
     def compile_jobs(self, workload: Workload, configs: Sequence[Mapping]) -> list[CompileJob]:
         return [CompileJob("wpk.kernels.cpu.microkernels.kernel:compile_micro",
                            {"workload": workload.to_json(), "config": dict(config)},
