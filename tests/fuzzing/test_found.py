@@ -1,0 +1,65 @@
+"""What the fuzzer found, kept as plain regression tests (each was exit code 1)."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from tests.fuzzing.properties import check_model, check_plan
+from tests.fuzzing.strategies import archive_of, members_of, rechecksum
+
+
+def relu_bytes() -> bytes:
+    graph = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 8])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 8])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.doc_string = "ab"
+    return model.SerializeToString()
+
+
+def test_a_doc_string_that_is_not_utf8_is_exit_2():
+    data = relu_bytes().replace(b"\x02ab", b"\x02\x90b")
+    with pytest.raises(Exception):  # noqa: B017 - protobuf refuses to decode it
+        onnx.load_model_from_string(data).doc_string.encode()
+    outcome = check_model(data, "inspect")
+    assert outcome.violations == [] and outcome.code == 2
+    assert "'doc_string'" in outcome.stderr and "UTF-8" in outcome.stderr
+
+
+def edited(plan: bytes, change) -> bytes:
+    members = members_of(plan)
+    change(members)
+    return archive_of(rechecksum(members))
+
+
+def set_manifest(members, edit):
+    manifest = json.loads(members["manifest.json"])
+    edit(manifest)
+    members["manifest.json"] = json.dumps(manifest).encode()
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: m.__setitem__("report.json", b"not json"),
+    lambda m: set_manifest(m, lambda d: d["steps"][0].pop("op")),
+    lambda m: set_manifest(m, lambda d: d["inputs"][0].__setitem__("shape", [2**70])),
+    lambda m: set_manifest(m, lambda d: d["buffers"].__setitem__("buffers", "x")),
+], ids=["report-not-json", "step-without-op", "huge-input", "buffers-not-a-list"])
+@pytest.mark.parametrize("command", ["run", "report"])
+def test_tampered_re_checksummed_plans_are_exit_0_or_2(small_plan, change, command):
+    assert check_plan(edited(small_plan, change), command).violations == []
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "1e400"])
+def test_a_manifest_with_non_finite_numbers_is_exit_2(small_plan, value):
+    members = members_of(small_plan)
+    text = members["manifest.json"].decode().replace('"target": "cpu"', f'"x": {value}, '
+                                                     '"target": "cpu"', 1)
+    assert text != members["manifest.json"].decode()
+    members["manifest.json"] = text.encode()
+    outcome = check_plan(archive_of(members), "run")
+    assert outcome.violations == [] and outcome.code == 2
