@@ -63,3 +63,18 @@ def test_a_manifest_with_non_finite_numbers_is_exit_2(small_plan, value):
     members["manifest.json"] = text.encode()
     outcome = check_plan(archive_of(members), "run")
     assert outcome.violations == [] and outcome.code == 2
+
+
+def test_a_range_with_step_0_is_exit_2_naming_the_node():
+    import numpy as np
+    from onnx import numpy_helper as nh
+
+    graph = h.make_graph([h.make_node("Range", ["a", "b", "c"], ["y"], name="steps")], "g", [],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["n"])],
+                         [nh.from_array(np.float32(0), "a"), nh.from_array(np.float32(7), "b"),
+                          nh.from_array(np.float32(0), "c")])
+    data = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    for command in ("inspect", "build"):
+        outcome = check_model(data, command)
+        assert outcome.violations == [] and outcome.code == 2
+        assert "Range node 'steps'" in outcome.stderr

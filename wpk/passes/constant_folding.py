@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference import ReferenceEvaluator
 
+from wpk.core.errors import ModelError
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.frontend import constant_of_shape
 from wpk.passes.base import GraphPass
@@ -63,6 +64,19 @@ def evaluate_node(graph: Graph, node: Node, values: list[np.ndarray | None]) -> 
     return [np.asarray(v) for v in evaluator.run(None, feeds)]
 
 
+def _folded(graph: Graph, node: Node, values: list[np.ndarray | None]) -> list[np.ndarray]:
+    """`evaluate_node`, a failure on the model's own constants (Range with step 0, ...)
+    being a ModelError naming the node."""
+    try:
+        return evaluate_node(graph, node, values)
+    except (ArithmeticError, ValueError, IndexError, TypeError, RuntimeError) as exc:
+        text = str(exc).strip().splitlines()
+        raise ModelError(f"{node.op} node '{node.name}' of '{graph.source}' cannot be "
+                         f"computed from its constant inputs: {type(exc).__name__}"
+                         f"{': ' + text[0] if text else ''}",
+                         hint="fix the node's constant inputs or attributes") from exc
+
+
 def _nbytes(info: TensorInfo) -> int:
     return int(np.prod(info.shape, dtype=np.int64)) * np.dtype(info.dtype).itemsize
 
@@ -96,7 +110,7 @@ class ConstantFolding(GraphPass):
                 kept.append(node)
                 continue
             values = [graph.constants[i] if i else None for i in node.inputs]
-            results = evaluate_node(graph, node, values)
+            results = _folded(graph, node, values)
             for name, value in zip(node.outputs, results):
                 if name:
                     graph.constants[name] = value
