@@ -31,11 +31,17 @@ def _lark() -> Lark:
 def parse_file(path: str | Path) -> list[ir.Operator]:
     """The operators defined in a `.wpk` file."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a device or a pipe would be read forever
+        raise DslError(f"{path}: not a regular file", hint="give the path of a .wpk DSL file")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise DslError(f"{path}: cannot read DSL file ({exc.strerror})",
                        hint="check the path") from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise DslError(f"{path}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x})",
+                       hint="save the DSL file as UTF-8") from None
     return parse_source(text, str(path))
 
 

@@ -48,6 +48,9 @@ class Implementation(ABC):
     # Whether onnxruntime computes it: the report sets every choice next to onnxruntime's
     # own kernel for the workload.
     onnxruntime: bool = False
+    # A last resort (onnx.reference, slow): the planner measures it for a workload only
+    # when no other candidate computes it correctly (`wpk.plans.planner.plan`).
+    last_resort: bool = False
 
     @abstractmethod
     def unsupported_reason(self, workload: Workload) -> str | None:
@@ -111,10 +114,14 @@ def implementations(target: str = "cpu") -> list[Implementation]:
     return [impl for impl in _REGISTRY.values() if impl.target == target]
 
 
-def candidates(workload: Workload, target: str = "cpu") -> list[Candidate]:
-    """Every (implementation, config) pair that supports the workload on the target."""
+def candidates(workload: Workload, target: str = "cpu",
+               last_resort: bool = False) -> list[Candidate]:
+    """Every (implementation, config) pair that supports the workload on the target; the
+    last-resort implementations too when `last_resort` (for the planner)."""
     found = []
     for impl in implementations(target):
+        if impl.last_resort and not last_resort:
+            continue
         if impl.unsupported_reason(workload) is None:
             found.extend(Candidate(impl, config) for config in impl.configs(workload))
     return found

@@ -35,7 +35,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Mapping, Sequence
@@ -48,9 +47,12 @@ import numpy as np
 from wpk.core.devices import cpu_fingerprint
 from wpk.core.errors import PlanError
 from wpk.core.limits import default_max_memory, format_bytes, tensor_bytes
+from wpk.core.numerics import is_ml_dtype
+from wpk.core.safe_write import atomic_output
 from wpk.core.version import __version__
 from wpk.core.workload import Workload
 from wpk.plans.buffers import BufferPlan
+from wpk.plans.manifest_check import check_manifest
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -164,8 +166,8 @@ def _weights_bytes(manifest: dict, weights: Mapping[str, np.ndarray]) -> bytes:
     table, arrays = [], {}
     for index, (name, value) in enumerate(weights.items()):
         array = np.asarray(value)
-        table.append({"name": name, "shape": list(array.shape), "dtype": array.dtype.str})
-        arrays[f"c{index}"] = array
+        table.append({"name": name, "shape": list(array.shape), "dtype": _dtype_text(array)})
+        arrays[f"c{index}"] = _raw(array) if is_ml_dtype(array.dtype) else array
     manifest["constants"] = table
     buffer = io.BytesIO()
     np.savez(buffer, allow_pickle=False, **arrays)
@@ -186,34 +188,17 @@ def plan_members(plan: Plan) -> dict[str, bytes]:
     return members
 
 
-def write_plan(plan: Plan, path: str | os.PathLike) -> Path:
-    """Write `plan` to a temporary file next to `path` and rename it into place."""
-    target = Path(path)
+def write_plan(plan: Plan, path: str | os.PathLike, flag: str = "output") -> Path:
+    """Write `plan` to a temporary file next to `path` and rename it into place
+    (`wpk.core.safe_write`: OptionError naming `flag` when it cannot be written there)."""
     members = plan_members(plan)
-    handle, temp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.",
-                                    suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            with zipfile.ZipFile(stream, "w") as archive:
-                for name in [MANIFEST, *[n for n in members if n != MANIFEST]]:
-                    info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
-                    info.compress_type = (zipfile.ZIP_STORED if name == WEIGHTS
-                                          else zipfile.ZIP_DEFLATED)
-                    archive.writestr(info, members[name])
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes it private; plans are ordinary files
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    with atomic_output(path, flag) as stream, zipfile.ZipFile(stream, "w") as archive:
+        for name in [MANIFEST, *[n for n in members if n != MANIFEST]]:
+            info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
+            info.compress_type = (zipfile.ZIP_STORED if name == WEIGHTS
+                                  else zipfile.ZIP_DEFLATED)
+            archive.writestr(info, members[name])
+    return Path(path)
 
 
 def _member_cap(name: str, limit: int) -> int:
@@ -338,6 +323,7 @@ def _read_manifest(archive: zipfile.ZipFile, name: str) -> dict:
     if not isinstance(members, dict) or not all(isinstance(v, str) for v in members.values()):
         raise PlanError(f"plan '{name}': the manifest's member checksums are malformed",
                         hint=REBUILD_HINT)
+    check_manifest(manifest, name)  # every field, before anything uses one
     return manifest
 
 
@@ -410,6 +396,34 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
     return Plan(manifest, weights, report, kernels)
 
 
+
+def _dtype_text(array: np.ndarray) -> str:
+    """The dtype as the manifest holds it: numpy's code ('<f4'), or the name of an
+    ml_dtypes type (bfloat16, float8_e4m3fn, int4...), which npz stores as raw bytes."""
+    return array.dtype.name if is_ml_dtype(array.dtype) else array.dtype.str
+
+
+def _raw(array: np.ndarray) -> np.ndarray:
+    """An ml_dtypes array as raw bytes of the same size (npz cannot name its dtype)."""
+    return array.copy(order="C").view(np.dtype(f"V{array.dtype.itemsize}"))
+
+
+def _as_manifest_dtype(array: np.ndarray, dtype: Any) -> np.ndarray | None:
+    """The loaded array with the manifest's dtype (raw bytes viewed as an ml_dtypes type),
+    or None when they do not match."""
+    if array.dtype.str == dtype:
+        return array
+    if array.dtype.kind != "V" or not isinstance(dtype, str):
+        return None
+    try:
+        wanted = np.dtype(dtype)
+    except TypeError:
+        return None
+    if not is_ml_dtype(wanted) or wanted.itemsize != array.dtype.itemsize:
+        return None
+    return array.view(wanted)
+
+
 def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str, np.ndarray]:
     """The constants of `weights.npz`, each array's header checked against the manifest's
     table before numpy allocates it."""
@@ -420,13 +434,23 @@ def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str,
             for index, entry in enumerate(table):
                 _check_array_header(inner, index, entry, path)
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            return {entry["name"]: archive[f"c{index}"] for index, entry in enumerate(table)}
+            arrays = {f"c{index}": archive[f"c{index}"] for index in range(len(table))}
     except PlanError:
         raise
     except (ValueError, TypeError, KeyError, OSError, EOFError, zipfile.BadZipFile,
             zlib.error, MemoryError, NotImplementedError) as exc:
         raise PlanError(f"plan '{path}': member '{WEIGHTS}' is unreadable ({exc})",
                         hint=REBUILD_HINT) from None
+    weights = {}
+    for index, entry in enumerate(table):
+        array = arrays.get(f"c{index}")
+        if array is not None:
+            array = _as_manifest_dtype(array, entry["dtype"])
+        if array is None or list(array.shape) != list(entry["shape"]):
+            raise PlanError(f"plan '{path}': constant '{entry['name']}' in '{WEIGHTS}' does "
+                            "not match the manifest", hint=REBUILD_HINT)
+        weights[entry["name"]] = array
+    return weights
 
 
 def _check_array_header(inner: zipfile.ZipFile, index: int, entry: Mapping, path: str) -> None:
@@ -442,7 +466,7 @@ def _check_array_header(inner: zipfile.ZipFile, index: int, entry: Mapping, path
             reader = readers.get(np.lib.format.read_magic(stream))
             header = reader(stream) if reader is not None else None
     if (header is None or list(header[0]) != list(entry["shape"])
-            or header[2].str != entry["dtype"]
+            or _as_manifest_dtype(np.empty(0, header[2]), entry["dtype"]) is None
             or tensor_bytes(header[0], header[2]) > info.file_size):
         raise PlanError(f"plan '{path}': constant '{entry['name']}' in '{WEIGHTS}' does "
                         "not match the manifest", hint=REBUILD_HINT)

@@ -17,13 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from wpk.core.errors import UnsupportedError, WpkError
+from wpk.core.errors import ModelError, UnsupportedError, WpkError
+from wpk.core.op_checks import op_problem
 from wpk.core.workload import Workload
 from wpk.kernels import registry
 from wpk.kernels.registry import FALLBACK, Candidate
 from wpk.kernels.support import unsupported_reason
 from wpk.search.choice import Reason, choose, explain
-from wpk.search.measure import Measurement
+from wpk.search.measure import Measurement, Status
 from wpk.search.runner import Runner
 from wpk.search.workers import MeasureOptions
 
@@ -125,6 +126,31 @@ def _nodes_text(items: Sequence[NodeWorkloadLike]) -> str:
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
+def _check_op_specs(groups: dict[str, list[NodeWorkloadLike]]) -> None:
+    """ModelError for the first workload that violates the ONNX spec of its op."""
+    for items in groups.values():
+        problem = op_problem(items[0].workload)
+        if problem:
+            op = items[0].workload.op
+            raise ModelError(f"{op} node {_nodes_text(items)}: {problem}",
+                             hint=f"fix the model: the ONNX spec of {op} does not allow this "
+                                  "(the exporter, or an edit of the model, produced it)")
+
+
+def _raise_none_verified(failed: list[tuple[str, set[Status]]]) -> None:
+    """Why no candidate verified: wrong answers are wpk's bug; candidates that all failed to
+    compile or run point first at the node itself."""
+    text = "; ".join(entry for entry, _ in failed)
+    if any(Status.WRONG_ANSWER in statuses for _, statuses in failed):
+        raise WpkError("no candidate computed the right answer for: " + text,
+                       hint="this is a bug in wpk's kernels; please report it with the model")
+    raise UnsupportedError("every implementation failed to compile or run: " + text,
+                           hint="check the node's attributes and input shapes against the "
+                                "ONNX spec of its op (onnxruntime's own check of the model "
+                                "may tell more); if the model is valid, report it with the "
+                                "model as a bug in wpk")
+
+
 def _check_strict(groups: dict[str, list[NodeWorkloadLike]]) -> None:
     missing = []
     for items in groups.values():
@@ -160,11 +186,12 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
     groups: dict[str, list[NodeWorkloadLike]] = {}
     for item in graph_workloads:
         groups.setdefault(item.workload.key, []).append(item)
+    _check_op_specs(groups)
     if options.strict:
         _check_strict(groups)
     listed = {key: _distinct(candidates(items[0].workload)) for key, items in groups.items()}
     for key, found in listed.items():
-        runner.prefetch(groups[key][0].workload, found)
+        runner.prefetch(groups[key][0].workload, _first_round(found)[0])
     measure_options = options.measure_options()
     choices: dict[str, Choice] = {}
     no_candidate, none_verified = [], []
@@ -175,12 +202,13 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
         if not listed[key]:
             no_candidate.append(f"{workload.op} at {_nodes_text(items)}")
             continue
-        measured = list(zip(listed[key], runner.run(workload, listed[key], measure_options)))
+        measured = _measure(workload, listed[key], runner, measure_options)
         winner = choose(measured, prefer=joins_regions, credit_s=options.region_credit_s)
         if winner is None:
             reasons = "; ".join(f"{m.label}: {m.status.value} ({m.message})"
                                 for _, m in measured)
-            none_verified.append(f"{workload.op} at {_nodes_text(items)} [{reasons}]")
+            none_verified.append((f"{workload.op} at {_nodes_text(items)} [{reasons}]",
+                                  {m.status for _, m in measured}))
             continue
         reason = explain(measured, winner, prefer=joins_regions)
         choices[key] = Choice(workload, [_node_name(i.node) for i in items],
@@ -194,8 +222,7 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
                                hint="this operator/shape is not supported yet; "
                                     "check `wpk inspect` for the workloads of the model")
     if none_verified:
-        raise WpkError("no candidate computed the right answer for: " + "; ".join(none_verified),
-                       hint="this is a bug in wpk's kernels; please report it with the model")
+        _raise_none_verified(none_verified)
     if options.strict:
         fallbacks = [f"{name} ({choice.workload.op}: only the fallback verified)"
                      for choice in choices.values() if choice.is_fallback
@@ -205,6 +232,23 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
                                    f"fallback: {', '.join(fallbacks)}",
                                    hint="drop --strict to accept the onnxruntime fallback")
     return PlanChoices(choices)
+
+
+def _first_round(found: Sequence[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
+    """(the candidates measured first, the last resorts measured only when none of those
+    verifies: `Implementation.last_resort`)."""
+    first = [c for c in found if not c.implementation.last_resort]
+    return first, [c for c in found if c.implementation.last_resort]
+
+
+def _measure(workload: Workload, found: Sequence[Candidate], runner: Runner,
+             options) -> list[tuple[Candidate, Measurement]]:
+    """Every candidate's measurement, the last resorts only when no other one verified."""
+    first, last = _first_round(found)
+    measured = list(zip(first, runner.run(workload, first, options))) if first else []
+    if last and not any(m.ok for _, m in measured):
+        measured += zip(last, runner.run(workload, last, options))
+    return measured
 
 
 def _measured_pair(measurement: Measurement) -> tuple[Candidate, Measurement] | None:

@@ -7,9 +7,12 @@ fixed grid (at most --max-configs, <= 100) of the CPU conv template; the
 fastest verified config is then timed against onnxruntime's single-node Conv
 (same thread count; with and without its spinning thread pool, the better of
 the two is the reference) and numpy im2col + matmul, alternating A B C per
-round, and medians are reported as GFLOP/s with the ratio to onnxruntime.
+round, and medians are reported as GFLOP/s, % of the machine's fp32 FMA peak
+(measured by scripts/cpu_peak.py for the same threads, or given with --peak)
+and the ratio to onnxruntime.
 
-    python scripts/bench_dsl_cpu.py [--threads 2] [--max-configs 100] [--output FILE.json]
+    python scripts/bench_dsl_cpu.py [--threads 2] [--max-configs 100] [--peak GFLOPS]
+        [--output FILE.json]
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper, shape_inference  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_peak import measure_peak  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -216,12 +222,16 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel compilations")
     parser.add_argument("--only", choices=["resnet50", "depthwise"], default=None)
     parser.add_argument("--limit", type=int, default=None, help="first N workloads (smoke run)")
+    parser.add_argument("--peak", type=float, default=None,
+                        help="fp32 GFLOP/s peak (default: measured by scripts/cpu_peak.py)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.max_configs > 100:
         parser.error("--max-configs is at most 100")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    peak = {"gflops": args.peak} if args.peak else measure_peak(args.threads)
+    print(f"fp32 FMA peak: {peak['gflops']:.1f} GFLOP/s on {args.threads} threads")
     shapes = []
     if args.only in (None, "resnet50"):
         shapes += resnet50_convs()
@@ -230,8 +240,8 @@ def main(argv=None) -> int:
     shapes = shapes[:args.limit]
     rng = np.random.default_rng(0)
     rows = []
-    header = (f"{'workload':40s} {'configs':>7s} {'wpk':>8s} {'ort':>8s} {'numpy':>8s} "
-              f"{'wpk/ort':>7s}  (GFLOP/s)")
+    header = (f"{'workload':40s} {'configs':>7s} {'wpk':>8s} {'%peak':>6s} {'ort':>8s} "
+              f"{'%peak':>6s} {'numpy':>8s} {'wpk/ort':>7s}  (GFLOP/s)")
     print(header)
     for shape in shapes:
         x = rng.standard_normal((1, shape.c, shape.h, shape.w)).astype(np.float32)
@@ -261,10 +271,13 @@ def main(argv=None) -> int:
         best_ort = min(med["ort"], med["ort_no_spin"])  # the peer at its better setting
         row = {"workload": asdict(shape), "label": shape.label(), "configs_tried": tried,
                "best_config": config, "seconds": med, "gflops": gflops,
+               "percent_of_peak": {k: 100 * v / peak["gflops"] for k, v in gflops.items()},
                "ratio_to_ort": best_ort / med["wpk"], "relative_l2_vs_ort": err}
         rows.append(row)
+        ort_gflops = shape.flops / best_ort / 1e9
         print(f"{shape.label():40s} {tried:7d} {gflops['wpk']:8.1f} "
-              f"{shape.flops / best_ort / 1e9:8.1f} "
+              f"{row['percent_of_peak']['wpk']:6.1f} {ort_gflops:8.1f} "
+              f"{100 * ort_gflops / peak['gflops']:6.1f} "
               f"{gflops['numpy']:8.1f} {row['ratio_to_ort']:7.2f}", flush=True)
     summary = {}
     for group, name in (("resnet50", "ResNet-50 convolutions"),
@@ -278,7 +291,7 @@ def main(argv=None) -> int:
     if args.output:
         import onnxruntime
 
-        result = {"benchmark": "bench_dsl_cpu", "threads": args.threads,
+        result = {"benchmark": "bench_dsl_cpu", "threads": args.threads, "peak": peak,
                   "machine": {"platform": platform.platform(), "processor": platform.processor(),
                               "cpu_count": os.cpu_count(),
                               "load_average": os.getloadavg()},

@@ -39,12 +39,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from wpk.core.errors import WpkError
+from wpk.core.safe_write import write_text
 from wpk.core.workload import Workload
 from wpk.kernels.target import TargetFingerprint
 from wpk.search.choice import ranked
 from wpk.search.measure import Measurement, Status
 
 SCHEMA_VERSION = 1
+MAX_INT_DIGITS = 19  # a record's integers (dims, configs, versions) fit in int64
 SEARCH = "search"   # measured while searching
 FINAL = "final"     # re-measured alone, with more repeats, before the winner is chosen
 
@@ -159,7 +161,9 @@ class TuningRecord:
     def from_json(data: Mapping) -> TuningRecord:
         """Parse a stored record (RecordError for a newer schema; KeyError/ValueError when
         a field is missing or malformed)."""
-        version = int(data["schema_version"])
+        version = data["schema_version"]
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(f"schema_version {version!r} is not a version number")
         if version > SCHEMA_VERSION:
             raise RecordError(
                 f"tuning record schema version {version} is newer than this wpk's "
@@ -188,10 +192,33 @@ def _none_to_nan(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # json.dumps writes Infinity, never a literal that overflows
+        raise ValueError(f"number {text[:20]}... is out of range")
+    return value
+
+
+def _int64(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer of {len(text)} digits is out of range")
+    return int(text)
+
+
+def parse_line(raw: bytes | str) -> Any:
+    """One JSON line of a record file, refusing (ValueError) numbers no record holds:
+    literals out of float range (`1e400`) and integers beyond int64 (400 digits); a line
+    nested deeper than Python's recursion limit raises RecursionError."""
+    return json.loads(raw, parse_float=_finite_float, parse_int=_int64)
+
+
 def read_records(path: Path | str) -> Iterator[TuningRecord]:
     """Every readable record of a file, in order; torn or corrupted lines are skipped with a
     `RecordWarning` naming file:line. RecordError for a newer schema or an unreadable file."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a device or a pipe would be read forever
+        raise RecordError(f"tuning records {path} is not a regular file",
+                          hint="give --db a JSON-lines file (it is created if missing)")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -206,10 +233,11 @@ def read_records(path: Path | str) -> Iterator[TuningRecord]:
             continue
         last = number == len(lines)
         try:
-            yield TuningRecord.from_json(json.loads(raw))
+            yield TuningRecord.from_json(parse_line(raw))
         except RecordError as exc:
             raise RecordError(f"{path}:{number}: {exc.message}", hint=exc.hint) from None
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, OverflowError,
+                RecursionError) as exc:
             why = ("torn last line (a write was interrupted)" if last and torn_tail
                    else f"corrupted record ({type(exc).__name__}: {exc})")
             warnings.warn(f"{path}:{number}: {why}; skipped", RecordWarning, stacklevel=2)
@@ -373,11 +401,5 @@ def merge(paths: Sequence[Path | str], out: Path | str) -> MergeSummary:
                 seen.add(line)
                 lines.append(line)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        handle.writelines(lines)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, out)
+    write_text(out, "".join(lines), "-o")  # all read first: `-o` may be one of the inputs
     return MergeSummary(read, len(lines), read - len(lines), out)

@@ -50,3 +50,23 @@ def corpus_model_path(tmp_path_factory):
         return path
 
     return path_of
+
+
+@pytest.fixture
+def char_device(tmp_path) -> str:
+    """A character device to aim outputs at (tests that wpk refuses to replace one): as root,
+    a private node of /dev/full's kind in `tmp_path`, so that a regression replaces that
+    node and not the system's; otherwise /dev/full itself, whose folder only root can write."""
+    import os
+    import stat
+
+    if os.geteuid() != 0:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full on this system")
+        return "/dev/full"
+    path = tmp_path / "full"
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except OSError as exc:
+        pytest.skip(f"cannot make a device node here ({exc.strerror})")
+    return str(path)

@@ -44,7 +44,10 @@ SHAPE_DEFINING_INPUTS: dict[str, tuple[int, ...]] = {
     "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,), "CumSum": (1,),
     "BlackmanWindow": (0,), "HannWindow": (0,), "HammingWindow": (0,),
     "MelWeightMatrix": (0, 1, 2), "DFT": (1, 2), "STFT": (1, 3), "Trilu": (1,),
+    "CumProd": (1,), "AffineGrid": (1,), "Loop": (0, 1),
 }
+# Ops whose output depends on the shape of their input only, not on its values.
+_SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
 # Options that ONNX's test runner passes to `prepare` and that are not build options.
 _HARNESS_OPTIONS = ("rtol", "atol")
 
@@ -65,13 +68,26 @@ def _real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def _shape_defining(model: onnx.ModelProto, names: set[str]) -> set[str]:
-    """Names among `names` that feed a shape-defining input of a top-level node."""
-    found = set()
-    for node in model.graph.node:
-        for index in SHAPE_DEFINING_INPUTS.get(node.op_type, ()):
-            if (node.domain in ("", "ai.onnx") and index < len(node.input)
-                    and node.input[index] in names):
-                found.add(node.input[index])
+    """Names among `names` whose values reach a shape-defining input of a top-level node,
+    directly or through other nodes (a window size cast, then fed to Range), but not
+    through Shape or Size (which read the shape only)."""
+    producers = {out: node for node in model.graph.node for out in node.output if out}
+    pending = [node.input[index] for node in model.graph.node
+               if node.domain in ("", "ai.onnx")
+               for index in SHAPE_DEFINING_INPUTS.get(node.op_type, ())
+               if index < len(node.input) and node.input[index]]
+    found, seen = set(), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in names:
+            found.add(name)
+            continue
+        node = producers.get(name)
+        if node is not None and node.op_type not in _SHAPE_ONLY_OPS:
+            pending.extend(i for i in node.input if i)
     return found
 
 
@@ -150,7 +166,7 @@ class WpkBackendRep(BackendRep):
                tuple(sorted((n, v.dtype.str, v.shape, v.tobytes()) for n, v in folded.items())))
         session = self._sessions.get(key)
         if session is None:
-            session = self._build(self._specialize(shapes, folded))
+            session = self._build(self._specialize(shapes, folded), shapes)
             self._sessions[key] = session
         return session
 
@@ -178,9 +194,14 @@ class WpkBackendRep(BackendRep):
                 n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in folded.items())
         return model
 
-    def _build(self, model: onnx.ModelProto):
-        """Build a plan in memory and load it into a runtime session (no file written)."""
-        plan = wpk.build(model, target=self.target, **self.options)
+    def _build(self, model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]):
+        """Build a plan in memory and load it into a runtime session (no file written).
+
+        The run's shapes are also given as `input_shapes`: a declared dim of 0 (an empty
+        tensor) reads as an exporter's "dynamic" placeholder otherwise.
+        """
+        options = {"input_shapes": {n: tuple(s) for n, s in shapes.items()}, **self.options}
+        plan = wpk.build(model, target=self.target, **options)
         return Session(plan, f"<backend plan {len(self._sessions)} of {model.graph.name}>")
 
 

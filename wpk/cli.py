@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
+import warnings
 
 import click
 
@@ -60,10 +61,24 @@ def report_error(exc: BaseException, debug: bool) -> int:
     return 1
 
 
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning` of the CLI: one `warning: ...` line on stderr (a skipped
+    record line, say), not Python's two lines of file, line number and source."""
+    text = " ".join(str(message).split())
+    stderr(f"warning: {text}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `wpk` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = show_warning
+        return _run(args, debug)
+
+
+def _run(args: list[str], debug: bool) -> int:
     try:
         cli.main(args=args, prog_name="wpk", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -36,6 +36,7 @@ from wpk.core.errors import ModelError, ShapeError, UnsupportedError
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.limits import Limits
 from wpk.frontend_shapes import SHAPE_HINT, complete_shapes
+from wpk.model_checks import check_model_values
 
 MIN_OPSET = 7
 SKELETON_KEEP_ELEMENTS = 4096  # initializers up to this size stay in the checked model
@@ -283,6 +284,7 @@ def _skeleton(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
 
 
 def _check(proto: onnx.ModelProto, source: str) -> None:
+    check_model_values(proto, source)  # what onnx.checker lets through (wpk.model_checks)
     try:
         onnx.checker.check_model(proto, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError,

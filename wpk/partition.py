@@ -14,9 +14,13 @@ wpk's per-operator plan, the same plan with every step outside onnxruntime's
 regions given back to its fastest region-joining candidate (when it has such
 steps: `wpk.plans.planner.within_regions`), and onnxruntime's whole model.
 
+0. onnxruntime's whole model is not a contender when onnxruntime failed verification
+   on one of the plan's workloads (`onnxruntime_failures`: it computes those nodes in
+   the whole model too) or cannot load or run the model; the plan stays, and the
+   summary says why;
 1. the per-operator plan and the whole model run once on the same random
-   inputs; their outputs must agree (relative L2 within `tolerance`), else the
-   per-operator plan (verified operator by operator against the float64
+   inputs; their outputs must agree (relative L2 within `tolerance`; integers and
+   booleans equal), else the per-operator plan (verified operator by operator against the float64
    reference) is kept and the summary says why;
 2. they are timed in blocks, the order rotating from round to round (a pause
    before each block, its first run untimed, so one engine's spinning threads
@@ -91,12 +95,39 @@ def measure_blocks(sessions: dict[str, Session], feeds: dict,
 
 
 def agreement(wpk_session: Session, ort_session: Session, feeds: dict) -> float:
-    """The largest relative L2 difference between the two sessions' outputs."""
+    """The largest relative L2 difference between the two sessions' outputs: inf where an
+    output's shape differs, or a non-float output (integers, booleans) is not equal."""
     ours = wpk_session.run(feeds)
     theirs = ort_session.run(feeds)
-    return max((relative_l2(np.asarray(ours[name], np.float64),
-                            np.asarray(theirs[name], np.float64))
-                for name in ours if np.asarray(ours[name]).dtype.kind in "fc"), default=0.0)
+    return max((_difference(np.asarray(ours[name]), np.asarray(theirs[name])) for name in ours),
+               default=0.0)
+
+
+def _difference(ours: np.ndarray, theirs: np.ndarray) -> float:
+    if ours.shape != theirs.shape:
+        return float("inf")
+    if ours.dtype.kind in "fcV":  # V: ml_dtypes' bfloat16, float8...
+        return relative_l2(ours.astype(np.float64), theirs.astype(np.float64))
+    return 0.0 if np.array_equal(ours, theirs) else float("inf")
+
+
+def onnxruntime_failures(report: dict) -> list[str]:
+    """The workloads of a per-operator plan that onnxruntime was measured on and failed
+    (wrong answer, error), with no onnxruntime candidate verified: onnxruntime's whole
+    model computes those nodes too, so it cannot stand in for the plan."""
+    failed = []
+    for entry in report.get("workloads", []):
+        ort = [c for c in entry["candidates"] if _runs_onnxruntime(c["impl"])]
+        if ort and not any(c["status"] == "ok" for c in ort):
+            failed.append(f"{entry['label']} ({ort[0]['impl']}: {ort[0]['status']})")
+    return failed
+
+
+def _runs_onnxruntime(name: str) -> bool:
+    try:
+        return registry.get(name).onnxruntime
+    except KeyError:
+        return False
 
 
 def decide(times: dict[str, list[float]], margin: float) -> tuple[str, float]:
@@ -126,6 +157,17 @@ def boundaries(report: dict, call_s: float) -> list[dict]:
     return found
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _kept(per_op: Plan, reason: str) -> tuple[Plan, dict]:
+    """The per-operator plan, with the summary of why onnxruntime was not compared."""
+    return per_op, {"compared": [WPK], "winner": WPK, "plan": PER_OPERATOR,
+                    "reason": reason + "; the verified plan stays"}
+
+
 def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions | None = None,
                      regions: Plan | None = None) -> tuple[Plan, dict]:
     """The fastest of wpk's per-operator plan, the same plan with its steps outside
@@ -133,12 +175,19 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     `wpk.plans.planner.within_regions`) and onnxruntime's whole model, with the summary of
     the comparison (see the module docstring)."""
     options = options or PartitionOptions()
+    failed = onnxruntime_failures(per_op.report)
+    if failed:
+        return _kept(per_op, f"onnxruntime failed verification on {', '.join(failed[:3])}"
+                     + (f" and {len(failed) - 3} more" if len(failed) > 3 else ""))
     sessions = {WPK: Session(per_op)}
     if regions is not None:
         sessions[REGIONS] = Session(regions)
-    sessions[ONNXRUNTIME] = Session(whole_model)
     feeds = example_feeds(sessions[WPK], seed=0)
-    difference = agreement(sessions[WPK], sessions[ONNXRUNTIME], feeds)
+    try:
+        sessions[ONNXRUNTIME] = Session(whole_model)
+        difference = agreement(sessions[WPK], sessions[ONNXRUNTIME], feeds)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped errors
+        return _kept(per_op, f"onnxruntime cannot run the whole model ({_first_line(exc)})")
     summary = {"compared": list(sessions), "rel_l2_between": difference,
                "boundaries": boundaries(per_op.report, options.call_s),
                "method": f"{options.blocks} blocks of {options.runs} runs per contender, "

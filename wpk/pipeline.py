@@ -35,6 +35,7 @@ import onnx
 
 from wpk.core.errors import OptionError
 from wpk.core.limits import parse_memory
+from wpk.core.safe_write import check_output
 from wpk.frontend import load_model
 from wpk.kernels.target import Target, create_target, target_class
 from wpk.partition import choose_partition
@@ -105,16 +106,24 @@ class BuildOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise OptionError(f"--{name} must be a positive integer, not {value!r}")
-        if self.budget is not None and not self.budget > 0:
+        if self.budget is not None and (not isinstance(self.budget, (int, float))
+                                        or isinstance(self.budget, bool)
+                                        or not self.budget > 0):
             raise OptionError(f"--budget must be a positive number of seconds, not "
                               f"{self.budget!r}")
-        if self.warmup < 0 or self.repeats < 1 or self.min_time < 0:
+        numbers = (self.warmup, self.repeats, self.min_time)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers) \
+                or self.warmup < 0 or self.repeats < 1 or self.min_time < 0:
             raise OptionError("warmup must be >= 0, repeats >= 1 and min_time >= 0")
         if self.gpu is not None and self.target != "cuda":
             raise OptionError(f"--gpu {self.gpu} needs target 'cuda', not '{self.target}'")
         check_streams(self.parallel_measure)
         if self.cluster is not None:
             parse_address(self.cluster)  # OptionError naming the forms; Ray is not imported
+        if not isinstance(self.input_shapes or {}, Mapping):
+            raise OptionError(f"input_shapes must be a dict of name -> shape, not "
+                              f"{type(self.input_shapes).__name__}",
+                              hint="e.g. input_shapes={'x': (1, 3, 224, 224)}")
         shapes = {}
         for name, shape in dict(self.input_shapes or {}).items():
             try:
@@ -176,6 +185,9 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     opts = BuildOptions.from_kwargs(target=target, **options)
     build_target = create_target(opts.target, gpu=opts.gpu, offline=opts.offline)
     check_runner(build_target, opts.parallel_measure, opts.cluster)  # before reading the model
+    if output is not None:  # before the work: a build must not end in an unwritable path
+        check_output(output, "output", inputs=[model] if isinstance(model, (str, os.PathLike))
+                     else [])
     graph = load_model(model, opts.input_shapes, opts.max_memory)
     optimized, pass_report = optimize(graph, opts.target)
     items = extract_workloads(optimized)

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -118,6 +119,9 @@ class Session:
         """Read, check and prepare the plan at `path`, as the session class of its target
         (`Target.session`: a CUDA plan loads as a CudaSession); `spin_threads`: onnxruntime
         regions spin during runs, stopping at the end of each (CPU plans)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise PlanError(f"a plan path must be a str or a path, not {type(path).__name__}",
+                            hint="pass the path of a .wpk file written by `wpk build`")
         plan = read_plan(path)
         session_class = session_class_of(plan, os.fspath(path)) if cls is Session else cls
         return session_class(plan, os.fspath(path), spin_threads=spin_threads)
@@ -250,6 +254,10 @@ class Session:
         else:
             if isinstance(names, str):
                 names = [names]
+            if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+                raise InputError(f"output names must be a list of str, not {names!r}",
+                                 hint="pass None for every output, or a list of names: "
+                                      + ", ".join(m.name for m in self._outputs))
             unknown = [n for n in names if n not in self._output_index]
             if unknown:
                 raise InputError(f"unknown output '{unknown[0]}'",
@@ -350,8 +358,7 @@ class Session:
             if meta.name not in feeds:
                 raise InputError(f"missing input '{meta.name}' (shape {_shape_text(meta.shape)}, "
                                  f"{meta.dtype})", hint=f"feed every input: {self._input_names()}")
-            value = feeds[meta.name]
-            array = value if isinstance(value, np.ndarray) else np.asarray(value, meta.dtype)
+            array = _as_array(meta, feeds[meta.name])
             if array.dtype != np.dtype(meta.dtype):
                 raise InputError(f"input '{meta.name}' has dtype {array.dtype} but the plan "
                                  f"expects {meta.dtype}",
@@ -364,6 +371,23 @@ class Session:
                                       "for this shape")
             checked[meta.name] = array
         return checked
+
+
+def _as_array(meta: TensorMeta, value: Any) -> np.ndarray:
+    """A feed as an array (an ndarray as it is, anything else converted to the input's
+    dtype); InputError when it is not numbers."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (str, bytes)):
+        reason = f"a {type(value).__name__}"
+    else:
+        try:
+            return np.asarray(value, meta.dtype)
+        except (ValueError, TypeError, OverflowError):
+            reason = f"a {type(value).__name__} that is not an array of numbers"
+    raise InputError(f"input '{meta.name}' is {reason}, not an array of {meta.dtype}",
+                     hint=f"feed a numpy array of shape {_shape_text(meta.shape)} and dtype "
+                          f"{meta.dtype}")
 
 
 def example_feeds(session: Session, seed: int = 0) -> dict[str, np.ndarray]:

@@ -57,7 +57,7 @@ _ACTIVATIONS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "clip", "hard
 _ATTRIBUTES_OPSET = 10  # the last opset where Clip's bounds are attributes
 
 
-def _activation_attrs(step) -> dict:
+def activation_attrs(step) -> dict:
     """The MLAS Conv attributes of activation `step` (from the epilogue table's ONNX form)."""
     row = EPILOGUE_TABLE[step.op]
     _, params = row.onnx.to_onnx(row.attr_values(dict(step.attrs)), _ATTRIBUTES_OPSET)
@@ -203,7 +203,7 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
             group = fmt.round_up(out_channels, b)
         attrs["group"] = group
         if act is not None:
-            attrs.update(_activation_attrs(act))
+            attrs.update(activation_attrs(act))
     elif op in ("MaxPool", "AveragePool"):
         names = ("kernel_shape", "strides", "pads", "dilations", "ceil_mode")
         if op == "AveragePool":

@@ -42,9 +42,10 @@ def output_name(j: int) -> str:
 def schema_for(workload: Workload) -> defs.OpSchema | None:
     """The ONNX schema of the main op at the workload's opset, or None if unknown."""
     domain = "" if workload.domain in ("", "ai.onnx") else workload.domain
-    version = workload.opset if domain == "" else 1
     try:
-        return defs.get_schema(workload.op, version, domain)
+        if domain:  # a workload keeps the default domain's opset only: the newest schema
+            return defs.get_schema(workload.op, domain)
+        return defs.get_schema(workload.op, workload.opset, domain)
     except Exception:  # onnx raises SchemaError, a private type
         return None
 
@@ -120,7 +121,15 @@ def opset_imports(workload: Workload) -> list[onnx.OperatorSetIdProto]:
     imports = [helper.make_opsetid("", workload.opset)]
     if workload.domain == MS_DOMAIN:
         imports.append(helper.make_opsetid(MS_DOMAIN, 1))
+    elif workload.domain not in ("", "ai.onnx") and schema_for(workload) is not None:
+        # ai.onnx.ml, ai.onnx.preview.training...: the op's newest version in onnx
+        imports.append(helper.make_opsetid(workload.domain, _newest_version(workload)))
     return imports
+
+
+def _newest_version(workload: Workload) -> int:
+    """The newest version of a non-default-domain op's schema known to onnx."""
+    return defs.get_schema(workload.op, workload.domain).since_version
 
 
 def ir_version_for(opset: int) -> int:

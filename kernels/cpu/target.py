@@ -55,7 +55,7 @@ class CpuTarget(Target):
         return cls(host_cpu(), CpuGenerated())
 
     def candidates(self, workload: Workload, generated: int | None = None) -> list[Candidate]:
-        return registry.candidates(workload, self.name)
+        return registry.candidates(workload, self.name, last_resort=True)
 
     def fingerprint(self) -> TargetFingerprint:
         return fingerprint_of(self.hardware, compiler_version)

@@ -177,8 +177,8 @@ def test_plan_with_a_changed_byte(tmp_path, plan, capsys):
     assert_user_error(code, err, "weights.npz")
 
 
-def _compressed_data_offsets(path: str) -> dict[str, int]:
-    """For each deflated member, the file offset of the middle of its compressed bytes."""
+def _compressed_data_offsets(path: str) -> dict[str, tuple[int, int]]:
+    """For each deflated member, the file offsets of its compressed bytes (start, end)."""
     raw = Path(path).read_bytes()
     offsets = {}
     with zipfile.ZipFile(path) as archive:
@@ -189,7 +189,7 @@ def _compressed_data_offsets(path: str) -> dict[str, int]:
             name_length = int.from_bytes(raw[header + 26:header + 28], "little")
             extra_length = int.from_bytes(raw[header + 28:header + 30], "little")
             start = header + 30 + name_length + extra_length
-            offsets[info.filename] = start + info.compress_size // 2
+            offsets[info.filename] = (start, start + info.compress_size)
     return offsets
 
 
@@ -207,13 +207,16 @@ def test_plan_with_a_changed_byte_in_each_compressed_member(tmp_path, plan, caps
     checksum's): still one error line naming the plan, exit 2."""
     offsets = _compressed_data_offsets(plan)
     assert offsets, "the plan has no deflated member to damage"
-    for member, offset in offsets.items():
-        data = bytearray(Path(plan).read_bytes())
-        data[offset] ^= 0xFF
-        tampered = tmp_path / f"deflate_{len(member)}.wpk"
-        tampered.write_bytes(bytes(data))
-        code, _, err = run_cli(capsys, "run", tampered)
-        assert_user_error(code, err, tampered.name)
+    for index, (start, end) in enumerate(offsets.values()):
+        # 0x07 opens a final block of the reserved type 3: zlib itself raises ("invalid
+        # block type"); a flipped byte mid-stream fails zlib or the CRC, depending on where.
+        for offset, value in ((start, 0x07), ((start + end) // 2, None)):
+            data = bytearray(Path(plan).read_bytes())
+            data[offset] = value if value is not None else data[offset] ^ 0xFF
+            tampered = tmp_path / f"deflate_{index}_{offset}.wpk"
+            tampered.write_bytes(bytes(data))
+            code, _, err = run_cli(capsys, "run", tampered)
+            assert_user_error(code, err, tampered.name)
 
 
 def test_plan_from_a_newer_format_version(tmp_path, plan, capsys):

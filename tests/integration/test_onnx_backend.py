@@ -23,7 +23,8 @@ import wpk.backend as backend
 from tests.integration import onnx_cases
 
 ALL_CASES = onnx_cases.node_cases() + onnx_cases.folder_cases() + onnx_cases.light_cases()
-# Unclaimed cases still run (wpk hands their ops to onnxruntime) and are counted apart;
+# Unclaimed cases still run (wpk hands their ops to onnxruntime, or to onnx.reference where
+# onnxruntime cannot run them or fails verification) and are counted apart;
 # they are skips whatever the outcome, since wpk makes no claim about them.
 RUN_FALLBACK = True
 # This suite checks answers, not speed: every candidate is still verified against the
@@ -80,7 +81,8 @@ def _summary(request):
     lines.append("  skipped by reason: " + ", ".join(
         f"{reason}: {count}" for reason, count in skips.most_common()))
     if fallback:
-        lines.append(f"  unclaimed cases run anyway through the onnxruntime fallback: "
+        lines.append(f"  unclaimed cases run anyway through the fallbacks (onnxruntime, "
+                     f"onnx.reference): "
                      f"{fallback['passed']} passed, {fallback['failed']} failed "
                      f"({_FALLBACK_SECONDS[0]:.1f} s of the time in cases); failures by error: "
                      + ", ".join(f"{e}: {n}" for e, n in fallback_errors.most_common()))
@@ -131,7 +133,8 @@ def _check(rep, data_sets, case) -> None:
 
 
 def _fallback_outcome(model, data_sets, case) -> str:
-    """Run an unclaimed case anyway (wpk hands such ops to onnxruntime); 'passed' or why not."""
+    """Run an unclaimed case anyway (wpk hands such ops to its fallbacks); 'passed' or why
+    not."""
     start = time.perf_counter()
     try:
         _check(backend.prepare(model, "CPU", **BUILD_OPTIONS), data_sets, case)

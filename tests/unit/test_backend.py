@@ -95,3 +95,56 @@ def test_devices_and_errors():
     broken.graph.node[0].input[0] = "nowhere"
     with pytest.raises(ModelError, match="ONNX checker"):
         backend.prepare(broken)
+
+
+def test_an_input_reaching_a_shape_input_through_other_nodes_is_folded():
+    """n -> Cast -> Add 1 -> Range's limit: n is folded (one plan per value of n); x, which
+    reaches the Range only through Shape, is not."""
+    one = helper.make_tensor("one", TensorProto.INT64, [], [1])
+    nodes = [helper.make_node("Cast", ["n"], ["n64"], to=TensorProto.INT64),
+             helper.make_node("Add", ["n64", "one"], ["limit"]),
+             helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("ReduceSum", ["shape"], ["start"], keepdims=0),
+             helper.make_node("Range", ["start", "limit", "one"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [_value("n", TensorProto.INT32, []),
+                                           _value("x", TensorProto.FLOAT, [2])],
+                              [_value("y", TensorProto.INT64, ["L"])], [one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rep = backend.prepare(model, "CPU", **FAST)
+    assert rep.folded_inputs == {"n"}
+    x = np.zeros(2, np.float32)
+    assert rep.run([np.array(5, np.int32), x])[0].tolist() == [2, 3, 4, 5]
+    assert rep.run([np.array(3, np.int32), x])[0].tolist() == [2, 3]
+    assert len(rep.plans) == 2
+
+
+def test_empty_inputs_are_not_mistaken_for_dynamic_dims():
+    """A run with a zero-size dim declares dim_value 0, which the frontend reads as an
+    exporter's "dynamic" unless the backend gives the run's shapes."""
+    model = _model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+                   [_value("x", TensorProto.FLOAT, ["N", 0, 4]),
+                    _value("axes", TensorProto.INT64, [1])],
+                   [_value("y", TensorProto.FLOAT, ["N", 1, 4])], opset=18)
+    rep = backend.prepare(model, "CPU", **FAST)
+    (y,) = rep.run([np.zeros((2, 0, 4), np.float32), np.array([1], np.int64)])
+    assert y.shape == (2, 1, 4) and not y.any()
+
+
+def test_a_loop_trip_count_input_is_folded():
+    """Loop's trip count sets the length of its scan outputs: a graph input feeding it is
+    folded like a Reshape shape (one plan per value)."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Cast", ["i"], ["count"], to=TensorProto.FLOAT),
+         helper.make_node("Unsqueeze", ["count", "axes"], ["value"])],
+        "body", [_value("i", TensorProto.INT64, []), _value("cond_in", TensorProto.BOOL, [])],
+        [_value("cond_out", TensorProto.BOOL, []), _value("value", TensorProto.FLOAT, [1])],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [0])])
+    loop = helper.make_node("Loop", ["m", "go"], ["y"], body=body)
+    model = _model([loop], [_value("m", TensorProto.INT64, [])],
+                   [_value("y", TensorProto.FLOAT, ["M", 1])])
+    model.graph.initializer.append(helper.make_tensor("go", TensorProto.BOOL, [], [True]))
+    rep = backend.prepare(model, "CPU", **FAST)
+    assert rep.folded_inputs == {"m"}
+    assert rep.run([np.array(3, np.int64)])[0].tolist() == [[0.0], [1.0], [2.0]]
+    assert rep.run([np.array(1, np.int64)])[0].tolist() == [[0.0]]

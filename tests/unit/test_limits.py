@@ -159,7 +159,7 @@ def test_huge_input_shapes_are_refused(dims, tmp_path, capsys):
     onnx.save(model([h.make_node("Relu", ["x"], ["y"])], {"x": (T.FLOAT, ["n", 4])}, 2),
               str(path))
     assert_refused(*run_cli(capsys, "inspect", str(path), "--input-shape", f"x={dims}"),
-                   "input 'x'", "--input-shape")
+                   "--input-shape")
 
 
 def test_a_huge_sparse_initializer_is_refused_before_it_is_made_dense():
@@ -282,20 +282,24 @@ def test_a_member_compressed_like_a_zip_bomb_is_refused(plan_path):
 
 
 def test_an_array_header_larger_than_its_data_is_refused_before_numpy_allocates(plan_path):
+    """The header agrees with the manifest (which the manifest checks accept), but the
+    member holds 16 bytes of its data: refused from the header, before numpy reads."""
     members = members_of(plan_path)
+    manifest = json.loads(members[MANIFEST])
+    constant = manifest["constants"][0]
     buffer = io.BytesIO()
     np.lib.format.write_array_header_1_0(
-        buffer, {"descr": "<f4", "fortran_order": False, "shape": (2**40,)})
+        buffer, {"descr": constant["dtype"], "fortran_order": False,
+                 "shape": tuple(constant["shape"])})
     buffer.write(bytes(16))
     weights = io.BytesIO()
     with zipfile.ZipFile(weights, "w") as inner:
-        inner.writestr("c0.npy", buffer.getvalue())
-    manifest = json.loads(members[MANIFEST])
-    manifest["constants"] = [{"name": "w", "shape": [2**40], "dtype": "<f4"}]
-    members = rechecksum({**members, MANIFEST: json.dumps(manifest).encode(),
-                          WEIGHTS: weights.getvalue()})
+        for index in range(len(manifest["constants"])):
+            inner.writestr(f"c{index}.npy", buffer.getvalue())
+    members = rechecksum({**members, WEIGHTS: weights.getvalue()})
     rewrite(plan_path, members)
-    with pytest.raises(PlanError, match="constant 'w' in 'weights.npz' does not match"):
+    with pytest.raises(PlanError, match=f"constant '{constant['name']}' in 'weights.npz' "
+                                        "does not match"):
         read_plan(plan_path)
 
 

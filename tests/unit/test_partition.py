@@ -222,3 +222,48 @@ def test_the_report_says_when_a_step_went_back_into_its_region():
                             "onnxruntime_median_s": 1.1e-3, "ratio": 0.91}}
     (line,) = partition_lines(report)
     assert "given back" in line and "0.91x" in line
+
+
+def _one_node_model(op: str, elem_type: int, out_type: int | None = None,
+                    **attrs) -> onnx.ModelProto:
+    inputs = ["x", "y"] if op == "Max" else ["x"]
+    node = helper.make_node(op, inputs, ["z"], **attrs)
+    graph = helper.make_graph([node], op.lower(),
+                              [helper.make_tensor_value_info(n, elem_type, [4, 8])
+                               for n in inputs],
+                              [helper.make_tensor_value_info("z", out_type or elem_type,
+                                                             [4, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+def test_a_whole_model_onnxruntime_cannot_run_is_never_chosen():
+    """onnxruntime has no int16 Max kernel: the node runs on onnx.reference, and the
+    partition keeps the verified plan instead of failing on onnxruntime's session."""
+    plan = wpk.build(_one_node_model("Max", TensorProto.INT16), target="cpu", progress=False)
+    summary = plan.report["partition"]
+    assert summary["winner"] == WPK and "cannot run the whole model" in summary["reason"]
+    assert [s.impl for s in plan.steps] == ["onnx.reference"]
+    rng = np.random.default_rng(0)
+    x, y = (rng.integers(-1000, 1000, (4, 8)).astype(np.int16) for _ in range(2))
+    assert np.array_equal(Session(plan).run({"x": x, "y": y})["z"], np.maximum(x, y))
+
+
+def test_a_whole_model_onnxruntime_computes_wrongly_is_never_chosen():
+    """onnxruntime's float -> float8e4m3fn Cast fails verification against the reference:
+    its whole model cannot stand in for the plan, whatever its speed."""
+    model = _one_node_model("Cast", TensorProto.FLOAT, TensorProto.FLOAT8E4M3FN,
+                            to=TensorProto.FLOAT8E4M3FN)
+    plan = wpk.build(model, target="cpu", progress=False)
+    summary = plan.report["partition"]
+    assert summary["winner"] == WPK and "failed verification" in summary["reason"], summary
+    (entry,) = plan.report["workloads"]
+    statuses = {c["impl"]: c["status"] for c in entry["candidates"]}
+    assert statuses["ort.fallback"] != "ok" and statuses["onnx.reference"] == "ok"
+    x = np.random.default_rng(1).uniform(-500, 500, (4, 8)).astype(np.float32)
+    from onnx.reference import ReferenceEvaluator
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    got = Session(plan).run({"x": x})["z"]
+    assert got.dtype == expected.dtype and np.array_equal(got.astype(np.float32),
+                                                          expected.astype(np.float32))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from wpk.core.devices import cpu_fingerprint
-from wpk.core.errors import PlanError
+from wpk.core.errors import OptionError, PlanError
 from wpk.plans.planfile import FORMAT_VERSION, Plan, read_plan, write_plan
 
 from .plan_helpers import tiny_plan
@@ -164,7 +164,7 @@ def test_a_failure_in_the_middle_of_the_zip_leaves_no_file(built, tmp_path, monk
             raise OSError(28, "No space left on device")
         return original(self, info, data, *args, **kw)
     monkeypatch.setattr(zipfile.ZipFile, "writestr", disk_full_on_second_member)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OptionError, match="No space left"):  # a user error: exit code 2
         plan.save(tmp_path / "p.wpk")
     assert os.listdir(tmp_path) == []
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.unit.plan_helpers import FunctionRunner
-from wpk.core.errors import UnsupportedError, WpkError
+from wpk.core.errors import ModelError, UnsupportedError, WpkError
 from wpk.core.graph import Node
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.registry import FALLBACK, Candidate, Implementation
@@ -123,6 +123,34 @@ def test_no_verified_candidate_names_the_nodes():
     with pytest.raises(WpkError, match=r"'mm1'.*test.broken: wrong_answer") as info:
         plan([node("mm1", MATMUL)], provider_of(Broken()), RUNNER, FAST)
     assert info.value.hint
+
+
+class Raising(BlasMatMul):
+    """Cannot be prepared for the workload (what every kernel does with a malformed node)."""
+
+    name = "test.raising"
+
+    def prepare(self, workload, consts, config):
+        raise ValueError("cannot reshape array")
+
+
+def test_wrong_answers_blame_wpk_but_candidates_that_all_fail_point_at_the_node():
+    with pytest.raises(WpkError, match="right answer") as wrong:
+        plan([node("mm1", MATMUL)], provider_of(Broken(), Raising()), RUNNER, FAST)
+    assert "bug in wpk's kernels" in wrong.value.hint
+    with pytest.raises(UnsupportedError, match=r"failed to compile or run.*'mm1'") as failed:
+        plan([node("mm1", MATMUL)], provider_of(Raising()), RUNNER, FAST)
+    assert "ONNX spec" in failed.value.hint and "kernels" not in failed.value.hint
+
+
+def test_a_node_that_violates_its_op_spec_is_a_model_error_before_measuring():
+    conv = Workload("Conv", (TensorSpec((1, 3, 8, 8)), TensorSpec((4, 3, 3, 3))),
+                    (TensorSpec((1, 4, 8, 8)),), attrs=(("group", 0), ("pads", (1, 1, 1, 1))))
+    measured = []
+    with pytest.raises(ModelError, match=r"Conv node 'c1'.*group=0") as info:
+        plan([node("c1", conv)], provider_of(BlasMatMul()),
+             FunctionRunner(lambda *a, **k: measured.append(a) or MEASURE(*a, **k)), FAST)
+    assert measured == [] and "fix the model" in info.value.hint
 
 
 def test_no_candidate_at_all_is_unsupported():

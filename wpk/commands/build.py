@@ -18,6 +18,7 @@ from wpk.commands.common import (
     target_of,
 )
 from wpk.commands.render import render_summary
+from wpk.core.safe_write import check_output
 from wpk.pipeline import build
 
 
@@ -57,6 +58,7 @@ def command(model: Path, output: Path | None, cpu: bool, gpu: str | None, search
     """Optimize, tune and plan MODEL; write the plan and its benchmark report."""
     target, gpu_name = target_of(cpu, gpu)
     output = output or model.with_suffix(".wpk")
+    check_output(output, "-o", inputs=[model])  # before the build, not after it
     options = {"gpu": gpu_name, "search": search, "strict": strict, "offline": offline,
                "input_shapes": parse_input_shapes(input_shapes), "progress": not quiet,
                "partition": not no_partition}

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import click
 
+from wpk.core import safe_write
 from wpk.core.errors import OptionError
 
 SEARCHES = ("none", "ga", "rl", "random", "grid")
 PARALLEL_STREAMS = 4   # --parallel-measure without N (wpk.search.parallel_measure)
+MAX_DIM = 2**63 - 1  # ONNX dims are int64
 DEVICE_HINT = "pass --cpu, or --gpu NAME with one of the presets listed by 'wpk devices'"
 
 
@@ -24,10 +26,10 @@ def parse_shape(text: str, flag: str = "--input-shape") -> tuple[int, ...]:
         dims = tuple(int(p) for p in parts)
     except ValueError:
         dims = ()
-    if not dims or any(d <= 0 for d in dims):
+    if not dims or any(d <= 0 or d > MAX_DIM for d in dims):
         raise OptionError(f"{flag}: cannot read shape '{text}'",
-                          hint="write dimensions as positive integers joined by 'x', "
-                               "e.g. 1x3x224x224")
+                          hint=f"write dimensions as positive integers (at most {MAX_DIM}) "
+                               "joined by 'x', e.g. 1x3x224x224")
     return dims
 
 
@@ -83,14 +85,12 @@ def echo(renderable) -> None:
         Console().print(renderable)
 
 
-def write_text(text: str, output: Path | None) -> None:
-    """`text` to standard output, or atomically to `output`."""
+def write_text(text: str, output: Path | None, flag: str = "-o") -> None:
+    """`text` to standard output, or atomically to `output` (`wpk.core.safe_write`)."""
     if output is None:
         click.echo(text)
         return
-    tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(output)
+    safe_write.write_text(output, text, flag)
     stderr(f"wrote {output}")
 
 

@@ -12,6 +12,7 @@ import onnx
 
 from wpk.commands.common import echo, max_memory_option, parse_input_shapes
 from wpk.commands.onnx_export import write_onnx
+from wpk.core.safe_write import check_output
 from wpk.frontend import load_model
 from wpk.passes import optimize, to_onnx
 from wpk.workloads import distinct, extract_workloads
@@ -96,8 +97,10 @@ def command(model: Path, input_shapes: tuple[str, ...], cpu_target: bool,
     """Show MODEL's graph before/after the passes, each rule's hits and the workloads."""
     target = "cpu" if cpu_target else "cuda"
     shapes = parse_input_shapes(input_shapes)
+    if export_path:
+        check_output(export_path, "--export", inputs=[model])
     info = inspect_model(str(model), shapes, target=target, max_memory=max_memory)
     echo(json.dumps(info, indent=2) if as_json else render_inspection(info))
     if export_path:
         _, optimized, _ = optimized_graph(str(model), shapes, target, max_memory)
-        write_onnx(exported_model(optimized, str(model), target), export_path)
+        write_onnx(exported_model(optimized, str(model), target), export_path, "--export")

@@ -16,12 +16,13 @@ import onnx
 from wpk.commands.common import stderr
 from wpk.commands.render import format_time, plural, reason_text
 from wpk.core.errors import WpkError
+from wpk.core.safe_write import write_bytes
 from wpk.passes import to_onnx
 from wpk.plans.plan_graph import is_whole_model, plan_graph, whole_model_bytes
 from wpk.plans.planfile import Plan
 
 
-def write_onnx(model: onnx.ModelProto, path: Path) -> None:
+def write_onnx(model: onnx.ModelProto, path: Path, flag: str = "--graph") -> None:
     """Check the model with `onnx.checker` (full check, shapes included) and write it to
     `path` atomically (a temporary file, then a rename)."""
     try:
@@ -30,12 +31,7 @@ def write_onnx(model: onnx.ModelProto, path: Path) -> None:
         raise WpkError(f"the exported graph is not valid ONNX: {str(exc).splitlines()[0]}",
                        hint="this is a bug in wpk's export; please report it with the model"
                        ) from None
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        onnx.save(model, str(tmp))
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_bytes(path, model.SerializeToString(), flag)
     stderr(f"wrote {path} ({plural(len(model.graph.node), 'node')})")
 
 

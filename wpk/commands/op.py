@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from wpk.commands.common import SEARCHES, cluster_option, echo, parse_shape, target_of
 from wpk.commands.render import format_time, plural, render_json, summary_lines
-from wpk.core.errors import OptionError
+from wpk.core.errors import ModelError, OptionError
 from wpk.frontend import load_model
 from wpk.kernels.target import create_target
 from wpk.pipeline import BuildOptions, plan_workloads
@@ -54,6 +54,7 @@ def operator_model(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[
     if not shapes:
         raise OptionError(f"wpk op {op}: give the input shapes",
                           hint="e.g. --shape X=1x64x56x56 --shape W=64x64x3x3")
+    _check_input_count(op, list(shapes))
     rng = np.random.default_rng(seed)
     names = list(shapes)
     initializers = []
@@ -70,11 +71,44 @@ def operator_model(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               ir_version=8)
     try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     except Exception as exc:  # onnx raises InferenceError, a private type
         raise OptionError(f"wpk op {op}: ONNX rejects these shapes or attributes: "
                           f"{str(exc).strip().splitlines()[-1]}",
                           hint="check --shape (node inputs in order) and --attr") from None
+    if not inferred.graph.output[0].type.tensor_type.HasField("shape"):
+        raise OptionError(f"wpk op {op}: the output shape does not follow from the given "
+                          f"shapes ({', '.join(names)}) and attributes",
+                          hint=f"{op}'s inputs are {_formal_inputs(op)}: give a --shape for "
+                               "each input that decides the output shape")
+    return inferred
+
+
+def _schema(op: str) -> onnx.defs.OpSchema:
+    try:
+        return onnx.defs.get_schema(op, OPSET)
+    except onnx.defs.SchemaError:
+        raise OptionError(f"wpk op: '{op}' is not an ONNX operator (opset {OPSET})",
+                          hint="give an operator's ONNX name, e.g. Conv, MatMul, Relu"
+                          ) from None
+
+
+def _formal_inputs(op: str) -> str:
+    return ", ".join(i.name + ("" if i.option == onnx.defs.OpSchema.FormalParameterOption.Single
+                               else "?" if i.option == onnx.defs.OpSchema.FormalParameterOption
+                               .Optional else "...") for i in _schema(op).inputs)
+
+
+def _check_input_count(op: str, names: list[str]) -> None:
+    """OptionError naming the missing inputs when fewer shapes than `op` needs are given."""
+    schema = _schema(op)
+    if len(names) < schema.min_input:
+        missing = [i.name for i in schema.inputs[len(names):schema.min_input]]
+        raise OptionError(f"wpk op {op}: no --shape for input(s) {', '.join(missing)}; "
+                          f"{op} needs at least {schema.min_input} and got "
+                          f"{len(names)} ({', '.join(names)})",
+                          hint=f"give one --shape NAME=DIMS per input, in node order: "
+                               f"{_formal_inputs(op)}")
 
 
 def op_report(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, Any], *,
@@ -85,7 +119,13 @@ def op_report(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, 
     `cluster`: measured on the nodes of that Ray cluster."""
     options = BuildOptions(target=target, search=search, trials=trials, budget=budget, db=db,
                            progress=progress, cluster=cluster)
-    graph = load_model(operator_model(op, shapes, attrs))
+    try:
+        graph = load_model(operator_model(op, shapes, attrs))
+    except ModelError as exc:  # the one-node model is made of --shape and --attr
+        message = exc.message.replace(" in '<ModelProto>'", "").replace(
+            "'<ModelProto>' ", "the node ")
+        raise OptionError(f"wpk op {op}: {message}",
+                          hint="check --shape (node inputs in order) and --attr") from None
     choices, summary, _ = plan_workloads(extract_workloads(graph), create_target(target),
                                          options, records=True)
     report = make_report(choices, target=target, model=f"op {op}", options=options.to_json())

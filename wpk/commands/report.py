@@ -4,6 +4,7 @@ doc_string giving its chosen implementation, time and why."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import click
@@ -13,6 +14,7 @@ from wpk.commands.common import write_text
 from wpk.commands.onnx_export import chosen_graph_model, write_onnx
 from wpk.commands.render import render_json, render_table
 from wpk.commands.render_html import render_html
+from wpk.core.safe_write import check_output
 from wpk.plans.planfile import read_plan, read_report
 
 
@@ -27,6 +29,9 @@ from wpk.plans.planfile import read_plan, read_report
                                         "node annotated with its implementation and time.")
 def command(plan: Path, fmt: str, output: Path | None, graph_path: Path | None) -> None:
     """Show the per-operator benchmark report stored in PLAN."""
+    for path, flag in ((output, "-o"), (graph_path, "--graph")):
+        if path is not None:  # before reading the plan
+            check_output(path, flag, inputs=[plan])
     if graph_path:  # the chosen graph needs the whole plan
         loaded = read_plan(str(plan))
         write_onnx(chosen_graph_model(loaded), graph_path)
@@ -35,8 +40,9 @@ def command(plan: Path, fmt: str, output: Path | None, graph_path: Path | None) 
         _, data = read_report(str(plan))
     if fmt == "table":
         if output:
-            with open(output, "w", encoding="utf-8") as handle:
-                Console(file=handle, width=160).print(render_table(data))
+            console = Console(file=io.StringIO(), width=160)
+            console.print(render_table(data))
+            write_text(console.file.getvalue(), output)
         else:
             Console().print(render_table(data))
         return

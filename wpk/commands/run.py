@@ -8,6 +8,7 @@ import json
 import math
 import statistics
 import time
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from wpk.commands.common import write_text
 from wpk.core.errors import InputError
+from wpk.core.safe_write import atomic_output, check_output
 from wpk.runtime import Session, example_feeds
 from wpk.trace import trace_document
 
@@ -83,6 +85,9 @@ def command(plan: Path, inputs_path: Path | None, output_path: Path | None, repe
             warmup: int, profile_path: Path | None, spin_threads: bool) -> None:
     """Execute PLAN on inputs: WARMUP untimed runs, then REPEAT timed ones; print their
     latency statistics and the outputs."""
+    for path, flag in ((output_path, "--output"), (profile_path, "--profile")):
+        if path is not None:  # before the runs, not after them
+            check_output(path, flag, inputs=[plan] + ([inputs_path] if inputs_path else []))
     session = Session.load(str(plan), spin_threads=spin_threads)
     feeds = (read_inputs(inputs_path, session) if inputs_path
              else example_feeds(session, seed=0))
@@ -98,21 +103,48 @@ def command(plan: Path, inputs_path: Path | None, output_path: Path | None, repe
         click.echo(f"wrote {output_path}")
     if profile_path:
         document = trace_document(session.plan, session.timeline(feeds), name=plan.name)
-        write_text(json.dumps(document, indent=1, allow_nan=False), profile_path)
+        write_text(json.dumps(document, indent=1, allow_nan=False), profile_path, "--profile")
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray] | np.ndarray:
+    """The arrays of an .npz (or the one array of an .npy); InputError saying why not."""
+    hint = "write the inputs with numpy.savez(path, **{input_name: array})"
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except IsADirectoryError:
+        raise InputError(f"inputs file '{path}' is a folder", hint=hint) from None
+    except OSError as exc:
+        raise InputError(f"cannot read inputs file '{path}': {exc.strerror or 'not a numpy file'}",
+                         hint=hint) from None
+    except (ValueError, EOFError, zipfile.BadZipFile):  # pickled objects, any other bytes
+        raise InputError(f"inputs file '{path}' is not a numpy .npz or .npy file "
+                         "(or holds pickled Python objects, which wpk does not load)",
+                         hint=hint) from None
+    if isinstance(loaded, np.ndarray):
+        return loaded
+    try:
+        with loaded:
+            return {key: loaded[key] for key in loaded.files}
+    except Exception:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged member
+        raise InputError(f"inputs file '{path}' is damaged or holds pickled Python objects",
+                         hint=hint) from None
 
 
 def read_inputs(path: Path, session) -> dict[str, np.ndarray]:
-    """Read `--inputs`: an .npz keyed by input name (np.savez's arr_N accepted in order)."""
+    """Read `--inputs`: an .npz keyed by input name (np.savez's arr_N accepted in order), or
+    an .npy for a plan of one input."""
     if not path.exists():
         raise InputError(f"inputs file '{path}' not found",
                          hint="write one with numpy.savez(path, **{input_name: array})")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {key: data[key] for key in data.files}
-    except Exception as exc:  # numpy raises several types for a bad file
-        raise InputError(f"cannot read inputs file '{path}': {exc}",
-                         hint="inputs must be an .npz written by numpy.savez") from None
     names = [meta.name for meta in session.get_inputs()]
+    arrays = _load_npz(path)
+    if isinstance(arrays, np.ndarray):
+        if len(names) != 1:
+            raise InputError(f"inputs file '{path}' holds one array (.npy) but the plan has "
+                             f"{len(names)} inputs: {', '.join(names)}",
+                             hint="write them to an .npz with numpy.savez(path, "
+                                  "**{input_name: array})")
+        return {names[0]: arrays}
     positional = [f"arr_{i}" for i in range(len(names))]
     if sorted(arrays) == sorted(positional) and not set(names) & set(arrays):
         arrays = {name: arrays[key] for name, key in zip(names, positional)}
@@ -120,12 +152,13 @@ def read_inputs(path: Path, session) -> dict[str, np.ndarray]:
 
 
 def write_outputs(path: Path, outputs: dict[str, np.ndarray]) -> None:
-    """Write outputs to an .npz atomically (temporary file, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            np.savez(handle, **outputs)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write outputs to an .npz keyed by output name, atomically (`wpk.core.safe_write`).
+
+    The archive is written member by member, as numpy.savez does, rather than through
+    `np.savez(**outputs)`: an output may be named like one of savez's own parameters
+    (`file`, `allow_pickle`)."""
+    with (atomic_output(path, "--output") as handle,
+          zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED, allowZip64=True) as archive):
+        for name, value in outputs.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)

@@ -22,6 +22,7 @@ import click
 from wpk.commands.common import cluster_option, parallel_measure_option, stderr
 from wpk.core.devices import detect_gpus
 from wpk.core.errors import DeviceError
+from wpk.core.safe_write import check_output
 from wpk.kernels.cuda.target import CudaTarget, describe_present
 from wpk.plans.planfile import read_plan, write_plan
 from wpk.plans.retune import DEFAULT_TRIALS, plan_gpu, retune
@@ -41,6 +42,7 @@ def tune_plan(path: str | os.PathLike, trials: int | None = None,
     check_streams(parallel)
     name = os.fspath(path)
     plan = read_plan(name, check_device=False)
+    check_output(name, "PLAN")  # it is rewritten at the end: say so before the work
     gpu = plan_gpu(plan, name)
     target = CudaTarget.for_preset(gpu)
     check_runner(target, parallel, cluster)

@@ -21,3 +21,9 @@ def relative_l2(actual, expected) -> float:
         return float("inf")
     diff = np.linalg.norm((actual - expected)[finite])
     return float(diff / max(np.linalg.norm(expected[finite]), 1e-30))
+
+
+def is_ml_dtype(dtype) -> bool:
+    """Whether a dtype is one of ml_dtypes' (bfloat16, float8_*, int4, ...), which ONNX's
+    narrow types map to: numpy neither computes in them nor stores them in .npy files."""
+    return np.dtype(dtype).type.__module__.split(".")[0] == "ml_dtypes"

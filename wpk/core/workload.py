@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from wpk.core.epilogue import EPILOGUE_TABLE
+from wpk.core.numerics import is_ml_dtype
 
 # Epilogue steps, one row each in the epilogue table (wpk.core.epilogue), where every
 # implementation reads its meaning. Unary ones, with attributes:
@@ -79,7 +80,8 @@ def encode_attr(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         data = np.ascontiguousarray(value)
         return {"__ndarray__": base64.b64encode(data.tobytes()).decode("ascii"),
-                "dtype": data.dtype.str, "shape": list(data.shape)}
+                "dtype": data.dtype.name if is_ml_dtype(data.dtype) else data.dtype.str,
+                "shape": list(data.shape)}
     if isinstance(value, bytes):
         return {"__bytes__": base64.b64encode(value).decode("ascii")}
     if isinstance(value, (list, tuple)):

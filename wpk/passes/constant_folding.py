@@ -65,16 +65,20 @@ def evaluate_node(graph: Graph, node: Node, values: list[np.ndarray | None]) -> 
 
 
 def _folded(graph: Graph, node: Node, values: list[np.ndarray | None]) -> list[np.ndarray]:
-    """`evaluate_node`, a failure on the model's own constants (Range with step 0, ...)
-    being a ModelError naming the node."""
+    """`evaluate_node`, a failure being the model's: every input is a constant of it."""
+    where = f"{node.op} node '{node.name}'"
+    if node.op == "Range" and len(values) == 3 and values[2] is not None \
+            and not np.any(values[2]):
+        raise ModelError(f"{where} has step (delta) 0: the range never ends",
+                         hint="fix the model: give the Range a non-zero delta")
     try:
         return evaluate_node(graph, node, values)
-    except (ArithmeticError, ValueError, IndexError, TypeError, RuntimeError) as exc:
-        text = str(exc).strip().splitlines()
-        raise ModelError(f"{node.op} node '{node.name}' of '{graph.source}' cannot be "
-                         f"computed from its constant inputs: {type(exc).__name__}"
-                         f"{': ' + text[0] if text else ''}",
-                         hint="fix the node's constant inputs or attributes") from exc
+    except (ArithmeticError, ValueError, TypeError, IndexError, KeyError) as exc:
+        reason = (str(exc).splitlines() or [""])[0]
+        raise ModelError(f"{where} cannot be computed from its constant inputs "
+                         f"({type(exc).__name__}: {reason})",
+                         hint=f"check the node's inputs and attributes against the ONNX "
+                              f"spec of {node.op}") from exc
 
 
 def _nbytes(info: TensorInfo) -> int:

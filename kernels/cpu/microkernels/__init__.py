@@ -1,0 +1,11 @@
+"""SIMD micro-kernels of NCHWc convolutions, generated as C for the host's ISA.
+
+One module per concern:
+
+- `isa`: the instruction sets (vector lanes, registers, gcc flags), the host's;
+- `space`: what a kernel computes (`ConvGeometry`) and its config space
+  (register tile, unroll, ISA), searchable by the GA/RL tuners;
+- `templates`: the C source (vector accumulators, broadcast FMAs, fused epilogue);
+- `kernel`: the registered implementation `micro.nchwc` (filter packing,
+  compilation, the kernel callable) and its `GeneratedKernels` for the search.
+"""

@@ -1,0 +1,161 @@
+"""`micro.nchwc`: the NCHWc convolution micro-kernels as a registered implementation.
+
+    MICRO_NCHWC.configs(workload)    # [default config]: what an untuned build measures
+    kernel = MICRO_NCHWC.prepare(workload, consts, config)   # kernel(inputs, outputs)
+    MicroKernels().template(workload)   # its config space, for the GA/RL tuners
+
+An untuned build measures the default config next to onnxruntime's MLAS kernel
+(`ort.nchwc`) and the planner keeps the faster verified one, so adding it never
+makes a plan slower. `prepare` packs the filter in the tile's order and the
+bias to whole tiles, and compiles the source of `templates.conv_source` for
+the config's ISA through the compile cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from wpk.core.workload import Workload
+from wpk.dsl import build
+from wpk.dsl.toolchain import compile_c, load_function
+from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
+from wpk.kernels.cpu.microkernels.space import (
+    ConvGeometry,
+    MicroSpace,
+    config_reason,
+    conv_geometry,
+    default_config,
+)
+from wpk.kernels.cpu.microkernels.templates import conv_source
+from wpk.kernels.jobs import CompileJob
+from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
+from wpk.kernels.target import GeneratedKernels
+
+
+def pack_conv_filter(weight: np.ndarray, g: ConvGeometry, lanes: int, kv: int) -> np.ndarray:
+    """OIHW -> [tiles, CB, R, S, block, kv*lanes]: for each input channel the tile's output
+    channels are contiguous; output channels zero padded to whole tiles, input channels to
+    whole blocks."""
+    tk = kv * lanes
+    tiles = -(-g.out_vectors(lanes) // kv)
+    o, i, r, s = weight.shape
+    padded = np.zeros((tiles * tk, g.cb * g.block, r, s), np.float32)
+    padded[:o, :i] = weight
+    packed = padded.reshape(tiles, tk, g.cb, g.block, r, s).transpose(0, 2, 4, 5, 3, 1)
+    return np.ascontiguousarray(packed)
+
+
+def pack_depthwise_filter(weight: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    """[O, 1, R, S] -> [KB, R, S, block], zero padded channels."""
+    padded = np.zeros((g.kb * g.block, *weight.shape[2:]), np.float32)
+    padded[: weight.shape[0]] = weight[:, 0]
+    return np.ascontiguousarray(padded.reshape(g.kb, g.block, *weight.shape[2:])
+                                .transpose(0, 2, 3, 1))
+
+
+def pack_bias(bias: np.ndarray | None, length: int) -> np.ndarray:
+    """The bias zero padded to `length` floats (zeros without a bias)."""
+    out = np.zeros(length, np.float32)
+    if bias is not None:
+        out[: bias.shape[0]] = bias
+    return out
+
+
+def _geometry(workload: Workload) -> ConvGeometry:
+    g = conv_geometry(workload)
+    if isinstance(g, str):
+        raise ValueError(f"{workload.label}: {g}")
+    return g
+
+
+def compile_micro(workload: Mapping, config: Mapping) -> str:
+    """Compile a workload's micro-kernel into the compile cache (a `CompileJob` function);
+    the shared library's path."""
+    w = Workload.from_json(workload)
+    isa = ISAS[str(config["isa"])]
+    return str(compile_c(conv_source(_geometry(w), config), compile_flags(isa)).path)
+
+
+def load_micro(g: ConvGeometry, config: Mapping):
+    """The loaded C function `wpk_micro_conv` of `g` under `config` (compiled once)."""
+    isa = ISAS[str(config["isa"])]
+    library = compile_c(conv_source(g, config), compile_flags(isa)).path
+    build._openmp_defaults()
+    return load_function(library, "wpk_micro_conv", [ctypes.c_void_p] * 5)
+
+
+class MicroNchwc(Implementation):
+    """Generated NCHWc convolutions with explicit register tiles (see the module docstring)."""
+
+    name = "micro.nchwc"
+    kind = GENERATED
+    target = "cpu"
+    uses_blas = False
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        g = conv_geometry(workload)
+        if isinstance(g, str):
+            return g
+        return None if MicroSpace(g).isas else "no usable ISA's vector divides the block"
+
+    def configs(self, workload: Workload) -> list[dict]:
+        """The default config (an untuned build measures it next to onnxruntime's)."""
+        return [default_config(_geometry(workload))]
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        g = _geometry(workload)
+        reason = config_reason(g, config)
+        if reason:
+            raise ValueError(f"{workload.label}: {reason}")
+        lanes, kv = ISAS[str(config["isa"])].lanes, int(config["kv"])
+        weight = np.asarray(consts[1], np.float32)
+        bias = np.asarray(consts[2], np.float32) if g.has_bias else None
+        if g.depthwise:
+            packed = pack_depthwise_filter(weight, g)
+            packed_bias = pack_bias(bias, g.kb * g.block)
+        else:
+            packed = pack_conv_filter(weight, g, lanes, kv)
+            packed_bias = pack_bias(bias, packed.shape[0] * kv * lanes)
+        fn = load_micro(g, config)
+        w_ptr, b_ptr = packed.ctypes.data, packed_bias.ctypes.data
+        out_spec = workload.outputs[0]
+        sum_index = g.sum_index
+
+        def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+            out = outputs[0]
+            if not (out.flags.c_contiguous and out.dtype == np.float32) \
+                    or out.shape != out_spec.shape:
+                raise ValueError(f"micro.nchwc writes C-contiguous float32 {out_spec.shape}")
+            x = np.ascontiguousarray(inputs[0], dtype=np.float32)
+            s = None if sum_index is None else np.ascontiguousarray(inputs[sum_index],
+                                                                    dtype=np.float32)
+            if s is not None and np.shares_memory(s, out):   # y holds partial sums first
+                s = s.copy()
+            fn(x.ctypes.data, w_ptr, b_ptr, None if s is None else s.ctypes.data,
+               out.ctypes.data)
+
+        kernel.keep = (packed, packed_bias)   # the packed arrays live as long as the kernel
+        return kernel
+
+
+MICRO_NCHWC = register(MicroNchwc())
+
+
+class MicroKernels(GeneratedKernels):
+    """The micro-kernels as a target's generated kernels: what `wpk.search.driver`'s
+    `tune_workload` searches (`template` is the workload's `MicroSpace`)."""
+
+    impl = MicroNchwc.name
+    modules = ("wpk.kernels.cpu.microkernels.kernel",)
+
+    def template(self, workload: Workload) -> MicroSpace:
+        return MicroSpace(_geometry(workload))
+
+    def compile_jobs(self, workload: Workload, configs: Sequence[Mapping]) -> list[CompileJob]:
+        return [CompileJob("wpk.kernels.cpu.microkernels.kernel:compile_micro",
+                           {"workload": workload.to_json(), "config": dict(config)},
+                           label=f"{workload.label} {dict(config)}") for config in configs]

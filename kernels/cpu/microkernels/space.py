@@ -1,0 +1,212 @@
+"""What a micro-kernel computes (`ConvGeometry`) and the configs it can be built with.
+
+    geometry = conv_geometry(workload)      # ConvGeometry, or a str saying why it does not fit
+    space = MicroSpace(geometry)            # space(), validate(config), default_config()
+
+A config is `{"isa": name, "kv": output vectors, "px": output pixels, "unroll": n,
+"cbt": input blocks per pass}`:
+the register tile is kv vectors of output channels (kv * lanes channels) by px
+output pixels of one row, `kv * px` accumulators; a depthwise tile is one
+vector of channels by px pixels (kv is 1). `unroll` unrolls the reduction over
+the input channels of a block (regular convs) or over the filter rows
+(depthwise). A regular conv reduces over its input channels in passes of
+`cbt` blocks (partial sums kept in the output), so the weights of a pass stay
+in L1 while every tile of a row segment uses them. `MicroSpace` has the
+interface of a DSL schedule template (`space()`, `validate(config)`,
+`default_config()`), so the GA/RL tuners of `wpk.search` search it as they
+search generated DSL kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wpk.core.workload import Workload
+from wpk.kernels.cpu.microkernels.isa import ISAS, Isa, isa_named, usable_isas
+from wpk.kernels.cpu.nchwc import activation_attrs, conv_epilogue_form
+from wpk.kernels.generated_ops import pads_2d
+from wpk.kernels.nchwc_logical import NCHWC_DOMAIN, is_depthwise, logical_workload
+
+KV_CHOICES = (1, 2, 3, 4, 6, 8)
+PX_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+UNROLL_CHOICES = (1, 2, 4, 8, 16)
+CBT_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
+# A pass over CBT input blocks keeps its weights in L1 when they take at most this many bytes
+PASS_BYTES = 32 * 1024
+# The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
+KNOBS = ("isa", "kv", "px", "unroll", "cbt")
+ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A blocked convolution as the micro-kernel sees it (sizes in pixels and blocks).
+
+    A 1x1 stride-1 unpadded conv is one row of H*W pixels (`flattened`), so its
+    tiles never stop at a row's end.
+    """
+
+    n: int
+    cb: int            # input channel blocks
+    h: int
+    w: int
+    kb: int            # output channel blocks
+    oh: int
+    ow: int
+    r: int
+    s: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    block: int
+    in_channels: int   # real input channels (the filter's), <= cb * block
+    out_channels: int  # real output channels, <= kb * block
+    depthwise: bool
+    has_bias: bool
+    sum_index: int | None
+    activation: str | None
+    activation_params: tuple[float, ...] = ()
+    flattened: bool = False
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds x 2 of the real channels."""
+        reduction = self.r * self.s * (1 if self.depthwise else self.in_channels)
+        return 2 * self.n * self.out_channels * self.oh * self.ow * reduction
+
+    def out_vectors(self, lanes: int) -> int:
+        """Vectors of output channels in the blocked output."""
+        return self.kb * self.block // lanes
+
+
+def _activation(step) -> tuple[str | None, tuple[float, ...]] | str:
+    if step is None:
+        return None, ()
+    attrs = activation_attrs(step)
+    if attrs["activation"] not in ACTIVATIONS:
+        return f"activation {attrs['activation']} has no micro-kernel epilogue"
+    return attrs["activation"], tuple(float(v) for v in attrs.get("activation_params", ()))
+
+
+def conv_geometry(workload: Workload) -> ConvGeometry | str:
+    """The geometry of a blocked (`wpk.nchwc`) Conv on a blocked input, or why it has none."""
+    if workload.domain != NCHWC_DOMAIN or workload.op != "Conv":
+        return "not a wpk.nchwc Conv"
+    specs = [s for s in (*workload.inputs, *workload.outputs) if s is not None]
+    if any(s.dtype != "float32" for s in specs):
+        return "micro-kernels compute float32 only"
+    x, wt, y = workload.inputs[0], workload.inputs[1], workload.outputs[0]
+    if len(x.shape) != 5 or wt is None or len(wt.shape) != 4 or len(y.shape) != 5:
+        return "only 2-D convolutions on a blocked input"
+    if 1 not in workload.const_inputs:
+        return "the filter is not a constant (it is packed once)"
+    has_bias = len(workload.inputs) > 2 and workload.inputs[2] is not None
+    if has_bias and 2 not in workload.const_inputs:
+        return "the bias is not a constant"
+    if any(0 in s.shape for s in specs):
+        return "empty tensors"
+    depthwise = is_depthwise(workload)
+    if int(workload.attr("group", 1)) != 1 and not depthwise:
+        return "grouped convolutions other than depthwise"
+    form = conv_epilogue_form(workload)
+    if isinstance(form, str):
+        return form
+    sum_index, step = form
+    act = _activation(step)
+    if isinstance(act, str):
+        return act
+    found = pads_2d(logical_workload(workload), tuple(wt.shape[2:]))
+    if found is None:
+        return "the padding does not give the output size"
+    (pt, pl, _, _), geom = found
+    n, cb, h, w, block = x.shape
+    _, kb, oh, ow, _ = y.shape
+    r, s = wt.shape[2:]
+    (sh, sw), (dh, dw) = geom.strides, geom.dilations
+    flat = (r, s, sh, sw, pt, pl, oh, ow) == (1, 1, 1, 1, 0, 0, h, w) and not depthwise
+    return ConvGeometry(
+        n=n, cb=cb, h=1 if flat else h, w=h * w if flat else w, kb=kb, oh=1 if flat else oh,
+        ow=oh * ow if flat else ow, r=r, s=s, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw,
+        block=block, in_channels=wt.shape[1], out_channels=wt.shape[0], depthwise=depthwise,
+        has_bias=has_bias, sum_index=sum_index, activation=act[0], activation_params=act[1],
+        flattened=flat)
+
+
+def accumulator_registers(geometry: ConvGeometry, isa: Isa, kv: int, px: int) -> int:
+    """Vector registers the tile's inner loop keeps live: accumulators, the weights of one
+    input channel (regular) or of a filter row and the input vectors of a row (depthwise),
+    and one broadcast."""
+    if geometry.depthwise:
+        row = (px - 1) * geometry.sw + (geometry.s - 1) * geometry.dw + 1
+        return px + geometry.s + min(row, 4)
+    return kv * px + kv + 1
+
+
+class MicroSpace:
+    """The config space of one workload's micro-kernel (a schedule template's interface)."""
+
+    def __init__(self, geometry: ConvGeometry, isas: tuple[str, ...] | None = None):
+        self.geometry = geometry
+        self.isas = isas or tuple(i.name for i in usable_isas()
+                                  if geometry.block % i.lanes == 0)
+        self.name = "micro.nchwc"
+
+    def space(self) -> dict[str, tuple]:
+        """Knob -> choices."""
+        kv = (1,) if self.geometry.depthwise else KV_CHOICES
+        cbt = (1,) if self.geometry.depthwise else CBT_CHOICES
+        return {"isa": self.isas, "kv": kv, "px": PX_CHOICES, "unroll": UNROLL_CHOICES,
+                "cbt": cbt}
+
+    def validate(self, config) -> str | None:
+        """None when `config` builds a correct kernel on this host, else why not."""
+        return config_reason(self.geometry, config)
+
+    def default_config(self) -> dict:
+        """The preferred config at the host's widest ISA (see `default_config`)."""
+        return default_config(self.geometry, self.isas[0] if self.isas else None)
+
+
+def config_reason(geometry: ConvGeometry, config) -> str | None:
+    """None when `config` is a valid micro-kernel schedule of `geometry`, else why not."""
+    if set(config) != set(KNOBS):
+        return f"a micro-kernel config has the knobs {', '.join(KNOBS)}"
+    try:
+        isa = isa_named(str(config["isa"]))
+    except ValueError as exc:
+        return str(exc)
+    kv, px, unroll, cbt = (int(config[k]) for k in ("kv", "px", "unroll", "cbt"))
+    if cbt < 1:
+        return "cbt (input blocks per pass) is positive"
+    if geometry.block % isa.lanes:
+        return f"the block {geometry.block} is not a multiple of {isa.name}'s {isa.lanes} lanes"
+    if min(kv, px, unroll) < 1 or px > max(PX_CHOICES) or unroll > max(UNROLL_CHOICES):
+        return "kv, px and unroll are positive (px <= 16, unroll <= 16)"
+    if geometry.depthwise and kv != 1:
+        return "a depthwise tile is one vector of channels (kv 1)"
+    if kv > geometry.out_vectors(isa.lanes):
+        return f"kv {kv} is more vectors than the {geometry.out_vectors(isa.lanes)} of the output"
+    if accumulator_registers(geometry, isa, kv, px) > isa.registers:
+        return (f"a {kv}x{px} tile needs more than {isa.name}'s {isa.registers} "
+                "vector registers")
+    return None
+
+
+def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
+    """The untuned build's config: the widest usable ISA, and the tile of MLAS's NCHWc
+    kernels (4 vectors of output channels x 6 pixels with 32 registers, 2 x 6 with 16;
+    depthwise 8 or 4 pixels), fewer vectors where the output has fewer; full unroll;
+    passes of as many input blocks as keep their weights within `PASS_BYTES`."""
+    isa = ISAS[isa_name] if isa_name else next(
+        i for i in usable_isas() if geometry.block % i.lanes == 0)
+    wide = isa.registers >= 32
+    if geometry.depthwise:
+        return {"isa": isa.name, "kv": 1, "px": 8 if wide else 4, "unroll": 16, "cbt": 1}
+    vectors = geometry.out_vectors(isa.lanes)
+    kv = max(k for k in (1, 2, 3, 4)[: 4 if wide else 2] if vectors % k == 0)
+    block_bytes = geometry.r * geometry.s * geometry.block * kv * isa.lanes * 4
+    cbt = max([c for c in CBT_CHOICES if c * block_bytes <= PASS_BYTES] or [1])
+    return {"isa": isa.name, "kv": kv, "px": 6, "unroll": 16, "cbt": cbt}

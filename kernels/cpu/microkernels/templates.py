@@ -1,0 +1,280 @@
+"""C source of the NCHWc micro-kernels, every size baked in as a constant.
+
+    source = conv_source(geometry, config)   # void wpk_micro_conv(x, w, bias, sum, y)
+
+Regular conv: for each (image, tile of KV output vectors, output row, column
+chunk) (OpenMP over all four) the row is cut into tiles of PX pixels. A tile
+keeps KV x PX accumulators in vector registers, starts them at the bias and,
+for every input channel, filter row and column, loads the KV weight vectors
+of that input channel (packed contiguously at prepare time: `pack_conv_filter`)
+and adds each pixel's input value, broadcast, times them: KV + PX loads for
+KV x PX FMAs. Then the epilogue runs on the registers (residual add,
+activation) and the tile is stored. Pixels whose window leaves the image
+(left and right edges) take a one-pixel tile that checks its columns; filter
+rows outside the image are skipped. The interior's last tile takes a
+specialised smaller tile.
+
+Depthwise conv: a tile is one vector of channels by PX pixels of a row; per
+filter row the S weight vectors and the row's input vectors are loaded once and
+reused by every pixel whose window covers them (registers, not reloads).
+
+Vectors are GCC vector extensions of `lanes` floats (`isa.py`); `vload` and
+`vstore` are unaligned, so any numpy buffer works.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+from wpk.kernels.cpu.microkernels.isa import ISAS
+from wpk.kernels.cpu.microkernels.space import ConvGeometry, config_reason
+
+# Parallel units per kernel call the column chunks aim at: a few per core, so the cores
+# share the work evenly and each unit's tiles still reuse the weights they load.
+TARGET_UNITS = max(32, 8 * (os.cpu_count() or 1))
+
+_HEADER = r"""
+#include <math.h>
+#include <stddef.h>
+
+typedef float vf __attribute__((vector_size({lanes} * 4)));
+typedef float vfu __attribute__((vector_size({lanes} * 4), aligned(4), may_alias));
+typedef int vi __attribute__((vector_size({lanes} * 4)));
+#define INLINE static inline __attribute__((always_inline))
+/* hide a pointer's value from the optimizer (an empty asm that may change it) */
+#define OPAQUE(p) __asm__("" : "+r"(p))
+INLINE vf vload(const float *p) {{ return *(const vfu *)p; }}
+INLINE void vstore(float *p, vf v) {{ *(vfu *)p = v; }}
+INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
+INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
+INLINE vf vmax(vf a, vf b) {{ return vsel(a > b, a, b); }}
+INLINE vf vmin(vf a, vf b) {{ return vsel(a < b, a, b); }}
+"""
+
+
+def _c_float(value: float) -> str:
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "-INFINITY"
+    return f"{float(value)!r}f"
+
+
+def _epilogue(g: ConvGeometry, lanes: int) -> str:
+    """`INLINE vf epilogue(vf v, const float *sum, float *y)`: residual add, activation,
+    store (a scalar pass for the activations with an exponential)."""
+    lines = ["INLINE void epilogue(vf v, const float *sum, float *y) {"]
+    if g.sum_index is not None:
+        lines.append("    v += vload(sum);")
+    p = [_c_float(v) for v in g.activation_params]
+    act = g.activation
+    if act == "Relu":
+        lines.append("    v = vmax(v, vsplat(0.0f));")
+    elif act == "Clip":
+        lines.append(f"    v = vmin(vmax(v, vsplat({p[0]})), vsplat({p[1]}));")
+    elif act == "LeakyRelu":
+        lines.append(f"    v = vsel(v > 0.0f, v, v * {p[0]});")
+    elif act == "HardSigmoid":
+        lines.append(f"    v = vmin(vmax(v * {p[0]} + {p[1]}, vsplat(0.0f)), vsplat(1.0f));")
+    lines.append("    vstore(y, v);")
+    if act == "Sigmoid":
+        lines.append(f"    for (int i = 0; i < {lanes}; ++i) y[i] = 1.0f / (1.0f + expf(-y[i]));")
+    elif act == "Tanh":
+        lines.append(f"    for (int i = 0; i < {lanes}; ++i) y[i] = tanhf(y[i]);")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _interior(g: ConvGeometry) -> tuple[int, int]:
+    """[lo, hi): the output columns whose window lies inside the image's columns."""
+    lo = min(g.ow, -(-g.pl // g.sw))
+    last = (g.w - 1 + g.pl - (g.s - 1) * g.dw)
+    hi = 0 if last < 0 else min(g.ow, last // g.sw + 1)
+    return lo, max(lo, hi)
+
+
+def _chunks(g: ConvGeometry, rows: int, px: int) -> tuple[int, int]:
+    """(column chunk width, chunks per row): rows split so there are about TARGET_UNITS
+    units, each chunk a whole number of tiles."""
+    want = max(1, min(_ceil_div(TARGET_UNITS, max(rows, 1)), _ceil_div(g.ow, px)))
+    width = _ceil_div(_ceil_div(g.ow, want), px) * px
+    return width, _ceil_div(g.ow, width)
+
+
+_CONV_TILE = r"""
+/* KV x {np} tile at output (n, kt, oh, ow), input blocks [c0, c1): the accumulators start at
+   the bias (c0 == 0) or at the partial sums in y, and end in the epilogue (c1 == CB) or back
+   in y. CHECKED tiles (one pixel) test their columns. Every accumulator, weight vector and
+   broadcast is a named variable, so gcc keeps them all in registers. */
+INLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
+                        float *y, int n, int kt, int oh, int ow, int c0, int c1) {{
+{init}
+    const float *wk = w + (size_t)kt * CB * R * S * BLK * TK;
+    for (int cb = c0; cb < c1; ++cb) {{
+        for (int r = 0; r < R; ++r) {{
+            int ih = oh * SH - PT + r * DH;
+            if (ih < 0 || ih >= H) continue;
+            const float *xrow = x + (((size_t)n * CB + cb) * H + ih) * W * BLK;
+            const float *wr = wk + (size_t)((cb * R + r) * S) * BLK * TK;
+            for (int s = 0; s < S; ++s) {{
+                ptrdiff_t iw = (ptrdiff_t)ow * SW - PL + s * DW;
+                if ({checked} && (iw < 0 || iw >= W)) continue;
+                const float *xp = xrow + iw * BLK;
+                OPAQUE(xp);   /* no sharing of broadcasts across taps: they would spill */
+                const float *ws = wr + s * BLK * TK;
+                _Pragma("GCC unroll {unroll}") for (int bi = 0; bi < BLK; ++bi) {{
+{body}
+                }}
+            }}
+        }}
+    }}
+{store}
+}}
+"""
+
+
+def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int) -> str:
+    """The C function of a KV x np_ register tile (see `_CONV_TILE`)."""
+    acc = [[f"a{j}_{p}" for p in range(np_)] for j in range(kv)]
+    init, body, store = [], [], []
+    for j in range(kv):
+        init.append(f"    const int v{j} = kt * KV + {j} < KVEC ? kt * KV + {j} : KVEC - 1;")
+        init.append(f"    const size_t o{j} = ((((size_t)n * KB + v{j} * VW / BLK) * OH + oh) "
+                    f"* OW + ow) * BLK + (v{j} * VW) % BLK;")
+        init.append(f"    const vf b{j} = HAS_BIAS ? vload(bias + (kt * KV + {j}) * VW) "
+                    ": vsplat(0.0f);")
+        for p in range(np_):
+            init.append(f"    vf {acc[j][p]} = c0 == 0 ? b{j} : vload(y + o{j} + {p} * BLK);")
+        body.append(f"                    const vf w{j} = vload(ws + bi * TK + {j} * VW);")
+    for p in range(np_):
+        body.append(f"                    const vf x{p} = vsplat(xp[{p} * SW * BLK + bi]);")
+        body += [f"                    {acc[j][p]} += x{p} * w{j};" for j in range(kv)]
+    for j in range(kv):
+        store.append(f"    if (kt * KV + {j} < KVEC) {{")
+        for p in range(np_):
+            at = f"o{j} + {p} * BLK"
+            store.append(f"        if (c1 == CB) epilogue({acc[j][p]}, sum + {at}, y + {at});")
+            store.append(f"        else vstore(y + {at}, {acc[j][p]});")
+        store.append("    }")
+    return _CONV_TILE.format(name=name, np=np_, checked=checked, unroll=unroll,
+                             init="\n".join(init), body="\n".join(body),
+                             store="\n".join(store))
+
+
+_DW_TILE = r"""
+/* {np} pixels x one vector of channels (lane group l of block kb) at output (n, oh, ow) */
+INLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
+                        float *y, int n, int kb, int l, int oh, int ow, int c0, int c1) {{
+    (void)c0; (void)c1;   /* a depthwise tile reduces over its filter only */
+    vf acc[{np}];
+    vf b = HAS_BIAS ? vload(bias + kb * BLK + l * VW) : vsplat(0.0f);
+    _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) acc[p] = b;
+    _Pragma("GCC unroll {unroll}") for (int r = 0; r < R; ++r) {{
+        int ih = oh * SH - PT + r * DH;
+        if (ih < 0 || ih >= H) continue;
+        const float *xr = x + (((size_t)n * KB + kb) * H + ih) * W * BLK + l * VW;
+        const float *wr = w + (size_t)(kb * R + r) * S * BLK + l * VW;
+        vf wv[S];
+        _Pragma("GCC unroll 16") for (int s = 0; s < S; ++s) wv[s] = vload(wr + s * BLK);
+        enum {{ SPAN = ({np} - 1) * SW + (S - 1) * DW + 1 }};
+        vf xv[SPAN];
+        _Pragma("GCC unroll 64") for (int q = 0; q < SPAN; ++q) {{
+            int iw = ow * SW - PL + q;
+            xv[q] = ({checked}) && (iw < 0 || iw >= W) ? vsplat(0.0f)
+                                                    : vload(xr + (ptrdiff_t)iw * BLK);
+        }}
+        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
+            _Pragma("GCC unroll 16") for (int s = 0; s < S; ++s)
+                acc[p] += xv[p * SW + s * DW] * wv[s];
+    }}
+    size_t base = (((size_t)n * KB + kb) * OH + oh) * OW;
+    _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
+        size_t at = (base + ow + p) * BLK + l * VW;
+        epilogue(acc[p], sum + at, y + at);
+    }}
+}}
+"""
+
+_ROW = r"""
+/* output columns [b0, b1) of one row: checked edges, PX tiles, one smaller tile; the input
+   blocks in passes of CBT, so a pass's weights stay in cache while its tiles run */
+static void row(const float *x, const float *w, const float *bias, const float *sum, float *y,
+                {params}, int oh, int b0, int b1) {{
+    int hi = b1 < OW_HI ? b1 : OW_HI;
+    for (int c0 = 0; c0 < PASSES * CBT; c0 += CBT) {{
+        int c1 = c0 + CBT < CB ? c0 + CBT : CB;
+        int ow = b0;
+        for (; ow < b1 && ow < OW_LO; ++ow)
+            tile_checked(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
+        for (; ow + PX <= hi; ow += PX) tile_full(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
+        switch (hi - ow) {{
+{cases}
+        default: break;
+        }}
+        for (ow = ow > hi ? ow : hi; ow < b1; ++ow)
+            tile_checked(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
+    }}
+}}
+
+void wpk_micro_conv(const float *x, const float *w, const float *bias, const float *sum,
+                    float *y) {{
+    #pragma omp parallel for schedule(dynamic, 1) if (UNITS > 1)
+    for (int u = 0; u < UNITS; ++u) {{
+        int c = u % NCH, t = u / NCH;
+        int oh = t % OH; t /= OH;
+{decode}
+        int b0 = c * CW, b1 = b0 + CW < OW ? b0 + CW : OW;
+        row(x, w, bias, sum, y, {args}, oh, b0, b1);
+    }}
+}}
+"""
+
+
+def conv_source(g: ConvGeometry, config: Mapping) -> str:
+    """The C source of `wpk_micro_conv(x, w, bias, sum, y)` for `g` under `config`
+    (ValueError for an invalid config)."""
+    reason = config_reason(g, config)
+    if reason:
+        raise ValueError(reason)
+    isa = ISAS[str(config["isa"])]
+    lanes, kv, px, unroll = isa.lanes, int(config["kv"]), int(config["px"]), int(config["unroll"])
+    cbt = min(int(config["cbt"]), g.cb)
+    vectors = g.out_vectors(lanes)
+    tiles = -(-vectors // kv)
+    lo, hi = _interior(g)
+    if g.depthwise:
+        groups = g.block // lanes
+        rows = g.n * g.kb * groups * g.oh
+        params, args = "int n, int kb, int l", "n, kb, l"
+        decode = ("        int l = t % LG; t /= LG;\n        int kb = t % KB; int n = t / KB;")
+        def tile(name, np_, checked):
+            return _DW_TILE.format(name=name, np=np_, checked=checked, unroll=unroll)
+    else:
+        rows = g.n * tiles * g.oh
+        params, args = "int n, int kt", "n, kt"
+        decode = "        int n = t % N; int kt = t / N;"
+        def tile(name, np_, checked):
+            return _conv_tile(name, np_, kv, checked, unroll)
+    width, chunks = _chunks(g, rows, px)
+    defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KB=g.kb, OH=g.oh, OW=g.ow, R=g.r, S=g.s,
+                   SH=g.sh, SW=g.sw, PT=g.pt, PL=g.pl, DH=g.dh, DW=g.dw, BLK=g.block, VW=lanes,
+                   KV=kv, PX=px, TK=kv * lanes, KVEC=vectors, LG=g.block // lanes,
+                   CBT=cbt, PASSES=_ceil_div(g.cb, cbt) if not g.depthwise else 1,
+                   HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
+                   UNITS=rows * chunks)
+    parts = [_HEADER.format(lanes=lanes)]
+    parts += [f"#define {k} {v}\n" for k, v in defines.items()]
+    parts.append(_epilogue(g, lanes))
+    parts.append(tile("checked", 1, 1))
+    parts.append(tile("full", px, 0))
+    cases = []
+    for np_ in range(1, px):
+        parts.append(tile(f"rest{np_}", np_, 0))
+        cases.append(f"        case {np_}: tile_rest{np_}(x, w, bias, sum, y, {args}, oh, ow, "
+                     f"c0, c1); ow += {np_}; break;")
+    parts.append(_ROW.format(params=params, args=args, cases="\n".join(cases), decode=decode))
+    return "".join(parts)

@@ -1,0 +1,170 @@
+"""This machine's fp32 FMA peak (GFLOP/s) and memory bandwidth (GB/s), measured.
+
+Peak: a generated C kernel (OpenMP, one team of `--threads`) runs on every
+thread independent chains of vector FMAs (`acc[k] = acc[k] * m + c` on GCC
+vector extensions of the host ISA's width, `CHAINS` accumulators, more than
+FMA latency x FMA ports, so the FMA units never wait), compiled with the
+micro-kernels' flags for the host ISA (`wpk.kernels.cpu.microkernels.isa`).
+The best of `--repeat` short runs counts: 2 flops per lane per FMA. Every run
+is a lower bound of the peak (other load only slows it down), and on a shared
+machine a moment when all `--threads` cores are idle together is rare, so the
+peak is the larger of the team's best and `threads` x one thread's best (one
+thread per core: the FMA units are per core; on a host with SMT siblings pass
+`--no-scale`).
+
+Bandwidth: STREAM-style copy (a = b) and triad (a = b + s * c) over arrays of
+`--mib` MiB each (far beyond the caches), OpenMP static split, the best of
+`--repeat` runs; bytes counted as STREAM counts them (read + written arrays).
+
+    python scripts/cpu_peak.py [--threads 2] [--repeat 30] [--no-scale] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+CHAINS = 16          # independent accumulators per thread (> 4-cycle latency x 2 FMA ports)
+ITERATIONS = 500_000   # a few ms a run: short runs, many of them, catch the machine idle
+
+_PEAK_SOURCE = r"""
+#include <omp.h>
+typedef float vf __attribute__((vector_size(%(lanes)d * 4)));
+/* every thread: `iters` rounds of CHAINS independent FMAs on named registers a0, a1, ...;
+   their sum goes to out[thread] */
+void wpk_fma_peak(long iters, float *out) {
+    #pragma omp parallel
+    {
+        vf m = (vf){0} + 0.999999f, c = (vf){0} + 1e-7f;
+%(declare)s
+        for (long i = 0; i < iters; ++i) {
+%(body)s
+        }
+        vf t = %(total)s;
+        float s = 0;
+        for (int l = 0; l < %(lanes)d; ++l) s += t[l];
+        out[omp_get_thread_num()] = s;
+    }
+}
+
+void wpk_copy(long n, float *a, const float *b) {
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; ++i) a[i] = b[i];
+}
+
+void wpk_triad(long n, float *a, const float *b, const float *c, float s) {
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+"""
+
+
+def _library(lanes: int, flags) -> ctypes.CDLL:
+    from wpk.dsl.toolchain import compile_c
+
+    names = [f"a{k}" for k in range(CHAINS)]
+    source = _PEAK_SOURCE % {
+        "lanes": lanes,
+        "declare": "\n".join(f"        vf {a} = (vf){{0}} + {k}.0f;" for k, a in enumerate(names)),
+        "body": "\n".join(f"            {a} = {a} * m + c;" for a in names),
+        "total": " + ".join(names)}
+    return ctypes.CDLL(str(compile_c(source, flags).path))
+
+
+def _host():
+    from wpk.kernels.cpu.microkernels.isa import compile_flags, host_isa
+
+    isa = host_isa()
+    return isa, compile_flags(isa)
+
+
+def _fma_gflops(lib, threads: int, repeat: int, lanes: int) -> float:
+    """Best GFLOP/s of `repeat` runs of the FMA kernel on `threads` OpenMP threads."""
+    import numpy as np
+
+    lib.omp_set_num_threads(threads)
+    out = np.zeros(max(threads, 1) * 4, np.float32)
+    lib.wpk_fma_peak(1000, out.ctypes.data)  # start the team
+    best = 0.0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        lib.wpk_fma_peak(ITERATIONS, out.ctypes.data)
+        seconds = time.perf_counter() - start
+        best = max(best, 2.0 * lanes * CHAINS * ITERATIONS * threads / seconds / 1e9)
+    return best
+
+
+def measure_peak(threads: int, repeat: int = 30, scale: bool = True) -> dict:
+    """fp32 FMA peak of `threads` threads (see the module docstring): {'gflops',
+    'team_gflops', 'one_thread_gflops', 'isa', 'lanes', 'threads'}."""
+    isa, flags = _host()
+    lib = _library(isa.lanes, flags)
+    lib.wpk_fma_peak.argtypes = [ctypes.c_long, ctypes.c_void_p]
+    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+    team = _fma_gflops(lib, threads, repeat, isa.lanes)
+    one = _fma_gflops(lib, 1, repeat, isa.lanes) if scale and threads > 1 else team / threads
+    return {"gflops": max(team, one * threads if scale else 0.0), "team_gflops": team,
+            "one_thread_gflops": one, "isa": isa.name, "lanes": isa.lanes, "threads": threads,
+            "chains": CHAINS, "scaled_from_one_thread": scale and one * threads > team}
+
+
+def measure_bandwidth(threads: int, mib: int = 256, repeat: int = 5) -> dict:
+    """STREAM copy and triad bandwidth of `threads` threads in GB/s."""
+    import numpy as np
+
+    isa, flags = _host()
+    lib = _library(isa.lanes, flags)
+    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+    lib.omp_set_num_threads(threads)
+    lib.wpk_copy.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    lib.wpk_triad.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_float]
+    n = mib * (1 << 20) // 4
+    a, b, c = (np.full(n, v, np.float32) for v in (0.0, 1.0, 2.0))
+    runs = {"copy": (lambda: lib.wpk_copy(n, a.ctypes.data, b.ctypes.data), 2),
+            "triad": (lambda: lib.wpk_triad(n, a.ctypes.data, b.ctypes.data, c.ctypes.data,
+                                            3.0), 3)}
+    result = {"threads": threads, "array_mib": mib}
+    for name, (fn, arrays) in runs.items():
+        fn()
+        best = 0.0
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            best = max(best, arrays * n * 4 / (time.perf_counter() - start) / 1e9)
+        result[f"{name}_gbs"] = best
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--repeat", type=int, default=30, help="runs; the best counts")
+    parser.add_argument("--mib", type=int, default=256, help="MiB per bandwidth array")
+    parser.add_argument("--no-scale", action="store_true",
+                        help="the peak is the team's best only (hosts with SMT siblings)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    if args.threads < 1 or args.repeat < 1 or args.mib < 1:
+        parser.error("--threads, --repeat and --mib must be positive")
+    peak = measure_peak(args.threads, args.repeat, scale=not args.no_scale)
+    bandwidth = measure_bandwidth(args.threads, args.mib, args.repeat)
+    if args.json:
+        print(json.dumps({"peak": peak, "bandwidth": bandwidth}, indent=1))
+    else:
+        print(f"fp32 FMA peak: {peak['gflops']:.1f} GFLOP/s ({args.threads} threads, "
+              f"{peak['isa']}, {peak['lanes']} lanes; team {peak['team_gflops']:.1f}, "
+              f"one thread {peak['one_thread_gflops']:.1f})")
+        print(f"memory bandwidth: copy {bandwidth['copy_gbs']:.1f} GB/s, "
+              f"triad {bandwidth['triad_gbs']:.1f} GB/s ({args.mib} MiB arrays)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""NCHWc micro-kernels (`micro.nchwc`): every ISA's code against the float64 reference.
+
+Odd shapes on purpose: channels not a multiple of the vector width, 1-pixel
+images, asymmetric padding, stride 2, dilation, depthwise 3x3 and 5x5, the
+fused epilogues. Each case runs the default config and random configs of its
+space (other tiles, so the interior's remainder tiles and the edges are hit),
+for AVX-512 (where the host has it), AVX2 (forced on an AVX-512 host: it
+compiles and runs there) and the portable path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wpk.core.numerics import relative_l2
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
+from wpk.kernels import nchwc_format as fmt
+from wpk.kernels import registry
+from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags, usable_isas
+from wpk.kernels.cpu.microkernels.kernel import MICRO_NCHWC, MicroKernels
+from wpk.kernels.cpu.microkernels.space import (
+    MicroSpace,
+    config_reason,
+    conv_geometry,
+    default_config,
+)
+from wpk.kernels.cpu.microkernels.templates import conv_source
+from wpk.kernels.nchwc_reference import nchwc_reference
+from wpk.kernels.random_inputs import random_inputs
+from wpk.search.space import SearchSpace
+from wpk.search.tuners import make_tuner
+
+B = fmt.host_block_size()
+USABLE = [isa.name for isa in usable_isas()]
+RELU = EpilogueStep("relu")
+
+
+def conv(cin, cout, hw, k, stride=1, pads=None, group=1, bias=True, epilogue=(),
+         residual=False, dilation=1, batch=1) -> Workload:
+    """A blocked Conv workload (pads: t, l, b, r; default `k // 2` everywhere)."""
+    h, w = hw
+    pt, pl, pb, pr = pads if pads is not None else (k // 2,) * 4
+    ext = dilation * (k - 1) + 1
+    oh, ow = (h + pt + pb - ext) // stride + 1, (w + pl + pr - ext) // stride + 1
+    y = TensorSpec((batch, -(-cout // B), oh, ow, B))
+    inputs = [TensorSpec((batch, -(-cin // B), h, w, B)),
+              TensorSpec((cout, cin // group, k, k)), TensorSpec((cout,)) if bias else None]
+    if residual:
+        inputs.append(y)
+    attrs = {"kernel_shape": (k, k), "strides": (stride, stride), "pads": (pt, pl, pb, pr),
+             "dilations": (dilation, dilation), "group": group, "block": B, "channels": cout}
+    return Workload("Conv", tuple(inputs), (y,), tuple(sorted(attrs.items())), tuple(epilogue),
+                    "wpk.nchwc", (1, 2) if bias else (1,))
+
+
+ADD3 = EpilogueStep("add", operand=3)
+CASES = {
+    "3x3_odd_channels": conv(20, 24, (9, 7), 3, epilogue=(RELU,)),
+    "3x3_stride2_residual": conv(2 * B + 3, 40, (11, 10), 3, stride=2, residual=True,
+                                 epilogue=(ADD3, RELU)),
+    "3x3_one_pixel": conv(20, 36, (1, 1), 3),
+    "3x3_asymmetric_pads": conv(B, 2 * B + 5, (7, 6), 3, pads=(1, 0, 2, 1), bias=False),
+    "3x3_dilated": conv(12, 20, (9, 9), 3, dilation=2, pads=(2, 2, 2, 2)),
+    "1x1_flat_residual_clip": conv(3 * B, 50, (5, 7), 1, residual=True, epilogue=(
+        ADD3, EpilogueStep("clip", (("min", 0.0), ("max", 6.0))))),
+    "1x1_stride2_batch2": conv(24, 4 * B, (9, 9), 1, stride=2, batch=2,
+                               epilogue=(EpilogueStep("leaky_relu"),)),
+    "1x1_sigmoid_padded": conv(B, 20, (3, 3), 1, epilogue=(EpilogueStep("sigmoid"),)),
+    "1x1_one_pixel_hard_sigmoid": conv(40, 24, (1, 1), 1, epilogue=(
+        EpilogueStep("hard_sigmoid", (("alpha", 0.3),)),)),
+    "depthwise_3x3": conv(40, 40, (9, 8), 3, group=40, epilogue=(RELU,)),
+    "depthwise_3x3_stride2_tanh": conv(3 * B, 3 * B, (11, 12), 3, stride=2, group=3 * B,
+                                       epilogue=(EpilogueStep("tanh"),)),
+    "depthwise_5x5_asymmetric": conv(20, 20, (8, 13), 5, pads=(2, 1, 2, 3), group=20,
+                                     bias=False),
+    "depthwise_5x5_one_pixel": conv(B, B, (1, 1), 5, group=B),
+}
+
+
+def _random_configs(workload: Workload, isa: str, count: int, seed: int) -> list[dict]:
+    space = MicroSpace(conv_geometry(workload), (isa,))
+    knobs = space.space()
+    rng = np.random.default_rng(seed)
+    found = []
+    for _ in range(200):
+        config = {k: v[rng.integers(len(v))] for k, v in knobs.items()}
+        config = {k: (v.item() if hasattr(v, "item") else v) for k, v in config.items()}
+        if space.validate(config) is None and config not in found:
+            found.append(config)
+        if len(found) == count:
+            break
+    return found
+
+
+def _check(workload: Workload, config: dict, rng) -> float:
+    inputs = random_inputs(workload, rng)
+    consts = {i: inputs[i] for i in workload.const_inputs}
+    kernel = MICRO_NCHWC.prepare(workload, consts, config)
+    out = np.full(workload.outputs[0].shape, np.nan, np.float32)   # poisoned
+    kernel(inputs, [out])
+    expected = nchwc_reference(workload, inputs)[0]
+    assert np.isfinite(out).all(), f"{config}: elements left unwritten"
+    return relative_l2(out, expected)
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_matches_float64_reference(case, isa, rng):
+    if isa not in USABLE:
+        pytest.skip(f"this host cannot run {isa} code")
+    workload = CASES[case]
+    assert MICRO_NCHWC.unsupported_reason(workload) is None
+    if B % ISAS[isa].lanes:
+        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    configs = [default_config(conv_geometry(workload), isa)]
+    configs += _random_configs(workload, isa, 2, seed=len(case))
+    for config in configs:
+        err = _check(workload, config, rng)
+        assert err < 1e-5, f"{case} {config}: relative L2 {err:.2e}"
+
+
+def test_every_remainder_tile_and_chunking(rng):
+    """A row of 37 pixels with every tile width: the interior's last smaller tile is each
+    of 1 .. px-1 somewhere, the column chunks split rows."""
+    workload = conv(3 * B, 2 * B, (3, 37), 3, epilogue=(RELU,))   # 2 passes of cbt 2
+    isa = USABLE[0]
+    for px in (2, 3, 5, 7):
+        config = {"isa": isa, "kv": 1, "px": px, "unroll": 4, "cbt": 2}
+        assert _check(workload, config, rng) < 1e-5
+
+
+def test_avx2_source_uses_eight_lanes_and_its_flags():
+    g = conv_geometry(CASES["3x3_odd_channels"])
+    source = conv_source(g, {"isa": "avx2", "kv": 2, "px": 6, "unroll": 16, "cbt": 1})
+    assert "vector_size(8 * 4)" in source and "#define VW 8" in source
+    assert "-march=x86-64-v3" in compile_flags(ISAS["avx2"])
+    assert "-march=x86-64-v4" in compile_flags(ISAS["avx512"])
+    portable = compile_flags(ISAS["portable"])
+    assert not any(f.startswith("-march=x86") for f in portable)
+
+
+def test_config_space_rejects_what_does_not_fit():
+    g = conv_geometry(CASES["3x3_odd_channels"])
+    fits = {"isa": "portable", "kv": 3, "px": 3, "unroll": 1, "cbt": 1}
+    assert config_reason(g, fits) is None
+    # 4 x 3 accumulators + 4 weight vectors + a broadcast: 17 of 16 registers
+    assert "registers" in config_reason(g, dict(fits, kv=4))
+    assert "knobs" in config_reason(g, {"isa": "portable", "kv": 1})
+    assert "unknown" in config_reason(g, dict(fits, isa="sse9"))
+    kv = g.out_vectors(ISAS["portable"].lanes) + 1
+    too_many = config_reason(g, dict(fits, kv=kv, px=1))
+    assert "vectors" in too_many
+    dw = conv_geometry(CASES["depthwise_3x3"])
+    assert "depthwise" in config_reason(dw, dict(fits, kv=2, px=1))
+    for workload in CASES.values():
+        geometry = conv_geometry(workload)
+        assert config_reason(geometry, default_config(geometry)) is None
+
+
+def test_1x1_stride1_convs_are_one_row_of_pixels():
+    g = conv_geometry(CASES["1x1_flat_residual_clip"])
+    assert g.flattened and (g.h, g.w, g.oh, g.ow) == (1, 35, 1, 35)
+    assert not conv_geometry(CASES["1x1_stride2_batch2"]).flattened
+
+
+def test_unsupported_workloads_say_why():
+    grouped = conv(4 * B, 4 * B, (5, 5), 3, group=2)
+    assert "grouped" in MICRO_NCHWC.unsupported_reason(grouped)
+    plain = Workload("Conv", (TensorSpec((1, 3, 8, 8)), TensorSpec((B, 3, 3, 3))),
+                     (TensorSpec((1, 1, 8, 8, B)),), (("block", B), ("channels", B),
+                                                     ("pads", (1, 1, 1, 1))),
+                     domain="wpk.nchwc", const_inputs=(1,))
+    assert "blocked input" in MICRO_NCHWC.unsupported_reason(plain)
+    variable = conv(B, B, (5, 5), 3)
+    variable = Workload(variable.op, variable.inputs, variable.outputs, variable.attrs,
+                        domain=variable.domain, const_inputs=(2,))
+    assert "filter" in MICRO_NCHWC.unsupported_reason(variable)
+    swish = conv(B, B, (5, 5), 3, epilogue=(EpilogueStep("relu"), EpilogueStep("relu")))
+    assert MICRO_NCHWC.unsupported_reason(swish) is not None
+
+
+def test_untuned_build_offers_the_default_next_to_onnxruntime():
+    workload = CASES["3x3_stride2_residual"]
+    found = {c.implementation.name: c.config for c in registry.candidates(workload, "cpu")}
+    assert "ort.nchwc" in found
+    assert found["micro.nchwc"] == default_config(conv_geometry(workload))
+
+
+def test_tuner_searches_the_space_and_every_proposal_is_correct(rng):
+    """The GA proposes configs from the micro-kernel's space (the DSL templates' interface);
+    the valid ones build kernels that match the reference."""
+    workload = CASES["3x3_asymmetric_pads"]
+    space = SearchSpace.from_template(MicroKernels().template(workload))
+    tuner = make_tuner("ga", space, 0)
+    batch = tuner.next_batch(4)
+    assert batch and all(space.is_valid(space.indices(c)) for c in batch)
+    for config in batch[:2]:
+        assert _check(workload, config, rng) < 1e-5
+    tuner.update(batch, [float(i + 1) for i in range(len(batch))])
+    assert tuner.next_batch(2)
+
+
+# --- the benchmark scripts' pieces ---------------------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.fixture
+def scripts_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+
+
+def test_cpu_peak_measures_fma_peak_and_bandwidth(scripts_on_path):
+    import cpu_peak
+
+    peak = cpu_peak.measure_peak(1, repeat=1)
+    assert peak["isa"] == USABLE[0] and peak["lanes"] == ISAS[USABLE[0]].lanes
+    assert 0.1 < peak["gflops"] < 1e5
+    bandwidth = cpu_peak.measure_bandwidth(1, mib=8, repeat=1)
+    assert 0.01 < bandwidth["copy_gbs"] < 1e4 and 0.01 < bandwidth["triad_gbs"] < 1e4
+
+
+def test_bench_summary_checks_the_goals(scripts_on_path):
+    from bench_microkernels import summarize
+
+    def row(group, ratio, flops, pct):
+        return {"group": group, "ratio_to_ort": ratio, "flops": flops, "label": f"{group} {flops}",
+                "percent_of_peak": {"micro": pct}}
+
+    rows = [row("1x1", 1.0, 10, 50.0), row("1x1", 0.9, 20, 85.0), row("1x1", 0.96, 5, 10.0),
+            row("3x3 s1", 0.8, 30, 40.0), row("depthwise", 1.2, 1, 5.0)]
+    summary = summarize(rows)
+    assert summary["1x1"]["median_ratio_to_ort"] == 0.96 and summary["1x1"]["met"]
+    assert not summary["3x3 s1"]["met"] and summary["depthwise"]["met"]
+    assert summary["largest_1x1"] == {"label": "1x1 20", "percent_of_peak": 85.0,
+                                      "goal": 80.0, "met": True}

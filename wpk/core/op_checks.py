@@ -1,0 +1,108 @@
+"""A workload's own invariants from the ONNX spec of its op, checked before any kernel is
+tried, so that a model error is reported as one (with what to fix), not as every kernel
+failing to compute it.
+
+    problem = op_problem(workload)    # None, or why the node violates its op's spec
+
+The ONNX checker and shape inference let some of these through (a Conv with
+`group=0`, or with channel counts that do not divide by its groups, passes both
+when the model declares its output shapes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from wpk.core.workload import Workload
+
+_CONV_OPS = ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv")
+_WINDOW_OPS = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "ConvInteger",
+               "QLinearConv")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _positive_ints(workload: Workload) -> str | None:
+    for name in ("strides", "dilations", "kernel_shape", "pads"):
+        values = workload.attr(name)
+        if values is None:
+            continue
+        if not isinstance(values, (tuple, list)) or not all(_is_int(v) for v in values):
+            return f"attribute {name}={values!r} is not a list of integers"
+        if name != "pads" and any(v < 1 for v in values):
+            return f"attribute {name}={list(values)} has a value below 1"
+    return None
+
+
+def _conv_channels(workload: Workload) -> str | None:
+    group = workload.attr("group", 1)
+    if not _is_int(group):
+        return f"attribute group={group!r} is not an integer"
+    if group < 1:
+        return f"attribute group={group}; it must be at least 1"
+    weight_index = 3 if workload.op == "QLinearConv" else 1
+    if len(workload.inputs) <= weight_index or not workload.inputs[0] \
+            or not workload.inputs[weight_index]:
+        return None
+    x, w = workload.inputs[0].shape, workload.inputs[weight_index].shape
+    if len(x) < 2 or len(w) < 2:
+        return None
+    if workload.op == "ConvTranspose":
+        if x[1] != w[0]:
+            return (f"input X has {x[1]} channels but the weight W (shape {list(w)}) expects "
+                    f"{w[0]}")
+        return None
+    if x[1] % group:
+        return f"input X has {x[1]} channels, which group={group} does not divide"
+    if w[0] % group:
+        return f"the weight W has {w[0]} output channels, which group={group} does not divide"
+    if x[1] != w[1] * group:
+        return (f"input X has {x[1]} channels but the weight W (shape {list(w)}) with "
+                f"group={group} expects {w[1] * group} (W's dim 1 times group)")
+    kernel = workload.attr("kernel_shape")
+    if kernel is not None and tuple(kernel) != tuple(w[2:]):
+        return f"attribute kernel_shape={list(kernel)} but the weight W has shape {list(w)}"
+    return _conv_output(workload, x, w)
+
+
+def _conv_output(workload: Workload, x, w) -> str | None:
+    """Conv's output spatial dims from its explicit pads, strides and dilations."""
+    if workload.op != "Conv" or workload.attr("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") \
+            or not workload.outputs or len(workload.outputs[0].shape) != len(x):
+        return None
+    rank = len(x) - 2
+    pads = tuple(workload.attr("pads") or (0,) * 2 * rank)
+    strides = tuple(workload.attr("strides") or (1,) * rank)
+    dilations = tuple(workload.attr("dilations") or (1,) * rank)
+    if len(pads) != 2 * rank or len(strides) != rank or len(dilations) != rank:
+        return (f"pads {list(pads)}, strides {list(strides)} or dilations {list(dilations)} "
+                f"do not fit a {rank}-d convolution")
+    expected = tuple((x[2 + i] + pads[i] + pads[rank + i] - dilations[i] * (w[2 + i] - 1) - 1)
+                     // strides[i] + 1 for i in range(rank))
+    declared = tuple(workload.outputs[0].shape[2:])
+    if expected != declared:
+        return (f"its output is declared with spatial dims {list(declared)}, but its input, "
+                f"weight, pads, strides and dilations give {list(expected)}")
+    return None
+
+
+_CHECKS: dict[str, tuple[Callable[[Workload], str | None], ...]] = {}
+for _op in _WINDOW_OPS:
+    _CHECKS[_op] = (_positive_ints,)
+for _op in _CONV_OPS:
+    _CHECKS[_op] = (*_CHECKS.get(_op, ()), _conv_channels)
+
+
+def op_problem(workload: Workload) -> str | None:
+    """Why `workload` violates the ONNX spec of its op (one sentence), or None."""
+    if workload.domain not in ("", "ai.onnx"):
+        return None
+    for check in _CHECKS.get(workload.op, ()):
+        problem = check(workload)
+        if problem:
+            return problem
+    return None
