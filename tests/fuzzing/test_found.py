@@ -78,3 +78,29 @@ def test_a_range_with_step_0_is_exit_2_naming_the_node():
         outcome = check_model(data, command)
         assert outcome.violations == [] and outcome.code == 2
         assert "Range node 'steps'" in outcome.stderr
+
+
+def test_a_conv_kernel_larger_than_its_input_is_exit_2_naming_the_node():
+    import numpy as np
+    from onnx import numpy_helper as nh
+
+    weight = nh.from_array(np.ones((2, 4, 2, 2), np.float32), "w")
+    graph = h.make_graph([h.make_node("Conv", ["x", "w"], ["y"], name="conv",
+                                      kernel_shape=[2, 2])], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 1, 1])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [None] * 4)], [weight])
+    data = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    outcome = check_model(data, "build")
+    assert outcome.violations == [] and outcome.code == 2
+    assert "conv" in outcome.stderr and "larger than its padded input" in outcome.stderr
+
+
+def test_a_pool_window_larger_than_its_input_is_exit_2_naming_the_node():
+    graph = h.make_graph([h.make_node("MaxPool", ["x"], ["y"], name="pool",
+                                      kernel_shape=[2, 2])], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 5, 4, 1])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [None] * 4)])
+    data = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    outcome = check_model(data, "build")
+    assert outcome.violations == [] and outcome.code == 2
+    assert "pool" in outcome.stderr and "larger than its padded input" in outcome.stderr
