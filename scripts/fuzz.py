@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                "common_errors": dict(errors.most_common(args.top)), "details": violations}
     print(json.dumps({k: v for k, v in summary.items() if k != "details"}, indent=1))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=1))
     return 1 if violations else 0
 
