@@ -104,3 +104,13 @@ def test_a_pool_window_larger_than_its_input_is_exit_2_naming_the_node():
     outcome = check_model(data, "build")
     assert outcome.violations == [] and outcome.code == 2
     assert "pool" in outcome.stderr and "larger than its padded input" in outcome.stderr
+
+
+def test_a_softmax_axis_out_of_range_is_exit_2_naming_the_node():
+    graph = h.make_graph([h.make_node("Softmax", ["x"], ["y"], name="soft", axis=2**63 - 1)],
+                         "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 1])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 1])])
+    data = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    outcome = check_model(data, "build")
+    assert outcome.violations == [] and outcome.code == 2
+    assert "soft" in outcome.stderr and "axis=" in outcome.stderr

@@ -114,6 +114,17 @@ def _pool_output(workload: Workload) -> str | None:
     return None
 
 
+def _axis_in_range(workload: Workload) -> str | None:
+    """`axis` within [-rank, rank - 1] of the first input."""
+    axis = workload.attr("axis")
+    if axis is None or not workload.inputs or workload.inputs[0] is None:
+        return None
+    rank = len(workload.inputs[0].shape)
+    if not _is_int(axis) or not -max(rank, 1) <= axis <= max(rank - 1, 0):
+        return f"attribute axis={axis!r} is outside [-{rank}, {rank - 1}] for its rank-{rank} input"
+    return None
+
+
 _CHECKS: dict[str, tuple[Callable[[Workload], str | None], ...]] = {}
 for _op in _WINDOW_OPS:
     _CHECKS[_op] = (_positive_ints,)
@@ -121,6 +132,8 @@ for _op in _CONV_OPS:
     _CHECKS[_op] = (*_CHECKS.get(_op, ()), _conv_channels)
 for _op in ("MaxPool", "AveragePool", "LpPool"):
     _CHECKS[_op] = (*_CHECKS.get(_op, ()), _pool_output)
+for _op in ("Softmax", "LogSoftmax", "Hardmax", "Concat", "Gather", "Split"):
+    _CHECKS[_op] = (*_CHECKS.get(_op, ()), _axis_in_range)
 
 
 def op_problem(workload: Workload) -> str | None:
