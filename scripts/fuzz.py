@@ -35,13 +35,14 @@ from tests.fuzzing.strategies import model_bytes, models, plan_mutations  # noqa
 
 
 def properties(plan: bytes) -> dict:
-    """name -> (strategy, check(example) -> Outcome)."""
+    """name -> (strategy of input bytes, check(bytes) -> Outcome, file suffix)."""
+    serialized = models().map(lambda m: m.SerializeToString())
     return {
-        "inspect": (models(), lambda m: check_model(m.SerializeToString(), "inspect")),
-        "inspect-bytes": (model_bytes(), lambda d: check_model(d, "inspect")),
-        "build": (models(), lambda m: check_model(m.SerializeToString(), "build")),
-        "run": (plan_mutations(plan), lambda d: check_plan(d, "run")),
-        "report": (plan_mutations(plan), lambda d: check_plan(d, "report")),
+        "inspect": (serialized, lambda d: check_model(d, "inspect"), ".onnx"),
+        "inspect-bytes": (model_bytes(), lambda d: check_model(d, "inspect"), ".onnx"),
+        "build": (serialized, lambda d: check_model(d, "build"), ".onnx"),
+        "run": (plan_mutations(plan), lambda d: check_plan(d, "run"), ".wpk"),
+        "report": (plan_mutations(plan), lambda d: check_plan(d, "report"), ".wpk"),
     }
 
 
@@ -53,7 +54,8 @@ def run_batch(strategy, check, count: int, round_seed: int, record) -> None:
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def batch(data):
-        record(check(data.draw(strategy)))
+        example = data.draw(strategy)
+        record(example, check(example))
 
     batch()
 
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", type=Path, help="write the summary here")
     parser.add_argument("--top", type=int, default=25, help="most common errors to show")
+    parser.add_argument("--save", type=Path, help="keep every violating input in this folder")
     args = parser.parse_args(argv)
     # A strategy bug must not take the (shared) machine's memory: 4 GiB for this process.
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
@@ -77,33 +80,45 @@ def main(argv: list[str] | None = None) -> int:
     examples, codes = collections.Counter(), collections.defaultdict(collections.Counter)
     violations: list[dict] = []
     errors = collections.Counter()  # error lines, names and numbers blanked
+    harness_errors: list[str] = []  # the strategies' or harness's own failures
     end = time.monotonic() + 60 * args.minutes
     started = time.monotonic()
     index = 0
     while time.monotonic() < end:
         name = names[index % len(names)]
         index += 1
-        strategy, check = props[name]
+        strategy, check, suffix = props[name]
 
-        def record(outcome, name=name):
+        def record(example, outcome, name=name, suffix=suffix):
             examples[name] += 1
             codes[name][str(outcome.code)] += 1
             first = next((line for line in outcome.stderr.splitlines()
                           if line.startswith("error: ")), None)
             if first is not None:
                 errors[re.sub(r"'[^']*'|\d+", "_", first)[:90]] += 1
+            saved = None
+            if outcome.violations and args.save is not None:
+                args.save.mkdir(parents=True, exist_ok=True)
+                saved = args.save / f"{name}-{len(violations)}{suffix}"
+                saved.write_bytes(example)
             for problem in outcome.violations:
-                violations.append({"property": name, "problem": problem})
+                violations.append({"property": name, "problem": problem,
+                                   "input": None if saved is None else str(saved)})
                 print(f"VIOLATION [{name}] {problem}", flush=True)
 
-        run_batch(strategy, check, args.batch, rng.randrange(2**32), record)
+        try:
+            run_batch(strategy, check, args.batch, rng.randrange(2**32), record)
+        except Exception as exc:  # noqa: BLE001 - a harness bug: report it, keep fuzzing
+            harness_errors.append(f"[{name}] {type(exc).__name__}: {exc}"[:300])
+            print(f"HARNESS ERROR {harness_errors[-1]}", flush=True)
     summary = {"minutes": round((time.monotonic() - started) / 60, 1),
                "examples": sum(examples.values()), "per_property": dict(examples),
                "exit_codes": {k: dict(v) for k, v in codes.items()},
-               "violations": len(violations),
+               "violations": len(violations), "harness_errors": harness_errors,
                "common_errors": dict(errors.most_common(args.top)), "details": violations}
     print(json.dumps({k: v for k, v in summary.items() if k != "details"}, indent=1))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=1))
     return 1 if violations else 0
 

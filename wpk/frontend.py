@@ -58,7 +58,7 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto,
     _check_opset(proto, source)
     _check_declared_constants(proto.graph, source, limits)
     constants = _initializer_names(proto.graph)
-    skeleton = _skeleton(proto)
+    skeleton = _skeleton(proto, source)
     _fix_input_shapes(skeleton, source, dict(input_shapes or {}), constants, limits)
     _check(skeleton, source)
     try:
@@ -238,7 +238,15 @@ def _forget_placeholder_dims(values) -> None:
                 dim.ClearField("dim_value")
 
 
-def _copy_field(message, field, value) -> None:
+def _copy_field(message, field, value, source: str) -> None:
+    try:
+        _set_field(message, field, value)
+    except (UnicodeDecodeError, TypeError) as exc:
+        raise ModelError(f"field '{field.name}' of '{source}' is not valid UTF-8 text: "
+                         f"{_first_line(exc)}", hint="export the model again") from exc
+
+
+def _set_field(message, field, value) -> None:
     repeated = getattr(field, "is_repeated", None)
     if repeated is None:  # older protobuf
         repeated = field.label == field.LABEL_REPEATED
@@ -250,7 +258,7 @@ def _copy_field(message, field, value) -> None:
         setattr(message, field.name, value)
 
 
-def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
+def _skeleton(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
     """A copy of the model without the data of big initializers, for checker and inference.
 
     A big initializer becomes a graph input of its type and shape (unless it is
@@ -261,10 +269,10 @@ def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
     skeleton = onnx.ModelProto()
     for field, value in proto.ListFields():
         if field.name != "graph":
-            _copy_field(skeleton, field, value)
+            _copy_field(skeleton, field, value, source)
     for field, value in proto.graph.ListFields():
         if field.name != "initializer":
-            _copy_field(skeleton.graph, field, value)
+            _copy_field(skeleton.graph, field, value, source)
     declared = {value.name for value in proto.graph.input}
     for tensor in proto.graph.initializer:
         if math.prod(tensor.dims) <= SKELETON_KEEP_ELEMENTS:

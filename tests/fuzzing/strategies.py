@@ -277,7 +277,7 @@ def _corrupt(draw, proto: onnx.ModelProto) -> None:
         node.attribute.append(h.make_attribute(
             draw(st.sampled_from(["axis", "perm", "group", "mode", "bogus", "to"])),
             draw(st.one_of(st.integers(-5, 5), st.text(max_size=4), st.floats(),
-                           st.lists(st.integers(-3, 3), max_size=3)))))
+                           st.lists(st.integers(-3, 3), min_size=1, max_size=3)))))
     elif kind == "init" and graph.initializer:
         tensor = graph.initializer[draw(st.integers(0, len(graph.initializer) - 1))]
         tensor.dims.append(draw(st.sampled_from([0, 3, 2**20, 2**40])))

@@ -83,10 +83,45 @@ def _conv_output(workload: Workload, x, w) -> str | None:
                 f"do not fit a {rank}-d convolution")
     expected = tuple((x[2 + i] + pads[i] + pads[rank + i] - dilations[i] * (w[2 + i] - 1) - 1)
                      // strides[i] + 1 for i in range(rank))
+    if min(expected, default=1) < 1:
+        padded = [x[2 + i] + pads[i] + pads[rank + i] for i in range(rank)]
+        return (f"its kernel {list(w[2:])} (dilations {list(dilations)}) is larger than its "
+                f"padded input {padded}: the output would have spatial dims {list(expected)}")
     declared = tuple(workload.outputs[0].shape[2:])
     if expected != declared:
         return (f"its output is declared with spatial dims {list(declared)}, but its input, "
                 f"weight, pads, strides and dilations give {list(expected)}")
+    return None
+
+
+def _pool_output(workload: Workload) -> str | None:
+    """A pool's window fits its padded input (explicit pads, floor mode)."""
+    kernel = workload.attr("kernel_shape")
+    if (not workload.inputs or workload.inputs[0] is None or not kernel
+            or workload.attr("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET")
+            or workload.attr("ceil_mode", 0)):
+        return None
+    x = workload.inputs[0].shape
+    rank = len(kernel)
+    pads = tuple(workload.attr("pads") or (0,) * 2 * rank)
+    dilations = tuple(workload.attr("dilations") or (1,) * rank)
+    if len(x) != rank + 2 or len(pads) != 2 * rank or len(dilations) != rank:
+        return None
+    padded = [x[2 + i] + pads[i] + pads[rank + i] for i in range(rank)]
+    if any(dilations[i] * (kernel[i] - 1) + 1 > padded[i] for i in range(rank)):
+        return (f"its window {list(kernel)} (dilations {list(dilations)}) is larger than "
+                f"its padded input {padded}")
+    return None
+
+
+def _axis_in_range(workload: Workload) -> str | None:
+    """`axis` within [-rank, rank - 1] of the first input."""
+    axis = workload.attr("axis")
+    if axis is None or not workload.inputs or workload.inputs[0] is None:
+        return None
+    rank = len(workload.inputs[0].shape)
+    if not _is_int(axis) or not -max(rank, 1) <= axis <= max(rank - 1, 0):
+        return f"attribute axis={axis!r} is outside [-{rank}, {rank - 1}] for its rank-{rank} input"
     return None
 
 
@@ -95,6 +130,10 @@ for _op in _WINDOW_OPS:
     _CHECKS[_op] = (_positive_ints,)
 for _op in _CONV_OPS:
     _CHECKS[_op] = (*_CHECKS.get(_op, ()), _conv_channels)
+for _op in ("MaxPool", "AveragePool", "LpPool"):
+    _CHECKS[_op] = (*_CHECKS.get(_op, ()), _pool_output)
+for _op in ("Softmax", "LogSoftmax", "Hardmax", "Concat", "Gather", "Split"):
+    _CHECKS[_op] = (*_CHECKS.get(_op, ()), _axis_in_range)
 
 
 def op_problem(workload: Workload) -> str | None:
