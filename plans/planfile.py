@@ -283,6 +283,9 @@ def _open(name: str) -> zipfile.ZipFile:
     """The plan's zip, its declared member sizes checked (nothing inflated yet)."""
     if not os.path.exists(name):
         raise PlanError(f"plan '{name}' does not exist", hint="build one with `wpk build`")
+    if not os.path.isfile(name):  # a device or pipe (/dev/zero) would be read forever
+        raise PlanError(f"'{name}' is not a wpk plan (not a regular file)",
+                        hint="give a .wpk file written by `wpk build`")
     if not zipfile.is_zipfile(name):
         raise PlanError(f"'{name}' is not a wpk plan (not a zip file)",
                         hint="give a .wpk file written by `wpk build`")

@@ -466,3 +466,18 @@ def test_a_step_onnxruntime_refuses_at_run_time_is_a_plan_error(tmp_path, capsys
     with zipfile.ZipFile(plan) as archive:
         assert json.loads(archive.read(MANIFEST))["steps"][0]["impl"] == "ort.fallback"
     assert "rebuild" in err
+
+
+@pytest.mark.parametrize("command", ["run", "report"])
+def test_a_device_given_as_the_plan_is_refused_not_read_forever(command):
+    """`wpk run /dev/zero` read zeros until stopped: the plan reader takes regular files only
+    (in a child with a time limit, so that a regression fails instead of hanging the suite)."""
+    import subprocess
+    import sys
+
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero on this system")
+    script = "import sys; from wpk.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", script, command, "/dev/zero"],
+                          capture_output=True, text=True, timeout=120)
+    assert_user_error(done.returncode, done.stderr, "/dev/zero", "not a regular file")
