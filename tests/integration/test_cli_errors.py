@@ -54,19 +54,6 @@ def assert_user_error(code: int, err: str, *fragments: str) -> None:
     assert "Traceback" not in err
 
 
-@pytest.fixture
-def model(tmp_path, rng) -> str:
-    return _conv_model(tmp_path / "model.onnx", rng)
-
-
-@pytest.fixture
-def plan(tmp_path, model, capsys) -> str:
-    path = tmp_path / "model.wpk"
-    code, _, err = run_cli(capsys, "build", model, "--cpu", "-o", path, "--quiet")
-    assert code == 0, err
-    return str(path)
-
-
 def test_missing_model_file(tmp_path, capsys):
     code, _, err = run_cli(capsys, "build", tmp_path / "nope.onnx", "--cpu")
     assert_user_error(code, err, "nope.onnx")

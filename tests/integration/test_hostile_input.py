@@ -53,19 +53,6 @@ def assert_clean_error(code: int, err: str, *fragments: str) -> None:
     assert all(line.startswith(("error: ", "hint: ")) for line in lines), err
 
 
-@pytest.fixture
-def model(tmp_path, rng) -> str:
-    return _conv_model(tmp_path / "model.onnx", rng)
-
-
-@pytest.fixture
-def plan(tmp_path, model, capsys) -> str:
-    path = tmp_path / "model.wpk"
-    code, _, err = run_cli(capsys, "build", model, "--cpu", "-o", path, "--quiet")
-    assert code == 0, err
-    return str(path)
-
-
 # -- outputs: checked before the work, never over the input, a device or through a link --
 
 def test_build_into_a_missing_folder_fails_before_the_build(tmp_path, rng, capsys):
