@@ -18,6 +18,7 @@ from onnx.reference import ReferenceEvaluator
 
 from wpk.core.errors import UnsupportedError
 from wpk.core.numerics import is_ml_dtype
+from wpk.core.onnx_loop import Loop
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.attention_spec import attention_formula, is_attention
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
@@ -143,7 +144,7 @@ def _evaluator(workload: Workload, wide: bool) -> ReferenceEvaluator:
         model = build_node_model(workload, {}, with_epilogue=False, dtype_map=dtype_map)
         if len(_EVALUATORS) > 256:
             _EVALUATORS.clear()
-        _EVALUATORS[key] = ReferenceEvaluator(model.model)
+        _EVALUATORS[key] = ReferenceEvaluator(model.model, new_ops=[Loop])
     return _EVALUATORS[key]
 
 

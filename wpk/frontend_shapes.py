@@ -20,6 +20,7 @@ import onnx
 from wpk.core.errors import ShapeError
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.limits import LimitError, Limits, format_bytes, shape_text
+from wpk.core.onnx_loop import Loop
 
 SHAPE_HINT = "give the input shape, e.g. --input-shape NAME=1x3x224x224"
 # Ops whose output shape depends on input values whatever the inputs are.
@@ -168,8 +169,8 @@ def _counted(run, onnx_node, source: str, limits: Limits, used: list[int]):
 
 
 def _bounded_loop(limits: Limits, source: str):
-    """onnx.reference's Loop, stopped with a LimitError after `max_loop_trips` trips."""
-    from onnx.reference.ops.op_loop import Loop
+    """onnx.reference's Loop (scan outputs stacked as the spec says: `wpk.core.onnx_loop`),
+    stopped with a LimitError after `max_loop_trips` trips."""
 
     def _run(self, *args, **kwargs):
         self.trips = 0
