@@ -102,22 +102,29 @@ def depthwise_convs() -> list[ConvShape]:
 
 # ----------------------------------------------------------------------------- peers
 def ort_conv(shape: ConvShape, x, wt, threads: int, spinning: bool):
-    import onnxruntime as ort
-
     node = helper.make_node("Conv", ["X", "W"], ["Y"], strides=[shape.stride] * 2,
                             pads=[shape.pad] * 4, group=shape.groups)
     graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info(
         "X", TensorProto.FLOAT, x.shape)], [helper.make_tensor_value_info(
             "Y", TensorProto.FLOAT, None)], [numpy_helper.from_array(wt, "W")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    session = ort_session(model, threads, spinning, optimize=True)
+    return lambda: session.run(None, {"X": x})[0]
+
+
+def ort_session(model, threads: int, spinning: bool, optimize: bool):
+    """An onnxruntime CPU session of `model` with `threads` intra-op threads (spinning or
+    passive) and its graph optimizations on (`optimize`) or off."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return lambda: session.run(None, {"X": x})[0]
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
 
 
 def numpy_im2col(shape: ConvShape, x, wt):

@@ -33,7 +33,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from bench_dsl_cpu import ConvShape, depthwise_convs, resnet50_convs  # noqa: E402
+from bench_dsl_cpu import (  # noqa: E402
+    ConvShape,
+    depthwise_convs,
+    ort_session,
+    resnet50_convs,
+)
 from cpu_peak import measure_peak  # noqa: E402
 
 GOALS = {"1x1": 0.95, "3x3 s1": 0.9, "depthwise": 1.0}
@@ -67,18 +72,10 @@ def nchwc_workload(shape: ConvShape, block: int):
 
 def ort_kernel(workload, consts, threads: int, spinning: bool):
     """onnxruntime's NCHWc Conv on the blocked buffers (IOBinding, no copies)."""
-    import onnxruntime as ort
-
     from wpk.kernels.cpu.nchwc import build_ort_model
 
     model, _ = build_ort_model(workload, consts)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model, threads, spinning, optimize=False)
 
     def run(x, out):
         binding = session.io_binding()
