@@ -193,14 +193,15 @@ def grid(template, shape: ConvShape, max_configs: int) -> list[dict]:
     return out[:max_configs]
 
 
-def timeit(fn, repeat: int) -> float:
+def timeit(fn, repeat: int, pick=statistics.median) -> float:
+    """Median (or `pick`) seconds of `repeat` calls after one warm-up call."""
     fn()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return pick(times)
 
 
 def tune(shape, x, wt, max_configs, threads, jobs):

@@ -38,6 +38,7 @@ from bench_dsl_cpu import (  # noqa: E402
     depthwise_convs,
     ort_session,
     resnet50_convs,
+    timeit,
 )
 from cpu_peak import measure_peak  # noqa: E402
 
@@ -93,17 +94,6 @@ def blocked_input(workload, rng) -> np.ndarray:
     return random_inputs(workload, rng)
 
 
-def time_block(fn, repeat: int, pick=statistics.median) -> float:
-    """Median (or `pick`) seconds of `repeat` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return pick(times)
-
-
 def grid_configs(space, size: int) -> list[dict]:
     """The default config and up to `size` valid tiles around it (host ISA, full unroll)."""
     default = space.default_config()
@@ -142,7 +132,7 @@ def bench_shape(shape: ConvShape, args, rng) -> dict:
         if err > 1e-4:
             raise SystemExit(f"{shape.label()} {config}: wrong answer (relative L2 {err:.2e})")
         # the fastest of 9 calls: other load on the machine only ever slows a call down
-        t = time_block(lambda k=kernel: k(inputs, [out]), 9, min)
+        t = timeit(lambda k=kernel: k(inputs, [out]), 9, min)
         if best is None or t < best[0]:
             best = (t, config, kernel)
         if config is configs[0]:
@@ -164,7 +154,7 @@ def bench_shape(shape: ConvShape, args, rng) -> dict:
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             time.sleep(0.2)        # let a spinning pool go idle before the next contender
-            times[name].append(time_block(runs[name], args.repeat))
+            times[name].append(timeit(runs[name], args.repeat))
     med = {k: statistics.median(v) for k, v in times.items()}
     ort_s = min(med["ort"], med["ort_no_spin"])
     gflops = {k: shape.flops / v / 1e9 for k, v in med.items()}
