@@ -47,7 +47,7 @@ import numpy as np
 from wpk.core.devices import cpu_fingerprint
 from wpk.core.errors import PlanError
 from wpk.core.limits import default_max_memory, format_bytes, tensor_bytes
-from wpk.core.numerics import is_ml_dtype
+from wpk.core.numerics import finite_float, is_ml_dtype
 from wpk.core.safe_write import atomic_output
 from wpk.core.version import __version__
 from wpk.core.workload import Workload
@@ -353,16 +353,10 @@ def read_report(path: str | os.PathLike) -> tuple[dict, dict]:
 
 def _strict_json(data: bytes) -> Any:
     """JSON as wpk writes it: no NaN, Infinity or numbers that overflow to them."""
-    def finite(text: str) -> float:
-        value = float(text)
-        if not np.isfinite(value):
-            raise ValueError(f"number {text[:20]} out of range")
-        return value
-
     def constant(text: str):
         raise ValueError(f"{text} is not JSON")
 
-    return json.loads(data, parse_float=finite, parse_constant=constant)
+    return json.loads(data, parse_float=finite_float, parse_constant=constant)
 
 
 def _json_object(data: bytes, member: str, path: str) -> dict:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from wpk.core.errors import WpkError
+from wpk.core.numerics import finite_float
 from wpk.core.safe_write import write_text
 from wpk.core.workload import Workload
 from wpk.kernels.target import TargetFingerprint
@@ -192,13 +193,6 @@ def _none_to_nan(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # json.dumps writes Infinity, never a literal that overflows
-        raise ValueError(f"number {text[:20]}... is out of range")
-    return value
-
-
 def _int64(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise ValueError(f"integer of {len(text)} digits is out of range")
@@ -209,7 +203,7 @@ def parse_line(raw: bytes | str) -> Any:
     """One JSON line of a record file, refusing (ValueError) numbers no record holds:
     literals out of float range (`1e400`) and integers beyond int64 (400 digits); a line
     nested deeper than Python's recursion limit raises RecursionError."""
-    return json.loads(raw, parse_float=_finite_float, parse_int=_int64)
+    return json.loads(raw, parse_float=finite_float, parse_int=_int64)
 
 
 def read_records(path: Path | str) -> Iterator[TuningRecord]:

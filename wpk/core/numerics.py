@@ -27,3 +27,12 @@ def is_ml_dtype(dtype) -> bool:
     """Whether a dtype is one of ml_dtypes' (bfloat16, float8_*, int4, ...), which ONNX's
     narrow types map to: numpy neither computes in them nor stores them in .npy files."""
     return np.dtype(dtype).type.__module__.split(".")[0] == "ml_dtypes"
+
+
+def finite_float(text: str) -> float:
+    """A JSON number literal as a float; ValueError for one that overflows (`1e400`), as
+    `json.loads(..., parse_float=finite_float)` uses it (wpk never writes such literals)."""
+    value = float(text)
+    if not np.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
