@@ -46,9 +46,14 @@ def tiny_matmuls(count: int = 120, size: int = 8, seed: int = 0) -> onnx.ModelPr
     return model
 
 
-def test_decide_keeps_wpk_within_the_margin():
+def test_decide_gives_ties_to_onnxruntime():
+    """wpk's plan replaces onnxruntime's whole model only when measured `margin` faster."""
     times = {WPK: [1.01, 1.02, 1.00], ONNXRUNTIME: [1.0, 1.0, 1.0]}
-    assert decide(times, margin=0.02) == (WPK, pytest.approx(1.01))
+    assert decide(times, margin=0.02) == (ONNXRUNTIME, pytest.approx(1.01))
+    times = {WPK: [0.99, 0.99, 0.99], ONNXRUNTIME: [1.0, 1.0, 1.0]}
+    assert decide(times, margin=0.02)[0] == ONNXRUNTIME  # within the margin
+    times = {WPK: [0.97, 0.98, 0.96], ONNXRUNTIME: [1.0, 1.0, 1.0]}
+    assert decide(times, margin=0.02) == (WPK, pytest.approx(0.97))
     times = {WPK: [1.5, 1.4, 1.6], ONNXRUNTIME: [1.0, 1.1, 0.9]}
     assert decide(times, margin=0.02)[0] == ONNXRUNTIME
     assert decide({WPK: [0.5], ONNXRUNTIME: [1.0]}, margin=0.02) == (WPK, 0.5)
@@ -130,12 +135,13 @@ def test_a_whole_model_that_disagrees_is_never_chosen():
     assert "differ" in summary["reason"] and summary["rel_l2_between"] > 1e-4
 
 
-def test_the_margin_keeps_a_close_plan():
+def test_a_negative_margin_keeps_a_slower_plan():
+    """margin < 0 lets wpk's plan stay up to |margin| slower (here: whatever the times)."""
     model = tiny_matmuls(count=4)
     per_op = wpk.build(model, target="cpu", progress=False, partition=False)
     whole = whole_model_plan(load_model(model), model.SerializeToString())
     chosen, summary = choose_partition(per_op, whole, PartitionOptions(blocks=1, runs=2,
-                                                                       margin=1e6))
+                                                                       margin=-1e6))
     assert chosen is per_op and summary["winner"] == WPK and summary["ratio"] > 0
     outputs = Session(chosen).run({"x": np.ones((4, 8), np.float32)})
     assert np.isfinite(next(iter(outputs.values()))).all()
