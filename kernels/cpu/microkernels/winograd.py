@@ -26,9 +26,11 @@ from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
 from wpk.kernels.cpu.microkernels.kernel import pack_bias
 from wpk.kernels.cpu.microkernels.space import ConvGeometry, conv_geometry
 from wpk.kernels.cpu.microkernels.winograd_space import (
+    M_CHOICES,
     WinogradSpace,
     config_reason,
     default_config,
+    error_bound,
     transforms,
     winograd_reason,
 )
@@ -121,6 +123,11 @@ class MicroWinograd(Implementation):
             return reason
         space = WinogradSpace(conv_geometry(workload))
         return None if space.isas else "no usable ISA's vector divides the block"
+
+    def tolerance(self, workload: Workload, config: Mapping) -> float | None:
+        """`winograd_space.error_bound` of the config's m: scaled by the reduction length."""
+        m = int(config.get("m", 4))
+        return error_bound(_geometry(workload), m) if m in M_CHOICES else None
 
     def configs(self, workload: Workload) -> list[dict]:
         """The default config of each tile size (an untuned build measures both)."""
