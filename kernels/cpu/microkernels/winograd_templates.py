@@ -15,6 +15,7 @@ runs three OpenMP work-shared phases inside one parallel region:
    KV weight-vector loads of the transformed filter (packed at prepare time as
    U[pos][kt][channel][KV * VW]) and PX broadcasts of V, KV x PX FMAs, as the
    direct micro-kernel's inner loop; the sums go to M[pos][tile][channel];
+   (V and M: one slice per tile position, a cache line of skew between slices);
 3. output transform, per (tile, output vector): Y = A^T M A, plus the bias,
    then the direct kernel's fused epilogue (residual add, activation), stored
    for the pixels inside the output.
@@ -88,7 +89,7 @@ def _input_tile(m: int) -> str:
     lines += transform_2d(bt, "d", "v")
     for i in range(t):
         for j in range(t):
-            lines.append(f"    vstore(vb + (size_t)({i * t + j}) * TB * CP, v{i}_{j});")
+            lines.append(f"    vstore(vb + (size_t)({i * t + j}) * VPS, v{i}_{j});")
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
 
@@ -105,7 +106,7 @@ def _output_tile(m: int) -> str:
     ]
     for r in range(t):
         for c in range(t):
-            lines.append(f"    const vf s{r}_{c} = vload(mb + (size_t)({r * t + c}) * TB * KP);")
+            lines.append(f"    const vf s{r}_{c} = vload(mb + (size_t)({r * t + c}) * MPS);")
     lines += transform_2d(at, "s", "o")
     lines += [
         "    const vf bv = HAS_BIAS ? vload(bias + v * VW) : vsplat(0.0f);",
@@ -155,8 +156,8 @@ _MAIN = r"""
 /* one (tile position, output vector tile) of a round of nt tiles */
 static void gemm_row(const float *U, const float *V, float *Mb, int pos, int kt, int nt) {{
     const float *u = U + (size_t)(pos * KT + kt) * CP * TK;
-    const float *v = V + (size_t)pos * TB * CP;
-    float *mo = Mb + (size_t)pos * TB * KP + kt * TK;
+    const float *v = V + (size_t)pos * VPS;
+    float *mo = Mb + (size_t)pos * MPS + kt * TK;
     int i = 0;
     for (; i + PX <= nt; i += PX) gemm_full(u, v + (size_t)i * CP, mo + (size_t)i * KP);
     switch (nt - i) {{
@@ -171,7 +172,7 @@ INLINE void tile_at(int g, int *n, int *ty, int *tx) {{
 
 void wpk_winograd_conv(const float *x, const float *U, const float *bias, const float *sum,
                        float *y, float *scratch) {{
-    float *V = scratch, *Mb = scratch + (size_t)T2 * TB * CP;
+    float *V = scratch, *Mb = scratch + (size_t)T2 * VPS;
     #pragma omp parallel
     for (int r0 = 0; r0 < TILES; r0 += TB) {{
         const int nt = TILES - r0 < TB ? TILES - r0 : TB;
@@ -201,6 +202,12 @@ void wpk_winograd_conv(const float *x, const float *U, const float *bias, const 
 """
 
 
+# Floats between the tile positions' slices of V and M beyond the round's data: a cache line,
+# so the (m+2)^2 vectors a transform stores or loads do not all fall in one L1 set (the
+# slices would otherwise be a multiple of 4 KiB apart)
+SKEW = 16
+
+
 def round_tiles(g: ConvGeometry, config: Mapping) -> int:
     """Tiles per round: the config's tb, at most every tile."""
     return max(1, min(int(config["tb"]), tiles(g, int(config["m"]))))
@@ -210,7 +217,8 @@ def winograd_scratch_floats(g: ConvGeometry, config: Mapping) -> int:
     """Floats of the scratch buffer a call needs: V and M of one round."""
     lanes, kv, m = ISAS[str(config["isa"])].lanes, int(config["kv"]), int(config["m"])
     kp = -(-g.out_vectors(lanes) // kv) * kv * lanes
-    return (m + 2) ** 2 * round_tiles(g, config) * (g.cb * g.block + kp)
+    tb = round_tiles(g, config)
+    return (m + 2) ** 2 * (tb * (g.cb * g.block + kp) + 2 * SKEW)
 
 
 def _remainders(total: int, tb: int, px: int) -> list[int]:
@@ -235,7 +243,8 @@ def winograd_source(g: ConvGeometry, config: Mapping) -> str:
                    BLK=g.block, VW=lanes, LG=g.block // lanes, M=m, T=m + 2, T2=(m + 2) ** 2,
                    TH=-(-g.oh // m), TW=-(-g.ow // m), TILES=total, TB=tb, KV=kv, PX=px,
                    TK=kv * lanes, KT=kt, KVEC=vectors, CP=g.cb * g.block, KP=kt * kv * lanes,
-                   HAS_BIAS=int(g.has_bias))
+                   HAS_BIAS=int(g.has_bias), VPS=tb * g.cb * g.block + SKEW,
+                   MPS=tb * kt * kv * lanes + SKEW)
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_epilogue(g, lanes))
