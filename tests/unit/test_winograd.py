@@ -263,3 +263,29 @@ def test_resnet_like_model_on_winograd_matches_onnxruntime(m, monkeypatch):
     (got,) = Session(plan).run(None, {"x": x})
     peer = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     assert relative_l2(got, peer.run(None, {"x": x})[0]) <= 1e-4
+
+
+def test_search_driver_tunes_winograd_with_rl_and_the_cost_model(tmp_path):
+    """`tune_workload` on the Winograd family (RL proposals through the cost-model filter):
+    compiled in the pool, verified against its bound and timed in the isolated worker,
+    recorded; the winner is a valid config, its m one of the two tile sizes."""
+    from wpk.kernels.target import create_target
+    from wpk.search.compile_pool import CompilePool
+    from wpk.search.driver import tune_workload
+    from wpk.search.recorded import RecordedRunner
+    from wpk.search.records import RecordStore
+    from wpk.search.runner import IsolatedRunner
+    from wpk.search.workers import MeasureOptions, MeasureWorker
+
+    workload = CASES["odd_channels_relu"]
+    with MeasureWorker(MeasureOptions(warmup=1, repeats=3, min_time=0.002)) as worker, \
+            CompilePool(jobs=2) as pool:
+        runner = RecordedRunner(IsolatedRunner(options=worker.options, worker=worker),
+                                RecordStore(tmp_path / "r.jsonl"),
+                                create_target("cpu").fingerprint())
+        result = tune_workload(workload, "rl", trials=4, runner=runner,
+                               generated=WinogradKernels(), compile_pool=pool, seed=1,
+                               finalize_k=2, cost_model=True)
+    assert result.trials == 4 and result.failed == 0
+    assert config_reason(conv_geometry(workload), result.best_config) is None
+    assert result.best_config["m"] in (2, 4) and result.final_s > 0
