@@ -163,6 +163,11 @@ def test_config_space_rejects_what_does_not_fit():
     assert "registers" in config_reason(g, dict(fits, kv=3, px=5))   # 15 + 3 + 1 > 16
     assert "knobs" in config_reason(g, {"isa": "portable", "m": 2})
     assert "vectors" in config_reason(g, dict(fits, kv=g.out_vectors(4) + 1, px=1))
+    wide = conv_geometry(conv(2048, 2048, (56, 56), 3))
+    assert "scratch" in config_reason(wide, dict(fits, isa=USABLE[0], tb=512))
+    assert "MiB" in config_reason(wide, dict(fits, isa=USABLE[0], tb=8))   # 604 MiB filter
+    huge = conv(4096, 4096, (8, 8), 3)   # even F(2, 3)'s filter: 1 GiB
+    assert "MiB" in MICRO_WINOGRAD.unsupported_reason(huge)
     with pytest.raises(ValueError, match="m is one of"):
         winograd_source(g, dict(fits, m=6))
 

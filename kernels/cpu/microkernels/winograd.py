@@ -121,8 +121,11 @@ class MicroWinograd(Implementation):
         reason = winograd_reason(workload)
         if reason:
             return reason
-        space = WinogradSpace(conv_geometry(workload))
-        return None if space.isas else "no usable ISA's vector divides the block"
+        g = conv_geometry(workload)
+        if not WinogradSpace(g).isas:
+            return "no usable ISA's vector divides the block"
+        reasons = [config_reason(g, default_config(g, m=m)) for m in M_CHOICES]
+        return None if None in reasons else reasons[0]
 
     def tolerance(self, workload: Workload, config: Mapping) -> float | None:
         """`winograd_space.error_bound` of the config's m: scaled by the reduction length."""
@@ -132,7 +135,8 @@ class MicroWinograd(Implementation):
     def configs(self, workload: Workload) -> list[dict]:
         """The default config of each tile size (an untuned build measures both)."""
         g = _geometry(workload)
-        return [default_config(g, m=m) for m in (2, 4)]
+        found = [default_config(g, m=m) for m in M_CHOICES]
+        return [c for c in found if config_reason(g, c) is None]
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

@@ -42,6 +42,10 @@ KNOBS = ("isa", "m", "kv", "px", "unroll", "tb")
 # a core's L2, so the transforms' data stays there between the phases (measured on ResNet-50's
 # 3x3 convs: rounds of 32-64 tiles beat both 16 and 256 at m 4)
 ROUND_BYTES = 2 << 20
+# Most bytes a config may take: the scratch of a round, the transformed filter (m+2)^2/9 times
+# the filter's size
+MAX_SCRATCH_BYTES = 64 << 20
+MAX_FILTER_BYTES = 512 << 20
 # float32 unit roundoff, and the safety factor of `error_bound` over the expected error
 EPS32 = float(np.finfo(np.float32).eps) / 2
 SAFETY = 4.0
@@ -159,6 +163,19 @@ def config_reason(g: ConvGeometry, config) -> str | None:
         return f"kv {kv} is more vectors than the {g.out_vectors(isa.lanes)} of the output"
     if gemm_registers(kv, px) > isa.registers:
         return f"a {kv}x{px} tile needs more than {isa.name}'s {isa.registers} vector registers"
+    return _memory_reason(g, isa, m, kv, tb)
+
+
+def _memory_reason(g: ConvGeometry, isa: Isa, m: int, kv: int, tb: int) -> str | None:
+    """Why the config's scratch or transformed filter is too large, or None."""
+    kp = -(-g.out_vectors(isa.lanes) // kv) * kv * isa.lanes
+    cp, t2 = g.cb * g.block, (m + 2) ** 2
+    scratch = t2 * min(tb, tiles(g, m)) * (cp + kp) * 4
+    if scratch > MAX_SCRATCH_BYTES:
+        return f"rounds of {tb} tiles need {scratch >> 20} MiB of scratch (at most " \
+               f"{MAX_SCRATCH_BYTES >> 20})"
+    if t2 * kp * cp * 4 > MAX_FILTER_BYTES:
+        return f"the F({m}, 3) filter would take more than {MAX_FILTER_BYTES >> 20} MiB"
     return None
 
 
