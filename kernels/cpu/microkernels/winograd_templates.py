@@ -20,6 +20,10 @@ runs three OpenMP work-shared phases inside one parallel region:
    then the direct kernel's fused epilogue (residual add, activation), stored
    for the pixels inside the output.
 
+Every phase hands out its units dynamically (the transforms in chunks of 8): on a
+shared machine a thread that loses its core for a while holds up the phase's barrier
+by one chunk, not by a static share of the round.
+
 The transforms are generated straight-line from the matrices of
 `winograd_space.transforms` (no multiplications by 0 or +-1). The scratch
 (V and M of one round) is the caller's: `winograd_scratch_floats` floats.
@@ -176,7 +180,7 @@ void wpk_winograd_conv(const float *x, const float *U, const float *bias, const 
     #pragma omp parallel
     for (int r0 = 0; r0 < TILES; r0 += TB) {{
         const int nt = TILES - r0 < TB ? TILES - r0 : TB;
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 8)
         for (int q = 0; q < nt * CB; ++q) {{
             int i = q / CB, cb = q % CB, n, ty, tx;
             tile_at(r0 + i, &n, &ty, &tx);
@@ -188,7 +192,7 @@ void wpk_winograd_conv(const float *x, const float *U, const float *bias, const 
         }}
         #pragma omp for schedule(dynamic, 1)
         for (int q = 0; q < T2 * KT; ++q) gemm_row(U, V, Mb, q / KT, q % KT, nt);
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 8)
         for (int q = 0; q < nt * KVEC; ++q) {{
             int i = q / KVEC, v = q % KVEC, n, ty, tx;
             tile_at(r0 + i, &n, &ty, &tx);
