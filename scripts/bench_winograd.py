@@ -14,7 +14,9 @@ ResNet-50's 4 distinct 3x3 stride-1 convolutions (64@56, 128@28, 256@14,
   same blocked buffers (with and without its spinning pool; the better is the
   reference), alternating per round with a 0.2 s pause before each contender,
   the first one rotating; the median over rounds, as GFLOP/s of the direct
-  algorithm's flops and the ratio to onnxruntime (> 1: wpk is faster).
+  algorithm's flops ("effective": Winograd's can pass the peak), % of the
+  measured fp32 FMA peak (`cpu_peak.py`) of the multiplies Winograd's GEMM
+  really does, and the ratio to onnxruntime (> 1: wpk is faster).
 
 Goal (issue 10 item 4): >= 1.3x onnxruntime on at least 3 of the 4 convs.
 
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from bench_dsl_cpu import resnet50_convs, timeit  # noqa: E402
 from bench_microkernels import nchwc_workload, ort_kernel  # noqa: E402
+from cpu_peak import measure_peak  # noqa: E402
 
 GOAL_RATIO, GOAL_COUNT = 1.3, 3
 GRID = [{"m": m, "tb": tb} for m in (4, 2) for tb in (16, 32, 64, 128, 512)]
@@ -105,7 +108,14 @@ def errors(shape, rng) -> dict:
             "bound_m2": error_bound(g, 2), "bound_m4": error_bound(g, 4)}
 
 
-def bench_shape(shape, threads: int, args, rng) -> dict:
+def gemm_flops(shape, config: dict) -> int:
+    """Flops of the batched GEMM of F(m, 3) on `shape` (real channels, whole tiles)."""
+    m = int(config["m"])
+    oh, ow = shape.out_hw
+    return 2 * (m + 2) ** 2 * -(-oh // m) * -(-ow // m) * shape.c * shape.k
+
+
+def bench_shape(shape, threads: int, peak: float, args, rng) -> dict:
     """Time the contenders of one conv on `threads` threads (see the module docstring)."""
     from wpk.kernels.cpu.microkernels.space import conv_geometry
     from wpk.kernels.cpu.microkernels.winograd_space import error_bound
@@ -152,6 +162,9 @@ def bench_shape(shape, threads: int, args, rng) -> dict:
             "tuned_config": found[tuned][0], "default_config": found[untuned][0],
             "configs_tried": len(found) - 1, "seconds": med,
             "gflops": {k: shape.flops / v / 1e9 for k, v in med.items()},
+            "peak_gflops": peak,
+            "gemm_percent_of_peak": 100 * gemm_flops(shape, found[tuned][0])
+            / med["winograd"] / 1e9 / peak,
             "ratio_to_ort": ort_s / med["winograd"],
             "default_ratio_to_ort": ort_s / med["winograd_default"],
             "direct_ratio_to_ort": ort_s / med["direct"]}
@@ -180,7 +193,8 @@ def markdown_times(result: dict) -> str:
         lines.append(f"| {r['label']} | {r['threads']} | {g['winograd']:.0f} (m{c['m']}, "
                      f"tb{c['tb']}) | **{r['ratio_to_ort']:.2f}x** | "
                      f"{g['winograd_default']:.0f} (m{r['default_config']['m']}) | "
-                     f"{r['default_ratio_to_ort']:.2f}x | {g['direct']:.0f} | {ort_g:.0f} |")
+                     f"{r['default_ratio_to_ort']:.2f}x | {r['gemm_percent_of_peak']:.0f}% | "
+                     f"{g['direct']:.0f} | {ort_g:.0f} |")
     return "\n".join(lines)
 
 
@@ -198,6 +212,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="calls timed per round")
     parser.add_argument("--grid", type=int, default=len(GRID),
                         help=f"grid configs tried besides the defaults (0 to {len(GRID)})")
+    parser.add_argument("--peak", type=float, default=None,
+                        help="one thread's fp32 GFLOP/s peak (default: measured by cpu_peak.py)")
     parser.add_argument("--limit", type=int, default=None, help="first N convs (smoke run)")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--markdown", action="store_true", help="print the README tables")
@@ -209,15 +225,18 @@ def main(argv=None) -> int:
     for label, e in errs.items():
         print(f"{label:32s} relative L2 vs float64: m2 {e['m2']:.1e} m4 {e['m4']:.1e} "
               f"direct {e['direct']:.1e} (bounds {e['bound_m2']:.1e}, {e['bound_m4']:.1e})")
-    rows = []
+    rows, peaks = [], {}
     for threads in (int(t) for t in args.threads.split(",")):
+        peaks[threads] = args.peak * threads if args.peak else measure_peak(threads)["gflops"]
+        print(f"fp32 FMA peak: {peaks[threads]:.1f} GFLOP/s on {threads} threads")
         for shape in shapes:
-            row = bench_shape(shape, threads, args, rng)
+            row = bench_shape(shape, threads, peaks[threads], args, rng)
             rows.append(row)
             print(f"{row['label']:32s} {threads}t winograd {row['gflops']['winograd']:6.1f} "
                   f"GFLOP/s {row['ratio_to_ort']:.2f}x ort (untuned "
                   f"{row['default_ratio_to_ort']:.2f}x, direct {row['direct_ratio_to_ort']:.2f}x)"
-                  f" {row['tuned_config']}", flush=True)
+                  f" {row['tuned_config']} GEMM at {row['gemm_percent_of_peak']:.0f}% of peak",
+                  flush=True)
     summary = summarize(rows)
     for threads, s in summary.items():
         print(f"{threads} thread(s): {s['at_goal_tuned']}/{s['convs']} convs >= {GOAL_RATIO}x "
@@ -232,7 +251,7 @@ def main(argv=None) -> int:
                           "cpu_count": os.cpu_count(), "isa": host_isa().name,
                           "load_average": os.getloadavg()},
               "versions": {"numpy": np.__version__, "onnxruntime": onnxruntime.__version__},
-              "errors": errs, "rows": rows, "summary": summary}
+              "peak_gflops": peaks, "errors": errs, "rows": rows, "summary": summary}
     if args.markdown:
         print(markdown_errors(result))
         print(markdown_times(result))
