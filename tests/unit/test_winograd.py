@@ -119,7 +119,7 @@ def test_rounds_and_remainder_tiles_cut_anywhere(m, rng):
     workload = conv(B + 3, 2 * B, (11, 37), 3, residual=True, epilogue=(ADD3, RELU))
     g = conv_geometry(workload)
     for px in (1, 3, 5, 7):
-        config = dict(default_config(g, USABLE[0], m), px=px, kv=1, tb=8, unroll=2)
+        config = dict(default_config(g, USABLE[0], m), px=px, kv=1, tb=8, unroll=2, cc=1)
         assert _error(workload, config, rng, in_place=True) <= error_bound(g, m)
 
 
@@ -157,7 +157,7 @@ def test_unsupported_workloads_say_why():
 
 def test_config_space_rejects_what_does_not_fit():
     g = conv_geometry(CASES["odd_channels_relu"])
-    fits = {"isa": "portable", "m": 4, "kv": 2, "px": 4, "unroll": 2, "tb": 16}
+    fits = {"isa": "portable", "m": 4, "kv": 2, "px": 4, "unroll": 2, "tb": 16, "cc": 1}
     assert config_reason(g, fits) is None
     assert "m is one of" in config_reason(g, dict(fits, m=3))
     assert "registers" in config_reason(g, dict(fits, kv=3, px=5))   # 15 + 3 + 1 > 16

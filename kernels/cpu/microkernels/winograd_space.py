@@ -5,12 +5,15 @@
     transforms(m)                          # (B^T, G, A^T) of F(m, 3) in float64
 
 A config is `{"isa": name, "m": 2 or 4, "kv": output vectors, "px": tiles,
-"unroll": n, "tb": tiles per round}`: the output tile size m is an algorithm knob
-next to the batched GEMM's register tile (kv vectors of output channels x px
-tiles, broadcast-FMA over the input channels, `unroll` of that reduction) and
-the number of tiles whose transforms are kept in the scratch buffers at once
-(`tb`, a round: input transform, GEMM, output transform). `WinogradSpace` has
-the interface of a DSL schedule template, so the GA/RL tuners search it.
+"unroll": n, "tb": tiles per round, "cc": input blocks per pass}`: the output
+tile size m is an algorithm knob next to the batched GEMM's register tile (kv
+vectors of output channels x px tiles, broadcast-FMA over the input channels,
+`unroll` of that reduction), the number of tiles whose transforms are kept in
+the scratch buffers at once (`tb`, a round: input transform, GEMM, output
+transform) and the input blocks per GEMM pass (`cc`: partial sums kept in M,
+so the slice of the transformed filter a pass reads stays in L1 while every
+tile of the round uses it). `WinogradSpace` has the interface of a DSL
+schedule template, so the GA/RL tuners search it.
 
 Float32 error. Winograd's transforms add rounding that a direct conv does not
 have, growing with m (the F(4,3) points +-2 scale values by up to 8). A direct
@@ -37,7 +40,10 @@ KV_CHOICES = (1, 2, 3, 4, 6)
 PX_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12)
 UNROLL_CHOICES = (1, 2, 4, 8, 16)
 TB_CHOICES = (8, 16, 32, 64, 128, 256, 512)
-KNOBS = ("isa", "m", "kv", "px", "unroll", "tb")
+CC_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
+KNOBS = ("isa", "m", "kv", "px", "unroll", "tb", "cc")
+# A GEMM pass's slice of the transformed filter the default cc keeps within (half an L1)
+PASS_BYTES = 16 * 1024
 # Scratch of a round (transformed inputs and GEMM outputs) the default tb keeps within: about
 # a core's L2, so the transforms' data stays there between the phases (measured on ResNet-50's
 # 3x3 convs: rounds of 32-64 tiles beat both 16 and 256 at m 4)
@@ -130,7 +136,7 @@ class WinogradSpace:
     def space(self) -> dict[str, tuple]:
         """Knob -> choices."""
         return {"isa": self.isas, "m": M_CHOICES, "kv": KV_CHOICES, "px": PX_CHOICES,
-                "unroll": UNROLL_CHOICES, "tb": TB_CHOICES}
+                "unroll": UNROLL_CHOICES, "tb": TB_CHOICES, "cc": CC_CHOICES}
 
     def validate(self, config) -> str | None:
         """None when `config` builds a correct kernel on this host, else why not."""
@@ -152,13 +158,14 @@ def config_reason(g: ConvGeometry, config) -> str | None:
         isa = isa_named(str(config["isa"]))
     except ValueError as exc:
         return str(exc)
-    m, kv, px, unroll, tb = (int(config[k]) for k in ("m", "kv", "px", "unroll", "tb"))
+    m, kv, px, unroll, tb, cc = (int(config[k]) for k in KNOBS[1:])
     if m not in M_CHOICES:
         return f"m is one of {M_CHOICES}"
     if g.block % isa.lanes:
         return f"the block {g.block} is not a multiple of {isa.name}'s {isa.lanes} lanes"
-    if min(kv, px, unroll, tb) < 1 or px > max(PX_CHOICES) or unroll > max(UNROLL_CHOICES):
-        return "kv, px, unroll and tb are positive (px <= 12, unroll <= 16)"
+    if min(kv, px, unroll, tb, cc) < 1 or px > max(PX_CHOICES) \
+            or unroll > max(UNROLL_CHOICES):
+        return "kv, px, unroll, tb and cc are positive (px <= 12, unroll <= 16)"
     if kv > g.out_vectors(isa.lanes):
         return f"kv {kv} is more vectors than the {g.out_vectors(isa.lanes)} of the output"
     if gemm_registers(kv, px) > isa.registers:
@@ -188,7 +195,8 @@ def default_config(g: ConvGeometry, isa_name: str | None = None, m: int = 4) -> 
     """A config of F(m, 3) at the widest usable ISA: the direct kernel's register tile
     (4 x 6 with 32 registers, 2 x 6 with 16), rounds of as many tiles (at most every tile)
     as keep their scratch within `ROUND_BYTES`: the fewer rounds, the fewer times the
-    transformed filter is streamed through the cache."""
+    transformed filter is streamed through the cache; passes of as many input blocks as
+    keep their slice of it within `PASS_BYTES`."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if g.block % i.lanes == 0)
     kv, px = _default_kv(g, isa), 6
@@ -196,4 +204,6 @@ def default_config(g: ConvGeometry, isa_name: str | None = None, m: int = 4) -> 
     count = tiles(g, m)
     tb = max([t for t in TB_CHOICES if min(t, count) * per_tile <= ROUND_BYTES]
              or [TB_CHOICES[0]])
-    return {"isa": isa.name, "m": m, "kv": kv, "px": px, "unroll": 4, "tb": tb}
+    pass_block = g.block * kv * isa.lanes * 4
+    cc = max([c for c in CC_CHOICES if c * pass_block <= PASS_BYTES] or [1])
+    return {"isa": isa.name, "m": m, "kv": kv, "px": px, "unroll": 4, "tb": tb, "cc": cc}

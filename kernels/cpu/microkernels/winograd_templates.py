@@ -130,11 +130,12 @@ def _output_tile(m: int) -> str:
 
 
 _GEMM_TILE = r"""
-/* KV output vectors x {np} tiles of one tile position: u = U[pos][kt], v = V[pos][tile 0],
-   mo = M[pos][tile 0][kt * TK] */
-INLINE void gemm_{name}(const float *u, const float *v, float *mo) {{
+/* KV output vectors x {np} tiles of one tile position, input channels [c0, c1): u =
+   U[pos][kt], v = V[pos][tile 0], mo = M[pos][tile 0][kt * TK] (the partial sums of the
+   passes before, when c0 > 0) */
+INLINE void gemm_{name}(const float *u, const float *v, float *mo, int c0, int c1) {{
 {init}
-    _Pragma("GCC unroll {unroll}") for (int c = 0; c < CP; ++c) {{
+    _Pragma("GCC unroll {unroll}") for (int c = c0; c < c1; ++c) {{
 {body}
     }}
 {store}
@@ -145,7 +146,8 @@ INLINE void gemm_{name}(const float *u, const float *v, float *mo) {{
 def _gemm_tile(name: str, np_: int, kv: int, unroll: int) -> str:
     """The C function of a KV x np_ register tile of the batched GEMM."""
     acc = [[f"a{j}_{p}" for p in range(np_)] for j in range(kv)]
-    init = [f"    vf {acc[j][p]} = vsplat(0.0f);" for j in range(kv) for p in range(np_)]
+    init = [f"    vf {acc[j][p]} = c0 == 0 ? vsplat(0.0f) : vload(mo + (size_t){p} * KP "
+            f"+ {j} * VW);" for j in range(kv) for p in range(np_)]
     body = [f"        const vf w{j} = vload(u + (size_t)c * TK + {j} * VW);" for j in range(kv)]
     for p in range(np_):
         body.append(f"        const vf x{p} = vsplat(v[(size_t){p} * CP + c]);")
@@ -157,16 +159,21 @@ def _gemm_tile(name: str, np_: int, kv: int, unroll: int) -> str:
 
 
 _MAIN = r"""
-/* one (tile position, output vector tile) of a round of nt tiles */
+/* one (tile position, output vector tile) of a round of nt tiles, the input channels in
+   passes of CC, so a pass's slice of U stays in L1 while every tile group uses it */
 static void gemm_row(const float *U, const float *V, float *Mb, int pos, int kt, int nt) {{
     const float *u = U + (size_t)(pos * KT + kt) * CP * TK;
     const float *v = V + (size_t)pos * VPS;
     float *mo = Mb + (size_t)pos * MPS + kt * TK;
-    int i = 0;
-    for (; i + PX <= nt; i += PX) gemm_full(u, v + (size_t)i * CP, mo + (size_t)i * KP);
-    switch (nt - i) {{
+    for (int c0 = 0; c0 < CP; c0 += CC) {{
+        const int c1 = c0 + CC < CP ? c0 + CC : CP;
+        int i = 0;
+        for (; i + PX <= nt; i += PX)
+            gemm_full(u, v + (size_t)i * CP, mo + (size_t)i * KP, c0, c1);
+        switch (nt - i) {{
 {cases}
-    default: break;
+        default: break;
+        }}
     }}
 }}
 
@@ -248,7 +255,8 @@ def winograd_source(g: ConvGeometry, config: Mapping) -> str:
                    TH=-(-g.oh // m), TW=-(-g.ow // m), TILES=total, TB=tb, KV=kv, PX=px,
                    TK=kv * lanes, KT=kt, KVEC=vectors, CP=g.cb * g.block, KP=kt * kv * lanes,
                    HAS_BIAS=int(g.has_bias), VPS=tb * g.cb * g.block + SKEW,
-                   MPS=tb * kt * kv * lanes + SKEW)
+                   MPS=tb * kt * kv * lanes + SKEW,
+                   CC=min(int(config["cc"]), g.cb) * g.block)
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_epilogue(g, lanes))
@@ -258,7 +266,7 @@ def winograd_source(g: ConvGeometry, config: Mapping) -> str:
     cases = []
     for np_ in _remainders(total, tb, px):
         parts.append(_gemm_tile(f"rest{np_}", np_, kv, unroll))
-        cases.append(f"    case {np_}: gemm_rest{np_}(u, v + (size_t)i * CP, "
-                     f"mo + (size_t)i * KP); break;")
+        cases.append(f"        case {np_}: gemm_rest{np_}(u, v + (size_t)i * CP, "
+                     f"mo + (size_t)i * KP, c0, c1); break;")
     parts.append(_MAIN.format(cases="\n".join(cases)))
     return "".join(parts)
