@@ -56,6 +56,11 @@ class Implementation(ABC):
     def unsupported_reason(self, workload: Workload) -> str | None:
         """None when this implementation can compute the workload, else why not."""
 
+    def tolerance(self, workload: Workload, config: Mapping) -> float | None:
+        """The relative L2 error its kernel of `config` may have on `workload` when that is
+        tighter than the dtype's default (None: the default, `wpk.search.measure`)."""
+        return None
+
     def configs(self, workload: Workload) -> list[dict]:
         """The configurations worth measuring (JSON-able dicts); one empty one by default."""
         return [{}]

@@ -224,8 +224,9 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
 
     `repeats` is the least number of timed runs; more are made (up to
     `max_repeats`) until `min_time` seconds of kernel time are collected.
-    `tolerance` defaults to `tolerance_for(workload)`. With `timeout`, a
-    first run slower than it ends the measurement with status timeout (an
+    `tolerance` defaults to `tolerance_for(workload)`, tightened to the implementation's
+    own (`Implementation.tolerance`: Winograd's grows with the reduction length). With
+    `timeout`, a first run slower than it ends the measurement with status timeout (an
     in-process run cannot be interrupted; worker processes can). `inputs_fn`
     and `reference_fn` default to `wpk.kernels.random_inputs.random_inputs`
     and `wpk.kernels.reference.reference`.
@@ -233,6 +234,8 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
     inputs_fn = inputs_fn or _default_inputs_fn()
     reference_fn = reference_fn or _default_reference_fn()
     limit = tolerance_for(workload) if tolerance is None else tolerance
+    own = candidate.implementation.tolerance(workload, candidate.config)
+    limit = limit if own is None else min(limit, own)
     inputs = list(inputs_fn(workload, rng))
     consts = {i: inputs[i] for i in workload.const_inputs if inputs[i] is not None}
     try:

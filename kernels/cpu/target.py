@@ -7,7 +7,9 @@ An untuned build measures the registered CPU implementations (onnxruntime
 kernels, wpk's numpy/BLAS routines, the onnxruntime fallback); a search adds
 the best generated C kernel of each tunable workload: `dsl.cpu` (DSL kernels) and,
 for the NCHWc convolutions they support, the micro-kernels `micro.nchwc` (whose
-default config alone an untuned build measures).
+default config alone an untuned build measures) and, for the 3x3 stride-1 ones, the
+Winograd kernels `micro.winograd` (an untuned build measures the default of each tile
+size m; the search tunes m with the GEMM's tile).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from wpk.dsl.toolchain import c_compiler
 from wpk.dsl.toolchain import compiler_version as tool_version
 from wpk.kernels import registry
 from wpk.kernels.cpu.microkernels.kernel import MicroKernels
+from wpk.kernels.cpu.microkernels.winograd import WinogradKernels
 from wpk.kernels.generated import compile_job, template_of
 from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import Candidate
@@ -55,7 +58,7 @@ class CpuTarget(Target):
 
     @classmethod
     def create(cls, **options: Any) -> CpuTarget:
-        return cls(host_cpu(), CpuGenerated(), also=(MicroKernels(),))
+        return cls(host_cpu(), CpuGenerated(), also=(MicroKernels(), WinogradKernels()))
 
     def candidates(self, workload: Workload, generated: int | None = None) -> list[Candidate]:
         return registry.candidates(workload, self.name, last_resort=True)

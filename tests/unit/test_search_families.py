@@ -1,4 +1,5 @@
-"""A searched CPU build tunes every generated family: `dsl.cpu` and `micro.nchwc`.
+"""A searched CPU build tunes every generated family: `dsl.cpu`, `micro.nchwc` and (3x3
+stride-1 convs) `micro.winograd`.
 
 The build of a two-conv model (both convs run blocked, as `wpk.nchwc` Convs)
 measures real compiled kernels in the isolated worker; the records file it
@@ -64,7 +65,7 @@ def searched(tmp_path_factory):
 
 
 def test_cpu_target_offers_both_families():
-    assert [f.impl for f in CPU.families] == ["dsl.cpu", "micro.nchwc"]
+    assert [f.impl for f in CPU.families] == ["dsl.cpu", "micro.nchwc", "micro.winograd"]
     assert CPU.family("micro.nchwc").impl == "micro.nchwc" and CPU.family("x") is None
 
 
@@ -112,7 +113,8 @@ def test_records_of_both_families_reload_each_to_its_own_implementation(searched
     again = wpk.build(str(model), target="cpu", db=str(db), **SEARCHED)
     assert again.report["search"]["measured"] == 0
     assert again.report["search"]["reused"] > 0
-    assert {t["impl"] for t in again.report["search"]["tuned"]} == {"dsl.cpu", "micro.nchwc"}
+    assert {t["impl"] for t in again.report["search"]["tuned"]} == {
+        "dsl.cpu", "micro.nchwc", "micro.winograd"}   # Winograd tunes the 3x3 conv
 
 
 def test_family_candidates_give_each_family_its_own_implementation(searched):
@@ -123,7 +125,7 @@ def test_family_candidates_give_each_family_its_own_implementation(searched):
         def __init__(self, config):
             self.best_config = config
 
-    results: dict = {"dsl.cpu": {}, "micro.nchwc": {}}
+    results: dict = {"dsl.cpu": {}, "micro.nchwc": {}, "micro.winograd": {}}
     for t in tuned:
         results[t["impl"]][t["key"]] = Found(t["best_config"])
     provide = family_candidates(results, CPU.families)
@@ -159,6 +161,7 @@ def test_a_workload_both_families_tune_splits_its_share():
     jobs = search_order([Item(softmax), Item(conv)], CPU.families,
                         {softmax.key: 1.0, conv.key: 3.0})
     assert [(j.family.impl, j.workload.key) for j in jobs] == [
-        ("dsl.cpu", conv.key), ("micro.nchwc", conv.key), ("dsl.cpu", softmax.key)]
-    assert [j.share for j in jobs] == [0.375, 0.375, 0.25]
+        ("dsl.cpu", conv.key), ("micro.nchwc", conv.key), ("micro.winograd", conv.key),
+        ("dsl.cpu", softmax.key)]   # a 3x3 stride-1 conv: Winograd tunes it too
+    assert [j.share for j in jobs] == [0.25, 0.25, 0.25, 0.25]
     assert math.isclose(sum(j.share for j in jobs), 1.0)

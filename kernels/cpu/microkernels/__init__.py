@@ -7,5 +7,8 @@ One module per concern:
   (register tile, unroll, ISA), searchable by the GA/RL tuners;
 - `templates`: the C source (vector accumulators, broadcast FMAs, fused epilogue);
 - `kernel`: the registered implementation `micro.nchwc` (filter packing,
-  compilation, the kernel callable) and its `GeneratedKernels` for the search.
+  compilation, the kernel callable) and its `GeneratedKernels` for the search;
+- `winograd_space`, `winograd_templates`, `winograd`: the same three concerns for
+  Winograd F(2x2,3x3) / F(4x4,3x3) of 3x3 stride-1 convs (`micro.winograd`: the
+  transforms and error bound, the C source, the implementation and its family).
 """

@@ -1,0 +1,197 @@
+"""`micro.winograd`: Winograd F(2x2, 3x3) and F(4x4, 3x3) NCHWc convolutions, registered.
+
+    MICRO_WINOGRAD.configs(workload)    # F(2, 3) and F(4, 3) defaults: an untuned build
+                                        # measures both next to ort.nchwc and micro.nchwc
+    kernel = MICRO_WINOGRAD.prepare(workload, consts, config)   # kernel(inputs, outputs)
+    WinogradKernels().template(workload)   # its config space (m is a knob), for GA/RL
+
+`prepare` transforms the filter once (G g G^T in float64, then float32), packs
+it for the batched GEMM's register tile (`pack_winograd_filter`), and compiles
+`winograd_templates.winograd_source` for the config's ISA through the compile
+cache. A kernel call takes a scratch buffer from its own pool (a concurrent
+call gets another), so calls never allocate after the first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from wpk.core.workload import Workload
+from wpk.dsl import build
+from wpk.dsl.toolchain import compile_c, load_function
+from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
+from wpk.kernels.cpu.microkernels.kernel import pack_bias
+from wpk.kernels.cpu.microkernels.space import ConvGeometry, conv_geometry
+from wpk.kernels.cpu.microkernels.winograd_space import (
+    M_CHOICES,
+    WinogradSpace,
+    config_reason,
+    default_config,
+    error_bound,
+    transforms,
+    winograd_reason,
+)
+from wpk.kernels.cpu.microkernels.winograd_templates import (
+    winograd_scratch_floats,
+    winograd_source,
+)
+from wpk.kernels.jobs import CompileJob
+from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
+from wpk.kernels.target import GeneratedKernels
+
+ALIGN = 64   # bytes: the scratch's vectors start on cache lines
+
+
+def transform_filter(weight: np.ndarray, m: int) -> np.ndarray:
+    """OIHW 3x3 -> [m+2, m+2, O, I]: G g G^T of every filter, computed in float64."""
+    g = transforms(m)[1]
+    return np.einsum("ir,kcrs,js->ijkc", g, weight.astype(np.float64), g)
+
+
+def pack_winograd_filter(weight: np.ndarray, geometry: ConvGeometry, m: int, lanes: int,
+                         kv: int) -> np.ndarray:
+    """The transformed filter as the GEMM reads it: [(m+2)^2, KT, CB * block, kv * lanes]
+    (for each tile position and input channel, a tile's output channels contiguous);
+    output channels zero padded to whole tiles, input channels to whole blocks."""
+    tk = kv * lanes
+    kt = -(-geometry.out_vectors(lanes) // kv)
+    t2 = (m + 2) ** 2
+    u = transform_filter(weight, m).reshape(t2, *weight.shape[:2])
+    padded = np.zeros((t2, kt * tk, geometry.cb * geometry.block), np.float32)
+    padded[:, : weight.shape[0], : weight.shape[1]] = u
+    packed = padded.reshape(t2, kt, tk, -1).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(packed)
+
+
+def _geometry(workload: Workload) -> ConvGeometry:
+    reason = winograd_reason(workload)
+    if reason:
+        raise ValueError(f"{workload.label}: {reason}")
+    return conv_geometry(workload)
+
+
+def compile_winograd(workload: Mapping, config: Mapping) -> str:
+    """Compile a workload's Winograd kernel into the compile cache (a `CompileJob`
+    function); the shared library's path."""
+    g = _geometry(Workload.from_json(workload))
+    isa = ISAS[str(config["isa"])]
+    return str(compile_c(winograd_source(g, config), compile_flags(isa)).path)
+
+
+def load_winograd(g: ConvGeometry, config: Mapping):
+    """The loaded C function `wpk_winograd_conv` of `g` under `config` (compiled once)."""
+    isa = ISAS[str(config["isa"])]
+    library = compile_c(winograd_source(g, config), compile_flags(isa)).path
+    build._openmp_defaults()
+    return load_function(library, "wpk_winograd_conv", [ctypes.c_void_p] * 6)
+
+
+class ScratchPool:
+    """Aligned float32 scratch buffers of one size; a call takes one and gives it back."""
+
+    def __init__(self, floats: int):
+        self.floats = floats
+        self.free: list[np.ndarray] = []
+
+    def take(self) -> np.ndarray:
+        """A free buffer, or a new one (list pop/append are atomic under the GIL)."""
+        try:
+            return self.free.pop()
+        except IndexError:
+            raw = np.empty(self.floats + ALIGN // 4, np.float32)
+            skip = (-raw.ctypes.data % ALIGN) // 4
+            return raw[skip: skip + self.floats]
+
+    def give(self, buffer: np.ndarray) -> None:
+        self.free.append(buffer)
+
+
+class MicroWinograd(Implementation):
+    """Winograd NCHWc convolutions (see the module docstring)."""
+
+    name = "micro.winograd"
+    kind = GENERATED
+    target = "cpu"
+    uses_blas = False
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        reason = winograd_reason(workload)
+        if reason:
+            return reason
+        g = conv_geometry(workload)
+        if not WinogradSpace(g).isas:
+            return "no usable ISA's vector divides the block"
+        reasons = [config_reason(g, default_config(g, m=m)) for m in M_CHOICES]
+        return None if None in reasons else reasons[0]
+
+    def tolerance(self, workload: Workload, config: Mapping) -> float | None:
+        """`winograd_space.error_bound` of the config's m: scaled by the reduction length."""
+        m = int(config.get("m", 4))
+        return error_bound(_geometry(workload), m) if m in M_CHOICES else None
+
+    def configs(self, workload: Workload) -> list[dict]:
+        """The default config of each tile size (an untuned build measures both)."""
+        g = _geometry(workload)
+        found = [default_config(g, m=m) for m in M_CHOICES]
+        return [c for c in found if config_reason(g, c) is None]
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        g = _geometry(workload)
+        reason = config_reason(g, config)
+        if reason:
+            raise ValueError(f"{workload.label}: {reason}")
+        lanes, kv, m = ISAS[str(config["isa"])].lanes, int(config["kv"]), int(config["m"])
+        packed = pack_winograd_filter(np.asarray(consts[1], np.float32), g, m, lanes, kv)
+        bias = np.asarray(consts[2], np.float32) if g.has_bias else None
+        packed_bias = pack_bias(bias, packed.shape[1] * kv * lanes)
+        fn = load_winograd(g, config)
+        pool = ScratchPool(winograd_scratch_floats(g, config))
+        u_ptr, b_ptr = packed.ctypes.data, packed_bias.ctypes.data
+        out_spec, sum_index = workload.outputs[0], g.sum_index
+
+        def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+            out = outputs[0]
+            if not (out.flags.c_contiguous and out.dtype == np.float32) \
+                    or out.shape != out_spec.shape:
+                raise ValueError(f"micro.winograd writes C-contiguous float32 {out_spec.shape}")
+            x = np.ascontiguousarray(inputs[0], dtype=np.float32)
+            # each output element reads its own residual element just before writing it, so
+            # a residual that is the output buffer itself is fine
+            s = None if sum_index is None else np.ascontiguousarray(inputs[sum_index],
+                                                                    dtype=np.float32)
+            scratch = pool.take()
+            try:
+                fn(x.ctypes.data, u_ptr, b_ptr, None if s is None else s.ctypes.data,
+                   out.ctypes.data, scratch.ctypes.data)
+            finally:
+                pool.give(scratch)
+
+        kernel.keep = (packed, packed_bias, pool)   # they live as long as the kernel
+        return kernel
+
+
+MICRO_WINOGRAD = register(MicroWinograd())
+
+
+class WinogradKernels(GeneratedKernels):
+    """The Winograd kernels as a target's generated kernels: what `wpk.search.driver`'s
+    `tune_workload` searches (`template` is the workload's `WinogradSpace`, m a knob)."""
+
+    impl = MicroWinograd.name
+    modules = ("wpk.kernels.cpu.microkernels.winograd",)
+
+    def template(self, workload: Workload) -> WinogradSpace:
+        return WinogradSpace(_geometry(workload))
+
+    def supports(self, workload: Workload) -> bool:
+        """The 3x3 stride-1 NCHWc convolutions `micro.winograd` computes on this host."""
+        return MICRO_WINOGRAD.unsupported_reason(workload) is None
+
+    def compile_jobs(self, workload: Workload, configs: Sequence[Mapping]) -> list[CompileJob]:
+        return [CompileJob("wpk.kernels.cpu.microkernels.winograd:compile_winograd",
+                           {"workload": workload.to_json(), "config": dict(config)},
+                           label=f"{workload.label} {dict(config)}") for config in configs]
