@@ -180,19 +180,20 @@ def test_stem_reads_nchw_input_channels_one_by_one():
 
 
 def test_every_remainder_tile_and_chunking(rng):
-    """A row of 37 pixels with every tile width: the interior's last smaller tile is each
-    of 1 .. px-1 somewhere, the column chunks split rows."""
-    workload = conv(3 * B, 2 * B, (3, 37), 3, epilogue=(RELU,))   # 2 passes of cbt 2
+    """Rows of 37 pixels with every tile width: the interior's last smaller tile is each
+    of 1 .. px-1 somewhere, the column chunks split rows; units of 1, 2 and 3 of the 5 rows
+    (the last block partial)."""
+    workload = conv(3 * B, 2 * B, (5, 37), 3, epilogue=(RELU,))   # 2 passes of cbt 2
     isa = USABLE[0]
-    for px in (2, 3, 5, 7):
-        config = {"isa": isa, "kv": 1, "px": px, "unroll": 4, "cbt": 2, "split": 0}
+    for px, rows in ((2, 1), (3, 2), (5, 3), (7, 2)):
+        config = {"isa": isa, "kv": 1, "px": px, "unroll": 4, "cbt": 2, "split": 0, "rows": rows}
         assert _check(workload, config, rng) < 1e-5
 
 
 def test_avx2_source_uses_eight_lanes_and_its_flags():
     g = conv_geometry(CASES["3x3_odd_channels"])
     source = conv_source(g, {"isa": "avx2", "kv": 2, "px": 6, "unroll": 16, "cbt": 1,
-                             "split": 0})
+                             "split": 0, "rows": 1})
     assert "vector_size(8 * 4)" in source and "#define VW 8" in source
     assert "-march=x86-64-v3" in compile_flags(ISAS["avx2"])
     assert "-march=x86-64-v4" in compile_flags(ISAS["avx512"])
@@ -202,7 +203,7 @@ def test_avx2_source_uses_eight_lanes_and_its_flags():
 
 def test_config_space_rejects_what_does_not_fit():
     g = conv_geometry(CASES["3x3_odd_channels"])
-    fits = {"isa": "portable", "kv": 3, "px": 3, "unroll": 1, "cbt": 1, "split": 0}
+    fits = {"isa": "portable", "kv": 3, "px": 3, "unroll": 1, "cbt": 1, "split": 0, "rows": 1}
     assert config_reason(g, fits) is None
     # 4 x 3 accumulators + 4 weight vectors + a broadcast: 17 of 16 registers
     assert "registers" in config_reason(g, dict(fits, kv=4))

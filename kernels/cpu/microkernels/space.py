@@ -4,14 +4,16 @@
     space = MicroSpace(geometry)            # space(), validate(config), default_config()
 
 A config is `{"isa": name, "kv": output vectors, "px": output pixels, "unroll": n,
-"cbt": input blocks per pass, "split": 0 or 1}`:
+"cbt": input blocks per pass, "split": 0 or 1, "rows": output rows per unit}`:
 the register tile is kv vectors of output channels (kv * lanes channels) by px
 output pixels of one row, `kv * px` accumulators; a depthwise tile is one
 vector of channels by px pixels (kv is 1). `unroll` unrolls the reduction over
 the input channels of a block (regular convs) or over the filter rows
 (depthwise). A regular conv reduces over its input channels in passes of
 `cbt` blocks (partial sums kept in the output), so the weights of a pass stay
-in L1 while every tile of a row segment uses them. `split` 1 (strided regular
+in L1 while every tile of a row segment uses them; a parallel unit covers `rows`
+output rows (the pass loop outside them), so on small images a pass's weights
+serve more pixels. `split` 1 (strided regular
 convs only) phase-splits the input first (space-to-depth with the padding
 made explicit, per call into a scratch buffer), so every filter tap reads
 contiguous pixels of one phase and no tile checks the image's edges; a
@@ -42,7 +44,8 @@ CBT_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 # A pass over CBT input blocks keeps its weights in L1 when they take at most this many bytes
 PASS_BYTES = 32 * 1024
 # The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
-KNOBS = ("isa", "kv", "px", "unroll", "cbt", "split")
+ROWS_CHOICES = (1, 2, 4, 7, 8, 14, 16, 28)
+KNOBS = ("isa", "kv", "px", "unroll", "cbt", "split", "rows")
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
 
 
@@ -185,7 +188,7 @@ class MicroSpace:
         cbt = (1,) if self.geometry.depthwise else CBT_CHOICES
         split = (0, 1) if splittable(self.geometry) else (0,)
         return {"isa": self.isas, "kv": kv, "px": PX_CHOICES, "unroll": UNROLL_CHOICES,
-                "cbt": cbt, "split": split}
+                "cbt": cbt, "split": split, "rows": ROWS_CHOICES}
 
     def validate(self, config) -> str | None:
         """None when `config` builds a correct kernel on this host, else why not."""
@@ -212,6 +215,8 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
     kv, px, unroll, cbt = (int(config[k]) for k in ("kv", "px", "unroll", "cbt"))
     if cbt < 1:
         return "cbt (input blocks per pass) is positive"
+    if int(config["rows"]) < 1:
+        return "rows (output rows per parallel unit) is positive"
     if config["split"] not in (0, 1):
         return "split is 0 or 1"
     if config["split"] and not splittable(geometry):
@@ -243,10 +248,11 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     wide = isa.registers >= 32
     if geometry.depthwise:
         return {"isa": isa.name, "kv": 1, "px": 8 if wide else 4, "unroll": 16, "cbt": 1,
-                "split": 0}
+                "split": 0, "rows": 1}
     vectors = geometry.out_vectors(isa.lanes)
     kv = max(k for k in (1, 2, 3, 4)[: 4 if wide else 2] if vectors % k == 0)
     block_bytes = geometry.r * geometry.s * geometry.in_block * kv * isa.lanes * 4
     cbt = max([c for c in CBT_CHOICES if c * block_bytes <= PASS_BYTES] or [1])
     split = splittable(geometry) and (geometry.r, geometry.s) == (1, 1)
-    return {"isa": isa.name, "kv": kv, "px": 6, "unroll": 16, "cbt": cbt, "split": int(split)}
+    return {"isa": isa.name, "kv": kv, "px": 6, "unroll": 16, "cbt": cbt, "split": int(split),
+            "rows": 1}

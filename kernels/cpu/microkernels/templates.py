@@ -223,12 +223,13 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
 """
 
 _ROW = r"""
-/* output columns [b0, b1) of one row: checked edges, PX tiles, one smaller tile; the input
-   blocks in passes of CBT, so a pass's weights stay in cache while its tiles run */
+/* output columns [b0, b1) of rows [oh0, oh1): checked edges, PX tiles, one smaller tile;
+   the input blocks in passes of CBT, so a pass's weights stay in cache while the tiles of
+   all the rows run */
 static void row(const float *x, const float *w, const float *bias, const float *sum, float *y,
-                {params}, int oh, int b0, int b1) {{
+                {params}, int oh0, int oh1, int b0, int b1) {{
     int hi = b1 < OW_HI ? b1 : OW_HI;
-    for (int c0 = 0; c0 < PASSES * CBT; c0 += CBT) {{
+    for (int c0 = 0; c0 < PASSES * CBT; c0 += CBT) for (int oh = oh0; oh < oh1; ++oh) {{
         int c1 = c0 + CBT < CB ? c0 + CBT : CB;
         int ow = b0;
         for (; ow < b1 && ow < OW_LO; ++ow)
@@ -253,10 +254,10 @@ void wpk_micro_conv(const float *x, const float *w, const float *bias, const flo
         #pragma omp for schedule(dynamic, 1)
         for (int u = 0; u < UNITS; ++u) {{
             int c = u % NCH, t = u / NCH;
-            int oh = t % OH; t /= OH;
+            int oh = t % OHB * ROWS; t /= OHB;
 {decode}
             int b0 = c * CW, b1 = b0 + CW < OW ? b0 + CW : OW;
-            row(xin, w, bias, sum, y, {args}, oh, b0, b1);
+            row(xin, w, bias, sum, y, {args}, oh, oh + ROWS < OH ? oh + ROWS : OH, b0, b1);
         }}
     }}
 }}
@@ -333,18 +334,19 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     original, phase = g, split and (g.r, g.s) != (1, 1)
     if split and not phase:
         g = _subsampled(g)
+    row_block = min(int(config["rows"]), g.oh)
     vectors = g.out_vectors(lanes)
     tiles = -(-vectors // kv)
     lo, hi = (0, g.ow) if phase else _interior(g)
     if g.depthwise:
         groups = g.block // lanes
-        rows = g.n * g.kb * groups * g.oh
+        rows = g.n * g.kb * groups * _ceil_div(g.oh, row_block)
         params, args = "int n, int kb, int l", "n, kb, l"
         decode = ("        int l = t % LG; t /= LG;\n        int kb = t % KB; int n = t / KB;")
         def tile(name, np_, checked):
             return _DW_TILE.format(name=name, np=np_, checked=checked, unroll=unroll)
     else:
-        rows = g.n * tiles * g.oh
+        rows = g.n * tiles * _ceil_div(g.oh, row_block)
         params, args = "int n, int kt", "n, kt"
         decode = "        int n = t % N; int kt = t / N;"
         def tile(name, np_, checked):
@@ -355,7 +357,8 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
                    KV=kv, PX=px, TK=kv * lanes, KVEC=vectors, LG=g.block // lanes,
                    CBT=cbt, PASSES=_ceil_div(g.cb, cbt) if not g.depthwise else 1,
                    HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
-                   UNITS=rows * chunks, IB=g.in_block, XSTEP=g.in_block * (1 if phase else g.sw))
+                   UNITS=rows * chunks, ROWS=row_block, OHB=_ceil_div(g.oh, row_block),
+                   IB=g.in_block, XSTEP=g.in_block * (1 if phase else g.sw))
     if split:
         p = _phases(original)
         defines.update(p, XH=original.h, XW=original.w, XSH=original.sh, XSW=original.sw,
