@@ -16,9 +16,10 @@ rounds (wpk's: the faster of the default and the grid's pick) reported as
 GFLOP/s, % of the measured peak and the ratio to onnxruntime (> 1: wpk is faster).
 `--clock cpu` (1 thread) times with the process's CPU time instead of wall time,
 which leaves out the time other jobs on a loaded machine held the core.
-Goals (issues 10 and 11): median >= 0.95x on the 1x1 stride-1 convs, >= 0.9x on the 3x3 stride-1 convs, >= 80% of peak on the largest
-1x1, depthwise median >= 1.0x; >= 0.8x on each stride-2 conv and each stem (the
-grid tries the phase split on and off for the stride-2 convs).
+Goals (issues 10 and 11): median >= 0.95x on the 1x1 stride-1 convs, >= 0.9x
+on the 3x3 stride-1 convs, >= 80% of peak on the largest 1x1, depthwise median
+>= 1.0x; >= 0.8x on each stride-2 conv and each stem (the grid tries the phase
+split on and off, and units of one row or several).
 
     python scripts/bench_microkernels.py [--threads 2] [--rounds 7] [--grid 12]
         [--only 1x1|3x3|depthwise|stride2|stem] [--limit N] [--clock wall|cpu]
