@@ -168,7 +168,9 @@ def test_phase_split_sizes_its_scratch_buffer():
     assert split_floats(g, dict(config, split=0)) == 0
     one = conv_geometry(CASES["1x1_stride2_batch2"])     # 9 x 9 -> 5 x 5, two images
     assert split_floats(one, dict(default_config(one), split=1)) == 2 * one.cb * 25 * B
-    assert default_config(one)["split"] == 1 and default_config(g)["split"] == 0
+    assert default_config(one)["split"] == 1 and default_config(g)["split"] == 1
+    stem_g = conv_geometry(CASES["stem_7x7_stride2"])
+    assert default_config(stem_g)["split"] == 0   # one float per phase pixel: slower
 
 
 def test_stem_reads_nchw_input_channels_one_by_one():

@@ -43,6 +43,10 @@ UNROLL_CHOICES = (1, 2, 4, 8, 16)
 CBT_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 # A pass over CBT input blocks keeps its weights in L1 when they take at most this many bytes
 PASS_BYTES = 32 * 1024
+# A strided conv's default unit covers about this many output pixels (rows of a small output)
+UNIT_PIXELS = 100
+# ... and phase-splits rows of at most this many output pixels
+SPLIT_ROW = 16
 # The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
 ROWS_CHOICES = (1, 2, 4, 7, 8, 14, 16, 28)
 KNOBS = ("isa", "kv", "px", "unroll", "cbt", "split", "rows")
@@ -235,14 +239,31 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
     return None
 
 
+def _strided_tile(geometry: ConvGeometry, isa: Isa, kvs: list[int]) -> dict:
+    """The default of a strided KxK conv on a blocked input: the most output vectors whose
+    weights of one input block fit `PASS_BYTES` (a 3x3 filter's 4 vectors take 36 KiB on
+    AVX-512 and crowd L1), the widest tile of pixels the registers hold, units of about
+    `UNIT_PIXELS` output pixels (several rows of a small output), and the phase split for
+    rows of at most `SPLIT_ROW` pixels, where one-pixel edge tiles would be a large share
+    (on wider rows its copy of the input cost more than it saved)."""
+    per_vector = geometry.r * geometry.s * geometry.in_block * isa.lanes * 4
+    kv = max([k for k in kvs if k * per_vector <= PASS_BYTES] or [1])
+    px = max(p for p in PX_CHOICES
+             if accumulator_registers(geometry, isa, kv, p) <= isa.registers)
+    rows = max(1, min(geometry.oh, UNIT_PIXELS // geometry.ow))
+    return {"kv": kv, "px": px, "split": int(geometry.ow <= SPLIT_ROW), "rows": rows}
+
+
 def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA, and the tile of MLAS's NCHWc
     kernels (4 vectors of output channels x 6 pixels with 32 registers, 2 x 6 with 16;
     depthwise 8 or 4 pixels), fewer vectors where the output has fewer; full unroll;
-    passes of as many input blocks as keep their weights within `PASS_BYTES`; the phase
-    split for strided 1x1 convs (a subsample, then a flattened 1x1 conv: faster in
-    `scripts/bench_microkernels.py`), not for larger filters (as often slower as faster
-    there: a knob for the search)."""
+    passes of as many input blocks as keep their weights within `PASS_BYTES`. Strided
+    1x1 convs take the phase split (a subsample, then a flattened 1x1 conv); strided KxK
+    convs on a blocked input a tile of fewer vectors and more pixels and the split of short
+    rows (`_strided_tile`). Both were faster than the MLAS tile in
+    `scripts/bench_microkernels.py` on ResNet-50's stride-2 convs; on a stem (NCHW input)
+    the split was slower (its phases hold one float per pixel): it keeps the MLAS tile."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if geometry.block % i.lanes == 0)
     wide = isa.registers >= 32
@@ -250,9 +271,12 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
         return {"isa": isa.name, "kv": 1, "px": 8 if wide else 4, "unroll": 16, "cbt": 1,
                 "split": 0, "rows": 1}
     vectors = geometry.out_vectors(isa.lanes)
-    kv = max(k for k in (1, 2, 3, 4)[: 4 if wide else 2] if vectors % k == 0)
-    block_bytes = geometry.r * geometry.s * geometry.in_block * kv * isa.lanes * 4
+    kvs = [k for k in (1, 2, 3, 4)[: 4 if wide else 2] if vectors % k == 0]
+    tile = {"kv": max(kvs), "px": 6, "split": 0, "rows": 1}
+    if splittable(geometry) and (geometry.r, geometry.s) == (1, 1):
+        tile["split"] = 1
+    elif splittable(geometry) and not geometry.nchw_input:
+        tile = _strided_tile(geometry, isa, kvs)
+    block_bytes = geometry.r * geometry.s * geometry.in_block * tile["kv"] * isa.lanes * 4
     cbt = max([c for c in CBT_CHOICES if c * block_bytes <= PASS_BYTES] or [1])
-    split = splittable(geometry) and (geometry.r, geometry.s) == (1, 1)
-    return {"isa": isa.name, "kv": kv, "px": 6, "unroll": 16, "cbt": cbt, "split": int(split),
-            "rows": 1}
+    return {"isa": isa.name, "unroll": 16, "cbt": cbt, **tile}
