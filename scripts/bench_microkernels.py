@@ -22,7 +22,7 @@ on the 3x3 stride-1 convs, >= 80% of peak on the largest 1x1, depthwise median
 split on and off, and units of one row or several).
 
     python scripts/bench_microkernels.py [--threads 2] [--rounds 7] [--grid 12]
-        [--only 1x1|3x3|depthwise|stride2|stem] [--limit N] [--clock wall|cpu]
+        [--only 1x1|3x3|depthwise|stride2|stem|strided] [--limit N] [--clock wall|cpu]
         [--output FILE.json]
 """
 
@@ -233,8 +233,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=5, help="calls timed per round")
     parser.add_argument("--grid", type=int, default=12, help="tiles tried besides the default")
-    parser.add_argument("--only", choices=["1x1", "3x3", "depthwise", "stride2", "stem"],
-                        default=None)
+    parser.add_argument("--only", choices=["1x1", "3x3", "depthwise", "stride2", "stem",
+                                           "strided"], default=None,
+                        help="strided: the stride-2 convs and the stems")
     parser.add_argument("--limit", type=int, default=None, help="first N workloads (smoke run)")
     parser.add_argument("--peak", type=float, default=None,
                         help="fp32 GFLOP/s peak (default: measured by scripts/cpu_peak.py)")
@@ -256,8 +257,9 @@ def main(argv=None) -> int:
     print(f"fp32 FMA peak: {args.peak:.1f} GFLOP/s on {args.threads} threads")
     shapes = [*resnet50_convs(), *stem_convs(), *depthwise_convs()]
     shapes = [s for s in shapes if group_of(s) != "other"]
-    if args.only == "stride2":
-        shapes = [s for s in shapes if group_of(s) in ("1x1 s2", "3x3 s2")]
+    if args.only in ("stride2", "strided"):
+        keep = ("1x1 s2", "3x3 s2", *(("stem",) if args.only == "strided" else ()))
+        shapes = [s for s in shapes if group_of(s) in keep]
     elif args.only:
         shapes = [s for s in shapes if group_of(s).startswith(args.only)]
     shapes = shapes[:args.limit]
