@@ -283,7 +283,7 @@ static void split_row(const float *x, float *xs, int q) {
     }
 }
 """
-_SPLIT_CALL = """        #pragma omp for schedule(static)
+_SPLIT_CALL = """        #pragma omp for schedule(dynamic, 8)   /* a descheduled thread holds up little */
         for (int q = 0; q < SPLIT_UNITS; ++q) split_row(x, scratch, q);
         const float *xin = scratch;"""
 
