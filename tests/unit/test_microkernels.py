@@ -297,12 +297,30 @@ def test_bench_summary_checks_the_goals(scripts_on_path):
                 "percent_of_peak": {"micro": pct}}
 
     rows = [row("1x1", 1.0, 10, 50.0), row("1x1", 0.9, 20, 85.0), row("1x1", 0.96, 5, 10.0),
-            row("3x3 s1", 0.8, 30, 40.0), row("depthwise", 1.2, 1, 5.0)]
+            row("3x3 s1", 0.8, 30, 40.0), row("depthwise", 1.2, 1, 5.0),
+            row("3x3 s2", 0.7, 3, 1.0), row("3x3 s2", 1.2, 4, 1.0), row("3x3 s2", 1.1, 5, 1.0),
+            row("stem", 0.85, 6, 1.0)]
     summary = summarize(rows)
     assert summary["1x1"]["median_ratio_to_ort"] == 0.96 and summary["1x1"]["met"]
     assert not summary["3x3 s1"]["met"] and summary["depthwise"]["met"]
+    # stride-2 convs and stems are judged on each conv: a median of 1.1 with one at 0.7 fails
+    assert summary["3x3 s2"]["median_ratio_to_ort"] == 1.1 and not summary["3x3 s2"]["met"]
+    assert summary["stem"]["met"] and summary["stem"]["goal_on"] == "each"
     assert summary["largest_1x1"] == {"label": "1x1 20", "percent_of_peak": 85.0,
                                       "goal": 80.0, "met": True}
+
+
+def test_bench_groups_and_grid_cover_the_strided_knobs(scripts_on_path):
+    from bench_dsl_cpu import ConvShape
+    from bench_microkernels import grid_configs, group_of, nchwc_workload
+
+    stem_shape = ConvShape(3, 224, 224, 64, 7, 7, 2, 3)
+    assert group_of(stem_shape) == "stem"
+    assert group_of(ConvShape(256, 56, 56, 512, 1, 1, 2, 0)) == "1x1 s2"
+    assert len(nchwc_workload(stem_shape, B).inputs[0].shape) == 4   # the NCHW image
+    strided = nchwc_workload(ConvShape(64, 14, 14, 64, 3, 3, 2, 1), B)
+    grid = grid_configs(MicroKernels().template(strided), 8)
+    assert {c["split"] for c in grid} == {0, 1} and len({c["rows"] for c in grid}) == 2
 
 
 def test_search_driver_tunes_micro_kernels_through_records(tmp_path):

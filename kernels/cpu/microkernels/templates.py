@@ -1,21 +1,32 @@
 """C source of the NCHWc micro-kernels, every size baked in as a constant.
 
-    source = conv_source(geometry, config)   # void wpk_micro_conv(x, w, bias, sum, y)
+    source = conv_source(geometry, config)   # void wpk_micro_conv(x, w, bias, sum, y, scratch)
+    split_floats(geometry, config)           # floats of `scratch` (0: pass NULL)
 
-Regular conv: for each (image, tile of KV output vectors, output row, column
-chunk) (OpenMP over all four) the row is cut into tiles of PX pixels. A tile
-keeps KV x PX accumulators in vector registers, starts them at the bias and,
-for every input channel, filter row and column, loads the KV weight vectors
+Regular conv: for each (image, tile of KV output vectors, block of ROWS output
+rows, column chunk) (OpenMP over all four) each row is cut into tiles of PX
+pixels. A tile keeps KV x PX accumulators in vector registers, starts them at
+the bias and, for every input channel, filter row and column, loads the KV weight vectors
 of that input channel (packed contiguously at prepare time: `pack_conv_filter`)
 and adds each pixel's input value, broadcast, times them: KV + PX loads for
 KV x PX FMAs. Then the epilogue runs on the registers (residual add,
 activation) and the tile is stored. The input channels are reduced in passes
 of CBT blocks over the whole row segment (partial sums parked in the output),
-so a pass's weights stay in cache. Pixels whose window leaves the image (left
-and right edges) take a one-pixel tile that checks its columns; filter rows
-outside the image are skipped. The interior's last tile takes a specialised
-smaller tile. Tiles are generated unrolled, every accumulator, weight vector
-and broadcast a named variable, and the input pointer of each filter column is
+so a pass's weights stay in cache (the pass loop outside the unit's rows).
+Pixels whose window leaves the image (left and right edges) take a one-pixel
+tile that checks its columns; filter rows outside the image are skipped. The
+interior's last tile takes a specialised smaller tile. An NCHW input (a stem)
+is read as blocks of one channel (`IB` 1).
+
+Phase split (config `split`): the same parallel region first copies the input
+into its SH x SW phases with the padding written out (`split_row`, into
+`scratch`); a tap (r, s) then reads phase ((r*DH) % SH, (s*DW) % SW) at row
+oh + r*DH/SH, column ow + s*DW/SW, so a tile's pixels are contiguous and no
+tile checks edges. A strided 1x1 conv reads only phase (0, 0), OH x OW pixels:
+a flattened 1x1 stride-1 conv of `_subsampled(geometry)` follows the copy.
+
+Tiles are generated unrolled, every accumulator, weight vector and broadcast a
+named variable, and the input pointer of each filter column is
 hidden from the optimizer (`OPAQUE`): otherwise gcc shares the broadcasts of
 overlapping columns across the unrolled taps and spills them (checked with
 `gcc -S`: 700 stack accesses per tile sweep without it, none with it).
@@ -283,7 +294,8 @@ static void split_row(const float *x, float *xs, int q) {
     }
 }
 """
-_SPLIT_CALL = """        #pragma omp for schedule(dynamic, 8)   /* a descheduled thread holds up little */
+_SPLIT_CALL = """\
+        #pragma omp for schedule(dynamic, 8)   /* a descheduled thread holds up little */
         for (int q = 0; q < SPLIT_UNITS; ++q) split_row(x, scratch, q);
         const float *xin = scratch;"""
 
