@@ -13,11 +13,11 @@ the input channels of a block (regular convs) or over the filter rows
 `cbt` blocks (partial sums kept in the output), so the weights of a pass stay
 in L1 while every tile of a row segment uses them; a parallel unit covers `rows`
 output rows (the pass loop outside them), so on small images a pass's weights
-serve more pixels. `split` 1 (strided regular
-convs only) phase-splits the input first (space-to-depth with the padding
-made explicit, per call into a scratch buffer), so every filter tap reads
-contiguous pixels of one phase and no tile checks the image's edges; a
-strided 1x1 conv becomes a subsample followed by a flattened 1x1 conv.
+serve more pixels. `split` 1 (strided regular convs only) phase-splits the input
+first (space-to-depth with the padding made explicit, per call into a scratch
+buffer), so every filter tap reads contiguous pixels of one phase and no tile
+checks the image's edges; a strided 1x1 conv becomes a subsample followed by a
+flattened 1x1 conv.
 
 The input is blocked (N, CB, H, W, block), or NCHW (N, C, H, W) for a
 network's first conv (`nchw_input`: 3 or 1 channels, each a "block" of one
@@ -47,9 +47,9 @@ PASS_BYTES = 32 * 1024
 UNIT_PIXELS = 100
 # ... and phase-splits rows of at most this many output pixels
 SPLIT_ROW = 16
-# The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
 ROWS_CHOICES = (1, 2, 4, 7, 8, 14, 16, 28)
 KNOBS = ("isa", "kv", "px", "unroll", "cbt", "split", "rows")
+# The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
 
 

@@ -334,8 +334,8 @@ def _subsampled(g: ConvGeometry) -> ConvGeometry:
 
 
 def conv_source(g: ConvGeometry, config: Mapping) -> str:
-    """The C source of `wpk_micro_conv(x, w, bias, sum, y)` for `g` under `config`
-    (ValueError for an invalid config)."""
+    """The C source of `wpk_micro_conv(x, w, bias, sum, y, scratch)` for `g` under `config`
+    (ValueError for an invalid config); `scratch` holds `split_floats(g, config)` floats."""
     reason = config_reason(g, config)
     if reason:
         raise ValueError(reason)
