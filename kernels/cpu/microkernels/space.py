@@ -239,6 +239,19 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
     return None
 
 
+def _whole_kvs(geometry: ConvGeometry, isa: Isa) -> list[int]:
+    """Tile heights (vectors) up to MLAS's (4 with 32 registers, 2 with 16) that divide the
+    output's vectors."""
+    vectors = geometry.out_vectors(isa.lanes)
+    return [k for k in (1, 2, 3, 4)[: 4 if isa.registers >= 32 else 2] if vectors % k == 0]
+
+
+def mlas_tile(geometry: ConvGeometry, isa: Isa) -> dict:
+    """The tile of MLAS's NCHWc kernels (kv, px 6, no split, one row per unit): the default
+    of a stride-1 conv, the baseline the strided defaults were chosen against."""
+    return {"kv": max(_whole_kvs(geometry, isa)), "px": 6, "split": 0, "rows": 1}
+
+
 def _strided_tile(geometry: ConvGeometry, isa: Isa, kvs: list[int]) -> dict:
     """The default of a strided KxK conv on a blocked input: the most output vectors whose
     weights of one input block fit `PASS_BYTES` (a 3x3 filter's 4 vectors take 36 KiB on
@@ -270,13 +283,17 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     if geometry.depthwise:
         return {"isa": isa.name, "kv": 1, "px": 8 if wide else 4, "unroll": 16, "cbt": 1,
                 "split": 0, "rows": 1}
-    vectors = geometry.out_vectors(isa.lanes)
-    kvs = [k for k in (1, 2, 3, 4)[: 4 if wide else 2] if vectors % k == 0]
-    tile = {"kv": max(kvs), "px": 6, "split": 0, "rows": 1}
+    tile = mlas_tile(geometry, isa)
     if splittable(geometry) and (geometry.r, geometry.s) == (1, 1):
         tile["split"] = 1
     elif splittable(geometry) and not geometry.nchw_input:
-        tile = _strided_tile(geometry, isa, kvs)
+        tile = _strided_tile(geometry, isa, _whole_kvs(geometry, isa))
+    return with_passes(geometry, isa, tile)
+
+
+def with_passes(geometry: ConvGeometry, isa: Isa, tile: dict) -> dict:
+    """A full config of `tile` (kv, px, split, rows): full unroll, passes of as many input
+    blocks as keep their weights within `PASS_BYTES`."""
     block_bytes = geometry.r * geometry.s * geometry.in_block * tile["kv"] * isa.lanes * 4
     cbt = max([c for c in CBT_CHOICES if c * block_bytes <= PASS_BYTES] or [1])
     return {"isa": isa.name, "unroll": 16, "cbt": cbt, **tile}
