@@ -255,6 +255,46 @@ def test_untuned_build_offers_the_default_next_to_onnxruntime(case):
     assert found["micro.nchwc"] == default_config(conv_geometry(workload))
 
 
+def test_a_build_verifies_the_stem_micro_kernel_and_matches_onnxruntime(tmp_path, rng):
+    """The NCHWc layout pass leaves a first conv reading the NCHW image; an untuned build
+    measures the micro-kernel for it (verified) next to onnxruntime's, and the plan's
+    output matches onnxruntime's whatever was chosen."""
+    import json
+    import zipfile
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import wpk
+
+    weights = {"w1": rng.standard_normal((20, 3, 7, 7)).astype(np.float32) * 0.1,
+               "b1": rng.standard_normal(20).astype(np.float32),
+               "w2": rng.standard_normal((20, 20, 3, 3)).astype(np.float32) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[7, 7],
+                              strides=[2, 2], pads=[3, 3, 3, 3]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], kernel_shape=[3, 3],
+                              strides=[2, 2], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 29, 23])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 20, 8, 6])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "stem.onnx")
+    wpk.build(str(tmp_path / "stem.onnx"), target="cpu", partition=False,
+              output=tmp_path / "stem.wpk")
+    report = json.loads(zipfile.ZipFile(tmp_path / "stem.wpk").read("report.json"))
+    stem = next(w for w in report["workloads"] if w["label"].startswith("Conv 1x3x29x23"))
+    statuses = {c["impl"]: c["status"] for c in stem["candidates"]}
+    assert statuses["micro.nchwc"] == "ok" and statuses["ort.nchwc"] == "ok"
+    x = rng.standard_normal((1, 3, 29, 23)).astype(np.float32)
+    got = wpk.load(tmp_path / "stem.wpk").run({"x": x})["y"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert relative_l2(got, session.run(None, {"x": x})[0]) < 1e-5
+
+
 def test_tuner_searches_the_space_and_every_proposal_is_correct(rng):
     """The GA proposes configs from the micro-kernel's space (the DSL templates' interface);
     the valid ones build kernels that match the reference."""
