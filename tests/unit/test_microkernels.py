@@ -1,8 +1,9 @@
 """NCHWc micro-kernels (`micro.nchwc`): every ISA's code against the float64 reference.
 
 Odd shapes on purpose: channels not a multiple of the vector width, 1-pixel
-images, asymmetric padding, stride 2, dilation, depthwise 3x3 and 5x5, the
-fused epilogues. Each case runs the default config and random configs of its
+images, asymmetric padding, stride 2 and 3 (with the phase split off and on),
+dilation, depthwise 3x3 and 5x5, stems reading an NCHW input of 3 or 1
+channels, the fused epilogues. Each case runs the default config and random configs of its
 space (other tiles, so the interior's remainder tiles and the edges are hit),
 for AVX-512 (where the host has it), AVX2 (forced on an AVX-512 host: it
 compiles and runs there) and the portable path.
@@ -28,7 +29,7 @@ from wpk.kernels.cpu.microkernels.space import (
     conv_geometry,
     default_config,
 )
-from wpk.kernels.cpu.microkernels.templates import conv_source
+from wpk.kernels.cpu.microkernels.templates import conv_source, split_floats
 from wpk.kernels.nchwc_reference import nchwc_reference
 from wpk.kernels.random_inputs import random_inputs
 from wpk.search.space import SearchSpace
@@ -57,6 +58,14 @@ def conv(cin, cout, hw, k, stride=1, pads=None, group=1, bias=True, epilogue=(),
                     "wpk.nchwc", (1, 2) if bias else (1,))
 
 
+def stem(cin, cout, hw, k, stride=2, pads=None, epilogue=(RELU,)) -> Workload:
+    """A network's first conv: NCHW input with fewer channels than a block, blocked output."""
+    blocked = conv(cin, cout, hw, k, stride, pads, epilogue=epilogue)
+    n, _, h, w, _ = blocked.inputs[0].shape
+    return Workload("Conv", (TensorSpec((n, cin, h, w)), *blocked.inputs[1:]), blocked.outputs,
+                    blocked.attrs, blocked.epilogue, blocked.domain, blocked.const_inputs)
+
+
 ADD3 = EpilogueStep("add", operand=3)
 CASES = {
     "3x3_odd_channels": conv(20, 24, (9, 7), 3, epilogue=(RELU,)),
@@ -78,6 +87,13 @@ CASES = {
     "depthwise_5x5_asymmetric": conv(20, 20, (8, 13), 5, pads=(2, 1, 2, 3), group=20,
                                      bias=False),
     "depthwise_5x5_one_pixel": conv(B, B, (1, 1), 5, group=B),
+    "stem_7x7_stride2": stem(3, 24, (17, 14), 7, pads=(3, 3, 3, 3)),
+    "stem_3x3_stride2_asymmetric": stem(3, 2 * B + 3, (9, 8), 3, pads=(0, 1, 1, 0)),
+    "stem_one_channel_one_pixel": stem(1, 20, (1, 1), 3, epilogue=()),
+    "3x3_stride2_dilated_asymmetric": conv(20, 24, (12, 9), 3, stride=2, pads=(0, 1, 2, 2),
+                                           dilation=2),
+    "5x5_stride3": conv(12, 36, (11, 13), 5, stride=3, pads=(2, 1, 2, 2)),
+    "1x1_stride2_padded_odd": conv(B + 5, 20, (7, 9), 1, stride=2, pads=(1, 1, 0, 0)),
 }
 
 
@@ -123,19 +139,63 @@ def test_kernel_matches_float64_reference(case, isa, rng):
         assert err < 1e-5, f"{case} {config}: relative L2 {err:.2e}"
 
 
+STRIDED = [c for c in CASES if conv_geometry(CASES[c]).strided
+           and not conv_geometry(CASES[c]).depthwise]
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("case", STRIDED)
+def test_phase_split_and_direct_tiles_both_match(case, isa, rng):
+    """Strided convs (stems included) with the phase split off and on, several tiles."""
+    if isa not in USABLE:
+        pytest.skip(f"this host cannot run {isa} code")
+    if B % ISAS[isa].lanes:
+        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    workload = CASES[case]
+    default = default_config(conv_geometry(workload), isa)
+    for config in [default, *_random_configs(workload, isa, 2, seed=len(case) + 7)]:
+        for split in (0, 1):
+            err = _check(workload, dict(config, split=split), rng)
+            assert err < 1e-5, f"{case} {config} split {split}: relative L2 {err:.2e}"
+
+
+def test_phase_split_sizes_its_scratch_buffer():
+    """The split of a 3x3 stride-2 conv holds 2 x 2 phases padded to whole windows; a strided
+    1x1 conv's only one phase (a subsample); no split, no buffer."""
+    g = conv_geometry(CASES["3x3_stride2_residual"])   # 11 x 10 -> 6 x 5, pads 1
+    config = dict(default_config(g), split=1)
+    assert split_floats(g, config) == g.cb * 4 * (6 + 1) * (5 + 1) * B
+    assert split_floats(g, dict(config, split=0)) == 0
+    one = conv_geometry(CASES["1x1_stride2_batch2"])     # 9 x 9 -> 5 x 5, two images
+    assert split_floats(one, dict(default_config(one), split=1)) == 2 * one.cb * 25 * B
+    assert default_config(one)["split"] == 1 and default_config(g)["split"] == 1
+    stem_g = conv_geometry(CASES["stem_7x7_stride2"])
+    assert default_config(stem_g)["split"] == 0   # one float per phase pixel: slower
+
+
+def test_stem_reads_nchw_input_channels_one_by_one():
+    g = conv_geometry(CASES["stem_7x7_stride2"])
+    assert g.nchw_input and g.in_block == 1 and g.cb == 3 and (g.sh, g.pt) == (2, 3)
+    assert MicroSpace(g).space()["split"] == (0, 1)
+    source = conv_source(g, default_config(g))
+    assert "#define IB 1\n" in source and "#define XSTEP 2\n" in source
+
+
 def test_every_remainder_tile_and_chunking(rng):
-    """A row of 37 pixels with every tile width: the interior's last smaller tile is each
-    of 1 .. px-1 somewhere, the column chunks split rows."""
-    workload = conv(3 * B, 2 * B, (3, 37), 3, epilogue=(RELU,))   # 2 passes of cbt 2
+    """Rows of 37 pixels with every tile width: the interior's last smaller tile is each
+    of 1 .. px-1 somewhere, the column chunks split rows; units of 1, 2 and 3 of the 5 rows
+    (the last block partial)."""
+    workload = conv(3 * B, 2 * B, (5, 37), 3, epilogue=(RELU,))   # 2 passes of cbt 2
     isa = USABLE[0]
-    for px in (2, 3, 5, 7):
-        config = {"isa": isa, "kv": 1, "px": px, "unroll": 4, "cbt": 2}
+    for px, rows in ((2, 1), (3, 2), (5, 3), (7, 2)):
+        config = {"isa": isa, "kv": 1, "px": px, "unroll": 4, "cbt": 2, "split": 0, "rows": rows}
         assert _check(workload, config, rng) < 1e-5
 
 
 def test_avx2_source_uses_eight_lanes_and_its_flags():
     g = conv_geometry(CASES["3x3_odd_channels"])
-    source = conv_source(g, {"isa": "avx2", "kv": 2, "px": 6, "unroll": 16, "cbt": 1})
+    source = conv_source(g, {"isa": "avx2", "kv": 2, "px": 6, "unroll": 16, "cbt": 1,
+                             "split": 0, "rows": 1})
     assert "vector_size(8 * 4)" in source and "#define VW 8" in source
     assert "-march=x86-64-v3" in compile_flags(ISAS["avx2"])
     assert "-march=x86-64-v4" in compile_flags(ISAS["avx512"])
@@ -145,7 +205,7 @@ def test_avx2_source_uses_eight_lanes_and_its_flags():
 
 def test_config_space_rejects_what_does_not_fit():
     g = conv_geometry(CASES["3x3_odd_channels"])
-    fits = {"isa": "portable", "kv": 3, "px": 3, "unroll": 1, "cbt": 1}
+    fits = {"isa": "portable", "kv": 3, "px": 3, "unroll": 1, "cbt": 1, "split": 0, "rows": 1}
     assert config_reason(g, fits) is None
     # 4 x 3 accumulators + 4 weight vectors + a broadcast: 17 of 16 registers
     assert "registers" in config_reason(g, dict(fits, kv=4))
@@ -156,6 +216,8 @@ def test_config_space_rejects_what_does_not_fit():
     assert "vectors" in too_many
     dw = conv_geometry(CASES["depthwise_3x3"])
     assert "depthwise" in config_reason(dw, dict(fits, kv=2, px=1))
+    assert "strided" in config_reason(g, dict(fits, split=1))   # stride 1: nothing to split
+    assert "split" in config_reason(g, dict(fits, split=2))
     for workload in CASES.values():
         geometry = conv_geometry(workload)
         assert config_reason(geometry, default_config(geometry)) is None
@@ -170,11 +232,11 @@ def test_1x1_stride1_convs_are_one_row_of_pixels():
 def test_unsupported_workloads_say_why():
     grouped = conv(4 * B, 4 * B, (5, 5), 3, group=2)
     assert "grouped" in MICRO_NCHWC.unsupported_reason(grouped)
-    plain = Workload("Conv", (TensorSpec((1, 3, 8, 8)), TensorSpec((B, 3, 3, 3))),
+    plain = Workload("Conv", (TensorSpec((1, 3, 8, 8)), TensorSpec((B, 1, 3, 3))),
                      (TensorSpec((1, 1, 8, 8, B)),), (("block", B), ("channels", B),
-                                                     ("pads", (1, 1, 1, 1))),
+                                                     ("group", 3), ("pads", (1, 1, 1, 1))),
                      domain="wpk.nchwc", const_inputs=(1,))
-    assert "blocked input" in MICRO_NCHWC.unsupported_reason(plain)
+    assert "NCHW input" in MICRO_NCHWC.unsupported_reason(plain)
     variable = conv(B, B, (5, 5), 3)
     variable = Workload(variable.op, variable.inputs, variable.outputs, variable.attrs,
                         domain=variable.domain, const_inputs=(2,))
@@ -183,11 +245,54 @@ def test_unsupported_workloads_say_why():
     assert MICRO_NCHWC.unsupported_reason(swish) is not None
 
 
-def test_untuned_build_offers_the_default_next_to_onnxruntime():
-    workload = CASES["3x3_stride2_residual"]
+@pytest.mark.parametrize("case", ["3x3_stride2_residual", "stem_7x7_stride2"])
+def test_untuned_build_offers_the_default_next_to_onnxruntime(case):
+    """Where onnxruntime's NCHWc conv (its NCHW-input kernel for a stem) is a candidate, so
+    is the micro-kernel's default."""
+    workload = CASES[case]
     found = {c.implementation.name: c.config for c in registry.candidates(workload, "cpu")}
     assert "ort.nchwc" in found
     assert found["micro.nchwc"] == default_config(conv_geometry(workload))
+
+
+def test_a_build_verifies_the_stem_micro_kernel_and_matches_onnxruntime(tmp_path, rng):
+    """The NCHWc layout pass leaves a first conv reading the NCHW image; an untuned build
+    measures the micro-kernel for it (verified) next to onnxruntime's, and the plan's
+    output matches onnxruntime's whatever was chosen."""
+    import json
+    import zipfile
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import wpk
+
+    weights = {"w1": rng.standard_normal((20, 3, 7, 7)).astype(np.float32) * 0.1,
+               "b1": rng.standard_normal(20).astype(np.float32),
+               "w2": rng.standard_normal((20, 20, 3, 3)).astype(np.float32) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[7, 7],
+                              strides=[2, 2], pads=[3, 3, 3, 3]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], kernel_shape=[3, 3],
+                              strides=[2, 2], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 29, 23])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 20, 8, 6])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "stem.onnx")
+    wpk.build(str(tmp_path / "stem.onnx"), target="cpu", partition=False,
+              output=tmp_path / "stem.wpk")
+    report = json.loads(zipfile.ZipFile(tmp_path / "stem.wpk").read("report.json"))
+    stem = next(w for w in report["workloads"] if w["label"].startswith("Conv 1x3x29x23"))
+    statuses = {c["impl"]: c["status"] for c in stem["candidates"]}
+    assert statuses["micro.nchwc"] == "ok" and statuses["ort.nchwc"] == "ok"
+    x = rng.standard_normal((1, 3, 29, 23)).astype(np.float32)
+    got = wpk.load(tmp_path / "stem.wpk").run({"x": x})["y"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert relative_l2(got, session.run(None, {"x": x})[0]) < 1e-5
 
 
 def test_tuner_searches_the_space_and_every_proposal_is_correct(rng):
@@ -232,12 +337,30 @@ def test_bench_summary_checks_the_goals(scripts_on_path):
                 "percent_of_peak": {"micro": pct}}
 
     rows = [row("1x1", 1.0, 10, 50.0), row("1x1", 0.9, 20, 85.0), row("1x1", 0.96, 5, 10.0),
-            row("3x3 s1", 0.8, 30, 40.0), row("depthwise", 1.2, 1, 5.0)]
+            row("3x3 s1", 0.8, 30, 40.0), row("depthwise", 1.2, 1, 5.0),
+            row("3x3 s2", 0.7, 3, 1.0), row("3x3 s2", 1.2, 4, 1.0), row("3x3 s2", 1.1, 5, 1.0),
+            row("stem", 0.85, 6, 1.0)]
     summary = summarize(rows)
     assert summary["1x1"]["median_ratio_to_ort"] == 0.96 and summary["1x1"]["met"]
     assert not summary["3x3 s1"]["met"] and summary["depthwise"]["met"]
+    # stride-2 convs and stems are judged on each conv: a median of 1.1 with one at 0.7 fails
+    assert summary["3x3 s2"]["median_ratio_to_ort"] == 1.1 and not summary["3x3 s2"]["met"]
+    assert summary["stem"]["met"] and summary["stem"]["goal_on"] == "each"
     assert summary["largest_1x1"] == {"label": "1x1 20", "percent_of_peak": 85.0,
                                       "goal": 80.0, "met": True}
+
+
+def test_bench_groups_and_grid_cover_the_strided_knobs(scripts_on_path):
+    from bench_dsl_cpu import ConvShape
+    from bench_microkernels import grid_configs, group_of, nchwc_workload
+
+    stem_shape = ConvShape(3, 224, 224, 64, 7, 7, 2, 3)
+    assert group_of(stem_shape) == "stem"
+    assert group_of(ConvShape(256, 56, 56, 512, 1, 1, 2, 0)) == "1x1 s2"
+    assert len(nchwc_workload(stem_shape, B).inputs[0].shape) == 4   # the NCHW image
+    strided = nchwc_workload(ConvShape(64, 14, 14, 64, 3, 3, 2, 1), B)
+    grid = grid_configs(MicroKernels().template(strided), 8)
+    assert {c["split"] for c in grid} == {0, 1} and len({c["rows"] for c in grid}) == 2
 
 
 def test_search_driver_tunes_micro_kernels_through_records(tmp_path):

@@ -7,8 +7,11 @@
 An untuned build measures the default config next to onnxruntime's MLAS kernel
 (`ort.nchwc`) and the planner keeps the faster verified one, so adding it never
 makes a plan slower. `prepare` packs the filter in the tile's order and the
-bias to whole tiles, and compiles the source of `templates.conv_source` for
-the config's ISA through the compile cache.
+bias to whole tiles, allocates the scratch buffer of a phase-split config, and
+compiles the source of `templates.conv_source` for the config's ISA through the
+compile cache. A network's first conv (NCHW input with fewer channels than a
+block, the stem) is one of its workloads: its tile broadcasts single input
+channels, where onnxruntime's MLAS has its NCHW-input conv kernel.
 """
 
 from __future__ import annotations
@@ -29,22 +32,22 @@ from wpk.kernels.cpu.microkernels.space import (
     conv_geometry,
     default_config,
 )
-from wpk.kernels.cpu.microkernels.templates import conv_source
+from wpk.kernels.cpu.microkernels.templates import conv_source, split_floats
 from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 from wpk.kernels.target import GeneratedKernels
 
 
 def pack_conv_filter(weight: np.ndarray, g: ConvGeometry, lanes: int, kv: int) -> np.ndarray:
-    """OIHW -> [tiles, CB, R, S, block, kv*lanes]: for each input channel the tile's output
-    channels are contiguous; output channels zero padded to whole tiles, input channels to
-    whole blocks."""
+    """OIHW -> [tiles, CB, R, S, in_block, kv*lanes]: for each input channel the tile's
+    output channels are contiguous; output channels zero padded to whole tiles, input
+    channels to whole blocks (an NCHW input's blocks are single channels)."""
     tk = kv * lanes
     tiles = -(-g.out_vectors(lanes) // kv)
     o, i, r, s = weight.shape
-    padded = np.zeros((tiles * tk, g.cb * g.block, r, s), np.float32)
+    padded = np.zeros((tiles * tk, g.cb * g.in_block, r, s), np.float32)
     padded[:o, :i] = weight
-    packed = padded.reshape(tiles, tk, g.cb, g.block, r, s).transpose(0, 2, 4, 5, 3, 1)
+    packed = padded.reshape(tiles, tk, g.cb, g.in_block, r, s).transpose(0, 2, 4, 5, 3, 1)
     return np.ascontiguousarray(packed)
 
 
@@ -80,11 +83,12 @@ def compile_micro(workload: Mapping, config: Mapping) -> str:
 
 
 def load_micro(g: ConvGeometry, config: Mapping):
-    """The loaded C function `wpk_micro_conv` of `g` under `config` (compiled once)."""
+    """The loaded C function `wpk_micro_conv(x, w, bias, sum, y, scratch)` of `g` under
+    `config` (compiled once)."""
     isa = ISAS[str(config["isa"])]
     library = compile_c(conv_source(g, config), compile_flags(isa)).path
     build._openmp_defaults()
-    return load_function(library, "wpk_micro_conv", [ctypes.c_void_p] * 5)
+    return load_function(library, "wpk_micro_conv", [ctypes.c_void_p] * 6)
 
 
 class MicroNchwc(Implementation):
@@ -121,7 +125,9 @@ class MicroNchwc(Implementation):
             packed = pack_conv_filter(weight, g, lanes, kv)
             packed_bias = pack_bias(bias, packed.shape[0] * kv * lanes)
         fn = load_micro(g, config)
+        scratch = np.empty(split_floats(g, config), np.float32)   # the phase split, per call
         w_ptr, b_ptr = packed.ctypes.data, packed_bias.ctypes.data
+        s_ptr = scratch.ctypes.data if scratch.size else None
         out_spec = workload.outputs[0]
         sum_index = g.sum_index
 
@@ -136,9 +142,9 @@ class MicroNchwc(Implementation):
             if s is not None and np.shares_memory(s, out):   # y holds partial sums first
                 s = s.copy()
             fn(x.ctypes.data, w_ptr, b_ptr, None if s is None else s.ctypes.data,
-               out.ctypes.data)
+               out.ctypes.data, s_ptr)
 
-        kernel.keep = (packed, packed_bias)   # the packed arrays live as long as the kernel
+        kernel.keep = (packed, packed_bias, scratch)   # live as long as the kernel
         return kernel
 
 

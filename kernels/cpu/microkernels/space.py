@@ -4,14 +4,24 @@
     space = MicroSpace(geometry)            # space(), validate(config), default_config()
 
 A config is `{"isa": name, "kv": output vectors, "px": output pixels, "unroll": n,
-"cbt": input blocks per pass}`:
+"cbt": input blocks per pass, "split": 0 or 1, "rows": output rows per unit}`:
 the register tile is kv vectors of output channels (kv * lanes channels) by px
 output pixels of one row, `kv * px` accumulators; a depthwise tile is one
 vector of channels by px pixels (kv is 1). `unroll` unrolls the reduction over
 the input channels of a block (regular convs) or over the filter rows
 (depthwise). A regular conv reduces over its input channels in passes of
 `cbt` blocks (partial sums kept in the output), so the weights of a pass stay
-in L1 while every tile of a row segment uses them. `MicroSpace` has the
+in L1 while every tile of a row segment uses them; a parallel unit covers `rows`
+output rows (the pass loop outside them), so on small images a pass's weights
+serve more pixels. `split` 1 (strided regular convs only) phase-splits the input
+first (space-to-depth with the padding made explicit, per call into a scratch
+buffer), so every filter tap reads contiguous pixels of one phase and no tile
+checks the image's edges; a strided 1x1 conv becomes a subsample followed by a
+flattened 1x1 conv.
+
+The input is blocked (N, CB, H, W, block), or NCHW (N, C, H, W) for a
+network's first conv (`nchw_input`: 3 or 1 channels, each a "block" of one
+input channel, so the same tile reads it). `MicroSpace` has the
 interface of a DSL schedule template (`space()`, `validate(config)`,
 `default_config()`), so the GA/RL tuners of `wpk.search` search it as they
 search generated DSL kernels.
@@ -33,8 +43,13 @@ UNROLL_CHOICES = (1, 2, 4, 8, 16)
 CBT_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 # A pass over CBT input blocks keeps its weights in L1 when they take at most this many bytes
 PASS_BYTES = 32 * 1024
+# A strided conv's default unit covers about this many output pixels (rows of a small output)
+UNIT_PIXELS = 100
+# ... and phase-splits rows of at most this many output pixels
+SPLIT_ROW = 16
+ROWS_CHOICES = (1, 2, 4, 7, 8, 14, 16, 28)
+KNOBS = ("isa", "kv", "px", "unroll", "cbt", "split", "rows")
 # The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
-KNOBS = ("isa", "kv", "px", "unroll", "cbt")
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
 
 
@@ -43,7 +58,8 @@ class ConvGeometry:
     """A blocked convolution as the micro-kernel sees it (sizes in pixels and blocks).
 
     A 1x1 stride-1 unpadded conv is one row of H*W pixels (`flattened`), so its
-    tiles never stop at a row's end.
+    tiles never stop at a row's end. With an NCHW input (`nchw_input`) `cb` counts
+    input channels, each a block of one (`in_block`).
     """
 
     n: int
@@ -70,6 +86,17 @@ class ConvGeometry:
     activation: str | None
     activation_params: tuple[float, ...] = ()
     flattened: bool = False
+    nchw_input: bool = False
+
+    @property
+    def in_block(self) -> int:
+        """Floats per input pixel and channel block: the block, or 1 for an NCHW input."""
+        return 1 if self.nchw_input else self.block
+
+    @property
+    def strided(self) -> bool:
+        """Whether the conv has a stride above 1 (a phase split applies)."""
+        return self.sh > 1 or self.sw > 1
 
     @property
     def flops(self) -> int:
@@ -92,15 +119,19 @@ def _activation(step) -> tuple[str | None, tuple[float, ...]] | str:
 
 
 def conv_geometry(workload: Workload) -> ConvGeometry | str:
-    """The geometry of a blocked (`wpk.nchwc`) Conv on a blocked input, or why it has none."""
+    """The geometry of a blocked (`wpk.nchwc`) Conv on a blocked or NCHW input, or why it has
+    none."""
     if workload.domain != NCHWC_DOMAIN or workload.op != "Conv":
         return "not a wpk.nchwc Conv"
     specs = [s for s in (*workload.inputs, *workload.outputs) if s is not None]
     if any(s.dtype != "float32" for s in specs):
         return "micro-kernels compute float32 only"
     x, wt, y = workload.inputs[0], workload.inputs[1], workload.outputs[0]
-    if len(x.shape) != 5 or wt is None or len(wt.shape) != 4 or len(y.shape) != 5:
-        return "only 2-D convolutions on a blocked input"
+    if len(x.shape) not in (4, 5) or wt is None or len(wt.shape) != 4 or len(y.shape) != 5:
+        return "only 2-D convolutions on a blocked or NCHW input"
+    nchw = len(x.shape) == 4
+    if nchw and int(workload.attr("group", 1)) != 1:
+        return "an NCHW input is read by group-1 convolutions only"
     if 1 not in workload.const_inputs:
         return "the filter is not a constant (it is packed once)"
     has_bias = len(workload.inputs) > 2 and workload.inputs[2] is not None
@@ -122,17 +153,18 @@ def conv_geometry(workload: Workload) -> ConvGeometry | str:
     if found is None:
         return "the padding does not give the output size"
     (pt, pl, _, _), geom = found
-    n, cb, h, w, block = x.shape
-    _, kb, oh, ow, _ = y.shape
+    _, kb, oh, ow, block = y.shape
+    n, cb, h, w = x.shape[:4]
     r, s = wt.shape[2:]
     (sh, sw), (dh, dw) = geom.strides, geom.dilations
-    flat = (r, s, sh, sw, pt, pl, oh, ow) == (1, 1, 1, 1, 0, 0, h, w) and not depthwise
+    flat = (r, s, sh, sw, pt, pl, oh, ow) == (1, 1, 1, 1, 0, 0, h, w) and not depthwise \
+        and not nchw
     return ConvGeometry(
         n=n, cb=cb, h=1 if flat else h, w=h * w if flat else w, kb=kb, oh=1 if flat else oh,
         ow=oh * ow if flat else ow, r=r, s=s, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw,
         block=block, in_channels=wt.shape[1], out_channels=wt.shape[0], depthwise=depthwise,
         has_bias=has_bias, sum_index=sum_index, activation=act[0], activation_params=act[1],
-        flattened=flat)
+        flattened=flat, nchw_input=nchw)
 
 
 def accumulator_registers(geometry: ConvGeometry, isa: Isa, kv: int, px: int) -> int:
@@ -158,8 +190,9 @@ class MicroSpace:
         """Knob -> choices."""
         kv = (1,) if self.geometry.depthwise else KV_CHOICES
         cbt = (1,) if self.geometry.depthwise else CBT_CHOICES
+        split = (0, 1) if splittable(self.geometry) else (0,)
         return {"isa": self.isas, "kv": kv, "px": PX_CHOICES, "unroll": UNROLL_CHOICES,
-                "cbt": cbt}
+                "cbt": cbt, "split": split, "rows": ROWS_CHOICES}
 
     def validate(self, config) -> str | None:
         """None when `config` builds a correct kernel on this host, else why not."""
@@ -168,6 +201,11 @@ class MicroSpace:
     def default_config(self) -> dict:
         """The preferred config at the host's widest ISA (see `default_config`)."""
         return default_config(self.geometry, self.isas[0] if self.isas else None)
+
+
+def splittable(geometry: ConvGeometry) -> bool:
+    """Whether a phase split applies: a strided regular conv."""
+    return geometry.strided and not geometry.depthwise
 
 
 def config_reason(geometry: ConvGeometry, config) -> str | None:
@@ -181,6 +219,12 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
     kv, px, unroll, cbt = (int(config[k]) for k in ("kv", "px", "unroll", "cbt"))
     if cbt < 1:
         return "cbt (input blocks per pass) is positive"
+    if int(config["rows"]) < 1:
+        return "rows (output rows per parallel unit) is positive"
+    if config["split"] not in (0, 1):
+        return "split is 0 or 1"
+    if config["split"] and not splittable(geometry):
+        return "a phase split applies to strided regular convs only"
     if geometry.block % isa.lanes:
         return f"the block {geometry.block} is not a multiple of {isa.name}'s {isa.lanes} lanes"
     if min(kv, px, unroll) < 1 or px > max(PX_CHOICES) or unroll > max(UNROLL_CHOICES):
@@ -195,18 +239,61 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
     return None
 
 
+def _whole_kvs(geometry: ConvGeometry, isa: Isa) -> list[int]:
+    """Tile heights (vectors) up to MLAS's (4 with 32 registers, 2 with 16) that divide the
+    output's vectors."""
+    vectors = geometry.out_vectors(isa.lanes)
+    return [k for k in (1, 2, 3, 4)[: 4 if isa.registers >= 32 else 2] if vectors % k == 0]
+
+
+def mlas_tile(geometry: ConvGeometry, isa: Isa) -> dict:
+    """The tile of MLAS's NCHWc kernels (kv, px 6, no split, one row per unit): the default
+    of a stride-1 conv, the baseline the strided defaults were chosen against."""
+    return {"kv": max(_whole_kvs(geometry, isa)), "px": 6, "split": 0, "rows": 1}
+
+
+def _strided_tile(geometry: ConvGeometry, isa: Isa, kvs: list[int]) -> dict:
+    """The default of a strided KxK conv on a blocked input: the most output vectors whose
+    weights of one input block fit `PASS_BYTES` (a 3x3 filter's 4 vectors take 36 KiB on
+    AVX-512 and crowd L1), the widest tile of pixels the registers hold, units of about
+    `UNIT_PIXELS` output pixels (several rows of a small output), and the phase split for
+    rows of at most `SPLIT_ROW` pixels, where one-pixel edge tiles would be a large share
+    (on wider rows its copy of the input cost more than it saved)."""
+    per_vector = geometry.r * geometry.s * geometry.in_block * isa.lanes * 4
+    kv = max([k for k in kvs if k * per_vector <= PASS_BYTES] or [1])
+    px = max(p for p in PX_CHOICES
+             if accumulator_registers(geometry, isa, kv, p) <= isa.registers)
+    rows = max(1, min(geometry.oh, UNIT_PIXELS // geometry.ow))
+    return {"kv": kv, "px": px, "split": int(geometry.ow <= SPLIT_ROW), "rows": rows}
+
+
 def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA, and the tile of MLAS's NCHWc
     kernels (4 vectors of output channels x 6 pixels with 32 registers, 2 x 6 with 16;
     depthwise 8 or 4 pixels), fewer vectors where the output has fewer; full unroll;
-    passes of as many input blocks as keep their weights within `PASS_BYTES`."""
+    passes of as many input blocks as keep their weights within `PASS_BYTES`. Strided
+    1x1 convs take the phase split (a subsample, then a flattened 1x1 conv); strided KxK
+    convs on a blocked input a tile of fewer vectors and more pixels and the split of short
+    rows (`_strided_tile`). Both were faster than the MLAS tile in
+    `scripts/bench_microkernels.py` on ResNet-50's stride-2 convs; on a stem (NCHW input)
+    the split was slower (its phases hold one float per pixel): it keeps the MLAS tile."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if geometry.block % i.lanes == 0)
     wide = isa.registers >= 32
     if geometry.depthwise:
-        return {"isa": isa.name, "kv": 1, "px": 8 if wide else 4, "unroll": 16, "cbt": 1}
-    vectors = geometry.out_vectors(isa.lanes)
-    kv = max(k for k in (1, 2, 3, 4)[: 4 if wide else 2] if vectors % k == 0)
-    block_bytes = geometry.r * geometry.s * geometry.block * kv * isa.lanes * 4
+        return {"isa": isa.name, "kv": 1, "px": 8 if wide else 4, "unroll": 16, "cbt": 1,
+                "split": 0, "rows": 1}
+    tile = mlas_tile(geometry, isa)
+    if splittable(geometry) and (geometry.r, geometry.s) == (1, 1):
+        tile["split"] = 1
+    elif splittable(geometry) and not geometry.nchw_input:
+        tile = _strided_tile(geometry, isa, _whole_kvs(geometry, isa))
+    return with_passes(geometry, isa, tile)
+
+
+def with_passes(geometry: ConvGeometry, isa: Isa, tile: dict) -> dict:
+    """A full config of `tile` (kv, px, split, rows): full unroll, passes of as many input
+    blocks as keep their weights within `PASS_BYTES`."""
+    block_bytes = geometry.r * geometry.s * geometry.in_block * tile["kv"] * isa.lanes * 4
     cbt = max([c for c in CBT_CHOICES if c * block_bytes <= PASS_BYTES] or [1])
-    return {"isa": isa.name, "kv": kv, "px": 6, "unroll": 16, "cbt": cbt}
+    return {"isa": isa.name, "unroll": 16, "cbt": cbt, **tile}

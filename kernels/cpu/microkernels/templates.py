@@ -1,21 +1,32 @@
 """C source of the NCHWc micro-kernels, every size baked in as a constant.
 
-    source = conv_source(geometry, config)   # void wpk_micro_conv(x, w, bias, sum, y)
+    source = conv_source(geometry, config)   # void wpk_micro_conv(x, w, bias, sum, y, scratch)
+    split_floats(geometry, config)           # floats of `scratch` (0: pass NULL)
 
-Regular conv: for each (image, tile of KV output vectors, output row, column
-chunk) (OpenMP over all four) the row is cut into tiles of PX pixels. A tile
-keeps KV x PX accumulators in vector registers, starts them at the bias and,
-for every input channel, filter row and column, loads the KV weight vectors
+Regular conv: for each (image, tile of KV output vectors, block of ROWS output
+rows, column chunk) (OpenMP over all four) each row is cut into tiles of PX
+pixels. A tile keeps KV x PX accumulators in vector registers, starts them at
+the bias and, for every input channel, filter row and column, loads the KV weight vectors
 of that input channel (packed contiguously at prepare time: `pack_conv_filter`)
 and adds each pixel's input value, broadcast, times them: KV + PX loads for
 KV x PX FMAs. Then the epilogue runs on the registers (residual add,
 activation) and the tile is stored. The input channels are reduced in passes
 of CBT blocks over the whole row segment (partial sums parked in the output),
-so a pass's weights stay in cache. Pixels whose window leaves the image (left
-and right edges) take a one-pixel tile that checks its columns; filter rows
-outside the image are skipped. The interior's last tile takes a specialised
-smaller tile. Tiles are generated unrolled, every accumulator, weight vector
-and broadcast a named variable, and the input pointer of each filter column is
+so a pass's weights stay in cache (the pass loop outside the unit's rows).
+Pixels whose window leaves the image (left and right edges) take a one-pixel
+tile that checks its columns; filter rows outside the image are skipped. The
+interior's last tile takes a specialised smaller tile. An NCHW input (a stem)
+is read as blocks of one channel (`IB` 1).
+
+Phase split (config `split`): the same parallel region first copies the input
+into its SH x SW phases with the padding written out (`split_row`, into
+`scratch`); a tap (r, s) then reads phase ((r*DH) % SH, (s*DW) % SW) at row
+oh + r*DH/SH, column ow + s*DW/SW, so a tile's pixels are contiguous and no
+tile checks edges. A strided 1x1 conv reads only phase (0, 0), OH x OW pixels:
+a flattened 1x1 stride-1 conv of `_subsampled(geometry)` follows the copy.
+
+Tiles are generated unrolled, every accumulator, weight vector and broadcast a
+named variable, and the input pointer of each filter column is
 hidden from the optimizer (`OPAQUE`): otherwise gcc shares the broadcasts of
 overlapping columns across the unrolled taps and spills them (checked with
 `gcc -S`: 700 stack accesses per tile sweep without it, none with it).
@@ -33,6 +44,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 
 from wpk.kernels.cpu.microkernels.isa import ISAS
 from wpk.kernels.cpu.microkernels.space import ConvGeometry, config_reason
@@ -119,20 +131,16 @@ _CONV_TILE = r"""
 INLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
                         float *y, int n, int kt, int oh, int ow, int c0, int c1) {{
 {init}
-    const float *wk = w + (size_t)kt * CB * R * S * BLK * TK;
+    const float *wk = w + (size_t)kt * CB * R * S * IB * TK;
     for (int cb = c0; cb < c1; ++cb) {{
         for (int r = 0; r < R; ++r) {{
-            int ih = oh * SH - PT + r * DH;
-            if (ih < 0 || ih >= H) continue;
-            const float *xrow = x + (((size_t)n * CB + cb) * H + ih) * W * BLK;
-            const float *wr = wk + (size_t)((cb * R + r) * S) * BLK * TK;
+{row}
+            const float *wr = wk + (size_t)((cb * R + r) * S) * IB * TK;
             for (int s = 0; s < S; ++s) {{
-                ptrdiff_t iw = (ptrdiff_t)ow * SW - PL + s * DW;
-                if ({checked} && (iw < 0 || iw >= W)) continue;
-                const float *xp = xrow + iw * BLK;
+{column}
                 OPAQUE(xp);   /* no sharing of broadcasts across taps: they would spill */
-                const float *ws = wr + s * BLK * TK;
-                _Pragma("GCC unroll {unroll}") for (int bi = 0; bi < BLK; ++bi) {{
+                const float *ws = wr + s * IB * TK;
+                _Pragma("GCC unroll {unroll}") for (int bi = 0; bi < IB; ++bi) {{
 {body}
                 }}
             }}
@@ -142,9 +150,28 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
 }}
 """
 
+# Input addressing of a tap (filter row r, column s) of the tile's first pixel: the image
+# itself (rows outside it skipped, columns checked in CHECKED tiles), or its phase split,
+# whose padding is explicit (no checks; pixels of a phase row are contiguous).
+_DIRECT_ROW = """\
+            int ih = oh * SH - PT + r * DH;
+            if (ih < 0 || ih >= H) continue;
+            const float *xrow = x + (((size_t)n * CB + cb) * H + ih) * W * IB;"""
+_DIRECT_COLUMN = """\
+                ptrdiff_t iw = (ptrdiff_t)ow * SW - PL + s * DW;
+                if ({checked} && (iw < 0 || iw >= W)) continue;
+                const float *xp = xrow + iw * IB;"""
+_PHASE_ROW = """\
+            const int ra = (r * DH) % SH, ri = oh + (r * DH) / SH;
+            const float *xrow = x + ((((size_t)n * CB + cb) * PA + ra) * PB * PH + ri) * PW * IB;"""
+_PHASE_COLUMN = """\
+                const float *xp = xrow + ((size_t)((s * DW) % SW) * PH * PW
+                                          + ow + (s * DW) / SW) * IB;"""
 
-def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int) -> str:
-    """The C function of a KV x np_ register tile (see `_CONV_TILE`)."""
+
+def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: bool) -> str:
+    """The C function of a KV x np_ register tile (see `_CONV_TILE`) reading the image
+    (`phase` False) or its phase split."""
     acc = [[f"a{j}_{p}" for p in range(np_)] for j in range(kv)]
     init, body, store = [], [], []
     for j in range(kv):
@@ -157,7 +184,7 @@ def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int) -> str:
             init.append(f"    vf {acc[j][p]} = c0 == 0 ? b{j} : vload(y + o{j} + {p} * BLK);")
         body.append(f"                    const vf w{j} = vload(ws + bi * TK + {j} * VW);")
     for p in range(np_):
-        body.append(f"                    const vf x{p} = vsplat(xp[{p} * SW * BLK + bi]);")
+        body.append(f"                    const vf x{p} = vsplat(xp[{p} * XSTEP + bi]);")
         body += [f"                    {acc[j][p]} += x{p} * w{j};" for j in range(kv)]
     for j in range(kv):
         store.append(f"    if (kt * KV + {j} < KVEC) {{")
@@ -166,9 +193,10 @@ def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int) -> str:
             store.append(f"        if (c1 == CB) epilogue({acc[j][p]}, sum + {at}, y + {at});")
             store.append(f"        else vstore(y + {at}, {acc[j][p]});")
         store.append("    }")
-    return _CONV_TILE.format(name=name, np=np_, checked=checked, unroll=unroll,
-                             init="\n".join(init), body="\n".join(body),
-                             store="\n".join(store))
+    row, column = (_PHASE_ROW, _PHASE_COLUMN) if phase else (_DIRECT_ROW, _DIRECT_COLUMN)
+    return _CONV_TILE.format(name=name, np=np_, unroll=unroll, init="\n".join(init),
+                             row=row, column=column.format(checked=checked),
+                             body="\n".join(body), store="\n".join(store))
 
 
 _DW_TILE = r"""
@@ -206,12 +234,13 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
 """
 
 _ROW = r"""
-/* output columns [b0, b1) of one row: checked edges, PX tiles, one smaller tile; the input
-   blocks in passes of CBT, so a pass's weights stay in cache while its tiles run */
+/* output columns [b0, b1) of rows [oh0, oh1): checked edges, PX tiles, one smaller tile;
+   the input blocks in passes of CBT, so a pass's weights stay in cache while the tiles of
+   all the rows run */
 static void row(const float *x, const float *w, const float *bias, const float *sum, float *y,
-                {params}, int oh, int b0, int b1) {{
+                {params}, int oh0, int oh1, int b0, int b1) {{
     int hi = b1 < OW_HI ? b1 : OW_HI;
-    for (int c0 = 0; c0 < PASSES * CBT; c0 += CBT) {{
+    for (int c0 = 0; c0 < PASSES * CBT; c0 += CBT) for (int oh = oh0; oh < oh1; ++oh) {{
         int c1 = c0 + CBT < CB ? c0 + CBT : CB;
         int ow = b0;
         for (; ow < b1 && ow < OW_LO; ++ow)
@@ -226,18 +255,49 @@ static void row(const float *x, const float *w, const float *bias, const float *
     }}
 }}
 
+/* scratch: the phase split of x (split kernels; NULL otherwise) */
 void wpk_micro_conv(const float *x, const float *w, const float *bias, const float *sum,
-                    float *y) {{
-    #pragma omp parallel for schedule(dynamic, 1) if (UNITS > 1)
-    for (int u = 0; u < UNITS; ++u) {{
-        int c = u % NCH, t = u / NCH;
-        int oh = t % OH; t /= OH;
+                    float *y, float *scratch) {{
+    (void)scratch;
+    #pragma omp parallel if (UNITS > 1)
+    {{
+{pre}
+        #pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < UNITS; ++u) {{
+            int c = u % NCH, t = u / NCH;
+            int oh = t % OHB * ROWS; t /= OHB;
 {decode}
-        int b0 = c * CW, b1 = b0 + CW < OW ? b0 + CW : OW;
-        row(x, w, bias, sum, y, {args}, oh, b0, b1);
+            int b0 = c * CW, b1 = b0 + CW < OW ? b0 + CW : OW;
+            row(xin, w, bias, sum, y, {args}, oh, oh + ROWS < OH ? oh + ROWS : OH, b0, b1);
+        }}
     }}
 }}
 """
+
+_SPLIT = r"""
+/* Phase split of the padded input: phase (a, b) holds pixels (XSH*i + a - XPT, XSW*j + b - XPL)
+   of the image, zero outside it, as [N][CB][PA][PB][PH][PW][IB]. Unit q fills row i of the
+   phases (a, *) of image n, input block cb. */
+static void split_row(const float *x, float *xs, int q) {
+    int i = q % PH, t = q / PH;
+    int a = t % PA; t /= PA;                    /* t: n * CB + cb */
+    int ih = i * XSH + a - XPT;
+    const float *src = x + ((size_t)t * XH + (ih < 0 ? 0 : ih < XH ? ih : XH - 1)) * XW * IB;
+    for (int b = 0; b < PB; ++b) {
+        float *dst = xs + ((((size_t)t * PA + a) * PB + b) * PH + i) * PW * IB;
+        for (int j = 0; j < PW; ++j) {
+            ptrdiff_t iw = (ptrdiff_t)j * XSW + b - XPL;
+            int inside = ih >= 0 && ih < XH && iw >= 0 && iw < XW;
+            _Pragma("GCC unroll 16") for (int e = 0; e < IB; ++e)
+                dst[j * IB + e] = inside ? src[iw * IB + e] : 0.0f;
+        }
+    }
+}
+"""
+_SPLIT_CALL = """\
+        #pragma omp for schedule(dynamic, 8)   /* a descheduled thread holds up little */
+        for (int q = 0; q < SPLIT_UNITS; ++q) split_row(x, scratch, q);
+        const float *xin = scratch;"""
 
 
 def _remainders(g: ConvGeometry, lo: int, hi: int, width: int, px: int) -> list[int]:
@@ -250,38 +310,72 @@ def _remainders(g: ConvGeometry, lo: int, hi: int, width: int, px: int) -> list[
     return sorted(found - {0})
 
 
+def _phases(g: ConvGeometry) -> dict[str, int]:
+    """Sizes of the phase split: PA x PB phases (the row and column phases the filter taps
+    read) of PH x PW pixels (every output pixel's window inside, padding explicit)."""
+    return dict(PA=max(r * g.dh % g.sh for r in range(g.r)) + 1,
+                PB=max(s * g.dw % g.sw for s in range(g.s)) + 1,
+                PH=g.oh + (g.r - 1) * g.dh // g.sh, PW=g.ow + (g.s - 1) * g.dw // g.sw)
+
+
+def split_floats(g: ConvGeometry, config: Mapping) -> int:
+    """Floats of the scratch buffer a kernel built with `config` needs (0 without a split)."""
+    if not int(config.get("split", 0)):
+        return 0
+    p = _phases(g)
+    return g.n * g.cb * p["PA"] * p["PB"] * p["PH"] * p["PW"] * g.in_block
+
+
+def _subsampled(g: ConvGeometry) -> ConvGeometry:
+    """A strided 1x1 conv after its split: one phase of OH x OW pixels, i.e. a 1x1 stride-1
+    conv over one row of OH * OW pixels."""
+    return replace(g, h=1, w=g.oh * g.ow, oh=1, ow=g.oh * g.ow, sh=1, sw=1, pt=0, pl=0,
+                   dh=1, dw=1, flattened=True)
+
+
 def conv_source(g: ConvGeometry, config: Mapping) -> str:
-    """The C source of `wpk_micro_conv(x, w, bias, sum, y)` for `g` under `config`
-    (ValueError for an invalid config)."""
+    """The C source of `wpk_micro_conv(x, w, bias, sum, y, scratch)` for `g` under `config`
+    (ValueError for an invalid config); `scratch` holds `split_floats(g, config)` floats."""
     reason = config_reason(g, config)
     if reason:
         raise ValueError(reason)
     isa = ISAS[str(config["isa"])]
     lanes, kv, px, unroll = isa.lanes, int(config["kv"]), int(config["px"]), int(config["unroll"])
     cbt = min(int(config["cbt"]), g.cb)
+    split = bool(int(config["split"]))
+    original, phase = g, split and (g.r, g.s) != (1, 1)
+    if split and not phase:
+        g = _subsampled(g)
+    row_block = min(int(config["rows"]), g.oh)
     vectors = g.out_vectors(lanes)
     tiles = -(-vectors // kv)
-    lo, hi = _interior(g)
+    lo, hi = (0, g.ow) if phase else _interior(g)
     if g.depthwise:
         groups = g.block // lanes
-        rows = g.n * g.kb * groups * g.oh
+        rows = g.n * g.kb * groups * _ceil_div(g.oh, row_block)
         params, args = "int n, int kb, int l", "n, kb, l"
         decode = ("        int l = t % LG; t /= LG;\n        int kb = t % KB; int n = t / KB;")
         def tile(name, np_, checked):
             return _DW_TILE.format(name=name, np=np_, checked=checked, unroll=unroll)
     else:
-        rows = g.n * tiles * g.oh
+        rows = g.n * tiles * _ceil_div(g.oh, row_block)
         params, args = "int n, int kt", "n, kt"
         decode = "        int n = t % N; int kt = t / N;"
         def tile(name, np_, checked):
-            return _conv_tile(name, np_, kv, checked, unroll)
+            return _conv_tile(name, np_, kv, checked, unroll, phase)
     width, chunks = _chunks(g, rows, px)
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KB=g.kb, OH=g.oh, OW=g.ow, R=g.r, S=g.s,
                    SH=g.sh, SW=g.sw, PT=g.pt, PL=g.pl, DH=g.dh, DW=g.dw, BLK=g.block, VW=lanes,
                    KV=kv, PX=px, TK=kv * lanes, KVEC=vectors, LG=g.block // lanes,
                    CBT=cbt, PASSES=_ceil_div(g.cb, cbt) if not g.depthwise else 1,
                    HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
-                   UNITS=rows * chunks)
+                   UNITS=rows * chunks, ROWS=row_block, OHB=_ceil_div(g.oh, row_block),
+                   IB=g.in_block, XSTEP=g.in_block * (1 if phase else g.sw))
+    if split:
+        p = _phases(original)
+        defines.update(p, XH=original.h, XW=original.w, XSH=original.sh, XSW=original.sw,
+                       XPT=original.pt, XPL=original.pl,
+                       SPLIT_UNITS=g.n * g.cb * p["PA"] * p["PH"])
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_epilogue(g, lanes))
@@ -292,5 +386,9 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         parts.append(tile(f"rest{np_}", np_, 0))
         cases.append(f"        case {np_}: tile_rest{np_}(x, w, bias, sum, y, {args}, oh, ow, "
                      f"c0, c1); ow += {np_}; break;")
-    parts.append(_ROW.format(params=params, args=args, cases="\n".join(cases), decode=decode))
+    if split:
+        parts.append(_SPLIT)
+    pre = _SPLIT_CALL if split else "        const float *xin = x;"
+    parts.append(_ROW.format(params=params, args=args, cases="\n".join(cases), decode=decode,
+                             pre=pre))
     return "".join(parts)
