@@ -20,6 +20,7 @@ from wpk.core.workload import Workload
 from wpk.dsl.toolchain import c_compiler
 from wpk.dsl.toolchain import compiler_version as tool_version
 from wpk.kernels import registry
+from wpk.kernels.cpu.microkernels.inverted_residual import InvertedResidualKernels
 from wpk.kernels.cpu.microkernels.kernel import MicroKernels
 from wpk.kernels.generated import compile_job, template_of
 from wpk.kernels.jobs import CompileJob
@@ -55,7 +56,7 @@ class CpuTarget(Target):
 
     @classmethod
     def create(cls, **options: Any) -> CpuTarget:
-        return cls(host_cpu(), CpuGenerated(), also=(MicroKernels(),))
+        return cls(host_cpu(), CpuGenerated(), also=(MicroKernels(), InvertedResidualKernels()))
 
     def candidates(self, workload: Workload, generated: int | None = None) -> list[Candidate]:
         return registry.candidates(workload, self.name, last_resort=True)

@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 
 from wpk.core.graph import Graph, Node
 from wpk.kernels.cpu.attention_spec import ATTENTION_DOMAIN, ATTENTION_OP, attention_onnx_nodes
+from wpk.kernels.cpu.inverted_residual_spec import IR_DOMAIN, IR_OP, part_nodes
 from wpk.kernels.epilogue import epilogue_onnx_nodes
 
 ELEMENTWISE_OP = "Elementwise"
@@ -91,6 +92,10 @@ class _Emitter:
     def _emit(self, node: Node) -> None:
         if node.op == ATTENTION_OP and node.domain == ATTENTION_DOMAIN:
             self._attention(node)
+            return
+        if node.op == IR_OP and node.domain == IR_DOMAIN:  # its three blocked convs
+            for part in part_nodes(node, self.fresh):
+                self._emit(part)
             return
         if not node.epilogue and node.op != ELEMENTWISE_OP:
             self.nodes.append(node_to_proto(node))

@@ -1,0 +1,259 @@
+"""C source of the fused inverted-residual kernel, every size baked in as a constant.
+
+    source = block_source(geometry, config)   # void wpk_inverted_residual(x, w, y)
+
+`w` points at the packed parameters (`inverted_residual.pack_block`): W1 as
+[EV/KV1][CIN][KV1*VW] (the output channels of a register tile contiguous per
+input channel), B1 [CE], W2 [KBE][K][K][BLK], B2 [CE], W3 [OV/KV2][CE][KV2*VW],
+B3 [KBO*BLK], all zero padded.
+
+OpenMP runs strips of output rows (image, strip). A strip walks its rows; for
+each it computes the rows of the expanded tensor H1 its depthwise window
+needs and has not computed yet (all expanded channels, into a ring of K rows
+of a thread's buffer, so each row is computed once per strip), then one row
+of the depthwise output H2 (a row buffer), then the output row: the 1x1
+project conv of that H2 row, bias and residual. H1 and H2 live only in the
+thread's buffer (K + 1 rows of the expanded channels), never in memory.
+
+The two 1x1 convs are register tiles of KV vectors of output channels by NP
+pixels of a row: per input channel, KV weight vectors and NP broadcasts, KV x
+NP FMAs; the accumulators start at the bias and end in the activation (and
+the residual add) before the store. The depthwise runs one vector of
+channels at a time, the K x K weight vectors in registers, checked taps only
+at the image's left and right edges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from wpk.core.epilogue import EPILOGUE_TABLE
+from wpk.kernels.cpu.microkernels.ir_space import BlockGeometry, config_reason
+from wpk.kernels.cpu.microkernels.isa import ISAS
+
+_HEADER = r"""
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <omp.h>
+
+typedef float vf __attribute__((vector_size({lanes} * 4)));
+typedef float vfu __attribute__((vector_size({lanes} * 4), aligned(4), may_alias));
+typedef int vi __attribute__((vector_size({lanes} * 4)));
+#define INLINE static inline __attribute__((always_inline))
+INLINE vf vload(const float *p) {{ return *(const vfu *)p; }}
+INLINE void vstore(float *p, vf v) {{ *(vfu *)p = v; }}
+INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
+INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
+INLINE vf vmax(vf a, vf b) {{ return vsel(a > b, a, b); }}
+INLINE vf vmin(vf a, vf b) {{ return vsel(a < b, a, b); }}
+"""
+
+
+def _c_float(value: float) -> str:
+    return f"{float(value)!r}f"
+
+
+def activation_c(name: str, act: tuple) -> str:
+    """`INLINE vf name(vf v)`: the activation step `act` ((step, attrs) or ('', ()))."""
+    step, attrs = act
+    body = "v"
+    if step:
+        values = EPILOGUE_TABLE[step].attr_values(dict(attrs))
+        if step == "relu":
+            body = "vmax(v, vsplat(0.0f))"
+        elif step == "clip":
+            lo, hi = values["min"], values["max"]
+            if lo is not None:
+                body = f"vmax({body}, vsplat({_c_float(lo)}))"
+            if hi is not None:
+                body = f"vmin({body}, vsplat({_c_float(hi)}))"
+        elif step == "leaky_relu":
+            body = f"vsel(v > 0.0f, v, v * {_c_float(values['alpha'])})"
+        elif step == "hard_sigmoid":
+            body = (f"vmin(vmax(v * {_c_float(values['alpha'])} + {_c_float(values['beta'])}, "
+                    "vsplat(0.0f)), vsplat(1.0f))")
+        else:
+            raise ValueError(f"the fused block has no activation {step!r}")
+    return f"INLINE vf {name}(vf v) {{ return {body}; }}\n"
+
+
+_POINTWISE = r"""
+/* {kv} x {np} tile of a 1x1 conv: output vectors [t*{kv}, t*{kv}+{kv}) at pixels [p0, p0+{np})
+   of a row; the source row's block c starts at src + c * {src_bs}, the destination's block at
+   dst + c * {dst_bs}; res (the residual row, laid out as dst) or NULL */
+INLINE void {name}(const float *src, const float *w, const float *bias, float *dst,
+                   const float *res, int t, int p0) {{
+    vf acc[{kv}][{np}];
+    const float *wt = w + (size_t)t * {cin} * {kv} * VW;
+    _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) {{
+        vf b = vload(bias + (t * {kv} + j) * VW);
+        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) acc[j][p] = b;
+    }}
+    for (int cb = 0; cb < {cin} / BLK; ++cb) {{
+        const float *xp = src + (size_t)cb * {src_bs} + (size_t)p0 * BLK;
+        const float *wc = wt + (size_t)cb * BLK * {kv} * VW;
+        _Pragma("GCC unroll 4") for (int bi = 0; bi < BLK; ++bi) {{
+            vf wv[{kv}];
+            _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j)
+                wv[j] = vload(wc + (bi * {kv} + j) * VW);
+            _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
+                vf xv = vsplat(xp[p * BLK + bi]);
+                _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) acc[j][p] += xv * wv[j];
+            }}
+        }}
+    }}
+    _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) {{
+        int v = t * {kv} + j;
+        size_t at = (size_t)(v / LG) * {dst_bs} + (size_t)(v % LG) * VW + (size_t)p0 * BLK;
+        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
+            vf r = acc[j][p];
+            if (res) r += vload(res + at + p * BLK);
+            vstore(dst + at + p * BLK, {act}(r));
+        }}
+    }}
+}}
+"""
+
+
+def _pointwise(prefix: str, kv: int, px: int, cin: str, src_bs: str, dst_bs: str,
+               act: str, pixels: str) -> str:
+    """Tiles of 1..px pixels and `{prefix}_row(src, w, bias, dst, res)`, a whole row."""
+    parts = [_POINTWISE.format(name=f"{prefix}_{np_}", kv=kv, np=np_, cin=cin, src_bs=src_bs,
+                               dst_bs=dst_bs, act=act) for np_ in range(1, px + 1)]
+    cases = "\n".join(f"        case {np_}: {prefix}_{np_}(src, w, bias, dst, res, t, p); break;"
+                      for np_ in range(1, px))
+    parts.append(f"""
+static void {prefix}_row(const float *src, const float *w, const float *bias, float *dst,
+                         const float *res) {{
+    for (int t = 0; t < {prefix.upper()}_TILES; ++t) {{
+        int p = 0;
+        for (; p + {px} <= {pixels}; p += {px}) {prefix}_{px}(src, w, bias, dst, res, t, p);
+        switch ({pixels} - p) {{
+{cases}
+        default: break;
+        }}
+    }}
+}}
+""")
+    return "".join(parts)
+
+
+_BODY = r"""
+/* one vector of channels (block kb, lane group l) of one depthwise output row, from the
+   ring of expanded rows (valid filter rows [r0, r1), input row of filter row 0: ih0) */
+INLINE vf dw_pixel(const float *const *rows, const vf wv[K][K], vf b, int r0, int r1, int ow,
+                   int checked) {
+    vf acc = b;
+    for (int r = r0; r < r1; ++r) {
+        const float *row = rows[r];
+        _Pragma("GCC unroll 8") for (int s = 0; s < K; ++s) {
+            int iw = ow * S - PL + s;
+            if (checked && (iw < 0 || iw >= W)) continue;
+            acc += vload(row + (size_t)iw * BLK) * wv[r][s];
+        }
+    }
+    return act2(acc);
+}
+
+static void dw_row(const float *ring, const float *w2, const float *b2, float *out,
+                   int r0, int r1, int ih0) {
+    for (int kb = 0; kb < KBE; ++kb) {
+        for (int l = 0; l < LG; ++l) {
+            vf wv[K][K];
+            _Pragma("GCC unroll 8") for (int r = 0; r < K; ++r)
+                _Pragma("GCC unroll 8") for (int s = 0; s < K; ++s)
+                    wv[r][s] = vload(w2 + (((size_t)kb * K + r) * K + s) * BLK + l * VW);
+            const float *rows[K];
+            for (int r = r0; r < r1; ++r)
+                rows[r] = ring + ((size_t)((ih0 + r) % K) * KBE + kb) * W * BLK + l * VW;
+            vf b = vload(b2 + kb * BLK + l * VW);
+            float *o = out + (size_t)kb * OW * BLK + l * VW;
+            int ow = 0;
+            for (; ow < OW && ow < OW_LO; ++ow)
+                vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 1));
+            for (; ow < OW_HI; ++ow) vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 0));
+            for (; ow < OW; ++ow) vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 1));
+        }
+    }
+}
+
+static _Thread_local float *thread_buffer;
+
+/* output rows [oh0, oh1) of image n */
+static void strip(const float *x, const float *w, float *y, float *buf, int n, int oh0,
+                  int oh1) {
+    const float *w1 = w, *b1 = w1 + W1_SIZE, *w2 = b1 + CE, *b2 = w2 + KBE * K * K * BLK;
+    const float *w3 = b2 + CE, *b3 = w3 + W3_SIZE;
+    float *ring = buf, *h2 = buf + (size_t)K * KBE * W * BLK;
+    int next = 0;
+    for (int oh = oh0; oh < oh1; ++oh) {
+        int ih0 = oh * S - PT;
+        int r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < K ? H - ih0 : K;
+        if (next < ih0 + r0) next = ih0 + r0;
+        for (; next < ih0 + r1; ++next)
+            ex_row(x + (((size_t)n * CB * H) + next) * W * BLK, w1, b1,
+                   ring + (size_t)(next % K) * KBE * W * BLK, NULL);
+        dw_row(ring, w2, b2, h2, r0, r1, ih0 + K * H);
+        float *yrow = y + (((size_t)n * KBO * OH) + oh) * OW * BLK;
+        const float *res = RESIDUAL ? x + (((size_t)n * CB * H) + oh) * W * BLK : NULL;
+        pr_row(h2, w3, b3, yrow, res);
+    }
+}
+
+void wpk_inverted_residual(const float *x, const float *w, float *y) {
+    int threads = omp_get_max_threads();
+    int rows = ROWS > 0 ? ROWS : (OH * N + threads - 1) / threads;
+    if (rows > OH) rows = OH;
+    if (rows < 1) rows = 1;
+    int strips = (OH + rows - 1) / rows, units = N * strips;
+    #pragma omp parallel for schedule(dynamic, 1) if (units > 1)
+    for (int u = 0; u < units; ++u) {
+        float *buf = thread_buffer;
+        if (!buf) {
+            buf = aligned_alloc(64, BUFFER_BYTES);
+            thread_buffer = buf;
+        }
+        int n = u / strips, s0 = (u % strips) * rows;
+        strip(x, w, y, buf, n, s0, s0 + rows < OH ? s0 + rows : OH);
+    }
+}
+"""
+
+
+def _interior(g: BlockGeometry) -> tuple[int, int]:
+    """[lo, hi): the depthwise output columns whose window lies inside the row."""
+    lo = min(g.ow, -(-g.pl // g.s))
+    last = g.w - 1 + g.pl - (g.k - 1)
+    hi = 0 if last < 0 else min(g.ow, last // g.s + 1)
+    return lo, max(lo, hi)
+
+
+def block_source(g: BlockGeometry, config: Mapping) -> str:
+    """The C source of `wpk_inverted_residual(x, w, y)` for `g` under `config`
+    (ValueError for an invalid config)."""
+    reason = config_reason(g, config)
+    if reason:
+        raise ValueError(reason)
+    isa = ISAS[str(config["isa"])]
+    lanes, kv1, kv2, px = isa.lanes, int(config["kv1"]), int(config["kv2"]), int(config["px"])
+    lg = g.block // lanes
+    cin, ce = g.cb * g.block, g.kbe * g.block
+    lo, hi = _interior(g)
+    buffer_floats = (g.k * g.kbe * g.w + g.kbe * g.ow) * g.block
+    defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
+                   K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
+                   EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2,
+                   W1_SIZE=cin * ce, W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
+                   ROWS=int(config["rows"]), OW_LO=lo, OW_HI=hi,
+                   BUFFER_BYTES=-(-buffer_floats * 4 // 64) * 64)
+    parts = [_HEADER.format(lanes=lanes)]
+    parts += [f"#define {k} {v}\n" for k, v in defines.items()]
+    parts.append(activation_c("act1", g.act1))
+    parts.append(activation_c("act2", g.act2))
+    parts.append(activation_c("linear", ("", ())))
+    parts.append(_pointwise("ex", kv1, px, str(cin), "(H * W * BLK)", "(W * BLK)", "act1", "W"))
+    parts.append(_pointwise("pr", kv2, px, str(ce), "(OW * BLK)", "(OH * OW * BLK)", "linear",
+                            "OW"))
+    parts.append(_BODY)
+    return "".join(parts)
