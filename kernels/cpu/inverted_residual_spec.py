@@ -187,3 +187,24 @@ def part_nodes(node: Node, fresh: Callable[[str], str]) -> list[Node]:
              dict(_conv_attrs(1, 1, (0, 0, 0, 0), 1, b, c)),
              epilogue=(EpilogueStep("add", (), 3),) if residual else (), **conv),
     ]
+
+
+def block_workload(n: int, cin: int, expanded: int, cout: int, h: int, w: int, k: int = 3,
+                   stride: int = 1, act: tuple = ("clip", (("max", 6.0), ("min", 0.0))),
+                   residual: bool = False, block: int = 16, biases: bool = True,
+                   opset: int = 17) -> Workload:
+    """A fused block workload of the given sizes (benchmarks and tests; the graph pass makes
+    them from a model): pads K // 2, the same activation after the expand and the depthwise."""
+    p = k // 2
+    attrs = {"block": block, "channels": cout, "expanded": expanded, "kernel": k,
+             "stride": stride, "pads": (p, p, p, p), "act1": act[0], "act1_attrs": act[1],
+             "act2": act[0], "act2_attrs": act[1], "residual": int(residual)}
+    x = blocked(n, cin, h, w, block)
+    _, h2 = part_specs(attrs, x)
+    y = blocked(n, cout, h2.shape[2], h2.shape[3], block)
+    shapes = [(expanded, cin, 1, 1), (expanded,), (expanded, 1, k, k), (expanded,),
+              (cout, expanded, 1, 1), (cout,)]
+    inputs = (x, *(TensorSpec(s) if biases or len(s) > 1 else None for s in shapes))
+    return Workload(IR_OP, inputs, (y,), tuple(sorted(attrs.items())), domain=IR_DOMAIN,
+                    const_inputs=tuple(i for i in range(1, 7) if inputs[i] is not None),
+                    opset=opset)

@@ -35,6 +35,7 @@ _HEADER = r"""
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 #include <omp.h>
 
 typedef float vf __attribute__((vector_size({lanes} * 4)));
@@ -80,10 +81,10 @@ def activation_c(name: str, act: tuple) -> str:
 
 _POINTWISE = r"""
 /* {kv} x {np} tile of a 1x1 conv: output vectors [t*{kv}, t*{kv}+{kv}) at pixels [p0, p0+{np})
-   of a row; the source row's block c starts at src + c * {src_bs}, the destination's block at
-   dst + c * {dst_bs}; res (the residual row, laid out as dst) or NULL */
-INLINE void {name}(const float *src, const float *w, const float *bias, float *dst,
-                   const float *res, int t, int p0) {{
+   of a run; the source's block c starts at src + c * src_bs, the destination's at
+   dst + c * dst_bs; res (the residual, laid out as dst) or NULL */
+INLINE void {name}(const float *src, size_t src_bs, const float *w, const float *bias,
+                   float *dst, size_t dst_bs, const float *res, int t, int p0) {{
     vf acc[{kv}][{np}];
     const float *wt = w + (size_t)t * {cin} * {kv} * VW;
     _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) {{
@@ -91,7 +92,7 @@ INLINE void {name}(const float *src, const float *w, const float *bias, float *d
         _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) acc[j][p] = b;
     }}
     for (int cb = 0; cb < {cin} / BLK; ++cb) {{
-        const float *xp = src + (size_t)cb * {src_bs} + (size_t)p0 * BLK;
+        const float *xp = src + (size_t)cb * src_bs + (size_t)p0 * BLK;
         const float *wc = wt + (size_t)cb * BLK * {kv} * VW;
         _Pragma("GCC unroll 4") for (int bi = 0; bi < BLK; ++bi) {{
             vf wv[{kv}];
@@ -105,7 +106,7 @@ INLINE void {name}(const float *src, const float *w, const float *bias, float *d
     }}
     _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) {{
         int v = t * {kv} + j;
-        size_t at = (size_t)(v / LG) * {dst_bs} + (size_t)(v % LG) * VW + (size_t)p0 * BLK;
+        size_t at = (size_t)(v / LG) * dst_bs + (size_t)(v % LG) * VW + (size_t)p0 * BLK;
         _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
             vf r = acc[j][p];
             if (res) r += vload(res + at + p * BLK);
@@ -116,20 +117,21 @@ INLINE void {name}(const float *src, const float *w, const float *bias, float *d
 """
 
 
-def _pointwise(prefix: str, kv: int, px: int, cin: str, src_bs: str, dst_bs: str,
-               act: str, pixels: str) -> str:
-    """Tiles of 1..px pixels and `{prefix}_row(src, w, bias, dst, res)`, a whole row."""
-    parts = [_POINTWISE.format(name=f"{prefix}_{np_}", kv=kv, np=np_, cin=cin, src_bs=src_bs,
-                               dst_bs=dst_bs, act=act) for np_ in range(1, px + 1)]
-    cases = "\n".join(f"        case {np_}: {prefix}_{np_}(src, w, bias, dst, res, t, p); break;"
+def _pointwise(prefix: str, kv: int, px: int, cin: str, act: str) -> str:
+    """Tiles of 1..px pixels and `{prefix}_run(src, src_bs, w, bias, dst, dst_bs, res,
+    pixels)`: a run of `pixels` contiguous pixels (whole rows of a block)."""
+    parts = [_POINTWISE.format(name=f"{prefix}_{np_}", kv=kv, np=np_, cin=cin, act=act)
+             for np_ in range(1, px + 1)]
+    args = "src, src_bs, w, bias, dst, dst_bs, res, t, p"
+    cases = "\n".join(f"        case {np_}: {prefix}_{np_}({args}); break;"
                       for np_ in range(1, px))
     parts.append(f"""
-static void {prefix}_row(const float *src, const float *w, const float *bias, float *dst,
-                         const float *res) {{
+static void {prefix}_run(const float *src, size_t src_bs, const float *w, const float *bias,
+                         float *dst, size_t dst_bs, const float *res, int pixels) {{
     for (int t = 0; t < {prefix.upper()}_TILES; ++t) {{
         int p = 0;
-        for (; p + {px} <= {pixels}; p += {px}) {prefix}_{px}(src, w, bias, dst, res, t, p);
-        switch ({pixels} - p) {{
+        for (; p + {px} <= pixels; p += {px}) {prefix}_{px}({args});
+        switch (pixels - p) {{
 {cases}
         default: break;
         }}
@@ -140,8 +142,8 @@ static void {prefix}_row(const float *src, const float *w, const float *bias, fl
 
 
 _BODY = r"""
-/* one vector of channels (block kb, lane group l) of one depthwise output row, from the
-   ring of expanded rows (valid filter rows [r0, r1), input row of filter row 0: ih0) */
+/* one vector of channels of one depthwise output pixel from the expanded rows `rows`
+   (valid filter rows [r0, r1)) */
 INLINE vf dw_pixel(const float *const *rows, const vf wv[K][K], vf b, int r0, int r1, int ow,
                    int checked) {
     vf acc = b;
@@ -156,8 +158,12 @@ INLINE vf dw_pixel(const float *const *rows, const vf wv[K][K], vf b, int r0, in
     return act2(acc);
 }
 
-static void dw_row(const float *ring, const float *w2, const float *b2, float *out,
-                   int r0, int r1, int ih0) {
+/* depthwise output row oh into pixels [q * OW, q * OW + OW) of h2 ([KBE][RT * OW][BLK]), from
+   the expanded rows of h1 ([KBE][RIN][W][BLK], first row ih_first) */
+static void dw_row(const float *h1, int ih_first, const float *w2, const float *b2, float *h2,
+                   int oh, int q) {
+    int ih0 = oh * S - PT;
+    int r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < K ? H - ih0 : K;
     for (int kb = 0; kb < KBE; ++kb) {
         for (int l = 0; l < LG; ++l) {
             vf wv[K][K];
@@ -166,9 +172,9 @@ static void dw_row(const float *ring, const float *w2, const float *b2, float *o
                     wv[r][s] = vload(w2 + (((size_t)kb * K + r) * K + s) * BLK + l * VW);
             const float *rows[K];
             for (int r = r0; r < r1; ++r)
-                rows[r] = ring + ((size_t)((ih0 + r) % K) * KBE + kb) * W * BLK + l * VW;
+                rows[r] = h1 + (((size_t)kb * RIN + ih0 + r - ih_first) * W) * BLK + l * VW;
             vf b = vload(b2 + kb * BLK + l * VW);
-            float *o = out + (size_t)kb * OW * BLK + l * VW;
+            float *o = h2 + ((size_t)kb * RT * OW + (size_t)q * OW) * BLK + l * VW;
             int ow = 0;
             for (; ow < OW && ow < OW_LO; ++ow)
                 vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 1));
@@ -180,24 +186,38 @@ static void dw_row(const float *ring, const float *w2, const float *b2, float *o
 
 static _Thread_local float *thread_buffer;
 
-/* output rows [oh0, oh1) of image n */
+/* output rows [oh0, oh1) of image n, RT rows at a time: the expanded rows they need that
+   the previous tile has not computed (one run of contiguous pixels: the halo rows it did
+   compute move to the front of h1), RT depthwise rows, one project run */
 static void strip(const float *x, const float *w, float *y, float *buf, int n, int oh0,
                   int oh1) {
     const float *w1 = w, *b1 = w1 + W1_SIZE, *w2 = b1 + CE, *b2 = w2 + KBE * K * K * BLK;
     const float *w3 = b2 + CE, *b3 = w3 + W3_SIZE;
-    float *ring = buf, *h2 = buf + (size_t)K * KBE * W * BLK;
-    int next = 0;
-    for (int oh = oh0; oh < oh1; ++oh) {
-        int ih0 = oh * S - PT;
-        int r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < K ? H - ih0 : K;
-        if (next < ih0 + r0) next = ih0 + r0;
-        for (; next < ih0 + r1; ++next)
-            ex_row(x + (((size_t)n * CB * H) + next) * W * BLK, w1, b1,
-                   ring + (size_t)(next % K) * KBE * W * BLK, NULL);
-        dw_row(ring, w2, b2, h2, r0, r1, ih0 + K * H);
-        float *yrow = y + (((size_t)n * KBO * OH) + oh) * OW * BLK;
-        const float *res = RESIDUAL ? x + (((size_t)n * CB * H) + oh) * W * BLK : NULL;
-        pr_row(h2, w3, b3, yrow, res);
+    float *h1 = buf, *h2 = buf + (size_t)KBE * RIN * W * BLK;
+    int first = 0, done = 0;   /* h1 holds input rows [first, done) */
+    for (int t0 = oh0; t0 < oh1; t0 += RT) {
+        int t1 = t0 + RT < oh1 ? t0 + RT : oh1;
+        int lo = t0 * S - PT, hi = (t1 - 1) * S - PT + K;
+        lo = lo < 0 ? 0 : lo;
+        hi = hi > H ? H : hi;
+        if (done <= lo || done == 0) {
+            first = done = lo;
+        } else if (lo > first) {   /* keep rows [lo, done): move them to the front */
+            for (int kb = 0; kb < KBE; ++kb)
+                memmove(h1 + (size_t)kb * RIN * W * BLK,
+                        h1 + ((size_t)kb * RIN + lo - first) * W * BLK,
+                        (size_t)(done - lo) * W * BLK * sizeof(float));
+            first = lo;
+        }
+        if (hi > done)
+            ex_run(x + (((size_t)n * CB * H) + done) * W * BLK, (size_t)H * W * BLK, w1, b1,
+                   h1 + (size_t)(done - first) * W * BLK, (size_t)RIN * W * BLK, NULL,
+                   (hi - done) * W);
+        done = hi > done ? hi : done;
+        for (int oh = t0; oh < t1; ++oh) dw_row(h1, first, w2, b2, h2, oh, oh - t0);
+        const float *res = RESIDUAL ? x + (((size_t)n * CB * H) + t0) * W * BLK : NULL;
+        pr_run(h2, (size_t)RT * OW * BLK, w3, b3, y + (((size_t)n * KBO * OH) + t0) * OW * BLK,
+               (size_t)OH * OW * BLK, res, (t1 - t0) * OW);
     }
 }
 
@@ -240,20 +260,21 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     lg = g.block // lanes
     cin, ce = g.cb * g.block, g.kbe * g.block
     lo, hi = _interior(g)
-    buffer_floats = (g.k * g.kbe * g.w + g.kbe * g.ow) * g.block
+    rt = min(int(config["rt"]), g.oh)
+    rin = min((rt - 1) * g.s + g.k, g.h)
+    buffer_floats = (rin * g.kbe * g.w + g.kbe * rt * g.ow) * g.block
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
                    EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2,
                    W1_SIZE=cin * ce, W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
-                   ROWS=int(config["rows"]), OW_LO=lo, OW_HI=hi,
+                   ROWS=int(config["rows"]), RT=rt, RIN=rin, OW_LO=lo, OW_HI=hi,
                    BUFFER_BYTES=-(-buffer_floats * 4 // 64) * 64)
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(activation_c("act1", g.act1))
     parts.append(activation_c("act2", g.act2))
     parts.append(activation_c("linear", ("", ())))
-    parts.append(_pointwise("ex", kv1, px, str(cin), "(H * W * BLK)", "(W * BLK)", "act1", "W"))
-    parts.append(_pointwise("pr", kv2, px, str(ce), "(OW * BLK)", "(OH * OW * BLK)", "linear",
-                            "OW"))
+    parts.append(_pointwise("ex", kv1, px, str(cin), "act1"))
+    parts.append(_pointwise("pr", kv2, px, str(ce), "linear"))
     parts.append(_BODY)
     return "".join(parts)
