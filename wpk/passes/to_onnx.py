@@ -77,6 +77,7 @@ class _Emitter:
         self.notes = dict(notes or {})
         self.nodes: list[onnx.NodeProto] = []
         self.count = 0
+        self.dtypes: dict[str, str] = {}   # tensors of expanded fused nodes, not in the graph
 
     def fresh(self, base: str) -> str:
         """A tensor name not used yet, from `base`."""
@@ -95,13 +96,14 @@ class _Emitter:
             return
         if node.op == IR_OP and node.domain == IR_DOMAIN:  # its three blocked convs
             for part in part_nodes(node, self.fresh):
+                self.dtypes[part.outputs[0]] = self.graph.tensors[node.inputs[0]].dtype
                 self._emit(part)
             return
         if not node.epilogue and node.op != ELEMENTWISE_OP:
             self.nodes.append(node_to_proto(node))
             return
         out = node.outputs[0]
-        dtype = self.graph.tensors[out].dtype
+        dtype = self.dtypes.get(out) or self.graph.tensors[out].dtype
         if node.op == ELEMENTWISE_OP:
             value = node.inputs[0]
         else:
