@@ -81,17 +81,23 @@ def activation_c(name: str, act: tuple) -> str:
 
 _POINTWISE = r"""
 /* {kv} x {np} tile of a 1x1 conv: output vectors [t*{kv}, t*{kv}+{kv}) at pixels [p0, p0+{np})
-   of a run; the source's block c starts at src + c * src_bs, the destination's at
-   dst + c * dst_bs; res (the residual, laid out as dst) or NULL */
+   of a run, input blocks [c0, c1); the source's block c starts at src + c * src_bs, the
+   destination's at dst + c * dst_bs; res (the residual, laid out as dst) or NULL. The
+   accumulators start at the bias (first pass) or the partial sums in dst, and end in the
+   residual add and the activation (last pass) or back in dst. */
 INLINE void {name}(const float *src, size_t src_bs, const float *w, const float *bias,
-                   float *dst, size_t dst_bs, const float *res, int t, int p0) {{
+                   float *dst, size_t dst_bs, const float *res, int t, int p0, int c0, int c1) {{
     vf acc[{kv}][{np}];
+    size_t at[{kv}];
     const float *wt = w + (size_t)t * {cin} * {kv} * VW;
     _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) {{
-        vf b = vload(bias + (t * {kv} + j) * VW);
-        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) acc[j][p] = b;
+        int v = t * {kv} + j;
+        at[j] = (size_t)(v / LG) * dst_bs + (size_t)(v % LG) * VW + (size_t)p0 * BLK;
+        vf b = vload(bias + v * VW);
+        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
+            acc[j][p] = c0 == 0 ? b : vload(dst + at[j] + p * BLK);
     }}
-    for (int cb = 0; cb < {cin} / BLK; ++cb) {{
+    for (int cb = c0; cb < c1; ++cb) {{
         const float *xp = src + (size_t)cb * src_bs + (size_t)p0 * BLK;
         const float *wc = wt + (size_t)cb * BLK * {kv} * VW;
         _Pragma("GCC unroll 4") for (int bi = 0; bi < BLK; ++bi) {{
@@ -104,13 +110,12 @@ INLINE void {name}(const float *src, size_t src_bs, const float *w, const float 
             }}
         }}
     }}
+    int last = c1 == {cin} / BLK;
     _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) {{
-        int v = t * {kv} + j;
-        size_t at = (size_t)(v / LG) * dst_bs + (size_t)(v % LG) * VW + (size_t)p0 * BLK;
         _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
             vf r = acc[j][p];
-            if (res) r += vload(res + at + p * BLK);
-            vstore(dst + at + p * BLK, {act}(r));
+            if (last && res) r += vload(res + at[j] + p * BLK);
+            vstore(dst + at[j] + p * BLK, last ? {act}(r) : r);
         }}
     }}
 }}
@@ -119,21 +124,25 @@ INLINE void {name}(const float *src, size_t src_bs, const float *w, const float 
 
 def _pointwise(prefix: str, kv: int, px: int, cin: str, act: str) -> str:
     """Tiles of 1..px pixels and `{prefix}_run(src, src_bs, w, bias, dst, dst_bs, res,
-    pixels)`: a run of `pixels` contiguous pixels (whole rows of a block)."""
+    pixels)`: a run of `pixels` contiguous pixels (whole rows of a block), the input
+    channels in passes of CBT blocks so a pass's weights stay in L1 over the run."""
     parts = [_POINTWISE.format(name=f"{prefix}_{np_}", kv=kv, np=np_, cin=cin, act=act)
              for np_ in range(1, px + 1)]
-    args = "src, src_bs, w, bias, dst, dst_bs, res, t, p"
-    cases = "\n".join(f"        case {np_}: {prefix}_{np_}({args}); break;"
+    args = "src, src_bs, w, bias, dst, dst_bs, res, t, p, c0, c1"
+    cases = "\n".join(f"            case {np_}: {prefix}_{np_}({args}); break;"
                       for np_ in range(1, px))
     parts.append(f"""
 static void {prefix}_run(const float *src, size_t src_bs, const float *w, const float *bias,
                          float *dst, size_t dst_bs, const float *res, int pixels) {{
-    for (int t = 0; t < {prefix.upper()}_TILES; ++t) {{
-        int p = 0;
-        for (; p + {px} <= pixels; p += {px}) {prefix}_{px}({args});
-        switch (pixels - p) {{
+    for (int c0 = 0; c0 < {cin} / BLK; c0 += CBT) {{
+        int c1 = c0 + CBT < {cin} / BLK ? c0 + CBT : {cin} / BLK;
+        for (int t = 0; t < {prefix.upper()}_TILES; ++t) {{
+            int p = 0;
+            for (; p + {px} <= pixels; p += {px}) {prefix}_{px}({args});
+            switch (pixels - p) {{
 {cases}
-        default: break;
+            default: break;
+            }}
         }}
     }}
 }}
@@ -267,7 +276,7 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
                    EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2,
                    W1_SIZE=cin * ce, W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
-                   ROWS=int(config["rows"]), RT=rt, RIN=rin, OW_LO=lo, OW_HI=hi,
+                   ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin, OW_LO=lo, OW_HI=hi,
                    BUFFER_BYTES=-(-buffer_floats * 4 // 64) * 64)
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
