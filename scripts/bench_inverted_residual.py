@@ -115,6 +115,7 @@ def _error(call, out: np.ndarray, expected: np.ndarray) -> float:
 
 def measure(block, threads: int, rounds: int) -> dict:
     """One row: both verified, then alternated in blocks; medians and the ratio."""
+    from wpk.kernels.cpu.microkernels.ir_space import block_geometry
     from wpk.kernels.reference import reference
 
     workload, arrays, consts = _setup(block, np.random.default_rng(sum(block[:3])))
@@ -133,8 +134,10 @@ def measure(block, threads: int, rounds: int) -> dict:
         times["fused"].append(_per_call(fused, repeat))
     medians = {k: statistics.median(v) for k, v in times.items()}
     cin, cout, size, stride, residual = block
+    flops = block_geometry(workload).flops
     return {"cin": cin, "expanded": 6 * cin, "cout": cout, "size": size, "stride": stride,
             "residual": residual, "threads": threads, "config": config, "errors": errors,
+            "gflops": {k: flops / v / 1e9 for k, v in medians.items()},
             "median_s": medians, "spread_s": {k: [min(v), max(v)] for k, v in times.items()},
             "speedup": medians["onnxruntime"] / medians["fused"]}
 
@@ -142,12 +145,13 @@ def measure(block, threads: int, rounds: int) -> dict:
 def table(rows: list[dict]) -> str:
     """The rows as text, with the median ratio per thread count against the goal."""
     lines = [f"{'thr':>3} {'block':>18} {'size':>4} {'s':>1} {'res':>3} {'ort ms':>8} "
-             f"{'fused ms':>8} {'ratio':>6}"]
+             f"{'fused ms':>8} {'ort GF/s':>8} {'fused GF/s':>10} {'ratio':>6}"]
     for r in rows:
         lines.append(f"{r['threads']:>3} {r['cin']:>5}>{r['expanded']:>5}>{r['cout']:>5} "
                      f"{r['size']:>4} {r['stride']:>1} {'yes' if r['residual'] else 'no':>3} "
                      f"{r['median_s']['onnxruntime'] * 1e3:>8.3f} "
-                     f"{r['median_s']['fused'] * 1e3:>8.3f} {r['speedup']:>5.2f}x")
+                     f"{r['median_s']['fused'] * 1e3:>8.3f} {r['gflops']['onnxruntime']:>8.1f} "
+                     f"{r['gflops']['fused']:>10.1f} {r['speedup']:>5.2f}x")
     for threads in sorted({r["threads"] for r in rows}):
         ratios = [r["speedup"] for r in rows if r["threads"] == threads]
         lines.append(f"{threads} thread(s): median {statistics.median(ratios):.2f}x (min "

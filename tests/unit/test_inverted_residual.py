@@ -46,6 +46,8 @@ CASES = {
                                   ("leaky_relu", (("alpha", 0.1),)), True, False),
     "hard-sigmoid-tiny": (1, 4, 24, 8, 3, 3, 3, 1, ("hard_sigmoid", ()), False, True),
     "no-activation-one-row": (1, 24, 72, 24, 1, 8, 3, 1, ("", ()), True, True),
+    "wide-rows-depthwise-tiles": (1, 12, 36, 12, 5, 21, 3, 1, RELU6, True, True),
+    "wide-rows-stride2": (1, 8, 24, 16, 4, 37, 3, 2, ("relu", ()), False, True),
 }
 
 

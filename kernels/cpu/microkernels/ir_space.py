@@ -6,17 +6,18 @@
 A config is `{"isa": name, "rows": output rows per strip (0: as many strips as threads),
 "rt": output rows per row tile, "kv1": vectors of expanded channels per register
 tile, "kv2": vectors of output channels per register tile, "px": pixels per
-register tile, "cbt": input blocks per pass of a 1x1 conv}`. The kernel walks a strip of output rows a row tile at a time,
-computing each row of the expanded tensor once per strip as the depthwise needs
-it (the halo rows of the previous tile are kept), so a strip recomputes only
-the K - S halo rows above it: fewer, taller strips recompute less, more strips
-share the cores better. Taller row tiles give the two 1x1 convs longer runs of
-pixels per pass over their weights, and need a larger buffer. `kv1`, `kv2` and
-`px` are the channel and pixel tiles of the two 1x1 convs (kv x px
-accumulators in vector registers); the 1x1 convs reduce over their input
-channels in passes of `cbt` blocks (partial sums kept in the destination), so
-a pass's weights stay in L1 while it sweeps the row tile's pixels. `BlockSpace` has the interface of a DSL schedule template,
-so the GA/RL tuners of `wpk.search` search it.
+register tile, "cbt": input blocks per pass of a 1x1 conv}`. The kernel walks a
+strip of output rows a row tile at a time, computing each row of the expanded
+tensor once per strip as the depthwise needs it (the halo rows of the previous
+tile are kept), so a strip recomputes only the K - S halo rows above it: fewer,
+taller strips recompute less, more strips share the cores better. Taller row
+tiles give the two 1x1 convs longer runs of pixels per pass over their weights,
+and need a larger buffer. `kv1`, `kv2` and `px` are the channel and pixel tiles
+of the two 1x1 convs (kv x px accumulators in vector registers); the 1x1 convs
+reduce over their input channels in passes of `cbt` blocks (partial sums kept in
+the destination), so a pass's weights stay in L1 while it sweeps the row tile's
+pixels. `BlockSpace` has the interface of a DSL schedule template, so the GA/RL
+tuners of `wpk.search` search it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ pixels of a row: per input channel, KV weight vectors and NP broadcasts, KV x
 NP FMAs; the accumulators start at the bias and end in the activation (and
 the residual add) before the store. The depthwise runs one vector of
 channels at a time, the K x K weight vectors in registers, checked taps only
-at the image's left and right edges.
+at the image's left and right edges; interior pixels go DPX at a time, each
+filter row's input vectors loaded once for the tile's overlapping windows.
 """
 
 from __future__ import annotations
@@ -167,6 +168,25 @@ INLINE vf dw_pixel(const float *const *rows, const vf wv[K][K], vf b, int r0, in
     return act2(acc);
 }
 
+/* DPX interior pixels from ow on: per filter row the input vectors the tile's windows cover
+   are loaded once and reused by every pixel (registers, not reloads) */
+INLINE void dw_tile(const float *const *rows, const vf wv[K][K], vf b, int r0, int r1, int ow,
+                    float *o) {
+    enum { SPAN = (DPX - 1) * S + K };
+    vf acc[DPX];
+    _Pragma("GCC unroll 16") for (int p = 0; p < DPX; ++p) acc[p] = b;
+    for (int r = r0; r < r1; ++r) {
+        const float *row = rows[r] + (ptrdiff_t)(ow * S - PL) * BLK;
+        vf xv[SPAN];
+        _Pragma("GCC unroll 32") for (int q = 0; q < SPAN; ++q) xv[q] = vload(row + q * BLK);
+        _Pragma("GCC unroll 16") for (int p = 0; p < DPX; ++p)
+            _Pragma("GCC unroll 8") for (int s = 0; s < K; ++s)
+                acc[p] += xv[p * S + s] * wv[r][s];
+    }
+    _Pragma("GCC unroll 16") for (int p = 0; p < DPX; ++p)
+        vstore(o + (ow + p) * BLK, act2(acc[p]));
+}
+
 /* depthwise output row oh into pixels [q * OW, q * OW + OW) of h2 ([KBE][RT * OW][BLK]), from
    the expanded rows of h1 ([KBE][RIN][W][BLK], first row ih_first) */
 static void dw_row(const float *h1, int ih_first, const float *w2, const float *b2, float *h2,
@@ -187,6 +207,7 @@ static void dw_row(const float *h1, int ih_first, const float *w2, const float *
             int ow = 0;
             for (; ow < OW && ow < OW_LO; ++ow)
                 vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 1));
+            for (; ow + DPX <= OW_HI; ow += DPX) dw_tile(rows, wv, b, r0, r1, ow, o);
             for (; ow < OW_HI; ++ow) vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 0));
             for (; ow < OW; ++ow) vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 1));
         }
@@ -276,7 +297,9 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
                    EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2,
                    W1_SIZE=cin * ce, W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
-                   ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin, OW_LO=lo, OW_HI=hi,
+                   DPX=8 if isa.registers >= 32 and g.k == 3 else 4,
+                   ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin, OW_LO=lo,
+                   OW_HI=hi,
                    BUFFER_BYTES=-(-buffer_floats * 4 // 64) * 64)
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
