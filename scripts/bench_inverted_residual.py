@@ -70,7 +70,8 @@ def candidate_configs(workload) -> list[dict]:
     space = BlockSpace(block_geometry(workload))
     base = space.default_config()
     found = [base]
-    for change in ({"px": 4}, {"px": 8}, {"kv1": 2}, {"kv2": 2}, {"kv1": 1, "kv2": 1},
+    for change in ({"px1": 6, "kv1": 4}, {"px2": 6, "kv2": 4}, {"px1": 4, "px2": 4},
+                   {"kv1": 2, "px1": 8}, {"kv2": 2, "px2": 8},
                    {"rt": max(1, base["rt"] // 2)}, {"rt": base["rt"] * 2}):
         config = {**base, **change}
         if space.validate(config) is None and config not in found:

@@ -192,9 +192,8 @@ def test_config_space_refuses_what_it_cannot_build():
     assert "knobs" in config_reason(g, {k: v for k, v in base.items() if k != "rt"})
     assert config_reason(g, {**base, "isa": "sse9"})
     assert "divide" in config_reason(g, {**base, "kv2": 7})
-    assert config_reason(g, {**base, "px": 0})
-    assert "registers" in config_reason(g, {**base, "kv1": 8, "px": 8}) or \
-        "divide" in config_reason(g, {**base, "kv1": 8, "px": 8})
+    assert config_reason(g, {**base, "px2": 0})
+    assert "registers" in config_reason(g, {**base, "kv1": 1, "px1": 12, "kv2": 4, "px2": 12})
     with pytest.raises(ValueError):
         block_source(g, {**base, "rt": 0})
 

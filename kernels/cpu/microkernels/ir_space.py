@@ -4,15 +4,16 @@
     space = BlockSpace(geometry)          # space(), validate(config), default_config()
 
 A config is `{"isa": name, "rows": output rows per strip (0: as many strips as threads),
-"rt": output rows per row tile, "kv1": vectors of expanded channels per register
-tile, "kv2": vectors of output channels per register tile, "px": pixels per
-register tile, "cbt": input blocks per pass of a 1x1 conv}`. The kernel walks a
+"rt": output rows per row tile, "kv1"/"px1": vectors of expanded channels x pixels
+per register tile of the expand conv, "kv2"/"px2": vectors of output channels x
+pixels per register tile of the project conv, "cbt": input blocks per pass of a
+1x1 conv}`. The kernel walks a
 strip of output rows a row tile at a time, computing each row of the expanded
 tensor once per strip as the depthwise needs it (the halo rows of the previous
 tile are kept), so a strip recomputes only the K - S halo rows above it: fewer,
 taller strips recompute less, more strips share the cores better. Taller row
 tiles give the two 1x1 convs longer runs of pixels per pass over their weights,
-and need a larger buffer. `kv1`, `kv2` and `px` are the channel and pixel tiles
+and need a larger buffer. `kv1` x `px1` and `kv2` x `px2` are the register tiles
 of the two 1x1 convs (kv x px accumulators in vector registers); the 1x1 convs
 reduce over their input channels in passes of `cbt` blocks (partial sums kept in
 the destination), so a pass's weights stay in L1 while it sweeps the row tile's
@@ -28,14 +29,14 @@ from wpk.core.workload import Workload
 from wpk.kernels.cpu.inverted_residual_spec import inverted_residual_reason
 from wpk.kernels.cpu.microkernels.isa import ISAS, Isa, isa_named, usable_isas
 
-KNOBS = ("isa", "rows", "rt", "kv1", "kv2", "px", "cbt")
+KNOBS = ("isa", "rows", "rt", "kv1", "px1", "kv2", "px2", "cbt")
 ROWS_CHOICES = (0, 1, 2, 4, 7, 8, 14, 16, 28, 56)
 RT_CHOICES = (1, 2, 3, 4, 5, 7, 8, 14)
 # An untuned build's row tile gives each 1x1 conv run at least this many pixels, so the
 # weights it streams through the cache serve that many pixels
 RUN_PIXELS = 48
 KV_CHOICES = (1, 2, 3, 4, 6, 8)
-PX_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)
+PX_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12)
 CBT_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 # A pass over CBT input blocks keeps its weights in L1 when they take at most this many bytes
 PASS_BYTES = 32 * 1024
@@ -109,13 +110,15 @@ def config_reason(geometry: BlockGeometry, config) -> str | None:
         isa = isa_named(str(config["isa"]))
     except ValueError as exc:
         return str(exc)
-    rows, rt, kv1, kv2, px, cbt = (int(config[k]) for k in KNOBS[1:])
+    rows, rt, kv1, px1, kv2, px2, cbt = (int(config[k]) for k in KNOBS[1:])
     if geometry.block % isa.lanes:
         return f"the block {geometry.block} is not a multiple of {isa.name}'s {isa.lanes} lanes"
-    if rows < 0 or min(rt, kv1, kv2, px, cbt) < 1 or px > max(PX_CHOICES):
-        return "rows >= 0 (0: one strip per thread), rt, kv1, kv2, px, cbt >= 1, px <= 8"
+    if rows < 0 or min(rt, kv1, px1, kv2, px2, cbt) < 1 or max(px1, px2) > max(PX_CHOICES):
+        return (f"rows >= 0 (0: one strip per thread), rt, kv1, px1, kv2, px2, cbt >= 1, "
+                f"px <= {max(PX_CHOICES)}")
     lanes = geometry.block // isa.lanes
-    for name, kv, blocks in (("kv1", kv1, geometry.kbe), ("kv2", kv2, geometry.kbo)):
+    for name, kv, px, blocks in (("kv1", kv1, px1, geometry.kbe),
+                                 ("kv2", kv2, px2, geometry.kbo)):
         if (blocks * lanes) % kv:
             return f"{name} {kv} does not divide the {blocks * lanes} vectors it tiles"
         if tile_registers(kv, px) > isa.registers:
@@ -123,27 +126,29 @@ def config_reason(geometry: BlockGeometry, config) -> str | None:
     return None
 
 
-def _largest_kv(vectors: int, isa: Isa, px: int) -> int:
-    return max(k for k in KV_CHOICES if vectors % k == 0
-               and tile_registers(k, px) <= isa.registers)
+def register_tile(vectors: int, isa: Isa) -> tuple[int, int]:
+    """(kv, px) of the most accumulators that fit the registers with kv dividing `vectors`
+    (ties: fewer loads per input channel, kv + px)."""
+    tiles = [(k, p) for k in KV_CHOICES for p in PX_CHOICES if vectors % k == 0
+             and p >= min(4, isa.registers // 4) and tile_registers(k, p) <= isa.registers]
+    return max(tiles, key=lambda t: (t[0] * t[1], -(t[0] + t[1])))
 
 
 def default_config(geometry: BlockGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA, one strip per thread, row tiles of
-    at least `RUN_PIXELS` pixels, 6 pixels a register tile (4 with 16 registers), the
-    widest channel tile that divides the vectors and passes of as many input blocks as keep
-    their weights within `PASS_BYTES`."""
+    at least `RUN_PIXELS` pixels, the register tile of each 1x1 conv with the most
+    accumulators (`register_tile`) and passes of as many input blocks as keep their weights
+    within `PASS_BYTES`."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if geometry.block % i.lanes == 0)
-    px = 6 if isa.registers >= 32 else 4
     lanes = geometry.block // isa.lanes
-    kv1 = _largest_kv(geometry.kbe * lanes, isa, px)
-    kv2 = _largest_kv(geometry.kbo * lanes, isa, px)
+    kv1, px1 = register_tile(geometry.kbe * lanes, isa)
+    kv2, px2 = register_tile(geometry.kbo * lanes, isa)
     block_bytes = geometry.block * max(kv1, kv2) * isa.lanes * 4   # one input block's weights
-    return {"isa": isa.name, "rows": 0, "px": px,
+    return {"isa": isa.name, "rows": 0,
             "rt": max(1, min(geometry.oh, -(-RUN_PIXELS // geometry.ow))), "kv1": kv1,
-            "kv2": kv2, "cbt": max(c for c in CBT_CHOICES if c == 1 or c * block_bytes
-                                   <= PASS_BYTES)}
+            "px1": px1, "kv2": kv2, "px2": px2,
+            "cbt": max(c for c in CBT_CHOICES if c == 1 or c * block_bytes <= PASS_BYTES)}
 
 
 class BlockSpace:
@@ -159,7 +164,7 @@ class BlockSpace:
         """Knob -> choices."""
         rows = tuple(r for r in ROWS_CHOICES if r <= self.geometry.oh)
         return {"isa": self.isas, "rows": rows, "rt": RT_CHOICES, "kv1": KV_CHOICES,
-                "kv2": KV_CHOICES, "px": PX_CHOICES, "cbt": CBT_CHOICES}
+                "px1": PX_CHOICES, "kv2": KV_CHOICES, "px2": PX_CHOICES, "cbt": CBT_CHOICES}
 
     def validate(self, config) -> str | None:
         """None when `config` builds a correct kernel on this host, else why not."""

@@ -101,7 +101,8 @@ INLINE void {name}(const float *src, size_t src_bs, const float *w, const float 
     for (int cb = c0; cb < c1; ++cb) {{
         const float *xp = src + (size_t)cb * src_bs + (size_t)p0 * BLK;
         const float *wc = wt + (size_t)cb * BLK * {kv} * VW;
-        _Pragma("GCC unroll 4") for (int bi = 0; bi < BLK; ++bi) {{
+        const int bn = cb == {real} / BLK ? {real} % BLK : BLK;   /* padding lanes: no FMAs */
+        _Pragma("GCC unroll 4") for (int bi = 0; bi < bn; ++bi) {{
             vf wv[{kv}];
             _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j)
                 wv[j] = vload(wc + (bi * {kv} + j) * VW);
@@ -123,12 +124,13 @@ INLINE void {name}(const float *src, size_t src_bs, const float *w, const float 
 """
 
 
-def _pointwise(prefix: str, kv: int, px: int, cin: str, act: str) -> str:
+def _pointwise(prefix: str, kv: int, px: int, cin: str, real: int, act: str) -> str:
     """Tiles of 1..px pixels and `{prefix}_run(src, src_bs, w, bias, dst, dst_bs, res,
     pixels)`: a run of `pixels` contiguous pixels (whole rows of a block), the input
-    channels in passes of CBT blocks so a pass's weights stay in L1 over the run."""
-    parts = [_POINTWISE.format(name=f"{prefix}_{np_}", kv=kv, np=np_, cin=cin, act=act)
-             for np_ in range(1, px + 1)]
+    channels in passes of CBT blocks so a pass's weights stay in L1 over the run; the
+    reduction skips the padding lanes past the `real` input channels."""
+    parts = [_POINTWISE.format(name=f"{prefix}_{np_}", kv=kv, np=np_, cin=cin, real=real,
+                               act=act) for np_ in range(1, px + 1)]
     args = "src, src_bs, w, bias, dst, dst_bs, res, t, p, c0, c1"
     cases = "\n".join(f"            case {np_}: {prefix}_{np_}({args}); break;"
                       for np_ in range(1, px))
@@ -286,7 +288,8 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     if reason:
         raise ValueError(reason)
     isa = ISAS[str(config["isa"])]
-    lanes, kv1, kv2, px = isa.lanes, int(config["kv1"]), int(config["kv2"]), int(config["px"])
+    lanes = isa.lanes
+    kv1, px1, kv2, px2 = (int(config[k]) for k in ("kv1", "px1", "kv2", "px2"))
     lg = g.block // lanes
     cin, ce = g.cb * g.block, g.kbe * g.block
     lo, hi = _interior(g)
@@ -306,7 +309,7 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     parts.append(activation_c("act1", g.act1))
     parts.append(activation_c("act2", g.act2))
     parts.append(activation_c("linear", ("", ())))
-    parts.append(_pointwise("ex", kv1, px, str(cin), "act1"))
-    parts.append(_pointwise("pr", kv2, px, str(ce), "linear"))
+    parts.append(_pointwise("ex", kv1, px1, str(cin), g.in_channels, "act1"))
+    parts.append(_pointwise("pr", kv2, px2, str(ce), g.expanded, "linear"))
     parts.append(_BODY)
     return "".join(parts)
