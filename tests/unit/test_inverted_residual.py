@@ -184,6 +184,14 @@ def test_both_candidates_are_offered_and_supported():
     assert [p.op for p in part_workloads(workload)] == ["Conv"] * 3
 
 
+def test_onnxruntime_candidate_only_at_mlas_block():
+    other = 8 if BLOCK == 16 else 16
+    n, cin, e, cout, h, w, k, s, act, residual, biases = CASES["stride2-odd-image"]
+    workload = block_workload(n, cin, e, cout, h, w, k, s, act, residual, other, biases)
+    assert "block" in ORT_INVERTED_RESIDUAL.unsupported_reason(workload)
+    assert ORT_INVERTED_RESIDUAL.unsupported_reason(case_workload("stride2-odd-image")) is None
+
+
 def test_config_space_refuses_what_it_cannot_build():
     g = block_geometry(case_workload("stride2-odd-image"))
     base = default_config(g)

@@ -22,6 +22,7 @@ from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c, load_function
 from wpk.kernels.cpu.inverted_residual_spec import (
+    PART_NAMES,
     inverted_residual_reason,
     part_workloads,
 )
@@ -35,6 +36,7 @@ from wpk.kernels.cpu.microkernels.ir_space import (
 from wpk.kernels.cpu.microkernels.ir_templates import block_source
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
 from wpk.kernels.cpu.nchwc import ORT_NCHWC_DOMAIN, build_ort_model, make_kernel
+from wpk.kernels.cpu.nchwc import unsupported_reason as nchwc_unsupported_reason
 from wpk.kernels.cpu.node_model import OnnxPart
 from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import GENERATED, VENDOR, Implementation, Kernel, register
@@ -187,7 +189,14 @@ class OrtInvertedResidual(Implementation):
     joins_regions = True
 
     def unsupported_reason(self, workload: Workload) -> str | None:
-        return inverted_residual_reason(workload)
+        reason = inverted_residual_reason(workload)
+        if reason:
+            return reason
+        for name, part in zip(PART_NAMES, part_workloads(workload)):
+            reason = nchwc_unsupported_reason(part)   # e.g. a block that is not MLAS's
+            if reason:
+                return f"{name} conv: {reason}"
+        return None
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
