@@ -14,6 +14,7 @@ the medians give the ratio (> 1: the fused kernel is faster). Goal (issue 11):
 median >= 1.3x.
 
     python scripts/bench_inverted_residual.py [--threads 1 2] [--rounds 7] [--json FILE]
+    python scripts/bench_inverted_residual.py --markdown FILE    # the README tables of a run
 
 Figures on a shared machine are noisy; ratios hold better.
 """
@@ -160,13 +161,58 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _summary(rows: list[dict], threads: int) -> str:
+    ratios = [r["speedup"] for r in rows if r["threads"] == threads]
+    median = statistics.median(ratios)
+    return (f"{median:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}): "
+            f"{'met' if median >= GOAL else 'not met'}")
+
+
+def markdown(rows: list[dict]) -> str:
+    """The README's tables: the goal per thread count, then one row per block."""
+    threads = sorted({r["threads"] for r in rows})
+    lines = ["| goal | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
+             + " |", "| --- |" + " --- |" * len(threads),
+             f"| MobileNet-v2's expansion-6 blocks (n={len(rows) // len(threads)}), median >= "
+             f"{GOAL}x onnxruntime's separate nodes | "
+             + " | ".join(_summary(rows, t) for t in threads) + " |", ""]
+    head = "| block (in > expanded > out) | input | stride | residual |"
+    rule = "| --- | ---: | ---: | --- |"
+    for t in threads:
+        head += f" {t} thr: ort ms | fused ms | fused GFLOP/s | speed-up |"
+        rule += " ---: | ---: | ---: | ---: |"
+    lines += [head, rule]
+    for r in (r for r in rows if r["threads"] == threads[0]):
+        line = (f"| {r['cin']} > {r['expanded']} > {r['cout']} | {r['size']}x{r['size']} | "
+                f"{r['stride']} | {'yes' if r['residual'] else 'no'} |")
+        for t in threads:
+            m = next(x for x in rows if x["threads"] == t and (x["cin"], x["cout"], x["size"],
+                     x["stride"]) == (r["cin"], r["cout"], r["size"], r["stride"]))
+            line += (f" {m['median_s']['onnxruntime'] * 1e3:.3f} | "
+                     f"{m['median_s']['fused'] * 1e3:.3f} | {m['gflops']['fused']:.0f} | "
+                     f"{m['speedup']:.2f}x |")
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--limit", type=int, default=len(BLOCKS), help="first N blocks only")
     parser.add_argument("--json", help="write the rows and the machine here")
+    parser.add_argument("--markdown", metavar="JSON",
+                        help="print the README tables of an earlier --json file and stop")
     args = parser.parse_args(argv)
+    if args.markdown:
+        try:
+            with open(args.markdown) as f:
+                print(markdown(json.load(f)["rows"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {args.markdown}: not a result file of this script ({exc})\n"
+                  "hint: pass the file an earlier run wrote with --json", file=sys.stderr)
+            return 2
+        return 0
     if min(*args.threads, args.rounds, args.limit) < 1:
         print("error: --threads, --rounds and --limit must be positive\n"
               "hint: --threads 1 2 --rounds 7", file=sys.stderr)

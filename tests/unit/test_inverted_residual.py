@@ -215,3 +215,27 @@ def test_malformed_workloads_are_refused():
     bad_act = tuple((k, "tanh" if k == "act1" else v) for k, v in workload.attrs)
     assert "activation" in inverted_residual_reason(replace(workload, attrs=bad_act, _key=""))
     assert isinstance(block_geometry(replace(workload, attrs=bad_act, _key="")), str)
+
+
+def test_bench_script_runs_a_block_and_renders_its_tables(tmp_path):
+    """The benchmark verifies both contenders before timing them, and its --markdown output
+    is the README's tables."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_inverted_residual.py"
+    out = tmp_path / "ir.json"
+    done = subprocess.run([sys.executable, str(script), "--threads", "1", "--rounds", "1",
+                           "--limit", "1", "--json", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(out.read_text())["rows"]
+    assert max(row["errors"].values()) < 1e-4 and row["speedup"] > 0
+    table = subprocess.run([sys.executable, str(script), "--markdown", str(out)],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and "| 16 > 96 > 24 | 112x112 | 2 | no |" in table.stdout
+    bad = subprocess.run([sys.executable, str(script), "--rounds", "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and "hint:" in bad.stderr
