@@ -37,6 +37,7 @@ from wpk.kernels.cpu.microkernels.ir_templates import block_source
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
 from wpk.kernels.cpu.nchwc import ORT_NCHWC_DOMAIN, build_ort_model, make_kernel
 from wpk.kernels.cpu.nchwc import unsupported_reason as nchwc_unsupported_reason
+from wpk.kernels.cpu.nchwc_standard import FRAGMENT_OPSET
 from wpk.kernels.cpu.node_model import OnnxPart
 from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import GENERATED, VENDOR, Implementation, Kernel, register
@@ -172,7 +173,7 @@ def separate_model(workload: Workload, consts: Mapping[int, np.ndarray]):
             y_info = graph.output[0]
     x_info.name, y_info.name = "x", "y"
     graph = helper.make_graph(nodes, "wpk_inverted_residual", [x_info], [y_info], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", FRAGMENT_OPSET),
                                                     helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)])
     model.ir_version = 8
     return model
@@ -205,6 +206,9 @@ class OrtInvertedResidual(Implementation):
 
     def onnx_part(self, workload: Workload, consts: Mapping[int, np.ndarray]) -> OnnxPart:
         return OnnxPart(separate_model(workload, consts), (("x", 0),), ("y",))
+
+    def onnx_opset(self, workload: Workload) -> int:
+        return max(workload.opset, FRAGMENT_OPSET)   # as ort.nchwc's parts
 
 
 MICRO_INVERTED_RESIDUAL = register(MicroInvertedResidual())
