@@ -133,8 +133,9 @@ def test_fused_kernel_matches_reference(case, isa):
 
 @pytest.mark.parametrize("case", ["stride2-odd-image", "5x5-stride1-no-bias-leaky"])
 def test_every_schedule_knob_keeps_the_result(case):
-    """Strips and row tiles of every height (halo rows kept and recomputed), channel and
-    pixel tiles that leave remainders: one sampled config per value of each knob."""
+    """Strips and row tiles of several heights (halo rows kept and recomputed), channel and
+    pixel tiles that leave remainders, passes over the input blocks: per knob its smallest,
+    a middle and its largest valid value."""
     workload = case_workload(case)
     space = BlockSpace(block_geometry(workload))
     arrays, consts = arrays_for(workload, np.random.default_rng(3))
@@ -142,15 +143,14 @@ def test_every_schedule_knob_keeps_the_result(case):
     base = space.default_config()
     tried = 0
     for knob, choices in space.space().items():
-        for value in choices:
+        valid = [v for v in choices if space.validate({**base, knob: v}) is None]
+        for value in dict.fromkeys([valid[0], valid[len(valid) // 2], valid[-1]]):
             config = {**base, knob: value}
-            if space.validate(config) is not None:
-                continue
             out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload,
                       arrays)
             assert relative_l2(out, expected) < TOLERANCE, config
             tried += 1
-    assert tried >= 15
+    assert tried >= 12
 
 
 def test_residual_reads_its_input_when_the_output_aliases_it():
