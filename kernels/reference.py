@@ -21,6 +21,7 @@ from wpk.core.numerics import is_ml_dtype
 from wpk.core.onnx_loop import Loop
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.attention_spec import attention_formula, is_attention
+from wpk.kernels.cpu.inverted_residual_spec import inverted_residual_formula, is_inverted_residual
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
 from wpk.kernels.cpu.node_model import (
     MS_DOMAIN,
@@ -97,7 +98,7 @@ def has_formula(workload: Workload) -> bool:
     """Whether the reference uses wpk's own numpy formulation (not onnx.reference): only
     where it covers the workload's whole ONNX definition (`kernels.support`), so e.g. a
     linear Resize is judged by onnx.reference, not by the nearest-only formula."""
-    if is_elementwise(workload) or is_attention(workload):
+    if is_elementwise(workload) or is_attention(workload) or is_inverted_residual(workload):
         return True
     return (workload.domain in ("", "ai.onnx") and workload.op in REFERENCE_FORMULAS
             and unsupported_reason(workload) is None)
@@ -108,6 +109,8 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
     if workload.domain == "wpk.nchwc":  # blocked layout: unblock, reference, re-block
         from wpk.kernels.nchwc_reference import nchwc_reference
         return nchwc_reference(workload, inputs)
+    if is_inverted_residual(workload):  # its three blocked convs, one after the other
+        return [np.asarray(y, np.float64) for y in inverted_residual_formula(workload, inputs)]
     if len(inputs) != len(workload.inputs):
         raise UnsupportedError(f"{workload.label}: {len(inputs)} inputs given, "
                                f"{len(workload.inputs)} expected",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from wpk.core.errors import WpkError
 from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
 from wpk.kernels.cpu.attention_spec import ATTENTION_OP, attention_reason
+from wpk.kernels.cpu.inverted_residual_spec import IR_OP, inverted_residual_reason
 from wpk.kernels.nchwc_logical import logical_workload  # the blocked ops' own module
 
 ELEMENTWISE_UNARY_OPS = frozenset({
@@ -48,6 +49,8 @@ def unsupported_reason(workload: Workload) -> str | None:
         return f"domain {workload.domain!r} is not implemented by wpk"
     if workload.domain == "wpk" and op == ATTENTION_OP:
         return attention_reason(workload)
+    if workload.domain == "wpk" and op == IR_OP:
+        return inverted_residual_reason(workload)
     if op not in SUPPORTED_OPS or (workload.domain == "wpk") != (op == "Elementwise"):
         return f"op {op!r} is not implemented by wpk"
     if any(spec.dtype not in _FLOAT_DTYPES for spec in workload.outputs):
@@ -128,7 +131,7 @@ def is_supported(workload: Workload | str, domain: str = "") -> bool:
     Given an op type (and domain) instead of a workload, whether wpk claims the op at all.
     """
     if isinstance(workload, str):
-        if workload in ("Elementwise", ATTENTION_OP):
+        if workload in ("Elementwise", ATTENTION_OP, IR_OP):
             return domain == "wpk"
         if domain == NCHWC_DOMAIN:
             return workload in NCHWC_OPS

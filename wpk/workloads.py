@@ -35,7 +35,8 @@ WEIGHT_INPUTS = {
     "LayerNormalization": {1, 2}, "PRelu": {1},
 }
 # The same for ops of other domains, keyed by (domain, op).
-DOMAIN_WEIGHT_INPUTS = {("wpk.nchwc", "Conv"): {1, 2}}
+DOMAIN_WEIGHT_INPUTS = {("wpk.nchwc", "Conv"): {1, 2},
+                        ("wpk", "InvertedResidual"): {1, 2, 3, 4, 5, 6}}
 # Pooling attributes that ONNX added in opset 10; older models must not carry them,
 # or onnxruntime rejects the node.
 POOL_ATTRS_SINCE_10 = ("ceil_mode", "dilations")

@@ -22,6 +22,7 @@ from wpk.core.workload import Workload
 from wpk.dsl.toolchain import c_compiler
 from wpk.dsl.toolchain import compiler_version as tool_version
 from wpk.kernels import registry
+from wpk.kernels.cpu.microkernels.inverted_residual import InvertedResidualKernels
 from wpk.kernels.cpu.microkernels.kernel import MicroKernels
 from wpk.kernels.cpu.microkernels.winograd import WinogradKernels
 from wpk.kernels.generated import compile_job, template_of
@@ -58,7 +59,8 @@ class CpuTarget(Target):
 
     @classmethod
     def create(cls, **options: Any) -> CpuTarget:
-        return cls(host_cpu(), CpuGenerated(), also=(MicroKernels(), WinogradKernels()))
+        return cls(host_cpu(), CpuGenerated(),
+                   also=(MicroKernels(), WinogradKernels(), InvertedResidualKernels()))
 
     def candidates(self, workload: Workload, generated: int | None = None) -> list[Candidate]:
         return registry.candidates(workload, self.name, last_resort=True)

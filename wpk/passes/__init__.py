@@ -15,7 +15,9 @@ value (a step's `operand` may be 0 too: `x * f(x)` reads the chain's input
 again); a single elementwise op stays the standard ONNX op, except activations
 that ONNX spells with several ops (SiLU, erf-GELU, HardSwish before opset 14),
 which become a one-step `Elementwise`. On the CPU, scaled dot-product
-attention becomes one node `Attention` (domain 'wpk', `wpk.passes.attention`).
+attention becomes one node `Attention` (domain 'wpk', `wpk.passes.attention`), and
+an inverted-residual block of blocked convs one node `InvertedResidual` (domain 'wpk',
+`wpk.passes.inverted_residual`).
 `to_onnx` expands all of it back into standard ONNX.
 """
 
@@ -33,6 +35,7 @@ from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.dead_nodes import DeadNodeElimination
 from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import CHAIN_RULES, EPILOGUE_RULES, LINEAR_RULES, PATTERN_RULES
+from wpk.passes.inverted_residual import INVERTED_RESIDUAL_RULES
 from wpk.passes.nchwc_layout import NchwcLayout
 from wpk.passes.noop_removal import NoOpRemoval
 from wpk.passes.reduce_to_pool import ReduceToPool
@@ -71,6 +74,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(DeadNodeElimination),
     # target-specific passes go last
     PipelineEntry(NchwcLayout, targets=frozenset({"cpu"})),
+    PipelineEntry(lambda: FusionPass("inverted_residual_fusion", INVERTED_RESIDUAL_RULES),
+                  targets=frozenset({"cpu"})),
 ]
 
 

@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 
 from wpk.core.graph import Graph, Node
 from wpk.kernels.cpu.attention_spec import ATTENTION_DOMAIN, ATTENTION_OP, attention_onnx_nodes
+from wpk.kernels.cpu.inverted_residual_spec import IR_DOMAIN, IR_OP, part_nodes
 from wpk.kernels.epilogue import epilogue_onnx_nodes
 
 ELEMENTWISE_OP = "Elementwise"
@@ -76,6 +77,7 @@ class _Emitter:
         self.notes = dict(notes or {})
         self.nodes: list[onnx.NodeProto] = []
         self.count = 0
+        self.dtypes: dict[str, str] = {}   # tensors of expanded fused nodes, not in the graph
 
     def fresh(self, base: str) -> str:
         """A tensor name not used yet, from `base`."""
@@ -92,11 +94,16 @@ class _Emitter:
         if node.op == ATTENTION_OP and node.domain == ATTENTION_DOMAIN:
             self._attention(node)
             return
+        if node.op == IR_OP and node.domain == IR_DOMAIN:  # its three blocked convs
+            for part in part_nodes(node, self.fresh):
+                self.dtypes[part.outputs[0]] = self.graph.tensors[node.inputs[0]].dtype
+                self._emit(part)
+            return
         if not node.epilogue and node.op != ELEMENTWISE_OP:
             self.nodes.append(node_to_proto(node))
             return
         out = node.outputs[0]
-        dtype = self.graph.tensors[out].dtype
+        dtype = self.dtypes.get(out) or self.graph.tensors[out].dtype
         if node.op == ELEMENTWISE_OP:
             value = node.inputs[0]
         else:

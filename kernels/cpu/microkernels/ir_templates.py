@@ -1,0 +1,315 @@
+"""C source of the fused inverted-residual kernel, every size baked in as a constant.
+
+    source = block_source(geometry, config)   # void wpk_inverted_residual(x, w, y)
+
+`w` points at the packed parameters (`inverted_residual.pack_block`): W1 as
+[EV/KV1][CIN][KV1*VW] (the output channels of a register tile contiguous per
+input channel), B1 [CE], W2 [KBE][K][K][BLK], B2 [CE], W3 [OV/KV2][CE][KV2*VW],
+B3 [KBO*BLK], all zero padded.
+
+OpenMP runs strips of output rows (image, strip). A strip walks its rows; for
+each it computes the rows of the expanded tensor H1 its depthwise window
+needs and has not computed yet (all expanded channels, into a ring of K rows
+of a thread's buffer, so each row is computed once per strip), then one row
+of the depthwise output H2 (a row buffer), then the output row: the 1x1
+project conv of that H2 row, bias and residual. H1 and H2 live only in the
+thread's buffer (K + 1 rows of the expanded channels), never in memory.
+
+The two 1x1 convs are register tiles of KV vectors of output channels by NP
+pixels of a row: per input channel, KV weight vectors and NP broadcasts, KV x
+NP FMAs; the accumulators start at the bias and end in the activation (and
+the residual add) before the store. The depthwise runs one vector of
+channels at a time, the K x K weight vectors in registers, checked taps only
+at the image's left and right edges; interior pixels go DPX at a time, each
+filter row's input vectors loaded once for the tile's overlapping windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from wpk.core.epilogue import EPILOGUE_TABLE
+from wpk.kernels.cpu.microkernels.ir_space import BlockGeometry, config_reason
+from wpk.kernels.cpu.microkernels.isa import ISAS
+
+_HEADER = r"""
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+typedef float vf __attribute__((vector_size({lanes} * 4)));
+typedef float vfu __attribute__((vector_size({lanes} * 4), aligned(4), may_alias));
+typedef int vi __attribute__((vector_size({lanes} * 4)));
+#define INLINE static inline __attribute__((always_inline))
+INLINE vf vload(const float *p) {{ return *(const vfu *)p; }}
+INLINE void vstore(float *p, vf v) {{ *(vfu *)p = v; }}
+INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
+INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
+INLINE vf vmax(vf a, vf b) {{ return vsel(a > b, a, b); }}
+INLINE vf vmin(vf a, vf b) {{ return vsel(a < b, a, b); }}
+"""
+
+
+def _c_float(value: float) -> str:
+    return f"{float(value)!r}f"
+
+
+def activation_c(name: str, act: tuple) -> str:
+    """`INLINE vf name(vf v)`: the activation step `act` ((step, attrs) or ('', ()))."""
+    step, attrs = act
+    body = "v"
+    if step:
+        values = EPILOGUE_TABLE[step].attr_values(dict(attrs))
+        if step == "relu":
+            body = "vmax(v, vsplat(0.0f))"
+        elif step == "clip":
+            lo, hi = values["min"], values["max"]
+            if lo is not None:
+                body = f"vmax({body}, vsplat({_c_float(lo)}))"
+            if hi is not None:
+                body = f"vmin({body}, vsplat({_c_float(hi)}))"
+        elif step == "leaky_relu":
+            body = f"vsel(v > 0.0f, v, v * {_c_float(values['alpha'])})"
+        elif step == "hard_sigmoid":
+            body = (f"vmin(vmax(v * {_c_float(values['alpha'])} + {_c_float(values['beta'])}, "
+                    "vsplat(0.0f)), vsplat(1.0f))")
+        else:
+            raise ValueError(f"the fused block has no activation {step!r}")
+    return f"INLINE vf {name}(vf v) {{ return {body}; }}\n"
+
+
+_POINTWISE = r"""
+/* {kv} x {np} tile of a 1x1 conv: output vectors [t*{kv}, t*{kv}+{kv}) at pixels [p0, p0+{np})
+   of a run, input blocks [c0, c1); the source's block c starts at src + c * src_bs, the
+   destination's at dst + c * dst_bs; res (the residual, laid out as dst) or NULL. The
+   accumulators start at the bias (first pass) or the partial sums in dst, and end in the
+   residual add and the activation (last pass) or back in dst. */
+INLINE void {name}(const float *src, size_t src_bs, const float *w, const float *bias,
+                   float *dst, size_t dst_bs, const float *res, int t, int p0, int c0, int c1) {{
+    vf acc[{kv}][{np}];
+    size_t at[{kv}];
+    const float *wt = w + (size_t)t * {cin} * {kv} * VW;
+    _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) {{
+        int v = t * {kv} + j;
+        at[j] = (size_t)(v / LG) * dst_bs + (size_t)(v % LG) * VW + (size_t)p0 * BLK;
+        vf b = vload(bias + v * VW);
+        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
+            acc[j][p] = c0 == 0 ? b : vload(dst + at[j] + p * BLK);
+    }}
+    for (int cb = c0; cb < c1; ++cb) {{
+        const float *xp = src + (size_t)cb * src_bs + (size_t)p0 * BLK;
+        const float *wc = wt + (size_t)cb * BLK * {kv} * VW;
+        const int bn = cb == {real} / BLK ? {real} % BLK : BLK;   /* padding lanes: no FMAs */
+        _Pragma("GCC unroll 4") for (int bi = 0; bi < bn; ++bi) {{
+            vf wv[{kv}];
+            _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j)
+                wv[j] = vload(wc + (bi * {kv} + j) * VW);
+            _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
+                vf xv = vsplat(xp[p * BLK + bi]);
+                _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) acc[j][p] += xv * wv[j];
+            }}
+        }}
+    }}
+    int last = c1 == {cin} / BLK;
+    _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) {{
+        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
+            vf r = acc[j][p];
+            if (last && res) r += vload(res + at[j] + p * BLK);
+            vstore(dst + at[j] + p * BLK, last ? {act}(r) : r);
+        }}
+    }}
+}}
+"""
+
+
+def _pointwise(prefix: str, kv: int, px: int, cin: str, real: int, act: str) -> str:
+    """Tiles of 1..px pixels and `{prefix}_run(src, src_bs, w, bias, dst, dst_bs, res,
+    pixels)`: a run of `pixels` contiguous pixels (whole rows of a block), the input
+    channels in passes of CBT blocks so a pass's weights stay in L1 over the run; the
+    reduction skips the padding lanes past the `real` input channels."""
+    parts = [_POINTWISE.format(name=f"{prefix}_{np_}", kv=kv, np=np_, cin=cin, real=real,
+                               act=act) for np_ in range(1, px + 1)]
+    args = "src, src_bs, w, bias, dst, dst_bs, res, t, p, c0, c1"
+    cases = "\n".join(f"            case {np_}: {prefix}_{np_}({args}); break;"
+                      for np_ in range(1, px))
+    parts.append(f"""
+static void {prefix}_run(const float *src, size_t src_bs, const float *w, const float *bias,
+                         float *dst, size_t dst_bs, const float *res, int pixels) {{
+    for (int c0 = 0; c0 < {cin} / BLK; c0 += CBT) {{
+        int c1 = c0 + CBT < {cin} / BLK ? c0 + CBT : {cin} / BLK;
+        for (int t = 0; t < {prefix.upper()}_TILES; ++t) {{
+            int p = 0;
+            for (; p + {px} <= pixels; p += {px}) {prefix}_{px}({args});
+            switch (pixels - p) {{
+{cases}
+            default: break;
+            }}
+        }}
+    }}
+}}
+""")
+    return "".join(parts)
+
+
+_BODY = r"""
+/* one vector of channels of one depthwise output pixel from the expanded rows `rows`
+   (valid filter rows [r0, r1)) */
+INLINE vf dw_pixel(const float *const *rows, const vf wv[K][K], vf b, int r0, int r1, int ow,
+                   int checked) {
+    vf acc = b;
+    for (int r = r0; r < r1; ++r) {
+        const float *row = rows[r];
+        _Pragma("GCC unroll 8") for (int s = 0; s < K; ++s) {
+            int iw = ow * S - PL + s;
+            if (checked && (iw < 0 || iw >= W)) continue;
+            acc += vload(row + (size_t)iw * BLK) * wv[r][s];
+        }
+    }
+    return act2(acc);
+}
+
+/* DPX interior pixels from ow on: per filter row the input vectors the tile's windows cover
+   are loaded once and reused by every pixel (registers, not reloads) */
+INLINE void dw_tile(const float *const *rows, const vf wv[K][K], vf b, int r0, int r1, int ow,
+                    float *o) {
+    enum { SPAN = (DPX - 1) * S + K };
+    vf acc[DPX];
+    _Pragma("GCC unroll 16") for (int p = 0; p < DPX; ++p) acc[p] = b;
+    for (int r = r0; r < r1; ++r) {
+        const float *row = rows[r] + (ptrdiff_t)(ow * S - PL) * BLK;
+        vf xv[SPAN];
+        _Pragma("GCC unroll 32") for (int q = 0; q < SPAN; ++q) xv[q] = vload(row + q * BLK);
+        _Pragma("GCC unroll 16") for (int p = 0; p < DPX; ++p)
+            _Pragma("GCC unroll 8") for (int s = 0; s < K; ++s)
+                acc[p] += xv[p * S + s] * wv[r][s];
+    }
+    _Pragma("GCC unroll 16") for (int p = 0; p < DPX; ++p)
+        vstore(o + (ow + p) * BLK, act2(acc[p]));
+}
+
+/* depthwise output row oh into pixels [q * OW, q * OW + OW) of h2 ([KBE][RT * OW][BLK]), from
+   the expanded rows of h1 ([KBE][RIN][W][BLK], first row ih_first) */
+static void dw_row(const float *h1, int ih_first, const float *w2, const float *b2, float *h2,
+                   int oh, int q) {
+    int ih0 = oh * S - PT;
+    int r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < K ? H - ih0 : K;
+    for (int kb = 0; kb < KBE; ++kb) {
+        for (int l = 0; l < LG; ++l) {
+            vf wv[K][K];
+            _Pragma("GCC unroll 8") for (int r = 0; r < K; ++r)
+                _Pragma("GCC unroll 8") for (int s = 0; s < K; ++s)
+                    wv[r][s] = vload(w2 + (((size_t)kb * K + r) * K + s) * BLK + l * VW);
+            const float *rows[K];
+            for (int r = r0; r < r1; ++r)
+                rows[r] = h1 + (((size_t)kb * RIN + ih0 + r - ih_first) * W) * BLK + l * VW;
+            vf b = vload(b2 + kb * BLK + l * VW);
+            float *o = h2 + ((size_t)kb * RT * OW + (size_t)q * OW) * BLK + l * VW;
+            int ow = 0;
+            for (; ow < OW && ow < OW_LO; ++ow)
+                vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 1));
+            for (; ow + DPX <= OW_HI; ow += DPX) dw_tile(rows, wv, b, r0, r1, ow, o);
+            for (; ow < OW_HI; ++ow) vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 0));
+            for (; ow < OW; ++ow) vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 1));
+        }
+    }
+}
+
+static _Thread_local float *thread_buffer;
+
+/* output rows [oh0, oh1) of image n, RT rows at a time: the expanded rows they need that
+   the previous tile has not computed (one run of contiguous pixels: the halo rows it did
+   compute move to the front of h1), RT depthwise rows, one project run */
+static void strip(const float *x, const float *w, float *y, float *buf, int n, int oh0,
+                  int oh1) {
+    const float *w1 = w, *b1 = w1 + W1_SIZE, *w2 = b1 + CE, *b2 = w2 + KBE * K * K * BLK;
+    const float *w3 = b2 + CE, *b3 = w3 + W3_SIZE;
+    float *h1 = buf, *h2 = buf + (size_t)KBE * RIN * W * BLK;
+    int first = 0, done = 0;   /* h1 holds input rows [first, done) */
+    for (int t0 = oh0; t0 < oh1; t0 += RT) {
+        int t1 = t0 + RT < oh1 ? t0 + RT : oh1;
+        int lo = t0 * S - PT, hi = (t1 - 1) * S - PT + K;
+        lo = lo < 0 ? 0 : lo;
+        hi = hi > H ? H : hi;
+        if (done <= lo || done == 0) {
+            first = done = lo;
+        } else if (lo > first) {   /* keep rows [lo, done): move them to the front */
+            for (int kb = 0; kb < KBE; ++kb)
+                memmove(h1 + (size_t)kb * RIN * W * BLK,
+                        h1 + ((size_t)kb * RIN + lo - first) * W * BLK,
+                        (size_t)(done - lo) * W * BLK * sizeof(float));
+            first = lo;
+        }
+        if (hi > done)
+            ex_run(x + (((size_t)n * CB * H) + done) * W * BLK, (size_t)H * W * BLK, w1, b1,
+                   h1 + (size_t)(done - first) * W * BLK, (size_t)RIN * W * BLK, NULL,
+                   (hi - done) * W);
+        done = hi > done ? hi : done;
+        for (int oh = t0; oh < t1; ++oh) dw_row(h1, first, w2, b2, h2, oh, oh - t0);
+        const float *res = RESIDUAL ? x + (((size_t)n * CB * H) + t0) * W * BLK : NULL;
+        pr_run(h2, (size_t)RT * OW * BLK, w3, b3, y + (((size_t)n * KBO * OH) + t0) * OW * BLK,
+               (size_t)OH * OW * BLK, res, (t1 - t0) * OW);
+    }
+}
+
+void wpk_inverted_residual(const float *x, const float *w, float *y) {
+    int threads = omp_get_max_threads();
+    int rows = ROWS > 0 ? ROWS : (OH * N + threads - 1) / threads;
+    if (rows > OH) rows = OH;
+    if (rows < 1) rows = 1;
+    int strips = (OH + rows - 1) / rows, units = N * strips;
+    #pragma omp parallel for schedule(dynamic, 1) if (units > 1)
+    for (int u = 0; u < units; ++u) {
+        float *buf = thread_buffer;
+        if (!buf) {
+            buf = aligned_alloc(64, BUFFER_BYTES);
+            thread_buffer = buf;
+        }
+        int n = u / strips, s0 = (u % strips) * rows;
+        strip(x, w, y, buf, n, s0, s0 + rows < OH ? s0 + rows : OH);
+    }
+}
+"""
+
+
+def _interior(g: BlockGeometry) -> tuple[int, int]:
+    """[lo, hi): the depthwise output columns whose window lies inside the row."""
+    lo = min(g.ow, -(-g.pl // g.s))
+    last = g.w - 1 + g.pl - (g.k - 1)
+    hi = 0 if last < 0 else min(g.ow, last // g.s + 1)
+    return lo, max(lo, hi)
+
+
+def block_source(g: BlockGeometry, config: Mapping) -> str:
+    """The C source of `wpk_inverted_residual(x, w, y)` for `g` under `config`
+    (ValueError for an invalid config)."""
+    reason = config_reason(g, config)
+    if reason:
+        raise ValueError(reason)
+    isa = ISAS[str(config["isa"])]
+    lanes = isa.lanes
+    kv1, px1, kv2, px2 = (int(config[k]) for k in ("kv1", "px1", "kv2", "px2"))
+    lg = g.block // lanes
+    cin, ce = g.cb * g.block, g.kbe * g.block
+    lo, hi = _interior(g)
+    rt = min(int(config["rt"]), g.oh)
+    rin = min((rt - 1) * g.s + g.k, g.h)
+    buffer_floats = (rin * g.kbe * g.w + g.kbe * rt * g.ow) * g.block
+    defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
+                   K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
+                   EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2,
+                   W1_SIZE=cin * ce, W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
+                   DPX=8 if isa.registers >= 32 and g.k == 3 else 4,
+                   ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin, OW_LO=lo,
+                   OW_HI=hi,
+                   BUFFER_BYTES=-(-buffer_floats * 4 // 64) * 64)
+    parts = [_HEADER.format(lanes=lanes)]
+    parts += [f"#define {k} {v}\n" for k, v in defines.items()]
+    parts.append(activation_c("act1", g.act1))
+    parts.append(activation_c("act2", g.act2))
+    parts.append(activation_c("linear", ("", ())))
+    parts.append(_pointwise("ex", kv1, px1, str(cin), g.in_channels, "act1"))
+    parts.append(_pointwise("pr", kv2, px2, str(ce), g.expanded, "linear"))
+    parts.append(_BODY)
+    return "".join(parts)

@@ -1,0 +1,241 @@
+"""The fused inverted-residual block: its kernels against the float64 reference on odd sizes
+(channels not a multiple of the vector width, stride 2, odd images, 5x5, every usable ISA
+forced), the reference against a plain numpy computation of the separate ops, the config
+space, and onnxruntime's candidate running the separate nodes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wpk.core.numerics import relative_l2
+from wpk.kernels import nchwc_format as fmt
+from wpk.kernels import registry
+from wpk.kernels.cpu.inverted_residual_spec import (
+    block_workload,
+    inverted_residual_reason,
+    part_workloads,
+)
+from wpk.kernels.cpu.microkernels.inverted_residual import (
+    MICRO_INVERTED_RESIDUAL,
+    ORT_INVERTED_RESIDUAL,
+    InvertedResidualKernels,
+)
+from wpk.kernels.cpu.microkernels.ir_space import (
+    KNOBS,
+    BlockSpace,
+    block_geometry,
+    config_reason,
+    default_config,
+)
+from wpk.kernels.cpu.microkernels.ir_templates import block_source
+from wpk.kernels.cpu.microkernels.isa import usable_isas
+from wpk.kernels.reference import reference
+from wpk.kernels.support import is_supported
+
+TOLERANCE = 1e-5
+BLOCK = fmt.host_block_size()
+RELU6 = ("clip", (("max", 6.0), ("min", 0.0)))
+
+# (n, cin, expanded, cout, h, w, k, stride, activation, residual, biases)
+CASES = {
+    "odd-channels-stride1-residual": (1, 12, 36, 12, 9, 7, 3, 1, RELU6, True, True),
+    "stride2-odd-image": (1, 20, 60, 28, 11, 9, 3, 2, RELU6, False, True),
+    "5x5-stride2-relu": (2, 8, 48, 20, 10, 13, 5, 2, ("relu", ()), False, True),
+    "5x5-stride1-no-bias-leaky": (1, 16, 40, 16, 6, 5, 5, 1,
+                                  ("leaky_relu", (("alpha", 0.1),)), True, False),
+    "hard-sigmoid-tiny": (1, 4, 24, 8, 3, 3, 3, 1, ("hard_sigmoid", ()), False, True),
+    "no-activation-one-row": (1, 24, 72, 24, 1, 8, 3, 1, ("", ()), True, True),
+    "wide-rows-depthwise-tiles": (1, 12, 36, 12, 5, 21, 3, 1, RELU6, True, True),
+    "wide-rows-stride2": (1, 8, 24, 16, 4, 37, 3, 2, ("relu", ()), False, True),
+}
+
+
+def case_workload(case: str):
+    n, cin, e, cout, h, w, k, s, act, residual, biases = CASES[case]
+    return block_workload(n, cin, e, cout, h, w, k, s, act, residual, BLOCK, biases)
+
+
+def arrays_for(workload, rng: np.random.Generator) -> tuple[list, dict]:
+    """Blocked input (padding lanes zero, as the layout keeps them) and constants."""
+    x = workload.inputs[0]
+    channels = workload.inputs[1].shape[1]
+    logical = rng.standard_normal((x.shape[0], channels, *x.shape[2:4])).astype(np.float32)
+    consts = {i: (rng.standard_normal(workload.inputs[i].shape) * 0.4).astype(np.float32)
+              for i in range(1, 7) if workload.inputs[i] is not None}
+    return [fmt.block(logical, BLOCK), *(consts.get(i) for i in range(1, 7))], consts
+
+
+def run(kernel, workload, arrays) -> np.ndarray:
+    out = np.full(workload.outputs[0].shape, np.nan, np.float32)   # poisoned
+    kernel(arrays, [out])
+    assert np.isfinite(out).all()
+    return out
+
+
+def _conv_nchw(x, w, b, stride, pad, groups):
+    """float64 convolution, the plain loop of the definition (independent of wpk)."""
+    n, c, h, wd = x.shape
+    o, cg, k, _ = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+    y = np.zeros((n, o, oh, ow))
+    og = o // groups
+    for g in range(groups):
+        for r in range(k):
+            for s in range(k):
+                patch = xp[:, g * cg:(g + 1) * cg, r:r + stride * oh:stride,
+                           s:s + stride * ow:stride]
+                y[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch,
+                                                       w[g * og:(g + 1) * og, :, r, s])
+    return y + (0 if b is None else b.reshape(1, -1, 1, 1))
+
+
+def _act(v, act):
+    name, attrs = act
+    attrs = dict(attrs)
+    if name == "clip":
+        return np.clip(v, attrs["min"], attrs["max"])
+    if name == "relu":
+        return np.maximum(v, 0)
+    if name == "leaky_relu":
+        return np.where(v > 0, v, v * attrs["alpha"])
+    if name == "hard_sigmoid":
+        return np.clip(v * 0.2 + 0.5, 0, 1)
+    return v
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_reference_is_the_separate_ops(case):
+    workload = case_workload(case)
+    n, cin, e, cout, h, w, k, s, act, residual, biases = CASES[case]
+    arrays, _ = arrays_for(workload, np.random.default_rng(1))
+    wide = [None if a is None else np.asarray(a, np.float64) for a in arrays]
+    x = fmt.unblock(wide[0], cin)
+    h1 = _act(_conv_nchw(x, wide[1], wide[2], 1, 0, 1), act)
+    h2 = _act(_conv_nchw(h1, wide[3], wide[4], s, k // 2, e), act)
+    y = _conv_nchw(h2, wide[5], wide[6], 1, 0, 1) + (x if residual else 0)
+    got = fmt.unblock(reference(workload, arrays)[0], cout)
+    assert relative_l2(got, y) < 1e-12
+
+
+@pytest.mark.parametrize("isa", [i.name for i in usable_isas() if BLOCK % i.lanes == 0])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fused_kernel_matches_reference(case, isa):
+    workload = case_workload(case)
+    assert inverted_residual_reason(workload) is None
+    arrays, consts = arrays_for(workload, np.random.default_rng(2))
+    expected = reference(workload, arrays)[0]
+    config = default_config(block_geometry(workload), isa)
+    out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload, arrays)
+    assert relative_l2(out, expected) < TOLERANCE, config
+
+
+@pytest.mark.parametrize("case", ["stride2-odd-image", "5x5-stride1-no-bias-leaky"])
+def test_every_schedule_knob_keeps_the_result(case):
+    """Strips and row tiles of several heights (halo rows kept and recomputed), channel and
+    pixel tiles that leave remainders, passes over the input blocks: per knob its smallest,
+    a middle and its largest valid value."""
+    workload = case_workload(case)
+    space = BlockSpace(block_geometry(workload))
+    arrays, consts = arrays_for(workload, np.random.default_rng(3))
+    expected = reference(workload, arrays)[0]
+    base = space.default_config()
+    tried = 0
+    for knob, choices in space.space().items():
+        valid = [v for v in choices if space.validate({**base, knob: v}) is None]
+        for value in dict.fromkeys([valid[0], valid[len(valid) // 2], valid[-1]]):
+            config = {**base, knob: value}
+            out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload,
+                      arrays)
+            assert relative_l2(out, expected) < TOLERANCE, config
+            tried += 1
+    assert tried >= 12
+
+
+def test_residual_reads_its_input_when_the_output_aliases_it():
+    workload = case_workload("odd-channels-stride1-residual")
+    arrays, consts = arrays_for(workload, np.random.default_rng(4))
+    expected = reference(workload, arrays)[0]
+    kernel = MICRO_INVERTED_RESIDUAL.prepare(workload, consts,
+                                             MICRO_INVERTED_RESIDUAL.configs(workload)[0])
+    buffer = arrays[0].copy()
+    kernel([buffer, *arrays[1:]], [buffer])   # in place: the runtime may reuse the buffer
+    assert relative_l2(buffer, expected) < TOLERANCE
+
+
+@pytest.mark.parametrize("case", ["stride2-odd-image", "odd-channels-stride1-residual",
+                                  "5x5-stride1-no-bias-leaky"])
+def test_onnxruntime_candidate_runs_the_separate_nodes(case):
+    workload = case_workload(case)
+    arrays, consts = arrays_for(workload, np.random.default_rng(5))
+    out = run(ORT_INVERTED_RESIDUAL.prepare(workload, consts, {}), workload, arrays)
+    assert relative_l2(out, reference(workload, arrays)[0]) < TOLERANCE
+    part = ORT_INVERTED_RESIDUAL.onnx_part(workload, consts)
+    assert [n.op_type for n in part.model.graph.node] == ["Conv"] * 3
+
+
+def test_both_candidates_are_offered_and_supported():
+    workload = case_workload("stride2-odd-image")
+    names = {c.implementation.name for c in registry.candidates(workload, "cpu")}
+    assert {"micro.inverted_residual", "ort.inverted_residual"} <= names
+    assert is_supported(workload)
+    assert InvertedResidualKernels().supports(workload)
+    assert [p.op for p in part_workloads(workload)] == ["Conv"] * 3
+
+
+def test_onnxruntime_candidate_only_at_mlas_block():
+    other = 8 if BLOCK == 16 else 16
+    n, cin, e, cout, h, w, k, s, act, residual, biases = CASES["stride2-odd-image"]
+    workload = block_workload(n, cin, e, cout, h, w, k, s, act, residual, other, biases)
+    assert "block" in ORT_INVERTED_RESIDUAL.unsupported_reason(workload)
+    assert ORT_INVERTED_RESIDUAL.unsupported_reason(case_workload("stride2-odd-image")) is None
+
+
+def test_config_space_refuses_what_it_cannot_build():
+    g = block_geometry(case_workload("stride2-odd-image"))
+    base = default_config(g)
+    assert config_reason(g, base) is None
+    assert set(base) == set(KNOBS)
+    assert "knobs" in config_reason(g, {k: v for k, v in base.items() if k != "rt"})
+    assert config_reason(g, {**base, "isa": "sse9"})
+    assert "divide" in config_reason(g, {**base, "kv2": 7})
+    assert config_reason(g, {**base, "px2": 0})
+    assert "registers" in config_reason(g, {**base, "kv1": 4, "px1": 12})
+    with pytest.raises(ValueError):
+        block_source(g, {**base, "rt": 0})
+
+
+def test_malformed_workloads_are_refused():
+    workload = case_workload("stride2-odd-image")
+    assert inverted_residual_reason(workload) is None
+    from dataclasses import replace
+    assert "constants" in inverted_residual_reason(replace(workload, const_inputs=(2, 4, 6),
+                                                           _key=""))
+    bad_act = tuple((k, "tanh" if k == "act1" else v) for k, v in workload.attrs)
+    assert "activation" in inverted_residual_reason(replace(workload, attrs=bad_act, _key=""))
+    assert isinstance(block_geometry(replace(workload, attrs=bad_act, _key="")), str)
+
+
+def test_bench_script_runs_a_block_and_renders_its_tables(tmp_path):
+    """The benchmark verifies both contenders before timing them, and its --markdown output
+    is the README's tables."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_inverted_residual.py"
+    out = tmp_path / "ir.json"
+    done = subprocess.run([sys.executable, str(script), "--threads", "1", "--rounds", "1",
+                           "--limit", "1", "--json", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(out.read_text())["rows"]
+    assert max(row["errors"].values()) < 1e-4 and row["speedup"] > 0
+    table = subprocess.run([sys.executable, str(script), "--markdown", str(out)],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and "| 16 > 96 > 24 | 112x112 | 2 | no |" in table.stdout
+    bad = subprocess.run([sys.executable, str(script), "--rounds", "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and "hint:" in bad.stderr
