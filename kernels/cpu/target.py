@@ -6,8 +6,9 @@
 An untuned build measures the registered CPU implementations (onnxruntime
 kernels, wpk's numpy/BLAS routines, the onnxruntime fallback); a search adds
 the best generated C kernel of each tunable workload: `dsl.cpu` (DSL kernels) and,
-for the NCHWc convolutions they support, the micro-kernels `micro.nchwc` (whose
-default config alone an untuned build measures).
+for the NCHWc convolutions they support, the micro-kernels `micro.nchwc`, and for
+MatMul and Gemm the GEMM micro-kernels `micro.gemm` (the default config of each
+micro-kernel alone an untuned build measures).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from wpk.core.workload import Workload
 from wpk.dsl.toolchain import c_compiler
 from wpk.dsl.toolchain import compiler_version as tool_version
 from wpk.kernels import registry
+from wpk.kernels.cpu.microkernels.gemm import GemmKernels
 from wpk.kernels.cpu.microkernels.kernel import MicroKernels
 from wpk.kernels.generated import compile_job, template_of
 from wpk.kernels.jobs import CompileJob
@@ -55,7 +57,7 @@ class CpuTarget(Target):
 
     @classmethod
     def create(cls, **options: Any) -> CpuTarget:
-        return cls(host_cpu(), CpuGenerated(), also=(MicroKernels(),))
+        return cls(host_cpu(), CpuGenerated(), also=(MicroKernels(), GemmKernels()))
 
     def candidates(self, workload: Workload, generated: int | None = None) -> list[Candidate]:
         return registry.candidates(workload, self.name, last_resort=True)
