@@ -27,6 +27,7 @@ from wpk.kernels.cpu.microkernels.gemm_space import (
 )
 from wpk.kernels.cpu.microkernels.gemm_templates import gemm_source
 from wpk.kernels.cpu.microkernels.isa import ISAS, usable_isas
+from wpk.kernels.cpu.microkernels.vector_math import has_vector_variants, vector_math
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.search.space import SearchSpace
@@ -151,7 +152,7 @@ def test_output_aliasing_a_residual_operand(rng):
 def test_avx2_source_uses_eight_lanes():
     g = gemm_geometry(CASES["odd_k_and_n_gelu"])
     config = {"isa": "avx2", "mr": 6, "nv": 2, "kc": 64, "mb": 2, "nb": 1, "unroll": 4}
-    source = gemm_source(g, config)
+    source, _ = gemm_source(g, config)
     assert "vector_size(8 * 4)" in source and "#define NR 16" in source
     assert "erff(" in source   # the GELU epilogue, from the epilogue table
 
@@ -206,3 +207,21 @@ def test_tuner_searches_the_space_and_every_proposal_is_correct(rng):
         assert _check(workload, family.config(config), rng) < 1e-5
     jobs = family.compile_jobs(workload, batch[:1])
     assert jobs[0].function.endswith("gemm:compile_gemm")
+
+
+def test_math_epilogues_vectorize_through_libmvec_where_the_host_has_it():
+    """A GELU epilogue calls erff: declared a SIMD function and linked with libmvec when
+    this host's libmvec has every variant, never on the portable ISA; the kernels above
+    check its results either way."""
+    g = gemm_geometry(CASES["odd_k_and_n_gelu"])
+    portable = {"isa": "portable", "mr": 4, "nv": 2, "kc": 64, "mb": 1, "nb": 1, "unroll": 1}
+    source, libraries = gemm_source(g, portable)
+    assert "simd(" not in source and libraries == ("-lm",)
+    wide = dict(portable, isa=USABLE[0])
+    source, libraries = gemm_source(g, wide)
+    if USABLE[0] != "portable" and has_vector_variants("erff"):
+        assert 'float erff(float) __attribute__((simd("notinbranch")))' in source
+        assert "-lmvec" in libraries
+    else:
+        assert "-lmvec" not in libraries
+    assert vector_math("v = v + 1.0f;", ISAS[USABLE[0]]) == ("", ("-lm",))

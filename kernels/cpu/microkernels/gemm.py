@@ -46,7 +46,8 @@ def _geometry(workload: Workload) -> GemmGeometry:
 
 def _library(g: GemmGeometry, config: Mapping) -> str:
     isa = ISAS[str(config["isa"])]
-    return str(compile_c(gemm_source(g, config), compile_flags(isa)).path)
+    source, libraries = gemm_source(g, config)
+    return str(compile_c(source, compile_flags(isa), libraries).path)
 
 
 def compile_gemm(workload: Mapping, config: Mapping) -> str:

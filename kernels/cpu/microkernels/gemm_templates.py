@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from wpk.core.epilogue import Builder, epilogue_op, step_value
 from wpk.kernels.cpu.microkernels.gemm_space import GemmGeometry, config_reason
 from wpk.kernels.cpu.microkernels.isa import ISAS
+from wpk.kernels.cpu.microkernels.vector_math import vector_math
 
 _HEADER = r"""
 #include <math.h>
@@ -123,7 +124,7 @@ INLINE void epilogue(const float *const *ops, float *y, long b, int i0, int j0, 
                      int cols) {{
 {declare}    for (long i = i0; i < i0 + rows; ++i) {{
         float *yr = y + (b * M + i) * N;
-        for (long j = j0; j < j0 + cols; ++j) {{
+        _Pragma("omp simd") for (long j = j0; j < j0 + cols; ++j) {{
             float v = yr[j];
 {body}
             yr[j] = v;
@@ -234,9 +235,10 @@ def _table(name: str, values: tuple[int, ...]) -> str:
     return f"static const long {name}_TABLE[] = {{{rows}}};\n#define {name}(b) {name}_TABLE[b]\n"
 
 
-def gemm_source(g: GemmGeometry, config: Mapping) -> str:
-    """The C source of `wpk_gemm_pack` and `wpk_gemm` for `g` under `config` (ValueError
-    for an invalid config)."""
+def gemm_source(g: GemmGeometry, config: Mapping) -> tuple[str, tuple[str, ...]]:
+    """(C source of `wpk_gemm_pack` and `wpk_gemm` for `g` under `config`, the libraries it
+    links: libmvec when its epilogue calls math functions that has vector variants of);
+    ValueError for an invalid config."""
     reason = config_reason(g, config)
     if reason:
         raise ValueError(reason)
@@ -255,11 +257,13 @@ def gemm_source(g: GemmGeometry, config: Mapping) -> str:
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_table("A_OFF", g.a_offsets))
     parts.append(_table("B_OFF", g.b_offsets))
-    parts.append(_epilogue(g))
+    epilogue = _epilogue(g)
+    declarations, libraries = vector_math(epilogue, ISAS[str(config["isa"])])
+    parts += [declarations, epilogue]
     parts.append(_tile(mr, nv, unroll))
     rest = g.m % mr
     if rest:
         parts.append(_tile(rest, nv, unroll))
     main = _MAIN.replace("{mr}", str(mr))
     parts.append(main.replace("{rest}", _REST.format(rest=rest) if rest else ""))
-    return "".join(parts)
+    return "".join(parts), libraries
