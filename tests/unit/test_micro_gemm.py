@@ -225,3 +225,29 @@ def test_math_epilogues_vectorize_through_libmvec_where_the_host_has_it():
     else:
         assert "-lmvec" not in libraries
     assert vector_math("v = v + 1.0f;", ISAS[USABLE[0]]) == ("", ("-lm",))
+
+
+def test_small_bert_layer_builds_with_micro_gemm_measured_and_verified(tmp_path):
+    """The suite's BERT layer at test size: every MatMul/Gemm workload has a verified
+    micro.gemm candidate, and the plan matches onnxruntime."""
+    import onnxruntime
+
+    import wpk
+    from tests import models
+
+    model = models.bert_base_layer(seq_len=16, d_model=48, heads=4, ffn=96)
+    assert model.graph.name == "bert_base_layer"
+    feeds = models.random_inputs(model, seed=3)
+    plan = wpk.build(model, target="cpu", search="none", warmup=0, repeats=1, min_time=0.0,
+                     progress=False, partition=False)
+    gemms = [w for w in plan.report["workloads"] if w["op"] in ("MatMul", "Gemm")]
+    assert len(gemms) >= 3
+    for entry in gemms:
+        statuses = {c["impl"]: c["status"] for c in entry["candidates"]}
+        assert statuses.get("micro.gemm") == "ok", entry["label"]
+    path = tmp_path / "bert.wpk"
+    plan.save(path)
+    actual = next(iter(wpk.load(path).run(feeds).values()))
+    session = onnxruntime.InferenceSession(model.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    assert relative_l2(actual, session.run(None, feeds)[0]) < 1e-4
