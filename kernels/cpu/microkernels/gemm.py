@@ -115,11 +115,11 @@ class MicroGemm(Implementation):
             held = []   # operands stay alive (and unaliased with out) until the call returns
             for index in operand_indices:
                 value = np.ascontiguousarray(inputs[index], dtype=np.float32)
-                if np.shares_memory(value, out):
+                if np.may_share_memory(value, out):
                     value = value.copy()
                 held.append(value)
                 ops[index] = value.ctypes.data
-            if np.shares_memory(a, out):
+            if np.may_share_memory(a, out):
                 a = a.copy()
             gemm(a.ctypes.data, p_ptr, out.ctypes.data, ops)
 

@@ -40,8 +40,10 @@ NB_CHOICES = (1, 2, 4, 8, 16, 32)
 UNROLL_CHOICES = (1, 2, 4, 8)
 # A panel's kc x nr slice the row tiles of a block sweep: kept within this many bytes (L1)
 PANEL_BYTES = 32 * 1024
-# Parallel units per call the default aims at: a few per core
+# Parallel units per call the default aims at: a few per core, each of at least
+# UNIT_FLOPS (a smaller product runs on the calling thread: waking a team costs more)
 TARGET_UNITS = 4 * (os.cpu_count() or 1)
+UNIT_FLOPS = 1 << 20
 # Batch offset tables are baked into the source: at most this many batches
 MAX_BATCH = 1 << 16
 
@@ -230,7 +232,8 @@ def default_config(g: GemmGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA; 6 rows x 4 vectors with 32
     registers, 6 x 2 with 16 (fewer vectors for narrow outputs, fewer rows for short
     products); k passes whose panel slice fits `PANEL_BYTES`; units of as many row tiles
-    and panels as leave about `TARGET_UNITS` units. Every knob is one of its choices."""
+    and panels as leave about `TARGET_UNITS` units of at least `UNIT_FLOPS` each. Every
+    knob is one of its choices."""
     isa: Isa = ISAS[isa_name] if isa_name else usable_isas()[0]
     nv = min(4 if isa.registers >= 32 else 2, g.vectors(isa.lanes))
     mr = max(r for r in MR_CHOICES if tile_registers(nv, r) <= isa.registers and r <= 8)
@@ -243,7 +246,8 @@ def default_config(g: GemmGeometry, isa_name: str | None = None) -> dict:
     def units(mb_: int, nb_: int) -> int:
         return g.batch * -(-row_tiles // mb_) * -(-panels // nb_)
 
-    while units(mb, nb) < TARGET_UNITS and (mb > 1 or nb > 1):
+    target = min(TARGET_UNITS, max(1, g.flops // UNIT_FLOPS))
+    while units(mb, nb) < target and (mb > 1 or nb > 1):
         if nb > 1 and (nb >= mb or mb == 1):
             nb //= 2
         else:
