@@ -18,6 +18,7 @@ one rotating); medians per round, the median over rounds reported as GFLOP/s,
 
     python scripts/bench_micro_gemm.py [--threads 1,2] [--rounds 5] [--grid 8]
         [--models transformer_encoder,bert_base_layer,vit_tiny] [--output FILE.json]
+    python scripts/bench_micro_gemm.py --table FILE.json    # its README table (markdown)
 """
 
 from __future__ import annotations
@@ -196,6 +197,34 @@ def summarize(rows: list[dict]) -> dict:
     return summary
 
 
+def markdown_table(result: dict) -> str:
+    """The README's table of a results JSON: one row per product, GFLOP/s per thread count
+    (micro.gemm's fastest verified config, onnxruntime's better pool, numpy), then the
+    summary lines."""
+    counts = result["threads"]
+    rows = {}
+    for r in result["rows"]:
+        rows.setdefault((r["model"], r["role"], r["label"]), {})[r["threads"]] = r
+    head = "| model | product |" + "".join(
+        f" {t} thr: micro | ort | numpy | micro % of peak | micro/ort |" for t in counts)
+    lines = [head, "| --- | --- |" + " ---: |" * 5 * len(counts)]
+    for (model, role, label), by_threads in rows.items():
+        cells = ""
+        for t in counts:
+            r = by_threads[t]
+            g = r["gflops"]
+            cells += (f" {g['micro']:.0f} | {max(g['ort'], g['ort_no_spin']):.0f} | "
+                      f"{g['numpy']:.0f} | {r['percent_of_peak']['micro']:.0f}% | "
+                      f"{r['ratio_to_ort']:.2f} |")
+        lines.append(f"| {model} | {role} {label} |{cells}")
+    for t, s in result["summary"].items():
+        lines.append(f"\n{t} thread(s): median micro.gemm/onnxruntime speed "
+                     f"{s['median_ratio_to_ort']:.2f} (default config "
+                     f"{s['median_default_ratio_to_ort']:.2f}, min {s['min_ratio_to_ort']:.2f}), "
+                     f"micro.gemm/numpy {s['median_ratio_to_numpy']:.2f}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
@@ -205,7 +234,12 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--limit", type=int, default=None, help="first N products (smoke run)")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--table", type=Path, default=None,
+                        help="print the markdown table of this results JSON and stop")
     args = parser.parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return 0
     from threadpoolctl import threadpool_limits
 
     counts = [int(t) for t in args.threads.split(",")]
