@@ -251,3 +251,26 @@ def test_small_bert_layer_builds_with_micro_gemm_measured_and_verified(tmp_path)
     session = onnxruntime.InferenceSession(model.SerializeToString(),
                                            providers=["CPUExecutionProvider"])
     assert relative_l2(actual, session.run(None, feeds)[0]) < 1e-4
+
+
+def test_benchmark_covers_the_bert_products_and_renders_its_table():
+    """scripts/bench_micro_gemm.py: BERT-base's three weight products and its two attention
+    products; the README table comes from a results JSON."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    try:
+        import bench_micro_gemm as bench
+    finally:
+        sys.path.pop(0)
+    shapes = {(p.m, p.k, p.n, p.const_b) for p in bench.products("bert_base_layer")}
+    assert {(128, 768, 768, True), (128, 768, 3072, True), (128, 3072, 768, True)} <= shapes
+    assert {(128, 64, 128, False), (128, 128, 64, False)} <= shapes
+    row = {"model": "m", "role": "r", "label": "2x3 @ 3x4", "threads": 1,
+           "gflops": {"micro": 10.0, "ort": 5.0, "ort_no_spin": 8.0, "numpy": 4.0},
+           "percent_of_peak": {"micro": 50.0}, "ratio_to_ort": 1.25}
+    summary = {"1": {"median_ratio_to_ort": 1.25, "median_default_ratio_to_ort": 1.0,
+                     "min_ratio_to_ort": 1.25, "median_ratio_to_numpy": 2.5}}
+    table = bench.markdown_table({"threads": [1], "rows": [row], "summary": summary})
+    assert "| m | r 2x3 @ 3x4 | 10 | 8 | 4 | 50% | 1.25 |" in table
