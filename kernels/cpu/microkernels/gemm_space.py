@@ -231,9 +231,9 @@ def _at_least(choices: tuple[int, ...], value: int) -> int:
 def default_config(g: GemmGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA; 6 rows x 4 vectors with 32
     registers, 6 x 2 with 16 (fewer vectors for narrow outputs, fewer rows for short
-    products); k passes whose panel slice fits `PANEL_BYTES`; units of as many row tiles
-    and panels as leave about `TARGET_UNITS` units of at least `UNIT_FLOPS` each. Every
-    knob is one of its choices."""
+    products); k passes whose panel slice fits `PANEL_BYTES`; units of every row tile
+    and as many panels as leave about `TARGET_UNITS` units of at least `UNIT_FLOPS` each
+    (fewer rows only when the columns run out). Every knob is one of its choices."""
     isa: Isa = ISAS[isa_name] if isa_name else usable_isas()[0]
     nv = min(4 if isa.registers >= 32 else 2, g.vectors(isa.lanes))
     mr = max(r for r in MR_CHOICES if tile_registers(nv, r) <= isa.registers and r <= 8)
@@ -247,11 +247,12 @@ def default_config(g: GemmGeometry, isa_name: str | None = None) -> dict:
         return g.batch * -(-row_tiles // mb_) * -(-panels // nb_)
 
     target = min(TARGET_UNITS, max(1, g.flops // UNIT_FLOPS))
-    while units(mb, nb) < target and (mb > 1 or nb > 1):
-        if nb > 1 and (nb >= mb or mb == 1):
-            nb //= 2
-        else:
-            mb //= 2
+    # split the columns first: a unit of all rows streams its panels of B once, where
+    # units of fewer rows would each read B again (it outgrows L2 in BERT's FFN)
+    while units(mb, nb) < target and nb > 1:
+        nb //= 2
+    while units(mb, nb) < target and mb > 1:
+        mb //= 2
     return {"isa": isa.name, "mr": mr, "nv": nv, "kc": kc, "mb": mb, "nb": nb, "unroll": 4}
 
 
