@@ -211,7 +211,7 @@ static void unit(const float *a, const float *packed, float *y, const float *con
 }
 
 void wpk_gemm(const float *a, const float *packed, float *y, const float *const *ops) {
-    #pragma omp parallel for schedule(static) if (UNITS > 1)
+    #pragma omp parallel for schedule(dynamic, 1) if (UNITS > 1)
     for (long u = 0; u < UNITS; ++u) {
         int cb = u % CBLOCKS;
         long t = u / CBLOCKS;
