@@ -1,4 +1,4 @@
-"""Evaluation models: the nine `light` CNNs of the onnx wheel and three hand-built networks.
+"""Evaluation models: the nine `light` CNNs of the onnx wheel and four hand-built networks.
 
 The hand-built ones are made with `onnx.helper` (no torch), opset 17, with
 weights from a seeded generator, so every build gives the same bytes:
@@ -10,6 +10,8 @@ weights from a seeded generator, so every build gives the same bytes:
 - `transformer_encoder`: one post-norm encoder layer, sequence 64, d_model 256,
   4 heads: MatMul/Add projections, Reshape/Transpose for heads, Softmax,
   LayerNormalization, the erf form of Gelu and residuals.
+- `bert_base_layer`: the same layer at BERT-base's sizes (sequence 128,
+  d_model 768, 12 heads, FFN 3072).
 
     python -m tests.models OUTDIR        # writes every hand-built model as OUTDIR/<name>.onnx
 """
@@ -214,6 +216,16 @@ def transformer_encoder(seq_len: int = 64, d_model: int = 256, heads: int = 4,
     return g.model("transformer_encoder", [inp], [out])
 
 
+def bert_base_layer(seq_len: int = 128, d_model: int = 768, heads: int = 12, ffn: int = 3072,
+                    seed: int = 4) -> onnx.ModelProto:
+    """One BERT-base-sized encoder layer (sequence 128, d_model 768, 12 heads, FFN 3072,
+    erf-Gelu, LayerNormalization, seeded weights): `transformer_encoder`'s layer at
+    BERT-base's sizes; smaller sizes give the same structure for tests."""
+    model = transformer_encoder(seq_len, d_model, heads, ffn, seed)
+    model.graph.name = "bert_base_layer"
+    return model
+
+
 def tiny_conv_gemm(seed: int = 3) -> onnx.ModelProto:
     """Conv(+bias)+Relu, GlobalAveragePool, Flatten, Gemm on a 1x3x8x8 image: the smallest
     model with a convolution, a pooling and a GEMM workload (fast GPU search tests)."""
@@ -241,6 +253,7 @@ BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "mobilenet_v2_like": mobilenet_v2_like,
     "efficientnet_like": efficientnet_like,
     "transformer_encoder": transformer_encoder,
+    "bert_base_layer": bert_base_layer,
 }
 ALL_MODELS = tuple(f"light_{n}" for n in LIGHT_MODELS) + tuple(BUILDERS)
 

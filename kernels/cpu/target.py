@@ -4,12 +4,13 @@
     target.candidates(workload)   # onnxruntime, BLAS/numpy and fallback implementations
 
 An untuned build measures the registered CPU implementations (onnxruntime
-kernels, wpk's numpy/BLAS routines, the onnxruntime fallback); a search adds
-the best generated C kernel of each tunable workload: `dsl.cpu` (DSL kernels) and,
-for the NCHWc convolutions they support, the micro-kernels `micro.nchwc` (whose
-default config alone an untuned build measures) and, for the 3x3 stride-1 ones, the
-Winograd kernels `micro.winograd` (an untuned build measures the default of each tile
-size m; the search tunes m with the GEMM's tile).
+kernels, wpk's numpy/BLAS routines, the onnxruntime fallback) and the default
+config of each generated micro-kernel family that supports the workload; a search
+tunes every family: `dsl.cpu` (DSL kernels), `micro.nchwc` (NCHWc convolutions),
+`micro.winograd` (3x3 stride-1 NCHWc convolutions; an untuned build measures the
+default of each tile size m, the search tunes m with the GEMM's tile),
+`micro.inverted_residual` (the fused inverted-residual block) and `micro.gemm`
+(MatMul and Gemm).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from wpk.core.workload import Workload
 from wpk.dsl.toolchain import c_compiler
 from wpk.dsl.toolchain import compiler_version as tool_version
 from wpk.kernels import registry
+from wpk.kernels.cpu.microkernels.gemm import GemmKernels
 from wpk.kernels.cpu.microkernels.inverted_residual import InvertedResidualKernels
 from wpk.kernels.cpu.microkernels.kernel import MicroKernels
 from wpk.kernels.cpu.microkernels.winograd import WinogradKernels
@@ -60,7 +62,8 @@ class CpuTarget(Target):
     @classmethod
     def create(cls, **options: Any) -> CpuTarget:
         return cls(host_cpu(), CpuGenerated(),
-                   also=(MicroKernels(), WinogradKernels(), InvertedResidualKernels()))
+                   also=(MicroKernels(), WinogradKernels(), InvertedResidualKernels(),
+                         GemmKernels()))
 
     def candidates(self, workload: Workload, generated: int | None = None) -> list[Candidate]:
         return registry.candidates(workload, self.name, last_resort=True)

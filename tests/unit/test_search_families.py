@@ -64,8 +64,9 @@ def searched(tmp_path_factory):
     return plan, db, model
 
 
-def test_cpu_target_offers_both_families():
-    assert [f.impl for f in CPU.families] == ["dsl.cpu", "micro.nchwc", "micro.winograd"]
+def test_cpu_target_offers_every_family():
+    assert [f.impl for f in CPU.families] == ["dsl.cpu", "micro.nchwc", "micro.winograd",
+                                              "micro.inverted_residual", "micro.gemm"]
     assert CPU.family("micro.nchwc").impl == "micro.nchwc" and CPU.family("x") is None
 
 

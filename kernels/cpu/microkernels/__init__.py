@@ -1,4 +1,4 @@
-"""SIMD micro-kernels of NCHWc convolutions, generated as C for the host's ISA.
+"""SIMD micro-kernels of NCHWc convolutions and GEMMs, generated as C for the host's ISA.
 
 One module per concern:
 
@@ -12,5 +12,9 @@ One module per concern:
   compilation, the kernel callable) and its `GeneratedKernels` for the search;
 - `winograd_space`, `winograd_templates`, `winograd`: the same three concerns for
   Winograd F(2x2,3x3) / F(4x4,3x3) of 3x3 stride-1 convs (`micro.winograd`: the
-  transforms and error bound, the C source, the implementation and its family).
+  transforms and error bound, the C source, the implementation and its family);
+- `gemm_space` (`GemmGeometry`, config space), `gemm_templates` (C source),
+  `gemm` (registered implementation, B packing, `GemmKernels`): the GEMM micro-kernels
+  of MatMul and Gemm (`micro.gemm`), the same way; `vector_math`: glibc's SIMD math
+  functions for their epilogues.
 """
