@@ -25,9 +25,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from wpk.commands.common import SEARCHES, cluster_option, echo, parse_shape, target_of
-from wpk.commands.render import format_time, plural, render_json, summary_lines
+from wpk.commands.render import format_gflops, format_time, plural, render_json, summary_lines
 from wpk.core.errors import ModelError, OptionError
 from wpk.frontend import load_model
+from wpk.kernels.flops import gflops_per_s
 from wpk.kernels.target import create_target
 from wpk.pipeline import BuildOptions, plan_workloads
 from wpk.plans.report import make_report
@@ -147,15 +148,18 @@ def candidates_table(report: Mapping):
 
 
 def workload_table(workload: Mapping):
-    """One workload's candidates, fastest first, under the workload's label."""
+    """One workload's candidates, fastest first, under the workload's label; each names its
+    algorithm when that says more than its name, and GFLOP/s for an op with a FLOP count."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=workload["label"], title_justify="left", box=box.SIMPLE_HEAD,
                   header_style="bold")
-    for column, justify in (("candidate", "left"), ("kind", "left"), ("status", "left"),
-                            ("median", "right"), ("vs vendor", "right")):
+    flops = workload.get("flops")
+    columns = (("candidate", "left"), ("kind", "left"), ("status", "left"), ("median", "right"),
+               *((("GFLOP/s", "right"),) if flops else ()), ("vs vendor", "right"))
+    for column, justify in columns:
         table.add_column(column, justify=justify, overflow="fold",
                          ratio=4 if column == "candidate" else None)
     vendor = [c["median_s"] for c in workload["candidates"]
@@ -167,8 +171,11 @@ def workload_table(workload: Mapping):
         speedup = (f"{best_vendor / c['median_s']:.2f}x"
                    if best_vendor and c["median_s"] else "-")
         mark = " *" if c["label"] == workload["chosen"] else ""
-        table.add_row(Text(wrappable(c["label"]) + mark), c["kind"], c["status"],
-                      format_time(c["median_s"]), speedup)
+        algorithm = c.get("algorithm")
+        named = f" ({algorithm})" if algorithm and algorithm != c["impl"] else ""
+        rate = (format_gflops(gflops_per_s(flops, c["median_s"])),) if flops else ()
+        table.add_row(Text(wrappable(c["label"]) + named + mark), c["kind"], c["status"],
+                      format_time(c["median_s"]), *rate, speedup)
     return table
 
 

@@ -20,8 +20,10 @@ from collections.abc import Mapping, Sequence
 
 from wpk.commands.charts import KIND_COLORS, OTHER_COLOR, Bar, bar_chart, curve_chart, share_chart
 from wpk.commands.render import (
+    algorithm_text,
     format_ratio,
     format_time,
+    gflops_text,
     plural,
     reason_tag,
     reason_text,
@@ -29,7 +31,7 @@ from wpk.commands.render import (
     summary_lines,
     wpk_plan_name,
 )
-from wpk.plans.report import by_share, onnxruntime_time, runs_on_onnxruntime
+from wpk.plans.report import by_share, gflops, onnxruntime_time, runs_on_onnxruntime
 
 TOP_WORKLOADS = 40   # rows of the chosen-vs-onnxruntime chart
 
@@ -198,9 +200,9 @@ def summary_section(report: Mapping) -> str:
 
 # ----------------------------------------------------------------------------- table
 _COLUMNS = (("rank", "#"), ("operator", "operator"), ("op", "op"), ("nodes", "nodes"),
-            ("chosen", "chosen"), ("kind", "kind"), ("median", "median"),
-            ("share", "share"), ("vs_ort", "vs onnxruntime"), ("vs_next", "vs next"),
-            ("why", "why"))
+            ("chosen", "chosen"), ("kind", "kind"), ("algorithm", "algorithm"),
+            ("median", "median"), ("gflops", "GFLOP/s"), ("share", "share"),
+            ("vs_ort", "vs onnxruntime"), ("vs_next", "vs next"), ("why", "why"))
 
 
 def _cell(text: str, value: float | None = None) -> str:
@@ -217,7 +219,9 @@ def workload_row(rank: int, workload: Mapping) -> str:
     vs_next = runner_up_ratio(workload)
     cells = [_cell(str(rank), rank), _cell(workload["label"]), _cell(workload["op"]),
              _cell(str(workload["count"]), workload["count"]), _cell(workload["chosen"]),
-             _cell(workload["chosen_kind"]), _cell(format_time(chosen), chosen or 0.0),
+             _cell(workload["chosen_kind"]), _cell(algorithm_text(workload)),
+             _cell(format_time(chosen), chosen or 0.0),
+             _cell(gflops_text(workload), gflops(workload) or 0.0),
              _cell(f"{100 * workload['share']:.1f}%", workload["share"]),
              _cell(format_ratio(vs_ort), vs_ort or 0.0),
              _cell(format_ratio(vs_next), vs_next or 0.0), _cell(reason_tag(workload))]
@@ -261,7 +265,9 @@ def candidates_chart(workload: Mapping) -> str:
     for cand in candidates:
         chosen = cand["label"] == workload["chosen"]
         if cand["status"] == "ok" and cand["median_s"]:
-            note = format_time(cand["median_s"]) + ("  \u25c0 chosen" if chosen else "")
+            note = (format_time(cand["median_s"]) + (f"  {cand['algorithm']}" if
+                    cand.get("algorithm") and cand["algorithm"] != cand["impl"] else "") +
+                    ("  \u25c0 chosen" if chosen else ""))
             bars.append(Bar(cand["label"], cand["median_s"], kind_color(cand["kind"]), note,
                             chosen=chosen))
         else:
@@ -291,10 +297,12 @@ def workload_card(workload: Mapping, tuned: Mapping | None) -> str:
         f'<section class="card" id="w-{_esc(workload["key"])}">'
         f'<h3>{_esc(workload["label"])}{fallback}</h3>'
         f'<div class="meta">{plural(workload["count"], "node")}: {_esc(nodes)}<br>'
-        f'chosen <b>{_esc(workload["chosen"])}</b> ({_esc(workload["chosen_kind"])}), '
-        f'{format_time(workload["median_s"])} per call, {100 * workload["share"]:.1f}% of '
-        f'the estimated latency</div><div class="why">why: {_esc(reason_text(workload))}'
-        f'</div>{candidates_chart(workload)}{tuning_curve(tuned)}</section>')
+        f'chosen <b>{_esc(workload["chosen"])}</b> ({_esc(workload["chosen_kind"])}, '
+        f'algorithm {_esc(algorithm_text(workload))}), '
+        f'{format_time(workload["median_s"])} per call ({_esc(gflops_text(workload))} '
+        f'GFLOP/s), {100 * workload["share"]:.1f}% of the estimated latency</div>'
+        f'<div class="why">why: {_esc(reason_text(workload))}</div>'
+        f'{candidates_chart(workload)}{tuning_curve(tuned)}</section>')
 
 
 def tuned_by_key(report: Mapping) -> dict[str, Mapping]:
