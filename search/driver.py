@@ -45,7 +45,7 @@ from wpk.core.workload import Workload
 from wpk.kernels.generated import map_workload
 from wpk.kernels.registry import Candidate
 from wpk.kernels.target import GeneratedKernels
-from wpk.search.budget import EarlyStop, ShareEntry, shares, time_slice
+from wpk.search.budget import EarlyStop, ShareEntry, shares, split_trials, time_slice
 from wpk.search.measure import Measurement
 from wpk.search.recorded import RecordedRunner
 from wpk.search.space import SearchSpace
@@ -272,19 +272,26 @@ def tunable(items: Sequence, family: GeneratedKernels | None = None
 
 @dataclass(frozen=True)
 class Search:
-    """One search of `tune_families`: a family on a workload, with its budget share."""
+    """One search of `tune_families`: a family on a workload, with its budget share and its
+    part of the workload's trials (`part` of `parts`: the families that tune it)."""
 
     family: GeneratedKernels
     workload: Workload
     vendor_s: float
     share: float
+    part: int = 0
+    parts: int = 1
+
+    def trials(self, total: int) -> int:
+        """This search's trials of the workload's `total` (`split_trials`)."""
+        return split_trials(total, self.parts)[self.part]
 
 
 def search_order(items: Sequence, families: Sequence[GeneratedKernels],
                  vendor_times: Mapping[str, float]) -> list[Search]:
     """The searches in the order they run: workloads by share of the model latency (graph
-    order on ties), each workload's families in `families` order; a workload's share is
-    split evenly among the families that tune it."""
+    order on ties), each workload's families in `families` order; a workload's share and
+    its trials are split evenly among the families that tune it."""
     per_family = [tunable(items, family) for family in families]
     workloads: dict[str, tuple[Workload, int]] = {}
     for found in per_family:
@@ -296,8 +303,10 @@ def search_order(items: Sequence, families: Sequence[GeneratedKernels],
     fraction = shares(entries)
     latency = {e.key: e.latency_s for e in entries}
     tuners = {k: sum(k in found for found in per_family) for k in workloads}
+    part = {k: [i for i, found in enumerate(per_family) if k in found] for k in workloads}
     jobs = [(-latency[k], graph[k], index, Search(family, w, float(vendor_times.get(k, math.nan)),
-                                                fraction[k] / tuners[k]))
+                                                fraction[k] / tuners[k], part[k].index(index),
+                                                tuners[k]))
             for index, (family, found) in enumerate(zip(families, per_family))
             for k, (w, _) in found.items()]
     return [job for *_, job in sorted(jobs, key=lambda j: j[:3])]
@@ -322,8 +331,9 @@ def tune_families(items: Sequence, options: TuneOptions, vendor_times: Mapping[s
     that supports them (`GeneratedKernels.supports`): `{impl: {workload key: TuneResult}}`,
     graph order. Workloads go largest share of the model latency (`vendor_times[key]` x
     node count) first, within `options.budget_s` seconds (or the absolute monotonic
-    `deadline`, whichever is sooner); a workload's share is split evenly among its
-    families, and each family's search has up to `options.trials`. A workload whose
+    `deadline`, whichever is sooner); a workload's share of the time and its trials
+    (`options.trials_for`: `--trials`, or the default) are split evenly among its families
+    (`split_trials`), so `--trials N` is what the workload gets in all. A workload whose
     template has no space on the target is left untuned (stopped 'unsupported')."""
     jobs = search_order(items, families, vendor_times)
     start = time.monotonic()
@@ -355,10 +365,18 @@ def tune_families(items: Sequence, options: TuneOptions, vendor_times: Mapping[s
 def _tune_job(job: Search, options: TuneOptions, runner: RecordedRunner, compile_pool,
               deadline: float | None, display: TuningDisplay) -> TuneResult:
     """One search of `tune_families` (a result stopped 'unsupported' when the family has no
-    schedule template for the workload on the target)."""
+    schedule template for the workload on the target; 'trials', untried, when the workload's
+    trials ran out before this family's turn)."""
+    trials = job.trials(options.trials_for(runner.slots))
+    if trials < 1:
+        result = TuneResult(job.workload, options.tuner, impl=job.family.impl,
+                            reference_s=_finite(job.vendor_s), stopped="trials",
+                            limits={"trials": 0})
+        display.update(result)
+        return result
     try:
         return tune_workload(
-            job.workload, options.tuner, trials=options.trials_for(runner.slots),
+            job.workload, options.tuner, trials=trials,
             deadline=deadline, runner=runner, generated=job.family,
             compile_pool=compile_pool, reference_time=_finite(job.vendor_s),
             seed=options.seed, on_progress=display.update,
