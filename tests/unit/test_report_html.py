@@ -201,6 +201,22 @@ def test_the_tuning_curve_never_rises(report):
     assert running_best([None, 3.0, 4.0, None, 2.0]) == [None, 3.0, 3.0, 3.0, 2.0]
 
 
+def test_a_workload_two_families_tuned_has_a_curve_for_each(report):
+    first = report["search"]["tuned"][0]
+    report["search"]["tuned"] = [dict(first, impl="dsl.cpu"),
+                                 dict(first, impl="micro.nchwc", trials=3,
+                                      history=[6e-6, 4e-6, 4.5e-6], final_s=4.1e-6)]
+    page = render_html(report)
+    card = re.search(r'<section class="card" id="w-conv">(.*?)</section>', page, re.S).group(1)
+    titles = re.findall(r"<h3>Tuning (.*?): best time vs trials \((.*?)\)</h3>", card)
+    assert [(family, text.split(";")[0]) for family, text in titles] == [
+        ("dsl.cpu", "ga, 6 trials"), ("micro.nchwc", "ga, 3 trials")]
+    micro = card_svg(page, "conv", index=2)
+    dots = [c for c in micro.iter(f"{SVG}circle")]
+    assert len(dots) == 3                           # the micro-kernels' own three trials
+    assert "re-measured 4.1 us" in [t.text for t in micro.iter(f"{SVG}text")]
+
+
 def test_axes_hold_every_value():
     axis = LogAxis([5e-6, 5e-3])
     assert axis.low < 5e-6 and axis.high >= 5e-3
