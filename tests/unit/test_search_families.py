@@ -33,6 +33,9 @@ from wpk.search.driver import (
 )
 from wpk.search.records import SEARCH, RecordStore, config_key, read_records
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 CPU = create_target("cpu")
 MICRO = MicroKernels()
 
