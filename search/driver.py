@@ -40,6 +40,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
 from wpk.core.errors import OptionError, WpkError
 from wpk.core.workload import Workload
 from wpk.kernels.generated import map_workload
@@ -159,7 +163,7 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
                         limits={"trials": trials, "patience": patience, "min_gain": min_gain})
     space = SearchSpace.from_template(generated.template(workload), name=workload.label)
     tuner = make_tuner(tuner_name, space, seed, **dict(tuner_options or {}))
-    if cost_model:
+    if cost_model:  # on demand: scikit-learn takes seconds to import, and only this uses it
         from wpk.search.cost_model import CostModelFilter
 
         tuner = CostModelFilter(tuner)
@@ -431,8 +435,6 @@ class TuningDisplay:
 
     def __enter__(self) -> TuningDisplay:
         if self.enabled:
-            from rich.console import Console
-            from rich.live import Live
 
             self.live = Live(self.table(), console=Console(file=self.stream),
                              refresh_per_second=4, transient=False)
@@ -451,8 +453,6 @@ class TuningDisplay:
 
     def table(self):
         """The rich Table of the rows so far: names wrap rather than being cut."""
-        from rich.table import Table
-
         table = Table(title="tuning generated kernels", expand=False)
         for name, justify in (("workload", "left"), ("kernel", "left"), ("trials", "right"),
                               ("best so far", "right"), ("re-measured", "right"),

@@ -23,6 +23,10 @@ import click
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 
 from wpk.commands.common import SEARCHES, cluster_option, echo, parse_shape, target_of
 from wpk.commands.render import format_gflops, format_time, plural, render_json, summary_lines
@@ -142,18 +146,12 @@ def wrappable(label: str) -> str:
 def candidates_table(report: Mapping):
     """Per workload, a table of every candidate with its speed-up over the fastest vendor
     kernel (the chosen one marked with *); long names wrap, none is cut."""
-    from rich.console import Group
-
     return Group(*(workload_table(workload) for workload in report["workloads"]))
 
 
 def workload_table(workload: Mapping):
     """One workload's candidates, fastest first, under the workload's label; each names its
     algorithm when that says more than its name, and GFLOP/s for an op with a FLOP count."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
     table = Table(title=workload["label"], title_justify="left", box=box.SIMPLE_HEAD,
                   header_style="bold")
     flops = workload.get("flops")
@@ -185,9 +183,6 @@ def op_command(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str,
                progress: bool = True, cluster: str | None = None):
     """`wpk op`: the report as JSON text (`as_json`) or a rich renderable (summary,
     then every candidate side by side; the chosen one marked with *)."""
-    from rich.console import Group
-    from rich.text import Text
-
     report = op_report(op, shapes, attrs, target=target, search=search, trials=trials,
                        budget=budget, db=db, progress=progress and not as_json,
                        cluster=cluster)
