@@ -506,14 +506,14 @@ def operator_text(op: Operator) -> str:
 
 def evaluate(op: Operator, arrays, bindings=None, keep_locals: bool = False) -> dict:
     """Outputs of `op` computed by the float64 reference interpreter (`wpk.dsl.evaluate`)."""
-    from wpk.dsl.evaluate import evaluate as run
+    from wpk.dsl.evaluate import evaluate as run  # evaluate builds on this module (a cycle)
 
     return run(op, arrays, bindings, keep_locals)
 
 
 def infer_bindings(op: Operator, arrays, scalars=None) -> dict[str, int | float]:
     """Every symbol, scalar and derived dim of `op` bound from inputs (`wpk.dsl.evaluate`)."""
-    from wpk.dsl.evaluate import infer_bindings as infer
+    from wpk.dsl.evaluate import infer_bindings as infer  # a cycle, as in `evaluate`
 
     return infer(op, arrays, scalars)
 

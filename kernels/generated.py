@@ -47,6 +47,7 @@ from wpk.dsl.compute import specialize
 from wpk.dsl.epilogue import with_epilogue
 from wpk.dsl.parser import parse_source
 from wpk.kernels import templates
+from wpk.kernels.algorithms import GEMM, conv_algorithm
 from wpk.kernels.cpu.node_model import core_input_count, is_elementwise
 from wpk.kernels.cpu.numpy_ops import elementwise_steps
 from wpk.kernels.cpu.tensor_formulas import BINARY_UFUNCS, UNARY_AS_STEP
@@ -205,6 +206,13 @@ class DslCpu(Implementation):
     def configs(self, workload: Workload) -> list[dict]:
         """None: generated configs come from the search, not from enumeration."""
         return []
+
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        """A loop nest over the op's index expression: a direct convolution (depthwise or
+        1x1 by shape), a gemm for Gemm/MatMul, else the implementation's name."""
+        if workload.op == "Conv":
+            return conv_algorithm(workload)
+        return GEMM if workload.op in ("Gemm", "MatMul") else self.name
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import onnxruntime as ort
+from onnx import helper
 
 from wpk.core.devices import cpu_flags
 from wpk.core.errors import ShapeError
@@ -48,9 +50,6 @@ def host_block_size() -> int:
 def mlas_block_size() -> int | None:
     """MLAS's block, read off onnxruntime: the padded channel count of a 4-channel ReorderInput."""
     try:
-        import onnxruntime as ort
-        from onnx import helper
-
         node = helper.make_node("ReorderInput", ["x"], ["y"], domain="com.microsoft.nchwc")
         graph = helper.make_graph([node], "probe",
                                   [helper.make_tensor_value_info("x", 1, [1, 4, 1, 1])],

@@ -14,6 +14,7 @@ import string
 from collections.abc import Sequence
 
 import numpy as np
+import onnxruntime as ort
 from onnx.reference import ReferenceEvaluator
 
 from wpk.core.errors import UnsupportedError
@@ -107,6 +108,7 @@ def has_formula(workload: Workload) -> bool:
 def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """The workload's outputs in float64 (float outputs), epilogue applied to output 0."""
     if workload.domain == "wpk.nchwc":  # blocked layout: unblock, reference, re-block
+        # imported here: nchwc_reference builds on this module (a cycle at module level)
         from wpk.kernels.nchwc_reference import nchwc_reference
         return nchwc_reference(workload, inputs)
     if is_inverted_residual(workload):  # its three blocked convs, one after the other
@@ -153,8 +155,6 @@ def _evaluator(workload: Workload, wide: bool) -> ReferenceEvaluator:
 
 def _contrib_session(workload: Workload, wide: bool):
     """onnxruntime's own contrib op (com.microsoft has no onnx.reference), float64 if it can."""
-    import onnxruntime as ort  # only needed for contrib ops
-
     dtype_map = {"float32": "float64", "float16": "float64"} if wide else {}
     model = build_node_model(workload, {}, with_epilogue=False, dtype_map=dtype_map)
     return ort.InferenceSession(model.model.SerializeToString(),

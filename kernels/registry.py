@@ -70,6 +70,13 @@ class Implementation(ABC):
                 config: Mapping) -> Kernel:
         """Build a kernel for the workload; `consts` maps input index to its constant value."""
 
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        """The algorithm this implementation computes the workload with under `config`, as
+        reports show it ('direct', '1x1', 'depthwise', 'winograd m=4', 'gemm', ...); by
+        default the implementation's name. Kernels whose algorithm is a knob of their config
+        override it, so a report tells which one the search chose."""
+        return self.name
+
     def onnx_part(self, workload: Workload, consts: Mapping[int, np.ndarray]):
         """The step's ONNX form (`wpk.kernels.cpu.node_model.OnnxPart`) for an onnxruntime
         region; implementations that join regions define it."""

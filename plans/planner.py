@@ -21,6 +21,7 @@ from wpk.core.errors import ModelError, UnsupportedError, WpkError
 from wpk.core.op_checks import op_problem
 from wpk.core.workload import Workload
 from wpk.kernels import registry
+from wpk.kernels.flops import workload_flops
 from wpk.kernels.registry import FALLBACK, Candidate
 from wpk.kernels.support import unsupported_reason
 from wpk.search.choice import Reason, choose, explain
@@ -82,6 +83,16 @@ class Choice:
     @property
     def is_fallback(self) -> bool:
         return self.candidate.implementation.kind == FALLBACK
+
+    @property
+    def algorithm(self) -> str:
+        """The chosen implementation's algorithm for the workload ('direct', '1x1', ...)."""
+        return self.candidate.implementation.algorithm(self.workload, self.candidate.config)
+
+    @property
+    def flops(self) -> int | None:
+        """The workload's FLOPs per execution (`wpk.kernels.flops`), None when not counted."""
+        return workload_flops(self.workload)
 
 
 @dataclass

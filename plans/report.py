@@ -10,18 +10,21 @@
      "passes": {...} | null,            # the pass report (op counts, rule hits)
      "workloads": [                      # graph order
         {"key", "label", "op", "nodes": [names], "count",
-         "chosen": label, "chosen_impl", "chosen_kind", "median_s", "spread_s",
+         "chosen": label, "chosen_impl", "chosen_kind", "algorithm", "median_s", "spread_s",
+         "flops": per execution | null, "gflops": flops / median_s / 1e9 | null,
          "latency_s": median x count, "share": of totals.latency_s, "fallback": bool,
          "reason": {"rule": fastest | region | only_verified | timed_alone,
                     "verified": n, "runner_up": label,
                     "faster": label, "over_s", "credit_s"} | null,   # plans.planner
          "onnxruntime_s": onnxruntime's fastest own kernel for it | null,
-         "candidates": [{"label", "impl", "kind", "status", "median_s", "spread_s",
-                         "rel_l2_error", "message", "onnxruntime": bool}]}]}
+         "candidates": [{"label", "impl", "kind", "algorithm", "status", "median_s",
+                         "spread_s", "rel_l2_error", "message", "onnxruntime": bool}]}]}
 
 Times are seconds; values that were not measured are null. `reason` and
 `onnxruntime_s` are absent from reports of older builds; `choice_reason` and
-`onnxruntime_time` answer for those too. A build with `--search` adds
+`onnxruntime_time` answer for those too. `algorithm` (`Implementation.algorithm`), `flops`
+(`wpk.kernels.flops`, null for ops without a FLOP count) and `gflops` are absent from
+reports of builds before them; `gflops` answers for those (null). A build with `--search` adds
 `"search"` (`wpk.pipeline`: per tuned workload its trials' times, `history`),
 and one that compared the plan with onnxruntime's whole model `"partition"`
 (`wpk.partition`).
@@ -33,7 +36,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from wpk.core.workload import Workload
 from wpk.kernels import registry
+from wpk.kernels.flops import gflops_per_s
 from wpk.plans.buffers import BufferPlan
 from wpk.plans.planner import Choice, PlanChoices
 from wpk.search.measure import Measurement
@@ -49,13 +54,29 @@ def runs_on_onnxruntime(impl: str) -> bool:
         return False
 
 
-def candidate_entry(measurement: Measurement) -> dict:
+def algorithm_of(impl: str, workload: Workload, config: Mapping) -> str:
+    """The algorithm of implementation `impl` for the workload and config
+    (`Implementation.algorithm`); the name itself for an implementation unknown here."""
+    try:
+        return registry.get(impl).algorithm(workload, config)
+    except KeyError:
+        return impl
+
+
+def candidate_entry(measurement: Measurement, workload: Workload) -> dict:
     """A candidate's entry in the report."""
     data = measurement.to_json()
     entry = {name: data[name] for name in ("label", "impl", "kind", "status", "median_s",
                                            "spread_s", "rel_l2_error", "message")}
+    entry["algorithm"] = algorithm_of(measurement.impl, workload, measurement.config)
     entry["onnxruntime"] = runs_on_onnxruntime(measurement.impl)
     return entry
+
+
+def gflops(entry: Mapping) -> float | None:
+    """The GFLOP/s of a workload entry's chosen candidate (its FLOPs over its median);
+    None when its op has no FLOP count, it was not timed, or the report predates FLOPs."""
+    return gflops_per_s(entry.get("flops"), entry.get("median_s"))
 
 
 def verified_times(entry: Mapping) -> list[tuple[float, dict]]:
@@ -100,13 +121,15 @@ def workload_entry(choice: Choice) -> dict:
         "key": choice.workload.key, "label": choice.workload.label, "op": choice.workload.op,
         "nodes": list(choice.node_names), "count": choice.count,
         "chosen": choice.candidate.label, "chosen_impl": choice.candidate.implementation.name,
-        "chosen_kind": choice.candidate.implementation.kind,
+        "chosen_kind": choice.candidate.implementation.kind, "algorithm": choice.algorithm,
         "median_s": chosen["median_s"], "spread_s": chosen["spread_s"],
+        "flops": choice.flops,
         "latency_s": (chosen["median_s"] or 0.0) * choice.count,
         "fallback": choice.is_fallback,
         "reason": choice.reason,
-        "candidates": [candidate_entry(m) for m in choice.measurements],
+        "candidates": [candidate_entry(m, choice.workload) for m in choice.measurements],
     }
+    entry["gflops"] = gflops(entry)
     entry["onnxruntime_s"] = onnxruntime_time(entry)
     return entry
 

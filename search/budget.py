@@ -2,6 +2,7 @@
 
     order = by_latency_share(entries)            # largest vendor time x node count first
     slice_s = time_slice(remaining_s, share, remaining_shares)
+    trials = split_trials(16, 2)                 # a workload's trials among its families
     stopper = EarlyStop(patience=16, min_gain=0.01)
     stopper.observe(best_so_far) -> True when the best has not improved by more than
                                     `min_gain` (relative) over the last `patience` trials
@@ -46,6 +47,16 @@ def shares(entries: Sequence[ShareEntry]) -> dict[str, float]:
     if total <= 0:
         return {e.key: 1.0 / max(len(entries), 1) for e in entries}
     return {e.key: e.latency_s / total for e in entries}
+
+
+def split_trials(total: int, parts: int) -> list[int]:
+    """A workload's `total` trials split evenly among the `parts` searches that tune it (its
+    generated families, as its time is), the first ones taking the remainder: 5 in 2 is
+    [3, 2]; a part may get 0 when `total` < `parts`."""
+    if parts < 1:
+        return []
+    base, extra = divmod(max(int(total), 0), parts)
+    return [base + (1 if index < extra else 0) for index in range(parts)]
 
 
 def time_slice(remaining_s: float, share: float, remaining_share: float,

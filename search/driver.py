@@ -40,12 +40,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
 from wpk.core.errors import OptionError, WpkError
 from wpk.core.workload import Workload
 from wpk.kernels.generated import map_workload
 from wpk.kernels.registry import Candidate
 from wpk.kernels.target import GeneratedKernels
-from wpk.search.budget import EarlyStop, ShareEntry, shares, time_slice
+from wpk.search.budget import EarlyStop, ShareEntry, shares, split_trials, time_slice
 from wpk.search.measure import Measurement
 from wpk.search.recorded import RecordedRunner
 from wpk.search.space import SearchSpace
@@ -159,7 +163,7 @@ def tune_workload(workload: Workload, tuner_name: str = "ga", *, trials: int = D
                         limits={"trials": trials, "patience": patience, "min_gain": min_gain})
     space = SearchSpace.from_template(generated.template(workload), name=workload.label)
     tuner = make_tuner(tuner_name, space, seed, **dict(tuner_options or {}))
-    if cost_model:
+    if cost_model:  # on demand: scikit-learn takes seconds to import, and only this uses it
         from wpk.search.cost_model import CostModelFilter
 
         tuner = CostModelFilter(tuner)
@@ -272,19 +276,26 @@ def tunable(items: Sequence, family: GeneratedKernels | None = None
 
 @dataclass(frozen=True)
 class Search:
-    """One search of `tune_families`: a family on a workload, with its budget share."""
+    """One search of `tune_families`: a family on a workload, with its budget share and its
+    part of the workload's trials (`part` of `parts`: the families that tune it)."""
 
     family: GeneratedKernels
     workload: Workload
     vendor_s: float
     share: float
+    part: int = 0
+    parts: int = 1
+
+    def trials(self, total: int) -> int:
+        """This search's trials of the workload's `total` (`split_trials`)."""
+        return split_trials(total, self.parts)[self.part]
 
 
 def search_order(items: Sequence, families: Sequence[GeneratedKernels],
                  vendor_times: Mapping[str, float]) -> list[Search]:
     """The searches in the order they run: workloads by share of the model latency (graph
-    order on ties), each workload's families in `families` order; a workload's share is
-    split evenly among the families that tune it."""
+    order on ties), each workload's families in `families` order; a workload's share and
+    its trials are split evenly among the families that tune it."""
     per_family = [tunable(items, family) for family in families]
     workloads: dict[str, tuple[Workload, int]] = {}
     for found in per_family:
@@ -296,8 +307,10 @@ def search_order(items: Sequence, families: Sequence[GeneratedKernels],
     fraction = shares(entries)
     latency = {e.key: e.latency_s for e in entries}
     tuners = {k: sum(k in found for found in per_family) for k in workloads}
+    part = {k: [i for i, found in enumerate(per_family) if k in found] for k in workloads}
     jobs = [(-latency[k], graph[k], index, Search(family, w, float(vendor_times.get(k, math.nan)),
-                                                fraction[k] / tuners[k]))
+                                                fraction[k] / tuners[k], part[k].index(index),
+                                                tuners[k]))
             for index, (family, found) in enumerate(zip(families, per_family))
             for k, (w, _) in found.items()]
     return [job for *_, job in sorted(jobs, key=lambda j: j[:3])]
@@ -322,8 +335,9 @@ def tune_families(items: Sequence, options: TuneOptions, vendor_times: Mapping[s
     that supports them (`GeneratedKernels.supports`): `{impl: {workload key: TuneResult}}`,
     graph order. Workloads go largest share of the model latency (`vendor_times[key]` x
     node count) first, within `options.budget_s` seconds (or the absolute monotonic
-    `deadline`, whichever is sooner); a workload's share is split evenly among its
-    families, and each family's search has up to `options.trials`. A workload whose
+    `deadline`, whichever is sooner); a workload's share of the time and its trials
+    (`options.trials_for`: `--trials`, or the default) are split evenly among its families
+    (`split_trials`), so `--trials N` is what the workload gets in all. A workload whose
     template has no space on the target is left untuned (stopped 'unsupported')."""
     jobs = search_order(items, families, vendor_times)
     start = time.monotonic()
@@ -355,10 +369,18 @@ def tune_families(items: Sequence, options: TuneOptions, vendor_times: Mapping[s
 def _tune_job(job: Search, options: TuneOptions, runner: RecordedRunner, compile_pool,
               deadline: float | None, display: TuningDisplay) -> TuneResult:
     """One search of `tune_families` (a result stopped 'unsupported' when the family has no
-    schedule template for the workload on the target)."""
+    schedule template for the workload on the target; 'trials', untried, when the workload's
+    trials ran out before this family's turn)."""
+    trials = job.trials(options.trials_for(runner.slots))
+    if trials < 1:
+        result = TuneResult(job.workload, options.tuner, impl=job.family.impl,
+                            reference_s=_finite(job.vendor_s), stopped="trials",
+                            limits={"trials": 0})
+        display.update(result)
+        return result
     try:
         return tune_workload(
-            job.workload, options.tuner, trials=options.trials_for(runner.slots),
+            job.workload, options.tuner, trials=trials,
             deadline=deadline, runner=runner, generated=job.family,
             compile_pool=compile_pool, reference_time=_finite(job.vendor_s),
             seed=options.seed, on_progress=display.update,
@@ -413,8 +435,6 @@ class TuningDisplay:
 
     def __enter__(self) -> TuningDisplay:
         if self.enabled:
-            from rich.console import Console
-            from rich.live import Live
 
             self.live = Live(self.table(), console=Console(file=self.stream),
                              refresh_per_second=4, transient=False)
@@ -433,8 +453,6 @@ class TuningDisplay:
 
     def table(self):
         """The rich Table of the rows so far: names wrap rather than being cut."""
-        from rich.table import Table
-
         table = Table(title="tuning generated kernels", expand=False)
         for name, justify in (("workload", "left"), ("kernel", "left"), ("trials", "right"),
                               ("best so far", "right"), ("re-measured", "right"),

@@ -49,6 +49,7 @@ from wpk.kernels import registry
 from wpk.kernels.jobs import CandidateSpec
 from wpk.kernels.registry import Candidate
 from wpk.kernels.target import Target
+from wpk.search.cluster import cluster_runner, parse_address
 from wpk.search.measure import Measurement, Status
 from wpk.search.workers import MeasureOptions, MeasureWorker
 
@@ -215,8 +216,6 @@ def check_runner(target: Target, parallel: int | None = None,
 
 
 def _check_cluster(target: Target, parallel: int | None, cluster: str) -> None:
-    from wpk.search.cluster import parse_address
-
     parse_address(cluster)
     if target.predicted:
         raise OptionError("--cluster measures candidates on the cluster's nodes, and an "
@@ -240,9 +239,8 @@ def create_runner(target: Target, *, isolated: bool = False, parallel: int | Non
     threads of a predicted build."""
     check_runner(target, parallel, cluster)
     if cluster is not None:
-        from wpk.search.cluster import cluster_runner
-
         return cluster_runner(target, cluster, options, seed)
+    # predicted and parallel_measure build on this module (cycles at module level)
     if target.predicted:
         from wpk.search.predicted import PredictedRunner
 

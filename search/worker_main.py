@@ -23,10 +23,12 @@ kernel to kill it when its parent dies (Linux), so no worker outlives a build.
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import importlib
 import json
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Mapping
@@ -39,9 +41,6 @@ PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     try:
-        import ctypes
-        import signal
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: EOF on stdin still ends the worker
@@ -61,6 +60,8 @@ def _import_function(path: str):
 
 
 def _measure(request: Mapping) -> dict:
+    # Imported once the worker runs: `main` has moved stdout away from the reply channel
+    # first, so nothing an import prints can corrupt a reply.
     import numpy as np
 
     from wpk.core.workload import Workload

@@ -25,6 +25,9 @@ def pytest_addoption(parser):
     parser.addoption("--isa", default="host", choices=("host", "avx2"),
                      help="the CPU ISA wpk sees in this process: the host's, or AVX2 only "
                           "(checks the AVX2 code paths on an AVX-512 machine)")
+    parser.addoption("--onnx-fallback-runs", action="store_true",
+                     help="ONNX backend suite: also run the cases wpk makes no claim on "
+                          "through its fallbacks and count them (skips whatever the outcome)")
 
 
 def pytest_configure(config):

@@ -17,6 +17,8 @@ __all__ = ["__version__", "build", "load"]
 
 def build(model, target: str = "cpu", **options):
     """Build a plan for an ONNX model (path, bytes or ModelProto); see `wpk.pipeline.build`."""
+    # Imported on call: every `import wpk.<module>` runs this file first, and the pipeline
+    # imports nearly all of wpk (and onnxruntime); `import wpk` stays light.
     from wpk.pipeline import build as _build
 
     return _build(model, target=target, **options)
@@ -25,6 +27,6 @@ def build(model, target: str = "cpu", **options):
 def load(path, spin_threads: bool = False):
     """Load a plan file and return a `wpk.runtime.Session` ready to run (`spin_threads`:
     onnxruntime's threads spin while a run lasts, see `wpk.kernels.cpu.ort_region`)."""
-    from wpk.runtime import Session
+    from wpk.runtime import Session  # on call, as in `build`
 
     return Session.load(path, spin_threads=spin_threads)

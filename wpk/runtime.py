@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnxruntime
 
 from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
@@ -346,8 +347,6 @@ class Session:
         (a PlanError); any other failure is wpk's bug (RuntimeError)."""
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         if _from_onnxruntime(exc):
-            import onnxruntime
-
             return PlanError(f"plan '{self.path}': step '{name}' fails in onnxruntime "
                              f"{onnxruntime.__version__}: {text}",
                              hint="its steps were verified when it was built, so the plan was "

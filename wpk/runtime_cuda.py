@@ -21,6 +21,7 @@ pinned host buffers and synchronises once: no allocation, one host sync.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 
@@ -182,8 +183,6 @@ class CudaSession(Session):
         return calls, names, kinds
 
     def _prepare_one(self, impl, workload, consts, config, files: Mapping[str, bytes]):
-        import json
-
         if impl.name == "dsl.cuda" and "launch.json" in files:
             launch = json.loads(files["launch.json"])
             choice = binary_choice(launch["arch"], self.device_cc, "kernel.ptx" in files)

@@ -108,6 +108,9 @@ class AttentionC(Implementation):
     def configs(self, workload: Workload) -> list[dict]:
         return attention_configs(workload)
 
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        return "fused, online softmax"
+
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
         reason = attention_reason(workload) or config_reason(attention_shape(workload), config)
@@ -169,6 +172,9 @@ class OrtAttention(Implementation):
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         return attention_reason(workload)
+
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        return "unfused (MatMul, Softmax, MatMul)"
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

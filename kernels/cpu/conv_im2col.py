@@ -33,6 +33,9 @@ def _strategy(workload: Workload, geom: WindowGeometry) -> str:
     return "im2col"
 
 
+_ALGORITHMS = {"depthwise": "depthwise", "pointwise": "1x1 gemm", "im2col": "im2col gemm"}
+
+
 class _PaddedInput:
     """A reusable zero-bordered buffer holding the input at its interior."""
 
@@ -65,6 +68,10 @@ class NumpyConv(NumpyImplementation):
         best = _strategy(workload, geom)
         return [{"strategy": best}] if best != "depthwise" else [{"strategy": "depthwise"},
                                                                  {"strategy": "im2col"}]
+
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        """Its strategy: 'depthwise', '1x1 gemm' (pointwise) or 'im2col gemm'."""
+        return _ALGORITHMS.get(config.get("strategy", ""), self.name)
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

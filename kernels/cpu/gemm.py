@@ -22,6 +22,9 @@ class NumpyGemm(NumpyImplementation):
     name = "numpy.gemm"
     ops = ("Gemm",)
 
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        return "gemm (BLAS)"
+
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
         trans_a = bool(workload.attr("transA", 0))
@@ -67,6 +70,9 @@ class NumpyMatMul(NumpyImplementation):
 
     name = "numpy.matmul"
     ops = ("MatMul",)
+
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        return "gemm (BLAS)"
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

@@ -29,6 +29,7 @@ from onnxruntime.capi import _pybind_state as ort_capi
 from wpk.core.epilogue import EPILOGUE_TABLE
 from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.algorithms import conv_algorithm
 from wpk.kernels.cpu.nchwc_gate import build_gate_model, is_gate_multiply
 from wpk.kernels.cpu.nchwc_standard import (
     FRAGMENT_OPSET,
@@ -290,6 +291,15 @@ class OrtNchwc(Implementation):
                 config: Mapping) -> Kernel:
         model, feeds = build_ort_model(workload, consts)
         return make_kernel(model, feeds, workload, config.get("threads"))
+
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        """MLAS's convolution routine for the shape (MlasConvNchwc: an input with fewer
+        channels than a block is read as NCHW, then depthwise, pointwise or direct)."""
+        if workload.op != "Conv":
+            return self.name
+        if len(workload.inputs[0].shape) == 4:
+            return "direct (NCHW input)"
+        return conv_algorithm(workload)
 
     def onnx_part(self, workload: Workload, consts: Mapping[int, np.ndarray]) -> OnnxPart:
         model, feeds = build_ort_model(workload, consts)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from wpk.core.epilogue import Builder, epilogue_op, step_value
 from wpk.core.errors import UnsupportedError
 from wpk.core.workload import EpilogueStep, Workload
+from wpk.kernels.cuda.cupy_support import require_cupy
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _FUNCTIONS = {"pow": "powf", "max": "fmaxf", "min": "fminf", "exp": "expf", "log": "logf",
@@ -108,8 +109,6 @@ def epilogue_kernel(workload: Workload) -> Callable | None:
     `out` (operands taken from `inputs`), or None when there is no epilogue."""
     if not workload.epilogue:
         return None
-    from wpk.kernels.cuda.cupy_support import require_cupy
-
     cupy = require_cupy("a GPU epilogue")
     source = epilogue_source(workload.epilogue, workload.outputs[0].dtype)
     kernel = cupy.ElementwiseKernel(source.in_params, source.out_params, source.body,

@@ -29,7 +29,7 @@ import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -175,8 +175,6 @@ def parameter_table(func, mapping) -> list[dict]:
 
 def launch_description(workload: Workload, built: BuiltCuda) -> dict:
     """The `launch.json` document of a built module (see the module docstring)."""
-    from dataclasses import asdict
-
     usage = built.binary.kernels if built.binary is not None else {}
     kernels = []
     for item in built.launches:

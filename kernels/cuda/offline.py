@@ -29,6 +29,7 @@ Without the target GPU a kernel is still checked end to end:
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -185,8 +186,6 @@ def verify_emulated(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
 def cubin_arch(cubin: bytes) -> str:
     """'sm_XY' a cubin was compiled for, read from its ELF header (e_flags: the arch is the
     low byte in the older CUDA ELF ABI, the second byte in the newer one, OS ABI 0x41)."""
-    import struct
-
     if cubin[:4] != b"\x7fELF" or len(cubin) < 52:
         raise ValueError("not a cubin (no ELF header)")
     flags = struct.unpack_from("<I", cubin, 48)[0]

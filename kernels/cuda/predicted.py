@@ -87,7 +87,7 @@ class PredictedVendor(Implementation):
 def _module(arrays: Sequence):
     for array in arrays:
         if array is not None and type(array).__module__.startswith("cupy"):
-            import cupy
+            import cupy  # optional (the cuda extra): only for cupy arrays
 
             return cupy
     return np

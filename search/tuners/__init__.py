@@ -15,6 +15,9 @@ from __future__ import annotations
 from wpk.core.errors import OptionError
 from wpk.search.space import SearchSpace
 from wpk.search.tuners.base import INVALID_COST, Trial, Tuner
+from wpk.search.tuners.ga import GATuner
+from wpk.search.tuners.grid import GridTuner
+from wpk.search.tuners.random import RandomTuner
 
 TUNERS = ("random", "grid", "ga", "rl")
 
@@ -25,21 +28,15 @@ def make_tuner(name: str, space: SearchSpace, seed: int = 0, **options) -> Tuner
     """A tuner by name ('random', 'grid', 'ga', 'rl'); `options` go to its options class
     (`GAOptions`, `RLOptions`; random and grid take none)."""
     if name == "random":
-        from wpk.search.tuners.random import RandomTuner
-
         _no_options(name, options)
         return RandomTuner(space, seed)
     if name == "grid":
-        from wpk.search.tuners.grid import GridTuner
-
         _no_options(name, options)
         return GridTuner(space, seed)
     if name == "ga":
-        from wpk.search.tuners.ga import GATuner
-
         return GATuner(space, seed, **options)
     if name == "rl":
-        try:
+        try:  # optional: stable-baselines3, gymnasium and torch (the rl extra)
             from wpk.search.tuners.rl import RLTuner
         except ImportError as exc:
             raise OptionError(f"the rl tuner needs stable-baselines3, gymnasium and torch "

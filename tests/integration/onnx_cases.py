@@ -15,6 +15,7 @@ sequence/optional/map type, strings, training mode, empty tensors, ...);
 
 from __future__ import annotations
 
+import collections
 import glob
 import os
 import warnings
@@ -249,3 +250,50 @@ def skip_reason(model: onnx.ModelProto, data_sets: list[tuple[list, list]]) -> s
             if value.size == 0:
                 return "zero-size tensor input"
     return None
+
+
+# What a pytest-xdist worker hands the controller: its cases' outcomes (JSON).
+SUMMARY_KEY = "onnx_backend_outcomes"
+
+
+def _category(reason: str) -> str:
+    if reason.startswith("unsupported op"):
+        return "unsupported op"
+    if reason.startswith("unsupported workload"):
+        return "unsupported workload (" + reason.split(": ", 1)[-1] + ")"
+    return reason
+
+
+def summary_lines(outcomes: dict[str, list], fallback_seconds: float) -> list[str]:
+    """The counts of `outcomes` (case key -> (outcome, reason, seconds, fallback outcome))."""
+    by_kind = collections.defaultdict(collections.Counter)
+    skips, fallback, fallback_errors = (collections.Counter(), collections.Counter(),
+                                        collections.Counter())
+    seconds = 0.0
+    for name, (outcome, reason, elapsed, fallback_outcome) in outcomes.items():
+        by_kind[name.split("::")[0]][outcome] += 1
+        seconds += elapsed
+        if outcome == "skipped":
+            skips[_category(reason)] += 1
+        if fallback_outcome:
+            fallback[fallback_outcome.split(" ")[0]] += 1
+            if fallback_outcome != "passed":
+                fallback_errors[fallback_outcome.split(" ", 1)[-1].strip("()")] += 1
+    total = collections.Counter()
+    for counts in by_kind.values():
+        total.update(counts)
+    lines = [f"onnx backend: {total['passed']} passed, {total['failed']} failed, "
+             f"{total['skipped']} skipped of {sum(total.values())} cases "
+             f"({seconds:.1f} s in cases)"]
+    for kind, counts in sorted(by_kind.items()):
+        lines.append(f"  {kind}: {counts['passed']} passed, {counts['failed']} failed, "
+                     f"{counts['skipped']} skipped")
+    lines.append("  skipped by reason: " + ", ".join(
+        f"{reason}: {count}" for reason, count in skips.most_common()))
+    if fallback:
+        lines.append(f"  unclaimed cases run anyway through the fallbacks (onnxruntime, "
+                     f"onnx.reference): "
+                     f"{fallback['passed']} passed, {fallback['failed']} failed "
+                     f"({fallback_seconds:.1f} s of the time in cases); failures by error: "
+                     + ", ".join(f"{e}: {n}" for e, n in fallback_errors.most_common()))
+    return lines

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import time
 
 import numpy as np
@@ -21,12 +22,14 @@ from onnx.backend.test.runner import Runner
 
 import wpk.backend as backend
 from tests.integration import onnx_cases
+from tests.integration.onnx_cases import SUMMARY_KEY, summary_lines
 
 ALL_CASES = onnx_cases.node_cases() + onnx_cases.folder_cases() + onnx_cases.light_cases()
-# Unclaimed cases still run (wpk hands their ops to onnxruntime, or to onnx.reference where
-# onnxruntime cannot run them or fails verification) and are counted apart;
-# they are skips whatever the outcome, since wpk makes no claim about them.
-RUN_FALLBACK = True
+# With `pytest --onnx-fallback-runs`, unclaimed cases still run (wpk hands their ops to
+# onnxruntime, or to onnx.reference where onnxruntime cannot run them or fails
+# verification) and are counted apart; they are skips whatever the outcome, since wpk
+# makes no claim about them, so CI leaves them out (scripts/conformance.py counts every
+# case through wpk.backend).
 # This suite checks answers, not speed: every candidate is still verified against the
 # float64 reference, but timed once without warm-up.
 # Conformance tests wpk's own kernels: no end-to-end switch to onnxruntime's whole model.
@@ -42,51 +45,24 @@ def _is_supported(node: onnx.NodeProto) -> bool:
     return node.domain in ("", "ai.onnx") and node.op_type in SUPPORTED_OPS
 
 
-def _category(reason: str) -> str:
-    if reason.startswith("unsupported op"):
-        return "unsupported op"
-    if reason.startswith("unsupported workload"):
-        return "unsupported workload (" + reason.split(": ", 1)[-1] + ")"
-    return reason
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _summary(request):
-    """Print the pass/skip/fail counts once the module is done."""
+    """Print the pass/skip/fail counts once the module is done; in a pytest-xdist worker,
+    hand this worker's outcomes to the controller, which prints the merged counts
+    (`tests/integration/conftest.py`)."""
     yield
     if not _OUTCOMES:
         return
-    by_kind = collections.defaultdict(collections.Counter)
-    skips, fallback, fallback_errors = (collections.Counter(), collections.Counter(),
-                                        collections.Counter())
-    seconds = 0.0
-    for name, (outcome, reason, elapsed, fallback_outcome) in _OUTCOMES.items():
-        by_kind[name.split("::")[0]][outcome] += 1
-        seconds += elapsed
-        if outcome == "skipped":
-            skips[_category(reason)] += 1
-        if fallback_outcome:
-            fallback[fallback_outcome.split(" ")[0]] += 1
-            if fallback_outcome != "passed":
-                fallback_errors[fallback_outcome.split(" ", 1)[-1].strip("()")] += 1
-    total = collections.Counter()
-    for counts in by_kind.values():
-        total.update(counts)
-    lines = [f"onnx backend: {total['passed']} passed, {total['failed']} failed, "
-             f"{total['skipped']} skipped of {sum(total.values())} cases "
-             f"({seconds:.1f} s in cases)"]
-    for kind, counts in sorted(by_kind.items()):
-        lines.append(f"  {kind}: {counts['passed']} passed, {counts['failed']} failed, "
-                     f"{counts['skipped']} skipped")
-    lines.append("  skipped by reason: " + ", ".join(
-        f"{reason}: {count}" for reason, count in skips.most_common()))
-    if fallback:
-        lines.append(f"  unclaimed cases run anyway through the fallbacks (onnxruntime, "
-                     f"onnx.reference): "
-                     f"{fallback['passed']} passed, {fallback['failed']} failed "
-                     f"({_FALLBACK_SECONDS[0]:.1f} s of the time in cases); failures by error: "
-                     + ", ".join(f"{e}: {n}" for e, n in fallback_errors.most_common()))
-    plugins = request.config.pluginmanager
+    workeroutput = getattr(request.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[SUMMARY_KEY] = json.dumps([_OUTCOMES, _FALLBACK_SECONDS[0]])
+        return
+    write_lines(request.config, summary_lines(_OUTCOMES, _FALLBACK_SECONDS[0]))
+
+
+def write_lines(config, lines: list[str]) -> None:
+    """Lines on the terminal, past pytest's output capture."""
+    plugins = config.pluginmanager
     reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
         for line in ["", *lines]:
@@ -94,6 +70,8 @@ def _summary(request):
                 reporter.write_line(line)
             else:
                 print(line)
+
+
 
 
 def _unclaimed(model: onnx.ModelProto) -> str | None:
@@ -145,15 +123,16 @@ def _fallback_outcome(model, data_sets, case) -> str:
     return "passed"
 
 
-def _skip(key: str, reason: str, start: float, model=None, data_sets=None, case=None):
+def _skip(key: str, reason: str, start: float, model=None, data_sets=None, case=None,
+          fallback_runs: bool = False):
     fallback = ""
-    if RUN_FALLBACK and model is not None:
+    if fallback_runs and model is not None:
         fallback = _fallback_outcome(model, data_sets, case)
     _OUTCOMES[key] = ("skipped", reason, time.perf_counter() - start, fallback)
     pytest.skip(f"{reason}" + (f" [fallback run {fallback}]" if fallback else ""))
 
 
-def _run_case(case: onnx_cases.OnnxCase) -> None:
+def _run_case(case: onnx_cases.OnnxCase, config) -> None:
     key = f"{case.kind}::{case.name}"
     start = time.perf_counter()
     model, data_sets = case.load()
@@ -170,7 +149,8 @@ def _run_case(case: onnx_cases.OnnxCase) -> None:
         _OUTCOMES[key] = ("failed", "", time.perf_counter() - start, "")
         raise
     if unclaimed is not None:
-        _skip(key, unclaimed, start, model, data_sets, case)
+        _skip(key, unclaimed, start, model, data_sets, case,
+              config.getoption("--onnx-fallback-runs"))
     try:
         _check(rep, data_sets, case)
     except BaseException:
@@ -181,21 +161,21 @@ def _run_case(case: onnx_cases.OnnxCase) -> None:
 
 @pytest.mark.parametrize("case", [c for c in ALL_CASES if c.kind == "node"],
                          ids=lambda c: c.name)
-def test_node_case(case):
-    _run_case(case)
+def test_node_case(case, request):
+    _run_case(case, request.config)
 
 
 @pytest.mark.parametrize("case", [c for c in ALL_CASES if c.kind == "model-folder"],
                          ids=lambda c: c.name)
-def test_model_folder_case(case):
-    _run_case(case)
+def test_model_folder_case(case, request):
+    _run_case(case, request.config)
 
 
 @pytest.mark.slow  # whole CNNs: 10-70 s each on 2 busy cores; still part of CI
 @pytest.mark.parametrize("case", [c for c in ALL_CASES if c.kind == "light"],
                          ids=lambda c: c.name)
-def test_light_model(case):
-    _run_case(case)
+def test_light_model(case, request):
+    _run_case(case, request.config)
 
 
 def test_case_collection_is_complete():

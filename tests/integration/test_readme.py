@@ -160,3 +160,12 @@ def test_the_architecture_document_covers_its_subjects():
     for heading in ("## Data flow", "## Layers", "## The interfaces between stages",
                     "## Adding an operator", "## Adding a target"):
         assert heading in text
+
+
+def test_ci_runs_the_readme_test_command():
+    """`.ci/run` installs and tests exactly as the README tells a reader to."""
+    readme = (REPO / "README.md").read_text()
+    commands = [line for line in readme.splitlines()
+                if line.startswith('python -m pip install -e ".[dev]"')]
+    assert len(commands) == 1, commands
+    assert commands[0] in (REPO / ".ci" / "run").read_text().splitlines()

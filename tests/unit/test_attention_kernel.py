@@ -25,6 +25,9 @@ from wpk.kernels.cpu.node_model import input_name
 from wpk.kernels.reference import has_formula, reference
 from wpk.kernels.support import is_supported
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 TOLERANCE = 1e-5
 
 

@@ -13,6 +13,9 @@ from wpk.dsl import compute as C
 from wpk.kernels.dsl_library import load_operator
 from wpk.kernels.templates import build_cpu, emulate_cuda, template_for
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 EDGE_CASES = {
     "1x1 image": dict(n=1, c=3, h=1, w=1, k=5, r=1, s=1),
     "1x1 image padded 3x3": dict(n=1, c=2, h=1, w=1, k=3, r=3, s=3, pad=1),

@@ -401,6 +401,7 @@ def test_layernorm_statistics_outputs(rng):
             assert rel_l2(out, ref) < 1e-5, candidate.label
 
 
+@pytest.mark.isa  # ISA-dependent: scripts/isa_check.sh reruns it for AVX2
 def test_blocked_layout_ops_are_supported_as_their_logical_op():
     def blocked(c, size):
         return S((1, -(-c // 8), size, size, 8))

@@ -10,6 +10,9 @@ import pytest
 from wpk.core import devices
 from wpk.core.errors import DeviceError
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 
 def test_presets_cover_the_supported_architectures():
     archs = {name: devices.gpu_preset(name).arch for name in devices.GPU_PRESETS}

@@ -24,6 +24,9 @@ from wpk.search.records import FINAL, RecordStore, config_key
 from wpk.search.runner import IsolatedRunner
 from wpk.search.workers import MeasureOptions, MeasureWorker
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 CPU = create_target("cpu")
 
 

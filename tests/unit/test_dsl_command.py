@@ -25,6 +25,7 @@ def test_emit_ir_shows_the_compute_ir_and_its_specialisation():
     assert "op softmax(X: f32[8, 8])" in text  # specialised with the default dims
 
 
+@pytest.mark.isa  # ISA-dependent: scripts/isa_check.sh reruns it for AVX2
 def test_emit_c_and_check_on_the_cpu():
     config = json.dumps({"op": "gemm_nt", "bindings": {"M": 5, "K": 7, "N": 3, "alpha": 0.5}})
     source = dsl_command(str(operator_file("gemm_nt")), emit="c", config_json=config)

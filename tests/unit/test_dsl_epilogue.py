@@ -28,6 +28,7 @@ def test_every_unary_epilogue_matches_numpy(rng, name):
     np.testing.assert_allclose(evaluate(op, {"X": x})["Y"], expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.isa  # ISA-dependent: scripts/isa_check.sh reruns it for AVX2
 def test_gemm_with_bias_residual_and_activation_chain(rng):
     # inputs of the fused node: 0 = A, 1 = B, 2 = bias [N], 3 = residual [M, N], 4 = scale [1, N]
     steps = [EpilogueStep("add", operand=2), EpilogueStep("relu"),

@@ -14,6 +14,9 @@ from wpk.dsl.compute import evaluate
 from wpk.kernels import templates
 from wpk.kernels.dsl_library import list_operators, load_operator
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 CONV = {"N": 1, "C": 4, "H": 6, "W": 5, "K": 4, "CG": 2, "R": 3, "S": 3, "groups": 2,
         "pad_t": 1, "pad_l": 1, "pad_b": 1, "pad_r": 0, "stride_h": 2, "dil_w": 2}
 POOL = {"N": 1, "C": 3, "H": 7, "W": 6, "KH": 3, "KW": 2, "pad_t": 1, "stride_h": 2}

@@ -51,6 +51,7 @@ def _check(name: str, data, target: str) -> None:
                                  f"relative L2 error {err:.3g}")
 
 
+@pytest.mark.isa  # ISA-dependent: scripts/isa_check.sh reruns it for AVX2
 @pytest.mark.parametrize("name", list_operators())
 def test_c_kernel_matches_reference(name):
     @settings(max_examples=_examples(name, cpu=True), **SETTINGS)

@@ -185,6 +185,7 @@ def test_numpy_into_an_output_leaves_the_input_alone(step, rng):
     np.testing.assert_array_equal(out, _reference(step, x, w))
 
 
+@pytest.mark.isa  # ISA-dependent: scripts/isa_check.sh reruns it for AVX2
 @pytest.mark.parametrize("step", CASES, ids=_id)
 def test_dsl_interpreter_c_kernel_and_gpu_emulator_match_numpy(step, rng):
     x, w = _inputs(step, rng)

@@ -26,6 +26,9 @@ from wpk.kernels.registry import Candidate
 from wpk.search.measure import Status, measure_candidate
 from wpk.search.space import SearchSpace
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 
 def t(*shape: int, dtype: str = "float32") -> TensorSpec:
     return TensorSpec(tuple(shape), dtype)

@@ -91,6 +91,7 @@ def test_cli_tune_parallel_measure_checks_its_value(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- targets
+@pytest.mark.isa  # ISA-dependent: scripts/isa_check.sh reruns it for AVX2
 def test_cpu_target_generates_c_kernels():
     spec = create_target("cpu").generated.spec({"a": 1})
     assert spec.impl == "dsl.cpu" and spec.config == {"a": 1}

@@ -35,6 +35,9 @@ from wpk.kernels.random_inputs import random_inputs
 from wpk.search.space import SearchSpace
 from wpk.search.tuners import make_tuner
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 B = fmt.host_block_size()
 USABLE = [isa.name for isa in usable_isas()]
 RELU = EpilogueStep("relu")

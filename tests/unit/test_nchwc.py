@@ -25,6 +25,9 @@ from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.nchwc_layout import NchwcLayout, NchwcOptions
 from wpk.workloads import workload_of
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 B = fmt.host_block_size()
 IMPLS = ("ort.nchwc", "numpy.nchwc")
 

@@ -15,6 +15,9 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.passes.base import check_graph
 from wpk.passes.nchwc_layout import NchwcLayout
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 B = fmt.host_block_size()
 C = 2 * B
 OUT = 10

@@ -23,6 +23,9 @@ from wpk.frontend import load_model
 from wpk.passes.base import check_graph
 from wpk.passes.nchwc_rewrite import Blocked, Rewrite
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 C = 12  # padding lanes with both blocks (8 and 16)
 
 

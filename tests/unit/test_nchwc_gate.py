@@ -21,6 +21,9 @@ from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.runtime import Session
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 B = fmt.host_block_size()
 C = 2 * B
 SQUEEZED = 4    # fewer outputs than any block: blocked only because the output is 1x1

@@ -11,6 +11,9 @@ from tests import models
 from wpk.core.numerics import relative_l2
 from wpk.runtime import Session
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 
 @pytest.fixture(scope="module")
 def mobilenet_plan():

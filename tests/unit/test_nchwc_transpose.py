@@ -20,6 +20,9 @@ from wpk.kernels.nchwc_reference import nchwc_reference
 from wpk.passes.base import check_graph
 from wpk.passes.nchwc_layout import NchwcLayout, NchwcOptions
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 B = fmt.host_block_size()
 
 

@@ -38,6 +38,9 @@ from wpk.search.records import (
 from wpk.search.runner import IsolatedRunner
 from wpk.search.workers import MeasureOptions, MeasureWorker
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 REPO = Path(__file__).resolve().parents[2]
 FP = TargetFingerprint("cpu:x86_64:avx2", "gcc (test) 1.0", "1")
 OTHER_FP = TargetFingerprint("cpu:x86_64:avx512f", "gcc (test) 1.0", "1")

@@ -20,12 +20,13 @@ from wpk.commands.render import (
     render_table,
 )
 from wpk.commands.render_html import render_html
+from wpk.kernels import registry
 from wpk.kernels.registry import FALLBACK, Candidate, Implementation
 from wpk.plans.buffers import plan_graph_buffers
 from wpk.plans.progress import progress_bar, wants_progress
 from wpk.plans.report import make_report
 
-from .plan_helpers import tiny_choices
+from .plan_helpers import TEST_TARGET, tiny_choices
 
 
 class SlowRelu(Implementation):
@@ -162,3 +163,62 @@ def test_a_fallback_is_marked(rng):
     assert report["totals"]["fallback_nodes"] == 1
     assert [w["op"] for w in report["workloads"] if w["fallback"]] == ["Add"]
     assert render_html(report).count('<span class="fallback">fallback</span>') == 1
+
+
+class TiledMatMul(Implementation):
+    """A MatMul whose algorithm is a knob of its config (as Winograd's tile is); registered
+    (reports find implementations by name) under the tests' own target."""
+
+    name = "report_test.tiled_matmul"
+    target = TEST_TARGET
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "MatMul" else "MatMul only"
+
+    def algorithm(self, workload, config):
+        return f"tiled m={config.get('tile', 2)}"
+
+    def prepare(self, workload, consts, config):
+        return lambda inputs, outputs: np.matmul(inputs[0], inputs[1], out=outputs[0])
+
+
+def test_every_workload_shows_its_algorithm_and_gflops(rng):
+    if TiledMatMul.name not in registry._REGISTRY:
+        registry.register(TiledMatMul())
+    _, _, choices = tiny_choices(rng, extra=[registry.get(TiledMatMul.name)])
+    report = make_report(choices)
+    by_op = {w["op"]: w for w in report["workloads"]}
+    matmul = by_op["MatMul"]                          # x[2, 8] @ w[8, 5]
+    assert matmul["flops"] == 2 * 2 * 5 * 8
+    assert matmul["gflops"] == pytest.approx(matmul["flops"] / matmul["median_s"] / 1e9)
+    algorithms = {c["impl"]: c["algorithm"] for c in matmul["candidates"]}
+    assert algorithms == {"planfile_test.matmul": "planfile_test.matmul",   # the default
+                          "report_test.tiled_matmul": "tiled m=2"}
+    assert matmul["algorithm"] == algorithms[matmul["chosen_impl"]]
+    assert by_op["Relu"]["flops"] is None and by_op["Relu"]["gflops"] is None
+    console = Console(file=io.StringIO(), width=220, color_system=None)
+    console.print(render_table(report))
+    text = console.file.getvalue()
+    assert "algorithm" in text and "GFLOP/s" in text
+    matmul_row = next(line for line in text.splitlines() if line.lstrip().startswith("MatMul"))
+    assert matmul["algorithm"] in matmul_row and f"{matmul['gflops']:.3g}" in matmul_row
+    relu_row = next(line for line in text.splitlines() if line.lstrip().startswith("Relu"))
+    assert " - " in relu_row                          # no FLOP count: '-'
+    page = render_html(report)
+    assert '<th data-name="algorithm">algorithm</th>' in page
+    assert '<th data-name="gflops">GFLOP/s</th>' in page
+    assert f"<td>{matmul['algorithm']}</td>" in page
+    assert "tiled m=2" in page                        # the candidate's bar note
+
+
+def test_a_report_without_algorithms_or_flops_renders_dashes(report):
+    old = json.loads(json.dumps(report))
+    for workload in old["workloads"]:
+        for field in ("algorithm", "flops", "gflops"):
+            workload.pop(field)
+    console = Console(file=io.StringIO(), width=220, color_system=None)
+    console.print(render_table(old))
+    matmul_row = next(line for line in console.file.getvalue().splitlines()
+                      if line.lstrip().startswith("MatMul"))
+    assert matmul_row.count(" - ") >= 2               # algorithm and GFLOP/s unknown
+    assert "(-, algorithm -)" not in render_html(old) and "algorithm -)" in render_html(old)

@@ -123,8 +123,8 @@ def test_the_page_opens_with_the_summary_then_the_table_then_the_cards(report):
     assert page.headings.index("Workloads") < page.headings.index(
         "Every workload: its candidates and why one was chosen")
     assert page.cards == ["w-conv", "w-flat", "w-gath"]          # largest share first
-    assert len(page.rows) == 3 and all(len(row) == 11 for row in page.rows)
-    medians = [float(row[6]) for row in page.rows]
+    assert len(page.rows) == 3 and all(len(row) == 13 for row in page.rows)
+    medians = [float(row[7]) for row in page.rows]
     assert medians == [5e-6, 7e-6, 3e-6]                       # sortable values
 
 
@@ -199,6 +199,22 @@ def test_the_tuning_curve_never_rises(report):
     texts = [t.text for t in svg.iter(f"{SVG}text")]
     assert "best 5 us" in texts and "vendor 8 us" in texts and "re-measured 5.2 us" in texts
     assert running_best([None, 3.0, 4.0, None, 2.0]) == [None, 3.0, 3.0, 3.0, 2.0]
+
+
+def test_a_workload_two_families_tuned_has_a_curve_for_each(report):
+    first = report["search"]["tuned"][0]
+    report["search"]["tuned"] = [dict(first, impl="dsl.cpu"),
+                                 dict(first, impl="micro.nchwc", trials=3,
+                                      history=[6e-6, 4e-6, 4.5e-6], final_s=4.1e-6)]
+    page = render_html(report)
+    card = re.search(r'<section class="card" id="w-conv">(.*?)</section>', page, re.S).group(1)
+    titles = re.findall(r"<h3>Tuning (.*?): best time vs trials \((.*?)\)</h3>", card)
+    assert [(family, text.split(";")[0]) for family, text in titles] == [
+        ("dsl.cpu", "ga, 6 trials"), ("micro.nchwc", "ga, 3 trials")]
+    micro = card_svg(page, "conv", index=2)
+    dots = [c for c in micro.iter(f"{SVG}circle")]
+    assert len(dots) == 3                           # the micro-kernels' own three trials
+    assert "re-measured 4.1 us" in [t.text for t in micro.iter(f"{SVG}text")]
 
 
 def test_axes_hold_every_value():

@@ -18,6 +18,9 @@ from wpk.kernels.dsl_library import load_operator
 from wpk.kernels.templates import build_cuda, template_for
 from wpk.kernels.templates.conv import ConvTemplate
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 
 def specialized(name: str, shapes: dict, **scalars) -> tuple[C.Operator, dict]:
     op = load_operator(name)

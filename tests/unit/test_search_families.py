@@ -23,8 +23,19 @@ from wpk.kernels.cpu.microkernels.kernel import MICRO_NCHWC, MicroKernels
 from wpk.kernels.cpu.microkernels.space import config_reason, conv_geometry, default_config
 from wpk.kernels.generated import DSL_CPU
 from wpk.kernels.target import create_target
-from wpk.search.driver import family_candidates, search_order
+from wpk.search.budget import split_trials
+from wpk.search.driver import (
+    Search,
+    TuneOptions,
+    TuningDisplay,
+    _tune_job,
+    family_candidates,
+    search_order,
+)
 from wpk.search.records import SEARCH, RecordStore, config_key, read_records
+
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
 
 CPU = create_target("cpu")
 MICRO = MicroKernels()
@@ -50,7 +61,7 @@ def two_convs() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-SEARCHED = {"search": "random", "trials": 3, "warmup": 1, "repeats": 3, "min_time": 0.0,
+SEARCHED = {"search": "random", "trials": 4, "warmup": 1, "repeats": 3, "min_time": 0.0,
             "progress": False, "partition": False, "seed": 1}
 
 
@@ -76,7 +87,11 @@ def test_searched_build_measures_micro_configs_beyond_the_default(searched):
     convs = {t["key"] for t in tuned if t["impl"] == "micro.nchwc"}
     assert len(convs) == 2, tuned                          # both blocked convs
     assert convs <= {t["key"] for t in tuned if t["impl"] == "dsl.cpu"}   # both families
-    assert all(t["trials"] == 3 for t in tuned)
+    trials: dict = {}
+    for t in tuned:     # --trials is each workload's total, split between its families
+        trials[t["key"]] = trials.get(t["key"], 0) + t["trials"]
+    assert set(trials.values()) == {4}, tuned
+    assert all(t["trials"] == 2 for t in tuned if t["key"] in convs)
     records = list(read_records(db))
     for key in convs:
         micro = [r for r in records if r.workload_key == key and r.impl == "micro.nchwc"
@@ -166,3 +181,24 @@ def test_a_workload_both_families_tune_splits_its_share():
         ("dsl.cpu", softmax.key)]   # a 3x3 stride-1 conv: Winograd tunes it too
     assert [j.share for j in jobs] == [0.25, 0.25, 0.25, 0.25]
     assert math.isclose(sum(j.share for j in jobs), 1.0)
+    assert [j.trials(5) for j in jobs] == [3, 2, 5]       # the workload's trials, split too
+    assert [j.trials(1) for j in jobs] == [1, 0, 1]
+
+
+def test_split_trials():
+    assert split_trials(16, 2) == [8, 8] and split_trials(5, 2) == [3, 2]
+    assert split_trials(7, 1) == [7] and split_trials(1, 3) == [1, 0, 0]
+    assert split_trials(4, 0) == []
+
+
+def test_a_family_whose_share_of_the_trials_is_zero_is_not_searched():
+    """`--trials 1` on a workload two families tune: the second gets none and says so."""
+    class OneSlot:          # what _tune_job reads of a runner before it searches
+        slots = 1
+
+    softmax = Workload("Softmax", (t(4, 32),), (t(4, 32),), (("axis", -1),))
+    job = Search(CPU.generated, softmax, 1e-5, 0.5, part=1, parts=2)
+    with TuningDisplay(False) as display:
+        result = _tune_job(job, TuneOptions("random", trials=1), OneSlot(), None, None, display)
+    assert (result.trials, result.stopped, result.impl) == (0, "trials", "dsl.cpu")
+    assert result.stopped_text == "reached its trial limit (0)"

@@ -11,6 +11,9 @@ from wpk.core.errors import ToolchainError
 from wpk.dsl import toolchain
 from wpk.dsl import toolchain_cuda as cuda
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 SAXPY_C = r"""
 void saxpy(int n, float a, const float *x, float *y) {
     #pragma omp parallel for

@@ -27,6 +27,9 @@ from wpk.search.records import FINAL, RecordStore
 from wpk.search.runner import IsolatedRunner, LocalRunner, create_runner
 from wpk.search.workers import MeasureOptions, MeasureWorker, crash_location
 
+# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
+pytestmark = pytest.mark.isa
+
 FIXTURES = "tests.unit.worker_fixtures"
 QUICK = MeasureOptions(warmup=1, repeats=3, max_repeats=10, min_time=0.001, timeout_s=20.0)
 HANG_LIMIT_S = 2.0

@@ -9,9 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.console import Console
 
 from wpk.core import safe_write
 from wpk.core.errors import OptionError
+from wpk.core.limits import parse_memory
 
 SEARCHES = ("none", "ga", "rl", "random", "grid")
 PARALLEL_STREAMS = 4   # --parallel-measure without N (wpk.search.parallel_measure)
@@ -80,8 +82,6 @@ def echo(renderable) -> None:
     if isinstance(renderable, str):
         click.echo(renderable)
     else:
-        from rich.console import Console
-
         Console().print(renderable)
 
 
@@ -96,8 +96,6 @@ def write_text(text: str, output: Path | None, flag: str = "-o") -> None:
 
 def max_memory_option():
     """The `--max-memory SIZE` option of `wpk build` and `wpk inspect` (`wpk.core.limits`)."""
-    from wpk.core.limits import parse_memory
-
     return click.option("--max-memory", "max_memory", metavar="SIZE",
                         callback=lambda ctx, param, value: (None if value is None
                                                             else parse_memory(value)),

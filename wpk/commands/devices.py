@@ -6,6 +6,9 @@ import json
 from dataclasses import asdict
 
 import click
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 
 from wpk.commands.common import echo
 from wpk.core.devices import GPU_PRESETS, detect_gpus, host_cpu
@@ -29,9 +32,6 @@ def device_listing() -> dict:
 
 def render_devices(info: dict):
     """A rich renderable of `device_listing`'s result."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
 
     presets = Table(title="GPU presets (--gpu NAME)")
     for column in ("preset", "device", "arch", "SMs", "memory", "bandwidth", "fp32",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 import onnx
+from rich.console import Group
+from rich.table import Table
 
 from wpk.commands.common import echo, max_memory_option, parse_input_shapes
 from wpk.commands.onnx_export import write_onnx
@@ -52,8 +54,6 @@ def inspect_model(model: str, input_shapes: dict[str, tuple[int, ...]] | None = 
 
 def render_inspection(info: dict):
     """A rich renderable of `inspect_model`'s result."""
-    from rich.console import Group
-    from rich.table import Table
 
     passes = info["passes"]
     ops = Table(title=f"{os.path.basename(info['model'])}: {passes['nodes_before']} nodes -> "

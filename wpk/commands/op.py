@@ -23,11 +23,16 @@ import click
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 
 from wpk.commands.common import SEARCHES, cluster_option, echo, parse_shape, target_of
-from wpk.commands.render import format_time, plural, render_json, summary_lines
+from wpk.commands.render import format_gflops, format_time, plural, render_json, summary_lines
 from wpk.core.errors import ModelError, OptionError
 from wpk.frontend import load_model
+from wpk.kernels.flops import gflops_per_s
 from wpk.kernels.target import create_target
 from wpk.pipeline import BuildOptions, plan_workloads
 from wpk.plans.report import make_report
@@ -141,21 +146,18 @@ def wrappable(label: str) -> str:
 def candidates_table(report: Mapping):
     """Per workload, a table of every candidate with its speed-up over the fastest vendor
     kernel (the chosen one marked with *); long names wrap, none is cut."""
-    from rich.console import Group
-
     return Group(*(workload_table(workload) for workload in report["workloads"]))
 
 
 def workload_table(workload: Mapping):
-    """One workload's candidates, fastest first, under the workload's label."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
+    """One workload's candidates, fastest first, under the workload's label; each names its
+    algorithm when that says more than its name, and GFLOP/s for an op with a FLOP count."""
     table = Table(title=workload["label"], title_justify="left", box=box.SIMPLE_HEAD,
                   header_style="bold")
-    for column, justify in (("candidate", "left"), ("kind", "left"), ("status", "left"),
-                            ("median", "right"), ("vs vendor", "right")):
+    flops = workload.get("flops")
+    columns = (("candidate", "left"), ("kind", "left"), ("status", "left"), ("median", "right"),
+               *((("GFLOP/s", "right"),) if flops else ()), ("vs vendor", "right"))
+    for column, justify in columns:
         table.add_column(column, justify=justify, overflow="fold",
                          ratio=4 if column == "candidate" else None)
     vendor = [c["median_s"] for c in workload["candidates"]
@@ -167,8 +169,11 @@ def workload_table(workload: Mapping):
         speedup = (f"{best_vendor / c['median_s']:.2f}x"
                    if best_vendor and c["median_s"] else "-")
         mark = " *" if c["label"] == workload["chosen"] else ""
-        table.add_row(Text(wrappable(c["label"]) + mark), c["kind"], c["status"],
-                      format_time(c["median_s"]), speedup)
+        algorithm = c.get("algorithm")
+        named = f" ({algorithm})" if algorithm and algorithm != c["impl"] else ""
+        rate = (format_gflops(gflops_per_s(flops, c["median_s"])),) if flops else ()
+        table.add_row(Text(wrappable(c["label"]) + named + mark), c["kind"], c["status"],
+                      format_time(c["median_s"]), *rate, speedup)
     return table
 
 
@@ -178,9 +183,6 @@ def op_command(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str,
                progress: bool = True, cluster: str | None = None):
     """`wpk op`: the report as JSON text (`as_json`) or a rich renderable (summary,
     then every candidate side by side; the chosen one marked with *)."""
-    from rich.console import Group
-    from rich.text import Text
-
     report = op_report(op, shapes, attrs, target=target, search=search, trials=trials,
                        budget=budget, db=db, progress=progress and not as_json,
                        cluster=cluster)

@@ -5,7 +5,7 @@ workload, largest share first, with why each candidate was chosen);
 `render_summary(report)` a short one for the end of a build;
 `render_json(report)` the JSON text. The HTML page is
 `wpk.commands.render_html`; both share the wording here (`summary_lines`,
-`reason_text`, `format_time`).
+`reason_text`, `format_time`, `algorithm_text`, `gflops_text`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from wpk.plans.report import by_share, choice_reason, next_best
+from wpk.plans.report import by_share, choice_reason, gflops, next_best
 from wpk.search.parallel_measure import summary_line
 
 
@@ -30,6 +30,23 @@ def format_time(seconds: float | None) -> str:
         if seconds >= scale:
             return f"{seconds / scale:.3g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
+
+
+def format_gflops(value: float | None) -> str:
+    """GFLOP/s with one decimal (three significant digits under 1); '-' when unknown."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
+
+
+def gflops_text(workload: Mapping) -> str:
+    """The workload's GFLOP/s cell ('-' for an op without a FLOP count or an old report)."""
+    return format_gflops(gflops(workload))
+
+
+def algorithm_text(workload: Mapping) -> str:
+    """The chosen implementation's algorithm ('-' in a report that predates algorithms)."""
+    return workload.get("algorithm") or "-"
 
 
 def plural(count: int, noun: str) -> str:
@@ -162,12 +179,13 @@ def search_lines(report: Mapping) -> list[str]:
 def render_summary(report: Mapping, top: int = 5) -> Group:
     """A short rich renderable for the end of a build: summary and the costliest workloads."""
     table = Table(show_header=True, header_style="bold", box=None)
-    for column, justify in (("operator", "left"), ("chosen", "left"), ("median", "right"),
-                            ("share", "right")):
+    for column, justify in (("operator", "left"), ("chosen", "left"), ("algorithm", "left"),
+                            ("median", "right"), ("GFLOP/s", "right"), ("share", "right")):
         table.add_column(column, justify=justify)
     for workload in by_share(report)[:top]:
         chosen = workload["chosen"] + (" (fallback)" if workload["fallback"] else "")
-        table.add_row(workload["label"], chosen, format_time(workload["median_s"]),
+        table.add_row(workload["label"], chosen, algorithm_text(workload),
+                      format_time(workload["median_s"]), gflops_text(workload),
                       f"{100 * workload['share']:.1f}%")
     return Group(Text("\n".join(summary_lines(report))), table)
 
@@ -176,7 +194,8 @@ def render_table(report: Mapping) -> Group:
     """A rich renderable: summary, then one row per workload (largest share first)."""
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
     for column, justify, width in (("operator", "left", 18), ("n", "right", None),
-                                   ("chosen", "left", 10), ("median", "right", None),
+                                   ("chosen", "left", 10), ("algorithm", "left", None),
+                                   ("median", "right", None), ("GFLOP/s", "right", None),
                                    ("share", "right", None), ("vs next", "right", None),
                                    ("why", "left", None), ("ok", "right", None)):
         table.add_column(column, justify=justify, min_width=width, overflow="fold")
@@ -187,7 +206,8 @@ def render_table(report: Mapping) -> Group:
         chosen.append(f" {workload['chosen_kind']}",
                       style="bold yellow" if workload["fallback"] else "dim")
         table.add_row(workload["label"], str(workload["count"]), chosen,
-                      format_time(workload["median_s"]), f"{100 * workload['share']:.1f}%",
+                      algorithm_text(workload), format_time(workload["median_s"]),
+                      gflops_text(workload), f"{100 * workload['share']:.1f}%",
                       format_ratio(ratio), reason_tag(workload),
                       f"{ok}/{len(workload['candidates'])}")
     return Group(Text("\n".join(summary_lines(report))), table)

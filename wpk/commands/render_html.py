@@ -9,7 +9,8 @@ workload on a log scale); a table of the workloads that sorts by any column
 (a few lines of inline script; `#sort=COLUMN` or `#sort=-COLUMN` in the
 address sorts on load); the graph passes; then one card per workload with
 the reason for its choice, every candidate's time on a log scale and, when
-it was tuned, its tuning curve (best time vs trials). No network, no external
+it was tuned, the tuning curve (best time vs trials) of each generated family
+that tuned it. No network, no external
 asset: CSS, SVG and script are inline.
 """
 
@@ -20,8 +21,10 @@ from collections.abc import Mapping, Sequence
 
 from wpk.commands.charts import KIND_COLORS, OTHER_COLOR, Bar, bar_chart, curve_chart, share_chart
 from wpk.commands.render import (
+    algorithm_text,
     format_ratio,
     format_time,
+    gflops_text,
     plural,
     reason_tag,
     reason_text,
@@ -29,7 +32,7 @@ from wpk.commands.render import (
     summary_lines,
     wpk_plan_name,
 )
-from wpk.plans.report import by_share, onnxruntime_time, runs_on_onnxruntime
+from wpk.plans.report import by_share, gflops, onnxruntime_time, runs_on_onnxruntime
 
 TOP_WORKLOADS = 40   # rows of the chosen-vs-onnxruntime chart
 
@@ -198,9 +201,9 @@ def summary_section(report: Mapping) -> str:
 
 # ----------------------------------------------------------------------------- table
 _COLUMNS = (("rank", "#"), ("operator", "operator"), ("op", "op"), ("nodes", "nodes"),
-            ("chosen", "chosen"), ("kind", "kind"), ("median", "median"),
-            ("share", "share"), ("vs_ort", "vs onnxruntime"), ("vs_next", "vs next"),
-            ("why", "why"))
+            ("chosen", "chosen"), ("kind", "kind"), ("algorithm", "algorithm"),
+            ("median", "median"), ("gflops", "GFLOP/s"), ("share", "share"),
+            ("vs_ort", "vs onnxruntime"), ("vs_next", "vs next"), ("why", "why"))
 
 
 def _cell(text: str, value: float | None = None) -> str:
@@ -217,7 +220,9 @@ def workload_row(rank: int, workload: Mapping) -> str:
     vs_next = runner_up_ratio(workload)
     cells = [_cell(str(rank), rank), _cell(workload["label"]), _cell(workload["op"]),
              _cell(str(workload["count"]), workload["count"]), _cell(workload["chosen"]),
-             _cell(workload["chosen_kind"]), _cell(format_time(chosen), chosen or 0.0),
+             _cell(workload["chosen_kind"]), _cell(algorithm_text(workload)),
+             _cell(format_time(chosen), chosen or 0.0),
+             _cell(gflops_text(workload), gflops(workload) or 0.0),
              _cell(f"{100 * workload['share']:.1f}%", workload["share"]),
              _cell(format_ratio(vs_ort), vs_ort or 0.0),
              _cell(format_ratio(vs_next), vs_next or 0.0), _cell(reason_tag(workload))]
@@ -261,7 +266,9 @@ def candidates_chart(workload: Mapping) -> str:
     for cand in candidates:
         chosen = cand["label"] == workload["chosen"]
         if cand["status"] == "ok" and cand["median_s"]:
-            note = format_time(cand["median_s"]) + ("  \u25c0 chosen" if chosen else "")
+            note = (format_time(cand["median_s"]) + (f"  {cand['algorithm']}" if
+                    cand.get("algorithm") and cand["algorithm"] != cand["impl"] else "") +
+                    ("  \u25c0 chosen" if chosen else ""))
             bars.append(Bar(cand["label"], cand["median_s"], kind_color(cand["kind"]), note,
                             chosen=chosen))
         else:
@@ -272,41 +279,52 @@ def candidates_chart(workload: Mapping) -> str:
 
 
 def tuning_curve(tuned: Mapping | None) -> str:
-    """The workload's tuning curve, when the search tuned it and kept its history."""
+    """One search's tuning curve (a generated family on the workload), when it kept its
+    history."""
     if not tuned or not tuned.get("history"):
         return ""
     stopped = _esc(tuned.get("stopped_text") or tuned.get("stopped") or "")
-    return (f"<h3>Tuning: best time vs trials ({_esc(tuned.get('tuner', ''))}, "
+    family = f"{tuned['impl']}: " if tuned.get("impl") else ""
+    return (f"<h3>Tuning {_esc(family)}best time vs trials ({_esc(tuned.get('tuner', ''))}, "
             f"{plural(tuned.get('trials', 0), 'trial')}; {stopped})</h3>" +
             curve_chart(tuned["history"], tuned.get("reference_s"), tuned.get("final_s"),
-                        title=f"tuning curve of {tuned.get('label', '')}"))
+                        title=f"tuning curve of {tuned.get('label', '')}"
+                              + (f" ({tuned['impl']})" if tuned.get("impl") else "")))
 
 
-def workload_card(workload: Mapping, tuned: Mapping | None) -> str:
-    """One workload: its nodes, the choice and why, its candidates, its tuning curve."""
+def workload_card(workload: Mapping, tuned: Sequence[Mapping] = ()) -> str:
+    """One workload: its nodes, the choice and why, its candidates, one tuning curve per
+    generated family that tuned it."""
     nodes = ", ".join(workload["nodes"][:8]) + (" \u2026" if len(workload["nodes"]) > 8
                                                else "")
     fallback = ' <span class="fallback">fallback</span>' if workload["fallback"] else ""
+    curves = "".join(tuning_curve(search) for search in tuned)
     return (
         f'<section class="card" id="w-{_esc(workload["key"])}">'
         f'<h3>{_esc(workload["label"])}{fallback}</h3>'
         f'<div class="meta">{plural(workload["count"], "node")}: {_esc(nodes)}<br>'
-        f'chosen <b>{_esc(workload["chosen"])}</b> ({_esc(workload["chosen_kind"])}), '
-        f'{format_time(workload["median_s"])} per call, {100 * workload["share"]:.1f}% of '
-        f'the estimated latency</div><div class="why">why: {_esc(reason_text(workload))}'
-        f'</div>{candidates_chart(workload)}{tuning_curve(tuned)}</section>')
+        f'chosen <b>{_esc(workload["chosen"])}</b> ({_esc(workload["chosen_kind"])}, '
+        f'algorithm {_esc(algorithm_text(workload))}), '
+        f'{format_time(workload["median_s"])} per call ({_esc(gflops_text(workload))} '
+        f'GFLOP/s), {100 * workload["share"]:.1f}% of the estimated latency</div>'
+        f'<div class="why">why: {_esc(reason_text(workload))}</div>'
+        f'{candidates_chart(workload)}{curves}</section>')
 
 
-def tuned_by_key(report: Mapping) -> dict[str, Mapping]:
-    """The search summary's entry of each tuned workload, by workload key."""
-    return {t["key"]: t for t in (report.get("search") or {}).get("tuned", [])}
+def tuned_by_key(report: Mapping) -> dict[str, list[Mapping]]:
+    """The search summary's entries by workload key: one per generated family that tuned
+    the workload, in the order they ran."""
+    found: dict[str, list[Mapping]] = {}
+    for search in (report.get("search") or {}).get("tuned", []):
+        found.setdefault(search["key"], []).append(search)
+    return found
 
 
 def cards(report: Mapping, order: Sequence[Mapping]) -> str:
-    """The workload cards, in `order`, each with its tuning curve when it was tuned."""
+    """The workload cards, in `order`, each with the tuning curves of its searches."""
     tuned = tuned_by_key(report)
     return "<h2>Every workload: its candidates and why one was chosen</h2>" + "".join(
-        workload_card(w, tuned.get(w["key"])) for w in order)
+        workload_card(w, tuned.get(w["key"], ())) for w in order)
 
 
 def render_html(report: Mapping) -> str:

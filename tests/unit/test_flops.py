@@ -1,0 +1,123 @@
+"""FLOP counts of workloads (`wpk.kernels.flops`) and the algorithm names implementations
+give reports (`Implementation.algorithm`, `wpk.kernels.algorithms`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from wpk.core.workload import TensorSpec, Workload
+from wpk.kernels import registry
+from wpk.kernels.algorithms import conv_algorithm
+from wpk.kernels.flops import gflops_per_s, workload_flops
+
+
+def spec(*shape: int) -> TensorSpec:
+    return TensorSpec(tuple(shape))
+
+
+def conv(x, w, out, domain="", **attrs) -> Workload:
+    return Workload("Conv", (spec(*x), spec(*w)), (spec(*out),),
+                    tuple(sorted(attrs.items())), domain=domain)
+
+
+def naive_conv_macs(n, c, h, w, k, r, s, group, stride, pad) -> int:
+    """Multiply-accumulates of a direct convolution, counted one loop iteration at a time
+    (padding taps included, as every convention counts them)."""
+    oh, ow = (h + 2 * pad - r) // stride + 1, (w + 2 * pad - s) // stride + 1
+    macs = 0
+    for _ in range(n):
+        for _ in range(k):
+            for _ in range(oh * ow):
+                for _ in range(c // group):
+                    for _ in range(r * s):
+                        macs += 1
+    return macs
+
+
+@pytest.mark.parametrize("n,c,h,w,k,r,s,group,stride,pad", [
+    (1, 3, 8, 8, 4, 3, 3, 1, 1, 1),     # 3x3, padded
+    (2, 6, 7, 5, 4, 1, 1, 2, 2, 0),     # grouped 1x1, strided, batch 2
+    (1, 8, 5, 5, 8, 3, 3, 8, 1, 0),     # depthwise
+    (1, 3, 9, 9, 5, 7, 7, 1, 2, 3),     # the stem's shape class
+])
+def test_conv_flops_count_two_per_multiply_accumulate(n, c, h, w, k, r, s, group, stride, pad):
+    oh, ow = (h + 2 * pad - r) // stride + 1, (w + 2 * pad - s) // stride + 1
+    workload = conv((n, c, h, w), (k, c // group, r, s), (n, k, oh, ow), group=group,
+                    strides=(stride, stride), pads=(pad,) * 4)
+    assert workload_flops(workload) == 2 * naive_conv_macs(n, c, h, w, k, r, s, group,
+                                                          stride, pad)
+
+
+def test_a_blocked_conv_counts_its_logical_channels_not_the_padding_lanes():
+    plain = conv((1, 3, 8, 8), (4, 3, 3, 3), (1, 4, 8, 8), pads=(1, 1, 1, 1))
+    blocked = conv((1, 3, 8, 8), (4, 3, 3, 3), (1, 1, 8, 8, 8), domain="wpk.nchwc",
+                   pads=(1, 1, 1, 1), block=8, channels=4)
+    assert workload_flops(blocked) == workload_flops(plain) == 2 * 4 * 64 * 27
+
+
+def test_conv_transpose_matmul_gemm_and_attention():
+    # ConvTranspose: every input element meets K/group x kernel weights
+    transpose = Workload("ConvTranspose", (spec(1, 2, 3, 3), spec(2, 4, 2, 2)),
+                         (spec(1, 4, 4, 4),))
+    assert workload_flops(transpose) == 2 * (2 * 9) * (4 * 4)
+    matmul = Workload("MatMul", (spec(2, 3, 5), spec(5, 7)), (spec(2, 3, 7),))
+    assert workload_flops(matmul) == 2 * 2 * 3 * 7 * 5
+    vector = Workload("MatMul", (spec(5,), spec(5, 7)), (spec(7,),))
+    assert workload_flops(vector) == 2 * 7 * 5
+    gemm_t = Workload("Gemm", (spec(5, 3), spec(5, 7)), (spec(3, 7),), (("transA", 1),))
+    assert workload_flops(gemm_t) == 2 * 3 * 7 * 5
+    gemm = Workload("Gemm", (spec(3, 5), spec(7, 5), spec(7)), (spec(3, 7),),
+                    (("transB", 1),))
+    assert workload_flops(gemm) == 2 * 3 * 7 * 5
+    attention = Workload("Attention", (spec(2, 4, 6, 8), spec(2, 4, 10, 8), spec(2, 4, 10, 16)),
+                         (spec(2, 4, 6, 16),), (("k_transposed", 0), ("scale", 0.35)),
+                         domain="wpk")
+    assert workload_flops(attention) == 2 * 8 * 6 * 10 * (8 + 16)
+
+
+def test_ops_without_a_flop_count_and_malformed_workloads_are_none():
+    assert workload_flops(Workload("Relu", (spec(2, 5),), (spec(2, 5),))) is None
+    assert workload_flops(Workload("MaxPool", (spec(1, 3, 8, 8),), (spec(1, 3, 4, 4),),
+                                   (("kernel_shape", (2, 2)),))) is None
+    assert workload_flops(Workload("Conv", (spec(1, 3, 8, 8), None), (spec(1, 4, 8, 8),))) \
+        is None
+    bad_attention = Workload("Attention", (spec(6, 8), spec(10, 8), spec(10, 16)),
+                             (spec(6, 16),), domain="wpk")   # rank 2: not wpk's Attention
+    assert workload_flops(bad_attention) is None
+
+
+def test_gflops_per_s():
+    assert gflops_per_s(3_000_000_000, 1.5) == pytest.approx(2.0)
+    assert gflops_per_s(None, 1.0) is None
+    assert gflops_per_s(1000, None) is None and gflops_per_s(1000, 0.0) is None
+
+
+def test_conv_algorithm_by_shape():
+    assert conv_algorithm(conv((1, 8, 5, 5), (8, 1, 3, 3), (1, 8, 5, 5), group=8,
+                               pads=(1,) * 4)) == "depthwise"
+    assert conv_algorithm(conv((1, 8, 5, 5), (16, 8, 1, 1), (1, 16, 3, 3),
+                               strides=(2, 2))) == "1x1"
+    assert conv_algorithm(conv((1, 8, 5, 5), (16, 8, 1, 1), (1, 16, 7, 7),
+                               pads=(1,) * 4)) == "direct"       # a padded 1x1 is not pointwise
+    assert conv_algorithm(conv((1, 8, 5, 5), (16, 8, 3, 3), (1, 16, 5, 5),
+                               pads=(1,) * 4)) == "direct"
+
+
+def test_implementations_name_their_algorithm():
+    pointwise = conv((1, 8, 5, 5), (16, 8, 1, 1), (1, 16, 5, 5))
+    numpy_conv = registry.get("numpy.conv")
+    assert [numpy_conv.algorithm(pointwise, c) for c in numpy_conv.configs(pointwise)] == \
+        ["1x1 gemm"]
+    assert numpy_conv.algorithm(pointwise, {"strategy": "im2col"}) == "im2col gemm"
+    assert registry.get("dsl.cpu").algorithm(pointwise, {}) == "1x1"
+    blocked_in = conv((1, 2, 5, 5, 8), (16, 16, 3, 3), (1, 2, 5, 5, 8), domain="wpk.nchwc",
+                      pads=(1,) * 4)
+    nchw_in = conv((1, 3, 5, 5), (16, 3, 3, 3), (1, 2, 5, 5, 8), domain="wpk.nchwc",
+                   pads=(1,) * 4)
+    mlas = registry.get("ort.nchwc")
+    assert mlas.algorithm(blocked_in, {}) == "direct"
+    assert mlas.algorithm(nchw_in, {}) == "direct (NCHW input)"
+    matmul = Workload("MatMul", (spec(2, 5), spec(5, 7)), (spec(2, 7),))
+    assert registry.get("numpy.matmul").algorithm(matmul, {}) == "gemm (BLAS)"
+    # the default: the implementation's own name
+    assert registry.get("ort").algorithm(matmul, {}) == "ort"
