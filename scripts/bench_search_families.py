@@ -62,7 +62,7 @@ def default_time(records: list, key: str) -> float | None:
     mine = [r for r in records if r.workload_key == key and r.impl == "micro.nchwc"]
     if not mine:
         return None
-    default = config_key(default_config(conv_geometry(mine[0].to_workload())))
+    default = config_key(default_config(conv_geometry(mine[0].to_workload(), nchw_input=True)))
     times = [r.median_s for r in mine
              if r.phase == SEARCH and r.ok and config_key(r.config) == default]
     return min(times) if times else None

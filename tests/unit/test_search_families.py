@@ -100,10 +100,11 @@ def test_searched_build_measures_micro_configs_beyond_the_default(searched):
         micro = [r for r in records if r.workload_key == key and r.impl == "micro.nchwc"
                  and r.phase == SEARCH and r.ok]
         workload = micro[0].to_workload()
-        default = config_key(default_config(conv_geometry(workload)))
+        default = config_key(default_config(conv_geometry(workload, nchw_input=True)))
         searched_configs = {config_key(r.config) for r in micro} - {default}
         assert searched_configs, f"only the default config of {workload.label} was measured"
-        assert all(config_reason(conv_geometry(workload), r.config) is None for r in micro)
+        g = conv_geometry(workload, nchw_input=True)
+        assert all(config_reason(g, r.config) is None for r in micro)
     # The planner's second pass saw the tuned micro-kernel next to the other candidates.
     by_key = {w["key"]: w for w in plan.report["workloads"]}
     for key in convs:
@@ -127,7 +128,7 @@ def test_records_of_both_families_reload_each_to_its_own_implementation(searched
         assert store.lookup(record.workload_key, fingerprint, record.impl, record.config,
                             record.phase) is not None
         if record.impl == "micro.nchwc":   # a micro config is never a DSL schedule
-            assert config_reason(conv_geometry(workload), record.config) is None
+            assert config_reason(conv_geometry(workload, nchw_input=True), record.config) is None
     # A rebuild from the records reuses every measurement of both families.
     again = wpk.build(str(model), target="cpu", db=str(db), **SEARCHED)
     assert again.report["search"]["measured"] == 0

@@ -68,7 +68,7 @@ def pack_bias(bias: np.ndarray | None, length: int) -> np.ndarray:
 
 
 def _geometry(workload: Workload) -> ConvGeometry:
-    g = conv_geometry(workload)
+    g = conv_geometry(workload, nchw_input=True)
     if isinstance(g, str):
         raise ValueError(f"{workload.label}: {g}")
     return g
@@ -100,7 +100,7 @@ class MicroNchwc(Implementation):
     uses_blas = False
 
     def unsupported_reason(self, workload: Workload) -> str | None:
-        g = conv_geometry(workload)
+        g = conv_geometry(workload, nchw_input=True)
         if isinstance(g, str):
             return g
         return None if MicroSpace(g).isas else "no usable ISA's vector divides the block"

@@ -1,6 +1,7 @@
 """What a micro-kernel computes (`ConvGeometry`) and the configs it can be built with.
 
     geometry = conv_geometry(workload)      # ConvGeometry, or a str saying why it does not fit
+    conv_geometry(workload, nchw_input=True)   # also a stem's (NCHW input)
     space = MicroSpace(geometry)            # space(), validate(config), default_config()
 
 A config is `{"isa": name, "kv": output vectors, "px": output pixels, "unroll": n,
@@ -118,17 +119,19 @@ def _activation(step) -> tuple[str | None, tuple[float, ...]] | str:
     return attrs["activation"], tuple(float(v) for v in attrs.get("activation_params", ()))
 
 
-def conv_geometry(workload: Workload) -> ConvGeometry | str:
-    """The geometry of a blocked (`wpk.nchwc`) Conv on a blocked or NCHW input, or why it has
-    none."""
+def conv_geometry(workload: Workload, nchw_input: bool = False) -> ConvGeometry | str:
+    """The geometry of a blocked (`wpk.nchwc`) Conv on a blocked input, or why it has none;
+    with `nchw_input` also on an NCHW input (a stem: `micro.nchwc` reads it, kernels built
+    on this geometry for blocked inputs only keep refusing it)."""
     if workload.domain != NCHWC_DOMAIN or workload.op != "Conv":
         return "not a wpk.nchwc Conv"
     specs = [s for s in (*workload.inputs, *workload.outputs) if s is not None]
     if any(s.dtype != "float32" for s in specs):
         return "micro-kernels compute float32 only"
     x, wt, y = workload.inputs[0], workload.inputs[1], workload.outputs[0]
-    if len(x.shape) not in (4, 5) or wt is None or len(wt.shape) != 4 or len(y.shape) != 5:
-        return "only 2-D convolutions on a blocked or NCHW input"
+    if len(x.shape) not in ((4, 5) if nchw_input else (5,)) or wt is None \
+            or len(wt.shape) != 4 or len(y.shape) != 5:
+        return f"only 2-D convolutions on a blocked{' or NCHW' if nchw_input else ''} input"
     nchw = len(x.shape) == 4
     if nchw and int(workload.attr("group", 1)) != 1:
         return "an NCHW input is read by group-1 convolutions only"
