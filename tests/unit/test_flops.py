@@ -121,3 +121,21 @@ def test_implementations_name_their_algorithm():
     assert registry.get("numpy.matmul").algorithm(matmul, {}) == "gemm (BLAS)"
     # the default: the implementation's own name
     assert registry.get("ort").algorithm(matmul, {}) == "ort"
+
+
+def test_micro_kernels_name_the_algorithm_their_config_picks():
+    blocked_in = conv((1, 2, 5, 5, 8), (16, 16, 3, 3), (1, 2, 5, 5, 8), domain="wpk.nchwc",
+                      pads=(1,) * 4)
+    strided = conv((1, 2, 9, 9, 8), (16, 16, 3, 3), (1, 2, 5, 5, 8), domain="wpk.nchwc",
+                   pads=(1,) * 4, strides=(2, 2))
+    stem = conv((1, 3, 5, 5), (16, 3, 3, 3), (1, 2, 5, 5, 8), domain="wpk.nchwc",
+                pads=(1,) * 4)
+    micro = registry.get("micro.nchwc")
+    assert micro.algorithm(blocked_in, {"split": 0}) == "direct"
+    assert micro.algorithm(strided, {"split": 1}) == "direct, phase split"
+    assert micro.algorithm(stem, {"split": 0}) == "direct (NCHW input)"
+    winograd = registry.get("micro.winograd")
+    assert winograd.algorithm(blocked_in, {"m": 4}) == "winograd F(4x4,3x3)"
+    assert winograd.algorithm(blocked_in, {"m": 2}) == "winograd F(2x2,3x3)"
+    matmul = Workload("MatMul", (spec(2, 5), spec(5, 7)), (spec(2, 7),))
+    assert registry.get("micro.gemm").algorithm(matmul, {}) == "gemm"

@@ -23,6 +23,7 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c, load_function
+from wpk.kernels.algorithms import GEMM
 from wpk.kernels.cpu.microkernels.gemm_space import (
     GemmGeometry,
     GemmSpace,
@@ -82,6 +83,9 @@ class MicroGemm(Implementation):
     def unsupported_reason(self, workload: Workload) -> str | None:
         g = gemm_geometry(workload)
         return g if isinstance(g, str) else None
+
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        return GEMM
 
     def configs(self, workload: Workload) -> list[dict]:
         """The default config (an untuned build measures it next to the libraries')."""

@@ -24,6 +24,7 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c, load_function
+from wpk.kernels.algorithms import conv_algorithm
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
 from wpk.kernels.cpu.microkernels.space import (
     ConvGeometry,
@@ -108,6 +109,14 @@ class MicroNchwc(Implementation):
     def configs(self, workload: Workload) -> list[dict]:
         """The default config (an untuned build measures it next to onnxruntime's)."""
         return [default_config(_geometry(workload))]
+
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        """'depthwise', '1x1' or 'direct' (`conv_algorithm`), 'direct (NCHW input)' for a
+        stem, with ', phase split' when the config splits a strided conv's input."""
+        name = conv_algorithm(workload)
+        if len(workload.inputs[0].shape) == 4:
+            name = "direct (NCHW input)"
+        return name + (", phase split" if int(config.get("split", 0) or 0) else "")
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

@@ -127,6 +127,11 @@ class MicroWinograd(Implementation):
         reasons = [config_reason(g, default_config(g, m=m)) for m in M_CHOICES]
         return None if None in reasons else reasons[0]
 
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        """'winograd F(m x m, 3x3)' with the config's output tile m."""
+        m = int(config.get("m", 0) or 0)
+        return f"winograd F({m}x{m},3x3)" if m else "winograd"
+
     def tolerance(self, workload: Workload, config: Mapping) -> float | None:
         """`winograd_space.error_bound` of the config's m: scaled by the reduction length."""
         m = int(config.get("m", 4))
