@@ -50,6 +50,10 @@ from wpk.search.measure import Status  # noqa: E402
 from wpk.search.records import FINAL, SEARCH, config_key, read_records  # noqa: E402
 from wpk.search.workers import MeasureOptions  # noqa: E402
 
+# The module's tests share one Ray test cluster and kill its nodes in turn: with pytest-xdist
+# they all run on one worker (`--dist loadgroup`), never split over two clusters at once.
+pytestmark = pytest.mark.xdist_group("ray_cluster")
+
 BUILD = ["--cpu", "--search", "random", "--trials", "6", "--no-partition", "-q"]
 OTHER_COMPILER = "othercc (wpk cluster test) 1.0"
 FAKE_CC = f"""#!/bin/sh

@@ -11,9 +11,6 @@ from wpk.core.errors import ToolchainError
 from wpk.dsl import toolchain
 from wpk.dsl import toolchain_cuda as cuda
 
-# ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
-pytestmark = pytest.mark.isa
-
 SAXPY_C = r"""
 void saxpy(int n, float a, const float *x, float *y) {
     #pragma omp parallel for
@@ -54,6 +51,7 @@ needs_nvrtc = pytest.mark.skipif(
     reason="nvidia-cuda-nvrtc-cu12 / nvidia-cuda-nvcc-cu12 wheels are not installed")
 
 
+@pytest.mark.isa  # the C compile's -march: scripts/isa_check.sh reruns it for AVX2
 def test_gcc_compiles_and_ctypes_calls_the_function(rng, cache_dir):
     artifact = toolchain.compile_c(SAXPY_C)
     assert not artifact.cached and str(artifact.path).startswith(cache_dir)
@@ -66,6 +64,7 @@ def test_gcc_compiles_and_ctypes_calls_the_function(rng, cache_dir):
     np.testing.assert_allclose(y, expected, rtol=1e-6)
 
 
+@pytest.mark.isa  # the C compile's -march: scripts/isa_check.sh reruns it for AVX2
 def test_c_cache_hits_on_recompile_and_misses_on_new_flags():
     first = toolchain.compile_c(SAXPY_C)
     again = toolchain.compile_c(SAXPY_C)
@@ -77,12 +76,14 @@ def test_c_cache_hits_on_recompile_and_misses_on_new_flags():
     assert toolchain.cache_key("a", [], "gcc", "1") != toolchain.cache_key("a", [], "gcc", "2")
 
 
+@pytest.mark.isa  # the C compile's -march: scripts/isa_check.sh reruns it for AVX2
 def test_c_compile_error_is_a_toolchain_error_with_the_diagnostic():
     with pytest.raises(ToolchainError, match="undeclared") as info:
         toolchain.compile_c("int f(void) { return undeclared_name; }")
     assert "code generator" in info.value.hint
 
 
+@pytest.mark.isa  # the C compile's -march: scripts/isa_check.sh reruns it for AVX2
 def test_missing_c_compiler_has_a_hint(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/gcc")
     with pytest.raises(ToolchainError, match="not found") as info:
