@@ -177,7 +177,7 @@ def part_nodes(node: Node, fresh: Callable[[str], str]) -> list[Node]:
     residual = bool(attrs.get("residual", 0))
     conv = dict(domain=NCHWC_DOMAIN)
     return [
-        Node("Conv", [x, w1, b1], [h1], f"{node.name}/expand",
+        Node("Conv", [x, w1, b1], [h1], node.name,   # the first keeps the fused node's name
              dict(_conv_attrs(1, 1, (0, 0, 0, 0), 1, b, e)),
              epilogue=activation_step(attrs["act1"], attrs.get("act1_attrs", ())), **conv),
         Node("Conv", [h1, w2, b2], [h2], f"{node.name}/depthwise",

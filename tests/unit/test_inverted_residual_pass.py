@@ -121,7 +121,15 @@ def test_to_onnx_expands_the_block_into_its_three_convs():
     convs = [n for n in exported.graph.node if n.op_type == "Conv" and n.domain == "wpk.nchwc"]
     assert len(convs) == 6
     assert not [n for n in exported.graph.node if n.op_type == "InvertedResidual"]
+    names = {n.name for n in exported.graph.node}
+    assert {n.name for n in graph.nodes} <= names   # a fused node's first part keeps its name
+    parts = [n for n in exported.graph.node if f"'{nodes_of(graph)[0].name}'" in n.doc_string]
+    assert [n.op_type for n in parts if n.op_type == "Conv"] == ["Conv"] * 3
     assert "inverted_residual" in rule_docs("cpu")
+
+
+def nodes_of(graph) -> list:
+    return [n for n in graph.nodes if n.op == "InvertedResidual"]
 
 
 def _fires(model) -> int:
