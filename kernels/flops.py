@@ -12,7 +12,8 @@ algorithms):
   blocked `wpk.nchwc` Conv (logical channels, not the padding lanes);
 - ConvTranspose: 2 x N x C x prod(input spatial) x K/group x prod(kernel);
 - MatMul: 2 x prod(output) x K; Gemm: 2 x M x N x K;
-- wpk's fused Attention: 2 x batch x Sq x Sk x (D + Dv) (Q K^T, then P V).
+- wpk's fused Attention: 2 x batch x Sq x Sk x (D + Dv) (Q K^T, then P V);
+- wpk's fused InvertedResidual: the sum of its three convs' (expand, depthwise, project).
 
 Every other op (elementwise, pooling, normalizations, layout changes) is None:
 its time is memory traffic and a FLOP rate would mislead.
@@ -24,6 +25,11 @@ import math
 
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.attention_spec import attention_reason, attention_shape
+from wpk.kernels.cpu.inverted_residual_spec import (
+    inverted_residual_reason,
+    is_inverted_residual,
+    part_workloads,
+)
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 NCHWC_DOMAIN = "wpk.nchwc"
@@ -60,6 +66,12 @@ def _attention_flops(workload: Workload) -> int | None:
     return 2 * shape.batch * shape.sq * shape.sk * (shape.d + shape.dv)
 
 
+def _inverted_residual_flops(workload: Workload) -> int | None:
+    if inverted_residual_reason(workload) is not None:
+        return None
+    return sum(_conv_flops(part) for part in part_workloads(workload))
+
+
 _STANDARD = {"Conv": _conv_flops, "ConvTranspose": _conv_transpose_flops,
              "MatMul": _matmul_flops, "Gemm": _gemm_flops}
 
@@ -71,6 +83,8 @@ def workload_flops(workload: Workload) -> int | None:
         count = _STANDARD.get(workload.op)
     elif workload.domain == NCHWC_DOMAIN and workload.op == "Conv":
         count = _conv_flops
+    elif is_inverted_residual(workload):
+        count = _inverted_residual_flops
     else:
         count = _attention_flops
     specs = workload.inputs[:2]

@@ -8,6 +8,7 @@ import pytest
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.algorithms import conv_algorithm
+from wpk.kernels.cpu.inverted_residual_spec import block_workload
 from wpk.kernels.flops import gflops_per_s, workload_flops
 
 
@@ -139,3 +140,12 @@ def test_micro_kernels_name_the_algorithm_their_config_picks():
     assert winograd.algorithm(blocked_in, {"m": 2}) == "winograd F(2x2,3x3)"
     matmul = Workload("MatMul", (spec(2, 5), spec(5, 7)), (spec(2, 7),))
     assert registry.get("micro.gemm").algorithm(matmul, {}) == "gemm"
+
+
+def test_inverted_residual_counts_its_three_convs_and_names_its_algorithms():
+    block = block_workload(1, 16, 96, 24, 9, 9, k=3, stride=2)
+    # expand 1x1 16->96 at 9x9, depthwise 3x3 stride 2 -> 5x5, project 1x1 96->24 at 5x5
+    expected = 2 * (96 * 81 * 16 + 96 * 25 * 9 + 24 * 25 * 96)
+    assert workload_flops(block) == expected
+    assert registry.get("micro.inverted_residual").algorithm(block, {}).startswith("fused")
+    assert "three" in registry.get("ort.inverted_residual").algorithm(block, {})

@@ -113,6 +113,9 @@ class MicroInvertedResidual(Implementation):
             return g
         return None if BlockSpace(g).isas else "no usable ISA's vector divides the block"
 
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        return "fused inverted residual (row strips)"
+
     def configs(self, workload: Workload) -> list[dict]:
         """The default config (an untuned build measures it next to onnxruntime's nodes)."""
         return [default_config(_geometry(workload))]
@@ -188,6 +191,9 @@ class OrtInvertedResidual(Implementation):
     onnxruntime = True
     uses_blas = False
     joins_regions = True
+
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        return "three NCHWc convs (onnxruntime)"
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         reason = inverted_residual_reason(workload)
