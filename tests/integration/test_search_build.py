@@ -50,7 +50,8 @@ def test_search_build_matches_onnxruntime_and_rebuild_measures_nothing(tmp_path)
              if any(c["impl"] == "dsl.cpu" for c in w["candidates"])]  # the searched kernels
     # (the fused attention's generated kernel, also kind 'generated', is enumerated instead)
     side_by_side = [k for k in kinds if "generated" in k and k & {"vendor", "library"}]
-    assert len(side_by_side) == len(search["tuned"])
+    # one tuned entry per (workload, generated family): MatMuls are tuned by micro.gemm too
+    assert len(side_by_side) == len({t["key"] for t in search["tuned"]})
     path = tmp_path / "encoder.wpk"
     plan.save(path)
 
