@@ -3,6 +3,8 @@
 One module per concern:
 
 - `isa`: the instruction sets (vector lanes, registers, gcc flags), the host's;
+- `family`: `MicroFamily`, what every family shares as a target's generated kernels
+  (support, compile jobs) for the search;
 - `space`: what a kernel computes (`ConvGeometry`: blocked input, or the NCHW
   input of a stem) and its config space (register tile, unroll, input blocks per
   pass, phase split, rows per unit, ISA), searchable by the GA/RL tuners;

@@ -24,6 +24,7 @@ from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c, load_function
 from wpk.kernels.algorithms import GEMM
+from wpk.kernels.cpu.microkernels.family import MicroFamily
 from wpk.kernels.cpu.microkernels.gemm_space import (
     GemmGeometry,
     GemmSpace,
@@ -33,9 +34,7 @@ from wpk.kernels.cpu.microkernels.gemm_space import (
 )
 from wpk.kernels.cpu.microkernels.gemm_templates import gemm_source
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
-from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
-from wpk.kernels.target import GeneratedKernels
 
 
 def _geometry(workload: Workload) -> GemmGeometry:
@@ -134,21 +133,14 @@ class MicroGemm(Implementation):
 MICRO_GEMM = register(MicroGemm())
 
 
-class GemmKernels(GeneratedKernels):
+class GemmKernels(MicroFamily):
     """The GEMM micro-kernels as a target's generated kernels: what `wpk.search.driver`'s
     `tune_workload` searches (`template` is the workload's `GemmSpace`)."""
 
     impl = MicroGemm.name
     modules = ("wpk.kernels.cpu.microkernels.gemm",)
+    implementation = MICRO_GEMM
+    compile_function = "wpk.kernels.cpu.microkernels.gemm:compile_gemm"
 
     def template(self, workload: Workload) -> GemmSpace:
         return GemmSpace(_geometry(workload))
-
-    def supports(self, workload: Workload) -> bool:
-        """The MatMul and Gemm workloads `micro.gemm` computes."""
-        return MICRO_GEMM.unsupported_reason(workload) is None
-
-    def compile_jobs(self, workload: Workload, configs: Sequence[Mapping]) -> list[CompileJob]:
-        return [CompileJob("wpk.kernels.cpu.microkernels.gemm:compile_gemm",
-                           {"workload": workload.to_json(), "config": dict(config)},
-                           label=f"{workload.label} {dict(config)}") for config in configs]

@@ -26,6 +26,7 @@ from wpk.kernels.cpu.inverted_residual_spec import (
     inverted_residual_reason,
     part_workloads,
 )
+from wpk.kernels.cpu.microkernels.family import MicroFamily
 from wpk.kernels.cpu.microkernels.ir_space import (
     BlockGeometry,
     BlockSpace,
@@ -39,9 +40,7 @@ from wpk.kernels.cpu.nchwc import ORT_NCHWC_DOMAIN, build_ort_model, make_kernel
 from wpk.kernels.cpu.nchwc import unsupported_reason as nchwc_unsupported_reason
 from wpk.kernels.cpu.nchwc_standard import FRAGMENT_OPSET
 from wpk.kernels.cpu.node_model import OnnxPart
-from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import GENERATED, VENDOR, Implementation, Kernel, register
-from wpk.kernels.target import GeneratedKernels
 
 
 def _padded(array: np.ndarray | None, length: int) -> np.ndarray:
@@ -221,21 +220,14 @@ MICRO_INVERTED_RESIDUAL = register(MicroInvertedResidual())
 ORT_INVERTED_RESIDUAL = register(OrtInvertedResidual())
 
 
-class InvertedResidualKernels(GeneratedKernels):
+class InvertedResidualKernels(MicroFamily):
     """The fused block kernel as a target's generated kernels: what `wpk.search.driver`'s
     `tune_workload` searches (`template` is the block's `BlockSpace`)."""
 
     impl = MicroInvertedResidual.name
     modules = ("wpk.kernels.cpu.microkernels.inverted_residual",)
+    implementation = MICRO_INVERTED_RESIDUAL
+    compile_function = "wpk.kernels.cpu.microkernels.inverted_residual:compile_block"
 
     def template(self, workload: Workload) -> BlockSpace:
         return BlockSpace(_geometry(workload))
-
-    def supports(self, workload: Workload) -> bool:
-        """The fused blocks `micro.inverted_residual` computes on this host."""
-        return MICRO_INVERTED_RESIDUAL.unsupported_reason(workload) is None
-
-    def compile_jobs(self, workload: Workload, configs: Sequence[Mapping]) -> list[CompileJob]:
-        return [CompileJob("wpk.kernels.cpu.microkernels.inverted_residual:compile_block",
-                           {"workload": workload.to_json(), "config": dict(config)},
-                           label=f"{workload.label} {dict(config)}") for config in configs]

@@ -25,6 +25,7 @@ from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c, load_function
 from wpk.kernels.algorithms import conv_algorithm
+from wpk.kernels.cpu.microkernels.family import MicroFamily
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
 from wpk.kernels.cpu.microkernels.space import (
     ConvGeometry,
@@ -34,9 +35,7 @@ from wpk.kernels.cpu.microkernels.space import (
     default_config,
 )
 from wpk.kernels.cpu.microkernels.templates import conv_source, split_floats
-from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
-from wpk.kernels.target import GeneratedKernels
 
 
 def pack_conv_filter(weight: np.ndarray, g: ConvGeometry, lanes: int, kv: int) -> np.ndarray:
@@ -160,21 +159,14 @@ class MicroNchwc(Implementation):
 MICRO_NCHWC = register(MicroNchwc())
 
 
-class MicroKernels(GeneratedKernels):
+class MicroKernels(MicroFamily):
     """The micro-kernels as a target's generated kernels: what `wpk.search.driver`'s
     `tune_workload` searches (`template` is the workload's `MicroSpace`)."""
 
     impl = MicroNchwc.name
     modules = ("wpk.kernels.cpu.microkernels.kernel",)
+    implementation = MICRO_NCHWC
+    compile_function = "wpk.kernels.cpu.microkernels.kernel:compile_micro"
 
     def template(self, workload: Workload) -> MicroSpace:
         return MicroSpace(_geometry(workload))
-
-    def supports(self, workload: Workload) -> bool:
-        """The NCHWc convolutions `micro.nchwc` computes on this host."""
-        return MICRO_NCHWC.unsupported_reason(workload) is None
-
-    def compile_jobs(self, workload: Workload, configs: Sequence[Mapping]) -> list[CompileJob]:
-        return [CompileJob("wpk.kernels.cpu.microkernels.kernel:compile_micro",
-                           {"workload": workload.to_json(), "config": dict(config)},
-                           label=f"{workload.label} {dict(config)}") for config in configs]

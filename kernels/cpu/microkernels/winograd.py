@@ -22,6 +22,7 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c, load_function
+from wpk.kernels.cpu.microkernels.family import MicroFamily
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
 from wpk.kernels.cpu.microkernels.kernel import pack_bias
 from wpk.kernels.cpu.microkernels.space import ConvGeometry, conv_geometry
@@ -38,9 +39,7 @@ from wpk.kernels.cpu.microkernels.winograd_templates import (
     winograd_scratch_floats,
     winograd_source,
 )
-from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
-from wpk.kernels.target import GeneratedKernels
 
 ALIGN = 64   # bytes: the scratch's vectors start on cache lines
 
@@ -182,21 +181,14 @@ class MicroWinograd(Implementation):
 MICRO_WINOGRAD = register(MicroWinograd())
 
 
-class WinogradKernels(GeneratedKernels):
+class WinogradKernels(MicroFamily):
     """The Winograd kernels as a target's generated kernels: what `wpk.search.driver`'s
     `tune_workload` searches (`template` is the workload's `WinogradSpace`, m a knob)."""
 
     impl = MicroWinograd.name
     modules = ("wpk.kernels.cpu.microkernels.winograd",)
+    implementation = MICRO_WINOGRAD
+    compile_function = "wpk.kernels.cpu.microkernels.winograd:compile_winograd"
 
     def template(self, workload: Workload) -> WinogradSpace:
         return WinogradSpace(_geometry(workload))
-
-    def supports(self, workload: Workload) -> bool:
-        """The 3x3 stride-1 NCHWc convolutions `micro.winograd` computes on this host."""
-        return MICRO_WINOGRAD.unsupported_reason(workload) is None
-
-    def compile_jobs(self, workload: Workload, configs: Sequence[Mapping]) -> list[CompileJob]:
-        return [CompileJob("wpk.kernels.cpu.microkernels.winograd:compile_winograd",
-                           {"workload": workload.to_json(), "config": dict(config)},
-                           label=f"{workload.label} {dict(config)}") for config in configs]
