@@ -16,15 +16,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from wpk.core.epilogue import Builder, epilogue_op, step_value
+from wpk.core.epilogue import epilogue_op, step_value
 from wpk.core.errors import UnsupportedError
 from wpk.core.workload import EpilogueStep, Workload
+from wpk.kernels.c_expressions import CExpression
 from wpk.kernels.cuda.cupy_support import require_cupy
-
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-_FUNCTIONS = {"pow": "powf", "max": "fmaxf", "min": "fminf", "exp": "expf", "log": "logf",
-              "log1p": "log1pf", "sqrt": "sqrtf", "erf": "erff", "tanh": "tanhf",
-              "abs": "fabsf"}
 
 
 def _literal(value: float) -> str:
@@ -38,7 +34,7 @@ def _literal(value: float) -> str:
     return f"({value!r}f)" if math.copysign(1.0, value) < 0 else f"{value!r}f"
 
 
-class _CudaBuilder(Builder[str]):
+class _CudaBuilder(CExpression):
     """Builds float32 CUDA C expressions of epilogue formulas; a select becomes a
     statement of its own (`lines`), declaring `s1`, `s2`, ..."""
 
@@ -48,21 +44,6 @@ class _CudaBuilder(Builder[str]):
 
     def const(self, value: float) -> str:
         return _literal(value)
-
-    def binary(self, op: str, a: str, b: str) -> str:
-        if op in _INFIX:
-            return f"({a} {_INFIX[op]} {b})"
-        return f"{_FUNCTIONS[op]}({a}, {b})"
-
-    def call(self, fn: str, x: str) -> str:
-        if fn == "neg":
-            return f"(-{x})"
-        if fn == "sigmoid":
-            return f"(1.0f / (1.0f + expf(-{x})))"
-        return f"{_FUNCTIONS[fn]}({x})"
-
-    def less(self, a: str, b: str) -> str:
-        return f"({a} < {b})"
 
     def select(self, cond: str, a: str, b: str) -> str:
         self.selects += 1

@@ -1,12 +1,13 @@
 """What the micro-kernel families share as a target's generated kernels (`GeneratedKernels`).
 
     class WinogradKernels(MicroFamily):
-        impl, modules = MicroWinograd.name, ("wpk.kernels.cpu.microkernels.winograd",)
         implementation = MICRO_WINOGRAD
         compile_function = "wpk.kernels.cpu.microkernels.winograd:compile_winograd"
         def template(self, workload): return WinogradSpace(_geometry(workload))
 
-A family supports what its registered implementation computes on this host, and
+A family is named after its registered implementation (`impl`), imports that
+implementation's module in measuring processes (`modules`), supports what it
+computes on this host, and
 compiles a config by calling `compile_function(workload=..., config=...)` in the
 compile pool (`CompileJob`), as `wpk.search.driver` asks.
 """
@@ -27,6 +28,14 @@ class MicroFamily(GeneratedKernels):
 
     implementation: Implementation
     compile_function: str
+
+    @property
+    def impl(self) -> str:
+        return self.implementation.name
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return (type(self.implementation).__module__,)
 
     def supports(self, workload: Workload) -> bool:
         """The workloads the family's implementation computes on this host."""

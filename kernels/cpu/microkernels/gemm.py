@@ -137,8 +137,6 @@ class GemmKernels(MicroFamily):
     """The GEMM micro-kernels as a target's generated kernels: what `wpk.search.driver`'s
     `tune_workload` searches (`template` is the workload's `GemmSpace`)."""
 
-    impl = MicroGemm.name
-    modules = ("wpk.kernels.cpu.microkernels.gemm",)
     implementation = MICRO_GEMM
     compile_function = "wpk.kernels.cpu.microkernels.gemm:compile_gemm"
 

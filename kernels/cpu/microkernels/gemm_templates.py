@@ -19,16 +19,16 @@ KC x NR slice stays in L1 while the tiles sweep it. The last panel's columns
 past N go through a small buffer on the stack; the rows past the last whole
 tile take a smaller tile generated for that row count. After the last pass
 the tile's values, still in L1, go through the epilogue (beta * C, the fused
-steps, each step's formula from the epilogue table built as C by `CBuilder`).
+steps, each step's formula from the epilogue table built as C by `CExpression`).
 Vectors are GCC vector extensions (`isa.py`), loads and stores unaligned.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
-from wpk.core.epilogue import Builder, epilogue_op, step_value
+from wpk.core.epilogue import epilogue_op, step_value
+from wpk.kernels.c_expressions import CExpression, c_float
 from wpk.kernels.cpu.microkernels.gemm_space import GemmGeometry, config_reason
 from wpk.kernels.cpu.microkernels.isa import ISAS
 from wpk.kernels.cpu.microkernels.vector_math import vector_math
@@ -46,48 +46,6 @@ INLINE void vstore(float *p, vf v) {{ *(vfu *)p = v; }}
 INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
 """
 
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-_FUNCTIONS = {"pow": "powf", "max": "fmaxf", "min": "fminf", "exp": "expf", "log": "logf",
-              "log1p": "log1pf", "sqrt": "sqrtf", "erf": "erff", "tanh": "tanhf",
-              "abs": "fabsf"}
-
-
-def c_float(value: float) -> str:
-    """A float32 C literal (math.h's INFINITY and NAN for the non-finite ones)."""
-    value = float(value)
-    if math.isnan(value):
-        return "NAN"
-    if math.isinf(value):
-        return "INFINITY" if value > 0 else "(-INFINITY)"
-    return f"({value!r}f)"
-
-
-class CBuilder(Builder[str]):
-    """Builds float32 C expressions of epilogue formulas (each builder value is used at
-    most once, so nesting the expressions computes nothing twice)."""
-
-    def const(self, value: float) -> str:
-        return c_float(value)
-
-    def binary(self, op: str, a: str, b: str) -> str:
-        if op in _INFIX:
-            return f"({a} {_INFIX[op]} {b})"
-        return f"{_FUNCTIONS[op]}({a}, {b})"
-
-    def call(self, fn: str, x: str) -> str:
-        if fn == "neg":
-            return f"(-{x})"
-        if fn == "sigmoid":
-            return f"(1.0f / (1.0f + expf(-{x})))"
-        return f"{_FUNCTIONS[fn]}({x})"
-
-    def less(self, a: str, b: str) -> str:
-        return f"({a} < {b})"
-
-    def select(self, cond: str, a: str, b: str) -> str:
-        return f"({cond} ? {a} : {b})"
-
-
 def epilogue_statements(g: GemmGeometry) -> list[str]:
     """C statements updating `float v` at output (b, i, j): beta * C, then every step; the
     operand of input `x` is read as `o{x}[...]`."""
@@ -99,7 +57,7 @@ def epilogue_statements(g: GemmGeometry) -> list[str]:
         term = at(g.c) if g.beta == 1.0 else f"{c_float(g.beta)} * {at(g.c)}"
         lines.append(f"v += {term};")
     by_index = {op.index: op for op in g.operands}
-    builder = CBuilder()
+    builder = CExpression()
     for step in g.steps:
         operand = None
         if epilogue_op(step.op).arity == 2:

@@ -224,8 +224,6 @@ class InvertedResidualKernels(MicroFamily):
     """The fused block kernel as a target's generated kernels: what `wpk.search.driver`'s
     `tune_workload` searches (`template` is the block's `BlockSpace`)."""
 
-    impl = MicroInvertedResidual.name
-    modules = ("wpk.kernels.cpu.microkernels.inverted_residual",)
     implementation = MICRO_INVERTED_RESIDUAL
     compile_function = "wpk.kernels.cpu.microkernels.inverted_residual:compile_block"
 

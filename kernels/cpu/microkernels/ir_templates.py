@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from wpk.core.epilogue import EPILOGUE_TABLE
+from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.ir_space import BlockGeometry, config_reason
 from wpk.kernels.cpu.microkernels.isa import ISAS
 
@@ -52,10 +53,6 @@ INLINE vf vmin(vf a, vf b) {{ return vsel(a < b, a, b); }}
 """
 
 
-def _c_float(value: float) -> str:
-    return f"{float(value)!r}f"
-
-
 def activation_c(name: str, act: tuple) -> str:
     """`INLINE vf name(vf v)`: the activation step `act` ((step, attrs) or ('', ()))."""
     step, attrs = act
@@ -67,13 +64,13 @@ def activation_c(name: str, act: tuple) -> str:
         elif step == "clip":
             lo, hi = values["min"], values["max"]
             if lo is not None:
-                body = f"vmax({body}, vsplat({_c_float(lo)}))"
+                body = f"vmax({body}, vsplat({c_float(lo)}))"
             if hi is not None:
-                body = f"vmin({body}, vsplat({_c_float(hi)}))"
+                body = f"vmin({body}, vsplat({c_float(hi)}))"
         elif step == "leaky_relu":
-            body = f"vsel(v > 0.0f, v, v * {_c_float(values['alpha'])})"
+            body = f"vsel(v > 0.0f, v, v * {c_float(values['alpha'])})"
         elif step == "hard_sigmoid":
-            body = (f"vmin(vmax(v * {_c_float(values['alpha'])} + {_c_float(values['beta'])}, "
+            body = (f"vmin(vmax(v * {c_float(values['alpha'])} + {c_float(values['beta'])}, "
                     "vsplat(0.0f)), vsplat(1.0f))")
         else:
             raise ValueError(f"the fused block has no activation {step!r}")

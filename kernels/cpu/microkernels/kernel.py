@@ -163,8 +163,6 @@ class MicroKernels(MicroFamily):
     """The micro-kernels as a target's generated kernels: what `wpk.search.driver`'s
     `tune_workload` searches (`template` is the workload's `MicroSpace`)."""
 
-    impl = MicroNchwc.name
-    modules = ("wpk.kernels.cpu.microkernels.kernel",)
     implementation = MICRO_NCHWC
     compile_function = "wpk.kernels.cpu.microkernels.kernel:compile_micro"
 

@@ -41,11 +41,11 @@ Vectors are GCC vector extensions of `lanes` floats (`isa.py`); `vload` and
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import replace
 
+from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.isa import ISAS
 from wpk.kernels.cpu.microkernels.space import ConvGeometry, config_reason
 
@@ -72,19 +72,13 @@ INLINE vf vmin(vf a, vf b) {{ return vsel(a < b, a, b); }}
 """
 
 
-def _c_float(value: float) -> str:
-    if math.isinf(value):
-        return "INFINITY" if value > 0 else "-INFINITY"
-    return f"{float(value)!r}f"
-
-
 def _epilogue(g: ConvGeometry, lanes: int) -> str:
     """`INLINE vf epilogue(vf v, const float *sum, float *y)`: residual add, activation,
     store (a scalar pass for the activations with an exponential)."""
     lines = ["INLINE void epilogue(vf v, const float *sum, float *y) {"]
     if g.sum_index is not None:
         lines.append("    v += vload(sum);")
-    p = [_c_float(v) for v in g.activation_params]
+    p = [c_float(v) for v in g.activation_params]
     act = g.activation
     if act == "Relu":
         lines.append("    v = vmax(v, vsplat(0.0f));")

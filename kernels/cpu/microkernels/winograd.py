@@ -185,8 +185,6 @@ class WinogradKernels(MicroFamily):
     """The Winograd kernels as a target's generated kernels: what `wpk.search.driver`'s
     `tune_workload` searches (`template` is the workload's `WinogradSpace`, m a knob)."""
 
-    impl = MicroWinograd.name
-    modules = ("wpk.kernels.cpu.microkernels.winograd",)
     implementation = MICRO_WINOGRAD
     compile_function = "wpk.kernels.cpu.microkernels.winograd:compile_winograd"
 

@@ -35,9 +35,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.isa import ISAS
 from wpk.kernels.cpu.microkernels.space import ConvGeometry
-from wpk.kernels.cpu.microkernels.templates import _HEADER, _c_float, _epilogue
+from wpk.kernels.cpu.microkernels.templates import _HEADER, _epilogue
 from wpk.kernels.cpu.microkernels.winograd_space import config_reason, tiles, transforms
 
 
@@ -49,7 +50,7 @@ def _combination(row: np.ndarray, names: list[str]) -> str:
             continue
         sign = "-" if coef < 0 else "+"
         mag = abs(float(coef))
-        terms.append(f"{sign} {name}" if mag == 1 else f"{sign} {_c_float(mag)} * {name}")
+        terms.append(f"{sign} {name}" if mag == 1 else f"{sign} {c_float(mag)} * {name}")
     if not terms:
         return "vsplat(0.0f)"
     first = terms[0][2:] if terms[0][0] == "+" else "-" + terms[0][2:]
