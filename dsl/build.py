@@ -37,12 +37,23 @@ def compile_c(source: str, flags=None) -> Path:
 _NP = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "bool": np.bool_}
 
 
+# libgomp's busy-wait before an idle thread sleeps, in spins of a pause instruction (about
+# 15-50 ns each, by CPU): long enough that a plan's next step finds the threads awake, short
+# enough that they do not take the cores from onnxruntime's threads in the step after.
+OPENMP_SPIN_COUNT = 2000
+
+
 def _openmp_defaults() -> None:
-    """Make idle OpenMP threads sleep instead of spinning unless the user chose otherwise:
-    on a shared or oversubscribed machine a spinning thread steals the core its partner
-    needs (measured: 150 -> 1.5 GFLOP/s for a conv on 2 busy cores). libgomp reads the
-    variable once, when the first kernel library loads it."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    """How idle OpenMP threads wait, unless the user chose (OMP_WAIT_POLICY or
+    GOMP_SPINCOUNT set): spin briefly, then sleep. Sleeping at once (`passive` alone) costs a
+    wake-up per parallel region, 15-20 us a step on this project's VM (tiny steps ran 4x
+    slower, `scripts/bench_step_overhead.py`); libgomp's default spins for milliseconds and
+    steals the core a spinning neighbour needs (measured: 150 -> 1.5 GFLOP/s for a conv on 2
+    busy cores). libgomp reads the variables once, when the first kernel library loads it."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+    os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPIN_COUNT)
 
 
 @dataclass

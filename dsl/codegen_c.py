@@ -4,9 +4,11 @@ The C function takes one `restrict` pointer per parameter buffer (inputs, then
 outputs); its workspaces and big copies live in scratch memory it keeps per
 calling thread. `parallel` loops become
 `#pragma omp parallel for schedule(dynamic)` (a thread that the OS preempts on a
-busy machine does not hold the others back), `vectorize` loops `#pragma omp simd`, `unroll`
-loops `#pragma GCC unroll`. Built with `gcc -O3 -fopenmp` for the host's ISA level
-(`wpk.dsl.toolchain.c_flags`).
+busy machine does not hold the others back) unless the loop nest has fewer than
+`MIN_PARALLEL_WORK` iterations (then it runs on the calling thread: handing a few
+microseconds of work to the thread team costs more than it saves), `vectorize` loops
+`#pragma omp simd`, `unroll` loops `#pragma GCC unroll`. Built with `gcc -O3 -fopenmp`
+for the host's ISA level (`wpk.dsl.toolchain.c_flags`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from __future__ import annotations
 import math
 
 from wpk.dsl import loopir as L
+
+# Scalar iterations below which a `parallel` loop nest runs on the calling thread: a
+# fork/join of a spinning 2-thread team costs 2-3 us, a woken one 15-30 us
+# (`scripts/bench_step_overhead.py`), while 8192 iterations of an elementwise body take
+# about that long.
+MIN_PARALLEL_WORK = 8192
 
 C_TYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "i32": "int32_t",
            "i64": "int64_t", "bool": "bool"}
@@ -172,8 +180,7 @@ class CPrinter:
         i = 0
         while i < len(stmts):
             run = 0
-            while i + run < len(stmts) and isinstance(stmts[i + run], L.For) and \
-                    stmts[i + run].kind == "parallel":
+            while i + run < len(stmts) and runs_parallel(stmts[i + run]):
                 run += 1
             if run < 2:
                 self.stmt(stmts[i])
@@ -189,7 +196,7 @@ class CPrinter:
             i += run
 
     def loop(self, s: L.For, pragma: str = "#pragma omp parallel for schedule(dynamic)") -> None:
-        if s.kind == "parallel":
+        if runs_parallel(s):
             self.emit(pragma)
         elif s.kind == "vectorize":
             self.emit("#pragma omp simd")
@@ -251,3 +258,21 @@ def generate_c(func: L.PrimFunc) -> str:
     printer.indent -= 1
     printer.emit("}")
     return PRELUDE + "\n" + "\n".join(printer.lines) + "\n"
+
+
+def loop_work(stmt: L.Stmt) -> int:
+    """Scalar iterations of the statement's innermost bodies (a loop nest's trip counts
+    multiplied, sequences added, the longer branch of an if)."""
+    if isinstance(stmt, L.For):
+        return stmt.extent * loop_work(stmt.body)
+    if isinstance(stmt, L.Seq):
+        return max(1, sum(loop_work(s) for s in stmt.stmts))
+    if isinstance(stmt, L.IfThenElse):
+        return max(loop_work(stmt.then), loop_work(stmt.orelse) if stmt.orelse else 1)
+    return 1
+
+
+def runs_parallel(stmt: L.Stmt) -> bool:
+    """Whether the statement is a `parallel` loop with enough work for the thread team."""
+    return isinstance(stmt, L.For) and stmt.kind == "parallel" and \
+        loop_work(stmt) >= MIN_PARALLEL_WORK

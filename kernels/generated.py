@@ -48,6 +48,7 @@ from wpk.dsl.epilogue import with_epilogue
 from wpk.dsl.parser import parse_source
 from wpk.kernels import templates
 from wpk.kernels.algorithms import GEMM, conv_algorithm
+from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.cpu.node_model import core_input_count, is_elementwise
 from wpk.kernels.cpu.numpy_ops import elementwise_steps
 from wpk.kernels.cpu.tensor_formulas import BINARY_UFUNCS, UNARY_AS_STEP
@@ -268,6 +269,20 @@ class DslCpu(Implementation):
             fn(*pointers)
             bound[:] = [None if temps else arrays, pointers]
 
+        def native(inputs, outputs) -> NativeCall | None:
+            """The call on these buffers as (function, pointers), when it copies nothing."""
+            pointers = []
+            for source, index, size in order:
+                if source == "packed":
+                    pointers.append(index.ctypes.data)
+                    continue
+                array = outputs[index] if source == "out" else inputs[index]
+                if not plain(array) or array.size != size:
+                    return None
+                pointers.append(array.ctypes.data)
+            return function_address(fn), pointers
+
+        kernel.native = native
         return kernel
 
 

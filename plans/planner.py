@@ -22,7 +22,7 @@ from wpk.core.op_checks import op_problem
 from wpk.core.workload import Workload
 from wpk.kernels import registry
 from wpk.kernels.flops import workload_flops
-from wpk.kernels.registry import FALLBACK, Candidate
+from wpk.kernels.registry import FALLBACK, GENERATED, Candidate
 from wpk.kernels.support import unsupported_reason
 from wpk.search.choice import Reason, choose, explain
 from wpk.search.measure import Measurement, Status
@@ -292,6 +292,37 @@ def within_regions(choices: PlanChoices) -> PlanChoices | None:
         result[key] = dataclasses.replace(
             choice, candidate=best[0], measurement=best[1],
             reason={"rule": "region", "verified": (choice.reason or {}).get("verified", 1),
+                    "faster": choice.candidate.label, "over_s": over, "credit_s": over,
+                    "end_to_end": True})
+        changed = True
+    return PlanChoices(result) if changed else None
+
+
+def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 1.25) -> PlanChoices | None:
+    """The choices with every step that runs in onnxruntime given to the fastest verified
+    measured generated kernel when that is at most `max_slowdown` times slower alone (reason
+    rule `one-pool`, for the end-to-end check of `wpk.partition`); None when no choice would
+    change.
+
+    The mirror of `within_regions`: a plan that alternates generated kernels (OpenMP
+    threads) and onnxruntime's steps (its own threads) hands the cores from one thread pool
+    to the other at every boundary, and a pool's sleeping threads are woken again, with cold
+    caches, each time. A plan of generated kernels only keeps one pool's threads busy from
+    its first step to its last, which can win end to end what it loses per operator."""
+    changed, result = False, {}
+    for key, choice in choices.choices.items():
+        result[key] = choice
+        if choice.candidate.implementation.kind == GENERATED:
+            continue
+        generated = [pair for pair in map(_measured_pair, choice.measurements)
+                     if pair is not None and pair[0].implementation.kind == GENERATED]
+        best = choose(generated)
+        if best is None or best[1].median_s > max_slowdown * choice.measurement.median_s:
+            continue
+        over = best[1].median_s - choice.measurement.median_s
+        result[key] = dataclasses.replace(
+            choice, candidate=best[0], measurement=best[1],
+            reason={"rule": "one-pool", "verified": (choice.reason or {}).get("verified", 1),
                     "faster": choice.candidate.label, "over_s": over, "credit_s": over,
                     "end_to_end": True})
         changed = True

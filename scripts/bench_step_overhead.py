@@ -10,12 +10,17 @@ so the arithmetic is small and the time is mostly the per-node (per-step) overhe
   the same plan step by step (no region merging): time per run / N;
 - generated kernels (`dsl.cpu`, default schedules: the Softmax's runs on the calling
   thread, an Add's is an OpenMP parallel loop) called N times in a row as the runtime
-  calls a step, under wpk's OpenMP policy (`OMP_WAIT_POLICY=passive`:
-  idle threads sleep, so every step wakes them) and under libgomp's default (threads
-  spin a while after each step): each variant in a fresh process, since libgomp reads
-  the policy once;
+  calls a step (one ctypes call each), and the same N steps as one native chain (what
+  the runtime runs for consecutive generated steps, `wpk.kernels.cpu.native_chain`):
+  under wpk's OpenMP policy (`OMP_WAIT_POLICY=passive` with a short
+  `GOMP_SPINCOUNT`, `wpk.dsl.build`), with no spin at all (passive alone: every step
+  wakes the threads) and under libgomp's default (threads spin for milliseconds after
+  each step): each variant in a fresh process, since libgomp reads the policy once;
 - the price of spinning: an onnxruntime MatMul run right after a generated OpenMP
   step, under each policy.
+
+Goal (issue 11): a plan step of a tiny generated kernel costs no more than
+onnxruntime's executor per node.
 
     python scripts/bench_step_overhead.py [--steps 200] [--size 256] [--output FILE.json]
 """
@@ -35,14 +40,16 @@ import numpy as np
 ROUNDS = 15
 
 
-def chain_model(steps: int, size: int):
-    """x -> Softmax -> Softmax -> ... (`steps` nodes) on a [1, size] float tensor."""
+def chain_model(steps: int, size: int, op: str = "Softmax"):
+    """x -> Softmax -> Softmax -> ... (`steps` nodes) on a [1, size] float tensor; with op
+    "Add", y = Add(x, x) each."""
     from onnx import TensorProto, helper
 
     nodes, inits, value = [], [], "x"
     for i in range(steps):
-        nodes.append(helper.make_node("Softmax", [value], [f"y{i}"], name=f"softmax{i}",
-                                      axis=-1))
+        inputs = [value] if op == "Softmax" else [value, value]
+        attributes = {"axis": -1} if op == "Softmax" else {}
+        nodes.append(helper.make_node(op, inputs, [f"y{i}"], name=f"{op}{i}", **attributes))
         value = f"y{i}"
     graph = helper.make_graph(nodes, "chain",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, size])],
@@ -66,39 +73,53 @@ def per_call(run, calls: int) -> float:
     return statistics.median(times)
 
 
-def onnxruntime_rows(model, steps: int, feeds: dict) -> dict[str, float]:
+def onnxruntime_rows(steps: int, size: int, feeds: dict) -> dict[str, float]:
+    """onnxruntime's time per node of a chain of Softmaxes and of Adds, with its default
+    options (threads spin) and spinning off."""
     import onnxruntime as ort
 
     rows = {}
-    for spin in ("1", "0"):
-        options = ort.SessionOptions()
-        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
-        label = "onnxruntime, one session" + (" (default: spinning)" if spin == "1"
-                                              else " (spinning off)")
-        rows[label] = per_call(lambda s=session: s.run(None, feeds), 20) / steps
+    for op in ("Softmax", "Add"):
+        model = chain_model(steps, size, op)
+        for spin in ("1", "0"):
+            options = ort.SessionOptions()
+            options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+            session = ort.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+            label = f"onnxruntime {op}, one session" + (" (default: spinning)" if spin == "1"
+                                                        else " (spinning off)")
+            rows[label] = per_call(lambda s=session: s.run(None, feeds), 20) / steps
     return rows
 
 
 def wpk_rows(model, steps: int, feeds: dict) -> dict[str, float]:
     import wpk
+    from wpk.kernels.generated import DSL_CPU, default_config
     from wpk.runtime import Session
 
     plan = wpk.build(model, target="cpu", progress=False, partition=False)
     rows = {}
     for merge in (True, False):
         session = Session(plan, merge_regions=merge)
-        label = ("wpk plan, onnxruntime steps merged into a region" if merge
-                 else "wpk plan, onnxruntime steps one session each")
+        label = ("wpk plan of Softmaxes, onnxruntime steps merged into a region" if merge
+                 else "wpk plan of Softmaxes, onnxruntime steps one session each")
+        rows[label] = per_call(lambda s=session: s.run(feeds), 20) / steps
+    for step in plan.manifest["steps"]:   # the same plan on generated kernels
+        workload = plan.workloads[step["workload_key"]]
+        step.update(impl=DSL_CPU.name, config=default_config(workload), kind=DSL_CPU.kind)
+    for merge in (True, False):
+        session = Session(plan, merge_regions=merge)
+        label = ("wpk plan of Softmaxes, generated kernels, one native chain" if merge
+                 else "wpk plan of Softmaxes, generated kernels, one call per step")
         rows[label] = per_call(lambda s=session: s.run(feeds), 20) / steps
     return rows
 
 
-def generated_row(op: str, size: int, steps: int) -> float:
+def generated_row(op: str, size: int, steps: int, chained: bool) -> float:
     """Seconds per call of the op's generated kernel (Softmax: serial; Add: an OpenMP
-    parallel loop), called `steps` times per run."""
+    parallel loop), called `steps` times per run, one by one or as one native chain."""
     from wpk.core.workload import TensorSpec, Workload
+    from wpk.kernels.cpu.native_chain import chain_kernel, native_call
     from wpk.kernels.generated import DSL_CPU, default_config
 
     spec = TensorSpec((1, size), "float32")
@@ -106,15 +127,25 @@ def generated_row(op: str, size: int, steps: int) -> float:
         workload = Workload("Softmax", (spec,), (spec,), (("axis", -1),))
     else:
         workload = Workload("Add", (spec, spec), (spec,))
-    kernel = DSL_CPU.prepare(workload, {}, default_config(workload))
-    inputs = [np.ones((1, size), np.float32) for _ in workload.inputs]
-    outputs = [np.ones((1, size), np.float32)]
+    buffers = [np.ones((1, size), np.float32) for _ in range(steps + 1)]
+    # one prepared kernel per step on its own buffers, as a plan binds them
+    calls = [(DSL_CPU.prepare(workload, {}, default_config(workload)),
+              [buffers[i]] * len(workload.inputs), [buffers[i + 1]]) for i in range(steps)]
+    if chained:
+        chain = chain_kernel([native_call(*call) for call in calls],
+                             keep=[call[0] for call in calls])
 
-    def run():
-        for _ in range(steps):
-            kernel(inputs, outputs)
+        def run():
+            chain([], [])
+    else:
+        def run():
+            for kernel, inputs, outputs in calls:
+                kernel(inputs, outputs)
 
     return per_call(run, 1) / steps
+
+
+NEIGHBOUR_SIZE = 1 << 18   # floats of the Add before the MatMul: enough for OpenMP threads
 
 
 def neighbour_row(size: int) -> float:
@@ -153,26 +184,36 @@ def neighbour_row(size: int) -> float:
     return statistics.median(times)
 
 
+POLICIES = {  # label -> environment of the measuring process
+    "wpk's default (passive, short spin)": {},
+    "passive, no spin": {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "0"},
+    # set but empty: wpk leaves the policy alone, libgomp reads it as unset (its default)
+    "libgomp's default wait policy": {"OMP_WAIT_POLICY": ""},
+}
+
+
+def _child(arguments: list[str], policy: dict) -> float:
+    env = {**{k: v for k, v in os.environ.items()
+              if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}, **policy}
+    done = subprocess.run([sys.executable, __file__, *arguments], env=env,
+                          capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def generated_rows(size: int, steps: int) -> dict[str, float]:
     rows = {}
     for op in ("Softmax", "Add"):
-        for policy in ("passive", ""):  # "": libgomp's default (wpk sets passive when unset)
-            env = {**os.environ, "OMP_WAIT_POLICY": policy}
-            done = subprocess.run([sys.executable, __file__, "--generated-only", op, "--size",
-                                   str(size), "--steps", str(steps)], env=env,
-                                  capture_output=True, text=True, check=True)
-            what = "serial" if op == "Softmax" else "OpenMP"
-            label = (f"generated {op} ({what}), " +
-                     ("OMP_WAIT_POLICY=passive (wpk's default)" if policy
-                      else "libgomp's default wait policy"))
-            rows[label] = float(done.stdout.strip().splitlines()[-1])
-    for policy in ("passive", ""):
-        env = {**os.environ, "OMP_WAIT_POLICY": policy}
-        done = subprocess.run([sys.executable, __file__, "--neighbour-only", "--size",
-                               str(size)], env=env, capture_output=True, text=True, check=True)
-        label = ("onnxruntime MatMul 256^3 right after a generated OpenMP step, " +
-                 ("OMP_WAIT_POLICY=passive" if policy else "libgomp's default wait policy"))
-        rows[label] = float(done.stdout.strip().splitlines()[-1])
+        what = "serial" if op == "Softmax" else "a parallel loop, serial when this small"
+        for chained in (False, True):
+            how = "one native chain" if chained else "one call per step"
+            for label, policy in POLICIES.items():
+                arguments = ["--generated-only", op, "--size", str(size), "--steps",
+                             str(steps)] + (["--chained"] if chained else [])
+                rows[f"generated {op} ({what}), {how}, {label}"] = _child(arguments, policy)
+    for label, policy in POLICIES.items():
+        label = (f"onnxruntime MatMul 256^3 right after a generated OpenMP Add of "
+                 f"{NEIGHBOUR_SIZE} floats, {label}")
+        rows[label] = _child(["--neighbour-only", "--size", str(NEIGHBOUR_SIZE)], policy)
     return rows
 
 
@@ -183,23 +224,25 @@ def main() -> None:
     parser.add_argument("--output")
     parser.add_argument("--generated-only", choices=("Softmax", "Add"), help=argparse.SUPPRESS)
     parser.add_argument("--neighbour-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--chained", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.neighbour_only:
         print(neighbour_row(args.size))
         return
     if args.generated_only:
-        print(generated_row(args.generated_only, args.size, args.steps))
+        print(generated_row(args.generated_only, args.size, args.steps, args.chained))
         return
     model = chain_model(args.steps, args.size)
     feeds = {"x": np.ones((1, args.size), np.float32)}
-    rows = {**onnxruntime_rows(model, args.steps, feeds), **wpk_rows(model, args.steps, feeds),
-            **generated_rows(args.size, args.steps)}
-    reference = rows["onnxruntime, one session (default: spinning)"]
-    print(f"| per step ({args.steps} Softmaxes of {args.size} floats, load "
-          f"{os.getloadavg()[0]:.1f}) | us | vs onnxruntime per node |")
-    print("(the last two rows: a whole step's time, not an overhead)")
+    rows = {**onnxruntime_rows(args.steps, args.size, feeds),
+            **wpk_rows(model, args.steps, feeds), **generated_rows(args.size, args.steps)}
+    print(f"| per step ({args.steps} steps on {args.size} floats, load "
+          f"{os.getloadavg()[0]:.1f}) | us | vs onnxruntime per node of the same op |")
+    print("(the MatMul rows: a whole step's time, not an overhead)")
     print("| --- | ---: | ---: |")
     for label, seconds in rows.items():
+        op = "Add" if " Add" in label else "Softmax"
+        reference = rows[f"onnxruntime {op}, one session (default: spinning)"]
         print(f"| {label} | {seconds * 1e6:.2f} | {seconds / reference:.2f}x |")
     if args.output:
         with open(args.output, "w") as handle:

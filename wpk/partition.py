@@ -53,8 +53,10 @@ from wpk.runtime import Session, example_feeds
 
 WPK, ONNXRUNTIME = "wpk", "onnxruntime"
 REGIONS = "wpk-regions"  # the contender name of the per-operator plan kept within regions
+ONE_POOL = "wpk-one-pool"  # ... and of the plan given to generated kernels where they can
 PER_OPERATOR = "per-operator"
-PLAN_NAMES = {WPK: PER_OPERATOR, REGIONS: "within regions", ONNXRUNTIME: "onnxruntime"}
+PLAN_NAMES = {WPK: PER_OPERATOR, REGIONS: "within regions", ONE_POOL: "generated kernels",
+              ONNXRUNTIME: "onnxruntime"}
 
 
 @dataclass(frozen=True)
@@ -173,11 +175,14 @@ def _kept(per_op: Plan, reason: str) -> tuple[Plan, dict]:
 
 
 def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions | None = None,
-                     regions: Plan | None = None) -> tuple[Plan, dict]:
+                     regions: Plan | None = None,
+                     one_pool: Plan | None = None) -> tuple[Plan, dict]:
     """The fastest of wpk's per-operator plan, the same plan with its steps outside
     onnxruntime's regions given back to onnxruntime (`regions`, when there are such steps:
-    `wpk.plans.planner.within_regions`) and onnxruntime's whole model, with the summary of
-    the comparison (see the module docstring)."""
+    `wpk.plans.planner.within_regions`), the same plan with its onnxruntime steps given to
+    generated kernels where they are close (`one_pool`:
+    `wpk.plans.planner.on_generated_kernels`) and onnxruntime's whole model, with the
+    summary of the comparison (see the module docstring)."""
     options = options or PartitionOptions()
     failed = onnxruntime_failures(per_op.report)
     if failed:
@@ -186,6 +191,8 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     sessions = {WPK: Session(per_op)}
     if regions is not None:
         sessions[REGIONS] = Session(regions)
+    if one_pool is not None:
+        sessions[ONE_POOL] = Session(one_pool)
     feeds = example_feeds(sessions[WPK], seed=0)
     try:
         sessions[ONNXRUNTIME] = Session(whole_model)
@@ -205,7 +212,7 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
         return per_op, summary
     times = measure_blocks(sessions, feeds, options)
     medians = {name: statistics.median(found) for name, found in times.items()}
-    variant = REGIONS if REGIONS in medians and medians[REGIONS] < medians[WPK] else WPK
+    variant = min((name for name in medians if name != ONNXRUNTIME), key=medians.get)
     winner, ratio = decide({WPK: times[variant], ONNXRUNTIME: times[ONNXRUNTIME]},
                            options.margin)
     summary.update(winner=winner, ratio=ratio, plan=PLAN_NAMES[variant],
@@ -222,6 +229,12 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
                              f"back to them runs {medians[WPK] / medians[REGIONS]:.2f}x faster "
                              f"than with them, at {ratio:.2f}x onnxruntime's latency")
         return regions, summary
+    if variant == ONE_POOL:
+        summary["reason"] = (f"wpk's plan with its onnxruntime steps given to generated kernels "
+                             f"(one thread pool) runs {medians[WPK] / medians[ONE_POOL]:.2f}x "
+                             f"faster than the per-operator plan, at {ratio:.2f}x "
+                             f"onnxruntime's latency")
+        return one_pool, summary
     summary["reason"] = (f"wpk's per-operator plan runs at {ratio:.2f}x onnxruntime's "
                          f"latency (kept: at least {options.margin:.0%} faster)")
     return per_op, summary

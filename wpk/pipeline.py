@@ -42,7 +42,7 @@ from wpk.partition import choose_partition
 from wpk.passes import optimize
 from wpk.plans.assemble import assemble_plan, whole_model_plan
 from wpk.plans.planfile import Plan
-from wpk.plans.planner import PlanChoices, PlanOptions, plan, within_regions
+from wpk.plans.planner import PlanChoices, PlanOptions, on_generated_kernels, plan, within_regions
 from wpk.plans.predicted import mark_predicted
 from wpk.plans.progress import progress_bar
 from wpk.plans.report import make_report
@@ -212,10 +212,12 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     result = assembled(choices)
     if opts.partition and build_target.onnxruntime_peer and whole_model_runs(graph):
         whole = whole_model_plan(graph, model_bytes(model), result.manifest["device"])
-        kept = within_regions(choices)
+        kept, pooled = within_regions(choices), on_generated_kernels(choices)
         regions = assembled(kept) if kept is not None else None
-        chosen, summary = choose_partition(result, whole, regions=regions)
-        report = regions.report if chosen is regions else result.report  # per operator
+        one_pool = assembled(pooled) if pooled is not None else None
+        chosen, summary = choose_partition(result, whole, regions=regions, one_pool=one_pool)
+        report = next((p.report for p in (regions, one_pool) if chosen is p),
+                      result.report)  # per operator
         chosen.report = {**report, "partition": summary}
         result = chosen
     if output is not None:

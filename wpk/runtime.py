@@ -29,6 +29,7 @@ from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
 from wpk.kernels import registry
 from wpk.kernels.cpu.blas_threads import OneBlasThread
+from wpk.kernels.cpu.native_chain import chain_kernel, native_call
 from wpk.kernels.cpu.ort_region import RegionMember, region_kernel
 from wpk.kernels.target import target_class
 from wpk.plans.planfile import KERNELS, Plan, Step, read_plan
@@ -193,6 +194,8 @@ class Session:
                     calls.append(self._prepare_step(step, arrays))
                     names.append(step.node)
             start = end
+        if merge and self.merge_regions:
+            return _chained(calls, names)
         return calls, names
 
     def _prepare_step(self, step, arrays: Mapping[str, np.ndarray]):
@@ -465,6 +468,27 @@ def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):
                         "no buffer", hint="rebuild the plan with `wpk build`") from None
     consts = {i: arrays[name] for i, name in enumerate(step.inputs) if name in weights}
     return impl, plan.workloads[step.workload_key], inputs, outputs, consts
+
+
+def _chained(calls: list, names: list[str]) -> tuple[list, list[str]]:
+    """The calls with every run of two or more consecutive calls that have a native form
+    (`native_chain`) replaced by one call of the chain, named 'first..last'."""
+    natives = [native_call(*call) for call in calls]
+    merged, merged_names, start = [], [], 0
+    while start < len(calls):
+        end = start
+        while end < len(calls) and natives[end] is not None:
+            end += 1
+        if end - start >= 2:
+            members = [call[0] for call in calls[start:end]]
+            merged.append((chain_kernel(natives[start:end], keep=members), [], []))
+            merged_names.append(f"{names[start]}..{names[end - 1]}")
+            start = end
+            continue
+        merged.append(calls[start])
+        merged_names.append(names[start])
+        start += 1
+    return merged, merged_names
 
 
 def _joins_regions(step) -> bool:

@@ -22,7 +22,7 @@ from wpk.kernels.registry import Candidate, Implementation
 from wpk.partition import ONNXRUNTIME, REGIONS, WPK, PartitionOptions, choose_partition, decide
 from wpk.plans.assemble import whole_model_plan
 from wpk.plans.planfile import read_plan
-from wpk.plans.planner import Choice, PlanChoices, within_regions
+from wpk.plans.planner import Choice, PlanChoices, on_generated_kernels, within_regions
 from wpk.runtime import Session
 from wpk.search.measure import Measurement, Status
 
@@ -273,3 +273,31 @@ def test_a_whole_model_onnxruntime_computes_wrongly_is_never_chosen():
     got = Session(plan).run({"x": x})["z"]
     assert got.dtype == expected.dtype and np.array_equal(got.astype(np.float32),
                                                           expected.astype(np.float32))
+
+
+def test_on_generated_kernels_gives_close_onnxruntime_steps_to_generated_kernels():
+    """The one-pool contender: a step onnxruntime won is given to the fastest verified
+    generated kernel measured for it when that is at most `max_slowdown` slower alone."""
+    model = tiny_matmuls(count=3)
+    per_op = wpk.build(model, target="cpu", progress=False, partition=False)
+    ort_time = Measurement("ort", "ort", {}, Status.OK, (2e-6,), 2e-6)
+    gemm = registry.get("micro.gemm")
+
+    def choices(generated_s: float, status: Status = Status.OK) -> PlanChoices:
+        found = {}
+        for key, workload in per_op.workloads.items():
+            config = gemm.configs(workload)[0]
+            generated = Measurement("micro.gemm", "micro.gemm", config, status,
+                                    (generated_s,), generated_s, workload_key=key)
+            found[key] = Choice(workload, ["mm"], ["MatMul"], Candidate(registry.get("ort"), {}),
+                                ort_time, [ort_time, generated])
+        return PlanChoices(found)
+
+    pooled = on_generated_kernels(choices(2.4e-6), max_slowdown=1.25)
+    assert pooled is not None
+    for choice in pooled:
+        assert choice.candidate.implementation.name == "micro.gemm"
+        assert choice.reason["rule"] == "one-pool" and choice.reason["faster"] == "ort"
+        assert choice.reason["over_s"] == pytest.approx(0.4e-6)
+    assert on_generated_kernels(choices(2.6e-6), max_slowdown=1.25) is None  # too slow
+    assert on_generated_kernels(choices(1e-6, Status.WRONG_ANSWER), max_slowdown=1.25) is None

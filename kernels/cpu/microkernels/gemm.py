@@ -34,6 +34,7 @@ from wpk.kernels.cpu.microkernels.gemm_space import (
 )
 from wpk.kernels.cpu.microkernels.gemm_templates import gemm_source
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
+from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
 
@@ -126,6 +127,22 @@ class MicroGemm(Implementation):
                 a = a.copy()
             gemm(a.ctypes.data, p_ptr, out.ctypes.data, ops)
 
+        def native(inputs, outputs) -> NativeCall | None:
+            """The call on these buffers as (function, pointers), with an operand table of
+            its own, when B is a constant (packed once) and nothing needs a copy."""
+            a, out = inputs[0], outputs[0]
+            operands = [inputs[index] for index in operand_indices]
+            if not g.const_b or not (plain(a) and plain(out, out_spec.shape)) or \
+                    any(not plain(v) or np.may_share_memory(v, out) for v in (a, *operands)):
+                return None
+            table = (ctypes.c_void_p * len(ops))()
+            for index, value in zip(operand_indices, operands):
+                table[index] = value.ctypes.data
+            kernel.keep += (table,)
+            return function_address(gemm), (a.ctypes.data, p_ptr, out.ctypes.data,
+                                            ctypes.addressof(table))
+
+        kernel.native = native
         kernel.keep = (packed, ops)   # the packed B lives as long as the kernel
         return kernel
 

@@ -36,6 +36,7 @@ from wpk.kernels.cpu.microkernels.ir_space import (
 )
 from wpk.kernels.cpu.microkernels.ir_templates import block_source
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
+from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.cpu.nchwc import ORT_NCHWC_DOMAIN, build_ort_model, make_kernel
 from wpk.kernels.cpu.nchwc import unsupported_reason as nchwc_unsupported_reason
 from wpk.kernels.cpu.nchwc_standard import FRAGMENT_OPSET
@@ -141,6 +142,14 @@ class MicroInvertedResidual(Implementation):
                 x = x.copy()
             fn(x.ctypes.data, packed.ctypes.data, out.ctypes.data)
 
+        def native(inputs, outputs) -> NativeCall | None:
+            """The call on these buffers as (function, pointers), when it copies nothing."""
+            x, out = inputs[0], outputs[0]
+            if not (plain(x) and plain(out, out_spec.shape)) or np.shares_memory(x, out):
+                return None
+            return function_address(fn), (x.ctypes.data, packed.ctypes.data, out.ctypes.data)
+
+        kernel.native = native
         kernel.keep = packed   # the packed parameters live as long as the kernel
         return kernel
 

@@ -35,6 +35,7 @@ from wpk.kernels.cpu.microkernels.space import (
     default_config,
 )
 from wpk.kernels.cpu.microkernels.templates import conv_source, split_floats
+from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
 
@@ -152,6 +153,18 @@ class MicroNchwc(Implementation):
             fn(x.ctypes.data, w_ptr, b_ptr, None if s is None else s.ctypes.data,
                out.ctypes.data, s_ptr)
 
+        def native(inputs, outputs) -> NativeCall | None:
+            """The call on these buffers as (function, pointers), when it copies nothing."""
+            x, out = inputs[0], outputs[0]
+            s = None if sum_index is None else inputs[sum_index]
+            if not (plain(x) and plain(out, out_spec.shape)) or \
+                    (s is not None and (not plain(s) or np.shares_memory(s, out))):
+                return None
+            return function_address(fn), (x.ctypes.data, w_ptr, b_ptr,
+                                           0 if s is None else s.ctypes.data,
+                                           out.ctypes.data, s_ptr or 0)
+
+        kernel.native = native
         kernel.keep = (packed, packed_bias, scratch)   # live as long as the kernel
         return kernel
 

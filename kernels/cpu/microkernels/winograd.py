@@ -39,6 +39,7 @@ from wpk.kernels.cpu.microkernels.winograd_templates import (
     winograd_scratch_floats,
     winograd_source,
 )
+from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
 ALIGN = 64   # bytes: the scratch's vectors start on cache lines
@@ -174,6 +175,20 @@ class MicroWinograd(Implementation):
             finally:
                 pool.give(scratch)
 
+        def native(inputs, outputs) -> NativeCall | None:
+            """The call on these buffers as (function, pointers), with a scratch buffer of
+            its own, when it copies nothing."""
+            x, out = inputs[0], outputs[0]
+            s = None if sum_index is None else inputs[sum_index]
+            if not (plain(x) and plain(out, out_spec.shape) and (s is None or plain(s))):
+                return None
+            scratch = pool.take()   # the chain's, never given back
+            kernel.keep += (scratch,)
+            return function_address(fn), (x.ctypes.data, u_ptr, b_ptr,
+                                           0 if s is None else s.ctypes.data,
+                                           out.ctypes.data, scratch.ctypes.data)
+
+        kernel.native = native
         kernel.keep = (packed, packed_bias, pool)   # they live as long as the kernel
         return kernel
 

@@ -1,0 +1,118 @@
+"""Consecutive generated-kernel steps run as one native call (kernels/cpu/native_chain)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import wpk
+from tests import models
+from wpk.core.numerics import relative_l2
+from wpk.core.workload import TensorSpec, Workload
+from wpk.dsl import toolchain
+from wpk.dsl.codegen_c import MIN_PARALLEL_WORK
+from wpk.kernels import registry
+from wpk.kernels.cpu.native_chain import (
+    MAX_ARGS,
+    chain_kernel,
+    function_address,
+    native_call,
+)
+from wpk.kernels.generated import DSL_CPU, default_config, map_workload
+from wpk.kernels.templates import build_cpu
+from wpk.runtime import Session, example_feeds
+
+# Functions of different arities that record the order they ran in.
+_SOURCE = """
+#include <stdint.h>
+static int64_t calls = 0;
+void scale(float *x, float *y) { y[0] = 2.0f * x[0]; y[1] = (float)(++calls); }
+void add3(float *a, float *b, float *c, float *out) { out[0] = a[0] + b[0] + c[0];
+                                                     out[1] = (float)(++calls); }
+void many(PARAMETERS) { p31[0] = p0[0] + p30[0]; p31[1] = (float)(++calls); }
+""".replace("PARAMETERS", ", ".join(f"float *p{i}" for i in range(MAX_ARGS)))
+
+
+def _functions():
+    library = ctypes.CDLL(str(toolchain.compile_c_shared(_SOURCE)))
+    return library, {name: function_address(getattr(library, name))
+                     for name in ("scale", "add3", "many")}
+
+
+def test_the_driver_calls_each_function_in_order_with_its_own_arguments():
+    library, address = _functions()
+    x, y, z, w = (np.array([value, 0], np.float32) for value in (1.5, 0, 4.0, 0))
+    wide = [np.array([float(i), 0], np.float32) for i in range(MAX_ARGS)]
+    chain = chain_kernel([(address["scale"], (x.ctypes.data, y.ctypes.data)),
+                          (address["add3"], (y.ctypes.data, x.ctypes.data, z.ctypes.data,
+                                             w.ctypes.data)),
+                          (address["many"], tuple(a.ctypes.data for a in wide))],
+                         keep=[library])
+    chain([], [])
+    assert y[0] == 3.0 and w[0] == 3.0 + 1.5 + 4.0 and wide[-1][0] == 0.0 + 30.0
+    assert (y[1], w[1], wide[-1][1]) == (1.0, 2.0, 3.0)   # in the chain's order
+
+
+def _add_kernel(size: int):
+    spec = TensorSpec((1, size), "float32")
+    workload = Workload("Add", (spec, spec), (spec,))
+    return DSL_CPU.prepare(workload, {}, default_config(workload))
+
+
+def test_a_kernel_gives_its_native_form_only_where_a_call_copies_nothing():
+    kernel = _add_kernel(37)
+    a, b, out = (np.full((1, 37), v, np.float32) for v in (1.0, 2.0, 0.0))
+    address, pointers = native_call(kernel, [a, b], [out])
+    assert list(pointers) == [a.ctypes.data, b.ctypes.data, out.ctypes.data]
+    chain_kernel([(address, pointers)], keep=[kernel])([], [])
+    assert np.all(out == 3.0)
+    strided = np.ones((1, 74), np.float32)[:, ::2]   # the kernel would copy it first
+    assert native_call(kernel, [strided, b], [out]) is None
+    assert native_call(kernel, [a.astype(np.float64), b], [out]) is None
+    assert native_call(lambda inputs, outputs: None, [a, b], [out]) is None  # no native form
+
+
+def _generated_plan(model):
+    """The model's plan with every step a generated kernel computes given to one (its
+    default config: micro-kernels first), so the chaining is tested, not the planner."""
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
+                     partition=False)
+    impls = [registry.get(name) for name in ("micro.inverted_residual", "micro.winograd",
+                                              "micro.nchwc", "micro.gemm")]
+    for step in plan.manifest["steps"]:
+        workload = plan.workloads[step["workload_key"]]
+        impl = next((i for i in impls if i.unsupported_reason(workload) is None), None)
+        if impl is not None:
+            step.update(impl=impl.name, config=impl.configs(workload)[0], kind=impl.kind)
+        elif DSL_CPU.unsupported_reason(workload) is None:
+            step.update(impl=DSL_CPU.name, config=default_config(workload), kind=DSL_CPU.kind)
+    return plan
+
+
+@pytest.mark.parametrize("model", [models.transformer_encoder, models.tiny_conv_gemm,
+                                   lambda: models.mobilenet_v2_like(image_size=64)],
+                         ids=["transformer", "conv_gemm", "mobilenet_v2_64"])
+def test_a_plans_consecutive_generated_steps_run_as_one_call_with_the_same_outputs(model):
+    plan = _generated_plan(model())
+    chained, stepwise = Session(plan), Session(plan, merge_regions=False)
+    chains = [n for n in chained._step_names if ".." in n]
+    assert chains and len(chained._calls) < len(stepwise._calls)
+    timeline = chained.timeline(example_feeds(chained))
+    assert sum(len(call.steps) for call in timeline) == len(plan.steps)
+    for seed in (0, 1):
+        feeds = example_feeds(chained, seed)
+        ours, reference = chained.run(feeds), stepwise.run(feeds)
+        for output in reference:
+            assert relative_l2(ours[output], reference[output]) <= 1e-6, output
+
+
+def test_a_small_parallel_loop_runs_on_the_calling_thread():
+    """Below MIN_PARALLEL_WORK iterations the C has no OpenMP region to wake; above, it has."""
+    for size, parallel in ((256, False), (4 * MIN_PARALLEL_WORK, True)):
+        spec = TensorSpec((1, size), "float32")
+        workload = Workload("Add", (spec, spec), (spec,))
+        mapping = map_workload(workload)
+        source = build_cpu(mapping.op, mapping.bindings, default_config(workload)).source
+        assert ("#pragma omp parallel" in source) == parallel, size
