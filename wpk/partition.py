@@ -63,7 +63,7 @@ PLAN_NAMES = {WPK: PER_OPERATOR, REGIONS: "within regions", ONE_POOL: "generated
 class PartitionOptions:
     """How the end-to-end comparison is measured and decided."""
 
-    blocks: int = 5            # alternating blocks per engine
+    blocks: int = 8            # alternating blocks per contender (VM noise: 5 flipped)
     runs: int = 6              # timed runs per block (after one untimed)
     pause_s: float = 0.05      # before each block: a spinning peer's threads go to sleep
     margin: float = 0.02       # wpk's plan must be this much faster to replace onnxruntime
