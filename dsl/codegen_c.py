@@ -4,7 +4,8 @@ The C function takes one `restrict` pointer per parameter buffer (inputs, then
 outputs); its workspaces and big copies live in scratch memory it keeps per
 calling thread. `parallel` loops become
 `#pragma omp parallel for schedule(dynamic)` (a thread that the OS preempts on a
-busy machine does not hold the others back) unless the loop nest has fewer than
+busy machine does not hold the others back; chunks of at least `CHUNK_WORK` scalar
+iterations) unless the loop nest has fewer than
 `MIN_PARALLEL_WORK` iterations (then it runs on the calling thread: handing a few
 microseconds of work to the thread team costs more than it saves), `vectorize` loops
 `#pragma omp simd`, `unroll` loops `#pragma GCC unroll`. Built with `gcc -O3 -fopenmp`
@@ -22,6 +23,10 @@ from wpk.dsl import loopir as L
 # (`scripts/bench_step_overhead.py`), while 8192 iterations of an elementwise body take
 # about that long.
 MIN_PARALLEL_WORK = 8192
+# Scalar iterations a thread takes from a dynamic schedule at a time: one outer iteration
+# of an elementwise loop is a vector (16 floats), and handing those out one by one made a
+# 64K-float Add 30x slower (an atomic per vector, threads writing one cache line in turn).
+CHUNK_WORK = 2048
 
 C_TYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "i32": "int32_t",
            "i64": "int64_t", "bool": "bool"}
@@ -197,6 +202,9 @@ class CPrinter:
 
     def loop(self, s: L.For, pragma: str = "#pragma omp parallel for schedule(dynamic)") -> None:
         if runs_parallel(s):
+            chunk = -(-CHUNK_WORK // loop_work(s.body))
+            if chunk > 1:
+                pragma = pragma.replace("schedule(dynamic)", f"schedule(dynamic, {chunk})")
             self.emit(pragma)
         elif s.kind == "vectorize":
             self.emit("#pragma omp simd")

@@ -12,7 +12,7 @@ from tests import models
 from wpk.core.numerics import relative_l2
 from wpk.core.workload import TensorSpec, Workload
 from wpk.dsl import toolchain
-from wpk.dsl.codegen_c import MIN_PARALLEL_WORK
+from wpk.dsl.codegen_c import CHUNK_WORK, MIN_PARALLEL_WORK
 from wpk.kernels import registry
 from wpk.kernels.cpu.native_chain import (
     MAX_ARGS,
@@ -116,3 +116,6 @@ def test_a_small_parallel_loop_runs_on_the_calling_thread():
         mapping = map_workload(workload)
         source = build_cpu(mapping.op, mapping.bindings, default_config(workload)).source
         assert ("#pragma omp parallel" in source) == parallel, size
+        if parallel:   # vectors handed out CHUNK_WORK floats at a time, not one by one
+            vector = default_config(workload)["vector"]
+            assert f"schedule(dynamic, {-(-CHUNK_WORK // vector)})" in source
