@@ -278,24 +278,7 @@ def within_regions(choices: PlanChoices) -> PlanChoices | None:
     Per-operator wins can lose end to end: a generated kernel a little faster than
     onnxruntime's on its own splits a region in two, and the boundary (a session call,
     threads woken again, caches cold) can cost more than it saved."""
-    changed, result = False, {}
-    for key, choice in choices.choices.items():
-        result[key] = choice
-        if joins_regions(choice.candidate):
-            continue
-        joining = [pair for pair in map(_measured_pair, choice.measurements)
-                   if pair is not None and joins_regions(pair[0])]
-        best = choose(joining)
-        if best is None:
-            continue
-        over = best[1].median_s - choice.measurement.median_s
-        result[key] = dataclasses.replace(
-            choice, candidate=best[0], measurement=best[1],
-            reason={"rule": "region", "verified": (choice.reason or {}).get("verified", 1),
-                    "faster": choice.candidate.label, "over_s": over, "credit_s": over,
-                    "end_to_end": True})
-        changed = True
-    return PlanChoices(result) if changed else None
+    return _given_to(choices, joins_regions, "region")
 
 
 def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 3.0) -> PlanChoices | None:
@@ -312,20 +295,30 @@ def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 3.0) -> Pla
     ResNet-50's plan with 54 of its 57 convolutions on generated kernels, some 2x slower
     alone than onnxruntime's, ran at 0.81-0.90x onnxruntime's latency where the
     per-operator plan ran at 0.92-0.97x (2-core VM, 2026-11-26)."""
+    def generated(candidate: Candidate) -> bool:
+        return candidate.implementation.kind == GENERATED
+
+    return _given_to(choices, generated, "one-pool", max_slowdown)
+
+
+def _given_to(choices: PlanChoices, wanted: Callable[[Candidate], bool], rule: str,
+              max_slowdown: float = float("inf")) -> PlanChoices | None:
+    """The choices with every candidate that is not `wanted` replaced by the fastest
+    verified measured one that is, when that is at most `max_slowdown` times slower (the
+    reason says `rule` and what it passed over); None when no choice would change."""
     changed, result = False, {}
     for key, choice in choices.choices.items():
         result[key] = choice
-        if choice.candidate.implementation.kind == GENERATED:
+        if wanted(choice.candidate):
             continue
-        generated = [pair for pair in map(_measured_pair, choice.measurements)
-                     if pair is not None and pair[0].implementation.kind == GENERATED]
-        best = choose(generated)
+        best = choose([pair for pair in map(_measured_pair, choice.measurements)
+                       if pair is not None and wanted(pair[0])])
         if best is None or best[1].median_s > max_slowdown * choice.measurement.median_s:
             continue
         over = best[1].median_s - choice.measurement.median_s
         result[key] = dataclasses.replace(
             choice, candidate=best[0], measurement=best[1],
-            reason={"rule": "one-pool", "verified": (choice.reason or {}).get("verified", 1),
+            reason={"rule": rule, "verified": (choice.reason or {}).get("verified", 1),
                     "faster": choice.candidate.label, "over_s": over, "credit_s": over,
                     "end_to_end": True})
         changed = True
