@@ -190,6 +190,21 @@ def _compiled_and_predicted(preset: str, arch: str):
         assert measured.extra["predicted"] and measured.median_s > 0
         flops = analytic.winograd_work(workload, config["m"])[0]
         assert measured.extra["model"]["flops"] == flops
+        # what a plan stores: the cubin and launch.json, whose constants the GPU session
+        # computes from the filter (U, BT, AT) and passes in parameter order
+        files = WINOGRAD_CUDA.artifacts(workload, config)
+        assert cubin_arch(files["kernel.cubin"]) == arch
+        launch = json.loads(files["launch.json"])
+        assert launch["m"] == config["m"] and launch["arch"] == arch
+        assert [k["name"] for k in launch["kernels"]] == [k.name for k in built.launches]
+        params = [(p["name"], p["role"]) for p in launch["params"]]
+        assert params == [("X", "input"), ("BT", "constant"), ("AT", "constant"),
+                          ("U", "constant"), ("B", "input"), ("Y", "output"),
+                          ("V", "workspace"), ("M", "workspace")]
+        shapes = {k: v.size for k, v in winograd_constants(np.ones((10, 6, 3, 3)),
+                                                           config["m"]).items()}
+        assert all(p["size"] == shapes[p["name"]] for p in launch["params"]
+                   if p["role"] == "constant")
     runner.close()
 
 
