@@ -20,7 +20,6 @@ lowered by the template of its m.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Mapping
 
 from wpk.dsl.schedule import Schedule
@@ -159,14 +158,3 @@ class WinogradSpace:
             if self.validate(point) is None:
                 found.append(point)
         return found
-
-
-def winograd_gemm_shape(point: Mapping) -> str:
-    """A short label of a point's GEMM tiling (for tables)."""
-    return (f"m{point['m']} {point['tile_m']}x{point['tile_n']} "
-            f"t{point['gemm_threads']}/{point['threads_m']} r{point['tile_r']}")
-
-
-def tiles(n: int, oh: int, ow: int, m: int) -> int:
-    """Output tiles of m x m pixels over `n` images of oh x ow."""
-    return n * math.ceil(oh / m) * math.ceil(ow / m)
