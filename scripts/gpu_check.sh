@@ -148,8 +148,9 @@ else
     PARTS="unit-logic gpu-runtime gpu-search gpu-light-models bench-gpu"
     run_part unit-logic 30 python3 -m pytest -q -p no:cacheprovider \
         tests/unit/test_cuda_runtime_logic.py --junitxml="$OUT/junit-unit-logic.xml"
-    run_part gpu-runtime 160 python3 -m pytest -q -rA -p no:cacheprovider \
-        tests/gpu/test_cuda_runtime.py --junitxml="$OUT/junit-gpu-runtime.xml"
+    run_part gpu-runtime 180 python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/gpu/test_cuda_runtime.py tests/gpu/test_winograd_cuda_gpu.py \
+        --junitxml="$OUT/junit-gpu-runtime.xml"
     # online --search and --parallel-measure (build, records, tune)
     run_part gpu-search 80 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_gpu_search.py --junitxml="$OUT/junit-gpu-search.xml"

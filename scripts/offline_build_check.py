@@ -27,6 +27,7 @@ from wpk.core.devices import gpu_preset
 from wpk.kernels.cuda.offline import cubin_arch
 from wpk.pipeline import build
 
+GENERATED = ("dsl.cuda", "dsl.cuda.winograd")   # generated CUDA kernels (implicit GEMM, Winograd)
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend/test/data/light"
 
 
@@ -34,7 +35,7 @@ def check_plan(plan, arch: str) -> list[str]:
     """Problems found in an offline plan (empty when every check passes)."""
     problems = []
     for step in plan.manifest["steps"]:
-        if step["impl"] != "dsl.cuda":
+        if step["impl"] not in GENERATED:
             continue
         cubins = [m for m in step["artifacts"] if m.endswith("kernel.cubin")]
         if not cubins:
@@ -43,7 +44,7 @@ def check_plan(plan, arch: str) -> list[str]:
             problems.append(f"{step['node']}: cubin for {cubin_arch(plan.kernels[cubins[0]])}")
     for entry in plan.report["workloads"]:
         for cand in entry["candidates"]:
-            if cand["impl"] == "dsl.cuda" and cand["status"] == "ok" \
+            if cand["impl"] in GENERATED and cand["status"] == "ok" \
                     and "emulator" not in cand["message"]:
                 problems.append(f"{cand['label']}: not emulator-verified")
     return problems
@@ -69,7 +70,7 @@ def main() -> int:
             failed |= bool(problems)
             impls = Counter(step["impl"] for step in plan.manifest["steps"])
             rejected = sum(1 for w in plan.report["workloads"] for c in w["candidates"]
-                           if c["impl"] == "dsl.cuda" and c["status"] != "ok")
+                           if c["impl"] in GENERATED and c["status"] != "ok")
             result = {"model": model, "gpu": name, "arch": gpu.arch, "build_s": seconds,
                       "steps": dict(impls), "rejected_generated": rejected,
                       "predicted_latency_s": plan.report["totals"]["latency_s"],

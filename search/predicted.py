@@ -25,12 +25,13 @@ import numpy as np
 from wpk.core.errors import ScheduleError, ToolchainError
 from wpk.core.workload import Workload
 from wpk.kernels.cuda import analytic
-from wpk.kernels.cuda.generated import DSL_CUDA, build_for, workload_mapping
+from wpk.kernels.cuda.generated import DSL_CUDA, CudaModuleImplementation
 from wpk.kernels.cuda.offline import check_usage, cubin_arch, spill_note, verify_emulated
 from wpk.kernels.cuda.predicted import DEVICE_COPY, HOST_STEP
 from wpk.kernels.cuda.traffic import kernel_work
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
+from wpk.kernels.registry import Candidate
 from wpk.search.measure import Measurement, Status, tolerance_for
 from wpk.search.runner import AnyCandidate, Runner, as_candidate
 from wpk.search.workers import MeasureOptions
@@ -53,8 +54,9 @@ class PredictedRunner(Runner):
             self._pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
         for candidate in map(as_candidate, candidates):
             key = (workload.key, candidate.label)
-            if candidate.implementation is DSL_CUDA and key not in self._builds:
-                self._builds[key] = self._pool.submit(build_for, workload, candidate.config)
+            impl = candidate.implementation
+            if isinstance(impl, CudaModuleImplementation) and key not in self._builds:
+                self._builds[key] = self._pool.submit(impl.build, workload, candidate.config)
 
     def close(self) -> None:
         for future in self._builds.values():
@@ -66,7 +68,8 @@ class PredictedRunner(Runner):
 
     def _build(self, workload: Workload, candidate):
         future = self._builds.pop((workload.key, candidate.label), None)
-        return future.result() if future is not None else build_for(workload, candidate.config)
+        return future.result() if future is not None \
+            else candidate.implementation.build(workload, candidate.config)
 
     def measure(self, workload: Workload, candidate: AnyCandidate,
                 options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
@@ -76,7 +79,7 @@ class PredictedRunner(Runner):
         impl = candidate.implementation
         base = dict(label=candidate.label, impl=impl.name, config=dict(candidate.config),
                     kind=impl.kind, workload_key=workload.key)
-        if impl is DSL_CUDA:
+        if isinstance(impl, CudaModuleImplementation):
             return self._generated(workload, candidate, seed, base, options.tolerance)
         if impl is HOST_STEP:
             prediction = analytic.predict_host(workload)
@@ -112,7 +115,7 @@ class PredictedRunner(Runner):
         if reason is not None:
             return Measurement(status=Status.RUNTIME_ERROR, message=reason, extra=extra,
                                **base)
-        verification = verify_generated(workload, built, seed, tolerance)
+        verification = verify_generated(workload, built, seed, tolerance, candidate)
         extra["verified"] = verification.describe()
         extra["emulated_blocks"] = verification.blocks
         if not verification.ok:
@@ -120,7 +123,9 @@ class PredictedRunner(Runner):
                                rel_l2_error=verification.rel_l2_error, extra=extra, **base)
         # the on-chip work (flops, load/store wavefronts) tells a tiled kernel from a naive one
         work = {kernel.name: kernel_work(kernel) for kernel in built.func.kernels}
-        prediction = analytic.predict_generated(workload, self.gpu, built.launches, usage, work)
+        prediction = analytic.predict_generated(
+            workload, self.gpu, built.launches, usage, work,
+            candidate.implementation.algorithm_work(workload, candidate.config))
         extra["model"] = prediction.to_json()
         note = spill_note(usage)
         return Measurement(status=Status.OK, median_s=prediction.seconds,
@@ -131,13 +136,19 @@ class PredictedRunner(Runner):
                            extra=extra, **base)
 
 
-def verify_generated(workload: Workload, built, seed: int = 0, tolerance: float | None = None):
+def verify_generated(workload: Workload, built, seed: int = 0, tolerance: float | None = None,
+                     candidate=None):
     """Emulator verification of a built generated kernel on fresh random inputs (relative
-    L2 `tolerance`, default the workload's)."""
+    L2 `tolerance`, default the workload's, tightened to the implementation's own as
+    `wpk.search.measure` does); `candidate` defaults to a `dsl.cuda` one."""
+    candidate = candidate or Candidate(DSL_CUDA, {})
+    impl, config = candidate.implementation, candidate.config
     rng = np.random.default_rng(seed)
-    mapping = workload_mapping(workload)
     inputs = random_inputs(workload, rng)
     expected = reference(workload, inputs)
-    feeds = {name: np.asarray(inputs[index]) for name, index in mapping.feeds.items()}
-    return verify_emulated(built.func, feeds, {mapping.output: expected[0]},
-                           tolerance=tolerance or tolerance_for(workload), seed=seed)
+    feeds, output = impl.emulator_feeds(workload, inputs, config)
+    limit = tolerance or tolerance_for(workload)
+    own = impl.tolerance(workload, config)
+    limit = limit if own is None else min(limit, own)
+    return verify_emulated(built.func, feeds, {output: expected[0]}, tolerance=limit,
+                           seed=seed, full_before_last=impl.pipeline)

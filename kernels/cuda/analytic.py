@@ -123,6 +123,31 @@ def workload_work(workload: Workload) -> tuple[float, float]:
     return flops, nbytes
 
 
+def winograd_work(workload: Workload, m: int) -> tuple[float, float]:
+    """(flops, minimum bytes) of a Winograd F(m x m, 3x3) Conv in three stages, T = m + 2,
+    P output tiles, C input and K output channels:
+
+    * input transform B^T d B as two T x T products per tile and channel: 4 T^3 C P;
+    * batched GEMM over the T^2 positions: 2 T^2 K C P;
+    * output transform A^T M A: 2 (m T^2 + m^2 T) K P, plus the epilogue per output;
+    * bytes: the workload's inputs and outputs, the transformed filter (T^2 / 9 times
+      the filter) instead of the filter, and the two workspaces V (T^2 C P) and M
+      (T^2 K P), each written once and read once."""
+    n, c, _, _ = (int(d) for d in workload.inputs[0].shape)
+    k = int(workload.inputs[1].shape[0])
+    oh, ow = (int(d) for d in workload.outputs[0].shape[2:])
+    t = m + 2
+    tiles = n * math.ceil(oh / m) * math.ceil(ow / m)
+    out_elems = _elements(workload.outputs[0].shape)
+    flops = (4.0 * t ** 3 * c * tiles + 2.0 * t * t * k * c * tiles
+             + 2.0 * (m * t * t + m * m * t) * k * tiles
+             + out_elems * (len(workload.epilogue) + (len(workload.inputs) > 2)))
+    _, nbytes = workload_work(workload)
+    filter_bytes = _elements(workload.inputs[1].shape) * 4
+    nbytes += filter_bytes * (t * t / 9 - 1) + 2 * 4.0 * t * t * (c + k) * tiles
+    return flops, nbytes
+
+
 def _itemsize(dtype: str) -> int:
     return {"float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "bool": 1,
             "int8": 1, "uint8": 1}.get(dtype, 4)
@@ -153,14 +178,17 @@ def occupancy(gpu, threads: int, registers: int, shared_bytes: int) -> Occupancy
 
 
 def predict_generated(workload: Workload, gpu, launches: Iterable, usage: Mapping,
-                      work: Mapping | None = None) -> Prediction:
+                      work: Mapping | None = None,
+                      algorithm_work: tuple[float, float] | None = None) -> Prediction:
     """Predicted time of a generated kernel: `launches` are `KernelLaunch`es (name, launch
     with grid/block/shared_bytes), `usage` maps kernel name -> ptxas `ResourceUsage`.
     With `work` (kernel name -> `traffic.KernelWork` counted from the loop IR), the
     roofline is raised to the kernels' on-chip bound (executed flops, load/store
-    wavefronts), which is what tells a register-tiled schedule from a naive one."""
+    wavefronts), which is what tells a register-tiled schedule from a naive one.
+    `algorithm_work` (flops, bytes) replaces the workload's own for a kernel computing it
+    with another algorithm (Winograd: `winograd_work`)."""
     launches = list(launches)
-    flops, nbytes = workload_work(workload)
+    flops, nbytes = algorithm_work or workload_work(workload)
     roof = roofline_seconds(flops, nbytes, gpu)
     if work:
         roof = max(roof, sum(onchip_seconds(work[item.name], gpu) for item in launches

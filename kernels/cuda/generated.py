@@ -173,8 +173,10 @@ def parameter_table(func, mapping) -> list[dict]:
     return table
 
 
-def launch_description(workload: Workload, built: BuiltCuda) -> dict:
-    """The `launch.json` document of a built module (see the module docstring)."""
+def launch_description(workload: Workload, built: BuiltCuda,
+                       params: list[dict] | None = None) -> dict:
+    """The `launch.json` document of a built module (see the module docstring); `params`
+    defaults to the `parameter_table` of the workload's DSL mapping."""
     usage = built.binary.kernels if built.binary is not None else {}
     kernels = []
     for item in built.launches:
@@ -185,10 +187,36 @@ def launch_description(workload: Workload, built: BuiltCuda) -> dict:
                         "usage": asdict(used) if used is not None else None})
     return {"format": 1, "gpu": built.gpu.name, "arch": built.gpu.arch,
             "compiler": built.binary.compiler if built.binary is not None else None,
-            "kernels": kernels, "params": parameter_table(built.func, workload_mapping(workload))}
+            "kernels": kernels,
+            "params": params if params is not None
+            else parameter_table(built.func, workload_mapping(workload))}
 
 
-class DslCuda(Implementation):
+class CudaModuleImplementation(Implementation):
+    """A generated implementation whose config builds one CUDA module for a preset: what
+    an offline build compiles, checks, emulates and predicts (`wpk.search.predicted`).
+    `pipeline`: its kernels before the last compute intermediates every output needs, so
+    the emulator runs them fully (`offline.emulate_sampled`)."""
+
+    pipeline = False
+
+    def build(self, workload: Workload, config: Mapping, compile: bool = True) -> BuiltCuda:
+        """The module of `config` (compiled for its preset with `compile`)."""
+        raise NotImplementedError
+
+    def emulator_feeds(self, workload: Workload, inputs: Sequence, config: Mapping
+                       ) -> tuple[dict, str]:
+        """(arrays by parameter name, output parameter) for emulating the module on the
+        workload's `inputs`."""
+        raise NotImplementedError
+
+    def algorithm_work(self, workload: Workload, config: Mapping) -> tuple[float, float] | None:
+        """(flops, minimum bytes) of the algorithm when it is not the workload's own
+        (`analytic.workload_work`), else None."""
+        return None
+
+
+class DslCuda(CudaModuleImplementation):
     """Generated CUDA kernels of DSL operators, for the preset named in the config."""
 
     name = "dsl.cuda"
@@ -203,6 +231,15 @@ class DslCuda(Implementation):
         """None by enumeration: configs come from the offline planner (for a preset) or the
         search."""
         return []
+
+    def build(self, workload: Workload, config: Mapping, compile: bool = True) -> BuiltCuda:
+        return build_for(workload, config, compile)
+
+    def emulator_feeds(self, workload: Workload, inputs: Sequence, config: Mapping
+                       ) -> tuple[dict, str]:
+        mapping = workload_mapping(workload)
+        return ({name: np.asarray(inputs[index]) for name, index in mapping.feeds.items()},
+                mapping.output)
 
     def artifacts(self, workload: Workload, config: Mapping) -> dict[str, bytes]:
         """cubin, CUDA source (+ PTX on the NVRTC path) and launch.json of the config."""
@@ -226,8 +263,10 @@ class DslCuda(Implementation):
         return load_cubin_kernel(artifacts["kernel.cubin"], launch)
 
 
-def load_cubin_kernel(cubin: bytes, launch: Mapping) -> Kernel:
-    """A kernel(inputs, outputs) launching every kernel of `launch` from `cubin` (cupy)."""
+def load_cubin_kernel(cubin: bytes, launch: Mapping, constants: Mapping | None = None
+                      ) -> Kernel:
+    """A kernel(inputs, outputs) launching every kernel of `launch` from `cubin` (cupy);
+    parameters of role `constant` are the device arrays of `constants` by name."""
     try:
         import cupy
     except ImportError:
@@ -248,6 +287,9 @@ def load_cubin_kernel(cubin: bytes, launch: Mapping) -> Kernel:
         for p in params:
             if p["role"] == "workspace":
                 args.append(workspaces[p["name"]])
+                continue
+            if p["role"] == "constant":
+                args.append(constants[p["name"]])
                 continue
             array = outputs[p["index"]] if p["role"] == "output" else inputs[p["index"]]
             if array.size != p["size"]:

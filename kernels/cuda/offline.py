@@ -122,9 +122,11 @@ def column_blocks(grid: Sequence[int], rng: np.random.Generator,
 
 
 def emulate_sampled(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
-                    rng: np.random.Generator, full_grid_blocks: int = FULL_GRID_BLOCKS
-                    ) -> tuple[dict[str, np.ndarray], int, int]:
+                    rng: np.random.Generator, full_grid_blocks: int = FULL_GRID_BLOCKS,
+                    full_before_last: bool = False) -> tuple[dict[str, np.ndarray], int, int]:
     """Run `func` in the emulator, the last kernel on sampled blocks when its grid is big.
+    With `full_before_last` the kernels before it run fully (a pipeline of stages whose
+    intermediates every output needs, as Winograd's transforms and GEMM), not on columns.
     Returns (outputs poisoned with NaN where not written, blocks run, blocks in the grid)."""
     outputs = func.meta["outputs"]
     globals_ = global_memory(func, feeds)
@@ -133,7 +135,8 @@ def emulate_sampled(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
     for kernel in before:
         launch = launch_of(kernel)
         grid = math.prod(launch.grid)
-        blocks = column_blocks(launch.grid, rng) if grid > full_grid_blocks else None
+        sampled = grid > full_grid_blocks and not full_before_last
+        blocks = column_blocks(launch.grid, rng) if sampled else None
         run_kernel(func, kernel, launch, globals_, blocks)
         ran, total = ran + (grid if blocks is None else len(blocks)), total + grid
     launch = launch_of(last)
@@ -152,12 +155,15 @@ def emulate_sampled(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
 
 def verify_emulated(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
                     expected: Mapping[str, np.ndarray], tolerance: float = 1e-4,
-                    seed: int = 0, full_grid_blocks: int = FULL_GRID_BLOCKS) -> Verification:
-    """Emulate `func` (sampled blocks for big grids) and compare the outputs the run wrote
-    with `expected` (float64 references by output name, reshaped to the buffer's size)."""
+                    seed: int = 0, full_grid_blocks: int = FULL_GRID_BLOCKS,
+                    full_before_last: bool = False) -> Verification:
+    """Emulate `func` (sampled blocks for big grids; `emulate_sampled`) and compare the
+    outputs the run wrote with `expected` (float64 references by output name, reshaped to
+    the buffer's size)."""
     rng = np.random.default_rng(seed)
     try:
-        got, ran, total = emulate_sampled(func, feeds, rng, full_grid_blocks)
+        got, ran, total = emulate_sampled(func, feeds, rng, full_grid_blocks,
+                                          full_before_last)
     except EmulatorError as exc:
         return Verification(False, math.inf, 0, 0, 0, f"emulator: {exc.message}")
     sampled = ran < total

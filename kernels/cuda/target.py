@@ -9,13 +9,15 @@ DeviceError names the preset and what is present ("no GPU present" or "found
 NVIDIA A100 (sm_80), not h100") and hints at `--offline`.
 
 Candidates of a workload: the generated kernel in a few preferred configs
-for the preset, cuDNN or cuBLAS (offline: a placeholder whose time the
-analytical model predicts, which hands over to the real library on the GPU),
-a device copy for data movement, and the host step only where nothing runs
-the workload on the device. Tuning records of a preset carry its name in the
-device fingerprint (h100 and h200 share sm_90, not their timings), and
-predictions carry a fingerprint of their own ('predicted:...'), so they
-never stand in for measurements.
+for the preset (and, for 3x3 stride-1 convolutions, the Winograd kernel of
+`wpk.kernels.cuda.winograd` in one config per output tile size), cuDNN or
+cuBLAS (offline: a placeholder whose time the analytical model predicts,
+which hands over to the real library on the GPU), a device copy for data
+movement, and the host step only where nothing runs the workload on the
+device. Tuning records of a preset carry its name in the device fingerprint
+(h100 and h200 share sm_90, not their timings), and predictions carry a
+fingerprint of their own ('predicted:...'), so they never stand in for
+measurements.
 """
 
 from __future__ import annotations
@@ -42,12 +44,19 @@ from wpk.kernels.cuda.predicted import (
     host_config,
     vendor_library,
 )
+from wpk.kernels.cuda.winograd import (
+    WINOGRAD_CUDA,
+    CudaWinogradKernels,
+    preferred_winograd_configs,
+    winograd_reason,
+)
 from wpk.kernels.generated import map_workload
 from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import VENDOR, Candidate
 from wpk.kernels.target import GeneratedKernels, Target, TargetFingerprint, fingerprint_of
 
 PREDICTED_PREFIX = "predicted:"
+WINOGRAD_CONFIGS = 2      # an untuned build tries the preferred config of each m
 
 
 def compiler_version() -> str:
@@ -137,11 +146,12 @@ class CudaTarget(Target):
     @classmethod
     def for_preset(cls, gpu: HardwareSpec, predicted: bool = False) -> CudaTarget:
         """The target of preset `gpu` without the presence check."""
-        return cls(gpu, CudaGenerated(gpu), predicted)
+        return cls(gpu, CudaGenerated(gpu), predicted, also=(CudaWinogradKernels(gpu),))
 
     def candidates(self, workload: Workload, generated: int | None = None) -> list[Candidate]:
         count = self.default_generated if generated is None else generated
         found = [Candidate(DSL_CUDA, config) for config in self._configs(workload, count)]
+        found += [Candidate(WINOGRAD_CUDA, c) for c in self._winograd_configs(workload, count)]
         library = vendor_library(workload)
         if self.predicted and library is not None:
             found.append(Candidate(CUDNN if library == "cudnn" else CUBLAS, {}))
@@ -162,6 +172,15 @@ class CudaTarget(Target):
             return []
         try:
             return preferred_configs(workload, self.hardware, count)
+        except ScheduleError:
+            return []
+
+    def _winograd_configs(self, workload: Workload, count: int) -> list[dict]:
+        """One preferred Winograd config per output tile size m (3x3 stride-1 convs)."""
+        if count <= 0 or winograd_reason(workload) is not None:
+            return []
+        try:
+            return preferred_winograd_configs(workload, self.hardware, WINOGRAD_CONFIGS)
         except ScheduleError:
             return []
 

@@ -9,7 +9,8 @@
 `template_for` picks: `ConvTemplate` (`conv`, with the CUDA implicit GEMM of
 `conv_cuda`) for a stage shaped like a 2-D convolution (4 spatial axes n, k, y,
 x and reduction axes c, r, s); on CUDA, `MatmulTemplate` (`matmul`, the tiled
-GEMM of `gemm_cuda`) for a matmul-like stage; `wpk.dsl.templates.GenericTemplate`
+GEMM of `gemm_cuda`) for a matmul-like stage, `WinogradTemplate` (`winograd_cuda`)
+for the Winograd convolution operators; `wpk.dsl.templates.GenericTemplate`
 for everything else. `config` is a knob dict of that template; it is validated
 against the target before anything is generated.
 """
@@ -33,6 +34,7 @@ from wpk.dsl.toolchain_cuda import compile_cuda
 from wpk.kernels.templates.conv import ConvTemplate, is_conv_stage
 from wpk.kernels.templates.gemm_cuda import is_matmul_like
 from wpk.kernels.templates.matmul import MatmulTemplate
+from wpk.kernels.templates.winograd_cuda import WinogradTemplate, is_winograd
 
 TARGETS = ("cpu", "cuda")
 
@@ -41,6 +43,8 @@ def template_for(op: C.Operator, target: str = "cpu", hw=None) -> Template:
     """The schedule template of a specialised operator for `target` ('cpu' or 'cuda')."""
     if target not in TARGETS:
         raise ScheduleError(f"unknown target {target!r}", hint="use cpu or cuda")
+    if target == "cuda" and is_winograd(op):
+        return WinogradTemplate(op, target, hw)
     reduces = [s for s in op.stages if s.reduce is not None]
     if len(reduces) == 1 and is_conv_stage(reduces[0]):
         return ConvTemplate(op, target, hw)

@@ -17,6 +17,7 @@ from wpk.dsl import compute as C
 
 CONV_OPS = ("conv2d", "conv2d_bias", "conv2d_bias_relu_add")
 POOL_OPS = ("avgpool2d", "maxpool2d")
+WINOGRAD_OPS = ("winograd_conv2d", "winograd_conv2d_bias")
 
 
 def _conv_symbols(data) -> dict:
@@ -41,6 +42,20 @@ def _conv_symbols(data) -> dict:
     return {**symbols, **scalars}
 
 
+def _winograd_symbols(data) -> dict:
+    """Winograd F(m, 3) operators: transforms of size T = m + 2 (m 1, 2 or 4), odd sizes,
+    1-pixel images, asymmetric padding."""
+    values = {"N": data.draw(st.integers(1, 2), label="N"),
+              "C": data.draw(st.integers(1, 5), label="C"),
+              "K": data.draw(st.integers(1, 6), label="K"),
+              "H": data.draw(st.integers(1, 8), label="H"),
+              "W": data.draw(st.integers(1, 9), label="W"),
+              "T": data.draw(st.sampled_from([3, 4, 6]), label="T")}
+    for pad in ("pad_t", "pad_l", "pad_b", "pad_r"):
+        values[pad] = data.draw(st.integers(0, 2), label=pad)
+    return values
+
+
 def _pool_symbols(data, op) -> dict:
     kh, kw = data.draw(st.integers(1, 3), label="KH"), data.draw(st.integers(1, 3), label="KW")
     values = {"N": data.draw(st.integers(1, 2)), "C": data.draw(st.integers(1, 5)),
@@ -63,6 +78,8 @@ def draw_workload(data, op: C.Operator, seed: int = 0):
         values = _conv_symbols(data)
     elif op.name in POOL_OPS:
         values = _pool_symbols(data, op)
+    elif op.name in WINOGRAD_OPS:
+        values = _winograd_symbols(data)
     else:
         values = {}
         for name in op.shape_symbols:

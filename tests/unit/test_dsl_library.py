@@ -74,6 +74,26 @@ def test_conv2d_family_matches_onnxruntime(rng, case):
     close(y, np.maximum(expected + b[None, :, None, None] + res, 0))
 
 
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("n,c,h,w,k,pads", [(1, 3, 5, 7, 4, (1, 0, 2, 1)),
+                                            (2, 2, 1, 1, 3, (1, 1, 1, 1)),
+                                            (1, 5, 6, 9, 2, (0, 0, 0, 0))])
+def test_winograd_operators_match_onnxruntime_conv(rng, m, n, c, h, w, k, pads):
+    from wpk.kernels.cuda.winograd import winograd_constants
+
+    x, wt, b = f32(rng, n, c, h, w), f32(rng, k, c, 3, 3), f32(rng, k)
+    expected = run_onnx("Conv", [x, wt], pads=list(pads))
+    arrays = {"X": x} | {name: v.astype(np.float64)
+                         for name, v in winograd_constants(wt, m).items()}
+    scalars = conv_scalars((1, 1), pads, (1, 1), 1)
+    scalars = {p: scalars[p] for p in ("pad_t", "pad_l", "pad_b", "pad_r")}
+    y = evaluate(load_operator("winograd_conv2d"), arrays, scalars)["Y"]
+    assert y.shape == expected.shape
+    close(y, expected)
+    y = evaluate(load_operator("winograd_conv2d_bias"), arrays | {"B": b}, scalars)["Y"]
+    close(y, expected + b[None, :, None, None])
+
+
 def test_conv2d_checks_groups_and_shapes(rng):
     op = load_operator("conv2d")
     with pytest.raises(DslError, match="times groups"):
@@ -204,7 +224,8 @@ TESTED = {"conv2d", "conv2d_bias", "conv2d_bias_relu_add", "matmul", "batched_ma
           "gemm_nn", "gemm_nt", "gemm_tn", "gemm_tt", "dense", "maxpool2d", "avgpool2d",
           "global_avgpool2d", "global_maxpool2d", "softmax", "log_softmax", "layernorm",
           "copy", "add", "mul", "scale_shift_relu", "bias_relu6", "bias_leaky_relu", "clip",
-          "sigmoid", "silu", "tanh", "gelu", "bias_gelu_add"}
+          "sigmoid", "silu", "tanh", "gelu", "bias_gelu_add", "winograd_conv2d",
+          "winograd_conv2d_bias"}
 
 
 def test_every_library_operator_is_tested_here():

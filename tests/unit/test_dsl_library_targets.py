@@ -20,11 +20,13 @@ pytestmark = pytest.mark.isa
 CONV = {"N": 1, "C": 4, "H": 6, "W": 5, "K": 4, "CG": 2, "R": 3, "S": 3, "groups": 2,
         "pad_t": 1, "pad_l": 1, "pad_b": 1, "pad_r": 0, "stride_h": 2, "dil_w": 2}
 POOL = {"N": 1, "C": 3, "H": 7, "W": 6, "KH": 3, "KW": 2, "pad_t": 1, "stride_h": 2}
+WINOGRAD = {"N": 1, "C": 3, "H": 5, "W": 6, "K": 4, "T": 4, "pad_t": 1, "pad_b": 1}
 BINDINGS = {
     "conv2d": CONV, "conv2d_bias": CONV, "conv2d_bias_relu_add": CONV,
     "maxpool2d": POOL, "avgpool2d": POOL,
     "matmul": {"M": 5, "K": 7, "N": 3}, "batched_matmul": {"BT": 2, "M": 3, "K": 5, "N": 4},
     "softmax": {"N": 3, "D": 37}, "layernorm": {"N": 3, "D": 37},
+    "winograd_conv2d": WINOGRAD, "winograd_conv2d_bias": WINOGRAD,
 }
 COMPILED = ["conv2d_bias_relu_add", "gemm_tn", "avgpool2d", "softmax", "layernorm",
             "bias_gelu_add"]
