@@ -1,11 +1,14 @@
 """Implementations of wpk's fused inverted-residual block (`inverted_residual_spec`).
 
 - `micro.inverted_residual` (kind `generated`): the C kernel of `ir_templates`
-  (strips of output rows, the expanded tensor only in a thread's buffer); its
+  (strips of output rows, the expanded tensor only in a thread's buffer; a
+  gated block in two phases, the depthwise output in a scratch array the
+  kernel owns); its
   config space (`ir_space.BlockSpace`: strip rows, channel and pixel tiles,
   ISA) is what the GA/RL tuners search, an untuned build measures the default.
 - `ort.inverted_residual` (kind `vendor`): onnxruntime running the block's
-  three separate MLAS NCHWc Conv nodes in one session, the steps the fused node
+  separate steps (`block_parts`: MLAS NCHWc Convs, a HardSwish or SiLU node,
+  the gate's pool, convs and multiply) in one session, the steps the fused node
   replaced; it joins onnxruntime regions like any onnxruntime step. The planner
   measures both and keeps the faster verified one.
 """
@@ -223,7 +226,7 @@ def separate_model(workload: Workload, consts: Mapping[int, np.ndarray]):
 
 
 class OrtInvertedResidual(Implementation):
-    """onnxruntime running the block's three separate NCHWc convs (one session)."""
+    """onnxruntime running the block's separate NCHWc steps (one session)."""
 
     name = "ort.inverted_residual"
     kind = VENDOR
@@ -233,7 +236,7 @@ class OrtInvertedResidual(Implementation):
     joins_regions = True
 
     def algorithm(self, workload: Workload, config: Mapping) -> str:
-        return "three NCHWc convs (onnxruntime)"
+        return "separate NCHWc steps (onnxruntime)"
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         reason = inverted_residual_reason(workload)

@@ -1,19 +1,33 @@
 """C source of the fused inverted-residual kernel, every size baked in as a constant.
 
-    source = block_source(geometry, config)   # void wpk_inverted_residual(x, w, y)
+    source = block_source(geometry, config)   # void wpk_inverted_residual(x, w, y, scratch)
 
 `w` points at the packed parameters (`inverted_residual.pack_block`): W1 as
 [EV/KV1][CIN][KV1*VW] (the output channels of a register tile contiguous per
-input channel), B1 [CE], W2 [KBE][K][K][BLK], B2 [CE], W3 [OV/KV2][CE][KV2*VW],
-B3 [KBO*BLK], all zero padded.
+input channel), B1 [CE] (both absent at expansion 1), W2 [KBE][K][K][BLK], B2
+[CE], W3 [OV/KV2][CE][KV2*VW], B3 [KBO*BLK], then with a gate WR as [CE][SQP],
+BR [SQP], WE as [SQP][CE], BE [CE], all zero padded.
 
 OpenMP runs strips of output rows (image, strip). A strip walks its rows; for
 each it computes the rows of the expanded tensor H1 its depthwise window
 needs and has not computed yet (all expanded channels, into a ring of K rows
-of a thread's buffer, so each row is computed once per strip), then one row
-of the depthwise output H2 (a row buffer), then the output row: the 1x1
-project conv of that H2 row, bias and residual. H1 and H2 live only in the
-thread's buffer (K + 1 rows of the expanded channels), never in memory.
+of a thread's buffer, so each row is computed once per strip; at expansion 1
+the depthwise reads X's rows in place), then one row of the depthwise output
+H2 (a row buffer), then the output row: the 1x1 project conv of that H2 row,
+bias and residual. H1 and H2 live only in the thread's buffer (K + 1 rows of
+the expanded channels), never in memory.
+
+A squeeze-excitation gate needs all of H2 (its mean) before the first output
+row, so a gated block runs in two phases of one parallel region: phase 1 is
+the strips above writing H2 rows to `scratch` (the image's whole depthwise
+output; H1 still lives only in the thread's buffer), then the per-channel means
+(one pass per channel block) and the gate's two tiny 1x1 convs (vectors over
+their output channels, activations in registers); phase 2 scales row tiles of
+H2 by the gate and projects them. Phase 1 stores H2 rather than recomputing
+it in phase 2: a recompute costs the expand and depthwise again (most of a
+block's time), the store one write and one read of H2
+(`scripts/bench_inverted_residual.py` shows a gated block's time against the
+same block without its gate).
 
 The two 1x1 convs are register tiles of KV vectors of output channels by NP
 pixels of a row: per input channel, KV weight vectors and NP broadcasts, KV x
@@ -22,6 +36,8 @@ the residual add) before the store. The depthwise runs one vector of
 channels at a time, the K x K weight vectors in registers, checked taps only
 at the image's left and right edges; interior pixels go DPX at a time, each
 filter row's input vectors loaded once for the tile's overlapping windows.
+Activations are computed in registers, SiLU and Sigmoid with a float32
+vector exp (range reduction and a degree-6 polynomial).
 """
 
 from __future__ import annotations
