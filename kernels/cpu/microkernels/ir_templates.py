@@ -373,7 +373,8 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
 #if SE
     float *h2all = scratch, *mean = h2all + (size_t)N * KBE * OH * OW * BLK;
     float *gate = mean + (size_t)N * CE, *squeezed = gate + (size_t)N * CE;
-    int tiles = (OH + RT - 1) / RT;
+    /* phase 2's row tiles: RT rows, or a strip's when that is less (every thread gets one) */
+    int prt = RT < rows ? RT : rows, tiles = (OH + prt - 1) / prt;
     #pragma omp parallel
     {
         #pragma omp for schedule(dynamic, 1)
@@ -388,8 +389,9 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
             se_gate(w, mean + (size_t)n * CE, squeezed + (size_t)n * SQP, gate + (size_t)n * CE);
         #pragma omp for schedule(dynamic, 1)
         for (int u = 0; u < N * tiles; ++u) {
-            int n = u / tiles, t0 = (u % tiles) * RT;
-            se_project(x, w, y, h2all, gate + (size_t)n * CE, n, t0, t0 + RT < OH ? t0 + RT : OH);
+            int n = u / tiles, t0 = (u % tiles) * prt;
+            se_project(x, w, y, h2all, gate + (size_t)n * CE, n, t0,
+                       t0 + prt < OH ? t0 + prt : OH);
         }
     }
 #else
