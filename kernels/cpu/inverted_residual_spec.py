@@ -39,12 +39,12 @@ IR_OP = "InvertedResidual"
 IR_DOMAIN = "wpk"
 ELEMENTWISE = "Elementwise"
 # The activations the fused block carries after the expand and the depthwise conv and in
-# the gate (the kernel computes them in registers; padding lanes stay zero, see the kernel)
+# the gate (the kernel computes them in registers; no conv reads a padding lane, so an
+# activation with act(0) != 0 leaves Y's padding lanes zero)
 IR_ACTIVATIONS = frozenset({"relu", "clip", "leaky_relu", "hard_sigmoid", "sigmoid",
                             "hard_swish", "silu"})
 # The ones MLAS fuses into its NCHWc Conv (the others are a separate Elementwise step)
 CONV_FUSED = frozenset({"relu", "clip", "leaky_relu", "hard_sigmoid", "sigmoid"})
-PART_NAMES = ("expand", "depthwise", "project")
 # Block inputs: X, then (filter, bias) of the expand, depthwise, project, gate reduce and
 # gate expand convs
 EXPAND, DEPTHWISE, PROJECT, SE_REDUCE, SE_EXPAND = 1, 3, 5, 7, 9
