@@ -69,7 +69,7 @@ def _attention_flops(workload: Workload) -> int | None:
 def _inverted_residual_flops(workload: Workload) -> int | None:
     if inverted_residual_reason(workload) is not None:
         return None
-    return sum(_conv_flops(part) for part in part_workloads(workload))
+    return sum(_conv_flops(part) for part in part_workloads(workload) if part.op == "Conv")
 
 
 _STANDARD = {"Conv": _conv_flops, "ConvTranspose": _conv_transpose_flops,
@@ -87,8 +87,9 @@ def workload_flops(workload: Workload) -> int | None:
         count = _inverted_residual_flops
     else:
         count = _attention_flops
-    specs = workload.inputs[:2]
-    if count is None or len(specs) < 2 or any(s is None for s in specs) or \
+    needed = 1 if count is _inverted_residual_flops else 2   # a block may lack W1
+    specs = workload.inputs[:needed]
+    if count is None or len(specs) < needed or any(s is None for s in specs) or \
             not workload.outputs:
         return None
     try:

@@ -148,4 +148,12 @@ def test_inverted_residual_counts_its_three_convs_and_names_its_algorithms():
     expected = 2 * (96 * 81 * 16 + 96 * 25 * 9 + 24 * 25 * 96)
     assert workload_flops(block) == expected
     assert registry.get("micro.inverted_residual").algorithm(block, {}).startswith("fused")
-    assert "three" in registry.get("ort.inverted_residual").algorithm(block, {})
+    assert "separate" in registry.get("ort.inverted_residual").algorithm(block, {})
+
+
+def test_gated_expansion1_block_counts_its_convs_only():
+    """No expand conv; the gate's two 1x1 convs on the pooled vector count, the pool and
+    the multiply (no multiply-adds of a conv) do not."""
+    block = block_workload(1, 16, 16, 24, 9, 9, k=3, stride=2, squeezed=8, expand=False)
+    expected = 2 * (16 * 25 * 9 + 24 * 25 * 16 + 8 * 16 + 16 * 8)
+    assert workload_flops(block) == expected

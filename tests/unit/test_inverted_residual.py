@@ -236,6 +236,16 @@ def test_bench_script_runs_a_block_and_renders_its_tables(tmp_path):
     table = subprocess.run([sys.executable, str(script), "--markdown", str(out)],
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "| 16 > 96 > 24 | 112x112 | 2 | no |" in table.stdout
+    gated = tmp_path / "v3.json"   # MobileNetV3's first block: expansion 1 with a gate
+    done = subprocess.run([sys.executable, str(script), "--net", "mobilenetv3", "--threads", "1",
+                           "--rounds", "1", "--limit", "1", "--json", str(gated)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(gated.read_text())["rows"]
+    assert row["squeezed"] == 8 and row["median_s"]["fused_without_gate"] > 0
+    table = subprocess.run([sys.executable, str(script), "--markdown", str(gated)],
+                           capture_output=True, text=True, timeout=60)
+    assert "| 16 > 16 > 16 | 112x112 | 2 | no | 3x3 | relu | SE 8 (" in table.stdout
     bad = subprocess.run([sys.executable, str(script), "--rounds", "0"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "hint:" in bad.stderr

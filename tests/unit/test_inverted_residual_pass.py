@@ -181,3 +181,104 @@ def test_not_at_stride_2_with_a_residual():
     convs[-1].epilogue = (EpilogueStep("add", (), 3),)
     result = FusionPass("inverted_residual_fusion", INVERTED_RESIDUAL_RULES).run(graph)
     assert not [n for n in result.nodes if n.op == "InvertedResidual"]
+
+
+def gated_model(*, expand: bool = True, act: str = "HardSwish", extra_output: str = "",
+                weight_input: str = "", pool_other: bool = False) -> onnx.ModelProto:
+    """One MobileNetV3 block on x [1, C, H, H]: [Conv 1x1 + act,] depthwise 3x3 + act,
+    squeeze-excite (GlobalAveragePool, Conv + Relu, Conv + HardSigmoid, Mul), Conv 1x1, Add x;
+    `act` HardSwish or SiLU (x * Sigmoid(x)); `weight_input` makes that filter a graph input;
+    `pool_other` pools X instead of the depthwise output (no squeeze-excite of H2)."""
+    rng = np.random.default_rng(0)
+    e = E if expand else C
+    nodes, inits = [], []
+    inputs = [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, H, H])]
+
+    def const(name, shape):
+        if name == weight_input:
+            inputs.append(h.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+        else:
+            inits.append(numpy_helper.from_array(
+                (rng.standard_normal(shape) * 0.3).astype(np.float32), name))
+        return name
+
+    def activation(x, name):
+        if act == "HardSwish":
+            nodes.append(h.make_node("HardSwish", [x], [name]))
+        else:
+            nodes.append(h.make_node("Sigmoid", [x], [name + "_s"]))
+            nodes.append(h.make_node("Mul", [x, name + "_s"], [name]))
+        return name
+
+    x = "x"
+    if expand:
+        nodes.append(h.make_node("Conv", [x, const("w1", (e, C, 1, 1)), const("b1", (e,))],
+                                 ["e"]))
+        x = activation("e", "h1")
+    nodes.append(h.make_node("Conv", [x, const("w2", (e, 1, 3, 3)), const("b2", (e,))], ["d"],
+                             group=e, pads=[1] * 4))
+    h2 = activation("d", "h2")
+    nodes.append(h.make_node("GlobalAveragePool", ["x" if pool_other else h2], ["pool"]))
+    squeezed = 8
+    nodes.append(h.make_node("Conv", ["pool", const("wr", (squeezed, e if not pool_other
+                                                            else C, 1, 1)),
+                                      const("br", (squeezed,))], ["r"]))
+    nodes.append(h.make_node("Relu", ["r"], ["s"]))
+    nodes.append(h.make_node("Conv", ["s", const("we", (e, squeezed, 1, 1)),
+                                      const("be", (e,))], ["g0"]))
+    nodes.append(h.make_node("HardSigmoid", ["g0"], ["gate"], alpha=1 / 6, beta=0.5))
+    nodes.append(h.make_node("Mul", [h2, "gate"], ["scaled"]))
+    nodes.append(h.make_node("Conv", ["scaled", const("w3", (C, e, 1, 1)), const("b3", (C,))],
+                             ["p"]))
+    nodes.append(h.make_node("Add", ["x", "p"], ["y"]))
+    graph = h.make_graph(nodes, "gated", inputs, [], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+    shapes = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    model.graph.output.extend([shapes["y"]] + ([shapes[extra_output]] if extra_output else []))
+    return model
+
+
+def _check_against_onnxruntime(model, graph) -> None:
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, C, H, H)).astype(np.float32)}
+    values = _run_graph(graph, feeds)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name, expected in zip(graph.outputs, session.run(None, feeds)):
+        assert relative_l2(values[name], expected) < 1e-5, name
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(act="SiLU"), dict(expand=False),
+                                    dict(expand=False, act="SiLU")])
+def test_fires_on_gated_blocks_and_keeps_what_the_model_computes(kwargs):
+    model = gated_model(**kwargs)
+    nodes, graph, _ = fused(model)
+    assert len(nodes) == 1
+    [node] = nodes
+    assert node.attrs["se"] == 1 and node.attrs["squeezed"] == 8
+    assert node.attrs["se_act1"] == "relu" and node.attrs["se_act2"] == "hard_sigmoid"
+    assert node.attrs["act2"] == ("hard_swish" if kwargs.get("act", "HardSwish") == "HardSwish"
+                                  else "silu")
+    assert bool(node.inputs[1]) == kwargs.get("expand", True)
+    assert node.attrs["residual"] == 1
+    assert [n.op for n in graph.nodes].count("Conv") == 0   # every conv went into the block
+    _check_against_onnxruntime(model, graph)
+
+
+def test_to_onnx_expands_a_gated_block_into_its_separate_steps():
+    _, graph, _ = fused(gated_model())
+    ops = [n.op_type for n in to_onnx(graph).graph.node]
+    assert "InvertedResidual" not in ops
+    assert ops.count("Conv") == 5 and "GlobalAveragePool" in ops
+
+
+@pytest.mark.parametrize("kwargs", [dict(extra_output="gate"), dict(extra_output="s"),
+                                    dict(extra_output="h2"), dict(weight_input="wr"),
+                                    dict(weight_input="we"), dict(pool_other=True)])
+def test_not_when_the_gate_is_read_elsewhere_or_not_constant(kwargs):
+    """A gate (or its squeezed values, or H2) that is also a graph output, a gate conv whose
+    filter is not a constant, a pool of another tensor: no block fuses (H2 has a reader
+    outside it), and the graph still computes the model."""
+    model = gated_model(**kwargs)
+    nodes, graph, _ = fused(model)
+    assert not nodes
+    if not kwargs.get("weight_input"):
+        _check_against_onnxruntime(model, graph)

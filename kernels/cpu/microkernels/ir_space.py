@@ -66,13 +66,19 @@ class BlockGeometry:
     act2: tuple
     biases: tuple[bool, bool, bool]
     residual: bool
+    expand: bool = True  # False: expansion 1, the depthwise reads X
+    squeezed: int = 0    # the gate's reduced channels (0: no squeeze-excitation gate)
+    se_act1: tuple = ("", ())
+    se_act2: tuple = ("", ())
 
     @property
     def flops(self) -> int:
         """Multiply-adds x 2 of the real channels of the three convs."""
         out_pixels = self.n * self.oh * self.ow
-        return 2 * (self.n * self.h * self.w * self.in_channels * self.expanded
-                    + out_pixels * self.expanded * (self.k * self.k + self.out_channels))
+        expand = self.n * self.h * self.w * self.in_channels * self.expanded if self.expand \
+            else 0
+        return 2 * (expand + out_pixels * self.expanded * (self.k * self.k + self.out_channels)
+                    + self.n * self.expanded * self.squeezed * 2)
 
 
 def block_geometry(workload: Workload) -> BlockGeometry | str:
@@ -88,12 +94,16 @@ def block_geometry(workload: Workload) -> BlockGeometry | str:
     return BlockGeometry(
         n=x[0], cb=x[1], h=x[2], w=x[3], kbe=-(-int(attrs["expanded"]) // b), kbo=y[1],
         oh=y[2], ow=y[3], k=k, s=s, pt=pt, pl=pl, block=b,
-        in_channels=workload.inputs[1].shape[1], expanded=int(attrs["expanded"]),
+        in_channels=workload.inputs[3].shape[0] if workload.inputs[1] is None
+        else workload.inputs[1].shape[1], expanded=int(attrs["expanded"]),
         out_channels=int(attrs["channels"]),
         act1=(attrs["act1"], tuple(attrs.get("act1_attrs", ()))),
         act2=(attrs["act2"], tuple(attrs.get("act2_attrs", ()))),
         biases=tuple(workload.inputs[i] is not None for i in (2, 4, 6)),
-        residual=bool(attrs.get("residual", 0)))
+        residual=bool(attrs.get("residual", 0)), expand=workload.inputs[1] is not None,
+        squeezed=int(attrs.get("squeezed", 0)) if attrs.get("se", 0) else 0,
+        se_act1=(attrs.get("se_act1", ""), tuple(attrs.get("se_act1_attrs", ()))),
+        se_act2=(attrs.get("se_act2", ""), tuple(attrs.get("se_act2_attrs", ()))))
 
 
 def tile_registers(kv: int, px: int) -> int:

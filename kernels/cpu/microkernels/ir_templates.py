@@ -1,19 +1,33 @@
 """C source of the fused inverted-residual kernel, every size baked in as a constant.
 
-    source = block_source(geometry, config)   # void wpk_inverted_residual(x, w, y)
+    source = block_source(geometry, config)   # void wpk_inverted_residual(x, w, y, scratch)
 
 `w` points at the packed parameters (`inverted_residual.pack_block`): W1 as
 [EV/KV1][CIN][KV1*VW] (the output channels of a register tile contiguous per
-input channel), B1 [CE], W2 [KBE][K][K][BLK], B2 [CE], W3 [OV/KV2][CE][KV2*VW],
-B3 [KBO*BLK], all zero padded.
+input channel), B1 [CE] (both absent at expansion 1), W2 [KBE][K][K][BLK], B2
+[CE], W3 [OV/KV2][CE][KV2*VW], B3 [KBO*BLK], then with a gate WR as [CE][SQP],
+BR [SQP], WE as [SQP][CE], BE [CE], all zero padded.
 
 OpenMP runs strips of output rows (image, strip). A strip walks its rows; for
 each it computes the rows of the expanded tensor H1 its depthwise window
 needs and has not computed yet (all expanded channels, into a ring of K rows
-of a thread's buffer, so each row is computed once per strip), then one row
-of the depthwise output H2 (a row buffer), then the output row: the 1x1
-project conv of that H2 row, bias and residual. H1 and H2 live only in the
-thread's buffer (K + 1 rows of the expanded channels), never in memory.
+of a thread's buffer, so each row is computed once per strip; at expansion 1
+the depthwise reads X's rows in place), then one row of the depthwise output
+H2 (a row buffer), then the output row: the 1x1 project conv of that H2 row,
+bias and residual. H1 and H2 live only in the thread's buffer (K + 1 rows of
+the expanded channels), never in memory.
+
+A squeeze-excitation gate needs all of H2 (its mean) before the first output
+row, so a gated block runs in two phases of one parallel region: phase 1 is
+the strips above writing H2 rows to `scratch` (the image's whole depthwise
+output; H1 still lives only in the thread's buffer), then the per-channel means
+(one pass per channel block) and the gate's two tiny 1x1 convs (vectors over
+their output channels, activations in registers); phase 2 scales row tiles of
+H2 by the gate and projects them. Phase 1 stores H2 rather than recomputing
+it in phase 2: a recompute costs the expand and depthwise again (most of a
+block's time), the store one write and one read of H2
+(`scripts/bench_inverted_residual.py` shows a gated block's time against the
+same block without its gate).
 
 The two 1x1 convs are register tiles of KV vectors of output channels by NP
 pixels of a row: per input channel, KV weight vectors and NP broadcasts, KV x
@@ -22,6 +36,8 @@ the residual add) before the store. The depthwise runs one vector of
 channels at a time, the K x K weight vectors in registers, checked taps only
 at the image's left and right edges; interior pixels go DPX at a time, each
 filter row's input vectors loaded once for the tile's overlapping windows.
+Activations are computed in registers, SiLU and Sigmoid with a float32
+vector exp (range reduction and a degree-6 polynomial).
 """
 
 from __future__ import annotations
@@ -50,6 +66,23 @@ INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
 INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
 INLINE vf vmax(vf a, vf b) {{ return vsel(a > b, a, b); }}
 INLINE vf vmin(vf a, vf b) {{ return vsel(a < b, a, b); }}
+/* e^x, float32 accuracy: 2^n e^r with r in [-ln2/2, ln2/2], a degree-6 polynomial */
+INLINE vf vexp(vf x) {{
+    x = vmin(vmax(x, vsplat(-87.0f)), vsplat(88.0f));
+    vf f = x * 1.44269504088896341f + 0.5f;
+    vi n = __builtin_convertvector(f, vi);
+    n += (vi)(__builtin_convertvector(n, vf) > f);   /* truncation -> floor */
+    vf nf = __builtin_convertvector(n, vf);
+    vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+    vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    vf e = p * r * r + r + 1.0f;
+    return e * (vf)((n + 127) << 23);
+}}
+INLINE vf vsigmoid(vf v) {{ return 1.0f / (vexp(-v) + 1.0f); }}
 """
 
 
@@ -72,6 +105,12 @@ def activation_c(name: str, act: tuple) -> str:
         elif step == "hard_sigmoid":
             body = (f"vmin(vmax(v * {c_float(values['alpha'])} + {c_float(values['beta'])}, "
                     "vsplat(0.0f)), vsplat(1.0f))")
+        elif step == "hard_swish":
+            body = "v * vmin(vmax(v * (1.0f / 6.0f) + 0.5f, vsplat(0.0f)), vsplat(1.0f))"
+        elif step == "sigmoid":
+            body = "vsigmoid(v)"
+        elif step == "silu":
+            body = "v * vsigmoid(v)"
         else:
             raise ValueError(f"the fused block has no activation {step!r}")
     return f"INLINE vf {name}(vf v) {{ return {body}; }}\n"
@@ -186,10 +225,10 @@ INLINE void dw_tile(const float *const *rows, const vf wv[K][K], vf b, int r0, i
         vstore(o + (ow + p) * BLK, act2(acc[p]));
 }
 
-/* depthwise output row oh into pixels [q * OW, q * OW + OW) of h2 ([KBE][RT * OW][BLK]), from
-   the expanded rows of h1 ([KBE][RIN][W][BLK], first row ih_first) */
-static void dw_row(const float *h1, int ih_first, const float *w2, const float *b2, float *h2,
-                   int oh, int q) {
+/* depthwise output row oh into pixels [q * OW, q * OW + OW) of h2 ([KBE][h2_px][BLK]), from
+   the rows of h1 ([KBE][h1_rows][W][BLK], first row ih_first) */
+static void dw_row(const float *h1, size_t h1_rows, int ih_first, const float *w2,
+                   const float *b2, float *h2, size_t h2_px, int oh, int q) {
     int ih0 = oh * S - PT;
     int r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < K ? H - ih0 : K;
     for (int kb = 0; kb < KBE; ++kb) {
@@ -200,9 +239,9 @@ static void dw_row(const float *h1, int ih_first, const float *w2, const float *
                     wv[r][s] = vload(w2 + (((size_t)kb * K + r) * K + s) * BLK + l * VW);
             const float *rows[K];
             for (int r = r0; r < r1; ++r)
-                rows[r] = h1 + (((size_t)kb * RIN + ih0 + r - ih_first) * W) * BLK + l * VW;
+                rows[r] = h1 + (((size_t)kb * h1_rows + ih0 + r - ih_first) * W) * BLK + l * VW;
             vf b = vload(b2 + kb * BLK + l * VW);
-            float *o = h2 + ((size_t)kb * RT * OW + (size_t)q * OW) * BLK + l * VW;
+            float *o = h2 + ((size_t)kb * h2_px + (size_t)q * OW) * BLK + l * VW;
             int ow = 0;
             for (; ow < OW && ow < OW_LO; ++ow)
                 vstore(o + ow * BLK, dw_pixel(rows, wv, b, r0, r1, ow, 1));
@@ -217,15 +256,20 @@ static _Thread_local float *thread_buffer;
 
 /* output rows [oh0, oh1) of image n, RT rows at a time: the expanded rows they need that
    the previous tile has not computed (one run of contiguous pixels: the halo rows it did
-   compute move to the front of h1), RT depthwise rows, one project run */
-static void strip(const float *x, const float *w, float *y, float *buf, int n, int oh0,
-                  int oh1) {
-    const float *w1 = w, *b1 = w1 + W1_SIZE, *w2 = b1 + CE, *b2 = w2 + KBE * K * K * BLK;
+   compute move to the front of h1; without an expand conv the rows are X's own), RT
+   depthwise rows, one project run (with a gate: the depthwise rows go to h2all, the
+   image's whole depthwise output, and the project waits for the gate) */
+static void strip(const float *x, const float *w, float *y, float *buf, float *h2all, int n,
+                  int oh0, int oh1) {
+    const float *w1 = w, *b1 = w1 + W1_SIZE, *w2 = b1 + B1_SIZE, *b2 = w2 + KBE * K * K * BLK;
     const float *w3 = b2 + CE, *b3 = w3 + W3_SIZE;
+    const float *xn = x + (size_t)n * CB * H * W * BLK;
     float *h1 = buf, *h2 = buf + (size_t)KBE * RIN * W * BLK;
     int first = 0, done = 0;   /* h1 holds input rows [first, done) */
+    (void)w1; (void)b1; (void)w3; (void)b3; (void)h1; (void)h2; (void)h2all; (void)y;
     for (int t0 = oh0; t0 < oh1; t0 += RT) {
         int t1 = t0 + RT < oh1 ? t0 + RT : oh1;
+#if EXPAND
         int lo = t0 * S - PT, hi = (t1 - 1) * S - PT + K;
         lo = lo < 0 ? 0 : lo;
         hi = hi > H ? H : hi;
@@ -239,33 +283,124 @@ static void strip(const float *x, const float *w, float *y, float *buf, int n, i
             first = lo;
         }
         if (hi > done)
-            ex_run(x + (((size_t)n * CB * H) + done) * W * BLK, (size_t)H * W * BLK, w1, b1,
+            ex_run(xn + (size_t)done * W * BLK, (size_t)H * W * BLK, w1, b1,
                    h1 + (size_t)(done - first) * W * BLK, (size_t)RIN * W * BLK, NULL,
                    (hi - done) * W);
         done = hi > done ? hi : done;
-        for (int oh = t0; oh < t1; ++oh) dw_row(h1, first, w2, b2, h2, oh, oh - t0);
-        const float *res = RESIDUAL ? x + (((size_t)n * CB * H) + t0) * W * BLK : NULL;
+        const float *rows = h1;
+        size_t rows_n = RIN;
+#else
+        const float *rows = xn;
+        size_t rows_n = H;
+#endif
+#if SE
+        for (int oh = t0; oh < t1; ++oh)
+            dw_row(rows, rows_n, first, w2, b2, h2all + (size_t)n * KBE * OH * OW * BLK,
+                   (size_t)OH * OW, oh, oh);
+#else
+        for (int oh = t0; oh < t1; ++oh)
+            dw_row(rows, rows_n, first, w2, b2, h2, (size_t)RT * OW, oh, oh - t0);
+        const float *res = RESIDUAL ? xn + (size_t)t0 * W * BLK : NULL;
         pr_run(h2, (size_t)RT * OW * BLK, w3, b3, y + (((size_t)n * KBO * OH) + t0) * OW * BLK,
                (size_t)OH * OW * BLK, res, (t1 - t0) * OW);
+#endif
     }
 }
 
-void wpk_inverted_residual(const float *x, const float *w, float *y) {
+static float *own_buffer(void) {
+    float *buf = thread_buffer;
+    if (!buf) {
+        buf = aligned_alloc(64, BUFFER_BYTES);
+        thread_buffer = buf;
+    }
+    return buf;
+}
+
+#if SE
+/* the per-channel means of channel block kb of image n's depthwise output */
+static void se_mean(const float *h2all, float *mean, int n, int kb) {
+    const float *src = h2all + ((size_t)n * KBE + kb) * OH * OW * BLK;
+    for (int l = 0; l < LG; ++l) {
+        vf acc = vsplat(0.0f);
+        for (int p = 0; p < OH * OW; ++p) acc += vload(src + (size_t)p * BLK + l * VW);
+        vstore(mean + (size_t)n * CE + kb * BLK + l * VW, acc * (1.0f / (OH * OW)));
+    }
+}
+
+/* the gate of image n from its means: two 1x1 convs of the pooled vector */
+static void se_gate(const float *w, const float *mean, float *squeezed, float *gate) {
+    const float *wr = w + SE_OFFSET, *br = wr + CE * SQP, *we = br + SQP, *be = we + SQP * CE;
+    for (int j = 0; j < SQP / VW; ++j) {
+        vf acc = vload(br + j * VW);
+        for (int c = 0; c < EXPANDED; ++c) acc += vsplat(mean[c]) * vload(wr + c * SQP + j * VW);
+        vstore(squeezed + j * VW, se1(acc));
+    }
+    for (int c = 0; c < CE / VW; ++c) {
+        vf acc = vload(be + c * VW);
+        for (int j = 0; j < SQUEEZED; ++j) acc += vsplat(squeezed[j]) * vload(we + j * CE + c * VW);
+        vstore(gate + c * VW, se2(acc));
+    }
+}
+
+/* output rows [t0, t1) of image n: scale its depthwise rows by the gate, project them */
+static void se_project(const float *x, const float *w, float *y, float *h2all,
+                       const float *gate, int n, int t0, int t1) {
+    const float *w3 = w + W1_SIZE + B1_SIZE + KBE * K * K * BLK + CE, *b3 = w3 + W3_SIZE;
+    float *h2 = h2all + (size_t)n * KBE * OH * OW * BLK;
+    for (int kb = 0; kb < KBE; ++kb)
+        for (int l = 0; l < LG; ++l) {
+            vf g = vload(gate + kb * BLK + l * VW);
+            float *row = h2 + ((size_t)kb * OH * OW + (size_t)t0 * OW) * BLK + l * VW;
+            for (int p = 0; p < (t1 - t0) * OW; ++p)
+                vstore(row + p * BLK, vload(row + p * BLK) * g);
+        }
+    const float *res = RESIDUAL ? x + ((size_t)n * CB * H + t0) * W * BLK : NULL;
+    pr_run(h2 + (size_t)t0 * OW * BLK, (size_t)OH * OW * BLK, w3, b3,
+           y + (((size_t)n * KBO * OH) + t0) * OW * BLK, (size_t)OH * OW * BLK, res,
+           (t1 - t0) * OW);
+}
+#endif
+
+/* scratch: with a gate, [N][KBE][OH*OW][BLK] depthwise outputs, then N x CE means, N x CE
+   gates and N x SQP squeezed values (SCRATCH_FLOATS); else unused */
+void wpk_inverted_residual(const float *x, const float *w, float *y, float *scratch) {
     int threads = omp_get_max_threads();
     int rows = ROWS > 0 ? ROWS : (OH * N + threads - 1) / threads;
     if (rows > OH) rows = OH;
     if (rows < 1) rows = 1;
     int strips = (OH + rows - 1) / rows, units = N * strips;
+    (void)scratch;
+#if SE
+    float *h2all = scratch, *mean = h2all + (size_t)N * KBE * OH * OW * BLK;
+    float *gate = mean + (size_t)N * CE, *squeezed = gate + (size_t)N * CE;
+    /* phase 2's row tiles: RT rows, or a strip's when that is less (every thread gets one) */
+    int prt = RT < rows ? RT : rows, tiles = (OH + prt - 1) / prt;
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < units; ++u) {
+            int n = u / strips, s0 = (u % strips) * rows;
+            strip(x, w, y, own_buffer(), h2all, n, s0, s0 + rows < OH ? s0 + rows : OH);
+        }
+        #pragma omp for schedule(static)
+        for (int u = 0; u < N * KBE; ++u) se_mean(h2all, mean, u / KBE, u % KBE);
+        #pragma omp for schedule(static)
+        for (int n = 0; n < N; ++n)
+            se_gate(w, mean + (size_t)n * CE, squeezed + (size_t)n * SQP, gate + (size_t)n * CE);
+        #pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < N * tiles; ++u) {
+            int n = u / tiles, t0 = (u % tiles) * prt;
+            se_project(x, w, y, h2all, gate + (size_t)n * CE, n, t0,
+                       t0 + prt < OH ? t0 + prt : OH);
+        }
+    }
+#else
     #pragma omp parallel for schedule(dynamic, 1) if (units > 1)
     for (int u = 0; u < units; ++u) {
-        float *buf = thread_buffer;
-        if (!buf) {
-            buf = aligned_alloc(64, BUFFER_BYTES);
-            thread_buffer = buf;
-        }
         int n = u / strips, s0 = (u % strips) * rows;
-        strip(x, w, y, buf, n, s0, s0 + rows < OH ? s0 + rows : OH);
+        strip(x, w, y, own_buffer(), NULL, n, s0, s0 + rows < OH ? s0 + rows : OH);
     }
+#endif
 }
 """
 
@@ -276,6 +411,19 @@ def _interior(g: BlockGeometry) -> tuple[int, int]:
     last = g.w - 1 + g.pl - (g.k - 1)
     hi = 0 if last < 0 else min(g.ow, last // g.s + 1)
     return lo, max(lo, hi)
+
+
+def gate_padded(g: BlockGeometry, lanes: int) -> int:
+    """The gate's reduced channels padded to whole vectors (0 without a gate)."""
+    return -(-g.squeezed // lanes) * lanes
+
+
+def scratch_floats(g: BlockGeometry, lanes: int) -> int:
+    """Floats of the scratch memory the kernel's caller passes (0 without a gate)."""
+    if not g.squeezed:
+        return 0
+    ce = g.kbe * g.block
+    return g.n * (g.kbe * g.oh * g.ow * g.block + 2 * ce + gate_padded(g, lanes))
 
 
 def block_source(g: BlockGeometry, config: Mapping) -> str:
@@ -296,7 +444,12 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
                    EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2,
-                   W1_SIZE=cin * ce, W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
+                   W1_SIZE=cin * ce if g.expand else 0, B1_SIZE=ce if g.expand else 0,
+                   W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
+                   EXPAND=int(g.expand), SE=int(g.squeezed > 0), SQUEEZED=g.squeezed,
+                   SQP=gate_padded(g, lanes), EXPANDED=g.expanded,
+                   SE_OFFSET=(cin * ce + ce if g.expand else 0) + g.kbe * g.k * g.k * g.block
+                   + ce + ce * g.kbo * g.block + g.kbo * g.block,
                    DPX=8 if isa.registers >= 32 and g.k == 3 else 4,
                    ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin, OW_LO=lo,
                    OW_HI=hi,
@@ -306,7 +459,10 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     parts.append(activation_c("act1", g.act1))
     parts.append(activation_c("act2", g.act2))
     parts.append(activation_c("linear", ("", ())))
-    parts.append(_pointwise("ex", kv1, px1, str(cin), g.in_channels, "act1"))
+    parts.append(activation_c("se1", g.se_act1))
+    parts.append(activation_c("se2", g.se_act2))
+    if g.expand:
+        parts.append(_pointwise("ex", kv1, px1, str(cin), g.in_channels, "act1"))
     parts.append(_pointwise("pr", kv2, px2, str(ce), g.expanded, "linear"))
     parts.append(_BODY)
     return "".join(parts)
