@@ -25,12 +25,13 @@ import numpy as np
 from wpk.core.errors import ScheduleError, ToolchainError
 from wpk.core.workload import Workload
 from wpk.kernels.cuda import analytic
-from wpk.kernels.cuda.generated import DSL_CUDA, build_for, workload_mapping
+from wpk.kernels.cuda.generated import workload_mapping
 from wpk.kernels.cuda.offline import check_usage, cubin_arch, spill_note, verify_emulated
 from wpk.kernels.cuda.predicted import DEVICE_COPY, HOST_STEP
 from wpk.kernels.cuda.traffic import kernel_work
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
+from wpk.kernels.registry import GENERATED
 from wpk.search.measure import Measurement, Status, tolerance_for
 from wpk.search.runner import AnyCandidate, Runner, as_candidate
 from wpk.search.workers import MeasureOptions
@@ -53,8 +54,9 @@ class PredictedRunner(Runner):
             self._pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
         for candidate in map(as_candidate, candidates):
             key = (workload.key, candidate.label)
-            if candidate.implementation is DSL_CUDA and key not in self._builds:
-                self._builds[key] = self._pool.submit(build_for, workload, candidate.config)
+            if _builds_module(candidate.implementation) and key not in self._builds:
+                self._builds[key] = self._pool.submit(candidate.implementation.build, workload,
+                                                      candidate.config)
 
     def close(self) -> None:
         for future in self._builds.values():
@@ -66,7 +68,8 @@ class PredictedRunner(Runner):
 
     def _build(self, workload: Workload, candidate):
         future = self._builds.pop((workload.key, candidate.label), None)
-        return future.result() if future is not None else build_for(workload, candidate.config)
+        return future.result() if future is not None \
+            else candidate.implementation.build(workload, candidate.config)
 
     def measure(self, workload: Workload, candidate: AnyCandidate,
                 options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
@@ -76,9 +79,11 @@ class PredictedRunner(Runner):
         impl = candidate.implementation
         base = dict(label=candidate.label, impl=impl.name, config=dict(candidate.config),
                     kind=impl.kind, workload_key=workload.key)
-        if impl is DSL_CUDA:
+        if _builds_module(impl):
             return self._generated(workload, candidate, seed, base, options.tolerance)
-        if impl is HOST_STEP:
+        if hasattr(impl, "predict"):     # a placeholder with a model of its own
+            prediction = impl.predict(workload, self.gpu)
+        elif impl is HOST_STEP:
             prediction = analytic.predict_host(workload)
         elif impl is DEVICE_COPY:
             prediction = analytic.predict_copy(workload, self.gpu)
@@ -112,7 +117,8 @@ class PredictedRunner(Runner):
         if reason is not None:
             return Measurement(status=Status.RUNTIME_ERROR, message=reason, extra=extra,
                                **base)
-        verification = verify_generated(workload, built, seed, tolerance)
+        verification = verify_generated(workload, built, seed, tolerance,
+                                        candidate.implementation.io(workload))
         extra["verified"] = verification.describe()
         extra["emulated_blocks"] = verification.blocks
         if not verification.ok:
@@ -131,11 +137,18 @@ class PredictedRunner(Runner):
                            extra=extra, **base)
 
 
-def verify_generated(workload: Workload, built, seed: int = 0, tolerance: float | None = None):
+def _builds_module(impl) -> bool:
+    """Whether `impl` builds CUDA modules (`dsl.cuda`, `cuda.fused`): build() and io()."""
+    return impl.kind == GENERATED and hasattr(impl, "build") and hasattr(impl, "io")
+
+
+def verify_generated(workload: Workload, built, seed: int = 0, tolerance: float | None = None,
+                     io=None):
     """Emulator verification of a built generated kernel on fresh random inputs (relative
-    L2 `tolerance`, default the workload's)."""
+    L2 `tolerance`, default the workload's); `io` (feeds and output parameter) defaults to
+    the workload's DSL mapping."""
     rng = np.random.default_rng(seed)
-    mapping = workload_mapping(workload)
+    mapping = io or workload_mapping(workload)
     inputs = random_inputs(workload, rng)
     expected = reference(workload, inputs)
     feeds = {name: np.asarray(inputs[index]) for name, index in mapping.feeds.items()}

@@ -115,6 +115,15 @@ def _distinct(a: Mapping, b: Mapping) -> bool:
     return any(a[k] != b[k] for k in shape) or sum(a[k] != b[k] for k in a) >= 2
 
 
+@dataclass(frozen=True)
+class KernelIo:
+    """Which step input feeds each kernel parameter (name -> index), and the output's name;
+    a DSL mapping has the same two attributes."""
+
+    feeds: Mapping[str, int]
+    output: str
+
+
 @dataclass
 class BuiltCuda:
     """A workload's CUDA module for one config: loop IR, launches, binary (with usage)."""
@@ -173,8 +182,9 @@ def parameter_table(func, mapping) -> list[dict]:
     return table
 
 
-def launch_description(workload: Workload, built: BuiltCuda) -> dict:
-    """The `launch.json` document of a built module (see the module docstring)."""
+def launch_description(workload: Workload, built: BuiltCuda, io=None) -> dict:
+    """The `launch.json` document of a built module (see the module docstring); `io`
+    (a `KernelIo`) defaults to the workload's DSL mapping."""
     usage = built.binary.kernels if built.binary is not None else {}
     kernels = []
     for item in built.launches:
@@ -185,7 +195,8 @@ def launch_description(workload: Workload, built: BuiltCuda) -> dict:
                         "usage": asdict(used) if used is not None else None})
     return {"format": 1, "gpu": built.gpu.name, "arch": built.gpu.arch,
             "compiler": built.binary.compiler if built.binary is not None else None,
-            "kernels": kernels, "params": parameter_table(built.func, workload_mapping(workload))}
+            "kernels": kernels,
+            "params": parameter_table(built.func, io or workload_mapping(workload))}
 
 
 class DslCuda(Implementation):
@@ -203,6 +214,14 @@ class DslCuda(Implementation):
         """None by enumeration: configs come from the offline planner (for a preset) or the
         search."""
         return []
+
+    def io(self, workload: Workload):
+        """Which step input feeds each kernel parameter, and the output parameter."""
+        return workload_mapping(workload)
+
+    def build(self, workload: Workload, config: Mapping, compile: bool = True) -> BuiltCuda:
+        """`build_for` (the CUDA implementations that build modules share this method)."""
+        return build_for(workload, config, compile)
 
     def artifacts(self, workload: Workload, config: Mapping) -> dict[str, bytes]:
         """cubin, CUDA source (+ PTX on the NVRTC path) and launch.json of the config."""

@@ -14,7 +14,7 @@ one node `Elementwise` (domain 'wpk') whose input 0 is the chain's first
 value (a step's `operand` may be 0 too: `x * f(x)` reads the chain's input
 again); a single elementwise op stays the standard ONNX op, except activations
 that ONNX spells with several ops (SiLU, erf-GELU, HardSwish before opset 14),
-which become a one-step `Elementwise`. On the CPU, scaled dot-product
+which become a one-step `Elementwise`. On the CPU and CUDA targets, scaled dot-product
 attention becomes one node `Attention` (domain 'wpk', `wpk.passes.attention`), and
 an inverted-residual block of blocked convs one node `InvertedResidual` (domain 'wpk',
 `wpk.passes.inverted_residual`).
@@ -65,7 +65,7 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(NoOpRemoval),
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),
-                  targets=frozenset({"cpu"})),
+                  targets=frozenset({"cpu", "cuda"})),
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
