@@ -5,7 +5,7 @@
     built = FUSED_CUDA.build(workload, config)   # BuiltCuda, as `dsl.cuda`'s build_for
 
 Each fused op has a *family*: its knob space, a validity check for a preset
-and a loop-IR lowering (`fused_attention`). A config is the family's knobs
+and a loop-IR lowering (`fused_attention`, `fused_irb`). A config is the family's knobs
 plus `"gpu": PRESET`, like `dsl.cuda`'s, and the module's artifacts
 (cubin, source, PTX, launch.json) are the same, so the offline runner
 checks, emulates and predicts a fused kernel exactly as a DSL one, and the
@@ -17,6 +17,8 @@ kernel over the [heads, seq, seq] scores, cuBLAS batched GEMM), predicted
 offline by the analytical model from those three steps, run on the GPU with
 the arrays' module (cupy's matmul is cuBLAS), so the planner keeps the fused
 kernel only where it is predicted (offline) or measured faster.
+`cuda.inverted_residual.unfused` is the NCHW inverted-residual block's peer:
+its three convs as three cuDNN calls.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from wpk.kernels.cuda.fused_attention import (
     attention_space,
     lower_attention,
 )
+from wpk.kernels.cuda.fused_irb import irb_config_reason, irb_feeds, irb_space, lower_irb
 from wpk.kernels.cuda.generated import (
     GPU_KEY,
     BuiltCuda,
@@ -48,7 +51,8 @@ from wpk.kernels.cuda.generated import (
     load_cubin_kernel,
     split_config,
 )
-from wpk.kernels.cuda.predicted import PLACEHOLDER_TARGET, array_module
+from wpk.kernels.cuda.irb_spec import irb_reason, part_inputs, part_workloads
+from wpk.kernels.cuda.predicted import CUDNN, PLACEHOLDER_TARGET, array_module
 from wpk.kernels.registry import GENERATED, VENDOR, Candidate, Implementation, Kernel, register
 
 
@@ -70,7 +74,11 @@ ATTENTION = FusedFamily(
     lambda w, c, gpu: attention_config_reason(attention_shape(w), c, gpu),
     lower_attention, lambda w: KernelIo(attention_feeds(w), "Y"))
 
-FAMILIES: list[FusedFamily] = [ATTENTION]
+INVERTED_RESIDUAL = FusedFamily(
+    "inverted_residual", irb_reason, irb_space, irb_config_reason, lower_irb,
+    lambda w: KernelIo(irb_feeds(w), "Y"))
+
+FAMILIES: list[FusedFamily] = [ATTENTION, INVERTED_RESIDUAL]
 
 
 def family_of(workload: Workload) -> FusedFamily | None:
@@ -203,13 +211,52 @@ class UnfusedAttention(Implementation):
         return kernel
 
 
+class UnfusedInvertedResidual(Implementation):
+    """The block's three convs as three cuDNN calls (H1 and H2 through global memory):
+    predicted offline as the cuDNN placeholders of the three convs; on the GPU each part is
+    the cuDNN implementation `cuda.cudnn.predicted` hands over to."""
+
+    name = "cuda.inverted_residual.unfused"
+    kind = VENDOR
+    target = PLACEHOLDER_TARGET
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        return irb_reason(workload)
+
+    def predict(self, workload: Workload, gpu) -> analytic.Prediction:
+        """The sum of the three convs' cuDNN predictions."""
+        parts = [analytic.predict_vendor(p, gpu, "cudnn") for p in part_workloads(workload)]
+        seconds, roof = sum(p.seconds for p in parts), sum(p.roofline_s for p in parts)
+        return analytic.Prediction(seconds, roof, roof / seconds, sum(p.flops for p in parts),
+                                   sum(p.bytes for p in parts), "cudnn x3")
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        parts = part_workloads(workload)
+        kernels = []
+        for index, part in enumerate(parts):
+            own = part_inputs(workload, [consts.get(i) for i in range(7)], index)
+            kernels.append(CUDNN.prepare(part, {i: own[i] for i in part.const_inputs}, {}))
+
+        def kernel(inputs: Sequence, outputs: Sequence) -> None:
+            xp = array_module([*inputs, *outputs])
+            value = None
+            for index, (part, run) in enumerate(zip(parts, kernels)):
+                out = outputs[0] if index == 2 else xp.empty(part.outputs[0].shape, xp.float32)
+                run(part_inputs(workload, inputs, index, value), [out])
+                value = out
+
+        return kernel
+
+
 FUSED_CUDA = register(FusedCuda())
 UNFUSED_ATTENTION = register(UnfusedAttention())
+UNFUSED_INVERTED_RESIDUAL = register(UnfusedInvertedResidual())
 
 
 def fused_candidates(workload: Workload, gpu, count: int) -> list:
     """The fused kernel in up to `count` configs for `gpu`, and its unfused peer."""
     found = [Candidate(FUSED_CUDA, config) for config in fused_configs(workload, gpu, count)]
-    if UNFUSED_ATTENTION.unsupported_reason(workload) is None:
-        found.append(Candidate(UNFUSED_ATTENTION, {}))
+    found += [Candidate(peer, {}) for peer in (UNFUSED_ATTENTION, UNFUSED_INVERTED_RESIDUAL)
+              if peer.unsupported_reason(workload) is None]
     return found

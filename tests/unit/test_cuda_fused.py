@@ -1,9 +1,11 @@
-"""Fused CUDA kernels without a GPU: the attention kernel's loop IR in the GPU emulator
-against the float64 reference on odd sizes (sequences not a multiple of the tiles, masks
-of several broadcasts, heads, rank 3, K^T), the emulator catching a missing barrier,
+"""Fused CUDA kernels without a GPU: the attention and inverted-residual kernels' loop IR
+in the GPU emulator against the float64 reference on odd sizes (sequences not a multiple
+of the tiles, masks of several broadcasts, heads, rank 3, K^T; odd channel counts, stride
+2, 5x5, residuals, no biases, partial tiles), the emulator catching a missing barrier,
 configs over a preset's limits rejected, offline compiles for an old and a new preset, the
-unfused peer, and an offline build of a small transformer whose plan lists the fused
-candidates, verified and predicted."""
+unfused peers, the NCHW block pass (and where it must not fire), and offline builds of a
+small transformer and a small MobileNet-like block whose plans list the fused candidates,
+verified and predicted."""
 
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, numpy_helper
+from onnx import helper as h
 
 import wpk
 from wpk.core.devices import gpu_preset
@@ -23,10 +29,12 @@ from wpk.core.workload import TensorSpec, Workload
 from wpk.dsl import loopir as L
 from wpk.dsl.emulator import EmulatorError, emulate
 from wpk.dsl.toolchain_cuda import find_nvcc, nvrtc_available
+from wpk.frontend import load_model
 from wpk.kernels.cpu.attention_spec import attention_shape
 from wpk.kernels.cuda.fused import (
     FUSED_CUDA,
     UNFUSED_ATTENTION,
+    UNFUSED_INVERTED_RESIDUAL,
     fused_candidates,
     fused_configs,
 )
@@ -35,9 +43,13 @@ from wpk.kernels.cuda.fused_attention import (
     attention_feeds,
     lower_attention,
 )
+from wpk.kernels.cuda.fused_irb import irb_config_reason, irb_feeds, lower_irb
+from wpk.kernels.cuda.irb_spec import irb_workload
 from wpk.kernels.cuda.offline import check_usage, cubin_arch
+from wpk.kernels.flops import workload_flops
 from wpk.kernels.reference import reference
 from wpk.kernels.registry import Candidate
+from wpk.passes import optimize, rule_docs, to_onnx
 from wpk.search.predicted import PredictedRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,6 +57,7 @@ from models import transformer_encoder  # noqa: E402
 
 H100, P100 = gpu_preset("h100"), gpu_preset("p100")
 TOLERANCE = 1e-5
+OFFLINE_PRESET = "p100" if nvrtc_available() else "h100"   # NVRTC compiles faster than nvcc
 
 
 def attention(lead=(2, 3), sq=37, sk=45, d=20, dv=13, k_transposed=False, mask=None,
@@ -122,8 +135,126 @@ def test_configs_over_the_preset_limits_are_rejected():
         == []
 
 
-def _compile_and_predict(gpu, arch):
-    w = attention(lead=(1, 2), sq=40, sk=40, d=16, dv=16, mask=(1, 1, 1, 40))
+# ----------------------------------------------------------------------------- inverted residual
+RELU6 = ("clip", (("max", 6.0), ("min", 0.0)))
+
+
+@pytest.mark.parametrize("w, config", [
+    (irb_workload(1, 5, 19, 7, 9, 11), {"tile": 4, "ec": 8, "threads": 64}),      # odd sizes
+    (irb_workload(2, 6, 20, 6, 9, 7, residual=True), {"tile": 2, "ec": 16, "threads": 64}),
+    (irb_workload(1, 5, 13, 9, 11, 10, k=5, stride=2, biases=False),
+     {"tile": 4, "ec": 8, "threads": 128}),
+    (irb_workload(1, 3, 24, 5, 8, 8, stride=2, act=("relu", ())),
+     {"tile": 8, "ec": 16, "threads": 64}),
+    (irb_workload(1, 4, 12, 4, 7, 7, k=5, residual=True, act=("hard_swish", ())),
+     {"tile": 4, "ec": 32, "threads": 256}),                                    # ec > E
+], ids=["odd", "residual-batch2", "5x5-s2-nobias", "relu-s2-tile8", "hardswish-5x5"])
+def test_emulated_inverted_residual_matches_the_float64_reference(w, config):
+    assert irb_config_reason(w, config, H100) is None
+    rng = np.random.default_rng(3)
+    arrays = [None if s is None else rng.standard_normal(s.shape).astype(np.float32)
+              for s in w.inputs]
+    out = emulate(lower_irb(w, config), {n: arrays[i] for n, i in irb_feeds(w).items()})["Y"]
+    assert np.isfinite(out).all()
+    assert relative_l2(out, reference(w, arrays)[0]) <= TOLERANCE
+
+
+def test_inverted_residual_configs_over_the_limits_are_rejected():
+    wide = irb_workload(1, 320, 64, 64, 56, 56, stride=2)    # a 17x17 patch of 320 channels
+    assert "shared memory" in irb_config_reason(wide, {"tile": 8, "ec": 8, "threads": 64}, P100)
+    many = irb_workload(1, 8, 16, 320, 32, 32)               # 320 x 64 outputs a block
+    assert "accumulators" in irb_config_reason(many, {"tile": 8, "ec": 8, "threads": 64}, H100)
+    assert fused_configs(many, H100, 3) and all(
+        irb_config_reason(many, c, H100) is None for c in fused_configs(many, H100, 3))
+
+
+def test_the_unfused_block_is_three_cudnn_predictions():
+    w = irb_workload(1, 16, 96, 24, 28, 28, stride=2)
+    result = PredictedRunner(H100).measure(w, Candidate(UNFUSED_INVERTED_RESIDUAL, {}))
+    assert result.ok and result.extra["model"]["model"] == "cudnn x3"
+    # the convs' multiply-adds plus one operation per activation and bias (the model's)
+    assert workload_flops(w) <= result.extra["model"]["flops"] <= 1.1 * workload_flops(w)
+    labels = [c.implementation.name for c in fused_candidates(w, H100, 2)]
+    assert labels == ["cuda.fused", "cuda.fused", "cuda.inverted_residual.unfused"]
+
+
+def block_model(residual=True, stride=1, act="Clip", group=None, expand_output=False,
+                dilation=1) -> onnx.ModelProto:
+    """X [1, 6, 9, 9] -> Conv1x1 (18) + act -> depthwise 3x3 + act -> Conv1x1 (6) [+ X]."""
+    rng = np.random.default_rng(0)
+    inits, nodes = [], []
+
+    def weight(name, shape):
+        inits.append(numpy_helper.from_array(
+            (rng.standard_normal(shape) * 0.3).astype(np.float32), name))
+        return name
+
+    def conv(x, name, w_shape, **attrs):
+        nodes.append(h.make_node("Conv", [x, weight(name + "_w", w_shape),
+                                          weight(name + "_b", (w_shape[0],))], [name], **attrs))
+        return name
+
+    def activation(x, name):
+        if act == "Clip":
+            inits.extend([numpy_helper.from_array(np.array(0, np.float32), name + "_lo"),
+                          numpy_helper.from_array(np.array(6, np.float32), name + "_hi")])
+            nodes.append(h.make_node("Clip", [x, name + "_lo", name + "_hi"], [name]))
+        else:
+            nodes.append(h.make_node(act, [x], [name]))
+        return name
+
+    h1 = activation(conv("x", "expand", (18, 6, 1, 1)), "h1")
+    pads = [dilation] * 4
+    h2 = activation(conv(h1, "dw", (18, (18 // group) if group else 1, 3, 3),
+                         group=group or 18, strides=[stride] * 2, pads=pads,
+                         dilations=[dilation] * 2), "h2")
+    y = conv(h2, "project", (6, 18, 1, 1))
+    if residual:
+        nodes.append(h.make_node("Add", [y, "x"], ["y"]))
+        y = "y"
+    size = (9 + 2 * dilation - 2 * dilation - 1) // stride + 1
+    outputs = [h.make_tensor_value_info(y, TensorProto.FLOAT, [1, 6, size, size])]
+    if expand_output:
+        outputs.append(h.make_tensor_value_info(h1, TensorProto.FLOAT, [1, 18, 9, 9]))
+    graph = h.make_graph(nodes, "block", [h.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 6, 9, 9])], outputs, inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("options", [{}, {"residual": False, "stride": 2}, {"act": "Relu"}],
+                         ids=["residual", "stride2", "relu"])
+def test_the_nchw_block_pass_fuses_and_computes_the_same(options):
+    model = block_model(**options)
+    graph, report = optimize(load_model(model), "cuda")
+    assert graph.op_counts() == {"InvertedResidualNCHW": 1}
+    assert report.rules["inverted_residual_nchw"] == 1
+    x = np.random.default_rng(1).standard_normal((1, 6, 9, 9)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    back = ort.InferenceSession(to_onnx(graph).SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(back, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options, why", [
+    ({"expand_output": True}, "the expanded tensor is a graph output"),
+    ({"group": 6}, "a grouped, not depthwise, 3x3 conv"),
+    ({"dilation": 2}, "a dilated depthwise conv"),
+    ({"act": "Softmax"}, "an activation that is no epilogue step"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_the_nchw_block_pass_does_not_fire(options, why):
+    graph, report = optimize(load_model(block_model(**options)), "cuda")
+    assert "InvertedResidualNCHW" not in graph.op_counts(), why
+    assert report.rules.get("inverted_residual_nchw", 0) == 0
+
+
+def test_the_nchw_block_rule_runs_only_for_cuda():
+    assert "inverted_residual_nchw" in rule_docs("cuda")
+    assert "inverted_residual_nchw" not in rule_docs("cpu")
+    graph, _ = optimize(load_model(block_model()), "cpu")
+    assert "InvertedResidualNCHW" not in graph.op_counts()
+
+
+# ----------------------------------------------------------------------------- compile
+def _compile_and_predict(gpu, arch, w):
     config = fused_configs(w, gpu, count=1)[0]
     built = FUSED_CUDA.build(w, config)
     assert built.binary.arch == arch and cubin_arch(built.binary.cubin) == arch
@@ -134,20 +265,27 @@ def _compile_and_predict(gpu, arch):
     assert result.rel_l2_error <= TOLERANCE and result.median_s > 0
     files = FUSED_CUDA.artifacts(w, config)
     launch = json.loads(files["launch.json"])
-    assert [p["role"] for p in launch["params"]] == ["input"] * 4 + ["output"]
+    roles = [p["role"] for p in launch["params"]]
+    assert roles == ["input"] * (len(roles) - 1) + ["output"]
     assert launch["kernels"][0]["usage"]["registers"] > 0
 
 
+FUSED_WORKLOADS = [attention(lead=(1, 2), sq=40, sk=40, d=16, dv=16, mask=(1, 1, 1, 40)),
+                   irb_workload(1, 8, 24, 8, 10, 10, residual=True)]
+
+
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc (CUDA toolkit) is not installed")
-def test_fused_attention_compiles_for_a_new_preset():
-    _compile_and_predict(H100, "sm_90")
+@pytest.mark.parametrize("w", FUSED_WORKLOADS, ids=["attention", "irb"])
+def test_fused_kernels_compile_for_a_new_preset(w):
+    _compile_and_predict(H100, "sm_90", w)
 
 
 @pytest.mark.skipif(not nvrtc_available(),
                     reason="the NVRTC 12 + ptxas wheels (nvidia-cuda-nvrtc-cu12, "
                            "nvidia-cuda-nvcc-cu12) are not installed")
-def test_fused_attention_compiles_for_an_old_preset():
-    _compile_and_predict(P100, "sm_60")
+@pytest.mark.parametrize("w", FUSED_WORKLOADS, ids=["attention", "irb"])
+def test_fused_kernels_compile_for_an_old_preset(w):
+    _compile_and_predict(P100, "sm_60", w)
 
 
 def test_the_unfused_peer_computes_attention_and_is_predicted():
@@ -165,9 +303,9 @@ def test_the_unfused_peer_computes_attention_and_is_predicted():
 
 
 def test_an_offline_transformer_build_lists_the_fused_candidates(tmp_path):
-    model = transformer_encoder(seq_len=24, d_model=32, heads=2, ffn=64)
+    model = transformer_encoder(seq_len=12, d_model=16, heads=2, ffn=32)
     path = tmp_path / "t.wpk"
-    wpk.build(model, target="cuda", gpu="h100", offline=True, output=str(path))
+    wpk.build(model, target="cuda", gpu=OFFLINE_PRESET, offline=True, output=str(path))
     with zipfile.ZipFile(path) as z:
         report = json.loads(z.read("report.json"))
         manifest = json.loads(z.read("manifest.json"))
@@ -178,4 +316,21 @@ def test_an_offline_transformer_build_lists_the_fused_candidates(tmp_path):
     assert fused and all(c["status"] == "ok" and c["predicted"] for c in fused)
     assert all("emulator" in c["message"] for c in fused)
     assert any(c["impl"] == "cuda.attention.unfused" for c in item["candidates"])
+    assert item["predicted"] and item["gflops"] > 0
+
+
+def test_an_offline_mobilenet_block_build_lists_the_fused_candidates(tmp_path):
+    path = tmp_path / "m.wpk"
+    wpk.build(block_model(), target="cuda", gpu=OFFLINE_PRESET, offline=True,
+              output=str(path))
+    with zipfile.ZipFile(path) as z:
+        report = json.loads(z.read("report.json"))
+        manifest = json.loads(z.read("manifest.json"))
+    [step] = manifest["steps"]
+    assert step["op"] == "InvertedResidualNCHW"
+    assert step["impl"] in ("cuda.fused", "cuda.inverted_residual.unfused")
+    [item] = report["workloads"]
+    fused = [c for c in item["candidates"] if c["impl"] == "cuda.fused"]
+    assert fused and all(c["status"] == "ok" and "emulator" in c["message"] for c in fused)
+    assert any(c["impl"] == "cuda.inverted_residual.unfused" for c in item["candidates"])
     assert item["predicted"] and item["gflops"] > 0
