@@ -1,7 +1,8 @@
 """Fused attention on the CUDA target: the loop IR of softmax(Q K^T scale + mask) V.
 
-    reason = attention_config_reason(shape, {"tq": 64, "tk": 32}, gpu)   # None if it fits
-    func = lower_attention(workload, {"tq": 64, "tk": 32})                # loop IR (cuda)
+    config = {"tq": 64, "tk": 32, "split": 2}
+    reason = attention_config_reason(shape, config, gpu)    # None if it fits the preset
+    func = lower_attention(workload, config)                # loop IR (cuda)
 
 The DSL's reductions need every score of a row before its softmax (a
 [heads, seq, seq] workspace), so this kernel is written directly in loop IR,
@@ -9,15 +10,18 @@ the form the DSL's CUDA schedules lower to; the CUDA printer, the GPU
 emulator (races, out-of-bounds accesses) and the analytical model read it as
 they read any lowered DSL operator.
 
-Schedule: one block per (query tile of `tq` rows, batch x head), one thread
-per query row. The block stages its Q tile in shared memory (rows padded by
-one float so the threads' reads hit distinct banks), then walks the keys in
-tiles of `tk`: the block stages the K and V tile in shared memory, each
-thread computes its `tk` logits in registers (scale, mask, keys past the end
-at -inf) and folds them into its running max, running sum and `dv`
-accumulators with the online softmax (rescale by exp(old max - new max)).
-No [heads, seq, seq] tensor exists anywhere; the output row is the
-accumulators over the sum.
+Schedule: one block per (query tile of `tq` rows, batch x head), `split`
+threads per query row. The block stages its Q tile in shared memory (rows
+padded by one float so the threads' reads hit distinct banks), then walks the
+keys in tiles of `tk`: the block stages the K and V tile in shared memory,
+each thread computes the logits of its tk/split keys of the tile in registers
+(scale, mask, keys past the end at -inf) and folds them into its running max,
+running sum and `dv` accumulators with the online softmax (rescale by
+exp(old max - new max)). At the end the `split` threads of a row publish
+their partial states in shared memory and merge them (each rescaled to the
+row's max), each writing every split-th output feature. No [heads, seq, seq]
+tensor exists anywhere. `split` multiplies the threads of a small problem
+(batch x heads x seq is few threads for a big GPU) without redundant work.
 """
 
 from __future__ import annotations
@@ -29,28 +33,37 @@ from wpk.core.workload import Workload
 from wpk.dsl import loopir as L
 from wpk.kernels.cpu.attention_spec import AttentionShape, attention_shape, mask_strides
 
-KNOBS = {"tq": (32, 64, 128), "tk": (16, 32, 64)}
+KNOBS = {"tq": (16, 32, 64, 128), "tk": (16, 32, 64), "split": (1, 2, 4, 8)}
+MIN_THREADS, MAX_THREADS = 32, 256
+PARALLEL_TARGET = 1 << 15    # threads a grid should have to fill a big GPU (assumption)
 REGISTER_ALLOWANCE = 32      # addressing, loop counters, the softmax state
 FLOAT_BYTES = 4
 _NEG_INF = L.const(-math.inf, "f32")
 
 
 def attention_space(shape: AttentionShape) -> list[dict]:
-    """Every (tq, tk) point, preferred first: tiles close to the sequence, mid-size key
-    tiles (registers) before big ones."""
+    """Every (tq, tk, split) point, preferred first: enough threads in the grid to fill a
+    big GPU (PARALLEL_TARGET), then tiles close to the sequence, then the fewest threads
+    per row (merge work), mid-size key tiles (registers), big query tiles."""
     def rank(point):
-        waste_q = math.ceil(shape.sq / point["tq"]) * point["tq"] - shape.sq
-        waste_k = math.ceil(shape.sk / point["tk"]) * point["tk"] - shape.sk
-        return (waste_q + waste_k, abs(point["tk"] - 32), -point["tq"])
+        tq, tk, split = point["tq"], point["tk"], point["split"]
+        blocks = shape.batch * math.ceil(shape.sq / tq)
+        waste = math.ceil(shape.sq / tq) * tq - shape.sq + math.ceil(shape.sk / tk) * tk \
+            - shape.sk
+        return (-min(blocks * tq * split, PARALLEL_TARGET) // 4096, waste, split,
+                abs(tk - 32), -tq)
 
-    points = [{"tq": tq, "tk": tk} for tq in KNOBS["tq"] for tk in KNOBS["tk"]]
+    points = [{"tq": tq, "tk": tk, "split": split} for tq in KNOBS["tq"]
+              for tk in KNOBS["tk"] for split in KNOBS["split"]]
     return sorted(points, key=rank)
 
 
 def shared_bytes(shape: AttentionShape, config: Mapping) -> int:
-    """Shared memory of a block: the padded Q tile and one K and one V tile."""
-    tq, tk = config["tq"], config["tk"]
-    return FLOAT_BYTES * (tq * (shape.d + 1) + tk * (shape.d + shape.dv))
+    """Shared memory of a block: the padded Q tile and one buffer for the K and V tile
+    (reused for the merge of the split threads' partial states)."""
+    tq, tk, split = config["tq"], config["tk"], config.get("split", 1)
+    return FLOAT_BYTES * (tq * (shape.d + 1) + max(tk * (shape.d + shape.dv),
+                                                    tq * split * (shape.dv + 2)))
 
 
 def attention_config_reason(shape: AttentionShape, config: Mapping, gpu) -> str | None:
@@ -58,16 +71,21 @@ def attention_config_reason(shape: AttentionShape, config: Mapping, gpu) -> str 
     for knob, values in KNOBS.items():
         if config.get(knob) not in values:
             return f"{knob} must be one of {values}"
+    threads = config["tq"] * config["split"]
+    if not MIN_THREADS <= threads <= MAX_THREADS:
+        return f"tq x split = {threads} threads, not in {MIN_THREADS}..{MAX_THREADS}"
+    if config["tk"] % config["split"]:
+        return "split must divide tk"
     smem = shared_bytes(shape, config)
     if smem > gpu.shared_memory_per_block:
         return f"{smem} bytes of shared memory exceed the {gpu.name} limit of " \
                f"{gpu.shared_memory_per_block}"
-    registers = config["tk"] + shape.dv + REGISTER_ALLOWANCE
+    registers = config["tk"] // config["split"] + shape.dv + REGISTER_ALLOWANCE
     if registers > gpu.max_registers_per_thread:
         return f"about {registers} registers per thread exceed the {gpu.name} limit of " \
                f"{gpu.max_registers_per_thread}"
-    if registers * config["tq"] > gpu.registers_per_block:
-        return f"about {registers} registers x {config['tq']} threads exceed the register file"
+    if registers * threads > gpu.registers_per_block:
+        return f"about {registers} registers x {threads} threads exceed the register file"
     return None
 
 
@@ -116,19 +134,19 @@ def lower_attention(workload: Workload, config: Mapping) -> L.PrimFunc:
     """The CUDA loop IR of a fused attention workload under `config` (see the docstring)."""
     shape = attention_shape(workload)
     ix = _Ix(workload, shape)
-    tq, tk = int(config["tq"]), int(config["tk"])
+    tq, tk, split = int(config["tq"]), int(config["tk"]), int(config.get("split", 1))
+    threads, per = tq * split, tk // split
     d, dv, sq, sk = shape.d, shape.dv, shape.sq, shape.sk
     b, qt, t = L.Var("b"), L.Var("qt"), L.Var("t")
-    row = L.add(L.mul(qt, tq), t)
-    qpad = d + 1
+    r, part = L.binary("%", t, tq), L.binary("//", t, tq)
+    row = L.add(L.mul(qt, tq), r)
+    qpad, slot = d + 1, dv + 2
 
     def q_item(e):
-        r, c = L.binary("//", e, d), L.binary("%", e, d)
-        grow = L.add(L.mul(qt, tq), r)
+        rr, c = L.binary("//", e, d), L.binary("%", e, d)
+        grow = L.add(L.mul(qt, tq), rr)
         value = L.Select(L.binary("<", grow, sq), L.Load("Q", (b * sq + grow) * d + c), _f(0))
-        return value, L.add(L.mul(r, qpad), c)
-
-    stage_q = _stage("qs", tq * d, tq, t, q_item)
+        return value, L.add(L.mul(rr, qpad), c)
 
     kt = L.Var("kt")
     key0 = L.mul(kt, tk)
@@ -142,65 +160,102 @@ def lower_attention(workload: Workload, config: Mapping) -> L.PrimFunc:
         return L.Select(L.binary("<", key, sk), L.Load("K", ix.k(b, key, c)), _f(0)), \
             L.add(L.mul(j, d), c)
 
-    stage_k = _stage("ks", tk * d, tq, t, k_item)
-
     def v_item(e):
-        j = L.binary("//", e, dv)
-        key = L.add(key0, j)
+        key = L.add(key0, L.binary("//", e, dv))
         return L.Select(L.binary("<", key, sk),
-                        L.Load("V", (b * sk + key) * dv + L.binary("%", e, dv)), _f(0)), e
+                        L.Load("V", (b * sk + key) * dv + L.binary("%", e, dv)), _f(0)), \
+            L.add(e, tk * d)
 
-    stage_v = _stage("vs", tk * dv, tq, t, v_item)
     j, c, f = L.Var("j"), L.Var("c"), L.Var("f")
     s_j = L.Load("s", j)
-    m_old, l_sum, m_new = (L.Load("st", L.const(i)) for i in range(3))
-    key = L.add(key0, j)
+    st = [L.Load("st", L.const(i)) for i in range(4)]    # max, sum, new max, rescale
+    m_old, l_sum, m_new = st[:3]
+    kj = L.add(L.mul(j, split), part)                     # this thread's j-th key of the tile
+    key = L.add(key0, kj)
     logit = _fbin("*", s_j, _f(shape.scale))
     if ix.mask is not None:
         inside = L.Bin("and", L.binary("<", key, sk), L.binary("<", row, sq), "bool")
         logit = _fbin("+", logit, L.Select(inside, L.Load("M", ix.mask_index(b, row, key)),
                                            _f(0)))
     scores = L.seq(
-        L.For(j, tk, L.Store("s", j, _f(0)), "unroll"),
-        L.For(c, d, L.For(j, tk, L.Store("s", j, _fbin("+", s_j, _fbin(
-            "*", L.Load("qs", L.add(L.mul(t, qpad), c)), L.Load("ks", L.add(L.mul(j, d), c))))),
-            "unroll")),
+        L.For(j, per, L.Store("s", j, _f(0)), "unroll"),
+        L.For(c, d, L.For(j, per, L.Store("s", j, _fbin("+", s_j, _fbin(
+            "*", L.Load("qs", L.add(L.mul(r, qpad), c)),
+            L.Load("kv", L.add(L.mul(kj, d), c))))), "unroll")),
         L.Store("st", L.const(2), m_old),
-        L.For(j, tk, L.seq(
+        L.For(j, per, L.seq(
             L.Store("s", j, L.Select(L.binary("<", key, sk), logit, _NEG_INF)),
             L.Store("st", L.const(2), _fbin("max", m_new, s_j))), "unroll"))
-    corr = L.Call("exp", (_fbin("-", m_old, m_new),))
+    # exponents relative to the new max, or to 0 while every key so far was -inf
+    m_safe = L.Select(L.Bin(">", m_new, _NEG_INF, "bool"), m_new, _f(0))
     online = L.seq(
-        L.Store("st", L.const(3), corr),
-        L.Store("st", L.const(1), _fbin("*", l_sum, L.Load("st", L.const(3)))),
-        L.For(f, dv, L.Store("acc", f, _fbin("*", L.Load("acc", f), L.Load("st", L.const(3)))),
-              "unroll"),
-        L.For(j, tk, L.seq(
-            L.Store("s", j, L.Call("exp", (_fbin("-", s_j, m_new),))),
+        L.Store("st", L.const(3), L.Call("exp", (_fbin("-", m_old, m_safe),))),
+        L.Store("st", L.const(1), _fbin("*", l_sum, st[3])),
+        L.For(f, dv, L.Store("acc", f, _fbin("*", L.Load("acc", f), st[3])), "unroll"),
+        L.For(j, per, L.seq(
+            L.Store("s", j, L.Call("exp", (_fbin("-", s_j, m_safe),))),
             L.Store("st", L.const(1), _fbin("+", l_sum, s_j))), "unroll"),
-        L.For(j, tk, L.For(f, dv, L.Store("acc", f, _fbin(
-            "+", L.Load("acc", f), _fbin("*", s_j, L.Load("vs", L.add(L.mul(j, dv), f))))),
-            "unroll"), "unroll"),
+        L.For(j, per, L.For(f, dv, L.Store("acc", f, _fbin(
+            "+", L.Load("acc", f), _fbin("*", s_j, L.Load("kv", L.add(
+                L.add(L.mul(kj, dv), f), tk * d))))), "unroll"), "unroll"),
         L.Store("st", L.const(0), m_new))
     key_loop = L.For(kt, math.ceil(sk / tk), L.seq(
-        L.Barrier(), stage_k, stage_v, L.Barrier(), scores, online))
-    write = L.IfThenElse(L.binary("<", row, sq), L.For(f, dv, L.Store(
-        "Y", (b * sq + row) * dv + f, _fbin("/", L.Load("acc", f), l_sum)), "unroll"))
-    buffers = [L.Buffer("qs", "f32", (tq * qpad,), "shared"),
-               L.Buffer("ks", "f32", (tk * d,), "shared"),
-               L.Buffer("vs", "f32", (tk * dv,), "shared"),
-               L.Buffer("s", "f32", (tk,), "local"), L.Buffer("acc", "f32", (dv,), "local"),
-               L.Buffer("st", "f32", (4,), "local")]
-    body = L.seq(*(L.Allocate(x) for x in buffers), stage_q,
+        L.Barrier(), _stage("kv", tk * d, threads, t, k_item),
+        _stage("kv", tk * dv, threads, t, v_item), L.Barrier(), scores, online))
+    body = L.seq(*(L.Allocate(x) for x in _buffers(shape, tq, tk, split)),
+                 _stage("qs", tq * d, threads, t, q_item),
                  L.Store("st", L.const(0), _NEG_INF), L.Store("st", L.const(1), _f(0)),
-                 L.For(f, dv, L.Store("acc", f, _f(0)), "unroll"), key_loop, write)
-    body = L.For(b, shape.batch, L.For(qt, math.ceil(sq / tq), L.For(t, tq, body,
+                 L.For(f, dv, L.Store("acc", f, _f(0)), "unroll"), key_loop,
+                 _merge(t, r, part, row, b, shape, tq, split, slot))
+    body = L.For(b, shape.batch, L.For(qt, math.ceil(sq / tq), L.For(t, threads, body,
                                                                      "threadIdx.x"),
                                        "blockIdx.x"), "blockIdx.y")
     params = _params(workload)
     name = "wpk_attention"
     kernel = L.Kernel(name, body, tuple(p.name for p in params))
     return L.PrimFunc(name, tuple(params), (), (), (kernel,), "cuda", meta={"outputs": ("Y",)})
+
+
+def _buffers(shape: AttentionShape, tq: int, tk: int, split: int) -> list[L.Buffer]:
+    """Shared: the padded Q tile; one buffer for the K and V tile, reused for the partial
+    states of the merge. Local: scores, accumulators, softmax state."""
+    kv = max(tk * (shape.d + shape.dv), tq * split * (shape.dv + 2))
+    return [L.Buffer("qs", "f32", (tq * (shape.d + 1),), "shared"),
+            L.Buffer("kv", "f32", (kv,), "shared"),
+            L.Buffer("s", "f32", (tk // split,), "local"),
+            L.Buffer("acc", "f32", (shape.dv,), "local"), L.Buffer("st", "f32", (4,), "local")]
+
+
+def _merge(t, r, part, row, b, shape: AttentionShape, tq: int, split: int, slot: int):
+    """The `split` threads of a row publish their (acc, max, sum) in shared memory; then
+    each writes every split-th output feature of the row from all of them, rescaled to
+    the row's max."""
+    dv, sq = shape.dv, shape.sq
+    f, p, fl = L.Var("f"), L.Var("p"), L.Var("fl")
+    mine = L.mul(t, slot)
+    publish = L.seq(L.For(f, dv, L.Store("kv", L.add(mine, f), L.Load("acc", f)), "unroll"),
+                    L.Store("kv", L.add(mine, dv), L.Load("st", L.const(0))),
+                    L.Store("kv", L.add(mine, dv + 1), L.Load("st", L.const(1))))
+    theirs = L.mul(L.add(L.mul(p, tq), r), slot)
+    m_p, l_p = L.Load("kv", L.add(theirs, dv)), L.Load("kv", L.add(theirs, dv + 1))
+    big = L.Load("st", L.const(0))
+    weight = L.Call("exp", (_fbin("-", m_p, big),))
+    feature = L.add(L.mul(fl, split), part)
+    total = L.seq(
+        L.Store("st", L.const(0), _NEG_INF),
+        L.For(p, split, L.Store("st", L.const(0), _fbin("max", big, m_p)), "unroll"),
+        L.Store("st", L.const(1), _f(0)),
+        L.For(p, split, L.Store("st", L.const(1), _fbin(
+            "+", L.Load("st", L.const(1)), _fbin("*", l_p, weight))), "unroll"))
+    out = L.For(fl, math.ceil(dv / split), L.IfThenElse(
+        L.Bin("and", L.binary("<", feature, dv), L.binary("<", row, sq), "bool"), L.seq(
+            L.Store("st", L.const(2), _f(0)),
+            L.For(p, split, L.Store("st", L.const(2), _fbin(
+                "+", L.Load("st", L.const(2)),
+                _fbin("*", L.Load("kv", L.add(theirs, feature)), weight))), "unroll"),
+            L.Store("Y", (b * sq + row) * dv + feature,
+                    _fbin("/", L.Load("st", L.const(2)), L.Load("st", L.const(1)))))), "unroll")
+    return L.seq(L.Barrier(), publish, L.Barrier(), total, out)
 
 
 def _params(workload: Workload) -> list[L.Buffer]:

@@ -88,16 +88,18 @@ def emulated_error(w: Workload, config: dict, rng: np.random.Generator) -> float
 
 
 @pytest.mark.parametrize("w, config", [
-    (attention(), {"tq": 32, "tk": 16}),                                  # tails in q and k
-    (attention(k_transposed=True), {"tq": 32, "tk": 32}),
-    (attention(mask=(2, 1, 1, 45)), {"tq": 64, "tk": 16}),                # padding mask
-    (attention(mask=(1, 1, 37, 45)), {"tq": 32, "tk": 64}),               # causal-like
-    (attention(mask=(2, 3, 37, 45), k_transposed=True), {"tq": 32, "tk": 16}),
-    (attention(lead=(3,), mask=(37, 45)), {"tq": 64, "tk": 32}),          # rank 3
-    (attention(lead=(1, 2), sq=5, sk=3, d=7, dv=9), {"tq": 32, "tk": 16}),  # one tile
+    (attention(), {"tq": 32, "tk": 16, "split": 1}),                      # tails in q and k
+    (attention(k_transposed=True), {"tq": 32, "tk": 32, "split": 2}),
+    (attention(mask=(2, 1, 1, 45)), {"tq": 64, "tk": 16, "split": 1}),    # padding mask
+    (attention(mask=(1, 1, 37, 45)), {"tq": 16, "tk": 64, "split": 4}),   # causal-like
+    (attention(mask=(2, 3, 37, 45), k_transposed=True), {"tq": 32, "tk": 16, "split": 8}),
+    (attention(lead=(3,), mask=(37, 45)), {"tq": 64, "tk": 32, "split": 2}),   # rank 3
+    (attention(lead=(1, 2), sq=5, sk=3, d=7, dv=9),
+     {"tq": 16, "tk": 16, "split": 8}),            # one tile, fewer keys than threads a row
     (attention(lead=(1, 1), sq=70, sk=33, d=8, dv=8, mask=(1, 1, 1, 33)),
-     {"tq": 32, "tk": 16}),                                               # 3 query tiles
-], ids=["tails", "kt", "padmask", "sqmask", "fullmask-kt", "rank3", "tiny", "qtiles"])
+     {"tq": 32, "tk": 16, "split": 1}),                                   # 3 query tiles
+], ids=["tails", "kt-split2", "padmask", "sqmask-split4", "fullmask-kt-split8",
+        "rank3-split2", "tiny-split8", "qtiles"])
 def test_emulated_attention_matches_the_float64_reference(w, config):
     assert attention_config_reason(attention_shape(w), config, H100) is None
     assert emulated_error(w, config, np.random.default_rng(1)) <= TOLERANCE
@@ -106,7 +108,7 @@ def test_emulated_attention_matches_the_float64_reference(w, config):
 def test_the_emulator_catches_the_kernel_without_its_barriers():
     """The check can fail: the same kernel with its __syncthreads() removed races."""
     w = attention(lead=(1, 1), sq=40, sk=40, d=8, dv=8)
-    func = lower_attention(w, {"tq": 32, "tk": 16})
+    func = lower_attention(w, {"tq": 32, "tk": 16, "split": 2})
 
     def strip(stmt):
         if isinstance(stmt, L.Seq):
@@ -124,11 +126,16 @@ def test_the_emulator_catches_the_kernel_without_its_barriers():
 
 def test_configs_over_the_preset_limits_are_rejected():
     big = attention_shape(attention(d=1024, dv=64))
-    reason = attention_config_reason(big, {"tq": 128, "tk": 64}, P100)
+    reason = attention_config_reason(big, {"tq": 128, "tk": 64, "split": 1}, P100)
     assert reason is not None and "shared memory" in reason
     wide = attention_shape(attention(d=4, dv=240))   # 16 scores + 240 accumulators a thread
-    assert "registers" in attention_config_reason(wide, {"tq": 32, "tk": 16}, H100)
-    assert attention_config_reason(big, {"tq": 48, "tk": 16}, H100).startswith("tq")
+    assert "registers" in attention_config_reason(wide, {"tq": 32, "tk": 16, "split": 1},
+                                                  H100)
+    assert attention_config_reason(big, {"tq": 48, "tk": 16, "split": 1}, H100)\
+        .startswith("tq")
+    assert "threads" in attention_config_reason(big, {"tq": 128, "tk": 16, "split": 4}, H100)
+    small = attention_shape(attention(d=8, dv=8))
+    assert attention_config_reason(small, {"tq": 16, "tk": 64, "split": 8}, H100) is None
     configs = fused_configs(attention(), H100, count=3)
     assert len(configs) == 3 and all(c["gpu"] == "h100" for c in configs)
     assert fused_configs(Workload("Relu", (TensorSpec((4,)),), (TensorSpec((4,)),)), H100) \
