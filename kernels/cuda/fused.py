@@ -90,13 +90,19 @@ def family_of(workload: Workload) -> FusedFamily | None:
 
 
 def fused_configs(workload: Workload, gpu, count: int = 3) -> list[dict]:
-    """Up to `count` valid configs for preset `gpu`, preferred first ([] when no family
-    lowers the workload)."""
+    """Up to `count` valid configs for preset `gpu`, preferred first and differing in two
+    knobs or more where the space allows ([] when no family lowers the workload)."""
     family = family_of(workload)
     if family is None:
         return []
     valid = [p for p in family.space(workload) if family.config_reason(workload, p, gpu) is None]
-    return [dict(p, **{GPU_KEY: gpu.name}) for p in valid[:count]]
+    chosen: list[dict] = []
+    for point in valid:      # the first valid point, then ones differing in two knobs or more
+        if len(chosen) < count and all(sum(point[k] != c[k] for k in point) >= 2
+                                       for c in chosen):
+            chosen.append(point)
+    chosen += [p for p in valid if p not in chosen][:count - len(chosen)]
+    return [dict(p, **{GPU_KEY: gpu.name}) for p in chosen]
 
 
 class FusedCuda(Implementation):

@@ -33,7 +33,7 @@ from wpk.core.workload import Workload
 from wpk.dsl import loopir as L
 from wpk.kernels.cpu.attention_spec import AttentionShape, attention_shape, mask_strides
 
-KNOBS = {"tq": (16, 32, 64, 128), "tk": (16, 32, 64), "split": (1, 2, 4, 8)}
+KNOBS = {"tq": (8, 16, 32, 64, 128), "tk": (16, 32, 64), "split": (1, 2, 4, 8, 16)}
 MIN_THREADS, MAX_THREADS = 32, 256
 PARALLEL_TARGET = 1 << 15    # threads a grid should have to fill a big GPU (assumption)
 REGISTER_ALLOWANCE = 32      # addressing, loop counters, the softmax state
@@ -50,7 +50,7 @@ def attention_space(shape: AttentionShape) -> list[dict]:
         blocks = shape.batch * math.ceil(shape.sq / tq)
         waste = math.ceil(shape.sq / tq) * tq - shape.sq + math.ceil(shape.sk / tk) * tk \
             - shape.sk
-        return (-min(blocks * tq * split, PARALLEL_TARGET) // 4096, waste, split,
+        return (-min(blocks * tq * split, PARALLEL_TARGET), waste, split,
                 abs(tk - 32), -tq)
 
     points = [{"tq": tq, "tk": tk, "split": split} for tq in KNOBS["tq"]
