@@ -55,15 +55,16 @@ def block_workloads() -> list[tuple[str, object]]:
     from wpk.workloads import distinct, extract_workloads
 
     graph, _ = optimize(load_model(mobilenet_v2_like()), "cuda")
-    found = []
+    found = {}
     for items in distinct(extract_workloads(graph)).values():
         w = items[0].workload
         if w.op == "InvertedResidualNCHW":
             a = dict(w.attrs)
             x, y = w.inputs[0].shape, w.outputs[0].shape
-            found.append((f"mbv2 {x[1]}->{a['expanded']}->{y[1]} s{a['stride']} "
-                          f"@{y[2]}x{y[3]}{' +res' if a['residual'] else ''}", w))
-    return found
+            name = (f"mbv2 {x[1]}->{a['expanded']}->{y[1]} s{a['stride']} "
+                    f"@{y[2]}x{y[3]}{' +res' if a['residual'] else ''}")
+            found.setdefault(name, w)    # one per shape (keys differ by weights' origin)
+    return list(found.items())
 
 
 def row(name: str, workload, gpu, count: int) -> dict:

@@ -1,14 +1,18 @@
 """The inverted-residual block on the CUDA target: loop IR with the expanded tensor on chip.
 
-    reason = irb_config_reason(workload, {"tile": 4, "ec": 16, "threads": 128}, gpu)
-    func = lower_irb(workload, {"tile": 4, "ec": 16, "threads": 128})   # loop IR (cuda)
+    config = {"tile": 4, "ec": 16, "threads": 128, "cs": 1}
+    reason = irb_config_reason(workload, config, gpu)    # None if it fits the preset
+    func = lower_irb(workload, config)                   # loop IR (cuda)
 
 One block computes a `tile` x `tile` tile of output pixels of one image for
-every output channel. It stages the input patch the tile needs (all input
-channels) in shared memory once, then walks the expanded channels in chunks
+its share of the output channels (`cs` blocks split them; each recomputes the
+tile's expanded values, which buys parallelism where an image has few tiles).
+It stages the input patch the tile needs (all input channels) in shared memory
+once, then walks the expanded channels in chunks
 of `ec`: the block computes the chunk's expanded values H1 = act1(W1 X + B1)
 over the patch into shared memory (zero outside the image: the depthwise
-conv's padding), the depthwise H2 = act2(dw(H1) + B2) over the tile into
+conv's padding) from the chunk's expand weights, staged in shared memory with
+its project weights, the depthwise H2 = act2(dw(H1) + B2) over the tile into
 shared memory, and each thread adds the chunk's share of the project conv
 into its accumulators (output channel x pixel pairs, in registers). H1 and H2
 never reach global memory; Y = acc + B3 [+ X] is written once. Activations
@@ -26,7 +30,9 @@ from wpk.dsl import loopir as L
 from wpk.kernels.cpu.inverted_residual_spec import activation_step
 from wpk.kernels.cuda.irb_spec import depthwise_size
 
-KNOBS = {"tile": (2, 4, 8), "ec": (8, 16, 32), "threads": (64, 128, 256)}
+KNOBS = {"tile": (1, 2, 4, 8), "ec": (8, 16, 32), "threads": (64, 128, 256),
+         "cs": (1, 2, 4)}
+BLOCK_TARGET = 256           # blocks a grid should have for a big GPU (assumption)
 MAX_ACCUMULATORS = 64        # output (channel, pixel) pairs a thread keeps in registers
 REGISTER_ALLOWANCE = 40
 FLOAT_BYTES = 4
@@ -84,13 +90,21 @@ class IrbShape:
 
 
 def shared_bytes(shape: IrbShape, config: Mapping) -> int:
-    """The input patch (every input channel) and one chunk of H1 and H2."""
-    pp, tp = shape.patch(config["tile"]) ** 2, config["tile"] ** 2
-    return FLOAT_BYTES * (shape.cin * pp + config["ec"] * (pp + tp))
+    """The input patch (every input channel), one chunk of H1 and H2, and the chunk's
+    expand and project weights."""
+    pp, tp, ec = shape.patch(config["tile"]) ** 2, config["tile"] ** 2, config["ec"]
+    return FLOAT_BYTES * (shape.cin * pp + ec * (pp + tp + shape.cin
+                                                 + block_channels(shape, config)))
+
+
+def block_channels(shape: IrbShape, config: Mapping) -> int:
+    """Output channels one block computes (`cs` blocks share a tile's channels)."""
+    return math.ceil(shape.cout / config.get("cs", 1))
 
 
 def accumulators(shape: IrbShape, config: Mapping) -> int:
-    return math.ceil(shape.cout * config["tile"] ** 2 / config["threads"])
+    """Output (channel, pixel) pairs a thread accumulates."""
+    return math.ceil(block_channels(shape, config) * config["tile"] ** 2 / config["threads"])
 
 
 def irb_config_reason(workload: Workload, config: Mapping, gpu) -> str | None:
@@ -113,17 +127,21 @@ def irb_config_reason(workload: Workload, config: Mapping, gpu) -> str | None:
 
 
 def irb_space(workload: Workload) -> list[dict]:
-    """Every point, preferred first: little tile padding, few accumulators, 128 threads."""
+    """Every point, preferred first: little tile padding, few accumulators, no channel
+    split (each split recomputes the tile's expanded values), more blocks (BLOCK_TARGET),
+    128 threads, chunks of 16, big tiles (less halo recomputed)."""
     shape = IrbShape(workload)
 
     def rank(p):
-        waste = math.ceil(shape.oh / p["tile"]) * math.ceil(shape.ow / p["tile"]) \
-            * p["tile"] ** 2 - shape.oh * shape.ow
-        return (waste > shape.oh * shape.ow // 4, accumulators(shape, p) > 16,
-                abs(p["threads"] - 128), abs(p["ec"] - 16), -p["tile"])
+        tiles = math.ceil(shape.oh / p["tile"]) * math.ceil(shape.ow / p["tile"])
+        waste = tiles * p["tile"] ** 2 - shape.oh * shape.ow
+        blocks = tiles * shape.n * p["cs"]
+        return (waste > shape.oh * shape.ow // 4, accumulators(shape, p) > 16, p["cs"],
+                -min(blocks, BLOCK_TARGET) // 64, abs(p["threads"] - 128),
+                abs(p["ec"] - 16), -p["tile"])
 
-    points = [{"tile": t, "ec": e, "threads": n} for t in KNOBS["tile"] for e in KNOBS["ec"]
-              for n in KNOBS["threads"]]
+    points = [{"tile": t, "ec": e, "threads": n, "cs": cs} for t in KNOBS["tile"]
+              for e in KNOBS["ec"] for n in KNOBS["threads"] for cs in KNOBS["cs"]]
     return sorted(points, key=rank)
 
 
@@ -189,7 +207,7 @@ def lower_irb(workload: Workload, config: Mapping) -> L.PrimFunc:
         inside, _, _ = in_image(pix)
         valid = _all(inside, L.binary("<", eg, sh.e))
         dot = L.For(ci, sh.cin, L.Store("a", L.const(0), _fadd(L.Load("a", L.const(0)), _fmul(
-            L.Load("W1", eg * sh.cin + ci), L.Load("xs", ci * pp + pix)))))
+            L.Load("w1s", c * sh.cin + ci), L.Load("xs", ci * pp + pix)))))
         h1 = activation(sh.attrs, "act1", _fadd(L.Load("a", L.const(0)), bias(2, eg)))
         return L.seq(L.Store("a", L.const(0), _f(0)),
                      L.IfThenElse(L.binary("<", eg, sh.e), dot),
@@ -210,18 +228,30 @@ def lower_irb(workload: Workload, config: Mapping) -> L.PrimFunc:
                      L.IfThenElse(L.binary("<", eg, sh.e), dot),
                      L.Store("h2s", e, L.Select(L.binary("<", eg, sh.e), h2, _f(0))))
 
-    r, c = L.Var("r"), L.Var("c")
-    racc = accumulators(sh, config)
+    r, c, z = L.Var("r"), L.Var("c"), L.Var("z")
+    racc, per = accumulators(sh, config), block_channels(sh, config)
     o = L.add(L.mul(r, threads), t)
-    co, p = L.binary("//", o, tp), L.binary("%", o, tp)
-    eg = L.add(e0, c)
-    w3 = L.Load("W3", co * sh.e + eg)
-    if sh.e % ec:
-        w3 = L.Select(L.binary("<", eg, sh.e), w3, _f(0))
-    project = L.For(r, racc, L.IfThenElse(L.binary("<", o, sh.cout * tp), L.For(
+    cl, p = L.binary("//", o, tp), L.binary("%", o, tp)
+    co = L.add(L.mul(z, per), cl)
+    mine = _all(L.binary("<", o, per * tp), L.binary("<", co, sh.cout))
+    w3 = L.Load("w3s", cl * ec + c)
+
+    def stage_w1(e):
+        inside = L.binary("<", L.add(L.mul(e0, sh.cin), e), sh.e * sh.cin)
+        return L.Store("w1s", e, L.Select(inside, L.Load("W1", L.add(L.mul(e0, sh.cin), e)),
+                                          _f(0)))
+
+    def stage_w3(e):
+        row, col = L.add(L.mul(z, per), L.binary("//", e, ec)), L.add(e0, L.binary("%", e, ec))
+        inside = _all(L.binary("<", row, sh.cout), L.binary("<", col, sh.e))
+        return L.Store("w3s", e, L.Select(inside, L.Load("W3", row * sh.e + col), _f(0)))
+
+    project = L.For(r, racc, L.IfThenElse(mine, L.For(
         c, ec, L.Store("acc", r, _fadd(L.Load("acc", r), _fmul(w3, L.Load("h2s", c * tp + p)))))),
         "unroll")
     chunks = L.For(ch, math.ceil(sh.e / ec), L.seq(
+        L.Barrier(), _each(ec * sh.cin, threads, t, "w1", stage_w1),
+        _each(per * ec, threads, t, "w3", stage_w3), L.Barrier(),
         _each(ec * pp, threads, t, "h1", expand), L.Barrier(),
         _each(ec * tp, threads, t, "h2", depthwise), L.Barrier(), project))
     oy, ox = L.add(oy0, L.binary("//", p, tile)), L.add(ox0, L.binary("%", p, tile))
@@ -229,17 +259,19 @@ def lower_irb(workload: Workload, config: Mapping) -> L.PrimFunc:
     if sh.residual:
         value = _fadd(value, L.Load("X", ((n * sh.cin + co) * sh.h + oy) * sh.w + ox))
     write = L.For(r, racc, L.IfThenElse(
-        _all(L.binary("<", o, sh.cout * tp), L.binary("<", oy, sh.oh), L.binary("<", ox, sh.ow)),
+        _all(mine, L.binary("<", oy, sh.oh), L.binary("<", ox, sh.ow)),
         L.Store("Y", ((n * sh.cout + co) * sh.oh + oy) * sh.ow + ox, value)), "unroll")
     buffers = [L.Buffer("xs", "f32", (sh.cin * pp,), "shared"),
                L.Buffer("h1s", "f32", (ec * pp,), "shared"),
                L.Buffer("h2s", "f32", (ec * tp,), "shared"),
+               L.Buffer("w1s", "f32", (ec * sh.cin,), "shared"),
+               L.Buffer("w3s", "f32", (per * ec,), "shared"),
                L.Buffer("acc", "f32", (racc,), "local"), L.Buffer("a", "f32", (1,), "local")]
     body = L.seq(*(L.Allocate(b) for b in buffers), _each(sh.cin * pp, threads, t, "x", stage_x),
                  L.For(r, racc, L.Store("acc", r, _f(0)), "unroll"), L.Barrier(), chunks, write)
     grid = math.ceil(sh.oh / tile) * tiles_x
-    body = L.For(n, sh.n, L.For(blk, grid, L.For(t, threads, body, "threadIdx.x"),
-                                "blockIdx.x"), "blockIdx.y")
+    body = L.For(z, int(config.get("cs", 1)), L.For(n, sh.n, L.For(blk, grid, L.For(
+        t, threads, body, "threadIdx.x"), "blockIdx.x"), "blockIdx.y"), "blockIdx.z")
     params = [L.Buffer(NAMES[i], "f32", tuple(s.shape))
               for i, s in enumerate(workload.inputs) if s is not None]
     params.append(L.Buffer("Y", "f32", tuple(workload.outputs[0].shape)))

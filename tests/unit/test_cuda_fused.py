@@ -147,15 +147,19 @@ RELU6 = ("clip", (("max", 6.0), ("min", 0.0)))
 
 
 @pytest.mark.parametrize("w, config", [
-    (irb_workload(1, 5, 19, 7, 9, 11), {"tile": 4, "ec": 8, "threads": 64}),      # odd sizes
-    (irb_workload(2, 6, 20, 6, 9, 7, residual=True), {"tile": 2, "ec": 16, "threads": 64}),
+    (irb_workload(1, 5, 19, 7, 9, 11), {"tile": 4, "ec": 8, "threads": 64, "cs": 1}),  # odd
+    (irb_workload(2, 6, 20, 6, 9, 7, residual=True),
+     {"tile": 2, "ec": 16, "threads": 64, "cs": 4}),          # 6 channels over 4 blocks
     (irb_workload(1, 5, 13, 9, 11, 10, k=5, stride=2, biases=False),
-     {"tile": 4, "ec": 8, "threads": 128}),
+     {"tile": 4, "ec": 8, "threads": 128, "cs": 2}),
     (irb_workload(1, 3, 24, 5, 8, 8, stride=2, act=("relu", ())),
-     {"tile": 8, "ec": 16, "threads": 64}),
+     {"tile": 8, "ec": 16, "threads": 64, "cs": 1}),
     (irb_workload(1, 4, 12, 4, 7, 7, k=5, residual=True, act=("hard_swish", ())),
-     {"tile": 4, "ec": 32, "threads": 256}),                                    # ec > E
-], ids=["odd", "residual-batch2", "5x5-s2-nobias", "relu-s2-tile8", "hardswish-5x5"])
+     {"tile": 4, "ec": 32, "threads": 256, "cs": 1}),                           # ec > E
+    (irb_workload(1, 7, 21, 7, 5, 6, residual=True),
+     {"tile": 1, "ec": 8, "threads": 64, "cs": 2}),                             # 1x1 tiles
+], ids=["odd", "residual-batch2-cs4", "5x5-s2-nobias-cs2", "relu-s2-tile8", "hardswish-5x5",
+        "tile1-cs2"])
 def test_emulated_inverted_residual_matches_the_float64_reference(w, config):
     assert irb_config_reason(w, config, H100) is None
     rng = np.random.default_rng(3)
@@ -168,9 +172,13 @@ def test_emulated_inverted_residual_matches_the_float64_reference(w, config):
 
 def test_inverted_residual_configs_over_the_limits_are_rejected():
     wide = irb_workload(1, 320, 64, 64, 56, 56, stride=2)    # a 17x17 patch of 320 channels
-    assert "shared memory" in irb_config_reason(wide, {"tile": 8, "ec": 8, "threads": 64}, P100)
+    assert "shared memory" in irb_config_reason(
+        wide, {"tile": 8, "ec": 8, "threads": 64, "cs": 1}, P100)
     many = irb_workload(1, 8, 16, 320, 32, 32)               # 320 x 64 outputs a block
-    assert "accumulators" in irb_config_reason(many, {"tile": 8, "ec": 8, "threads": 64}, H100)
+    assert "accumulators" in irb_config_reason(
+        many, {"tile": 8, "ec": 8, "threads": 64, "cs": 1}, H100)
+    assert irb_config_reason(many, {"tile": 8, "ec": 8, "threads": 256, "cs": 4}, H100) \
+        is None                                  # 80 x 64 outputs a block, 20 a thread
     assert fused_configs(many, H100, 3) and all(
         irb_config_reason(many, c, H100) is None for c in fused_configs(many, H100, 3))
 
