@@ -13,7 +13,8 @@ algorithms):
 - ConvTranspose: 2 x N x C x prod(input spatial) x K/group x prod(kernel);
 - MatMul: 2 x prod(output) x K; Gemm: 2 x M x N x K;
 - wpk's fused Attention: 2 x batch x Sq x Sk x (D + Dv) (Q K^T, then P V);
-- wpk's fused InvertedResidual: the sum of its three convs' (expand, depthwise, project).
+- wpk's fused InvertedResidual (and InvertedResidualNCHW): the sum of its three convs'
+  (expand, depthwise, project).
 
 Every other op (elementwise, pooling, normalizations, layout changes) is None:
 its time is memory traffic and a FLOP rate would mislead.
@@ -30,6 +31,8 @@ from wpk.kernels.cpu.inverted_residual_spec import (
     is_inverted_residual,
     part_workloads,
 )
+from wpk.kernels.cuda.irb_spec import irb_reason, is_irb_nchw
+from wpk.kernels.cuda.irb_spec import part_workloads as irb_part_workloads
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 NCHWC_DOMAIN = "wpk.nchwc"
@@ -72,6 +75,12 @@ def _inverted_residual_flops(workload: Workload) -> int | None:
     return sum(_conv_flops(part) for part in part_workloads(workload) if part.op == "Conv")
 
 
+def _irb_nchw_flops(workload: Workload) -> int | None:
+    if irb_reason(workload) is not None:
+        return None
+    return sum(_conv_flops(part) for part in irb_part_workloads(workload))
+
+
 _STANDARD = {"Conv": _conv_flops, "ConvTranspose": _conv_transpose_flops,
              "MatMul": _matmul_flops, "Gemm": _gemm_flops}
 
@@ -85,6 +94,8 @@ def workload_flops(workload: Workload) -> int | None:
         count = _conv_flops
     elif is_inverted_residual(workload):
         count = _inverted_residual_flops
+    elif is_irb_nchw(workload):
+        count = _irb_nchw_flops
     else:
         count = _attention_flops
     needed = 1 if count is _inverted_residual_flops else 2   # a block may lack W1

@@ -35,6 +35,7 @@ from wpk.kernels.cpu.node_model import (
 )
 from wpk.kernels.cpu.tensor_formulas import TENSOR_FORMULAS
 from wpk.kernels.cpu.window import pad_spatial, window_geometry, windows
+from wpk.kernels.cuda.irb_spec import irb_formula, is_irb_nchw
 from wpk.kernels.epilogue import apply_epilogue, validate_epilogue
 from wpk.kernels.support import unsupported_reason
 
@@ -99,7 +100,8 @@ def has_formula(workload: Workload) -> bool:
     """Whether the reference uses wpk's own numpy formulation (not onnx.reference): only
     where it covers the workload's whole ONNX definition (`kernels.support`), so e.g. a
     linear Resize is judged by onnx.reference, not by the nearest-only formula."""
-    if is_elementwise(workload) or is_attention(workload) or is_inverted_residual(workload):
+    if is_elementwise(workload) or is_attention(workload) or is_inverted_residual(workload) \
+            or is_irb_nchw(workload):
         return True
     return (workload.domain in ("", "ai.onnx") and workload.op in REFERENCE_FORMULAS
             and unsupported_reason(workload) is None)
@@ -113,6 +115,8 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
         return nchwc_reference(workload, inputs)
     if is_inverted_residual(workload):  # its three blocked convs, one after the other
         return [np.asarray(y, np.float64) for y in inverted_residual_formula(workload, inputs)]
+    if is_irb_nchw(workload):  # its three NCHW convs, one after the other
+        return irb_formula(workload, inputs)
     if len(inputs) != len(workload.inputs):
         raise UnsupportedError(f"{workload.label}: {len(inputs)} inputs given, "
                                f"{len(workload.inputs)} expected",

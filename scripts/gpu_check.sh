@@ -11,7 +11,7 @@
 # 2. makes a CUDA compiler reachable for generated kernels when there is no nvcc: NVRTC from
 #    the pip CUDA libraries and ptxas from triton, under the names wpk's toolchain looks for;
 # 3. prints nvidia-smi and the versions of everything involved;
-# 4. runs tests/gpu (runtime, vendors, generated kernels, sessions; online search and
+# 4. runs tests/gpu (runtime, vendors, generated kernels, fused kernels, sessions; online search and
 #    --parallel-measure; then the nine light models), junit XML and logs to $OUT;
 # 5. runs scripts/bench_gpu.py --quick (JSON to $OUT and benchmarks/results/).
 # Every part has its own time limit and writes as it goes, so a part that runs out of time
@@ -145,12 +145,15 @@ if [ "$LIGHT_ONLY" = 1 ]; then
     run_part gpu-light-models 470 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_light_models_gpu.py --junitxml="$OUT/junit-gpu-light.xml"
 else
-    PARTS="unit-logic gpu-runtime gpu-search gpu-light-models bench-gpu"
+    PARTS="unit-logic gpu-runtime gpu-fused gpu-search gpu-light-models bench-gpu"
     run_part unit-logic 30 python3 -m pytest -q -p no:cacheprovider \
         tests/unit/test_cuda_runtime_logic.py --junitxml="$OUT/junit-unit-logic.xml"
     run_part gpu-runtime 180 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_cuda_runtime.py tests/gpu/test_winograd_cuda_gpu.py \
         --junitxml="$OUT/junit-gpu-runtime.xml"
+    # the fused attention and inverted-residual kernels against the reference and peers
+    run_part gpu-fused 90 python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/gpu/test_cuda_fused_gpu.py --junitxml="$OUT/junit-gpu-fused.xml"
     # online --search and --parallel-measure (build, records, tune)
     run_part gpu-search 80 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_gpu_search.py --junitxml="$OUT/junit-gpu-search.xml"

@@ -183,7 +183,7 @@ class CudaSession(Session):
         return calls, names, kinds
 
     def _prepare_one(self, impl, workload, consts, config, files: Mapping[str, bytes]):
-        if impl.name == "dsl.cuda" and "launch.json" in files:
+        if impl.name in ("dsl.cuda", "cuda.fused") and "launch.json" in files:
             launch = json.loads(files["launch.json"])
             choice = binary_choice(launch["arch"], self.device_cc, "kernel.ptx" in files)
             return load_cubin_kernel(generated_artifacts(files, choice), launch)

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from wpk.core.workload import Workload
+from wpk.kernels.cuda.irb_spec import is_irb_nchw, part_workloads
 from wpk.kernels.cuda.traffic import onchip_seconds
 
 LAUNCH_OVERHEAD_S = 3e-6          # per kernel launch (assumption; CUDA graphs lower it)
@@ -97,7 +98,9 @@ def workload_work(workload: Workload) -> tuple[float, float]:
 
     Conv: 2*N*K*OH*OW*(C/groups)*R*S; Gemm/MatMul: 2*M*N*K (batched: times the
     batch); pooling: one operation per window element; other ops: one per
-    output element and epilogue step. Bytes: every input and output once.
+    output element and epilogue step; wpk's Attention: both GEMMs and a softmax over
+    the scores; the NCHW inverted-residual block: its three convs. Bytes: every input
+    and output once.
     """
     out = workload.outputs[0].shape
     out_elems = _elements(out)
@@ -117,6 +120,12 @@ def workload_work(workload: Workload) -> tuple[float, float]:
         flops = float(_elements(workload.inputs[0].shape))
     elif op in ("Softmax", "LogSoftmax", "LayerNormalization"):
         flops = 5.0 * out_elems
+    elif op == "Attention" and workload.domain == "wpk":   # Q K^T, softmax, P V
+        q, v = workload.inputs[0].shape, workload.inputs[2].shape
+        scores = _elements(q[:-1]) * int(v[-2])
+        flops = 2.0 * scores * (int(q[-1]) + int(v[-1])) + 5.0 * scores
+    elif is_irb_nchw(workload):   # its three convs
+        return sum(workload_work(p)[0] for p in part_workloads(workload)), nbytes
     else:
         flops = float(out_elems)
     flops += float(out_elems * len(workload.epilogue))

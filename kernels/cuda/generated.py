@@ -115,6 +115,15 @@ def _distinct(a: Mapping, b: Mapping) -> bool:
     return any(a[k] != b[k] for k in shape) or sum(a[k] != b[k] for k in a) >= 2
 
 
+@dataclass(frozen=True)
+class KernelIo:
+    """Which step input feeds each kernel parameter (name -> index), and the output's name;
+    a DSL mapping has the same two attributes."""
+
+    feeds: Mapping[str, int]
+    output: str
+
+
 @dataclass
 class BuiltCuda:
     """A workload's CUDA module for one config: loop IR, launches, binary (with usage)."""
@@ -173,8 +182,8 @@ def parameter_table(func, mapping) -> list[dict]:
     return table
 
 
-def launch_description(workload: Workload, built: BuiltCuda,
-                       params: list[dict] | None = None) -> dict:
+def launch_description(workload: Workload, built: BuiltCuda, params: list[dict] | None = None
+                       ) -> dict:
     """The `launch.json` document of a built module (see the module docstring); `params`
     defaults to the `parameter_table` of the workload's DSL mapping."""
     usage = built.binary.kernels if built.binary is not None else {}
@@ -231,6 +240,10 @@ class DslCuda(CudaModuleImplementation):
         """None by enumeration: configs come from the offline planner (for a preset) or the
         search."""
         return []
+
+    def io(self, workload: Workload):
+        """Which step input feeds each kernel parameter, and the output parameter."""
+        return workload_mapping(workload)
 
     def build(self, workload: Workload, config: Mapping, compile: bool = True) -> BuiltCuda:
         return build_for(workload, config, compile)

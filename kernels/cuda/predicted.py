@@ -84,7 +84,8 @@ class PredictedVendor(Implementation):
                                "predicted choices")
 
 
-def _module(arrays: Sequence):
+def array_module(arrays: Sequence):
+    """cupy when any of `arrays` is a cupy array, else numpy."""
     for array in arrays:
         if array is not None and type(array).__module__.startswith("cupy"):
             import cupy  # optional (the cuda extra): only for cupy arrays
@@ -119,7 +120,7 @@ class DeviceCopy(Implementation):
 
         def kernel(inputs: Sequence, outputs: Sequence) -> None:
             if not module:
-                module.append(_module([*inputs, *outputs]))
+                module.append(array_module([*inputs, *outputs]))
             xp = module[0]
             out = outputs[0]
             if op == "Concat":

@@ -30,6 +30,7 @@ from wpk.core.errors import DeviceError, OptionError, ScheduleError
 from wpk.core.workload import Workload
 from wpk.dsl.toolchain_cuda import find_nvcc, nvrtc_version, tool_version
 from wpk.kernels import registry
+from wpk.kernels.cuda.fused import fused_candidates
 from wpk.kernels.cuda.generated import (
     DSL_CUDA,
     GPU_KEY,
@@ -152,6 +153,8 @@ class CudaTarget(Target):
         count = self.default_generated if generated is None else generated
         found = [Candidate(DSL_CUDA, config) for config in self._configs(workload, count)]
         found += [Candidate(WINOGRAD_CUDA, c) for c in self._winograd_configs(workload, count)]
+        # no search family tunes the fused kernels (Attention, ...): always offered
+        found += fused_candidates(workload, self.hardware, count or self.default_generated)
         library = vendor_library(workload)
         if self.predicted and library is not None:
             found.append(Candidate(CUDNN if library == "cudnn" else CUBLAS, {}))

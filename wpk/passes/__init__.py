@@ -14,10 +14,11 @@ one node `Elementwise` (domain 'wpk') whose input 0 is the chain's first
 value (a step's `operand` may be 0 too: `x * f(x)` reads the chain's input
 again); a single elementwise op stays the standard ONNX op, except activations
 that ONNX spells with several ops (SiLU, erf-GELU, HardSwish before opset 14),
-which become a one-step `Elementwise`. On the CPU, scaled dot-product
+which become a one-step `Elementwise`. On the CPU and CUDA targets, scaled dot-product
 attention becomes one node `Attention` (domain 'wpk', `wpk.passes.attention`), and
 an inverted-residual block of blocked convs one node `InvertedResidual` (domain 'wpk',
-`wpk.passes.inverted_residual`).
+`wpk.passes.inverted_residual`); on the CUDA target the same block of standard NCHW convs
+becomes `InvertedResidualNCHW` (`wpk.passes.inverted_residual_nchw`).
 `to_onnx` expands all of it back into standard ONNX.
 """
 
@@ -36,6 +37,7 @@ from wpk.passes.dead_nodes import DeadNodeElimination
 from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import CHAIN_RULES, EPILOGUE_RULES, LINEAR_RULES, PATTERN_RULES
 from wpk.passes.inverted_residual import INVERTED_RESIDUAL_RULES
+from wpk.passes.inverted_residual_nchw import INVERTED_RESIDUAL_NCHW_RULES
 from wpk.passes.nchwc_layout import NchwcLayout
 from wpk.passes.noop_removal import NoOpRemoval
 from wpk.passes.reduce_to_pool import ReduceToPool
@@ -65,7 +67,7 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(NoOpRemoval),
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),
-                  targets=frozenset({"cpu"})),
+                  targets=frozenset({"cpu", "cuda"})),
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
@@ -76,6 +78,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(NchwcLayout, targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("inverted_residual_fusion", INVERTED_RESIDUAL_RULES),
                   targets=frozenset({"cpu"})),
+    PipelineEntry(lambda: FusionPass("inverted_residual_nchw_fusion",
+                                     INVERTED_RESIDUAL_NCHW_RULES), targets=frozenset({"cuda"})),
 ]
 
 

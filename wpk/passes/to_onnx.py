@@ -28,6 +28,8 @@ from onnx import helper, numpy_helper
 from wpk.core.graph import Graph, Node
 from wpk.kernels.cpu.attention_spec import ATTENTION_DOMAIN, ATTENTION_OP, attention_onnx_nodes
 from wpk.kernels.cpu.inverted_residual_spec import IR_DOMAIN, IR_OP, part_nodes
+from wpk.kernels.cuda.irb_spec import IRB_OP
+from wpk.kernels.cuda.irb_spec import part_nodes as irb_part_nodes
 from wpk.kernels.epilogue import epilogue_onnx_nodes
 
 ELEMENTWISE_OP = "Elementwise"
@@ -94,8 +96,9 @@ class _Emitter:
         if node.op == ATTENTION_OP and node.domain == ATTENTION_DOMAIN:
             self._attention(node)
             return
-        if node.op == IR_OP and node.domain == IR_DOMAIN:  # its three blocked convs
-            for part in part_nodes(node, self.fresh):
+        if node.domain == IR_DOMAIN and node.op in (IR_OP, IRB_OP):  # its three convs
+            parts = part_nodes if node.op == IR_OP else irb_part_nodes
+            for part in parts(node, self.fresh):
                 self.dtypes[part.outputs[0]] = self.graph.tensors[node.inputs[0]].dtype
                 self._emit(part)
             return
