@@ -1,5 +1,6 @@
 """Shared fixtures: seeded generators and a temporary cache directory per test; the
-`--isa` option (see tests/isa.py)."""
+`--isa` option (see tests/isa.py) and `--mlas-block`, which scripts/isa_check.sh passes
+to the pytest-xdist workers it starts under qemu."""
 
 from __future__ import annotations
 
@@ -28,12 +29,30 @@ def pytest_addoption(parser):
     parser.addoption("--onnx-fallback-runs", action="store_true",
                      help="ONNX backend suite: also run the cases wpk makes no claim on "
                           "through its fallbacks and count them (skips whatever the outcome)")
+    parser.addoption("--mlas-block", type=int, default=None,
+                     help="stop unless onnxruntime's MLAS uses this NCHWc block in the process "
+                          "that runs the tests (scripts/isa_check.sh: 8, so a worker that is "
+                          "not under the emulated AVX2 CPU cannot pass for one)")
 
 
 def pytest_configure(config):
     from tests.isa import force_isa
 
     force_isa(config.getoption("--isa"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """`--mlas-block`: checked where the tests are collected and run (each pytest-xdist
+    worker, or the one process), not in an xdist controller that only hands them out."""
+    expected = config.getoption("--mlas-block")
+    if expected is None:
+        return
+    from wpk.kernels.nchwc_format import mlas_block_size
+
+    found = mlas_block_size()
+    if found != expected:
+        raise pytest.UsageError(f"onnxruntime's MLAS uses NCHWc block {found} in this process, "
+                                f"not {expected} (--mlas-block): is it running under qemu?")
 
 
 @pytest.fixture(scope="session")
