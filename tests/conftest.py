@@ -74,6 +74,20 @@ def corpus_model_path(tmp_path_factory):
     return path_of
 
 
+@pytest.fixture(scope="session")
+def built_plan(tmp_path_factory):
+    """`built_plan(name, **options) -> Plan` of an evaluation model (tests/models.py), built
+    once per test run and shared by the pytest-xdist workers (tests/built_plans.py)."""
+    import os
+
+    from tests.built_plans import PlanCache
+
+    run_folder = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's folder sits in the run's folder
+        run_folder = run_folder.parent
+    return PlanCache(run_folder / "built-plans").get
+
+
 @pytest.fixture
 def char_device(tmp_path) -> str:
     """A character device to aim outputs at (tests that wpk refuses to replace one): as root,

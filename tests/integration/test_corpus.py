@@ -23,7 +23,7 @@ import pytest
 
 import wpk
 from tests import corpus
-from tests.integration.test_accuracy import FAST_BUILD
+from tests.built_plans import FAST_BUILD
 from wpk.core.numerics import relative_l2
 
 MAX_RELATIVE_L2 = 1e-4
