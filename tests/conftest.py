@@ -75,17 +75,37 @@ def corpus_model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def built_plan(tmp_path_factory):
-    """`built_plan(name, **options) -> Plan` of an evaluation model (tests/models.py), built
-    once per test run and shared by the pytest-xdist workers (tests/built_plans.py)."""
+def run_folder(tmp_path_factory):
+    """A temporary folder of this test run, the same for all its pytest-xdist workers."""
     import os
 
+    folder = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's folder sits in the run's folder
+        folder = folder.parent
+    return folder
+
+
+@pytest.fixture(scope="session")
+def built_plan(run_folder):
+    """`built_plan(name, **options) -> Plan` of an evaluation model (tests/models.py), built
+    once per test run and shared by the pytest-xdist workers (tests/built_plans.py)."""
     from tests.built_plans import PlanCache
 
-    run_folder = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's folder sits in the run's folder
-        run_folder = run_folder.parent
     return PlanCache(run_folder / "built-plans").get
+
+
+@pytest.fixture
+def shared_compile_cache(cache_dir, run_folder, monkeypatch) -> str:
+    """Instead of `cache_dir`'s empty folder, one compile cache for every test of the run
+    that asks for it (the whole-model builds: the same convolution shapes in the accuracy
+    test, the ONNX backend's light models, the CLI build of ResNet-50). A kernel's cache key
+    is its source, flags (the ISA level) and compiler, never the weights, so a later build
+    loads what an earlier one compiled; it still verifies every candidate. Writes are atomic,
+    so concurrent workers are safe. Not for tests of the cache itself."""
+    path = run_folder / "shared-wpk-cache"
+    path.mkdir(exist_ok=True)
+    monkeypatch.setenv("WPK_CACHE_DIR", str(path))
+    return str(path)
 
 
 @pytest.fixture

@@ -23,6 +23,8 @@ from tests import models
 from tests.built_plans import FAST_BUILD
 from wpk.core.numerics import relative_l2
 
+# Whole models: the compile cache is the run's, shared with the other whole-model tests.
+pytestmark = pytest.mark.usefixtures("shared_compile_cache")
 MAX_RELATIVE_L2 = 1e-4
 
 
