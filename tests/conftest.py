@@ -1,5 +1,6 @@
 """Shared fixtures: seeded generators and a temporary cache directory per test; the
-`--isa` option (see tests/isa.py)."""
+`--isa` option (see tests/isa.py) and `--mlas-block`, which scripts/isa_check.sh passes
+to the pytest-xdist workers it starts under qemu."""
 
 from __future__ import annotations
 
@@ -28,12 +29,30 @@ def pytest_addoption(parser):
     parser.addoption("--onnx-fallback-runs", action="store_true",
                      help="ONNX backend suite: also run the cases wpk makes no claim on "
                           "through its fallbacks and count them (skips whatever the outcome)")
+    parser.addoption("--mlas-block", type=int, default=None,
+                     help="stop unless onnxruntime's MLAS uses this NCHWc block in the process "
+                          "that runs the tests (scripts/isa_check.sh: 8, so a worker that is "
+                          "not under the emulated AVX2 CPU cannot pass for one)")
 
 
 def pytest_configure(config):
     from tests.isa import force_isa
 
     force_isa(config.getoption("--isa"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """`--mlas-block`: checked where the tests are collected and run (each pytest-xdist
+    worker, or the one process), not in an xdist controller that only hands them out."""
+    expected = config.getoption("--mlas-block")
+    if expected is None:
+        return
+    from wpk.kernels.nchwc_format import mlas_block_size
+
+    found = mlas_block_size()
+    if found != expected:
+        raise pytest.UsageError(f"onnxruntime's MLAS uses NCHWc block {found} in this process, "
+                                f"not {expected} (--mlas-block): is it running under qemu?")
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +72,40 @@ def corpus_model_path(tmp_path_factory):
         return path
 
     return path_of
+
+
+@pytest.fixture(scope="session")
+def run_folder(tmp_path_factory):
+    """A temporary folder of this test run, the same for all its pytest-xdist workers."""
+    import os
+
+    folder = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's folder sits in the run's folder
+        folder = folder.parent
+    return folder
+
+
+@pytest.fixture(scope="session")
+def built_plan(run_folder):
+    """`built_plan(name, **options) -> Plan` of an evaluation model (tests/models.py), built
+    once per test run and shared by the pytest-xdist workers (tests/built_plans.py)."""
+    from tests.built_plans import PlanCache
+
+    return PlanCache(run_folder / "built-plans").get
+
+
+@pytest.fixture
+def shared_compile_cache(cache_dir, run_folder, monkeypatch) -> str:
+    """Instead of `cache_dir`'s empty folder, one compile cache for every test of the run
+    that asks for it (the whole-model builds: the same convolution shapes in the accuracy
+    test, the ONNX backend's light models, the CLI build of ResNet-50). A kernel's cache key
+    is its source, flags (the ISA level) and compiler, never the weights, so a later build
+    loads what an earlier one compiled; it still verifies every candidate. Writes are atomic,
+    so concurrent workers are safe. Not for tests of the cache itself."""
+    path = run_folder / "shared-wpk-cache"
+    path.mkdir(exist_ok=True)
+    monkeypatch.setenv("WPK_CACHE_DIR", str(path))
+    return str(path)
 
 
 @pytest.fixture

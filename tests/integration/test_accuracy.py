@@ -20,13 +20,12 @@ import pytest
 
 import wpk
 from tests import models
+from tests.built_plans import FAST_BUILD
 from wpk.core.numerics import relative_l2
 
+# Whole models: the compile cache is the run's, shared with the other whole-model tests.
+pytestmark = pytest.mark.usefixtures("shared_compile_cache")
 MAX_RELATIVE_L2 = 1e-4
-# Build options that keep CI fast: library and vendor kernels, no schedule search, each
-# candidate verified against the float64 reference and timed once.
-FAST_BUILD = {"search": "none", "warmup": 0, "repeats": 1, "min_time": 0.0, "progress": False,
-              "partition": False}
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
@@ -97,11 +96,13 @@ def test_random_light_weights_make_outputs_depend_on_the_input():
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.slow) if n.startswith("light_") else n
     for n in models.ALL_MODELS])  # light CNNs: 10-100 s each on 2 busy cores; still in CI
-def test_plan_matches_onnxruntime(name, tmp_path):
+def test_plan_matches_onnxruntime(name, tmp_path, built_plan):
+    """The build is shared with the other tests of this run that build `name` with
+    FAST_BUILD (tests/built_plans.py)."""
     model = models.load_model(name)
     feeds = models.random_inputs(model, seed=7)
     expected = onnxruntime_outputs(model, feeds)
-    plan = wpk.build(model, target="cpu", **FAST_BUILD)
+    plan = built_plan(name, **FAST_BUILD)
     path = tmp_path / f"{name}.wpk"
     plan.save(path)
     session = wpk.load(path)

@@ -23,9 +23,11 @@ import pytest
 
 import wpk
 from tests import corpus
-from tests.integration.test_accuracy import FAST_BUILD
+from tests.built_plans import FAST_BUILD
 from wpk.core.numerics import relative_l2
 
+# Whole models: the compile cache is the run's, shared with the other whole-model tests.
+pytestmark = pytest.mark.usefixtures("shared_compile_cache")
 MAX_RELATIVE_L2 = 1e-4
 # Corpus models on which wpk fails today: name -> the failure as it shows.
 KNOWN_FAILURES: dict[str, str] = {}

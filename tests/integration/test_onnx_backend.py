@@ -24,6 +24,9 @@ import wpk.backend as backend
 from tests.integration import onnx_cases
 from tests.integration.onnx_cases import SUMMARY_KEY, summary_lines
 
+# The light CNNs are whole models: the compile cache is the run's, shared with the other
+# whole-model tests (so are the node cases' small kernels).
+pytestmark = pytest.mark.usefixtures("shared_compile_cache")
 ALL_CASES = onnx_cases.node_cases() + onnx_cases.folder_cases() + onnx_cases.light_cases()
 # With `pytest --onnx-fallback-runs`, unclaimed cases still run (wpk hands their ops to
 # onnxruntime, or to onnx.reference where onnxruntime cannot run them or fails

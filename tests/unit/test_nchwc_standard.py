@@ -147,14 +147,13 @@ def test_merged_plan_matches_onnxruntime(dense_se):
     assert relative_l2(Session(plan).run(feeds)["y"], expected) < 1e-4
 
 
-def test_squeezenet_concats_are_verified_region_candidates():
+def test_squeezenet_concats_are_verified_region_candidates(built_plan):
     """Fire modules end in a blocked Concat: ort.nchwc computes it correctly, so the planner
-    may keep the regions going through it (which one wins depends on the timings)."""
-    from tests import models
+    may keep the regions going through it (which one wins depends on the timings). The
+    build is the accuracy test's (tests/built_plans.py)."""
+    from tests.built_plans import FAST_BUILD
 
-    model = models.load_model("light_squeezenet")
-    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
-                     partition=False)
+    plan = built_plan("light_squeezenet", **FAST_BUILD)
     rows = [w for w in plan.report["workloads"] if w["op"] == "Concat"]
     assert rows
     for row in rows:

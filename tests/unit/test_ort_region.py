@@ -8,18 +8,18 @@ import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
-from tests import models
+from tests.built_plans import FAST_BUILD
 from wpk.core.numerics import relative_l2
 from wpk.kernels import registry
 from wpk.kernels.cpu.ort_region import RegionMember, region_kernel, region_model, upgraded
 from wpk.runtime import Session, example_feeds
 
 
-def transformer_plan_on_onnxruntime():
+def transformer_plan_on_onnxruntime(built_plan):
     """The transformer encoder's plan with every step onnxruntime runs given to `ort`
-    (whatever the timing chose), so the region logic is tested, not the planner."""
-    plan = wpk.build(models.load_model("transformer_encoder"), target="cpu", progress=False,
-                     warmup=0, repeats=1, min_time=0, partition=False)
+    (whatever the timing chose), so the region logic is tested, not the planner. The build
+    is shared with the accuracy test's (tests/built_plans.py); each call changes its own copy."""
+    plan = built_plan("transformer_encoder", **FAST_BUILD)
     ort_impls = [registry.get("ort"), registry.get("ort.attention")]  # the fused attention
     for step in plan.manifest["steps"]:
         workload = plan.workloads[step["workload_key"]]
@@ -29,8 +29,8 @@ def transformer_plan_on_onnxruntime():
     return plan
 
 
-def test_a_transformers_onnxruntime_steps_share_one_session_with_the_same_outputs():
-    plan = transformer_plan_on_onnxruntime()
+def test_a_transformers_onnxruntime_steps_share_one_session_with_the_same_outputs(built_plan):
+    plan = transformer_plan_on_onnxruntime(built_plan)
     assert sum(s.impl == "ort" for s in plan.steps) >= 15
     merged, stepwise = Session(plan), Session(plan, merge_regions=False)
     assert len(merged._calls) <= 2 < len(stepwise._calls)
@@ -108,8 +108,8 @@ def test_onnxruntimes_own_layer_norm_before_opset_17_is_not_converted():
     assert np.allclose(y.mean(axis=-1), 0, atol=1e-6)
 
 
-def test_a_region_onnxruntime_cannot_load_runs_step_by_step(monkeypatch):
-    plan = transformer_plan_on_onnxruntime()
+def test_a_region_onnxruntime_cannot_load_runs_step_by_step(monkeypatch, built_plan):
+    plan = transformer_plan_on_onnxruntime(built_plan)
 
     def refuse(*args, **kwargs):
         raise ValueError("no such kernel")
