@@ -104,7 +104,8 @@ def test_a_build_measures_the_whole_model_and_keeps_the_per_operator_report():
     summary = plan.report["partition"]
     assert summary["winner"] in (WPK, ONNXRUNTIME) and summary["rel_l2_between"] <= 1e-4
     assert summary["runs"] >= 6 and summary["wpk_median_s"] > 0
-    assert (summary["winner"] == ONNXRUNTIME) == (summary["ratio"] > 1.02)
+    # ties go to onnxruntime: wpk's plan stays only when at least 2% faster
+    assert (summary["winner"] == ONNXRUNTIME) == (summary["ratio"] > 0.98)
     assert (plan.steps[0].impl == "ort.model") == (summary["winner"] == ONNXRUNTIME)
     assert len(plan.report["workloads"]) >= 1   # the per-operator report stays
     x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
