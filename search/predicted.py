@@ -81,7 +81,9 @@ class PredictedRunner(Runner):
                     kind=impl.kind, workload_key=workload.key)
         if isinstance(impl, CudaModuleImplementation):
             return self._generated(workload, candidate, seed, base, options.tolerance)
-        if impl is HOST_STEP:
+        if hasattr(impl, "predict"):     # a placeholder with a model of its own
+            prediction = impl.predict(workload, self.gpu)
+        elif impl is HOST_STEP:
             prediction = analytic.predict_host(workload)
         elif impl is DEVICE_COPY:
             prediction = analytic.predict_copy(workload, self.gpu)
