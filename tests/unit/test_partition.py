@@ -301,4 +301,10 @@ def test_on_generated_kernels_gives_close_onnxruntime_steps_to_generated_kernels
         assert choice.reason["rule"] == "one-pool" and choice.reason["faster"] == "ort"
         assert choice.reason["over_s"] == pytest.approx(0.4e-6)
     assert on_generated_kernels(choices(2.6e-6), max_slowdown=1.25) is None  # too slow
+    from wpk.commands.render import partition_lines, reason_text
+    entry = {"candidates": [{}, {}], "reason": pooled.choices[next(iter(pooled.choices))].reason}
+    assert "one thread pool" in reason_text(entry) and "ort" in reason_text(entry)
+    report = {"partition": {"winner": WPK, "plan": "generated kernels", "wpk_median_s": 1e-3,
+                            "onnxruntime_median_s": 1.1e-3, "ratio": 0.91}}
+    assert "given to generated kernels" in partition_lines(report)[0]
     assert on_generated_kernels(choices(1e-6, Status.WRONG_ANSWER), max_slowdown=1.25) is None

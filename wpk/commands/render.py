@@ -88,6 +88,10 @@ def reason_text(workload: Mapping) -> str:
         text = (f"keeps the onnxruntime region whole (+{format_time(reason['over_s'])} over "
                 f"{reason['faster']}, within the {format_time(reason['credit_s'])} "
                 "credit of a step inside a region)")
+    elif rule == "one-pool":
+        text = (f"generated kernel, so one thread pool runs the plan "
+                f"(+{format_time(reason['over_s'])} over {reason['faster']} alone, which "
+                "lost end to end)")
     elif rule == "only_verified":
         text = f"only verified candidate (of {len(workload['candidates'])})"
     elif rule == "timed_alone":
@@ -105,6 +109,7 @@ def reason_tag(workload: Mapping) -> str:
     """A table cell's short form of `reason_text`: fastest, region +5 us, only, ..."""
     reason = choice_reason(workload)
     tag = {"region": f"region +{format_time(reason.get('over_s'))}",
+           "one-pool": f"one pool +{format_time(reason.get('over_s'))}",
            "only_verified": "only verified", "timed_alone": "timed alone",
            "not_recorded": "not recorded"}.get(reason["rule"], "fastest")
     return f"{tag} (predicted)" if workload.get("predicted") else tag
@@ -142,6 +147,8 @@ def wpk_plan_name(partition: Mapping) -> str:
     """Which of wpk's plans the end-to-end comparison measured as wpk's (`wpk.partition`)."""
     if partition.get("plan") == "within regions":
         return "wpk's plan with its steps outside onnxruntime's regions given back to them"
+    if partition.get("plan") == "generated kernels":
+        return "wpk's plan with its onnxruntime steps given to generated kernels (one pool)"
     return "wpk's per-operator plan"
 
 
