@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,9 +65,15 @@ def cache_key(source: str, flags: Sequence[str], compiler_version: str,
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def temp_tag() -> str:
+    """A name part unique to this process and thread: two threads compiling the same
+    source (an offline build's compile pool) must not share a temporary file."""
+    return f"{os.getpid()}.{threading.get_ident()}"
+
+
 def atomic_write(path: Path, data: bytes | str) -> None:
     """Write `data` to `path` through a temporary file and a rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{temp_tag()}.tmp")
     if isinstance(data, str):
         tmp.write_text(data)
     else:
@@ -129,7 +136,7 @@ def compile_c(source: str, flags: Sequence[str] | None = None,
         return CompiledArtifact(lib, key, True)
     src = directory / f"c_{key[:32]}.c"
     atomic_write(src, source)
-    tmp = lib.with_name(f".{lib.name}.{os.getpid()}.tmp")
+    tmp = lib.with_name(f".{lib.name}.{temp_tag()}.tmp")
     proc = run_tool([cc, *flags, str(src), "-o", str(tmp), *libraries], "compiling C", GCC_HINT)
     if proc.returncode != 0:
         raise ToolchainError(f"{cc} failed to compile {src}:\n{proc.stderr[-4000:]}",

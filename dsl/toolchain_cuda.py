@@ -17,7 +17,6 @@ import ctypes
 import functools
 import importlib.util
 import json
-import os
 import re
 import shutil
 from collections.abc import Sequence
@@ -25,7 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from wpk.core.errors import ToolchainError
-from wpk.dsl.toolchain import CODEGEN_VERSION, atomic_write, cache_key, compile_cache_dir, run_tool
+from wpk.dsl.toolchain import (
+    CODEGEN_VERSION,
+    atomic_write,
+    cache_key,
+    compile_cache_dir,
+    run_tool,
+    temp_tag,
+)
 
 NVCC_MIN_ARCH = 75
 NVCC_FLAGS = ("-O3", "--use_fast_math")
@@ -297,7 +303,7 @@ def compile_cuda(source: str, arch: str, flags: Sequence[str] | None = None,
 def _compile_nvcc(source: str, number: int, flags: Sequence[str], stem: Path) -> CudaBinary:
     src = stem.with_suffix(".cu")
     atomic_write(src, source)
-    out = stem.with_name(f".{stem.name}.{os.getpid()}.cubin")
+    out = stem.with_name(f".{stem.name}.{temp_tag()}.cubin")
     proc = run_tool([find_nvcc(), "-cubin", f"-arch=sm_{number}", *flags, "-Xptxas", "-v",
                      "-o", str(out), str(src)], f"compiling CUDA for sm_{number}", NVCC_HINT)
     log = proc.stdout + proc.stderr
@@ -314,7 +320,7 @@ def _compile_nvrtc(source: str, number: int, flags: Sequence[str], stem: Path) -
     ptx, nvrtc_log = nvrtc_compile_ptx(source, f"sm_{number}", flags)
     ptx_path = stem.with_suffix(".ptx")
     atomic_write(ptx_path, ptx)
-    out = stem.with_name(f".{stem.name}.{os.getpid()}.cubin")
+    out = stem.with_name(f".{stem.name}.{temp_tag()}.cubin")
     proc = run_tool([str(find_wheel_ptxas()), f"-arch=sm_{number}", "-O3", "-v",
                      str(ptx_path), "-o", str(out)], f"ptxas for sm_{number}", WHEEL_HINT)
     log = nvrtc_log + proc.stdout + proc.stderr

@@ -491,7 +491,7 @@ def _chained(calls: list, names: list[str]) -> tuple[list, list[str]]:
     return merged, merged_names
 
 
-def _joins_regions(step) -> bool:
+def step_joins_regions(step) -> bool:
     """Whether the step's implementation may join an onnxruntime region."""
     try:
         return registry.get(step.impl).joins_regions
@@ -506,10 +506,10 @@ def _region(plan: Plan, start: int, arrays: Mapping,
     boundary must sit in their own arena bytes: onnxruntime may order independent nodes
     differently from the plan and knows nothing of buffer reuse."""
     steps, weights = plan.steps, plan.weights
-    if not _joins_regions(steps[start]):
+    if not step_joins_regions(steps[start]):
         return start + 1, set()
     limit = start + 1
-    while limit < len(steps) and _joins_regions(steps[limit]):
+    while limit < len(steps) and step_joins_regions(steps[limit]):
         limit += 1
     best = (start + 1, set())
     for end in range(start + 2, limit + 1):

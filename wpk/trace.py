@@ -12,7 +12,8 @@ start of the run) on one thread, nested in a slice `run` spanning them all:
 a single step's slice is named by its op and carries in `args` its node,
 op, implementation, kind and input and output shapes; a call that ran
 several steps as one onnxruntime session is one slice, `onnxruntime region
-(N steps)`, whose `args.members` lists each member node the same way.
+(N steps)`, and one that ran consecutive generated kernels as one native call
+`generated kernels (N steps)`, whose `args.members` list each member node the same way.
 Metadata events name the process and the thread.
 """
 
@@ -23,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from wpk.core.version import __version__
 from wpk.core.workload import TensorSpec
 from wpk.plans.planfile import Plan, Step
-from wpk.runtime import CallTiming
+from wpk.runtime import CallTiming, step_joins_regions
 
 PID, TID = 1, 1
 CATEGORY = "wpk"
@@ -45,12 +46,14 @@ def step_args(plan: Plan, step: Step, workloads: Mapping) -> dict:
 
 
 def call_event(plan: Plan, timing: CallTiming, origin_s: float, workloads: Mapping) -> dict:
-    """The complete event of one call (a step, or an onnxruntime region)."""
+    """The complete event of one call (a step, an onnxruntime region or a chain of
+    generated kernels)."""
     members = [step_args(plan, step, workloads) for step in timing.steps]
     if len(members) == 1:
         name, args = timing.steps[0].op, members[0]
     else:
-        name = f"onnxruntime region ({len(members)} steps)"
+        what = "onnxruntime region" if step_joins_regions(timing.steps[0]) else "generated kernels"
+        name = f"{what} ({len(members)} steps)"
         args = {"steps": len(members), "first": members[0]["node"],
                 "last": members[-1]["node"], "members": members}
     return {"name": name, "cat": CATEGORY, "ph": "X", "pid": PID, "tid": TID,

@@ -52,7 +52,11 @@ def test_run_prints_percentiles_and_writes_a_trace(plan_path, tmp_path, capsys):
     slices = [e for e in document["traceEvents"] if e["ph"] == "X" and e["name"] != "run"]
     nodes = [m["node"] for s in slices for m in s["args"].get("members", [s["args"]])]
     assert nodes == [step.node for step in read_plan(str(plan_path)).steps]
-    assert any(s["name"].startswith("onnxruntime region") for s in slices)
+    # several steps in one call: an onnxruntime region or a chain of generated kernels
+    # (which of them the measured plan has depends on the timings)
+    calls = [s for s in slices if "members" in s["args"]]
+    assert all(s["name"].startswith(("onnxruntime region", "generated kernels"))
+               for s in calls)
 
 
 def test_run_help_states_the_defaults(capsys):

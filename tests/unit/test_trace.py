@@ -4,6 +4,7 @@ chrome://tracing), checked against the format's rules (tests/trace_format.py).""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -39,14 +40,18 @@ def test_a_run_becomes_one_slice_per_step_inside_the_run(session):
     assert session.run(feeds)["y"].tolist() == session.run(feeds)["y"].tolist()
 
 
-def test_a_region_is_one_slice_listing_its_members(session):
-    steps = session.plan.steps
+@pytest.mark.parametrize("impl, name", [("ort", "onnxruntime region (2 steps)"),
+                                        ("dsl.cpu", "generated kernels (2 steps)")])
+def test_a_region_or_a_chain_is_one_slice_listing_its_members(session, impl, name):
+    """A call of two steps: an onnxruntime region when its steps join regions, else a
+    native chain of generated kernels (wpk.kernels.cpu.native_chain)."""
+    steps = [dataclasses.replace(step, impl=impl) for step in session.plan.steps]
     timings = [CallTiming(tuple(steps[:2]), 10.0, 10.000_5), CallTiming((steps[2],), 10.000_5,
                                                                          10.000_6)]
     document = trace_document(session.plan, timings)
     assert check_trace(document) == []
-    region = next(e for e in document["traceEvents"] if e["name"].startswith("onnxruntime"))
-    assert region["name"] == "onnxruntime region (2 steps)"
+    region = next(e for e in document["traceEvents"] if e["name"].endswith("(2 steps)"))
+    assert region["name"] == name
     assert region["dur"] == pytest.approx(500.0)
     assert [m["node"] for m in region["args"]["members"]] == ["mm", "relu"]
     assert region["args"]["first"] == "mm" and region["args"]["last"] == "relu"
