@@ -23,7 +23,6 @@ its three convs as three cuDNN calls.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -49,7 +48,6 @@ from wpk.kernels.cuda.generated import (
     CudaModuleImplementation,
     KernelIo,
     launch_description,
-    load_cubin_kernel,
     parameter_table,
     split_config,
 )
@@ -153,26 +151,10 @@ class FusedCuda(CudaModuleImplementation):
                                 hint="only fused ops (Attention, ...) have one")
         return family
 
-    def artifacts(self, workload: Workload, config: Mapping) -> dict[str, bytes]:
-        """cubin, CUDA source (+ PTX on the NVRTC path) and launch.json of the config."""
-        built = self.build(workload, config)
-        launch = launch_description(workload, built,
-                                    parameter_table(built.func, self.io(workload)))
-        files = {"kernel.cubin": built.binary.cubin, "kernel.cu": built.source.encode(),
-                 "launch.json": json.dumps(launch, indent=1).encode()}
-        if built.binary.ptx:
-            files["kernel.ptx"] = built.binary.ptx.encode()
-        return files
-
-    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
-                config: Mapping) -> Kernel:
-        return self.prepare_from_artifacts(workload, consts, config,
-                                           self.artifacts(workload, config))
-
-    def prepare_from_artifacts(self, workload: Workload, consts: Mapping[int, np.ndarray],
-                               config: Mapping, artifacts: Mapping[str, bytes]) -> Kernel:
-        """Load the stored cubin with cupy; kernel(inputs, outputs) takes cupy arrays."""
-        return load_cubin_kernel(artifacts["kernel.cubin"], json.loads(artifacts["launch.json"]))
+    def launch_document(self, workload: Workload, built: BuiltCuda, config: Mapping) -> dict:
+        """launch.json with the fused op's own parameter table."""
+        return launch_description(workload, built,
+                                  parameter_table(built.func, self.io(workload)))
 
 
 class UnfusedAttention(Implementation):

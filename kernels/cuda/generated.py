@@ -224,6 +224,30 @@ class CudaModuleImplementation(Implementation):
         (`analytic.workload_work`), else None."""
         return None
 
+    def launch_document(self, workload: Workload, built: BuiltCuda, config: Mapping) -> dict:
+        """The module's `launch.json` (default: the DSL mapping's parameter table)."""
+        return launch_description(workload, built)
+
+    def artifacts(self, workload: Workload, config: Mapping) -> dict[str, bytes]:
+        """cubin, CUDA source (+ PTX on the NVRTC path) and launch.json of the config."""
+        built = self.build(workload, config)
+        launch = self.launch_document(workload, built, config)
+        files = {"kernel.cubin": built.binary.cubin, "kernel.cu": built.source.encode(),
+                 "launch.json": json.dumps(launch, indent=1).encode()}
+        if built.binary.ptx:
+            files["kernel.ptx"] = built.binary.ptx.encode()
+        return files
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        return self.prepare_from_artifacts(workload, consts, config,
+                                           self.artifacts(workload, config))
+
+    def prepare_from_artifacts(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                               config: Mapping, artifacts: Mapping[str, bytes]) -> Kernel:
+        """Load the stored cubin with cupy; kernel(inputs, outputs) takes cupy arrays."""
+        return load_cubin_kernel(artifacts["kernel.cubin"], json.loads(artifacts["launch.json"]))
+
 
 class DslCuda(CudaModuleImplementation):
     """Generated CUDA kernels of DSL operators, for the preset named in the config."""
@@ -254,26 +278,6 @@ class DslCuda(CudaModuleImplementation):
         return ({name: np.asarray(inputs[index]) for name, index in mapping.feeds.items()},
                 mapping.output)
 
-    def artifacts(self, workload: Workload, config: Mapping) -> dict[str, bytes]:
-        """cubin, CUDA source (+ PTX on the NVRTC path) and launch.json of the config."""
-        built = build_for(workload, config)
-        files = {"kernel.cubin": built.binary.cubin, "kernel.cu": built.source.encode(),
-                 "launch.json": json.dumps(launch_description(workload, built),
-                                           indent=1).encode()}
-        if built.binary.ptx:
-            files["kernel.ptx"] = built.binary.ptx.encode()
-        return files
-
-    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
-                config: Mapping) -> Kernel:
-        return self.prepare_from_artifacts(workload, consts, config,
-                                           self.artifacts(workload, config))
-
-    def prepare_from_artifacts(self, workload: Workload, consts: Mapping[int, np.ndarray],
-                               config: Mapping, artifacts: Mapping[str, bytes]) -> Kernel:
-        """Load the stored cubin with cupy; kernel(inputs, outputs) takes cupy arrays."""
-        launch = json.loads(artifacts["launch.json"])
-        return load_cubin_kernel(artifacts["kernel.cubin"], launch)
 
 
 def load_cubin_kernel(cubin: bytes, launch: Mapping, constants: Mapping | None = None

@@ -254,21 +254,11 @@ class DslCudaWinograd(CudaModuleImplementation):
     def algorithm_work(self, workload: Workload, config: Mapping):
         return analytic.winograd_work(workload, int(config["m"]))
 
-    def artifacts(self, workload: Workload, config: Mapping) -> dict[str, bytes]:
-        """cubin, CUDA source (+ PTX on the NVRTC path) and launch.json of the config."""
-        built = self.build(workload, config)
+    def launch_document(self, workload: Workload, built: BuiltCuda, config: Mapping) -> dict:
+        """launch.json with the Winograd parameter table and the tile size m."""
         mapping = winograd_mapping(workload, int(config["m"]))
         launch = launch_description(workload, built, parameter_table(built.func, mapping))
-        files = {"kernel.cubin": built.binary.cubin, "kernel.cu": built.source.encode(),
-                 "launch.json": json.dumps(dict(launch, m=mapping.m), indent=1).encode()}
-        if built.binary.ptx:
-            files["kernel.ptx"] = built.binary.ptx.encode()
-        return files
-
-    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
-                config: Mapping) -> Kernel:
-        return self.prepare_from_artifacts(workload, consts, config,
-                                           self.artifacts(workload, config))
+        return dict(launch, m=mapping.m)
 
     def prepare_from_artifacts(self, workload: Workload, consts: Mapping[int, np.ndarray],
                                config: Mapping, artifacts: Mapping[str, bytes]) -> Kernel:
