@@ -33,6 +33,8 @@ from wpk.kernels.cpu.microkernels.isa import usable_isas
 from wpk.kernels.reference import reference
 from wpk.kernels.support import is_supported
 
+from .conv_reference import conv_nchw
+
 TOLERANCE = 1e-5
 BLOCK = fmt.host_block_size()
 RELU6 = ("clip", (("max", 6.0), ("min", 0.0)))
@@ -73,22 +75,6 @@ def run(kernel, workload, arrays) -> np.ndarray:
     return out
 
 
-def _conv_nchw(x, w, b, stride, pad, groups):
-    """float64 convolution, the plain loop of the definition (independent of wpk)."""
-    n, c, h, wd = x.shape
-    o, cg, k, _ = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
-    y = np.zeros((n, o, oh, ow))
-    og = o // groups
-    for g in range(groups):
-        for r in range(k):
-            for s in range(k):
-                patch = xp[:, g * cg:(g + 1) * cg, r:r + stride * oh:stride,
-                           s:s + stride * ow:stride]
-                y[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch,
-                                                       w[g * og:(g + 1) * og, :, r, s])
-    return y + (0 if b is None else b.reshape(1, -1, 1, 1))
 
 
 def _act(v, act):
@@ -112,9 +98,9 @@ def test_reference_is_the_separate_ops(case):
     arrays, _ = arrays_for(workload, np.random.default_rng(1))
     wide = [None if a is None else np.asarray(a, np.float64) for a in arrays]
     x = fmt.unblock(wide[0], cin)
-    h1 = _act(_conv_nchw(x, wide[1], wide[2], 1, 0, 1), act)
-    h2 = _act(_conv_nchw(h1, wide[3], wide[4], s, k // 2, e), act)
-    y = _conv_nchw(h2, wide[5], wide[6], 1, 0, 1) + (x if residual else 0)
+    h1 = _act(conv_nchw(x, wide[1], wide[2], 1, 0, 1), act)
+    h2 = _act(conv_nchw(h1, wide[3], wide[4], s, k // 2, e), act)
+    y = conv_nchw(h2, wide[5], wide[6], 1, 0, 1) + (x if residual else 0)
     got = fmt.unblock(reference(workload, arrays)[0], cout)
     assert relative_l2(got, y) < 1e-12
 

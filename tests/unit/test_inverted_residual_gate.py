@@ -23,6 +23,8 @@ from wpk.kernels.cpu.microkernels.ir_space import BlockSpace, block_geometry, de
 from wpk.kernels.cpu.microkernels.isa import usable_isas
 from wpk.kernels.reference import reference
 
+from .conv_reference import conv_nchw
+
 TOLERANCE = 1e-5
 BLOCK = fmt.host_block_size()
 HS, SILU, RELU = ("hard_swish", ()), ("silu", ()), ("relu", ())
@@ -86,22 +88,6 @@ def _act(v, act):
     return v
 
 
-def _conv(x, w, b, stride=1, pad=0, groups=1):
-    """float64 NCHW convolution by its definition (independent of wpk)."""
-    n, c, h, wd = x.shape
-    o, cg, k, _ = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
-    y = np.zeros((n, o, oh, ow))
-    og = o // groups
-    for g in range(groups):
-        for r in range(k):
-            for s in range(k):
-                patch = xp[:, g * cg:(g + 1) * cg, r:r + stride * oh:stride,
-                           s:s + stride * ow:stride]
-                y[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch,
-                                                       w[g * og:(g + 1) * og, :, r, s])
-    return y + (0 if b is None else b.reshape(1, -1, 1, 1))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -112,14 +98,14 @@ def test_reference_is_the_separate_ops(case):
     arrays, _ = arrays_for(workload, np.random.default_rng(1))
     v = [None if a is None else np.asarray(a, np.float64) for a in arrays]
     x = fmt.unblock(v[0], spec["cin"])
-    h = _act(_conv(x, v[1], v[2]), spec["act"]) if spec["expand"] else x
-    h = _act(_conv(h, v[3], v[4], spec["stride"], spec["k"] // 2, spec["expanded"]),
+    h = _act(conv_nchw(x, v[1], v[2]), spec["act"]) if spec["expand"] else x
+    h = _act(conv_nchw(h, v[3], v[4], spec["stride"], spec["k"] // 2, spec["expanded"]),
              spec["act"])
     if spec["squeezed"]:
         pooled = h.mean(axis=(2, 3), keepdims=True)
-        s = _act(_conv(pooled, v[7], v[8]), spec["gate_acts"][0])
-        h = h * _act(_conv(s, v[9], v[10]), spec["gate_acts"][1])
-    y = _conv(h, v[5], v[6]) + (x if spec["residual"] else 0)
+        s = _act(conv_nchw(pooled, v[7], v[8]), spec["gate_acts"][0])
+        h = h * _act(conv_nchw(s, v[9], v[10]), spec["gate_acts"][1])
+    y = conv_nchw(h, v[5], v[6]) + (x if spec["residual"] else 0)
     got = fmt.unblock(reference(workload, arrays)[0], spec["cout"])
     assert relative_l2(got, y) < 1e-12
 
