@@ -5,12 +5,14 @@ Used by the plan file and runtime tests, independent of the kernel library.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import types
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.workload import TensorSpec, Workload
@@ -20,6 +22,23 @@ from wpk.plans.assemble import assemble_plan
 from wpk.plans.planner import PlanOptions, plan
 from wpk.search.measure import measure_candidate
 from wpk.search.runner import Runner
+
+
+@contextlib.contextmanager
+def without_micro_kernels():
+    """Builds inside offer none of the micro-kernel families' default configs, so the
+    planner leaves convolutions, fused blocks and products to onnxruntime and consecutive
+    onnxruntime steps form regions (what region tests need; a micro-kernel that wins one
+    conv breaks a region apart)."""
+    from wpk.kernels.cpu.microkernels.gemm import MicroGemm
+    from wpk.kernels.cpu.microkernels.inverted_residual import MicroInvertedResidual
+    from wpk.kernels.cpu.microkernels.kernel import MicroNchwc
+    from wpk.kernels.cpu.microkernels.winograd import MicroWinograd
+
+    with pytest.MonkeyPatch.context() as patch:
+        for family in (MicroNchwc, MicroWinograd, MicroInvertedResidual, MicroGemm):
+            patch.setattr(family, "configs", lambda self, workload: [])
+        yield
 
 
 def ensure_builtin_importable() -> None:

@@ -11,6 +11,8 @@ from tests import models
 from wpk.core.numerics import relative_l2
 from wpk.runtime import Session
 
+from .plan_helpers import without_micro_kernels
+
 # ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
 pytestmark = pytest.mark.isa
 
@@ -18,13 +20,10 @@ pytestmark = pytest.mark.isa
 @pytest.fixture(scope="module")
 def mobilenet_plan():
     """An untuned plan whose convolutions are onnxruntime's, so consecutive ort.nchwc steps
-    form regions (the micro-kernels' default config, which may win some convolutions and
-    break the runs of ort.nchwc steps apart, is not offered here)."""
-    from wpk.kernels.cpu.microkernels.kernel import MicroNchwc
-
+    form regions (the micro-kernels' default configs, which may win some convolutions or
+    fused blocks and break the runs of onnxruntime steps apart, are not offered here)."""
     model = models.load_model("mobilenet_v2_like")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(MicroNchwc, "configs", lambda self, workload: [])
+    with without_micro_kernels():
         plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
                          partition=False)
     return model, plan

@@ -14,6 +14,8 @@ from tests.unit.test_nchwc_gate import _se_model
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.runtime import Session
 
+from .plan_helpers import without_micro_kernels
+
 
 def _cpu_seconds_while_idle(seconds: float = 0.1) -> float:
     """CPU time this process uses while its main thread sleeps (spinning pool threads)."""
@@ -26,13 +28,10 @@ def _cpu_seconds_while_idle(seconds: float = 0.1) -> float:
 def se_region_plan():
     """A squeeze-excite model's plan, measured as `wpk build` does by default (a one-shot
     measurement can let a lone step beat the region by noise). The micro-kernels' default
-    config, which may win a conv (the 3-channel first one too) and leave no region, is not
-    offered here (as in test_nchwc_region)."""
-    from wpk.kernels.cpu.microkernels.kernel import MicroNchwc
-
+    configs, which may win a conv (the 3-channel first one too) or a fused block and leave
+    no region, are not offered here (as in test_nchwc_region)."""
     model = _se_model(np.random.default_rng(2))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(MicroNchwc, "configs", lambda self, workload: [])
+    with without_micro_kernels():
         plan = wpk.build(model, target="cpu", progress=False, partition=False)
     return model, plan
 
