@@ -29,6 +29,7 @@ from wpk.kernels.cpu.attention_spec import (
     attention_reason,
     attention_shape,
 )
+from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.cpu.node_model import (
     OnnxPart,
     input_name,
@@ -128,6 +129,16 @@ class AttentionC(Implementation):
             fn(_pointer(inputs[0], keep), _pointer(inputs[1], keep), _pointer(inputs[2], keep),
                mask, out.ctypes.data)
 
+        def native(inputs, outputs) -> NativeCall | None:
+            """The call on these buffers when every operand is passed as it is."""
+            operands = [*inputs[:3], *(inputs[3:4] if has_mask else ())]
+            if not all(plain(a) for a in (*operands, outputs[0])):
+                return None
+            pointers = [a.ctypes.data for a in inputs[:3]]
+            return function_address(fn), (*pointers, operands[3].ctypes.data if has_mask
+                                          else None, outputs[0].ctypes.data)
+
+        kernel.native = native
         return kernel
 
 

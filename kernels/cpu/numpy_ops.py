@@ -21,6 +21,7 @@ import numpy as np
 from wpk.core.epilogue import ONNX_BINARY_STEPS
 from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
+from wpk.kernels.cpu.native_moves import moves_call
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
 from wpk.kernels.cpu.tensor_formulas import (
     BINARY_UFUNCS,
@@ -128,13 +129,56 @@ class NumpyCopy(NumpyImplementation):
             move(inputs, outputs[0])
             finish_epilogue(outputs[0], steps, inputs)
 
+        if not steps and op not in ("Resize", "Gather"):
+            kernel.native = _native_form(kernel, self._views(workload))
         return kernel
+
+    def _views(self, workload: Workload):
+        """`views(inputs, out)`: the (source view, destination view) pairs the step copies,
+        for its native form (Reshape-likes, Transpose, Slice, Concat)."""
+        op, out_shape = workload.op, workload.outputs[0].shape
+        if op in _RESHAPES:
+            return lambda inputs, out: [(inputs[0].reshape(out_shape), out)]
+        if op == "Transpose":
+            perm = workload.attr("perm") or tuple(reversed(range(len(workload.inputs[0].shape))))
+            return lambda inputs, out: [(inputs[0].transpose(perm), out)]
+        if op == "Slice":
+            index = slice_index(workload, [workload.static_value(i)
+                                           for i in range(len(workload.inputs))],
+                                workload.inputs[0].shape)
+            return lambda inputs, out: [(inputs[0][index], out)]
+        axis = workload.attr("axis") % len(out_shape)   # Concat
+        lead, bounds, start = (slice(None),) * axis, [], 0
+        for spec in workload.inputs[:self.core_inputs(workload)]:
+            bounds.append((start, start + spec.shape[axis]))
+            start += spec.shape[axis]
+        return lambda inputs, out: [(inputs[i], out[lead + (slice(lo, hi),)])
+                                    for i, (lo, hi) in enumerate(bounds)]
 
     def extra_reason(self, workload: Workload) -> str | None:
         if workload.op == "Slice" and workload.opset >= 10 and any(
                 workload.static_value(i) is None for i in (1, 2)):
             return "Slice starts/ends must be static inputs"
         return None
+
+
+def _native_form(kernel, views):
+    """`kernel.native` of a data-movement step: its copies as one `wpk_moves` call
+    (`native_moves`) where every source is a view of the step's input, else None."""
+
+    def native(inputs, outputs):
+        pairs = views(inputs, outputs[0])
+        if not all(np.may_share_memory(src, given) for (src, _), given in
+                   zip(pairs, inputs) if src.size):   # a reshape that would copy
+            return None
+        found = moves_call(pairs)
+        if found is None:
+            return None
+        call, table = found
+        kernel.keep = (*getattr(kernel, "keep", ()), table)
+        return call
+
+    return native
 
 
 class NumpySum(NumpyImplementation):

@@ -108,6 +108,15 @@ def test_a_plans_consecutive_generated_steps_run_as_one_call_with_the_same_outpu
             assert relative_l2(ours[output], reference[output]) <= 1e-6, output
 
 
+def test_a_transformers_plan_on_generated_kernels_is_one_native_call():
+    """The heads' Reshapes and Transposes (numpy.copy, native_moves) and the fused attention
+    join the chain, so no step of the layer returns to Python between kernels."""
+    plan = _generated_plan(models.transformer_encoder())
+    impls = {step.impl for step in plan.steps}
+    assert {"numpy.copy", "attention.c", "micro.gemm"} <= impls, impls
+    assert Session(plan)._step_names == [f"{plan.steps[0].node}..{plan.steps[-1].node}"]
+
+
 def test_a_small_parallel_loop_runs_on_the_calling_thread():
     """Below MIN_PARALLEL_WORK iterations the C has no OpenMP region to wake; above, it has."""
     for size, parallel in ((256, False), (4 * MIN_PARALLEL_WORK, True)):

@@ -1,0 +1,123 @@
+"""Data-movement steps in native form (kernels/cpu/native_moves): the strided C copy
+against numpy on every dtype width, merged dims, and numpy.copy's Reshape, Transpose,
+Slice and Concat kernels joining a native chain with the outputs of their Python form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
+from wpk.kernels import registry
+from wpk.kernels.cpu.native_chain import chain_kernel, native_call
+from wpk.kernels.cpu.native_moves import merged_dims, moves_call
+
+NUMPY_COPY = registry.get("numpy.copy")
+DTYPES = [np.float32, np.int64, np.float16, np.uint8, np.bool_]
+
+
+def _run_moves(pairs) -> None:
+    call, table = moves_call(pairs)
+    chain_kernel([call], keep=[table])([], [])
+
+
+def _random(shape, dtype, seed=0):
+    return (np.random.default_rng(seed).standard_normal(shape) * 50).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("view", [
+    lambda x: x.transpose(0, 2, 1, 3),          # attention heads: rows of the last dim
+    lambda x: x.transpose(0, 1, 3, 2),          # K^T: a strided inner dim
+    lambda x: x.transpose(3, 2, 1, 0),
+    lambda x: x[:, 1:, ::-2, 2:6],              # a negative step
+    lambda x: x[1:2, :, 3:4, :1],               # size-1 dims everywhere
+    lambda x: x.reshape(6, 35),
+], ids=["heads", "k-transposed", "reversed", "negative-step", "ones", "reshape"])
+def test_a_move_copies_what_numpy_copies(dtype, view):
+    source = view(_random((2, 3, 5, 7), dtype))
+    out = np.zeros(source.shape, dtype)
+    _run_moves([(source, out)])
+    np.testing.assert_array_equal(out, source)
+
+
+def test_moves_write_into_strided_destinations_in_order():
+    a, b = _random((2, 3, 4), np.float32, 1), _random((2, 5, 4), np.float32, 2)
+    out = np.full((2, 8, 4), np.nan, np.float32)
+    _run_moves([(a, out[:, :3]), (b, out[:, 3:])])
+    np.testing.assert_array_equal(out, np.concatenate([a, b], axis=1))
+
+
+def test_contiguous_dims_merge_so_a_reshape_is_one_copy():
+    x = np.zeros((2, 3, 4), np.float32)
+    assert merged_dims(x.shape, x.strides, x.strides, 4) == ([24], [4], [4])
+    heads = x.reshape(2, 3, 2, 2).transpose(0, 2, 1, 3)   # last dim stays contiguous
+    out = np.zeros(heads.shape, np.float32)
+    shape, src, dst = merged_dims(heads.shape, heads.strides, out.strides, 4)
+    assert shape[-1] == 2 and src[-1] == dst[-1] == 4 and len(shape) == 4
+    assert merged_dims((1, 1), (4, 4), (4, 4), 4) == ([1], [4], [4])
+
+
+def test_no_native_move_where_the_copy_is_not_a_plain_byte_copy():
+    x = np.zeros((4, 4), np.float32)
+    assert moves_call([(x, np.zeros((4, 4), np.float64))]) is None   # a cast
+    assert moves_call([(x[:2], x[2:])]) is not None                  # disjoint halves
+    assert moves_call([(x, x.T)]) is None                            # overlapping memory
+    assert moves_call([(x[:, :3], np.zeros((4, 4), np.float32))]) is None   # shapes differ
+
+
+def _copy_kernel(workload):
+    return NUMPY_COPY.prepare(workload, {}, {})
+
+
+def _spec(shape, dtype="float32"):
+    return TensorSpec(tuple(shape), dtype)
+
+
+WORKLOADS = {
+    "reshape": Workload("Reshape", (_spec((2, 6, 4)), _spec((3,), "int64")),
+                        (_spec((2, 3, 8)),), const_inputs=(1,),
+                        static_inputs=((1, np.array((2, 3, 8), np.int64)),)),
+    "transpose-heads": Workload("Transpose", (_spec((1, 16, 4, 8)),),
+                                (_spec((1, 4, 16, 8)),), attrs=(("perm", (0, 2, 1, 3)),)),
+    "transpose-default": Workload("Transpose", (_spec((3, 5, 7)),), (_spec((7, 5, 3)),)),
+    "slice-steps": Workload("Slice", (_spec((6, 9)), _spec((2,), "int64"), _spec((2,), "int64"),
+                                      _spec((2,), "int64"), _spec((2,), "int64")),
+                            (_spec((2, 4)),), const_inputs=(1, 2, 3, 4),
+                            static_inputs=tuple((i, np.array(v, np.int64)) for i, v in
+                                                  ((1, (1, 8)), (2, (5, 0)), (3, (0, 1)),
+                                                   (4, (2, -2))))),
+    "concat": Workload("Concat", (_spec((2, 3, 5)), _spec((2, 1, 5)), _spec((2, 4, 5))),
+                       (_spec((2, 8, 5)),), attrs=(("axis", -2),)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WORKLOADS))
+def test_numpy_copy_steps_give_a_native_form_with_the_same_output(case):
+    workload = WORKLOADS[case]
+    assert NUMPY_COPY.unsupported_reason(workload) is None
+    kernel = _copy_kernel(workload)
+    inputs = [_random(spec.shape, spec.dtype, seed) if workload.static_value(i) is None
+              else np.asarray(workload.static_value(i), np.int64)
+              for seed, (i, spec) in enumerate(enumerate(workload.inputs))]
+    spec = workload.outputs[0]
+    python_out = np.zeros(spec.shape, spec.dtype)
+    kernel(inputs, [python_out])
+    native_out = np.full(spec.shape, 7, spec.dtype)
+    call = native_call(kernel, inputs, [native_out])
+    assert call is not None
+    chain_kernel([call], keep=[kernel])([], [])
+    np.testing.assert_array_equal(native_out, python_out)
+
+
+def test_copy_steps_that_would_copy_twice_or_compute_have_no_native_form():
+    reshape = _copy_kernel(WORKLOADS["reshape"])
+    strided = _random((2, 12, 4), np.float32)[:, ::2]     # reshape() would copy it first
+    assert native_call(reshape, [strided, None], [np.zeros((2, 3, 8), np.float32)]) is None
+    with_epilogue = Workload("Reshape", WORKLOADS["reshape"].inputs,
+                             WORKLOADS["reshape"].outputs, const_inputs=(1,),
+                             static_inputs=((1, (2, 3, 8)),),
+                             epilogue=(EpilogueStep("relu"),))
+    assert getattr(_copy_kernel(with_epilogue), "native", None) is None
+    gather = Workload("Gather", (_spec((5, 3)), _spec((2,), "int64")), (_spec((2, 3)),))
+    assert getattr(_copy_kernel(gather), "native", None) is None
