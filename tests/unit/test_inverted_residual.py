@@ -34,8 +34,8 @@ from wpk.kernels.reference import reference
 from wpk.kernels.support import is_supported
 
 from .conv_reference import conv_nchw
+from .irb_helpers import TOLERANCE, activation, arrays_for, check_fused_kernel, run
 
-TOLERANCE = 1e-5
 BLOCK = fmt.host_block_size()
 RELU6 = ("clip", (("max", 6.0), ("min", 0.0)))
 
@@ -58,48 +58,15 @@ def case_workload(case: str):
     return block_workload(n, cin, e, cout, h, w, k, s, act, residual, BLOCK, biases)
 
 
-def arrays_for(workload, rng: np.random.Generator) -> tuple[list, dict]:
-    """Blocked input (padding lanes zero, as the layout keeps them) and constants."""
-    x = workload.inputs[0]
-    channels = workload.inputs[1].shape[1]
-    logical = rng.standard_normal((x.shape[0], channels, *x.shape[2:4])).astype(np.float32)
-    consts = {i: (rng.standard_normal(workload.inputs[i].shape) * 0.4).astype(np.float32)
-              for i in range(1, 7) if workload.inputs[i] is not None}
-    return [fmt.block(logical, BLOCK), *(consts.get(i) for i in range(1, 7))], consts
-
-
-def run(kernel, workload, arrays) -> np.ndarray:
-    out = np.full(workload.outputs[0].shape, np.nan, np.float32)   # poisoned
-    kernel(arrays, [out])
-    assert np.isfinite(out).all()
-    return out
-
-
-
-
-def _act(v, act):
-    name, attrs = act
-    attrs = dict(attrs)
-    if name == "clip":
-        return np.clip(v, attrs["min"], attrs["max"])
-    if name == "relu":
-        return np.maximum(v, 0)
-    if name == "leaky_relu":
-        return np.where(v > 0, v, v * attrs["alpha"])
-    if name == "hard_sigmoid":
-        return np.clip(v * 0.2 + 0.5, 0, 1)
-    return v
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_reference_is_the_separate_ops(case):
     workload = case_workload(case)
     n, cin, e, cout, h, w, k, s, act, residual, biases = CASES[case]
-    arrays, _ = arrays_for(workload, np.random.default_rng(1))
+    arrays, _ = arrays_for(workload, np.random.default_rng(1), BLOCK)
     wide = [None if a is None else np.asarray(a, np.float64) for a in arrays]
     x = fmt.unblock(wide[0], cin)
-    h1 = _act(conv_nchw(x, wide[1], wide[2], 1, 0, 1), act)
-    h2 = _act(conv_nchw(h1, wide[3], wide[4], s, k // 2, e), act)
+    h1 = activation(conv_nchw(x, wide[1], wide[2], 1, 0, 1), act)
+    h2 = activation(conv_nchw(h1, wide[3], wide[4], s, k // 2, e), act)
     y = conv_nchw(h2, wide[5], wide[6], 1, 0, 1) + (x if residual else 0)
     got = fmt.unblock(reference(workload, arrays)[0], cout)
     assert relative_l2(got, y) < 1e-12
@@ -108,13 +75,7 @@ def test_reference_is_the_separate_ops(case):
 @pytest.mark.parametrize("isa", [i.name for i in usable_isas() if BLOCK % i.lanes == 0])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_kernel_matches_reference(case, isa):
-    workload = case_workload(case)
-    assert inverted_residual_reason(workload) is None
-    arrays, consts = arrays_for(workload, np.random.default_rng(2))
-    expected = reference(workload, arrays)[0]
-    config = default_config(block_geometry(workload), isa)
-    out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload, arrays)
-    assert relative_l2(out, expected) < TOLERANCE, config
+    check_fused_kernel(case_workload(case), isa, BLOCK)
 
 
 @pytest.mark.parametrize("case", ["stride2-odd-image", "5x5-stride1-no-bias-leaky"])
@@ -124,7 +85,7 @@ def test_every_schedule_knob_keeps_the_result(case):
     a middle and its largest valid value."""
     workload = case_workload(case)
     space = BlockSpace(block_geometry(workload))
-    arrays, consts = arrays_for(workload, np.random.default_rng(3))
+    arrays, consts = arrays_for(workload, np.random.default_rng(3), BLOCK)
     expected = reference(workload, arrays)[0]
     base = space.default_config()
     tried = 0
@@ -141,7 +102,7 @@ def test_every_schedule_knob_keeps_the_result(case):
 
 def test_residual_reads_its_input_when_the_output_aliases_it():
     workload = case_workload("odd-channels-stride1-residual")
-    arrays, consts = arrays_for(workload, np.random.default_rng(4))
+    arrays, consts = arrays_for(workload, np.random.default_rng(4), BLOCK)
     expected = reference(workload, arrays)[0]
     kernel = MICRO_INVERTED_RESIDUAL.prepare(workload, consts,
                                              MICRO_INVERTED_RESIDUAL.configs(workload)[0])
@@ -154,7 +115,7 @@ def test_residual_reads_its_input_when_the_output_aliases_it():
                                   "5x5-stride1-no-bias-leaky"])
 def test_onnxruntime_candidate_runs_the_separate_nodes(case):
     workload = case_workload(case)
-    arrays, consts = arrays_for(workload, np.random.default_rng(5))
+    arrays, consts = arrays_for(workload, np.random.default_rng(5), BLOCK)
     out = run(ORT_INVERTED_RESIDUAL.prepare(workload, consts, {}), workload, arrays)
     assert relative_l2(out, reference(workload, arrays)[0]) < TOLERANCE
     part = ORT_INVERTED_RESIDUAL.onnx_part(workload, consts)

@@ -19,13 +19,13 @@ from wpk.kernels.cpu.microkernels.inverted_residual import (
     MICRO_INVERTED_RESIDUAL,
     ORT_INVERTED_RESIDUAL,
 )
-from wpk.kernels.cpu.microkernels.ir_space import BlockSpace, block_geometry, default_config
+from wpk.kernels.cpu.microkernels.ir_space import BlockSpace, block_geometry
 from wpk.kernels.cpu.microkernels.isa import usable_isas
 from wpk.kernels.reference import reference
 
 from .conv_reference import conv_nchw
+from .irb_helpers import TOLERANCE, activation, arrays_for, check_fused_kernel, run
 
-TOLERANCE = 1e-5
 BLOCK = fmt.host_block_size()
 HS, SILU, RELU = ("hard_swish", ()), ("silu", ()), ("relu", ())
 SIGMOID, HSIG = ("sigmoid", ()), ("hard_sigmoid", (("alpha", 1 / 6), ("beta", 0.5)))
@@ -53,58 +53,21 @@ def case_workload(case: str):
     return block_workload(block=BLOCK, **CASES[case])
 
 
-def arrays_for(workload, rng: np.random.Generator) -> tuple[list, dict]:
-    """Blocked input (padding lanes zero, as the layout keeps them) and constants."""
-    x = workload.inputs[0]
-    channels = workload.inputs[3].shape[0] if workload.inputs[1] is None \
-        else workload.inputs[1].shape[1]
-    logical = rng.standard_normal((x.shape[0], channels, *x.shape[2:4])).astype(np.float32)
-    count = len(workload.inputs)
-    consts = {i: (rng.standard_normal(workload.inputs[i].shape) * 0.4).astype(np.float32)
-              for i in range(1, count) if workload.inputs[i] is not None}
-    return [fmt.block(logical, BLOCK), *(consts.get(i) for i in range(1, count))], consts
-
-
-def run(kernel, workload, arrays) -> np.ndarray:
-    out = np.full(workload.outputs[0].shape, np.nan, np.float32)   # poisoned
-    kernel(arrays, [out])
-    assert np.isfinite(out).all()
-    return out
-
-
-def _act(v, act):
-    name = act[0]
-    if name == "relu":
-        return np.maximum(v, 0)
-    if name == "hard_swish":
-        return v * np.clip(v / 6 + 0.5, 0, 1)
-    if name == "hard_sigmoid":
-        attrs = {"alpha": 0.2, "beta": 0.5, **dict(act[1])}
-        return np.clip(v * attrs["alpha"] + attrs["beta"], 0, 1)
-    if name == "sigmoid":
-        return 1 / (1 + np.exp(-v))
-    if name == "silu":
-        return v / (1 + np.exp(-v))
-    return v
-
-
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_reference_is_the_separate_ops(case):
     spec = {"k": 3, "stride": 1, "residual": False, "squeezed": 0, "expand": True,
             "gate_acts": (RELU, ("hard_sigmoid", ())), **CASES[case]}
     workload = case_workload(case)
-    arrays, _ = arrays_for(workload, np.random.default_rng(1))
+    arrays, _ = arrays_for(workload, np.random.default_rng(1), BLOCK)
     v = [None if a is None else np.asarray(a, np.float64) for a in arrays]
     x = fmt.unblock(v[0], spec["cin"])
-    h = _act(conv_nchw(x, v[1], v[2]), spec["act"]) if spec["expand"] else x
-    h = _act(conv_nchw(h, v[3], v[4], spec["stride"], spec["k"] // 2, spec["expanded"]),
+    h = activation(conv_nchw(x, v[1], v[2]), spec["act"]) if spec["expand"] else x
+    h = activation(conv_nchw(h, v[3], v[4], spec["stride"], spec["k"] // 2, spec["expanded"]),
              spec["act"])
     if spec["squeezed"]:
         pooled = h.mean(axis=(2, 3), keepdims=True)
-        s = _act(conv_nchw(pooled, v[7], v[8]), spec["gate_acts"][0])
-        h = h * _act(conv_nchw(s, v[9], v[10]), spec["gate_acts"][1])
+        s = activation(conv_nchw(pooled, v[7], v[8]), spec["gate_acts"][0])
+        h = h * activation(conv_nchw(s, v[9], v[10]), spec["gate_acts"][1])
     y = conv_nchw(h, v[5], v[6]) + (x if spec["residual"] else 0)
     got = fmt.unblock(reference(workload, arrays)[0], spec["cout"])
     assert relative_l2(got, y) < 1e-12
@@ -113,20 +76,14 @@ def test_reference_is_the_separate_ops(case):
 @pytest.mark.parametrize("isa", [i.name for i in usable_isas() if BLOCK % i.lanes == 0])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_kernel_matches_reference(case, isa):
-    workload = case_workload(case)
-    assert inverted_residual_reason(workload) is None
-    arrays, consts = arrays_for(workload, np.random.default_rng(2))
-    expected = reference(workload, arrays)[0]
-    config = default_config(block_geometry(workload), isa)
-    out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload, arrays)
-    assert relative_l2(out, expected) < TOLERANCE, config
+    check_fused_kernel(case_workload(case), isa, BLOCK)
 
 
 def test_gate_kernel_keeps_the_result_under_every_strip_and_tile():
     """Phase 1's strips and phase 2's row tiles of several heights, and the register tiles."""
     workload = case_workload("gate-5x5-stride2-batch2")
     space = BlockSpace(block_geometry(workload))
-    arrays, consts = arrays_for(workload, np.random.default_rng(3))
+    arrays, consts = arrays_for(workload, np.random.default_rng(3), BLOCK)
     expected = reference(workload, arrays)[0]
     base = space.default_config()
     for knob in ("rows", "rt", "kv2", "px2", "cbt"):
@@ -141,7 +98,7 @@ def test_gate_kernel_keeps_the_result_under_every_strip_and_tile():
 def test_fused_kernel_is_repeatable_with_its_scratch():
     """The gate's scratch memory is rewritten by every call: a second call gives the same."""
     workload = case_workload("gate-silu-sigmoid-residual")
-    arrays, consts = arrays_for(workload, np.random.default_rng(4))
+    arrays, consts = arrays_for(workload, np.random.default_rng(4), BLOCK)
     kernel = MICRO_INVERTED_RESIDUAL.prepare(workload, consts,
                                              MICRO_INVERTED_RESIDUAL.configs(workload)[0])
     first = run(kernel, workload, arrays)
@@ -152,7 +109,7 @@ def test_fused_kernel_is_repeatable_with_its_scratch():
                                   "gate-silu-sigmoid-residual"])
 def test_onnxruntime_candidate_runs_the_separate_steps(case):
     workload = case_workload(case)
-    arrays, consts = arrays_for(workload, np.random.default_rng(5))
+    arrays, consts = arrays_for(workload, np.random.default_rng(5), BLOCK)
     out = run(ORT_INVERTED_RESIDUAL.prepare(workload, consts, {}), workload, arrays)
     assert relative_l2(out, reference(workload, arrays)[0]) < TOLERANCE
     ops = [n.op_type for n in ORT_INVERTED_RESIDUAL.onnx_part(workload, consts).model.graph.node]
