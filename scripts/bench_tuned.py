@@ -3,12 +3,14 @@
 
 For each model: build with the schedule search (tuning records in --db-dir, so
 a rerun reuses them), check the outputs against onnxruntime, then time both
-engines alternately (A B A B) and report medians and the ratio wpk/ort, as
-`bench_e2e.py` does. The per-operator picture: for every tuned workload the
-best generated time, the best vendor time and their ratio, and which
-workloads the planner gave to a generated kernel.
+engines alternately in blocks (10 runs of one, then 10 of the other, as
+`bench_e2e.py --ort-spinning --block 10` does; onnxruntime at its default
+threading, spinning on) and report medians and the ratio wpk/ort. The
+per-operator picture: for every tuned workload the best generated time, the
+best vendor time and their ratio, and which workloads the planner gave to a generated kernel.
 
     python scripts/bench_tuned.py                                  # 3 models, ga, 300 s each
+    python scripts/bench_tuned.py --budget 600 --models light_resnet50,mobilenet_v2_like
     python scripts/bench_tuned.py --models transformer_encoder --search rl --budget 120
 
 Writes benchmarks/results/tuned-<date>-<host>.json and prints markdown tables.
@@ -59,8 +61,9 @@ def bench(name: str, args, workdir: str) -> dict:
     options = {"search": args.search, "budget": args.budget, "db": str(db)}
     if args.trials:
         options["trials"] = args.trials
-    result = e2e.bench_model(name, args.rounds, args.warmup, args.threads, options, False,
-                             workdir)
+    result = e2e.bench_model(name, args.rounds, args.warmup, args.threads, options,
+                             args.breakdown, workdir, ort_spinning=not args.ort_no_spinning,
+                             block=max(1, args.block))
     plan = e2e.wpk.load(os.path.join(workdir, f"{name}.wpk")).plan
     report = plan.report
     result["search"] = {k: v for k, v in report.get("search", {}).items() if k != "tuned"}
@@ -92,10 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=None, help="trials per workload")
     parser.add_argument("--db-dir", default=os.path.join(tempfile.gettempdir(), "wpk-tuned"),
                         help="tuning records, one file per model (reused by later runs)")
-    parser.add_argument("--rounds", type=int, default=20, help="timed A/B rounds per model")
+    parser.add_argument("--rounds", type=int, default=10, help="timed A/B rounds per model")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="onnxruntime intra-op threads (default: cores)")
+    parser.add_argument("--block", type=int, default=10,
+                        help="runs of one engine in a row per round (as bench_e2e.py --block)")
+    parser.add_argument("--ort-no-spinning", action="store_true",
+                        help="turn onnxruntime's thread spinning off (default: its default, on)")
+    parser.add_argument("--breakdown", action="store_true", help="time every plan step")
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--no-save", action="store_true", help="print only, write no JSON")
     args = parser.parse_args(argv)
@@ -111,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "tuned", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "method": f"wpk build --search {args.search} --budget {args.budget:g} per model, "
                         f"then {args.warmup} warm-up rounds and {args.rounds} rounds alternating "
-                        "wpk and onnxruntime in one process; medians and quartiles",
+                        f"wpk and onnxruntime in one process, {args.block} run(s) of each per "
+                        f"round (when more than one: a {e2e.BLOCK_PAUSE_S} s pause before a "
+                        "block and its first run untimed); medians and quartiles",
+              "block": args.block, "ort_spinning": not args.ort_no_spinning,
               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
               "threads": args.threads, "machine": e2e.machine_description(),
               "results": results}
