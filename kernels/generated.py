@@ -192,6 +192,12 @@ def compile_job(workload: Workload, config: Mapping):
 
 
 # ----------------------------------------------------------------------------- implementation
+# Non-elementwise ops whose default schedule an untuned build measures: memory-bound and
+# quick to compile, and a generated step lets the plan run on one thread pool (one native
+# chain, `native_chain`) where onnxruntime's node would need its own pool woken.
+UNTUNED_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")
+
+
 class DslCpu(Implementation):
     """Generated C kernels of DSL operators, scheduled by a config from the search."""
 
@@ -205,7 +211,12 @@ class DslCpu(Implementation):
         return mapping if isinstance(mapping, str) else None
 
     def configs(self, workload: Workload) -> list[dict]:
-        """None: generated configs come from the search, not from enumeration."""
+        """What an untuned build measures: the template's default schedule of a memory-bound
+        workload (`UNTUNED_OPS`, elementwise chains); no config of the others, whose
+        generated kernels come from the search (or from the micro-kernel families)."""
+        if workload.op in UNTUNED_OPS or is_elementwise(workload) or \
+                workload.op in UNARY_AS_STEP or workload.op in BINARY_UFUNCS:
+            return [default_config(workload)]
         return []
 
     def algorithm(self, workload: Workload, config: Mapping) -> str:

@@ -204,11 +204,21 @@ def test_unmapped_workloads_say_why(name):
     assert reason is not None and words in reason, reason
 
 
-def test_registered_and_offers_no_configs_without_search():
-    workload = CASES["relu"]
+@pytest.mark.parametrize("case", ["relu", "elementwise_channel_chain", "add_broadcast_row",
+                                  "softmax_last_axis", "layernorm"])
+def test_an_untuned_build_measures_the_default_schedule_of_memory_bound_ops(case):
+    workload = CASES[case]
     assert registry.get("dsl.cpu") is DSL_CPU
-    assert DSL_CPU.configs(workload) == []
-    assert not any(c.implementation is DSL_CPU for c in registry.candidates(workload))
+    assert DSL_CPU.configs(workload) == [default_config(workload)]
+    assert [c.config for c in registry.candidates(workload)
+            if c.implementation is DSL_CPU] == [default_config(workload)]
+
+
+@pytest.mark.parametrize("case", ["conv_pointwise_clip", "matmul_2d", "gemm_no_c",
+                                  "maxpool_pads_stride2", "nchwc_3x3_residual"])
+def test_compute_bound_ops_get_their_generated_configs_from_the_search(case):
+    assert DSL_CPU.configs(CASES[case]) == []
+    assert not any(c.implementation is DSL_CPU for c in registry.candidates(CASES[case]))
 
 
 def test_coalesce_merges_dims_that_broadcast_alike():
