@@ -312,6 +312,13 @@ def estimate_registers(kernel: L.Kernel) -> int:
 
 
 # ----------------------------------------------------------------------------- generic
+# Below this many iterations of its main stage (spatial x reduction) an operator's default
+# CPU schedule is serial: its parallel regions, one per stage, cost more to wake than they
+# save (a 64x256 LayerNormalization: 21 us serial, 245 us parallel in the transformer
+# encoder's tuning records on the 2-core VM). The search still tries both.
+SERIAL_DEFAULT_WORK = 32768
+
+
 class GenericTemplate(Template):
     """Any operator. CPU: parallel outer loops, vectorised innermost spatial loop and, for
     reductions with two or more spatial axes, a (rows x vector) register tile (matmul).
@@ -341,11 +348,18 @@ class GenericTemplate(Template):
         points = list(self.space().points())
         if self.target == "cpu":
             lanes = self.limits.vector_lanes
-            points.sort(key=lambda p: (p["parallel"] != 1, abs(p["vector"] - lanes),
+            parallel = int(self.main_work() >= SERIAL_DEFAULT_WORK)
+            points.sort(key=lambda p: (p["parallel"] != parallel, abs(p["vector"] - lanes),
                                        -p.get("rows", 1)))
         else:
             points.sort(key=lambda p: (p["threads"] != 256, p["per_thread"]))
         return points
+
+    def main_work(self) -> int:
+        """Iterations of the main stage: its spatial extents times its reduction's."""
+        stage = self.main_stage
+        axes = [*stage.axes, *(stage.reduce.axes if stage.reduce is not None else ())]
+        return math.prod(int(a.extent.value) for a in axes)
 
     def _apply(self, sched: Schedule, config: dict) -> None:
         self.apply_generic(sched, config)

@@ -283,9 +283,10 @@ def within_regions(choices: PlanChoices) -> PlanChoices | None:
 
 def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 3.0) -> PlanChoices | None:
     """The choices with every step that runs in onnxruntime given to the fastest verified
-    measured generated kernel when that is at most `max_slowdown` times slower alone (reason
-    rule `one-pool`, for the end-to-end check of `wpk.partition`); None when no choice would
-    change.
+    measured generated kernel (or single-threaded library kernel: numpy's Reshape or
+    Transpose, which joins the generated kernels' native chain) when that is at most
+    `max_slowdown` times slower alone (reason rule `one-pool`, for the end-to-end check of
+    `wpk.partition`); None when no choice would change.
 
     The mirror of `within_regions`: a plan that alternates generated kernels (OpenMP
     threads) and onnxruntime's steps (its own threads) hands the cores from one thread pool
@@ -295,10 +296,11 @@ def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 3.0) -> Pla
     ResNet-50's plan with 54 of its 57 convolutions on generated kernels, some 2x slower
     alone than onnxruntime's, ran at 0.81-0.90x onnxruntime's latency where the
     per-operator plan ran at 0.92-0.97x (2-core VM, 2026-11-26)."""
-    def generated(candidate: Candidate) -> bool:
-        return candidate.implementation.kind == GENERATED
+    def one_pool(candidate: Candidate) -> bool:
+        impl = candidate.implementation
+        return impl.kind == GENERATED or impl.single_threaded
 
-    return _given_to(choices, generated, "one-pool", max_slowdown)
+    return _given_to(choices, one_pool, "one-pool", max_slowdown)
 
 
 def _given_to(choices: PlanChoices, wanted: Callable[[Candidate], bool], rule: str,

@@ -30,6 +30,11 @@ class NumpyImplementation(Implementation):
     kind = LIBRARY
     ops: tuple[str, ...] = ()
 
+    @property
+    def single_threaded(self) -> bool:
+        """numpy computes on the calling thread, except where it calls BLAS."""
+        return not self.uses_blas
+
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.op not in self.ops:
             return f"{self.name} implements {', '.join(self.ops)}, not {workload.op}"

@@ -16,6 +16,7 @@ from wpk import pipeline
 from wpk.cli import main
 from wpk.core.errors import WpkError
 from wpk.core.numerics import relative_l2
+from wpk.core.workload import TensorSpec, Workload
 from wpk.frontend import load_model
 from wpk.kernels import registry
 from wpk.kernels.registry import Candidate, Implementation
@@ -308,3 +309,26 @@ def test_on_generated_kernels_gives_close_onnxruntime_steps_to_generated_kernels
                             "onnxruntime_median_s": 1.1e-3, "ratio": 0.91}}
     assert "given to generated kernels" in partition_lines(report)[0]
     assert on_generated_kernels(choices(1e-6, Status.WRONG_ANSWER), max_slowdown=1.25) is None
+
+
+def test_on_generated_kernels_keeps_single_threaded_library_steps_and_takes_them_from_ort():
+    """numpy's data movement (no thread pool of its own; it joins the native chain) counts
+    as one-pool: an onnxruntime Transpose goes to numpy.copy, a BLAS-backed numpy step
+    does not stand in for onnxruntime."""
+    assert registry.get("numpy.copy").single_threaded
+    assert not registry.get("numpy.matmul").single_threaded
+    assert not registry.get("ort").single_threaded
+    workload = Workload("Transpose", (TensorSpec((4, 8), "float32"),),
+                        (TensorSpec((8, 4), "float32"),))
+    ort_time = Measurement("ort", "ort", {}, Status.OK, (2e-6,), 2e-6)
+    copy_time = Measurement("numpy.copy", "numpy.copy", {}, Status.OK, (3e-6,), 3e-6)
+    onnxruntime_won = PlanChoices({"t": Choice(workload, ["t"], ["Transpose"],
+                                               Candidate(registry.get("ort"), {}), ort_time,
+                                               [ort_time, copy_time])})
+    (choice,) = on_generated_kernels(onnxruntime_won)
+    assert choice.candidate.implementation.name == "numpy.copy"
+    assert choice.reason["rule"] == "one-pool"
+    numpy_won = PlanChoices({"t": Choice(workload, ["t"], ["Transpose"],
+                                         Candidate(registry.get("numpy.copy"), {}), copy_time,
+                                         [ort_time, copy_time])})
+    assert on_generated_kernels(numpy_won) is None
