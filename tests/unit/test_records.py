@@ -209,7 +209,10 @@ def test_kill_minus_nine_while_appending_loses_no_acknowledged_record(tmp_path):
 
 # ----------------------------------------------------------------------------- resume
 TUNING_LOOP = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    # Ctrl-C in a terminal raises KeyboardInterrupt; a child of a process that ignores
+    # SIGINT (a test runner's worker may) would inherit the ignoring and run to the end.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from tests.isa import force_isa
     force_isa(sys.argv[2])  # the CPU the test process sees (pytest --isa)
     from tests.unit.test_records import loop_candidates, QUICK
