@@ -66,3 +66,27 @@ def test_bench_e2e_selects_corpus_models(scripts_on_path, capsys):
     model, feeds, shapes = bench_e2e.load_benchmark_model("corpus_svtr_paddle", "ci")
     assert shapes == {"x": (1, 3, 32, 64)} and feeds["x"].shape == (1, 3, 32, 64)
     assert model.graph.input[0].type.tensor_type.shape.dim[3].dim_value == -1
+
+
+def test_bench_tuned_times_blocks_against_onnxruntimes_default_spinning(scripts_on_path,
+                                                                        tmp_path, capsys):
+    """Issue 10 item 6's method: a searched build, then blocks of runs per engine against
+    onnxruntime at its default (spinning); the JSON says so and holds the ratio."""
+    import json
+
+    import bench_tuned
+
+    assert bench_tuned.main(["--models", "transformer_encoder", "--search", "random",
+                             "--budget", "20", "--trials", "2", "--rounds", "1",
+                             "--warmup", "0", "--block", "3", "--db-dir", str(tmp_path / "db"),
+                             "--results-dir", str(tmp_path)]) == 0
+    (written,) = tmp_path.glob("tuned-*.json")
+    report = json.loads(written.read_text())
+    assert report["block"] == 3 and report["ort_spinning"] is True
+    assert "3 run(s) of each per round" in report["method"]
+    (result,) = report["results"]
+    assert result["model"] == "transformer_encoder" and result["ratio_wpk_over_ort"] > 0
+    # each block's first run is untimed (what the other engine left running lands there)
+    assert result["wpk"]["runs"] == result["onnxruntime"]["runs"] == 2
+    assert result["search"]["search"] == "random" and result["relative_l2_vs_ort"] < 1e-4
+    assert "| transformer_encoder |" in capsys.readouterr().out
