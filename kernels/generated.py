@@ -94,6 +94,13 @@ def _elementwise(w: Workload) -> DslMapping | str:
     return DslMapping(op, bind(op, all_shapes), feeds, "Y")
 
 
+def maps_elementwise(w: Workload) -> bool:
+    """Whether the workload maps to the DSL as an elementwise chain (wpk's Elementwise, a
+    unary op, a two-input binary op)."""
+    return is_elementwise(w) or w.op in UNARY_AS_STEP or (
+        w.op in BINARY_UFUNCS and core_input_count(w) == 2)
+
+
 def _map(w: Workload) -> DslMapping | str:
     nchwc = w.domain == "wpk.nchwc" and w.op == "Conv"
     if w.domain not in ("", "ai.onnx") and not is_elementwise(w) and not nchwc:
@@ -103,8 +110,7 @@ def _map(w: Workload) -> DslMapping | str:
         return "generated kernels compute float32 only"
     if any(0 in s.shape for s in specs):
         return "empty tensors do not map"
-    if is_elementwise(w) or w.op in UNARY_AS_STEP or (
-            w.op in BINARY_UFUNCS and core_input_count(w) == 2):
+    if maps_elementwise(w):
         return _elementwise(w)
     core = core_input_count(w)
     packed = ()
@@ -214,8 +220,7 @@ class DslCpu(Implementation):
         """What an untuned build measures: the template's default schedule of a memory-bound
         workload (`UNTUNED_OPS`, elementwise chains); no config of the others, whose
         generated kernels come from the search (or from the micro-kernel families)."""
-        if workload.op in UNTUNED_OPS or is_elementwise(workload) or \
-                workload.op in UNARY_AS_STEP or workload.op in BINARY_UFUNCS:
+        if workload.op in UNTUNED_OPS or maps_elementwise(workload):
             return [default_config(workload)]
         return []
 

@@ -131,12 +131,13 @@ class AttentionC(Implementation):
 
         def native(inputs, outputs) -> NativeCall | None:
             """The call on these buffers when every operand is passed as it is."""
-            operands = [*inputs[:3], *(inputs[3:4] if has_mask else ())]
-            if not all(plain(a) for a in (*operands, outputs[0])):
+            q, k, v = inputs[:3]
+            mask = inputs[3] if has_mask else None
+            if not all(plain(a) for a in (q, k, v, outputs[0]) + ((mask,) if has_mask else ())):
                 return None
-            pointers = [a.ctypes.data for a in inputs[:3]]
-            return function_address(fn), (*pointers, operands[3].ctypes.data if has_mask
-                                          else None, outputs[0].ctypes.data)
+            return function_address(fn), (q.ctypes.data, k.ctypes.data, v.ctypes.data,
+                                          mask.ctypes.data if has_mask else None,
+                                          outputs[0].ctypes.data)
 
         kernel.native = native
         return kernel

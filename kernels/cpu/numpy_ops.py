@@ -82,36 +82,8 @@ class NumpyCopy(NumpyImplementation):
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
         op, steps = workload.op, workload.epilogue
-        out_shape = workload.outputs[0].shape
-        if op in _RESHAPES:
-            def move(inputs, out):
-                np.copyto(out, inputs[0].reshape(out_shape))
-        elif op == "Transpose":
-            perm = workload.attr("perm") or tuple(reversed(range(len(workload.inputs[0].shape))))
-
-            def move(inputs, out):
-                np.copyto(out, inputs[0].transpose(perm))
-        elif op == "Concat":
-            axis = workload.attr("axis") % len(out_shape)
-            count = self.core_inputs(workload)
-            bounds, start = [], 0
-            for spec in workload.inputs[:count]:
-                bounds.append((start, start + spec.shape[axis]))
-                start += spec.shape[axis]
-            lead = (slice(None),) * axis
-
-            def move(inputs, out):
-                for i, (lo, hi) in enumerate(bounds):
-                    np.copyto(out[lead + (slice(lo, hi),)], inputs[i])
-        elif op == "Slice":
-            index = slice_index(workload, [workload.static_value(i)
-                                           if workload.static_value(i) is not None else None
-                                           for i in range(len(workload.inputs))],
-                                workload.inputs[0].shape)
-
-            def move(inputs, out):
-                np.copyto(out, inputs[0][index])
-        elif op == "Resize":
+        views = None
+        if op == "Resize":
             statics = [workload.static_value(i) for i in range(len(workload.inputs))]
             index = np.ix_(*resize_nearest_indices(
                 workload, [np.empty(workload.inputs[0].shape, np.float32)] + [
@@ -119,23 +91,29 @@ class NumpyCopy(NumpyImplementation):
 
             def move(inputs, out):
                 np.copyto(out, inputs[0][index])
-        else:  # Gather
+        elif op == "Gather":
             axis = workload.attr("axis", 0)
 
             def move(inputs, out):
                 np.take(inputs[0], inputs[1], axis=axis, out=out)
+        else:
+            views = self._views(workload)
+
+            def move(inputs, out):
+                for src, dst in views(inputs, out):
+                    np.copyto(dst, src)
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
             move(inputs, outputs[0])
             finish_epilogue(outputs[0], steps, inputs)
 
-        if not steps and op not in ("Resize", "Gather"):
-            kernel.native = _native_form(kernel, self._views(workload))
+        if views is not None and not steps:
+            kernel.native = _native_form(kernel, views)
         return kernel
 
     def _views(self, workload: Workload):
-        """`views(inputs, out)`: the (source view, destination view) pairs the step copies,
-        for its native form (Reshape-likes, Transpose, Slice, Concat)."""
+        """`views(inputs, out)`: the (source view, destination view) pairs the step copies
+        (Reshape-likes, Transpose, Slice, Concat), for its numpy copy and its native form."""
         op, out_shape = workload.op, workload.outputs[0].shape
         if op in _RESHAPES:
             return lambda inputs, out: [(inputs[0].reshape(out_shape), out)]
