@@ -5,6 +5,8 @@
     m = runner.measure(workload, spec)                     # recorded, or measured and recorded
     for index, m, fresh in runner.iter_batch(workload, specs, deadline): ...  # as they arrive
     winner = runner.finalize(workload, k=3)                # top-k re-measured once, recorded
+    with runner.side_by_side():                            # the planner's last pass
+        measurements = runner.run(workload, finalists)     # in "plan" records only
     runner.measured, runner.reused                          # what this run measured / reused
 
 A candidate is looked up in the `Database` (same workload key, target
@@ -21,7 +23,15 @@ answer) are records too and are not retried.
 `finalize` re-measures the `k` fastest search records of the workload alone
 with more repeats and records them in the final phase; a candidate that
 already has a final record is not re-measured, so the winner of a rebuild is
-the same as the first build's. Seeds derive from (seed, workload key,
+the same as the first build's.
+
+`side_by_side` is the planner's last pass of a tuned build: inside it, `run`
+reuses only records of that pass (phase "plan") and measures the rest of a
+workload's finalists together, one after the other, recording them in that
+phase. Records taken minutes apart while searching carry that window's load
+(a 2-core machine with anything else running measures a 2-thread kernel at
+half speed), so the finalists are compared in one window, and a rebuild still
+measures nothing. Seeds derive from (seed, workload key,
 candidate), so the inputs a candidate is verified on do not depend on the
 order of the search.
 """
@@ -29,13 +39,14 @@ order of the search.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 
 from wpk.core.workload import Workload
 from wpk.kernels.jobs import CandidateSpec
 from wpk.kernels.target import TargetFingerprint
 from wpk.search.measure import Measurement
-from wpk.search.records import FINAL, SEARCH, Database, TuningRecord, top_records
+from wpk.search.records import FINAL, PLAN, SEARCH, Database, TuningRecord, top_records
 from wpk.search.runner import AnyCandidate, Runner, candidate_seed, final_phase
 from wpk.search.workers import MeasureOptions
 
@@ -53,6 +64,30 @@ class RecordedRunner(Runner):
         self.compiles = runner.compiles
         self.measured = 0   # measurements this run made (each committed)
         self.reused = 0     # measurements taken from the database instead
+        self.phase = SEARCH  # what `run` and `measure` record (PLAN in `side_by_side`)
+
+    @contextmanager
+    def side_by_side(self):
+        """Inside: `run` reuses only the planner's last-pass records and records what it
+        measures in that phase (module docstring)."""
+        self.phase = PLAN
+        try:
+            yield self
+        finally:
+            self.phase = SEARCH
+
+    def _reusable(self, workload: Workload, candidate: AnyCandidate) -> TuningRecord | None:
+        """The record `run` and `measure` reuse: the search's while searching, only one of
+        the planner's last pass inside `side_by_side`."""
+        if self.phase == PLAN:
+            return self.lookup(workload, candidate, PLAN)
+        return self.searched(workload, candidate)
+
+    def searched(self, workload: Workload, candidate: AnyCandidate) -> TuningRecord | None:
+        """The candidate's record as the search sees it: its final re-measurement, else its
+        search measurement. The planner's last-pass records are not part of it, so a rebuild
+        searches through the same measurements as the first build."""
+        return self.lookup(workload, candidate, FINAL) or self.lookup(workload, candidate, SEARCH)
 
     def lookup(self, workload: Workload, candidate: AnyCandidate,
                phase: str | None = SEARCH) -> TuningRecord | None:
@@ -69,12 +104,12 @@ class RecordedRunner(Runner):
                 options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
         """The candidate's latest record (its final one when re-measured), or a fresh
         measurement, then recorded."""
-        record = self.lookup(workload, candidate, phase=None)
+        record = self._reusable(workload, candidate)
         if record is not None:
             return self._reuse(record)
         spec = CandidateSpec.of(candidate)
         measurement = self.runner.measure(workload, spec, options, seed)
-        self._record(workload, spec.modules, measurement, SEARCH)
+        self._record(workload, spec.modules, measurement, self.phase)
         return measurement
 
     def run(self, workload: Workload, candidates: Sequence[AnyCandidate],
@@ -83,14 +118,14 @@ class RecordedRunner(Runner):
         (together on a concurrent one, recorded after; else committed one by one as they
         arrive, `Runner.stream`)."""
         specs = [CandidateSpec.of(c) for c in candidates]
-        found = [self.lookup(workload, s, phase=None) for s in specs]
+        found = [self._reusable(workload, s) for s in specs]
         results: list[Measurement | None] = [
             None if record is None else self._reuse(record) for record in found]
         missing = [i for i, record in enumerate(found) if record is None]
         if missing and self.concurrent:
             for index, measurement in zip(missing, self.runner.run(
                     workload, [specs[i] for i in missing], options)):
-                self._record(workload, specs[index].modules, measurement, SEARCH)
+                self._record(workload, specs[index].modules, measurement, self.phase)
                 results[index] = measurement
         elif missing:
             for index, measurement in self._stream(workload, specs, missing, options):
@@ -105,7 +140,7 @@ class RecordedRunner(Runner):
         chosen = [specs[i] for i in missing]
         for position, measurement in self.runner.stream(workload, chosen, options, deadline):
             index = missing[position]
-            self._record(workload, specs[index].modules, measurement, SEARCH)
+            self._record(workload, specs[index].modules, measurement, self.phase)
             yield index, measurement
 
     def iter_batch(self, workload: Workload, specs: Sequence[CandidateSpec],
@@ -121,7 +156,7 @@ class RecordedRunner(Runner):
             for index, measurement in enumerate(self.run(workload, specs)):
                 yield index, measurement, int(not measurement.extra.get("from_record"))
             return
-        found = [self.lookup(workload, spec, phase=None) for spec in specs]
+        found = [self.searched(workload, spec) for spec in specs]
         missing = [index for index, record in enumerate(found) if record is None]
         arrivals = self._stream(workload, specs, missing, deadline=deadline)
         arrived: dict[int, Measurement] = {}
@@ -170,7 +205,7 @@ class RecordedRunner(Runner):
         alone (final phase) when there are any, since the re-measurement decides among the
         top candidates; else the best record."""
         found = [r for r in self.database.records(workload.key, self.fingerprint)
-                 if impl is None or r.impl == impl]
+                 if (impl is None or r.impl == impl) and r.phase != PLAN]
         final = top_records([r for r in found if r.phase == FINAL])
         best = final or top_records(found)
         return best[0] if best else None
@@ -184,7 +219,7 @@ class RecordedRunner(Runner):
 
     def prefetch(self, workload: Workload, candidates: Sequence[AnyCandidate]) -> None:
         self.runner.prefetch(workload, [c for c in candidates
-                                        if self.lookup(workload, c, phase=None) is None])
+                                        if self._reusable(workload, c) is None])
 
     def close(self) -> None:
         self.runner.close()

@@ -17,7 +17,10 @@ and the target fingerprint (device arch/ISA, compiler version, codegen
 version) as well as the fingerprint's key, so records from another machine or
 an older compiler never match. `phase` tells a search measurement ("search")
 from the re-measurement of a top candidate before the winner is chosen
-("final"); a candidate's final record stands for it when ranking.
+("final") and from the planner's last pass of a tuned build, which measures a
+workload's finalists (library kernels, the untuned default schedules, each
+family's tuned winner) side by side ("plan"); a candidate's final record stands
+for it when ranking.
 
 Each `commit` is one `write` of one line followed by flush and fsync, so a
 build killed at any point loses no completed record; a torn last line from a
@@ -50,6 +53,7 @@ SCHEMA_VERSION = 1
 MAX_INT_DIGITS = 19  # a record's integers (dims, configs, versions) fit in int64
 SEARCH = "search"   # measured while searching
 FINAL = "final"     # re-measured alone, with more repeats, before the winner is chosen
+PLAN = "plan"       # the planner's last pass: a workload's finalists measured side by side
 
 
 class RecordError(WpkError):

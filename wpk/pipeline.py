@@ -12,7 +12,10 @@ present unless `--offline`) and its `Runner`, and runs load_model -> optimize
 (the planner); with `--search` it then tunes the generated kernel of every
 tunable workload (`wpk.search.driver`), largest share of the latency first,
 within `--trials` per workload and `--budget` for the build, and plans again
-with each workload's best generated kernel among the candidates. With
+with each workload's best generated kernel among the candidates, next to
+everything an untuned build offers (so tuning only adds candidates), all
+measured side by side in that last pass (`RecordedRunner.side_by_side`; a
+prediction needs no second look). With
 `--search`, `--db` or `--cluster` every measurement goes through the tuning
 records (in a worker process, so a crash or a hang costs one candidate): a
 rebuild with complete records measures nothing new. With `--cluster` the
@@ -265,8 +268,9 @@ def choose_implementations(items: Sequence, target: Target, runner: Runner,
         summary["tuned"] = [r.to_json() for found in results.values()
                             for r in found.values()]
         extra = family_candidates(results, target.families)
-        with progress_bar(opts.progress, description="planning") as on_progress:
-            choices = plan(items, lambda w: [*target.candidates(w, 0), *extra(w)], runner,
+        last_pass = nullcontext() if target.predicted else runner.side_by_side()
+        with progress_bar(opts.progress, description="planning") as on_progress, last_pass:
+            choices = plan(items, lambda w: [*target.candidates(w), *extra(w)], runner,
                            plan_options, on_progress)
     summary.update(measured=runner.measured, reused=runner.reused,
                    records=len(runner.database), fingerprint=runner.fingerprint.to_json())

@@ -74,3 +74,25 @@ def test_search_build_matches_onnxruntime_and_rebuild_measures_nothing(tmp_path)
     assert rebuilt.report["search"]["reused"] > 0
     assert json.dumps(rebuilt.manifest["steps"], sort_keys=True) == \
         json.dumps(plan.manifest["steps"], sort_keys=True)
+
+
+def test_tuning_only_adds_candidates_to_what_an_untuned_build_measures(tmp_path):
+    """The last pass of a tuned build measures every candidate of an untuned build (the
+    default schedules included) next to the tuned ones, side by side: a tuned plan can
+    only pick a slower kernel by measurement noise, not by missing the default."""
+    model_path = tmp_path / "encoder.onnx"
+    onnx.save(small_encoder(), str(model_path))
+    untuned = wpk.build(str(model_path), target="cpu", progress=False, partition=False)
+    tuned = wpk.build(str(model_path), target="cpu", db=str(tmp_path / "db.jsonl"),
+                      **{**SEARCH_BUILD, "trials": 4}, partition=False)
+
+    def offered(plan) -> dict[str, set[str]]:
+        return {w["key"]: {c["label"] for c in w["candidates"]}
+                for w in plan.report["workloads"]}
+
+    before, after = offered(untuned), offered(tuned)
+    assert before.keys() == after.keys()
+    assert all(before[key] <= after[key] for key in before), \
+        {key: before[key] - after[key] for key in before if not before[key] <= after[key]}
+    assert any(after[key] > before[key] for key in before), "tuning added nothing"
+

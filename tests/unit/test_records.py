@@ -332,6 +332,38 @@ def test_planner_through_records_rebuilds_the_same_plan_with_zero_measurements(t
         [(c.candidate.label, c.measurement.median_s) for c in planned]
 
 
+def test_the_planners_last_pass_measures_its_finalists_side_by_side_once(tmp_path):
+    """Records taken while searching are not reused by the last pass (their window's load
+    differs from one to the next); the last pass's own records are, so a rebuild measures
+    nothing, and searching again reuses them like any record."""
+    matmul = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),
+                      const_inputs=(1,))
+    nodes = [NodeWorkload("mm", matmul), NodeWorkload("r", WORKLOAD)]
+    options = PlanOptions(warmup=1, repeats=3, min_time=0.001)
+    path = tmp_path / "db.jsonl"
+    cpu = create_target("cpu")
+    with MeasureWorker(QUICK) as worker:
+        runner = recorded(path, worker)
+        plan(nodes, cpu.candidates, runner, options)
+        searched = runner.measured
+        with runner.side_by_side():
+            last = plan(nodes, cpu.candidates, runner, options)
+        assert runner.phase == "search"
+    assert (runner.measured, runner.reused) == (2 * searched, 0)
+    phases = [r.phase for r in RecordStore(path)]
+    assert phases == ["search"] * searched + ["plan"] * searched
+    assert all(m.extra.get("from_record") is None for c in last for m in c.measurements)
+
+    idle = MeasureWorker(QUICK)
+    again = recorded(path, idle)
+    with again.side_by_side():
+        rebuilt = plan(nodes, cpu.candidates, again, options)
+    assert (again.measured, idle.starts, again.reused) == (0, 0, searched)
+    assert [(c.candidate.label, c.measurement.median_s) for c in rebuilt] == \
+        [(c.candidate.label, c.measurement.median_s) for c in last]
+    assert all(m.extra["phase"] == "plan" for c in rebuilt for m in c.measurements)
+
+
 # ----------------------------------------------------------------------------- CLI views
 def render(renderable) -> str:
     console = Console(width=250, record=True)
