@@ -26,7 +26,7 @@ from wpk.kernels.registry import FALLBACK, GENERATED, Candidate
 from wpk.kernels.support import unsupported_reason
 from wpk.search.choice import Reason, choose, explain
 from wpk.search.measure import Measurement, Status
-from wpk.search.runner import Runner
+from wpk.search.runner import INTERLEAVED_ROUNDS, Runner
 from wpk.search.workers import MeasureOptions
 
 CandidateSource = Callable[[Workload], Sequence[Candidate]]
@@ -54,6 +54,8 @@ class PlanOptions:
     # What a step saves when it runs inside a merged onnxruntime region rather than in a
     # call of its own (about one session call); see `wpk.search.choice`.
     region_credit_s: float = 20e-6
+    # Rounds of the close candidates, interleaved (`Runner.run_interleaved`); 1: one each.
+    rounds: int = INTERLEAVED_ROUNDS
 
     def measure_options(self) -> MeasureOptions:
         """The runner options of the planner's measurements."""
@@ -213,7 +215,7 @@ def plan(graph_workloads: Sequence[NodeWorkloadLike], candidates: CandidateSourc
         if not listed[key]:
             no_candidate.append(f"{workload.op} at {_nodes_text(items)}")
             continue
-        measured = _measure(workload, listed[key], runner, measure_options)
+        measured = _measure(workload, listed[key], runner, measure_options, options.rounds)
         winner = choose(measured, prefer=joins_regions, credit_s=options.region_credit_s)
         if winner is None:
             reasons = "; ".join(f"{m.label}: {m.status.value} ({m.message})"
@@ -253,10 +255,12 @@ def _first_round(found: Sequence[Candidate]) -> tuple[list[Candidate], list[Cand
 
 
 def _measure(workload: Workload, found: Sequence[Candidate], runner: Runner,
-             options) -> list[tuple[Candidate, Measurement]]:
-    """Every candidate's measurement, the last resorts only when no other one verified."""
+             options, rounds: int) -> list[tuple[Candidate, Measurement]]:
+    """Every candidate's measurement (the close ones in `rounds` interleaved rounds), the
+    last resorts only when no other one verified."""
     first, last = _first_round(found)
-    measured = list(zip(first, runner.run(workload, first, options))) if first else []
+    measured = (list(zip(first, runner.run_interleaved(workload, first, options, rounds)))
+                if first else [])
     if last and not any(m.ok for _, m in measured):
         measured += zip(last, runner.run(workload, last, options))
     return measured

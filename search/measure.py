@@ -17,7 +17,7 @@ import enum
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -95,6 +95,22 @@ class Measurement:
             rel_l2_error=_none_to_nan(data.get("rel_l2_error")),
             message=data.get("message", ""), extra=dict(data.get("extra", {})),
         )
+
+
+def pooled(rounds: Sequence[Measurement]) -> Measurement:
+    """One candidate's measurements of several rounds as one: every round's times, their
+    median and quartiles, the largest error, `extra["rounds"]`. A round that did not
+    verify decides: its measurement is returned as it is."""
+    failed = next((m for m in rounds if not m.ok), None)
+    if failed is not None:
+        return failed
+    times = [t for m in rounds for t in m.times_s]
+    q25, median, q75 = np.percentile(times, [25, 50, 75])
+    first = rounds[0]
+    return replace(first, times_s=tuple(times), median_s=float(median),
+                   spread_s=(float(q25), float(q75)),
+                   rel_l2_error=max(m.rel_l2_error for m in rounds),
+                   extra={**first.extra, "rounds": len(rounds)})
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -40,6 +40,8 @@ from wpk.search.workers import MeasureOptions
 class PredictedRunner(Runner):
     """Predicts candidates on GPU preset `gpu` (see the module docstring)."""
 
+    steady = True  # a prediction is the same every time
+
     def __init__(self, gpu, options: MeasureOptions | None = None, seed: int = 0,
                  jobs: int | None = None):
         super().__init__(options, seed)

@@ -47,7 +47,13 @@ from wpk.kernels.jobs import CandidateSpec
 from wpk.kernels.target import TargetFingerprint
 from wpk.search.measure import Measurement
 from wpk.search.records import FINAL, PLAN, SEARCH, Database, TuningRecord, top_records
-from wpk.search.runner import AnyCandidate, Runner, candidate_seed, final_phase
+from wpk.search.runner import (
+    INTERLEAVED_ROUNDS,
+    AnyCandidate,
+    Runner,
+    candidate_seed,
+    final_phase,
+)
 from wpk.search.workers import MeasureOptions
 
 
@@ -61,6 +67,7 @@ class RecordedRunner(Runner):
         self.database = database
         self.fingerprint = fingerprint
         self.concurrent = runner.concurrent
+        self.steady = runner.steady
         self.compiles = runner.compiles
         self.measured = 0   # measurements this run made (each committed)
         self.reused = 0     # measurements taken from the database instead
@@ -129,6 +136,22 @@ class RecordedRunner(Runner):
                 results[index] = measurement
         elif missing:
             for index, measurement in self._stream(workload, specs, missing, options):
+                results[index] = measurement
+        return results  # type: ignore[return-value]
+
+    def run_interleaved(self, workload: Workload, candidates: Sequence[AnyCandidate],
+                        options: MeasureOptions | None = None,
+                        rounds: int = INTERLEAVED_ROUNDS) -> list[Measurement]:
+        """Recorded measurements where there are; the rest measured in interleaved rounds
+        by the inner runner (`Runner.run_interleaved`), each pooled one recorded."""
+        specs = [CandidateSpec.of(c) for c in candidates]
+        found = [self._reusable(workload, s) for s in specs]
+        results = [None if record is None else self._reuse(record) for record in found]
+        missing = [i for i, record in enumerate(found) if record is None]
+        if missing:
+            for index, measurement in zip(missing, self.runner.run_interleaved(
+                    workload, [specs[i] for i in missing], options, rounds)):
+                self._record(workload, specs[index].modules, measurement, self.phase)
                 results[index] = measurement
         return results  # type: ignore[return-value]
 

@@ -50,10 +50,14 @@ from wpk.kernels.jobs import CandidateSpec
 from wpk.kernels.registry import Candidate
 from wpk.kernels.target import Target
 from wpk.search.cluster import cluster_runner, parse_address
-from wpk.search.measure import Measurement, Status
+from wpk.search.measure import Measurement, Status, pooled
 from wpk.search.workers import MeasureOptions, MeasureWorker
 
 AnyCandidate = Candidate | CandidateSpec
+# `Runner.run_interleaved`: rounds in all, and how close to the fastest a candidate must
+# be (its median over the fastest's) to be measured again: a slow window costs up to 2x
+INTERLEAVED_ROUNDS = 3
+CLOSE = 2.0
 # timer (a Target capability) -> the function measuring one candidate in a process
 TIMERS = {"host": "wpk.search.measure:measure_candidate",
           "cuda-events": "wpk.search.measure_cuda:measure_candidate"}
@@ -95,6 +99,7 @@ class Runner(ABC):
 
     concurrent = False   # whether `run` times a workload's candidates together
     compiles = False     # whether it compiles candidates itself (callers need no CompilePool)
+    steady = False       # whether measuring again gives the same figures (a prediction)
 
     def __init__(self, options: MeasureOptions | None = None, seed: int = 0):
         self.options = options or MeasureOptions()
@@ -105,6 +110,30 @@ class Runner(ABC):
         """One measurement per candidate, in order; never raises for a failing candidate
         (the status says what happened)."""
         return [self.measure(workload, c, options) for c in candidates]
+
+    def run_interleaved(self, workload: Workload, candidates: Sequence[AnyCandidate],
+                        options: MeasureOptions | None = None,
+                        rounds: int = INTERLEAVED_ROUNDS) -> list[Measurement]:
+        """`run`, then `rounds - 1` more rounds of the candidates within `CLOSE` of the
+        fastest verified one, in rotating order, each one's rounds pooled
+        (`wpk.search.measure.pooled`). On a shared machine a kernel's time drifts from one
+        window to the next (a VM's 2-thread kernel ran at 1-thread speed for seconds at a
+        time); candidates measured one after the other meet different windows, so the
+        close ones meet the same windows in turn. A runner whose measurements do not vary
+        (`steady`: predictions) runs once."""
+        first = self.run(workload, candidates, options)
+        best = min((m.median_s for m in first if m.ok), default=None)
+        close = [i for i, m in enumerate(first)
+                 if best is not None and m.ok and m.median_s <= CLOSE * best]
+        if self.steady or rounds < 2 or len(close) < 2:
+            return first
+        gathered = {i: [first[i]] for i in close}
+        for shift in range(1, rounds):
+            order = close[shift % len(close):] + close[:shift % len(close)]
+            for index, measurement in zip(order, self.run(
+                    workload, [candidates[i] for i in order], options)):
+                gathered[index].append(measurement)
+        return [pooled(gathered[i]) if i in gathered else m for i, m in enumerate(first)]
 
     def stream(self, workload: Workload, candidates: Sequence[AnyCandidate],
                options: MeasureOptions | None = None, deadline: float | None = None

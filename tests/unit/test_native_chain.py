@@ -80,7 +80,8 @@ def _generated_plan(model):
     plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
                      partition=False)
     impls = [registry.get(name) for name in ("micro.inverted_residual", "micro.winograd",
-                                              "micro.nchwc", "micro.gemm")]
+                                              "micro.nchwc", "micro.gemm", "attention.c")]
+    copy = registry.get("numpy.copy")  # data movement that joins the chain (native_moves)
     for step in plan.manifest["steps"]:
         workload = plan.workloads[step["workload_key"]]
         impl = next((i for i in impls if i.unsupported_reason(workload) is None), None)
@@ -88,6 +89,8 @@ def _generated_plan(model):
             step.update(impl=impl.name, config=impl.configs(workload)[0], kind=impl.kind)
         elif DSL_CPU.unsupported_reason(workload) is None:
             step.update(impl=DSL_CPU.name, config=default_config(workload), kind=DSL_CPU.kind)
+        elif copy.unsupported_reason(workload) is None:
+            step.update(impl=copy.name, config={}, kind=copy.kind)
     return plan
 
 
