@@ -146,11 +146,12 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
     for _ in range(warmup):
         session.run(feeds)
         ort.run(names, feeds)
-    wpk_times = []
-    ort_times = []
-    for _ in range(rounds):
-        wpk_times += timed_block(lambda: session.run(feeds), block)
-        ort_times += timed_block(lambda: ort.run(names, feeds), block)
+    wpk_times: list[float] = []
+    ort_times: list[float] = []
+    engines = [(wpk_times, lambda: session.run(feeds)), (ort_times, lambda: ort.run(names, feeds))]
+    for index in range(rounds):  # the order swaps every round: neither engine always goes first
+        for times, call in engines if index % 2 == 0 else engines[::-1]:
+            times += timed_block(call, block)
 
     steps = session.plan.steps
     result = {"model": name, "build_s": build_s, "steps": len(steps),
@@ -334,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {"benchmark": "e2e", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "method": f"{args.warmup} warm-up rounds, then {args.rounds} rounds alternating "
-                        f"wpk and onnxruntime in one process, {args.block} run(s) of each per "
+                        "wpk and onnxruntime in one process (the order swapping every round), "
+                        f"{args.block} run(s) of each per "
                         f"round (when more than one: a {BLOCK_PAUSE_S} s pause before a block "
                         "and its first run untimed); medians and quartiles",
               "block": args.block,

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "tuned", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "method": f"wpk build --search {args.search} --budget {args.budget:g} per model, "
                         f"then {args.warmup} warm-up rounds and {args.rounds} rounds alternating "
-                        f"wpk and onnxruntime in one process, {args.block} run(s) of each per "
+                        "wpk and onnxruntime in one process (the order swapping every round), "
+                        f"{args.block} run(s) of each per "
                         f"round (when more than one: a {e2e.BLOCK_PAUSE_S} s pause before a "
                         "block and its first run untimed); medians and quartiles",
               "block": args.block, "ort_spinning": not args.ort_no_spinning,
