@@ -90,3 +90,17 @@ def test_bench_tuned_times_blocks_against_onnxruntimes_default_spinning(scripts_
     assert result["wpk"]["runs"] == result["onnxruntime"]["runs"] == 2
     assert result["search"]["search"] == "random" and result["relative_l2_vs_ort"] < 1e-4
     assert "| transformer_encoder |" in capsys.readouterr().out
+
+
+def test_bench_ort_threads_times_both_sessions_in_swapping_blocks(scripts_on_path, tmp_path):
+    import json
+
+    import bench_ort_threads
+
+    out = tmp_path / "ort-threads.json"
+    assert bench_ort_threads.main(["--models", "transformer_encoder", "--rounds", "2",
+                                   "--block", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())["results"][0]
+    assert result["default"]["runs"] == result["threads_set"]["runs"] == 2  # first untimed
+    assert result["ratio_default_over_set"] > 0
+    assert set(result["worker_affinity"]) == {"default", "threads set"}
