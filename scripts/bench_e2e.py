@@ -146,12 +146,8 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
     for _ in range(warmup):
         session.run(feeds)
         ort.run(names, feeds)
-    wpk_times: list[float] = []
-    ort_times: list[float] = []
-    engines = [(wpk_times, lambda: session.run(feeds)), (ort_times, lambda: ort.run(names, feeds))]
-    for index in range(rounds):  # the order swaps every round: neither engine always goes first
-        for times, call in engines if index % 2 == 0 else engines[::-1]:
-            times += timed_block(call, block)
+    wpk_times, ort_times = time_swapping(
+        [lambda: session.run(feeds), lambda: ort.run(names, feeds)], rounds, block)
 
     steps = session.plan.steps
     result = {"model": name, "build_s": build_s, "steps": len(steps),
@@ -223,6 +219,17 @@ def timed_block(call, block: int) -> list[float]:
         call()
         if block == 1 or index > 0:
             times.append(time.perf_counter() - start)
+    return times
+
+
+def time_swapping(calls, rounds: int, block: int) -> list[list[float]]:
+    """Each call's `timed_block` times over `rounds` rounds, the order of the calls
+    reversed every other round, so no engine always goes first."""
+    times: list[list[float]] = [[] for _ in calls]
+    order = list(range(len(calls)))
+    for index in range(rounds):
+        for which in order if index % 2 == 0 else order[::-1]:
+            times[which] += timed_block(calls[which], block)
     return times
 
 

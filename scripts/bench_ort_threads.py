@@ -65,14 +65,11 @@ def sessions(model_bytes: bytes) -> tuple[dict, dict]:
 def bench(name: str, rounds: int, block: int) -> dict:
     model, feeds, _ = e2e.load_benchmark_model(name)
     made, workers = sessions(model.SerializeToString())
-    calls = [(key, lambda s=session: s.run(None, feeds)) for key, session in made.items()]
-    times: dict[str, list[float]] = {key: [] for key in made}
-    for _, call in calls:
+    calls = [lambda s=session: s.run(None, feeds) for session in made.values()]
+    for call in calls:
         for _ in range(3):
             call()
-    for index in range(rounds):
-        for key, call in calls if index % 2 == 0 else calls[::-1]:
-            times[key] += e2e.timed_block(call, block)
+    times = dict(zip(made, e2e.time_swapping(calls, rounds, block)))
     medians = {key: statistics.median(found) for key, found in times.items()}
     return {"model": name, "worker_affinity": workers,
             "default": e2e.summarize(times[DEFAULT]), "threads_set": e2e.summarize(times[SET]),

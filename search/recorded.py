@@ -119,16 +119,20 @@ class RecordedRunner(Runner):
         self._record(workload, spec.modules, measurement, self.phase)
         return measurement
 
+    def _recorded(self, workload: Workload, candidates: Sequence[AnyCandidate]
+                  ) -> tuple[list[CandidateSpec], list[Measurement | None], list[int]]:
+        """(specs, the reusable records' measurements or None, the indices to measure)."""
+        specs = [CandidateSpec.of(c) for c in candidates]
+        found = [self._reusable(workload, s) for s in specs]
+        results = [None if record is None else self._reuse(record) for record in found]
+        return specs, results, [i for i, record in enumerate(found) if record is None]
+
     def run(self, workload: Workload, candidates: Sequence[AnyCandidate],
             options: MeasureOptions | None = None) -> list[Measurement]:
         """Recorded measurements where there are; the rest measured by the inner runner
         (together on a concurrent one, recorded after; else committed one by one as they
         arrive, `Runner.stream`)."""
-        specs = [CandidateSpec.of(c) for c in candidates]
-        found = [self._reusable(workload, s) for s in specs]
-        results: list[Measurement | None] = [
-            None if record is None else self._reuse(record) for record in found]
-        missing = [i for i, record in enumerate(found) if record is None]
+        specs, results, missing = self._recorded(workload, candidates)
         if missing and self.concurrent:
             for index, measurement in zip(missing, self.runner.run(
                     workload, [specs[i] for i in missing], options)):
@@ -144,10 +148,7 @@ class RecordedRunner(Runner):
                         rounds: int = INTERLEAVED_ROUNDS) -> list[Measurement]:
         """Recorded measurements where there are; the rest measured in interleaved rounds
         by the inner runner (`Runner.run_interleaved`), each pooled one recorded."""
-        specs = [CandidateSpec.of(c) for c in candidates]
-        found = [self._reusable(workload, s) for s in specs]
-        results = [None if record is None else self._reuse(record) for record in found]
-        missing = [i for i, record in enumerate(found) if record is None]
+        specs, results, missing = self._recorded(workload, candidates)
         if missing:
             for index, measurement in zip(missing, self.runner.run_interleaved(
                     workload, [specs[i] for i in missing], options, rounds)):

@@ -122,9 +122,8 @@ class Runner(ABC):
         close ones meet the same windows in turn. A runner whose measurements do not vary
         (`steady`: predictions) runs once."""
         first = self.run(workload, candidates, options)
-        best = min((m.median_s for m in first if m.ok), default=None)
-        close = [i for i, m in enumerate(first)
-                 if best is not None and m.ok and m.median_s <= CLOSE * best]
+        best = min((m.median_s for m in first if m.ok), default=float("nan"))
+        close = [i for i, m in enumerate(first) if m.ok and m.median_s <= CLOSE * best]
         if self.steady or rounds < 2 or len(close) < 2:
             return first
         gathered = {i: [first[i]] for i in close}
