@@ -1,7 +1,8 @@
 """Random inputs for measuring and verifying a workload.
 
-Float inputs are drawn from U(-1, 1), weights scaled by 1/sqrt(fan_in) so
-outputs stay of order one; static inputs (shapes, indices, bounds) get their
+Float inputs are drawn from U(-1, 1), weights (a Conv's, a MatMul's or Gemm's B,
+every conv weight of a fused block) scaled by 1/sqrt(fan_in) so outputs stay of
+order one, as a trained model's do; static inputs (shapes, indices, bounds) get their
 exact fixed values; integer inputs are drawn inside the range the op accepts
 (Gather indices within the gathered axis); inputs that must be positive
 (BatchNormalization variance, Log/Sqrt/Pow arguments, divisors) are drawn
@@ -18,6 +19,11 @@ from wpk.core.workload import TensorSpec, Workload
 
 # Ops whose data input must be positive for a finite result.
 _POSITIVE_DATA_OPS = frozenset({"Log", "Sqrt", "Reciprocal", "Pow"})
+# Fused blocks of convolutions (the CPU's blocked inverted residual, CUDA's NCHW one):
+# each 4-d input is a conv weight [out, in/groups, kh, kw]. Unscaled U(-1, 1) weights
+# chained through a block grow activations to hundreds, where a sigmoid's exp lands on
+# denormal floats: one block measured 10x slower than on a trained model's weights.
+_FUSED_CONV_OPS = frozenset({"InvertedResidual", "InvertedResidualNCHW"})
 # Epilogue steps that want a positive argument.
 _POSITIVE_STEPS = frozenset({"log", "sqrt", "reciprocal", "pow"})
 
@@ -27,6 +33,9 @@ def _fan_in(workload: Workload, index: int) -> int | None:
     op, specs = workload.op, workload.inputs
     if op == "Conv" and index == 1:
         return int(np.prod(specs[1].shape[1:], dtype=np.int64))
+    if op in _FUSED_CONV_OPS and index > 0 and len(specs[index].shape) == 4:
+        # every conv weight of a fused block: expand, depthwise, project, the gate's two
+        return int(np.prod(specs[index].shape[1:], dtype=np.int64))
     if op == "Gemm" and index == 1:
         shape = specs[1].shape
         return int(shape[1] if workload.attr("transB", 0) else shape[0])

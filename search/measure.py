@@ -246,7 +246,24 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
     in-process run cannot be interrupted; worker processes can). `inputs_fn`
     and `reference_fn` default to `wpk.kernels.random_inputs.random_inputs`
     and `wpk.kernels.reference.reference`.
+
+    BLAS runs on one thread throughout, the float64 reference included: OpenBLAS's
+    worker threads spin for about 0.1 s after a call (yielding, not sleeping), and a
+    reference computed on two threads left one spinning on the core the candidate's
+    second OpenMP thread needed. On 2 cores a fused block then timed 1.05 ms instead of
+    0.48 ms, and the planner chose onnxruntime's slower steps over it.
     """
+    with one_blas_thread():
+        return _measure_candidate(workload, candidate, rng, warmup, repeats, max_repeats,
+                                  min_time, tolerance, timeout, inputs_fn, reference_fn)
+
+
+def _measure_candidate(workload: Workload, candidate: Candidate, rng: np.random.Generator,
+                       warmup: int, repeats: int, max_repeats: int, min_time: float,
+                       tolerance: float | None, timeout: float | None,
+                       inputs_fn: InputsFn | None,
+                       reference_fn: ReferenceFn | None) -> Measurement:
+    """`measure_candidate`, with BLAS already on one thread."""
     inputs_fn = inputs_fn or _default_inputs_fn()
     reference_fn = reference_fn or _default_reference_fn()
     limit = tolerance_for(workload) if tolerance is None else tolerance
@@ -298,8 +315,8 @@ def measure_candidate(workload: Workload, candidate: Candidate, *,
         error = max(error, error2)
 
     try:
-        times = time_kernel(kernel, inputs, outputs, warmup=warmup, repeats=repeats,
-                            max_repeats=max_repeats, min_time=min_time)
+        times = _time_kernel(kernel, inputs, outputs, warmup=warmup, repeats=repeats,
+                             max_repeats=max_repeats, min_time=min_time)
     except Exception as exc:
         return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
     q25, median, q75 = np.percentile(times, [25, 50, 75])

@@ -180,3 +180,36 @@ def test_measurement_json_round_trip(rng):
     assert again == m
     failed = measure(RaisesInRun(), rng)
     assert Measurement.from_json(failed.to_json()).status is Status.RUNTIME_ERROR
+
+
+def test_the_reference_and_the_timing_run_blas_on_one_thread(rng):
+    """OpenBLAS's idle workers spin for about 0.1 s after a call; a reference computed on
+    every core left one on the core a measured kernel's second thread needed."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return [pool["num_threads"] for pool in threadpool_info()
+                if pool["user_api"] == "blas"]
+
+    if not blas_threads():
+        pytest.skip("numpy has no BLAS library threadpoolctl can see")
+    seen = {"reference": [], "kernel": []}
+
+    def watched_reference(workload, inputs):
+        seen["reference"] += blas_threads()
+        return reference(workload, inputs)
+
+    class Watched(NumpyMatMul):
+        def prepare(self, workload, consts, config):
+            inner = super().prepare(workload, consts, config)
+
+            def kernel(inputs, outputs):
+                seen["kernel"] += blas_threads()
+                inner(inputs, outputs)
+            return kernel
+
+    m = measure_candidate(MATMUL, Candidate(Watched(), {}), rng=rng, warmup=1, repeats=3,
+                          min_time=0.0, inputs_fn=random_inputs, reference_fn=watched_reference)
+    assert m.status is Status.OK, m.message
+    assert seen["reference"] and set(seen["reference"]) == {1}
+    assert seen["kernel"] and set(seen["kernel"]) == {1}

@@ -212,3 +212,21 @@ def test_resize_reference_follows_every_mode_of_the_spec(mode, transform, rng):
                                names[2]: scales})
     (actual,) = reference(workload, [x, None, scales])
     assert rel_l2(actual, expected) <= 1e-6
+
+
+def test_random_inputs_scale_every_conv_weight_of_a_fused_block(rng):
+    """Unscaled weights chained through a block grow its activations to hundreds, where a
+    sigmoid lands on denormal floats and the block times 10x slower than on a model's."""
+    from wpk.kernels.cpu.inverted_residual_spec import block_workload
+
+    workload = block_workload(1, 24, 144, 40, 8, 8, k=5, act=("silu", ()), squeezed=6,
+                              gate_acts=(("silu", ()), ("sigmoid", ())))
+    arrays = random_inputs(workload, rng)
+    weights = [i for i, spec in enumerate(workload.inputs) if spec and len(spec.shape) == 4
+               and i > 0]
+    assert len(weights) == 5   # expand, depthwise, project, the gate's two
+    for index in weights:
+        fan_in = int(np.prod(workload.inputs[index].shape[1:]))
+        assert np.abs(arrays[index]).max() <= 1 / np.sqrt(fan_in)
+        assert np.abs(arrays[index]).max() > 0.5 / np.sqrt(fan_in)
+    assert np.abs(arrays[2]).max() > 0.9   # a bias: U(-1, 1) as before

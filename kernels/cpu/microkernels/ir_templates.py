@@ -82,7 +82,7 @@ INLINE vf vexp(vf x) {{
     vf e = p * r * r + r + 1.0f;
     return e * (vf)((n + 127) << 23);
 }}
-INLINE vf vsigmoid(vf v) {{ return 1.0f / (vexp(-v) + 1.0f); }}
+INLINE vf vsigmoid(vf v) {{ return 1.0f / (vexp(vmin(-v, vsplat(80.0f))) + 1.0f); }}
 """
 
 
