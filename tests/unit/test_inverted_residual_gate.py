@@ -20,6 +20,7 @@ from wpk.kernels.cpu.microkernels.inverted_residual import (
     ORT_INVERTED_RESIDUAL,
 )
 from wpk.kernels.cpu.microkernels.ir_space import BlockSpace, block_geometry
+from wpk.kernels.cpu.microkernels.ir_templates import folds_gate
 from wpk.kernels.cpu.microkernels.isa import usable_isas
 from wpk.kernels.reference import reference
 
@@ -46,6 +47,9 @@ CASES = {
                                        gate_acts=(SILU, SIGMOID)),
     "gate-no-bias-one-row": dict(n=1, cin=8, expanded=24, cout=8, h=1, w=11, act=HS,
                                  squeezed=4, biases=False, gate_acts=(RELU, HSIG)),
+    # more project weights than depthwise outputs: the gate scales the rows, not the weights
+    "gate-wide-project-batch2": dict(n=2, cin=8, expanded=24, cout=40, h=3, w=3, act=SILU,
+                                     squeezed=2, gate_acts=(SILU, SIGMOID)),
 }
 
 
@@ -77,6 +81,12 @@ def test_reference_is_the_separate_ops(case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_kernel_matches_reference(case, isa):
     check_fused_kernel(case_workload(case), isa, BLOCK)
+
+
+def test_the_cases_cover_both_ways_of_applying_the_gate():
+    """Folded into the project weights, or scaling the depthwise rows (`folds_gate`)."""
+    gated = [block_geometry(case_workload(c)) for c in CASES if CASES[c].get("squeezed")]
+    assert {folds_gate(g) for g in gated} == {True, False}
 
 
 def test_gate_kernel_keeps_the_result_under_every_strip_and_tile():

@@ -20,10 +20,15 @@ the expanded channels), never in memory.
 A squeeze-excitation gate needs all of H2 (its mean) before the first output
 row, so a gated block runs in two phases of one parallel region: phase 1 is
 the strips above writing H2 rows to `scratch` (the image's whole depthwise
-output; H1 still lives only in the thread's buffer), then the per-channel means
-(one pass per channel block) and the gate's two tiny 1x1 convs (vectors over
-their output channels, activations in registers); phase 2 scales row tiles of
-H2 by the gate and projects them. Phase 1 stores H2 rather than recomputing
+output; H1 still lives only in the thread's buffer) and adding each row, still
+in cache, to its strip's per-channel sums; then the means (the strips' sums
+added) and the gate's two tiny 1x1 convs (vectors over their output channels,
+activations in registers); phase 2 projects row tiles of H2 with the gate
+folded into a copy of the project weights, project(H2 * gate) = (W3 * gate)
+H2, or, where the weights are bigger than H2 (`folds_gate`), scales the rows
+by the gate first. H2 thus goes to memory once and comes back once (before:
+four passes over it, the mean and the scaling each a read, the scaling a
+write). Phase 1 stores H2 rather than recomputing
 it in phase 2: a recompute costs the expand and depthwise again (most of a
 block's time), the store one write and one read of H2
 (`scripts/bench_inverted_residual.py` shows a gated block's time against the
@@ -252,6 +257,19 @@ static void dw_row(const float *h1, size_t h1_rows, int ih_first, const float *w
     }
 }
 
+#if SE
+/* add depthwise output row oh (still in cache) to the strip's per-channel sums */
+static void row_sums(const float *h2n, float *part, int oh) {
+    for (int kb = 0; kb < KBE; ++kb)
+        for (int l = 0; l < LG; ++l) {
+            const float *row = h2n + ((size_t)kb * OH * OW + (size_t)oh * OW) * BLK + l * VW;
+            vf acc = vload(part + kb * BLK + l * VW);
+            for (int p = 0; p < OW; ++p) acc += vload(row + (size_t)p * BLK);
+            vstore(part + kb * BLK + l * VW, acc);
+        }
+}
+#endif
+
 static _Thread_local float *thread_buffer;
 
 /* output rows [oh0, oh1) of image n, RT rows at a time: the expanded rows they need that
@@ -259,14 +277,18 @@ static _Thread_local float *thread_buffer;
    compute move to the front of h1; without an expand conv the rows are X's own), RT
    depthwise rows, one project run (with a gate: the depthwise rows go to h2all, the
    image's whole depthwise output, and the project waits for the gate) */
-static void strip(const float *x, const float *w, float *y, float *buf, float *h2all, int n,
-                  int oh0, int oh1) {
+static void strip(const float *x, const float *w, float *y, float *buf, float *h2all,
+                  float *part, int n, int oh0, int oh1) {
     const float *w1 = w, *b1 = w1 + W1_SIZE, *w2 = b1 + B1_SIZE, *b2 = w2 + KBE * K * K * BLK;
     const float *w3 = b2 + CE, *b3 = w3 + W3_SIZE;
     const float *xn = x + (size_t)n * CB * H * W * BLK;
     float *h1 = buf, *h2 = buf + (size_t)KBE * RIN * W * BLK;
     int first = 0, done = 0;   /* h1 holds input rows [first, done) */
     (void)w1; (void)b1; (void)w3; (void)b3; (void)h1; (void)h2; (void)h2all; (void)y;
+    (void)part;
+#if SE
+    memset(part, 0, CE * sizeof(float));
+#endif
     for (int t0 = oh0; t0 < oh1; t0 += RT) {
         int t1 = t0 + RT < oh1 ? t0 + RT : oh1;
 #if EXPAND
@@ -294,9 +316,11 @@ static void strip(const float *x, const float *w, float *y, float *buf, float *h
         size_t rows_n = H;
 #endif
 #if SE
-        for (int oh = t0; oh < t1; ++oh)
-            dw_row(rows, rows_n, first, w2, b2, h2all + (size_t)n * KBE * OH * OW * BLK,
-                   (size_t)OH * OW, oh, oh);
+        for (int oh = t0; oh < t1; ++oh) {
+            float *h2n = h2all + (size_t)n * KBE * OH * OW * BLK;
+            dw_row(rows, rows_n, first, w2, b2, h2n, (size_t)OH * OW, oh, oh);
+            row_sums(h2n, part, oh);
+        }
 #else
         for (int oh = t0; oh < t1; ++oh)
             dw_row(rows, rows_n, first, w2, b2, h2, (size_t)RT * OW, oh, oh - t0);
@@ -317,15 +341,30 @@ static float *own_buffer(void) {
 }
 
 #if SE
-/* the per-channel means of channel block kb of image n's depthwise output */
-static void se_mean(const float *h2all, float *mean, int n, int kb) {
-    const float *src = h2all + ((size_t)n * KBE + kb) * OH * OW * BLK;
-    for (int l = 0; l < LG; ++l) {
+/* the per-channel means of an image's depthwise output from its strips' sums */
+static void se_mean(const float *part, int strips, float *mean) {
+    for (int c = 0; c < CE / VW; ++c) {
         vf acc = vsplat(0.0f);
-        for (int p = 0; p < OH * OW; ++p) acc += vload(src + (size_t)p * BLK + l * VW);
-        vstore(mean + (size_t)n * CE + kb * BLK + l * VW, acc * (1.0f / (OH * OW)));
+        for (int s = 0; s < strips; ++s) acc += vload(part + (size_t)s * CE + c * VW);
+        vstore(mean + c * VW, acc * (1.0f / (OH * OW)));
     }
 }
+
+#if FOLD
+/* output tile t of the project weights ([PR_TILES][CE][KV2 * VW]) times the gate of
+   each input channel: project(h2 * gate) = (W3 * gate) h2 */
+static void se_fold(const float *w, const float *gate, float *w3s, int t) {
+    const float *w3 = w + W1_SIZE + B1_SIZE + KBE * K * K * BLK + CE;
+    const size_t tile = (size_t)CE * KV2 * VW;
+    for (int c = 0; c < CE; ++c) {
+        vf g = vsplat(gate[c]);
+        _Pragma("GCC unroll 8") for (int j = 0; j < KV2; ++j) {
+            size_t at = (size_t)t * tile + ((size_t)c * KV2 + j) * VW;
+            vstore(w3s + at, vload(w3 + at) * g);
+        }
+    }
+}
+#endif
 
 /* the gate of image n from its means: two 1x1 convs of the pooled vector */
 static void se_gate(const float *w, const float *mean, float *squeezed, float *gate) {
@@ -342,11 +381,16 @@ static void se_gate(const float *w, const float *mean, float *squeezed, float *g
     }
 }
 
-/* output rows [t0, t1) of image n: scale its depthwise rows by the gate, project them */
+/* output rows [t0, t1) of image n: project its depthwise rows with the gate folded into
+   the weights (w3s: FOLD), or scale the rows by the gate first */
 static void se_project(const float *x, const float *w, float *y, float *h2all,
-                       const float *gate, int n, int t0, int t1) {
+                       const float *gate, const float *w3s, int n, int t0, int t1) {
     const float *w3 = w + W1_SIZE + B1_SIZE + KBE * K * K * BLK + CE, *b3 = w3 + W3_SIZE;
     float *h2 = h2all + (size_t)n * KBE * OH * OW * BLK;
+    (void)gate; (void)w3s;
+#if FOLD
+    w3 = w3s;
+#else
     for (int kb = 0; kb < KBE; ++kb)
         for (int l = 0; l < LG; ++l) {
             vf g = vload(gate + kb * BLK + l * VW);
@@ -354,6 +398,7 @@ static void se_project(const float *x, const float *w, float *y, float *h2all,
             for (int p = 0; p < (t1 - t0) * OW; ++p)
                 vstore(row + p * BLK, vload(row + p * BLK) * g);
         }
+#endif
     const float *res = RESIDUAL ? x + ((size_t)n * CB * H + t0) * W * BLK : NULL;
     pr_run(h2 + (size_t)t0 * OW * BLK, (size_t)OH * OW * BLK, w3, b3,
            y + (((size_t)n * KBO * OH) + t0) * OW * BLK, (size_t)OH * OW * BLK, res,
@@ -362,7 +407,8 @@ static void se_project(const float *x, const float *w, float *y, float *h2all,
 #endif
 
 /* scratch: with a gate, [N][KBE][OH*OW][BLK] depthwise outputs, then N x CE means, N x CE
-   gates and N x SQP squeezed values (SCRATCH_FLOATS); else unused */
+   gates, N x SQP squeezed values, N x OH x CE strip sums (at most OH strips an image) and,
+   with FOLD, N gated copies of the project weights (`scratch_floats`); else unused */
 void wpk_inverted_residual(const float *x, const float *w, float *y, float *scratch) {
     int threads = omp_get_max_threads();
     int rows = ROWS > 0 ? ROWS : (OH * N + threads - 1) / threads;
@@ -373,6 +419,8 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
 #if SE
     float *h2all = scratch, *mean = h2all + (size_t)N * KBE * OH * OW * BLK;
     float *gate = mean + (size_t)N * CE, *squeezed = gate + (size_t)N * CE;
+    float *part = squeezed + (size_t)N * SQP, *w3s = part + (size_t)N * OH * CE;
+    (void)w3s;
     /* phase 2's row tiles: RT rows, or a strip's when that is less (every thread gets one) */
     int prt = RT < rows ? RT : rows, tiles = (OH + prt - 1) / prt;
     #pragma omp parallel
@@ -380,25 +428,32 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
         #pragma omp for schedule(dynamic, 1)
         for (int u = 0; u < units; ++u) {
             int n = u / strips, s0 = (u % strips) * rows;
-            strip(x, w, y, own_buffer(), h2all, n, s0, s0 + rows < OH ? s0 + rows : OH);
+            strip(x, w, y, own_buffer(), h2all, part + (size_t)u * CE, n, s0,
+                  s0 + rows < OH ? s0 + rows : OH);
         }
         #pragma omp for schedule(static)
-        for (int u = 0; u < N * KBE; ++u) se_mean(h2all, mean, u / KBE, u % KBE);
-        #pragma omp for schedule(static)
-        for (int n = 0; n < N; ++n)
+        for (int n = 0; n < N; ++n) {
+            se_mean(part + (size_t)n * strips * CE, strips, mean + (size_t)n * CE);
             se_gate(w, mean + (size_t)n * CE, squeezed + (size_t)n * SQP, gate + (size_t)n * CE);
+        }
+#if FOLD
+        #pragma omp for schedule(static)
+        for (int u = 0; u < N * PR_TILES; ++u)
+            se_fold(w, gate + (size_t)(u / PR_TILES) * CE, w3s + (size_t)(u / PR_TILES) * W3_SIZE,
+                    u % PR_TILES);
+#endif
         #pragma omp for schedule(dynamic, 1)
         for (int u = 0; u < N * tiles; ++u) {
             int n = u / tiles, t0 = (u % tiles) * prt;
-            se_project(x, w, y, h2all, gate + (size_t)n * CE, n, t0,
-                       t0 + prt < OH ? t0 + prt : OH);
+            se_project(x, w, y, h2all, gate + (size_t)n * CE, w3s + (size_t)n * W3_SIZE, n,
+                       t0, t0 + prt < OH ? t0 + prt : OH);
         }
     }
 #else
     #pragma omp parallel for schedule(dynamic, 1) if (units > 1)
     for (int u = 0; u < units; ++u) {
         int n = u / strips, s0 = (u % strips) * rows;
-        strip(x, w, y, own_buffer(), NULL, n, s0, s0 + rows < OH ? s0 + rows : OH);
+        strip(x, w, y, own_buffer(), NULL, NULL, n, s0, s0 + rows < OH ? s0 + rows : OH);
     }
 #endif
 }
@@ -418,12 +473,22 @@ def gate_padded(g: BlockGeometry, lanes: int) -> int:
     return -(-g.squeezed // lanes) * lanes
 
 
+def folds_gate(g: BlockGeometry) -> bool:
+    """Whether a gated block folds its gate into a copy of the project weights (one read and
+    write of the weights) rather than scaling the depthwise output (one of that): when the
+    weights are the smaller of the two, as in every block but the last of EfficientNet-B0."""
+    ce = g.kbe * g.block
+    return bool(g.squeezed) and ce * g.kbo * g.block <= ce * g.oh * g.ow
+
+
 def scratch_floats(g: BlockGeometry, lanes: int) -> int:
     """Floats of the scratch memory the kernel's caller passes (0 without a gate)."""
     if not g.squeezed:
         return 0
     ce = g.kbe * g.block
-    return g.n * (g.kbe * g.oh * g.ow * g.block + 2 * ce + gate_padded(g, lanes))
+    folded = ce * g.kbo * g.block if folds_gate(g) else 0
+    return g.n * (g.kbe * g.oh * g.ow * g.block + 2 * ce + gate_padded(g, lanes)
+                  + g.oh * ce + folded)
 
 
 def block_source(g: BlockGeometry, config: Mapping) -> str:
@@ -443,7 +508,8 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     buffer_floats = (rin * g.kbe * g.w + g.kbe * rt * g.ow) * g.block
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
-                   EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2,
+                   EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2, KV2=kv2,
+                   FOLD=int(folds_gate(g)),
                    W1_SIZE=cin * ce if g.expand else 0, B1_SIZE=ce if g.expand else 0,
                    W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
                    EXPAND=int(g.expand), SE=int(g.squeezed > 0), SQUEEZED=g.squeezed,
