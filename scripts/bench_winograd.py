@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle BLAS threads sleep (bench_dsl_cpu)
 import numpy as np  # noqa: E402
 from bench_dsl_cpu import resnet50_convs, timeit  # noqa: E402
 from bench_microkernels import nchwc_workload, ort_kernel  # noqa: E402
