@@ -50,14 +50,29 @@ def tiny_matmuls(count: int = 120, size: int = 8, seed: int = 0) -> onnx.ModelPr
 def test_decide_gives_ties_to_onnxruntime():
     """wpk's plan replaces onnxruntime's whole model only when measured `margin` faster."""
     times = {WPK: [1.01, 1.02, 1.00], ONNXRUNTIME: [1.0, 1.0, 1.0]}
-    assert decide(times, margin=0.02) == (ONNXRUNTIME, pytest.approx(1.01))
+    assert decide(times, margin=0.02)[:2] == (ONNXRUNTIME, pytest.approx(1.01))
     times = {WPK: [0.99, 0.99, 0.99], ONNXRUNTIME: [1.0, 1.0, 1.0]}
     assert decide(times, margin=0.02)[0] == ONNXRUNTIME  # within the margin
     times = {WPK: [0.97, 0.98, 0.96], ONNXRUNTIME: [1.0, 1.0, 1.0]}
-    assert decide(times, margin=0.02) == (WPK, pytest.approx(0.97))
+    assert decide(times, margin=0.02) == (WPK, pytest.approx(0.97), 1, 1)
     times = {WPK: [1.5, 1.4, 1.6], ONNXRUNTIME: [1.0, 1.1, 0.9]}
     assert decide(times, margin=0.02)[0] == ONNXRUNTIME
-    assert decide({WPK: [0.5], ONNXRUNTIME: [1.0]}, margin=0.02) == (WPK, 0.5)
+    assert decide({WPK: [0.5], ONNXRUNTIME: [1.0]}, margin=0.02) == (WPK, 0.5, 1, 1)
+
+
+def test_decide_wants_wpk_faster_round_after_round_not_only_in_the_pooled_median():
+    """Four rounds of two runs: wpk far ahead in two slow-machine rounds pulls the pooled
+    median 5% below onnxruntime's, though it lost the other two rounds: onnxruntime's whole
+    model stays. Ahead in three of four rounds (the default share) is enough."""
+    ort = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    split = {WPK: [0.80, 0.80, 1.03, 1.03, 0.82, 0.82, 1.04, 1.04], ONNXRUNTIME: ort}
+    winner, ratio, won, rounds = decide(split, margin=0.02, runs=2)
+    assert ratio <= 0.98 and (winner, won, rounds) == (ONNXRUNTIME, 2, 4)
+    steady = {WPK: [0.95, 0.95, 0.96, 0.96, 1.01, 1.01, 0.95, 0.95], ONNXRUNTIME: ort}
+    assert decide(steady, margin=0.02, runs=2) == (WPK, pytest.approx(0.955), 3, 4)
+    assert decide(steady, margin=0.02, runs=2, win_share=1.0)[0] == ONNXRUNTIME
+    # a negative margin lets a slower plan stay, round by round too
+    assert decide({WPK: [1.2, 1.2], ONNXRUNTIME: [1.0, 1.0]}, margin=-0.5, runs=1)[0] == WPK
 
 
 class SlowMatMul(Implementation):
@@ -105,8 +120,10 @@ def test_a_build_measures_the_whole_model_and_keeps_the_per_operator_report():
     summary = plan.report["partition"]
     assert summary["winner"] in (WPK, ONNXRUNTIME) and summary["rel_l2_between"] <= 1e-4
     assert summary["runs"] >= 6 and summary["wpk_median_s"] > 0
-    # ties go to onnxruntime: wpk's plan stays only when at least 2% faster
-    assert (summary["winner"] == ONNXRUNTIME) == (summary["ratio"] > 0.98)
+    # ties go to onnxruntime: wpk's plan stays only when at least 2% faster, in 3/4 of
+    # the rounds
+    kept = summary["ratio"] <= 0.98 and summary["rounds_won"] >= 0.75 * summary["rounds"]
+    assert (summary["winner"] == WPK) == kept and summary["rounds"] >= 1
     assert (plan.steps[0].impl == "ort.model") == (summary["winner"] == ONNXRUNTIME)
     assert len(plan.report["workloads"]) >= 1   # the per-operator report stays
     x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
@@ -228,8 +245,10 @@ def test_the_report_says_when_a_step_went_back_into_its_region():
     assert "lost end to end" in reason_text(workload) and "gen.conv[x=1]" in reason_text(workload)
     report = {"partition": {"winner": WPK, "plan": "within regions", "wpk_median_s": 1e-3,
                             "onnxruntime_median_s": 1.1e-3, "ratio": 0.91}}
-    (line,) = partition_lines(report)
-    assert "given back" in line and "0.91x" in line
+    (line,) = partition_lines(report)   # a plan built before the rounds were reported
+    assert "given back" in line and "0.91x" in line and "rounds" not in line
+    report["partition"].update(rounds_won=7, rounds=8)
+    assert "0.91x, faster in 7 of 8 rounds" in partition_lines(report)[0]
 
 
 def _one_node_model(op: str, elem_type: int, out_type: int | None = None,

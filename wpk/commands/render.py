@@ -161,9 +161,11 @@ def partition_lines(report: Mapping) -> list[str]:
         return [f"end to end: {partition.get('reason', '')}"]
     plan = ("onnxruntime runs the whole model" if partition["winner"] == "onnxruntime"
             else wpk_plan_name(partition))
+    rounds = (f", faster in {partition['rounds_won']} of {partition['rounds']} rounds"
+              if "rounds" in partition else "")   # plans built before 2026-11-27 lack it
     return [f"end to end: wpk's plan {format_time(partition['wpk_median_s'])}, onnxruntime "
             f"{format_time(partition['onnxruntime_median_s'])} "
-            f"({partition['ratio']:.2f}x): the plan is {plan}"]
+            f"({partition['ratio']:.2f}x{rounds}): the plan is {plan}"]
 
 
 def search_lines(report: Mapping) -> list[str]:
