@@ -79,6 +79,18 @@ def _integer_input(workload: Workload, index: int, spec: TensorSpec,
     return rng.integers(0, max(high, 1), size=spec.shape).astype(spec.dtype)
 
 
+def _uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype, low: float,
+             high: float) -> np.ndarray:
+    """U(low, high) of `dtype`, float32 drawn as float32 (a large weight, 100M values, in a
+    third of the time and half the memory of float64 draws)."""
+    if dtype == np.float32:
+        value = rng.random(size=shape, dtype=np.float32)
+        value *= np.float32(high - low)
+        value += np.float32(low)
+        return value
+    return np.array(rng.uniform(low, high, size=shape), dtype=dtype, order="C")
+
+
 def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarray | None]:
     """One array (or None for an absent input) per workload input, drawn with `rng`."""
     positive = _positive_inputs(workload)
@@ -93,14 +105,10 @@ def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarr
             continue
         dtype = np.dtype(spec.dtype)
         if dtype.kind == "f":
-            if index in positive:
-                value = rng.uniform(0.5, 1.5, size=spec.shape)
-            else:
-                value = rng.uniform(-1.0, 1.0, size=spec.shape)
-                fan_in = _fan_in(workload, index)
-                if fan_in:
-                    value *= 1.0 / math.sqrt(max(fan_in, 1))
-            arrays.append(np.array(value, dtype=dtype, order="C"))
+            low, high = (0.5, 1.5) if index in positive else (-1.0, 1.0)
+            fan_in = None if index in positive else _fan_in(workload, index)
+            scale = 1.0 / math.sqrt(max(fan_in, 1)) if fan_in else 1.0
+            arrays.append(_uniform(rng, spec.shape, dtype, low * scale, high * scale))
         elif dtype.kind == "b":
             arrays.append(np.asarray(rng.random(size=spec.shape) < 0.5))
         elif dtype.kind in "iu":

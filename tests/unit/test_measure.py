@@ -147,6 +147,17 @@ def test_a_kernel_that_overwrites_its_input_is_wrong(rng):
     assert m.status is Status.WRONG_ANSWER and m.message == "the kernel overwrote its input 0"
 
 
+def test_a_large_input_used_as_scratch_is_caught_by_its_sample(rng, monkeypatch):
+    """Past OVERWRITE_CHECK_VALUES values an input is compared by a strided sample (here 8
+    of the 6x8 input's 48 values): scratch use, which rewrites most of it, still shows."""
+    import wpk.search.measure as measure_module
+
+    monkeypatch.setattr(measure_module, "OVERWRITE_CHECK_VALUES", 8)
+    m = measure(ScribblesOnItsInput(), rng)
+    assert m.status is Status.WRONG_ANSWER and m.message == "the kernel overwrote its input 0"
+    assert measure(NumpyMatMul(), rng).status is Status.OK
+
+
 def test_loose_tolerance_accepts_small_errors(rng):
     assert measure(OffByALittle(), rng, tolerance=0.05).status is Status.OK
 
