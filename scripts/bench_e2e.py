@@ -158,7 +158,8 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
               "load_average_before_after": [load_before, list(os.getloadavg())],
               # what the build's end-to-end check measured and chose (wpk.partition)
               "partition": {k: v for k, v in plan.report.get("partition", {}).items()
-                            if k in ("winner", "plan", "ratio", "medians_s", "reason")}}
+                            if k in ("winner", "plan", "ratio", "medians_s", "reason",
+                                     "rounds_won", "rounds")}}
     result["ratio_wpk_over_ort"] = result["wpk"]["median_ms"] / result["onnxruntime"]["median_ms"]
     if breakdown:
         result["breakdown"] = step_breakdown(session, feeds, repeats=max(5, rounds // 2))

@@ -249,13 +249,14 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     if variant == REGIONS:
         summary["reason"] = (f"wpk's plan with its steps outside onnxruntime's regions given "
                              f"back to them runs {medians[WPK] / medians[REGIONS]:.2f}x faster "
-                             f"than with them, at {ratio:.2f}x onnxruntime's latency")
+                             f"than with them, at {ratio:.2f}x onnxruntime's latency, faster "
+                             f"in {won} of {rounds} rounds")
         return regions, summary
     if variant == ONE_POOL:
         summary["reason"] = (f"wpk's plan with its onnxruntime steps given to generated kernels "
                              f"(one thread pool) runs {medians[WPK] / medians[ONE_POOL]:.2f}x "
                              f"faster than the per-operator plan, at {ratio:.2f}x "
-                             f"onnxruntime's latency")
+                             f"onnxruntime's latency, faster in {won} of {rounds} rounds")
         return one_pool, summary
     summary["reason"] = (f"wpk's per-operator plan runs at {ratio:.2f}x onnxruntime's "
                          f"latency (kept: at least {options.margin:.0%} faster, and faster "
