@@ -476,7 +476,8 @@ def gate_padded(g: BlockGeometry, lanes: int) -> int:
 def folds_gate(g: BlockGeometry) -> bool:
     """Whether a gated block folds its gate into a copy of the project weights (one read and
     write of the weights) rather than scaling the depthwise output (one of that): when the
-    weights are the smaller of the two, as in every block but the last of EfficientNet-B0."""
+    weights are the smaller of the two, as in all but the last three of EfficientNet-B0's
+    blocks (those project from a 7x7 output)."""
     ce = g.kbe * g.block
     return bool(g.squeezed) and ce * g.kbo * g.block <= ce * g.oh * g.ow
 
