@@ -33,11 +33,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from bench_dsl_cpu import ort_session, timeit  # noqa: E402
+from bench_dsl_cpu import openmp_like_wpk, ort_session, timeit  # noqa: E402
+
+openmp_like_wpk()  # before cpu_peak's import sets passive alone
 from cpu_peak import measure_peak  # noqa: E402
 
 # model -> (seq, d_model, ffn, heads)
