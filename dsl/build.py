@@ -43,8 +43,9 @@ _NP = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "
 OPENMP_SPIN_COUNT = 2000
 
 
-def _openmp_defaults() -> None:
-    """How idle OpenMP threads wait, unless the user chose (OMP_WAIT_POLICY or
+def openmp_defaults() -> None:
+    """How idle OpenMP threads wait in wpk (every kernel loader calls it; benchmarks too, so
+    they time generated kernels as plans run them), unless the user chose (OMP_WAIT_POLICY or
     GOMP_SPINCOUNT set): spin briefly, then sleep. Sleeping at once (`passive` alone) costs a
     wake-up per parallel region, 15-20 us a step on this project's VM (tiny steps ran 4x
     slower, `scripts/bench_step_overhead.py`); libgomp's default spins for milliseconds and
@@ -66,7 +67,7 @@ class CpuKernel:
     _fn: object = field(default=None, repr=False)
 
     def __post_init__(self):
-        _openmp_defaults()
+        openmp_defaults()
         lib = ctypes.CDLL(str(self.library))
         self._fn = getattr(lib, self.func.name)
         self._fn.restype = None

@@ -193,19 +193,6 @@ def grid(template, shape: ConvShape, max_configs: int) -> list[dict]:
     return out[:max_configs]
 
 
-def openmp_like_wpk() -> None:
-    """OpenMP's idle threads wait as in wpk's runtime (`wpk.dsl.build`: passive after a
-    short spin), unless the caller chose, so generated kernels are timed as plans run
-    them (with `passive` alone every timed call of a 2-thread kernel pays a thread
-    wake-up that consecutive steps of a plan do not). Call before the first OpenMP library
-    loads (the peak probe's kernel included)."""
-    from wpk.dsl.build import OPENMP_SPIN_COUNT
-
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "passive"
-        os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPIN_COUNT)
-
-
 def timeit(fn, repeat: int, pick=statistics.median, clock=time.perf_counter) -> float:
     """Median (or `pick`) seconds of `repeat` calls after one warm-up call, read on `clock`
     (wall time; `time.process_time` counts only the CPU time the process got)."""
@@ -251,7 +238,6 @@ def main(argv=None) -> int:
     if args.max_configs > 100:
         parser.error("--max-configs is at most 100")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    openmp_like_wpk()
     peak = {"gflops": args.peak} if args.peak else measure_peak(args.threads)
     print(f"fp32 FMA peak: {peak['gflops']:.1f} GFLOP/s on {args.threads} threads")
     shapes = []

@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for threads in args.threads:
-        build._openmp_defaults()
+        build.openmp_defaults()
         import ctypes.util
         gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
         gomp.omp_set_num_threads(threads)   # the fused kernel's OpenMP team

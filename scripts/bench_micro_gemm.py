@@ -36,9 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from bench_dsl_cpu import openmp_like_wpk, ort_session, timeit  # noqa: E402
-
-openmp_like_wpk()  # before cpu_peak's import sets passive alone
+from bench_dsl_cpu import ort_session, timeit  # noqa: E402
 from cpu_peak import measure_peak  # noqa: E402
 
 # model -> (seq, d_model, ffn, heads)

@@ -45,7 +45,6 @@ import numpy as np  # noqa: E402
 from bench_dsl_cpu import (  # noqa: E402
     ConvShape,
     depthwise_convs,
-    openmp_like_wpk,
     ort_session,
     resnet50_convs,
     timeit,
@@ -285,7 +284,6 @@ def main(argv=None) -> int:
     clock_name = args.clock
     args.clock = time.process_time if args.clock == "cpu" else time.perf_counter
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    openmp_like_wpk()
     peak = None
     if args.peak is None:
         peak = measure_peak(args.threads)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle BLAS threads sleep (bench_dsl_cpu)
 import numpy as np  # noqa: E402
-from bench_dsl_cpu import openmp_like_wpk, resnet50_convs, timeit  # noqa: E402
+from bench_dsl_cpu import resnet50_convs, timeit  # noqa: E402
 from bench_microkernels import nchwc_workload, ort_kernel  # noqa: E402
 from cpu_peak import measure_peak  # noqa: E402
 
@@ -219,7 +219,6 @@ def main(argv=None) -> int:
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--markdown", action="store_true", help="print the README tables")
     args = parser.parse_args(argv)
-    openmp_like_wpk()
     shapes = stride1_3x3()[:args.limit]
     rng = np.random.default_rng(0)
     errs = {s.label(): errors(s, rng) for s in shapes}

@@ -83,7 +83,7 @@ def compile_attention(workload: Workload, config: Mapping):
     heads, rank = _heads_and_rank(workload)
     source = attention_source(attention_shape(workload), heads, rank, config)
     library = build.compile_c(source, (*c_flags(), *EXTRA_FLAGS))
-    build._openmp_defaults()
+    build.openmp_defaults()
     return load_function(library, "wpk_attention", [ctypes.c_void_p] * 5)
 
 

@@ -66,7 +66,7 @@ def packed_size(g: GemmGeometry, config: Mapping) -> int:
 def load_gemm(g: GemmGeometry, config: Mapping):
     """(pack, gemm): the loaded C functions of `g` under `config` (compiled once)."""
     library = _library(g, config)
-    build._openmp_defaults()
+    build.openmp_defaults()
     pack = load_function(library, "wpk_gemm_pack", [ctypes.c_void_p] * 2)
     gemm = load_function(library, "wpk_gemm", [ctypes.c_void_p] * 4)
     return pack, gemm

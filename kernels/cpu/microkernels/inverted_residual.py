@@ -114,7 +114,7 @@ def compile_block(workload: Mapping, config: Mapping) -> str:
 def load_block(g: BlockGeometry, config: Mapping):
     """The loaded C function `wpk_inverted_residual` of `g` under `config`."""
     library = compile_c(block_source(g, config), compile_flags(ISAS[str(config["isa"])])).path
-    build._openmp_defaults()
+    build.openmp_defaults()
     return load_function(library, "wpk_inverted_residual", [ctypes.c_void_p] * 4)
 
 

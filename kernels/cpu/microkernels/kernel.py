@@ -88,7 +88,7 @@ def load_micro(g: ConvGeometry, config: Mapping):
     `config` (compiled once)."""
     isa = ISAS[str(config["isa"])]
     library = compile_c(conv_source(g, config), compile_flags(isa)).path
-    build._openmp_defaults()
+    build.openmp_defaults()
     return load_function(library, "wpk_micro_conv", [ctypes.c_void_p] * 6)
 
 

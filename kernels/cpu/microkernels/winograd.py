@@ -85,7 +85,7 @@ def load_winograd(g: ConvGeometry, config: Mapping):
     """The loaded C function `wpk_winograd_conv` of `g` under `config` (compiled once)."""
     isa = ISAS[str(config["isa"])]
     library = compile_c(winograd_source(g, config), compile_flags(isa)).path
-    build._openmp_defaults()
+    build.openmp_defaults()
     return load_function(library, "wpk_winograd_conv", [ctypes.c_void_p] * 6)
 
 
