@@ -40,10 +40,11 @@ ITERATIONS = 500_000   # a few ms a run: short runs, many of them, catch the mac
 _PEAK_SOURCE = r"""
 #include <omp.h>
 typedef float vf __attribute__((vector_size(%(lanes)d * 4)));
-/* every thread: `iters` rounds of CHAINS independent FMAs on named registers a0, a1, ...;
-   their sum goes to out[thread] */
-void wpk_fma_peak(long iters, float *out) {
-    #pragma omp parallel
+/* `threads` threads, each `iters` rounds of CHAINS independent FMAs on named registers a0,
+   a1, ...; their sum goes to out[thread]. The team size is a clause, never the caller's
+   omp_set_num_threads: that would stay set for every kernel the process runs afterwards */
+void wpk_fma_peak(int threads, long iters, float *out) {
+    #pragma omp parallel num_threads(threads)
     {
         vf m = (vf){0} + 0.999999f, c = (vf){0} + 1e-7f;
 %(declare)s
@@ -57,13 +58,13 @@ void wpk_fma_peak(long iters, float *out) {
     }
 }
 
-void wpk_copy(long n, float *a, const float *b) {
-    #pragma omp parallel for schedule(static)
+void wpk_copy(int threads, long n, float *a, const float *b) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
     for (long i = 0; i < n; ++i) a[i] = b[i];
 }
 
-void wpk_triad(long n, float *a, const float *b, const float *c, float s) {
-    #pragma omp parallel for schedule(static)
+void wpk_triad(int threads, long n, float *a, const float *b, const float *c, float s) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
     for (long i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
 }
 """
@@ -92,13 +93,12 @@ def _fma_gflops(lib, threads: int, repeat: int, lanes: int) -> float:
     """Best GFLOP/s of `repeat` runs of the FMA kernel on `threads` OpenMP threads."""
     import numpy as np
 
-    lib.omp_set_num_threads(threads)
     out = np.zeros(max(threads, 1) * 4, np.float32)
-    lib.wpk_fma_peak(1000, out.ctypes.data)  # start the team
+    lib.wpk_fma_peak(threads, 1000, out.ctypes.data)  # start the team
     best = 0.0
     for _ in range(repeat):
         start = time.perf_counter()
-        lib.wpk_fma_peak(ITERATIONS, out.ctypes.data)
+        lib.wpk_fma_peak(threads, ITERATIONS, out.ctypes.data)
         seconds = time.perf_counter() - start
         best = max(best, 2.0 * lanes * CHAINS * ITERATIONS * threads / seconds / 1e9)
     return best
@@ -109,8 +109,7 @@ def measure_peak(threads: int, repeat: int = 30, scale: bool = True) -> dict:
     'team_gflops', 'one_thread_gflops', 'isa', 'lanes', 'threads'}."""
     isa, flags = _host()
     lib = _library(isa.lanes, flags)
-    lib.wpk_fma_peak.argtypes = [ctypes.c_long, ctypes.c_void_p]
-    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+    lib.wpk_fma_peak.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_void_p]
     team = _fma_gflops(lib, threads, repeat, isa.lanes)
     one = _fma_gflops(lib, 1, repeat, isa.lanes) if scale and threads > 1 else team / threads
     return {"gflops": max(team, one * threads if scale else 0.0), "team_gflops": team,
@@ -124,16 +123,14 @@ def measure_bandwidth(threads: int, mib: int = 256, repeat: int = 5) -> dict:
 
     isa, flags = _host()
     lib = _library(isa.lanes, flags)
-    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-    lib.omp_set_num_threads(threads)
-    lib.wpk_copy.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-    lib.wpk_triad.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+    lib.wpk_copy.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    lib.wpk_triad.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_void_p, ctypes.c_float]
     n = mib * (1 << 20) // 4
     a, b, c = (np.full(n, v, np.float32) for v in (0.0, 1.0, 2.0))
-    runs = {"copy": (lambda: lib.wpk_copy(n, a.ctypes.data, b.ctypes.data), 2),
-            "triad": (lambda: lib.wpk_triad(n, a.ctypes.data, b.ctypes.data, c.ctypes.data,
-                                            3.0), 3)}
+    runs = {"copy": (lambda: lib.wpk_copy(threads, n, a.ctypes.data, b.ctypes.data), 2),
+            "triad": (lambda: lib.wpk_triad(threads, n, a.ctypes.data, b.ctypes.data,
+                                            c.ctypes.data, 3.0), 3)}
     result = {"threads": threads, "array_mib": mib}
     for name, (fn, arrays) in runs.items():
         fn()

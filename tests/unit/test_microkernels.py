@@ -339,6 +339,25 @@ def test_cpu_peak_measures_fma_peak_and_bandwidth(scripts_on_path):
     assert 0.01 < bandwidth["copy_gbs"] < 1e4 and 0.01 < bandwidth["triad_gbs"] < 1e4
 
 
+def test_cpu_peak_leaves_the_openmp_team_size_alone(scripts_on_path):
+    # measuring one thread's peak once set omp_set_num_threads(1) for the whole process:
+    # every generated kernel a benchmark timed afterwards ran on one thread
+    import ctypes
+    import ctypes.util
+
+    import cpu_peak
+
+    gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
+    before = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(3)
+    try:
+        cpu_peak.measure_peak(2, repeat=1)
+        cpu_peak.measure_bandwidth(1, mib=8, repeat=1)
+        assert gomp.omp_get_max_threads() == 3
+    finally:
+        gomp.omp_set_num_threads(before)
+
+
 def test_bench_summary_checks_the_goals(scripts_on_path):
     from bench_microkernels import summarize
 
