@@ -34,6 +34,14 @@ block's time), the store one write and one read of H2
 (`scripts/bench_inverted_residual.py` shows a gated block's time against the
 same block without its gate).
 
+Strips of one per thread compute the halo rows of H1 above and below each
+strip twice; on small images with large filters (EfficientNet's 14x14 and 7x7
+blocks, 5x5 depthwise, two threads) that is 30-60% more expand work. A gated
+block's phase 1 then splits each image by expanded channel blocks instead
+(`wpk_ir_channel_chunks`: all rows, some channels per unit; the depthwise is per
+channel and H2 goes to `scratch` anyway), unless a tuned config fixes the
+strip height (`rows` > 0).
+
 The two 1x1 convs are register tiles of KV vectors of output channels by NP
 pixels of a row: per input channel, KV weight vectors and NP broadcasts, KV x
 NP FMAs; the accumulators start at the bias and end in the activation (and
@@ -47,6 +55,7 @@ vector exp (range reduction and a degree-6 polynomial).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from wpk.core.epilogue import EPILOGUE_TABLE
@@ -167,9 +176,10 @@ INLINE void {name}(const float *src, size_t src_bs, const float *w, const float 
 
 def _pointwise(prefix: str, kv: int, px: int, cin: str, real: int, act: str) -> str:
     """Tiles of 1..px pixels and `{prefix}_run(src, src_bs, w, bias, dst, dst_bs, res,
-    pixels)`: a run of `pixels` contiguous pixels (whole rows of a block), the input
-    channels in passes of CBT blocks so a pass's weights stay in L1 over the run; the
-    reduction skips the padding lanes past the `real` input channels."""
+    pixels, t_lo, t_hi)`: output tiles [t_lo, t_hi) of a run of `pixels` contiguous pixels
+    (whole rows of a block), the input channels in passes of CBT blocks so a pass's weights
+    stay in L1 over the run; the reduction skips the padding lanes past the `real` input
+    channels."""
     parts = [_POINTWISE.format(name=f"{prefix}_{np_}", kv=kv, np=np_, cin=cin, real=real,
                                act=act) for np_ in range(1, px + 1)]
     args = "src, src_bs, w, bias, dst, dst_bs, res, t, p, c0, c1"
@@ -177,10 +187,11 @@ def _pointwise(prefix: str, kv: int, px: int, cin: str, real: int, act: str) -> 
                       for np_ in range(1, px))
     parts.append(f"""
 static void {prefix}_run(const float *src, size_t src_bs, const float *w, const float *bias,
-                         float *dst, size_t dst_bs, const float *res, int pixels) {{
+                         float *dst, size_t dst_bs, const float *res, int pixels, int t_lo,
+                         int t_hi) {{
     for (int c0 = 0; c0 < {cin} / BLK; c0 += CBT) {{
         int c1 = c0 + CBT < {cin} / BLK ? c0 + CBT : {cin} / BLK;
-        for (int t = 0; t < {prefix.upper()}_TILES; ++t) {{
+        for (int t = t_lo; t < t_hi; ++t) {{
             int p = 0;
             for (; p + {px} <= pixels; p += {px}) {prefix}_{px}({args});
             switch (pixels - p) {{
@@ -230,13 +241,13 @@ INLINE void dw_tile(const float *const *rows, const vf wv[K][K], vf b, int r0, i
         vstore(o + (ow + p) * BLK, act2(acc[p]));
 }
 
-/* depthwise output row oh into pixels [q * OW, q * OW + OW) of h2 ([KBE][h2_px][BLK]), from
-   the rows of h1 ([KBE][h1_rows][W][BLK], first row ih_first) */
+/* depthwise output row oh, channel blocks [kb0, kb1), into pixels [q * OW, q * OW + OW) of
+   h2 ([KBE][h2_px][BLK]), from the rows of h1 ([KBE][h1_rows][W][BLK], first row ih_first) */
 static void dw_row(const float *h1, size_t h1_rows, int ih_first, const float *w2,
-                   const float *b2, float *h2, size_t h2_px, int oh, int q) {
+                   const float *b2, float *h2, size_t h2_px, int oh, int q, int kb0, int kb1) {
     int ih0 = oh * S - PT;
     int r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < K ? H - ih0 : K;
-    for (int kb = 0; kb < KBE; ++kb) {
+    for (int kb = kb0; kb < kb1; ++kb) {
         for (int l = 0; l < LG; ++l) {
             vf wv[K][K];
             _Pragma("GCC unroll 8") for (int r = 0; r < K; ++r)
@@ -258,9 +269,10 @@ static void dw_row(const float *h1, size_t h1_rows, int ih_first, const float *w
 }
 
 #if SE
-/* add depthwise output row oh (still in cache) to the strip's per-channel sums */
-static void row_sums(const float *h2n, float *part, int oh) {
-    for (int kb = 0; kb < KBE; ++kb)
+/* add depthwise output row oh of channel blocks [kb0, kb1) (still in cache) to the strip's
+   per-channel sums */
+static void row_sums(const float *h2n, float *part, int oh, int kb0, int kb1) {
+    for (int kb = kb0; kb < kb1; ++kb)
         for (int l = 0; l < LG; ++l) {
             const float *row = h2n + ((size_t)kb * OH * OW + (size_t)oh * OW) * BLK + l * VW;
             vf acc = vload(part + kb * BLK + l * VW);
@@ -276,18 +288,20 @@ static _Thread_local float *thread_buffer;
    the previous tile has not computed (one run of contiguous pixels: the halo rows it did
    compute move to the front of h1; without an expand conv the rows are X's own), RT
    depthwise rows, one project run (with a gate: the depthwise rows go to h2all, the
-   image's whole depthwise output, and the project waits for the gate) */
+   image's whole depthwise output, and the project waits for the gate). A gated block's
+   strip may cover only expanded channel blocks [kb0, kb1) (the expand's output tiles
+   [t0x, t1x)); without a gate it covers them all. */
 static void strip(const float *x, const float *w, float *y, float *buf, float *h2all,
-                  float *part, int n, int oh0, int oh1) {
+                  float *part, int n, int oh0, int oh1, int kb0, int kb1, int t0x, int t1x) {
     const float *w1 = w, *b1 = w1 + W1_SIZE, *w2 = b1 + B1_SIZE, *b2 = w2 + KBE * K * K * BLK;
     const float *w3 = b2 + CE, *b3 = w3 + W3_SIZE;
     const float *xn = x + (size_t)n * CB * H * W * BLK;
     float *h1 = buf, *h2 = buf + (size_t)KBE * RIN * W * BLK;
     int first = 0, done = 0;   /* h1 holds input rows [first, done) */
     (void)w1; (void)b1; (void)w3; (void)b3; (void)h1; (void)h2; (void)h2all; (void)y;
-    (void)part;
+    (void)part; (void)t0x; (void)t1x;
 #if SE
-    memset(part, 0, CE * sizeof(float));
+    memset(part + (size_t)kb0 * BLK, 0, (size_t)(kb1 - kb0) * BLK * sizeof(float));
 #endif
     for (int t0 = oh0; t0 < oh1; t0 += RT) {
         int t1 = t0 + RT < oh1 ? t0 + RT : oh1;
@@ -298,7 +312,7 @@ static void strip(const float *x, const float *w, float *y, float *buf, float *h
         if (done <= lo || done == 0) {
             first = done = lo;
         } else if (lo > first) {   /* keep rows [lo, done): move them to the front */
-            for (int kb = 0; kb < KBE; ++kb)
+            for (int kb = kb0; kb < kb1; ++kb)
                 memmove(h1 + (size_t)kb * RIN * W * BLK,
                         h1 + ((size_t)kb * RIN + lo - first) * W * BLK,
                         (size_t)(done - lo) * W * BLK * sizeof(float));
@@ -307,7 +321,7 @@ static void strip(const float *x, const float *w, float *y, float *buf, float *h
         if (hi > done)
             ex_run(xn + (size_t)done * W * BLK, (size_t)H * W * BLK, w1, b1,
                    h1 + (size_t)(done - first) * W * BLK, (size_t)RIN * W * BLK, NULL,
-                   (hi - done) * W);
+                   (hi - done) * W, t0x, t1x);
         done = hi > done ? hi : done;
         const float *rows = h1;
         size_t rows_n = RIN;
@@ -318,15 +332,15 @@ static void strip(const float *x, const float *w, float *y, float *buf, float *h
 #if SE
         for (int oh = t0; oh < t1; ++oh) {
             float *h2n = h2all + (size_t)n * KBE * OH * OW * BLK;
-            dw_row(rows, rows_n, first, w2, b2, h2n, (size_t)OH * OW, oh, oh);
-            row_sums(h2n, part, oh);
+            dw_row(rows, rows_n, first, w2, b2, h2n, (size_t)OH * OW, oh, oh, kb0, kb1);
+            row_sums(h2n, part, oh, kb0, kb1);
         }
 #else
         for (int oh = t0; oh < t1; ++oh)
-            dw_row(rows, rows_n, first, w2, b2, h2, (size_t)RT * OW, oh, oh - t0);
+            dw_row(rows, rows_n, first, w2, b2, h2, (size_t)RT * OW, oh, oh - t0, 0, KBE);
         const float *res = RESIDUAL ? xn + (size_t)t0 * W * BLK : NULL;
         pr_run(h2, (size_t)RT * OW * BLK, w3, b3, y + (((size_t)n * KBO * OH) + t0) * OW * BLK,
-               (size_t)OH * OW * BLK, res, (t1 - t0) * OW);
+               (size_t)OH * OW * BLK, res, (t1 - t0) * OW, 0, PR_TILES);
 #endif
     }
 }
@@ -402,19 +416,51 @@ static void se_project(const float *x, const float *w, float *y, float *h2all,
     const float *res = RESIDUAL ? x + ((size_t)n * CB * H + t0) * W * BLK : NULL;
     pr_run(h2 + (size_t)t0 * OW * BLK, (size_t)OH * OW * BLK, w3, b3,
            y + (((size_t)n * KBO * OH) + t0) * OW * BLK, (size_t)OH * OW * BLK, res,
-           (t1 - t0) * OW);
+           (t1 - t0) * OW, 0, PR_TILES);
 }
 #endif
+
+/* output rows per strip: ROWS, or as many strips as threads */
+static int strip_rows(int threads) {
+    int rows = ROWS > 0 ? ROWS : (OH * N + threads - 1) / threads;
+    return rows > OH ? OH : rows < 1 ? 1 : rows;
+}
+
+/* the channel chunks a gated block's first phase splits each image into (0: split its rows):
+   when the strips of one per thread would compute more than 1/8 of the expanded rows twice
+   (their halo rows: small images, large filters), each thread takes whole images' worth of
+   rows for some expanded channel blocks instead, as many chunks as channel units
+   (CUNITS, of CU_BLOCKS blocks and CU_TILES expand tiles each) so the threads share them
+   evenly; only by default (ROWS 0), a tuned strip height keeps the rows */
+int wpk_ir_channel_chunks(int threads) {
+#if SE && EXPAND
+    int rows = strip_rows(threads);
+    if (ROWS > 0 || threads < 2 || CUNITS < threads) return 0;
+    int computed = 0;
+    for (int s0 = 0; s0 < OH; s0 += rows) {
+        int s1 = s0 + rows < OH ? s0 + rows : OH;
+        int lo = s0 * S - PT, hi = (s1 - 1) * S - PT + K;
+        computed += (hi > H ? H : hi) - (lo < 0 ? 0 : lo);
+    }
+    if (computed * 8 <= H * 9) return 0;
+    return CUNITS < 16 * threads ? CUNITS : 16 * threads;
+#else
+    (void)threads; (void)strip_rows;
+    return 0;
+#endif
+}
 
 /* scratch: with a gate, [N][KBE][OH*OW][BLK] depthwise outputs, then N x CE means, N x CE
    gates, N x SQP squeezed values, N x OH x CE strip sums (at most OH strips an image) and,
    with FOLD, N gated copies of the project weights (`scratch_floats`); else unused */
 void wpk_inverted_residual(const float *x, const float *w, float *y, float *scratch) {
-    int threads = omp_get_max_threads();
-    int rows = ROWS > 0 ? ROWS : (OH * N + threads - 1) / threads;
-    if (rows > OH) rows = OH;
-    if (rows < 1) rows = 1;
+    int threads = omp_get_max_threads(), rows = strip_rows(threads);
     int strips = (OH + rows - 1) / rows, units = N * strips;
+    int chunks = wpk_ir_channel_chunks(threads);
+    if (chunks) {
+        strips = 1;
+        units = N * chunks;
+    }
     (void)scratch;
 #if SE
     float *h2all = scratch, *mean = h2all + (size_t)N * KBE * OH * OW * BLK;
@@ -427,9 +473,16 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
     {
         #pragma omp for schedule(dynamic, 1)
         for (int u = 0; u < units; ++u) {
-            int n = u / strips, s0 = (u % strips) * rows;
-            strip(x, w, y, own_buffer(), h2all, part + (size_t)u * CE, n, s0,
-                  s0 + rows < OH ? s0 + rows : OH);
+            if (chunks) {   /* all rows of image n, channel units [g0, g1) */
+                int n = u / chunks, g0 = (u % chunks) * CUNITS / chunks;
+                int g1 = (u % chunks + 1) * CUNITS / chunks;
+                strip(x, w, y, own_buffer(), h2all, part + (size_t)n * CE, n, 0, OH,
+                      g0 * CU_BLOCKS, g1 * CU_BLOCKS, g0 * CU_TILES, g1 * CU_TILES);
+            } else {
+                int n = u / strips, s0 = (u % strips) * rows;
+                strip(x, w, y, own_buffer(), h2all, part + (size_t)u * CE, n, s0,
+                      s0 + rows < OH ? s0 + rows : OH, 0, KBE, 0, EX_TILES);
+            }
         }
         #pragma omp for schedule(static)
         for (int n = 0; n < N; ++n) {
@@ -453,7 +506,8 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
     #pragma omp parallel for schedule(dynamic, 1) if (units > 1)
     for (int u = 0; u < units; ++u) {
         int n = u / strips, s0 = (u % strips) * rows;
-        strip(x, w, y, own_buffer(), NULL, NULL, n, s0, s0 + rows < OH ? s0 + rows : OH);
+        strip(x, w, y, own_buffer(), NULL, NULL, n, s0, s0 + rows < OH ? s0 + rows : OH, 0,
+              KBE, 0, EX_TILES);
     }
 #endif
 }
@@ -502,6 +556,7 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     lanes = isa.lanes
     kv1, px1, kv2, px2 = (int(config[k]) for k in ("kv1", "px1", "kv2", "px2"))
     lg = g.block // lanes
+    unit = math.lcm(kv1, lg)   # vectors of a channel chunk's unit: whole blocks, whole tiles
     cin, ce = g.cb * g.block, g.kbe * g.block
     lo, hi = _interior(g)
     rt = min(int(config["rt"]), g.oh)
@@ -510,6 +565,7 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
                    EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2, KV2=kv2,
+                   CUNITS=g.kbe * lg // unit, CU_BLOCKS=unit // lg, CU_TILES=unit // kv1,
                    FOLD=int(folds_gate(g)),
                    W1_SIZE=cin * ce if g.expand else 0, B1_SIZE=ce if g.expand else 0,
                    W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
