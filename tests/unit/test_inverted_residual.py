@@ -196,3 +196,35 @@ def test_bench_script_runs_a_block_and_renders_its_tables(tmp_path):
     bad = subprocess.run([sys.executable, str(script), "--rounds", "0"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "hint:" in bad.stderr
+
+
+@pytest.mark.parametrize("isa", [i.name for i in usable_isas()])
+@pytest.mark.parametrize("act", [("silu", ()), ("sigmoid", ()), ("hard_swish", ()), RELU6])
+def test_register_activations_match_their_definition_on_extreme_inputs(act, isa):
+    """The block's activations as compiled for each ISA (vector exp, reciprocal estimate,
+    min/max instructions) against numpy in float64, from -200 to 200 and at +-0: relative
+    error within a few float32 ulp, no overflow, no NaN."""
+    import ctypes
+
+    from wpk.dsl.toolchain import compile_c, load_function
+    from wpk.kernels.cpu.microkernels.ir_templates import _HEADER, activation_c
+    from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
+
+    lanes = ISAS[isa].lanes
+    source = (_HEADER.format(lanes=lanes) + activation_c("act", act)
+              + "void wpk_act(float *x, int n) {\n"
+                f"    for (int i = 0; i < n; i += {lanes}) vstore(x + i, act(vload(x + i)));\n}}\n")
+    run_act = load_function(compile_c(source, compile_flags(ISAS[isa])).path, "wpk_act",
+                            [ctypes.c_void_p, ctypes.c_int])
+    x = np.concatenate([np.linspace(-200, 200, 4001), np.linspace(-12, 12, 2401),
+                        [0.0, -0.0, 87.5, -87.5]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros(-len(x) % 16, np.float32)])
+    got = x.copy()
+    run_act(got.ctypes.data, len(got))
+    expected = activation(x.astype(np.float64), act)
+    assert np.all(np.isfinite(got))
+    # float32 rounding of the gate's argument (a few ulp of |x| / 6 + 0.5, which cancels near
+    # HardSwish's corners) bounds the absolute error by a multiple of eps |x|
+    error = np.abs(got - expected)
+    bound = 2e-6 * np.abs(expected) + 4 * np.finfo(np.float32).eps * np.abs(x)
+    assert np.all(error <= bound), (x[error > bound][:5], got[error > bound][:5])
