@@ -26,7 +26,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
-from wpk.core.epilogue import EPILOGUE_TABLE
+from wpk.core.epilogue import EPILOGUE_TABLE, ONNXRUNTIME_DOMAIN
 from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.algorithms import conv_algorithm
@@ -54,7 +54,12 @@ _UPSAMPLE_MODES = {"nearest": ("asymmetric",),
 
 # The epilogue steps MLAS fuses into an NCHWc Conv as its activation. MLAS names each as its
 # ONNX op and takes the op's attributes (Clip's as in opsets 6-10) as activation_params.
-_ACTIVATIONS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "clip", "hard_sigmoid"})
+_MLAS_ACTIVATIONS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "clip", "hard_sigmoid"})
+# Those the blocked Conv carries besides: onnxruntime's candidate runs each as this node
+# after its conv (SiLU as its contrib QuickGelu with alpha 1), in the same session
+_NODE_ACTIVATIONS = {"silu": ("QuickGelu", {"alpha": 1.0}, ONNXRUNTIME_DOMAIN),
+                     "hard_swish": ("HardSwish", {}, "")}
+_ACTIVATIONS = _MLAS_ACTIVATIONS | frozenset(_NODE_ACTIVATIONS)
 _ATTRIBUTES_OPSET = 10  # the last opset where Clip's bounds are attributes
 
 
@@ -72,7 +77,8 @@ def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] |
     """Split a Conv epilogue into (Sum operand index, activation step), or say why it can't.
 
     MLAS computes act(conv + bias + sum): an optional `add` of a blocked
-    operand first, then at most one activation.
+    operand first, then at most one activation, one MLAS fuses or SiLU/HardSwish (which
+    onnxruntime's candidate runs as a node after the conv).
     """
     steps = list(workload.epilogue)
     sum_index = None
@@ -82,7 +88,8 @@ def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] |
         if spec is None or spec.shape != workload.outputs[0].shape:
             return "the residual add operand is not a blocked tensor of the output's shape"
     if len(steps) > 1 or (steps and steps[0].op not in _ACTIVATIONS):
-        return f"epilogue {[s.op for s in workload.epilogue]} is not [add] + one MLAS activation"
+        return (f"epilogue {[s.op for s in workload.epilogue]} is not [add] + one activation "
+                "a blocked Conv carries")
     return sum_index, (steps[0] if steps else None)
 
 
@@ -179,7 +186,7 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
         return build_channel_slice_model(workload)
     b = int(workload.attr("block"))
     initializers, feeds, node_inputs = [], [], ["x"]
-    op, attrs = workload.op, {}
+    op, attrs, act = workload.op, {}, None
     if op == "Conv":
         weight = np.asarray(consts[1], dtype=np.float32)
         out_channels = weight.shape[0]
@@ -203,7 +210,7 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
         if conv_filter_format(workload) == "OIHWBo" and group > 1:
             group = fmt.round_up(out_channels, b)
         attrs["group"] = group
-        if act is not None:
+        if act is not None and act.op in _MLAS_ACTIVATIONS:
             attrs.update(activation_attrs(act))
     elif op in ("MaxPool", "AveragePool"):
         names = ("kernel_shape", "strides", "pads", "dilations", "ceil_mode")
@@ -221,16 +228,22 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
                  "coordinate_transformation_mode": workload.attr("coordinate_transformation_mode")}
     while node_inputs[-1] == "":
         node_inputs.pop()
-    node = helper.make_node(op, node_inputs, ["y"], domain=ORT_NCHWC_DOMAIN, **attrs)
+    after = _NODE_ACTIVATIONS.get(act.op) if act is not None else None
+    nodes = [helper.make_node(op, node_inputs, ["c" if after else "y"], domain=ORT_NCHWC_DOMAIN,
+                              **attrs)]
+    if after:
+        nodes.append(helper.make_node(after[0], ["c"], ["y"], domain=after[2], **after[1]))
     graph_inputs = [helper.make_tensor_value_info("x", 1, _ort_shape(workload.inputs[0].shape))]
     feeds.insert(0, ("x", 0))
     for name, index in feeds[1:]:
         graph_inputs.append(helper.make_tensor_value_info(
             name, 1, _ort_shape(workload.inputs[index].shape)))
     output = helper.make_tensor_value_info("y", 1, _ort_shape(workload.outputs[0].shape))
-    graph = helper.make_graph([node], f"nchwc_{op}", graph_inputs, [output], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)])
+    graph = helper.make_graph(nodes, f"nchwc_{op}", graph_inputs, [output], initializers)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)]
+    if after and after[2]:
+        opsets.append(helper.make_opsetid(after[2], 1))
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
     return model, tuple(feeds)
 

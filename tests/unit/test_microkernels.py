@@ -89,6 +89,11 @@ CASES = {
     "1x1_sigmoid_padded": conv(B, 20, (3, 3), 1, epilogue=(EpilogueStep("sigmoid"),)),
     "1x1_one_pixel_hard_sigmoid": conv(40, 24, (1, 1), 1, epilogue=(
         EpilogueStep("hard_sigmoid", (("alpha", 0.3),)),)),
+    # the exporters' activations MLAS has no form of: on the vectors
+    "3x3_residual_silu": conv(20, 2 * B + 3, (7, 9), 3, residual=True,
+                              epilogue=(ADD3, EpilogueStep("silu"))),
+    "1x1_stride2_hard_swish": conv(3 * B, 24, (9, 8), 1, stride=2,
+                                   epilogue=(EpilogueStep("hard_swish"),)),
     "depthwise_3x3": conv(40, 40, (9, 8), 3, group=40, epilogue=(RELU,)),
     "depthwise_3x3_stride2_tanh": conv(3 * B, 3 * B, (11, 12), 3, stride=2, group=3 * B,
                                        epilogue=(EpilogueStep("tanh"),)),

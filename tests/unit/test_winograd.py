@@ -63,6 +63,8 @@ CASES = {
     "clip_wide": conv(B + 1, 3 * B, (6, 13), 3, epilogue=(
         EpilogueStep("clip", (("min", 0.0), ("max", 6.0))),)),
     "sigmoid_two_by_three": conv(5, 7, (2, 3), 3, epilogue=(EpilogueStep("sigmoid"),)),
+    "silu_residual": conv(B + 5, 20, (8, 7), 3, residual=True,
+                          epilogue=(ADD3, EpilogueStep("silu"))),
 }
 
 

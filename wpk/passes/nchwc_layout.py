@@ -80,12 +80,12 @@ from wpk.passes.nchwc_classifier import match_classifier, readers_of
 from wpk.passes.nchwc_data import channel_slices, upsample_form
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Blocked, Rewrite
 from wpk.passes.nchwc_rules import (
-    MLAS_ACTIVATIONS,
+    CONV_ACTIVATIONS,
     conv_bias,
+    conv_epilogue_prefix,
     conv_input_mode,
     explicit_pads,
     fused_dirty,
-    mlas_epilogue_prefix,
 )
 
 
@@ -168,7 +168,7 @@ class NchwcLayout(GraphPass):
             return False
         weight = g.constants[node.inputs[1]]
         channels = int(weight.shape[0])
-        fused = mlas_epilogue_prefix(g, node, channels, rw.block)
+        fused = conv_epilogue_prefix(g, node, channels, rw.block)
         rest = [(s, None if s.operand is None else node.inputs[s.operand])
                 for s in node.epilogue[fused:]]
         out_shape = rw.shape(node.outputs[0])
@@ -197,7 +197,7 @@ class NchwcLayout(GraphPass):
         conv_out = rw.blocked_tensor(f"{out}_conv", out_shape, channels) if rest else out
         rw.nodes.append(Node("Conv", inputs, [conv_out], node.name, attrs, NCHWC_DOMAIN,
                              tuple(epilogue)))
-        if rest:  # what MLAS cannot fuse runs as a blocked Elementwise right after
+        if rest:  # what the Conv cannot carry runs as a blocked Elementwise right after
             rw.emit_chain(rw.fresh(f"{node.name}_epilogue"), conv_out, rest, channels, out)
         self.hit("Conv")
         return True
@@ -396,7 +396,8 @@ class NchwcLayout(GraphPass):
 
     def _fuse_activation(self, rw: Rewrite, value: str, chain, output: str) -> bool:
         """Fold a lone activation into the blocked Conv that alone feeds it (as MLAS does,
-        e.g. the ReLU after a BatchNormalization turned depthwise Conv)."""
+        e.g. the ReLU after a BatchNormalization turned depthwise Conv; SiLU and HardSwish
+        too, `CONV_ACTIVATIONS`)."""
         if len(chain) != 1 or chain[0][1] is not None or self._readers.get(value, 0) != 1:
             return False
         step = chain[0][0]
@@ -404,7 +405,7 @@ class NchwcLayout(GraphPass):
         if producer is None or producer.domain != NCHWC_DOMAIN or producer.op != "Conv" \
                 or any(s.op != "add" for s in producer.epilogue):
             return False
-        if step.op not in MLAS_ACTIVATIONS:
+        if step.op not in CONV_ACTIVATIONS:
             return False
         producer.epilogue = (*producer.epilogue, step)
         entry = rw.blocked[value]

@@ -16,6 +16,10 @@ from wpk.core.workload import EpilogueStep
 
 # Activations MLAS fuses into an NCHWc Conv (wpk epilogue names).
 MLAS_ACTIVATIONS = frozenset({"relu", "clip", "leaky_relu", "tanh", "sigmoid", "hard_sigmoid"})
+# ... and the blocked Conv carries besides (the exporters' SiLU and HardSwish): wpk's
+# micro-kernels apply them on the registers, onnxruntime's candidate as one node after its
+# conv in the same session
+CONV_ACTIVATIONS = MLAS_ACTIVATIONS | {"silu", "hard_swish"}
 # Unary steps with f(0) == 0 (clip is checked on its bounds).
 _ZERO_UNARY = frozenset({"relu", "leaky_relu", "tanh", "neg", "abs", "silu", "gelu",
                          "gelu_tanh", "hard_swish", "erf", "sqrt"})
@@ -57,9 +61,10 @@ def _activation_keeps_zero(step: EpilogueStep) -> bool:
     return step.op in _ZERO_UNARY
 
 
-def mlas_epilogue_prefix(graph: Graph, node: Node, out_channels: int, block: int) -> int:
-    """How many leading epilogue steps MLAS fuses: [add(same-shape tensor)] then one activation
-    (one that maps 0 elsewhere makes the output's padding lanes dirty: `fused_dirty`)."""
+def conv_epilogue_prefix(graph: Graph, node: Node, out_channels: int, block: int) -> int:
+    """How many leading epilogue steps the blocked Conv carries: [add(same-shape tensor)]
+    then one activation of `CONV_ACTIVATIONS` (one that maps 0 elsewhere makes the output's
+    padding lanes dirty: `fused_dirty`)."""
     steps = list(node.epilogue)
     taken = 0
     if steps and steps[0].op == "add" and steps[0].operand is not None \
@@ -68,7 +73,7 @@ def mlas_epilogue_prefix(graph: Graph, node: Node, out_channels: int, block: int
         if name not in graph.constants and _is_float4d(graph, name) \
                 and graph.tensors[name].shape == graph.tensors[node.outputs[0]].shape:
             taken = 1
-    if taken < len(steps) and steps[taken].op in MLAS_ACTIVATIONS:
+    if taken < len(steps) and steps[taken].op in CONV_ACTIVATIONS:
         taken += 1
     return taken
 

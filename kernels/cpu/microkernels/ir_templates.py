@@ -64,11 +64,9 @@ from wpk.core.epilogue import EPILOGUE_TABLE
 from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.ir_space import BlockGeometry, config_reason
 from wpk.kernels.cpu.microkernels.isa import ISAS
+from wpk.kernels.cpu.microkernels.vector_c import INTRINSICS, VECTOR_FUNCTIONS
 
-_HEADER = r"""
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
+_HEADER = INTRINSICS + r"""
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -83,64 +81,7 @@ INLINE vf vload(const float *p) {{ return *(const vfu *)p; }}
 INLINE void vstore(float *p, vf v) {{ *(vfu *)p = v; }}
 INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
 INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
-/* max/min: one instruction where the ISA has it (a select built of masks compiles to three);
-   both give b when either is NaN */
-#if defined(__AVX512F__) && {lanes} == 16
-INLINE vf vmax(vf a, vf b) {{ return (vf)_mm512_max_ps((__m512)a, (__m512)b); }}
-INLINE vf vmin(vf a, vf b) {{ return (vf)_mm512_min_ps((__m512)a, (__m512)b); }}
-#elif defined(__AVX__) && {lanes} == 8
-INLINE vf vmax(vf a, vf b) {{ return (vf)_mm256_max_ps((__m256)a, (__m256)b); }}
-INLINE vf vmin(vf a, vf b) {{ return (vf)_mm256_min_ps((__m256)a, (__m256)b); }}
-#else
-INLINE vf vmax(vf a, vf b) {{ return vsel(a > b, a, b); }}
-INLINE vf vmin(vf a, vf b) {{ return vsel(a < b, a, b); }}
-#endif
-/* e^x, float32 accuracy: 2^n e^r with r in [-ln2/2, ln2/2], a degree-6 polynomial */
-INLINE vf vexp(vf x) {{
-    x = vmin(vmax(x, vsplat(-87.0f)), vsplat(88.0f));
-#if defined(__AVX512F__) && {lanes} == 16
-    /* n = round(x / ln2) and 2^n applied by scalef: no integer round trip */
-    vf nf = (vf)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#elif defined(__AVX__) && {lanes} == 8
-    vf nf = (vf)_mm256_round_ps((__m256)(x * 1.44269504088896341f),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
-    vf f = x * 1.44269504088896341f + 0.5f;
-    vi n0 = __builtin_convertvector(f, vi);
-    n0 += (vi)(__builtin_convertvector(n0, vf) > f);   /* truncation -> floor */
-    vf nf = __builtin_convertvector(n0, vf);
-#endif
-    vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-    vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    vf e = p * r * r + r + 1.0f;
-#if defined(__AVX512F__) && {lanes} == 16
-    return (vf)_mm512_scalef_ps((__m512)e, (__m512)nf);
-#else
-    vi n = __builtin_convertvector(nf, vi);
-    return e * (vf)((n + 127) << 23);
-#endif
-}}
-/* 1/d: the ISA's reciprocal estimate and one Newton step (about 1 ulp, a few times the
-   throughput of a vector division: EfficientNet's small blocks 1.07-1.25x on 2 threads),
-   else a division */
-INLINE vf vrecip(vf d) {{
-#if defined(__AVX512F__) && {lanes} == 16
-    vf r = (vf)_mm512_rcp14_ps((__m512)d);
-    return r * (2.0f - d * r);
-#elif defined(__AVX__) && {lanes} == 8
-    vf r = (vf)_mm256_rcp_ps((__m256)d);
-    return r * (2.0f - d * r);
-#else
-    return 1.0f / d;
-#endif
-}}
-INLINE vf vsigmoid(vf v) {{ return vrecip(vexp(vmin(-v, vsplat(80.0f))) + 1.0f); }}
-"""
+""" + VECTOR_FUNCTIONS
 
 
 def activation_c(name: str, act: tuple) -> str:

@@ -52,6 +52,8 @@ ROWS_CHOICES = (1, 2, 4, 7, 8, 14, 16, 28)
 KNOBS = ("isa", "kv", "px", "unroll", "cbt", "split", "rows")
 # The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
+# ... and those MLAS has no form of (wpk step name -> the name the epilogue knows)
+VECTOR_ACTIVATIONS = {"silu": "Silu", "hard_swish": "HardSwish"}
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class ConvGeometry:
 def _activation(step) -> tuple[str | None, tuple[float, ...]] | str:
     if step is None:
         return None, ()
+    if step.op in VECTOR_ACTIVATIONS:
+        return VECTOR_ACTIVATIONS[step.op], ()
     attrs = activation_attrs(step)
     if attrs["activation"] not in ACTIVATIONS:
         return f"activation {attrs['activation']} has no micro-kernel epilogue"

@@ -48,12 +48,13 @@ from dataclasses import replace
 from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.isa import ISAS
 from wpk.kernels.cpu.microkernels.space import ConvGeometry, config_reason
+from wpk.kernels.cpu.microkernels.vector_c import INTRINSICS, VECTOR_FUNCTIONS
 
 # Parallel units per kernel call the column chunks aim at: a few per core, so the cores
 # share the work evenly and each unit's tiles still reuse the weights they load.
 TARGET_UNITS = max(32, 8 * (os.cpu_count() or 1))
 
-_HEADER = r"""
+_HEADER = INTRINSICS + r"""
 #include <math.h>
 #include <stddef.h>
 
@@ -67,14 +68,12 @@ INLINE vf vload(const float *p) {{ return *(const vfu *)p; }}
 INLINE void vstore(float *p, vf v) {{ *(vfu *)p = v; }}
 INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
 INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
-INLINE vf vmax(vf a, vf b) {{ return vsel(a > b, a, b); }}
-INLINE vf vmin(vf a, vf b) {{ return vsel(a < b, a, b); }}
-"""
+""" + VECTOR_FUNCTIONS
 
 
 def _epilogue(g: ConvGeometry, lanes: int) -> str:
     """`INLINE vf epilogue(vf v, const float *sum, float *y)`: residual add, activation,
-    store (a scalar pass for the activations with an exponential)."""
+    store (a scalar pass for Sigmoid and Tanh; SiLU's sigmoid on the vectors)."""
     lines = ["INLINE void epilogue(vf v, const float *sum, float *y) {"]
     if g.sum_index is not None:
         lines.append("    v += vload(sum);")
@@ -88,6 +87,11 @@ def _epilogue(g: ConvGeometry, lanes: int) -> str:
         lines.append(f"    v = vsel(v > 0.0f, v, v * {p[0]});")
     elif act == "HardSigmoid":
         lines.append(f"    v = vmin(vmax(v * {p[0]} + {p[1]}, vsplat(0.0f)), vsplat(1.0f));")
+    elif act == "Silu":
+        lines.append("    v = v * vsigmoid(v);")
+    elif act == "HardSwish":
+        lines.append("    v = v * vmin(vmax(v * (1.0f / 6.0f) + 0.5f, vsplat(0.0f)), "
+                     "vsplat(1.0f));")
     lines.append("    vstore(y, v);")
     if act == "Sigmoid":
         lines.append(f"    for (int i = 0; i < {lanes}; ++i) y[i] = 1.0f / (1.0f + expf(-y[i]));")
