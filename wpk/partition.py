@@ -240,25 +240,26 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
                    wpk_median_s=medians[variant], onnxruntime_median_s=medians[ONNXRUNTIME],
                    medians_s={PLAN_NAMES.get(name, name): t for name, t in medians.items()},
                    runs=len(times[WPK]))
+    in_rounds = f"faster in {won} of {rounds} rounds"
     if winner == ONNXRUNTIME:
-        why = (f"not {options.margin:.0%} faster" if ratio > 1 - options.margin else
-               f"faster in only {won} of {rounds} rounds")
+        why = f"not {options.margin:.0%} faster" if ratio > 1 - options.margin else \
+            f"faster in only {won} of {rounds} rounds"
         summary["reason"] = (f"wpk's plan runs at {ratio:.2f}x onnxruntime's latency, {why}: "
                              "the plan is onnxruntime's whole model")
         return whole_model, summary
     if variant == REGIONS:
         summary["reason"] = (f"wpk's plan with its steps outside onnxruntime's regions given "
                              f"back to them runs {medians[WPK] / medians[REGIONS]:.2f}x faster "
-                             f"than with them, at {ratio:.2f}x onnxruntime's latency, faster "
-                             f"in {won} of {rounds} rounds")
+                             f"than with them, at {ratio:.2f}x onnxruntime's latency, "
+                             f"{in_rounds}")
         return regions, summary
     if variant == ONE_POOL:
         summary["reason"] = (f"wpk's plan with its onnxruntime steps given to generated kernels "
                              f"(one thread pool) runs {medians[WPK] / medians[ONE_POOL]:.2f}x "
                              f"faster than the per-operator plan, at {ratio:.2f}x "
-                             f"onnxruntime's latency, faster in {won} of {rounds} rounds")
+                             f"onnxruntime's latency, {in_rounds}")
         return one_pool, summary
     summary["reason"] = (f"wpk's per-operator plan runs at {ratio:.2f}x onnxruntime's "
-                         f"latency (kept: at least {options.margin:.0%} faster, and faster "
-                         f"in {won} of {rounds} rounds)")
+                         f"latency (kept: at least {options.margin:.0%} faster, and "
+                         f"{in_rounds})")
     return per_op, summary

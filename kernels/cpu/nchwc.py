@@ -52,14 +52,13 @@ NCHWC_OPS = ("Conv", "ReorderInput", "ReorderOutput", "Upsample", "ChannelSlice"
 _UPSAMPLE_MODES = {"nearest": ("asymmetric",),
                    "linear": ("asymmetric", "half_pixel", "align_corners")}
 
-# The epilogue steps MLAS fuses into an NCHWc Conv as its activation. MLAS names each as its
-# ONNX op and takes the op's attributes (Clip's as in opsets 6-10) as activation_params.
-_MLAS_ACTIVATIONS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "clip", "hard_sigmoid"})
-# Those the blocked Conv carries besides: onnxruntime's candidate runs each as this node
-# after its conv (SiLU as its contrib QuickGelu with alpha 1), in the same session
+# A blocked Conv's activation (`fmt.CONV_ACTIVATIONS`): MLAS fuses those of
+# `fmt.MLAS_CONV_ACTIVATIONS`, naming each as its ONNX op with the op's attributes (Clip's as
+# in opsets 6-10) as activation_params; onnxruntime's candidate runs the others as this node
+# (op, attributes, domain) after its conv, in the same session
 _NODE_ACTIVATIONS = {"silu": ("QuickGelu", {"alpha": 1.0}, ONNXRUNTIME_DOMAIN),
                      "hard_swish": ("HardSwish", {}, "")}
-_ACTIVATIONS = _MLAS_ACTIVATIONS | frozenset(_NODE_ACTIVATIONS)
+assert set(_NODE_ACTIVATIONS) == fmt.CONV_ACTIVATIONS - fmt.MLAS_CONV_ACTIVATIONS
 _ATTRIBUTES_OPSET = 10  # the last opset where Clip's bounds are attributes
 
 
@@ -87,7 +86,7 @@ def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] |
         spec = workload.inputs[sum_index] if sum_index is not None else None
         if spec is None or spec.shape != workload.outputs[0].shape:
             return "the residual add operand is not a blocked tensor of the output's shape"
-    if len(steps) > 1 or (steps and steps[0].op not in _ACTIVATIONS):
+    if len(steps) > 1 or (steps and steps[0].op not in fmt.CONV_ACTIVATIONS):
         return (f"epilogue {[s.op for s in workload.epilogue]} is not [add] + one activation "
                 "a blocked Conv carries")
     return sum_index, (steps[0] if steps else None)
@@ -210,7 +209,7 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
         if conv_filter_format(workload) == "OIHWBo" and group > 1:
             group = fmt.round_up(out_channels, b)
         attrs["group"] = group
-        if act is not None and act.op in _MLAS_ACTIVATIONS:
+        if act is not None and act.op in fmt.MLAS_CONV_ACTIVATIONS:
             attrs.update(activation_attrs(act))
     elif op in ("MaxPool", "AveragePool"):
         names = ("kernel_shape", "strides", "pads", "dilations", "ceil_mode")
@@ -231,8 +230,12 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
     after = _NODE_ACTIVATIONS.get(act.op) if act is not None else None
     nodes = [helper.make_node(op, node_inputs, ["c" if after else "y"], domain=ORT_NCHWC_DOMAIN,
                               **attrs)]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)]
     if after:
-        nodes.append(helper.make_node(after[0], ["c"], ["y"], domain=after[2], **after[1]))
+        act_op, act_attrs, act_domain = after
+        nodes.append(helper.make_node(act_op, ["c"], ["y"], domain=act_domain, **act_attrs))
+        if act_domain:
+            opsets.append(helper.make_opsetid(act_domain, 1))
     graph_inputs = [helper.make_tensor_value_info("x", 1, _ort_shape(workload.inputs[0].shape))]
     feeds.insert(0, ("x", 0))
     for name, index in feeds[1:]:
@@ -240,9 +243,6 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
             name, 1, _ort_shape(workload.inputs[index].shape)))
     output = helper.make_tensor_value_info("y", 1, _ort_shape(workload.outputs[0].shape))
     graph = helper.make_graph(nodes, f"nchwc_{op}", graph_inputs, [output], initializers)
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)]
-    if after and after[2]:
-        opsets.append(helper.make_opsetid(after[2], 1))
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
     return model, tuple(feeds)

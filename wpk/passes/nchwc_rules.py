@@ -13,13 +13,8 @@ import numpy as np
 
 from wpk.core.graph import Graph, Node
 from wpk.core.workload import EpilogueStep
+from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 
-# Activations MLAS fuses into an NCHWc Conv (wpk epilogue names).
-MLAS_ACTIVATIONS = frozenset({"relu", "clip", "leaky_relu", "tanh", "sigmoid", "hard_sigmoid"})
-# ... and the blocked Conv carries besides (the exporters' SiLU and HardSwish): wpk's
-# micro-kernels apply them on the registers, onnxruntime's candidate as one node after its
-# conv in the same session
-CONV_ACTIVATIONS = MLAS_ACTIVATIONS | {"silu", "hard_swish"}
 # Unary steps with f(0) == 0 (clip is checked on its bounds).
 _ZERO_UNARY = frozenset({"relu", "leaky_relu", "tanh", "neg", "abs", "silu", "gelu",
                          "gelu_tanh", "hard_swish", "erf", "sqrt"})

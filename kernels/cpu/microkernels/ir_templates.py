@@ -273,17 +273,17 @@ static _Thread_local float *thread_buffer;
    compute move to the front of h1; without an expand conv the rows are X's own), RT
    depthwise rows, one project run (with a gate: the depthwise rows go to h2all, the
    image's whole depthwise output, and the project waits for the gate). A gated block's
-   strip may cover only expanded channel blocks [kb0, kb1) (the expand's output tiles
-   [t0x, t1x)); without a gate it covers them all. */
+   strip may cover only expanded channel blocks [kb0, kb1) (whole expand tiles of KV1
+   vectors); without a gate it covers them all. */
 static void strip(const float *x, const float *w, float *y, float *buf, float *h2all,
-                  float *part, int n, int oh0, int oh1, int kb0, int kb1, int t0x, int t1x) {
+                  float *part, int n, int oh0, int oh1, int kb0, int kb1) {
     const float *w1 = w, *b1 = w1 + W1_SIZE, *w2 = b1 + B1_SIZE, *b2 = w2 + KBE * K * K * BLK;
     const float *w3 = b2 + CE, *b3 = w3 + W3_SIZE;
     const float *xn = x + (size_t)n * CB * H * W * BLK;
     float *h1 = buf, *h2 = buf + (size_t)KBE * RIN * W * BLK;
     int first = 0, done = 0;   /* h1 holds input rows [first, done) */
     (void)w1; (void)b1; (void)w3; (void)b3; (void)h1; (void)h2; (void)h2all; (void)y;
-    (void)part; (void)t0x; (void)t1x;
+    (void)part;
 #if SE
     memset(part + (size_t)kb0 * BLK, 0, (size_t)(kb1 - kb0) * BLK * sizeof(float));
 #endif
@@ -305,7 +305,7 @@ static void strip(const float *x, const float *w, float *y, float *buf, float *h
         if (hi > done)
             ex_run(xn + (size_t)done * W * BLK, (size_t)H * W * BLK, w1, b1,
                    h1 + (size_t)(done - first) * W * BLK, (size_t)RIN * W * BLK, NULL,
-                   (hi - done) * W, t0x, t1x);
+                   (hi - done) * W, kb0 * LG / KV1, kb1 * LG / KV1);
         done = hi > done ? hi : done;
         const float *rows = h1;
         size_t rows_n = RIN;
@@ -414,7 +414,7 @@ static int strip_rows(int threads) {
    when the strips of one per thread would compute more than 1/8 of the expanded rows twice
    (their halo rows: small images, large filters), each thread takes whole images' worth of
    rows for some expanded channel blocks instead, as many chunks as channel units
-   (CUNITS, of CU_BLOCKS blocks and CU_TILES expand tiles each) so the threads share them
+   (CUNITS, of CU_BLOCKS blocks, whole expand tiles) so the threads share them
    evenly; only by default (ROWS 0), a tuned strip height keeps the rows */
 int wpk_ir_channel_chunks(int threads) {
 #if SE && EXPAND
@@ -461,11 +461,11 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
                 int n = u / chunks, g0 = (u % chunks) * CUNITS / chunks;
                 int g1 = (u % chunks + 1) * CUNITS / chunks;
                 strip(x, w, y, own_buffer(), h2all, part + (size_t)n * CE, n, 0, OH,
-                      g0 * CU_BLOCKS, g1 * CU_BLOCKS, g0 * CU_TILES, g1 * CU_TILES);
+                      g0 * CU_BLOCKS, g1 * CU_BLOCKS);
             } else {
                 int n = u / strips, s0 = (u % strips) * rows;
                 strip(x, w, y, own_buffer(), h2all, part + (size_t)u * CE, n, s0,
-                      s0 + rows < OH ? s0 + rows : OH, 0, KBE, 0, EX_TILES);
+                      s0 + rows < OH ? s0 + rows : OH, 0, KBE);
             }
         }
         #pragma omp for schedule(static)
@@ -491,7 +491,7 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
     for (int u = 0; u < units; ++u) {
         int n = u / strips, s0 = (u % strips) * rows;
         strip(x, w, y, own_buffer(), NULL, NULL, n, s0, s0 + rows < OH ? s0 + rows : OH, 0,
-              KBE, 0, EX_TILES);
+              KBE);
     }
 #endif
 }
@@ -549,7 +549,7 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
                    EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2, KV2=kv2,
-                   CUNITS=g.kbe * lg // unit, CU_BLOCKS=unit // lg, CU_TILES=unit // kv1,
+                   KV1=kv1, CUNITS=g.kbe * lg // unit, CU_BLOCKS=unit // lg,
                    FOLD=int(folds_gate(g)),
                    W1_SIZE=cin * ce if g.expand else 0, B1_SIZE=ce if g.expand else 0,
                    W3_SIZE=ce * g.kbo * g.block, RESIDUAL=int(g.residual),
