@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Everything of wpk that needs a GPU, in one command on the GPU machine (about 9 minutes):
+# Everything of wpk that needs a GPU, in one command on the GPU machine (at most 9.5 minutes,
+# so that it fits one 10-minute call of the device tool with its set-up):
 #
 #   scripts/gpu_check.sh            # results under $OUT (default ./out)
 #   scripts/gpu_check.sh --no-install   # wpk already importable (a development machine)
 #   scripts/gpu_check.sh --light-only   # only the nine light models (their own 8 minutes)
+#   scripts/gpu_check.sh --parts "gpu-runtime bench-gpu"   # only these parts (a rerun that
+#       fits what is left of a lease); BENCH_ARGS="--models squeezenet --compile-mode default"
+#       replaces the benchmark's model and compile arguments, BENCH_LIMIT=S its time limit
 #
 # 1. installs the wheels carried in .whl/ (nvidia-cudnn-frontend, with --no-deps) into
 #    /tmp/site, and wpk itself (editable, no deps; else a symlink tree mapping the top-level
@@ -19,12 +23,17 @@
 set -u -o pipefail
 INSTALL=1
 LIGHT_ONLY=0
+ONLY_PARTS=""
+PREV=""
 for arg in "$@"; do
     case $arg in
         --no-install) INSTALL=0 ;;
         --light-only) LIGHT_ONLY=1 ;;
-        *) echo "usage: $0 [--no-install] [--light-only]"; exit 2 ;;
+        --parts) ;;
+        *) if [ "${PREV:-}" = --parts ]; then ONLY_PARTS=$arg
+           else echo "usage: $0 [--no-install] [--light-only] [--parts \"NAME ...\"]"; exit 2; fi ;;
     esac
+    PREV=$arg
 done
 
 OUT="${OUT:-$PWD/out}"
@@ -134,6 +143,10 @@ EOF
 
 run_part() {   # name, limit in seconds, command...
     local name=$1 limit=$2; shift 2
+    if [ -n "$ONLY_PARTS" ] && [[ " $ONLY_PARTS " != *" $name "* ]]; then
+        RESULT[$name]=skipped
+        return
+    fi
     section "$name (limit ${limit} s)"
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
     RESULT[$name]=${PIPESTATUS[0]}
@@ -148,21 +161,22 @@ else
     PARTS="unit-logic gpu-runtime gpu-fused gpu-search gpu-light-models bench-gpu"
     run_part unit-logic 30 python3 -m pytest -q -p no:cacheprovider \
         tests/unit/test_cuda_runtime_logic.py --junitxml="$OUT/junit-unit-logic.xml"
-    run_part gpu-runtime 180 python3 -m pytest -q -rA -p no:cacheprovider \
+    run_part gpu-runtime 170 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_cuda_runtime.py tests/gpu/test_winograd_cuda_gpu.py \
         --junitxml="$OUT/junit-gpu-runtime.xml"
     # the fused attention and inverted-residual kernels against the reference and peers
-    run_part gpu-fused 90 python3 -m pytest -q -rA -p no:cacheprovider \
+    run_part gpu-fused 80 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_cuda_fused_gpu.py --junitxml="$OUT/junit-gpu-fused.xml"
     # online --search and --parallel-measure (build, records, tune)
-    run_part gpu-search 80 python3 -m pytest -q -rA -p no:cacheprovider \
+    run_part gpu-search 70 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_gpu_search.py --junitxml="$OUT/junit-gpu-search.xml"
     # the smallest light models only; all nine: --light-only
-    run_part gpu-light-models 120 python3 -m pytest -q -rA -p no:cacheprovider \
+    run_part gpu-light-models 90 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_light_models_gpu.py -k "squeezenet or shufflenet or alexnet" \
         --junitxml="$OUT/junit-gpu-light.xml"
-    run_part bench-gpu 140 python3 scripts/bench_gpu.py --quick --out "$OUT" \
-        --trials 3 --rounds 3 --tune-budget 15
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+    run_part bench-gpu "${BENCH_LIMIT:-100}" python3 scripts/bench_gpu.py --quick --out "$OUT" \
+        --trials 3 --rounds 3 --tune-budget 15 ${BENCH_ARGS:-}
     mkdir -p benchmarks/results && cp "$OUT"/gpu-*.json benchmarks/results/ 2>/dev/null
 fi
 
@@ -172,6 +186,7 @@ for name in $PARTS; do
     rc=${RESULT[$name]:-missing}
     case $rc in
         0) verdict=passed ;;
+        skipped) verdict="not run (--parts)" ;;
         124|137) verdict="TIMED OUT (partial results in $name.log)"; status=1 ;;
         *) verdict="FAILED (exit $rc)"; status=1 ;;
     esac

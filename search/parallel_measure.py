@@ -127,7 +127,7 @@ class ParallelRunner(Runner):
         super().__init__(base.options, base.seed)
         self.base = base
         self.streams = check_streams(streams)
-        self.summary = summary if summary is not None else ParallelSummary(self.streams)
+        self.totals = summary if summary is not None else ParallelSummary(self.streams)
         self.top = top
 
     def measure(self, workload: Workload, candidate: AnyCandidate,
@@ -148,7 +148,7 @@ class ParallelRunner(Runner):
             result = measure_parallel(workload, [as_candidate(c) for c in candidates],
                                       rng=np.random.default_rng(seed), streams=self.streams,
                                       top=self.top, **options.timing())
-        self.summary.add(result)
+        self.totals.add(result)
         return result.measurements()
 
     def _isolated(self, workload: Workload, candidates: Sequence[AnyCandidate],

@@ -29,6 +29,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
+# IR 8 carries opset 17 and every onnxruntime reads it (onnx 1.23 writes 14 by default,
+# which the GPU image's onnxruntime 1.30 refuses)
+IR_VERSION = 8
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
                 "shufflenet", "squeezenet", "vgg19", "zfnet512")
@@ -70,7 +73,7 @@ class _GraphBuilder:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                   producer_name="wpk-tests")
-        model.ir_version = 8
+        model.ir_version = IR_VERSION
         onnx.checker.check_model(model, full_check=True)
         return model
 
@@ -246,7 +249,8 @@ def tiny_conv_gemm(seed: int = 3) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
         [const("w1", (8, 3, 3, 3)), const("b1", (8,)), const("fc", (8, 10)),
          const("fcb", (10,))])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                             ir_version=IR_VERSION)
 
 
 BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {

@@ -12,7 +12,8 @@ full-size or per-channel operand). Runtime-fusion engines do not take every
 such graph in float32 NCHW, so graphs are tried from the most fused to the
 plain convolution (`fusion_levels`); what cuDNN does not fuse runs after it
 as one elementwise kernel. Like cudnnFind, every execution plan the
-heuristics (modes A and FALLBACK) offer that builds is a config of its own
+heuristics (modes A and FALLBACK) offer that builds and computes in float32
+(no TF32 tensor-core engines: `NOT_FLOAT32_NOTES`) is a config of its own
 (up to `MAX_PLANS` per fusion level); the planner measures them all and keeps
 the fastest, and the step config stores the fusion level, the plan's name
 (engine and knobs) and its index. `prepare` rebuilds that graph and selects
@@ -43,6 +44,11 @@ from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
 
 MAX_PLANS = 12
 HEURISTIC_MODES = ("A", "FALLBACK")
+# Engines whose numerics are not float32's: on Ampere and newer, cuDNN runs a float32
+# convolution on tensor cores in TF32 (10-bit mantissa) unless these are deselected; on an
+# H200 such plans were 1.1e-4 to 2.3e-4 relative L2 from the float64 reference, over the
+# 1e-4 every plan must meet (first GPU run, 2026-11-27).
+NOT_FLOAT32_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION")
 
 # epilogue op -> (cudnn pygraph method, keyword arguments from the step's attributes)
 _UNARY_FUSABLE = {"relu", "clip", "leaky_relu", "sigmoid", "tanh", "silu", "gelu", "gelu_tanh",
@@ -135,6 +141,27 @@ def find_plan(names: Sequence[str | None], name: str | None, index: int | None) 
         return index
     if name is None and index is None:
         return next((i for i, n in enumerate(names) if n is not None), None)
+    return None
+
+
+def plan_order(names: Sequence[str | None], config: Mapping) -> list[int]:
+    """The plans `prepare` tries, in order: the one `config` names (`find_plan`), or, for a
+    config naming none, every plan in the heuristics' order (a deselected or failing plan
+    is skipped, so the first that builds runs)."""
+    if config.get("plan") is None and config.get("index") is None:
+        return [i for i, n in enumerate(names) if n is not None]
+    index = find_plan(names, config.get("plan"), config.get("index"))
+    return [] if index is None else [index]
+
+
+def _build_first(graph, indices: Sequence[int]) -> int | None:
+    """Build the first plan of `indices` that builds; its index, or None."""
+    for index in indices:
+        try:
+            graph.build_plan_at_index(index)
+        except Exception:  # barred (not float32) or not supported here: try the next
+            continue
+        return index
     return None
 
 
@@ -240,6 +267,9 @@ def build_conv_graph(workload: Workload, fuse: int, max_plans: int = MAX_PLANS,
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([getattr(cudnn.heur_mode, m) for m in HEURISTIC_MODES])
+    graph.deselect_numeric_notes([getattr(cudnn.numerical_note, note)
+                                  for note in NOT_FLOAT32_NOTES
+                                  if hasattr(cudnn.numerical_note, note)])
     names: list = []
     built = 0
     for index in range(graph.get_execution_plan_count()):
@@ -298,12 +328,11 @@ class CudnnConv(Implementation):
         cudnn, _ = _frontend()
         fuse = int(config.get("fuse", 0))
         built = build_conv_graph(workload, fuse, try_build=False)
-        index = find_plan(built.names, config.get("plan"), config.get("index"))
+        graph = built.graph
+        index = _build_first(graph, plan_order(built.names, config))
         if index is None:
             raise DeviceError(f"{workload.label}: cuDNN plan {config.get('plan')!r} is not "
                               "available here", hint="rebuild or `wpk tune` the plan")
-        graph = built.graph
-        graph.build_plan_at_index(index)
         workspace = cupy.empty(max(1, graph.get_workspace_size_plan_at_index(index)), cupy.uint8)
         handle = cudnn_handle(cudnn, cupy)
         rest = dataclasses.replace(workload, epilogue=workload.epilogue[len(built.fused):])

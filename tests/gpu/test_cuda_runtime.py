@@ -181,7 +181,10 @@ def _small_model(path):
     graph = helper.make_graph(nodes, "small", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, [2, 3, 16, 16])], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, [2, 10])], [w1, b1, w2, fc])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # IR 8, not onnx's newest: the GPU image's onnxruntime (1.30) reads IR <= 13, and
+    # onnx 1.23 writes 14 by default
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=8)
     onnx.save(model, path)
     return path
 

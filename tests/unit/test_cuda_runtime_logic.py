@@ -22,6 +22,7 @@ from wpk.kernels.cuda.vendor_cudnn import (
     fusion_levels,
     operand_4d,
     plan_configs,
+    plan_order,
 )
 from wpk.kernels.epilogue import apply_epilogue
 from wpk.plans.buffers import BufferPlan
@@ -204,6 +205,14 @@ def test_plan_selection_prefers_the_name_then_the_index():
     assert find_plan(names, None, None) == 0 and find_plan([None, "x"], None, None) == 1
     configs = plan_configs({0: ["a", None, "b"], 2: [None, "c"]}, limit=1)
     assert configs == [{"fuse": 2, "plan": "c", "index": 1}, {"fuse": 0, "plan": "a", "index": 0}]
+
+
+def test_a_config_naming_no_plan_tries_every_plan_in_the_heuristics_order():
+    # the first plan may be barred (a TF32 engine) and not build: the next one runs
+    names = ["tf32", None, "fp32a", "fp32b"]
+    assert plan_order(names, {}) == [0, 2, 3]
+    assert plan_order(names, {"plan": "fp32b", "index": 0}) == [3]
+    assert plan_order(names, {"plan": "gone", "index": 1}) == []
 
 
 # ----------------------------------------------------------------------------- runtime

@@ -271,3 +271,19 @@ def test_isolated_cuda_timer_without_a_gpu_is_a_failed_measurement():
         (found,) = runner.run(GEMM, [candidate])
     assert found.status is Status.RUNTIME_ERROR
     assert "cupy" in found.message or "GPU" in found.message
+
+
+def test_a_recorded_parallel_runner_reports_its_totals_and_no_cluster(tmp_path):
+    """The first GPU run (H200, 2026-11-27) failed `--search random --parallel-measure 2` with
+    "'ParallelSummary' object is not callable": the runner's totals shadowed `summary()`,
+    which the recorded runner calls for the build report."""
+    from wpk.search.parallel_measure import ParallelRunner
+    from wpk.search.recorded import RecordedRunner
+    from wpk.search.records import RecordStore
+    from wpk.search.runner import LocalRunner
+
+    totals = ParallelSummary(2)
+    parallel = ParallelRunner(LocalRunner(), streams=2, summary=totals)
+    target = create_target("cuda", gpu="h100", offline=True)
+    recorded = RecordedRunner(parallel, RecordStore(tmp_path / "r.jsonl"), target.fingerprint())
+    assert recorded.summary() is None and parallel.totals is totals
