@@ -12,8 +12,9 @@ a column-major emulation in numpy). Batched MatMul uses the strided-batched
 call with stride 0 for an operand broadcast over the batch. Gemm's C is
 copied (broadcast) into the output first and accumulated with beta; a fused
 epilogue runs as one elementwise kernel (`epilogue_cuda`). Every call goes to
-the current cupy stream with host pointer mode, allocates nothing, and can
-be captured in a CUDA graph.
+the current cupy stream with host pointer mode and allocates nothing; it goes
+through wpk's own ctypes binding (`cublas_library`), since CuPy's wrappers
+refuse to run during a CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wpk.core.workload import Workload
+from wpk.kernels.cuda.cublas_library import cublas_library
 from wpk.kernels.cuda.cupy_support import missing_reason, require_cupy
 from wpk.kernels.cuda.epilogue_cuda import epilogue_kernel
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
@@ -120,13 +122,19 @@ def _owns_batch(shape: Sequence[int], batch_shape: tuple[int, ...]) -> bool | No
 def run_gemm(cupy, call: GemmCall, first, second, out, alpha: np.ndarray,
              beta: np.ndarray) -> None:
     """Issue `call` on the current stream; `alpha`/`beta` are float32 host scalars that
-    outlive the call (host pointer mode reads them at launch or capture)."""
+    outlive the call (host pointer mode reads them at launch or capture). Through wpk's own
+    binding (`cublas_library`: capturable in a CUDA graph), else through CuPy's wrappers
+    (which refuse a capture)."""
+    handle = cupy.cuda.device.get_cublas_handle()  # also makes CuPy load libcublas
+    direct = cublas_library()
+    if direct is not None:
+        direct.sgemm(direct.handle(cupy), call, first, second, out, alpha, beta)
+        return
     try:
         from cupy_backends.cuda.libs import cublas
     except ImportError:  # pragma: no cover - older/newer cupy layouts
         from cupy.cuda import cublas
 
-    handle = cupy.cuda.device.get_cublas_handle()
     cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}

@@ -370,3 +370,16 @@ def test_gpu_test_folder_is_skipped_not_failed():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "skipped" in done.stdout and "failed" not in done.stdout
     assert "no NVIDIA GPU" in done.stdout
+
+
+def test_wpk_binds_the_cublas_that_cupy_loaded_not_cublaslt():
+    from wpk.kernels.cuda.cublas_library import check, loaded_cublas_path
+
+    maps = ["7f00-7f10 r-xp 00000000 08:01 12 /site/nvidia/cublas/lib/libcublasLt.so.13",
+            "7f20-7f30 r-xp 00000000 08:01 13 /site/nvidia/cublas/lib/libcublas.so.13",
+            "7f40-7f50 rw-p 00000000 00:00 0", ""]
+    assert loaded_cublas_path(maps) == "/site/nvidia/cublas/lib/libcublas.so.13"
+    assert loaded_cublas_path(maps[:1] + maps[2:]) is None
+    check(0, "cublasSgemm")
+    with pytest.raises(DeviceError, match="cublasSgemm failed: CUBLAS_STATUS_INVALID_VALUE"):
+        check(7, "cublasSgemm")
