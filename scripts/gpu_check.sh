@@ -4,10 +4,13 @@
 #
 #   scripts/gpu_check.sh            # results under $OUT (default ./out)
 #   scripts/gpu_check.sh --no-install   # wpk already importable (a development machine)
-#   scripts/gpu_check.sh --light-only   # only the nine light models (their own 8 minutes)
+#   scripts/gpu_check.sh --light-only   # only the nine light models (a minute or more each:
+#                                         the first H200 run built SqueezeNet in about one)
 #   scripts/gpu_check.sh --parts "gpu-runtime bench-gpu"   # only these parts (a rerun that
-#       fits what is left of a lease); BENCH_ARGS="--models squeezenet --compile-mode default"
-#       replaces the benchmark's model and compile arguments, BENCH_LIMIT=S its time limit
+#       fits what is left of a lease); BENCH_ARGS="--models squeezenet resnet50" replaces
+#       the benchmark's model and compile arguments (default: SqueezeNet against
+#       torch.compile's reduce-overhead mode, CUDA graphs like wpk's runtime, which compiles
+#       in a fraction of max-autotune's time), BENCH_LIMIT=S its time limit
 #
 # 1. installs the wheels carried in .whl/ (nvidia-cudnn-frontend, with --no-deps) into
 #    /tmp/site, and wpk itself (editable, no deps; else a symlink tree mapping the top-level
@@ -16,7 +19,7 @@
 #    the pip CUDA libraries and ptxas from triton, under the names wpk's toolchain looks for;
 # 3. prints nvidia-smi and the versions of everything involved;
 # 4. runs tests/gpu (runtime, vendors, generated kernels, fused kernels, sessions; online search and
-#    --parallel-measure; then the nine light models), junit XML and logs to $OUT;
+#    --parallel-measure; then the two smallest light models), junit XML and logs to $OUT;
 # 5. runs scripts/bench_gpu.py --quick (JSON to $OUT and benchmarks/results/).
 # Every part has its own time limit and writes as it goes, so a part that runs out of time
 # still leaves its partial results; the summary at the end gives each part's verdict.
@@ -161,22 +164,24 @@ else
     PARTS="unit-logic gpu-runtime gpu-fused gpu-search gpu-light-models bench-gpu"
     run_part unit-logic 30 python3 -m pytest -q -p no:cacheprovider \
         tests/unit/test_cuda_runtime_logic.py --junitxml="$OUT/junit-unit-logic.xml"
-    run_part gpu-runtime 170 python3 -m pytest -q -rA -p no:cacheprovider \
+    run_part gpu-runtime 90 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_cuda_runtime.py tests/gpu/test_winograd_cuda_gpu.py \
         --junitxml="$OUT/junit-gpu-runtime.xml"
     # the fused attention and inverted-residual kernels against the reference and peers
-    run_part gpu-fused 80 python3 -m pytest -q -rA -p no:cacheprovider \
+    run_part gpu-fused 60 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_cuda_fused_gpu.py --junitxml="$OUT/junit-gpu-fused.xml"
     # online --search and --parallel-measure (build, records, tune)
-    run_part gpu-search 70 python3 -m pytest -q -rA -p no:cacheprovider \
+    run_part gpu-search 90 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_gpu_search.py --junitxml="$OUT/junit-gpu-search.xml"
-    # the smallest light models only; all nine: --light-only
-    run_part gpu-light-models 90 python3 -m pytest -q -rA -p no:cacheprovider \
-        tests/gpu/test_light_models_gpu.py -k "squeezenet or shufflenet or alexnet" \
+    # the two smallest light models (each built with --gpu auto: about a minute); all nine:
+    # --light-only
+    run_part gpu-light-models 150 python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/gpu/test_light_models_gpu.py -k "squeezenet or shufflenet" \
         --junitxml="$OUT/junit-gpu-light.xml"
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
-    run_part bench-gpu "${BENCH_LIMIT:-100}" python3 scripts/bench_gpu.py --quick --out "$OUT" \
-        --trials 3 --rounds 3 --tune-budget 15 ${BENCH_ARGS:-}
+    run_part bench-gpu "${BENCH_LIMIT:-120}" python3 scripts/bench_gpu.py --quick --out "$OUT" \
+        --trials 3 --rounds 3 --tune-budget 15 \
+        ${BENCH_ARGS:---models squeezenet --compile-mode reduce-overhead}
     mkdir -p benchmarks/results && cp "$OUT"/gpu-*.json benchmarks/results/ 2>/dev/null
 fi
 
