@@ -1,7 +1,12 @@
 """Shared pieces of the inverted-residual block tests: blocked random inputs, a poisoned
-run, numpy activations by their definition, and the fused-kernel-vs-reference check."""
+run, numpy activations by their definition, the fused-kernel-vs-reference check, the
+compiled kernel's channel-split decision and an OpenMP team size for a test."""
 
 from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
 
 import numpy as np
 
@@ -10,6 +15,8 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.inverted_residual_spec import inverted_residual_reason
 from wpk.kernels.cpu.microkernels.inverted_residual import MICRO_INVERTED_RESIDUAL
 from wpk.kernels.cpu.microkernels.ir_space import block_geometry, default_config
+from wpk.kernels.cpu.microkernels.ir_templates import block_source
+from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
 from wpk.kernels.reference import reference
 
 TOLERANCE = 1e-5
@@ -65,3 +72,25 @@ def check_fused_kernel(workload, isa: str, block: int) -> None:
     config = default_config(block_geometry(workload), isa)
     out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload, arrays)
     assert relative_l2(out, expected) < TOLERANCE, config
+
+
+def channel_chunks(workload, config, threads: int) -> int:
+    """How the compiled kernel splits its first phase on `threads` threads (0: rows)."""
+    from wpk.dsl.toolchain import compile_c, load_function
+
+    library = compile_c(block_source(block_geometry(workload), config),
+                        compile_flags(ISAS[str(config["isa"])])).path
+    return load_function(library, "wpk_ir_channel_chunks", [ctypes.c_int], ctypes.c_int)(
+        threads)
+
+
+@contextlib.contextmanager
+def openmp_threads(threads: int):
+    """OpenMP's team size set to `threads` for the block, then restored."""
+    gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
+    before = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(threads)
+    try:
+        yield
+    finally:
+        gomp.omp_set_num_threads(before)

@@ -25,7 +25,15 @@ from wpk.kernels.cpu.microkernels.isa import usable_isas
 from wpk.kernels.reference import reference
 
 from .conv_reference import conv_nchw
-from .irb_helpers import TOLERANCE, activation, arrays_for, check_fused_kernel, run
+from .irb_helpers import (
+    TOLERANCE,
+    activation,
+    arrays_for,
+    channel_chunks,
+    check_fused_kernel,
+    openmp_threads,
+    run,
+)
 
 BLOCK = fmt.host_block_size()
 HS, SILU, RELU = ("hard_swish", ()), ("silu", ()), ("relu", ())
@@ -105,30 +113,16 @@ def test_gate_kernel_keeps_the_result_under_every_strip_and_tile():
             assert relative_l2(out, expected) < TOLERANCE, config
 
 
-def _channel_chunks(workload, config, threads: int) -> int:
-    """How the compiled kernel splits phase 1 on `threads` threads (0: rows)."""
-    import ctypes
-
-    from wpk.dsl.toolchain import compile_c, load_function
-    from wpk.kernels.cpu.microkernels.ir_templates import block_source
-    from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
-
-    library = compile_c(block_source(block_geometry(workload), config),
-                        compile_flags(ISAS[str(config["isa"])])).path
-    return load_function(library, "wpk_ir_channel_chunks", [ctypes.c_int], ctypes.c_int)(
-        threads)
-
-
 def test_small_gated_blocks_split_phase_1_by_channels_not_rows():
     """Two strips of a 7x7 image with a 5x5 filter compute 11 expanded rows for 7: phase 1
     splits by channel blocks instead, on more than one thread and only by default."""
     workload = case_workload("gate-silu-sigmoid-residual")
     config = {**BlockSpace(block_geometry(workload)).default_config(), "kv1": 1}
-    assert _channel_chunks(workload, config, 1) == 0
-    assert _channel_chunks(workload, config, 2) >= 2
-    assert _channel_chunks(workload, {**config, "rows": 4}, 2) == 0      # a tuned strip
+    assert channel_chunks(workload, config, 1) == 0
+    assert channel_chunks(workload, config, 2) >= 2
+    assert channel_chunks(workload, {**config, "rows": 4}, 2) == 0      # a tuned strip
     batch2 = case_workload("gate-wide-project-batch2")                     # a strip an image
-    assert _channel_chunks(batch2, BlockSpace(block_geometry(batch2)).default_config(), 2) == 0
+    assert channel_chunks(batch2, BlockSpace(block_geometry(batch2)).default_config(), 2) == 0
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
@@ -136,23 +130,15 @@ def test_small_gated_blocks_split_phase_1_by_channels_not_rows():
                                   "gate-no-bias-one-row"])
 def test_gate_kernel_keeps_the_result_on_any_thread_count(case, threads):
     """Rows or channel chunks, whichever the thread count gives, compute the same block."""
-    import ctypes
-    import ctypes.util
-
     workload = case_workload(case)
     arrays, consts = arrays_for(workload, np.random.default_rng(5), BLOCK)
     expected = reference(workload, arrays)[0]
     base = BlockSpace(block_geometry(workload)).default_config()
-    gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
-    before = gomp.omp_get_max_threads()
-    gomp.omp_set_num_threads(threads)
-    try:
+    with openmp_threads(threads):
         for config in (base, {**base, "kv1": 1}):
             out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload,
                       arrays)
             assert relative_l2(out, expected) < TOLERANCE, (config, threads)
-    finally:
-        gomp.omp_set_num_threads(before)
 
 
 def test_fused_kernel_is_repeatable_with_its_scratch():

@@ -40,7 +40,10 @@ blocks, 5x5 depthwise, two threads) that is 30-60% more expand work. A gated
 block's phase 1 then splits each image by expanded channel blocks instead
 (`wpk_ir_channel_chunks`: all rows, some channels per unit; the depthwise is per
 channel and H2 goes to `scratch` anyway), unless a tuned config fixes the
-strip height (`rows` > 0).
+strip height (`rows` > 0). Blocks without a gate keep their strips: splitting
+them the same way (H2 to scratch, then the project by output tiles or rows) ran
+at 0.72-1.04x the strips' speed on MobileNet-v2's 14x14 and 7x7 blocks on two
+threads (measured 2026-11-27, old and new kernel alternating in one process).
 
 The two 1x1 convs are register tiles of KV vectors of output channels by NP
 pixels of a row: per input channel, KV weight vectors and NP broadcasts, KV x
