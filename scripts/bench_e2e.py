@@ -3,7 +3,9 @@
 
 For each model: build the wpk plan once (timed), load it, check its outputs
 against onnxruntime, then time both engines alternately (A B A B ...) after a
-warm-up and report medians, spread (p25..p75) and the ratio wpk/ort.
+warm-up and report medians, spread (p25..p75) and the ratio wpk/ort with its 95%
+bootstrap interval (rounds resampled with their paired blocks): "faster" or
+"slower" only when the interval excludes 1, else "tie within noise".
 onnxruntime runs with ORT_ENABLE_ALL and intra-op threads = cores.
 
     python scripts/bench_e2e.py                              # default models
@@ -105,6 +107,32 @@ def summarize(times: list[float]) -> dict:
             "min_ms": ms[0], "max_ms": ms[-1], "runs": len(ms)}
 
 
+def ratio_interval(wpk_times: list[float], ort_times: list[float], rounds: int,
+                   confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+                   ) -> tuple[float, float]:
+    """The `confidence` percentile-bootstrap interval of median(wpk) / median(ort): the
+    `rounds` rounds (each engine's block of that round, timed side by side) resampled with
+    replacement, so a slow stretch of the machine moves both engines' blocks together."""
+    wpk_blocks = np.array_split(np.asarray(wpk_times), rounds)
+    ort_blocks = np.array_split(np.asarray(ort_times), rounds)
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for _ in range(resamples):
+        picked = rng.integers(0, rounds, rounds)
+        ours = np.concatenate([wpk_blocks[i] for i in picked])
+        theirs = np.concatenate([ort_blocks[i] for i in picked])
+        ratios.append(np.median(ours) / np.median(theirs))
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def verdict(interval: tuple[float, float]) -> str:
+    """'faster' or 'slower' when the interval of wpk/ort excludes 1, else a tie."""
+    low, high = interval
+    return "faster" if high < 1 else "slower" if low > 1 else "tie within noise"
+
+
 def step_breakdown(session, feeds: dict, repeats: int) -> list[dict]:
     """Median time of every plan step, each called on its own (`Session.profile`)."""
     return [{**row, "median_ms": row["median_s"] * 1e3}
@@ -161,6 +189,8 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
                             if k in ("winner", "plan", "ratio", "medians_s", "reason",
                                      "rounds_won", "rounds")}}
     result["ratio_wpk_over_ort"] = result["wpk"]["median_ms"] / result["onnxruntime"]["median_ms"]
+    result["ratio_interval_95"] = ratio_interval(wpk_times, ort_times, rounds)
+    result["verdict"] = verdict(result["ratio_interval_95"])
     if breakdown:
         result["breakdown"] = step_breakdown(session, feeds, repeats=max(5, rounds // 2))
         if name.startswith(CORPUS_PREFIX):
@@ -243,17 +273,23 @@ def _count(values) -> dict:
 
 def markdown_table(results: list[dict], threads: int) -> str:
     lines = [f"| model | wpk build (s) | wpk median ms (p25-p75) | onnxruntime median ms "
-             f"(p25-p75), {threads} threads | wpk/ort | wpk/ort of the fastest runs "
-             "| fallback steps | rel. L2 vs ort |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             f"(p25-p75), {threads} threads | wpk/ort | 95% interval | verdict "
+             "| wpk/ort of the fastest runs | fallback steps | rel. L2 vs ort |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for r in results:
         w, o = r["wpk"], r["onnxruntime"]
         lines.append(f"| {r['model']} | {r['build_s']:.1f} | {w['median_ms']:.2f} "
                      f"({w['p25_ms']:.2f}-{w['p75_ms']:.2f}) | {o['median_ms']:.2f} "
                      f"({o['p25_ms']:.2f}-{o['p75_ms']:.2f}) | {r['ratio_wpk_over_ort']:.2f} "
+                     f"| {_interval_text(r)} | {r.get('verdict', '-')} "
                      f"| {w['min_ms'] / o['min_ms']:.2f} "
                      f"| {r['fallback_steps']}/{r['steps']} | {r['relative_l2_vs_ort']:.1e} |")
     return "\n".join(lines)
+
+
+def _interval_text(result: dict) -> str:
+    interval = result.get("ratio_interval_95")   # absent in results of older runs
+    return "-" if interval is None else f"{interval[0]:.2f}-{interval[1]:.2f}"
 
 
 def breakdown_text(result: dict, top: int) -> str:

@@ -92,6 +92,29 @@ def test_bench_tuned_times_blocks_against_onnxruntimes_default_spinning(scripts_
     assert "| transformer_encoder |" in capsys.readouterr().out
 
 
+def test_the_e2e_ratio_interval_separates_a_real_difference_from_noise(scripts_on_path):
+    import numpy as np
+    from bench_e2e import markdown_table, ratio_interval, verdict
+
+    rng = np.random.default_rng(3)
+    rounds, block = 10, 9
+    # the machine's speed drifts from round to round; both engines' blocks drift together
+    drift = np.repeat(rng.uniform(0.8, 1.3, rounds), block)
+    ort = list(drift * rng.normal(1.0, 0.05, rounds * block))
+    same = list(drift * rng.normal(1.0, 0.05, rounds * block))
+    faster = list(drift * rng.normal(0.9, 0.05, rounds * block))
+    tie, win = ratio_interval(same, ort, rounds), ratio_interval(faster, ort, rounds)
+    assert tie[0] < 1 < tie[1] and verdict(tie) == "tie within noise"
+    assert win[1] < 1 and verdict(win) == "faster"
+    assert verdict((1.02, 1.08)) == "slower"
+    row = {"model": "m", "build_s": 1.0, "steps": 3, "fallback_steps": 0,
+           "relative_l2_vs_ort": 1e-7, "ratio_wpk_over_ort": 0.9,
+           "wpk": {"median_ms": 0.9, "p25_ms": 0.8, "p75_ms": 1.0, "min_ms": 0.7},
+           "onnxruntime": {"median_ms": 1.0, "p25_ms": 0.9, "p75_ms": 1.1, "min_ms": 0.8},
+           "ratio_interval_95": list(win), "verdict": verdict(win)}
+    assert f"| {win[0]:.2f}-{win[1]:.2f} | faster |" in markdown_table([row], 2)
+
+
 def test_bench_ort_threads_times_both_sessions_in_swapping_blocks(scripts_on_path, tmp_path):
     import json
 
