@@ -7,7 +7,8 @@ Regular conv: for each (image, tile of KV output vectors, block of ROWS output
 rows, column chunk) (OpenMP over all four) each row is cut into tiles of PX
 pixels. (Units of a row block with every output tile inside, so a thread reuses
 the row's input across the tiles, measured 0.53-1.18x these on ResNet-50's 1x1
-convs on two threads, 2026-11-27: the weights then leave the cache instead.) A tile keeps KV x PX accumulators in vector registers, starts them at
+convs on two threads, 2026-11-27: the weights then leave the cache instead.)
+A tile keeps KV x PX accumulators in vector registers, starts them at
 the bias and, for every input channel, filter row and column, loads the KV weight vectors
 of that input channel (packed contiguously at prepare time: `pack_conv_filter`)
 and adds each pixel's input value, broadcast, times them: KV + PX loads for
