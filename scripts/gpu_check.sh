@@ -27,16 +27,14 @@ set -u -o pipefail
 INSTALL=1
 LIGHT_ONLY=0
 ONLY_PARTS=""
-PREV=""
-for arg in "$@"; do
-    case $arg in
+while [ $# -gt 0 ]; do
+    case $1 in
         --no-install) INSTALL=0 ;;
         --light-only) LIGHT_ONLY=1 ;;
-        --parts) ;;
-        *) if [ "${PREV:-}" = --parts ]; then ONLY_PARTS=$arg
-           else echo "usage: $0 [--no-install] [--light-only] [--parts \"NAME ...\"]"; exit 2; fi ;;
+        --parts) ONLY_PARTS=${2:-}; shift ;;
+        *) echo "usage: $0 [--no-install] [--light-only] [--parts \"NAME ...\"]"; exit 2 ;;
     esac
-    PREV=$arg
+    shift
 done
 
 OUT="${OUT:-$PWD/out}"

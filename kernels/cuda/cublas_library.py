@@ -1,6 +1,6 @@
 """cuBLAS called directly (ctypes), with handles of wpk's own, so GEMMs can be graph-captured.
 
-    library = cublas_library()                 # None where libcublas cannot be bound
+    library = cublas_library(cupy)             # None where libcublas cannot be bound
     handle = library.handle(cupy)              # wpk's handle, on the current stream
     library.sgemm(handle, call, first, second, out, alpha, beta)
 
@@ -129,7 +129,9 @@ class CublasLibrary:
 
 
 @functools.cache
-def cublas_library() -> CublasLibrary | None:
-    """The bound library (call after cupy is imported and has a device), or None."""
+def cublas_library(cupy) -> CublasLibrary | None:
+    """The bound library, or None: the one `cupy` loads for its own handle (asked for once,
+    here, so the library is in the process before it is looked for)."""
+    cupy.cuda.device.get_cublas_handle()
     library = _open_library()
     return None if library is None else CublasLibrary(library)

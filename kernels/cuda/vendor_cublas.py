@@ -125,8 +125,7 @@ def run_gemm(cupy, call: GemmCall, first, second, out, alpha: np.ndarray,
     outlive the call (host pointer mode reads them at launch or capture). Through wpk's own
     binding (`cublas_library`: capturable in a CUDA graph), else through CuPy's wrappers
     (which refuse a capture)."""
-    handle = cupy.cuda.device.get_cublas_handle()  # also makes CuPy load libcublas
-    direct = cublas_library()
+    direct = cublas_library(cupy)
     if direct is not None:
         direct.sgemm(direct.handle(cupy), call, first, second, out, alpha, beta)
         return
@@ -135,6 +134,7 @@ def run_gemm(cupy, call: GemmCall, first, second, out, alpha: np.ndarray,
     except ImportError:  # pragma: no cover - older/newer cupy layouts
         from cupy.cuda import cublas
 
+    handle = cupy.cuda.device.get_cublas_handle()
     cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}

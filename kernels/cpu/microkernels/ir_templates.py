@@ -551,7 +551,7 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     buffer_floats = (rin * g.kbe * g.w + g.kbe * rt * g.ow) * g.block
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
-                   EX_TILES=g.kbe * lg // kv1, PR_TILES=g.kbo * lg // kv2, KV2=kv2,
+                   PR_TILES=g.kbo * lg // kv2, KV2=kv2,
                    KV1=kv1, CUNITS=g.kbe * lg // unit, CU_BLOCKS=unit // lg,
                    FOLD=int(folds_gate(g)),
                    W1_SIZE=cin * ce if g.expand else 0, B1_SIZE=ce if g.expand else 0,
