@@ -57,7 +57,9 @@ from wpk.kernels.cpu.microkernels.vector_c import INTRINSICS, VECTOR_FUNCTIONS
 # share the work evenly and each unit's tiles still reuse the weights they load.
 TARGET_UNITS = max(32, 8 * (os.cpu_count() or 1))
 
-_HEADER = INTRINSICS + r"""
+# The C prelude of every vector kernel (a `str.format` template on `lanes`): the vector
+# types, loads, stores, splat, select, and `vector_c`'s functions.
+VECTOR_HEADER = INTRINSICS + r"""
 #include <math.h>
 #include <stddef.h>
 
@@ -377,7 +379,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         defines.update(p, XH=original.h, XW=original.w, XSH=original.sh, XSW=original.sw,
                        XPT=original.pt, XPL=original.pl,
                        SPLIT_UNITS=g.n * g.cb * p["PA"] * p["PH"])
-    parts = [_HEADER.format(lanes=lanes)]
+    parts = [VECTOR_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_epilogue(g, lanes))
     parts.append(tile("checked", 1, 1))

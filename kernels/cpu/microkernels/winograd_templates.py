@@ -38,7 +38,7 @@ import numpy as np
 from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.isa import ISAS
 from wpk.kernels.cpu.microkernels.space import ConvGeometry
-from wpk.kernels.cpu.microkernels.templates import _HEADER, _epilogue
+from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER, _epilogue
 from wpk.kernels.cpu.microkernels.winograd_space import config_reason, tiles, transforms
 
 
@@ -258,7 +258,7 @@ def winograd_source(g: ConvGeometry, config: Mapping) -> str:
                    HAS_BIAS=int(g.has_bias), VPS=tb * g.cb * g.block + SKEW,
                    MPS=tb * kt * kv * lanes + SKEW,
                    CC=min(int(config["cc"]), g.cb) * g.block)
-    parts = [_HEADER.format(lanes=lanes)]
+    parts = [VECTOR_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_epilogue(g, lanes))
     parts.append(_input_tile(m))

@@ -1,0 +1,275 @@
+"""Native C kernels of the blocked data movement and max pooling, so they join a chain.
+
+A YOLO-style detector's plan on generated kernels kept 17 onnxruntime steps between its
+generated convolutions: the blocked channel slices of every C2f Split, the SPPF
+MaxPools, the FPN's nearest Upsamples and the heads' ReorderOutputs. Each is a few
+microseconds alone, but every one hands the cores from the generated kernels' OpenMP
+threads to onnxruntime's and back, and in the run they took 2.3-5.6x their lone time
+(README, the YOLO profile). Computed here in C on the calling thread, with a native form
+(`native_chain`), they leave the whole network one native call.
+
+- ChannelSlice, ReorderOutput, Upsample (nearest, whole-number scales): strided copies,
+  described once per buffer binding as a `native_moves` table. An Upsample's source view
+  repeats each pixel with zero strides; a ReorderOutput's scatters each block's lanes to
+  their channel planes (the last block's real lanes only).
+- MaxPool: the window's maximum per output pixel, the block's lanes innermost (one
+  vector per pixel, vectorised by the compiler for the host's ISA), padding ignored.
+
+The implementation is a library one (`native.nchwc`): single-threaded, so a plan on
+generated kernels may keep its steps (`wpk.plans.planner.on_generated_kernels`). Like
+every candidate it is verified against the float64 reference before the planner may
+choose it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Mapping, Sequence
+from functools import cache
+
+import numpy as np
+
+from wpk.core.workload import Workload
+from wpk.dsl import toolchain
+from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER
+from wpk.kernels.cpu.native_chain import NativeCall, call_native, function_address
+from wpk.kernels.cpu.native_moves import moves_call
+from wpk.kernels.registry import LIBRARY, Implementation, Kernel, register
+
+NCHWC_DOMAIN = "wpk.nchwc"
+OPS = ("ChannelSlice", "ReorderOutput", "Upsample", "MaxPool")
+
+# params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel
+_MAXPOOL_SOURCE = r"""
+#include <stdint.h>
+
+void wpk_maxpool_nchwc(const int64_t *p, const float *x, float *y) {{
+    const int64_t planes = p[0], H = p[1], W = p[2], OH = p[3], OW = p[4];
+    const int64_t KH = p[5], KW = p[6], SH = p[7], SW = p[8], PT = p[9], PL = p[10];
+    const int64_t DH = p[11], DW = p[12];
+    for (int64_t c = 0; c < planes; c++) {{
+        const float *xc = x + c * H * W * {lanes};
+        float *yc = y + c * OH * OW * {lanes};
+        for (int64_t oh = 0; oh < OH; oh++) {{
+            for (int64_t ow = 0; ow < OW; ow++) {{
+                vf acc = vsplat(-INFINITY);
+                for (int64_t kh = 0; kh < KH; kh++) {{
+                    const int64_t ih = oh * SH - PT + kh * DH;
+                    if (ih < 0 || ih >= H) continue;
+                    for (int64_t kw = 0; kw < KW; kw++) {{
+                        const int64_t iw = ow * SW - PL + kw * DW;
+                        if (iw >= 0 && iw < W) acc = vmax(vload(xc + (ih * W + iw) * {lanes}), acc);
+                    }}
+                }}
+                vstore(yc + (oh * OW + ow) * {lanes}, acc);
+            }}
+        }}
+    }}
+}}
+"""
+
+
+# params: planes (N * Cb), H, W, SH, SW: each pixel's vector stored SW times along its
+# output row, the row then copied SH - 1 times
+_UPSAMPLE_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+
+void wpk_upsample_nearest_nchwc(const int64_t *p, const float *x, float *y) {{
+    const int64_t planes = p[0], H = p[1], W = p[2], SH = p[3], SW = p[4], OW = W * SW;
+    for (int64_t r = 0; r < planes * H; r++) {{
+        const float *xr = x + r * W * {lanes};
+        float *row = y + r * SH * OW * {lanes};
+        for (int64_t iw = 0; iw < W; iw++) {{
+            const vf v = vload(xr + iw * {lanes});
+            for (int64_t j = 0; j < SW; j++) vstore(row + (iw * SW + j) * {lanes}, v);
+        }}
+        for (int64_t k = 1; k < SH; k++)
+            memcpy(row + k * OW * {lanes}, row, (size_t)(OW * {lanes}) * sizeof(float));
+    }}
+}}
+"""
+
+# params: N, Cb, HW, channels, batch stride of y, channel stride of y, pixel stride of y
+# (NCHW: C*HW, HW, 1; NHWC: HW*C, 1, C). Tiles of {lanes} pixels x {lanes} lanes, read
+# as vectors and written lane by lane, so both sides stay in the first-level cache.
+_REORDER_OUTPUT_SOURCE = r"""
+#include <stdint.h>
+
+void wpk_reorder_output_nchwc(const int64_t *p, const float *x, float *y) {{
+    const int64_t N = p[0], CB = p[1], HW = p[2], C = p[3], YN = p[4], YC = p[5], YP = p[6];
+    for (int64_t n = 0; n < N; n++) {{
+        for (int64_t cb = 0; cb < CB; cb++) {{
+            const float *xb = x + (n * CB + cb) * HW * {lanes};
+            const int64_t lanes = C - cb * {lanes} < {lanes} ? C - cb * {lanes} : {lanes};
+            float *yb = y + n * YN + cb * {lanes} * YC;
+            for (int64_t p0 = 0; p0 < HW; p0 += {lanes}) {{
+                const int64_t pixels = HW - p0 < {lanes} ? HW - p0 : {lanes};
+                float tile[{lanes}][{lanes}];
+                for (int64_t i = 0; i < pixels; i++)
+                    *(vfu *)tile[i] = vload(xb + (p0 + i) * {lanes});
+                for (int64_t l = 0; l < lanes; l++)
+                    for (int64_t i = 0; i < pixels; i++)
+                        yb[l * YC + (p0 + i) * YP] = tile[i][l];
+            }}
+        }}
+    }}
+}}
+"""
+
+
+
+@cache
+def compiled(function: str, block: int):
+    """The C function `function` of this module (a key of `FUNCTIONS`) for blocks of
+    `block` lanes: `function(params, x, y)`."""
+    source = (VECTOR_HEADER + FUNCTIONS[function]).format(lanes=block)
+    library = toolchain.compile_c_shared(source)
+    return toolchain.load_function(library, function, [ctypes.c_void_p] * 3)
+
+
+def maxpool_params(workload: Workload) -> list[int]:
+    """`wpk_maxpool_nchwc`'s params of a blocked MaxPool."""
+    x, y = workload.inputs[0].shape, workload.outputs[0].shape
+    kh, kw = workload.attr("kernel_shape")
+    sh, sw = workload.attr("strides") or (1, 1)
+    dh, dw = workload.attr("dilations") or (1, 1)
+    pt, pl = (workload.attr("pads") or (0, 0, 0, 0))[:2]
+    return [x[0] * x[1], x[2], x[3], y[2], y[3], kh, kw, sh, sw, pt, pl, dh, dw]
+
+
+def upsample_params(workload: Workload) -> list[int]:
+    """`wpk_upsample_nearest_nchwc`'s params of a blocked nearest Upsample."""
+    n, cb, h, w, _ = workload.inputs[0].shape
+    sh, sw = (int(v) for v in workload.attr("scales"))
+    return [n * cb, h, w, sh, sw]
+
+
+def reorder_output_params(workload: Workload) -> list[int]:
+    """`wpk_reorder_output_nchwc`'s params of a ReorderOutput (to NCHW or NHWC)."""
+    n, cb, h, w, _ = workload.inputs[0].shape
+    channels = int(workload.attr("channels"))
+    pixel, channel = (channels, 1) if fmt.channels_last(workload) else (1, h * w)
+    return [n, cb, h * w, channels, channels * h * w, channel, pixel]
+
+
+FUNCTIONS = {"wpk_maxpool_nchwc": _MAXPOOL_SOURCE,
+             "wpk_upsample_nearest_nchwc": _UPSAMPLE_SOURCE,
+             "wpk_reorder_output_nchwc": _REORDER_OUTPUT_SOURCE}
+# op -> (its C function, the function's params of a workload)
+FUNCTION_OF = {"MaxPool": ("wpk_maxpool_nchwc", maxpool_params),
+               "Upsample": ("wpk_upsample_nearest_nchwc", upsample_params),
+               "ReorderOutput": ("wpk_reorder_output_nchwc", reorder_output_params)}
+
+
+def channel_slice_pairs(workload: Workload) -> Callable:
+    """`pairs(inputs, outputs)`: the whole blocks of X from block `start / b` on."""
+    first = int(workload.attr("start")) // int(workload.attr("block"))
+    count = workload.outputs[0].shape[1]
+    return lambda inputs, outputs: [(inputs[0][:, first:first + count], outputs[0])]
+
+
+def _binding(arrays: Sequence[np.ndarray]) -> tuple:
+    """What a call's native form depends on: each buffer's address, shape and strides."""
+    return tuple((a.ctypes.data, a.shape, a.strides) for a in arrays)
+
+
+def moves_kernel(pairs: Callable) -> Kernel:
+    """A kernel copying `pairs(inputs, outputs)` with `wpk_moves`; the table is built once
+    per binding of buffers (the runtime's arena keeps them; a measurement reuses them)."""
+    bound: dict = {}
+
+    def native(inputs, outputs) -> NativeCall | None:
+        found = moves_call(pairs(inputs, outputs))
+        if found is None:
+            return None
+        call, table = found
+        kernel.keep = (*kernel.keep, table)
+        return call
+
+    def kernel(inputs, outputs) -> None:
+        key = _binding([*inputs, *outputs])
+        if bound.get("key") != key:
+            bound.update(key=key, found=moves_call(pairs(inputs, outputs)))
+        if bound["found"] is None:   # not a plain byte copy (no compiler): numpy copies
+            for src, dst in pairs(inputs, outputs):
+                np.copyto(dst, src)
+            return
+        call_native(bound["found"][0])
+
+    kernel.keep = ()
+    kernel.native = native
+    return kernel
+
+
+def function_kernel(workload: Workload) -> Kernel:
+    """A kernel calling the op's C function on (params, x, y) with C-contiguous buffers
+    (a caller's other arrays go through contiguous copies)."""
+    name, params_of = FUNCTION_OF[workload.op]
+    function = compiled(name, int(workload.attr("block")))
+    params = np.array(params_of(workload), np.int64)
+    address, p = function_address(function), params.ctypes.data
+
+    def native(inputs, outputs) -> NativeCall | None:
+        if not (inputs[0].flags.c_contiguous and outputs[0].flags.c_contiguous):
+            return None
+        return address, (p, inputs[0].ctypes.data, outputs[0].ctypes.data)
+
+    def kernel(inputs, outputs) -> None:
+        x, y = np.ascontiguousarray(inputs[0]), outputs[0]
+        if y.flags.c_contiguous:
+            function(p, x.ctypes.data, y.ctypes.data)
+            return
+        result = np.empty(y.shape, np.float32)
+        function(p, x.ctypes.data, result.ctypes.data)
+        np.copyto(y, result)
+
+    kernel.keep = (params, function)
+    kernel.native = native
+    return kernel
+
+
+class NativeNchwc(Implementation):
+    """Blocked ChannelSlice, ReorderOutput, nearest Upsample and MaxPool in C (see the
+    module docstring)."""
+
+    name = "native.nchwc"
+    kind = LIBRARY
+    uses_blas = False
+    single_threaded = True
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        if workload.domain != NCHWC_DOMAIN or workload.op not in OPS:
+            return f"{self.name} implements the blocked {', '.join(OPS)}"
+        if any(s is None or s.dtype != "float32" for s in (workload.inputs[0],
+                                                           *workload.outputs)):
+            return "float32 only"
+        if workload.epilogue:
+            return "no fused epilogue"
+        if len(workload.outputs) != 1:
+            return "one output only"
+        if workload.op == "Upsample" and workload.attr("mode") != "nearest":
+            return f"{workload.attr('mode')} Upsample is not a copy"
+        if workload.op == "MaxPool":
+            return _maxpool_reason(workload)
+        return None
+
+    def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
+                config: Mapping) -> Kernel:
+        if workload.op == "ChannelSlice":
+            return moves_kernel(channel_slice_pairs(workload))
+        return function_kernel(workload)
+
+
+def _maxpool_reason(workload: Workload) -> str | None:
+    if str(workload.attr("auto_pad", "NOTSET")) not in ("NOTSET", ""):
+        return "auto_pad must be resolved to explicit pads"
+    if len(workload.attr("kernel_shape") or ()) != 2:
+        return "2-d pooling only"
+    if int(workload.attr("storage_order", 0)):
+        return "storage_order 1 is not implemented"
+    return None
+
+
+NATIVE_NCHWC = register(NativeNchwc())
