@@ -158,3 +158,21 @@ def test_corpus_plan_matches_onnxruntime(name, corpus_model_path, tmp_path):
         error = relative_l2(actual[output], reference)
         assert error < tolerance, (f"{name}: {output} relative L2 {error:.2e} (tolerance "
                                    f"{tolerance:.0e}, onnxruntime's levels differ by {spread:.1e})")
+
+
+def test_the_yolo_detectors_data_movement_has_verified_native_kernels(corpus_model_path):
+    """The blocked channel slices, SPPF MaxPools, nearest Upsamples and head reorders of a
+    real exporter's YOLO each get a verified `native.nchwc` candidate (kernels that join
+    the native chain, so a plan on generated kernels runs without onnxruntime's threads)."""
+    name = "yolo_tf"
+    model = onnx.load(str(corpus_model_path(name)))
+    plan = wpk.build(model, target="cpu", input_shapes=corpus.input_shapes(name), **FAST_BUILD)
+    blocked = {"ChannelSlice", "MaxPool", "Upsample", "ReorderOutput"}
+    found = Counter()
+    for entry in plan.report["workloads"]:
+        statuses = {c["impl"]: c["status"] for c in entry["candidates"]}
+        if entry["op"] not in blocked or "ort.nchwc" not in statuses:   # not a blocked op
+            continue
+        assert statuses.get("native.nchwc") == "ok", f"{entry['label']}: {statuses}"
+        found[entry["op"]] += 1
+    assert set(found) == blocked, found
