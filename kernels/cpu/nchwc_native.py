@@ -1,19 +1,25 @@
 """Native C kernels of the blocked data movement and max pooling, so they join a chain.
 
-A YOLO-style detector's plan on generated kernels kept 17 onnxruntime steps between its
-generated convolutions: the blocked channel slices of every C2f Split, the SPPF
-MaxPools, the FPN's nearest Upsamples and the heads' ReorderOutputs. Each is a few
+A YOLO-style detector's plan on generated kernels still called onnxruntime 17 times a run
+between its generated convolutions: the blocked channel slices of every C2f Split, the
+SPPF MaxPools, the FPN's nearest Upsamples and the heads' ReorderOutputs. Each is a few
 microseconds alone, but every one hands the cores from the generated kernels' OpenMP
 threads to onnxruntime's and back, and in the run they took 2.3-5.6x their lone time
-(README, the YOLO profile). Computed here in C on the calling thread, with a native form
-(`native_chain`), they leave the whole network one native call.
+(README, the YOLO profile). Computed here in C on the calling thread, each with a native
+form (`native_chain`), they join the chain of the generated kernels around them.
 
-- ChannelSlice, ReorderOutput, Upsample (nearest, whole-number scales): strided copies,
-  described once per buffer binding as a `native_moves` table. An Upsample's source view
-  repeats each pixel with zero strides; a ReorderOutput's scatters each block's lanes to
-  their channel planes (the last block's real lanes only).
-- MaxPool: the window's maximum per output pixel, the block's lanes innermost (one
-  vector per pixel, vectorised by the compiler for the host's ISA), padding ignored.
+- ChannelSlice: whole blocks copied, a `native_moves` table built once per binding of
+  buffers.
+- Upsample (nearest, whole-number scales: replication): each pixel's vector stored sw
+  times along its output row, the row then copied sh - 1 times.
+- ReorderOutput (to NCHW or NHWC): tiles of b pixels x b lanes, read as vectors and
+  written lane by lane into the channel planes (the real lanes of a partial last block
+  only).
+- MaxPool: the window's maximum per output pixel, one vector of the block's lanes per
+  pixel, padding ignored; any kernel, stride, dilation, pads and ceil_mode.
+
+The C is written on GCC vector extensions of b lanes (`VECTOR_HEADER`), so it compiles
+for either block size on any host.
 
 The implementation is a library one (`native.nchwc`): single-threaded, so a plan on
 generated kernels may keep its steps (`wpk.plans.planner.on_generated_kernels`). Like
@@ -35,9 +41,9 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER
 from wpk.kernels.cpu.native_chain import NativeCall, call_native, function_address
 from wpk.kernels.cpu.native_moves import moves_call
+from wpk.kernels.nchwc_logical import NCHWC_DOMAIN
 from wpk.kernels.registry import LIBRARY, Implementation, Kernel, register
 
-NCHWC_DOMAIN = "wpk.nchwc"
 OPS = ("ChannelSlice", "ReorderOutput", "Upsample", "MaxPool")
 
 # params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel
