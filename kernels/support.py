@@ -20,7 +20,7 @@ ELEMENTWISE_BINARY_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "M
                                     "Mean"})
 DATA_MOVEMENT_OPS = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Transpose", "Concat",
-    "Gather", "Slice", "Pad", "Resize",
+    "Gather", "Slice", "Pad", "Resize", "Split",
 })
 NN_OPS = frozenset({
     "Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
@@ -34,7 +34,9 @@ NCHWC_OPS = NCHWC_REORDERS | {"Conv", "MaxPool", "AveragePool", "GlobalMaxPool",
 SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_BINARY_OPS
                           | DATA_MOVEMENT_OPS | NN_OPS)
 # Inputs that must be constants with fixed values (static inputs); Clip bounds may vary.
-_STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3)}
+_STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Split": (1,)}
+# Ops with several outputs that wpk computes (the others: one output)
+_MULTI_OUTPUT_OPS = frozenset({"LayerNormalization", "Split"})
 _RESIZE_COORDINATES = frozenset({"half_pixel", "pytorch_half_pixel", "align_corners",
                                  "asymmetric", "tf_half_pixel_for_nn"})
 _FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
@@ -55,7 +57,7 @@ def unsupported_reason(workload: Workload) -> str | None:
         return f"op {op!r} is not implemented by wpk"
     if any(spec.dtype not in _FLOAT_DTYPES for spec in workload.outputs):
         return "only float outputs are implemented"
-    if len(workload.outputs) != 1 and op != "LayerNormalization":
+    if len(workload.outputs) != 1 and op not in _MULTI_OUTPUT_OPS:
         return f"{op} with {len(workload.outputs)} outputs is not implemented"
     for step in workload.epilogue:
         if step.op not in UNARY_EPILOGUE_OPS and step.op not in BINARY_EPILOGUE_OPS:

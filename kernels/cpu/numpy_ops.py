@@ -29,6 +29,7 @@ from wpk.kernels.cpu.tensor_formulas import (
     UNARY_AS_STEP,
     resize_nearest_indices,
     slice_index,
+    split_bounds,
     unary_step,
 )
 from wpk.kernels.epilogue import apply_epilogue, apply_epilogue_into
@@ -73,11 +74,11 @@ _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"
 
 
 class NumpyCopy(NumpyImplementation):
-    """Data movement straight into the output buffer."""
+    """Data movement straight into the output buffers."""
 
     name = "numpy.copy"
     uses_blas = False
-    ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize")
+    ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize", "Split")
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
@@ -89,65 +90,75 @@ class NumpyCopy(NumpyImplementation):
                 workload, [np.empty(workload.inputs[0].shape, np.float32)] + [
                     None if v is None else np.asarray(v) for v in statics[1:]]))
 
-            def move(inputs, out):
-                np.copyto(out, inputs[0][index])
+            def move(inputs, outputs):
+                np.copyto(outputs[0], inputs[0][index])
         elif op == "Gather":
             axis = workload.attr("axis", 0)
 
-            def move(inputs, out):
-                np.take(inputs[0], inputs[1], axis=axis, out=out)
+            def move(inputs, outputs):
+                np.take(inputs[0], inputs[1], axis=axis, out=outputs[0])
         else:
             views = self._views(workload)
 
-            def move(inputs, out):
-                for src, dst in views(inputs, out):
+            def move(inputs, outputs):
+                for src, dst in views(inputs, outputs):
                     np.copyto(dst, src)
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
-            move(inputs, outputs[0])
+            move(inputs, outputs)
             finish_epilogue(outputs[0], steps, inputs)
 
         if views is not None and not steps:
-            kernel.native = _native_form(kernel, views)
+            kernel.native = _native_form(kernel, views, per_input=op == "Concat")
         return kernel
 
     def _views(self, workload: Workload):
-        """`views(inputs, out)`: the (source view, destination view) pairs the step copies
-        (Reshape-likes, Transpose, Slice, Concat), for its numpy copy and its native form."""
+        """`views(inputs, outputs)`: the (source view, destination view) pairs the step
+        copies (Reshape-likes, Transpose, Slice, Concat, Split), for its numpy copy and its
+        native form."""
         op, out_shape = workload.op, workload.outputs[0].shape
         if op in _RESHAPES:
-            return lambda inputs, out: [(inputs[0].reshape(out_shape), out)]
+            return lambda inputs, outputs: [(inputs[0].reshape(out_shape), outputs[0])]
         if op == "Transpose":
             perm = workload.attr("perm") or tuple(reversed(range(len(workload.inputs[0].shape))))
-            return lambda inputs, out: [(inputs[0].transpose(perm), out)]
+            return lambda inputs, outputs: [(inputs[0].transpose(perm), outputs[0])]
         if op == "Slice":
             index = slice_index(workload, [workload.static_value(i)
                                            for i in range(len(workload.inputs))],
                                 workload.inputs[0].shape)
-            return lambda inputs, out: [(inputs[0][index], out)]
+            return lambda inputs, outputs: [(inputs[0][index], outputs[0])]
+        if op == "Split":
+            axis, bounds = split_bounds(workload)
+            lead = (slice(None),) * axis
+            return lambda inputs, outputs: [(inputs[0][lead + (slice(lo, hi),)], out)
+                                            for (lo, hi), out in zip(bounds, outputs)]
         axis = workload.attr("axis") % len(out_shape)   # Concat
         lead, bounds, start = (slice(None),) * axis, [], 0
         for spec in workload.inputs[:self.core_inputs(workload)]:
             bounds.append((start, start + spec.shape[axis]))
             start += spec.shape[axis]
-        return lambda inputs, out: [(inputs[i], out[lead + (slice(lo, hi),)])
-                                    for i, (lo, hi) in enumerate(bounds)]
+        return lambda inputs, outputs: [(inputs[i], outputs[0][lead + (slice(lo, hi),)])
+                                        for i, (lo, hi) in enumerate(bounds)]
 
     def extra_reason(self, workload: Workload) -> str | None:
         if workload.op == "Slice" and workload.opset >= 10 and any(
                 workload.static_value(i) is None for i in (1, 2)):
             return "Slice starts/ends must be static inputs"
+        if workload.op == "Split" and workload.epilogue:
+            return "a Split carries no epilogue"
         return None
 
 
-def _native_form(kernel, views):
+def _native_form(kernel, views, per_input: bool = False):
     """`kernel.native` of a data-movement step: its copies as one `wpk_moves` call
-    (`native_moves`) where every source is a view of the step's input, else None."""
+    (`native_moves`) where every source is a view of the step's input (of its own input,
+    one each: `per_input`, a Concat), else None."""
 
     def native(inputs, outputs):
-        pairs = views(inputs, outputs[0])
+        pairs = views(inputs, outputs)
+        sources = inputs if per_input else [inputs[0]] * len(pairs)
         if not all(np.may_share_memory(src, given) for (src, _), given in
-                   zip(pairs, inputs) if src.size):   # a reshape that would copy
+                   zip(pairs, sources) if src.size):   # a reshape that would copy
             return None
         found = moves_call(pairs)
         if found is None:

@@ -195,6 +195,22 @@ def _identity(workload, inputs):
     return [inputs[0]]
 
 
+def split_bounds(workload) -> tuple[int, list[tuple[int, int]]]:
+    """(axis, [(start, end) of each output along it]) of a Split, from its output shapes."""
+    axis = int(workload.attr("axis", 0)) % len(workload.inputs[0].shape)
+    bounds, start = [], 0
+    for spec in workload.outputs:
+        bounds.append((start, start + spec.shape[axis]))
+        start += spec.shape[axis]
+    return axis, bounds
+
+
+def _split(workload, inputs):
+    axis, bounds = split_bounds(workload)
+    lead = (slice(None),) * axis
+    return [inputs[0][lead + (slice(lo, hi),)] for lo, hi in bounds]
+
+
 TENSOR_FORMULAS: dict[str, Formula] = {
     **{op: _unary for op in UNARY_AS_STEP},
     **{op: _binary for op in BINARY_UFUNCS},
@@ -203,5 +219,5 @@ TENSOR_FORMULAS: dict[str, Formula] = {
     "Squeeze": _reshape_like_output, "Unsqueeze": _reshape_like_output,
     "Sum": _sum_or_mean, "Mean": _sum_or_mean, "Dropout": _identity,
     "Identity": _identity, "Transpose": _transpose, "Concat": _concat, "Gather": _gather,
-    "Slice": _slice, "Pad": _pad, "Resize": _resize,
+    "Slice": _slice, "Pad": _pad, "Resize": _resize, "Split": _split,
 }

@@ -134,6 +134,12 @@ CASES = {
                            {1: np.array([1, 2, 0, 1], np.int64), 2: np.array(0.5, np.float32)}),
     "pad_reflect": static("Pad", [S((1, 2, 4, 4)), S((8,), "int64")], (1, 2, 6, 7),
                           {1: np.array([0, 0, 1, 2, 0, 0, 1, 1], np.int64)}, mode="reflect"),
+    "split_sizes_axis1": Workload(
+        "Split", (S((2, 7, 3)), S((3,), "int64")), (S((2, 2, 3)), S((2, 4, 3)), S((2, 1, 3))),
+        attrs=(("axis", 1),), const_inputs=(1,),
+        static_inputs=((1, np.array([2, 4, 1], np.int64)),), opset=13),
+    "split_equal_last_axis": Workload("Split", (S((3, 8)),), (S((3, 4)), S((3, 4))),
+                                      attrs=(("axis", -1),), opset=11),
     "resize_nearest_scales": static(
         "Resize", [S((1, 2, 3, 4)), S((0,)), S((4,))], (1, 2, 6, 10),
         {1: np.zeros(0, np.float32), 2: np.array([1, 1, 2, 2.5], np.float32)}),
@@ -191,20 +197,23 @@ def test_every_candidate_matches_reference(name, rng):
     kinds = {c.implementation.kind for c in candidates}
     assert registry.LIBRARY in kinds, f"{name}: no library kernel for a supported op"
     inputs = random_inputs(workload, rng)
-    expected = reference(workload, inputs)[0]
-    assert np.isfinite(expected).all()
+    expected = reference(workload, inputs)
+    assert np.isfinite(expected[0]).all()
+    compared = len(workload.outputs) if workload.op == "Split" else 1   # every piece
     for candidate in candidates:
         kernel, outputs = run_poisoned(candidate, workload, inputs)
-        error = rel_l2(outputs[0], expected)
-        assert error < 1e-5, f"{name} {candidate.label}: rel L2 {error:.3g}"
+        for j in range(compared):
+            error = rel_l2(outputs[j], expected[j])
+            assert error < 1e-5, f"{name} {candidate.label} output {j}: rel L2 {error:.3g}"
         # A second call on fresh inputs and fresh buffers: nothing stale is reused.
         fresh = random_inputs(workload, rng)
         for i in workload.const_inputs:
             fresh[i] = inputs[i]
         again = [np.full(s.shape, np.nan, s.dtype) for s in workload.outputs]
         kernel(fresh, again)
-        error = rel_l2(again[0], reference(workload, fresh)[0])
-        assert error < 1e-5, f"{name} {candidate.label} second call: rel L2 {error:.3g}"
+        for j, value in enumerate(reference(workload, fresh)[:compared]):
+            error = rel_l2(again[j], value)
+            assert error < 1e-5, f"{name} {candidate.label} second call: rel L2 {error:.3g}"
 
 
 def test_ort_vendor_kernel_is_offered_for_supported_ops():

@@ -11,6 +11,7 @@ from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.cpu.native_chain import chain_kernel, native_call
 from wpk.kernels.cpu.native_moves import merged_dims, moves_call
+from wpk.kernels.reference import reference
 
 NUMPY_COPY = registry.get("numpy.copy")
 DTYPES = [np.float32, np.int64, np.float16, np.uint8, np.bool_]
@@ -89,6 +90,14 @@ WORKLOADS = {
                                                    (4, (2, -2))))),
     "concat": Workload("Concat", (_spec((2, 3, 5)), _spec((2, 1, 5)), _spec((2, 4, 5))),
                        (_spec((2, 8, 5)),), attrs=(("axis", -2),)),
+    # the exporters' Splits: sizes as a static input (opset 13+), equal parts (opset 18)
+    "split-sizes": Workload("Split", (_spec((1, 12, 84)), _spec((2,), "int64")),
+                            (_spec((1, 4, 84)), _spec((1, 8, 84))), attrs=(("axis", 1),),
+                            const_inputs=(1,), static_inputs=((1, np.array((4, 8))),),
+                            opset=13),
+    "split-last-axis": Workload("Split", (_spec((2, 3, 9)),),
+                                (_spec((2, 3, 3)),) * 3, attrs=(("axis", -1),
+                                                                ("num_outputs", 3)), opset=18),
 }
 
 
@@ -100,14 +109,16 @@ def test_numpy_copy_steps_give_a_native_form_with_the_same_output(case):
     inputs = [_random(spec.shape, spec.dtype, seed) if workload.static_value(i) is None
               else np.asarray(workload.static_value(i), np.int64)
               for seed, (i, spec) in enumerate(enumerate(workload.inputs))]
-    spec = workload.outputs[0]
-    python_out = np.zeros(spec.shape, spec.dtype)
-    kernel(inputs, [python_out])
-    native_out = np.full(spec.shape, 7, spec.dtype)
-    call = native_call(kernel, inputs, [native_out])
+    python_out = [np.zeros(spec.shape, spec.dtype) for spec in workload.outputs]
+    kernel(inputs, python_out)
+    for got, expected in zip(python_out, reference(workload, inputs), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    native_out = [np.full(spec.shape, 7, spec.dtype) for spec in workload.outputs]
+    call = native_call(kernel, inputs, native_out)
     assert call is not None
     chain_kernel([call], keep=[kernel])([], [])
-    np.testing.assert_array_equal(native_out, python_out)
+    for got, expected in zip(native_out, python_out):
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_copy_steps_that_would_copy_twice_or_compute_have_no_native_form():
