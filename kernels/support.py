@@ -22,6 +22,9 @@ DATA_MOVEMENT_OPS = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Transpose", "Concat",
     "Gather", "Slice", "Pad", "Resize", "Split",
 })
+# Reductions over any axes (keepdims, noop_with_empty_axes; axes an attribute or, from
+# opset 13/18, a static input)
+REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"})
 NN_OPS = frozenset({
     "Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
     "Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "LRN",
@@ -32,9 +35,10 @@ NCHWC_REORDERS = frozenset({"ReorderInput", "ReorderOutput"})
 NCHWC_OPS = NCHWC_REORDERS | {"Conv", "MaxPool", "AveragePool", "GlobalMaxPool",
                               "GlobalAveragePool"}
 SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_BINARY_OPS
-                          | DATA_MOVEMENT_OPS | NN_OPS)
+                          | DATA_MOVEMENT_OPS | REDUCE_OPS | NN_OPS)
 # Inputs that must be constants with fixed values (static inputs); Clip bounds may vary.
-_STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Split": (1,)}
+_STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Split": (1,),
+                    **{op: (1,) for op in REDUCE_OPS}}
 # Ops with several outputs that wpk computes (the others: one output)
 _MULTI_OUTPUT_OPS = frozenset({"LayerNormalization", "Split"})
 _RESIZE_COORDINATES = frozenset({"half_pixel", "pytorch_half_pixel", "align_corners",
@@ -83,6 +87,8 @@ def unsupported_reason(workload: Workload) -> str | None:
             return reason
     if op in ("MaxPool", "AveragePool") and workload.attr("storage_order", 0):
         return "MaxPool storage_order=1 is not implemented"
+    if op in REDUCE_OPS and 0 in workload.inputs[0].shape:
+        return "a reduction of an empty tensor goes through onnxruntime"
     if op == "Conv" and len(workload.inputs[0].shape) < 3:
         return "Conv needs at least one spatial dimension"
     return None

@@ -205,6 +205,33 @@ def split_bounds(workload) -> tuple[int, list[tuple[int, int]]]:
     return axis, bounds
 
 
+REDUCTIONS = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max,
+              "ReduceMin": np.min}
+
+
+def reduce_axes(workload: Workload, inputs) -> tuple[int, ...]:
+    """The axes a Reduce op reduces: its `axes` attribute, else its input 1 (opset 13 for
+    ReduceSum, 18 for the others); none given means all, or none at all with
+    `noop_with_empty_axes`."""
+    axes = workload.attr("axes")
+    if axes is None and len(workload.inputs) > 1:
+        given = workload.static_value(1)
+        given = inputs[1] if given is None and len(inputs) > 1 else given
+        axes = None if given is None else [int(a) for a in np.asarray(given).ravel()]
+    rank = len(workload.inputs[0].shape)
+    if axes is None or len(axes) == 0:
+        return () if workload.attr("noop_with_empty_axes", 0) else tuple(range(rank))
+    return tuple(sorted({int(a) % rank for a in axes}))
+
+
+def _reduce(workload, inputs):
+    axes, x = reduce_axes(workload, inputs), inputs[0]
+    if not axes:
+        return [np.array(x, copy=True)]
+    y = REDUCTIONS[workload.op](x, axis=axes, keepdims=True)
+    return [np.asarray(y).reshape(workload.outputs[0].shape)]
+
+
 def _split(workload, inputs):
     axis, bounds = split_bounds(workload)
     lead = (slice(None),) * axis
@@ -220,4 +247,5 @@ TENSOR_FORMULAS: dict[str, Formula] = {
     "Sum": _sum_or_mean, "Mean": _sum_or_mean, "Dropout": _identity,
     "Identity": _identity, "Transpose": _transpose, "Concat": _concat, "Gather": _gather,
     "Slice": _slice, "Pad": _pad, "Resize": _resize, "Split": _split,
+    **{op: _reduce for op in REDUCTIONS},
 }

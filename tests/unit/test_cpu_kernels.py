@@ -140,6 +140,19 @@ CASES = {
         static_inputs=((1, np.array([2, 4, 1], np.int64)),), opset=13),
     "split_equal_last_axis": Workload("Split", (S((3, 8)),), (S((3, 4)), S((3, 4))),
                                       attrs=(("axis", -1),), opset=11),
+    # the exporters' reductions: over H (a recognizer's pooling), over channels (a channel
+    # LayerNorm written out), axes as an input from opset 18 (13 for ReduceSum)
+    "reduce_mean_h_dropped": Workload("ReduceMean", (S((1, 5, 4, 6)),), (S((1, 5, 6)),),
+                                      attrs=(("axes", (2,)), ("keepdims", 0)), opset=13),
+    "reduce_mean_channels": Workload("ReduceMean", (S((2, 7, 3, 3)),), (S((2, 1, 3, 3)),),
+                                     attrs=(("axes", (1,)),), opset=11),
+    "reduce_max_spatial_input_axes": Workload(
+        "ReduceMax", (S((1, 3, 5, 4)), S((2,), "int64")), (S((1, 3, 1, 1)),), const_inputs=(1,),
+        static_inputs=((1, np.array([-1, 2], np.int64)),), opset=18),
+    "reduce_sum_all_keepdims0": Workload("ReduceSum", (S((3, 4)),), (S(()),),
+                                         attrs=(("keepdims", 0),), opset=13),
+    "reduce_min_noop_empty_axes": Workload("ReduceMin", (S((3, 4)),), (S((3, 4)),),
+                                           attrs=(("noop_with_empty_axes", 1),), opset=18),
     "resize_nearest_scales": static(
         "Resize", [S((1, 2, 3, 4)), S((0,)), S((4,))], (1, 2, 6, 10),
         {1: np.zeros(0, np.float32), 2: np.array([1, 1, 2, 2.5], np.float32)}),
