@@ -26,8 +26,8 @@ DATA_MOVEMENT_OPS = frozenset({
 # opset 13/18, a static input)
 REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"})
 NN_OPS = frozenset({
-    "Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
-    "Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "LRN",
+    "Conv", "ConvTranspose", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
+    "GlobalMaxPool", "Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "LRN",
 })
 # wpk's blocked-layout ops (domain wpk.nchwc), written by the NCHWc layout pass.
 NCHWC_DOMAIN = "wpk.nchwc"
@@ -87,10 +87,25 @@ def unsupported_reason(workload: Workload) -> str | None:
             return reason
     if op in ("MaxPool", "AveragePool") and workload.attr("storage_order", 0):
         return "MaxPool storage_order=1 is not implemented"
+    if op == "ConvTranspose":
+        reason = _conv_transpose_reason(workload)
+        if reason:
+            return reason
     if op in REDUCE_OPS and 0 in workload.inputs[0].shape:
         return "a reduction of an empty tensor goes through onnxruntime"
     if op == "Conv" and len(workload.inputs[0].shape) < 3:
         return "Conv needs at least one spatial dimension"
+    return None
+
+
+def _conv_transpose_reason(workload: Workload) -> str | None:
+    """ConvTranspose with explicit pads and a filter of the input's rank."""
+    if _text(workload.attr("auto_pad", "NOTSET")) not in ("NOTSET", "VALID") \
+            or workload.attr("output_shape") is not None:
+        return "ConvTranspose with auto_pad SAME or output_shape goes through onnxruntime"
+    if len(workload.inputs[0].shape) < 3 or workload.inputs[1] is None \
+            or len(workload.inputs[1].shape) != len(workload.inputs[0].shape):
+        return "ConvTranspose needs a spatial input and a filter of its rank"
     return None
 
 

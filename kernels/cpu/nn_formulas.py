@@ -43,6 +43,37 @@ def _average_pool(workload, inputs):
     return [sums / counts]
 
 
+def _conv_transpose(workload, inputs):
+    """Each input pixel's products with the filter (one matrix product per group) added
+    into the output at stride x pixel + dilation x tap, cropped by the begin pads; the
+    end pads and `output_padding` are in the output shape. Explicit pads only."""
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    n, channels, *spatial = x.shape
+    group, kernel = int(workload.attr("group", 1)), w.shape[2:]
+    rank, per_group, out_per_group = len(spatial), channels // group, w.shape[1]
+    strides = tuple(workload.attr("strides") or (1,) * rank)
+    dilations = tuple(workload.attr("dilations") or (1,) * rank)
+    begin = tuple(workload.attr("pads") or (0,) * (2 * rank))[:rank]
+    out = workload.outputs[0].shape[2:]
+    size = [max((s - 1) * st + (k - 1) * d + 1, b + o) for s, st, k, d, b, o in
+            zip(spatial, strides, kernel, dilations, begin, out)]
+    acc = np.zeros((n, out_per_group * group, *size), dtype=x.dtype)
+    for g in range(group):
+        xg = x[:, g * per_group:(g + 1) * per_group].reshape(n, per_group, -1)
+        wg = w[g * per_group:(g + 1) * per_group].reshape(per_group, -1)
+        cols = np.matmul(wg.T, xg).reshape(n, out_per_group, *kernel, *spatial)
+        for tap in np.ndindex(*kernel):
+            at = tuple(slice(t * d, t * d + (s - 1) * st + 1, st) for t, d, s, st in
+                       zip(tap, dilations, spatial, strides))
+            acc[(slice(None), slice(g * out_per_group, (g + 1) * out_per_group)) + at] += \
+                cols[(slice(None), slice(None)) + tap]
+    y = acc[(slice(None), slice(None)) + tuple(slice(b, b + o) for b, o in zip(begin, out))]
+    if bias is not None:
+        y = y + bias.reshape(1, -1, *([1] * rank))
+    return [y]
+
+
 def _global_pool(reduce):
     def formula(workload, inputs):
         x = inputs[0]
@@ -109,7 +140,7 @@ def _lrn(workload, inputs):
 
 
 NN_FORMULAS: dict[str, Formula] = {
-    "MaxPool": _max_pool, "AveragePool": _average_pool,
+    "MaxPool": _max_pool, "AveragePool": _average_pool, "ConvTranspose": _conv_transpose,
     "GlobalAveragePool": _global_pool(np.mean), "GlobalMaxPool": _global_pool(np.max),
     "Softmax": _softmax_formula(False), "LogSoftmax": _softmax_formula(True),
     "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm, "LRN": _lrn,

@@ -30,6 +30,13 @@ def conv(x, w, out, bias=True, residual=False, epilogue=(), **attrs) -> Workload
                     epilogue=epilogue, const_inputs=(1, 2) if bias else (1,))
 
 
+def conv_transpose(x, w, out, group=1, bias=True, **attrs) -> Workload:
+    inputs = (S(x), S(w), S((w[1] * group,))) if bias else (S(x), S(w))
+    return Workload("ConvTranspose", inputs, (S(out),),
+                    attrs=tuple(sorted({"group": group, **attrs}.items())),
+                    const_inputs=(1, 2) if bias else (1,))
+
+
 def static(op, inputs, out, statics, **attrs) -> Workload:
     return Workload(op, tuple(inputs), (S(out),), attrs=tuple(sorted(attrs.items())),
                     const_inputs=tuple(sorted(statics)),
@@ -153,6 +160,18 @@ CASES = {
                                          attrs=(("keepdims", 0),), opset=13),
     "reduce_min_noop_empty_axes": Workload("ReduceMin", (S((3, 4)),), (S((3, 4)),),
                                            attrs=(("noop_with_empty_axes", 1),), opset=18),
+    # a text detector's upsampling head (kernel = stride), a decoder's 3x3 stride 2 with
+    # pads and output_padding, grouped with dilation, 1-d
+    "conv_transpose_k2s2": conv_transpose((1, 6, 5, 4), (6, 3, 2, 2), (1, 3, 10, 8),
+                                          strides=(2, 2), pads=(0, 0, 0, 0)),
+    "conv_transpose_3x3_s2_output_padding": conv_transpose(
+        (2, 4, 5, 5), (4, 5, 3, 3), (2, 5, 10, 10), strides=(2, 2), pads=(1, 1, 1, 1),
+        output_padding=(1, 1)),
+    "conv_transpose_grouped_dilated": conv_transpose(
+        (1, 6, 4, 5), (6, 2, 3, 2), (1, 6, 8, 6), group=3, dilations=(2, 1), pads=(0, 0, 0, 0),
+        bias=False),
+    "conv_transpose_1d_asymmetric": conv_transpose((1, 3, 7), (3, 2, 4), (1, 2, 15),
+                                                   strides=(2,), pads=(1, 0)),
     "resize_nearest_scales": static(
         "Resize", [S((1, 2, 3, 4)), S((0,)), S((4,))], (1, 2, 6, 10),
         {1: np.zeros(0, np.float32), 2: np.array([1, 1, 2, 2.5], np.float32)}),
