@@ -8,9 +8,12 @@
 - `numpy.gemm`, `numpy.matmul` (library, `gemm`): Gemm and MatMul through BLAS.
 - `numpy.elementwise` (`numpy_ops`): wpk Elementwise and the ONNX unary and
   binary elementwise ops; `numpy.sum`: Sum, Mean, variadic Max/Min;
-  `numpy.copy`: Reshape-like ops, Transpose, Concat, Slice, Gather, Resize;
+  `numpy.copy`: Reshape-like ops, Transpose, Concat, Slice, Gather, Resize, Split;
   `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in place;
-  `numpy.formula`: pooling, LRN, Clip, Pad, LogSoftmax, Softmax before opset 13.
+  `numpy.formula`: pooling, LRN, Clip, Pad, LogSoftmax, Softmax before opset 13,
+  ReduceMean/Sum/Max/Min, ConvTranspose.
+- `native.nchwc` (library, `nchwc_native`): the blocked ChannelSlice, ReorderOutput,
+  nearest Upsample and MaxPool in C, single-threaded, each with a native form.
 
 The dtype-generic formulas in `tensor_formulas` and `nn_formulas` serve both
 the float64 references (`wpk.kernels.reference`) and `numpy.formula`; the

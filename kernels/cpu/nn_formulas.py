@@ -1,4 +1,5 @@
-"""numpy formulations of neural-network ops (pooling, normalizations, softmax, LRN).
+"""numpy formulations of neural-network ops (pooling, ConvTranspose, normalizations,
+softmax, LRN).
 
 Same contract as `tensor_formulas`: `f(workload, inputs) -> list of outputs`
 computed in the inputs' dtype, epilogue not applied; shared by the float64

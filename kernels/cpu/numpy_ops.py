@@ -4,7 +4,8 @@
   and the ONNX unary/binary elementwise ops, written with ufuncs into the
   output (`out=`), no temporaries for most steps.
 - `numpy.copy`: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout/Transpose/Concat/
-  Slice/Gather/Resize(nearest) as views or `np.copyto`/`np.take(out=)` into the output.
+  Slice/Split/Gather/Resize(nearest) as views or `np.copyto`/`np.take(out=)` into the
+  outputs.
 - `numpy.sum`: Sum, Mean and variadic Max/Min, one ufunc pass per input.
 - `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in-place formulations
   (BatchNormalization folded to one scale and shift per channel in `prepare`).

@@ -1,4 +1,4 @@
-"""numpy formulations of elementwise and data-movement ONNX ops, in the inputs' dtype.
+"""numpy formulations of elementwise, data-movement and reduction ONNX ops, in the inputs' dtype.
 
 Each formula is `f(workload, inputs) -> list of output arrays` (the fused
 epilogue is not applied here). They serve both the float64 references (called
