@@ -16,7 +16,8 @@ form (`native_chain`), they join the chain of the generated kernels around them.
   written lane by lane into the channel planes (the real lanes of a partial last block
   only).
 - MaxPool: the window's maximum per output pixel, one vector of the block's lanes per
-  pixel, padding ignored; any kernel, stride, dilation, pads and ceil_mode.
+  pixel, padding ignored; any kernel, stride, dilation, pads and ceil_mode. A NaN input
+  drops out of its window (the ISA's max instruction keeps the other operand).
 
 The C is written on GCC vector extensions of b lanes (`VECTOR_HEADER`), so it compiles
 for either block size on any host.
@@ -123,7 +124,6 @@ void wpk_reorder_output_nchwc(const int64_t *p, const float *x, float *y) {{
     }}
 }}
 """
-
 
 
 @cache
