@@ -12,8 +12,9 @@
   `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in place;
   `numpy.formula`: pooling, LRN, Clip, Pad, LogSoftmax, Softmax before opset 13,
   ReduceMean/Sum/Max/Min, ConvTranspose.
-- `native.nchwc` (library, `nchwc_native`): the blocked ChannelSlice, ReorderOutput,
-  nearest Upsample and MaxPool in C, single-threaded, each with a native form.
+- `native.nchwc` (library, `nchwc_native`): the blocked ChannelSlice, ReorderInput,
+  ReorderOutput, nearest Upsample and MaxPool in C, single-threaded, each with a native
+  form.
 
 The dtype-generic formulas in `tensor_formulas` and `nn_formulas` serve both
 the float64 references (`wpk.kernels.reference`) and `numpy.formula`; the

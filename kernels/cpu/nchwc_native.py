@@ -14,7 +14,8 @@ form (`native_chain`), they join the chain of the generated kernels around them.
   times along its output row, the row then copied sh - 1 times.
 - ReorderOutput (to NCHW or NHWC): tiles of b pixels x b lanes, read as vectors and
   written lane by lane into the channel planes (the real lanes of a partial last block
-  only).
+  only). ReorderInput: each pixel's lanes gathered from the channel planes, the padding
+  lanes zero.
 - MaxPool: the window's maximum per output pixel, one vector of the block's lanes per
   pixel, padding ignored; any kernel, stride, dilation, pads and ceil_mode. A NaN input
   drops out of its window (the ISA's max instruction keeps the other operand).
@@ -45,7 +46,7 @@ from wpk.kernels.cpu.native_moves import moves_call
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN
 from wpk.kernels.registry import LIBRARY, Implementation, Kernel, register
 
-OPS = ("ChannelSlice", "ReorderOutput", "Upsample", "MaxPool")
+OPS = ("ChannelSlice", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool")
 
 # params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel
 _MAXPOOL_SOURCE = r"""
@@ -124,6 +125,29 @@ void wpk_reorder_output_nchwc(const int64_t *p, const float *x, float *y) {{
     }}
 }}
 """
+# params: N, Cb, HW, channels, batch stride of x, channel stride of x, pixel stride of x
+# (NCHW: C*HW, HW, 1; NHWC: HW*C, 1, C): each pixel's lanes gathered from the channel
+# planes into one vector, the padding lanes of the last block zero
+_REORDER_INPUT_SOURCE = r"""
+#include <stdint.h>
+
+void wpk_reorder_input_nchwc(const int64_t *p, const float *x, float *y) {{
+    const int64_t N = p[0], CB = p[1], HW = p[2], C = p[3], XN = p[4], XC = p[5], XP = p[6];
+    for (int64_t n = 0; n < N; n++) {{
+        for (int64_t cb = 0; cb < CB; cb++) {{
+            const float *xb = x + n * XN + cb * {lanes} * XC;
+            const int64_t lanes = C - cb * {lanes} < {lanes} ? C - cb * {lanes} : {lanes};
+            float *yb = y + (n * CB + cb) * HW * {lanes};
+            for (int64_t q = 0; q < HW; q++) {{
+                float v[{lanes}];
+                for (int64_t l = 0; l < {lanes}; l++)
+                    v[l] = l < lanes ? xb[l * XC + q * XP] : 0.0f;
+                vstore(yb + q * {lanes}, *(vfu *)v);
+            }}
+        }}
+    }}
+}}
+"""
 
 
 @cache
@@ -160,13 +184,23 @@ def reorder_output_params(workload: Workload) -> list[int]:
     return [n, cb, h * w, channels, channels * h * w, channel, pixel]
 
 
+def reorder_input_params(workload: Workload) -> list[int]:
+    """`wpk_reorder_input_nchwc`'s params of a ReorderInput (from NCHW or NHWC)."""
+    n, cb, h, w, _ = workload.outputs[0].shape
+    channels = int(workload.inputs[0].shape[3 if fmt.channels_last(workload) else 1])
+    pixel, channel = (channels, 1) if fmt.channels_last(workload) else (1, h * w)
+    return [n, cb, h * w, channels, channels * h * w, channel, pixel]
+
+
 FUNCTIONS = {"wpk_maxpool_nchwc": _MAXPOOL_SOURCE,
+             "wpk_reorder_input_nchwc": _REORDER_INPUT_SOURCE,
              "wpk_upsample_nearest_nchwc": _UPSAMPLE_SOURCE,
              "wpk_reorder_output_nchwc": _REORDER_OUTPUT_SOURCE}
 # op -> (its C function, the function's params of a workload)
 FUNCTION_OF = {"MaxPool": ("wpk_maxpool_nchwc", maxpool_params),
                "Upsample": ("wpk_upsample_nearest_nchwc", upsample_params),
-               "ReorderOutput": ("wpk_reorder_output_nchwc", reorder_output_params)}
+               "ReorderOutput": ("wpk_reorder_output_nchwc", reorder_output_params),
+               "ReorderInput": ("wpk_reorder_input_nchwc", reorder_input_params)}
 
 
 def channel_slice_pairs(workload: Workload) -> Callable:
@@ -237,8 +271,8 @@ def function_kernel(workload: Workload) -> Kernel:
 
 
 class NativeNchwc(Implementation):
-    """Blocked ChannelSlice, ReorderOutput, nearest Upsample and MaxPool in C (see the
-    module docstring)."""
+    """Blocked ChannelSlice, ReorderInput, ReorderOutput, nearest Upsample and MaxPool in
+    C (see the module docstring)."""
 
     name = "native.nchwc"
     kind = LIBRARY

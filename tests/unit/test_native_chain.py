@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import wpk
-from tests import models
+from tests import corpus, models
 from wpk.core.numerics import relative_l2
 from wpk.core.workload import TensorSpec, Workload
 from wpk.dsl import toolchain
@@ -74,13 +74,15 @@ def test_a_kernel_gives_its_native_form_only_where_a_call_copies_nothing():
     assert native_call(lambda inputs, outputs: None, [a, b], [out]) is None  # no native form
 
 
-def _generated_plan(model):
+def _generated_plan(model, input_shapes=None):
     """The model's plan with every step a generated kernel computes given to one (its
-    default config: micro-kernels first), so the chaining is tested, not the planner."""
+    default config: micro-kernels first; blocked data movement to `native.nchwc`), so the
+    chaining is tested, not the planner."""
     plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
-                     partition=False)
+                     partition=False, input_shapes=input_shapes or {})
     impls = [registry.get(name) for name in ("micro.inverted_residual", "micro.winograd",
-                                              "micro.nchwc", "micro.gemm", "attention.c")]
+                                              "micro.nchwc", "micro.gemm", "attention.c",
+                                              "native.nchwc")]
     copy = registry.get("numpy.copy")  # data movement that joins the chain (native_moves)
     for step in plan.manifest["steps"]:
         workload = plan.workloads[step["workload_key"]]
@@ -118,6 +120,21 @@ def test_a_transformers_plan_on_generated_kernels_is_one_native_call():
     impls = {step.impl for step in plan.steps}
     assert {"numpy.copy", "attention.c", "micro.gemm"} <= impls, impls
     assert Session(plan)._step_names == [f"{plan.steps[0].node}..{plan.steps[-1].node}"]
+
+
+def test_a_yolo_plans_blocked_data_movement_joins_the_chain():
+    """The tf2onnx YOLO's channel slices, SPPF MaxPools, nearest Upsamples and reorders
+    (`native.nchwc`) and its Splits and Concats (`numpy.copy`) join the generated kernels:
+    the whole plan is one native call, with the outputs of step-by-step execution."""
+    plan = _generated_plan(corpus.build_model("yolo_tf", "ci"), corpus.input_shapes("yolo_tf"))
+    ops = {step.op for step in plan.steps if step.impl == "native.nchwc"}
+    assert ops == {"ChannelSlice", "MaxPool", "Upsample", "ReorderInput", "ReorderOutput"}, ops
+    chained, stepwise = Session(plan), Session(plan, merge_regions=False)
+    assert chained._step_names == [f"{plan.steps[0].node}..{plan.steps[-1].node}"]
+    feeds = example_feeds(chained, 0)
+    ours, reference = chained.run(feeds), stepwise.run(feeds)
+    for output in reference:
+        assert relative_l2(ours[output], reference[output]) <= 1e-6, output
 
 
 def test_a_small_parallel_loop_runs_on_the_calling_thread():

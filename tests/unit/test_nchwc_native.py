@@ -59,7 +59,17 @@ def _cases(b: int) -> dict[str, Workload]:
                                TensorSpec((1, 6, 7, c), "float32"), channels_last=1),
         "reorder 1 pixel": _op("ReorderOutput", b, 3, (1, 1),
                                TensorSpec((1, 3, 1, 1), "float32")),
+        "reorder from NCHW": _reorder_input(b, (2, c, 6, 7)),
+        "reorder from NHWC": _reorder_input(b, (1, 6, 7, c), channels_last=1),
+        "reorder from whole blocks, 1 pixel": _reorder_input(b, (1, 2 * b, 1, 1)),
     }
+
+
+def _reorder_input(b: int, shape: tuple[int, ...], channels_last: int = 0) -> Workload:
+    n, c, h, w = (shape[0], shape[3], *shape[1:3]) if channels_last else shape
+    return Workload("ReorderInput", (TensorSpec(shape, "float32"),),
+                    (TensorSpec(fmt.blocked_shape((n, c, h, w), b), "float32"),),
+                    (("block", b), ("channels_last", channels_last)), domain="wpk.nchwc")
 
 
 CASES = [pytest.param(b, name, id=f"b{b}-{name}") for b in BLOCKS for name in _cases(b)]
