@@ -99,17 +99,6 @@ def plain(array, shape: Sequence[int] | None = None) -> bool:
             and array.flags.c_contiguous and (shape is None or array.shape == tuple(shape)))
 
 
-@cache
-def _callable(address: int, arity: int):
-    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * arity))(address)
-
-
-def call_native(call: NativeCall) -> None:
-    """Run one native call from Python, as the chain's driver runs each of its calls."""
-    address, pointers = call
-    _callable(address, len(pointers))(*pointers)
-
-
 def function_address(fn) -> int:
     """The address of a ctypes function."""
     return ctypes.cast(fn, ctypes.c_void_p).value

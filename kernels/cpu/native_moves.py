@@ -129,3 +129,25 @@ def moves_call(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[NativeCa
         return None
     table = np.array([count, *entries], np.int64)
     return (function_address(function), (table.ctypes.data,)), table
+
+
+def native_form(kernel, views, per_input: bool = False):
+    """`kernel.native` of a data-movement step whose copies are the (source view,
+    destination view) pairs `views(inputs, outputs)`: one `wpk_moves` call where every
+    source is a view of the step's input (of its own input, one each: `per_input`, a
+    Concat), else None."""
+
+    def native(inputs, outputs):
+        pairs = views(inputs, outputs)
+        sources = inputs if per_input else [inputs[0]] * len(pairs)
+        if not all(np.may_share_memory(src, given) for (src, _), given in
+                   zip(pairs, sources) if src.size):   # a reshape that would copy
+            return None
+        found = moves_call(pairs)
+        if found is None:
+            return None
+        call, table = found
+        kernel.keep = (*getattr(kernel, "keep", ()), table)
+        return call
+
+    return native

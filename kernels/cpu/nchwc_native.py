@@ -8,8 +8,7 @@ threads to onnxruntime's and back, and in the run they took 2.3-5.6x their lone 
 (README, the YOLO profile). Computed here in C on the calling thread, each with a native
 form (`native_chain`), they join the chain of the generated kernels around them.
 
-- ChannelSlice: whole blocks copied, a `native_moves` table built once per binding of
-  buffers.
+- ChannelSlice: whole blocks copied, in the chain as a `native_moves` table.
 - Upsample (nearest, whole-number scales: replication): each pixel's vector stored sw
   times along its output row, the row then copied sh - 1 times.
 - ReorderOutput (to NCHW or NHWC): tiles of b pixels x b lanes, read as vectors and
@@ -32,7 +31,7 @@ choose it.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import cache
 
 import numpy as np
@@ -41,8 +40,8 @@ from wpk.core.workload import Workload
 from wpk.dsl import toolchain
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER
-from wpk.kernels.cpu.native_chain import NativeCall, call_native, function_address
-from wpk.kernels.cpu.native_moves import moves_call
+from wpk.kernels.cpu.native_chain import NativeCall, function_address
+from wpk.kernels.cpu.native_moves import native_form
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN
 from wpk.kernels.registry import LIBRARY, Implementation, Kernel, register
 
@@ -176,20 +175,25 @@ def upsample_params(workload: Workload) -> list[int]:
     return [n * cb, h, w, sh, sw]
 
 
+def _reorder_params(blocked: tuple[int, ...], channels: int, channels_last: bool) -> list[int]:
+    """The reorders' params: N, Cb, HW, channels, then the batch, channel and pixel
+    strides of the NCHW (or NHWC) side."""
+    n, cb, h, w, _ = blocked
+    pixel, channel = (channels, 1) if channels_last else (1, h * w)
+    return [n, cb, h * w, channels, channels * h * w, channel, pixel]
+
+
 def reorder_output_params(workload: Workload) -> list[int]:
     """`wpk_reorder_output_nchwc`'s params of a ReorderOutput (to NCHW or NHWC)."""
-    n, cb, h, w, _ = workload.inputs[0].shape
-    channels = int(workload.attr("channels"))
-    pixel, channel = (channels, 1) if fmt.channels_last(workload) else (1, h * w)
-    return [n, cb, h * w, channels, channels * h * w, channel, pixel]
+    return _reorder_params(workload.inputs[0].shape, int(workload.attr("channels")),
+                           fmt.channels_last(workload))
 
 
 def reorder_input_params(workload: Workload) -> list[int]:
     """`wpk_reorder_input_nchwc`'s params of a ReorderInput (from NCHW or NHWC)."""
-    n, cb, h, w, _ = workload.outputs[0].shape
-    channels = int(workload.inputs[0].shape[3 if fmt.channels_last(workload) else 1])
-    pixel, channel = (channels, 1) if fmt.channels_last(workload) else (1, h * w)
-    return [n, cb, h * w, channels, channels * h * w, channel, pixel]
+    last = fmt.channels_last(workload)
+    return _reorder_params(workload.outputs[0].shape,
+                           int(workload.inputs[0].shape[3 if last else 1]), last)
 
 
 FUNCTIONS = {"wpk_maxpool_nchwc": _MAXPOOL_SOURCE,
@@ -210,36 +214,15 @@ def channel_slice_pairs(workload: Workload) -> Callable:
     return lambda inputs, outputs: [(inputs[0][:, first:first + count], outputs[0])]
 
 
-def _binding(arrays: Sequence[np.ndarray]) -> tuple:
-    """What a call's native form depends on: each buffer's address, shape and strides."""
-    return tuple((a.ctypes.data, a.shape, a.strides) for a in arrays)
-
-
 def moves_kernel(pairs: Callable) -> Kernel:
-    """A kernel copying `pairs(inputs, outputs)` with `wpk_moves`; the table is built once
-    per binding of buffers (the runtime's arena keeps them; a measurement reuses them)."""
-    bound: dict = {}
-
-    def native(inputs, outputs) -> NativeCall | None:
-        found = moves_call(pairs(inputs, outputs))
-        if found is None:
-            return None
-        call, table = found
-        kernel.keep = (*kernel.keep, table)
-        return call
+    """A kernel copying `pairs(inputs, outputs)`: numpy copies when called, one
+    `wpk_moves` call as its native form (`native_moves.native_form`)."""
 
     def kernel(inputs, outputs) -> None:
-        key = _binding([*inputs, *outputs])
-        if bound.get("key") != key:
-            bound.update(key=key, found=moves_call(pairs(inputs, outputs)))
-        if bound["found"] is None:   # not a plain byte copy (no compiler): numpy copies
-            for src, dst in pairs(inputs, outputs):
-                np.copyto(dst, src)
-            return
-        call_native(bound["found"][0])
+        for src, dst in pairs(inputs, outputs):
+            np.copyto(dst, src)
 
-    kernel.keep = ()
-    kernel.native = native
+    kernel.native = native_form(kernel, pairs)
     return kernel
 
 

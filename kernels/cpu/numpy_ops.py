@@ -22,12 +22,13 @@ import numpy as np
 from wpk.core.epilogue import ONNX_BINARY_STEPS
 from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
-from wpk.kernels.cpu.native_moves import moves_call
+from wpk.kernels.cpu.native_moves import native_form
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
 from wpk.kernels.cpu.tensor_formulas import (
     BINARY_UFUNCS,
     TENSOR_FORMULAS,
     UNARY_AS_STEP,
+    axis_bounds,
     resize_nearest_indices,
     slice_index,
     split_bounds,
@@ -110,7 +111,7 @@ class NumpyCopy(NumpyImplementation):
             finish_epilogue(outputs[0], steps, inputs)
 
         if views is not None and not steps:
-            kernel.native = _native_form(kernel, views, per_input=op == "Concat")
+            kernel.native = native_form(kernel, views, per_input=op == "Concat")
         return kernel
 
     def _views(self, workload: Workload):
@@ -134,10 +135,8 @@ class NumpyCopy(NumpyImplementation):
             return lambda inputs, outputs: [(inputs[0][lead + (slice(lo, hi),)], out)
                                             for (lo, hi), out in zip(bounds, outputs)]
         axis = workload.attr("axis") % len(out_shape)   # Concat
-        lead, bounds, start = (slice(None),) * axis, [], 0
-        for spec in workload.inputs[:self.core_inputs(workload)]:
-            bounds.append((start, start + spec.shape[axis]))
-            start += spec.shape[axis]
+        lead = (slice(None),) * axis
+        bounds = axis_bounds(workload.inputs[:self.core_inputs(workload)], axis)
         return lambda inputs, outputs: [(inputs[i], outputs[0][lead + (slice(lo, hi),)])
                                         for i, (lo, hi) in enumerate(bounds)]
 
@@ -148,27 +147,6 @@ class NumpyCopy(NumpyImplementation):
         if workload.op == "Split" and workload.epilogue:
             return "a Split carries no epilogue"
         return None
-
-
-def _native_form(kernel, views, per_input: bool = False):
-    """`kernel.native` of a data-movement step: its copies as one `wpk_moves` call
-    (`native_moves`) where every source is a view of the step's input (of its own input,
-    one each: `per_input`, a Concat), else None."""
-
-    def native(inputs, outputs):
-        pairs = views(inputs, outputs)
-        sources = inputs if per_input else [inputs[0]] * len(pairs)
-        if not all(np.may_share_memory(src, given) for (src, _), given in
-                   zip(pairs, sources) if src.size):   # a reshape that would copy
-            return None
-        found = moves_call(pairs)
-        if found is None:
-            return None
-        call, table = found
-        kernel.keep = (*getattr(kernel, "keep", ()), table)
-        return call
-
-    return native
 
 
 class NumpySum(NumpyImplementation):

@@ -195,14 +195,17 @@ def _identity(workload, inputs):
     return [inputs[0]]
 
 
+def axis_bounds(specs, axis: int) -> list[tuple[int, int]]:
+    """(start, end) of each tensor of `specs` laid end to end along `axis` (a Concat's
+    inputs, a Split's outputs)."""
+    ends = np.cumsum([spec.shape[axis] for spec in specs]).tolist()
+    return list(zip([0] + ends[:-1], ends))
+
+
 def split_bounds(workload) -> tuple[int, list[tuple[int, int]]]:
     """(axis, [(start, end) of each output along it]) of a Split, from its output shapes."""
     axis = int(workload.attr("axis", 0)) % len(workload.inputs[0].shape)
-    bounds, start = [], 0
-    for spec in workload.outputs:
-        bounds.append((start, start + spec.shape[axis]))
-        start += spec.shape[axis]
-    return axis, bounds
+    return axis, axis_bounds(workload.outputs, axis)
 
 
 REDUCTIONS = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max,
