@@ -17,6 +17,7 @@ What maps (float32 only):
   GlobalAveragePool / GlobalMaxPool -> the pool operators;
 - Softmax and LayerNormalization over the last axis (reshaped to 2-D),
   Softmax of opset < 13 over any axis (its 2-D coercion);
+- LRN of rank 3 or more (spatial dims flattened) -> `lrn`;
 - `Elementwise` chains and plain unary/binary ONNX elementwise ops, their
   dims coalesced where every operand broadcasts alike;
 - blocked `wpk.nchwc` Convs (regular, first-layer NCHW input, depthwise) ->
@@ -201,7 +202,7 @@ def compile_job(workload: Workload, config: Mapping):
 # Non-elementwise ops whose default schedule an untuned build measures: memory-bound and
 # quick to compile, and a generated step lets the plan run on one thread pool (one native
 # chain, `native_chain`) where onnxruntime's node would need its own pool woken.
-UNTUNED_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")
+UNTUNED_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "LRN")
 
 
 class DslCpu(Implementation):

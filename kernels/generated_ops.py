@@ -213,7 +213,17 @@ def _map_layernorm(w: Workload, lib, core: int):
             tuple(x), (rows, d))
 
 
+def _map_lrn(w: Workload, lib, core: int):
+    x = tuple(w.inputs[0].shape)
+    if len(x) < 3:
+        return "LRN needs an input of rank 3 or more (N, C, spatial...)"
+    flat = (x[0], x[1], math.prod(x[2:]))
+    scalars = {"size": int(w.attr("size")), "alpha": float(w.attr("alpha", 1e-4)),
+               "beta": float(w.attr("beta", 0.75)), "bias": float(w.attr("bias", 1.0))}
+    return lib("lrn"), {"X": flat}, scalars, {"X": 0}, x, flat
+
+
 MAPPERS = {"Conv": _map_conv, "MatMul": _map_matmul, "Gemm": _map_gemm,
            "MaxPool": _map_pool, "AveragePool": _map_pool, "GlobalAveragePool": _map_pool,
            "GlobalMaxPool": _map_pool, "Softmax": _map_softmax, "LogSoftmax": _map_softmax,
-           "LayerNormalization": _map_layernorm}
+           "LayerNormalization": _map_layernorm, "LRN": _map_lrn}

@@ -85,6 +85,9 @@ def draw_workload(data, op: C.Operator, seed: int = 0):
         for name in op.shape_symbols:
             values[name] = data.draw(st.integers(1, 24 if name in ("L", "D", "HW") else 9),
                                      label=name)
+        for s in op.scalars:   # a window size without a default (LRN's)
+            if s.default is None:
+                values[s.name] = data.draw(st.integers(1, 6), label=s.name)
     scalars = {s.name: values[s.name] for s in op.scalars if s.name in values}
     bindings = dict(values)
     for s in op.scalars:
@@ -134,6 +137,7 @@ def fixed_workload(op: C.Operator, seed: int = 0):
         values = dict(FIXED_POOL)
     else:
         values = {n: (37 if n in ("L", "D", "HW") else 5) for n in op.shape_symbols}
+        values |= {s.name: 4 for s in op.scalars if s.default is None}   # LRN's even window
     bindings = dict(values)
     for s in op.scalars:
         bindings.setdefault(s.name, s.default)

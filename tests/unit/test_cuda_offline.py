@@ -240,6 +240,18 @@ def test_offline_candidates_keep_every_plan_complete():
         40 / (analytic.HOST_LINK_GBS * 1e9) + analytic.HOST_SYNC_S)
 
 
+def test_lrn_runs_on_the_device_not_the_host():
+    # AlexNet's first LRN: on an H200 it ran on the host between CUDA graphs, 4.8x slower
+    # than PyTorch end to end, until LRN became a DSL operator.
+    lrn = Workload("LRN", (TensorSpec((1, 96, 54, 54)),), (TensorSpec((1, 96, 54, 54)),),
+                   (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0), ("size", 5)))
+    names = [c.implementation.name for c in offline_candidates(lrn, H100)]
+    assert names and set(names) == {"dsl.cuda"}
+    config = preferred_configs(lrn, H100)[0]
+    result = verify_generated(lrn, build_for(lrn, config, compile=False), seed=3)
+    assert result.ok and result.rel_l2_error < 1e-5, result
+
+
 def test_device_copy_and_host_step_compute_on_numpy_arrays():
     from wpk.kernels.cuda.predicted import DEVICE_COPY, HOST_STEP, host_config
 

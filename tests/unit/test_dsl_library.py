@@ -184,6 +184,22 @@ def test_layernorm_matches_onnxruntime(rng, shape):
     close(y, node_out)
 
 
+@pytest.mark.parametrize("shape,size", [((2, 7, 3, 4), 5), ((1, 6, 1, 1), 4), ((1, 1, 2, 3), 1),
+                                        ((1, 3, 5), 6)])
+def test_lrn_matches_onnxruntime(rng, shape, size):
+    x = f32(rng, *shape) * 3
+    attrs = {"size": size, "alpha": 0.02, "beta": 0.6, "bias": 1.5}
+    flat = x.reshape(shape[0], shape[1], -1)
+    y = evaluate(load_operator("lrn"), {"X": flat}, attrs)["Y"].reshape(shape)
+    squares = np.zeros_like(x)
+    for c in range(shape[1]):   # ONNX's window: c - floor((size-1)/2) .. c + ceil((size-1)/2)
+        lo, hi = max(0, c - (size - 1) // 2), min(shape[1] - 1, c + math.ceil((size - 1) / 2))
+        squares[:, c] = (x[:, lo:hi + 1] ** 2).sum(axis=1)
+    close(y, x / (1.5 + 0.02 / size * squares) ** 0.6, 1e-12)
+    if size % 2:   # onnxruntime refuses even windows, which the spec allows
+        close(y, run_onnx("LRN", [x], **attrs))
+
+
 def gelu(x):
     return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
@@ -225,7 +241,7 @@ TESTED = {"conv2d", "conv2d_bias", "conv2d_bias_relu_add", "matmul", "batched_ma
           "global_avgpool2d", "global_maxpool2d", "softmax", "log_softmax", "layernorm",
           "copy", "add", "mul", "scale_shift_relu", "bias_relu6", "bias_leaky_relu", "clip",
           "sigmoid", "silu", "tanh", "gelu", "bias_gelu_add", "winograd_conv2d",
-          "winograd_conv2d_bias"}
+          "winograd_conv2d_bias", "lrn"}
 
 
 def test_every_library_operator_is_tested_here():

@@ -27,6 +27,7 @@ BINDINGS = {
     "matmul": {"M": 5, "K": 7, "N": 3}, "batched_matmul": {"BT": 2, "M": 3, "K": 5, "N": 4},
     "softmax": {"N": 3, "D": 37}, "layernorm": {"N": 3, "D": 37},
     "winograd_conv2d": WINOGRAD, "winograd_conv2d_bias": WINOGRAD,
+    "lrn": {"N": 2, "C": 7, "P": 5, "size": 4},
 }
 COMPILED = ["conv2d_bias_relu_add", "gemm_tn", "avgpool2d", "softmax", "layernorm",
             "bias_gelu_add"]

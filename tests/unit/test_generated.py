@@ -88,6 +88,10 @@ CASES = {
     "layernorm": Workload(
         "LayerNormalization", (t(2, 3, 16), t(16), t(16)), (t(2, 3, 16),),
         (("axis", -1), ("epsilon", 1e-5)), const_inputs=(1, 2)),
+    "lrn_even_window": Workload("LRN", (t(2, 7, 3, 5),), (t(2, 7, 3, 5),),
+                                (("alpha", 0.02), ("beta", 0.6), ("bias", 1.5), ("size", 4))),
+    "lrn_rank3_window_over_channels": Workload(
+        "LRN", (t(1, 3, 9),), (t(1, 3, 9),), (("size", 7),)),
     "elementwise_channel_chain": Workload(
         "Elementwise", (t(1, 8, 5, 5), t(8, 1, 1), t(1, 8, 5, 5)), (t(1, 8, 5, 5),), (),
         (E("mul", operand=1), E("add", operand=2), E("sigmoid")), domain="wpk"),
@@ -194,6 +198,7 @@ UNSUPPORTED = {
     "softmax inner axis": (Workload("Softmax", (t(2, 3, 4),), (t(2, 3, 4),), (("axis", 1),)),
                            "last"),
     "unknown op": (Workload("TopK", (t(4),), (t(2),)), "no DSL operator"),
+    "LRN of rank 2": (Workload("LRN", (t(4, 6),), (t(4, 6),), (("size", 3),)), "rank 3"),
 }
 
 
@@ -205,7 +210,7 @@ def test_unmapped_workloads_say_why(name):
 
 
 @pytest.mark.parametrize("case", ["relu", "elementwise_channel_chain", "add_broadcast_row",
-                                  "softmax_last_axis", "layernorm"])
+                                  "softmax_last_axis", "layernorm", "lrn_even_window"])
 def test_an_untuned_build_measures_the_default_schedule_of_memory_bound_ops(case):
     workload = CASES[case]
     assert registry.get("dsl.cpu") is DSL_CPU
