@@ -118,8 +118,9 @@ def test_parallel_measure_build_search_and_tune_report_the_time_saved(model_path
 
     searched = wpk.build(str(model_path), target="cuda", gpu="auto", search="random",
                          trials=4, parallel_measure=2, progress=False, **FAST, partition=False)
-    assert searched.report["parallel_measure"]["candidates"] > 0
-    assert searched.report["search"]["parallel_measure"]["streams"] == 2
+    totals = searched.report["parallel_measure"]   # the build's totals, search included
+    assert totals["streams"] == 2 and totals["candidates"] > 0
+    assert searched.report["search"]["measured"] > 0
 
     offline = tmp_path / "o.wpk"
     wpk.build(str(model_path), target="cuda", gpu=present_gpu.name, offline=True,
