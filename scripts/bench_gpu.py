@@ -210,10 +210,22 @@ def end_to_end_row(name: str, gpu, budget: float, rounds: int, runs: int,
     for n, values in times.items():
         q25, median, q75 = np.percentile(values, [25, 50, 75])
         row["contenders"][n] = {"median_s": float(median), "spread_s": [float(q25), float(q75)]}
+    row["wpk_session"] = session_detail(session, {meta.name: x})
     wpk_median = row["contenders"]["wpk"]["median_s"]
     for entry in row["contenders"].values():
         entry["wpk_speedup"] = entry["median_s"] / wpk_median
     return row
+
+
+def session_detail(session, feeds: dict) -> dict:
+    """What explains the plan's time: its CUDA-graph segments (host steps run between them),
+    segments whose capture failed, and every step's median alone (CUDA events)."""
+    steps = session.profile(feeds)
+    return {"segments": [{"device": device, "steps": len(indices)}
+                         for device, indices in session.segments],
+            "capture_errors": {str(k): v for k, v in session.capture_errors.items()},
+            "steps_sum_s": sum(r["median_s"] for r in steps),
+            "steps": sorted(steps, key=lambda r: -r["median_s"])}
 
 
 def main(argv=None) -> int:
@@ -225,6 +237,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tune-budget", type=float, default=60.0)
     parser.add_argument("--models", nargs="*", default=E2E_MODELS)
+    parser.add_argument("--operators", type=int, default=None,
+                        help="how many convolution workloads (most frequent first; 0: none)")
     parser.add_argument("--compile-mode", default="max-autotune",
                         help="torch.compile mode ('' to skip torch.compile)")
     args = parser.parse_args(argv)
@@ -250,8 +264,9 @@ def main(argv=None) -> int:
                               "date": stamp, "method": __doc__})
     rng = np.random.default_rng(0)
     workloads = resnet_conv_workloads()
-    if args.quick:
-        workloads = sorted(workloads, key=lambda pair: -pair[1])[:4]
+    count = 4 if args.quick and args.operators is None else args.operators
+    if count is not None:
+        workloads = sorted(workloads, key=lambda pair: -pair[1])[:count]
     for workload, count in workloads:
         print(f"operator {workload.label} x{count}", flush=True)
         try:
