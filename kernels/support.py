@@ -10,6 +10,7 @@ from wpk.core.errors import WpkError
 from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
 from wpk.kernels.cpu.attention_spec import ATTENTION_OP, attention_reason
 from wpk.kernels.cpu.inverted_residual_spec import IR_OP, inverted_residual_reason
+from wpk.kernels.cpu.resize import ASPECT_POLICIES, COORDINATE_MODES, MODES
 from wpk.kernels.nchwc_logical import logical_workload  # the blocked ops' own module
 
 ELEMENTWISE_UNARY_OPS = frozenset({
@@ -41,8 +42,6 @@ _STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3)
                     **{op: (1,) for op in REDUCE_OPS}}
 # Ops with several outputs that wpk computes (the others: one output)
 _MULTI_OUTPUT_OPS = frozenset({"LayerNormalization", "Split"})
-_RESIZE_COORDINATES = frozenset({"half_pixel", "pytorch_half_pixel", "align_corners",
-                                 "asymmetric", "tf_half_pixel_for_nn"})
 _FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
 
 
@@ -126,17 +125,17 @@ def _text(value) -> str:
 
 
 def _resize_reason(workload: Workload) -> str | None:
-    """Only nearest-neighbour resizing (opset 11 on) over all axes, with the plain size policy."""
+    """Resize from opset 11 on, every mode and coordinate transformation of the spec
+    (`wpk.kernels.cpu.resize`)."""
     if workload.opset < 11:
         return "Resize before opset 11 goes through onnxruntime"
-    if _text(workload.attr("mode", "nearest")) != "nearest":
-        return f"Resize mode {_text(workload.attr('mode'))!r} is not implemented"
-    mode = _text(workload.attr("coordinate_transformation_mode", "half_pixel"))
-    if mode not in _RESIZE_COORDINATES:
-        return f"Resize coordinate_transformation_mode {mode!r} is not implemented"
-    if workload.attr("axes") is not None or _text(
-            workload.attr("keep_aspect_ratio_policy", "stretch")) != "stretch":
-        return "Resize with axes or keep_aspect_ratio_policy is not implemented"
+    for name, default, allowed in (("mode", "nearest", MODES),
+                                   ("coordinate_transformation_mode", "half_pixel",
+                                    COORDINATE_MODES),
+                                   ("keep_aspect_ratio_policy", "stretch", ASPECT_POLICIES)):
+        value = _text(workload.attr(name, default))
+        if value not in allowed:
+            return f"Resize {name} {value!r} is not in the spec"
     return None
 
 

@@ -24,12 +24,12 @@ from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
 from wpk.kernels.cpu.native_moves import native_form
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
+from wpk.kernels.cpu.resize import is_index_copy, nearest_indices, resize_spec
 from wpk.kernels.cpu.tensor_formulas import (
     BINARY_UFUNCS,
     TENSOR_FORMULAS,
     UNARY_AS_STEP,
     axis_bounds,
-    resize_nearest_indices,
     slice_index,
     split_bounds,
     unary_step,
@@ -75,6 +75,11 @@ class NumpyElementwise(NumpyImplementation):
 _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 
 
+def _resize_spec(workload: Workload):
+    return resize_spec(workload, [None] + [workload.static_value(i)
+                                           for i in range(1, len(workload.inputs))])
+
+
 class NumpyCopy(NumpyImplementation):
     """Data movement straight into the output buffers."""
 
@@ -87,10 +92,8 @@ class NumpyCopy(NumpyImplementation):
         op, steps = workload.op, workload.epilogue
         views = None
         if op == "Resize":
-            statics = [workload.static_value(i) for i in range(len(workload.inputs))]
-            index = np.ix_(*resize_nearest_indices(
-                workload, [np.empty(workload.inputs[0].shape, np.float32)] + [
-                    None if v is None else np.asarray(v) for v in statics[1:]]))
+            spec = _resize_spec(workload)
+            index = np.ix_(*(nearest_indices(spec, a) for a in range(len(spec.in_shape))))
 
             def move(inputs, outputs):
                 np.copyto(outputs[0], inputs[0][index])
@@ -146,6 +149,8 @@ class NumpyCopy(NumpyImplementation):
             return "Slice starts/ends must be static inputs"
         if workload.op == "Split" and workload.epilogue:
             return "a Split carries no epilogue"
+        if workload.op == "Resize" and not is_index_copy(_resize_spec(workload)):
+            return "an interpolating or extrapolating Resize goes through numpy.formula"
         return None
 
 
@@ -277,9 +282,11 @@ class NumpyFormula(NumpyImplementation):
 
     name = "numpy.formula"
     ops = tuple(sorted((set(TENSOR_FORMULAS) | set(NN_FORMULAS)) - set(_RESHAPES)
-                       - set(NumpyCopy.ops)))
+                       - set(NumpyCopy.ops) | {"Resize"}))
 
     def extra_reason(self, workload: Workload) -> str | None:
+        if workload.op == "Resize" and NumpyCopy().extra_reason(workload) is None:
+            return "a nearest Resize is an index copy (numpy.copy)"
         if workload.op in ("LayerNormalization", "BatchNormalization") or (
                 workload.op == "Softmax" and workload.opset >= 13) or (
                 workload.op in UNARY_AS_STEP) or (

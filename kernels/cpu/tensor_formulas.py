@@ -15,6 +15,7 @@ import numpy as np
 
 from wpk.core.epilogue import step_from_onnx
 from wpk.core.workload import EpilogueStep, Workload
+from wpk.kernels.cpu.resize import resize, resize_spec
 from wpk.kernels.epilogue import apply_epilogue
 from wpk.kernels.support import ELEMENTWISE_UNARY_OPS
 
@@ -141,54 +142,8 @@ def _pad(workload, inputs):
     return [np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])]
 
 
-def _attr_str(workload: Workload, name: str, default: str) -> str:
-    value = workload.attr(name, default)
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def resize_nearest_indices(workload: Workload, inputs) -> list[np.ndarray]:
-    """Per axis, the source index of every output position of a nearest-mode Resize."""
-    in_shape, out_shape = inputs[0].shape, workload.outputs[0].shape
-    scales_index = 1 if workload.opset < 11 else 2
-    scales = inputs[scales_index] if len(inputs) > scales_index else None
-    if scales is None or scales.size == 0:
-        scales = np.array(out_shape, dtype=np.float64) / np.array(in_shape, dtype=np.float64)
-    default_mode = "asymmetric" if workload.opset < 11 else "half_pixel"
-    mode = _attr_str(workload, "coordinate_transformation_mode", default_mode)
-    rounding = _attr_str(workload, "nearest_mode", "round_prefer_floor")
-    return [nearest_source(size_in, size_out, scale, mode, rounding)
-            for size_in, size_out, scale in zip(in_shape, out_shape,
-                                                np.asarray(scales, np.float64))]
-
-
-def nearest_source(size_in: int, size_out: int, scale: float, mode: str, rounding: str
-                   ) -> np.ndarray:
-    """The source index of every output position along one axis of a nearest-mode Resize
-    (ONNX's coordinate transformation `mode` and `nearest_mode` `rounding`)."""
-    x = np.arange(size_out, dtype=np.float64)
-    if mode == "half_pixel":
-        x = (x + 0.5) / scale - 0.5
-    elif mode == "pytorch_half_pixel":
-        x = (x + 0.5) / scale - 0.5 if size_out > 1 else np.zeros_like(x)
-    elif mode == "align_corners":
-        x = x * (size_in - 1) / (size_out - 1) if size_out > 1 else np.zeros_like(x)
-    elif mode == "tf_half_pixel_for_nn":
-        x = (x + 0.5) / scale
-    else:  # asymmetric
-        x = x / scale
-    if rounding == "floor":
-        x = np.floor(x)
-    elif rounding == "ceil":
-        x = np.ceil(x)
-    elif rounding == "round_prefer_ceil":
-        x = np.floor(x + 0.5)
-    else:  # round_prefer_floor
-        x = np.ceil(x - 0.5)
-    return np.clip(x, 0, size_in - 1).astype(np.intp)
-
-
 def _resize(workload, inputs):
-    return [inputs[0][np.ix_(*resize_nearest_indices(workload, inputs))]]
+    return [resize(resize_spec(workload, inputs), inputs[0])]
 
 
 def _identity(workload, inputs):

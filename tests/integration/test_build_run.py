@@ -89,7 +89,8 @@ def test_strict_names_unsupported_nodes(tmp_path):
 @pytest.mark.parametrize("transform", ["half_pixel", "pytorch_half_pixel", "align_corners"])
 def test_bilinear_upsampling_builds_and_matches_onnxruntime(rng, transform):
     """torch's nn.Upsample(mode="bilinear") as its exporter writes it: no candidate passed
-    verification while the reference only knew nearest-neighbour resizing."""
+    verification while the reference only knew nearest-neighbour resizing; now wpk's own
+    interpolating kernel is verified beside onnxruntime's."""
     weight = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
@@ -105,3 +106,6 @@ def test_bilinear_upsampling_builds_and_matches_onnxruntime(rng, transform):
     expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     actual = Session(plan).run({"x": x})["y"]
     assert np.abs(actual - expected).max() <= 1e-5
+    (resize,) = [e for e in plan.report["workloads"] if e["op"] == "Resize"]
+    statuses = {c["impl"]: c["status"] for c in resize["candidates"]}
+    assert statuses.get("numpy.formula") == "ok" and statuses.get("ort") == "ok", statuses

@@ -386,6 +386,13 @@ def _conformance_workload(model, inputs, outputs):
     return workload, arrays
 
 
+# Cases where onnxruntime's kernel departs from ONNX's expected values: align_corners with
+# a scaled length that is not whole (onnxruntime divides by the output length, the spec
+# by length * scale). wpk's own kernels follow the spec; the planner rejects onnxruntime's.
+ORT_DEPARTS = {"test_resize_downsample_scales_linear_align_corners",
+               "test_resize_downsample_scales_cubic_align_corners"}
+
+
 def test_onnx_conformance_cases_of_supported_ops():
     """ONNX's node test cases (expected values rounded, hence the runner's rtol 1e-3)."""
     from onnx.backend.test.case.node import collect_testcases
@@ -408,8 +415,9 @@ def test_onnx_conformance_cases_of_supported_ops():
             for candidate in registry.candidates(workload):
                 results[candidate.label] = run_poisoned(candidate, workload, arrays)[1][0]
             for label, result in results.items():
-                if result.shape != expected.shape or not np.allclose(
-                        result, expected, rtol=1e-3, atol=1e-6, equal_nan=True):
+                matches = result.shape == expected.shape and np.allclose(
+                    result, expected, rtol=1e-3, atol=1e-6, equal_nan=True)
+                if matches == (label == "ort" and case.name in ORT_DEPARTS):
                     failures.append(f"{case.name} {label}")
             checked += 1
     assert not failures, failures

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wpk.core.graph import Graph, Node
-from wpk.kernels.cpu.tensor_formulas import nearest_source
+from wpk.kernels.cpu.resize import nearest_source
 
 _LINEAR_TRANSFORMS = {"asymmetric": "asymmetric", "half_pixel": "half_pixel",
                       "pytorch_half_pixel": "half_pixel", "align_corners": "align_corners"}
