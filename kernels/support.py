@@ -11,6 +11,7 @@ from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
 from wpk.kernels.cpu.attention_spec import ATTENTION_OP, attention_reason
 from wpk.kernels.cpu.inverted_residual_spec import IR_OP, inverted_residual_reason
 from wpk.kernels.cpu.resize import ASPECT_POLICIES, COORDINATE_MODES, MODES
+from wpk.kernels.cpu.window import conv_transpose_begin_pads
 from wpk.kernels.nchwc_logical import logical_workload  # the blocked ops' own module
 
 ELEMENTWISE_UNARY_OPS = frozenset({
@@ -98,13 +99,14 @@ def unsupported_reason(workload: Workload) -> str | None:
 
 
 def _conv_transpose_reason(workload: Workload) -> str | None:
-    """ConvTranspose with explicit pads and a filter of the input's rank."""
-    if _text(workload.attr("auto_pad", "NOTSET")) not in ("NOTSET", "VALID") \
-            or workload.attr("output_shape") is not None:
-        return "ConvTranspose with auto_pad SAME or output_shape goes through onnxruntime"
+    """ConvTranspose with a filter of the input's rank, whose pads (given, or from
+    auto_pad SAME or output_shape) do not start before the full result."""
     if len(workload.inputs[0].shape) < 3 or workload.inputs[1] is None \
             or len(workload.inputs[1].shape) != len(workload.inputs[0].shape):
         return "ConvTranspose needs a spatial input and a filter of its rank"
+    if any(p < 0 for p in conv_transpose_begin_pads(workload)):
+        return "ConvTranspose whose output_shape is larger than its full result goes " \
+               "through onnxruntime"
     return None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from wpk.kernels.cpu.tensor_formulas import Formula
-from wpk.kernels.cpu.window import pad_spatial, window_geometry, windows
+from wpk.kernels.cpu.window import conv_transpose_begin_pads, pad_spatial, window_geometry, windows
 
 
 def _max_pool(workload, inputs):
@@ -46,8 +46,9 @@ def _average_pool(workload, inputs):
 
 def _conv_transpose(workload, inputs):
     """Each input pixel's products with the filter (one matrix product per group) added
-    into the output at stride x pixel + dilation x tap, cropped by the begin pads; the
-    end pads and `output_padding` are in the output shape. Explicit pads only."""
+    into the output at stride x pixel + dilation x tap, cropped by the begin pads
+    (`conv_transpose_begin_pads`); the end pads and `output_padding` are in the output
+    shape."""
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     n, channels, *spatial = x.shape
@@ -55,7 +56,7 @@ def _conv_transpose(workload, inputs):
     rank, per_group, out_per_group = len(spatial), channels // group, w.shape[1]
     strides = tuple(workload.attr("strides") or (1,) * rank)
     dilations = tuple(workload.attr("dilations") or (1,) * rank)
-    begin = tuple(workload.attr("pads") or (0,) * (2 * rank))[:rank]
+    begin = conv_transpose_begin_pads(workload)
     out = workload.outputs[0].shape[2:]
     size = [max((s - 1) * st + (k - 1) * d + 1, b + o) for s, st, k, d, b, o in
             zip(spatial, strides, kernel, dilations, begin, out)]

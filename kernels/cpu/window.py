@@ -1,4 +1,5 @@
-"""Sliding-window geometry shared by convolution and pooling (pads, auto_pad, ceil_mode).
+"""Sliding-window geometry shared by convolution and pooling (pads, auto_pad, ceil_mode),
+and where a ConvTranspose's output starts in its full result (`conv_transpose_begin_pads`).
 
 Output shapes come from the workload (shape inference already settled
 ceil_mode and auto_pad), so the helpers here only need to find where the
@@ -99,3 +100,25 @@ def windows(xp: np.ndarray, geom: WindowGeometry) -> np.ndarray:
     out_index = (tuple(slice(None) for _ in range(lead))
                  + tuple(slice(0, o) for o in geom.out_size))
     return view[out_index]
+
+
+def conv_transpose_begin_pads(workload: Workload) -> tuple[int, ...]:
+    """The begin pads of a ConvTranspose: its `pads`, or, with `output_shape` or auto_pad
+    SAME_UPPER/SAME_LOWER, the spec's split of the total padding (the full result
+    stride x (in - 1) + output_padding + dilated kernel, less the output size): half of it,
+    rounded down, at the begin for SAME_UPPER, the rest for the others."""
+    x, w = workload.inputs[0].shape, workload.inputs[1].shape
+    rank = len(x) - 2
+    auto_pad = workload.attr("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if workload.attr("output_shape") is None and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        return tuple(workload.attr("pads") or (0,) * (2 * rank))[:rank]
+    strides = tuple(workload.attr("strides") or (1,) * rank)
+    dilations = tuple(workload.attr("dilations") or (1,) * rank)
+    extra = tuple(workload.attr("output_padding") or (0,) * rank)
+    begin = []
+    for size, stride, k, d, e, out in zip(x[2:], strides, w[2:], dilations, extra,
+                                          workload.outputs[0].shape[2:]):
+        total = stride * (size - 1) + e + (k - 1) * d + 1 - out
+        begin.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
+    return tuple(begin)

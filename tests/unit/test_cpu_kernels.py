@@ -15,7 +15,7 @@ from wpk.kernels import registry
 from wpk.kernels.cpu import ort_node
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
-from wpk.kernels.support import SUPPORTED_OPS, is_supported
+from wpk.kernels.support import SUPPORTED_OPS, is_supported, unsupported_reason
 
 S = TensorSpec
 E = EpilogueStep
@@ -172,6 +172,16 @@ CASES = {
         bias=False),
     "conv_transpose_1d_asymmetric": conv_transpose((1, 3, 7), (3, 2, 4), (1, 2, 15),
                                                    strides=(2,), pads=(1, 0)),
+    # pads from auto_pad SAME (an odd total: the extra one at the end or the begin) and
+    # from output_shape
+    "conv_transpose_same_upper": conv_transpose((1, 4, 5, 6), (4, 3, 3, 3), (1, 3, 10, 12),
+                                                strides=(2, 2), auto_pad=b"SAME_UPPER"),
+    "conv_transpose_same_lower": conv_transpose((1, 4, 5, 6), (4, 3, 4, 3), (1, 3, 10, 12),
+                                                strides=(2, 2), auto_pad=b"SAME_LOWER",
+                                                bias=False),
+    "conv_transpose_output_shape": conv_transpose(
+        (1, 4, 5, 6), (4, 2, 3, 3), (1, 4, 9, 14), group=2, strides=(2, 3), dilations=(1, 2),
+        output_shape=(9, 14)),
     "resize_nearest_scales": static(
         "Resize", [S((1, 2, 3, 4)), S((0,)), S((4,))], (1, 2, 6, 10),
         {1: np.zeros(0, np.float32), 2: np.array([1, 1, 2, 2.5], np.float32)}),
@@ -267,6 +277,15 @@ def test_ort_rejects_what_it_cannot_run():
     # onnxruntime refuses dilation with SAME padding; wpk's own kernel still runs it.
     reason = registry.get("ort").unsupported_reason(CASES["conv_same_upper_dilation2"])
     assert reason and "Dilation" in reason
+
+
+def test_a_conv_transpose_output_shape_beyond_its_full_result_is_refused():
+    # full result 2 x (5 - 1) + 3 = 11 along H: an output of 13 would start before it
+    workload = conv_transpose((1, 4, 5, 6), (4, 3, 3, 3), (1, 3, 13, 12), strides=(2, 2),
+                              output_shape=(13, 12))
+    assert "larger than its full result" in unsupported_reason(workload)
+    assert unsupported_reason(conv_transpose((1, 4, 5, 6), (4, 3, 3, 3), (1, 3, 10, 12),
+                                             strides=(2, 2), output_shape=(10, 12))) is None
 
 
 @pytest.mark.parametrize("workload", [
