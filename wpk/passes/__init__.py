@@ -40,6 +40,7 @@ from wpk.passes.inverted_residual import INVERTED_RESIDUAL_RULES
 from wpk.passes.inverted_residual_nchw import INVERTED_RESIDUAL_NCHW_RULES
 from wpk.passes.nchwc_layout import NchwcLayout
 from wpk.passes.noop_removal import NoOpRemoval
+from wpk.passes.pad_into_conv import PadIntoConv
 from wpk.passes.reduce_to_pool import ReduceToPool
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
@@ -65,6 +66,7 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(SumToAdd),
     PipelineEntry(ReduceToPool),
     PipelineEntry(NoOpRemoval),
+    PipelineEntry(PadIntoConv),
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),
                   targets=frozenset({"cpu", "cuda"})),
