@@ -18,6 +18,7 @@ What maps (float32 only):
 - Softmax and LayerNormalization over the last axis (reshaped to 2-D),
   Softmax of opset < 13 over any axis (its 2-D coercion);
 - LRN of rank 3 or more (spatial dims flattened) -> `lrn`;
+- BatchNormalization in inference form (spatial dims flattened) -> `batchnorm`;
 - `Elementwise` chains and plain unary/binary ONNX elementwise ops, their
   dims coalesced where every operand broadcasts alike;
 - blocked `wpk.nchwc` Convs (regular, first-layer NCHW input, depthwise) ->
@@ -202,7 +203,7 @@ def compile_job(workload: Workload, config: Mapping):
 # Non-elementwise ops whose default schedule an untuned build measures: memory-bound and
 # quick to compile, and a generated step lets the plan run on one thread pool (one native
 # chain, `native_chain`) where onnxruntime's node would need its own pool woken.
-UNTUNED_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "LRN")
+UNTUNED_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "LRN", "BatchNormalization")
 
 
 class DslCpu(Implementation):

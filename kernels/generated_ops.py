@@ -223,7 +223,21 @@ def _map_lrn(w: Workload, lib, core: int):
     return lib("lrn"), {"X": flat}, scalars, {"X": 0}, x, flat
 
 
+def _map_batchnorm(w: Workload, lib, core: int):
+    x = tuple(w.inputs[0].shape)
+    if len(x) < 2 or len(w.outputs) > 1:
+        return "only an inference BatchNormalization of rank 2 or more maps"
+    if any(s is None or _strip(s.shape) not in ((x[1],), ()) for s in w.inputs[1:5]):
+        return "BatchNormalization's scale, bias, mean and var must be of shape [C]"
+    flat = (x[0], x[1], math.prod(x[2:]))
+    shapes = {"X": flat} | {name: (x[1],) for name in ("Scale", "Bias", "Mean", "Var")}
+    feeds = {"X": 0, "Scale": 1, "Bias": 2, "Mean": 3, "Var": 4}
+    return (lib("batchnorm"), shapes, {"eps": float(w.attr("epsilon", 1e-5))}, feeds, x,
+            flat)
+
+
 MAPPERS = {"Conv": _map_conv, "MatMul": _map_matmul, "Gemm": _map_gemm,
            "MaxPool": _map_pool, "AveragePool": _map_pool, "GlobalAveragePool": _map_pool,
            "GlobalMaxPool": _map_pool, "Softmax": _map_softmax, "LogSoftmax": _map_softmax,
-           "LayerNormalization": _map_layernorm, "LRN": _map_lrn}
+           "LayerNormalization": _map_layernorm, "LRN": _map_lrn,
+           "BatchNormalization": _map_batchnorm}

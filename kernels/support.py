@@ -81,6 +81,8 @@ def unsupported_reason(workload: Workload) -> str | None:
             return f"Pad mode {mode!r} is not implemented"
     if op == "Dropout" and (workload.attr("is_test", 1) == 0 or _truthy(workload, 2)):
         return "Dropout in training mode is not implemented"
+    if op == "BatchNormalization" and int(workload.attr("training_mode", 0)):
+        return "BatchNormalization in training mode (batch statistics) goes through onnxruntime"
     if op == "Resize":
         reason = _resize_reason(workload)
         if reason:

@@ -279,6 +279,16 @@ def test_ort_rejects_what_it_cannot_run():
     assert reason and "Dilation" in reason
 
 
+def test_a_batchnorm_in_training_mode_is_refused():
+    # training_mode 1 normalises by the batch's statistics, not the running ones
+    inputs = (S((2, 3, 4)),) + (S((3,)),) * 4
+    train = Workload("BatchNormalization", inputs, (S((2, 3, 4)),),
+                     attrs=(("training_mode", 1),), const_inputs=(1, 2, 3, 4), opset=15)
+    assert "training mode" in unsupported_reason(train)
+    assert unsupported_reason(Workload("BatchNormalization", inputs, (S((2, 3, 4)),),
+                                       const_inputs=(1, 2, 3, 4), opset=15)) is None
+
+
 def test_a_conv_transpose_output_shape_beyond_its_full_result_is_refused():
     # full result 2 x (5 - 1) + 3 = 11 along H: an output of 13 would start before it
     workload = conv_transpose((1, 4, 5, 6), (4, 3, 3, 3), (1, 3, 13, 12), strides=(2, 2),

@@ -252,6 +252,19 @@ def test_lrn_runs_on_the_device_not_the_host():
     assert result.ok and result.rel_l2_error < 1e-5, result
 
 
+def test_a_batchnorm_left_after_a_concat_runs_on_the_device():
+    # DenseNet-121's pre-activation BNs follow Concats, so no conv absorbs them: its h200
+    # plan ran 62 of them on the host until BatchNormalization became a DSL operator.
+    bn = Workload("BatchNormalization", (TensorSpec((1, 288, 28, 28)),) + tuple(
+        TensorSpec((288,)) for _ in range(4)), (TensorSpec((1, 288, 28, 28)),),
+        (("epsilon", 1e-5),), (EpilogueStep("relu"),), const_inputs=(1, 2, 3, 4))
+    names = [c.implementation.name for c in offline_candidates(bn, H100)]
+    assert names and set(names) == {"dsl.cuda"}
+    config = preferred_configs(bn, H100)[0]
+    result = verify_generated(bn, build_for(bn, config, compile=False), seed=4)
+    assert result.ok and result.rel_l2_error < 1e-5, result
+
+
 def test_device_copy_and_host_step_compute_on_numpy_arrays():
     from wpk.kernels.cuda.predicted import DEVICE_COPY, HOST_STEP, host_config
 

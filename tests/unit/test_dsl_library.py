@@ -200,6 +200,22 @@ def test_lrn_matches_onnxruntime(rng, shape, size):
         close(y, run_onnx("LRN", [x], **attrs))
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 3, 4), (1, 3, 1, 1), (3, 4)])
+def test_batchnorm_matches_onnxruntime(rng, shape):
+    x = f32(rng, *shape)
+    c = shape[1]
+    scale, bias, mean = f32(rng, c), f32(rng, c), f32(rng, c)
+    var = np.abs(f32(rng, c)) + 0.1
+    flat = x.reshape(shape[0], c, -1)
+    y = evaluate(load_operator("batchnorm"), {"X": flat, "Scale": scale, "Bias": bias,
+                                               "Mean": mean, "Var": var},
+                 {"eps": 1e-3})["Y"].reshape(shape)
+    cs = (slice(None), slice(None)) + (None,) * (len(shape) - 2)
+    expected = (x - mean[cs[1:]]) / np.sqrt(var[cs[1:]] + 1e-3) * scale[cs[1:]] + bias[cs[1:]]
+    close(y, expected, 1e-12)
+    close(y, run_onnx("BatchNormalization", [x, scale, bias, mean, var], epsilon=1e-3))
+
+
 def gelu(x):
     return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
@@ -241,7 +257,7 @@ TESTED = {"conv2d", "conv2d_bias", "conv2d_bias_relu_add", "matmul", "batched_ma
           "global_avgpool2d", "global_maxpool2d", "softmax", "log_softmax", "layernorm",
           "copy", "add", "mul", "scale_shift_relu", "bias_relu6", "bias_leaky_relu", "clip",
           "sigmoid", "silu", "tanh", "gelu", "bias_gelu_add", "winograd_conv2d",
-          "winograd_conv2d_bias", "lrn"}
+          "winograd_conv2d_bias", "lrn", "batchnorm"}
 
 
 def test_every_library_operator_is_tested_here():

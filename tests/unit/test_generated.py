@@ -92,6 +92,11 @@ CASES = {
                                 (("alpha", 0.02), ("beta", 0.6), ("bias", 1.5), ("size", 4))),
     "lrn_rank3_window_over_channels": Workload(
         "LRN", (t(1, 3, 9),), (t(1, 3, 9),), (("size", 7),)),
+    "batchnorm_relu": Workload(
+        "BatchNormalization", (t(2, 6, 5, 3), t(6), t(6), t(6), t(6)), (t(2, 6, 5, 3),),
+        (("epsilon", 1e-3),), (E("relu"),), const_inputs=(1, 2, 3, 4)),
+    "batchnorm_2d": Workload("BatchNormalization", (t(4, 7), t(7), t(7), t(7), t(7)),
+                             (t(4, 7),), const_inputs=(1, 2, 3, 4)),
     "elementwise_channel_chain": Workload(
         "Elementwise", (t(1, 8, 5, 5), t(8, 1, 1), t(1, 8, 5, 5)), (t(1, 8, 5, 5),), (),
         (E("mul", operand=1), E("add", operand=2), E("sigmoid")), domain="wpk"),
@@ -210,7 +215,8 @@ def test_unmapped_workloads_say_why(name):
 
 
 @pytest.mark.parametrize("case", ["relu", "elementwise_channel_chain", "add_broadcast_row",
-                                  "softmax_last_axis", "layernorm", "lrn_even_window"])
+                                  "softmax_last_axis", "layernorm", "lrn_even_window",
+                                  "batchnorm_relu"])
 def test_an_untuned_build_measures_the_default_schedule_of_memory_bound_ops(case):
     workload = CASES[case]
     assert registry.get("dsl.cpu") is DSL_CPU
