@@ -127,3 +127,26 @@ def test_bench_ort_threads_times_both_sessions_in_swapping_blocks(scripts_on_pat
     assert result["default"]["runs"] == result["threads_set"]["runs"] == 2  # first untimed
     assert result["ratio_default_over_set"] > 0
     assert set(result["worker_affinity"]) == {"default", "threads set"}
+
+
+def test_the_gpu_plan_audit_counts_host_steps(scripts_on_path, tmp_path, capsys):
+    """An op with no device kernel (Sin) is a host step of an offline GPU plan; a plan
+    without one passes."""
+    from audit_gpu_plans import main
+    from onnx import TensorProto, helper, save
+
+    def model(ops, path):
+        nodes = [helper.make_node(op, [f"t{i}"], [f"t{i + 1}"]) for i, op in enumerate(ops)]
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [2, 64])],
+            [helper.make_tensor_value_info(f"t{len(ops)}", TensorProto.FLOAT, [2, 64])])
+        save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                               ir_version=8), str(path))
+        return str(path)
+
+    with_sin = model(["Relu", "Sin"], tmp_path / "sin.onnx")
+    clean = model(["Relu", "Sigmoid"], tmp_path / "clean.onnx")
+    assert main(["--gpu", "t4", with_sin]) == 1
+    assert "host steps: Sin x1" in capsys.readouterr().out
+    assert main(["--gpu", "t4", clean]) == 0
+    assert "host steps: none" in capsys.readouterr().out
