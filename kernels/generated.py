@@ -107,7 +107,10 @@ def _map(w: Workload) -> DslMapping | str:
     nchwc = w.domain == "wpk.nchwc" and w.op == "Conv"
     if w.domain not in ("", "ai.onnx") and not is_elementwise(w) and not nchwc:
         return f"domain {w.domain!r} {w.op} does not map to DSL operators"
-    specs = [s for s in w.inputs if s is not None] + list(w.outputs)
+    # the tensors computed on (static operands such as Slice's starts, Resize's empty roi
+    # are read by the mapping, not by the kernel)
+    specs = [s for i, s in enumerate(w.inputs) if s is not None and
+             w.static_value(i) is None] + list(w.outputs)
     if any(s.dtype != DTYPE for s in specs):
         return "generated kernels compute float32 only"
     if any(0 in s.shape for s in specs):

@@ -18,6 +18,8 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.dsl.compute import infer_bindings
 from wpk.dsl.parser import parse_source
+from wpk.kernels.cpu.resize import nearest_indices, resize_spec
+from wpk.kernels.cpu.tensor_formulas import reduce_axes, slice_index
 from wpk.kernels.cpu.window import window_geometry
 
 
@@ -236,8 +238,67 @@ def _map_batchnorm(w: Workload, lib, core: int):
             flat)
 
 
+_REDUCERS = {"ReduceMean": "sum", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
+
+
+def _map_reduce(w: Workload, lib, core: int):
+    x = tuple(w.inputs[0].shape)
+    axes = reduce_axes(w, [None] * len(w.inputs))
+    if not axes or list(axes) != list(range(axes[0], axes[-1] + 1)):
+        return "only a reduction over contiguous axes maps"
+    a, r, b = math.prod(x[:axes[0]]), math.prod(x[axes[0]:axes[-1] + 1]), \
+        math.prod(x[axes[-1] + 1:])
+    body = f"{_REDUCERS[w.op]}(r in R) {{ X[a, r, b] }}"
+    if w.op == "ReduceMean":
+        body = f"{body} / f32(R)"
+    (op,) = parse_source(f"op {w.op.lower()}(X: f32[A, R, B]) -> Y: f32[A, B] {{\n"
+                         f"    Y[a, b] = {body}\n}}\n", "<reduce>")
+    return op, {"X": (a, r, b)}, {}, {"X": 0}, tuple(w.outputs[0].shape), (a, b)
+
+
+def _indexed_copy(name: str, in_shape, out_shape, sources) -> object:
+    """A DSL operator copying X[sources[axis](i_axis)...] into Y (each source an index
+    expression of `i{axis}`)."""
+    dims_in = ", ".join(map(str, in_shape))
+    dims_out = ", ".join(map(str, out_shape))
+    index = ", ".join(f"i{k}" for k in range(len(out_shape)))
+    (op,) = parse_source(f"op {name}(X: f32[{dims_in}]) -> Y: f32[{dims_out}] {{\n"
+                         f"    Y[{index}] = X[{', '.join(sources)}]\n}}\n", f"<{name}>")
+    return op
+
+
+def _map_slice(w: Workload, lib, core: int):
+    x, out = tuple(w.inputs[0].shape), tuple(w.outputs[0].shape)
+    statics = [None] + [w.static_value(i) for i in range(1, len(w.inputs))]
+    if w.opset >= 10 and (statics[1] is None or statics[2] is None):
+        return "a Slice with computed starts or ends does not map"
+    index = slice_index(w, statics, x)
+    sources = []
+    for k, (part, dim) in enumerate(zip(index, x)):
+        start, _, step = part.indices(dim)
+        sources.append(f"{start} + i{k} * {step}" if step != 1 or start else f"i{k}")
+    return _indexed_copy("slice", x, out, sources), {"X": x}, {}, {"X": 0}, out, out
+
+
+def _map_resize(w: Workload, lib, core: int):
+    x, out = tuple(w.inputs[0].shape), tuple(w.outputs[0].shape)
+    if w.opset < 11:
+        return "Resize before opset 11 does not map"
+    spec = resize_spec(w, [None] + [w.static_value(i) for i in range(1, len(w.inputs))])
+    if spec.mode != "nearest" or spec.coordinates == "tf_crop_and_resize":
+        return "only a nearest Resize maps"
+    sources = []
+    for k, (size, length) in enumerate(zip(out, x)):
+        if not (nearest_indices(spec, k) == np.arange(size) * length // size).all():
+            return "only a nearest Resize whose source index is i * in // out maps"
+        sources.append(f"i{k}" if size == length else f"i{k} * {length} / {size}")
+    return (_indexed_copy("resize_nearest", x, out, sources), {"X": x}, {}, {"X": 0}, out,
+            out)
+
+
 MAPPERS = {"Conv": _map_conv, "MatMul": _map_matmul, "Gemm": _map_gemm,
            "MaxPool": _map_pool, "AveragePool": _map_pool, "GlobalAveragePool": _map_pool,
            "GlobalMaxPool": _map_pool, "Softmax": _map_softmax, "LogSoftmax": _map_softmax,
            "LayerNormalization": _map_layernorm, "LRN": _map_lrn,
-           "BatchNormalization": _map_batchnorm}
+           "BatchNormalization": _map_batchnorm, "Slice": _map_slice, "Resize": _map_resize,
+           **{op: _map_reduce for op in _REDUCERS}}

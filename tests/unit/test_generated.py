@@ -97,6 +97,32 @@ CASES = {
         (("epsilon", 1e-3),), (E("relu"),), const_inputs=(1, 2, 3, 4)),
     "batchnorm_2d": Workload("BatchNormalization", (t(4, 7), t(7), t(7), t(7), t(7)),
                              (t(4, 7),), const_inputs=(1, 2, 3, 4)),
+    "reduce_mean_spatial": Workload("ReduceMean", (t(1, 8, 5, 6),), (t(1, 8, 1, 1),),
+                                    (("axes", (2, 3)),)),
+    "reduce_max_middle_keepdims0": Workload("ReduceMax", (t(2, 3, 7),), (t(2, 7),),
+                                            (("axes", (1,)), ("keepdims", 0))),
+    "reduce_sum_axes_input": Workload(
+        "ReduceSum", (t(2, 3, 7), t(1, dtype="int64")), (t(2, 3, 1),), const_inputs=(1,),
+        static_inputs=((1, np.array([-1])),), opset=13),
+    "slice_steps_negative": Workload(
+        "Slice", (t(1, 8, 6, 5),) + (t(2, dtype="int64"),) * 4, (t(1, 4, 3, 5),),
+        const_inputs=(1, 2, 3, 4), opset=13, static_inputs=(
+            (1, np.array([1, 5])), (2, np.array([8, -100])), (3, np.array([1, 2])),
+            (4, np.array([2, -2])))),
+    "resize_nearest_2x_half_pixel": Workload(
+        "Resize", (t(1, 4, 3, 5), None, t(4)), (t(1, 4, 6, 10),), (("mode", b"nearest"),),
+        const_inputs=(2,), static_inputs=((2, np.array([1, 1, 2, 2], np.float32)),), opset=13),
+    "resize_nearest_sizes_empty_roi": Workload(   # as tf2onnx writes an upsample
+        "Resize", (t(1, 4, 3, 5), t(0), t(0), t(4, dtype="int64")), (t(1, 4, 6, 10),),
+        (("coordinate_transformation_mode", b"asymmetric"), ("mode", b"nearest"),
+         ("nearest_mode", b"floor")), const_inputs=(1, 2, 3), opset=13, static_inputs=(
+            (1, np.zeros(0, np.float32)), (2, np.zeros(0, np.float32)),
+            (3, np.array([1, 4, 6, 10])))),
+    "resize_nearest_half_asymmetric": Workload(
+        "Resize", (t(1, 4, 6, 10), None, t(4)), (t(1, 4, 3, 5),),
+        (("coordinate_transformation_mode", b"asymmetric"), ("mode", b"nearest")),
+        const_inputs=(2,), static_inputs=((2, np.array([1, 1, 0.5, 0.5], np.float32)),),
+        opset=13),
     "elementwise_channel_chain": Workload(
         "Elementwise", (t(1, 8, 5, 5), t(8, 1, 1), t(1, 8, 5, 5)), (t(1, 8, 5, 5),), (),
         (E("mul", operand=1), E("add", operand=2), E("sigmoid")), domain="wpk"),
@@ -204,6 +230,14 @@ UNSUPPORTED = {
                            "last"),
     "unknown op": (Workload("TopK", (t(4),), (t(2),)), "no DSL operator"),
     "LRN of rank 2": (Workload("LRN", (t(4, 6),), (t(4, 6),), (("size", 3),)), "rank 3"),
+    "reduce over axes 1 and 3": (Workload("ReduceMean", (t(2, 3, 4, 5),), (t(2, 1, 4, 1),),
+                                          (("axes", (1, 3)),)), "contiguous"),
+    "linear resize": (Workload("Resize", (t(1, 4, 3, 5), None, t(4)), (t(1, 4, 6, 10),),
+                               (("mode", b"linear"),), const_inputs=(2,), opset=13,
+                               static_inputs=((2, np.array([1, 1, 2, 2], np.float32)),)),
+                      "nearest"),
+    "computed slice": (Workload("Slice", (t(4, 6),) + (t(1, dtype="int64"),) * 2, (t(2, 6),),
+                                opset=13), "float32 only"),   # computed integer starts
 }
 
 
