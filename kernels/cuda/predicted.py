@@ -31,6 +31,7 @@ import numpy as np
 from wpk.core.errors import DeviceError
 from wpk.core.workload import Workload
 from wpk.kernels import registry
+from wpk.kernels.cpu.tensor_formulas import split_bounds
 from wpk.kernels.registry import (
     FALLBACK,
     LIBRARY,
@@ -42,7 +43,7 @@ from wpk.kernels.registry import (
 
 PLACEHOLDER_TARGET = "cuda.predicted"
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
-COPY_OPS = VIEW_OPS | {"Concat", "Transpose"}
+COPY_OPS = VIEW_OPS | {"Concat", "Transpose", "Split", "Gather"}
 
 
 def vendor_library(workload: Workload) -> str | None:
@@ -104,10 +105,15 @@ class DeviceCopy(Implementation):
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.op not in COPY_OPS or workload.domain not in ("", "ai.onnx"):
             return f"{workload.op} is not a data movement op"
-        if len(workload.outputs) != 1:
+        if len(workload.outputs) != 1 and workload.op != "Split":
             return f"{workload.op} with several outputs"
         if workload.epilogue:
             return "data movement with an epilogue"
+        if workload.op == "Gather" and workload.static_value(1) is None:
+            return "a Gather of computed indices (only static ones are a device copy)"
+        if any(s is not None and s.dtype != workload.outputs[0].dtype
+               for s in workload.inputs[:1]):
+            return "a copy that changes the dtype"
         return None
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
@@ -115,15 +121,33 @@ class DeviceCopy(Implementation):
         op = workload.op
         axis = int(workload.attr("axis", 0))
         perm = workload.attr("perm")
+        if op == "Split":
+            axis, bounds = split_bounds(workload)
+            pieces = [(slice(None),) * axis + (slice(lo, hi),) for lo, hi in bounds]
+        if op == "Gather":
+            axis %= len(workload.inputs[0].shape)
+            indices = np.asarray(workload.static_value(1))
+            indices = np.where(indices < 0, indices + workload.inputs[0].shape[axis], indices)
 
         module = []  # the arrays' module (cupy or numpy), found on the first run
+        device_indices = []  # Gather's indices on the device, uploaded on the first run
 
         def kernel(inputs: Sequence, outputs: Sequence) -> None:
             if not module:
                 module.append(array_module([*inputs, *outputs]))
             xp = module[0]
             out = outputs[0]
-            if op == "Concat":
+            if op == "Split":   # views of the input: one copy kernel per piece
+                x = xp.asarray(inputs[0])
+                for piece, target in zip(pieces, outputs):
+                    target[...] = x[piece]
+            elif op == "Gather":   # into the output, no temporary
+                if not device_indices:
+                    device_indices.append(xp.asarray(indices.ravel()))
+                x = xp.asarray(inputs[0])
+                flat = out.reshape(x.shape[:axis] + (indices.size,) + x.shape[axis + 1:])
+                xp.take(x, device_indices[0], axis=axis, out=flat)
+            elif op == "Concat":
                 parts = [xp.asarray(a) for a in inputs if a is not None]
                 xp.concatenate(parts, axis=axis % out.ndim, out=out)  # no temporary
             elif op == "Transpose":

@@ -161,6 +161,39 @@ def test_parallel_measurement_picks_a_verified_winner():
     assert result.wall_s > 0 and result.estimated_sequential_s > 0
 
 
+def test_device_copy_splits_and_gathers_inside_a_cuda_graph(cupy):
+    """Split and a static Gather as `cuda.copy` steps: views and take(out=), nothing
+    allocated after the first run, so a CUDA graph captures them."""
+    from wpk.kernels.cuda.predicted import DEVICE_COPY
+
+    x_host = np.random.default_rng(3).standard_normal((1, 6, 4, 5)).astype(np.float32)
+    index = np.array([3, -1, 0])
+    split = Workload("Split", (TensorSpec((1, 6, 4, 5)),),
+                     (TensorSpec((1, 2, 4, 5)), TensorSpec((1, 4, 4, 5))), (("axis", 1),))
+    gather = Workload("Gather", (TensorSpec((1, 6, 4, 5)), TensorSpec((3,), "int64")),
+                      (TensorSpec((1, 3, 4, 5)),), (("axis", 1),), const_inputs=(1,),
+                      static_inputs=((1, index),))
+    x = cupy.asarray(x_host)
+    outs = [cupy.full(o.shape, np.nan, np.float32) for o in (*split.outputs, *gather.outputs)]
+    split_kernel = DEVICE_COPY.prepare(split, {}, {})
+    gather_kernel = DEVICE_COPY.prepare(gather, {1: index}, {})
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        split_kernel([x], outs[:2])          # first run: uploads Gather's indices
+        gather_kernel([x, None], outs[2:])
+        for out in outs:
+            out.fill(np.nan)
+        stream.begin_capture()
+        split_kernel([x], outs[:2])
+        gather_kernel([x, None], outs[2:])
+        graph = stream.end_capture()
+        graph.launch(stream)
+    stream.synchronize()
+    expected = [x_host[:, :2], x_host[:, 2:], np.take(x_host, index, axis=1)]
+    for out, want in zip(outs, expected):
+        np.testing.assert_array_equal(cupy.asnumpy(out), want)
+
+
 # ----------------------------------------------------------------------------- sessions
 
 

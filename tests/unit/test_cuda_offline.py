@@ -265,6 +265,51 @@ def test_a_batchnorm_left_after_a_concat_runs_on_the_device():
     assert result.ok and result.rel_l2_error < 1e-5, result
 
 
+@pytest.mark.parametrize("workload", [
+    Workload("ReduceMean", (TensorSpec((1, 64, 7, 7)),), (TensorSpec((1, 64, 1, 1)),),
+             (("axes", (2, 3)),)),
+    Workload("Slice", (TensorSpec((1, 64, 20, 20)),) + (TensorSpec((1,), "int64"),) * 3,
+             (TensorSpec((1, 32, 20, 20)),), const_inputs=(1, 2, 3), opset=13,
+             static_inputs=((1, np.array([32])), (2, np.array([64])), (3, np.array([1])))),
+    Workload("Resize", (TensorSpec((1, 32, 10, 10)), None, TensorSpec((4,))),
+             (TensorSpec((1, 32, 20, 20)),), (("mode", b"nearest"),), const_inputs=(2,),
+             static_inputs=((2, np.array([1, 1, 2, 2], np.float32)),), opset=13),
+], ids=["ReduceMean", "Slice", "Resize"])
+def test_the_exporters_reductions_and_copies_run_on_the_device(workload):
+    # an offline audit of the corpus's h200 plans found these on the host
+    names = {c.implementation.name for c in offline_candidates(workload, H100)}
+    assert "dsl.cuda" in names and "cuda.host" not in names, names
+    config = preferred_configs(workload, H100)[0]
+    result = verify_generated(workload, build_for(workload, config, compile=False), seed=5)
+    assert result.ok and result.rel_l2_error < 1e-5, result
+
+
+def test_device_copy_splits_and_gathers_into_its_outputs():
+    # the YOLOs' and transformers' Splits and the ViTs' class-token Gather: host steps
+    # of the corpus's h200 plans before
+    from wpk.kernels.cuda.predicted import DEVICE_COPY
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 6, 4, 5)).astype(np.float32)
+    split = Workload("Split", (TensorSpec((1, 6, 4, 5)),),
+                     (TensorSpec((1, 2, 4, 5)), TensorSpec((1, 4, 4, 5))), (("axis", 1),))
+    outs = [np.full(o.shape, np.nan, np.float32) for o in split.outputs]
+    DEVICE_COPY.prepare(split, {}, {})([x], outs)
+    np.testing.assert_array_equal(outs[0], x[:, :2])
+    np.testing.assert_array_equal(outs[1], x[:, 2:])
+    for index in (np.array(0), np.array([3, -1, 0])):
+        gather = Workload("Gather", (TensorSpec((1, 6, 4, 5)), TensorSpec(index.shape, "int64")),
+                          (TensorSpec((1,) + index.shape + (4, 5)),), (("axis", 1),),
+                          const_inputs=(1,), static_inputs=((1, index),))
+        assert DEVICE_COPY.unsupported_reason(gather) is None
+        out = np.full(gather.outputs[0].shape, np.nan, np.float32)
+        DEVICE_COPY.prepare(gather, {1: index}, {})([x, index], [out])
+        np.testing.assert_array_equal(out, np.take(x, index, axis=1))
+    computed = Workload("Gather", (TensorSpec((6, 5)), TensorSpec((2,), "int64")),
+                        (TensorSpec((2, 5)),))
+    assert "computed indices" in DEVICE_COPY.unsupported_reason(computed)
+
+
 def test_device_copy_and_host_step_compute_on_numpy_arrays():
     from wpk.kernels.cuda.predicted import DEVICE_COPY, HOST_STEP, host_config
 
