@@ -20,7 +20,7 @@ from wpk.dsl.compute import infer_bindings
 from wpk.dsl.parser import parse_source
 from wpk.kernels.cpu.resize import nearest_indices, resize_spec
 from wpk.kernels.cpu.tensor_formulas import reduce_axes, slice_index
-from wpk.kernels.cpu.window import window_geometry
+from wpk.kernels.cpu.window import conv_transpose_begin_pads, window_geometry
 
 
 def _stub(shape: Sequence[int]) -> np.ndarray:
@@ -238,6 +238,37 @@ def _map_batchnorm(w: Workload, lib, core: int):
             flat)
 
 
+def _map_conv_transpose(w: Workload, lib, core: int):
+    """2-D ConvTranspose in gather form: output (oh, ow) sums the filter taps (r, s) whose
+    source oh + pad_t - r * dil_h (likewise w) is a whole multiple of the stride inside the
+    input."""
+    x, wt = w.inputs[0].shape, w.inputs[1].shape if w.inputs[1] is not None else None
+    if len(x) != 4 or wt is None or len(wt) != 4:
+        return "only 2-D ConvTranspose (NCHW) maps to a DSL operator"
+    groups = int(w.attr("group", 1))
+    (sh, sw) = tuple(w.attr("strides") or (1, 1))
+    (dh, dw) = tuple(w.attr("dilations") or (1, 1))
+    pt, pl = conv_transpose_begin_pads(w)
+    cg, kg = x[1] // groups, wt[1]
+    out = tuple(w.outputs[0].shape)
+    oh, ow = f"oh + {pt} - r * {dh}", f"ow + {pl} - s * {dw}"
+    channel = f"(k / {kg}) * {cg} + c"
+    body = (f"sum(c in {cg}, r in {wt[2]}, s in {wt[3]}) {{\n"
+            f"        select(({oh}) % {sh} == 0 and ({ow}) % {sw} == 0,\n"
+            f"               X[n, {channel}, ({oh}) / {sh}, ({ow}) / {sw}] ?: 0, 0.0)\n"
+            f"        * Wt[{channel}, k % {kg}, r, s]\n    }}")
+    params = [f"X: f32[{', '.join(map(str, x))}]", f"Wt: f32[{', '.join(map(str, wt))}]"]
+    shapes, feeds = {"X": x, "Wt": wt}, {"X": 0, "Wt": 1}
+    if core > 2 and w.inputs[2] is not None:
+        params.append(f"B: f32[{out[1]}]")
+        body += " + B[k]"
+        shapes["B"], feeds["B"] = (out[1],), 2
+    (op,) = parse_source(f"op conv_transpose2d({', '.join(params)}) -> "
+                         f"Y: f32[{', '.join(map(str, out))}] {{\n"
+                         f"    Y[n, k, oh, ow] = {body}\n}}\n", "<conv_transpose>")
+    return op, shapes, {}, feeds, out, out
+
+
 _REDUCERS = {"ReduceMean": "sum", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
 
 
@@ -301,4 +332,5 @@ MAPPERS = {"Conv": _map_conv, "MatMul": _map_matmul, "Gemm": _map_gemm,
            "GlobalMaxPool": _map_pool, "Softmax": _map_softmax, "LogSoftmax": _map_softmax,
            "LayerNormalization": _map_layernorm, "LRN": _map_lrn,
            "BatchNormalization": _map_batchnorm, "Slice": _map_slice, "Resize": _map_resize,
+           "ConvTranspose": _map_conv_transpose,
            **{op: _map_reduce for op in _REDUCERS}}

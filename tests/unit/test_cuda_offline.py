@@ -274,9 +274,13 @@ def test_a_batchnorm_left_after_a_concat_runs_on_the_device():
     Workload("Resize", (TensorSpec((1, 32, 10, 10)), None, TensorSpec((4,))),
              (TensorSpec((1, 32, 20, 20)),), (("mode", b"nearest"),), const_inputs=(2,),
              static_inputs=((2, np.array([1, 1, 2, 2], np.float32)),), opset=13),
-], ids=["ReduceMean", "Slice", "Resize"])
+    Workload("ConvTranspose", (TensorSpec((1, 32, 20, 20)), TensorSpec((32, 16, 2, 2)),
+                               TensorSpec((16,))), (TensorSpec((1, 16, 40, 40)),),
+             (("strides", (2, 2)),), const_inputs=(1, 2)),
+], ids=["ReduceMean", "Slice", "Resize", "ConvTranspose"])
 def test_the_exporters_reductions_and_copies_run_on_the_device(workload):
     # an offline audit of the corpus's h200 plans found these on the host
+    # (ConvTranspose: the DB text detectors' upsampling head)
     names = {c.implementation.name for c in offline_candidates(workload, H100)}
     assert "dsl.cuda" in names and "cuda.host" not in names, names
     config = preferred_configs(workload, H100)[0]

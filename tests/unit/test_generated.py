@@ -123,6 +123,19 @@ CASES = {
         (("coordinate_transformation_mode", b"asymmetric"), ("mode", b"nearest")),
         const_inputs=(2,), static_inputs=((2, np.array([1, 1, 0.5, 0.5], np.float32)),),
         opset=13),
+    "conv_transpose_k2s2_bias": Workload(
+        "ConvTranspose", (t(1, 6, 5, 4), t(6, 3, 2, 2), t(3)), (t(1, 3, 10, 8),),
+        (("pads", (0, 0, 0, 0)), ("strides", (2, 2))), const_inputs=(1, 2)),
+    "conv_transpose_output_padding": Workload(
+        "ConvTranspose", (t(2, 4, 5, 5), t(4, 5, 3, 3), t(5)), (t(2, 5, 10, 10),),
+        (("output_padding", (1, 1)), ("pads", (1, 1, 1, 1)), ("strides", (2, 2))),
+        const_inputs=(1, 2)),
+    "conv_transpose_grouped_dilated": Workload(
+        "ConvTranspose", (t(1, 6, 4, 5), t(6, 2, 3, 2)), (t(1, 6, 8, 6),),
+        (("dilations", (2, 1)), ("group", 3), ("pads", (0, 0, 0, 0))), const_inputs=(1,)),
+    "conv_transpose_same_upper": Workload(
+        "ConvTranspose", (t(1, 4, 5, 6), t(4, 3, 3, 3)), (t(1, 3, 10, 12),),
+        (("auto_pad", b"SAME_UPPER"), ("strides", (2, 2))), const_inputs=(1,)),
     "elementwise_channel_chain": Workload(
         "Elementwise", (t(1, 8, 5, 5), t(8, 1, 1), t(1, 8, 5, 5)), (t(1, 8, 5, 5),), (),
         (E("mul", operand=1), E("add", operand=2), E("sigmoid")), domain="wpk"),
