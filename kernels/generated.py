@@ -19,6 +19,9 @@ What maps (float32 only):
   Softmax of opset < 13 over any axis (its 2-D coercion);
 - LRN of rank 3 or more (spatial dims flattened) -> `lrn`;
 - BatchNormalization in inference form (spatial dims flattened) -> `batchnorm`;
+- ReduceMean/Sum/Max/Min over contiguous axes, static Slice, nearest Resize whose
+  source index is i * in // out, 2-D ConvTranspose (gather form) -> operators
+  written for the workload (`wpk.kernels.generated_ops`);
 - `Elementwise` chains and plain unary/binary ONNX elementwise ops, their
   dims coalesced where every operand broadcasts alike;
 - blocked `wpk.nchwc` Convs (regular, first-layer NCHW input, depthwise) ->

@@ -161,6 +161,38 @@ def test_parallel_measurement_picks_a_verified_winner():
     assert result.wall_s > 0 and result.estimated_sequential_s > 0
 
 
+# Operators written for the workload (wpk.kernels.generated_ops), not in the DSL library:
+# the corpus's reductions, slices, upsamples and transposed convs, host steps before.
+WRITTEN_FOR_THE_WORKLOAD = {
+    "reduce_mean": Workload("ReduceMean", (TensorSpec((1, 64, 7, 7)),),
+                            (TensorSpec((1, 64, 1, 1)),), (("axes", (2, 3)),)),
+    "slice_steps": Workload(
+        "Slice", (TensorSpec((1, 8, 6, 5)),) + (TensorSpec((2,), "int64"),) * 4,
+        (TensorSpec((1, 4, 3, 5)),), const_inputs=(1, 2, 3, 4), opset=13, static_inputs=(
+            (1, np.array([1, 5])), (2, np.array([8, -100])), (3, np.array([1, 2])),
+            (4, np.array([2, -2])))),
+    "resize_nearest": Workload(
+        "Resize", (TensorSpec((1, 32, 10, 10)), None, TensorSpec((4,))),
+        (TensorSpec((1, 32, 20, 20)),), (("mode", b"nearest"),), const_inputs=(2,),
+        static_inputs=((2, np.array([1, 1, 2, 2], np.float32)),), opset=13),
+    "conv_transpose": Workload(
+        "ConvTranspose", (TensorSpec((1, 32, 20, 20)), TensorSpec((32, 16, 2, 2)),
+                          TensorSpec((16,))), (TensorSpec((1, 16, 40, 40)),),
+        (("strides", (2, 2)),), const_inputs=(1, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITTEN_FOR_THE_WORKLOAD))
+def test_operators_written_for_the_workload_match_the_reference(present_gpu, name):
+    from wpk.kernels.cuda.generated import DSL_CUDA, preferred_configs
+
+    workload = WRITTEN_FOR_THE_WORKLOAD[name]
+    for config in preferred_configs(workload, present_gpu, 2):
+        m = measure_cuda.measure_candidate(workload, Candidate(DSL_CUDA, config),
+                                           rng=np.random.default_rng(2), repeats=3)
+        assert m.ok, f"{name} {config}: {m.status.value} {m.message}"
+
+
 def test_device_copy_splits_and_gathers_inside_a_cuda_graph(cupy):
     """Split and a static Gather as `cuda.copy` steps: views and take(out=), nothing
     allocated after the first run, so a CUDA graph captures them."""
