@@ -75,9 +75,8 @@ def unsupported_reason(workload: Workload) -> str | None:
         if i < len(workload.inputs) and workload.inputs[i] is not None and i not in static:
             return f"{op} input {i} must be a static input"
     if op == "Pad":
-        mode = workload.attr("mode", "constant")
-        if (mode.decode() if isinstance(mode, bytes) else mode) not in ("constant", "reflect",
-                                                                         "edge"):
+        mode = workload.text_attr("mode", "constant")
+        if mode not in ("constant", "reflect", "edge"):
             return f"Pad mode {mode!r} is not implemented"
     if op == "Dropout" and (workload.attr("is_test", 1) == 0 or _truthy(workload, 2)):
         return "Dropout in training mode is not implemented"
@@ -124,10 +123,6 @@ def _nchwc_reason(workload: Workload) -> str | None:
     return unsupported_reason(logical)
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _resize_reason(workload: Workload) -> str | None:
     """Resize from opset 11 on, every mode and coordinate transformation of the spec
     (`wpk.kernels.cpu.resize`)."""
@@ -137,7 +132,7 @@ def _resize_reason(workload: Workload) -> str | None:
                                    ("coordinate_transformation_mode", "half_pixel",
                                     COORDINATE_MODES),
                                    ("keep_aspect_ratio_policy", "stretch", ASPECT_POLICIES)):
-        value = _text(workload.attr(name, default))
+        value = workload.text_attr(name, default)
         if value not in allowed:
             return f"Resize {name} {value!r} is not in the spec"
     return None

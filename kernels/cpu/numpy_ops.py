@@ -285,7 +285,7 @@ class NumpyFormula(NumpyImplementation):
                        - set(NumpyCopy.ops) | {"Resize"}))
 
     def extra_reason(self, workload: Workload) -> str | None:
-        if workload.op == "Resize" and NumpyCopy().extra_reason(workload) is None:
+        if workload.op == "Resize" and is_index_copy(_resize_spec(workload)):
             return "a nearest Resize is an index copy (numpy.copy)"
         if workload.op in ("LayerNormalization", "BatchNormalization") or (
                 workload.op == "Softmax" and workload.opset >= 13) or (

@@ -29,6 +29,7 @@ weights (output positions x input positions) applied along that axis
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,12 +43,6 @@ COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
                     "align_corners", "asymmetric", "tf_half_pixel_for_nn",
                     "tf_crop_and_resize")
 ASPECT_POLICIES = ("stretch", "not_larger", "not_smaller")
-
-
-def text_attr(workload: Workload, name: str, default: str) -> str:
-    """A string attribute (ONNX stores them as bytes)."""
-    value = workload.attr(name, default)
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)
@@ -99,7 +94,7 @@ def resize_spec(workload: Workload, inputs: Sequence[np.ndarray | None]) -> Resi
             per_axis[axis] = float(scale)
     elif sizes is not None:
         ratios = [float(size) / in_shape[axis] for axis, size in zip(axes, sizes)]
-        policy = text_attr(workload, "keep_aspect_ratio_policy", "stretch")
+        policy = workload.text_attr("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
             common = min(ratios) if policy == "not_larger" else max(ratios)
             ratios = [common] * len(ratios)
@@ -111,9 +106,9 @@ def resize_spec(workload: Workload, inputs: Sequence[np.ndarray | None]) -> Resi
             boxes[axis] = (float(roi[k]), float(roi[k + len(axes)]))
     return ResizeSpec(
         in_shape, out_shape, tuple(per_axis), tuple(boxes),
-        mode=text_attr(workload, "mode", "nearest"),
-        coordinates=text_attr(workload, "coordinate_transformation_mode", "half_pixel"),
-        nearest_mode=text_attr(workload, "nearest_mode", "round_prefer_floor"),
+        mode=workload.text_attr("mode", "nearest"),
+        coordinates=workload.text_attr("coordinate_transformation_mode", "half_pixel"),
+        nearest_mode=workload.text_attr("nearest_mode", "round_prefer_floor"),
         cubic_coeff_a=float(workload.attr("cubic_coeff_a", -0.75)),
         exclude_outside=bool(workload.attr("exclude_outside", 0)),
         extrapolation_value=float(workload.attr("extrapolation_value", 0.0)),
@@ -164,13 +159,20 @@ def _round(x: np.ndarray, rounding: str) -> np.ndarray:
     return np.ceil(x - 0.5)   # round_prefer_floor
 
 
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False   # cached and shared: no caller may change it
+    return array
+
+
+@functools.lru_cache(maxsize=256)
 def nearest_indices(spec: ResizeSpec, axis: int) -> np.ndarray:
     """The source index of every output position along `axis` in nearest mode (clipped
     to the input; tf_crop_and_resize's outside positions are masked separately). The
     coordinates are computed in float32, the scales' type, as onnxruntime does: at an exact
-    rounding boundary (scale 0.6, half_pixel, floor) float64 picks the other element."""
+    rounding boundary (scale 0.6, half_pixel, floor) float64 picks the other element.
+    Cached per spec: a kernel computes it once, not on every run."""
     x = _round(source_coordinates(spec, axis, np.float32), spec.nearest_mode)
-    return np.clip(x, 0, spec.in_shape[axis] - 1).astype(np.intp)
+    return _frozen(np.clip(x, 0, spec.in_shape[axis] - 1).astype(np.intp))
 
 
 def nearest_source(size_in: int, size_out: int, scale: float, mode: str, rounding: str
@@ -207,15 +209,14 @@ def _kernel(spec: ResizeSpec, axis: int):
     return offsets, lambda d: _cubic(d * stretch, spec.cubic_coeff_a)
 
 
+@functools.lru_cache(maxsize=256)
 def axis_weights(spec: ResizeSpec, axis: int) -> np.ndarray:
-    """The (output length x input length) float64 interpolation matrix of `axis`."""
+    """The (output length x input length) float64 interpolation matrix of `axis` (linear
+    or cubic), cached per spec: a kernel builds it once, not on every run."""
     length, size = spec.in_shape[axis], spec.out_shape[axis]
     x = source_coordinates(spec, axis)
     matrix = np.zeros((size, length), dtype=np.float64)
     rows = np.arange(size)
-    if spec.mode == "nearest":
-        matrix[rows, nearest_indices(spec, axis)] = 1.0
-        return matrix
     offsets, weight = _kernel(spec, axis)
     base = np.floor(x)
     taps = base[:, None] + offsets[None, :]             # (size, taps) input positions
@@ -226,16 +227,20 @@ def axis_weights(spec: ResizeSpec, axis: int) -> np.ndarray:
     weights = weights / np.where(total == 0, 1.0, total)
     index = np.clip(taps, 0, length - 1).astype(np.intp)   # edge taps repeat the edge
     np.add.at(matrix, (np.broadcast_to(rows[:, None], index.shape), index), weights)
-    return matrix
+    return _frozen(matrix)
 
 
-def outside_mask(spec: ResizeSpec, axis: int) -> np.ndarray | None:
-    """tf_crop_and_resize: the output positions along `axis` whose source lies outside the
-    input (they take extrapolation_value); None for the other modes."""
-    if spec.coordinates != "tf_crop_and_resize":
-        return None
-    x = source_coordinates(spec, axis)
-    return (x < 0) | (x > spec.in_shape[axis] - 1)
+@functools.lru_cache(maxsize=64)
+def _outside(spec: ResizeSpec) -> np.ndarray | None:
+    """tf_crop_and_resize: the output positions whose source lies outside the input on
+    some axis (they take extrapolation_value), broadcastable to the output; None if none."""
+    outside = None
+    for axis, length in enumerate(spec.in_shape):
+        x = source_coordinates(spec, axis)
+        mask = ((x < 0) | (x > length - 1)).reshape(
+            [-1 if a == axis else 1 for a in range(len(spec.in_shape))])
+        outside = mask if outside is None else outside | mask
+    return None if outside is None or not outside.any() else _frozen(outside)
 
 
 def _along(x: np.ndarray, matrix: np.ndarray, axis: int) -> np.ndarray:
@@ -251,13 +256,7 @@ def resize(spec: ResizeSpec, x: np.ndarray) -> np.ndarray:
             y = np.take(y, nearest_indices(spec, axis), axis=axis)
         else:
             y = _along(y, axis_weights(spec, axis), axis)
-    outside = np.zeros(spec.out_shape, dtype=bool)
-    for axis in range(len(spec.in_shape)):
-        mask = outside_mask(spec, axis)
-        if mask is not None and mask.any():
-            shape = [1] * len(spec.out_shape)
-            shape[axis] = -1
-            outside = outside | mask.reshape(shape)
-    if outside.any():
+    outside = _outside(spec) if spec.coordinates == "tf_crop_and_resize" else None
+    if outside is not None:
         y = np.where(outside, np.asarray(spec.extrapolation_value, y.dtype), y)
     return np.ascontiguousarray(y)

@@ -122,8 +122,7 @@ def _slice(workload, inputs):
 
 def _pad(workload, inputs):
     x = inputs[0]
-    mode = workload.attr("mode", "constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = workload.text_attr("mode", "constant")
     if workload.opset < 11:
         pads, value, axes = list(workload.attr("pads")), workload.attr("value", 0.0), None
     else:

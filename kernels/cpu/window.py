@@ -109,8 +109,7 @@ def conv_transpose_begin_pads(workload: Workload) -> tuple[int, ...]:
     rounded down, at the begin for SAME_UPPER, the rest for the others."""
     x, w = workload.inputs[0].shape, workload.inputs[1].shape
     rank = len(x) - 2
-    auto_pad = workload.attr("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    auto_pad = workload.text_attr("auto_pad", "NOTSET")
     if workload.attr("output_shape") is None and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
         return tuple(workload.attr("pads") or (0,) * (2 * rank))[:rank]
     strides = tuple(workload.attr("strides") or (1,) * rank)

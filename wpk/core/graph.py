@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from wpk.core.workload import EpilogueStep, TensorSpec
+from wpk.core.workload import EpilogueStep, TensorSpec, as_text
 
 
 @dataclass
@@ -46,6 +46,11 @@ class Node:
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
+
+    def text_attr(self, name: str, default: str) -> str:
+        """A string attribute as text (ONNX stores strings as bytes)."""
+        value = self.attrs.get(name)
+        return as_text(default if value is None else value)
 
 
 @dataclass

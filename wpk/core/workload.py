@@ -34,6 +34,11 @@ UNARY_EPILOGUE_OPS = frozenset(name for name, row in EPILOGUE_TABLE.items() if r
 BINARY_EPILOGUE_OPS = frozenset(name for name, row in EPILOGUE_TABLE.items() if row.arity == 2)
 
 
+
+def as_text(value: Any) -> str:
+    """An ONNX string attribute's value as text (ONNX stores strings as bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
 @dataclass(frozen=True)
 class EpilogueStep:
     """One elementwise step applied to an operator's output, in order."""
@@ -136,6 +141,10 @@ class Workload:
             if key == name:
                 return value
         return default
+
+    def text_attr(self, name: str, default: str) -> str:
+        """A string attribute as text (ONNX stores strings as bytes)."""
+        return as_text(self.attr(name, default))
 
     def static_value(self, index: int) -> Any:
         """The fixed value of static input `index`, or None."""

@@ -38,11 +38,6 @@ class UpsampleForm:
     transform: str   # asymmetric (nearest) | asymmetric, half_pixel, align_corners (linear)
 
 
-def _text(value, default: str) -> str:
-    value = default if value is None else value
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _const(graph: Graph, node: Node, index: int) -> np.ndarray | None:
     """The constant input `index` of the node; an empty array when absent."""
     if index >= len(node.inputs) or not node.inputs[index]:
@@ -74,18 +69,18 @@ def upsample_form(graph: Graph, node: Node) -> UpsampleForm | None:
     if graph.tensors[node.inputs[0]].dtype != "float32":
         return None
     if node.attr("axes") is not None or int(node.attr("antialias", 0)) \
-            or _text(node.attr("keep_aspect_ratio_policy"), "stretch") != "stretch":
+            or node.text_attr("keep_aspect_ratio_policy", "stretch") != "stretch":
         return None
     factors = _factors(graph, node)
     if factors is None:
         return None
-    mode = _text(node.attr("mode"), "nearest")
-    transform = _text(node.attr("coordinate_transformation_mode"), "half_pixel")
+    mode = node.text_attr("mode", "nearest")
+    transform = node.text_attr("coordinate_transformation_mode", "half_pixel")
     if mode == "linear" and transform in _LINEAR_TRANSFORMS:
         return UpsampleForm(factors, "linear", _LINEAR_TRANSFORMS[transform])
     if mode != "nearest" or transform not in _NEAREST_TRANSFORMS:
         return None
-    rounding = _text(node.attr("nearest_mode"), "round_prefer_floor")
+    rounding = node.text_attr("nearest_mode", "round_prefer_floor")
     in_hw = graph.tensors[node.inputs[0]].shape[2:]
     for size, factor in zip(in_hw, factors):
         replicated = np.arange(size * factor) // factor

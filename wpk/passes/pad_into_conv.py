@@ -24,12 +24,6 @@ from wpk.core.graph import Graph, Node
 from wpk.passes.base import GraphPass, pinned_names
 
 
-def _text(value, default: str) -> str:
-    if value is None:
-        return default
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _constant(graph: Graph, node: Node, index: int) -> np.ndarray | None:
     if index < len(node.inputs) and node.inputs[index]:
         value = graph.constants.get(node.inputs[index])
@@ -45,7 +39,7 @@ def spatial_widths(graph: Graph, pad: Node) -> tuple[tuple[int, ...], tuple[int,
     """(begin, end) zero-padding widths of the spatial dims of a foldable Pad, or None."""
     if pad.op != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.outputs) != 1:
         return None
-    if _text(pad.attr("mode"), "constant") != "constant":
+    if pad.text_attr("mode", "constant") != "constant":
         return None
     info = graph.tensors.get(pad.inputs[0])
     if info is None or len(info.shape) < 3:
@@ -81,7 +75,7 @@ def _takes_pads(conv: Node, padded: str) -> bool:
         return False
     if padded in conv.inputs[1:]:
         return False
-    return _text(conv.attr("auto_pad"), "NOTSET") in ("NOTSET", "VALID")
+    return conv.text_attr("auto_pad", "NOTSET") in ("NOTSET", "VALID")
 
 
 class PadIntoConv(GraphPass):
