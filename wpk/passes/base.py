@@ -57,6 +57,15 @@ def _graph_proto_inputs(proto) -> set[str]:
     return used
 
 
+def constant_input(graph: Graph, node: Node, index: int, absent=None) -> np.ndarray | None:
+    """The value of `node`'s input `index` when it is a constant: `absent` when the node
+    does not have that input, None when it is computed at run time."""
+    if index >= len(node.inputs) or not node.inputs[index]:
+        return absent
+    value = graph.constants.get(node.inputs[index])
+    return None if value is None else np.asarray(value)
+
+
 def pinned_names(graph: Graph) -> set[str]:
     """Tensors whose names must stay: graph outputs and outer-scope reads of subgraphs."""
     return set(graph.outputs) | subgraph_names(graph)

@@ -23,6 +23,7 @@ import numpy as np
 
 from wpk.core.graph import Graph, Node
 from wpk.kernels.cpu.resize import nearest_source
+from wpk.passes.base import constant_input
 
 _LINEAR_TRANSFORMS = {"asymmetric": "asymmetric", "half_pixel": "half_pixel",
                       "pytorch_half_pixel": "half_pixel", "align_corners": "align_corners"}
@@ -40,10 +41,7 @@ class UpsampleForm:
 
 def _const(graph: Graph, node: Node, index: int) -> np.ndarray | None:
     """The constant input `index` of the node; an empty array when absent."""
-    if index >= len(node.inputs) or not node.inputs[index]:
-        return np.zeros(0)
-    value = graph.constants.get(node.inputs[index])
-    return None if value is None else np.asarray(value)
+    return constant_input(graph, node, index, absent=np.zeros(0))
 
 
 def _factors(graph: Graph, node: Node) -> tuple[int, int] | None:

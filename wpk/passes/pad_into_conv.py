@@ -21,18 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from wpk.core.graph import Graph, Node
-from wpk.passes.base import GraphPass, pinned_names
-
-
-def _constant(graph: Graph, node: Node, index: int) -> np.ndarray | None:
-    if index < len(node.inputs) and node.inputs[index]:
-        value = graph.constants.get(node.inputs[index])
-        return None if value is None else np.asarray(value)
-    return None
-
-
-def _is_absent(node: Node, index: int) -> bool:
-    return index >= len(node.inputs) or not node.inputs[index]
+from wpk.passes.base import GraphPass, constant_input, pinned_names
 
 
 def spatial_widths(graph: Graph, pad: Node) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -48,17 +37,15 @@ def spatial_widths(graph: Graph, pad: Node) -> tuple[tuple[int, ...], tuple[int,
     if graph.opset < 11:
         widths, value = pad.attr("pads"), pad.attr("value", 0.0)
     else:
-        widths = _constant(graph, pad, 1)
-        value = 0.0 if _is_absent(pad, 2) else _constant(graph, pad, 2)
+        widths = constant_input(graph, pad, 1)
+        value = constant_input(graph, pad, 2, absent=np.zeros(()))
     if widths is None or value is None or np.any(np.asarray(value) != 0):
         return None
     widths = [int(w) for w in np.asarray(widths).ravel()]
-    axes = list(range(rank))
-    if not _is_absent(pad, 3):   # opset 18: the axes the widths are for
-        given = _constant(graph, pad, 3)
-        if given is None:
-            return None
-        axes = [int(a) % rank for a in given.ravel()]
+    given = constant_input(graph, pad, 3, absent=np.arange(rank))   # opset 18's axes
+    if given is None:
+        return None
+    axes = [int(a) % rank for a in given.ravel()]
     if len(widths) != 2 * len(axes):
         return None
     begin, end = [0] * rank, [0] * rank
