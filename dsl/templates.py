@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from wpk.core.devices import host_cpu
 from wpk.core.errors import ScheduleError
+from wpk.dsl import compute as C
 from wpk.dsl import loopir as L
 from wpk.dsl.lower import fused_epilogue, lower
+from wpk.dsl.rfactor import rfactor
 from wpk.dsl.schedule import Schedule, StageSchedule
 
 
@@ -319,6 +321,16 @@ def estimate_registers(kernel: L.Kernel) -> int:
 SERIAL_DEFAULT_WORK = 32768
 
 
+# CUDA reductions cut into parts (`GenericTemplate.split_stages`): a reduction stage with
+# fewer outputs than this and a first reduction axis at least MIN_SPLIT_EXTENT long. One
+# thread reducing 1000 elements serially is latency-bound: a generated Softmax over
+# 1x1000 took 122 us on an H200 (2026-11-27), the slowest step of AlexNet's plan.
+SPLIT_OUTPUTS_BELOW = 4096
+MIN_SPLIT_EXTENT = 64
+REDUCE_PARTS = (1, 16, 64, 256)
+PREFERRED_REDUCE_PARTS = (64, 1, 256, 16)
+
+
 class GenericTemplate(Template):
     """Any operator. CPU: parallel outer loops, vectorised innermost spatial loop and, for
     reductions with two or more spatial axes, a (rows x vector) register tile (matmul).
@@ -326,6 +338,7 @@ class GenericTemplate(Template):
     (or `per_thread` consecutive ones), reduction serial in a register."""
 
     name = "generic"
+    splits_reductions = True    # CUDA `reduce_parts` (see `split_stages`)
 
     def space(self) -> KnobSpace:
         stage = self.main_stage
@@ -341,8 +354,50 @@ class GenericTemplate(Template):
         total = math.prod(extents) if extents else 1
         threads = [t for t in (32, 64, 128, 256, 512, 1024)
                    if t <= self.limits.max_threads_per_block]
-        return KnobSpace(threads=[t for t in threads if t <= max(32, total)] or [32],
-                         per_thread=[1, 2, 4])
+        space = KnobSpace(threads=[t for t in threads if t <= max(32, total)] or [32],
+                          per_thread=[1, 2, 4])
+        if self.split_stages():
+            space["reduce_parts"] = list(REDUCE_PARTS)
+        return space
+
+    def knob_defaults(self) -> dict:
+        # configs recorded before the knob existed meant one thread per reduction
+        return {"reduce_parts": 1} if self.target != "cpu" and self.split_stages() else {}
+
+    def split_stages(self) -> list:
+        """CUDA: the reduction stages whose outputs are too few to fill the GPU with one
+        serial reduction per thread, and whose first reduction axis is long enough to cut
+        into parts (`reduce_parts`, `wpk.dsl.rfactor`): a softmax or a layer norm over a
+        few long rows. Empty on the CPU and in subclasses that schedule reductions their
+        own way."""
+        if self.target == "cpu" or not self.splits_reductions:
+            return []
+        out = []
+        for stage in self.op.stages:
+            red = stage.reduce
+            if red is None or not red.axes or not isinstance(red.axes[0].extent, C.Const):
+                continue
+            outputs = math.prod(int(a.extent.value) for a in stage.axes
+                                if isinstance(a.extent, C.Const))
+            if int(red.axes[0].extent.value) >= MIN_SPLIT_EXTENT \
+                    and outputs < SPLIT_OUTPUTS_BELOW:
+                out.append(stage)
+        return out
+
+    def transformed(self, config: dict):
+        """With `reduce_parts` > 1, each stage of `split_stages` cut into partial
+        reductions on its first reduction axis: as many parts as the largest divisor of
+        its extent up to `reduce_parts` (a stage whose extent has none keeps one thread)."""
+        parts = config.get("reduce_parts", 1)
+        op = self.op
+        if parts <= 1:
+            return op
+        for stage in self.split_stages():
+            axis = stage.reduce.axes[0]
+            divisor = max(d for d in range(1, parts + 1) if int(axis.extent.value) % d == 0)
+            if divisor > 1:
+                op = rfactor(op, stage.name, axis.name, divisor)
+        return op
 
     def preferred_points(self):
         points = list(self.space().points())
@@ -352,7 +407,11 @@ class GenericTemplate(Template):
             points.sort(key=lambda p: (p["parallel"] != parallel, abs(p["vector"] - lanes),
                                        -p.get("rows", 1)))
         else:
-            points.sort(key=lambda p: (p["threads"] != 256, p["per_thread"]))
+            # a split reduction first where there are reductions to split, one thread per
+            # reduction second, so that the predictions (or measurements) compare both
+            rank = {parts: i for i, parts in enumerate(PREFERRED_REDUCE_PARTS)}
+            points.sort(key=lambda p: (rank.get(p.get("reduce_parts", 1), len(rank)),
+                                       p["threads"] != 256, p["per_thread"]))
         return points
 
     def main_work(self) -> int:

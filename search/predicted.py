@@ -155,4 +155,4 @@ def verify_generated(workload: Workload, built, seed: int = 0, tolerance: float 
     own = impl.tolerance(workload, config)
     limit = limit if own is None else min(limit, own)
     return verify_emulated(built.func, feeds, {output: expected[0]}, tolerance=limit,
-                           seed=seed, full_before_last=impl.pipeline)
+                           seed=seed, full_before_last=impl.is_pipeline(config))

@@ -25,6 +25,9 @@ the roofline is a lower bound no kernel beats. For a generated kernel
   may be partial: `wave_factor = blocks / (waves * blocks_per_sm * sm_count)`.
   A grid too small to fill the GPU thus gets a small factor.
 * spills: a kernel with spill stores or loads gets SPILL_FACTOR.
+* latency: with the loop IR's work, the time is at least the kernels' chains of
+  dependent global loads on one thread (`traffic.latency_seconds`), which no
+  occupancy hides: a row reduced serially by one thread.
 
 Vendor kernels (cuDNN, cuBLAS) are predicted as the roofline at a fixed
 efficiency, VENDOR_EFFICIENCY, plus one extra elementwise pass over the
@@ -43,7 +46,7 @@ from dataclasses import asdict, dataclass
 
 from wpk.core.workload import Workload
 from wpk.kernels.cuda.irb_spec import is_irb_nchw, part_workloads
-from wpk.kernels.cuda.traffic import onchip_seconds
+from wpk.kernels.cuda.traffic import latency_seconds, onchip_seconds
 
 LAUNCH_OVERHEAD_S = 3e-6          # per kernel launch (assumption; CUDA graphs lower it)
 OCCUPANCY_SATURATION = 0.5        # occupancy above which latency is hidden (assumption)
@@ -199,9 +202,12 @@ def predict_generated(workload: Workload, gpu, launches: Iterable, usage: Mappin
     launches = list(launches)
     flops, nbytes = algorithm_work or workload_work(workload)
     roof = roofline_seconds(flops, nbytes, gpu)
+    chain = 0.0
     if work:
         roof = max(roof, sum(onchip_seconds(work[item.name], gpu) for item in launches
                              if item.name in work))
+        chain = sum(latency_seconds(work[item.name], gpu) for item in launches
+                    if item.name in work)
     weights, factors, details = [], [], None
     for item in launches:
         launch = item.launch
@@ -227,7 +233,7 @@ def predict_generated(workload: Workload, gpu, launches: Iterable, usage: Mappin
     total = sum(weights)
     efficiency = GENERATED_EFFICIENCY * sum(w * f for w, f in zip(weights, factors)) / total
     occ, waves = details
-    seconds = roof / efficiency + len(launches) * LAUNCH_OVERHEAD_S
+    seconds = max(roof / efficiency, chain) + len(launches) * LAUNCH_OVERHEAD_S
     return Prediction(seconds, roof, efficiency, flops, nbytes, "generated", occ.occupancy,
                       occ.blocks_per_sm, occ.limited_by, waves)
 

@@ -83,7 +83,8 @@ def preferred_configs(workload: Workload, gpu, count: int = DEFAULT_CONFIG_COUNT
                       scan: int = 400) -> list[dict]:
     """Up to `count` valid configs of the template for `gpu`: the template's first valid
     point, then the first valid point staging through shared memory (each `cache_*`
-    knob), then further points differing in block shape, so the analytical model ranks
+    knob) and the first with a reduction split otherwise (`reduce_parts`), then further
+    points differing in block shape, so the analytical model ranks
     real alternatives and the checks cover shared memory and barriers."""
     template = cuda_template(workload, gpu)
     points = list(itertools.islice(template.preferred_points(), scan))  # spaces reach 10^5
@@ -99,8 +100,11 @@ def preferred_configs(workload: Workload, gpu, count: int = DEFAULT_CONFIG_COUNT
                 return
 
     take(points)
-    for flag in [k for k in template.space() if k.startswith("cache_")]:
+    space = template.space()
+    for flag in [k for k in space if k.startswith("cache_")]:
         take([p for p in points if p[flag]])
+    for parts in space.get("reduce_parts", []):    # a reduction split and one not split
+        take([p for p in points if p["reduce_parts"] == parts])
     while len(valid) < count:
         before = len(valid)
         take(points)
@@ -110,8 +114,9 @@ def preferred_configs(workload: Workload, gpu, count: int = DEFAULT_CONFIG_COUNT
 
 
 def _distinct(a: Mapping, b: Mapping) -> bool:
-    """Whether two points differ in their block shape or in at least two knobs."""
-    shape = [k for k in a if k.startswith("threads") or k == "block_k"]
+    """Whether two points differ in their block shape, in how a reduction is split or in
+    at least two knobs."""
+    shape = [k for k in a if k.startswith("threads") or k in ("block_k", "reduce_parts")]
     return any(a[k] != b[k] for k in shape) or sum(a[k] != b[k] for k in a) >= 2
 
 
@@ -205,9 +210,15 @@ class CudaModuleImplementation(Implementation):
     """A generated implementation whose config builds one CUDA module for a preset: what
     an offline build compiles, checks, emulates and predicts (`wpk.search.predicted`).
     `pipeline`: its kernels before the last compute intermediates every output needs, so
-    the emulator runs them fully (`offline.emulate_sampled`)."""
+    the emulator runs them fully (`offline.emulate_sampled`); `is_pipeline(config)` says
+    so per config."""
 
     pipeline = False
+
+    def is_pipeline(self, config: Mapping) -> bool:
+        """Whether the kernels before the last of `config`'s module compute intermediates
+        every output needs (the emulator then runs them fully)."""
+        return self.pipeline
 
     def build(self, workload: Workload, config: Mapping, compile: bool = True) -> BuiltCuda:
         """The module of `config` (compiled for its preset with `compile`)."""
@@ -271,6 +282,10 @@ class DslCuda(CudaModuleImplementation):
 
     def build(self, workload: Workload, config: Mapping, compile: bool = True) -> BuiltCuda:
         return build_for(workload, config, compile)
+
+    def is_pipeline(self, config: Mapping) -> bool:
+        # a reduction cut into parts: every output of a row needs all of the row's parts
+        return config.get("reduce_parts", 1) > 1
 
     def emulator_feeds(self, workload: Workload, inputs: Sequence, config: Mapping
                        ) -> tuple[dict, str]:

@@ -20,6 +20,7 @@ class MatmulTemplate(GenericTemplate):
     """A matmul-like operator on CUDA (see the module docstring)."""
 
     name = "matmul"
+    splits_reductions = False   # its reductions have their own schedule
 
     def space(self) -> KnobSpace:
         space = super().space()

@@ -43,6 +43,7 @@ class WinogradTemplate(GenericTemplate):
     """The CUDA schedule of one specialised Winograd operator (see the module docstring)."""
 
     name = "winograd"
+    splits_reductions = False   # its reductions have their own schedule
 
     @property
     def gemm_stage(self):

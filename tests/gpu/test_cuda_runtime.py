@@ -193,6 +193,34 @@ def test_operators_written_for_the_workload_match_the_reference(present_gpu, nam
         assert m.ok, f"{name} {config}: {m.status.value} {m.message}"
 
 
+ROW_REDUCTIONS = {
+    # AlexNet's classifier Softmax: 122 us on an H200 reduced by one thread (2026-11-27)
+    "softmax_1x1000": Workload("Softmax", (TensorSpec((1, 1000)),), (TensorSpec((1, 1000)),),
+                               (("axis", 1),), opset=13),
+    "softmax_prime_row": Workload("Softmax", (TensorSpec((3, 997)),),
+                                  (TensorSpec((3, 997)),), (("axis", 1),), opset=13),
+    "layernorm_128x768": Workload(
+        "LayerNormalization", (TensorSpec((1, 128, 768)), TensorSpec((768,)),
+                               TensorSpec((768,))), (TensorSpec((1, 128, 768)),),
+        (("axis", -1), ("epsilon", 1e-5)), const_inputs=(1, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_REDUCTIONS))
+def test_rows_reduced_in_parts_match_the_reference(present_gpu, name):
+    """Every preferred config (`reduce_parts` split and not) on the device against the
+    float64 reference."""
+    from wpk.kernels.cuda.generated import DSL_CUDA, preferred_configs
+
+    workload = ROW_REDUCTIONS[name]
+    configs = preferred_configs(workload, present_gpu, 3)
+    assert {c["reduce_parts"] > 1 for c in configs} == {True, False}, configs
+    for config in configs:
+        m = measure_cuda.measure_candidate(workload, Candidate(DSL_CUDA, config),
+                                           rng=np.random.default_rng(4), repeats=3)
+        assert m.ok, f"{name} {config}: {m.status.value} {m.message}"
+
+
 def test_device_copy_splits_and_gathers_inside_a_cuda_graph(cupy):
     """Split and a static Gather as `cuda.copy` steps: views and take(out=), nothing
     allocated after the first run, so a CUDA graph captures them."""

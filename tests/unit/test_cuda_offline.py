@@ -20,7 +20,7 @@ from wpk.dsl.codegen_cuda import KernelLaunch
 from wpk.dsl.templates import LaunchConfig
 from wpk.dsl.toolchain_cuda import ResourceUsage
 from wpk.kernels.cuda import analytic
-from wpk.kernels.cuda.generated import DSL_CUDA, build_for, preferred_configs
+from wpk.kernels.cuda.generated import DSL_CUDA, build_for, cuda_template, preferred_configs
 from wpk.kernels.cuda.offline import check_usage, cubin_arch, sample_blocks, verify_emulated
 from wpk.kernels.cuda.target import CudaTarget, preset_to_build_for
 from wpk.kernels.registry import Candidate
@@ -102,6 +102,79 @@ def test_generated_prediction_waves_and_occupancy():
     spilled = {"k": ResourceUsage(registers=32, spill_stores=8)}
     assert analytic.predict_generated(w, H100, full, spilled).efficiency == \
         pytest.approx(analytic.GENERATED_EFFICIENCY * analytic.SPILL_FACTOR)
+
+
+def _softmax(rows: int, length: int) -> Workload:
+    return Workload("Softmax", (TensorSpec((rows, length)),), (TensorSpec((rows, length)),),
+                    (("axis", 1),), opset=13)
+
+
+def test_one_threads_chain_of_global_loads_bounds_a_kernel():
+    # Softmax over 1x1000, one thread per row: the max and the sum each read 1000
+    # elements in a serial loop; cut into 50 parts (the largest divisor of 1000 up to
+    # 64), each part reads 20 and the parts' reduction 50.
+    from wpk.kernels.cuda.traffic import SERIAL_LOAD_CYCLES, kernel_work, latency_seconds
+
+    w = _softmax(1, 1000)
+    serial = {k.name: kernel_work(k).serial_loads for k in build_for(
+        w, dict(threads=32, per_thread=1, reduce_parts=1, gpu="h100"), compile=False).func.kernels}
+    assert sorted(serial.values()) == [1, 1000, 1000]
+    split = {k.name: kernel_work(k).serial_loads for k in build_for(
+        w, dict(threads=32, per_thread=1, reduce_parts=64, gpu="h100"), compile=False).func.kernels}
+    assert sorted(split.values()) == [1, 20, 20, 50, 50]
+    clock = H100.fp32_tflops * 1e12 / (H100.sm_count * 2 * 128)
+    work = next(kernel_work(k) for k in build_for(
+        w, dict(threads=32, per_thread=1, reduce_parts=1, gpu="h100"),
+        compile=False).func.kernels if kernel_work(k).serial_loads == 1000)
+    assert latency_seconds(work, H100) == pytest.approx(1000 * SERIAL_LOAD_CYCLES / clock)
+
+
+def test_a_long_row_is_reduced_in_parts_on_the_gpu():
+    # AlexNet's classifier Softmax (1x1000) took 122 us on an H200 with one thread
+    # reducing the row; offline builds now offer it cut into parts, and predict that
+    # faster.
+    w = _softmax(1, 1000)
+    configs = preferred_configs(w, H100, 3)
+    assert configs[0]["reduce_parts"] > 1 and any(c["reduce_parts"] == 1 for c in configs)
+    runner = PredictedRunner(H100)
+    times = {}
+    for config in configs:
+        m = runner.measure(w, Candidate(DSL_CUDA, config))
+        assert m.ok and m.rel_l2_error < 1e-5, (config, m.message)
+        times[config["reduce_parts"]] = m.median_s
+    assert times[configs[0]["reduce_parts"]] * 3 < times[1], times
+    # many short rows fill the GPU with one thread per row: nothing to split
+    assert "reduce_parts" not in cuda_template(_softmax(8192, 100), H100).space()
+
+
+@pytest.mark.parametrize("op, bindings, parts", [
+    ("softmax", {"N": 3, "D": 1000}, 64),        # 50 parts of 20
+    ("softmax", {"N": 2, "D": 997}, 64),         # a prime row: one thread, not split
+    ("log_softmax", {"N": 5, "D": 96}, 16),
+    ("layernorm", {"N": 7, "D": 768, "eps": 1e-5}, 256),
+])
+def test_reductions_in_parts_match_numpy_in_the_emulator(op, bindings, parts):
+    from wpk.kernels.dsl_library import load_operator
+    from wpk.kernels.templates import emulate_cuda
+
+    rng = np.random.default_rng(6)
+    rows, length = bindings["N"], bindings["D"]
+    x = rng.standard_normal((rows, length)).astype(np.float32)
+    arrays = {"X": x}
+    x64 = x.astype(np.float64)
+    if op == "layernorm":
+        arrays.update(Gamma=rng.standard_normal(length).astype(np.float32),
+                      Beta=rng.standard_normal(length).astype(np.float32))
+        mean = x64.mean(1, keepdims=True)
+        expected = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(1, keepdims=True) + 1e-5) \
+            * arrays["Gamma"] + arrays["Beta"]
+    else:
+        shifted = x64 - x64.max(1, keepdims=True)
+        log_sum = np.log(np.exp(shifted).sum(1, keepdims=True))
+        expected = shifted - log_sum if op == "log_softmax" else np.exp(shifted - log_sum)
+    config = {"threads": 32, "per_thread": 2, "reduce_parts": parts}
+    got = emulate_cuda(load_operator(op), bindings, config, arrays, H100)["Y"]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- resources
