@@ -107,6 +107,8 @@ CASES = {
                                            dilation=2),
     "5x5_stride3": conv(12, 36, (11, 13), 5, stride=3, pads=(2, 1, 2, 2)),
     "1x1_stride2_padded_odd": conv(B + 5, 20, (7, 9), 1, stride=2, pads=(1, 1, 0, 0)),
+    # a YOLO box head: 4 output channels, padded to one block
+    "1x1_four_outputs": conv(B, 4, (10, 10), 1, bias=True),
 }
 
 

@@ -19,7 +19,6 @@ from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 _ZERO_UNARY = frozenset({"relu", "leaky_relu", "tanh", "neg", "abs", "silu", "gelu",
                          "gelu_tanh", "hard_swish", "erf", "sqrt"})
 _ZERO_BINARY_DATA = frozenset({"add", "sub", "mul", "max", "min"})
-MIN_CONV_CHANNELS = 8
 
 
 def explicit_pads(node: Node, in_hw: Sequence[int], out_hw: Sequence[int],
@@ -120,8 +119,9 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     out_channels, per_group = int(weight.shape[0]), int(weight.shape[1])
     in_channels = graph.tensors[x].shape[1]
     group = int(node.attr("group", 1))
-    if (out_channels % 4 or out_channels < MIN_CONV_CHANNELS) \
-            and not _pooled(graph, node.outputs[0]):
+    # output channels a multiple of 4, padded to whole blocks (a YOLO box head's 4 too:
+    # it stays in the layout rather than reordering its input)
+    if out_channels % 4 and not _pooled(graph, node.outputs[0]):
         return ""
     if group > 1:
         if per_group == 1 and out_channels == group == in_channels:
