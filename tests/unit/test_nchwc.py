@@ -421,3 +421,74 @@ def test_tensors_read_by_subgraphs_are_restored_before_the_node(rng):
     order = [n.op for n in optimized.nodes]
     assert order == ["Conv", "Conv", "ReorderOutput", "If"]
     assert optimized.nodes[2].outputs == ["y2"]
+
+
+# --- Pad inside the blocked layout ------------------------------------------------------------
+
+def _padded_convs(rng, mode: str, widths, value=None, opset: int = 13) -> onnx.ModelProto:
+    """conv 3->24 (24: padding lanes in the last block) -> Pad -> conv 24->20."""
+    inits = [numpy_helper.from_array(rng.standard_normal((24, 3, 3, 3)).astype(np.float32)
+                                     * 0.3, "w1"),
+             numpy_helper.from_array(rng.standard_normal(
+                 (20, 24 + widths[1] + widths[5], 3, 3)).astype(np.float32) * 0.1, "w2")]
+    out_hw = [11 + widths[2] + widths[6] - 2, 12 + widths[3] + widths[7] - 2]
+    attrs = {"mode": mode}
+    pad_inputs = ["y1"]
+    if opset < 11:
+        attrs["pads"] = list(widths)
+        if value is not None:
+            attrs["value"] = value
+    else:
+        inits.append(numpy_helper.from_array(np.array(widths, np.int64), "pads"))
+        pad_inputs.append("pads")
+        if value is not None:
+            inits.append(numpy_helper.from_array(np.array(value, np.float32), "value"))
+            pad_inputs.append("value")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["y1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Pad", pad_inputs, ["p"], **attrs),
+             helper.make_node("Conv", ["p", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "padded",
+                              [helper.make_tensor_value_info("x", 1, [1, 3, 11, 12])],
+                              [helper.make_tensor_value_info("y", 1, [1, 20, *out_hw])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("mode, widths, value, opset", [
+    ("reflect", [0, 0, 2, 1, 0, 0, 1, 3], None, 13),
+    ("edge", [0, 0, 1, 0, 0, 0, 2, 2], None, 13),
+    ("constant", [0, 0, 1, 2, 0, 0, 2, 1], 0.0, 13),
+    ("reflect", [0, 0, 1, 1, 0, 0, 1, 1], None, 10),
+], ids=["reflect", "edge", "zeros", "reflect-opset10"])
+def test_a_spatial_pad_stays_in_the_blocked_layout(mode, widths, value, opset, rng):
+    # a reflect-padded conv (style transfer, paddle2onnx's reflect pads): before, the
+    # layout reordered to NCHW for the Pad and back for the next conv
+    graph = load_model(_padded_convs(rng, mode, widths, value, opset))
+    feeds = {"x": rng.standard_normal((1, 3, 11, 12)).astype(np.float32)}
+    expected = ort_outputs(graph, feeds)
+    layout = NchwcLayout()
+    optimized = layout.run(graph.copy())
+    check_graph(optimized)
+    ops = _ops(optimized)
+    assert layout.hits["Pad"] == 1 and ops["wpk.nchwc:Conv"] == 2
+    assert ops["wpk.nchwc:ReorderOutput"] == 1     # only for the graph output
+    (pad,) = [n for n in optimized.nodes if n.op == "Pad"]
+    assert len(optimized.tensors[pad.inputs[0]].shape) == 5
+    for impl in IMPLS:
+        actual = evaluate(optimized, feeds, impl)
+        assert rel_l2(actual["y"], expected["y"]) <= 1e-5, impl
+
+
+@pytest.mark.parametrize("mode, widths, value", [
+    ("constant", [0, 0, 1, 1, 0, 0, 1, 1], 1.0),     # would write 1 into padding lanes
+    ("reflect", [0, 2, 1, 1, 0, 2, 1, 1], None),     # pads channels
+    ("constant", [0, 0, -1, 0, 0, 0, 0, 0], 0.0),    # a crop
+], ids=["non-zero value", "channel widths", "crop"])
+def test_a_pad_that_is_not_spatial_or_not_zero_ends_the_blocked_layout(mode, widths, value,
+                                                                       rng):
+    graph = load_model(_padded_convs(rng, mode, widths, value))
+    optimized = NchwcLayout().run(graph.copy())
+    (pad,) = [n for n in optimized.nodes if n.op == "Pad"]
+    assert len(optimized.tensors[pad.inputs[0]].shape) == 4

@@ -38,6 +38,8 @@ the logical channel count of its output):
   `coordinate_transformation_mode` asymmetric, half_pixel or align_corners,
   applied to every lane (`wpk.passes.nchwc_data.upsample_form` says which
   Resize nodes qualify).
+- A Pad of H and W only, with zeros, reflect or edge (each keeps zero padding lanes
+  zero), stays a default-domain Pad on the 5-d tensor, widths 0 on the lane dim.
 - ChannelSlice(X blocked) -> Y blocked: `channels` channels from channel
   `start` (a multiple of b), i.e. whole blocks of X: a channel Split or Slice
   on block boundaries, one node per piece.
@@ -59,7 +61,7 @@ becomes a blocked 1x1 Conv followed by a ReorderOutput and a Flatten of its
 Every other consumer, and every graph output, reads the NCHW tensor through
 one shared ReorderOutput, which keeps the original tensor name.
 
-Where it pays: convs need a multiple of 4 channels and at least 8 outputs
+Where it pays: convs need a multiple of 4 output channels (padded to whole blocks)
 (any output count on a 1x1 output, e.g. a squeeze-excitation conv, where the
 padding lanes cost nothing), grouped convs whole blocks per group; graphs with fewer than
 `NchwcOptions.min_convs` convertible convs are left alone.
@@ -87,6 +89,7 @@ from wpk.passes.nchwc_rules import (
     explicit_pads,
     fused_dirty,
 )
+from wpk.passes.pad_form import pad_form
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ class NchwcLayout(GraphPass):
             return self._concat(rw, node)
         if op == "Resize":
             return self._upsample(rw, node)
+        if op == "Pad":
+            return self._pad(rw, node)
         if op == "Transpose":
             return self._transpose(rw, node)
         return self._elementwise(rw, node)
@@ -288,6 +293,30 @@ class NchwcLayout(GraphPass):
                  "block": rw.block, "channels": entry.channels}
         rw.nodes.append(Node("Upsample", [entry.name], [out], node.name, attrs, NCHWC_DOMAIN))
         self.hit("Upsample")
+        return True
+
+    def _pad(self, rw: Rewrite, node: Node) -> bool:
+        """A Pad of H and W only (zero, reflect or edge: each keeps zero padding lanes
+        zero) pads the blocked tensor's H and W: a default-domain Pad on the 5-d tensor."""
+        x = node.inputs[0]
+        form = pad_form(rw.graph, node) if x in rw.blocked and not node.epilogue else None
+        if form is None or len(form.begin) != 4 or not form.spatial_only() \
+                or form.mode not in ("constant", "reflect", "edge") \
+                or (form.mode == "constant" and form.value != 0):
+            return False
+        entry = rw.blocked[x]
+        out = rw.new_blocked(node.outputs[0], entry.channels, dirty=entry.dirty)
+        widths = (*form.begin, 0, *form.end, 0)     # the lane dim is not padded
+        inputs, attrs = [entry.name], {"mode": form.mode}
+        if rw.graph.opset < 11:
+            attrs["pads"] = widths
+        else:
+            name = rw.fresh(f"{node.name}_pads_nchwc")
+            rw.graph.constants[name] = np.array(widths, np.int64)
+            rw.graph.tensors[name] = TensorInfo((len(widths),), "int64")
+            inputs.append(name)
+        rw.nodes.append(Node("Pad", inputs, [out], node.name, attrs, node.domain))
+        self.hit("Pad")
         return True
 
     def _transpose(self, rw: Rewrite, node: Node) -> bool:

@@ -18,42 +18,18 @@ a Pad whose output is a graph output or read by anything else, negative widths
 
 from __future__ import annotations
 
-import numpy as np
-
 from wpk.core.graph import Graph, Node
-from wpk.passes.base import GraphPass, constant_input, pinned_names
+from wpk.passes.base import GraphPass, pinned_names
+from wpk.passes.pad_form import pad_form
 
 
 def spatial_widths(graph: Graph, pad: Node) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(begin, end) zero-padding widths of the spatial dims of a foldable Pad, or None."""
-    if pad.op != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.outputs) != 1:
+    form = pad_form(graph, pad)
+    if form is None or form.mode != "constant" or form.value != 0 or len(form.begin) < 3 \
+            or not form.spatial_only():
         return None
-    if pad.text_attr("mode", "constant") != "constant":
-        return None
-    info = graph.tensors.get(pad.inputs[0])
-    if info is None or len(info.shape) < 3:
-        return None
-    rank = len(info.shape)
-    if graph.opset < 11:
-        widths, value = pad.attr("pads"), pad.attr("value", 0.0)
-    else:
-        widths = constant_input(graph, pad, 1)
-        value = constant_input(graph, pad, 2, absent=np.zeros(()))
-    if widths is None or value is None or np.any(np.asarray(value) != 0):
-        return None
-    widths = [int(w) for w in np.asarray(widths).ravel()]
-    given = constant_input(graph, pad, 3, absent=np.arange(rank))   # opset 18's axes
-    if given is None:
-        return None
-    axes = [int(a) % rank for a in given.ravel()]
-    if len(widths) != 2 * len(axes):
-        return None
-    begin, end = [0] * rank, [0] * rank
-    for k, axis in enumerate(axes):
-        begin[axis], end[axis] = widths[k], widths[k + len(axes)]
-    if min(begin + end) < 0 or any(begin[:2]) or any(end[:2]):
-        return None
-    return tuple(begin[2:]), tuple(end[2:])
+    return form.begin[2:], form.end[2:]
 
 
 def _takes_pads(conv: Node, padded: str) -> bool:
