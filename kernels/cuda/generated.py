@@ -287,6 +287,11 @@ class DslCuda(CudaModuleImplementation):
         # a reduction cut into parts: every output of a row needs all of the row's parts
         return config.get("reduce_parts", 1) > 1
 
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        """'split reduction, up to N parts' for a config with `reduce_parts` N > 1."""
+        parts = config.get("reduce_parts", 1)
+        return f"split reduction, up to {parts} parts" if parts > 1 else self.name
+
     def emulator_feeds(self, workload: Workload, inputs: Sequence, config: Mapping
                        ) -> tuple[dict, str]:
         mapping = workload_mapping(workload)

@@ -143,6 +143,10 @@ def test_a_long_row_is_reduced_in_parts_on_the_gpu():
         assert m.ok and m.rel_l2_error < 1e-5, (config, m.message)
         times[config["reduce_parts"]] = m.median_s
     assert times[configs[0]["reduce_parts"]] * 3 < times[1], times
+    # reports name the choice
+    assert DSL_CUDA.algorithm(w, configs[0]) == \
+        f"split reduction, up to {configs[0]['reduce_parts']} parts"
+    assert DSL_CUDA.algorithm(w, dict(configs[0], reduce_parts=1)) == "dsl.cuda"
     # many short rows fill the GPU with one thread per row: nothing to split
     assert "reduce_parts" not in cuda_template(_softmax(8192, 100), H100).space()
 
