@@ -5,8 +5,10 @@
 MODEL is a light model's name (`squeezenet`, `bvlc_alexnet`, ...: onnx's bundled
 `light_*.onnx`), a corpus model's name (`corpus_dbnet_paddle`, built at the tests' size)
 or a path to an .onnx file; none: the nine light models. Each is built `--offline` for the
-preset and its host steps (kind `fallback`: an op with no device kernel, run by numpy
-between two CUDA graphs, a copy out and back each time) are counted per op. On an H200,
+preset; printed: its predicted latency (sum of the chosen steps' predictions), the
+workload with the largest share of it, and its host steps per op (kind `fallback`: an op
+with no device kernel, run by numpy between two CUDA graphs, a copy out and back each
+time). On an H200,
 AlexNet's two LRN steps made its plan 4.8x slower than PyTorch eager; an audit of this
 kind then found DenseNet-121's 62 BatchNormalizations. Exit code 1 when any model has a
 host step or fails to build.
@@ -55,7 +57,12 @@ def audit(name: str, gpu: str) -> dict:
     except (WpkError, OSError, ValueError) as exc:
         return {"model": name, "error": f"{type(exc).__name__}: {exc}"}
     host = collections.Counter(s.op for s in plan.steps if s.kind == "fallback")
+    report = plan.report
+    top = max(report["workloads"], key=lambda w: w["share"], default=None)
     return {"model": name, "steps": len(plan.steps), "host": dict(host),
+            "predicted_ms": round(1e3 * report["totals"]["latency_s"], 3),
+            "largest": None if top is None else
+            f"{top['label']} ({top['chosen']}, {100 * top['share']:.0f}%)",
             "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -72,8 +79,9 @@ def main(argv=None) -> int:
             status = 1
             continue
         host = ", ".join(f"{op} x{n}" for op, n in sorted(row["host"].items())) or "none"
-        print(f"{name}: {row['steps']} steps, host steps: {host} ({row['seconds']} s)",
-              flush=True)
+        print(f"{name}: {row['steps']} steps, host steps: {host}, predicted "
+              f"{row['predicted_ms']} ms, largest share: {row['largest']} "
+              f"({row['seconds']} s)", flush=True)
         status |= bool(row["host"])
     return status
 
