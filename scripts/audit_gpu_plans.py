@@ -9,8 +9,8 @@ preset; printed: its predicted latency (sum of the chosen steps' predictions), t
 workload with the largest share of it, and its host steps per op (kind `fallback`: an op
 with no device kernel, run by numpy between two CUDA graphs, a copy out and back each
 time). On an H200, AlexNet's two LRN steps made its plan 4.8x slower than PyTorch eager;
-an audit of this kind then found DenseNet-121's 62 BatchNormalizations. Exit code 1 when any model has a
-host step or fails to build.
+an audit of this kind then found DenseNet-121's 62 BatchNormalizations. Exit code 1 when
+any model has a host step or fails to build.
 """
 
 from __future__ import annotations

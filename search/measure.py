@@ -27,6 +27,7 @@ from wpk.kernels.cpu.blas_threads import one_blas_thread
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.kernels.registry import Candidate
+from wpk.search import input_sets
 
 InputsFn = Callable[[Workload, np.random.Generator], Sequence[np.ndarray | None]]
 ReferenceFn = Callable[[Workload, Sequence[np.ndarray | None]], Sequence[np.ndarray]]
@@ -284,12 +285,18 @@ def _measure_candidate(workload: Workload, candidate: Candidate, rng: np.random.
                        inputs_fn: InputsFn | None,
                        reference_fn: ReferenceFn | None) -> Measurement:
     """`measure_candidate`, with BLAS already on one thread."""
+    shared = inputs_fn is None and reference_fn is None   # input sets drawn once per seed
     inputs_fn = inputs_fn or _default_inputs_fn()
     reference_fn = reference_fn or _default_reference_fn()
     limit = tolerance_for(workload) if tolerance is None else tolerance
     own = candidate.implementation.tolerance(workload, candidate.config)
     limit = limit if own is None else min(limit, own)
-    inputs = list(inputs_fn(workload, rng))
+    if shared:
+        first = input_sets.draw(workload, rng)
+        inputs, expected = first.inputs, first.expected
+    else:
+        inputs = list(inputs_fn(workload, rng))
+        expected = functools.partial(reference_fn, workload, inputs)
     consts = {i: inputs[i] for i in workload.const_inputs if inputs[i] is not None}
     try:
         kernel = candidate.implementation.prepare(workload, consts, candidate.config)
@@ -311,22 +318,29 @@ def _measure_candidate(workload: Workload, candidate: Candidate, rng: np.random.
         if before is not None and _overwritten(before, after):
             return _failure(workload, candidate, Status.WRONG_ANSWER,
                             f"the kernel overwrote its input {index}")
-    error, why = compare(outputs, reference_fn(workload, inputs))
+    error, why = compare(outputs, expected())
     if why or error > limit:
         return _failure(workload, candidate, Status.WRONG_ANSWER,
                         why or f"relative L2 error {error:.3g} exceeds {limit:.3g}", error)
 
     if first_run < SECOND_CHECK_MAX_S:
         # Same constants (the kernel may have packed them), fresh data inputs.
-        fresh = list(inputs_fn(workload, rng))
-        second = [inputs[i] if i in consts else fresh[i] for i in range(len(inputs))]
+        if shared:
+            again = input_sets.draw(workload, rng, first, kept=tuple(consts))
+            second = [inputs[i] if i in consts else again.inputs[i]
+                      for i in range(len(inputs))]
+            expected2 = again.expected
+        else:
+            fresh = list(inputs_fn(workload, rng))
+            second = [inputs[i] if i in consts else fresh[i] for i in range(len(inputs))]
+            expected2 = functools.partial(reference_fn, workload, second)
         for out in outputs:
             poison(out)
         try:
             kernel(second, outputs)
         except Exception as exc:
             return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
-        error2, why = compare(outputs, reference_fn(workload, second))
+        error2, why = compare(outputs, expected2())
         if why or error2 > limit:
             return _failure(workload, candidate, Status.WRONG_ANSWER,
                             (why or f"relative L2 error {error2:.3g} exceeds {limit:.3g}")

@@ -51,8 +51,8 @@ from wpk.search.runner import (
     INTERLEAVED_ROUNDS,
     AnyCandidate,
     Runner,
-    candidate_seed,
     final_phase,
+    measurement_seed,
 )
 from wpk.search.workers import MeasureOptions
 
@@ -218,7 +218,7 @@ class RecordedRunner(Runner):
                 continue
             modules = tuple(record.extra.get("modules", ()))
             spec = CandidateSpec(record.impl, dict(record.config), modules)
-            seed = candidate_seed(self.seed + 1, workload.key, record.impl, record.config)
+            seed = measurement_seed(self.seed + 1, workload.key)
             fresh = final_phase(self.runner.measure(workload, spec, options, seed))
             self._record(workload, modules, fresh, FINAL)
         best = self.best(workload)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -63,11 +62,11 @@ TIMERS = {"host": "wpk.search.measure:measure_candidate",
           "cuda-events": "wpk.search.measure_cuda:measure_candidate"}
 
 
-def candidate_seed(seed: int, workload_key: str, impl: str, config) -> int:
-    """A 32-bit seed for one candidate's measurement, independent of search order."""
-    canonical = json.dumps(json.loads(json.dumps(dict(config), sort_keys=True, default=str)),
-                           sort_keys=True, separators=(",", ":"))
-    text = f"{seed}|{workload_key}|{impl}|{canonical}"
+def measurement_seed(seed: int, workload_key: str) -> int:
+    """A 32-bit seed for measuring a workload's candidates, independent of search order.
+    Every candidate of the workload gets the same one: they are verified on the same
+    random inputs, drawn and referenced once (`wpk.search.input_sets`)."""
+    text = f"{seed}|{workload_key}"
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
 
 
@@ -153,7 +152,7 @@ class Runner(ABC):
     @abstractmethod
     def measure(self, workload: Workload, candidate: AnyCandidate,
                 options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
-        """One candidate, alone (`seed` default: the candidate's own, `candidate_seed`)."""
+        """One candidate, alone (`seed` default: the workload's, `measurement_seed`)."""
 
     def prefetch(self, workload: Workload, candidates: Sequence[AnyCandidate]) -> None:
         """Start preparing candidates that will be measured later (compiling, say); the
@@ -161,8 +160,8 @@ class Runner(ABC):
         return None
 
     def seed_of(self, workload: Workload, candidate: AnyCandidate) -> int:
-        spec = CandidateSpec.of(candidate)
-        return candidate_seed(self.seed, workload.key, spec.impl, spec.config)
+        """The seed `candidate` is measured with (`measurement_seed`: the workload's)."""
+        return measurement_seed(self.seed, workload.key)
 
     def summary(self) -> dict | None:
         """Where it measured, for the build report (None: nothing to add)."""

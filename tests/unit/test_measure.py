@@ -224,3 +224,50 @@ def test_the_reference_and_the_timing_run_blas_on_one_thread(rng):
     assert m.status is Status.OK, m.message
     assert seen["reference"] and set(seen["reference"]) == {1}
     assert seen["kernel"] and set(seen["kernel"]) == {1}
+
+
+def test_candidates_of_a_workload_share_input_sets_and_their_reference(monkeypatch):
+    """A runner measures every candidate of a workload with the workload's seed: the
+    inputs are drawn and the float64 reference computed once per input set, not once per
+    candidate; each candidate still gets its own copy, so one that scribbles on its input
+    is caught and does not spoil the next one's."""
+    import wpk.kernels.reference as reference_module
+    from wpk.search import input_sets
+    from wpk.search.runner import LocalRunner
+
+    calls = []
+    real = reference_module.reference
+
+    def counting(workload, inputs):
+        calls.append(inputs[0].copy())
+        return real(workload, inputs)
+
+    monkeypatch.setattr(input_sets, "reference", counting)
+    input_sets.clear()
+    runner = LocalRunner(seed=5)
+    impls = [NumpyMatMul(), ScribblesOnItsInput(), NumpyMatMul(), OffByALittle()]
+    results = [runner.measure(MATMUL, Candidate(impl, {})) for impl in impls]
+    assert [m.status for m in results] == [Status.OK, Status.WRONG_ANSWER, Status.OK,
+                                           Status.WRONG_ANSWER]
+    assert len(calls) == 2                   # the first and the second input set, once each
+    assert not np.array_equal(calls[0], calls[1])
+    assert runner.seed_of(MATMUL, Candidate(NumpyMatMul(), {})) == \
+        runner.seed_of(MATMUL, Candidate(OffByALittle(), {"x": 1}))
+    # another seed draws new inputs
+    LocalRunner(seed=6).measure(MATMUL, Candidate(NumpyMatMul(), {}))
+    assert len(calls) == 4
+
+
+def test_a_shared_input_set_leaves_the_generator_where_a_draw_would(rng):
+    from wpk.search import input_sets
+
+    input_sets.clear()
+    a, b = np.random.default_rng(3), np.random.default_rng(3)
+    first = input_sets.draw(MATMUL, a)
+    again = input_sets.draw(MATMUL, b)        # from the cache
+    assert a.bit_generator.state == b.bit_generator.state
+    assert all(np.array_equal(x, y) for x, y in zip(first.inputs, again.inputs))
+    assert first.inputs[0] is not again.inputs[0]
+    second = input_sets.draw(MATMUL, a, first, kept=(1,))
+    assert np.array_equal(second.inputs[1], first.inputs[1])
+    assert not np.array_equal(second.inputs[0], first.inputs[0])
