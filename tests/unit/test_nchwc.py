@@ -13,6 +13,7 @@ from tests.unit.nchwc_support import (
     load_light,
     ort_outputs,
 )
+from tests.unit.onnx_pad import pad_node
 from wpk.core.numerics import relative_l2 as rel_l2
 from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.frontend import load_model
@@ -258,15 +259,21 @@ def _ops(graph) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_pass_on_small_cnn_keeps_the_function(impl, rng):
-    graph = load_model(_small_cnn(rng))
-    feeds = {"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)}
+def _laid_out(model: onnx.ModelProto, x_shape, rng):
+    """(the pass, the checked blocked graph, its op counts, random feeds of x, onnxruntime's
+    outputs on them) of the layout pass run on `model`."""
+    graph = load_model(model)
+    feeds = {"x": rng.standard_normal(x_shape).astype(np.float32)}
     expected = ort_outputs(graph, feeds)
     layout = NchwcLayout()
     optimized = layout.run(graph.copy())
     check_graph(optimized)
-    ops = _ops(optimized)
+    return layout, optimized, _ops(optimized), feeds, expected
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_pass_on_small_cnn_keeps_the_function(impl, rng):
+    layout, optimized, ops, feeds, expected = _laid_out(_small_cnn(rng), (1, 3, 12, 12), rng)
     # 5 convs + the BN + the classifier Gemm; the 4-channel conv (6x6 output: a YOLO
     # box head's shape) is blocked too, its 4 channels padded to one block
     assert ops["wpk.nchwc:Conv"] == 7 and "Gemm" not in ops
@@ -432,20 +439,10 @@ def _padded_convs(rng, mode: str, widths, value=None, opset: int = 13) -> onnx.M
              numpy_helper.from_array(rng.standard_normal(
                  (20, 24 + widths[1] + widths[5], 3, 3)).astype(np.float32) * 0.1, "w2")]
     out_hw = [11 + widths[2] + widths[6] - 2, 12 + widths[3] + widths[7] - 2]
-    attrs = {"mode": mode}
-    pad_inputs = ["y1"]
-    if opset < 11:
-        attrs["pads"] = list(widths)
-        if value is not None:
-            attrs["value"] = value
-    else:
-        inits.append(numpy_helper.from_array(np.array(widths, np.int64), "pads"))
-        pad_inputs.append("pads")
-        if value is not None:
-            inits.append(numpy_helper.from_array(np.array(value, np.float32), "value"))
-            pad_inputs.append("value")
+    pad, pad_inits = pad_node("y1", "p", widths, opset, mode, value)
+    inits += pad_inits
     nodes = [helper.make_node("Conv", ["x", "w1"], ["y1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Pad", pad_inputs, ["p"], **attrs),
+             pad,
              helper.make_node("Conv", ["p", "w2"], ["y"])]
     graph = helper.make_graph(nodes, "padded",
                               [helper.make_tensor_value_info("x", 1, [1, 3, 11, 12])],
@@ -465,13 +462,8 @@ def _padded_convs(rng, mode: str, widths, value=None, opset: int = 13) -> onnx.M
 def test_a_spatial_pad_stays_in_the_blocked_layout(mode, widths, value, opset, rng):
     # a reflect-padded conv (style transfer, paddle2onnx's reflect pads): before, the
     # layout reordered to NCHW for the Pad and back for the next conv
-    graph = load_model(_padded_convs(rng, mode, widths, value, opset))
-    feeds = {"x": rng.standard_normal((1, 3, 11, 12)).astype(np.float32)}
-    expected = ort_outputs(graph, feeds)
-    layout = NchwcLayout()
-    optimized = layout.run(graph.copy())
-    check_graph(optimized)
-    ops = _ops(optimized)
+    layout, optimized, ops, feeds, expected = _laid_out(
+        _padded_convs(rng, mode, widths, value, opset), (1, 3, 11, 12), rng)
     assert layout.hits["Pad"] == 1 and ops["wpk.nchwc:Conv"] == 2
     assert ops["wpk.nchwc:ReorderOutput"] == 1     # only for the graph output
     (pad,) = [n for n in optimized.nodes if n.op == "Pad"]

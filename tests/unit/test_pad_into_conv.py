@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.unit.nchwc_support import evaluate
+from tests.unit.onnx_pad import pad_node
 from wpk.core.numerics import relative_l2
 from wpk.frontend import load_model
 from wpk.passes import optimize
@@ -27,22 +28,9 @@ def pad_conv_model(widths=(0, 0, 1, 1, 0, 0, 1, 1), opset=13, mode=None, value=N
     rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
                                      "w")]
-    attrs = {} if mode is None else {"mode": mode}
-    pad_inputs = ["x"]
-    if opset < 11:
-        attrs["pads"] = list(widths)
-        if value is not None:
-            attrs["value"] = value
-    else:
-        inits.append(numpy_helper.from_array(np.array(widths, np.int64), "widths"))
-        pad_inputs.append("widths")
-        if value is not None:
-            inits.append(numpy_helper.from_array(np.array(value, np.float32), "value"))
-            pad_inputs.append("value")
-        if axes is not None:
-            inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
-            pad_inputs += [""] * (3 - len(pad_inputs)) + ["axes"]
-    nodes = [helper.make_node("Pad", pad_inputs, ["p"], **attrs),
+    pad, pad_inits = pad_node("x", "p", widths, opset, mode, value, axes)
+    inits += pad_inits
+    nodes = [pad,
              helper.make_node("Conv", ["p", "w"], ["y"], strides=[2, 2],
                               **(conv_attrs or {}))]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
