@@ -49,6 +49,7 @@ from wpk.plans.planner import PlanChoices, PlanOptions, on_generated_kernels, pl
 from wpk.plans.predicted import mark_predicted
 from wpk.plans.progress import progress_bar
 from wpk.plans.report import make_report
+from wpk.search import input_sets
 from wpk.search.cluster import parse_address
 from wpk.search.compile_pool import CompilePool
 from wpk.search.driver import TuneOptions, family_candidates, tune_families
@@ -195,6 +196,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     optimized, pass_report = optimize(graph, opts.target)
     items = extract_workloads(optimized)
     choices, search, parallel = plan_workloads(items, build_target, opts, started)
+    input_sets.clear()   # the measurements' shared inputs are not needed past this point
 
     def assembled(chosen: PlanChoices) -> Plan:
         result = assemble_plan(optimized, items, chosen, opts.target,

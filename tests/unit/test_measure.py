@@ -271,3 +271,29 @@ def test_a_shared_input_set_leaves_the_generator_where_a_draw_would(rng):
     second = input_sets.draw(MATMUL, a, first, kept=(1,))
     assert np.array_equal(second.inputs[1], first.inputs[1])
     assert not np.array_equal(second.inputs[0], first.inputs[0])
+
+
+def test_a_build_lets_go_of_the_shared_input_sets(monkeypatch):
+    from onnx import TensorProto, helper
+
+    import wpk
+    from wpk.search import input_sets
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=8)
+    cached = []
+    real = input_sets.draw
+
+    def spy(*args, **kwargs):
+        found = real(*args, **kwargs)
+        cached.append(len(input_sets._CACHE))
+        return found
+
+    monkeypatch.setattr(input_sets, "draw", spy)
+    wpk.build(model, warmup=0, repeats=1, min_time=0.0, progress=False, partition=False)
+    assert cached and max(cached) > 0      # the build's candidates shared input sets
+    assert not input_sets._CACHE           # and the build let go of them
