@@ -38,6 +38,7 @@ class _Entry:
 
 
 _CACHE: OrderedDict[tuple, _Entry] = OrderedDict()
+_cached_bytes = 0
 
 
 def _key(workload: Workload, rng: np.random.Generator, first: InputSet | None,
@@ -47,18 +48,26 @@ def _key(workload: Workload, rng: np.random.Generator, first: InputSet | None,
 
 
 def _copy(arrays: Sequence) -> list:
-    return [None if x is None else np.array(x, copy=True) for x in arrays]
+    return _copy_except(arrays, ())
+
+
+def _copy_except(arrays: Sequence, skipped: tuple[int, ...]) -> list:
+    return [None if x is None or i in skipped else np.array(x, copy=True)
+            for i, x in enumerate(arrays)]
 
 
 class InputSet:
     """One drawn input set: `inputs` (the caller's copy), `expected()` (float64 reference
     outputs of those values, computed once per cached set)."""
 
-    def __init__(self, workload: Workload, key: tuple, entry: _Entry):
+    def __init__(self, workload: Workload, key: tuple, entry: _Entry,
+                 first: InputSet | None = None, kept: tuple[int, ...] = ()):
         self.key = key
         self._workload = workload
         self._entry = entry
-        self.inputs = _copy(entry.inputs)
+        self.inputs = _copy_except(entry.inputs, kept)
+        for index in kept:      # the first set's copies, not copied again
+            self.inputs[index] = first.inputs[index]
 
     def original(self, index: int):
         """The cached value of input `index` (read it, never write it)."""
@@ -74,7 +83,8 @@ class InputSet:
 def draw(workload: Workload, rng: np.random.Generator, first: InputSet | None = None,
          kept: Sequence[int] = ()) -> InputSet:
     """The workload's random inputs drawn from `rng`; with `first`, its inputs at the
-    indices `kept` (the constants a kernel was prepared with) replace the fresh ones."""
+    indices `kept` (the constants a kernel was prepared with) replace the fresh ones:
+    the same arrays as `first.inputs` there, not copies."""
     kept = tuple(sorted(kept))
     key = _key(workload, rng, first, kept)
     entry = _CACHE.get(key)
@@ -87,17 +97,21 @@ def draw(workload: Workload, rng: np.random.Generator, first: InputSet | None = 
     else:
         _CACHE.move_to_end(key)
         rng.bit_generator.state = entry.state
-    return InputSet(workload, key, entry)
+    return InputSet(workload, key, entry, first, kept)
 
 
 def _remember(key: tuple, entry: _Entry) -> None:
+    global _cached_bytes
     if entry.nbytes > MAX_BYTES:
         return
     _CACHE[key] = entry
-    while sum(e.nbytes for e in _CACHE.values()) > MAX_BYTES:
-        _CACHE.popitem(last=False)
+    _cached_bytes += entry.nbytes
+    while _cached_bytes > MAX_BYTES:
+        _cached_bytes -= _CACHE.popitem(last=False)[1].nbytes
 
 
 def clear() -> None:
-    """Forget every cached input set (tests)."""
+    """Forget every cached input set (a build does when planning is done)."""
+    global _cached_bytes
     _CACHE.clear()
+    _cached_bytes = 0

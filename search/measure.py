@@ -327,9 +327,7 @@ def _measure_candidate(workload: Workload, candidate: Candidate, rng: np.random.
         # Same constants (the kernel may have packed them), fresh data inputs.
         if shared:
             again = input_sets.draw(workload, rng, first, kept=tuple(consts))
-            second = [inputs[i] if i in consts else again.inputs[i]
-                      for i in range(len(inputs))]
-            expected2 = again.expected
+            second, expected2 = again.inputs, again.expected
         else:
             fresh = list(inputs_fn(workload, rng))
             second = [inputs[i] if i in consts else fresh[i] for i in range(len(inputs))]
