@@ -104,6 +104,50 @@ def evaluate(op: ir.Operator, arrays: Mapping[str, np.ndarray],
     return {name: tensors[name] for name in names}
 
 
+def evaluate_points(op: ir.Operator, arrays: Mapping[str, np.ndarray], stage: str,
+                    points: np.ndarray, bindings: Mapping[str, int | float] | None = None
+                    ) -> np.ndarray:
+    """The float64 values of `stage` of `op` at `points` (an [n, rank] array of indices),
+    without evaluating the whole tensor: what sampled verification compares with.
+
+    `arrays` holds the parameters and may hold any stage's values (a kernel's inputs
+    as they are in memory); a stage missing from it is evaluated only at the indices the
+    requested points read, recursively."""
+    full = infer_bindings(op, {p.name: arrays[p.name] for p in op.params},
+                          {k: v for k, v in (bindings or {}).items()
+                           if any(s.name == k for s in op.scalars)})
+    tensors: dict = {p.name: np.asarray(arrays[p.name], dtype=_np_type(p.dtype))
+                     for p in op.params}
+    for s in op.stages:
+        if s.name == stage:
+            return _StageEvaluator(op, s, tensors, full).at(np.asarray(points, np.int64))
+        if s.name in arrays:
+            tensors[s.name] = np.asarray(arrays[s.name], dtype=_np_type(s.dtype))
+        else:
+            tensors[s.name] = _PointwiseStage(op, s, tensors, full)
+    raise DslError(f"{_where(op)}operator {op.name} has no stage '{stage}'",
+                   hint=f"stages are {', '.join(s.name for s in op.stages)}")
+
+
+class _PointwiseStage:
+    """A stage's tensor that computes only the elements indexed (`evaluate_points`)."""
+
+    def __init__(self, op: ir.Operator, stage: ir.Stage, tensors: dict, bindings):
+        self.evaluator = _StageEvaluator(op, stage, tensors, bindings)
+        self.shape = self.evaluator.shape
+        self.size = math.prod(self.shape)
+        self.dtype = _np_type(stage.dtype)
+
+    def __getitem__(self, index: tuple) -> np.ndarray:
+        if not index:
+            return self.evaluator.run()[()]
+        index = np.broadcast_arrays(*index)
+        flat = np.ravel_multi_index([i.reshape(-1) for i in index], self.shape)
+        unique, inverse = np.unique(flat, return_inverse=True)
+        points = np.stack(np.unravel_index(unique, self.shape), axis=1)
+        return self.evaluator.at(points)[inverse].reshape(index[0].shape)
+
+
 def _np_type(dtype: str):
     if dtype in ir.FLOAT_TYPES:
         return np.float64
@@ -123,6 +167,35 @@ class _StageEvaluator:
         self.reduce_axes = red.axes if red is not None else ()
         self.reduce_shape = tuple(ir.bind_dim(a.extent, bindings) for a in self.reduce_axes)
         self.env: dict[str, np.ndarray] = {}
+        self.leading = len(self.shape)    # grid axes before the reduce axes
+
+    def at(self, points: np.ndarray) -> np.ndarray:
+        """The stage's values at `points` ([n, rank] indices), as a 1-d array."""
+        count = len(points)
+        if count == 0 or not self.shape:
+            return np.full(count, self.run()[()] if not self.shape else 0,
+                           dtype=_np_type(self.stage.dtype))
+        out = np.empty(count, dtype=_np_type(self.stage.dtype))
+        per_point = max(1, math.prod(self.reduce_shape))
+        chunk = max(1, MAX_GRID_ELEMENTS // per_point)
+        for start in range(0, count, chunk):
+            out[start:start + chunk] = self._evaluate_points(points[start:start + chunk])
+        return out
+
+    def _evaluate_points(self, points: np.ndarray) -> np.ndarray:
+        rank = 1 + len(self.reduce_shape)
+        self.leading = 1
+        self.env = {}
+        for axis, column in zip(self.stage.axes, points.T):
+            self.env[axis.name] = column.reshape((-1,) + (1,) * (rank - 1))
+        for position, (axis, extent) in enumerate(zip(self.reduce_axes, self.reduce_shape)):
+            grid_shape = [1] * rank
+            grid_shape[1 + position] = extent
+            self.env[axis.name] = np.arange(extent, dtype=np.int64).reshape(grid_shape)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            value = np.asarray(self.eval(self.stage.body, None),
+                               dtype=_np_type(self.stage.dtype))
+        return np.broadcast_to(value, (len(points),) + (1,) * (rank - 1)).reshape(-1)
 
     def run(self) -> np.ndarray:
         out = np.empty(self.shape, dtype=_np_type(self.stage.dtype))
@@ -145,6 +218,7 @@ class _StageEvaluator:
                 return out
 
     def _evaluate_rows(self, start: int, stop: int) -> np.ndarray:
+        self.leading = len(self.shape)
         rank = len(self.shape) + len(self.reduce_shape)
         extents = ((stop - start,) + self.shape[1:] if self.shape else ()) + self.reduce_shape
         self.env = {}
@@ -220,8 +294,8 @@ class _StageEvaluator:
 
     def _reduce(self, e: ir.Reduce, guard):
         body = self.eval(e.body, guard)
-        rank = len(self.shape) + len(self.reduce_shape)
-        first = len(self.shape)
+        rank = self.leading + len(self.reduce_shape)
+        first = self.leading
         full = np.broadcast_shapes(np.shape(body), (1,) * rank)
         target = list(full)
         for k in range(first, rank):

@@ -342,19 +342,24 @@ def lower_stage(op: C.Operator, schedule: Schedule, stage: C.Stage, out_stage: C
 
 def lower(op: C.Operator, schedule: Schedule, target: str = "cpu") -> L.PrimFunc:
     """Lower a specialised operator with its schedule to a `PrimFunc` for `target`
-    ('cpu' or 'cuda'): one kernel per stage computed at root, in execution order."""
+    ('cpu' or 'cuda'): one kernel per stage computed at root, in execution order. Its
+    `meta` names the outputs, keeps the operator lowered (`"operator"`, what the
+    reference interpreter evaluates) and the tensor each kernel writes
+    (`"kernel_outputs"`)."""
     roots, fusions, inlined = stage_plan(op, schedule)
     params = [L.Buffer(p.name, p.dtype, shape_of(op, p.name)) for p in op.params]
     params += [L.Buffer(o, op.tensor_dtype(o), shape_of(op, o)) for o in op.outputs]
     workspaces = [L.Buffer(s.name, s.dtype, shape_of(op, s.name)) for s in roots
                   if s.name not in op.outputs and s.name not in fusions]
     names = tuple(b.name for b in params + workspaces)
-    kernels = []
+    kernels, writes = [], []
     for stage in roots:
         out_stage = fusions.get(stage.name, stage)
+        writes.append(out_stage.name)
         body, shared = lower_stage(op, schedule, stage, out_stage, inlined, target)
         body = L.seq(*[L.Allocate(b) for b in shared], body)
         kernels.append(L.Kernel(f"wpk_{op.name}_{stage.name}" if len(roots) > 1 else
                                 f"wpk_{op.name}", body, names))
     return L.PrimFunc(f"wpk_{op.name}", tuple(params), (), tuple(workspaces), tuple(kernels),
-                      target, meta={"outputs": tuple(op.outputs)})
+                      target, meta={"outputs": tuple(op.outputs), "operator": op,
+                                    "kernel_outputs": tuple(writes)})

@@ -26,6 +26,12 @@ from wpk.core.errors import ScheduleError, ToolchainError
 from wpk.core.workload import Workload
 from wpk.kernels.cuda import analytic
 from wpk.kernels.cuda.generated import DSL_CUDA, CudaModuleImplementation
+from wpk.kernels.cuda.kernel_by_kernel import (
+    FULL_PIPELINE_LANES,
+    checkable,
+    earlier_lanes,
+    verify_kernel_by_kernel,
+)
 from wpk.kernels.cuda.offline import check_usage, cubin_arch, spill_note, verify_emulated
 from wpk.kernels.cuda.predicted import DEVICE_COPY, HOST_STEP
 from wpk.kernels.cuda.traffic import kernel_work
@@ -154,5 +160,9 @@ def verify_generated(workload: Workload, built, seed: int = 0, tolerance: float 
     limit = tolerance or tolerance_for(workload)
     own = impl.tolerance(workload, config)
     limit = limit if own is None else min(limit, own)
+    pipeline = impl.is_pipeline(config)
+    if pipeline and earlier_lanes(built.func) > FULL_PIPELINE_LANES and checkable(built.func):
+        return verify_kernel_by_kernel(built.func, feeds, {output: expected[0]},
+                                       tolerance=limit, seed=seed)
     return verify_emulated(built.func, feeds, {output: expected[0]}, tolerance=limit,
-                           seed=seed, full_before_last=impl.is_pipeline(config))
+                           seed=seed, full_before_last=pipeline)

@@ -69,7 +69,9 @@ def plan(op: C.Operator, bindings, config: Mapping | None, target: str, hw=None)
 def lower_for(op: C.Operator, bindings, config=None, target: str = "cpu", hw=None) -> L.PrimFunc:
     """Loop IR of the operator for `target` ('cpu' or 'cuda') under `config`."""
     _, _, schedule = plan(op, bindings, config, target, hw)
-    return lower(schedule.op, schedule, target)
+    func = lower(schedule.op, schedule, target)
+    func.meta["bindings"] = dict(bindings)     # the scalars, for the reference interpreter
+    return func
 
 
 def build_cpu(op: C.Operator, bindings, config: Mapping | None = None, hw=None) -> CpuKernel:

@@ -2,7 +2,8 @@
 
 The C kernel (gcc) and the CUDA kernel run on the GPU emulator must both match
 the float64 numpy reference (`compute.evaluate`) to a relative L2 error below
-1e-5. Hypothesis is derandomised, so every run draws the same cases.
+1e-5; the CUDA kernels also pass the kernel-by-kernel check of big pipelines.
+Hypothesis is derandomised, so every run draws the same cases.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tests.unit.dsl_workloads import draw_config, draw_workload
 from wpk.core.numerics import relative_l2
 from wpk.dsl import compute as C
 from wpk.dsl.emulator import emulate
+from wpk.kernels.cuda.kernel_by_kernel import verify_kernel_by_kernel
 from wpk.kernels.dsl_library import list_operators, load_operator
 from wpk.kernels.templates import build_cpu, lower_for, template_for
 
@@ -44,7 +46,12 @@ def _check(name: str, data, target: str) -> None:
                     for b in [kernel.func.buffer(o)]}
         outputs = kernel(**arrays, out=poisoned)
     else:
-        outputs = emulate(lower_for(op, bindings, config, "cuda"), arrays)
+        func = lower_for(op, bindings, config, "cuda")
+        outputs = emulate(func, arrays)
+        # the same kernels checked one at a time on sampled blocks, as big pipelines are
+        by_kernel = verify_kernel_by_kernel(func, arrays, reference, TOLERANCE,
+                                            full_grid_blocks=1)
+        assert by_kernel.ok, f"{name} {config} bindings={bindings}: {by_kernel.message}"
     for out_name, ref in reference.items():
         err = relative_l2(outputs[out_name], ref)
         assert err < TOLERANCE, (f"{name} {target} {config} bindings={bindings}: "
