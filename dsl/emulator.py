@@ -162,6 +162,8 @@ class _Chunk:
         self.reader: dict[str, np.ndarray] = {}
         self.buffers: dict[str, L.Buffer] = {}
         self.scratch: dict[str, np.ndarray] = {}   # duplicate detection, per array
+        self.block_offsets: dict[int, np.ndarray] = {}
+        self.local_offsets: dict[int, np.ndarray] = {}
 
     def where(self, lane: int) -> str:
         return (f"block {self.block0 + int(self.block[lane])} thread {int(self.tid[lane])} "
@@ -189,6 +191,23 @@ class _Chunk:
                                 f"by {self.where(lane)}",
                                 hint="the schedule or the code generator produced a bad index")
 
+    def _safe_index(self, name, idx, m, size, what) -> tuple[np.ndarray, np.ndarray | None]:
+        """(per-lane index with inactive lanes at 0, the active mask or None when every
+        lane is active), after checking the active lanes' indices are inside `size`."""
+        idx = np.broadcast_to(np.asarray(idx, np.int64), (self.lanes,))
+        act = None if m is None else np.broadcast_to(np.asarray(m, bool), (self.lanes,))
+        safe = idx if act is None else np.where(act, idx, 0)
+        if safe.size and (safe.min() < 0 or safe.max() >= size):
+            self._check_bounds(name, idx, self.active(act), size, what)
+        return safe, act
+
+    def _offsets(self, size: int) -> np.ndarray:
+        """Each lane's block row start in a flattened per-block array of `size` columns."""
+        offsets = self.block_offsets.get(size)
+        if offsets is None:
+            offsets = self.block_offsets[size] = self.block * size
+        return offsets
+
     def load(self, name: str, idx, m):
         if name in self.globals:
             arr = self.globals[name]
@@ -197,37 +216,46 @@ class _Chunk:
                     self._check_bounds(name, np.full(1, idx), np.ones(1, bool), arr.size, "read")
                     return arr[int(idx)]
                 return arr.dtype.type(0)
-            act = self.active(m)
-            idx = np.broadcast_to(np.asarray(idx, np.int64), (self.lanes,))
-            self._check_bounds(name, idx, act, arr.size, "read")
-            return arr[np.where(act, idx, 0)]
+            safe, _ = self._safe_index(name, idx, m, arr.size, "read")
+            return arr[safe]
         arr = self.arrays[name]
-        act = self.active(m)
-        idx = np.broadcast_to(np.asarray(idx, np.int64), (self.lanes,))
-        self._check_bounds(name, idx, act, arr.shape[1], "read")
-        safe = np.where(act, idx, 0)
+        size = arr.shape[1]
+        safe, act = self._safe_index(name, idx, m, size, "read")
         if self.buffers[name].scope == "local":
-            return arr[np.arange(self.lanes), safe]
-        writer = self.writer[name][self.block, safe]
-        race = act & (writer >= 0) & (writer != self.tid)
+            return arr.reshape(-1)[self.lane_offsets(size) + safe]
+        keys = self._offsets(size) + safe
+        writer = self.writer[name].reshape(-1)[keys]
+        race = (writer >= 0) & (writer != self.tid)
+        if act is not None:
+            race &= act
         if race.any():
             lane = int(np.argmax(race))
-            raise EmulatorError(f"data race: {self.where(lane)} reads {name}[{int(idx[lane])}] "
+            raise EmulatorError(f"data race: {self.where(lane)} reads {name}[{int(safe[lane])}] "
                                 f"written by thread {int(writer[lane])} since the last barrier",
                                 hint="a __syncthreads() is missing between the write and the read")
-        self._mark_readers(name, safe, act)
-        return arr[self.block, safe]
+        self._mark_readers(name, keys, act)
+        return arr.reshape(-1)[keys]
 
-    def _mark_readers(self, name, idx, act):
+    def lane_offsets(self, size: int) -> np.ndarray:
+        """Each lane's row start in a flattened per-lane (local) array of `size` columns."""
+        offsets = self.local_offsets.get(size)
+        if offsets is None:
+            offsets = self.local_offsets[size] = np.arange(self.lanes) * size
+        return offsets
+
+    def _mark_readers(self, name, keys, act):
         """Record the reading thread of every element (-2: read by several threads since
         the last barrier), without sorting: after a scattered write of the thread ids, an
         element read by two threads in this statement holds only one of them."""
-        keys = (self.block * self.arrays[name].shape[1] + idx)[act]
+        tids = self.tid
+        if act is not None:
+            keys, tids = keys[act], tids[act]
         if keys.size == 0:
             return
-        tids = self.tid[act]
         reader = self.reader[name].reshape(-1)
         old = reader[keys]
+        if ((old == -2) | (old == tids)).all():   # read again by the same readers: no change
+            return
         reader[keys] = tids
         shared_read = (reader[keys] != tids) | ((old != -1) & (old != tids))
         if shared_read.any():
@@ -244,37 +272,37 @@ class _Chunk:
         return bool((scratch[keys] != order).any())
 
     def store(self, name: str, idx, value, m) -> None:
-        act = self.active(m)
-        idx = np.broadcast_to(np.asarray(idx, np.int64), (self.lanes,))
+        arr = self.globals.get(name)
+        size = arr.size if arr is not None else self.arrays[name].shape[1]
+        safe, act = self._safe_index(name, idx, m, size, "write")
         value = np.broadcast_to(np.asarray(value), (self.lanes,))
-        if name in self.globals:
-            arr = self.globals[name]
-            self._check_bounds(name, idx, act, arr.size, "write")
-            targets = idx[act]
+        if arr is not None:
+            targets = safe if act is None else safe[act]
             if self._has_duplicates(name, targets, arr.size):
                 raise EmulatorError(f"data race: several threads of kernel {self.func.name} "
                                     f"store to the same element of {name} in one statement",
                                     hint="each output element must have exactly one writer")
-            arr[targets] = value[act]
+            arr[targets] = value if act is None else value[act]
             return
-        arr = self.arrays[name]
-        self._check_bounds(name, idx, act, arr.shape[1], "write")
+        flat = self.arrays[name].reshape(-1)
         if self.buffers[name].scope == "local":
-            lanes = np.nonzero(act)[0]
-            arr[lanes, idx[act]] = value[act]
+            keys = self.lane_offsets(size) + safe
+            flat[keys if act is None else keys[act]] = value if act is None else value[act]
             return
-        blocks, targets, tids = self.block[act], idx[act], self.tid[act]
-        keys = blocks * arr.shape[1] + targets
-        writer = self.writer[name][blocks, targets]
-        reader = self.reader[name][blocks, targets]
-        clash = ((writer >= 0) & (writer != tids)) | ((reader != -1) & (reader != tids))
-        if clash.any() or self._has_duplicates(name, keys, arr.size):
+        keys, tids = self._offsets(size) + safe, self.tid
+        if act is not None:
+            keys, tids, value = keys[act], tids[act], value[act]
+        writer = self.writer[name].reshape(-1)
+        reader = self.reader[name].reshape(-1)[keys]
+        old = writer[keys]
+        clash = ((old >= 0) & (old != tids)) | ((reader != -1) & (reader != tids))
+        if clash.any() or self._has_duplicates(name, keys, flat.size):
             raise EmulatorError(f"data race on shared {name} in kernel {self.func.name}: an "
                                 "element is written by one thread and touched by another "
                                 "in the same phase",
                                 hint="a __syncthreads() is missing before this write")
-        self.writer[name][blocks, targets] = tids
-        arr[blocks, targets] = value[act]
+        writer[keys] = tids
+        flat[keys] = value
 
     def barrier(self, m) -> None:
         if m is not None and not np.all(m):
