@@ -186,6 +186,10 @@ class Connection:
             self.ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False,
                           configure_logging=True)
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+            # a connection that failed half-way (a Ray Client server that did not start)
+            # can leave Ray's client context connected; the next Connection would then
+            # skip ray.init and use it (seen as an internal error in the next test)
+            self.ray.shutdown()
             self.close()
             raise ClusterError(f"--cluster {self.address.text}: cannot connect: {exc}",
                                hint="check the address (`ray status` on the head prints "
