@@ -14,6 +14,7 @@ imports and calls it. The compile functions here go through the compile cache
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -69,6 +70,10 @@ class CompileJob:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
 
+    def run(self) -> Any:
+        """Call the function in this process (what a compile worker does with the job)."""
+        return import_function(self.function)(**self.kwargs)
+
     @staticmethod
     def c_source(source: str, flags: Sequence[str] | None = None, label: str = "") -> CompileJob:
         """C source -> path of its shared library (default flags: `toolchain.c_flags()`)."""
@@ -83,6 +88,14 @@ class CompileJob:
                           {"op": op, "bindings": dict(bindings),
                            "config": None if config is None else dict(config)},
                           label or f"{op}{dict(config or {})}")
+
+
+def import_function(path: str):
+    """The function a "module:name" path names (its module imported)."""
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ValueError(f"function {path!r} is not 'module:name'")
+    return getattr(importlib.import_module(module), name)
 
 
 def compile_c_source(source: str, flags: Sequence[str] | None = None) -> str:

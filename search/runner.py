@@ -50,6 +50,7 @@ from wpk.kernels.registry import Candidate
 from wpk.kernels.target import Target
 from wpk.search.cluster import cluster_runner, parse_address
 from wpk.search.measure import Measurement, Status, pooled
+from wpk.search.precompile import Precompiler
 from wpk.search.workers import MeasureOptions, MeasureWorker
 
 AnyCandidate = Candidate | CandidateSpec
@@ -178,7 +179,33 @@ class Runner(ABC):
         self.close()
 
 
-class LocalRunner(Runner):
+def _loadable(candidate: AnyCandidate) -> Candidate | None:
+    """The candidate, or None when this process cannot load its implementation (its
+    measurement says so)."""
+    try:
+        return as_candidate(candidate)
+    except Exception:  # noqa: BLE001 - any import or registry error, reported when measured
+        return None
+
+
+class HostRunner(Runner):
+    """A runner that measures on this machine: with a `precompiler`, the generated
+    candidates the planner announces (`prefetch`) are compiled side by side before the
+    first measurement (`wpk.search.precompile`)."""
+
+    precompiler: Precompiler | None = None
+
+    def prefetch(self, workload: Workload, candidates: Sequence[AnyCandidate]) -> None:
+        if self.precompiler is not None:
+            self.precompiler.add(workload, [c for c in map(_loadable, candidates) if c])
+
+    def compile_announced(self) -> None:
+        """Compile what was announced and not compiled yet (before measuring)."""
+        if self.precompiler is not None:
+            self.precompiler.flush()
+
+
+class LocalRunner(HostRunner):
     """Measures in this process with a timer of `TIMERS`."""
 
     def __init__(self, timer: str = "host", options: MeasureOptions | None = None,
@@ -189,6 +216,7 @@ class LocalRunner(Runner):
 
     def measure(self, workload: Workload, candidate: AnyCandidate,
                 options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
+        self.compile_announced()
         options = options or self.options
         seed = self.seed_of(workload, candidate) if seed is None else seed
         try:
@@ -201,7 +229,7 @@ class LocalRunner(Runner):
                              **options.timing())
 
 
-class IsolatedRunner(Runner):
+class IsolatedRunner(HostRunner):
     """Measures in a long-lived worker process (restarted only after a crash or a hang)."""
 
     def __init__(self, timer: str = "host", options: MeasureOptions | None = None,
@@ -213,6 +241,7 @@ class IsolatedRunner(Runner):
 
     def measure(self, workload: Workload, candidate: AnyCandidate,
                 options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
+        self.compile_announced()
         seed = self.seed_of(workload, candidate) if seed is None else seed
         return self.worker.measure(workload, candidate, options or self.options, seed=seed)
 
@@ -263,7 +292,8 @@ def create_runner(target: Target, *, isolated: bool = False, parallel: int | Non
     `parallel` streams when the target has streams (their totals added to `summary`,
     a `ParallelSummary`), or on the nodes of the Ray `cluster` (an address of
     `wpk.search.cluster.parse_address`; Ray is imported only then). `jobs`: compile
-    threads of a predicted build."""
+    threads (of a predicted build, or compiling the announced candidates before a
+    measured build measures; default one per usable core)."""
     check_runner(target, parallel, cluster)
     if cluster is not None:
         return cluster_runner(target, cluster, options, seed)
@@ -274,6 +304,7 @@ def create_runner(target: Target, *, isolated: bool = False, parallel: int | Non
         return PredictedRunner(target.hardware, options, seed, jobs=jobs)
     base = (IsolatedRunner(target.timer, options, seed) if isolated
             else LocalRunner(target.timer, options, seed))
+    base.precompiler = Precompiler(target.families, jobs)
     if not parallel:
         return base
     from wpk.search.parallel_measure import ParallelRunner

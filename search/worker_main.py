@@ -52,13 +52,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _import_function(path: str):
-    module, _, name = path.partition(":")
-    if not module or not name:
-        raise ValueError(f"function {path!r} is not 'module:name'")
-    return getattr(importlib.import_module(module), name)
-
-
 def _measure(request: Mapping) -> dict:
     # Imported once the worker runs: `main` has moved stdout away from the reply channel
     # first, so nothing an import prints can corrupt a reply.
@@ -117,7 +110,9 @@ def _handle(request: Mapping) -> dict:
     if kind == "measure":
         return _measure(request)
     if kind == "call":
-        function = _import_function(request["function"])
+        from wpk.kernels.jobs import import_function  # what compiles it is imported anyway
+
+        function = import_function(request["function"])
         return {"result": function(**dict(request.get("kwargs") or {}))}
     raise ValueError(f"unknown request kind {kind!r}")
 
