@@ -153,3 +153,19 @@ def test_the_gpu_plan_audit_counts_host_steps(scripts_on_path, tmp_path, capsys)
     out = capsys.readouterr().out
     assert "host steps: none" in out and "predicted " in out
     assert re.search(r"largest share: (Relu|Sigmoid|Elementwise)\b.*\d+%", out), out
+
+
+def test_time_builds_times_an_empty_and_a_warm_compile_cache(scripts_on_path, tmp_path,
+                                                             cache_dir):
+    import json
+    import os
+
+    import time_builds
+
+    out = tmp_path / "times.json"
+    assert time_builds.main(["--models", "transformer_encoder", "--jobs", "1", "2",
+                             "--fast", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["jobs"] for r in rows] == [1, 2]
+    assert all(r["empty_cache_s"] > 0 and r["warm_cache_s"] > 0 for r in rows)
+    assert os.environ["WPK_CACHE_DIR"] == cache_dir     # the caller's cache is back
