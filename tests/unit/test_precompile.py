@@ -60,9 +60,10 @@ def test_announced_generated_candidates_are_compiled_before_the_first_measuremen
 def test_a_job_that_fails_is_counted_and_left_to_the_measurement():
     precompiler = Precompiler([], jobs=2)
     precompiler.pending = [CompileJob.c_source("this is not C", label="bad"),
+                           CompileJob("wpk.kernels.jobs:compile_c_source", {"sauce": 1}),
                            CompileJob.c_source("int wpk_ok(void) { return 1; }")]
     precompiler.flush()
-    assert precompiler.failed == 1 and not precompiler.pending
+    assert precompiler.failed == 2 and not precompiler.pending
     assert len(libraries()) == 1
 
 
