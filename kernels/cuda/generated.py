@@ -89,13 +89,19 @@ def preferred_configs(workload: Workload, gpu, count: int = DEFAULT_CONFIG_COUNT
     template = cuda_template(workload, gpu)
     points = list(itertools.islice(template.preferred_points(), scan))  # spaces reach 10^5
     valid: list[dict] = []
+    fits: dict[tuple, bool] = {}    # the passes below meet the same points again
+
+    def fitting(point: dict) -> bool:
+        key = tuple(sorted(point.items()))
+        if key not in fits:
+            fits[key] = template.validate(point) is None   # lowers the whole operator
+        return fits[key]
 
     def take(candidates) -> None:
         for index, point in enumerate(candidates):
             if index >= scan or len(valid) >= count:
                 return
-            if all(_distinct(point, other) for other in valid) \
-                    and template.validate(point) is None:
+            if all(_distinct(point, other) for other in valid) and fitting(point):
                 valid.append(point)
                 return
 
