@@ -93,8 +93,7 @@ def evaluate(op: ir.Operator, arrays: Mapping[str, np.ndarray],
     `bindings` may hold scalar values (and is completed by `infer_bindings`).
     With `keep_locals` the temporaries are returned too.
     """
-    full = infer_bindings(op, arrays, {k: v for k, v in (bindings or {}).items()
-                                       if any(s.name == k for s in op.scalars)})
+    full = infer_bindings(op, arrays, _scalars_of(op, bindings))
     tensors: dict[str, np.ndarray] = {}
     for p in op.params:
         tensors[p.name] = np.asarray(arrays[p.name], dtype=_np_type(p.dtype))
@@ -102,6 +101,12 @@ def evaluate(op: ir.Operator, arrays: Mapping[str, np.ndarray],
         tensors[stage.name] = _StageEvaluator(op, stage, tensors, full).run()
     names = [s.name for s in op.stages] if keep_locals else list(op.outputs)
     return {name: tensors[name] for name in names}
+
+
+def _scalars_of(op: ir.Operator, bindings: Mapping[str, int | float] | None) -> dict:
+    """The entries of `bindings` that are scalars of `op` (the rest are re-inferred)."""
+    names = {s.name for s in op.scalars}
+    return {k: v for k, v in (bindings or {}).items() if k in names}
 
 
 def evaluate_points(op: ir.Operator, arrays: Mapping[str, np.ndarray], stage: str,
@@ -114,8 +119,7 @@ def evaluate_points(op: ir.Operator, arrays: Mapping[str, np.ndarray], stage: st
     as they are in memory); a stage missing from it is evaluated only at the indices the
     requested points read, recursively."""
     full = infer_bindings(op, {p.name: arrays[p.name] for p in op.params},
-                          {k: v for k, v in (bindings or {}).items()
-                           if any(s.name == k for s in op.scalars)})
+                          _scalars_of(op, bindings))
     tensors: dict = {p.name: np.asarray(arrays[p.name], dtype=_np_type(p.dtype))
                      for p in op.params}
     for s in op.stages:

@@ -47,11 +47,8 @@ def _key(workload: Workload, rng: np.random.Generator, first: InputSet | None,
     return workload.key, state, None if first is None else first.key, kept
 
 
-def _copy(arrays: Sequence) -> list:
-    return _copy_except(arrays, ())
-
-
-def _copy_except(arrays: Sequence, skipped: tuple[int, ...]) -> list:
+def _copy_except(arrays: Sequence, skipped: tuple[int, ...] = ()) -> list:
+    """Copies of `arrays`, None at the indices `skipped`."""
     return [None if x is None or i in skipped else np.array(x, copy=True)
             for i, x in enumerate(arrays)]
 
@@ -92,7 +89,7 @@ def draw(workload: Workload, rng: np.random.Generator, first: InputSet | None = 
         drawn = list(random_inputs(workload, rng))
         for index in kept:
             drawn[index] = first.original(index)
-        entry = _Entry(_copy(drawn), rng.bit_generator.state)
+        entry = _Entry(_copy_except(drawn), rng.bit_generator.state)
         _remember(key, entry)
     else:
         _CACHE.move_to_end(key)

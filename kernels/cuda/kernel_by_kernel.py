@@ -93,8 +93,9 @@ def verify_kernel_by_kernel(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
         except EmulatorError as exc:
             return Verification(False, math.inf, ran, total, 0, f"emulator: {exc.message}")
         ran, total = ran + (grid if blocks is None else len(blocks)), total + grid
-        written = np.flatnonzero(_written(out))
-        problem = _coverage_problem(kernel.name, name, written, out.size,
+        mask = _written(out)
+        written = np.flatnonzero(mask)
+        problem = _coverage_problem(kernel.name, name, mask,
                                     blocks is None and writes.count(name) == 1)
         if problem:
             return Verification(False, math.inf, ran, total, 0, problem)
@@ -106,8 +107,7 @@ def verify_kernel_by_kernel(func: L.PrimFunc, feeds: Mapping[str, np.ndarray],
                                 f"{name} on its inputs exceeds {tolerance:g}")
         checked[name] = written
         if name in workspaces:
-            unwritten = ~_written(out)
-            out[unwritten] = rng.uniform(*FILL_RANGE, int(unwritten.sum()))
+            out[~mask] = rng.uniform(*FILL_RANGE, out.size - written.size)
     return _operator_check(func, feeds, expected, checked, tolerance, worst, ran, total,
                            rng)
 
@@ -124,13 +124,12 @@ def _written(out: np.ndarray) -> np.ndarray:
     return out.view(kind) != pattern
 
 
-def _coverage_problem(kernel: str, name: str, written: np.ndarray, size: int,
-                      must_cover: bool) -> str:
-    if written.size == 0:
+def _coverage_problem(kernel: str, name: str, written: np.ndarray, must_cover: bool) -> str:
+    """'' or why the kernel's writes (a mask over `name`) fall short."""
+    if not written.any():
         return f"kernel {kernel}: the emulated blocks wrote no element of {name}"
-    if must_cover and written.size < size:
-        missing = int(np.flatnonzero(np.isin(np.arange(size), written, invert=True))[0])
-        return f"kernel {kernel}: {name}[{missing}] was never written"
+    if must_cover and not written.all():
+        return f"kernel {kernel}: {name}[{int(np.argmin(written))}] was never written"
     return ""
 
 
