@@ -19,6 +19,13 @@ one rotating); medians per round, the median over rounds reported as GFLOP/s,
     python scripts/bench_micro_gemm.py [--threads 1,2] [--rounds 5] [--grid 8]
         [--models transformer_encoder,bert_base_layer,vit_tiny] [--output FILE.json]
     python scripts/bench_micro_gemm.py --table FILE.json    # its README table (markdown)
+    python scripts/bench_micro_gemm.py --kc-sweep [--isa avx2]  # the default tile per k pass
+
+`--kc-sweep` times the default register tile (or `--isa`'s) at every k-pass length
+`kc` on the constant-B products, the lengths interleaved in back-to-back calls
+(no pause: what a plan's consecutive steps see), the fastest call of
+rounds x repeat counted: the evidence for `PANEL_BYTES`, the default's bound on
+kc, in `wpk.kernels.cpu.microkernels.gemm_space`.
 """
 
 from __future__ import annotations
@@ -224,6 +231,63 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def kc_sweep(p: Product, args, rng) -> dict:
+    """GFLOP/s of the default tile (at `args.isa`'s widest tile when given) per kc choice
+    on product `p`, each verified, the fastest call of rounds x repeat interleaved."""
+    from wpk.kernels.cpu.microkernels.gemm import MICRO_GEMM, GemmKernels
+    from wpk.kernels.cpu.microkernels.gemm_space import KC_CHOICES
+    from wpk.kernels.cpu.microkernels.gemm_space import default_config as gemm_default
+    from wpk.kernels.random_inputs import random_inputs
+    from wpk.kernels.reference import reference
+
+    w = workload(p)
+    inputs = random_inputs(w, rng)
+    expected = reference(w, inputs)[0]
+    space = GemmKernels().template(w)
+    default = gemm_default(space.geometry, args.isa) if args.isa else space.default_config()
+    out = np.empty(w.outputs[0].shape, np.float32)
+    kernels = {}
+    for kc in KC_CHOICES:
+        kernel = MICRO_GEMM.prepare(w, {1: inputs[1]}, dict(default, kc=kc))
+        out.fill(np.nan)
+        kernel(inputs, [out])
+        if not relative_error(out, expected) < 1e-4:
+            raise SystemExit(f"{p.label} kc {kc}: wrong answer")
+        kernels[kc] = kernel
+    fastest = dict.fromkeys(kernels, float("inf"))
+    for _ in range(args.rounds):
+        for kc, kernel in kernels.items():
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                kernel(inputs, [out])
+                fastest[kc] = min(fastest[kc], time.perf_counter() - start)
+    return {"model": p.model, "label": p.label, "default": default,
+            "gflops_per_kc": {kc: p.flops / t / 1e9 for kc, t in fastest.items()}}
+
+
+def main_kc_sweep(args, counts: list[int]) -> int:
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    shapes = [p for m in args.models.split(",") for p in products(m) if p.const_b]
+    rows = []
+    for threads in counts:
+        with threadpool_limits(limits=threads):
+            for p in shapes[:args.limit]:
+                row = dict(kc_sweep(p, args, rng), threads=threads)
+                rows.append(row)
+                cells = " ".join(f"{kc}:{g:.0f}" for kc, g in row["gflops_per_kc"].items())
+                print(f"{threads} thr {p.model:20s} {p.label:22s} default kc "
+                      f"{row['default']['kc']:4d} ({row['default']['isa']})  GFLOP/s per "
+                      f"kc {cells}", flush=True)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps({"benchmark": "bench_micro_gemm --kc-sweep",
+                                           "machine": platform.processor(),
+                                           "rows": rows}, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
@@ -235,6 +299,9 @@ def main(argv=None) -> int:
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None,
                         help="print the markdown table of this results JSON and stop")
+    parser.add_argument("--kc-sweep", action="store_true",
+                        help="time the default tile at every k-pass length kc instead")
+    parser.add_argument("--isa", default=None, help="--kc-sweep: this ISA's default tile")
     args = parser.parse_args(argv)
     if args.table:
         print(markdown_table(json.loads(args.table.read_text())))
@@ -242,6 +309,9 @@ def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
     counts = [int(t) for t in args.threads.split(",")]
+    if args.kc_sweep:
+        args.rounds, args.repeat = max(args.rounds, 15), max(args.repeat, 3)
+        return main_kc_sweep(args, counts)
     args.peaks = {t: measure_peak(t)["gflops"] for t in counts}
     shapes = [p for m in args.models.split(",") for p in products(m)][:args.limit]
     rng = np.random.default_rng(0)

@@ -38,8 +38,12 @@ KC_CHOICES = (32, 64, 128, 256, 512, 1024)
 MB_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 NB_CHOICES = (1, 2, 4, 8, 16, 32)
 UNROLL_CHOICES = (1, 2, 4, 8)
-# A panel's kc x nr slice the row tiles of a block sweep: kept within this many bytes (L1)
-PANEL_BYTES = 32 * 1024
+# A panel's kc x nr slice the row tiles of a block sweep: kept within this many bytes, half
+# of a 256 KiB L2 (the smallest of current x86 server cores). An L1-sized slice (32 KiB:
+# kc 128 at 4 AVX-512 vectors) parks partial sums in the output once per 128 rows of B
+# and ran BERT's and ViT's projections 3-7% slower than 512 rows (2026-11-29, AVX-512 and
+# AVX2 code on one Zen 4 VM, 1 and 2 threads: `scripts/bench_micro_gemm.py --kc-sweep`)
+PANEL_BYTES = 128 * 1024
 # Parallel units per call the default aims at: a few per core, each of at least
 # UNIT_FLOPS (a smaller product runs on the calling thread: waking a team costs more)
 TARGET_UNITS = 4 * (os.cpu_count() or 1)
