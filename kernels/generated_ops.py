@@ -18,7 +18,7 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.dsl.compute import infer_bindings
 from wpk.dsl.parser import parse_source
-from wpk.kernels.cpu.resize import nearest_indices, resize_spec
+from wpk.kernels.cpu.resize import nearest_indices, resize_spec, source_coordinates
 from wpk.kernels.cpu.tensor_formulas import reduce_axes, slice_index
 from wpk.kernels.cpu.window import conv_transpose_begin_pads, window_geometry
 
@@ -311,13 +311,60 @@ def _map_slice(w: Workload, lib, core: int):
     return _indexed_copy("slice", x, out, sources), {"X": x}, {}, {"X": 0}, out, out
 
 
+def _coordinate_line(spec, axis: int) -> tuple[float, float] | None:
+    """(a, b) with the source coordinate of output position o along `axis` equal to
+    a * o + b (`wpk.kernels.cpu.resize.source_coordinates`, every mode but
+    tf_crop_and_resize, which extrapolates), computed in float64; None otherwise."""
+    if spec.coordinates == "tf_crop_and_resize":
+        return None
+    size = spec.out_shape[axis]
+    probe = source_coordinates(spec, axis)
+    a = float(probe[1] - probe[0]) if size > 1 else 0.0
+    b = float(probe[0])
+    if not np.allclose(probe, a * np.arange(size) + b, rtol=0, atol=1e-9 * max(1, size)):
+        return None
+    return a, b
+
+
+def _interpolated_read(spec, in_shape, lines: dict) -> tuple[str, str]:
+    """(the reduction axes, the product of the taps' weights times the read of X) of a
+    linear or cubic Resize: per resized axis k a tap variable t{k} over 2 (linear) or 4
+    (cubic) taps from floor(x) (cubic: from floor(x) - 1), its weight the triangle or
+    Keys' cubic of the distance, its index clamped to the input (edges repeat)."""
+    taps = 2 if spec.mode == "linear" else 4
+    first = 0 if spec.mode == "linear" else -1
+    reductions, weights, index = [], [], []
+    for k, length in enumerate(in_shape):
+        if k not in lines:
+            index.append(f"i{k}")
+            continue
+        a, b = lines[k]
+        x = f"({a!r} * f32(i{k}) + {b!r})"
+        tap = f"(i32(floor({x})) + {first} + t{k})"
+        distance = f"abs({x} - f32({tap}))"
+        reductions.append(f"t{k} in {taps}")
+        index.append(f"min(max({tap}, 0), {length - 1})")
+        if spec.mode == "linear":
+            weights.append(f"(1.0 - {distance})")
+        else:
+            c = spec.cubic_coeff_a
+            d = distance
+            near = f"((({c!r} + 2.0) * {d} - ({c!r} + 3.0)) * {d} * {d} + 1.0)"
+            far = f"(((({c!r} * {d} - {5 * c!r}) * {d} + {8 * c!r}) * {d}) - {4 * c!r})"
+            weights.append(f"select({d} <= 1.0, {near}, select({d} < 2.0, {far}, 0.0))")
+    read = " * ".join([*weights, f"X[{', '.join(index)}]"])
+    return ", ".join(reductions), read
+
+
 def _map_resize(w: Workload, lib, core: int):
     x, out = tuple(w.inputs[0].shape), tuple(w.outputs[0].shape)
     if w.opset < 11:
         return "Resize before opset 11 does not map"
     spec = resize_spec(w, [None] + [w.static_value(i) for i in range(1, len(w.inputs))])
-    if spec.mode != "nearest" or spec.coordinates == "tf_crop_and_resize":
-        return "only a nearest Resize maps"
+    if spec.coordinates == "tf_crop_and_resize":
+        return "a tf_crop_and_resize Resize (it extrapolates) does not map"
+    if spec.mode != "nearest":
+        return _map_interpolating_resize(spec, x, out)
     sources = []
     for k, (size, length) in enumerate(zip(out, x)):
         if not (nearest_indices(spec, k) == np.arange(size) * length // size).all():
@@ -325,6 +372,32 @@ def _map_resize(w: Workload, lib, core: int):
         sources.append(f"i{k}" if size == length else f"i{k} * {length} / {size}")
     return (_indexed_copy("resize_nearest", x, out, sources), {"X": x}, {}, {"X": 0}, out,
             out)
+
+
+# A linear or cubic Resize maps when it resizes at most this many axes (2**3 linear taps,
+# 4**2 cubic ones per output element)
+MAX_RESIZED_AXES = {"linear": 3, "cubic": 2}
+
+
+def _map_interpolating_resize(spec, x: tuple[int, ...], out: tuple[int, ...]):
+    """A linear or cubic Resize as a sum over each resized axis's taps (no antialias, no
+    exclude_outside: their weights are renormalised per position)."""
+    if spec.antialias or spec.exclude_outside:
+        return "a linear or cubic Resize maps without antialias and exclude_outside"
+    axes = spec.resized_axes()
+    if not axes or len(axes) > MAX_RESIZED_AXES[spec.mode]:
+        return (f"a {spec.mode} Resize maps when it resizes 1 to "
+                f"{MAX_RESIZED_AXES[spec.mode]} axes")
+    lines = {k: _coordinate_line(spec, k) for k in axes}
+    if any(line is None for line in lines.values()):
+        return "a Resize whose source coordinates are not a line does not map"
+    reductions, read = _interpolated_read(spec, x, lines)
+    index = ", ".join(f"i{k}" for k in range(len(out)))
+    (op,) = parse_source(f"op resize_{spec.mode}(X: f32[{', '.join(map(str, x))}]) -> "
+                         f"Y: f32[{', '.join(map(str, out))}] {{\n"
+                         f"    Y[{index}] = sum({reductions}) {{ {read} }}\n}}\n",
+                         f"<resize_{spec.mode}>")
+    return op, {"X": x}, {}, {"X": 0}, out, out
 
 
 MAPPERS = {"Conv": _map_conv, "MatMul": _map_matmul, "Gemm": _map_gemm,

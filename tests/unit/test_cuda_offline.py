@@ -354,7 +354,14 @@ def test_a_batchnorm_left_after_a_concat_runs_on_the_device():
     Workload("ConvTranspose", (TensorSpec((1, 32, 20, 20)), TensorSpec((32, 16, 2, 2)),
                                TensorSpec((16,))), (TensorSpec((1, 16, 40, 40)),),
              (("strides", (2, 2)),), const_inputs=(1, 2)),
-], ids=["ReduceMean", "Slice", "Resize", "ConvTranspose"])
+    Workload("Resize", (TensorSpec((1, 16, 10, 12)), None, TensorSpec((4,))),
+             (TensorSpec((1, 16, 20, 24)),), (("mode", b"linear"),), const_inputs=(2,),
+             static_inputs=((2, np.array([1, 1, 2, 2], np.float32)),), opset=13),
+    Workload("Resize", (TensorSpec((1, 8, 9, 7)), None, None, TensorSpec((4,), "int64")),
+             (TensorSpec((1, 8, 13, 16)),),
+             (("coordinate_transformation_mode", b"align_corners"), ("mode", b"cubic")),
+             const_inputs=(3,), static_inputs=((3, np.array([1, 8, 13, 16])),), opset=13),
+], ids=["ReduceMean", "Slice", "Resize", "ConvTranspose", "Resize linear", "Resize cubic"])
 def test_the_exporters_reductions_and_copies_run_on_the_device(workload):
     # an offline audit of the corpus's h200 plans found these on the host
     # (ConvTranspose: the DB text detectors' upsampling head)

@@ -123,6 +123,27 @@ CASES = {
         (("coordinate_transformation_mode", b"asymmetric"), ("mode", b"nearest")),
         const_inputs=(2,), static_inputs=((2, np.array([1, 1, 0.5, 0.5], np.float32)),),
         opset=13),
+    "resize_linear_2x_half_pixel": Workload(
+        "Resize", (t(1, 4, 3, 5), None, t(4)), (t(1, 4, 6, 10),), (("mode", b"linear"),),
+        const_inputs=(2,), static_inputs=((2, np.array([1, 1, 2, 2], np.float32)),), opset=13),
+    "resize_linear_down_align_corners": Workload(   # odd lengths, a downscale, sizes
+        "Resize", (t(2, 3, 7, 9), None, None, t(4, dtype="int64")), (t(2, 3, 3, 4),),
+        (("coordinate_transformation_mode", b"align_corners"), ("mode", b"linear")),
+        const_inputs=(3,), opset=13, static_inputs=((3, np.array([2, 3, 3, 4])),)),
+    "resize_linear_one_axis_rank3_pytorch": Workload(   # output length 1: coordinate 0
+        "Resize", (t(3, 5, 6), None, t(3)), (t(3, 1, 9),),
+        (("coordinate_transformation_mode", b"pytorch_half_pixel"), ("mode", b"linear")),
+        const_inputs=(2,), opset=13,
+        static_inputs=((2, np.array([1, 0.2, 1.5], np.float32)),)),
+    "resize_cubic_asymmetric_a05": Workload(
+        "Resize", (t(1, 2, 7, 6), None, t(4)), (t(1, 2, 10, 9),),
+        (("coordinate_transformation_mode", b"asymmetric"), ("cubic_coeff_a", -0.5),
+         ("mode", b"cubic")), const_inputs=(2,), opset=13,
+        static_inputs=((2, np.array([1, 1, 1.5, 1.5], np.float32)),)),
+    "resize_cubic_half_pixel_down": Workload(
+        "Resize", (t(1, 3, 11, 8), None, t(4)), (t(1, 3, 5, 4),), (("mode", b"cubic"),),
+        const_inputs=(2,), opset=13,
+        static_inputs=((2, np.array([1, 1, 0.5, 0.5], np.float32)),)),
     "conv_transpose_k2s2_bias": Workload(
         "ConvTranspose", (t(1, 6, 5, 4), t(6, 3, 2, 2), t(3)), (t(1, 3, 10, 8),),
         (("pads", (0, 0, 0, 0)), ("strides", (2, 2))), const_inputs=(1, 2)),
@@ -245,10 +266,20 @@ UNSUPPORTED = {
     "LRN of rank 2": (Workload("LRN", (t(4, 6),), (t(4, 6),), (("size", 3),)), "rank 3"),
     "reduce over axes 1 and 3": (Workload("ReduceMean", (t(2, 3, 4, 5),), (t(2, 1, 4, 1),),
                                           (("axes", (1, 3)),)), "contiguous"),
-    "linear resize": (Workload("Resize", (t(1, 4, 3, 5), None, t(4)), (t(1, 4, 6, 10),),
-                               (("mode", b"linear"),), const_inputs=(2,), opset=13,
-                               static_inputs=((2, np.array([1, 1, 2, 2], np.float32)),)),
-                      "nearest"),
+    "antialiased resize": (Workload(
+        "Resize", (t(1, 4, 6, 10), None, t(4)), (t(1, 4, 3, 5),),
+        (("antialias", 1), ("mode", b"linear")), const_inputs=(2,), opset=18,
+        static_inputs=((2, np.array([1, 1, 0.5, 0.5], np.float32)),)), "antialias"),
+    "crop and resize": (Workload(
+        "Resize", (t(1, 4, 6, 10), t(8), t(4)), (t(1, 4, 3, 5),),
+        (("coordinate_transformation_mode", b"tf_crop_and_resize"), ("mode", b"linear")),
+        const_inputs=(1, 2), opset=13, static_inputs=(
+            (1, np.array([0, 0, 0.1, 0.2, 1, 1, 0.9, 0.8], np.float32)),
+            (2, np.array([1, 1, 0.5, 0.5], np.float32)))), "extrapolates"),
+    "cubic resize of three axes": (Workload(
+        "Resize", (t(1, 4, 3, 5), None, t(4)), (t(1, 8, 6, 10),), (("mode", b"cubic"),),
+        const_inputs=(2,), opset=13,
+        static_inputs=((2, np.array([1, 2, 2, 2], np.float32)),)), "1 to 2 axes"),
     "computed slice": (Workload("Slice", (t(4, 6),) + (t(1, dtype="int64"),) * 2, (t(2, 6),),
                                 opset=13), "float32 only"),   # computed integer starts
 }
