@@ -117,6 +117,8 @@ def test_reference_and_every_kernel_match_onnxruntime(case, rng):
     assert len(wpk_own) == 1   # an index copy or the formula, never both
     index_copy = case[0] == "nearest" and case[1] != "tf_crop_and_resize"
     assert wpk_own[0].implementation.name == ("numpy.copy" if index_copy else "numpy.formula")
+    names = {c.implementation.name for c in candidates}
+    assert ("resize.c" in names) == (case[0] != "nearest")   # the C kernel interpolates
     for candidate in candidates:
         kernel = candidate.implementation.prepare(
             workload, {i: v for i, v in zip((1, 2, 3), statics) if v is not None},
