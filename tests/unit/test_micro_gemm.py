@@ -274,3 +274,29 @@ def test_benchmark_covers_the_bert_products_and_renders_its_table():
                      "min_ratio_to_ort": 1.25, "median_ratio_to_numpy": 2.5}}
     table = bench.markdown_table({"threads": [1], "rows": [row], "summary": summary})
     assert "| m | r 2x3 @ 3x4 | 10 | 8 | 4 | 50% | 1.25 |" in table
+
+
+def test_kc_sweep_verifies_and_times_the_default_tile_at_every_kc(rng):
+    """scripts/bench_micro_gemm.py --kc-sweep (the evidence for the default's kc bound):
+    one GFLOP/s figure per kc choice, each kernel verified first; and the default takes the
+    largest kc whose panel slice fits PANEL_BYTES."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from wpk.kernels.cpu.microkernels.gemm_space import KC_CHOICES, PANEL_BYTES
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    try:
+        import bench_micro_gemm as bench
+    finally:
+        sys.path.pop(0)
+    product = bench.Product("m", "r", (), 13, 70, 40, True)
+    row = bench.kc_sweep(product, SimpleNamespace(isa=None, rounds=1, repeat=1), rng)
+    assert sorted(row["gflops_per_kc"]) == sorted(KC_CHOICES)
+    assert all(g > 0 for g in row["gflops_per_kc"].values())
+    for workload in CASES.values():
+        config = default_config(gemm_geometry(workload))
+        nr = config["nv"] * ISAS[config["isa"]].lanes
+        fits = [kc for kc in KC_CHOICES if kc * nr * 4 <= PANEL_BYTES]
+        assert config["kc"] == max(fits)

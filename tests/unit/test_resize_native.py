@@ -133,3 +133,22 @@ def test_what_it_refuses_says_why(workload, words):
     reason = resize_native_reason(workload)
     assert reason is not None and words in reason, reason
     assert "resize.c" not in {c.implementation.name for c in registry.candidates(workload)}
+
+
+def test_the_benchmark_times_every_verified_candidate(rng):
+    """scripts/bench_resize.py on a small workload: each candidate verified and timed."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    try:
+        import bench_resize
+    finally:
+        sys.path.pop(0)
+    label, workload = bench_resize.resize("small", (1, 2, 6, 7), [1, 1, 2, 2], "linear")
+    row = bench_resize.bench_workload(label, workload, SimpleNamespace(rounds=1, repeat=1), rng)
+    assert {"resize.c[order=rows]", "resize.c[order=columns]", "ort",
+            "numpy.formula"} <= set(row["median_ms"])
+    assert row["ort_over"]["ort"] == 1.0
+    assert max(row["relative_l2"].values()) < 1e-5

@@ -1,0 +1,127 @@
+"""Benchmark (not a test): every CPU kernel of interpolating Resizes against onnxruntime's.
+
+The upsamples and downsamples users' models make (segmentation heads and FPNs: bilinear 2x
+and 4x, align_corners, pytorch_half_pixel; a bicubic 2x; an antialiased half): every
+candidate the registry offers for the workload (`resize.c` in each `order`, numpy's
+formula, onnxruntime's node) is verified against the float64 reference, then timed in
+rounds, the contenders interleaved and the first one rotating, `--repeat` back-to-back
+calls per contender and round; the median over rounds and the fastest call are reported,
+with the ratio of onnxruntime's median to each contender's (> 1: faster than onnxruntime).
+Threads: every core for each contender (onnxruntime's intra-op pool, OpenMP's team).
+
+    python scripts/bench_resize.py [--rounds 9] [--repeat 5] [--output FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wpk.core.numerics import relative_l2
+from wpk.core.workload import TensorSpec, Workload
+from wpk.kernels import registry
+from wpk.kernels.random_inputs import random_inputs
+from wpk.kernels.reference import reference
+
+
+def resize(label: str, in_shape, scales, mode: str, transform: str = "half_pixel",
+           extra=(), opset: int = 13) -> tuple[str, Workload]:
+    """A Resize by `scales` (output lengths floor(length x scale))."""
+    out = tuple(int(np.floor(d * s)) for d, s in zip(in_shape, scales))
+    attrs = (("coordinate_transformation_mode", transform.encode()),
+             ("mode", mode.encode()), *extra)
+    workload = Workload("Resize", (TensorSpec(tuple(in_shape)), None, TensorSpec((4,))),
+                        (TensorSpec(out),), tuple(sorted(attrs)), const_inputs=(2,),
+                        static_inputs=((2, np.array(scales, np.float32)),), opset=opset)
+    return label, workload
+
+
+WORKLOADS = [
+    resize("FPN bilinear 2x", (1, 64, 80, 80), [1, 1, 2, 2], "linear"),
+    resize("FPN bilinear 2x, 256 ch", (1, 256, 20, 20), [1, 1, 2, 2], "linear"),
+    resize("seg head bilinear 4x, align_corners", (1, 32, 64, 64), [1, 1, 4, 4], "linear",
+           "align_corners"),
+    resize("bilinear 2x, pytorch_half_pixel", (1, 128, 40, 40), [1, 1, 2, 2], "linear",
+           "pytorch_half_pixel"),
+    resize("bicubic 2x", (1, 64, 80, 80), [1, 1, 2, 2], "cubic"),
+    resize("antialiased bilinear half", (1, 32, 160, 160), [1, 1, 0.5, 0.5], "linear",
+           extra=(("antialias", 1),), opset=18),
+]
+
+
+def bench_workload(label: str, workload: Workload, args, rng) -> dict:
+    inputs = random_inputs(workload, rng)
+    (expected,) = reference(workload, inputs)
+    consts = {i: inputs[i] for i in workload.const_inputs}
+    out = np.empty(workload.outputs[0].shape, np.float32)
+    kernels, errors = {}, {}
+    for candidate in registry.candidates(workload):
+        kernel = candidate.implementation.prepare(workload, consts, candidate.config)
+        out.fill(np.nan)
+        kernel(inputs, [out])
+        errors[candidate.label] = relative_l2(out, expected)
+        if not errors[candidate.label] < 1e-5:
+            raise SystemExit(f"{label} {candidate.label}: wrong answer "
+                             f"(relative L2 {errors[candidate.label]:.2e})")
+        kernels[candidate.label] = kernel
+    names = list(kernels)
+    medians: dict[str, list[float]] = {n: [] for n in names}
+    fastest = dict.fromkeys(names, float("inf"))
+    for round_ in range(args.rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            kernels[name](inputs, [out])   # warm: caches, a sleeping team
+            calls = []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                kernels[name](inputs, [out])
+                calls.append(time.perf_counter() - start)
+            medians[name].append(statistics.median(calls))
+            fastest[name] = min(fastest[name], min(calls))
+    median = {n: statistics.median(v) for n, v in medians.items()}
+    ort = median.get("ort")
+    return {"label": label, "in": list(workload.inputs[0].shape),
+            "out": list(workload.outputs[0].shape), "mode": workload.text_attr("mode", "nearest"),
+            "median_ms": {n: 1e3 * t for n, t in median.items()},
+            "fastest_ms": {n: 1e3 * t for n, t in fastest.items()},
+            "ort_over": {n: ort / t for n, t in median.items()} if ort else None,
+            "relative_l2": errors}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--repeat", type=int, default=5, help="calls per contender and round")
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    rows = []
+    for label, workload in WORKLOADS:
+        row = bench_workload(label, workload, args, rng)
+        rows.append(row)
+        cells = "  ".join(f"{n} {t:.3f} ms ({row['ort_over'][n]:.2f}x)" if row["ort_over"]
+                          else f"{n} {t:.3f} ms" for n, t in row["median_ms"].items())
+        print(f"{label:38s} {row['in']} -> {row['out'][2:]}: {cells}", flush=True)
+    if args.output:
+        import onnxruntime
+
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps({
+            "benchmark": "bench_resize", "rounds": args.rounds, "repeat": args.repeat,
+            "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                        "cpu_count": os.cpu_count(), "load_average": os.getloadavg()},
+            "versions": {"numpy": np.__version__, "onnxruntime": onnxruntime.__version__},
+            "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
