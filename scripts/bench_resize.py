@@ -1,7 +1,8 @@
 """Benchmark (not a test): every CPU kernel of interpolating Resizes against onnxruntime's.
 
 The upsamples and downsamples users' models make (segmentation heads and FPNs: bilinear 2x
-and 4x, align_corners, pytorch_half_pixel; a bicubic 2x; an antialiased half): every
+and 4x, align_corners, pytorch_half_pixel; a bicubic 2x; an antialiased half; and the
+blocked linear Upsamples the NCHWc layout makes of whole-number ones between convs): every
 candidate the registry offers for the workload (`resize.c` in each `order`, numpy's
 formula, onnxruntime's node) is verified against the float64 reference, then timed in
 rounds, the contenders interleaved and the first one rotating, `--repeat` back-to-back
@@ -48,6 +49,21 @@ def resize(label: str, in_shape, scales, mode: str, transform: str = "half_pixel
     return label, workload
 
 
+def blocked(label: str, channels: int, hw: tuple[int, int], factor: int,
+            transform: str) -> tuple[str, Workload]:
+    """The blocked (NCHWc) linear Upsample the layout pass writes for a whole-number
+    Resize between blocked convs, at the host's block size."""
+    from wpk.kernels import nchwc_format as fmt
+
+    b = fmt.host_block_size()
+    x = TensorSpec(fmt.blocked_shape((1, channels, *hw), b))
+    y = TensorSpec(fmt.blocked_shape((1, channels, hw[0] * factor, hw[1] * factor), b))
+    attrs = {"block": b, "channels": channels, "mode": "linear", "scales": (factor, factor),
+             "coordinate_transformation_mode": transform}
+    return label, Workload("Upsample", (x,), (y,), tuple(sorted(attrs.items())),
+                           domain="wpk.nchwc")
+
+
 WORKLOADS = [
     resize("FPN bilinear 2x", (1, 64, 80, 80), [1, 1, 2, 2], "linear"),
     resize("FPN bilinear 2x, 256 ch", (1, 256, 20, 20), [1, 1, 2, 2], "linear"),
@@ -58,6 +74,9 @@ WORKLOADS = [
     resize("bicubic 2x", (1, 64, 80, 80), [1, 1, 2, 2], "cubic"),
     resize("antialiased bilinear half", (1, 32, 160, 160), [1, 1, 0.5, 0.5], "linear",
            extra=(("antialias", 1),), opset=18),
+    blocked("blocked FPN bilinear 2x", 64, (80, 80), 2, "half_pixel"),
+    blocked("blocked bilinear 2x, 256 ch", 256, (20, 20), 2, "half_pixel"),
+    blocked("blocked seg head 4x, align_corners", 32, (64, 64), 4, "align_corners"),
 ]
 
 
@@ -66,8 +85,10 @@ def bench_workload(label: str, workload: Workload, args, rng) -> dict:
     (expected,) = reference(workload, inputs)
     consts = {i: inputs[i] for i in workload.const_inputs}
     out = np.empty(workload.outputs[0].shape, np.float32)
-    kernels, errors = {}, {}
+    kernels, errors, ort_label = {}, {}, None
     for candidate in registry.candidates(workload):
+        if candidate.implementation.onnxruntime:
+            ort_label = candidate.label
         kernel = candidate.implementation.prepare(workload, consts, candidate.config)
         out.fill(np.nan)
         kernel(inputs, [out])
@@ -91,11 +112,12 @@ def bench_workload(label: str, workload: Workload, args, rng) -> dict:
             medians[name].append(statistics.median(calls))
             fastest[name] = min(fastest[name], min(calls))
     median = {n: statistics.median(v) for n, v in medians.items()}
-    ort = median.get("ort")
+    ort = median.get(ort_label)
     return {"label": label, "in": list(workload.inputs[0].shape),
             "out": list(workload.outputs[0].shape), "mode": workload.text_attr("mode", "nearest"),
             "median_ms": {n: 1e3 * t for n, t in median.items()},
             "fastest_ms": {n: 1e3 * t for n, t in fastest.items()},
+            "onnxruntime": ort_label,
             "ort_over": {n: ort / t for n, t in median.items()} if ort else None,
             "relative_l2": errors}
 

@@ -29,6 +29,7 @@ from wpk.dsl import build
 from wpk.dsl.toolchain import c_flags, load_function
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.cpu.resize import ResizeSpec, axis_weights, resize_spec, source_coordinates
+from wpk.kernels.nchwc_logical import NCHWC_DOMAIN, logical_workload
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
 # gcc's cost model declines the gathers of the horizontal taps; they pay off here.
@@ -41,15 +42,46 @@ PARALLEL_ELEMENTS = 1 << 14
 _SOURCE = r"""
 #include <stdint.h>
 
-/* Y[p, oy, ox] = sum_t HW[oy, t] * sum_u WW[ox, u] * X[p, HI[oy, t], WI[ox, u]],
+/* Planes of H x W pixels of BLOCK floats each (1: NCHW; 8 or 16: the blocked NCHWc
+   layout, a pixel's vector of channels):
+   Y[p, oy, ox, c] = sum_t HW[oy, t] * sum_u WW[ox, u] * X[p, HI[oy, t], WI[ox, u], c],
    or EXTRAP where OUT_H[oy] or OUT_W[ox] is set. */
 static inline void blend_columns(const float *restrict row, float *restrict y,
                                  const int32_t *restrict WI, const float *restrict WW) {
+#if BLOCK == 1
     #pragma omp simd
     for (int ox = 0; ox < OW; ox++) {
         float acc = 0.0f;
         for (int u = 0; u < TW; u++) acc += WW[ox * TW + u] * row[WI[ox * TW + u]];
         y[ox] = acc;
+    }
+#else
+    for (int ox = 0; ox < OW; ox++) {
+        float acc[BLOCK] = {0.0f};
+        for (int u = 0; u < TW; u++) {
+            const float w = WW[ox * TW + u];
+            const float *s = row + (int64_t)WI[ox * TW + u] * BLOCK;
+            #pragma omp simd
+            for (int c = 0; c < BLOCK; c++) acc[c] += w * s[c];
+        }
+        #pragma omp simd
+        for (int c = 0; c < BLOCK; c++) y[ox * BLOCK + c] = acc[c];
+    }
+#endif
+}
+
+/* y[0:n] = sum_t weights[t] * rows[t][0:n] */
+static inline void blend_rows(const float *const *rows, const float *restrict weights,
+                              float *restrict y, int64_t n) {
+    const float w0 = weights[0];
+    const float *restrict s0 = rows[0];
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = w0 * s0[i];
+    for (int t = 1; t < TH; t++) {
+        const float wt = weights[t];
+        const float *restrict s = rows[t];
+        #pragma omp simd
+        for (int64_t i = 0; i < n; i++) y[i] += wt * s[i];
     }
 }
 
@@ -57,59 +89,45 @@ void wpk_resize(const float *restrict X, float *restrict Y, const int32_t *restr
                 const float *restrict HW, const int32_t *restrict WI,
                 const float *restrict WW, const uint8_t *restrict OUT_H,
                 const uint8_t *restrict OUT_W) {
-    #pragma omp parallel if ((int64_t)PLANES * OH * OW >= PARALLEL_ELEMENTS)
+    #pragma omp parallel if ((int64_t)PLANES * OH * OW * BLOCK >= PARALLEL_ELEMENTS)
     {
 #if COLUMNS_FIRST
         /* each input row resized along W once per thread (the output rows of a thread's
            share are consecutive, so their taps meet the same rows), kept in SLOTS rows
-           (the stack: SLOTS * OW <= 4 * MAX_WIDTH floats, `order_reason`) */
-        float cache[SLOTS * OW];
+           (the stack: SLOTS * OW * BLOCK <= 4 * MAX_WIDTH floats, `order_reason`) */
+        float cache[SLOTS * OW * BLOCK];
         int64_t tag[SLOTS];
         for (int s = 0; s < SLOTS; s++) tag[s] = -1;
 #else
-        float row[W];   /* the input rows blended along H, W wide */
+        float row[W * BLOCK];   /* the input rows blended along H */
 #endif
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)PLANES * OH; r++) {
             const int64_t p = r / OH, oy = r % OH;
-            const float *plane = X + p * (int64_t)H * W;
-            float *y = Y + r * OW;
-#if COLUMNS_FIRST
+            const float *plane = X + p * (int64_t)H * W * BLOCK;
+            float *y = Y + r * OW * BLOCK;
             const float *taps[TH];
+#if COLUMNS_FIRST
             for (int t = 0; t < TH; t++) {
                 const int64_t source = HI[oy * TH + t], key = p * H + source;
-                const int slot = (int)(source % SLOTS);
-                if (tag[slot] != key) {
-                    blend_columns(plane + source * W, cache + (int64_t)slot * OW, WI, WW);
-                    tag[slot] = key;
+                float *slot = cache + (source % SLOTS) * OW * BLOCK;
+                if (tag[source % SLOTS] != key) {
+                    blend_columns(plane + source * W * BLOCK, slot, WI, WW);
+                    tag[source % SLOTS] = key;
                 }
-                taps[t] = cache + (int64_t)slot * OW;
+                taps[t] = slot;
             }
-            const float w0 = HW[oy * TH];
-            #pragma omp simd
-            for (int ox = 0; ox < OW; ox++) y[ox] = w0 * taps[0][ox];
-            for (int t = 1; t < TH; t++) {
-                const float wt = HW[oy * TH + t];
-                const float *s = taps[t];
-                #pragma omp simd
-                for (int ox = 0; ox < OW; ox++) y[ox] += wt * s[ox];
-            }
+            blend_rows(taps, HW + oy * TH, y, (int64_t)OW * BLOCK);
 #else
-            const float *src = plane + (int64_t)HI[oy * TH] * W;
-            const float w0 = HW[oy * TH];
-            #pragma omp simd
-            for (int x = 0; x < W; x++) row[x] = w0 * src[x];
-            for (int t = 1; t < TH; t++) {
-                const float *s = plane + (int64_t)HI[oy * TH + t] * W;
-                const float wt = HW[oy * TH + t];
-                #pragma omp simd
-                for (int x = 0; x < W; x++) row[x] += wt * s[x];
-            }
+            for (int t = 0; t < TH; t++)
+                taps[t] = plane + (int64_t)HI[oy * TH + t] * W * BLOCK;
+            blend_rows(taps, HW + oy * TH, row, (int64_t)W * BLOCK);
             blend_columns(row, y, WI, WW);
 #endif
             if (EXTRAPOLATES) {
                 for (int ox = 0; ox < OW; ox++)
-                    if (OUT_H[oy] || OUT_W[ox]) y[ox] = EXTRAP;
+                    if (OUT_H[oy] || OUT_W[ox])
+                        for (int c = 0; c < BLOCK; c++) y[ox * BLOCK + c] = EXTRAP;
             }
         }
     }
@@ -117,8 +135,14 @@ void wpk_resize(const float *restrict X, float *restrict Y, const int32_t *restr
 """
 
 
+def _blocked_upsample(workload: Workload) -> bool:
+    return workload.domain == NCHWC_DOMAIN and workload.op == "Upsample"
+
+
 def resize_native_reason(workload: Workload) -> str | None:
     """None when `resize.c` computes the workload, else why not."""
+    if _blocked_upsample(workload):
+        return _blocked_reason(workload)
     if workload.op != "Resize" or workload.domain not in ("", "ai.onnx"):
         return "not a Resize"
     if workload.opset < 11:
@@ -137,13 +161,40 @@ def resize_native_reason(workload: Workload) -> str | None:
     if not all(_passes_through(spec, a) for a in range(len(spec.in_shape) - 2)):
         return "resize.c resizes the last two axes only"
     if spec.in_shape[-1] > MAX_WIDTH:
-        return f"resize.c keeps an input row of at most {MAX_WIDTH} elements"
+        return f"resize.c keeps an input row of at most {MAX_WIDTH} floats"
+    return None
+
+
+def _blocked_reason(workload: Workload) -> str | None:
+    """Why resize.c does not compute a blocked (wpk.nchwc) Upsample, or None."""
+    if str(workload.attr("mode")) not in ("linear", "cubic"):
+        return "resize.c interpolates; a nearest blocked Upsample is native.nchwc's copy"
+    if workload.epilogue or len(workload.outputs) != 1:
+        return "resize.c has no fused epilogue"
+    if any(s.dtype != "float32" for s in (workload.inputs[0], *workload.outputs)):
+        return "resize.c computes float32 only"
+    x = workload.inputs[0].shape
+    if x[3] * x[4] > MAX_WIDTH:
+        return f"resize.c keeps an input row of at most {MAX_WIDTH} floats"
     return None
 
 
 def _spec(workload: Workload) -> ResizeSpec:
     return resize_spec(workload, [None] + [workload.static_value(i)
                                            for i in range(1, len(workload.inputs))])
+
+
+def geometry(workload: Workload) -> tuple[ResizeSpec, int, int]:
+    """(the spec of its NCHW resize, planes, floats per pixel) of a workload resize.c
+    computes: a Resize's planes are its leading dims, one float per pixel; a blocked
+    Upsample's are N x channel blocks, a pixel the block's vector (its spec is the logical
+    Resize over the padded channels, `wpk.kernels.nchwc_logical`)."""
+    if _blocked_upsample(workload):
+        logical = logical_workload(workload)
+        x = workload.inputs[0].shape
+        return _spec(logical), int(x[0] * x[1]), int(x[4])
+    spec = _spec(workload)
+    return spec, int(np.prod(spec.in_shape[:-2], dtype=np.int64)), 1
 
 
 def _passes_through(spec: ResizeSpec, axis: int) -> bool:
@@ -189,7 +240,7 @@ def _outside(spec: ResizeSpec, axis: int) -> np.ndarray:
 ORDERS = ("rows", "columns")   # which axis a kernel blends first: H (rows) or W (columns)
 
 
-def order_reason(spec: ResizeSpec, order: str) -> str | None:
+def order_reason(spec: ResizeSpec, order: str, block: int = 1) -> str | None:
     """None when the kernel may blend `order` first, else why not. Columns first keeps
     2 x TH resized rows per thread on its stack, slot = source row % slots: the distinct
     source rows of one output row must fall in distinct slots."""
@@ -199,8 +250,8 @@ def order_reason(spec: ResizeSpec, order: str) -> str | None:
         return None
     index, _ = tap_table(spec, len(spec.in_shape) - 2)
     slots = 2 * index.shape[1]
-    if slots * spec.out_shape[-1] > MAX_WIDTH * 4:
-        return f"{slots} resized rows of {spec.out_shape[-1]} do not fit a thread's stack"
+    if slots * spec.out_shape[-1] * block > MAX_WIDTH * 4:
+        return f"{slots} resized rows of {spec.out_shape[-1]} pixels do not fit a thread's stack"
     for rows in index:
         distinct = np.unique(rows)
         if len(np.unique(distinct % slots)) != len(distinct):
@@ -210,8 +261,9 @@ def order_reason(spec: ResizeSpec, order: str) -> str | None:
 
 @cache
 def _function(planes: int, h: int, w: int, oh: int, ow: int, th: int, tw: int,
-              extrapolates: bool, extrapolation: float, columns_first: bool):
-    defines = dict(PLANES=planes, H=h, W=w, OH=oh, OW=ow, TH=th, TW=tw, SLOTS=2 * th,
+              extrapolates: bool, extrapolation: float, columns_first: bool, block: int):
+    defines = dict(PLANES=planes, H=h, W=w, BLOCK=block, OH=oh, OW=ow, TH=th, TW=tw,
+                   SLOTS=2 * th,
                    COLUMNS_FIRST=int(columns_first), EXTRAPOLATES=int(extrapolates),
                    EXTRAP=f"{float(np.float32(extrapolation))!r}f",
                    PARALLEL_ELEMENTS=PARALLEL_ELEMENTS)
@@ -236,17 +288,22 @@ class ResizeC(Implementation):
         return resize_native_reason(workload)
 
     def configs(self, workload: Workload) -> list[dict]:
-        spec = _spec(workload)
-        return [{"order": order} for order in ORDERS if order_reason(spec, order) is None]
+        spec, _, block = geometry(workload)
+        return [{"order": order} for order in ORDERS
+                if order_reason(spec, order, block) is None]
 
     def algorithm(self, workload: Workload, config: Mapping) -> str:
-        return f"separable {_spec(workload).mode}, {config.get('order', 'rows')} first"
+        mode = geometry(workload)[0].mode
+        return f"separable {mode}, {config.get('order', 'rows')} first"
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
-        spec = _spec(workload) if resize_native_reason(workload) is None else None
+        reason = resize_native_reason(workload)
+        if reason:
+            raise ValueError(f"{workload.label}: {reason}")
+        spec, planes, block = geometry(workload)
         order = str(config.get("order", "rows"))
-        reason = resize_native_reason(workload) or order_reason(spec, order)
+        reason = order_reason(spec, order, block)
         if reason:
             raise ValueError(f"{workload.label}: {reason}")
         rank = len(spec.in_shape)
@@ -255,10 +312,9 @@ class ResizeC(Implementation):
         extrapolates = bool(out_h.any() or out_w.any())
         if extrapolates and not np.isfinite(spec.extrapolation_value):
             raise ValueError(f"{workload.label}: resize.c extrapolates finite values only")
-        planes = int(np.prod(spec.in_shape[:-2], dtype=np.int64))
         fn = _function(planes, *spec.in_shape[-2:], *spec.out_shape[-2:], hi.shape[1],
                        wi.shape[1], extrapolates, float(spec.extrapolation_value),
-                       order == "columns")
+                       order == "columns", block)
         tables = (hi, hw, wi, ww, out_h, out_w)
         table_pointers = tuple(t.ctypes.data for t in tables)
 

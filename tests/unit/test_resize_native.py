@@ -9,6 +9,7 @@ import pytest
 
 from wpk.core.numerics import relative_l2
 from wpk.core.workload import TensorSpec, Workload
+from wpk.kernels import nchwc_format as fmt
 from wpk.kernels import registry
 from wpk.kernels.cpu.native_chain import chain_kernel, native_call
 from wpk.kernels.cpu.resize import resize_spec
@@ -20,6 +21,7 @@ from wpk.kernels.cpu.resize_native import (
     resize_native_reason,
     tap_table,
 )
+from wpk.kernels.nchwc_reference import nchwc_reference
 from wpk.kernels.reference import reference
 
 # ISA-dependent code (compiled for the host): scripts/isa_check.sh reruns these on AVX2.
@@ -152,3 +154,52 @@ def test_the_benchmark_times_every_verified_candidate(rng):
             "numpy.formula"} <= set(row["median_ms"])
     assert row["ort_over"]["ort"] == 1.0
     assert max(row["relative_l2"].values()) < 1e-5
+
+
+def blocked_upsample(b: int, channels: int, hw: tuple[int, int], scales: tuple[int, int],
+                     transform: str, mode: str = "linear") -> Workload:
+    """A blocked (wpk.nchwc) Upsample as the layout pass writes it for a Resize."""
+    h, w = hw
+    x = TensorSpec(fmt.blocked_shape((1, channels, h, w), b))
+    y = TensorSpec(fmt.blocked_shape((1, channels, h * scales[0], w * scales[1]), b))
+    attrs = {"block": b, "channels": channels, "mode": mode, "scales": scales,
+             "coordinate_transformation_mode": transform}
+    return Workload("Upsample", (x,), (y,), tuple(sorted(attrs.items())), domain="wpk.nchwc")
+
+
+BLOCKED = {
+    "2x half_pixel, a partial block": ((2, 2), "half_pixel", 3),
+    "2x3 align_corners": ((2, 3), "align_corners", 2),
+    "4x asymmetric, one pixel": ((4, 4), "asymmetric", 1),
+}
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("b", (8, 16))
+@pytest.mark.parametrize("name", sorted(BLOCKED))
+def test_blocked_upsample_matches_the_reference_lanes_included(name, b, order, rng):
+    """A pixel is the block's vector of channels; the padding lanes (random here, as a
+    layout that leaves them dirty has them) are interpolated like the others."""
+    scales, transform, blocks = BLOCKED[name]
+    hw = (1, 1) if "one pixel" in name else (7, 9)
+    workload = blocked_upsample(b, b * blocks - (3 if "partial" in name else 0), hw, scales,
+                                transform)
+    assert resize_native_reason(workload) is None
+    assert {"order": order} in RESIZE_C.configs(workload)
+    x = rng.standard_normal(workload.inputs[0].shape).astype(np.float32)
+    expected = nchwc_reference(workload, [x])[0]
+    kernel = RESIZE_C.prepare(workload, {}, {"order": order})
+    out = np.full(workload.outputs[0].shape, np.nan, np.float32)
+    kernel([x], [out])
+    assert relative_l2(out, expected) < 1e-6
+    chained = np.full_like(out, np.nan)
+    chain_kernel([native_call(kernel, [x], [chained])], keep=[kernel])([], [])
+    np.testing.assert_array_equal(chained, out)
+
+
+def test_a_blocked_nearest_upsample_stays_native_nchwcs_copy():
+    nearest = blocked_upsample(16, 16, (4, 4), (2, 2), "asymmetric", "nearest")
+    assert "nearest" in resize_native_reason(nearest)
+    linear = blocked_upsample(16, 16, (4, 4), (2, 2), "half_pixel")
+    names = {c.implementation.name for c in registry.candidates(linear)}
+    assert "resize.c" in names and "native.nchwc" not in names
