@@ -1,19 +1,24 @@
-"""`resize.c`: an interpolating Resize (linear, cubic) as a C kernel, one pass per output row.
+"""`resize.c`: an interpolating Resize (linear, cubic) as a C kernel, plain or blocked.
 
 Resizing is separable (`wpk.kernels.cpu.resize`): every output row of a plane blends a few
-input rows (the vertical taps), and every output element of that row a few elements of the
-blend (the horizontal taps). The kernel keeps the blend in a row buffer per thread, so
-each output element costs its horizontal taps only, where numpy's formula multiplies each
-axis by a dense (output x input) weight matrix (work quadratic in the length: a 2x
-upsample of 1x64x80x80 took 4.9 ms there, onnxruntime 1.2 ms).
+input rows (the vertical taps), and every output element of a row a few elements of it
+(the horizontal taps). Per output row the kernel blends either the input rows first, into
+a row buffer, then its columns (`order` rows), or, with each input row resized along W
+once per thread and kept in a few slots, those resized rows (`order` columns: fewer
+column blends, the ones that gather, when the height grows). Numpy's formula multiplies
+each axis by a dense (output x input) weight matrix instead (work quadratic in the
+length: a 2x upsample of 1x64x80x80 took 4.9 ms there, onnxruntime 1.2 ms).
 
 The taps and weights of each axis come from the same function as the float64 reference
 (`axis_weights`, the spec's every coordinate mode, `cubic_coeff_a`, `exclude_outside`,
 `antialias`), kept as tables of (index, weight) per output position; positions
 tf_crop_and_resize puts outside the input take `extrapolation_value`. Only the last two
-axes may be resized (NCHW's H and W; leading axes pass through as planes). The C source
-depends only on the sizes and tap counts; it goes through the compile cache, keyed by the
-host's ISA like every generated kernel, and the kernel joins the plan's native chain.
+axes may be resized (NCHW's H and W; leading axes pass through as planes). A blocked
+(NCHWc) linear Upsample, which the layout pass makes of a whole-number Resize between
+convs, is the same computation with a pixel of `block` channels (its spec: the logical
+Resize, `wpk.kernels.nchwc_logical`), vectorised over the block. The C source depends
+only on the sizes and tap counts; it goes through the compile cache, keyed by the host's
+ISA like every generated kernel, and the kernel joins the plan's native chain.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
 # gcc's cost model declines the gathers of the horizontal taps; they pay off here.
 EXTRA_FLAGS = ("-fsimd-cost-model=unlimited",)
-# The row buffer of a thread lives on its stack: at most this many input columns.
+# A thread's row buffer lives on its stack: at most this many floats (64 KiB); the
+# columns-first slots at most twice that.
 MAX_WIDTH = 1 << 14
 # Below this many output elements the kernel runs on the calling thread alone.
 PARALLEL_ELEMENTS = 1 << 14
@@ -94,7 +100,7 @@ void wpk_resize(const float *restrict X, float *restrict Y, const int32_t *restr
 #if COLUMNS_FIRST
         /* each input row resized along W once per thread (the output rows of a thread's
            share are consecutive, so their taps meet the same rows), kept in SLOTS rows
-           (the stack: SLOTS * OW * BLOCK <= 4 * MAX_WIDTH floats, `order_reason`) */
+           (the stack: SLOTS * OW * BLOCK <= 2 * MAX_WIDTH floats, `order_reason`) */
         float cache[SLOTS * OW * BLOCK];
         int64_t tag[SLOTS];
         for (int s = 0; s < SLOTS; s++) tag[s] = -1;
@@ -242,15 +248,16 @@ ORDERS = ("rows", "columns")   # which axis a kernel blends first: H (rows) or W
 
 def order_reason(spec: ResizeSpec, order: str, block: int = 1) -> str | None:
     """None when the kernel may blend `order` first, else why not. Columns first keeps
-    2 x TH resized rows per thread on its stack, slot = source row % slots: the distinct
-    source rows of one output row must fall in distinct slots."""
+    2 x TH resized rows per thread on its stack (at most 2 x MAX_WIDTH floats), slot =
+    source row % slots: the distinct source rows of one output row must fall in distinct
+    slots."""
     if order not in ORDERS:
         return f"order is one of {', '.join(ORDERS)}"
     if order == "rows":
         return None
     index, _ = tap_table(spec, len(spec.in_shape) - 2)
     slots = 2 * index.shape[1]
-    if slots * spec.out_shape[-1] * block > MAX_WIDTH * 4:
+    if slots * spec.out_shape[-1] * block > MAX_WIDTH * 2:
         return f"{slots} resized rows of {spec.out_shape[-1]} pixels do not fit a thread's stack"
     for rows in index:
         distinct = np.unique(rows)
