@@ -236,7 +236,9 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
                         vp[((size_t)bh * SK + j) * DVP + d] =
                             d < DV ? v[((size_t)bh * SK + j) * DV + d] : 0.0f;
         }
-        #pragma omp for collapse(2) schedule(static)
+        /* (head, query tile) units taken as threads come free: a descheduled thread
+           holds up one unit, not a static share (as the micro-kernels do) */
+        #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int bh = 0; bh < BH; ++bh) {
             for (int t = 0; t < NQT; ++t) {
                 const float *mk = NULL;

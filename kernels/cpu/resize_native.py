@@ -24,6 +24,7 @@ ISA like every generated kernel, and the kernel joins the plan's native chain.
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Mapping, Sequence
 from functools import cache
 
@@ -42,6 +43,11 @@ EXTRA_FLAGS = ("-fsimd-cost-model=unlimited",)
 # A thread's row buffer lives on its stack: at most this many floats (64 KiB); the
 # columns-first slots at most twice that.
 MAX_WIDTH = 1 << 14
+# Chunks of output rows per thread (consecutive rows: their taps share input rows, which
+# the columns-first order resizes once per chunk): about this many per core, of at least
+# MIN_CHUNK_ROWS rows.
+CHUNKS_PER_CORE = 8
+MIN_CHUNK_ROWS = 16
 # Below this many output elements the kernel runs on the calling thread alone.
 PARALLEL_ELEMENTS = 1 << 14
 
@@ -98,8 +104,7 @@ void wpk_resize(const float *restrict X, float *restrict Y, const int32_t *restr
     #pragma omp parallel if ((int64_t)PLANES * OH * OW * BLOCK >= PARALLEL_ELEMENTS)
     {
 #if COLUMNS_FIRST
-        /* each input row resized along W once per thread (the output rows of a thread's
-           share are consecutive, so their taps meet the same rows), kept in SLOTS rows
+        /* each input row resized along W once per thread and chunk, kept in SLOTS rows
            (the stack: SLOTS * OW * BLOCK <= 2 * MAX_WIDTH floats, `order_reason`) */
         float cache[SLOTS * OW * BLOCK];
         int64_t tag[SLOTS];
@@ -107,7 +112,9 @@ void wpk_resize(const float *restrict X, float *restrict Y, const int32_t *restr
 #else
         float row[W * BLOCK];   /* the input rows blended along H */
 #endif
-        #pragma omp for schedule(static)
+        /* chunks of consecutive rows (their taps meet the same input rows), taken as
+           threads come free: a descheduled thread holds up one chunk, not a share */
+        #pragma omp for schedule(dynamic, ROWS_PER_CHUNK)
         for (int64_t r = 0; r < (int64_t)PLANES * OH; r++) {
             const int64_t p = r / OH, oy = r % OH;
             const float *plane = X + p * (int64_t)H * W * BLOCK;
@@ -273,7 +280,9 @@ def _function(planes: int, h: int, w: int, oh: int, ow: int, th: int, tw: int,
                    SLOTS=2 * th,
                    COLUMNS_FIRST=int(columns_first), EXTRAPOLATES=int(extrapolates),
                    EXTRAP=f"{float(np.float32(extrapolation))!r}f",
-                   PARALLEL_ELEMENTS=PARALLEL_ELEMENTS)
+                   PARALLEL_ELEMENTS=PARALLEL_ELEMENTS,
+                   ROWS_PER_CHUNK=max(MIN_CHUNK_ROWS,
+                                      planes * oh // (CHUNKS_PER_CORE * (os.cpu_count() or 1))))
     source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + _SOURCE
     library = build.compile_c(source, (*c_flags(), *EXTRA_FLAGS))
     build.openmp_defaults()
