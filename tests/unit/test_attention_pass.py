@@ -120,6 +120,66 @@ def test_attention_becomes_one_node_that_computes_the_same(rng, options):
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
+def head_split_model(k_perm: tuple[int, ...]) -> onnx.ModelProto:
+    """Q, K, V of [B, S, H*D] split into heads as torch exports a BERT layer: Reshape to
+    [B, S, H, D], then Transpose (0, 2, 1, 3) for Q and V and `k_perm` for K."""
+    nodes = [h.make_node("Constant", [], ["heads"], value=numpy_helper.from_array(
+        np.array([B, S, H, D], np.int64)))]
+    for name, perm in (("q", (0, 2, 1, 3)), ("k", k_perm), ("v", (0, 2, 1, 3))):
+        nodes.append(h.make_node("Reshape", [name, "heads"], [f"{name}_4d"]))
+        nodes.append(h.make_node("Transpose", [f"{name}_4d"], [f"{name}_h"], perm=list(perm)))
+    nodes += [h.make_node("MatMul", ["q_h", "k_h"], ["scores"]),
+              h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              h.make_node("MatMul", ["probs", "v_h"], ["y"])]
+    inputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, [B, S, H * D]) for n in "qkv"]
+    graph = h.make_graph(nodes, "heads", inputs,
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [B, H, S, D])])
+    return onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+
+
+def test_the_head_split_of_k_is_flipped_to_copy_rows(rng):
+    """K^T made by Transpose (0, 2, 3, 1) of [B, S, H, D] moves the innermost dim (a strided
+    copy of each element): the pass makes K by (0, 2, 1, 3) instead, as Q and V, and the
+    fused op reads K; the result is unchanged."""
+    model = head_split_model((0, 2, 3, 1))
+    graph, hits = fused(model)
+    assert hits == 1
+    (attention,) = [n for n in graph.nodes if n.op == "Attention"]
+    assert attention.attrs["k_transposed"] == 0
+    k_transpose = next(n for n in graph.nodes if n.outputs == [attention.inputs[1]])
+    assert tuple(k_transpose.attrs["perm"]) == (0, 2, 1, 3)
+    assert tuple(graph.tensors[attention.inputs[1]].shape) == (B, H, S, D)
+    feeds = feeds_of(model, rng)
+    np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_k_transpose_that_keeps_the_innermost_dim_is_not_flipped(rng):
+    """K^T = Transpose (1, 0, 2, 3) of [H, B, D, S] copies whole rows already; flipped it
+    would move the innermost dim, so the fused op reads K^T as it is."""
+    nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[1, 0, 2, 3]),
+             h.make_node("MatMul", ["q", "kt"], ["scores"]),
+             h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+             h.make_node("MatMul", ["probs", "v"], ["y"])]
+    inputs = [h.make_tensor_value_info("q", TensorProto.FLOAT, [B, H, S, D]),
+              h.make_tensor_value_info("k", TensorProto.FLOAT, [H, B, D, S]),
+              h.make_tensor_value_info("v", TensorProto.FLOAT, [B, H, S, D])]
+    model = onnx.shape_inference.infer_shapes(h.make_model(
+        h.make_graph(nodes, "kt", inputs,
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, [B, H, S, D])]),
+        opset_imports=[h.make_opsetid("", 17)]))
+    graph, hits = fused(model)
+    assert hits == 1
+    (attention,) = [n for n in graph.nodes if n.op == "Attention"]
+    assert attention.attrs["k_transposed"] == 1
+    (transpose,) = [n for n in graph.nodes if n.op == "Transpose"]
+    assert tuple(transpose.attrs["perm"]) == (1, 0, 2, 3)
+    feeds = feeds_of(model, rng)
+    np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_the_rule_is_documented_and_runs_for_the_cpu_and_cuda():
     assert "attention" in rule_docs("cpu") and "attention" in rule_docs()
     assert "attention" in rule_docs("cuda")   # the CUDA target has a fused kernel too

@@ -2,6 +2,8 @@
 `attention`, run by the `attention_fusion` pass on the CPU target).
 
     scores = MatMul(Q, Transpose(K, last two dims swapped))  or  MatMul(Q, K^T)
+    (a K^T made by another Transpose that moves the innermost dim, the exporters' head split
+    of K, is made K by the flipped Transpose instead: a copy of rows, not of elements)
     logits = scores * scale  or  scores / scale   (a constant scalar; optional)
     (Q, K or K^T may come scaled by constant scalars, as torch's and paddle's exports write
     it: q * s @ k^T, q * sqrt(s) @ k^T * sqrt(s); the factors join the scale)
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wpk.core.graph import Node
-from wpk.core.workload import Workload
+from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.cpu.attention_spec import (
     ATTENTION_DOMAIN,
     ATTENTION_OP,
@@ -45,6 +47,7 @@ class AttentionMatch:
     inputs: tuple[str, ...]
     scale: float
     k_transposed: bool
+    flip: Node | None = None   # a Transpose that made K^T and will make K (`_key_of`)
 
 
 def _known(ctx: FusionContext, name: str) -> bool:
@@ -105,29 +108,41 @@ def _scaled_input(ctx: FusionContext, name: str, user: Node) -> tuple[str, float
     return name, 1.0, []
 
 
-def _key_of(ctx: FusionContext, kt: str, user: Node, rank: int) -> tuple[str, bool, list[Node]]:
-    """K and whether the fused op reads it as K^T: a Transpose swapping the last two dims,
-    read only by `user` (the scores MatMul or a scale on its way), is absorbed."""
-    swap = ctx.producers.get(kt)
-    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-    if _feeds_only(ctx, swap, user, "Transpose") and \
-            [int(p) for p in swap.attr("perm", ())] == perm:
-        return swap.inputs[0], False, [swap]
-    return kt, True, []
+def _swapped_last(perm) -> list[int]:
+    return [*perm[:-2], perm[-1], perm[-2]]
+
+
+def _key_of(ctx: FusionContext, kt: str, user: Node, rank: int
+            ) -> tuple[str, bool, list[Node], Node | None]:
+    """K, whether the fused op reads it as K^T, the nodes absorbed, and a Transpose to flip:
+    a Transpose swapping the last two dims, read only by `user` (the scores MatMul or a
+    scale on its way), is absorbed. Any other Transpose making K^T that moves the innermost
+    dim (the exporters' head split of K: [B, S, H, D] by (0, 2, 3, 1), a strided copy of
+    every element) is flipped to make K instead (by (0, 2, 1, 3): a copy of whole rows,
+    as Q's and V's), when that keeps the innermost dim in place."""
+    node = ctx.producers.get(kt)
+    if not _feeds_only(ctx, node, user, "Transpose"):
+        return kt, True, [], None
+    perm = [int(p) for p in node.attr("perm", ())]
+    if perm == _swapped_last(list(range(rank))):
+        return node.inputs[0], False, [node], None
+    if len(perm) == rank and perm[-1] != rank - 1 and _swapped_last(perm)[-1] == rank - 1:
+        return kt, False, [], node
+    return kt, True, [], None
 
 
 def _operands(ctx: FusionContext, scores: Node, rank: int):
     """Q, K, whether K is K^T, the product of the scalar factors on their way to the scores
-    MatMul, and the nodes those took."""
+    MatMul, the nodes those took, and K's Transpose to flip (`_key_of`)."""
     q, q_factor, nodes = _scaled_input(ctx, scores.inputs[0], scores)
     kt, k_factor, k_nodes = _scaled_input(ctx, scores.inputs[1], scores)
-    key, k_transposed, swap = _key_of(ctx, kt, k_nodes[0] if k_nodes else scores, rank)
+    key, k_transposed, swap, flip = _key_of(ctx, kt, k_nodes[0] if k_nodes else scores, rank)
     factor = q_factor * k_factor
     if swap:
         key, swap_factor, swap_nodes = _scaled_input(ctx, key, swap[0])
         factor *= swap_factor
         swap += swap_nodes
-    return q, key, k_transposed, factor, nodes + k_nodes + swap
+    return q, key, k_transposed, factor, nodes + k_nodes + swap, flip
 
 
 def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
@@ -165,23 +180,30 @@ def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
         user, node = node, ctx.producers.get(found[0])
     if not _feeds_only(ctx, node, user, "MatMul") or len(node.inputs) != 2:
         return None
-    q, key, k_transposed, factor, operand_nodes = _operands(ctx, node, rank)
+    q, key, k_transposed, factor, operand_nodes, flip = _operands(ctx, node, rank)
     scale *= factor
     inputs = (q, key, context.inputs[1]) + ((mask,) if mask else ())
     if not all(_known(ctx, name) for name in (*inputs, context.outputs[0])):
         return None
-    workload = Workload(ATTENTION_OP, tuple(graph.tensors[n].spec for n in inputs),
-                        (graph.tensors[context.outputs[0]].spec,),
+    specs = [graph.tensors[n].spec for n in inputs]
+    if flip is not None:   # K as the flipped Transpose will make it
+        specs[1] = TensorSpec(tuple(_swapped_last(specs[1].shape)), specs[1].dtype)
+    workload = Workload(ATTENTION_OP, tuple(specs), (graph.tensors[context.outputs[0]].spec,),
                         (("k_transposed", int(k_transposed)), ("scale", scale)),
                         domain=ATTENTION_DOMAIN)
     if attention_reason(workload) is not None:
         return None
     return AttentionMatch(node, context, tuple(others + operand_nodes), inputs, scale,
-                          k_transposed)
+                          k_transposed, flip)
 
 
 def rewrite_attention(ctx: FusionContext, softmax: Node, found: AttentionMatch) -> None:
     """The scores MatMul becomes the fused node, in the context MatMul's place; the rest go."""
+    if found.flip is not None:   # K^T's Transpose makes K (its only reader was the scores)
+        flip = found.flip
+        flip.attrs["perm"] = tuple(_swapped_last([int(p) for p in flip.attr("perm", ())]))
+        info = ctx.graph.tensors[flip.outputs[0]]
+        info.shape = tuple(_swapped_last(info.shape))
     node = found.scores
     node.op, node.domain, node.inputs = ATTENTION_OP, ATTENTION_DOMAIN, list(found.inputs)
     node.attrs = {"scale": found.scale, "k_transposed": int(found.k_transposed)}
