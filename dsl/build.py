@@ -38,9 +38,14 @@ _NP = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "
 
 
 # libgomp's busy-wait before an idle thread sleeps, in spins of a pause instruction (about
-# 15-50 ns each, by CPU): long enough that a plan's next step finds the threads awake, short
-# enough that they do not take the cores from onnxruntime's threads in the step after.
-OPENMP_SPIN_COUNT = 2000
+# 15-50 ns each, by CPU): long enough that a plan's next step, and the next run's first
+# one, find the threads awake, and that a VM keeps their vCPUs (one that idles is slow to
+# come back: with 2000 spins, 30-40 us, an EfficientNet-like plan's runs spread over
+# 3.9-8.5 ms where onnxruntime's spinning pool kept 4.1-4.5; with 30000, 3.6-4.2 ms, and
+# ResNet-50 0.88x/0.86x onnxruntime instead of 0.94x/0.90x in two A/B runs of
+# scripts/bench_e2e.py, 2026-11-29); short enough, at a tenth of libgomp's default, that
+# they do not keep the cores from onnxruntime's threads in a step after them.
+OPENMP_SPIN_COUNT = 30000
 
 
 def openmp_defaults() -> None:

@@ -187,6 +187,7 @@ def neighbour_row(size: int) -> float:
 POLICIES = {  # label -> environment of the measuring process
     "wpk's default (passive, short spin)": {},
     "passive, no spin": {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "0"},
+    "passive, 15x the spin": {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "30000"},
     # set but empty: wpk leaves the policy alone, libgomp reads it as unset (its default)
     "libgomp's default wait policy": {"OMP_WAIT_POLICY": ""},
 }
