@@ -18,7 +18,7 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.dsl.compute import infer_bindings
 from wpk.dsl.parser import parse_source
-from wpk.kernels.cpu.resize import nearest_indices, resize_spec, source_coordinates
+from wpk.kernels.cpu.resize import nearest_indices, source_coordinates, static_resize_spec
 from wpk.kernels.cpu.tensor_formulas import reduce_axes, slice_index
 from wpk.kernels.cpu.window import conv_transpose_begin_pads, window_geometry
 
@@ -360,7 +360,7 @@ def _map_resize(w: Workload, lib, core: int):
     x, out = tuple(w.inputs[0].shape), tuple(w.outputs[0].shape)
     if w.opset < 11:
         return "Resize before opset 11 does not map"
-    spec = resize_spec(w, [None] + [w.static_value(i) for i in range(1, len(w.inputs))])
+    spec = static_resize_spec(w)
     if spec.coordinates == "tf_crop_and_resize":
         return "a tf_crop_and_resize Resize (it extrapolates) does not map"
     if spec.mode != "nearest":

@@ -24,7 +24,7 @@ from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
 from wpk.kernels.cpu.native_moves import native_form
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
-from wpk.kernels.cpu.resize import is_index_copy, nearest_indices, resize_spec
+from wpk.kernels.cpu.resize import is_index_copy, nearest_indices, static_resize_spec
 from wpk.kernels.cpu.tensor_formulas import (
     BINARY_UFUNCS,
     TENSOR_FORMULAS,
@@ -75,11 +75,6 @@ class NumpyElementwise(NumpyImplementation):
 _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 
 
-def _resize_spec(workload: Workload):
-    return resize_spec(workload, [None] + [workload.static_value(i)
-                                           for i in range(1, len(workload.inputs))])
-
-
 class NumpyCopy(NumpyImplementation):
     """Data movement straight into the output buffers."""
 
@@ -92,7 +87,7 @@ class NumpyCopy(NumpyImplementation):
         op, steps = workload.op, workload.epilogue
         views = None
         if op == "Resize":
-            spec = _resize_spec(workload)
+            spec = static_resize_spec(workload)
             index = np.ix_(*(nearest_indices(spec, a) for a in range(len(spec.in_shape))))
 
             def move(inputs, outputs):
@@ -149,7 +144,7 @@ class NumpyCopy(NumpyImplementation):
             return "Slice starts/ends must be static inputs"
         if workload.op == "Split" and workload.epilogue:
             return "a Split carries no epilogue"
-        if workload.op == "Resize" and not is_index_copy(_resize_spec(workload)):
+        if workload.op == "Resize" and not is_index_copy(static_resize_spec(workload)):
             return "an interpolating or extrapolating Resize goes through numpy.formula"
         return None
 
@@ -285,7 +280,7 @@ class NumpyFormula(NumpyImplementation):
                        - set(NumpyCopy.ops) | {"Resize"}))
 
     def extra_reason(self, workload: Workload) -> str | None:
-        if workload.op == "Resize" and is_index_copy(_resize_spec(workload)):
+        if workload.op == "Resize" and is_index_copy(static_resize_spec(workload)):
             return "a nearest Resize is an index copy (numpy.copy)"
         if workload.op in ("LayerNormalization", "BatchNormalization") or (
                 workload.op == "Softmax" and workload.opset >= 13) or (

@@ -115,6 +115,12 @@ def resize_spec(workload: Workload, inputs: Sequence[np.ndarray | None]) -> Resi
         antialias=bool(workload.attr("antialias", 0)))
 
 
+def static_resize_spec(workload: Workload) -> ResizeSpec:
+    """The ResizeSpec of a Resize workload from its static roi, scales and sizes."""
+    return resize_spec(workload, [None] + [workload.static_value(i)
+                                           for i in range(1, len(workload.inputs))])
+
+
 def _vector(inputs: Sequence[np.ndarray | None], index: int) -> np.ndarray | None:
     if index >= len(inputs) or inputs[index] is None:
         return None
@@ -235,12 +241,21 @@ def _outside(spec: ResizeSpec) -> np.ndarray | None:
     """tf_crop_and_resize: the output positions whose source lies outside the input on
     some axis (they take extrapolation_value), broadcastable to the output; None if none."""
     outside = None
-    for axis, length in enumerate(spec.in_shape):
-        x = source_coordinates(spec, axis)
-        mask = ((x < 0) | (x > length - 1)).reshape(
+    for axis in range(len(spec.in_shape)):
+        mask = outside_along(spec, axis).reshape(
             [-1 if a == axis else 1 for a in range(len(spec.in_shape))])
         outside = mask if outside is None else outside | mask
     return None if outside is None or not outside.any() else _frozen(outside)
+
+
+def outside_along(spec: ResizeSpec, axis: int) -> np.ndarray:
+    """True where tf_crop_and_resize's source coordinate of an output position along `axis`
+    lies outside the input (the position takes extrapolation_value); all False for the
+    other coordinate modes."""
+    if spec.coordinates != "tf_crop_and_resize":
+        return np.zeros(spec.out_shape[axis], bool)
+    x = source_coordinates(spec, axis)
+    return (x < 0) | (x > spec.in_shape[axis] - 1)
 
 
 def _along(x: np.ndarray, matrix: np.ndarray, axis: int) -> np.ndarray:

@@ -34,7 +34,12 @@ from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import c_flags, load_function
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
-from wpk.kernels.cpu.resize import ResizeSpec, axis_weights, resize_spec, source_coordinates
+from wpk.kernels.cpu.resize import (
+    ResizeSpec,
+    axis_weights,
+    outside_along,
+    static_resize_spec,
+)
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN, logical_workload
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
@@ -168,7 +173,7 @@ def resize_native_reason(workload: Workload) -> str | None:
     if any(workload.inputs[i] is not None and workload.static_value(i) is None
            for i in range(1, len(workload.inputs))):
         return "a Resize with computed roi, scales or sizes is not resize.c's"
-    spec = _spec(workload)
+    spec = static_resize_spec(workload)
     if spec.mode not in ("linear", "cubic"):
         return "resize.c interpolates (linear, cubic); a nearest Resize is an index copy"
     if not all(_passes_through(spec, a) for a in range(len(spec.in_shape) - 2)):
@@ -192,11 +197,6 @@ def _blocked_reason(workload: Workload) -> str | None:
     return None
 
 
-def _spec(workload: Workload) -> ResizeSpec:
-    return resize_spec(workload, [None] + [workload.static_value(i)
-                                           for i in range(1, len(workload.inputs))])
-
-
 def geometry(workload: Workload) -> tuple[ResizeSpec, int, int]:
     """(the spec of its NCHW resize, planes, floats per pixel) of a workload resize.c
     computes: a Resize's planes are its leading dims, one float per pixel; a blocked
@@ -205,8 +205,8 @@ def geometry(workload: Workload) -> tuple[ResizeSpec, int, int]:
     if _blocked_upsample(workload):
         logical = logical_workload(workload)
         x = workload.inputs[0].shape
-        return _spec(logical), int(x[0] * x[1]), int(x[4])
-    spec = _spec(workload)
+        return static_resize_spec(logical), int(x[0] * x[1]), int(x[4])
+    spec = static_resize_spec(workload)
     return spec, int(np.prod(spec.in_shape[:-2], dtype=np.int64)), 1
 
 
@@ -215,7 +215,7 @@ def _passes_through(spec: ResizeSpec, axis: int) -> bool:
     resized: its roi of a leading axis is usually the whole axis)."""
     if axis not in spec.resized_axes():
         return True
-    if spec.in_shape[axis] != spec.out_shape[axis] or _outside(spec, axis).any():
+    if spec.in_shape[axis] != spec.out_shape[axis] or outside_along(spec, axis).any():
         return False
     return bool((axis_weights(spec, axis) == np.eye(spec.in_shape[axis])).all())
 
@@ -238,16 +238,6 @@ def tap_table(spec: ResizeSpec, axis: int) -> tuple[np.ndarray, np.ndarray]:
         weight[row, :len(columns)] = matrix[row, columns]
     assert index.max(initial=0) < length
     return index, weight
-
-
-def _outside(spec: ResizeSpec, axis: int) -> np.ndarray:
-    """1 where tf_crop_and_resize's source coordinate of an output position lies outside
-    the input along `axis` (the position takes extrapolation_value), else 0."""
-    size = spec.out_shape[axis]
-    if spec.coordinates != "tf_crop_and_resize":
-        return np.zeros(size, np.uint8)
-    x = source_coordinates(spec, axis)
-    return ((x < 0) | (x > spec.in_shape[axis] - 1)).astype(np.uint8)
 
 
 ORDERS = ("rows", "columns")   # which axis a kernel blends first: H (rows) or W (columns)
@@ -324,7 +314,7 @@ class ResizeC(Implementation):
             raise ValueError(f"{workload.label}: {reason}")
         rank = len(spec.in_shape)
         (hi, hw), (wi, ww) = tap_table(spec, rank - 2), tap_table(spec, rank - 1)
-        out_h, out_w = _outside(spec, rank - 2), _outside(spec, rank - 1)
+        out_h, out_w = (outside_along(spec, a).astype(np.uint8) for a in (rank - 2, rank - 1))
         extrapolates = bool(out_h.any() or out_w.any())
         if extrapolates and not np.isfinite(spec.extrapolation_value):
             raise ValueError(f"{workload.label}: resize.c extrapolates finite values only")
