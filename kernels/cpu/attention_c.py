@@ -13,6 +13,15 @@ output accumulator rescaled by exp(m_old - m_new)); then P V is added to the
 [seq, seq] tensor is ever written to memory. V is packed only when Dv is not
 a multiple of the vector width.
 
+Where the mask is additive (per key, as a padding mask, or per query and key, as a
+causal one), keys that cannot matter are left out, per query tile: a key whose every
+score in the tile lies more than 104 below a score the same query reaches anyway (its
+best-masked key's, computed exactly) weighs under exp(-104), less than the smallest
+float, in its softmax. The bound is Cauchy-Schwarz's, |q.k| <= |q||k|, in double; NaN
+or infinite norms leave every key in. The tile's key range is trimmed of such keys at
+both ends (padding on either side, the future of a causal mask) and a tile of them is
+skipped whole.
+
 Vectors are GCC vector extensions of `vw` floats (`vw` a config knob: the
 host's lanes, fewer, or 1, the portable scalar path); gcc lowers them to
 whatever the ISA flags of `toolchain.c_flags()` allow, and those flags are
@@ -103,15 +112,26 @@ static inline vf vexp(vf x) {
     return vsel(tiny, vsplat(0.0f), y * scale);
 }
 
-/* Scores of keys [j0, j0 + jn) against the query tile, key-major: s[j][i] = K[j] . qt[:, i].
-   Keys are read where they lie (K or K^T), as broadcast scalars; the last micro-tile's rows
-   past the keys repeat the last key and are never read. */
-static void scores(const float *k, const float *qt, int j0, int jn, float *s) {
+/* A mask of one value per key (a padding mask) is added as the scores are stored, and then
+   the scores' max per query is taken there too; other masks get a pass of their own. */
+#define FOLD_MASK (HAS_MASK && MS2 == 0)
+#define FOLD_MAX (!HAS_MASK || MS2 == 0)
+
+/* Scores of keys [j0, j0 + jn) against the query tile, key-major: s[j][i] = K[j] . qt[:, i]
+   (+ the key's mask value where it is one per key), and with FOLD_MAX mx[i] raised to the
+   query's largest score. Keys are read where they lie (K or K^T), as broadcast scalars; the
+   last micro-tile's rows past the keys repeat the last key and are never read. */
+static void scores(const float *k, const float *qt, const float *mask, int j0, int jn,
+                   float *s, float *mx) {
+    (void)mask;
+    (void)mx;
     for (int j = 0; j < jn; j += MR) {
         const float *kr[MR];
+        float kmask[MR];
         UNROLL for (int r = 0; r < MR; ++r) {
             int key = j0 + (j + r < jn ? j + r : jn - 1);
             kr[r] = k + (size_t)key * (KT_INPUT ? 1 : D);
+            kmask[r] = FOLD_MASK ? mask[(size_t)key * MS3] : 0.0f;
         }
         for (int i0 = 0; i0 < TQ; i0 += NR * VW) {
             vf acc[MR][NR];
@@ -128,44 +148,159 @@ static void scores(const float *k, const float *qt, int j0, int jn, float *s) {
                     UNROLL for (int n = 0; n < NR; ++n) acc[r][n] += kb * qv[n];
                 }
             }
+#if FOLD_MAX
+            vf top[NR];
+            UNROLL for (int n = 0; n < NR; ++n) top[n] = vload(mx + i0 + n * VW);
+#endif
             UNROLL for (int r = 0; r < MR; ++r)
-                UNROLL for (int n = 0; n < NR; ++n)
+                UNROLL for (int n = 0; n < NR; ++n) {
+                    if (FOLD_MASK) acc[r][n] += vsplat(kmask[r]);
                     vstore(s + (j + r) * TQ + i0 + n * VW, acc[r][n]);
+#if FOLD_MAX
+                    top[n] = vmax(top[n], acc[r][n]);
+#endif
+                }
+#if FOLD_MAX
+            UNROLL for (int n = 0; n < NR; ++n) vstore(mx + i0 + n * VW, top[n]);
+#endif
         }
     }
 }
 
-/* The mask, then the online softmax step, vectorized over the queries: s becomes P, the
-   running max m and sum l are updated, alpha gets each query's rescale factor. */
+/* The online softmax step, vectorized over the queries (after the mask and the max, where
+   they are not folded into the scores): s becomes P, the running max m becomes mx and the
+   sum l is updated, alpha gets each query's rescale factor. */
 static void softmax_step(float *s, const float *mask, int q0, int j0, int jn, float *m,
-                         float *l, float *alpha) {
+                         float *mx, float *l, float *alpha) {
+    (void)mask, (void)q0, (void)j0;
+#if !FOLD_MAX
 #if HAS_MASK
+    int in = SQ - q0 < TQ ? SQ - q0 : TQ;
     for (int j = 0; j < jn; ++j) {
         float *row = s + j * TQ;
         const float *mk = mask + (size_t)(j0 + j) * MS3;
-        if (MS2 == 0) {
-            vf mv = vsplat(mk[0]);
-            for (int i = 0; i < TQ; i += VW) vstore(row + i, vload(row + i) + mv);
-        } else {
-            int in = SQ - q0 < TQ ? SQ - q0 : TQ;
-            for (int i = 0; i < in; ++i) row[i] += mk[(size_t)(q0 + i) * MS2];
-        }
+        for (int i = 0; i < in; ++i) row[i] += mk[(size_t)(q0 + i) * MS2];
     }
 #endif
     for (int i = 0; i < TQ; i += VW) {
-        vf mx = vload(m + i);
-        for (int j = 0; j < jn; ++j) mx = vmax(mx, vload(s + j * TQ + i));
-        vf a = vexp(vload(m + i) - mx), sum = vsplat(0.0f);
+        vf top = vload(mx + i);
+        for (int j = 0; j < jn; ++j) top = vmax(top, vload(s + j * TQ + i));
+        vstore(mx + i, top);
+    }
+#endif
+    for (int i = 0; i < TQ; i += VW) {
+        vf top = vload(mx + i);
+        vf a = vexp(vload(m + i) - top), sum = vsplat(0.0f);
         for (int j = 0; j < jn; ++j) {
-            vf p = vexp(vload(s + j * TQ + i) - mx);
+            vf p = vexp(vload(s + j * TQ + i) - top);
             vstore(s + j * TQ + i, p);
             sum += p;
         }
         vstore(l + i, vload(l + i) * a + sum);
-        vstore(m + i, mx);
+        vstore(m + i, top);
         vstore(alpha + i, a);
     }
 }
+
+#if HAS_MASK
+/* Keys that cannot matter to a query tile (see the module's docstring). */
+#define SKIP_BELOW (-104.0)
+
+static inline float mask_at(const float *mask, int query, int key) {
+    return mask[(size_t)query * MS2 + (size_t)key * MS3];
+}
+
+static inline float key_at(const float *k, int key, int d) {
+    return k[KT_INPUT ? (size_t)d * SK + key : (size_t)key * D + d];
+}
+
+/* The key the tile's first query's mask favours most: its key tile goes first. */
+static int best_masked_key(const float *mask, int q0) {
+    int best = 0;
+    float top = mask_at(mask, q0, 0);
+    for (int j = 1; j < SK; ++j) {
+        float value = mask_at(mask, q0, j);
+        if (value > top) top = value, best = j;
+    }
+    return best;
+}
+
+/* What tells a dead key after the first key tile: every query's running max (a score it
+   reaches), their lowest (the floor) and the largest norm of the scaled queries (computed
+   when a key first needs it, -1 before). `on` is 0 where the floor is not finite. */
+typedef struct {
+    int q0, qn, on;
+    double floor, qnorm;
+    const float *qt, *knorm;
+} dead_test;
+
+static dead_test dead_test_after(const float *m, const float *qt, const float *knorm, int q0) {
+    dead_test t = {q0, SQ - q0 < TQ ? SQ - q0 : TQ, 0, INFINITY, -1.0, qt, knorm};
+    for (int i = 0; i < t.qn; ++i) t.floor = fmin(t.floor, m[i]);
+    t.on = isfinite(t.floor) && t.floor > -FLT_MAX;
+    return t;
+}
+
+static double query_norm(const dead_test *t) {
+    float n2[TQ];
+    for (int i = 0; i < TQ; ++i) n2[i] = 0.0f;
+    for (int d = 0; d < D; ++d)
+        for (int i = 0; i < TQ; ++i) n2[i] += t->qt[d * TQ + i] * t->qt[d * TQ + i];
+    double top = 0.0;
+    for (int i = 0; i < t->qn; ++i) top = fmax(top, sqrt((double)n2[i]));
+    return isfinite(top) ? top * (1.0 + 1e-4) : INFINITY;   /* float sums: a margin */
+}
+
+/* 1 when every score of `key` in the tile lies more than -SKIP_BELOW under the floor. */
+static int key_is_dead(dead_test *t, const float *mask, int key) {
+    float top = mask_at(mask, t->q0, key);
+    for (int i = 1; MS2 != 0 && i < t->qn; ++i) {
+        float value = mask_at(mask, t->q0 + i, key);
+        if (!(value <= top)) top = value;   /* a NaN sticks: the key stays */
+    }
+    double gap = (double)top - t->floor;
+    if (!(gap < SKIP_BELOW)) return 0;
+    if (t->qnorm < 0.0) t->qnorm = query_norm(t);
+    double reach = t->qnorm * t->knorm[key];
+    return reach + gap < SKIP_BELOW - 1e-6 * (reach + fabs(t->floor));
+}
+
+/* Narrows [*lo, *hi) to its first and last keys that are not dead. */
+static void trim_dead(dead_test *t, const float *mask, int *lo, int *hi) {
+    if (!t->on) return;
+    while (*lo < *hi && key_is_dead(t, mask, *lo)) ++*lo;
+    while (*hi > *lo && key_is_dead(t, mask, *hi - 1)) --*hi;
+}
+
+/* 1 when the mask of one head spans more than -SKIP_BELOW, so that it may leave keys dead
+   (a NaN anywhere: 0). */
+static int mask_may_kill(const float *mask) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < (MS2 != 0 ? SQ : 1); ++i)
+        for (int j = 0; j < SK; ++j) {
+            float value = mask_at(mask, i, j);
+            lo = value < lo ? value : lo;
+            hi = value > hi ? value : hi;
+            if (value != value) return 0;
+        }
+    return (double)hi - lo > -SKIP_BELOW;
+}
+
+/* The norms of one head's keys, for key_is_dead (with a margin for their float sums). */
+static void key_norms(const float *k, float *knorm) {
+    for (int j = 0; j < SK; ++j) {
+        double part[8] = {0.0};   /* eight sums the compiler can keep in one vector */
+        int d = 0;
+        for (; d + 8 <= D; d += 8)
+            for (int u = 0; u < 8; ++u)
+                part[u] += (double)key_at(k, j, d + u) * key_at(k, j, d + u);
+        for (; d < D; ++d) part[0] += (double)key_at(k, j, d) * key_at(k, j, d);
+        double n2 = 0.0;
+        for (int u = 0; u < 8; ++u) n2 += part[u];
+        knorm[j] = (float)(sqrt(n2) * (1.0 + 1e-6));
+    }
+}
+#endif
 
 /* o[TQ][DVP] = o * alpha + P^T[keys][TQ]^T V[keys][DVP] */
 static void accumulate(const float *p, const float *v, int j0, int jn, const float *alpha,
@@ -197,63 +332,148 @@ static void accumulate(const float *p, const float *v, int j0, int jn, const flo
     }
 }
 
-static void query_tile(const float *q, const float *k, const float *v, const float *mask,
-                       int q0, float *out) {
+/* qt[d][i] = Q[q0 + i][d] * SCALE, zero past the queries: VW x VW blocks transposed in
+   registers (TRANSPOSE_BLOCK: one shuffle stage per bit of the lane index), the edges
+   one float at a time. */
+static void scaled_queries_transposed(const float *q, int q0, float *qt) {
+    for (int i0 = 0; i0 < TQ; i0 += VW) {
+        for (int d0 = 0; d0 < D; d0 += VW) {
+            if (VW > 1 && q0 + i0 + VW <= SQ && d0 + VW <= D) {
+                vf rows[VW];
+                UNROLL for (int r = 0; r < VW; ++r)
+                    rows[r] = vload(q + (size_t)(q0 + i0 + r) * D + d0) * SCALE;
+                TRANSPOSE_BLOCK(rows);
+                UNROLL for (int r = 0; r < VW; ++r) vstore(qt + (d0 + r) * TQ + i0, rows[r]);
+                continue;
+            }
+            for (int i = i0; i < i0 + VW; ++i)
+                for (int d = d0; d < d0 + VW && d < D; ++d)
+                    qt[d * TQ + i] = q0 + i < SQ ? q[(size_t)(q0 + i) * D + d] * SCALE : 0.0f;
+        }
+    }
+}
+
+/* One query tile's buffers: Q^T scaled, the scores (then P), the output accumulator, the
+   running max and sum, the max after a key step and the rescale factors. */
+typedef struct {
     float qt[D * TQ] __attribute__((aligned(64)));
     float s[TK * TQ] __attribute__((aligned(64)));
     float o[TQ * DVP] __attribute__((aligned(64)));
-    float m[TQ] __attribute__((aligned(64))), l[TQ] __attribute__((aligned(64)));
+    float m[TQ] __attribute__((aligned(64)));
+    float l[TQ] __attribute__((aligned(64)));
+    float mx[TQ] __attribute__((aligned(64)));
     float alpha[TQ] __attribute__((aligned(64)));
+} tile_state;
+
+/* Keys [first, last) (at most TK) into the tile's online softmax and output. */
+static void key_step(tile_state *t, const float *k, const float *v, const float *mask, int q0,
+                     int first, int last) {
+    memcpy(t->mx, t->m, sizeof(t->mx));
+    scores(k, t->qt, mask, first, last - first, t->s, t->mx);
+    softmax_step(t->s, mask, q0, first, last - first, t->m, t->mx, t->l, t->alpha);
+    accumulate(t->s, v, first, last - first, t->alpha, t->o);
+}
+
+static void query_tile(const float *q, const float *k, const float *v, const float *mask,
+                       const float *knorm, int q0, float *out) {
+    tile_state t;
+    scaled_queries_transposed(q, q0, t.qt);
     for (int i = 0; i < TQ; ++i) {
-        for (int d = 0; d < D; ++d)
-            qt[d * TQ + i] = q0 + i < SQ ? q[(size_t)(q0 + i) * D + d] * SCALE : 0.0f;
-        m[i] = -FLT_MAX;
-        l[i] = 0.0f;
+        t.m[i] = -FLT_MAX;
+        t.l[i] = 0.0f;
     }
-    memset(o, 0, sizeof(o));
+    memset(t.o, 0, sizeof(t.o));
+    /* With a mask, the MR keys from the first query's best-masked one go first: the
+       scores they give every query are the floor that tells dead keys in the others. */
+    int a0 = 0, a1 = 0;
+#if HAS_MASK
+    dead_test dead = {0};
+    if (knorm) {   /* NULL where the mask cannot leave a key dead */
+        a0 = best_masked_key(mask, q0);
+        a1 = a0 + MR < SK ? a0 + MR : SK;
+        key_step(&t, k, v, mask, q0, a0, a1);
+        dead = dead_test_after(t.m, t.qt, knorm, q0);
+    }
+#endif
     for (int j0 = 0; j0 < SK; j0 += TK) {
-        int jn = SK - j0 < TK ? SK - j0 : TK;
-        scores(k, qt, j0, jn, s);
-        softmax_step(s, mask, q0, j0, jn, m, l, alpha);
-        accumulate(s, v, j0, jn, alpha, o);
+        int j1 = j0 + TK < SK ? j0 + TK : SK;
+        /* the tile less the anchor's keys: [j0, a0) and [a1, j1), where not empty */
+        int pieces[2][2] = {{j0, j1 < a0 ? j1 : a0}, {j0 > a1 ? j0 : a1, j1}};
+        for (int p = 0; p < 2; ++p) {
+            int first = pieces[p][0], last = pieces[p][1];
+#if HAS_MASK
+            if (first < last) trim_dead(&dead, mask, &first, &last);
+#endif
+            if (first < last) key_step(&t, k, v, mask, q0, first, last);
+        }
     }
     for (int i = 0; i < TQ && q0 + i < SQ; ++i) {
-        float inv = 1.0f / l[i];
-        for (int d = 0; d < DV; ++d) out[(size_t)(q0 + i) * DV + d] = o[i * DVP + d] * inv;
+        float inv = 1.0f / t.l[i];
+        for (int d = 0; d < DV; ++d) out[(size_t)(q0 + i) * DV + d] = t.o[i * DVP + d] * inv;
     }
+}
+
+static const float *head_mask(const float *mask, int bh) {
+    return mask + (size_t)(bh / HEADS) * MS0 + (size_t)(bh % HEADS) * MS1;
 }
 
 void wpk_attention(const float *q, const float *k, const float *v, const float *mask,
                    float *out) {
     float *vp = PACK_V ? malloc(sizeof(float) * (size_t)BH * SK * DVP) : NULL;
+    float *knorm = HAS_MASK ? malloc(sizeof(float) * (size_t)BH * SK) : NULL;
     #pragma omp parallel if (PAR && BH * NQT > 1)
     {
-        if (PACK_V) {
+        if (PACK_V || HAS_MASK) {
             #pragma omp for schedule(static)
-            for (int bh = 0; bh < BH; ++bh)
-                for (int j = 0; j < SK; ++j)
+            for (int bh = 0; bh < BH; ++bh) {
+                for (int j = 0; PACK_V && j < SK; ++j)
                     for (int d = 0; d < DVP; ++d)
                         vp[((size_t)bh * SK + j) * DVP + d] =
                             d < DV ? v[((size_t)bh * SK + j) * DV + d] : 0.0f;
+#if HAS_MASK
+                if (mask_may_kill(head_mask(mask, bh)))
+                    key_norms(k + (size_t)bh * SK * D, knorm + (size_t)bh * SK);
+                else
+                    knorm[(size_t)bh * SK] = -1.0f;   /* no key dead: keys in order */
+#endif
+            }
         }
         /* (head, query tile) units taken as threads come free: a descheduled thread
            holds up one unit, not a static share (as the micro-kernels do) */
         #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int bh = 0; bh < BH; ++bh) {
             for (int t = 0; t < NQT; ++t) {
-                const float *mk = NULL;
-#if HAS_MASK
-                mk = mask + (size_t)(bh / HEADS) * MS0 + (size_t)(bh % HEADS) * MS1;
-#endif
+                const float *mk = HAS_MASK ? head_mask(mask, bh) : NULL;
                 const float *vb = PACK_V ? vp + (size_t)bh * SK * DVP : v + (size_t)bh * SK * DV;
-                query_tile(q + (size_t)bh * SQ * D, k + (size_t)bh * SK * D, vb, mk, t * TQ,
+                const float *kn = HAS_MASK ? knorm + (size_t)bh * SK : NULL;
+                query_tile(q + (size_t)bh * SQ * D, k + (size_t)bh * SK * D, vb, mk,
+                           kn && kn[0] >= 0.0f ? kn : NULL, t * TQ,
                            out + (size_t)bh * SQ * DV);
             }
         }
     }
     free(vp);
+    free(knorm);
 }
 """
+
+
+def _transpose_block(vw: int) -> str:
+    """C for TRANSPOSE_BLOCK(rows): transposes `vw` vectors of `vw` floats in place, one
+    stage per bit h of the lane index swapping it with the same bit of the row index
+    (constant shuffle masks, so the compiler emits plain permutes)."""
+    lines = ["#define TRANSPOSE_BLOCK(rows) do { \\"]
+    h = vw // 2
+    while h >= 1:
+        low = ", ".join(str(lane if not lane & h else vw + lane - h) for lane in range(vw))
+        high = ", ".join(str(lane + h if not lane & h else vw + lane) for lane in range(vw))
+        lines += [f"    for (int r = 0; r < VW; ++r) if (!(r & {h})) {{ \\",
+                  f"        vf x = rows[r], y = rows[r + {h}]; \\",
+                  f"        rows[r] = __builtin_shuffle(x, y, (vi){{{low}}}); \\",
+                  f"        rows[r + {h}] = __builtin_shuffle(x, y, (vi){{{high}}}); \\",
+                  "    } \\"]
+        h //= 2
+    return "\n".join(lines + ["} while (0)", ""])
 
 
 def _round_up(value: int, step: int) -> int:
@@ -272,7 +492,7 @@ def config_reason(shape: AttentionShape, config: Mapping) -> str | None:
         return "vw must be 1, 2, 4, 8 or 16 floats"
     if min(tq, tk, mr, nr) < 1 or tq % (nr * vw) or tq % mr or tk % mr:
         return "tq must be a multiple of nr*vw and of mr, tk a multiple of mr"
-    tile_bytes = 4 * tq * (shape.d + tk + _round_up(shape.dv, vw) + 3)
+    tile_bytes = 4 * tq * (shape.d + tk + _round_up(shape.dv, vw) + 4)
     if tile_bytes > STACK_LIMIT:
         return f"the tiles need {tile_bytes} bytes of stack, more than {STACK_LIMIT}"
     return None
@@ -296,4 +516,4 @@ def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mappi
         nqt=-(-shape.sq // tq), par=int(config.get("par", 1)), k_transposed=int(shape.k_transposed),
         pack_v=int(dvp != shape.dv), has_mask=int(shape.mask_shape is not None),
         ms0=ms0, ms1=ms1, ms2=ms2, ms3=ms3, scale=float(shape.scale),
-    ) + f"#define NV {nv}\n" + _BODY
+    ) + f"#define NV {nv}\n" + _transpose_block(vw) + _BODY

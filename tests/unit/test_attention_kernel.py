@@ -90,6 +90,82 @@ def test_every_vector_width_is_correct(rng, vw, mr, nr):
     assert check(ATTENTION_C.prepare(w, {}, config), w, arrays_for(w, rng)) < TOLERANCE
 
 
+def padded(w: Workload, rng, dead: np.ndarray, fill: float) -> tuple[list, np.ndarray]:
+    """Inputs whose mask gives `fill` to the keys `dead` marks ([batch, key]) and 0 to the
+    others, V NaN on those keys, and the output the reference gives with V 0 there."""
+    arrays = arrays_for(w, rng)
+    mask = np.where(dead, fill, 0.0).astype(np.float32)
+    arrays[3] = np.broadcast_to(mask[:, None, None, :], w.inputs[3].shape).copy()
+    dead_v = np.broadcast_to(dead[:, None, :, None], arrays[2].shape)   # [b, head, key, dv]
+    expected = reference(w, arrays[:2] + [np.where(dead_v, 0, arrays[2])] + arrays[3:])[0]
+    arrays[2] = np.where(dead_v, np.float32(np.nan), arrays[2])
+    return arrays, expected
+
+
+PADDINGS = {"right, -1e4": (-1e4, False), "left, -inf": (-np.inf, True),
+            "right, float32 min": (float(np.finfo(np.float32).min), False)}
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+def test_padded_keys_are_never_read(rng, padding):
+    """Keys a padding mask pushes more than 104 below a score every query reaches weigh
+    under the smallest float: the kernel leaves them out (their V rows, NaN here, are never
+    read), on one side or the other, in the first key tile or later ones."""
+    fill, left = PADDINGS[padding]
+    w = workload(lead=(2, 3), sq=70, sk=150, d=24, dv=20, mask=(2, 1, 1, 150))
+    dead = np.zeros((2, 150), bool)
+    dead[0, 101:], dead[1, 140:] = True, True   # one ends in the first tile of 64 keys
+    dead[1, :3] = True                              # an edge of the anchor's tile
+    if left:
+        dead = dead[:, ::-1].copy()
+    arrays, expected = padded(w, rng, dead, fill)
+    for config in attention_configs(w)[:2] + [{"tq": 16, "tk": 8, "vw": 1, "mr": 2, "nr": 2}]:
+        out = np.full(w.outputs[0].shape, np.nan, np.float32)
+        ATTENTION_C.prepare(w, {}, config)(arrays, [out])
+        assert np.isfinite(out).all(), config
+        assert relative_l2(out, expected) < TOLERANCE, config
+
+
+def test_keys_masked_for_every_query_are_never_read_under_a_full_mask(rng):
+    """A [batch, 1, query, key] mask (the general path: one mask value per query and key)
+    that leaves the last keys out for every query, and random values elsewhere."""
+    w = workload(lead=(2, 3), sq=40, sk=90, mask=(2, 1, 40, 90))
+    dead = np.zeros((2, 90), bool)
+    dead[:, 75:] = True
+    arrays, _ = padded(w, rng, dead, -1e30)
+    arrays[3] += rng.standard_normal(arrays[3].shape).astype(np.float32)
+    expected = reference(w, arrays[:2] + [np.nan_to_num(arrays[2], nan=0.0)] + arrays[3:])[0]
+    out = np.full(w.outputs[0].shape, np.nan, np.float32)
+    ATTENTION_C.prepare(w, {}, attention_configs(w)[0])(arrays, [out])
+    assert np.isfinite(out).all() and relative_l2(out, expected) < TOLERANCE
+
+
+def test_a_causal_mask_matches_the_reference(rng):
+    """-inf above the diagonal: the query tiles leave their future keys out."""
+    w = workload(lead=(1, 2), sq=97, sk=97, d=32, dv=32, mask=(1, 1, 97, 97))
+    arrays = arrays_for(w, rng)
+    arrays[3] = np.triu(np.full((97, 97), -np.inf, np.float32), 1)[None, None]
+    for config in attention_configs(w)[:2] + [{"tq": 16, "tk": 16, "vw": 4, "mr": 4, "nr": 2}]:
+        assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
+
+
+def test_a_masked_key_that_still_wins_is_kept(rng):
+    """A mask of -1e4 does not make a key negligible when its score is larger still: the
+    queries' and keys' norms bound the scores, and here they leave the key in."""
+    w = workload(lead=(1, 1), sq=8, sk=80, d=16, dv=16, mask=(1, 1, 1, 80))
+    arrays = arrays_for(w, rng)
+    arrays[3] = np.zeros((1, 1, 1, 80), np.float32)
+    arrays[3][..., 70:] = -1e4
+    arrays[0] = np.abs(arrays[0]) + 0.5
+    arrays[1][0, 0, 75] = 1e4   # every query's score with it: above 5e4, 1e4 masked away
+    expected = reference(w, arrays)[0]
+    assert np.allclose(expected[0, 0], arrays[2][0, 0, 75])   # it takes all the weight
+    for config in attention_configs(w)[:2]:
+        out = np.full(w.outputs[0].shape, np.nan, np.float32)
+        ATTENTION_C.prepare(w, {}, config)(arrays, [out])
+        assert relative_l2(out, expected) < TOLERANCE, config
+
+
 @pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "rank-3"])
 def test_onnxruntime_candidate_matches_the_reference(rng, case):
     w = workload(**CASES[case])
