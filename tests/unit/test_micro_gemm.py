@@ -21,6 +21,7 @@ from wpk.kernels import registry
 from wpk.kernels.cpu.microkernels.gemm import MICRO_GEMM, GemmKernels
 from wpk.kernels.cpu.microkernels.gemm_space import (
     GemmSpace,
+    busy_share,
     config_reason,
     default_config,
     gemm_geometry,
@@ -300,3 +301,25 @@ def test_kc_sweep_verifies_and_times_the_default_tile_at_every_kc(rng):
         nr = config["nv"] * ISAS[config["isa"]].lanes
         fits = [kc for kc in KC_CHOICES if kc * nr * 4 <= PANEL_BYTES]
         assert config["kc"] == max(fits)
+
+
+def testbusy_share_follows_the_dynamic_schedule():
+    """Units handed in order to whichever core is free: 9 equal units leave one of 2 cores
+    idle a tenth of the time; 33 row tiles in blocks of 16 (two big blocks and one of a
+    single tile per panel) keep both busy."""
+    assert busy_share(1, 33, 64, 9, 1, cores=2) == pytest.approx(297 / 330)
+    assert busy_share(1, 33, 16, 9, 1, cores=2) > 0.99
+    assert busy_share(1, 33, 64, 9, 1, cores=1) == 1.0
+
+
+def test_default_splits_rows_further_where_that_evens_out_the_cores(monkeypatch):
+    """ViT's fused QKV projection (197 tokens, 192 -> 576) on 2 cores: one block of all 33
+    row tiles made 9 units; the default takes blocks of 16. BERT's 12 even units stay."""
+    import wpk.kernels.cpu.microkernels.gemm_space as space
+
+    monkeypatch.setattr(space.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(space, "TARGET_UNITS", 8)
+    qkv = default_config(gemm_geometry(matmul((197, 192), (192, 576), (197, 576))), "avx512")
+    assert (qkv["mr"], qkv["nv"], qkv["mb"], qkv["nb"]) == (6, 4, 16, 1)
+    bert = default_config(gemm_geometry(matmul((128, 768), (768, 768), (128, 768))), "avx512")
+    assert (bert["mb"], bert["nb"]) == (32, 1)
