@@ -5,7 +5,10 @@ Steps follow the graph's node order; the buffer plan comes from tensor
 lifetimes; constants the steps read (or that are graph outputs) become the
 weights. Implementations may contribute kernel artifacts (optional hook
 `artifacts(workload, config) -> {name: bytes}`) and CPU requirements
-(optional hook `required_isa(workload, config) -> iterable of ISA flags`).
+(optional hook `required_isa(workload, config) -> iterable of ISA flags`). On the CPU, a
+step whose output is its first input reinterpreted (optional hook `views_input(workload)
+-> bool`: a Reshape-like copy) gives both tensors one buffer, and its copy has nothing to
+do.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
     steps: list[Step] = []
     kernels: dict[str, bytes] = {}
     isa: set[str] = set()
+    views: list[tuple[str, str]] = []
     for item in node_workloads:
         node, workload = item.node, item.workload
         choice = choices[workload.key]
@@ -57,12 +61,15 @@ def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
         needs = getattr(impl, "required_isa", None)
         if needs:
             isa.update(needs(workload, config))
+        is_view = getattr(impl, "views_input", None)
+        if target == "cpu" and is_view and is_view(workload):
+            views.append((node.outputs[0], node.inputs[0]))
         steps.append(Step(node.name, node.op, workload.key, impl.name, config, impl.kind,
                           tuple(node.inputs), tuple(o for o in node.outputs if o),
                           tuple(artifacts)))
 
     return _plan(graph, steps, kernels, isa, [c.workload for c in choices], target, report,
-                 device)
+                 device, views)
 
 
 def whole_model_plan(graph: Graph, model_bytes: bytes, device: Mapping[str, Any] | None = None
@@ -80,7 +87,7 @@ def whole_model_plan(graph: Graph, model_bytes: bytes, device: Mapping[str, Any]
 
 def _plan(graph: Graph, steps: list[Step], kernels: dict[str, bytes], isa: set[str],
           workloads: Sequence, target: str, report: Mapping[str, Any] | None,
-          device: Mapping[str, Any] | None) -> Plan:
+          device: Mapping[str, Any] | None, views: Sequence[tuple[str, str]] = ()) -> Plan:
     constants = set(graph.constants)
     used = {name for step in steps for name in step.inputs if name in constants}
     used |= {name for name in graph.outputs if name in constants}
@@ -92,7 +99,7 @@ def _plan(graph: Graph, steps: list[Step], kernels: dict[str, bytes], isa: set[s
              for inputs, outputs in step_io for name in [*inputs, *outputs]}
     sizes.update({name: tensor_nbytes(graph, name) for name in [*graph.inputs, *graph.outputs]
                   if name not in constants})
-    buffers = plan_graph_buffers(step_io, sizes, graph.inputs, graph.outputs, constants)
+    buffers = plan_graph_buffers(step_io, sizes, graph.inputs, graph.outputs, constants, views)
     host = dict(device or cpu_fingerprint())
     manifest = {
         "format_version": FORMAT_VERSION,

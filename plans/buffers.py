@@ -7,12 +7,17 @@ size, largest first, each going to the smallest free buffer (best fit; every
 existing buffer is at least as large, since sizes only decrease). Graph
 inputs and outputs get buffers of their own, and constants are not buffers.
 All buffers are slices of one arena, at offsets aligned to `ALIGNMENT` bytes.
+
+A view (a step's output that is its input reinterpreted, a Reshape) shares its
+source's buffer: the two are one tensor for the plan, living from the first's
+production to the last read of either, in the buffer of whichever of them is a
+graph input or output (two such stay apart, and the step copies).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ALIGNMENT = 64
 
@@ -124,13 +129,54 @@ def plan_buffers(shared: Sequence[Lifetime], own: Sequence[tuple[str, int]] = ()
     return BufferPlan(tuple(sizes), tuple(offsets), assignment, no_reuse, alignment)
 
 
+def view_roots(views: Sequence[tuple[str, str]], own: Iterable[str],
+               constants: Iterable[str]) -> dict[str, str]:
+    """Tensor -> the tensor whose buffer it shares, for the (view, source) pairs `views`:
+    chains of views end at one root, a graph input or output (`own`) where the chain has
+    one; constants and pairs that would join two own tensors are left out."""
+    own, constants = set(own), set(constants)
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while name in parent:
+            name = parent[name]
+        return name
+
+    for view, source in views:
+        if not view or not source or view in constants or source in constants:
+            continue
+        a, b = root(view), root(source)
+        if a == b or (a in own and b in own):
+            continue
+        if a in own:
+            parent[b] = a
+        else:
+            parent[a] = b
+    return {name: root(name) for name in parent}
+
+
 def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
                        nbytes: Mapping[str, int], graph_inputs: Sequence[str],
-                       graph_outputs: Sequence[str], constants: Iterable[str]) -> BufferPlan:
-    """The buffer plan of a whole plan: inputs and outputs own, intermediates shared."""
+                       graph_outputs: Sequence[str], constants: Iterable[str],
+                       views: Sequence[tuple[str, str]] = ()) -> BufferPlan:
+    """The buffer plan of a whole plan: inputs and outputs own, intermediates shared, each
+    view of `views` ((view, source) pairs) in its root's buffer."""
     constant_names = set(constants)
     own_names = [n for n in dict.fromkeys([*graph_inputs, *graph_outputs])
                  if n and n not in constant_names]
     own = [(name, int(nbytes[name])) for name in own_names]
+    roots = view_roots(views, own_names, constant_names)
     shared = tensor_lifetimes(steps, nbytes, exclude=[*own_names, *constant_names])
-    return plan_buffers(shared, own)
+    merged: dict[str, Lifetime] = {}
+    for life in shared:
+        name = roots.get(life.name, life.name)
+        if name in own_names:
+            continue
+        seen = merged.get(name)
+        merged[name] = life if seen is None else Lifetime(
+            name, max(seen.nbytes, life.nbytes), min(seen.first, life.first),
+            max(seen.last, life.last))
+    plan = plan_buffers([replace(life, name=name) for name, life in merged.items()], own)
+    assignment = dict(plan.assignment)
+    assignment.update({view: assignment[root] for view, root in roots.items()})
+    return replace(plan, assignment=assignment)

@@ -98,6 +98,14 @@ def merged_dims(shape: Sequence[int], src_strides: Sequence[int],
     return [m[0] for m in merged], [m[1] for m in merged], [m[2] for m in merged]
 
 
+def same_bytes(src: np.ndarray, dst: np.ndarray) -> bool:
+    """Whether copying view `src` into view `dst` has nothing to do: the same elements in
+    the same places (a Reshape whose output shares its input's buffer)."""
+    return src.dtype == dst.dtype and src.shape == dst.shape and \
+        src.ctypes.data == dst.ctypes.data and (
+            src.strides == dst.strides or src.flags.c_contiguous and dst.flags.c_contiguous)
+
+
 def _move_entry(src: np.ndarray, dst: np.ndarray) -> list[int] | None:
     """The table entry copying view `src` into view `dst`, or None when the copy is not a
     plain byte copy (dtypes or shapes differ, overlapping memory, too many dims)."""
@@ -117,6 +125,8 @@ def moves_call(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[NativeCa
     copied natively or no C compiler is at hand."""
     entries, count = [], 0
     for src, dst in pairs:
+        if same_bytes(src, dst):
+            continue
         entry = _move_entry(src, dst)
         if entry is None:
             return None

@@ -22,7 +22,7 @@ import numpy as np
 from wpk.core.epilogue import ONNX_BINARY_STEPS
 from wpk.core.workload import EpilogueStep, Workload
 from wpk.kernels.cpu.library import NumpyImplementation, finish_epilogue
-from wpk.kernels.cpu.native_moves import native_form
+from wpk.kernels.cpu.native_moves import native_form, same_bytes
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
 from wpk.kernels.cpu.resize import is_index_copy, nearest_indices, static_resize_spec
 from wpk.kernels.cpu.tensor_formulas import (
@@ -82,6 +82,13 @@ class NumpyCopy(NumpyImplementation):
     uses_blas = False
     ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize", "Split")
 
+    def views_input(self, workload: Workload) -> bool:
+        """Whether the output is the first input reinterpreted (a Reshape-like without an
+        epilogue, one output): the buffer plan may give both one buffer, and the copy of
+        a buffer onto itself is skipped."""
+        return workload.op in _RESHAPES and not workload.epilogue and \
+            len(workload.outputs) == 1
+
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
         op, steps = workload.op, workload.epilogue
@@ -102,7 +109,8 @@ class NumpyCopy(NumpyImplementation):
 
             def move(inputs, outputs):
                 for src, dst in views(inputs, outputs):
-                    np.copyto(dst, src)
+                    if not same_bytes(src, dst):
+                        np.copyto(dst, src)
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
             move(inputs, outputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wpk.plans.buffers import BufferPlan, plan_graph_buffers, tensor_lifetimes
+from wpk.plans.buffers import BufferPlan, plan_graph_buffers, tensor_lifetimes, view_roots
 
 
 def chain(length, size=1000):
@@ -53,16 +53,30 @@ def random_dags(draw):
         steps.append((reads, outs))
         tensors.extend(outs)
     outputs = draw(st.lists(st.sampled_from(tensors[2:]), min_size=1, max_size=3, unique=True))
-    return steps, sizes, outputs
+    views = []   # some one-in one-out steps are views (a Reshape): their output, their input
+    for reads, outs in steps:
+        if len(reads) == 1 and len(outs) == 1 and draw(st.booleans()):
+            sizes[outs[0]] = sizes[reads[0]]
+            views.append((outs[0], reads[0]))
+    return steps, sizes, outputs, views
 
 
 @settings(max_examples=150, deadline=None)
 @given(random_dags())
 def test_no_two_live_tensors_overlap_in_memory(dag):
-    steps, sizes, outputs = dag
-    plan = plan_graph_buffers(steps, sizes, ["in0", "in1"], outputs, [])
-    lives = {life.name: life for life in tensor_lifetimes(steps, sizes)}
-    lives.update({name: None for name in ["in0", "in1", *outputs]})  # live throughout
+    """Unless they are views of one another: those are one tensor, alive from the first's
+    production to the last read of any."""
+    steps, sizes, outputs, views = dag
+    own = ["in0", "in1", *outputs]
+    plan = plan_graph_buffers(steps, sizes, ["in0", "in1"], outputs, [], views)
+    roots = view_roots(views, own, [])
+    lives = {}
+    for life in tensor_lifetimes(steps, sizes):
+        root = roots.get(life.name, life.name)
+        seen = lives.get(root, life)
+        lives[root] = type(life)(root, life.nbytes, min(seen.first, life.first),
+                                 max(seen.last, life.last))
+    lives.update({name: None for name in own})  # live throughout
     for name, size in sizes.items():
         assert size <= plan.sizes[plan.assignment[name]]
     ranges = [(plan.offsets[i], plan.offsets[i] + plan.sizes[i]) for i in range(len(plan.sizes))]
@@ -73,10 +87,33 @@ def test_no_two_live_tensors_overlap_in_memory(dag):
     names = sorted(sizes)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            if plan.assignment[a] == plan.assignment[b]:
-                assert lives[a] is not None and lives[b] is not None
-                first_a, last_a = lives[a].first, lives[a].last
-                first_b, last_b = lives[b].first, lives[b].last
+            ra, rb = roots.get(a, a), roots.get(b, b)
+            if plan.assignment[a] == plan.assignment[b] and ra != rb:
+                assert lives[ra] is not None and lives[rb] is not None
+                first_a, last_a = lives[ra].first, lives[ra].last
+                first_b, last_b = lives[rb].first, lives[rb].last
                 assert last_a < first_b or last_b < first_a, (a, b)  # both ends inclusive
     assert plan.arena_bytes <= plan.no_reuse_bytes
     assert BufferPlan.from_json(plan.to_json()) == plan
+
+
+def test_views_share_their_sources_buffer_for_their_joint_lifetime():
+    """x -> a -> v1 = view(a) -> v2 = view(v1); b lives while v2 does, so it gets another
+    buffer; a, v1 and v2 are one tensor for the plan."""
+    steps = [(["x"], ["a"]), (["a"], ["v1"]), (["v1"], ["v2"]), (["x"], ["b"]),
+             (["v2", "b"], ["c"]), (["c"], ["y"])]
+    sizes = dict.fromkeys(["x", "a", "v1", "v2", "b", "c", "y"], 400)
+    plan = plan_graph_buffers(steps, sizes, ["x"], ["y"], [], views=[("v1", "a"), ("v2", "v1")])
+    assert plan.assignment["a"] == plan.assignment["v1"] == plan.assignment["v2"]
+    assert plan.assignment["b"] != plan.assignment["a"]
+
+
+def test_views_of_inputs_and_outputs_use_their_buffers_and_two_of_them_stay_apart():
+    steps = [(["x"], ["vx"]), (["vx"], ["a"]), (["a"], ["y"]), (["x"], ["z"])]
+    sizes = dict.fromkeys(["x", "vx", "a", "y", "z"], 64)
+    plan = plan_graph_buffers(steps, sizes, ["x"], ["y", "z"], [],
+                              views=[("vx", "x"), ("y", "a"), ("z", "x")])
+    assert plan.assignment["vx"] == plan.assignment["x"]   # a view of the input
+    assert plan.assignment["a"] == plan.assignment["y"]    # a source of an output
+    assert plan.assignment["z"] != plan.assignment["x"]    # input and output: a copy
+    assert view_roots([("z", "x"), ("w", "c")], ["x", "z"], ["c"]) == {}

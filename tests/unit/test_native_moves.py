@@ -4,6 +4,8 @@ Slice and Concat kernels joining a native chain with the outputs of their Python
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -132,3 +134,53 @@ def test_copy_steps_that_would_copy_twice_or_compute_have_no_native_form():
     assert getattr(_copy_kernel(with_epilogue), "native", None) is None
     gather = Workload("Gather", (_spec((5, 3)), _spec((2,), "int64")), (_spec((2, 3)),))
     assert getattr(_copy_kernel(gather), "native", None) is None
+
+
+def test_reshape_steps_share_their_input_buffer_and_copy_nothing(rng, monkeypatch):
+    """A plan's Reshape-likes (Reshape, Flatten, Squeeze, Unsqueeze) are views: one buffer
+    with their source (the graph input's, for the first), a native form that copies
+    nothing, and the outputs onnxruntime gives. (onnxruntime's single-node kernels are
+    kept out of the build: it would give these tiny steps to one onnxruntime region.)"""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    import wpk
+    from wpk.kernels.cpu.ort_node import OrtNode
+    from wpk.runtime import Session
+
+    monkeypatch.setattr(OrtNode, "unsupported_reason", lambda self, workload: "not here")
+
+    def node(op, inputs, output, **attrs):
+        return helper.make_node(op, inputs, [output], **attrs)
+
+    shape = helper.make_tensor("shape", TensorProto.INT64, [3], [2, 12, 5])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
+    nodes = [node("Reshape", ["x", "shape"], "r0"), node("Relu", ["r0"], "a"),
+             node("Flatten", ["a"], "f", axis=2), node("Unsqueeze", ["f", "axes"], "u"),
+             node("Squeeze", ["u", "axes"], "s"), node("Sigmoid", ["s"], "b"),
+             node("Add", ["f", "b"], "y")]
+    graph = helper.make_graph(
+        nodes, "views", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [24, 5])], [shape, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    plan = wpk.build(model, "cpu", partition=False)
+    buffers = plan.buffer_plan.assignment
+    assert buffers["r0"] == buffers["x"]
+    assert buffers["f"] == buffers["u"] == buffers["s"] == buffers["a"]
+    x = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    session = Session(plan)
+    np.testing.assert_allclose(session.run({"x": x})["y"], expected, rtol=1e-6)
+    views = [step for step in plan.steps if step.op in ("Reshape", "Flatten", "Squeeze",
+                                                         "Unsqueeze")]
+    assert {step.impl for step in views} == {"numpy.copy"}
+    in_place = 0
+    for kernel, inputs, outputs in session._prepare_steps(session._arrays, merge=False)[0]:
+        if getattr(kernel, "native", None) and inputs[0].ctypes.data == outputs[0].ctypes.data:
+            call, args = kernel.native(inputs, outputs)
+            assert np.ctypeslib.as_array(ctypes.cast(args[0], ctypes.POINTER(ctypes.c_int64)),
+                                         (1,))[0] == 0   # a table of no moves
+            in_place += 1
+    assert in_place == len(views) == 4
