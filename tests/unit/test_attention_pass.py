@@ -258,3 +258,81 @@ def test_the_suite_transformer_plans_the_fused_op_against_onnxruntime(rng):
     (expected,) = run(model, {"input": x})
     (actual,) = Session(plan).run({"input": x}).values()
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_swap_between_reshapes_of_the_leading_dims_is_absorbed(rng):
+    """torch's dynamo export of K^T: [B, H, S, D] -> Reshape [B*H, S, D] -> Transpose
+    (0, 2, 1) -> Reshape [B, H, D, S]: the fused op reads K where it lies, with none of the
+    three nodes (the Transpose was a strided copy of every element)."""
+    nodes = [h.make_node("Constant", [], ["flat"], value=numpy_helper.from_array(
+                 np.array([B * H, S, D], np.int64))),
+             h.make_node("Constant", [], ["heads"], value=numpy_helper.from_array(
+                 np.array([B, H, D, S], np.int64))),
+             h.make_node("Reshape", ["k", "flat"], ["k3"]),
+             h.make_node("Transpose", ["k3"], ["kt3"], perm=[0, 2, 1]),
+             h.make_node("Reshape", ["kt3", "heads"], ["kt"]),
+             h.make_node("MatMul", ["q", "kt"], ["scores"]),
+             h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+             h.make_node("MatMul", ["probs", "v"], ["y"])]
+    inputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, [B, H, S, D]) for n in "qkv"]
+    model = onnx.shape_inference.infer_shapes(h.make_model(h.make_graph(
+        nodes, "dynamo_k", inputs, [h.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[h.make_opsetid("", 17)]))
+    graph, hits = fused(model)
+    assert hits == 1 and graph.op_counts() == {"Attention": 1}
+    (attention,) = graph.nodes
+    assert attention.inputs[:3] == ["q", "k", "v"] and attention.attrs["k_transposed"] == 0
+    feeds = feeds_of(model, rng)
+    np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_reshapes_that_move_the_last_two_dims_are_not_looked_through(rng):
+    """[B, H, S, D] -> Reshape [B, H, D, S] is no transpose: nothing is absorbed."""
+    nodes = [h.make_node("Constant", [], ["odd"], value=numpy_helper.from_array(
+                 np.array([B, H, D, S], np.int64))),
+             h.make_node("Reshape", ["k", "odd"], ["kt"]),
+             h.make_node("MatMul", ["q", "kt"], ["scores"]),
+             h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+             h.make_node("MatMul", ["probs", "v"], ["y"])]
+    inputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, [B, H, S, D]) for n in "qkv"]
+    model = onnx.shape_inference.infer_shapes(h.make_model(h.make_graph(
+        nodes, "odd_k", inputs, [h.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[h.make_opsetid("", 17)]))
+    graph, hits = fused(model)
+    (attention,) = [n for n in graph.nodes if n.op == "Attention"]
+    assert attention.inputs[1] == "kt" and attention.attrs["k_transposed"] == 1
+    feeds = feeds_of(model, rng)
+    np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_swap_of_a_sliced_head_split_makes_k_by_one_reshape(rng):
+    """As torch's dynamo exports a ViT: K is one of three heads slices [1, 1, H, S, D] of a
+    QKV tensor, reshaped to [H, S, D], swapped, reshaped to [1, H, D, S]. The first Reshape
+    now makes K ([1, H, S, D], a view of the slice), the Transpose and the second go."""
+    nodes = [h.make_node("Constant", [], ["flat"], value=numpy_helper.from_array(
+                 np.array([H, S, D], np.int64))),
+             h.make_node("Constant", [], ["heads"], value=numpy_helper.from_array(
+                 np.array([1, H, D, S], np.int64))),
+             h.make_node("Reshape", ["k5", "flat"], ["k3"]),
+             h.make_node("Transpose", ["k3"], ["kt3"], perm=[0, 2, 1]),
+             h.make_node("Reshape", ["kt3", "heads"], ["kt"]),
+             h.make_node("MatMul", ["q", "kt"], ["scores"]),
+             h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+             h.make_node("MatMul", ["probs", "v"], ["y"])]
+    inputs = [h.make_tensor_value_info("q", TensorProto.FLOAT, [1, H, S, D]),
+              h.make_tensor_value_info("k5", TensorProto.FLOAT, [1, 1, H, S, D]),
+              h.make_tensor_value_info("v", TensorProto.FLOAT, [1, H, S, D])]
+    model = onnx.shape_inference.infer_shapes(h.make_model(h.make_graph(
+        nodes, "vit_k", inputs, [h.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[h.make_opsetid("", 17)]))
+    graph, hits = fused(model)
+    assert hits == 1 and graph.op_counts() == {"Reshape": 1, "Attention": 1}
+    reshape, attention = graph.nodes
+    assert reshape.inputs[0] == "k5" and attention.inputs[1] == reshape.outputs[0]
+    assert tuple(graph.tensors[reshape.outputs[0]].shape) == (1, H, S, D)
+    assert attention.attrs["k_transposed"] == 0
+    feeds = feeds_of(model, rng)
+    np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-6)

@@ -3,7 +3,8 @@
 
     scores = MatMul(Q, Transpose(K, last two dims swapped))  or  MatMul(Q, K^T)
     (a K^T made by another Transpose that moves the innermost dim, the exporters' head split
-    of K, is made K by the flipped Transpose instead: a copy of rows, not of elements)
+    of K, is made K by the flipped Transpose instead: a copy of rows, not of elements; a
+    swap of the last two dims between Reshapes of the leading dims is absorbed with them)
     logits = scores * scale  or  scores / scale   (a constant scalar; optional)
     (Q, K or K^T may come scaled by constant scalars, as torch's and paddle's exports write
     it: q * s @ k^T, q * sqrt(s) @ k^T * sqrt(s); the factors join the scale)
@@ -34,6 +35,7 @@ from wpk.kernels.cpu.attention_spec import (
     attention_reason,
     broadcasts_to,
 )
+from wpk.passes.base import add_constant
 from wpk.passes.fusion import FusionContext, FusionRule
 
 
@@ -47,7 +49,8 @@ class AttentionMatch:
     inputs: tuple[str, ...]
     scale: float
     k_transposed: bool
-    flip: Node | None = None   # a Transpose that made K^T and will make K (`_key_of`)
+    # a Transpose that made K^T and will make K, or a Reshape that will (`_key_of`)
+    flip: Node | KeyReshape | None = None
 
 
 def _known(ctx: FusionContext, name: str) -> bool:
@@ -112,6 +115,58 @@ def _swapped_last(perm) -> list[int]:
     return [*perm[:-2], perm[-1], perm[-2]]
 
 
+def _lead_reshapes(ctx: FusionContext, name: str, user: Node) -> tuple[str, list[Node]]:
+    """The tensor a chain of Reshapes that keep the last two dims (each read only by the
+    next, the last by `user`) starts from, and those Reshapes ((name, []) for none)."""
+    nodes = []
+    node = ctx.producers.get(name)
+    while _feeds_only(ctx, node, user, "Reshape") and _known(ctx, node.inputs[0]) and \
+            _known(ctx, name) and \
+            ctx.graph.tensors[node.inputs[0]].shape[-2:] == ctx.graph.tensors[name].shape[-2:]:
+        nodes.append(node)
+        user, name = node, node.inputs[0]
+        node = ctx.producers.get(name)
+    return name, nodes
+
+
+@dataclass(frozen=True)
+class KeyReshape:
+    """A Reshape of the leading dims that is to read `source` and make K of `shape`."""
+
+    node: Node
+    source: str
+    shape: tuple[int, ...]
+
+
+def _key_through_reshapes(ctx: FusionContext, kt: str, user: Node
+                          ) -> tuple[str, list[Node], KeyReshape | None] | None:
+    """(K, the nodes absorbed (the first reads K), a Reshape to retarget) where K^T is K's
+    last two dims swapped between Reshapes of the leading dims (torch's dynamo export:
+    [1, 1, H, S, D] -> [H, S, D] -> Transpose -> [H, D, S] -> [1, H, D, S]), else None. K
+    is the swap's source where it has the fused op's shape; else the Reshape that made the
+    swap's input makes it, from the chain's source (a view: no copy)."""
+    inner, outer = _lead_reshapes(ctx, kt, user)
+    if not outer:
+        return None
+    swap = ctx.producers.get(inner)
+    if not _feeds_only(ctx, swap, outer[-1], "Transpose"):
+        return None
+    rank = len(ctx.graph.tensors[inner].shape)
+    if [int(p) for p in swap.attr("perm", ())] != _swapped_last(list(range(rank))):
+        return None
+    key, before = _lead_reshapes(ctx, swap.inputs[0], swap)
+    shape = tuple(_swapped_last(ctx.graph.tensors[kt].shape))
+    if not _known(ctx, key):
+        return None
+    absorbed = outer + [swap] + before
+    if tuple(ctx.graph.tensors[key].shape) == shape:
+        return key, [absorbed[-1]] + absorbed[:-1], None   # first: the node that reads K
+    if not before:
+        return None
+    kept = before[0]   # made the swap's input: now makes K from the chain's source
+    return kept.outputs[0], [n for n in absorbed if n is not kept], KeyReshape(kept, key, shape)
+
+
 def _key_of(ctx: FusionContext, kt: str, user: Node, rank: int
             ) -> tuple[str, bool, list[Node], Node | None]:
     """K, whether the fused op reads it as K^T, the nodes absorbed, and a Transpose to flip:
@@ -120,6 +175,9 @@ def _key_of(ctx: FusionContext, kt: str, user: Node, rank: int
     dim (the exporters' head split of K: [B, S, H, D] by (0, 2, 3, 1), a strided copy of
     every element) is flipped to make K instead (by (0, 2, 1, 3): a copy of whole rows,
     as Q's and V's), when that keeps the innermost dim in place."""
+    through = _key_through_reshapes(ctx, kt, user)
+    if through is not None:
+        return through[0], False, through[1], through[2]
     node = ctx.producers.get(kt)
     if not _feeds_only(ctx, node, user, "Transpose"):
         return kt, True, [], None
@@ -186,7 +244,9 @@ def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
     if not all(_known(ctx, name) for name in (*inputs, context.outputs[0])):
         return None
     specs = [graph.tensors[n].spec for n in inputs]
-    if flip is not None:   # K as the flipped Transpose will make it
+    if isinstance(flip, KeyReshape):   # K as the retargeted Reshape will make it
+        specs[1] = TensorSpec(flip.shape, specs[1].dtype)
+    elif flip is not None:   # K as the flipped Transpose will make it
         specs[1] = TensorSpec(tuple(_swapped_last(specs[1].shape)), specs[1].dtype)
     workload = Workload(ATTENTION_OP, tuple(specs), (graph.tensors[context.outputs[0]].spec,),
                         (("k_transposed", int(k_transposed)), ("scale", scale)),
@@ -199,7 +259,13 @@ def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
 
 def rewrite_attention(ctx: FusionContext, softmax: Node, found: AttentionMatch) -> None:
     """The scores MatMul becomes the fused node, in the context MatMul's place; the rest go."""
-    if found.flip is not None:   # K^T's Transpose makes K (its only reader was the scores)
+    if isinstance(found.flip, KeyReshape):   # the Reshape makes K from the chain's source
+        reshape = found.flip
+        shape = add_constant(ctx.graph, f"{reshape.node.name}_key",
+                             np.array(reshape.shape, np.int64))
+        reshape.node.inputs = [reshape.source, shape]
+        ctx.graph.tensors[reshape.node.outputs[0]].shape = reshape.shape
+    elif found.flip is not None:   # K^T's Transpose makes K (its only reader was the scores)
         flip = found.flip
         flip.attrs["perm"] = tuple(_swapped_last([int(p) for p in flip.attr("perm", ())]))
         info = ctx.graph.tensors[flip.outputs[0]]
