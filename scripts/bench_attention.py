@@ -2,7 +2,8 @@
 
 For seq 64/128/256/512 x d_model 256/512/768 (heads = d_model / 64, batch 1,
 K given untransposed as exporters of BERT write it, a [B,1,1,S] padding mask
-unless --no-mask): onnxruntime runs Transpose, MatMul, Mul, Add, Softmax,
+(the last fifth of the keys at -1e4) unless --no-mask, or with --causal a [1,1,S,S]
+causal mask of -inf): onnxruntime runs Transpose, MatMul, Mul, Add, Softmax,
 MatMul in one session with its default options (all graph optimizations,
 spinning threads) and `--threads` intra-op threads; the fused kernel runs
 with as many OpenMP threads. Each kernel is checked against the float64
@@ -11,7 +12,7 @@ reference first; the fused kernel's schedule is the fastest of its configs
 alternate in blocks (a pause after onnxruntime's, whose threads spin) and the
 medians of the blocks give the ratio; the issue's goal is >= 1.5x.
 
-    python scripts/bench_attention.py [--threads 2] [--rounds 9] [--no-mask] [--json F]
+    python scripts/bench_attention.py [--threads 2] [--rounds 9] [--no-mask | --causal] [--json F]
 
 Not a test: figures on a shared machine are noisy; ratios hold better.
 """
@@ -33,12 +34,15 @@ D_MODELS = (256, 512, 768)
 HEAD_DIM = 64
 
 
-def _workload(seq: int, d_model: int, mask: bool):
+def _workload(seq: int, d_model: int, mask: bool | str):
+    """`mask`: falsy for none, "causal" for a [1, 1, S, S] causal mask, else a [1, 1, 1, S]
+    padding mask."""
     from wpk.core.workload import TensorSpec, Workload
 
     heads = d_model // HEAD_DIM
     qkv = TensorSpec((1, heads, seq, HEAD_DIM))
-    inputs = (qkv, qkv, qkv) + ((TensorSpec((1, 1, 1, seq)),) if mask else ())
+    mask_shape = (1, 1, seq, seq) if mask == "causal" else (1, 1, 1, seq)
+    inputs = (qkv, qkv, qkv) + ((TensorSpec(mask_shape),) if mask else ())
     return Workload("Attention", inputs, (qkv,), (("k_transposed", 0),
                                                    ("scale", 1 / HEAD_DIM ** 0.5)),
                     domain="wpk", opset=17)
@@ -46,8 +50,11 @@ def _workload(seq: int, d_model: int, mask: bool):
 
 def _inputs(workload, rng: np.random.Generator) -> list[np.ndarray]:
     arrays = [rng.standard_normal(s.shape).astype(np.float32) for s in workload.inputs[:3]]
-    if len(workload.inputs) > 3:  # the last fifth of the keys padded away, as BERT does
-        mask = np.zeros(workload.inputs[3].shape, np.float32)
+    shape = workload.inputs[3].shape if len(workload.inputs) > 3 else None
+    if shape and shape[-2] > 1:   # causal: each query sees the keys up to its own
+        arrays.append(np.triu(np.full(shape, -np.inf, np.float32), 1))
+    elif shape:   # the last fifth of the keys padded away, as BERT does
+        mask = np.zeros(shape, np.float32)
         mask[..., int(mask.shape[-1] * 0.8):] = -10000.0
         arrays.append(mask)
     return arrays
@@ -149,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--no-mask", action="store_true")
+    parser.add_argument("--causal", action="store_true",
+                        help="a [1, 1, S, S] causal mask instead of BERT's padding mask")
     parser.add_argument("--seqs", type=int, nargs="+", default=list(SEQS))
     parser.add_argument("--d-models", type=int, nargs="+", default=list(D_MODELS))
     parser.add_argument("--json", help="write the rows and the machine here")
@@ -161,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read when libgomp loads, below
     from wpk.core.devices import cpu_fingerprint
 
-    rows = [measure(s, d, args.threads, args.rounds, not args.no_mask)
+    mask = "causal" if args.causal else not args.no_mask
+    rows = [measure(s, d, args.threads, args.rounds, mask)
             for d in args.d_models for s in args.seqs]
     print(_table(rows))
     if args.json:

@@ -14,13 +14,14 @@ output accumulator rescaled by exp(m_old - m_new)); then P V is added to the
 a multiple of the vector width.
 
 Where the mask is additive (per key, as a padding mask, or per query and key, as a
-causal one), keys that cannot matter are left out, per query tile: a key whose every
-score in the tile lies more than 104 below a score the same query reaches anyway (its
-best-masked key's, computed exactly) weighs under exp(-104), less than the smallest
-float, in its softmax. The bound is Cauchy-Schwarz's, |q.k| <= |q||k|, in double; NaN
-or infinite norms leave every key in. The tile's key range is trimmed of such keys at
-both ends (padding on either side, the future of a causal mask) and a tile of them is
-skipped whole.
+causal one), keys that cannot matter are left out, per query tile: the MR keys from
+the one the tile's first query's mask favours most go first, and then a key whose every
+score in the tile lies more than 104 below the score each query has reached weighs
+under exp(-104), less than the smallest float, in its softmax. The bound is
+Cauchy-Schwarz's, |q.k| <= |q||k| (norms in double, with a margin); a NaN in the mask
+or a norm that is not finite leaves every key in, and a mask plane that spans less than
+104 is not looked at again. Each key tile's range is trimmed of such keys at both ends
+(padding on either side, the future of a causal mask), a tile of them skipped whole.
 
 Vectors are GCC vector extensions of `vw` floats (`vw` a config knob: the
 host's lanes, fewer, or 1, the portable scalar path); gcc lowers them to
@@ -176,10 +177,9 @@ static void softmax_step(float *s, const float *mask, int q0, int j0, int jn, fl
 #if !FOLD_MAX
 #if HAS_MASK
     int in = SQ - q0 < TQ ? SQ - q0 : TQ;
-    for (int j = 0; j < jn; ++j) {
-        float *row = s + j * TQ;
-        const float *mk = mask + (size_t)(j0 + j) * MS3;
-        for (int i = 0; i < in; ++i) row[i] += mk[(size_t)(q0 + i) * MS2];
+    for (int i = 0; i < in; ++i) {   /* along the mask's rows: the score tile is in L1 */
+        const float *mk = mask + (size_t)(q0 + i) * MS2 + (size_t)j0 * MS3;
+        for (int j = 0; j < jn; ++j) s[j * TQ + i] += mk[(size_t)j * MS3];
     }
 #endif
     for (int i = 0; i < TQ; i += VW) {
@@ -214,7 +214,7 @@ static inline float key_at(const float *k, int key, int d) {
     return k[KT_INPUT ? (size_t)d * SK + key : (size_t)key * D + d];
 }
 
-/* The key the tile's first query's mask favours most: its key tile goes first. */
+/* The key the tile's first query's mask favours most: its MR keys go first. */
 static int best_masked_key(const float *mask, int q0) {
     int best = 0;
     float top = mask_at(mask, q0, 0);
@@ -251,39 +251,51 @@ static double query_norm(const dead_test *t) {
     return isfinite(top) ? top * (1.0 + 1e-4) : INFINITY;   /* float sums: a margin */
 }
 
-/* 1 when every score of `key` in the tile lies more than -SKIP_BELOW under the floor. */
-static int key_is_dead(dead_test *t, const float *mask, int key) {
-    float top = mask_at(mask, t->q0, key);
-    for (int i = 1; MS2 != 0 && i < t->qn; ++i) {
-        float value = mask_at(mask, t->q0 + i, key);
-        if (!(value <= top)) top = value;   /* a NaN sticks: the key stays */
-    }
+/* 1 when every score of `key` in the tile lies more than -SKIP_BELOW under the floor, its
+   mask being at most `top` for the tile's queries. */
+static int key_is_dead(dead_test *t, float top, int key) {
     double gap = (double)top - t->floor;
-    if (!(gap < SKIP_BELOW)) return 0;
+    if (!(gap < SKIP_BELOW)) return 0;   /* a NaN: the key stays */
     if (t->qnorm < 0.0) t->qnorm = query_norm(t);
     double reach = t->qnorm * t->knorm[key];
     return reach + gap < SKIP_BELOW - 1e-6 * (reach + fabs(t->floor));
 }
 
-/* Narrows [*lo, *hi) to its first and last keys that are not dead. */
+/* Narrows [*lo, *hi) (at most TK keys) to its first and last keys that are not dead. A
+   mask of one value per query and key is reduced over the tile's queries first, along
+   its rows (a plane with a NaN never gets here: mask_may_kill). */
 static void trim_dead(dead_test *t, const float *mask, int *lo, int *hi) {
     if (!t->on) return;
-    while (*lo < *hi && key_is_dead(t, mask, *lo)) ++*lo;
-    while (*hi > *lo && key_is_dead(t, mask, *hi - 1)) --*hi;
+    float top[TK];
+    int n = *hi - *lo;
+    for (int j = 0; j < n; ++j) top[j] = mask_at(mask, t->q0, *lo + j);
+    for (int i = 1; MS2 != 0 && i < t->qn; ++i) {
+        const float *row = mask + (size_t)(t->q0 + i) * MS2 + (size_t)*lo * MS3;
+        for (int j = 0; j < n; ++j) {
+            float value = row[(size_t)j * MS3];
+            top[j] = value <= top[j] ? top[j] : value;
+        }
+    }
+    int first = 0, last = n;
+    while (first < last && key_is_dead(t, top[first], *lo + first)) ++first;
+    while (last > first && key_is_dead(t, top[last - 1], *lo + last - 1)) --last;
+    *hi = *lo + last;
+    *lo += first;
 }
 
 /* 1 when the mask of one head spans more than -SKIP_BELOW, so that it may leave keys dead
    (a NaN anywhere: 0). */
 static int mask_may_kill(const float *mask) {
     float lo = INFINITY, hi = -INFINITY;
+    int nan = 0;
     for (int i = 0; i < (MS2 != 0 ? SQ : 1); ++i)
         for (int j = 0; j < SK; ++j) {
             float value = mask_at(mask, i, j);
             lo = value < lo ? value : lo;
             hi = value > hi ? value : hi;
-            if (value != value) return 0;
+            nan |= value != value;
         }
-    return (double)hi - lo > -SKIP_BELOW;
+    return !nan && (double)hi - lo > -SKIP_BELOW;
 }
 
 /* The norms of one head's keys, for key_is_dead (with a margin for their float sums). */
@@ -417,12 +429,37 @@ static const float *head_mask(const float *mask, int bh) {
     return mask + (size_t)(bh / HEADS) * MS0 + (size_t)(bh % HEADS) * MS1;
 }
 
+#if HAS_MASK
+/* The mask's distinct [query, key] planes: one per batch and head it does not broadcast
+   over; mask_plane(bh) is head bh's, plane_head(p) a head that reads plane p. */
+#define PLANE_HEADS (MS1 != 0 ? HEADS : 1)
+#define MASK_PLANES ((MS0 != 0 ? BH / HEADS : 1) * PLANE_HEADS)
+
+static int mask_plane(int bh) {
+    return (MS0 != 0 ? bh / HEADS : 0) * PLANE_HEADS + (MS1 != 0 ? bh % HEADS : 0);
+}
+
+static int plane_head(int p) {
+    return (MS0 != 0 ? p / PLANE_HEADS : 0) * HEADS + (MS1 != 0 ? p % PLANE_HEADS : 0);
+}
+#endif
+
 void wpk_attention(const float *q, const float *k, const float *v, const float *mask,
                    float *out) {
     float *vp = PACK_V ? malloc(sizeof(float) * (size_t)BH * SK * DVP) : NULL;
     float *knorm = HAS_MASK ? malloc(sizeof(float) * (size_t)BH * SK) : NULL;
+    int *kills = NULL;
+#if HAS_MASK
+    kills = malloc(sizeof(int) * MASK_PLANES);
+#endif
     #pragma omp parallel if (PAR && BH * NQT > 1)
     {
+#if HAS_MASK
+        /* once per distinct plane of the mask: heads (or batches) it broadcasts over share */
+        #pragma omp for schedule(static)
+        for (int p = 0; p < MASK_PLANES; ++p)
+            kills[p] = mask_may_kill(head_mask(mask, plane_head(p)));
+#endif
         if (PACK_V || HAS_MASK) {
             #pragma omp for schedule(static)
             for (int bh = 0; bh < BH; ++bh) {
@@ -431,7 +468,7 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
                         vp[((size_t)bh * SK + j) * DVP + d] =
                             d < DV ? v[((size_t)bh * SK + j) * DV + d] : 0.0f;
 #if HAS_MASK
-                if (mask_may_kill(head_mask(mask, bh)))
+                if (kills[mask_plane(bh)])
                     key_norms(k + (size_t)bh * SK * D, knorm + (size_t)bh * SK);
                 else
                     knorm[(size_t)bh * SK] = -1.0f;   /* no key dead: keys in order */
@@ -454,6 +491,7 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
     }
     free(vp);
     free(knorm);
+    free(kills);
 }
 """
 

@@ -140,6 +140,27 @@ def test_keys_masked_for_every_query_are_never_read_under_a_full_mask(rng):
     assert np.isfinite(out).all() and relative_l2(out, expected) < TOLERANCE
 
 
+@pytest.mark.parametrize("mask_shape", [(2, 3, 1, 60), (1, 3, 1, 60), (2, 1, 1, 60)])
+def test_only_the_padded_plane_of_a_mask_leaves_keys_out(rng, mask_shape):
+    """A mask whose batch and head planes differ: keys are left out exactly where that
+    plane's mask pushes them down (V NaN there), every other plane reads all its keys."""
+    w = workload(lead=(2, 3), sq=33, sk=60, d=16, dv=16, mask=mask_shape)
+    arrays = arrays_for(w, rng)
+    mask = np.zeros(mask_shape, np.float32)
+    b, h = mask_shape[0] - 1, mask_shape[1] - 1
+    mask[b, h, :, 40:] = -np.inf
+    arrays[3] = mask
+    expected = reference(w, arrays)[0]
+    dead = np.zeros(arrays[2].shape, bool)
+    dead[b if mask_shape[0] > 1 else slice(None), h if mask_shape[1] > 1 else slice(None),
+         40:] = True
+    arrays[2] = np.where(dead, np.float32(np.nan), arrays[2])
+    for config in attention_configs(w)[:2]:
+        out = np.full(w.outputs[0].shape, np.nan, np.float32)
+        ATTENTION_C.prepare(w, {}, config)(arrays, [out])
+        assert np.isfinite(out).all() and relative_l2(out, expected) < TOLERANCE, config
+
+
 def test_a_causal_mask_matches_the_reference(rng):
     """-inf above the diagonal: the query tiles leave their future keys out."""
     w = workload(lead=(1, 2), sq=97, sk=97, d=32, dv=32, mask=(1, 1, 97, 97))
@@ -200,6 +221,18 @@ def test_bench_script_refuses_bad_sizes(capsys):
     bench = runpy.run_path(str(Path(__file__).parents[2] / "scripts" / "bench_attention.py"))
     assert bench["main"](["--d-models", "100"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_bench_script_verifies_and_times_a_causal_mask(capsys, tmp_path):
+    import json
+    import runpy
+    from pathlib import Path
+    bench = runpy.run_path(str(Path(__file__).parents[2] / "scripts" / "bench_attention.py"))
+    out = tmp_path / "causal.json"
+    assert bench["main"](["--causal", "--seqs", "40", "--d-models", "128", "--rounds", "1",
+                          "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["mask"] == "causal" and max(row["errors"].values()) < 1e-4
 
 
 def test_configs_follow_the_host_vector_width_and_the_sequence():
