@@ -28,6 +28,8 @@ from wpk.kernels.cpu.attention_spec import (
     attention_onnx_nodes,
     attention_reason,
     attention_shape,
+    bshd_flags,
+    logical_shapes,
 )
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.cpu.node_model import (
@@ -49,7 +51,7 @@ _MICRO_TILES = ((4, 4), (8, 2), (4, 2), (2, 4), (6, 2), (2, 2), (1, 2), (1, 1))
 
 
 def _heads_and_rank(workload: Workload) -> tuple[int, int]:
-    shape = workload.inputs[0].shape
+    shape = logical_shapes(workload)[0]
     return (shape[1] if len(shape) == 4 else 1), len(shape)
 
 
@@ -81,7 +83,8 @@ def compile_attention(workload: Workload, config: Mapping):
     """The loaded C function `wpk_attention` of the workload under `config` (compiled once
     per source, flags and compiler: `wpk.dsl.toolchain`'s cache, keyed by the host ISA)."""
     heads, rank = _heads_and_rank(workload)
-    source = attention_source(attention_shape(workload), heads, rank, config)
+    source = attention_source(attention_shape(workload), heads, rank, config,
+                              bshd_flags(workload))
     library = build.compile_c(source, (*c_flags(), *EXTRA_FLAGS))
     build.openmp_defaults()
     return load_function(library, "wpk_attention", [ctypes.c_void_p] * 5)
@@ -162,7 +165,7 @@ def attention_model(workload: Workload, consts: Mapping[int, np.ndarray]):
                 input_name(i), tensor_type(spec.dtype), list(spec.shape)))
             feeds.append(i)
     nodes = attention_onnx_nodes(names, output_name(0), "att_", shape.scale, shape.k_transposed,
-                                 rank, workload.opset)
+                                 rank, workload.opset, bshd_flags(workload))
     out = workload.outputs[0]
     graph = helper.make_graph(nodes, "wpk_attention", graph_inputs, [
         helper.make_tensor_value_info(output_name(0), tensor_type(out.dtype), list(out.shape))],

@@ -65,6 +65,23 @@ _HEADER = r"""
 #define NQT {nqt}
 #define PAR {par}
 #define KT_INPUT {k_transposed}
+/* Where each head's Q, K, V and output start (batch and head strides) and the step from
+   one of its rows to the next: [B, H, S, D] or, for the operands the graph keeps before
+   its head split, [B, S, H, D]. */
+#define Q_B {q_b}
+#define Q_H {q_h}
+#define Q_ROW {q_row}
+#define K_B {k_b}
+#define K_H {k_h}
+#define K_ROW {k_row}
+#define V_B {v_b}
+#define V_H {v_h}
+#define V_ROW {v_row}
+#define O_B {o_b}
+#define O_H {o_h}
+#define O_ROW {o_row}
+#define BASE(X, bh) ((size_t)((bh) / HEADS) * X##_B + (size_t)((bh) % HEADS) * X##_H)
+#define V_STEP (PACK_V ? DVP : V_ROW)
 #define PACK_V {pack_v}
 #define HAS_MASK {has_mask}
 #define MS0 {ms0}
@@ -131,7 +148,7 @@ static void scores(const float *k, const float *qt, const float *mask, int j0, i
         float kmask[MR];
         UNROLL for (int r = 0; r < MR; ++r) {
             int key = j0 + (j + r < jn ? j + r : jn - 1);
-            kr[r] = k + (size_t)key * (KT_INPUT ? 1 : D);
+            kr[r] = k + (size_t)key * (KT_INPUT ? 1 : K_ROW);
             kmask[r] = FOLD_MASK ? mask[(size_t)key * MS3] : 0.0f;
         }
         for (int i0 = 0; i0 < TQ; i0 += NR * VW) {
@@ -211,7 +228,7 @@ static inline float mask_at(const float *mask, int query, int key) {
 }
 
 static inline float key_at(const float *k, int key, int d) {
-    return k[KT_INPUT ? (size_t)d * SK + key : (size_t)key * D + d];
+    return k[KT_INPUT ? (size_t)d * SK + key : (size_t)key * K_ROW + d];
 }
 
 /* The key the tile's first query's mask favours most: its MR keys go first. */
@@ -326,7 +343,7 @@ static void accumulate(const float *p, const float *v, int j0, int jn, const flo
                     acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW) * a;
             }
             for (int j = 0; j < jn; ++j) {
-                const float *vrow = v + (size_t)(j0 + j) * DVP + d0;
+                const float *vrow = v + (size_t)(j0 + j) * V_STEP + d0;
                 vf vv[NV];
                 UNROLL for (int n = 0; n < NV; ++n) {
                     vv[n] = vload(vrow + n * VW);
@@ -353,14 +370,14 @@ static void scaled_queries_transposed(const float *q, int q0, float *qt) {
             if (VW > 1 && q0 + i0 + VW <= SQ && d0 + VW <= D) {
                 vf rows[VW];
                 UNROLL for (int r = 0; r < VW; ++r)
-                    rows[r] = vload(q + (size_t)(q0 + i0 + r) * D + d0) * SCALE;
+                    rows[r] = vload(q + (size_t)(q0 + i0 + r) * Q_ROW + d0) * SCALE;
                 TRANSPOSE_BLOCK(rows);
                 UNROLL for (int r = 0; r < VW; ++r) vstore(qt + (d0 + r) * TQ + i0, rows[r]);
                 continue;
             }
             for (int i = i0; i < i0 + VW; ++i)
                 for (int d = d0; d < d0 + VW && d < D; ++d)
-                    qt[d * TQ + i] = q0 + i < SQ ? q[(size_t)(q0 + i) * D + d] * SCALE : 0.0f;
+                    qt[d * TQ + i] = q0 + i < SQ ? q[(size_t)(q0 + i) * Q_ROW + d] * SCALE : 0.0f;
         }
     }
 }
@@ -421,7 +438,7 @@ static void query_tile(const float *q, const float *k, const float *v, const flo
     }
     for (int i = 0; i < TQ && q0 + i < SQ; ++i) {
         float inv = 1.0f / t.l[i];
-        for (int d = 0; d < DV; ++d) out[(size_t)(q0 + i) * DV + d] = t.o[i * DVP + d] * inv;
+        for (int d = 0; d < DV; ++d) out[(size_t)(q0 + i) * O_ROW + d] = t.o[i * DVP + d] * inv;
     }
 }
 
@@ -466,10 +483,10 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
                 for (int j = 0; PACK_V && j < SK; ++j)
                     for (int d = 0; d < DVP; ++d)
                         vp[((size_t)bh * SK + j) * DVP + d] =
-                            d < DV ? v[((size_t)bh * SK + j) * DV + d] : 0.0f;
+                            d < DV ? v[BASE(V, bh) + (size_t)j * V_ROW + d] : 0.0f;
 #if HAS_MASK
                 if (kills[mask_plane(bh)])
-                    key_norms(k + (size_t)bh * SK * D, knorm + (size_t)bh * SK);
+                    key_norms(k + BASE(K, bh), knorm + (size_t)bh * SK);
                 else
                     knorm[(size_t)bh * SK] = -1.0f;   /* no key dead: keys in order */
 #endif
@@ -481,11 +498,11 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
         for (int bh = 0; bh < BH; ++bh) {
             for (int t = 0; t < NQT; ++t) {
                 const float *mk = HAS_MASK ? head_mask(mask, bh) : NULL;
-                const float *vb = PACK_V ? vp + (size_t)bh * SK * DVP : v + (size_t)bh * SK * DV;
+                const float *vb = PACK_V ? vp + (size_t)bh * SK * DVP : v + BASE(V, bh);
                 const float *kn = HAS_MASK ? knorm + (size_t)bh * SK : NULL;
-                query_tile(q + (size_t)bh * SQ * D, k + (size_t)bh * SK * D, vb, mk,
+                query_tile(q + BASE(Q, bh), k + BASE(K, bh), vb, mk,
                            kn && kn[0] >= 0.0f ? kn : NULL, t * TQ,
-                           out + (size_t)bh * SQ * DV);
+                           out + BASE(O, bh));
             }
         }
     }
@@ -536,9 +553,18 @@ def config_reason(shape: AttentionShape, config: Mapping) -> str | None:
     return None
 
 
-def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mapping) -> str:
+def _operand_strides(tag: str, rows: int, width: int, heads: int, bshd: bool) -> dict:
+    """Batch, head and row strides (elements) of one operand, [B, H, S, D] or [B, S, H, D]."""
+    if bshd:
+        return {f"{tag}_b": rows * heads * width, f"{tag}_h": width, f"{tag}_row": heads * width}
+    return {f"{tag}_b": heads * rows * width, f"{tag}_h": rows * width, f"{tag}_row": width}
+
+
+def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mapping,
+                     bshd: tuple[bool, ...] = (False,) * 4) -> str:
     """The C source of the kernel `wpk_attention(q, k, v, mask, out)` for one shape
-    (`heads`: the size of dim 1 of rank-4 tensors, 1 for rank 3)."""
+    (`heads`: the size of dim 1 of rank-4 tensors, 1 for rank 3; `bshd`: which of Q, K, V
+    and the output are stored [B, S, H, D])."""
     reason = config_reason(shape, config)
     if reason:
         raise ValueError(reason)
@@ -548,8 +574,14 @@ def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mappi
     registers = 32 if vw == 16 else 16   # AVX-512 has 32 vector registers, AVX2 16
     nv = max(n for n in range(1, min(dvp // vw, 4) + 1)
              if (dvp // vw) % n == 0 and (mr + 1) * n + 1 <= registers or n == 1)
+    strides = {}
+    for tag, rows, width, flag in (("q", shape.sq, shape.d, bshd[0]),
+                                   ("k", shape.sk, shape.d, bshd[1]),
+                                   ("v", shape.sk, shape.dv, bshd[2]),
+                                   ("o", shape.sq, shape.dv, bshd[3])):
+        strides.update(_operand_strides(tag, rows, width, heads, flag))
     return _HEADER.format(
-        bh=shape.batch, heads=heads, sq=shape.sq, sk=shape.sk,
+        **strides, bh=shape.batch, heads=heads, sq=shape.sq, sk=shape.sk,
         d=shape.d, dv=shape.dv, dvp=dvp, tq=tq, tk=tk, vw=vw, mr=mr, nr=nr,
         nqt=-(-shape.sq // tq), par=int(config.get("par", 1)), k_transposed=int(shape.k_transposed),
         pack_v=int(dvp != shape.dv), has_mask=int(shape.mask_shape is not None),

@@ -9,6 +9,11 @@ MatMul(Q, Transpose(K))) or K^T itself, [..., D, Sk] (`k_transposed` 1). The
 optional mask broadcasts against the scores [..., Sq, Sk]. The graph pass
 `wpk.passes.attention` writes the node; `attention_onnx_nodes` expands it
 back into the standard nodes it replaced (for onnxruntime and `to_onnx`).
+
+Attribute `bshd` (four ints, for Q, K, V and the output; rank 4 only, CPU only): an
+operand flagged 1 is stored [B, S, H, D], as exporters have it before their head split
+Transpose (0, 2, 1, 3), which the CPU pass `attention_heads` then absorbs. Every size,
+the reference and the ONNX form see the [B, H, S, D] view (`logical_shapes`).
 """
 
 from __future__ import annotations
@@ -53,6 +58,22 @@ def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
     return all(a in (1, b) for a, b in zip(shape[::-1], target[::-1]))
 
 
+HEADS_PERM = (0, 2, 1, 3)   # [B, S, H, D] <-> [B, H, S, D]
+
+
+def bshd_flags(workload: Workload) -> tuple[bool, bool, bool, bool]:
+    """Which of Q, K, V and the output are stored [B, S, H, D] (attribute `bshd`)."""
+    flags = tuple(bool(int(f)) for f in (workload.attr("bshd", ()) or ()))
+    return flags + (False,) * (4 - len(flags)) if len(flags) <= 4 else flags[:4]
+
+
+def logical_shapes(workload: Workload) -> tuple[tuple[int, ...], ...]:
+    """The [B, H, S, D] (or rank-3) shapes of Q, K, V and the output, as the op sees them."""
+    shapes = [tuple(s.shape) for s in workload.inputs[:3]] + [tuple(workload.outputs[0].shape)]
+    return tuple(tuple(shape[i] for i in HEADS_PERM) if flag and len(shape) == 4 else shape
+                 for shape, flag in zip(shapes, bshd_flags(workload)))
+
+
 def attention_reason(workload: Workload) -> str | None:
     """None when the workload is a well-formed fused attention, else what is wrong."""
     if not is_attention(workload):
@@ -65,7 +86,12 @@ def attention_reason(workload: Workload) -> str | None:
     if any(s.dtype != "float32" for s in [*(s for s in specs if s is not None),
                                           *workload.outputs]):
         return "Attention computes float32 only"
-    q, k, v = (tuple(s.shape) for s in specs[:3])
+    flags = bshd_flags(workload)
+    if any(flags) and (len(specs[0].shape) != 4 or len(workload.attr("bshd")) != 4):
+        return "Attention's bshd layouts need rank 4 and four flags"
+    if flags[1] and workload.attr("k_transposed", 0):
+        return "Attention's K is either transposed or [B, S, H, D], not both"
+    q, k, v, out = logical_shapes(workload)
     if len(q) not in _RANKS or not len(q) == len(k) == len(v):
         return "Attention's Q, K and V must be rank 3 or 4, all the same rank"
     if not q[:-2] == k[:-2] == v[:-2]:
@@ -73,7 +99,6 @@ def attention_reason(workload: Workload) -> str | None:
     d, sk = (k[-1], k[-2]) if not workload.attr("k_transposed", 0) else (k[-2], k[-1])
     if d != q[-1] or sk != v[-2]:
         return "Attention's Q, K and V sizes do not agree"
-    out = tuple(workload.outputs[0].shape)
     if out != q[:-1] + (v[-1],):
         return "Attention's output shape is not [..., Sq, Dv]"
     if len(specs) == 4 and specs[3] is not None:
@@ -86,7 +111,7 @@ def attention_reason(workload: Workload) -> str | None:
 
 def attention_shape(workload: Workload) -> AttentionShape:
     """The sizes of a well-formed attention workload (check `attention_reason` first)."""
-    q, k, v = (tuple(s.shape) for s in workload.inputs[:3])
+    q, k, v, _ = logical_shapes(workload)
     mask = workload.inputs[3] if len(workload.inputs) > 3 else None
     return AttentionShape(batch=int(np.prod(q[:-2], dtype=np.int64)), sq=q[-2], sk=v[-2],
                           d=q[-1], dv=v[-1], k_transposed=bool(workload.attr("k_transposed", 0)),
@@ -112,7 +137,9 @@ def mask_strides(shape: AttentionShape, rank: int) -> tuple[int, int, int, int]:
 def attention_formula(workload: Workload, inputs: Sequence[np.ndarray | None]) \
         -> list[np.ndarray]:
     """The float64 reference: softmax(Q K^T scale + mask) V, the softmax shifted by its max."""
-    q, k, v = (np.asarray(x, np.float64) for x in inputs[:3])
+    flags = bshd_flags(workload)
+    q, k, v = (np.asarray(x, np.float64).transpose(HEADS_PERM) if flag else
+               np.asarray(x, np.float64) for x, flag in zip(inputs[:3], flags))
     kt = k if workload.attr("k_transposed", 0) else np.swapaxes(k, -1, -2)
     scores = np.matmul(q, kt) * float(workload.attr("scale", 1.0))
     if len(inputs) > 3 and inputs[3] is not None:
@@ -120,17 +147,31 @@ def attention_formula(workload: Workload, inputs: Sequence[np.ndarray | None]) \
     scores = scores - scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
-    return [np.matmul(probs, v)]
+    out = np.matmul(probs, v)
+    return [np.ascontiguousarray(out.transpose(HEADS_PERM)) if flags[3] else out]
 
 
 def attention_onnx_nodes(inputs: Sequence[str], output: str, prefix: str, scale: float,
-                         k_transposed: bool, rank: int, opset: int):
+                         k_transposed: bool, rank: int, opset: int,
+                         bshd: Sequence[bool] = (False,) * 4):
     """The standard ONNX nodes of the fused op: [Transpose], MatMul, Mul by the scale (a
-    Constant node), [Add mask], Softmax over the last axis, MatMul; names and intermediate
+    Constant node), [Add mask], Softmax over the last axis, MatMul, and the head-split
+    Transposes of the operands stored [B, S, H, D] (`bshd`); names and intermediate
     tensors start with `prefix`."""
     q, k, v = inputs[:3]
     mask = inputs[3] if len(inputs) > 3 and inputs[3] else None
     nodes = []
+    heads = []
+    bshd = [bool(f) for f in bshd] + [False] * (4 - len(bshd))
+    for name, flag, tag in zip((q, k, v), bshd, "qkv"):
+        if flag:
+            nodes.append(helper.make_node("Transpose", [name], [f"{prefix}{tag}_heads"],
+                                          f"{prefix}{tag}_split", perm=list(HEADS_PERM)))
+        heads.append(f"{prefix}{tag}_heads" if flag else name)
+    q, k, v = heads
+    final = output
+    if bshd[3]:
+        output = f"{prefix}out_heads"
     if not k_transposed:
         perm = list(range(rank - 2)) + [rank - 1, rank - 2]
         nodes.append(helper.make_node("Transpose", [k], [f"{prefix}kt"], f"{prefix}transpose",
@@ -150,4 +191,7 @@ def attention_onnx_nodes(inputs: Sequence[str], output: str, prefix: str, scale:
     nodes.append(helper.make_node("Softmax", [logits], [f"{prefix}probs"], f"{prefix}softmax",
                                   axis=axis))
     nodes.append(helper.make_node("MatMul", [f"{prefix}probs", v], [output], f"{prefix}pv"))
+    if output != final:
+        nodes.append(helper.make_node("Transpose", [output], [final], f"{prefix}merge",
+                                      perm=list(HEADS_PERM)))
     return nodes

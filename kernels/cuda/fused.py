@@ -33,7 +33,12 @@ from wpk.core.errors import ScheduleError
 from wpk.core.workload import Workload
 from wpk.dsl.codegen_cuda import generate_cuda
 from wpk.dsl.toolchain_cuda import compile_cuda
-from wpk.kernels.cpu.attention_spec import attention_reason, attention_shape, is_attention
+from wpk.kernels.cpu.attention_spec import (
+    attention_reason,
+    attention_shape,
+    bshd_flags,
+    is_attention,
+)
 from wpk.kernels.cuda import analytic
 from wpk.kernels.cuda.fused_attention import (
     attention_config_reason,
@@ -68,8 +73,16 @@ class FusedFamily:
     io: Callable[[Workload], KernelIo]
 
 
+def _device_attention_reason(workload: Workload) -> str | None:
+    """attention_reason, and only the [B, H, S, D] layout (the `bshd` operands are the CPU
+    pass's)."""
+    if is_attention(workload) and any(bshd_flags(workload)):
+        return "the CUDA attention kernels read [B, H, S, D] operands only"
+    return attention_reason(workload)
+
+
 ATTENTION = FusedFamily(
-    "attention", attention_reason,
+    "attention", _device_attention_reason,
     lambda w: attention_space(attention_shape(w)),
     lambda w, c, gpu: attention_config_reason(attention_shape(w), c, gpu),
     lower_attention, lambda w: KernelIo(attention_feeds(w), "Y"))
@@ -165,7 +178,8 @@ class UnfusedAttention(Implementation):
     target = PLACEHOLDER_TARGET
 
     def unsupported_reason(self, workload: Workload) -> str | None:
-        return attention_reason(workload) if is_attention(workload) else "not an Attention"
+        return _device_attention_reason(workload) if is_attention(workload) \
+            else "not an Attention"
 
     def predict(self, workload: Workload, gpu) -> analytic.Prediction:
         """cuBLAS Q K^T, one softmax pass over the scores (read scores and mask, write the

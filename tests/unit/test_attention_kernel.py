@@ -275,3 +275,51 @@ def test_bad_configs_are_refused(config, words):
 def test_malformed_workloads_have_no_candidate(w, words):
     assert words in attention_reason(w)
     assert ATTENTION_C.unsupported_reason(w) and ORT_ATTENTION.unsupported_reason(w)
+
+
+def heads_workload(bshd, k_transposed=False, mask=True, b=2, h=3, sq=37, sk=45, d=20, dv=13):
+    """A rank-4 attention whose operands flagged in `bshd` (Q, K, V, output) are stored
+    [B, S, H, D]."""
+    def stored(s, width, flag):
+        return (b, s, h, width) if flag else (b, h, s, width)
+    k = (b, h, d, sk) if k_transposed else stored(sk, d, bshd[1])
+    inputs = [TensorSpec(stored(sq, d, bshd[0])), TensorSpec(k),
+              TensorSpec(stored(sk, dv, bshd[2]))]
+    if mask:
+        inputs.append(TensorSpec((b, 1, 1, sk)))
+    return Workload("Attention", tuple(inputs), (TensorSpec(stored(sq, dv, bshd[3])),),
+                    (("bshd", tuple(bshd)), ("k_transposed", int(k_transposed)),
+                     ("scale", 0.31)), domain="wpk")
+
+
+LAYOUTS = {"all": ((1, 1, 1, 1), False), "k_kept": ((1, 0, 1, 1), False),
+           "output_only": ((0, 0, 0, 1), False), "q_and_kt": ((1, 0, 0, 0), True)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_operands_stored_batch_seq_heads_match_the_reference(rng, layout):
+    """The head-split layout ([B, S, H, D], attribute bshd) per operand: the kernel reads
+    and writes it where it lies, onnxruntime runs it with the Transposes it stands for."""
+    bshd, k_transposed = LAYOUTS[layout]
+    w = heads_workload(bshd, k_transposed)
+    assert attention_reason(w) is None
+    arrays = arrays_for(w, rng)
+    expected = reference(w, arrays)[0]
+    if bshd[0]:   # the same numbers as the [B, H, S, D] op on transposed operands
+        moved = [a.transpose(0, 2, 1, 3) if f else a for a, f in zip(arrays[:3], bshd)]
+        plain = heads_workload((0, 0, 0, 0), k_transposed)
+        same = reference(plain, moved + arrays[3:])[0]
+        np.testing.assert_allclose(expected, same.transpose(0, 2, 1, 3) if bshd[3] else same,
+                                   rtol=1e-12)
+    for config in attention_configs(w)[:2] + [{"tq": 16, "tk": 8, "vw": 4, "mr": 4, "nr": 2}]:
+        assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
+    assert check(ORT_ATTENTION.prepare(w, {}, {}), w, arrays) < TOLERANCE
+
+
+def test_layouts_the_op_does_not_define_are_refused():
+    assert "not both" in attention_reason(heads_workload((0, 1, 0, 0), k_transposed=True))
+    rank3 = Workload("Attention", (TensorSpec((2, 5, 4)),) * 3, (TensorSpec((2, 5, 4)),),
+                     (("bshd", (1, 0, 0, 0)),), domain="wpk")
+    assert "rank 4" in attention_reason(rank3)
+    from wpk.kernels.cuda.fused import ATTENTION
+    assert "[B, H, S, D]" in ATTENTION.reason(heads_workload((1, 1, 1, 1)))

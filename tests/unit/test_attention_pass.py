@@ -336,3 +336,48 @@ def test_a_swap_of_a_sliced_head_split_makes_k_by_one_reshape(rng):
     feeds = feeds_of(model, rng)
     np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
                                rtol=1e-5, atol=1e-6)
+
+
+def bert_heads_model(merge: bool = True) -> onnx.ModelProto:
+    """Q, K, V of [B, S, H*D] split into heads by Reshape and Transpose (0, 2, 1, 3) (K by
+    (0, 2, 3, 1), which the attention pass flips), attention, and, with `merge`, the heads
+    merged back by Transpose (0, 2, 1, 3) and Reshape, as BERT exports write it."""
+    model = head_split_model((0, 2, 3, 1))
+    if not merge:
+        return model
+    graph = model.graph
+    flat = numpy_helper.from_array(np.array([B, S, H * D], np.int64), "flat")
+    graph.node.extend([h.make_node("Transpose", ["y"], ["y_merged"], perm=[0, 2, 1, 3]),
+                       h.make_node("Reshape", ["y_merged", "flat"], ["out"])])
+    graph.initializer.append(flat)
+    del graph.output[:]
+    del graph.value_info[:]
+    graph.output.append(h.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, H * D]))
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_the_heads_transposes_around_attention_are_absorbed_on_the_cpu(rng):
+    """Q's, K's (flipped) and V's split Transposes and the output's merge go: the fused op
+    reads and writes [B, S, H, D] (attribute bshd), and the graph computes the same."""
+    model = bert_heads_model()
+    graph, report = optimize(load_model(model), "cpu")
+    check_graph(graph)
+    assert report.rules.get("attention_heads") == 1
+    assert graph.op_counts() == {"Reshape": 4, "Attention": 1}
+    (attention,) = [n for n in graph.nodes if n.op == "Attention"]
+    assert tuple(attention.attrs["bshd"]) == (1, 1, 1, 1)
+    assert attention.attrs["k_transposed"] == 0
+    feeds = feeds_of(model, rng)
+    np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_heads_stay_apart_without_a_merge_and_on_cuda():
+    """No merge Transpose after the op (its output is read as [B, H, S, D]): nothing is
+    absorbed; and the CUDA kernels read [B, H, S, D] only, so the rule is the CPU's."""
+    graph, report = optimize(load_model(bert_heads_model(merge=False)), "cpu")
+    assert not report.rules.get("attention_heads")
+    assert all(not n.attr("bshd") for n in graph.nodes if n.op == "Attention")
+    graph, report = optimize(load_model(bert_heads_model()), "cuda")
+    assert report.rules.get("attention") == 1 and not report.rules.get("attention_heads")
+    assert graph.op_counts().get("Transpose") == 4

@@ -31,7 +31,7 @@ def transformer_plan_on_onnxruntime(built_plan):
 
 def test_a_transformers_onnxruntime_steps_share_one_session_with_the_same_outputs(built_plan):
     plan = transformer_plan_on_onnxruntime(built_plan)
-    assert sum(s.impl == "ort" for s in plan.steps) >= 15
+    assert sum(s.impl == "ort" for s in plan.steps) >= 10   # 12 since the heads rule
     merged, stepwise = Session(plan), Session(plan, merge_regions=False)
     assert len(merged._calls) <= 2 < len(stepwise._calls)
     for seed in (0, 1):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from wpk.core.graph import Graph
 from wpk.passes.activation_chains import ActivationChains
-from wpk.passes.attention import ATTENTION_RULES
+from wpk.passes.attention import ATTENTION_HEADS_RULES, ATTENTION_RULES
 from wpk.passes.base import GraphPass
 from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.dead_nodes import DeadNodeElimination
@@ -70,6 +70,8 @@ PIPELINE: list[PipelineEntry] = [
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),
                   targets=frozenset({"cpu", "cuda"})),
+    PipelineEntry(lambda: FusionPass("attention_heads", ATTENTION_HEADS_RULES),
+                  targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),

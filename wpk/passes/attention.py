@@ -32,6 +32,7 @@ from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.cpu.attention_spec import (
     ATTENTION_DOMAIN,
     ATTENTION_OP,
+    HEADS_PERM,
     attention_reason,
     broadcasts_to,
 )
@@ -281,4 +282,56 @@ ATTENTION_RULES = [
     FusionRule("attention", frozenset({"Softmax"}), match_attention, rewrite_attention,
                "Softmax(MatMul(Q, K^T) * scale [+ mask]) @ V -> wpk Attention (one fused "
                "kernel, no [seq, seq] tensor)"),
+]
+
+
+@dataclass(frozen=True)
+class HeadsMatch:
+    """The head-split Transposes (0, 2, 1, 3) the fused node absorbs: per operand (Q, K, V)
+    the one that made it, or None, and the one its output goes through."""
+
+    splits: tuple[Node | None, Node | None, Node | None]
+    merge: Node
+
+
+def _is_heads_transpose(node: Node | None) -> bool:
+    return node is not None and node.op == "Transpose" and node.domain in ("", "ai.onnx") \
+        and not node.epilogue and tuple(int(p) for p in node.attr("perm", ())) == HEADS_PERM
+
+
+def match_heads(ctx: FusionContext, node: Node) -> HeadsMatch | None:
+    """A rank-4 fused attention whose output goes through the heads' merge Transpose
+    (0, 2, 1, 3) alone, with the split Transposes of its operands read by it alone."""
+    if node.domain != ATTENTION_DOMAIN or any(node.attr("bshd", ()) or ()) \
+            or len(node.inputs) < 3 or not _known(ctx, node.inputs[0]) \
+            or len(ctx.graph.tensors[node.inputs[0]].shape) != 4:
+        return None
+    merge = ctx.single_consumer(node)
+    if not _is_heads_transpose(merge) or merge.inputs[0] != node.outputs[0]:
+        return None
+    splits = []
+    for index, name in enumerate(node.inputs[:3]):
+        split = ctx.producers.get(name)
+        usable = _is_heads_transpose(split) and ctx.single_consumer(split) is node \
+            and _known(ctx, split.inputs[0]) \
+            and not (index == 1 and node.attr("k_transposed", 0))
+        splits.append(split if usable else None)
+    return HeadsMatch(tuple(splits), merge)
+
+
+def rewrite_heads(ctx: FusionContext, node: Node, found: HeadsMatch) -> None:
+    """The fused node reads the split Transposes' inputs and writes the merge's output,
+    flagged [B, S, H, D] (attribute `bshd`); the Transposes go."""
+    flags = [split is not None for split in found.splits] + [True]
+    node.inputs = [split.inputs[0] if split is not None else name
+                   for split, name in zip(found.splits, node.inputs[:3])] + node.inputs[3:]
+    node.attrs = {**node.attrs, "bshd": tuple(int(f) for f in flags)}
+    splits = list({id(s): s for s in found.splits if s is not None}.values())
+    ctx.absorb(node, found.merge, remove=splits)
+
+
+ATTENTION_HEADS_RULES = [
+    FusionRule("attention_heads", frozenset({ATTENTION_OP}), match_heads, rewrite_heads,
+               "Transpose (0, 2, 1, 3) of Q, K, V and of the output around wpk Attention -> "
+               "read and written where they lie ([B, S, H, D], attribute bshd; CPU)"),
 ]
