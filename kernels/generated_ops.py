@@ -31,7 +31,8 @@ def bind(op, shapes: Mapping[str, Sequence[int]], scalars: Mapping | None = None
     return infer_bindings(op, {k: _stub(v) for k, v in shapes.items()}, scalars or {})
 
 
-def _strip(shape: Sequence[int]) -> tuple[int, ...]:
+def strip_leading_ones(shape: Sequence[int]) -> tuple[int, ...]:
+    """`shape` without its leading 1s (the shape a broadcast operand really has)."""
     shape = tuple(int(d) for d in shape)
     while shape and shape[0] == 1:
         shape = shape[1:]
@@ -42,8 +43,8 @@ def fold_operand(shape: Sequence[int], out: Sequence[int], new_out: Sequence[int
                  ) -> tuple[int, ...] | None:
     """The shape an epilogue operand broadcast against `out` takes against the reshaped
     output `new_out` (same elements), or None when the reshape breaks its broadcasting."""
-    stripped = _strip(shape)
-    if math.prod(stripped) == math.prod(out) and stripped == _strip(out):
+    stripped = strip_leading_ones(shape)
+    if math.prod(stripped) == math.prod(out) and stripped == strip_leading_ones(out):
         return tuple(new_out)
     if not stripped:
         return (1,)
@@ -135,7 +136,7 @@ def _map_gemm(w: Workload, lib, core: int):
     feeds = {"A": 0, "B": 1}
     c = w.inputs[2] if core > 2 else None
     if c is not None and beta != 0.0:
-        cs = _strip(c.shape)
+        cs = strip_leading_ones(c.shape)
         index = {(m, n): ("C[m, n]", (m, n)), (n,): ("C[n]", (n,)), (m, 1): ("C[m]", (m,)),
                  (): ("C[0]", (1,)), (1,): ("C[0]", (1,))}.get(cs)
         if cs == (m,) and m != n:
@@ -207,7 +208,7 @@ def _map_layernorm(w: Workload, lib, core: int):
     d = x[-1]
     if core < 3 or w.inputs[2] is None:
         return "LayerNormalization without a bias does not map"
-    if _strip(w.inputs[1].shape) != (d,) or _strip(w.inputs[2].shape) != (d,):
+    if any(strip_leading_ones(w.inputs[i].shape) != (d,) for i in (1, 2)):
         return "LayerNormalization with scale/bias not of shape [D] does not map"
     rows = math.prod(x[:-1])
     return (lib("layernorm"), {"X": (rows, d), "Gamma": (d,), "Beta": (d,)},
@@ -229,7 +230,7 @@ def _map_batchnorm(w: Workload, lib, core: int):
     x = tuple(w.inputs[0].shape)
     if len(x) < 2 or len(w.outputs) > 1:
         return "only an inference BatchNormalization of rank 2 or more maps"
-    if any(s is None or _strip(s.shape) not in ((x[1],), ()) for s in w.inputs[1:5]):
+    if any(s is None or strip_leading_ones(s.shape) not in ((x[1],), ()) for s in w.inputs[1:5]):
         return "BatchNormalization's scale, bias, mean and var must be of shape [C]"
     flat = (x[0], x[1], math.prod(x[2:]))
     shapes = {"X": flat} | {name: (x[1],) for name in ("Scale", "Bias", "Mean", "Var")}

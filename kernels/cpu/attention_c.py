@@ -487,8 +487,6 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
 #if HAS_MASK
                 if (kills[mask_plane(bh)])
                     key_norms(k + BASE(K, bh), knorm + (size_t)bh * SK);
-                else
-                    knorm[(size_t)bh * SK] = -1.0f;   /* no key dead: keys in order */
 #endif
             }
         }
@@ -497,11 +495,13 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
         #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int bh = 0; bh < BH; ++bh) {
             for (int t = 0; t < NQT; ++t) {
-                const float *mk = HAS_MASK ? head_mask(mask, bh) : NULL;
+                const float *mk = NULL, *kn = NULL;   /* kn: NULL where no key can die */
+#if HAS_MASK
+                mk = head_mask(mask, bh);
+                kn = kills[mask_plane(bh)] ? knorm + (size_t)bh * SK : NULL;
+#endif
                 const float *vb = PACK_V ? vp + (size_t)bh * SK * DVP : v + BASE(V, bh);
-                const float *kn = HAS_MASK ? knorm + (size_t)bh * SK : NULL;
-                query_tile(q + BASE(Q, bh), k + BASE(K, bh), vb, mk,
-                           kn && kn[0] >= 0.0f ? kn : NULL, t * TQ,
+                query_tile(q + BASE(Q, bh), k + BASE(K, bh), vb, mk, kn, t * TQ,
                            out + BASE(O, bh));
             }
         }

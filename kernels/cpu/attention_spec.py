@@ -61,10 +61,14 @@ def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
 HEADS_PERM = (0, 2, 1, 3)   # [B, S, H, D] <-> [B, H, S, D]
 
 
+def layout_flags(values) -> tuple[bool, bool, bool, bool]:
+    """The attribute `bshd` (absent: None or empty) as four flags for Q, K, V, output."""
+    return (tuple(bool(int(f)) for f in values or ()) + (False,) * 4)[:4]
+
+
 def bshd_flags(workload: Workload) -> tuple[bool, bool, bool, bool]:
     """Which of Q, K, V and the output are stored [B, S, H, D] (attribute `bshd`)."""
-    flags = tuple(bool(int(f)) for f in (workload.attr("bshd", ()) or ()))
-    return flags + (False,) * (4 - len(flags)) if len(flags) <= 4 else flags[:4]
+    return layout_flags(workload.attr("bshd"))
 
 
 def logical_shapes(workload: Workload) -> tuple[tuple[int, ...], ...]:
@@ -153,7 +157,7 @@ def attention_formula(workload: Workload, inputs: Sequence[np.ndarray | None]) \
 
 def attention_onnx_nodes(inputs: Sequence[str], output: str, prefix: str, scale: float,
                          k_transposed: bool, rank: int, opset: int,
-                         bshd: Sequence[bool] = (False,) * 4):
+                         bshd: Sequence = ()):
     """The standard ONNX nodes of the fused op: [Transpose], MatMul, Mul by the scale (a
     Constant node), [Add mask], Softmax over the last axis, MatMul, and the head-split
     Transposes of the operands stored [B, S, H, D] (`bshd`); names and intermediate
@@ -162,16 +166,14 @@ def attention_onnx_nodes(inputs: Sequence[str], output: str, prefix: str, scale:
     mask = inputs[3] if len(inputs) > 3 and inputs[3] else None
     nodes = []
     heads = []
-    bshd = [bool(f) for f in bshd] + [False] * (4 - len(bshd))
+    bshd = layout_flags(bshd)
     for name, flag, tag in zip((q, k, v), bshd, "qkv"):
         if flag:
             nodes.append(helper.make_node("Transpose", [name], [f"{prefix}{tag}_heads"],
                                           f"{prefix}{tag}_split", perm=list(HEADS_PERM)))
         heads.append(f"{prefix}{tag}_heads" if flag else name)
     q, k, v = heads
-    final = output
-    if bshd[3]:
-        output = f"{prefix}out_heads"
+    context = f"{prefix}out_heads" if bshd[3] else output
     if not k_transposed:
         perm = list(range(rank - 2)) + [rank - 1, rank - 2]
         nodes.append(helper.make_node("Transpose", [k], [f"{prefix}kt"], f"{prefix}transpose",
@@ -190,8 +192,8 @@ def attention_onnx_nodes(inputs: Sequence[str], output: str, prefix: str, scale:
     axis = -1 if opset >= 13 else rank - 1  # before 13: the 2-D coercion at the last axis
     nodes.append(helper.make_node("Softmax", [logits], [f"{prefix}probs"], f"{prefix}softmax",
                                   axis=axis))
-    nodes.append(helper.make_node("MatMul", [f"{prefix}probs", v], [output], f"{prefix}pv"))
-    if output != final:
-        nodes.append(helper.make_node("Transpose", [output], [final], f"{prefix}merge",
+    nodes.append(helper.make_node("MatMul", [f"{prefix}probs", v], [context], f"{prefix}pv"))
+    if bshd[3]:
+        nodes.append(helper.make_node("Transpose", [context], [output], f"{prefix}merge",
                                       perm=list(HEADS_PERM)))
     return nodes

@@ -24,6 +24,7 @@ from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import c_flags, load_function
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
+from wpk.kernels.generated_ops import strip_leading_ones
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
 # Chunks of rows per core (dynamic: a descheduled vCPU holds up one chunk, not a share).
@@ -67,13 +68,6 @@ void wpk_layernorm(const float *restrict x, const float *restrict gamma,
 """
 
 
-def _strip(shape: Sequence[int]) -> tuple[int, ...]:
-    shape = tuple(int(s) for s in shape)
-    while shape and shape[0] == 1:
-        shape = shape[1:]
-    return shape
-
-
 def geometry(workload: Workload) -> tuple[int, int]:
     """(rows, d): the rows normalized and their length (the axes from `axis` on)."""
     x = workload.inputs[0].shape
@@ -96,9 +90,9 @@ def layernorm_reason(workload: Workload) -> str | None:
     axis = int(workload.attr("axis", -1))
     if not -len(x) <= axis < len(x):
         return f"axis {axis} is out of range for rank {len(x)}"
-    tail = _strip(x[axis % len(x):])
+    tail = strip_leading_ones(x[axis % len(x):])
     for spec in inputs[1:3]:
-        if spec is not None and _strip(spec.shape) != tail:
+        if spec is not None and strip_leading_ones(spec.shape) != tail:
             return "layernorm.c needs Scale and B of the normalized axes' shape"
     return None
 

@@ -125,7 +125,7 @@ class _Emitter:
         self.nodes += attention_onnx_nodes(node.inputs, out, self.fresh(out) + "_",
                                            float(node.attr("scale", 1.0)),
                                            bool(node.attr("k_transposed", 0)), rank, self.opset,
-                                           [bool(f) for f in node.attr("bshd", ()) or ()])
+                                           node.attr("bshd"))
 
     def _annotate(self, node: Node, protos: list[onnx.NodeProto]) -> None:
         """Name the nodes a graph node became after it and say so in their doc_string."""
