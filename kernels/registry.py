@@ -45,10 +45,11 @@ class Implementation(ABC):
     # Whether its kernels may call BLAS (numpy matmul): the runtime then limits BLAS to one
     # thread while it runs (`wpk.kernels.cpu.blas_threads`); a plan without any skips that.
     uses_blas: bool = True
-    # Whether it computes on the calling thread alone, with no thread pool of its own
-    # (numpy's data movement and elementwise kernels): a plan on generated kernels may keep
-    # its steps without waking a second pool (`wpk.plans.planner.on_generated_kernels`).
-    single_threaded: bool = False
+    # Whether it computes on the calling thread or the generated kernels' OpenMP threads,
+    # never on a pool of its own (numpy's data movement and elementwise kernels, wpk's C
+    # data movement): a plan on generated kernels may keep its steps without waking a
+    # second pool (`wpk.plans.planner.on_generated_kernels`).
+    one_pool: bool = False
     # Whether onnxruntime computes it: the report sets every choice next to onnxruntime's
     # own kernel for the workload.
     onnxruntime: bool = False

@@ -287,8 +287,9 @@ def within_regions(choices: PlanChoices) -> PlanChoices | None:
 
 def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 3.0) -> PlanChoices | None:
     """The choices with every step that runs in onnxruntime given to the fastest verified
-    measured generated kernel (or single-threaded library kernel: numpy's Reshape or
-    Transpose, which joins the generated kernels' native chain) when that is at most
+    measured generated kernel (or library kernel with no thread pool of its own: numpy's
+    Reshape or Transpose, wpk's blocked reorders, which join the generated kernels'
+    native chain) when that is at most
     `max_slowdown` times slower alone (reason rule `one-pool`, for the end-to-end check of
     `wpk.partition`); None when no choice would change.
 
@@ -302,7 +303,7 @@ def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 3.0) -> Pla
     per-operator plan ran at 0.92-0.97x (2-core VM, 2026-11-26)."""
     def one_pool(candidate: Candidate) -> bool:
         impl = candidate.implementation
-        return impl.kind == GENERATED or impl.single_threaded
+        return impl.kind == GENERATED or impl.one_pool
 
     return _given_to(choices, one_pool, "one-pool", max_slowdown)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from wpk.kernels.cpu.attention_spec import AttentionShape, mask_strides
+from wpk.kernels.cpu.microkernels.vector_c import transpose_macro
 
 # A query tile's buffers live on its thread's stack: at most this many bytes.
 STACK_LIMIT = 512 * 1024
@@ -513,24 +514,6 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
 """
 
 
-def _transpose_block(vw: int) -> str:
-    """C for TRANSPOSE_BLOCK(rows): transposes `vw` vectors of `vw` floats in place, one
-    stage per bit h of the lane index swapping it with the same bit of the row index
-    (constant shuffle masks, so the compiler emits plain permutes)."""
-    lines = ["#define TRANSPOSE_BLOCK(rows) do { \\"]
-    h = vw // 2
-    while h >= 1:
-        low = ", ".join(str(lane if not lane & h else vw + lane - h) for lane in range(vw))
-        high = ", ".join(str(lane + h if not lane & h else vw + lane) for lane in range(vw))
-        lines += [f"    for (int r = 0; r < VW; ++r) if (!(r & {h})) {{ \\",
-                  f"        vf x = rows[r], y = rows[r + {h}]; \\",
-                  f"        rows[r] = __builtin_shuffle(x, y, (vi){{{low}}}); \\",
-                  f"        rows[r + {h}] = __builtin_shuffle(x, y, (vi){{{high}}}); \\",
-                  "    } \\"]
-        h //= 2
-    return "\n".join(lines + ["} while (0)", ""])
-
-
 def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
@@ -586,4 +569,4 @@ def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mappi
         nqt=-(-shape.sq // tq), par=int(config.get("par", 1)), k_transposed=int(shape.k_transposed),
         pack_v=int(dvp != shape.dv), has_mask=int(shape.mask_shape is not None),
         ms0=ms0, ms1=ms1, ms2=ms2, ms3=ms3, scale=float(shape.scale),
-    ) + f"#define NV {nv}\n" + _transpose_block(vw) + _BODY
+    ) + f"#define NV {nv}\n" + transpose_macro(vw) + _BODY

@@ -31,7 +31,7 @@ class NumpyImplementation(Implementation):
     ops: tuple[str, ...] = ()
 
     @property
-    def single_threaded(self) -> bool:
+    def one_pool(self) -> bool:
         """numpy computes on the calling thread, except where it calls BLAS."""
         return not self.uses_blas
 

@@ -1,20 +1,25 @@
-"""Native C kernels of the blocked data movement and max pooling, so they join a chain.
+"""Native C kernels of the blocked data movement and pooling, so they join a chain.
 
 A YOLO-style detector's plan on generated kernels still called onnxruntime 17 times a run
 between its generated convolutions: the blocked channel slices of every C2f Split, the
 SPPF MaxPools, the FPN's nearest Upsamples and the heads' ReorderOutputs. Each is a few
 microseconds alone, but every one hands the cores from the generated kernels' OpenMP
 threads to onnxruntime's and back, and in the run they took 2.3-5.6x their lone time
-(README, the YOLO profile). Computed here in C on the calling thread, each with a native
-form (`native_chain`), they join the chain of the generated kernels around them.
+(README, the YOLO profile). Computed here in C, on the calling thread or (the large
+reorders and global pools) on the generated kernels' own OpenMP threads, each with a
+native form (`native_chain`), they join the chain of the generated kernels around them.
 
 - ChannelSlice: whole blocks copied, in the chain as a `native_moves` table.
 - Upsample (nearest, whole-number scales: replication): each pixel's vector stored sw
   times along its output row, the row then copied sh - 1 times.
-- ReorderOutput (to NCHW or NHWC): tiles of b pixels x b lanes, read as vectors and
-  written lane by lane into the channel planes (the real lanes of a partial last block
-  only). ReorderInput: each pixel's lanes gathered from the channel planes, the padding
-  lanes zero.
+- ReorderOutput (to NCHW or NHWC): to NCHW, tiles of b pixels x b lanes, b pixel
+  vectors transposed in registers into b channel rows (the real lanes of a partial last
+  block only); to NHWC, a whole block one vector a pixel. ReorderInput (from NCHW or NHWC)
+  the mirror, the padding lanes zero. Units of (image, block, 256 pixels) over OpenMP
+  threads from 32768 floats on: ConvNeXt's 96x56x56 reorders took 108-183 us on the
+  calling thread, lane by lane (onnxruntime's 41-50 us), 18-31 us so (2 cores).
+- GlobalAveragePool, GlobalMaxPool: one vector per plane, four accumulators over its
+  pixels, the planes over OpenMP threads when large (like the reorders).
 - MaxPool: the window's maximum per output pixel, one vector of the block's lanes per
   pixel, padding ignored; any kernel, stride, dilation, pads and ceil_mode. A NaN input
   drops out of its window (the ISA's max instruction keeps the other operand).
@@ -22,8 +27,9 @@ form (`native_chain`), they join the chain of the generated kernels around them.
 The C is written on GCC vector extensions of b lanes (`VECTOR_HEADER`), so it compiles
 for either block size on any host.
 
-The implementation is a library one (`native.nchwc`): single-threaded, so a plan on
-generated kernels may keep its steps (`wpk.plans.planner.on_generated_kernels`). Like
+The implementation is a library one (`native.nchwc`) with no thread pool but the generated
+kernels' (`one_pool`), so a plan on generated kernels may keep its steps
+(`wpk.plans.planner.on_generated_kernels`). Like
 every candidate it is verified against the float64 reference before the planner may
 choose it.
 """
@@ -37,15 +43,17 @@ from functools import cache
 import numpy as np
 
 from wpk.core.workload import Workload
-from wpk.dsl import toolchain
+from wpk.dsl import build, toolchain
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER
+from wpk.kernels.cpu.microkernels.vector_c import transpose_macro
 from wpk.kernels.cpu.native_chain import NativeCall, function_address
 from wpk.kernels.cpu.native_moves import native_form
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN
 from wpk.kernels.registry import LIBRARY, Implementation, Kernel, register
 
-OPS = ("ChannelSlice", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool")
+OPS = ("ChannelSlice", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool",
+       "GlobalAveragePool", "GlobalMaxPool")
 
 # params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel
 _MAXPOOL_SOURCE = r"""
@@ -98,52 +106,110 @@ void wpk_upsample_nearest_nchwc(const int64_t *p, const float *x, float *y) {{
 }}
 """
 
+# params: planes (N * Cb), HW, average (1) or maximum (0): one vector of the block's lanes
+# a plane, four accumulators over its pixels; the planes over OpenMP threads when the input
+# has at least PAR_MIN floats. A NaN drops out of a maximum (as in MaxPool)
+_GLOBAL_POOL_SOURCE = r"""
+#include <stdint.h>
+
+void wpk_global_pool_nchwc(const int64_t *p, const float *x, float *y) {{
+    const int64_t planes = p[0], HW = p[1], AVERAGE = p[2];
+    #pragma omp parallel for schedule(static) if (planes * HW * B >= PAR_MIN)
+    for (int64_t c = 0; c < planes; c++) {{
+        const float *xc = x + c * HW * B;
+        const vf start = vsplat(AVERAGE ? 0.0f : -INFINITY);
+        vf a0 = start, a1 = start, a2 = start, a3 = start;
+        int64_t q = 0;
+        if (AVERAGE) {{
+            for (; q + 4 <= HW; q += 4) {{
+                a0 += vload(xc + q * B); a1 += vload(xc + (q + 1) * B);
+                a2 += vload(xc + (q + 2) * B); a3 += vload(xc + (q + 3) * B);
+            }}
+            for (; q < HW; q++) a0 += vload(xc + q * B);
+            vstore(y + c * B, ((a0 + a1) + (a2 + a3)) * (1.0f / (float)HW));
+        }} else {{
+            for (; q + 4 <= HW; q += 4) {{
+                a0 = vmax(vload(xc + q * B), a0); a1 = vmax(vload(xc + (q + 1) * B), a1);
+                a2 = vmax(vload(xc + (q + 2) * B), a2); a3 = vmax(vload(xc + (q + 3) * B), a3);
+            }}
+            for (; q < HW; q++) a0 = vmax(vload(xc + q * B), a0);
+            vstore(y + c * B, vmax(vmax(a0, a1), vmax(a2, a3)));
+        }}
+    }}
+}}
+"""
+
+# The reorders' parallel units: (image, channel block, a run of RUN pixels), over OpenMP
+# threads when the tensor has at least PAR_MIN floats (a smaller one on the calling thread:
+# waking the team costs more than the copy)
+RUN = 256
+PAR_MIN = 1 << 15
+
 # params: N, Cb, HW, channels, batch stride of y, channel stride of y, pixel stride of y
-# (NCHW: C*HW, HW, 1; NHWC: HW*C, 1, C). Tiles of {lanes} pixels x {lanes} lanes, read
-# as vectors and written lane by lane, so both sides stay in the first-level cache.
+# (NCHW: C*HW, HW, 1; NHWC: HW*C, 1, C). NCHW: tiles of B pixels x B lanes, B pixel
+# vectors transposed in registers into B channel rows; NHWC with a whole block: one vector
+# a pixel; the rest (a run's last pixels, a partial last block in NHWC) lane by lane, the
+# real lanes of a partial last block only.
 _REORDER_OUTPUT_SOURCE = r"""
 #include <stdint.h>
 
 void wpk_reorder_output_nchwc(const int64_t *p, const float *x, float *y) {{
     const int64_t N = p[0], CB = p[1], HW = p[2], C = p[3], YN = p[4], YC = p[5], YP = p[6];
-    for (int64_t n = 0; n < N; n++) {{
-        for (int64_t cb = 0; cb < CB; cb++) {{
-            const float *xb = x + (n * CB + cb) * HW * {lanes};
-            const int64_t lanes = C - cb * {lanes} < {lanes} ? C - cb * {lanes} : {lanes};
-            float *yb = y + n * YN + cb * {lanes} * YC;
-            for (int64_t p0 = 0; p0 < HW; p0 += {lanes}) {{
-                const int64_t pixels = HW - p0 < {lanes} ? HW - p0 : {lanes};
-                float tile[{lanes}][{lanes}];
-                for (int64_t i = 0; i < pixels; i++)
-                    *(vfu *)tile[i] = vload(xb + (p0 + i) * {lanes});
-                for (int64_t l = 0; l < lanes; l++)
-                    for (int64_t i = 0; i < pixels; i++)
-                        yb[l * YC + (p0 + i) * YP] = tile[i][l];
+    const int64_t runs = (HW + RUN - 1) / RUN, units = N * CB * runs;
+    #pragma omp parallel for schedule(static) if (N * CB * HW * B >= PAR_MIN)
+    for (int64_t u = 0; u < units; u++) {{
+        const int64_t nc = u / runs, n = nc / CB, cb = nc % CB;
+        const int64_t q0 = (u % runs) * RUN, q1 = q0 + RUN < HW ? q0 + RUN : HW;
+        const int64_t lanes = C - cb * B < B ? C - cb * B : B;
+        const float *xb = x + nc * HW * B;
+        float *yb = y + n * YN + cb * B * YC;
+        int64_t q = q0;
+        if (YP == 1) {{
+            for (; q + B <= q1; q += B) {{
+                vf rows[B];
+                for (int i = 0; i < B; i++) rows[i] = vload(xb + (q + i) * B);
+                TRANSPOSE_BLOCK(rows);
+                for (int64_t l = 0; l < lanes; l++) vstore(yb + l * YC + q, rows[l]);
             }}
+        }} else if (YC == 1 && lanes == B) {{
+            for (; q < q1; q++) vstore(yb + q * YP, vload(xb + q * B));
         }}
+        for (; q < q1; q++)
+            for (int64_t l = 0; l < lanes; l++) yb[l * YC + q * YP] = xb[q * B + l];
     }}
 }}
 """
 # params: N, Cb, HW, channels, batch stride of x, channel stride of x, pixel stride of x
-# (NCHW: C*HW, HW, 1; NHWC: HW*C, 1, C): each pixel's lanes gathered from the channel
-# planes into one vector, the padding lanes of the last block zero
+# (NCHW: C*HW, HW, 1; NHWC: HW*C, 1, C): the mirror of the ReorderOutput (B channel rows
+# of B pixels transposed into B pixel vectors; an NHWC pixel's whole block one vector);
+# the padding lanes of a partial last block zero
 _REORDER_INPUT_SOURCE = r"""
 #include <stdint.h>
 
 void wpk_reorder_input_nchwc(const int64_t *p, const float *x, float *y) {{
     const int64_t N = p[0], CB = p[1], HW = p[2], C = p[3], XN = p[4], XC = p[5], XP = p[6];
-    for (int64_t n = 0; n < N; n++) {{
-        for (int64_t cb = 0; cb < CB; cb++) {{
-            const float *xb = x + n * XN + cb * {lanes} * XC;
-            const int64_t lanes = C - cb * {lanes} < {lanes} ? C - cb * {lanes} : {lanes};
-            float *yb = y + (n * CB + cb) * HW * {lanes};
-            for (int64_t q = 0; q < HW; q++) {{
-                float v[{lanes}];
-                for (int64_t l = 0; l < {lanes}; l++)
-                    v[l] = l < lanes ? xb[l * XC + q * XP] : 0.0f;
-                vstore(yb + q * {lanes}, *(vfu *)v);
+    const int64_t runs = (HW + RUN - 1) / RUN, units = N * CB * runs;
+    #pragma omp parallel for schedule(static) if (N * CB * HW * B >= PAR_MIN)
+    for (int64_t u = 0; u < units; u++) {{
+        const int64_t nc = u / runs, n = nc / CB, cb = nc % CB;
+        const int64_t q0 = (u % runs) * RUN, q1 = q0 + RUN < HW ? q0 + RUN : HW;
+        const int64_t lanes = C - cb * B < B ? C - cb * B : B;
+        const float *xb = x + n * XN + cb * B * XC;
+        float *yb = y + nc * HW * B;
+        int64_t q = q0;
+        if (XP == 1) {{
+            for (; q + B <= q1; q += B) {{
+                vf rows[B];
+                for (int64_t l = 0; l < B; l++)
+                    rows[l] = l < lanes ? vload(xb + l * XC + q) : vsplat(0.0f);
+                TRANSPOSE_BLOCK(rows);
+                for (int i = 0; i < B; i++) vstore(yb + (q + i) * B, rows[i]);
             }}
+        }} else if (XC == 1 && lanes == B) {{
+            for (; q < q1; q++) vstore(yb + q * B, vload(xb + q * XP));
         }}
+        for (; q < q1; q++)
+            for (int64_t l = 0; l < B; l++) yb[q * B + l] = l < lanes ? xb[l * XC + q * XP] : 0.0f;
     }}
 }}
 """
@@ -153,7 +219,10 @@ void wpk_reorder_input_nchwc(const int64_t *p, const float *x, float *y) {{
 def compiled(function: str, block: int):
     """The C function `function` of this module (a key of `FUNCTIONS`) for blocks of
     `block` lanes: `function(params, x, y)`."""
-    source = (VECTOR_HEADER + FUNCTIONS[function]).format(lanes=block)
+    source = (VECTOR_HEADER.format(lanes=block)
+              + f"#define B {block}\n#define VW B\n#define RUN {RUN}\n#define PAR_MIN {PAR_MIN}\n"
+              + transpose_macro(block) + FUNCTIONS[function].format(lanes=block))
+    build.openmp_defaults()
     library = toolchain.compile_c_shared(source)
     return toolchain.load_function(library, function, [ctypes.c_void_p] * 3)
 
@@ -166,6 +235,12 @@ def maxpool_params(workload: Workload) -> list[int]:
     dh, dw = workload.attr("dilations") or (1, 1)
     pt, pl = (workload.attr("pads") or (0, 0, 0, 0))[:2]
     return [x[0] * x[1], x[2], x[3], y[2], y[3], kh, kw, sh, sw, pt, pl, dh, dw]
+
+
+def global_pool_params(workload: Workload) -> list[int]:
+    """`wpk_global_pool_nchwc`'s params of a blocked GlobalAveragePool or GlobalMaxPool."""
+    n, cb, h, w, _ = workload.inputs[0].shape
+    return [n * cb, h * w, int(workload.op == "GlobalAveragePool")]
 
 
 def upsample_params(workload: Workload) -> list[int]:
@@ -197,11 +272,14 @@ def reorder_input_params(workload: Workload) -> list[int]:
 
 
 FUNCTIONS = {"wpk_maxpool_nchwc": _MAXPOOL_SOURCE,
+             "wpk_global_pool_nchwc": _GLOBAL_POOL_SOURCE,
              "wpk_reorder_input_nchwc": _REORDER_INPUT_SOURCE,
              "wpk_upsample_nearest_nchwc": _UPSAMPLE_SOURCE,
              "wpk_reorder_output_nchwc": _REORDER_OUTPUT_SOURCE}
 # op -> (its C function, the function's params of a workload)
 FUNCTION_OF = {"MaxPool": ("wpk_maxpool_nchwc", maxpool_params),
+               "GlobalAveragePool": ("wpk_global_pool_nchwc", global_pool_params),
+               "GlobalMaxPool": ("wpk_global_pool_nchwc", global_pool_params),
                "Upsample": ("wpk_upsample_nearest_nchwc", upsample_params),
                "ReorderOutput": ("wpk_reorder_output_nchwc", reorder_output_params),
                "ReorderInput": ("wpk_reorder_input_nchwc", reorder_input_params)}
@@ -254,13 +332,13 @@ def function_kernel(workload: Workload) -> Kernel:
 
 
 class NativeNchwc(Implementation):
-    """Blocked ChannelSlice, ReorderInput, ReorderOutput, nearest Upsample and MaxPool in
-    C (see the module docstring)."""
+    """Blocked ChannelSlice, ReorderInput, ReorderOutput, nearest Upsample, MaxPool and the
+    global pools in C (see the module docstring)."""
 
     name = "native.nchwc"
     kind = LIBRARY
     uses_blas = False
-    single_threaded = True
+    one_pool = True
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.domain != NCHWC_DOMAIN or workload.op not in OPS:

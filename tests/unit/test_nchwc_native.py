@@ -44,6 +44,10 @@ def _cases(b: int) -> dict[str, Workload]:
             strides=(2, 2), dilations=(2, 1)),
         "maxpool 1 pixel": _op("MaxPool", b, 3, (1, 1), (1, 1), kernel_shape=(3, 3),
                                pads=(1, 1, 1, 1), strides=(1, 1)),
+        "global average pool": _op("GlobalAveragePool", b, c, (7, 9), (1, 1)),
+        "global max pool, 1 pixel": _op("GlobalMaxPool", b, c, (1, 1), (1, 1)),
+        "global average pool, threads": _op("GlobalAveragePool", b, c, (61, 37), (1, 1)),
+        "global max pool, threads": _op("GlobalMaxPool", b, 2 * b, (61, 37), (1, 1)),
         "upsample 2x3": _op("Upsample", b, c, (4, 5), (8, 15), mode="nearest",
                             coordinate_transformation_mode="asymmetric", scales=(2, 3)),
         "upsample 1x2, 1 pixel": _op("Upsample", b, 5, (1, 1), (1, 2), mode="nearest",
@@ -62,6 +66,17 @@ def _cases(b: int) -> dict[str, Workload]:
         "reorder from NCHW": _reorder_input(b, (2, c, 6, 7)),
         "reorder from NHWC": _reorder_input(b, (1, 6, 7, c), channels_last=1),
         "reorder from whole blocks, 1 pixel": _reorder_input(b, (1, 2 * b, 1, 1)),
+        # more pixels than a parallel unit's run (RUN), not a multiple of it nor of b, and
+        # more floats than PAR_MIN: the OpenMP path, the transposed tiles and their tails
+        "reorder to NCHW, threads": _op("ReorderOutput", b, c, (61, 37),
+                                        TensorSpec((1, c, 61, 37), "float32")),
+        "reorder to NHWC, threads": _op("ReorderOutput", b, c, (61, 37),
+                                        TensorSpec((1, 61, 37, c), "float32"),
+                                        channels_last=1),
+        "reorder from NCHW, threads": _reorder_input(b, (2, c, 61, 37)),
+        "reorder from NHWC, threads": _reorder_input(b, (2, 61, 37, c), channels_last=1),
+        "reorder from NHWC whole blocks, threads": _reorder_input(b, (1, 61, 37, 2 * b),
+                                                                  channels_last=1),
     }
 
 
@@ -88,10 +103,15 @@ def test_matches_the_reference_padding_lanes_included(b, name, rng):
     x = rng.standard_normal(workload.inputs[0].shape).astype(np.float32)  # dirty lanes too
     expected = nchwc_reference(workload, [x])[0]
     kernel = NATIVE.prepare(workload, {}, {})
-    np.testing.assert_array_equal(_run(kernel, workload, x), expected.astype(np.float32))
+    same = _agrees if workload.op == "GlobalAveragePool" else np.testing.assert_array_equal
+    same(_run(kernel, workload, x), expected.astype(np.float32))
     x2 = rng.standard_normal(x.shape).astype(np.float32)   # new buffers: rebound, not stale
-    np.testing.assert_array_equal(_run(kernel, workload, x2),
-                                  nchwc_reference(workload, [x2])[0].astype(np.float32))
+    same(_run(kernel, workload, x2), nchwc_reference(workload, [x2])[0].astype(np.float32))
+
+
+def _agrees(actual: np.ndarray, expected: np.ndarray) -> None:
+    """A mean in float32, summed in another order than the float64 reference's."""
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(("b", "name"), CASES)
@@ -128,9 +148,9 @@ def test_refuses_what_it_does_not_compute():
 
 
 def test_a_plan_on_generated_kernels_may_keep_it():
-    """Single-threaded and without BLAS: `on_generated_kernels` takes it instead of
+    """No thread pool of its own and no BLAS: `on_generated_kernels` takes it instead of
     onnxruntime's blocked kernels, so the step joins the native chain."""
-    assert NATIVE.single_threaded and not NATIVE.uses_blas and NATIVE.kind == "library"
+    assert NATIVE.one_pool and not NATIVE.uses_blas and NATIVE.kind == "library"
     workload = _cases(fmt.host_block_size())["channel slice"]
     names = {c.implementation.name for c in registry.candidates(workload, "cpu")}
     assert {"native.nchwc", "ort.nchwc"} <= names

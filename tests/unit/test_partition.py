@@ -330,13 +330,13 @@ def test_on_generated_kernels_gives_close_onnxruntime_steps_to_generated_kernels
     assert on_generated_kernels(choices(1e-6, Status.WRONG_ANSWER), max_slowdown=1.25) is None
 
 
-def test_on_generated_kernels_keeps_single_threaded_library_steps_and_takes_them_from_ort():
+def test_on_generated_kernels_keeps_pool_free_library_steps_and_takes_them_from_ort():
     """numpy's data movement (no thread pool of its own; it joins the native chain) counts
     as one-pool: an onnxruntime Transpose goes to numpy.copy, a BLAS-backed numpy step
     does not stand in for onnxruntime."""
-    assert registry.get("numpy.copy").single_threaded
-    assert not registry.get("numpy.matmul").single_threaded
-    assert not registry.get("ort").single_threaded
+    assert registry.get("numpy.copy").one_pool
+    assert not registry.get("numpy.matmul").one_pool
+    assert not registry.get("ort").one_pool
     workload = Workload("Transpose", (TensorSpec((4, 8), "float32"),),
                         (TensorSpec((8, 4), "float32"),))
     ort_time = Measurement("ort", "ort", {}, Status.OK, (2e-6,), 2e-6)

@@ -77,3 +77,22 @@ INLINE vf vrecip(vf d) {{
 }}
 INLINE vf vsigmoid(vf v) {{ return vrecip(vexp(vmin(-v, vsplat(80.0f))) + 1.0f); }}
 """
+
+
+def transpose_macro(vw: int) -> str:
+    """C for TRANSPOSE_BLOCK(rows): transposes `vw` vectors of `vw` floats in place (a
+    `VW` x `VW` block, `VW` #defined as `vw`, `vf` and `vi` vectors of that many lanes),
+    one stage per bit h of the lane index swapping it with the same bit of the row index
+    (constant shuffle masks, so the compiler emits plain permutes)."""
+    lines = ["#define TRANSPOSE_BLOCK(rows) do { \\"]
+    h = vw // 2
+    while h >= 1:
+        low = ", ".join(str(lane if not lane & h else vw + lane - h) for lane in range(vw))
+        high = ", ".join(str(lane + h if not lane & h else vw + lane) for lane in range(vw))
+        lines += [f"    for (int r = 0; r < VW; ++r) if (!(r & {h})) {{ \\",
+                  f"        vf x = rows[r], y = rows[r + {h}]; \\",
+                  f"        rows[r] = __builtin_shuffle(x, y, (vi){{{low}}}); \\",
+                  f"        rows[r + {h}] = __builtin_shuffle(x, y, (vi){{{high}}}); \\",
+                  "    } \\"]
+        h //= 2
+    return "\n".join(lines + ["} while (0)", ""])
