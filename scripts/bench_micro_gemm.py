@@ -48,7 +48,9 @@ from cpu_peak import measure_peak  # noqa: E402
 
 # model -> (seq, d_model, ffn, heads)
 MODELS = {"transformer_encoder": (64, 256, 1024, 4), "bert_base_layer": (128, 768, 3072, 12),
-          "vit_tiny": (197, 192, 768, 3)}
+          "vit_tiny": (197, 192, 768, 3),
+          # ConvNeXt-tiny's pointwise MLPs at 224x224 (stages 1 and 2; no attention)
+          "convnext_stage1": (3136, 96, 384, 0), "convnext_stage2": (784, 192, 768, 0)}
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,15 @@ class Product:
 
 
 def products(model: str) -> list[Product]:
-    """The distinct MatMuls of one encoder layer of `model`."""
+    """The distinct MatMuls of one encoder layer of `model` (a ConvNeXt block: its MLP's
+    two)."""
     seq, d, ffn, heads = MODELS[model]
+    mlp = [Product(model, "ffn up", (), seq, d, ffn, True),
+           Product(model, "ffn down", (), seq, ffn, d, True)]
+    if not heads:
+        return mlp
     hd = d // heads
-    return [Product(model, "projection", (), seq, d, d, True),
-            Product(model, "ffn up", (), seq, d, ffn, True),
-            Product(model, "ffn down", (), seq, ffn, d, True),
+    return [Product(model, "projection", (), seq, d, d, True), *mlp,
             Product(model, "scores QK^T", (1, heads), seq, hd, seq, False),
             Product(model, "context PV", (1, heads), seq, seq, hd, False)]
 

@@ -25,6 +25,7 @@ from wpk.kernels.cpu.microkernels.gemm_space import (
     config_reason,
     default_config,
     gemm_geometry,
+    panel_vectors,
 )
 from wpk.kernels.cpu.microkernels.gemm_templates import gemm_source
 from wpk.kernels.cpu.microkernels.isa import ISAS, usable_isas
@@ -323,3 +324,17 @@ def test_default_splits_rows_further_where_that_evens_out_the_cores(monkeypatch)
     assert (qkv["mr"], qkv["nv"], qkv["mb"], qkv["nb"]) == (6, 4, 16, 1)
     bert = default_config(gemm_geometry(matmul((128, 768), (768, 768), (128, 768))), "avx512")
     assert (bert["mb"], bert["nb"]) == (32, 1)
+
+
+def test_default_tile_leaves_no_panel_mostly_empty():
+    """A row of 6 vectors (ConvNeXt's 96 outputs on AVX-512) in panels of 4 computes a
+    third of the last panel for nothing: the default takes 3 vectors; widths that divide
+    the row, or waste at most a tenth, keep the preferred 4 (2 with 16 registers)."""
+    assert panel_vectors(6, 32) == 3
+    assert panel_vectors(48, 32) == 4 and panel_vectors(41, 32) == 4   # 44/41: 7% waste
+    assert panel_vectors(5, 32) == 3 and panel_vectors(2, 32) == 2 and panel_vectors(1, 32) == 1
+    assert panel_vectors(12, 16) == 2 and panel_vectors(3, 16) == 1
+    workload = Workload("MatMul", (TensorSpec((3136, 384)), TensorSpec((384, 96))),
+                        (TensorSpec((3136, 96)),), (), (), "", (1,))
+    config = default_config(gemm_geometry(workload), "avx512")
+    assert (config["nv"], config["mr"]) == (3, 8)
