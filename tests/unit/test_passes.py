@@ -320,6 +320,32 @@ def layer_norm_case(square: str, affine: bool, opset: int):
     return case
 
 
+def channel_layer_norm_case(square: str, opset: int, gamma_shape=(6, 1, 1),
+                            axes=(1,)):
+    """ConvNeXt's channels-first LayerNorm of NCHW (mean over axis 1, gamma and beta
+    [C, 1, 1]): Transpose, LayerNormalization, Transpose. A gamma varying along another
+    axis, or a mean over two axes that are not the last, is no such normalization."""
+    def case(rng):
+        kw = {"axes": list(axes)} if opset < 18 else {}
+        extra = [] if opset < 18 else ["axes"]
+        nodes = [h.make_node("ReduceMean", ["x", *extra], ["mean"], **kw),
+                 h.make_node("Sub", ["x", "mean"], ["d"]),
+                 h.make_node("Pow", ["d", "two"], ["sq"]) if square == "pow" else
+                 h.make_node("Mul", ["d", "d"], ["sq"]),
+                 h.make_node("ReduceMean", ["sq", *extra], ["var"], **kw),
+                 h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["std"]),
+                 h.make_node("Div", ["d", "std"], ["n"]),
+                 h.make_node("Mul", ["gamma", "n"], ["g"]),
+                 h.make_node("Add", ["g", "beta"], ["y"])]
+        inits = {"two": np.float32(2), "eps": np.float32(1e-6), "axes": np.array(axes),
+                 "gamma": weights(rng, *gamma_shape), "beta": weights(rng, 6, 1, 1)}
+        fused = len(axes) == 1
+        return build(nodes, {"x": [2, 6, 4, 5]}, {"y": 4}, inits, opset=opset), \
+            {"channel_layer_norm"} if fused else set(), \
+            {"Transpose": 2, "LayerNormalization": 1} if gamma_shape == (6, 1, 1) else None
+    return case
+
+
 def keras_layer_norm_case(gamma: bool, beta: bool, mean_used_elsewhere: bool = False):
     """tf2onnx's Keras LayerNormalization at opset 13: x * inv + (beta - mean * inv)."""
     def case(rng):
@@ -541,6 +567,39 @@ def test_a_layer_norm_whose_mean_is_read_elsewhere_is_not_fused(rng):
     optimized, report = optimize(graph, target=TARGET)
     assert report.rules["layer_norm_reciprocal"] == 0
     assert "LayerNormalization" not in optimized.op_counts()
+
+
+CHANNEL_NORM_CASES = {
+    "pow": channel_layer_norm_case("pow", 17),
+    "mul_axes_input": channel_layer_norm_case("mul", 18),
+    "gamma_along_h_apart": channel_layer_norm_case("pow", 17, (1, 4, 1)),
+    "two_axes_kept": channel_layer_norm_case("pow", 17, axes=(1, 2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHANNEL_NORM_CASES))
+def test_channel_layer_norm_on_the_cpu(case, rng):
+    """Rule `channel_layer_norm` runs for the CPU target only (its Transposes become NHWC
+    reorders there): axis 1 moved last and back, the last axis normalized with the
+    per-channel gamma and beta (a gamma along another axis applied after), equal to the
+    graph before; the kept case fuses no LayerNormalization at all; the CUDA target leaves
+    the pattern to the other rules."""
+    graph, rules, ops_after = CHANNEL_NORM_CASES[case](rng)
+    optimized, report = optimize(graph, target="cpu")
+    assert report.rules["channel_layer_norm"] == len(rules)
+    if not rules:
+        assert "LayerNormalization" not in optimized.op_counts()
+        return
+    first, norm = optimized.nodes[:2]
+    assert (first.op, first.attrs["perm"]) == ("Transpose", [0, 2, 3, 1])
+    assert (norm.op, norm.attrs["axis"]) == ("LayerNormalization", 3)
+    assert optimized.tensors[norm.inputs[1]].shape == (6,)
+    if ops_after is not None:
+        assert optimized.op_counts() == ops_after
+        back = optimized.nodes[2]
+        assert (back.op, back.attrs["perm"], back.outputs) == ("Transpose", [0, 3, 1, 2], ["y"])
+    assert_equivalent(graph, optimized, rng)
+    assert "LayerNormalization" not in optimize(graph, target="cuda")[0].op_counts()
 
 
 def test_every_rule_is_documented_and_reported(rng):

@@ -35,7 +35,13 @@ from wpk.passes.base import GraphPass
 from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.dead_nodes import DeadNodeElimination
 from wpk.passes.fusion import FusionPass
-from wpk.passes.fusion_rules import CHAIN_RULES, EPILOGUE_RULES, LINEAR_RULES, PATTERN_RULES
+from wpk.passes.fusion_rules import (
+    CHAIN_RULES,
+    CHANNEL_NORM_RULES,
+    EPILOGUE_RULES,
+    LINEAR_RULES,
+    PATTERN_RULES,
+)
 from wpk.passes.inverted_residual import INVERTED_RESIDUAL_RULES
 from wpk.passes.inverted_residual_nchw import INVERTED_RESIDUAL_NCHW_RULES
 from wpk.passes.nchwc_layout import NchwcLayout
@@ -73,6 +79,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(lambda: FusionPass("attention_heads", ATTENTION_HEADS_RULES),
                   targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
+    PipelineEntry(lambda: FusionPass("channel_norm", CHANNEL_NORM_RULES),
+                  targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
     PipelineEntry(ActivationChains),

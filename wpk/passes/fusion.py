@@ -77,6 +77,12 @@ class FusionContext:
         """Where `node` stands in the (committed or pending) node order."""
         return self._position[self._slot.get(id(node), id(node))]
 
+    def reindex(self, node: Node) -> None:
+        """Bring the consumer/producer maps up to date after a rule changed `node`'s inputs
+        in place (its outputs and position unchanged)."""
+        self._unregister(node)
+        self._register(node)
+
     def absorb(self, anchor: Node, consumer: Node, remove: Sequence[Node] = ()) -> None:
         """`anchor` takes over `consumer`'s outputs and position; `consumer` and `remove` go.
 

@@ -28,7 +28,13 @@ from wpk.passes.elementwise import (
 )
 from wpk.passes.fusion import FusionContext, FusionRule
 from wpk.passes.gelu_rules import match_gelu_erf, match_gelu_tanh, rewrite_gelu
-from wpk.passes.norm_rules import match_layer_norm, match_layer_norm_reciprocal, rewrite_layer_norm
+from wpk.passes.norm_rules import (
+    match_channel_layer_norm,
+    match_layer_norm,
+    match_layer_norm_reciprocal,
+    rewrite_channel_layer_norm,
+    rewrite_layer_norm,
+)
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN
 
 LINEAR_OPS = frozenset({"Conv", "Gemm", "MatMul"})
@@ -365,6 +371,14 @@ PATTERN_RULES = (
           rewrite_layer_norm,
           "x * inv + (beta - mean * inv), inv = gamma / sqrt(var + eps) (Keras) -> "
           "LayerNormalization"),
+)
+
+# CPU only: the Transposes become NHWC reorders next to blocked convolutions there; a
+# CUDA plan of the same graph has not been measured against the written-out form
+CHANNEL_NORM_RULES = (
+    _rule("channel_layer_norm", {"Div"}, match_channel_layer_norm, rewrite_channel_layer_norm,
+          "(x - mean) / sqrt(var + eps) [* gamma] [+ beta] over one axis not the last "
+          "(channels-first) -> Transpose, LayerNormalization over the last axis, Transpose"),
 )
 
 CHAIN_RULES = (

@@ -9,13 +9,21 @@ Keras (tf2onnx) writes it with a reciprocal and the shift folded apart:
     inv = Reciprocal(Sqrt(var + eps)) [* gamma]
     y = x * inv + (beta - mean * inv)              ->  LayerNormalization(x, gamma, beta)
 
-Both reductions must cover the same trailing axes (keepdims=1). At any opset:
+Both reductions must cover the same trailing axes (keepdims=1). Rule
+`channel_layer_norm` (CPU) takes the same pattern over one axis that is not the last
+(ConvNeXt's channels-first LayerNorm of NCHW, gamma and beta of shape [C, 1, 1]):
+
+    y = LN(x) over axis 1                  ->  Transpose(0,2,3,1), LayerNormalization
+                                               (axis -1), Transpose(0,3,1,2)
+ At any opset:
 LayerNormalization is a standard op from opset 17 on, and onnxruntime
 registers the same op in the default domain for older opsets (paddle2onnx and
 tf2onnx write opset 11-13), so its kernel runs the node either way.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -24,7 +32,10 @@ from wpk.passes.base import FLOAT_DTYPES, add_constant
 from wpk.passes.fusion import FusionContext
 
 
-def _reduced_axes(ctx: FusionContext, node: Node | None, rank: int) -> tuple[int, ...] | None:
+def _reduced_axes(ctx: FusionContext, node: Node | None, rank: int,
+                  trailing: bool = True) -> tuple[int, ...] | None:
+    """The axes a keepdims ReduceMean `node` reduces: trailing ones only, unless not
+    `trailing`; None for another node."""
     if node is None or node.op != "ReduceMean" or not node.attr("keepdims", 1):
         return None
     if len(node.inputs) > 1 and node.inputs[1]:
@@ -36,7 +47,7 @@ def _reduced_axes(ctx: FusionContext, node: Node | None, rank: int) -> tuple[int
     if axes is None:
         return None
     axes = tuple(sorted(int(a) % rank for a in np.asarray(axes).reshape(-1)))
-    return axes if axes == tuple(range(axes[0], rank)) else None
+    return axes if not trailing or axes == tuple(range(axes[0], rank)) else None
 
 
 def _only_feeds(ctx: FusionContext, node: Node | None, user: Node) -> bool:
@@ -56,6 +67,18 @@ def _const_operand(ctx: FusionContext, node: Node | None, op: str, value: str):
 
 
 def match_layer_norm(ctx: FusionContext, div: Node):
+    """The pattern above `div` over trailing axes: (x, first axis, eps, {"Mul": gamma,
+    "Add": beta}, its nodes in order), or None."""
+    return _match_division_form(ctx, div, channel=False)
+
+
+def match_channel_layer_norm(ctx: FusionContext, div: Node):
+    """The same pattern over one axis that is not the last (ConvNeXt's channels-first
+    LayerNorm of NCHW: mean over axis 1, gamma and beta of shape [C, 1, 1]), or None."""
+    return _match_division_form(ctx, div, channel=True)
+
+
+def _match_division_form(ctx: FusionContext, div: Node, channel: bool):
     """The pattern ending in `div` (d / std), or None."""
     graph = ctx.graph
     if len(div.inputs) != 2:
@@ -70,15 +93,17 @@ def match_layer_norm(ctx: FusionContext, div: Node):
         return None
     rank = len(graph.tensors[x].shape)
     mean = prod.get(mean_name)
-    axes = _reduced_axes(ctx, mean, rank)
+    axes = _reduced_axes(ctx, mean, rank, trailing=not channel)
     if axes is None or mean.inputs[0] != x or not _only_feeds(ctx, mean, sub):
+        return None
+    if channel and (len(axes) != 1 or axes[0] == rank - 1):
         return None
     add_eps = prod.get(std.inputs[0])
     if add_eps is None or add_eps.op != "Add" or not _only_feeds(ctx, std, div):
         return None
     var = next((prod.get(i) for i in add_eps.inputs if i in prod), None)
     eps = _const_operand(ctx, add_eps, "Add", var.outputs[0]) if var is not None else None
-    if eps is None or eps.size != 1 or _reduced_axes(ctx, var, rank) != axes:
+    if eps is None or eps.size != 1 or _reduced_axes(ctx, var, rank, not channel) != axes:
         return None
     square = prod.get(var.inputs[0])
     if square is None or not _only_feeds(ctx, square, var) or not _only_feeds(ctx, add_eps, std):
@@ -92,12 +117,14 @@ def match_layer_norm(ctx: FusionContext, div: Node):
         return None
     if {id(n) for n in ctx.users.get(d_name, [])} != {id(square), id(div)}:
         return None
-    norm_shape = graph.tensors[x].shape[axes[0]:]
+    shape = graph.tensors[x].shape
     nodes, params = [mean, sub, square, var, add_eps, std, div], {}
     for op in ("Mul", "Add"):
         nxt = ctx.single_consumer(nodes[-1])
         value = _const_operand(ctx, nxt, op, nodes[-1].outputs[0]) if nxt is not None else None
-        param = None if value is None else _norm_param(value, norm_shape)
+        param = None if value is None else \
+            _channel_param(value, shape, axes[0]) if channel else \
+            _norm_param(value, shape[axes[0]:])
         if param is None or graph.tensors[nxt.outputs[0]].shape != graph.tensors[x].shape:
             break
         nodes.append(nxt)
@@ -116,6 +143,49 @@ def _norm_param(value: np.ndarray, norm_shape: tuple[int, ...]) -> np.ndarray | 
         return np.broadcast_to(value, norm_shape)
     except ValueError:
         return None
+
+
+def _channel_param(value: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """A scale/shift as an array of shape [shape[axis]], if it only varies along `axis` of
+    a tensor of `shape` (and broadcasts to it)."""
+    if value.ndim > len(shape):
+        return None
+    full = (1,) * (len(shape) - value.ndim) + value.shape
+    if any(d != 1 for k, d in enumerate(full) if k != axis) or full[axis] not in (1, shape[axis]):
+        return None
+    return np.broadcast_to(value.reshape(-1), (shape[axis],))
+
+
+def rewrite_channel_layer_norm(ctx: FusionContext, div: Node, found) -> None:
+    """Transpose `axis` last, LayerNormalization over it, transpose back, on the pattern's
+    own nodes: the mean becomes the first Transpose, the Sub the LayerNormalization, the
+    square the Transpose back (taking the last node's outputs); the rest goes. On the CPU
+    the Transposes next to blocked convolutions become NHWC reorders (`nchwc_layout`), and
+    the normalization one `layernorm.c` call over rows of contiguous channels."""
+    x, axis, eps, params, nodes = found
+    mean, sub, square = nodes[:3]
+    graph = ctx.graph
+    info = graph.tensors[x]
+    rank = len(info.shape)
+    perm = [k for k in range(rank) if k != axis] + [axis]
+    back = [perm.index(k) for k in range(rank)]
+    moved = tuple(info.shape[k] for k in perm)
+    dtype = np.dtype(info.dtype)
+    channels = info.shape[axis]
+    scale = np.array(params.get("Mul", np.ones(channels, dtype)), dtype)
+    inputs = [mean.outputs[0], add_constant(graph, f"{div.name}_scale", scale)]
+    if "Add" in params:
+        inputs.append(add_constant(graph, f"{div.name}_bias", np.array(params["Add"], dtype)))
+    mean.op, mean.domain, mean.inputs, mean.attrs = "Transpose", "", [x], {"perm": perm}
+    sub.op, sub.domain, sub.inputs = "LayerNormalization", "", inputs
+    sub.attrs = {"axis": rank - 1, "epsilon": eps}
+    for node in (mean, sub):
+        graph.tensors[node.outputs[0]] = dataclasses.replace(info, shape=moved)
+        node.epilogue = ()
+        ctx.reindex(node)
+    square.op, square.domain, square.inputs = "Transpose", "", [sub.outputs[0]]
+    square.attrs, square.epilogue = {"perm": back}, ()
+    ctx.absorb(square, nodes[-1], remove=nodes[3:-1])
 
 
 def rewrite_layer_norm(ctx: FusionContext, div: Node, found) -> None:
