@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import wpk.kernels.cpu.attention  # noqa: F401  (fused attention: generated C, onnxruntime)
 import wpk.kernels.cpu.conv_im2col  # noqa: F401  (numpy im2col / depthwise convolution)
+import wpk.kernels.cpu.conv_transpose_native  # noqa: F401  (upsampling ConvTranspose in C)
 import wpk.kernels.cpu.gemm  # noqa: F401  (numpy BLAS Gemm and MatMul)
 import wpk.kernels.cpu.layernorm_native  # noqa: F401  (LayerNormalization in C, a row at a time)
 import wpk.kernels.cpu.microkernels.gemm  # noqa: F401  (MatMul/Gemm SIMD micro-kernels, C)

@@ -155,6 +155,24 @@ def case_conv_bn_relu(rng):
         {"batchnorm_into_conv", "epilogue_activation"}, {"Conv": 1}
 
 
+def conv_transpose_bn_case(groups: int, bias: bool):
+    """DBNet's head: ConvTranspose (2x2, stride 2) -> BatchNormalization -> ReLU; with
+    groups, input channel ci of group g feeds output channels of group g only."""
+    def case(rng):
+        cin, cout = 4, 6
+        inits = {"W": weights(rng, cin, cout // groups, 2, 2),
+                 "s": weights(rng, cout, positive=True), "b": weights(rng, cout),
+                 "m": weights(rng, cout), "v": weights(rng, cout, positive=True)}
+        if bias:
+            inits["B"] = weights(rng, cout)
+        nodes = [h.make_node("ConvTranspose", ["x", "W", "B"] if bias else ["x", "W"], ["c"],
+                             kernel_shape=[2, 2], strides=[2, 2], group=groups),
+                 bn(), h.make_node("Relu", ["n"], ["y"])]
+        return build(nodes, {"x": [1, cin, 3, 5]}, {"y": 4}, inits), \
+            {"batchnorm_into_conv_transpose"}, {"ConvTranspose": 1, "Relu": 1}
+    return case
+
+
 def case_conv_scale_bias(rng):
     nodes = [conv(bias=False), h.make_node("Mul", ["c", "k"], ["p"]),
              h.make_node("Add", ["p", "t"], ["q"]), h.make_node("Sub", ["q", "u"], ["y"])]
@@ -527,6 +545,8 @@ CASES = {
     "gelu_tanh_op": activation_case([h.make_node("Gelu", ["c"], ["y"], approximate="tanh")],
                                     opset=20),
     "hard_swish_op": activation_case([h.make_node("HardSwish", ["c"], ["y"])], opset=14),
+    "conv_transpose_bn": conv_transpose_bn_case(1, True),
+    "conv_transpose_bn_groups_no_bias": conv_transpose_bn_case(2, False),
     "residual": case_residual,
     "identity_residual": case_identity_residual,
     "elementwise_chain": case_elementwise_chain,

@@ -111,6 +111,33 @@ def _rewrite_bn_conv(ctx: FusionContext, conv: Node, found) -> None:
     ctx.absorb(conv, bn)
 
 
+def _match_bn_conv_transpose(ctx: FusionContext, node: Node):
+    bn = _consumer(ctx, node, frozenset({"BatchNormalization"}))
+    weight = ctx.const(node.inputs[1])
+    if bn is None or not _plain(node) or weight is None or bn.inputs[0] != node.outputs[0]:
+        return None
+    if len(node.inputs) > 2 and node.inputs[2] and ctx.const(node.inputs[2]) is None:
+        return None
+    groups = int(node.attr("group", 1))
+    if weight.ndim < 3 or weight.shape[0] % groups:
+        return None
+    params = _bn_params(ctx, bn, weight.shape[1] * groups)
+    return None if params is None else (bn, weight, groups, params)
+
+
+def _rewrite_bn_conv_transpose(ctx: FusionContext, node: Node, found) -> None:
+    """W [C_in, C_out / group, k...]: input channel ci of group g feeds output channels
+    g * C_out/group + c, each scaled by its factor."""
+    bn, weight, groups, (factor, shift) = found
+    per_row = np.repeat(factor.reshape(groups, -1), weight.shape[0] // groups, axis=0)
+    new_w = weight.astype(np.float64) * per_row.reshape(per_row.shape + (1,) * (weight.ndim - 2))
+    bias = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else 0.0
+    new_b = np.asarray(bias, np.float64) * factor + shift
+    node.inputs = [node.inputs[0], _new_const(ctx, node, "W", new_w, weight.dtype),
+                   _new_const(ctx, node, "B", new_b, weight.dtype)]
+    ctx.absorb(node, bn)
+
+
 def _gemm_parts(ctx: FusionContext, node: Node):
     """(B as a (K, N) matrix, C or None, alpha, beta) of a foldable Gemm or 2-D MatMul.
 
@@ -340,6 +367,9 @@ def _rule(name, ops, match, rewrite, doc) -> FusionRule:
 LINEAR_RULES = (
     _rule("batchnorm_into_conv", {"Conv"}, _match_bn_conv, _rewrite_bn_conv,
           "Conv -> BatchNormalization: scale W, shift B"),
+    _rule("batchnorm_into_conv_transpose", {"ConvTranspose"}, _match_bn_conv_transpose,
+          _rewrite_bn_conv_transpose,
+          "ConvTranspose -> BatchNormalization: scale W per output channel, shift B"),
     _rule("batchnorm_into_gemm", {"Gemm", "MatMul"}, _match_bn_gemm, _rewrite_bn_gemm,
           "Gemm/2-D MatMul -> BatchNormalization: scale B columns, shift C"),
     _rule("affine_into_batchnorm", {"BatchNormalization"}, _match_bn_affine,

@@ -1,0 +1,86 @@
+"""convtranspose.c (kernels/cpu/conv_transpose_native.py): the upsampling ConvTranspose
+(kernel = stride) against the float64 reference on odd sizes -- channels not a multiple
+of the channel tile, rows not a multiple of the vector, 1-pixel inputs, 2x2, 3x3 and 1x2
+kernels, batches, with and without bias, on the calling thread and the OpenMP threads --,
+its native form, what it refuses, and the planner's choice of it in a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wpk.core.workload import TensorSpec, Workload
+from wpk.kernels import registry
+from wpk.kernels.cpu.conv_transpose_native import channel_tile, pack_weights
+from wpk.kernels.cpu.native_chain import chain_kernel
+from wpk.kernels.reference import reference
+
+# ISA-dependent code (the vector width and registers of the host's ISA)
+pytestmark = pytest.mark.isa
+
+CT = registry.get("convtranspose.c")
+
+
+def _workload(n=1, ci=5, co=7, h=3, w=21, k=(2, 2), bias=True, **attrs) -> Workload:
+    inputs = [TensorSpec((n, ci, h, w)), TensorSpec((ci, co, *k))]
+    if bias:
+        inputs.append(TensorSpec((co,)))
+    out = TensorSpec((n, co, h * k[0], w * k[1]))
+    merged = {"kernel_shape": k, "strides": k, **attrs}
+    return Workload("ConvTranspose", tuple(inputs), (out,), tuple(sorted(merged.items())),
+                    const_inputs=tuple(range(1, len(inputs))))
+
+
+CASES = {
+    "2x2, odd sizes": _workload(),
+    "2x2, threads": _workload(n=2, ci=9, co=11, h=37, w=45),
+    "3x3, no bias": _workload(ci=4, co=3, h=5, w=19, k=(3, 3), bias=False),
+    "1x2": _workload(ci=3, co=6, h=4, w=33, k=(1, 2)),
+    "1 pixel": _workload(ci=2, co=3, h=1, w=1),
+    "one output channel (DBNet's last)": _workload(ci=24, co=1, h=6, w=40),
+}
+
+
+def _inputs(workload: Workload, rng) -> list[np.ndarray]:
+    return [rng.standard_normal(s.shape).astype(np.float32) for s in workload.inputs]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_the_reference(name, rng):
+    workload = CASES[name]
+    assert CT.unsupported_reason(workload) is None
+    inputs = _inputs(workload, rng)
+    kernel = CT.prepare(workload, {i: inputs[i] for i in workload.const_inputs}, {})
+    y = np.full(workload.outputs[0].shape, np.nan, np.float32)
+    kernel(inputs, [y])
+    expected = reference(workload, [a.astype(np.float64) for a in inputs])[0]
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    call = kernel.native(inputs, [y2 := np.full_like(y, np.nan)])
+    chain_kernel([call], keep=[kernel])([], [])
+    np.testing.assert_array_equal(y2, y)
+
+
+def test_packs_a_units_weights_in_reading_order():
+    w = np.arange(2 * 5 * 2 * 2, dtype=np.float32).reshape(2, 5, 2, 2)
+    packed = pack_weights(w, 3)    # 5 output channels in tiles of 3: one padded tile
+    assert packed.shape == (2, 2, 3, 2, 2)
+    assert np.array_equal(packed[1, 0, 1], w[0, 4]) and not packed[1, :, 2].any()
+    assert channel_tile(24, 2, 2, 32) == 7 and channel_tile(1, 2, 2, 32) == 1
+    assert channel_tile(24, 4, 4, 16) == 1
+
+
+@pytest.mark.parametrize(("attrs", "why"), [
+    ({"group": 1, "strides": (1, 1)}, "equal the stride"),
+    ({"pads": (1, 1, 1, 1)}, "padding"),
+    ({"dilations": (2, 2)}, "dilation"),
+])
+def test_refuses_what_it_does_not_compute(attrs, why):
+    workload = _workload(**attrs)
+    if "pads" in attrs:   # the output the pads give
+        workload = Workload(workload.op, workload.inputs,
+                            (TensorSpec((1, 7, 4, 40)),), workload.attrs,
+                            const_inputs=workload.const_inputs)
+    assert why in CT.unsupported_reason(workload)
+    variable = Workload("ConvTranspose", _workload().inputs, _workload().outputs,
+                        _workload().attrs, const_inputs=())
+    assert "constants" in CT.unsupported_reason(variable)
