@@ -57,6 +57,12 @@ class Implementation(ABC):
     # when no other candidate computes it correctly (`wpk.plans.planner.plan`).
     last_resort: bool = False
 
+    def native_chain(self, workload: Workload) -> bool:
+        """Whether its kernel for `workload` has a native form (`kernel.native`), so it
+        joins the chain of native calls around it (`wpk.kernels.cpu.native_chain`):
+        wpk's generated kernels do; library kernels say so for themselves."""
+        return self.kind == GENERATED
+
     @abstractmethod
     def unsupported_reason(self, workload: Workload) -> str | None:
         """None when this implementation can compute the workload, else why not."""

@@ -282,7 +282,7 @@ def within_regions(choices: PlanChoices) -> PlanChoices | None:
     Per-operator wins can lose end to end: a generated kernel a little faster than
     onnxruntime's on its own splits a region in two, and the boundary (a session call,
     threads woken again, caches cold) can cost more than it saved."""
-    return _given_to(choices, joins_regions, "region")
+    return _given_to(choices, lambda candidate, _: joins_regions(candidate), "region")
 
 
 def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 3.0) -> PlanChoices | None:
@@ -301,14 +301,22 @@ def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 3.0) -> Pla
     ResNet-50's plan with 54 of its 57 convolutions on generated kernels, some 2x slower
     alone than onnxruntime's, ran at 0.81-0.90x onnxruntime's latency where the
     per-operator plan ran at 0.92-0.97x (2-core VM, 2026-11-26)."""
-    def one_pool(candidate: Candidate) -> bool:
+    def one_pool(candidate: Candidate, workload: Workload) -> bool:
         impl = candidate.implementation
         return impl.kind == GENERATED or impl.one_pool
 
-    return _given_to(choices, one_pool, "one-pool", max_slowdown)
+    def in_chain(candidate: Candidate, workload: Workload) -> bool:
+        return one_pool(candidate, workload) and candidate.implementation.native_chain(workload)
+
+    pooled = _given_to(choices, one_pool, "one-pool", max_slowdown)
+    # a step of the calling thread that has no native form (numpy's elementwise ops)
+    # still splits the chain: in ConvNeXt's run each residual Add of 45 us alone took
+    # 220-240 us between two native calls (the OpenMP threads spinning beside it)
+    chained = _given_to(pooled or choices, in_chain, "one-pool", max_slowdown)
+    return chained or pooled
 
 
-def _given_to(choices: PlanChoices, wanted: Callable[[Candidate], bool], rule: str,
+def _given_to(choices: PlanChoices, wanted: Callable[[Candidate, Workload], bool], rule: str,
               max_slowdown: float = float("inf")) -> PlanChoices | None:
     """The choices with every candidate that is not `wanted` replaced by the fastest
     verified measured one that is, when that is at most `max_slowdown` times slower (the
@@ -316,10 +324,10 @@ def _given_to(choices: PlanChoices, wanted: Callable[[Candidate], bool], rule: s
     changed, result = False, {}
     for key, choice in choices.choices.items():
         result[key] = choice
-        if wanted(choice.candidate):
+        if wanted(choice.candidate, choice.workload):
             continue
         best = choose([pair for pair in map(_measured_pair, choice.measurements)
-                       if pair is not None and wanted(pair[0])])
+                       if pair is not None and wanted(pair[0], choice.workload)])
         if best is None or best[1].median_s > max_slowdown * choice.measurement.median_s:
             continue
         over = best[1].median_s - choice.measurement.median_s

@@ -340,6 +340,9 @@ class NativeNchwc(Implementation):
     uses_blas = False
     one_pool = True
 
+    def native_chain(self, workload: Workload) -> bool:
+        return True
+
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.domain != NCHWC_DOMAIN or workload.op not in OPS:
             return f"{self.name} implements the blocked {', '.join(OPS)}"

@@ -82,6 +82,11 @@ class NumpyCopy(NumpyImplementation):
     uses_blas = False
     ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize", "Split")
 
+    def native_chain(self, workload: Workload) -> bool:
+        """Moves described by views (all but Resize and Gather) without an epilogue are
+        one native copy (`native_moves`)."""
+        return workload.op not in ("Resize", "Gather") and not workload.epilogue
+
     def views_input(self, workload: Workload) -> bool:
         """Whether the output is the first input reinterpreted (a Reshape-like without an
         epilogue, one output): the buffer plan may give both one buffer, and the copy of

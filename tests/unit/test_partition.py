@@ -351,3 +351,33 @@ def test_on_generated_kernels_keeps_pool_free_library_steps_and_takes_them_from_
                                          Candidate(registry.get("numpy.copy"), {}), copy_time,
                                          [ort_time, copy_time])})
     assert on_generated_kernels(numpy_won) is None
+
+
+def test_on_generated_kernels_takes_steps_without_a_native_form_into_the_chain():
+    """numpy's elementwise Add computes on the calling thread but has no native form, so it
+    splits the generated kernels' chain: a generated kernel up to 3x slower alone takes it
+    (ConvNeXt's residual Adds: 45 us alone, 220-240 us between two native calls); a
+    numpy copy, which is one native copy, stays."""
+    add = registry.get("numpy.elementwise")
+    assert add.one_pool and not add.native_chain(_add_workload())
+    assert registry.get("numpy.copy").native_chain(
+        Workload("Transpose", (TensorSpec((4, 8), "float32"),), (TensorSpec((8, 4), "float32"),)))
+    numpy_time = Measurement("numpy.elementwise", "numpy.elementwise", {}, Status.OK,
+                             (45e-6,), 45e-6)
+    dsl_time = Measurement("dsl.cpu", "dsl.cpu", {"vector": 16, "parallel": 1}, Status.OK,
+                           (56e-6,), 56e-6)
+    numpy_won = PlanChoices({"a": Choice(_add_workload(), ["a"], ["Add"],
+                                         Candidate(add, {}), numpy_time,
+                                         [numpy_time, dsl_time])})
+    (choice,) = on_generated_kernels(numpy_won).choices.values()
+    assert choice.candidate.implementation.name == "dsl.cpu"
+    assert choice.reason["rule"] == "one-pool"
+    slow = dataclasses.replace(dsl_time, median_s=200e-6, times_s=(200e-6,))
+    far = PlanChoices({"a": Choice(_add_workload(), ["a"], ["Add"], Candidate(add, {}),
+                                   numpy_time, [numpy_time, slow])})
+    assert on_generated_kernels(far) is None
+
+
+def _add_workload() -> Workload:
+    spec = TensorSpec((1, 6, 56, 56, 16), "float32")
+    return Workload("Add", (spec, spec), (spec,))
