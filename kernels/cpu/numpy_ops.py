@@ -75,6 +75,20 @@ class NumpyElementwise(NumpyImplementation):
 _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 
 
+def _single_index(workload: Workload, consts: Mapping[int, np.ndarray]) -> tuple | None:
+    """The basic index of a Gather of one constant index (the class token of a ViT): a
+    view of the input, or None for any other Gather."""
+    if workload.op != "Gather":
+        return None
+    value = workload.static_value(1)
+    value = consts.get(1) if value is None else value
+    if value is None or np.size(value) != 1:
+        return None
+    axis = int(workload.attr("axis", 0)) % len(workload.inputs[0].shape)
+    k = int(np.asarray(value).reshape(-1)[0]) % workload.inputs[0].shape[axis]
+    return (slice(None),) * axis + ((k,) if np.ndim(value) == 0 else (slice(k, k + 1),))
+
+
 class NumpyCopy(NumpyImplementation):
     """Data movement straight into the output buffers."""
 
@@ -83,9 +97,12 @@ class NumpyCopy(NumpyImplementation):
     ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize", "Split")
 
     def native_chain(self, workload: Workload) -> bool:
-        """Moves described by views (all but Resize and Gather) without an epilogue are
-        one native copy (`native_moves`)."""
-        return workload.op not in ("Resize", "Gather") and not workload.epilogue
+        """Moves described by views (all but Resize and a Gather of several or variable
+        indices) without an epilogue are one native copy (`native_moves`)."""
+        if workload.op == "Gather":
+            return 1 in workload.const_inputs and workload.inputs[1].shape in ((), (1,)) \
+                and not workload.epilogue
+        return workload.op != "Resize" and not workload.epilogue
 
     def views_input(self, workload: Workload) -> bool:
         """Whether the output is the first input reinterpreted (a Reshape-like without an
@@ -104,13 +121,13 @@ class NumpyCopy(NumpyImplementation):
 
             def move(inputs, outputs):
                 np.copyto(outputs[0], inputs[0][index])
-        elif op == "Gather":
+        elif op == "Gather" and _single_index(workload, consts) is None:
             axis = workload.attr("axis", 0)
 
             def move(inputs, outputs):
                 np.take(inputs[0], inputs[1], axis=axis, out=outputs[0])
         else:
-            views = self._views(workload)
+            views = self._views(workload, consts)
 
             def move(inputs, outputs):
                 for src, dst in views(inputs, outputs):
@@ -125,11 +142,14 @@ class NumpyCopy(NumpyImplementation):
             kernel.native = native_form(kernel, views, per_input=op == "Concat")
         return kernel
 
-    def _views(self, workload: Workload):
+    def _views(self, workload: Workload, consts: Mapping[int, np.ndarray]):
         """`views(inputs, outputs)`: the (source view, destination view) pairs the step
-        copies (Reshape-likes, Transpose, Slice, Concat, Split), for its numpy copy and its
-        native form."""
+        copies (Reshape-likes, Transpose, Slice, Concat, Split, a Gather of one constant
+        index), for its numpy copy and its native form."""
         op, out_shape = workload.op, workload.outputs[0].shape
+        if op == "Gather":
+            index = _single_index(workload, consts)
+            return lambda inputs, outputs: [(inputs[0][index].reshape(out_shape), outputs[0])]
         if op in _RESHAPES:
             return lambda inputs, outputs: [(inputs[0].reshape(out_shape), outputs[0])]
         if op == "Transpose":

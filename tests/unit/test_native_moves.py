@@ -97,6 +97,12 @@ WORKLOADS = {
                             (_spec((1, 4, 84)), _spec((1, 8, 84))), attrs=(("axis", 1),),
                             const_inputs=(1,), static_inputs=((1, np.array((4, 8))),),
                             opset=13),
+    "gather-class-token": Workload("Gather", (_spec((2, 5, 3)), _spec((), "int64")),
+                                   (_spec((2, 3)),), attrs=(("axis", 1),), const_inputs=(1,),
+                                   static_inputs=((1, np.array(-5, np.int64)),)),
+    "gather-one-index-kept": Workload("Gather", (_spec((4, 3)), _spec((1,), "int64")),
+                                      (_spec((1, 3)),), const_inputs=(1,),
+                                      static_inputs=((1, np.array([2], np.int64)),)),
     "split-last-axis": Workload("Split", (_spec((2, 3, 9)),),
                                 (_spec((2, 3, 3)),) * 3, attrs=(("axis", -1),
                                                                 ("num_outputs", 3)), opset=18),
@@ -134,6 +140,8 @@ def test_copy_steps_that_would_copy_twice_or_compute_have_no_native_form():
     assert getattr(_copy_kernel(with_epilogue), "native", None) is None
     gather = Workload("Gather", (_spec((5, 3)), _spec((2,), "int64")), (_spec((2, 3)),))
     assert getattr(_copy_kernel(gather), "native", None) is None
+    assert not NUMPY_COPY.native_chain(gather)
+    assert NUMPY_COPY.native_chain(WORKLOADS["gather-class-token"])
 
 
 def test_reshape_steps_share_their_input_buffer_and_copy_nothing(rng, monkeypatch):

@@ -313,6 +313,29 @@ def test_pass_options_and_small_graphs_left_alone(rng):
     assert _ops(NchwcLayout(NchwcOptions(min_convs=99)).run(graph.copy())) == before
 
 
+def test_a_lone_stem_conv_is_blocked_but_not_a_lone_inner_conv(rng):
+    """A ViT's patch embedding (16x16, stride 16, 3 input channels) is its graph's only
+    conv: it reads the NCHW input as it is, so its one reorder is of its output, and it
+    takes the layout (the blocked kernels then compete for it); a lone conv of more input
+    channels would add a reorder of its input too and is left alone."""
+    for cin, blocked in ((3, True), (2 * B, False)):
+        w = numpy_helper.from_array(
+            (rng.standard_normal((2 * B, cin, 4, 4)) * 0.3).astype(np.float32), "w")
+        b = numpy_helper.from_array(rng.standard_normal(2 * B).astype(np.float32), "b")
+        graph = helper.make_graph(
+            [helper.make_node("Conv", ["x", "w", "b"], ["p"], kernel_shape=[4, 4],
+                              strides=[4, 4]),
+             helper.make_node("Flatten", ["p"], ["y"], axis=2)], "patches",
+            [helper.make_tensor_value_info("x", 1, [1, cin, 16, 12])],
+            [helper.make_tensor_value_info("y", 1, [2 * B, 12])], [w, b])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        _, optimized, ops, feeds, expected = _laid_out(model, (1, cin, 16, 12), rng)
+        assert ops.get("wpk.nchwc:Conv", 0) == int(blocked)
+        actual = evaluate(optimized, feeds)
+        assert rel_l2(actual["y"], expected["y"]) <= 1e-5
+
+
 LIGHT_MODELS = ["light_resnet50", "light_densenet121", "light_squeezenet", "light_shufflenet",
                 "light_inception_v1"]
 

@@ -64,7 +64,8 @@ one shared ReorderOutput, which keeps the original tensor name.
 Where it pays: convs need a multiple of 4 output channels (padded to whole blocks)
 (any output count on a 1x1 output, e.g. a squeeze-excitation conv, where the
 padding lanes cost nothing), grouped convs whole blocks per group; graphs with fewer than
-`NchwcOptions.min_convs` convertible convs are left alone.
+`NchwcOptions.min_convs` convertible convs are left alone, unless the one conv is a stem
+reading the NCHW input (a ViT's patch embedding: one reorder, of its output).
 """
 
 from __future__ import annotations
@@ -114,8 +115,10 @@ class NchwcLayout(GraphPass):
         if not self.options.enabled:
             return graph
         block = self.options.block or fmt.host_block_size()
-        convertible = sum(1 for n in graph.nodes if conv_input_mode(graph, n, block, set()))
-        if convertible < self.options.min_convs:
+        modes = [m for m in (conv_input_mode(graph, n, block, set()) for n in graph.nodes) if m]
+        # a lone stem (a ViT's patch embedding) reads its NCHW input as it is: its only
+        # reorder is of its output
+        if len(modes) < self.options.min_convs and modes != ["nchw"]:
             return graph
         rw = Rewrite(graph, block)
         self._readers = _reader_counts(graph)
