@@ -23,6 +23,8 @@ native form (`native_chain`), they join the chain of the generated kernels aroun
 - MaxPool: the window's maximum per output pixel, one vector of the block's lanes per
   pixel, padding ignored; any kernel, stride, dilation, pads and ceil_mode. A NaN input
   drops out of its window (the ISA's max instruction keeps the other operand).
+  AveragePool the same way: the window's sum over the count of its real pixels (or of
+  those within the declared pads, with count_include_pad).
 
 The C is written on GCC vector extensions of b lanes (`VECTOR_HEADER`), so it compiles
 for either block size on any host.
@@ -52,7 +54,7 @@ from wpk.kernels.cpu.native_moves import native_form
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN
 from wpk.kernels.registry import LIBRARY, Implementation, Kernel, register
 
-OPS = ("ChannelSlice", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool",
+OPS = ("ChannelSlice", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool", "AveragePool",
        "GlobalAveragePool", "GlobalMaxPool")
 
 # params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel
@@ -84,6 +86,45 @@ void wpk_maxpool_nchwc(const int64_t *p, const float *x, float *y) {{
 }}
 """
 
+
+# params: those of the MaxPool, then the end pads PB, PR and count_include_pad: each
+# output pixel's window summed, one vector a pixel, divided by the count of its real
+# pixels, or of those within the declared pads with count_include_pad (never the extra
+# end ceil_mode adds); the planes over OpenMP threads when the output is large
+_AVGPOOL_SOURCE = r"""
+#include <stdint.h>
+
+void wpk_avgpool_nchwc(const int64_t *p, const float *x, float *y) {{
+    const int64_t planes = p[0], H = p[1], W = p[2], OH = p[3], OW = p[4];
+    const int64_t KH = p[5], KW = p[6], SH = p[7], SW = p[8], PT = p[9], PL = p[10];
+    const int64_t DH = p[11], DW = p[12], PB = p[13], PR = p[14], WITH_PAD = p[15];
+    #pragma omp parallel for schedule(static) if (planes * OH * OW * {lanes} >= PAR_MIN)
+    for (int64_t c = 0; c < planes; c++) {{
+        const float *xc = x + c * H * W * {lanes};
+        float *yc = y + c * OH * OW * {lanes};
+        for (int64_t oh = 0; oh < OH; oh++) {{
+            for (int64_t ow = 0; ow < OW; ow++) {{
+                vf acc = vsplat(0.0f);
+                int64_t real = 0, declared = 0;
+                for (int64_t kh = 0; kh < KH; kh++) {{
+                    const int64_t ih = oh * SH - PT + kh * DH;
+                    if (ih < -PT || ih >= H + PB) continue;
+                    for (int64_t kw = 0; kw < KW; kw++) {{
+                        const int64_t iw = ow * SW - PL + kw * DW;
+                        if (iw < -PL || iw >= W + PR) continue;
+                        declared++;
+                        if (ih >= 0 && ih < H && iw >= 0 && iw < W) {{
+                            acc += vload(xc + (ih * W + iw) * {lanes});
+                            real++;
+                        }}
+                    }}
+                }}
+                vstore(yc + (oh * OW + ow) * {lanes}, acc / (float)(WITH_PAD ? declared : real));
+            }}
+        }}
+    }}
+}}
+"""
 
 # params: planes (N * Cb), H, W, SH, SW: each pixel's vector stored SW times along its
 # output row, the row then copied SH - 1 times
@@ -243,6 +284,13 @@ def global_pool_params(workload: Workload) -> list[int]:
     return [n * cb, h * w, int(workload.op == "GlobalAveragePool")]
 
 
+def avgpool_params(workload: Workload) -> list[int]:
+    """`wpk_avgpool_nchwc`'s params of a blocked AveragePool."""
+    pads = workload.attr("pads") or (0, 0, 0, 0)
+    return [*maxpool_params(workload), pads[2], pads[3],
+            int(workload.attr("count_include_pad", 0))]
+
+
 def upsample_params(workload: Workload) -> list[int]:
     """`wpk_upsample_nearest_nchwc`'s params of a blocked nearest Upsample."""
     n, cb, h, w, _ = workload.inputs[0].shape
@@ -272,12 +320,14 @@ def reorder_input_params(workload: Workload) -> list[int]:
 
 
 FUNCTIONS = {"wpk_maxpool_nchwc": _MAXPOOL_SOURCE,
+             "wpk_avgpool_nchwc": _AVGPOOL_SOURCE,
              "wpk_global_pool_nchwc": _GLOBAL_POOL_SOURCE,
              "wpk_reorder_input_nchwc": _REORDER_INPUT_SOURCE,
              "wpk_upsample_nearest_nchwc": _UPSAMPLE_SOURCE,
              "wpk_reorder_output_nchwc": _REORDER_OUTPUT_SOURCE}
 # op -> (its C function, the function's params of a workload)
 FUNCTION_OF = {"MaxPool": ("wpk_maxpool_nchwc", maxpool_params),
+               "AveragePool": ("wpk_avgpool_nchwc", avgpool_params),
                "GlobalAveragePool": ("wpk_global_pool_nchwc", global_pool_params),
                "GlobalMaxPool": ("wpk_global_pool_nchwc", global_pool_params),
                "Upsample": ("wpk_upsample_nearest_nchwc", upsample_params),
@@ -332,8 +382,8 @@ def function_kernel(workload: Workload) -> Kernel:
 
 
 class NativeNchwc(Implementation):
-    """Blocked ChannelSlice, ReorderInput, ReorderOutput, nearest Upsample, MaxPool and the
-    global pools in C (see the module docstring)."""
+    """Blocked ChannelSlice, ReorderInput, ReorderOutput, nearest Upsample, MaxPool,
+    AveragePool and the global pools in C (see the module docstring)."""
 
     name = "native.nchwc"
     kind = LIBRARY
@@ -355,7 +405,7 @@ class NativeNchwc(Implementation):
             return "one output only"
         if workload.op == "Upsample" and workload.attr("mode") != "nearest":
             return f"{workload.attr('mode')} Upsample is not a copy"
-        if workload.op == "MaxPool":
+        if workload.op in ("MaxPool", "AveragePool"):
             return _maxpool_reason(workload)
         return None
 

@@ -44,6 +44,18 @@ def _cases(b: int) -> dict[str, Workload]:
             strides=(2, 2), dilations=(2, 1)),
         "maxpool 1 pixel": _op("MaxPool", b, 3, (1, 1), (1, 1), kernel_shape=(3, 3),
                                pads=(1, 1, 1, 1), strides=(1, 1)),
+        "average pool 7x7 (ResNet's)": _op("AveragePool", b, c, (7, 7), (1, 1),
+                                           kernel_shape=(7, 7), pads=(0, 0, 0, 0),
+                                           strides=(1, 1)),
+        "average pool asymmetric pads, ceil": _op(
+            "AveragePool", b, c, (10, 11), (5, 6), kernel_shape=(3, 3), pads=(1, 0, 0, 1),
+            strides=(2, 2), ceil_mode=1),
+        "average pool counting pads, ceil": _op(
+            "AveragePool", b, c, (10, 11), (5, 6), kernel_shape=(3, 3), pads=(1, 0, 0, 1),
+            strides=(2, 2), ceil_mode=1, count_include_pad=1),
+        "average pool 2x2 stride 2 (SVTR's), threads": _op(
+            "AveragePool", b, c, (48, 96), (24, 48), kernel_shape=(2, 2), pads=(0, 0, 0, 0),
+            strides=(2, 2)),
         "global average pool": _op("GlobalAveragePool", b, c, (7, 9), (1, 1)),
         "global max pool, 1 pixel": _op("GlobalMaxPool", b, c, (1, 1), (1, 1)),
         "global average pool, threads": _op("GlobalAveragePool", b, c, (61, 37), (1, 1)),
@@ -103,7 +115,8 @@ def test_matches_the_reference_padding_lanes_included(b, name, rng):
     x = rng.standard_normal(workload.inputs[0].shape).astype(np.float32)  # dirty lanes too
     expected = nchwc_reference(workload, [x])[0]
     kernel = NATIVE.prepare(workload, {}, {})
-    same = _agrees if workload.op == "GlobalAveragePool" else np.testing.assert_array_equal
+    same = _agrees if workload.op in ("GlobalAveragePool", "AveragePool") \
+        else np.testing.assert_array_equal
     same(_run(kernel, workload, x), expected.astype(np.float32))
     x2 = rng.standard_normal(x.shape).astype(np.float32)   # new buffers: rebound, not stale
     same(_run(kernel, workload, x2), nchwc_reference(workload, [x2])[0].astype(np.float32))
