@@ -84,3 +84,40 @@ def test_refuses_what_it_does_not_compute(attrs, why):
     variable = Workload("ConvTranspose", _workload().inputs, _workload().outputs,
                         _workload().attrs, const_inputs=())
     assert "constants" in CT.unsupported_reason(variable)
+
+
+def test_a_build_verifies_and_measures_it_next_to_onnxruntime(rng, tmp_path):
+    """In a model (a 2x2 upsampling ConvTranspose, BatchNormalization folded into it, then
+    ReLU) the build measures convtranspose.c beside onnxruntime's kernel, verified, and the
+    plan computes what onnxruntime does."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import wpk
+
+    def const(name, *shape, positive=False):
+        value = rng.uniform(0.5, 1.5, shape) if positive else rng.standard_normal(shape)
+        return numpy_helper.from_array(value.astype(np.float32), name)
+
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], kernel_shape=[2, 2],
+                              strides=[2, 2]),
+             helper.make_node("BatchNormalization", ["t", "s", "o", "m", "v"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 20, 36])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 40, 72])],
+        [const("w", 8, 6, 2, 2), const("b", 6), const("s", 6, positive=True), const("o", 6),
+         const("m", 6), const("v", 6, positive=True)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = wpk.build(model, target="cpu", progress=False, partition=False)
+    (entry,) = [w for w in plan.report["workloads"] if w["op"] == "ConvTranspose"]
+    ours = next(c for c in entry["candidates"] if c["impl"] == "convtranspose.c")
+    assert ours["status"] == "ok" and ours["rel_l2_error"] < 1e-5
+    assert any(c["impl"] == "ort" and c["status"] == "ok" for c in entry["candidates"])
+    x = rng.standard_normal((1, 8, 20, 36)).astype(np.float32)
+    path = tmp_path / "up.wpk"
+    plan.save(str(path))
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = wpk.load(str(path)).run({"x": x})["y"]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
