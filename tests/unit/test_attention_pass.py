@@ -381,3 +381,65 @@ def test_the_heads_stay_apart_without_a_merge_and_on_cuda():
     graph, report = optimize(load_model(bert_heads_model()), "cuda")
     assert report.rules.get("attention") == 1 and not report.rules.get("attention_heads")
     assert graph.op_counts().get("Transpose") == 4
+
+
+def packed_qkv_model(extra_reader: bool = False) -> onnx.ModelProto:
+    """torch dynamo's ViT head split: the packed QKV [B, S, 3*H*D] reshaped to
+    [B, S, 3, H, D], Transpose (2, 0, 3, 1, 4), three slices of axis 0, each squeezed to
+    [B, H, S, D]; attention; the heads merged by Transpose (0, 2, 1, 3) and Reshape. With
+    `extra_reader`, V's slice is a graph output too."""
+    def const(name, values):
+        return numpy_helper.from_array(np.array(values, np.int64), name)
+
+    nodes = [h.make_node("Reshape", ["x", "packed_shape"], ["packed"]),
+             h.make_node("Transpose", ["packed"], ["heads"], perm=[2, 0, 3, 1, 4])]
+    for i, name in enumerate("qkv"):
+        nodes += [h.make_node("Slice", ["heads", f"s{i}", f"e{i}", "axis0"], [f"{name}5"]),
+                  h.make_node("Squeeze", [f"{name}5", "axis0"], [name])]
+    nodes += [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+              h.make_node("MatMul", ["q", "kt"], ["scores"]),
+              h.make_node("Div", ["scores", "root"], ["scaled"]),
+              h.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+              h.make_node("MatMul", ["probs", "v"], ["y"]),
+              h.make_node("Transpose", ["y"], ["y_merged"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["y_merged", "flat"], ["out"])]
+    inits = [const("packed_shape", [B, S, 3, H, D]), const("axis0", [0]),
+             const("flat", [B, S, H * D]),
+             numpy_helper.from_array(np.array(D ** 0.5, np.float32), "root")]
+    inits += [const(f"s{i}", [i]) for i in range(3)] + [const(f"e{i}", [i + 1])
+                                                        for i in range(3)]
+    outputs = [h.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, H * D])]
+    if extra_reader:
+        outputs.append(h.make_tensor_value_info("v5", TensorProto.FLOAT, [1, B, H, S, D]))
+    model = h.make_model(h.make_graph(
+        nodes, "packed_qkv", [h.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                         [B, S, 3 * H * D])],
+        outputs, inits), opset_imports=[h.make_opsetid("", 17)])
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_a_packed_qkv_split_becomes_slices_of_the_packed_tensor(rng):
+    """The packed tensor's Transpose goes: Q, K and V are slices of its axis 2 read where
+    they lie ([B, S, H, D]: bshd on all three and the output), one copy of the packed
+    tensor instead of two; the graph computes the same."""
+    model = packed_qkv_model()
+    graph, report = optimize(load_model(model), "cpu")
+    check_graph(graph)
+    assert report.passes.get("packed_qkv") == 1 and report.rules.get("attention_heads") == 1
+    assert "Transpose" not in graph.op_counts() and graph.op_counts()["Slice"] == 3
+    (attention,) = [n for n in graph.nodes if n.op == "Attention"]
+    assert tuple(attention.attrs["bshd"]) == (1, 1, 1, 1)
+    feeds = feeds_of(model, rng)
+    np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_packed_split_read_elsewhere_stays_and_cuda_keeps_it():
+    """A slice read by another node too (here a graph output) keeps the Transpose; the
+    rewrite is the CPU's (its Transposes are absorbed by the CPU's heads rule)."""
+    graph, report = optimize(load_model(packed_qkv_model(extra_reader=True)), "cpu")
+    assert not report.passes.get("packed_qkv")
+    assert any(n.op == "Transpose" and tuple(n.attrs["perm"]) == (2, 0, 3, 1, 4)
+               for n in graph.nodes)
+    graph, report = optimize(load_model(packed_qkv_model()), "cuda")
+    assert "packed_qkv" not in report.passes

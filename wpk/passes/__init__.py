@@ -46,6 +46,7 @@ from wpk.passes.inverted_residual import INVERTED_RESIDUAL_RULES
 from wpk.passes.inverted_residual_nchw import INVERTED_RESIDUAL_NCHW_RULES
 from wpk.passes.nchwc_layout import NchwcLayout
 from wpk.passes.noop_removal import NoOpRemoval
+from wpk.passes.packed_qkv import PackedQkvSplit
 from wpk.passes.pad_into_conv import PadIntoConv
 from wpk.passes.reduce_to_pool import ReduceToPool
 from wpk.passes.sum_to_add import SumToAdd
@@ -76,6 +77,7 @@ PIPELINE: list[PipelineEntry] = [
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),
                   targets=frozenset({"cpu", "cuda"})),
+    PipelineEntry(PackedQkvSplit, targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("attention_heads", ATTENTION_HEADS_RULES),
                   targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
