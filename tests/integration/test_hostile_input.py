@@ -339,11 +339,15 @@ def _rewrite_manifest(src: str, dst, change) -> None:
 
 
 def _set(path, value):
+    """Edit `path` of the manifest ("*": the first workload, its Conv when it has one)."""
     def change(manifest):
         target = manifest
         for key in path[:-1]:
-            target = target[key] if not isinstance(target, dict) or key in target \
-                else target[next(iter(target))]
+            if isinstance(target, dict) and key not in target:
+                convs = [k for k, v in target.items() if isinstance(v, dict)
+                         and v.get("op") == "Conv"]
+                key = convs[0] if convs else next(iter(target))
+            target = target[key]
         if value is KeyError:
             del target[path[-1]]
         else:

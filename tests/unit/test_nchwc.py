@@ -314,16 +314,17 @@ def test_pass_options_and_small_graphs_left_alone(rng):
 
 
 def test_a_lone_stem_conv_is_blocked_but_not_a_lone_inner_conv(rng):
-    """A ViT's patch embedding (16x16, stride 16, 3 input channels) is its graph's only
+    """A ViT's patch embedding (kernel = stride, 3 input channels) is its graph's only
     conv: it reads the NCHW input as it is, so its one reorder is of its output, and it
     takes the layout (the blocked kernels then compete for it); a lone conv of more input
-    channels would add a reorder of its input too and is left alone."""
-    for cin, blocked in ((3, True), (2 * B, False)):
+    channels would add a reorder of its input too, and a lone padded 3x3 stem is no patch
+    embedding: both are left alone."""
+    for cin, kernel, blocked in ((3, 4, True), (2 * B, 4, False), (3, 3, False)):
         w = numpy_helper.from_array(
-            (rng.standard_normal((2 * B, cin, 4, 4)) * 0.3).astype(np.float32), "w")
+            (rng.standard_normal((2 * B, cin, kernel, kernel)) * 0.3).astype(np.float32), "w")
         b = numpy_helper.from_array(rng.standard_normal(2 * B).astype(np.float32), "b")
         graph = helper.make_graph(
-            [helper.make_node("Conv", ["x", "w", "b"], ["p"], kernel_shape=[4, 4],
+            [helper.make_node("Conv", ["x", "w", "b"], ["p"], kernel_shape=[kernel, kernel],
                               strides=[4, 4]),
              helper.make_node("Flatten", ["p"], ["y"], axis=2)], "patches",
             [helper.make_tensor_value_info("x", 1, [1, cin, 16, 12])],

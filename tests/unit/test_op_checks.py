@@ -50,6 +50,27 @@ def test_each_violation_names_what_to_fix(workload, fragment):
 
 def test_other_ops_and_domains_are_left_to_their_kernels():
     assert op_problem(Workload("Relu", (TensorSpec((2,)),), (TensorSpec((2,)),))) is None
-    nchwc = Workload("Conv", (TensorSpec((1, 1, 8, 8, 16)), TensorSpec((1, 1, 3, 3, 16, 16))),
-                     (TensorSpec((1, 1, 8, 8, 16)),), domain="wpk.nchwc")
-    assert op_problem(nchwc) is None
+    attention = Workload("Attention", (TensorSpec((1, 2, 4, 8)),) * 3,
+                         (TensorSpec((1, 2, 4, 8)),), domain="wpk")
+    assert op_problem(attention) is None
+
+
+def test_the_blocked_layouts_conv_and_pools_carry_their_block_and_window():
+    """A plan's blocked Conv runs a kernel compiled at build time, which would not read a
+    corrupted window: its block, channels, group and window must be whole and positive."""
+    def blocked(**attrs):
+        return Workload("Conv", (TensorSpec((1, 1, 8, 8, 16)), TensorSpec((16, 16, 3, 3))),
+                        (TensorSpec((1, 1, 8, 8, 16)),), tuple(sorted(attrs.items())),
+                        domain="wpk.nchwc")
+
+    good = {"block": 16, "channels": 16, "group": 1, "kernel_shape": (3, 3),
+            "strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)}
+    assert op_problem(blocked(**good)) is None
+    assert "block" in op_problem(blocked())
+    assert "group=-1" in op_problem(blocked(**{**good, "group": -1}))
+    assert "dilations='x'" in op_problem(blocked(**{**good, "dilations": "x"}))
+    assert "kernel_shape" in op_problem(blocked(block=16, channels=16))
+    pool = Workload("MaxPool", (TensorSpec((1, 1, 8, 8, 16)),), (TensorSpec((1, 1, 4, 4, 16)),),
+                    (("block", 16), ("channels", 0), ("kernel_shape", (2, 2))),
+                    domain="wpk.nchwc")
+    assert "channels=0" in op_problem(pool)

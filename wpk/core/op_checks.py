@@ -136,11 +136,32 @@ for _op in ("Softmax", "LogSoftmax", "Hardmax", "Concat", "Gather", "Split"):
     _CHECKS[_op] = (*_CHECKS.get(_op, ()), _axis_in_range)
 
 
+# The blocked layout's windowed ops (domain `wpk.kernels.nchwc_logical.NCHWC_DOMAIN`;
+# core sits below kernels): a plan's manifest must give them their block, channels and
+# window, whole and positive (a compiled kernel would run without reading them).
+_BLOCKED_DOMAIN = "wpk.nchwc"
+
+
+def _blocked_window(workload: Workload) -> str | None:
+    for name in ("block", "channels", "group") if workload.op == "Conv" else ("block",
+                                                                              "channels"):
+        value = workload.attr(name, 1 if name == "group" else None)
+        if not _is_int(value) or value < 1:
+            return f"attribute {name}={value!r} is not a positive integer"
+    if workload.attr("kernel_shape") is None:
+        return "attribute kernel_shape is missing"
+    return _positive_ints(workload)
+
+
+_BLOCKED_CHECKS = {op: (_blocked_window,) for op in ("Conv", "MaxPool", "AveragePool")}
+
+
 def op_problem(workload: Workload) -> str | None:
-    """Why `workload` violates the ONNX spec of its op (one sentence), or None."""
-    if workload.domain not in ("", "ai.onnx"):
-        return None
-    for check in _CHECKS.get(workload.op, ()):
+    """Why `workload` violates the ONNX spec of its op (one sentence), or None; for the
+    blocked layout's Conv and pools, why their attributes cannot be theirs."""
+    checks = _BLOCKED_CHECKS if workload.domain == _BLOCKED_DOMAIN else \
+        _CHECKS if workload.domain in ("", "ai.onnx") else {}
+    for check in checks.get(workload.op, ()):
         problem = check(workload)
         if problem:
             return problem

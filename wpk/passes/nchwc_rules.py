@@ -119,6 +119,8 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     out_channels, per_group = int(weight.shape[0]), int(weight.shape[1])
     in_channels = graph.tensors[x].shape[1]
     group = int(node.attr("group", 1))
+    if group < 1 or per_group * group != in_channels or out_channels % group:
+        return ""   # not a valid conv: the standard op's checks name the problem
     # output channels a multiple of 4, padded to whole blocks (a YOLO box head's 4 too:
     # it stays in the layout rather than reordering its input)
     if out_channels % 4 and not _pooled(graph, node.outputs[0]):
