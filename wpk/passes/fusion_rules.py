@@ -90,34 +90,49 @@ def _bn_params(ctx: FusionContext, bn: Node, channels: int):
     return factor, bias - mean * factor
 
 
-def _match_bn_conv(ctx: FusionContext, conv: Node):
-    bn = _consumer(ctx, conv, frozenset({"BatchNormalization"}))
-    weight = ctx.const(conv.inputs[1])
-    if bn is None or not _plain(conv) or weight is None or bn.inputs[0] != conv.outputs[0]:
-        return None
-    if len(conv.inputs) > 2 and conv.inputs[2] and ctx.const(conv.inputs[2]) is None:
-        return None
-    params = _bn_params(ctx, bn, weight.shape[0])
-    return None if params is None else (bn, weight, params)
-
-
-def _rewrite_bn_conv(ctx: FusionContext, conv: Node, found) -> None:
-    bn, weight, (factor, shift) = found
-    bias = ctx.const(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
-    new_w = weight.astype(np.float64) * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
-    new_b = np.asarray(bias, np.float64) * factor + shift
-    conv.inputs = [conv.inputs[0], _new_const(ctx, conv, "W", new_w, weight.dtype),
-                   _new_const(ctx, conv, "B", new_b, weight.dtype)]
-    ctx.absorb(conv, bn)
-
-
-def _match_bn_conv_transpose(ctx: FusionContext, node: Node):
+def _bn_after(ctx: FusionContext, node: Node):
+    """(the BatchNormalization reading `node` alone, `node`'s constant weight) when its
+    weight and bias are constants, else None."""
     bn = _consumer(ctx, node, frozenset({"BatchNormalization"}))
     weight = ctx.const(node.inputs[1])
     if bn is None or not _plain(node) or weight is None or bn.inputs[0] != node.outputs[0]:
         return None
     if len(node.inputs) > 2 and node.inputs[2] and ctx.const(node.inputs[2]) is None:
         return None
+    return bn, weight
+
+
+def _fold_bn(ctx: FusionContext, node: Node, bn: Node, weight: np.ndarray,
+             new_w: np.ndarray, factor: np.ndarray, shift: np.ndarray) -> None:
+    """`node` takes the scaled weight `new_w` and its bias times `factor` plus `shift`,
+    and the BatchNormalization's output."""
+    bias = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else 0.0
+    new_b = np.asarray(bias, np.float64) * factor + shift
+    node.inputs = [node.inputs[0], _new_const(ctx, node, "W", new_w, weight.dtype),
+                   _new_const(ctx, node, "B", new_b, weight.dtype)]
+    ctx.absorb(node, bn)
+
+
+def _match_bn_conv(ctx: FusionContext, conv: Node):
+    found = _bn_after(ctx, conv)
+    if found is None:
+        return None
+    bn, weight = found
+    params = _bn_params(ctx, bn, weight.shape[0])
+    return None if params is None else (bn, weight, params)
+
+
+def _rewrite_bn_conv(ctx: FusionContext, conv: Node, found) -> None:
+    bn, weight, (factor, shift) = found
+    new_w = weight.astype(np.float64) * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
+    _fold_bn(ctx, conv, bn, weight, new_w, factor, shift)
+
+
+def _match_bn_conv_transpose(ctx: FusionContext, node: Node):
+    found = _bn_after(ctx, node)
+    if found is None:
+        return None
+    bn, weight = found
     groups = int(node.attr("group", 1))
     if weight.ndim < 3 or weight.shape[0] % groups:
         return None
@@ -131,11 +146,7 @@ def _rewrite_bn_conv_transpose(ctx: FusionContext, node: Node, found) -> None:
     bn, weight, groups, (factor, shift) = found
     per_row = np.repeat(factor.reshape(groups, -1), weight.shape[0] // groups, axis=0)
     new_w = weight.astype(np.float64) * per_row.reshape(per_row.shape + (1,) * (weight.ndim - 2))
-    bias = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else 0.0
-    new_b = np.asarray(bias, np.float64) * factor + shift
-    node.inputs = [node.inputs[0], _new_const(ctx, node, "W", new_w, weight.dtype),
-                   _new_const(ctx, node, "B", new_b, weight.dtype)]
-    ctx.absorb(node, bn)
+    _fold_bn(ctx, node, bn, weight, new_w, factor, shift)
 
 
 def _gemm_parts(ctx: FusionContext, node: Node):
