@@ -34,29 +34,29 @@ CHUNK = 16
 _SOURCE = r"""
 #include <stdint.h>
 
-void wpk_reduce(const float *restrict x, float *restrict y) {{
+void wpk_reduce(const float *restrict x, float *restrict y) {
     const int64_t chunks = (INNER + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static) if (PAR)
-    for (int64_t u = 0; u < OUTER * chunks; u++) {{
+    for (int64_t u = 0; u < OUTER * chunks; u++) {
         const int64_t o = u / chunks, i0 = u % chunks * CHUNK;
         const float *xo = x + o * R * INNER;
-        if (INNER == 1) {{
+        if (INNER == 1) {
             float s = 0.0f;
             #pragma omp simd reduction(+:s)
             for (int64_t r = 0; r < R; r++) s += xo[r];
             y[o] = s * SCALE;
             continue;
-        }}
+        }
         const int64_t n = INNER - i0 < CHUNK ? INNER - i0 : CHUNK;
-        float acc[CHUNK] = {{0}};
-        for (int64_t r = 0; r < R; r++) {{
+        float acc[CHUNK] = {0};
+        for (int64_t r = 0; r < R; r++) {
             const float *row = xo + r * INNER + i0;
             #pragma omp simd
             for (int64_t k = 0; k < CHUNK; k++) if (k < n) acc[k] += row[k];
-        }}
+        }
         for (int64_t k = 0; k < n; k++) y[o * INNER + i0 + k] = acc[k] * SCALE;
-    }}
-}}
+    }
+}
 """
 
 
@@ -113,8 +113,7 @@ class ReduceC(Implementation):
         return reduce_reason(workload)
 
     def algorithm(self, workload: Workload, config: Mapping) -> str:
-        outer, _, inner = geometry(workload)
-        return "along rows" if inner == 1 else "down rows"
+        return "along rows" if geometry(workload)[2] == 1 else "down rows"
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
@@ -125,8 +124,7 @@ class ReduceC(Implementation):
         scale = 1.0 / r if workload.op == "ReduceMean" else 1.0
         defines = dict(OUTER=f"{outer}L", R=f"{r}L", INNER=f"{inner}L", CHUNK=CHUNK,
                        SCALE=f"{scale!r}f", PAR=int(outer * r * inner >= PAR_MIN))
-        source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + \
-            _SOURCE.format()
+        source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + _SOURCE
         build.openmp_defaults()
         fn = load_function(compile_c_shared(source), "wpk_reduce", [ctypes.c_void_p] * 2)
         out_shape = workload.outputs[0].shape

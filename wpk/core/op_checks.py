@@ -143,9 +143,10 @@ _BLOCKED_DOMAIN = "wpk.nchwc"
 
 
 def _blocked_window(workload: Workload) -> str | None:
-    for name in ("block", "channels", "group") if workload.op == "Conv" else ("block",
-                                                                              "channels"):
-        value = workload.attr(name, 1 if name == "group" else None)
+    counts = {"block": workload.attr("block"), "channels": workload.attr("channels")}
+    if workload.op == "Conv":
+        counts["group"] = workload.attr("group", 1)
+    for name, value in counts.items():
         if not _is_int(value) or value < 1:
             return f"attribute {name}={value!r} is not a positive integer"
     if workload.attr("kernel_shape") is None:

@@ -66,6 +66,35 @@ def constant_input(graph: Graph, node: Node, index: int, absent=None) -> np.ndar
     return None if value is None else np.asarray(value)
 
 
+def readers_of(graph: Graph) -> dict[str, list[Node]]:
+    """The nodes reading each tensor (once per node)."""
+    readers: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        for name in dict.fromkeys(node.inputs):
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
+def slice_parameters(graph: Graph, node: Node) -> tuple[np.ndarray, ...] | None:
+    """(starts, ends, axes, steps) of a Slice as flat integer arrays (axes 0.. and steps
+    1 where not given), from its attributes before opset 10 or its constant inputs; None
+    when one of them is computed at run time."""
+    if graph.opset < 10:
+        starts, ends, axes, steps = (node.attr(k) for k in ("starts", "ends", "axes",
+                                                            "steps"))
+    else:
+        starts, ends = (constant_input(graph, node, i) for i in (1, 2))
+        axes, steps = (constant_input(graph, node, i, absent=np.zeros(0)) for i in (3, 4))
+        if any(v is None for v in (starts, ends, axes, steps)):
+            return None
+    starts, ends = np.asarray(starts).ravel(), np.asarray(ends).ravel()
+    axes = np.arange(len(starts)) if axes is None or not np.size(axes) else \
+        np.asarray(axes).ravel()
+    steps = np.ones(len(starts), np.int64) if steps is None or not np.size(steps) else \
+        np.asarray(steps).ravel()
+    return starts, ends, axes, steps
+
+
 def pinned_names(graph: Graph) -> set[str]:
     """Tensors whose names must stay: graph outputs and outer-scope reads of subgraphs."""
     return set(graph.outputs) | subgraph_names(graph)

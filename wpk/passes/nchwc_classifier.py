@@ -80,10 +80,3 @@ def _bias(graph: Graph, gemm: Node, outputs: int) -> np.ndarray | None:
         np.asarray(c, np.float64).reshape(-1), (outputs,))
 
 
-def readers_of(graph: Graph) -> dict[str, list[Node]]:
-    """The nodes reading each tensor (once per node)."""
-    readers: dict[str, list[Node]] = {}
-    for node in graph.nodes:
-        for name in dict.fromkeys(node.inputs):
-            readers.setdefault(name, []).append(node)
-    return readers

@@ -23,7 +23,7 @@ import numpy as np
 
 from wpk.core.graph import Graph, Node
 from wpk.kernels.cpu.resize import nearest_source
-from wpk.passes.base import constant_input
+from wpk.passes.base import constant_input, slice_parameters
 
 _LINEAR_TRANSFORMS = {"asymmetric": "asymmetric", "half_pixel": "half_pixel",
                       "pytorch_half_pixel": "half_pixel", "align_corners": "align_corners"}
@@ -100,20 +100,11 @@ def _split_sizes(graph: Graph, node: Node, channels: int) -> list[int] | None:
 
 
 def _slice_range(graph: Graph, node: Node, channels: int) -> tuple[int, int] | None:
-    if graph.opset < 10:
-        starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes")
-        steps = None
-    else:
-        starts, ends, axes, steps = (_const(graph, node, i) for i in (1, 2, 3, 4))
-        if any(v is None for v in (starts, ends, axes, steps)):
-            return None
-        axes = axes if axes.size else None
-        steps = steps if steps.size else None
-    starts, ends = np.asarray(starts).ravel(), np.asarray(ends).ravel()
-    axes = np.arange(len(starts)) if axes is None else np.asarray(axes).ravel() % 4
-    if len(starts) != 1 or int(axes[0]) != 1:
+    found = slice_parameters(graph, node)
+    if found is None:
         return None
-    if steps is not None and int(np.asarray(steps).ravel()[0]) != 1:
+    starts, ends, axes, steps = found
+    if len(starts) != 1 or int(axes[0]) % 4 != 1 or int(steps[0]) != 1:
         return None
     start, end = (int(np.clip(v + channels if v < 0 else v, 0, channels))
                   for v in (starts[0], ends[0]))

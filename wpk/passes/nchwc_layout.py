@@ -79,9 +79,9 @@ from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.workload import EpilogueStep
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
-from wpk.passes.base import GraphPass, drop_unused_constants, subgraph_names
+from wpk.passes.base import GraphPass, drop_unused_constants, readers_of, subgraph_names
 from wpk.passes.elementwise import chain_start
-from wpk.passes.nchwc_classifier import match_classifier, readers_of
+from wpk.passes.nchwc_classifier import match_classifier
 from wpk.passes.nchwc_data import channel_slices, upsample_form
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Blocked, Rewrite
 from wpk.passes.nchwc_rules import (

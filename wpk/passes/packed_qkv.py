@@ -20,36 +20,27 @@ from __future__ import annotations
 import numpy as np
 
 from wpk.core.graph import Graph, Node, TensorInfo
-from wpk.passes.base import FLOAT_DTYPES, GraphPass, add_constant, pinned_names
+from wpk.passes.base import (
+    FLOAT_DTYPES,
+    GraphPass,
+    add_constant,
+    pinned_names,
+    readers_of,
+    slice_parameters,
+)
 
 PACKED_PERM = (2, 0, 3, 1, 4)
 RESHAPES = ("Reshape", "Squeeze")
-
-
-def _readers(graph: Graph) -> dict[str, list[Node]]:
-    readers: dict[str, list[Node]] = {}
-    for node in graph.nodes:
-        for name in dict.fromkeys(i for i in node.inputs if i):
-            readers.setdefault(name, []).append(node)
-    return readers
 
 
 def _slice_index(graph: Graph, node: Node) -> int | None:
     """The one index a Slice keeps of axis 0 (start i, end i + 1, step 1), or None."""
     if node.op != "Slice" or node.domain not in ("", "ai.onnx"):
         return None
-    if len(node.inputs) >= 3:
-        values = [graph.constants.get(n) if n else None for n in node.inputs[1:5]]
-        if any(v is None for v in values[:2]) or any(
-                n and v is None for n, v in zip(node.inputs[3:5], values[2:])):
-            return None
-        starts, ends = values[0], values[1]
-        axes = values[2] if len(values) > 2 and values[2] is not None else [0]
-        steps = values[3] if len(values) > 3 and values[3] is not None else [1]
-    else:
-        starts, ends = node.attr("starts"), node.attr("ends")
-        axes, steps = node.attr("axes") or [0], [1]
-    starts, ends, axes, steps = (np.asarray(v).reshape(-1) for v in (starts, ends, axes, steps))
+    found = slice_parameters(graph, node)
+    if found is None:
+        return None
+    starts, ends, axes, steps = found
     if not (len(starts) == len(ends) == len(axes) == 1 and int(axes[0]) in (0, -5)
             and int(steps[0]) == 1):
         return None
@@ -63,7 +54,7 @@ class PackedQkvSplit(GraphPass):
     name = "packed_qkv"
 
     def run(self, graph: Graph) -> Graph:
-        readers, pinned = _readers(graph), pinned_names(graph)
+        readers, pinned = readers_of(graph), pinned_names(graph)
         replaced: dict[int, list[Node]] = {}   # id of a removed node -> nodes in its place
         for node in graph.nodes:
             found = self._match(graph, node, readers, pinned)
