@@ -56,11 +56,21 @@ class TensorMeta:
 @dataclass(frozen=True)
 class CallTiming:
     """One kernel call of a timed run (`Session.timeline`): the plan steps it executed and
-    when it started and ended (seconds on the `time.perf_counter` clock)."""
+    when it started and ended (seconds on the `time.perf_counter` clock). A native chain
+    of generated kernels also knows when each of its steps ended (`step_ends_s`, one per
+    step; the first step starts at `start_s`); an onnxruntime region does not (empty)."""
 
     steps: tuple[Step, ...]
     start_s: float
     end_s: float
+    step_ends_s: tuple[float, ...] = ()
+
+    def step_spans(self) -> list[tuple[Step, float, float]]:
+        """(step, start, end) of each step timed inside the call (none for a region)."""
+        if len(self.step_ends_s) != len(self.steps):
+            return []
+        starts = (self.start_s, *self.step_ends_s[:-1])
+        return list(zip(self.steps, starts, self.step_ends_s))
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -298,12 +308,20 @@ class Session:
 
     def timeline(self, feeds: Mapping) -> list[CallTiming]:
         """One run with every call timed on the host clock, in execution order: each
-        call's plan steps (one, or the members of an onnxruntime region) and its start
-        and end (`time.perf_counter` seconds). The outputs are the run's, as after `run`."""
+        call's plan steps (one, the members of an onnxruntime region or of a native chain)
+        and its start and end (`time.perf_counter` seconds); a native chain also times
+        each of its steps, as they run inside it. The outputs are the run's, as after
+        `run`."""
         self._load_feeds(feeds)
         timings = []
         with self._one_blas_thread():
             for (kernel, inputs, outputs), steps in zip(self._calls, self.call_steps()):
+                timed = getattr(kernel, "timed", None)
+                if timed is not None and len(steps) > 1:
+                    stamps = timed()
+                    timings.append(CallTiming(steps, float(stamps[0]), float(stamps[-1]),
+                                              tuple(float(t) for t in stamps[1:])))
+                    continue
                 began = time.perf_counter()
                 kernel(inputs, outputs)
                 timings.append(CallTiming(steps, began, time.perf_counter()))

@@ -14,7 +14,10 @@ op, implementation, kind and input and output shapes; a call that ran
 several steps as one onnxruntime session is one slice, `onnxruntime region
 (N steps)`, and one that ran consecutive generated kernels as one native call
 `generated kernels (N steps)`, whose `args.members` list each member node the same way.
-Metadata events name the process and the thread.
+A native chain times each of its steps as they run inside it, so its slice holds one
+nested slice per step (category `wpk.chain_step`), named and described like a single
+step's. Metadata events name the process and the thread. `slowest_steps` lists the
+longest steps of a timed run (what `wpk run --profile` prints).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from wpk.runtime import CallTiming, step_joins_regions
 
 PID, TID = 1, 1
 CATEGORY = "wpk"
+CHAIN_STEP = "wpk.chain_step"   # the category of a native chain's nested step slices
 
 
 def shape_text(spec: TensorSpec | None) -> str:
@@ -56,9 +60,42 @@ def call_event(plan: Plan, timing: CallTiming, origin_s: float, workloads: Mappi
         name = f"{what} ({len(members)} steps)"
         args = {"steps": len(members), "first": members[0]["node"],
                 "last": members[-1]["node"], "members": members}
-    return {"name": name, "cat": CATEGORY, "ph": "X", "pid": PID, "tid": TID,
-            "ts": _us(timing.start_s - origin_s), "dur": _us(timing.end_s - timing.start_s),
-            "args": args}
+    return _slice(name, timing.start_s, timing.end_s, origin_s, args)
+
+
+def member_events(plan: Plan, timing: CallTiming, origin_s: float,
+                  workloads: Mapping) -> list[dict]:
+    """The nested slices of a native chain's steps (none for a call that does not time its
+    steps)."""
+    return [_slice(step.op, start, end, origin_s, step_args(plan, step, workloads),
+                   CHAIN_STEP)
+            for step, start, end in timing.step_spans()]
+
+
+def _slice(name: str, start_s: float, end_s: float, origin_s: float, args: dict,
+           category: str = CATEGORY) -> dict:
+    """A complete event; its ends rounded on the run's time line, so nested slices stay
+    inside their parent."""
+    ts = _us(start_s - origin_s)
+    return {"name": name, "cat": category, "ph": "X", "pid": PID, "tid": TID, "ts": ts,
+            "dur": max(0.0, round(_us(end_s - origin_s) - ts, 3)), "args": args}
+
+
+def slowest_steps(timings: Sequence[CallTiming], count: int = 5) -> list[tuple[str, float]]:
+    """The `count` longest parts of a timed run, longest first, as (what, seconds): each
+    step of a native chain and each single step named 'op node (impl)', an onnxruntime
+    region as a whole."""
+    parts = []
+    for timing in timings:
+        spans = timing.step_spans()
+        if not spans and len(timing.steps) == 1:
+            spans = [(timing.steps[0], timing.start_s, timing.end_s)]
+        if spans:
+            parts += [(f"{s.op} {s.node} ({s.impl})", end - start) for s, start, end in spans]
+        else:
+            parts.append((f"onnxruntime region {timing.steps[0].node}..{timing.steps[-1].node}"
+                          f" ({len(timing.steps)} steps)", timing.end_s - timing.start_s))
+    return sorted(parts, key=lambda part: -part[1])[:count]
 
 
 def _us(seconds: float) -> float:
@@ -82,7 +119,8 @@ def trace_document(plan: Plan, timings: Sequence[CallTiming], name: str = "plan"
     run = {"name": "run", "cat": CATEGORY, "ph": "X", "pid": PID, "tid": TID, "ts": 0.0,
            "dur": max(e["ts"] + e["dur"] for e in calls),   # encloses every call exactly
            "args": {"calls": len(timings), "steps": sum(len(t.steps) for t in timings)}}
-    events = [run, *calls]
+    members = [e for t in timings for e in member_events(plan, t, origin, workloads)]
+    events = [run, *calls, *members]
     return {"traceEvents": metadata_events(name) + events, "displayTimeUnit": "ms",
             "otherData": {"producer": f"wpk {__version__}", "plan": name,
                           "target": plan.target, "clock": "host, time.perf_counter"}}

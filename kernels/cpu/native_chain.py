@@ -33,34 +33,65 @@ NativeCall = tuple[int, Sequence[int]]   # (function address, pointer arguments)
 
 def _driver_source() -> str:
     """C of `wpk_run_chain(n, fns, arity, args)`: calls fns[i] with its arity[i] pointers,
-    taken in order from args. Each function is called through a pointer of its own type
-    (void f(void*, ..., void*) with that many arguments), as C requires."""
+    taken in order from args, and of `wpk_run_chain_timed(n, fns, arity, args, stamps)`,
+    which does the same and writes the CLOCK_MONOTONIC time (the clock of Python's
+    `time.perf_counter` on Linux) in seconds before the first call to stamps[0] and
+    after call i to stamps[i + 1]. Each function is called through a pointer of its own
+    type (void f(void*, ..., void*) with that many arguments), as C requires."""
     cases = []
     for count in range(MAX_ARGS + 1):
         params = ", ".join(["void *"] * count) or "void"
         args = ", ".join(f"a[{i}]" for i in range(count))
-        cases.append(f"        case {count}: ((void (*)({params}))fns[i])({args}); break;")
+        cases.append(f"    case {count}: ((void (*)({params}))fn)({args}); break;")
     return "\n".join([
+        "#define _POSIX_C_SOURCE 199309L",
         "#include <stdint.h>",
+        "#include <time.h>",
+        "static void call_one(void *fn, int64_t arity, void *const *a) {",
+        "    switch (arity) {",
+        *cases,
+        "    default: break;",
+        "    }",
+        "}",
         "void wpk_run_chain(int64_t n, void *const *fns, const int64_t *arity,",
         "                   void *const *args) {",
-        "    void *const *a = args;",
         "    for (int64_t i = 0; i < n; i++) {",
-        "        switch (arity[i]) {",
-        *cases,
-        "        default: return;",
-        "        }",
-        "        a += arity[i];",
+        "        call_one(fns[i], arity[i], args);",
+        "        args += arity[i];",
+        "    }",
+        "}",
+        "static double now_s(void) {",
+        "    struct timespec t;",
+        "    clock_gettime(CLOCK_MONOTONIC, &t);",
+        "    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;",
+        "}",
+        "void wpk_run_chain_timed(int64_t n, void *const *fns, const int64_t *arity,",
+        "                         void *const *args, double *stamps) {",
+        "    stamps[0] = now_s();",
+        "    for (int64_t i = 0; i < n; i++) {",
+        "        call_one(fns[i], arity[i], args);",
+        "        args += arity[i];",
+        "        stamps[i + 1] = now_s();",
         "    }",
         "}",
         ""])
 
 
 @cache
+def _library():
+    return toolchain.compile_c_shared(_driver_source())
+
+
+@cache
 def _driver():
-    library = toolchain.compile_c_shared(_driver_source())
-    return toolchain.load_function(library, "wpk_run_chain", [ctypes.c_int64] +
+    return toolchain.load_function(_library(), "wpk_run_chain", [ctypes.c_int64] +
                                    [ctypes.c_void_p] * 3)
+
+
+@cache
+def _timed_driver():
+    return toolchain.load_function(_library(), "wpk_run_chain_timed", [ctypes.c_int64] +
+                                   [ctypes.c_void_p] * 4)
 
 
 def native_call(kernel: Callable, inputs: Sequence, outputs: Sequence) -> NativeCall | None:
@@ -88,6 +119,14 @@ def chain_kernel(calls: Sequence[NativeCall], keep: Sequence = ()) -> Callable:
     def kernel(inputs, outputs) -> None:
         driver(count, f_ptr, n_ptr, a_ptr)
 
+    def timed() -> np.ndarray:
+        """Run the chain once; the clock (seconds, as `time.perf_counter` reads it)
+        before the first call and after each call: len(calls) + 1 values."""
+        stamps = np.zeros(count + 1, np.float64)
+        _timed_driver()(count, f_ptr, n_ptr, a_ptr, stamps.ctypes.data)
+        return stamps
+
+    kernel.timed = timed
     kernel.keep = (functions, arity, arguments, tuple(keep))
     return kernel
 

@@ -49,9 +49,17 @@ def test_run_prints_percentiles_and_writes_a_trace(plan_path, tmp_path, capsys):
     assert re.search(r"throughput [\d.]+ runs/s", out)
     document = json.loads(trace.read_text())
     assert check_trace(document) == []
-    slices = [e for e in document["traceEvents"] if e["ph"] == "X" and e["name"] != "run"]
+    slices = [e for e in document["traceEvents"]
+              if e["ph"] == "X" and e["name"] != "run" and e["cat"] == "wpk"]   # the calls
     nodes = [m["node"] for s in slices for m in s["args"].get("members", [s["args"]])]
-    assert nodes == [step.node for step in read_plan(str(plan_path)).steps]
+    steps = read_plan(str(plan_path)).steps
+    assert nodes == [step.node for step in steps]
+    slowest = re.findall(r"^ +([\d.]+) ms +([\d.]+)%  (\S+) (\S+) ", out, re.M)
+    assert 1 <= len(slowest) <= 5 and "slowest steps of the profiled run (" in out
+    assert [float(ms) for ms, *_ in slowest] == sorted((float(ms) for ms, *_ in slowest),
+                                                      reverse=True)
+    assert all(node in {step.node for step in steps} or op == "onnxruntime"
+               for _, _, op, node in slowest)
     # several steps in one call: an onnxruntime region or a chain of generated kernels
     # (which of them the measured plan has depends on the timings)
     calls = [s for s in slices if "members" in s["args"]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import time
 
 import numpy as np
 import pytest
@@ -53,6 +54,21 @@ def test_the_driver_calls_each_function_in_order_with_its_own_arguments():
     chain([], [])
     assert y[0] == 3.0 and w[0] == 3.0 + 1.5 + 4.0 and wide[-1][0] == 0.0 + 30.0
     assert (y[1], w[1], wide[-1][1]) == (1.0, 2.0, 3.0)   # in the chain's order
+
+
+def test_the_timed_driver_runs_the_same_calls_and_stamps_each_on_the_host_clock():
+    """`kernel.timed()`: the chain's calls in order, the clock read before the first and
+    after each (on time.perf_counter's clock, so a trace can place the steps)."""
+    library, address = _functions()
+    x, y, z, w = (np.array([value, 0], np.float32) for value in (1.5, 0, 4.0, 0))
+    chain = chain_kernel([(address["scale"], (x.ctypes.data, y.ctypes.data)),
+                          (address["add3"], (y.ctypes.data, x.ctypes.data, z.ctypes.data,
+                                             w.ctypes.data))], keep=[library])
+    before = time.perf_counter()
+    stamps = chain.timed()
+    after = time.perf_counter()
+    assert y[0] == 3.0 and w[0] == 3.0 + 1.5 + 4.0 and w[1] == y[1] + 1
+    assert len(stamps) == 3 and before <= stamps[0] <= stamps[1] <= stamps[2] <= after
 
 
 def _add_kernel(size: int):
@@ -106,6 +122,11 @@ def test_a_plans_consecutive_generated_steps_run_as_one_call_with_the_same_outpu
     assert chains and len(chained._calls) < len(stepwise._calls)
     timeline = chained.timeline(example_feeds(chained))
     assert sum(len(call.steps) for call in timeline) == len(plan.steps)
+    for call in timeline:   # a chain times each of its steps inside it, in order
+        spans = call.step_spans()
+        assert len(spans) == (len(call.steps) if len(call.steps) > 1 else 0)
+        ends = [call.start_s] + [end for _, _, end in spans]
+        assert ends == sorted(ends) and (not spans or ends[-1] == call.end_s)
     for seed in (0, 1):
         feeds = example_feeds(chained, seed)
         ours, reference = chained.run(feeds), stepwise.run(feeds)

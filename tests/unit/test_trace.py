@@ -57,6 +57,39 @@ def test_a_region_or_a_chain_is_one_slice_listing_its_members(session, impl, nam
     assert region["args"]["first"] == "mm" and region["args"]["last"] == "relu"
 
 
+def test_a_chain_timed_step_by_step_nests_a_slice_per_step_inside_its_own(session):
+    """A native chain's per-step times (`CallTiming.step_ends_s`) become nested slices,
+    each named and described like a single step's, ending where the next begins."""
+    steps = [dataclasses.replace(step, impl="dsl.cpu") for step in session.plan.steps]
+    timing = CallTiming(tuple(steps), 5.0, 5.000_6, (5.000_1, 5.000_45, 5.000_6))
+    document = trace_document(session.plan, [timing])
+    assert check_trace(document) == []
+    slices = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    assert [s["name"] for s in slices] == ["run", "generated kernels (3 steps)", "MatMul",
+                                           "Relu", "Add"]
+    chain, members = slices[1], slices[2:]
+    assert [m["args"]["node"] for m in members] == ["mm", "relu", "add"]
+    assert [m["ts"] for m in members] == pytest.approx([0.0, 100.0, 450.0])
+    assert [m["dur"] for m in members] == pytest.approx([100.0, 350.0, 150.0])
+    assert sum(m["dur"] for m in members) == pytest.approx(chain["dur"])
+    assert CallTiming(tuple(steps), 5.0, 5.000_6).step_spans() == []   # a region's
+
+
+def test_a_real_chains_trace_has_every_step_nested_inside_it():
+    """End to end: a plan on generated kernels runs as one native call whose trace has one
+    nested slice per step, in the plan's order, valid for the viewers."""
+    from tests import models
+    from tests.unit.test_native_chain import _generated_plan
+
+    plan = _generated_plan(models.transformer_encoder())
+    chained = Session(plan)
+    document = trace_document(plan, chained.timeline(example_feeds(chained)))
+    assert check_trace(document) == []
+    slices = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    assert slices[1]["name"] == f"generated kernels ({len(plan.steps)} steps)"
+    assert [s["args"]["node"] for s in slices[2:]] == [step.node for step in plan.steps]
+
+
 def test_the_checker_rejects_what_the_format_forbids(session):
     document = trace_document(session.plan, session.timeline(example_feeds(session)))
     broken = {

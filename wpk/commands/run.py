@@ -19,7 +19,7 @@ from wpk.commands.common import write_text
 from wpk.core.errors import InputError
 from wpk.core.safe_write import atomic_output, check_output
 from wpk.runtime import Session, example_feeds
-from wpk.trace import trace_document
+from wpk.trace import slowest_steps, trace_document
 
 WARMUP = 10
 REPEAT = 100
@@ -102,7 +102,12 @@ def command(plan: Path, inputs_path: Path | None, output_path: Path | None, repe
     if output_path:
         click.echo(f"wrote {output_path}")
     if profile_path:
-        document = trace_document(session.plan, session.timeline(feeds), name=plan.name)
+        timings = session.timeline(feeds)
+        document = trace_document(session.plan, timings, name=plan.name)
+        total = timings[-1].end_s - timings[0].start_s
+        click.echo(f"slowest steps of the profiled run ({total * 1e3:.3f} ms):")
+        for what, seconds in slowest_steps(timings):
+            click.echo(f"  {seconds * 1e3:8.3f} ms {seconds / total:6.1%}  {what}")
         write_text(json.dumps(document, indent=1, allow_nan=False), profile_path, "--profile")
 
 
