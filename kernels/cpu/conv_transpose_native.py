@@ -1,27 +1,34 @@
-"""`convtranspose.c`: the upsampling ConvTranspose (kernel = stride) as one C kernel.
+"""`convtranspose.c`: a 2-d ConvTranspose (any kernel, stride and padding) as one C kernel.
 
-A ConvTranspose whose kernel equals its stride, without padding, dilation or groups --
-what FPNs, U-Nets and DBNet's head upsample with (2x2, stride 2) -- spreads every input
-pixel over its own k_h x k_w block of the output:
+    y[n, co, oy, ox] = b[co] + sum x[n, ci, iy, ix] * W[ci, co, ky, kx]
+                       over oy = iy * SH - PT + ky, ox = ix * SW - PL + kx
 
-    y[n, co, h*kh + i, w*kw + j] = b[co] + sum_ci x[n, ci, h, w] * W[ci, co, i, j]
+Split by output phase: the output rows oy = SH * q + r (r in [0, SH)) take the kernel
+rows ky = (r + PT) mod SH + SH * my from input rows iy = q + (r + PT) div SH - my, and the
+columns ox = SW * j + c likewise. So the SH x SW output phases of a position (q, j) are
+small dense correlations of the input, each with its own taps and input offsets, and
+nothing is computed twice or for a zero of an upsampled input (what onnxruntime's GEMM
+and col2im, and a Conv over a zero-stuffed input, do).
 
-Nothing overlaps, so it is a GEMM per input row with the output interleaved. A unit
-(OpenMP over image x tile of CT output channels x input row) holds CT x kh x kw
-accumulators, each a vector of VW input pixels of the row; per input channel it loads the
-row's vector once and adds it, times each broadcast weight (packed at prepare time in the
-order they are read), to every accumulator. A 2-wide kernel's two accumulators of an
-output row are interleaved with two shuffles into two output vectors; wider ones are
-stored pixel by pixel. A row's last vector ends at the row's end (recomputing pixels of
-the one before); a row shorter than a vector takes a scalar loop. Small outputs run on
-the calling thread. onnxruntime computes it as a GEMM and col2im, the
-generated kernels' chain stopping there; this kernel joins the chain.
+A unit (OpenMP over image x tile of CT output channels x q) holds CT x SH x SW vector
+accumulators, VW consecutive positions j each; per input channel and input offset it
+loads one vector of the input row and adds it, times each broadcast weight (packed at
+prepare time in the order they are read), to every accumulator that has a tap at that
+offset. The phases of an output row interleave into SW * VW consecutive outputs: two
+shuffles for SW = 2, lane by lane otherwise; a run that ends past the row is stored
+through a small buffer, the rest directly. A row's last vector ends at the row's last
+position (recomputing some of the one before). Input rows outside the image are skipped;
+input columns outside it are read as zeros from a padded copy of the input (made in the
+same call; a kernel whose vectors never leave the input reads it directly). Small outputs
+run on the calling thread. The generated kernels' chain used to stop at onnxruntime's
+kernel; this one joins it.
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,65 +46,174 @@ PAR_MIN = 1 << 15
 
 _BODY = r"""
 #include <stdint.h>
+#include <string.h>
+
+/* the input with LP zero columns before each row and zeros after it, rows XS wide */
+static void pad_input(const float *restrict x, float *restrict xp) {
+    #pragma omp for schedule(static)
+    for (int64_t r = 0; r < N * CI * H; r++)
+        memcpy(xp + r * XS + LP, x + r * W, W * sizeof(float));
+}
+
+/* run[0, SW * VW) of one output row, from ox0 on: what lies inside the row */
+static void store_run(float *restrict row, int64_t ox0, const float *restrict run) {
+    for (int64_t i = 0; i < SW * VW && ox0 + i < OW; i++)
+        row[ox0 + i] = run[i];
+}
 
 void wpk_conv_transpose(const float *restrict x, const float *restrict wp,
-                        const float *restrict bias, float *restrict y) {
-    const int64_t OH = H * KH, OW = W * KW, units = N * COT * H;
-    #pragma omp parallel for schedule(static) if (PAR)
-    for (int64_t u = 0; u < units; u++) {
-        const int64_t n = u / (COT * H), cot = u / H % COT, h = u % H;
-        const float *xr = x + (n * CI * H + h) * W;
-        const float *wt = wp + cot * CI * CT * KH * KW;
-        const float *bt = bias + cot * CT;
-        float *yt = y + ((n * CO + cot * CT) * OH + h * KH) * OW;
-        for (int64_t v = 0; v < (W + VW - 1) / VW && W >= VW; v++) {
-            /* the last vector ends at the row's end, recomputing pixels of the one before */
-            const int64_t w0 = v * VW + VW <= W ? v * VW : W - VW;
+                        const float *restrict bias, float *restrict y,
+                        float *restrict scratch) {
+    const int64_t units = N * COT * NQ;
+    #pragma omp parallel if (PAR)
+    {
+#if PADDED
+        pad_input(x, scratch);
+        const float *xs = scratch;
+#else
+        (void)scratch;
+        const float *xs = x;
+#endif
+        #pragma omp for schedule(static)
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t n = u / (COT * NQ), cot = u / NQ % COT, q = u % NQ;
+            const float *wt = wp + cot * CI * CT * KH * KW;
+            const float *bt = bias + cot * CT;
+            for (int64_t v = 0; v < NV; v++) {
+                int64_t j0 = v * VW;
+                if (NJ >= VW && j0 + VW > NJ)
+                    j0 = NJ - VW;   /* the last vector ends at the row's end */
 TILE
+            }
         }
-        for (int64_t w0 = 0; w0 < W && W < VW; w0++)
-            for (int t = 0; t < CT && cot * CT + t < CO; t++)
-                for (int i = 0; i < KH; i++)
-                    for (int j = 0; j < KW; j++) {
-                        float s = bt[t];
-                        for (int64_t ci = 0; ci < CI; ci++)
-                            s += xr[ci * H * W + w0] * wt[(ci * CT + t) * KH * KW + i * KW + j];
-                        yt[(t * OH + i) * OW + w0 * KW + j] = s;
-                    }
     }
 }
 """
 
 
-def _tile(ct: int, kh: int, kw: int, lanes: int) -> str:
-    """C of one vector of a row's pixels: CT x KH x KW named accumulators, the reduction
-    over the input channels, the stores (interleaved by shuffles for a 2-wide kernel)."""
-    taps = [(t, i, j) for t in range(ct) for i in range(kh) for j in range(kw)]
-    lines = [f"            vf a{t}_{i}_{j} = vsplat(bt[{t}]);" for t, i, j in taps]
-    lines += ["            for (int64_t ci = 0; ci < CI; ci++) {",
-              "                const vf xv = vload(xr + ci * H * W + w0);",
-              "                const float *wc = wt + ci * CT * KH * KW;"]
-    lines += [f"                a{t}_{i}_{j} += xv * wc[{(t * kh + i) * kw + j}];"
-              for t, i, j in taps]
-    lines.append("            }")
-    if kw == 2:
+@dataclass(frozen=True)
+class TransposeGeometry:
+    """What `convtranspose.c` is generated for."""
+
+    n: int
+    ci: int
+    h: int
+    w: int
+    co: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    oh: int
+    ow: int
+
+    def taps(self, axis: int) -> list[tuple[int, int, int]]:
+        """(phase, kernel index, input offset) of every tap along an axis (0: rows, 1:
+        columns): output index stride * position + phase reads kernel index k from input
+        index position + offset."""
+        stride, size, pad = (self.sh, self.kh, self.pt) if axis == 0 else \
+            (self.sw, self.kw, self.pl)
+        found = []
+        for phase in range(stride):
+            shift, first = divmod(phase + pad, stride)
+            found += [(phase, k, shift - m) for m, k in enumerate(range(first, size, stride))]
+        return found
+
+    def positions(self) -> tuple[int, int]:
+        """(NQ, NJ): the positions whose phases cover the output's rows and columns."""
+        return -(-self.oh // self.sh), -(-self.ow // self.sw)
+
+    def column_offsets(self) -> tuple[int, int]:
+        """The least and greatest input column offset a tap reads (0, 0 without taps)."""
+        offsets = [offset for _, _, offset in self.taps(1)] or [0]
+        return min(offsets), max(offsets)
+
+    def padded(self, lanes: int) -> bool:
+        """Whether the kernel reads a zero-padded copy of the input: when a vector of
+        positions would read a column left of the input or past its rows' end."""
+        low, high = self.column_offsets()
+        return low < 0 or max(self.positions()[1], lanes) + high > self.w
+
+    def left_pad(self, lanes: int) -> int:
+        """LP: the zero columns before each row of the input as read."""
+        return max(0, -self.column_offsets()[0]) if self.padded(lanes) else 0
+
+    def row_stride(self, lanes: int) -> int:
+        """XS: the width of a row of the input as read (padded or not)."""
+        if not self.padded(lanes):
+            return self.w
+        return self.left_pad(lanes) + max(self.w, max(self.positions()[1], lanes)
+                                          + self.column_offsets()[1])
+
+
+def _geometry(workload: Workload) -> TransposeGeometry:
+    n, ci, h, w = workload.inputs[0].shape
+    _, co, kh, kw = workload.inputs[1].shape
+    sh, sw = tuple(workload.attr("strides") or (1, 1))
+    pt, pl = conv_transpose_begin_pads(workload)
+    _, _, oh, ow = workload.outputs[0].shape
+    return TransposeGeometry(n, ci, h, w, co, kh, kw, int(sh), int(sw), int(pt), int(pl),
+                             oh, ow)
+
+
+def _tile(g: TransposeGeometry, ct: int, lanes: int) -> str:
+    """C of one vector of positions of a unit: the CT x SH x SW accumulators, the
+    reduction over the input channels, row offsets and column offsets, the stores."""
+    phases = [(t, r, c) for t in range(ct) for r in range(g.sh) for c in range(g.sw)]
+    lines = [f"                vf a{t}_{r}_{c} = vsplat(bt[{t}]);" for t, r, c in phases]
+    rows, columns = g.taps(0), g.taps(1)
+    for row_offset in sorted({offset for _, _, offset in rows}):
+        lines += [f"                if (q + {row_offset} >= 0 && q + {row_offset} < H) {{",
+                  "                    for (int64_t ci = 0; ci < CI; ci++) {",
+                  f"                        const float *xr = xs + ((n * CI + ci) * H + q + "
+                  f"{row_offset}) * XS + LP + j0;",
+                  "                        const float *wc = wt + ci * CT * KH * KW;"]
+        for column_offset in sorted({offset for _, _, offset in columns}):
+            fmas = [f"a{t}_{r}_{c} += xv * wc[{(t * g.kh + ky) * g.kw + kx}];"
+                    for t in range(ct) for r, ky, ro in rows if ro == row_offset
+                    for c, kx, co in columns if co == column_offset]
+            if fmas:
+                lines.append(f"                        {{ const vf xv = vload(xr + "
+                             f"({column_offset}));")
+                lines += [f"                          {fma}" for fma in fmas]
+                lines.append("                        }")
+        lines += ["                    }", "                }"]
+    lines += ["                const int64_t ox0 = SW * j0;",
+              "                const int inside = ox0 + SW * VW <= OW;"]
+    if g.sw == 2:
         lo = ", ".join(str((lane % 2) * lanes + lane // 2) for lane in range(lanes))
         hi = ", ".join(str((lane % 2) * lanes + lanes // 2 + lane // 2) for lane in range(lanes))
-        lines += [f"            const vi lo = {{{lo}}}, hi = {{{hi}}};"]
+        lines.append(f"                const vi lo = {{{lo}}}, hi = {{{hi}}};")
     for t in range(ct):
-        lines.append(f"            if (cot * CT + {t} < CO) {{")
-        for i in range(kh):
-            row = f"yt + ({t} * OH + {i}) * OW + w0 * KW"
-            pair = f"a{t}_{i}_0, a{t}_{i}_1"
-            if kw == 2:
-                lines += [f"                vstore({row}, __builtin_shuffle({pair}, lo));",
-                          f"                vstore({row} + VW, __builtin_shuffle({pair}, hi));"]
+        lines.append(f"                if (cot * CT + {t} < CO) {{")
+        for r in range(g.sh):
+            lines += [f"                    if (SH * q + {r} < OH) {{",
+                      f"                        float *row = y + ((n * CO + cot * CT + {t}) * OH"
+                      f" + SH * q + {r}) * OW;",
+                      "                        float run[SW * VW] __attribute__((aligned(64)));"]
+            if g.sw == 2:
+                pair = f"a{t}_{r}_0, a{t}_{r}_1"
+                lines += [f"                        const vf r0 = __builtin_shuffle({pair}, lo);",
+                          f"                        const vf r1 = __builtin_shuffle({pair}, hi);",
+                          "                        if (inside) { vstore(row + ox0, r0); "
+                          "vstore(row + ox0 + VW, r1); }",
+                          "                        else { vstore(run, r0); vstore(run + VW, r1); "
+                          "store_run(row, ox0, run); }"]
+            elif g.sw == 1:
+                lines += [f"                        if (inside) vstore(row + ox0, a{t}_{r}_0);",
+                          f"                        else {{ vstore(run, a{t}_{r}_0); "
+                          "store_run(row, ox0, run); }"]
             else:
-                lines += ["                for (int w = 0; w < VW; w++) {"]
-                lines += [f"                    ({row})[w * KW + {j}] = a{t}_{i}_{j}[w];"
-                          for j in range(kw)]
-                lines.append("                }")
-        lines.append("            }")
+                lines.append("                        for (int l = 0; l < VW; l++) {")
+                lines += [f"                            run[l * SW + {c}] = a{t}_{r}_{c}[l];"
+                          for c in range(g.sw)]
+                lines += ["                        }",
+                          "                        if (inside) memcpy(row + ox0, run, sizeof run);",
+                          "                        else store_run(row, ox0, run);"]
+            lines.append("                    }")
+        lines.append("                }")
     return "\n".join(lines)
 
 
@@ -106,7 +222,8 @@ def conv_transpose_reason(workload: Workload) -> str | None:
     if workload.op != "ConvTranspose" or workload.domain not in ("", "ai.onnx"):
         return "convtranspose.c computes ONNX ConvTranspose only"
     inputs = workload.inputs
-    if len(inputs) < 2 or any(s is None for s in inputs[:2]) or len(inputs[0].shape) != 4:
+    if len(inputs) < 2 or any(s is None for s in inputs[:2]) or len(inputs[0].shape) != 4 \
+            or len(inputs[1].shape) != 4 or len(workload.outputs[0].shape) != 4:
         return "a 2-d ConvTranspose of X and W"
     if any(s is not None and s.dtype != "float32" for s in (*inputs, *workload.outputs)):
         return "float32 only"
@@ -115,25 +232,27 @@ def conv_transpose_reason(workload: Workload) -> str | None:
     if 1 not in workload.const_inputs or (len(inputs) > 2 and inputs[2] is not None
                                           and 2 not in workload.const_inputs):
         return "W and B must be constants (packed once)"
-    kernel = tuple(inputs[1].shape[2:])
     if int(workload.attr("group", 1)) != 1:
         return "group 1 only"
     if tuple(workload.attr("dilations") or (1, 1)) != (1, 1):
         return "dilation 1 only"
-    if tuple(workload.attr("strides") or (1, 1)) != kernel:
-        return "the kernel must equal the stride (each input pixel its own output block)"
-    n, ci, h, w = inputs[0].shape
-    if conv_transpose_begin_pads(workload) != (0, 0) or \
-            tuple(workload.outputs[0].shape) != (n, inputs[1].shape[1], h * kernel[0],
-                                                 w * kernel[1]):
-        return "no padding: the output is the input's size times the stride"
+    if any(0 in s.shape for s in (*inputs[:2], *workload.outputs)):
+        return "empty tensors"
+    g = _geometry(workload)
+    if min(g.pt, g.pl) < 0 or min(g.sh, g.sw) < 1:
+        return "begin pads >= 0 and strides >= 1"
+    if g.sh * g.sw > 16:
+        return "at most 16 output phases (strides up to 4 x 4)"
     return None
 
 
-def channel_tile(co: int, kh: int, kw: int, registers: int) -> int:
-    """Output channels per unit: as many kh x kw accumulator sets as leave two registers
-    (the input vector and a broadcast weight) of the ISA's, at least one."""
-    return max(1, min(co, (registers - 2) // (kh * kw)))
+def channel_tile(co: int, phases: int, registers: int) -> int:
+    """Output channels per unit: as many sets of `phases` accumulators (one per output
+    phase) as leave two registers (the input vector and a broadcast weight) of the ISA's,
+    at least one; of the tile counts that needs, the smallest tile (the least padding
+    past CO)."""
+    largest = max(1, min(co, (registers - 2) // phases))
+    return -(-co // -(-co // largest))
 
 
 def pack_weights(w: np.ndarray, ct: int) -> np.ndarray:
@@ -146,8 +265,21 @@ def pack_weights(w: np.ndarray, ct: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(ci, tiles, ct, kh, kw).transpose(1, 0, 2, 3, 4))
 
 
+def conv_transpose_source(g: TransposeGeometry, ct: int, lanes: int) -> str:
+    """The C source of `wpk_conv_transpose(x, packed W, bias, y, scratch)` for `g`."""
+    nq, nj = g.positions()
+    defines = dict(N=g.n, CI=g.ci, H=g.h, W=g.w, CO=g.co, KH=g.kh, KW=g.kw, SH=g.sh,
+                   SW=g.sw, OH=g.oh, OW=g.ow, CT=ct, COT=-(-g.co // ct), VW=lanes, NQ=nq,
+                   NJ=nj, NV=-(-nj // lanes), PADDED=int(g.padded(lanes)),
+                   LP=g.left_pad(lanes), XS=g.row_stride(lanes),
+                   PAR=int(g.n * g.co * g.oh * g.ow >= PAR_MIN))
+    return (VECTOR_HEADER.format(lanes=lanes)
+            + "".join(f"#define {k} {v}\n" for k, v in defines.items())
+            + _BODY.replace("TILE", _tile(g, ct, lanes)))
+
+
 class ConvTransposeC(Implementation):
-    """The upsampling ConvTranspose in C (see the module docstring)."""
+    """ConvTranspose in C, by output phase (see the module docstring)."""
 
     name = "convtranspose.c"
     kind = GENERATED
@@ -157,47 +289,45 @@ class ConvTransposeC(Implementation):
         return conv_transpose_reason(workload)
 
     def algorithm(self, workload: Workload, config: Mapping) -> str:
-        return "GEMM per input row, output interleaved"
+        return "direct by output phase"
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
         reason = conv_transpose_reason(workload)
         if reason:
             raise ValueError(f"{workload.label}: {reason}")
-        n, ci, h, w = workload.inputs[0].shape
-        _, co, kh, kw = workload.inputs[1].shape
+        g = _geometry(workload)
         isa = usable_isas()[0]
-        ct = channel_tile(co, kh, kw, isa.registers)
-        tiles = -(-co // ct)
+        ct = channel_tile(g.co, g.sh * g.sw, isa.registers)
         packed = pack_weights(np.asarray(consts[1], np.float32), ct)
-        bias = np.zeros(tiles * ct, np.float32)
+        bias = np.zeros(packed.shape[0] * ct, np.float32)
         if 2 in consts and consts[2] is not None:
-            bias[:co] = np.asarray(consts[2], np.float32).reshape(-1)
-        defines = dict(N=n, CI=ci, H=h, W=w, CO=co, KH=kh, KW=kw, CT=ct, COT=tiles,
-                       VW=isa.lanes, PAR=int(n * co * h * kh * w * kw >= PAR_MIN))
-        source = (VECTOR_HEADER.format(lanes=isa.lanes)
-                  + "".join(f"#define {k} {v}\n" for k, v in defines.items())
-                  + _BODY.replace("TILE", _tile(ct, kh, kw, isa.lanes)))
+            bias[:g.co] = np.asarray(consts[2], np.float32).reshape(-1)
+        # the padded input's zero columns are written here, once; a call copies the rows
+        scratch = np.zeros(g.n * g.ci * g.h * g.row_stride(isa.lanes)
+                           if g.padded(isa.lanes) else 1, np.float32)
         build.openmp_defaults()
-        fn = load_function(compile_c_shared(source), "wpk_conv_transpose",
-                           [ctypes.c_void_p] * 4)
-        out_shape = workload.outputs[0].shape
+        fn = load_function(compile_c_shared(conv_transpose_source(g, ct, isa.lanes)),
+                           "wpk_conv_transpose", [ctypes.c_void_p] * 5)
+        in_shape, out_shape = workload.inputs[0].shape, workload.outputs[0].shape
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
             if not plain(outputs[0], out_shape):
                 raise ValueError("convtranspose.c writes C-contiguous float32 outputs")
             x = np.ascontiguousarray(inputs[0], dtype=np.float32)
-            fn(x.ctypes.data, packed.ctypes.data, bias.ctypes.data, outputs[0].ctypes.data)
+            fn(x.ctypes.data, packed.ctypes.data, bias.ctypes.data, outputs[0].ctypes.data,
+               scratch.ctypes.data)
 
         def native(inputs, outputs) -> NativeCall | None:
             """The call on these buffers when X and Y are passed as they are."""
-            if not (plain(inputs[0]) and plain(outputs[0], out_shape)):
+            if not (plain(inputs[0], in_shape) and plain(outputs[0], out_shape)):
                 return None
             return function_address(fn), (inputs[0].ctypes.data, packed.ctypes.data,
-                                          bias.ctypes.data, outputs[0].ctypes.data)
+                                          bias.ctypes.data, outputs[0].ctypes.data,
+                                          scratch.ctypes.data)
 
         kernel.native = native
-        kernel.keep = (packed, bias)
+        kernel.keep = (packed, bias, scratch)
         return kernel
 
 

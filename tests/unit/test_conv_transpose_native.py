@@ -1,8 +1,10 @@
-"""convtranspose.c (kernels/cpu/conv_transpose_native.py): the upsampling ConvTranspose
-(kernel = stride) against the float64 reference on odd sizes -- channels not a multiple
-of the channel tile, rows not a multiple of the vector, 1-pixel inputs, 2x2, 3x3 and 1x2
-kernels, batches, with and without bias, on the calling thread and the OpenMP threads --,
-its native form, what it refuses, and the planner's choice of it in a model."""
+"""convtranspose.c (kernels/cpu/conv_transpose_native.py): ConvTranspose by output phase
+against the float64 reference on odd sizes -- channels not a multiple of the channel
+tile, rows not a multiple of the vector, 1-pixel inputs, kernels equal to, larger and
+smaller than the stride (4x4 stride 2 pad 1, 3x3 stride 2 with output padding, stride 1,
+a stride of 3, unequal strides), asymmetric pads, batches, with and without bias, on the
+calling thread and the OpenMP threads --, its native form, what it refuses, and the
+planner's choice of it in a model."""
 
 from __future__ import annotations
 
@@ -21,14 +23,20 @@ pytestmark = pytest.mark.isa
 CT = registry.get("convtranspose.c")
 
 
-def _workload(n=1, ci=5, co=7, h=3, w=21, k=(2, 2), bias=True, **attrs) -> Workload:
+def _workload(n=1, ci=5, co=7, h=3, w=21, k=(2, 2), bias=True, strides=None, pads=(0,) * 4,
+              output_padding=(0, 0), **attrs) -> Workload:
+    """A ConvTranspose workload; the output size by the spec's formula."""
+    strides = strides or k
     inputs = [TensorSpec((n, ci, h, w)), TensorSpec((ci, co, *k))]
     if bias:
         inputs.append(TensorSpec((co,)))
-    out = TensorSpec((n, co, h * k[0], w * k[1]))
-    merged = {"kernel_shape": k, "strides": k, **attrs}
-    return Workload("ConvTranspose", tuple(inputs), (out,), tuple(sorted(merged.items())),
-                    const_inputs=tuple(range(1, len(inputs))))
+    oh, ow = ((size - 1) * s - pads[a] - pads[a + 2] + kk + e
+              for a, (size, s, kk, e) in enumerate(zip((h, w), strides, k, output_padding)))
+    merged = {"kernel_shape": k, "strides": strides, "pads": pads, **attrs}
+    if any(output_padding):
+        merged["output_padding"] = output_padding
+    return Workload("ConvTranspose", tuple(inputs), (TensorSpec((n, co, oh, ow)),),
+                    tuple(sorted(merged.items())), const_inputs=tuple(range(1, len(inputs))))
 
 
 CASES = {
@@ -38,6 +46,23 @@ CASES = {
     "1x2": _workload(ci=3, co=6, h=4, w=33, k=(1, 2)),
     "1 pixel": _workload(ci=2, co=3, h=1, w=1),
     "one output channel (DBNet's last)": _workload(ci=24, co=1, h=6, w=40),
+    "4x4 stride 2 pad 1 (DCGAN, U-Net)": _workload(ci=6, co=9, h=7, w=37, k=(4, 4),
+                                                   strides=(2, 2), pads=(1, 1, 1, 1)),
+    "4x4 stride 2 pad 1, threads": _workload(n=2, ci=16, co=17, h=20, w=24, k=(4, 4),
+                                             strides=(2, 2), pads=(1, 1, 1, 1)),
+    "3x3 stride 2 pad 1 output padding 1": _workload(ci=5, co=4, h=9, w=18, k=(3, 3),
+                                                     strides=(2, 2), pads=(1, 1, 1, 1),
+                                                     output_padding=(1, 1)),
+    "3x3 stride 1 pad 1 (a conv)": _workload(ci=3, co=5, h=6, w=35, k=(3, 3), strides=(1, 1),
+                                             pads=(1, 1, 1, 1)),
+    "5x5 stride 3, asymmetric pads": _workload(ci=3, co=4, h=5, w=11, k=(5, 5),
+                                               strides=(3, 3), pads=(2, 0, 1, 3)),
+    "1x1 stride 2 (zero rows and columns)": _workload(ci=4, co=3, h=4, w=20, k=(1, 1),
+                                                      strides=(2, 2)),
+    "3x2 stride (2, 1)": _workload(ci=4, co=6, h=5, w=30, k=(3, 2), strides=(2, 1),
+                                   pads=(1, 0, 0, 1)),
+    "4x4 stride 2 pad 1, 1 pixel": _workload(ci=3, co=2, h=1, w=1, k=(4, 4), strides=(2, 2),
+                                             pads=(1, 1, 1, 1)),
 }
 
 
@@ -58,6 +83,8 @@ def test_matches_the_reference(name, rng):
     call = kernel.native(inputs, [y2 := np.full_like(y, np.nan)])
     chain_kernel([call], keep=[kernel])([], [])
     np.testing.assert_array_equal(y2, y)
+    kernel(inputs, [y3 := np.full_like(y, np.nan)])   # a second call: the same padded copy
+    np.testing.assert_array_equal(y3, y)
 
 
 def test_packs_a_units_weights_in_reading_order():
@@ -65,31 +92,33 @@ def test_packs_a_units_weights_in_reading_order():
     packed = pack_weights(w, 3)    # 5 output channels in tiles of 3: one padded tile
     assert packed.shape == (2, 2, 3, 2, 2)
     assert np.array_equal(packed[1, 0, 1], w[0, 4]) and not packed[1, :, 2].any()
-    assert channel_tile(24, 2, 2, 32) == 7 and channel_tile(1, 2, 2, 32) == 1
-    assert channel_tile(24, 4, 4, 16) == 1
+    # 7 channels fit 32 registers with 4 phases; 24 channels take 4 tiles of 6, not 7
+    assert channel_tile(24, 4, 32) == 6 and channel_tile(28, 4, 32) == 7
+    assert channel_tile(1, 4, 32) == 1 and channel_tile(24, 16, 16) == 1
 
 
 @pytest.mark.parametrize(("attrs", "why"), [
-    ({"group": 1, "strides": (1, 1)}, "equal the stride"),
-    ({"pads": (1, 1, 1, 1)}, "padding"),
+    ({"group": 2, "ci": 4, "co": 3}, "group"),
     ({"dilations": (2, 2)}, "dilation"),
+    ({"k": (5, 5), "strides": (5, 5)}, "16 output phases"),
 ])
 def test_refuses_what_it_does_not_compute(attrs, why):
-    workload = _workload(**attrs)
-    if "pads" in attrs:   # the output the pads give
-        workload = Workload(workload.op, workload.inputs,
-                            (TensorSpec((1, 7, 4, 40)),), workload.attrs,
-                            const_inputs=workload.const_inputs)
-    assert why in CT.unsupported_reason(workload)
+    assert why in CT.unsupported_reason(_workload(**attrs))
     variable = Workload("ConvTranspose", _workload().inputs, _workload().outputs,
                         _workload().attrs, const_inputs=())
     assert "constants" in CT.unsupported_reason(variable)
+    grown = _workload(k=(3, 3), strides=(2, 2))   # an output_shape past the full result
+    grown = Workload(grown.op, grown.inputs, (TensorSpec((1, 7, 9, 45)),),
+                     tuple(sorted({**dict(grown.attrs), "output_shape": (9, 45)}.items())),
+                     const_inputs=grown.const_inputs)
+    assert "begin pads" in CT.unsupported_reason(grown)
 
 
-def test_a_build_verifies_and_measures_it_next_to_onnxruntime(rng, tmp_path):
-    """In a model (a 2x2 upsampling ConvTranspose, BatchNormalization folded into it, then
-    ReLU) the build measures convtranspose.c beside onnxruntime's kernel, verified, and the
-    plan computes what onnxruntime does."""
+@pytest.mark.parametrize("kernel, pads", [(2, 0), (4, 1)], ids=["2x2", "4x4 pad 1"])
+def test_a_build_verifies_and_measures_it_next_to_onnxruntime(kernel, pads, rng, tmp_path):
+    """In a model (a 2x2 upsampling ConvTranspose or a DCGAN's 4x4 one, BatchNormalization
+    folded into it, then ReLU) the build measures convtranspose.c beside onnxruntime's
+    kernel, verified, and the plan computes what onnxruntime does."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -99,15 +128,15 @@ def test_a_build_verifies_and_measures_it_next_to_onnxruntime(rng, tmp_path):
         value = rng.uniform(0.5, 1.5, shape) if positive else rng.standard_normal(shape)
         return numpy_helper.from_array(value.astype(np.float32), name)
 
-    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], kernel_shape=[2, 2],
-                              strides=[2, 2]),
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"],
+                              kernel_shape=[kernel, kernel], strides=[2, 2], pads=[pads] * 4),
              helper.make_node("BatchNormalization", ["t", "s", "o", "m", "v"], ["n"]),
              helper.make_node("Relu", ["n"], ["y"])]
     graph = helper.make_graph(
         nodes, "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 20, 36])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 40, 72])],
-        [const("w", 8, 6, 2, 2), const("b", 6), const("s", 6, positive=True), const("o", 6),
-         const("m", 6), const("v", 6, positive=True)])
+        [const("w", 8, 6, kernel, kernel), const("b", 6), const("s", 6, positive=True),
+         const("o", 6), const("m", 6), const("v", 6, positive=True)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     plan = wpk.build(model, target="cpu", progress=False, partition=False)
     (entry,) = [w for w in plan.report["workloads"] if w["op"] == "ConvTranspose"]
