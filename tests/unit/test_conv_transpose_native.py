@@ -150,3 +150,24 @@ def test_a_build_verifies_and_measures_it_next_to_onnxruntime(kernel, pads, rng,
                                     providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = wpk.load(str(path)).run({"x": x})["y"]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_benchmark_verifies_and_times_every_candidate(monkeypatch, tmp_path):
+    """scripts/bench_conv_transpose.py on one small workload: each candidate verified
+    against the reference, timed, its GFLOP/s and onnxruntime's time over it written."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    import bench_conv_transpose
+
+    small = bench_conv_transpose.conv_transpose("small", (1, 3, 5, 9), 4, 4, 2, 1)
+    assert small[1].outputs[0].shape == (1, 4, 10, 18)
+    monkeypatch.setattr(bench_conv_transpose, "WORKLOADS", [small])
+    out = tmp_path / "ct.json"
+    assert bench_conv_transpose.main(["--rounds", "1", "--repeat", "1", "--output",
+                                      str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert {"convtranspose.c", "ort", "numpy.formula"} <= set(row["median_ms"])
+    assert row["ort_over"]["ort"] == 1.0 and max(row["relative_l2"].values()) < 1e-5
+    assert all(value > 0 for value in row["gflops"].values())
