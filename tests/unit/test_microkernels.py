@@ -109,6 +109,13 @@ CASES = {
     "1x1_stride2_padded_odd": conv(B + 5, 20, (7, 9), 1, stride=2, pads=(1, 1, 0, 0)),
     # a YOLO box head: 4 output channels, padded to one block
     "1x1_four_outputs": conv(B, 4, (10, 10), 1, bias=True),
+    # grouped convs with whole blocks per group (RegNet, ResNeXt's wide stages, ShuffleNet)
+    "grouped_3x3_residual": conv(4 * B, 4 * B, (7, 9), 3, group=4, residual=True,
+                                 epilogue=(ADD3, RELU)),
+    "grouped_3x3_stride2_two_blocks_out": conv(2 * B, 4 * B, (11, 10), 3, stride=2,
+                                               group=2, epilogue=(RELU,)),
+    "grouped_1x1": conv(4 * B, 2 * B, (5, 7), 1, group=2),
+    "grouped_1x1_stride2": conv(6 * B, 3 * B, (9, 9), 1, stride=2, group=3, bias=False),
 }
 
 
@@ -247,8 +254,8 @@ def test_1x1_stride1_convs_are_one_row_of_pixels():
 
 
 def test_unsupported_workloads_say_why():
-    grouped = conv(4 * B, 4 * B, (5, 5), 3, group=2)
-    assert "grouped" in MICRO_NCHWC.unsupported_reason(grouped)
+    grouped = conv(2 * B, 2 * B, (5, 5), 3, group=4)   # half a block per group
+    assert "per group" in MICRO_NCHWC.unsupported_reason(grouped)
     plain = Workload("Conv", (TensorSpec((1, 3, 8, 8)), TensorSpec((B, 1, 3, 3))),
                      (TensorSpec((1, 1, 8, 8, B)),), (("block", B), ("channels", B),
                                                      ("group", 3), ("pads", (1, 1, 1, 1))),

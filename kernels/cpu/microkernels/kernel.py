@@ -42,13 +42,15 @@ from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 def pack_conv_filter(weight: np.ndarray, g: ConvGeometry, lanes: int, kv: int) -> np.ndarray:
     """OIHW -> [tiles, CB, R, S, in_block, kv*lanes]: for each input channel the tile's
     output channels are contiguous; output channels zero padded to whole tiles, input
-    channels to whole blocks (an NCHW input's blocks are single channels)."""
+    channels to whole blocks (an NCHW input's blocks are single channels; a grouped
+    conv's CB is one group's blocks)."""
     tk = kv * lanes
     tiles = -(-g.out_vectors(lanes) // kv)
     o, i, r, s = weight.shape
-    padded = np.zeros((tiles * tk, g.cb * g.in_block, r, s), np.float32)
+    blocks = g.reduction_blocks   # a grouped conv's filter holds one group's inputs
+    padded = np.zeros((tiles * tk, blocks * g.in_block, r, s), np.float32)
     padded[:o, :i] = weight
-    packed = padded.reshape(tiles, tk, g.cb, g.in_block, r, s).transpose(0, 2, 4, 5, 3, 1)
+    packed = padded.reshape(tiles, tk, blocks, g.in_block, r, s).transpose(0, 2, 4, 5, 3, 1)
     return np.ascontiguousarray(packed)
 
 

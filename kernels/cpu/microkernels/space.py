@@ -90,6 +90,7 @@ class ConvGeometry:
     activation_params: tuple[float, ...] = ()
     flattened: bool = False
     nchw_input: bool = False
+    groups: int = 1    # of a grouped regular conv (a depthwise conv counts 1)
 
     @property
     def in_block(self) -> int:
@@ -110,6 +111,16 @@ class ConvGeometry:
     def out_vectors(self, lanes: int) -> int:
         """Vectors of output channels in the blocked output."""
         return self.kb * self.block // lanes
+
+    def group_vectors(self, lanes: int) -> int:
+        """Vectors of output channels of one group (all of them when not grouped): a
+        tile's height divides it, so no tile straddles two groups."""
+        return self.out_vectors(lanes) // self.groups
+
+    @property
+    def reduction_blocks(self) -> int:
+        """Input blocks an output channel reduces over: its group's, or all of them."""
+        return self.in_channels // self.in_block if self.groups > 1 else self.cb
 
 
 def _activation(step) -> tuple[str | None, tuple[float, ...]] | str:
@@ -147,8 +158,9 @@ def conv_geometry(workload: Workload, nchw_input: bool = False) -> ConvGeometry 
     if any(0 in s.shape for s in specs):
         return "empty tensors"
     depthwise = is_depthwise(workload)
-    if int(workload.attr("group", 1)) != 1 and not depthwise:
-        return "grouped convolutions other than depthwise"
+    groups = 1 if depthwise else int(workload.attr("group", 1))
+    if groups > 1 and (wt.shape[1] % x.shape[-1] or wt.shape[0] // groups % y.shape[-1]):
+        return "a grouped conv's channels per group are not whole blocks"
     form = conv_epilogue_form(workload)
     if isinstance(form, str):
         return form
@@ -171,7 +183,7 @@ def conv_geometry(workload: Workload, nchw_input: bool = False) -> ConvGeometry 
         ow=oh * ow if flat else ow, r=r, s=s, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw,
         block=block, in_channels=wt.shape[1], out_channels=wt.shape[0], depthwise=depthwise,
         has_bias=has_bias, sum_index=sum_index, activation=act[0], activation_params=act[1],
-        flattened=flat, nchw_input=nchw)
+        flattened=flat, nchw_input=nchw, groups=groups)
 
 
 def accumulator_registers(geometry: ConvGeometry, isa: Isa, kv: int, px: int) -> int:
@@ -240,6 +252,9 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
         return "a depthwise tile is one vector of channels (kv 1)"
     if kv > geometry.out_vectors(isa.lanes):
         return f"kv {kv} is more vectors than the {geometry.out_vectors(isa.lanes)} of the output"
+    if geometry.groups > 1 and geometry.group_vectors(isa.lanes) % kv:
+        return (f"kv {kv} does not divide a group's {geometry.group_vectors(isa.lanes)} "
+                "output vectors (a tile lies within one group)")
     if accumulator_registers(geometry, isa, kv, px) > isa.registers:
         return (f"a {kv}x{px} tile needs more than {isa.name}'s {isa.registers} "
                 "vector registers")
@@ -248,8 +263,8 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
 
 def _whole_kvs(geometry: ConvGeometry, isa: Isa) -> list[int]:
     """Tile heights (vectors) up to MLAS's (4 with 32 registers, 2 with 16) that divide the
-    output's vectors."""
-    vectors = geometry.out_vectors(isa.lanes)
+    output's vectors (a group's, of a grouped conv)."""
+    vectors = geometry.group_vectors(isa.lanes)
     return [k for k in (1, 2, 3, 4)[: 4 if isa.registers >= 32 else 2] if vectors % k == 0]
 
 

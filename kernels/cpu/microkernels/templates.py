@@ -128,13 +128,13 @@ def _chunks(g: ConvGeometry, rows: int, px: int) -> tuple[int, int]:
 
 _CONV_TILE = r"""
 /* KV x {np} tile at output (n, kt, oh, ow), input blocks [c0, c1): the accumulators start at
-   the bias (c0 == 0) or at the partial sums in y, and end in the epilogue (c1 == CB) or back
+   the bias (c0 == 0) or at the partial sums in y, and end in the epilogue (c1 == CR) or back
    in y. CHECKED tiles (one pixel) test their columns. Every accumulator, weight vector and
    broadcast is a named variable, so gcc keeps them all in registers. */
 INLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
                         float *y, int n, int kt, int oh, int ow, int c0, int c1) {{
 {init}
-    const float *wk = w + (size_t)kt * CB * R * S * IB * TK;
+    const float *wk = w + (size_t)kt * CR * R * S * IB * TK;
     for (int cb = c0; cb < c1; ++cb) {{
         for (int r = 0; r < R; ++r) {{
 {row}
@@ -159,14 +159,15 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
 _DIRECT_ROW = """\
             int ih = oh * SH - PT + r * DH;
             if (ih < 0 || ih >= H) continue;
-            const float *xrow = x + (((size_t)n * CB + cb) * H + ih) * W * IB;"""
+            const float *xrow = x + (((size_t)n * CB + GROUP_BASE(kt) + cb) * H + ih) * W * IB;"""
 _DIRECT_COLUMN = """\
                 ptrdiff_t iw = (ptrdiff_t)ow * SW - PL + s * DW;
                 if ({checked} && (iw < 0 || iw >= W)) continue;
                 const float *xp = xrow + iw * IB;"""
 _PHASE_ROW = """\
             const int ra = (r * DH) % SH, ri = oh + (r * DH) / SH;
-            const float *xrow = x + ((((size_t)n * CB + cb) * PA + ra) * PB * PH + ri) * PW * IB;"""
+            const float *xrow = x + ((((size_t)n * CB + GROUP_BASE(kt) + cb) * PA + ra) * PB * PH
+                                      + ri) * PW * IB;"""
 _PHASE_COLUMN = """\
                 const float *xp = xrow + ((size_t)((s * DW) % SW) * PH * PW
                                           + ow + (s * DW) / SW) * IB;"""
@@ -193,7 +194,7 @@ def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: b
         store.append(f"    if (kt * KV + {j} < KVEC) {{")
         for p in range(np_):
             at = f"o{j} + {p} * BLK"
-            store.append(f"        if (c1 == CB) epilogue({acc[j][p]}, sum + {at}, y + {at});")
+            store.append(f"        if (c1 == CR) epilogue({acc[j][p]}, sum + {at}, y + {at});")
             store.append(f"        else vstore(y + {at}, {acc[j][p]});")
         store.append("    }")
     row, column = (_PHASE_ROW, _PHASE_COLUMN) if phase else (_DIRECT_ROW, _DIRECT_COLUMN)
@@ -244,7 +245,7 @@ static void row(const float *x, const float *w, const float *bias, const float *
                 {params}, int oh0, int oh1, int b0, int b1) {{
     int hi = b1 < OW_HI ? b1 : OW_HI;
     for (int c0 = 0; c0 < PASSES * CBT; c0 += CBT) for (int oh = oh0; oh < oh1; ++oh) {{
-        int c1 = c0 + CBT < CB ? c0 + CBT : CB;
+        int c1 = c0 + CBT < CR ? c0 + CBT : CR;
         int ow = b0;
         for (; ow < b1 && ow < OW_LO; ++ow)
             tile_checked(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
@@ -344,7 +345,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         raise ValueError(reason)
     isa = ISAS[str(config["isa"])]
     lanes, kv, px, unroll = isa.lanes, int(config["kv"]), int(config["px"]), int(config["unroll"])
-    cbt = min(int(config["cbt"]), g.cb)
+    cbt = min(int(config["cbt"]), g.reduction_blocks)
     split = bool(int(config["split"]))
     original, phase = g, split and (g.r, g.s) != (1, 1)
     if split and not phase:
@@ -370,7 +371,9 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KB=g.kb, OH=g.oh, OW=g.ow, R=g.r, S=g.s,
                    SH=g.sh, SW=g.sw, PT=g.pt, PL=g.pl, DH=g.dh, DW=g.dw, BLK=g.block, VW=lanes,
                    KV=kv, PX=px, TK=kv * lanes, KVEC=vectors, LG=g.block // lanes,
-                   CBT=cbt, PASSES=_ceil_div(g.cb, cbt) if not g.depthwise else 1,
+                   CBT=cbt, PASSES=_ceil_div(g.reduction_blocks, cbt) if not g.depthwise else 1,
+                   CR=g.reduction_blocks, GROUPS=g.groups,
+                   OCG=g.group_vectors(lanes) * lanes,
                    HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
                    UNITS=rows * chunks, ROWS=row_block, OHB=_ceil_div(g.oh, row_block),
                    IB=g.in_block, XSTEP=g.in_block * (1 if phase else g.sw))
@@ -381,6 +384,8 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
                        SPLIT_UNITS=g.n * g.cb * p["PA"] * p["PH"])
     parts = [VECTOR_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
+    # the first input block of tile kt's group (CR blocks a group; all of them ungrouped)
+    parts.append("#define GROUP_BASE(kt) (GROUPS > 1 ? (kt) * TK / OCG * CR : 0)\n")
     parts.append(_epilogue(g, lanes))
     parts.append(tile("checked", 1, 1))
     parts.append(tile("full", px, 0))
