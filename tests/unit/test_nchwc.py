@@ -508,3 +508,70 @@ def test_a_pad_that_is_not_spatial_or_not_zero_ends_the_blocked_layout(mode, wid
     optimized = NchwcLayout().run(graph.copy())
     (pad,) = [n for n in optimized.nodes if n.op == "Pad"]
     assert len(optimized.tensors[pad.inputs[0]].shape) == 4
+
+
+def _grouped_convs(rng, per_group: int, block: int) -> onnx.ModelProto:
+    """Two convs, then a grouped 3x3 (stride 2) and a grouped 1x1 of `per_group` input
+    channels per group (ResNeXt's 4, RegNet's whole blocks), 4 blocks of channels."""
+    c = 4 * block
+    def const(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32),
+                                       name)
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             n("Relu", ["a"], ["r"]),
+             n("Conv", ["r", "w1", "b1"], ["g"], pads=[1, 1, 1, 1], strides=[2, 2],
+               group=c // per_group),
+             n("Relu", ["g"], ["gr"]),
+             n("Conv", ["gr", "w2"], ["y"], group=c // per_group)]
+    graph = helper.make_graph(
+        nodes, "grouped", [helper.make_tensor_value_info("x", 1, [1, 3, 13, 11])],
+        [helper.make_tensor_value_info("y", 1, [1, c, 7, 6])],
+        [const("w0", (c, 3, 3, 3)), const("w1", (c, per_group, 3, 3)), const("b1", (c,)),
+         const("w2", (c, per_group, 1, 1))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("per_group", [4, 8, B], ids=lambda p: f"{p} per group")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_grouped_convs_join_the_layout_with_groups_of_whole_blocks(per_group, impl, rng):
+    """A grouped conv whose groups are whole blocks keeps its groups; narrower ones
+    (ResNeXt's 4 channels per group) merge into one group per input block, zeros between
+    a merged group's own groups: no reorder around them, and the function kept."""
+    if per_group > B:
+        pytest.skip("a block holds fewer channels than a group")
+    layout, optimized, ops, feeds, expected = _laid_out(_grouped_convs(rng, per_group, B),
+                                                        (1, 3, 13, 11), rng)
+    assert ops["wpk.nchwc:Conv"] == 3 and "Conv" not in ops
+    assert ops.get("wpk.nchwc:ReorderInput", 0) == 0 and ops["wpk.nchwc:ReorderOutput"] == 1
+    groups = [node.attrs["group"] for node in optimized.nodes if node.op == "Conv"][1:]
+    assert groups == [4, 4]   # 4 blocks of input channels: one group per block
+    assert layout.hits["grouped Conv widened to whole blocks"] == (2 if per_group < B else 0)
+    actual = evaluate(optimized, feeds, impl)
+    assert rel_l2(actual["y"], expected["y"]) <= 1e-5
+
+
+def test_widened_groups_compute_the_same_conv_and_narrow_ones_stay_out(rng):
+    from wpk.passes.nchwc_rules import block_groups, widen_groups
+
+    assert block_groups(64, 64, 16, 16) == 4 and block_groups(64, 128, 4, 16) == 4
+    assert block_groups(64, 64, 4, 16) == 4        # whole blocks: its own groups
+    assert block_groups(48, 48, 16, 16) == 0       # 3 per group: a block is not whole groups
+    assert block_groups(60, 60, 15, 16) == 0       # 60 channels: not whole blocks
+    assert block_groups(64, 32, 16, 16) == 0       # 8 outputs a merged group: not a block
+    weight = rng.standard_normal((12, 2, 3, 3)).astype(np.float32)   # 6 groups of 2 in/out
+    wide = widen_groups(weight, 6, 2)              # 2 groups of 6 inputs
+    x = rng.standard_normal((1, 12, 5, 5)).astype(np.float32)
+    def conv(w, group):
+        node = helper.make_node("Conv", ["x", "w"], ["y"], group=group, pads=[1] * 4)
+        graph = helper.make_graph([node], "c",
+                                  [helper.make_tensor_value_info("x", 1, x.shape)],
+                                  [helper.make_tensor_value_info("y", 1, None)],
+                                  [numpy_helper.from_array(w, "w")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        return ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert wide.shape == (12, 6, 3, 3) and np.count_nonzero(wide) == weight.size
+    np.testing.assert_allclose(conv(wide, 2), conv(weight, 6), rtol=1e-5, atol=1e-5)

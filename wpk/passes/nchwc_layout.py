@@ -63,7 +63,10 @@ one shared ReorderOutput, which keeps the original tensor name.
 
 Where it pays: convs need a multiple of 4 output channels (padded to whole blocks)
 (any output count on a 1x1 output, e.g. a squeeze-excitation conv, where the
-padding lanes cost nothing), grouped convs whole blocks per group; graphs with fewer than
+padding lanes cost nothing), grouped convs whole blocks per group (narrower groups, as
+ResNeXt's 4 channels, merged into one group per input block: `nchwc_rules.widen_groups`,
+zeros between a merged group's own groups, onnxruntime's NCHW kernel for them being far
+slower than the extra multiply-adds); graphs with fewer than
 `NchwcOptions.min_convs` convertible convs are left alone, unless the one conv is a ViT's
 patch embedding (a stem reading the NCHW input, kernel = stride: one reorder, of its
 output).
@@ -85,11 +88,13 @@ from wpk.passes.nchwc_classifier import match_classifier
 from wpk.passes.nchwc_data import channel_slices, upsample_form
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Blocked, Rewrite
 from wpk.passes.nchwc_rules import (
+    block_groups,
     conv_bias,
     conv_epilogue_prefix,
     conv_input_mode,
     explicit_pads,
     fused_dirty,
+    widen_groups,
 )
 from wpk.passes.pad_form import pad_form
 
@@ -187,6 +192,7 @@ class NchwcLayout(GraphPass):
             return False
         weight = g.constants[node.inputs[1]]
         channels = int(weight.shape[0])
+        group = int(node.attr("group", 1))
         fused = conv_epilogue_prefix(g, node, channels, rw.block)
         rest = [(s, None if s.operand is None else node.inputs[s.operand])
                 for s in node.epilogue[fused:]]
@@ -198,7 +204,16 @@ class NchwcLayout(GraphPass):
             return False
         x = node.inputs[0]
         x_in = rw.as_nchw(x) if mode == "nchw" else rw.as_blocked(x)
-        inputs = [x_in, node.inputs[1], conv_bias(g, node)]
+        w_name = node.inputs[1]
+        if group > 1 and weight.shape[1] > 1:   # a grouped conv: groups of whole blocks
+            merged = block_groups(weight.shape[1] * group, channels, group, rw.block)
+            if merged != group:
+                w_name = rw.fresh(f"{node.name}_wide_groups")
+                g.constants[w_name] = widen_groups(weight, group, merged)
+                g.tensors[w_name] = TensorInfo(tuple(g.constants[w_name].shape), "float32")
+                group = merged
+                self.hit("grouped Conv widened to whole blocks")
+        inputs = [x_in, w_name, conv_bias(g, node)]
         epilogue = list(node.epilogue[:fused])
         if epilogue and epilogue[0].op == "add":
             inputs.append(rw.as_blocked(node.inputs[epilogue[0].operand]))
@@ -208,7 +223,7 @@ class NchwcLayout(GraphPass):
             "strides": tuple(node.attr("strides", (1, 1))),
             "pads": explicit_pads(node, self._in_hw(rw, x), out_shape[2:], weight.shape[2:]),
             "dilations": tuple(node.attr("dilations", (1, 1))),
-            "group": int(node.attr("group", 1)),
+            "group": group,
             "block": rw.block,
             "channels": channels,
         }

@@ -128,13 +128,42 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     if group > 1:
         if per_group == 1 and out_channels == group == in_channels:
             return "blocked"  # depthwise
-        return "blocked" if per_group % block == 0 and (out_channels // group) % block == 0 \
-            else ""
+        return "blocked" if block_groups(in_channels, out_channels, group, block) else ""
     if x in blocked:
         return "blocked"  # already blocked: the packed filter is zero in its padding lanes
     if in_channels < block:
         return "nchw"     # a network's first layer reads its NCHW input directly
     return "blocked" if in_channels % 4 == 0 else ""
+
+
+def block_groups(in_channels: int, out_channels: int, group: int, block: int) -> int:
+    """The group count a grouped conv takes in the blocked layout, 0 when none: its own
+    when each group's input and output channels are whole blocks; else, when several
+    groups make one block (ResNeXt's 4 or 8 channels per group), one group per input
+    block (`widen_groups`), provided each holds whole blocks of outputs."""
+    per_group = in_channels // group
+    if per_group % block == 0 and (out_channels // group) % block == 0:
+        return group
+    if per_group < 2 or block % per_group or in_channels % block:
+        return 0
+    merged = in_channels // block
+    return merged if out_channels % merged == 0 and (out_channels // merged) % block == 0 \
+        else 0
+
+
+def widen_groups(weight: np.ndarray, group: int, merged: int) -> np.ndarray:
+    """The filter [O, C/group, KH, KW] of a conv as one of `merged` groups (a divisor of
+    `group`): [O, C/merged, KH, KW], each output channel's weights at its own group's
+    input channels and zero at the other groups' of its merged group. The same conv, with
+    group/merged times the multiply-adds."""
+    out_channels, per_group = weight.shape[:2]
+    fold = group // merged
+    wide = np.zeros((out_channels, per_group * fold, *weight.shape[2:]), weight.dtype)
+    out_per_group = out_channels // group
+    for o in range(out_channels):
+        at = (o // out_per_group) % fold * per_group   # its group within the merged one
+        wide[o, at:at + per_group] = weight[o]
+    return wide
 
 
 def constant_pad_value(step: EpilogueStep) -> float | None:
