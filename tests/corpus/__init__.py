@@ -1,4 +1,4 @@
-"""The real-exporter corpus: six architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: seven architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -12,6 +12,7 @@ graphs in those exporters' spellings:
 | vit (ViT-tiny) | x | x | | x |
 | convnext (depthwise 7x7, LayerNorm, GELU) | x | x | | x |
 | yolo (SiLU, Split, Concat, Resize) | x | x | | x |
+| resnext (grouped 3x3 convs, 4 to 32 channels per group) | x | x | | |
 
 Names are `<architecture>_<exporter>`; every model has one float input "x".
 Each comes in two sizes: "ci" (small, built in about a second) and "bench"
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo")
+ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "resnext")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

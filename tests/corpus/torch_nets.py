@@ -464,6 +464,47 @@ class YoloDetector(nn.Module):
         return torch.cat([boxes, scores.sigmoid()], 1)
 
 
+# -------------------------------------------------------------------- ResNeXt
+
+
+class ResNeXtBlock(nn.Module):
+    """1x1 reduce, grouped 3x3 (the cardinality's groups), 1x1 expand, residual, ReLU."""
+
+    def __init__(self, c_in: int, width: int, c_out: int, groups: int, stride: int):
+        super().__init__()
+        self.body = nn.Sequential(conv_bn(c_in, width, 1, activation=nn.ReLU()),
+                                  conv_bn(width, width, 3, stride, groups, nn.ReLU()),
+                                  conv_bn(width, c_out, 1))
+        self.shortcut = (conv_bn(c_in, c_out, 1, stride) if stride != 1 or c_in != c_out
+                         else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNeXt(nn.Module):
+    """ResNeXt (default: ResNeXt-50 32x4d): a 7x7 stem and max pool, stages of bottlenecks
+    whose 3x3 convs are grouped (4, 8, 16, 32 channels per group), average pool, linear."""
+
+    def __init__(self, widths: tuple[int, ...] = (128, 256, 512, 1024),
+                 depths: tuple[int, ...] = (3, 4, 6, 3), cardinality: int = 32,
+                 stem: int = 64, classes: int = 1000):
+        super().__init__()
+        layers: list[nn.Module] = [conv_bn(3, stem, 7, 2, activation=nn.ReLU()),
+                                   nn.MaxPool2d(3, 2, 1)]
+        c_in = stem
+        for index, (width, depth) in enumerate(zip(widths, depths)):
+            for block in range(depth):
+                stride = 2 if block == 0 and index > 0 else 1
+                layers.append(ResNeXtBlock(c_in, width, 2 * width, cardinality, stride))
+                c_in = 2 * width
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
 # -------------------------------------------------------------------- sizes
 
 
@@ -482,6 +523,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "vit": VisionTransformer,
     "convnext": ConvNeXt,
     "yolo": YoloDetector,
+    "resnext": ResNeXt,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -497,6 +539,8 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "convnext": NetSpec({"dims": (16, 32), "depths": (1, 1), "classes": 10},
                             (1, 3, 32, 32)),
         "yolo": NetSpec({"width": 4, "depth": 1, "classes": 8}, (1, 3, 64, 64)),
+        "resnext": NetSpec({"widths": (32, 64), "depths": (1, 1), "cardinality": 8,
+                            "stem": 16, "classes": 10}, (1, 3, 64, 64)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -507,6 +551,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "vit": NetSpec({}, (1, 3, 224, 224)),
         "convnext": NetSpec({}, (1, 3, 224, 224)),
         "yolo": NetSpec({"width": 16, "depth": 1, "classes": 80}, (1, 3, 320, 320)),
+        "resnext": NetSpec({}, (1, 3, 224, 224)),
     },
 }
 

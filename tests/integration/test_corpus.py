@@ -90,6 +90,7 @@ EXPECTED_OPS = {
                  "tf": {"Transpose", "Reciprocal", "Erf", "MatMul", "ReduceMean"}},
     "yolo": {"torch": {"Sigmoid", "Concat", "Resize", "MaxPool"},
              "tf": {"Sigmoid", "Split", "Resize", "Shape", "Cast", "Transpose"}},
+    "resnext": {"torch": {"Conv", "Relu", "Add", "MaxPool", "Gemm"}},
 }
 
 
@@ -176,3 +177,16 @@ def test_the_yolo_detectors_data_movement_has_verified_native_kernels(corpus_mod
         assert statuses.get("native.nchwc") == "ok", f"{entry['label']}: {statuses}"
         found[entry["op"]] += 1
     assert set(found) == blocked, found
+
+
+@pytest.mark.parametrize("name", [case for case in STRUCTURE_CASES
+                                  if case.values[0].startswith("resnext")])
+def test_resnext_models_have_narrow_grouped_convs(name, corpus_model_path):
+    """The ResNeXt's 3x3 convs are grouped, 4 and 8 channels per group at the CI size:
+    narrower than a block (wpk's layout merges them, `nchwc_rules.widen_groups`)."""
+    model = onnx.load(str(corpus_model_path(name)))
+    per_group = sorted({init.dims[1] for init in model.graph.initializer
+                        for node in model.graph.node if node.op_type == "Conv"
+                        and node.input[1] == init.name
+                        and any(a.name == "group" and a.i > 1 for a in node.attribute)})
+    assert per_group == [4, 8], per_group
