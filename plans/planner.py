@@ -13,7 +13,7 @@ a step that keeps an onnxruntime region whole when it is at most
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -99,9 +99,14 @@ class Choice:
 
 @dataclass
 class PlanChoices:
-    """Choices by workload key, in the order the workloads first appear in the graph."""
+    """Choices by workload key, in the order the workloads first appear in the graph.
+
+    A tuned build's final choices also carry `untuned`: the same measurements' choices
+    among the candidates an untuned build offers (`untuned_choices`), for the end-to-end
+    check; None elsewhere."""
 
     choices: dict[str, Choice]
+    untuned: PlanChoices | None = None
 
     def __getitem__(self, key: str) -> Choice:
         return self.choices[key]
@@ -314,6 +319,22 @@ def on_generated_kernels(choices: PlanChoices, max_slowdown: float = 3.0) -> Pla
     # 220-240 us between two native calls (the OpenMP threads spinning beside it)
     chained = _given_to(pooled or choices, in_chain, "one-pool", max_slowdown)
     return chained or pooled
+
+
+def untuned_choices(choices: PlanChoices, offered: Mapping[str, Collection[str]]
+                    ) -> PlanChoices | None:
+    """The choices with every candidate an untuned build does not offer (`offered`: the
+    candidate labels it does, by workload key) replaced by the fastest verified measured
+    one it does (reason rule `untuned`); None when no choice would change.
+
+    A search's configs win their workloads alone, each timed warm and in isolation; in the
+    plan they run after one another, where a config that reads more (a Winograd tile's
+    larger transformed filter, say) can lose what it won, and a tuned plan can run slower
+    than the untuned one (a GA-tuned MobileNet-like plan once ran at 1.47x onnxruntime's
+    latency where the untuned one ran at 1.09x). So the end-to-end check measures this
+    plan next to the tuned one."""
+    return _given_to(choices, lambda candidate, workload: candidate.label in
+                     offered.get(workload.key, ()), "untuned")
 
 
 def _given_to(choices: PlanChoices, wanted: Callable[[Candidate, Workload], bool], rule: str,

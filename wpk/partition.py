@@ -12,7 +12,10 @@ machine the plan is built on, as users run them (wpk's plans as `wpk.load`
 gives them; onnxruntime with its default options, spinning threads included):
 wpk's per-operator plan, the same plan with every step outside onnxruntime's
 regions given back to its fastest region-joining candidate (when it has such
-steps: `wpk.plans.planner.within_regions`), and onnxruntime's whole model.
+steps: `wpk.plans.planner.within_regions`), the same plan on generated kernels
+where they are close (`on_generated_kernels`), after a search the plan of the
+candidates an untuned build offers (`untuned_choices`: a tuned plan is never
+kept when the untuned one runs faster), and onnxruntime's whole model.
 
 0. onnxruntime's whole model is not a contender when onnxruntime failed verification
    on one of the plan's workloads (`onnxruntime_failures`: it computes those nodes in
@@ -57,9 +60,10 @@ from wpk.runtime import Session, example_feeds
 WPK, ONNXRUNTIME = "wpk", "onnxruntime"
 REGIONS = "wpk-regions"  # the contender name of the per-operator plan kept within regions
 ONE_POOL = "wpk-one-pool"  # ... and of the plan given to generated kernels where they can
+UNTUNED = "wpk-untuned"  # a tuned build's plan of the candidates an untuned build offers
 PER_OPERATOR = "per-operator"
 PLAN_NAMES = {WPK: PER_OPERATOR, REGIONS: "within regions", ONE_POOL: "generated kernels",
-              ONNXRUNTIME: "onnxruntime"}
+              UNTUNED: "untuned", ONNXRUNTIME: "onnxruntime"}
 
 
 @dataclass(frozen=True)
@@ -195,14 +199,16 @@ def _kept(per_op: Plan, reason: str) -> tuple[Plan, dict]:
 
 
 def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions | None = None,
-                     regions: Plan | None = None,
-                     one_pool: Plan | None = None) -> tuple[Plan, dict]:
+                     regions: Plan | None = None, one_pool: Plan | None = None,
+                     untuned: Plan | None = None) -> tuple[Plan, dict]:
     """The fastest of wpk's per-operator plan, the same plan with its steps outside
     onnxruntime's regions given back to onnxruntime (`regions`, when there are such steps:
     `wpk.plans.planner.within_regions`), the same plan with its onnxruntime steps given to
     generated kernels where they are close (`one_pool`:
-    `wpk.plans.planner.on_generated_kernels`) and onnxruntime's whole model, with the
-    summary of the comparison (see the module docstring)."""
+    `wpk.plans.planner.on_generated_kernels`), a tuned build's plan of the candidates an
+    untuned build offers (`untuned`: `wpk.plans.planner.untuned_choices`, on generated
+    kernels where close) and onnxruntime's whole model, with the summary of the comparison
+    (see the module docstring)."""
     options = options or PartitionOptions()
     failed = onnxruntime_failures(per_op.report)
     if failed:
@@ -213,6 +219,8 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
         sessions[REGIONS] = Session(regions)
     if one_pool is not None:
         sessions[ONE_POOL] = Session(one_pool)
+    if untuned is not None:
+        sessions[UNTUNED] = Session(untuned)
     feeds = example_feeds(sessions[WPK], seed=0)
     try:
         sessions[ONNXRUNTIME] = Session(whole_model)
@@ -253,6 +261,13 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
                              f"than with them, at {ratio:.2f}x onnxruntime's latency, "
                              f"{in_rounds}")
         return regions, summary
+    if variant == UNTUNED:
+        tuned = min(medians[name] for name in medians if name not in (UNTUNED, ONNXRUNTIME))
+        summary["reason"] = (f"the plan of the candidates an untuned build offers runs "
+                             f"{tuned / medians[UNTUNED]:.2f}x faster than the tuned plan's "
+                             f"best form end to end, at {ratio:.2f}x onnxruntime's latency, "
+                             f"{in_rounds}")
+        return untuned, summary
     if variant == ONE_POOL:
         summary["reason"] = (f"wpk's plan with its onnxruntime steps given to generated kernels "
                              f"(one thread pool) runs {medians[WPK] / medians[ONE_POOL]:.2f}x "

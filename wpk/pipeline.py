@@ -45,7 +45,14 @@ from wpk.partition import choose_partition
 from wpk.passes import optimize
 from wpk.plans.assemble import assemble_plan, whole_model_plan
 from wpk.plans.planfile import Plan
-from wpk.plans.planner import PlanChoices, PlanOptions, on_generated_kernels, plan, within_regions
+from wpk.plans.planner import (
+    PlanChoices,
+    PlanOptions,
+    on_generated_kernels,
+    plan,
+    untuned_choices,
+    within_regions,
+)
 from wpk.plans.predicted import mark_predicted
 from wpk.plans.progress import progress_bar
 from wpk.plans.report import make_report
@@ -220,8 +227,12 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         kept, pooled = within_regions(choices), on_generated_kernels(choices)
         regions = assembled(kept) if kept is not None else None
         one_pool = assembled(pooled) if pooled is not None else None
-        chosen, summary = choose_partition(result, whole, regions=regions, one_pool=one_pool)
-        report = next((p.report for p in (regions, one_pool) if chosen is p),
+        untuned = None
+        if choices.untuned is not None:   # a tuned build: its untuned candidates' plan too
+            untuned = assembled(on_generated_kernels(choices.untuned) or choices.untuned)
+        chosen, summary = choose_partition(result, whole, regions=regions, one_pool=one_pool,
+                                           untuned=untuned)
+        report = next((p.report for p in (regions, one_pool, untuned) if chosen is p),
                       result.report)  # per operator
         chosen.report = {**report, "partition": summary}
         result = chosen
@@ -274,6 +285,9 @@ def choose_implementations(items: Sequence, target: Target, runner: Runner,
         with progress_bar(opts.progress, description="planning") as on_progress, last_pass:
             choices = plan(items, lambda w: [*target.candidates(w), *extra(w)], runner,
                            plan_options, on_progress)
+        offered = {item.workload.key: {c.label for c in target.candidates(item.workload)}
+                   for item in items}
+        choices.untuned = untuned_choices(choices, offered)
     summary.update(measured=runner.measured, reused=runner.reused,
                    records=len(runner.database), fingerprint=runner.fingerprint.to_json())
     if runner.summary() is not None:

@@ -20,10 +20,24 @@ from wpk.core.workload import TensorSpec, Workload
 from wpk.frontend import load_model
 from wpk.kernels import registry
 from wpk.kernels.registry import Candidate, Implementation
-from wpk.partition import ONNXRUNTIME, REGIONS, WPK, PartitionOptions, choose_partition, decide
+from wpk.partition import (
+    ONNXRUNTIME,
+    REGIONS,
+    UNTUNED,
+    WPK,
+    PartitionOptions,
+    choose_partition,
+    decide,
+)
 from wpk.plans.assemble import whole_model_plan
 from wpk.plans.planfile import read_plan
-from wpk.plans.planner import Choice, PlanChoices, on_generated_kernels, within_regions
+from wpk.plans.planner import (
+    Choice,
+    PlanChoices,
+    on_generated_kernels,
+    untuned_choices,
+    within_regions,
+)
 from wpk.runtime import Session
 from wpk.search.measure import Measurement, Status
 
@@ -235,6 +249,55 @@ def test_a_build_whose_per_operator_wins_lose_end_to_end_keeps_the_regions(monke
         assert summary["plan"] == "within regions" and "given back" in summary["reason"]
         rules = {entry["reason"]["rule"] for entry in plan.report["workloads"]}
         assert rules == {"region"}
+
+
+def test_untuned_choices_take_the_fastest_candidate_an_untuned_build_offers():
+    """The tuned (here: SlowMatMul, 'measured' at 1 ns) choice of every workload is replaced
+    by the fastest measured candidate an untuned build offers; nothing changes when the
+    tuned candidate is offered too."""
+    per_op = wpk.build(tiny_matmuls(count=3), target="cpu", progress=False, partition=False)
+    timed = Measurement("ort", "ort", {}, Status.OK, (2e-6,), 2e-6)
+    slower = Measurement("numpy.matmul", "numpy.matmul", {}, Status.OK, (5e-6,), 5e-6)
+    choices = PlanChoices({key: Choice(workload, ["mm"], ["MatMul"],
+                                       Candidate(registry.get("ort"), {}), timed,
+                                       [slower, timed])
+                           for key, workload in per_op.workloads.items()})
+    tuned = _slow_choices(choices)
+    offered = {key: {"ort", "numpy.matmul"} for key in per_op.workloads}
+    untuned = untuned_choices(tuned, offered)
+    assert untuned is not None and untuned.untuned is None
+    for choice in untuned:
+        assert choice.candidate.implementation.name == "ort"
+        assert choice.reason["rule"] == "untuned" and choice.reason["faster"] == SLOW.name
+    offered = {key: {"ort", SLOW.name} for key in per_op.workloads}
+    assert untuned_choices(tuned, offered) is None
+    from wpk.commands.render import reason_tag, reason_text
+    entry = {"candidates": [{}, {}], "reason": next(iter(untuned)).reason}
+    assert "tuned plan lost end to end" in reason_text(entry) and SLOW.name in reason_text(entry)
+    assert reason_tag(entry).startswith("untuned +")
+
+
+def test_a_tuned_plan_that_loses_end_to_end_to_the_untuned_one_is_not_kept(monkeypatch):
+    """A tuned build (here: every choice SlowMatMul, 1 ns alone, 2 ms in the plan) measures
+    the plan of its untuned candidates next to the tuned plan, and the tuned one loses."""
+    real = pipeline.plan_workloads
+
+    def tuned_plan_workloads(*args, **kwargs):
+        choices, search, parallel = real(*args, **kwargs)
+        tuned = _slow_choices(choices)
+        tuned.untuned = choices          # what the untuned candidates chose
+        return tuned, search, parallel
+
+    monkeypatch.setattr(pipeline, "plan_workloads", tuned_plan_workloads)
+    plan = wpk.build(tiny_matmuls(count=6), target="cpu", progress=False)
+    summary = plan.report["partition"]
+    assert UNTUNED in summary["compared"], summary["compared"]
+    assert summary["medians_s"]["untuned"] * 5 < summary["medians_s"]["per-operator"]
+    assert all(step.impl != SLOW.name for step in plan.steps)
+    if summary["winner"] == WPK and summary["plan"] == "untuned":
+        assert "untuned build offers" in summary["reason"]
+        from wpk.commands.render import partition_lines
+        assert "untuned build's candidates" in partition_lines(plan.report)[0]
 
 
 def test_the_report_says_when_a_step_went_back_into_its_region():

@@ -92,6 +92,9 @@ def reason_text(workload: Mapping) -> str:
         text = (f"generated kernel, so one thread pool runs the plan "
                 f"(+{format_time(reason['over_s'])} over {reason['faster']} alone, which "
                 "lost end to end)")
+    elif rule == "untuned":
+        text = (f"an untuned build's candidate (+{format_time(reason['over_s'])} over the "
+                f"tuned {reason['faster']} alone; the tuned plan lost end to end)")
     elif rule == "only_verified":
         text = f"only verified candidate (of {len(workload['candidates'])})"
     elif rule == "timed_alone":
@@ -110,6 +113,7 @@ def reason_tag(workload: Mapping) -> str:
     reason = choice_reason(workload)
     tag = {"region": f"region +{format_time(reason.get('over_s'))}",
            "one-pool": f"one pool +{format_time(reason.get('over_s'))}",
+           "untuned": f"untuned +{format_time(reason.get('over_s'))}",
            "only_verified": "only verified", "timed_alone": "timed alone",
            "not_recorded": "not recorded"}.get(reason["rule"], "fastest")
     return f"{tag} (predicted)" if workload.get("predicted") else tag
@@ -149,6 +153,8 @@ def wpk_plan_name(partition: Mapping) -> str:
         return "wpk's plan with its steps outside onnxruntime's regions given back to them"
     if partition.get("plan") == "generated kernels":
         return "wpk's plan with its onnxruntime steps given to generated kernels (one pool)"
+    if partition.get("plan") == "untuned":
+        return "the plan of an untuned build's candidates (the tuned plan lost end to end)"
     return "wpk's per-operator plan"
 
 
