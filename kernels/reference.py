@@ -33,6 +33,7 @@ from wpk.kernels.cpu.node_model import (
     is_elementwise,
     output_name,
 )
+from wpk.kernels.cpu.rms_norm_spec import is_rms_norm, rms_norm_formula
 from wpk.kernels.cpu.tensor_formulas import TENSOR_FORMULAS
 from wpk.kernels.cpu.window import pad_spatial, window_geometry, windows
 from wpk.kernels.cuda.irb_spec import irb_formula, is_irb_nchw
@@ -101,7 +102,7 @@ def has_formula(workload: Workload) -> bool:
     where it covers the workload's whole ONNX definition (`kernels.support`), so e.g. a
     linear Resize is judged by onnx.reference, not by the nearest-only formula."""
     if is_elementwise(workload) or is_attention(workload) or is_inverted_residual(workload) \
-            or is_irb_nchw(workload):
+            or is_irb_nchw(workload) or is_rms_norm(workload):
         return True
     return (workload.domain in ("", "ai.onnx") and workload.op in REFERENCE_FORMULAS
             and unsupported_reason(workload) is None)
@@ -132,6 +133,8 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
         core = wide[:core_input_count(workload)]
         if is_attention(workload):
             outputs = attention_formula(workload, core)
+        elif is_rms_norm(workload):
+            outputs = rms_norm_formula(workload, core)
         elif has_formula(workload):
             outputs = REFERENCE_FORMULAS[workload.op](workload, core)
         else:

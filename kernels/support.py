@@ -11,6 +11,7 @@ from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
 from wpk.kernels.cpu.attention_spec import ATTENTION_OP, attention_reason
 from wpk.kernels.cpu.inverted_residual_spec import IR_OP, inverted_residual_reason
 from wpk.kernels.cpu.resize import ASPECT_POLICIES, COORDINATE_MODES, MODES
+from wpk.kernels.cpu.rms_norm_spec import RMS_NORM_OP, rms_norm_reason
 from wpk.kernels.cpu.window import conv_transpose_begin_pads
 from wpk.kernels.nchwc_logical import logical_workload  # the blocked ops' own module
 
@@ -57,6 +58,8 @@ def unsupported_reason(workload: Workload) -> str | None:
         return attention_reason(workload)
     if workload.domain == "wpk" and op == IR_OP:
         return inverted_residual_reason(workload)
+    if workload.domain == "wpk" and op == RMS_NORM_OP:
+        return rms_norm_reason(workload)
     if op not in SUPPORTED_OPS or (workload.domain == "wpk") != (op == "Elementwise"):
         return f"op {op!r} is not implemented by wpk"
     if any(spec.dtype not in _FLOAT_DTYPES for spec in workload.outputs):
@@ -152,7 +155,7 @@ def is_supported(workload: Workload | str, domain: str = "") -> bool:
     Given an op type (and domain) instead of a workload, whether wpk claims the op at all.
     """
     if isinstance(workload, str):
-        if workload in ("Elementwise", ATTENTION_OP, IR_OP):
+        if workload in ("Elementwise", ATTENTION_OP, IR_OP, RMS_NORM_OP):
             return domain == "wpk"
         if domain == NCHWC_DOMAIN:
             return workload in NCHWC_OPS

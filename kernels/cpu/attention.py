@@ -17,7 +17,6 @@ import ctypes
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from onnx import helper, numpy_helper
 
 from wpk.core.devices import host_cpu
 from wpk.core.workload import Workload
@@ -32,13 +31,7 @@ from wpk.kernels.cpu.attention_spec import (
     logical_shapes,
 )
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
-from wpk.kernels.cpu.node_model import (
-    OnnxPart,
-    input_name,
-    ir_version_for,
-    output_name,
-    tensor_type,
-)
+from wpk.kernels.cpu.node_model import OnnxPart, expanded_model, input_name, output_name
 from wpk.kernels.cpu.ort_node import create_session, session_kernel
 from wpk.kernels.registry import GENERATED, VENDOR, Implementation, Kernel, register
 
@@ -151,29 +144,12 @@ def attention_model(workload: Workload, consts: Mapping[int, np.ndarray]):
     initializers) and the workload input indices it is fed, in graph order."""
     shape = attention_shape(workload)
     _, rank = _heads_and_rank(workload)
-    names, graph_inputs, initializers, feeds = [], [], [], []
-    for i, spec in enumerate(workload.inputs):
-        if spec is None:
-            names.append("")
-            continue
-        names.append(input_name(i))
-        if i in consts:
-            initializers.append(numpy_helper.from_array(
-                np.asarray(consts[i], np.float32), input_name(i)))
-        else:
-            graph_inputs.append(helper.make_tensor_value_info(
-                input_name(i), tensor_type(spec.dtype), list(spec.shape)))
-            feeds.append(i)
-    nodes = attention_onnx_nodes(names, output_name(0), "att_", shape.scale, shape.k_transposed,
-                                 rank, workload.opset, bshd_flags(workload))
-    out = workload.outputs[0]
-    graph = helper.make_graph(nodes, "wpk_attention", graph_inputs, [
-        helper.make_tensor_value_info(output_name(0), tensor_type(out.dtype), list(out.shape))],
-        initializer=initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", workload.opset)],
-                              producer_name="wpk")
-    model.ir_version = ir_version_for(workload.opset)
-    return model, feeds
+    return expanded_model(
+        workload, consts,
+        lambda names: attention_onnx_nodes(names, output_name(0), "att_", shape.scale,
+                                           shape.k_transposed, rank, workload.opset,
+                                           bshd_flags(workload)),
+        "wpk_attention")
 
 
 class OrtAttention(Implementation):

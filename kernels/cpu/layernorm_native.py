@@ -8,7 +8,9 @@ onnxruntime's kernel, where the data is 150 KB. Here a thread takes rows in chun
 does all three passes on a row while it is in L1 (the mean, the variance of the centred
 row -- two passes, as the float64 reference, so no cancellation --, then the output),
 the sums vectorised by `omp simd` reductions. One OpenMP region, or none (`par` 0: the
-calling thread, for small tensors). The kernel joins the plan's native chain.
+calling thread, for small tensors). The kernel joins the plan's native chain. The same
+kernel computes wpk's RMSNorm (`rms_norm_spec`: no mean; the sum of squares, then the
+output).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import c_flags, load_function
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
+from wpk.kernels.cpu.rms_norm_spec import is_rms_norm, rms_norm_reason
 from wpk.kernels.generated_ops import strip_leading_ones
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
@@ -38,6 +41,7 @@ _SOURCE = r"""
 #define CHUNK {chunk}L
 #define PAR {par}
 #define HAS_BIAS {has_bias}
+#define RMS {rms}
 static const float EPS = {eps!r}f;
 
 void wpk_layernorm(const float *restrict x, const float *restrict gamma,
@@ -48,10 +52,14 @@ void wpk_layernorm(const float *restrict x, const float *restrict gamma,
         for (long r = c; r < end; ++r) {{
             const float *restrict xr = x + r * D;
             float *restrict yr = y + r * D;
+#if RMS
+            const float mean = 0.0f;   /* RMSNorm: no centring */
+#else
             float sum = 0.0f;
             #pragma omp simd reduction(+:sum)
             for (long i = 0; i < D; ++i) sum += xr[i];
             const float mean = sum / (float)D;
+#endif
             float squares = 0.0f;
             #pragma omp simd reduction(+:squares)
             for (long i = 0; i < D; ++i) {{
@@ -77,8 +85,13 @@ def geometry(workload: Workload) -> tuple[int, int]:
 
 def layernorm_reason(workload: Workload) -> str | None:
     """None when `layernorm.c` computes the workload, else why not."""
+    if is_rms_norm(workload):
+        reason = rms_norm_reason(workload)
+        if reason is None and workload.inputs[0].dtype != "float32":
+            return "layernorm.c computes float32 only"
+        return reason
     if workload.op != "LayerNormalization" or workload.domain not in ("", "ai.onnx"):
-        return "layernorm.c computes ONNX LayerNormalization only"
+        return "layernorm.c computes ONNX LayerNormalization only (and wpk's RMSNorm)"
     inputs = workload.inputs
     if len(inputs) < 2 or inputs[0] is None or inputs[1] is None or not inputs[0].shape:
         return "LayerNormalization takes X and Scale"
@@ -111,7 +124,8 @@ class LayerNormC(Implementation):
         return [{"par": 1}, {"par": 0}]
 
     def algorithm(self, workload: Workload, config: Mapping) -> str:
-        return "rows in L1, two passes" + ("" if config.get("par", 1) else ", one thread")
+        passes = "rows in L1, one pass" if is_rms_norm(workload) else "rows in L1, two passes"
+        return passes + ("" if config.get("par", 1) else ", one thread")
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
@@ -122,7 +136,7 @@ class LayerNormC(Implementation):
         has_bias = len(workload.inputs) > 2 and workload.inputs[2] is not None
         chunk = max(1, -(-rows // (CHUNKS_PER_CORE * (os.cpu_count() or 1))))
         source = _SOURCE.format(rows=rows, d=d, chunk=chunk, par=int(config.get("par", 1)),
-                                has_bias=int(has_bias),
+                                has_bias=int(has_bias), rms=int(is_rms_norm(workload)),
                                 eps=float(workload.attr("epsilon", 1e-5)))
         build.openmp_defaults()
         fn = load_function(build.compile_c(source, c_flags()), "wpk_layernorm",

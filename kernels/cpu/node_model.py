@@ -8,7 +8,7 @@ named `in{i}`; output `j` is `out{j}`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +108,35 @@ class OnnxPart:
     model: onnx.ModelProto
     feeds: tuple[tuple[str, int], ...]
     outputs: tuple[str, ...]
+
+
+def expanded_model(workload: Workload, consts: Mapping[int, np.ndarray],
+                   make_nodes: Callable[[list[str]], list[onnx.NodeProto]],
+                   name: str) -> tuple[onnx.ModelProto, list[int]]:
+    """A wpk op's standard-node form as a model -- inputs `in{i}` ('' for an absent one;
+    constants as initializers), output `out0`, `make_nodes(input names)` the nodes -- and
+    the workload input indices it is fed, in graph order."""
+    names, graph_inputs, initializers, feeds = [], [], [], []
+    for i, spec in enumerate(workload.inputs):
+        if spec is None:
+            names.append("")
+            continue
+        names.append(input_name(i))
+        if i in consts:
+            initializers.append(numpy_helper.from_array(
+                np.asarray(consts[i]).astype(spec.dtype, copy=False), input_name(i)))
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(
+                input_name(i), tensor_type(spec.dtype), list(spec.shape)))
+            feeds.append(i)
+    out = workload.outputs[0]
+    graph = helper.make_graph(make_nodes(names), name, graph_inputs, [
+        helper.make_tensor_value_info(output_name(0), tensor_type(out.dtype), list(out.shape))],
+        initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", workload.opset)],
+                              producer_name="wpk")
+    model.ir_version = ir_version_for(workload.opset)
+    return model, feeds
 
 
 def node_part(workload: Workload, consts: Mapping[int, np.ndarray] | None = None) -> OnnxPart:

@@ -41,6 +41,7 @@ from wpk.passes.fusion_rules import (
     EPILOGUE_RULES,
     LINEAR_RULES,
     PATTERN_RULES,
+    RMS_NORM_RULES,
 )
 from wpk.passes.inverted_residual import INVERTED_RESIDUAL_RULES
 from wpk.passes.inverted_residual_nchw import INVERTED_RESIDUAL_NCHW_RULES
@@ -84,6 +85,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(lambda: FusionPass("channel_norm", CHANNEL_NORM_RULES),
                   targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
+    # after the LayerNorm rules (a centred x / sqrt(mean(x^2) + eps) is theirs)
+    PipelineEntry(lambda: FusionPass("rms_norm", RMS_NORM_RULES), targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
     PipelineEntry(ActivationChains),
     PipelineEntry(lambda: FusionPass("epilogue_fusion", EPILOGUE_RULES)),

@@ -32,8 +32,10 @@ from wpk.passes.norm_rules import (
     match_channel_layer_norm,
     match_layer_norm,
     match_layer_norm_reciprocal,
+    match_rms_norm,
     rewrite_channel_layer_norm,
     rewrite_layer_norm,
+    rewrite_rms_norm,
 )
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN
 
@@ -422,6 +424,13 @@ CHANNEL_NORM_RULES = (
           "(channels-first) -> Transpose, LayerNormalization over the last axis, Transpose"),
 )
 
+# CPU only: wpk's RMSNorm op has C and onnxruntime kernels on the CPU, none on CUDA yet
+RMS_NORM_RULES = (
+    _rule("rms_norm", {"Sqrt"}, match_rms_norm, rewrite_rms_norm,
+          "x / sqrt(mean(x^2) + eps) [* gamma] (or x * Reciprocal(...), x * (1 / ...)) -> "
+          "wpk RMSNorm"),
+)
+
 CHAIN_RULES = (
     _rule("elementwise_chain", None, _match_chain, _rewrite_chain,
           "two chained elementwise ops (one consumer between) -> one Elementwise node"),
@@ -436,4 +445,4 @@ EPILOGUE_RULES = (
           "Conv/Gemm/MatMul -> steps with constant operands (N-D MatMul bias)"),
 )
 
-__all__ = ["CHAIN_RULES", "EPILOGUE_RULES", "LINEAR_RULES", "PATTERN_RULES"]
+__all__ = ["CHAIN_RULES", "EPILOGUE_RULES", "LINEAR_RULES", "PATTERN_RULES", "RMS_NORM_RULES"]

@@ -19,6 +19,9 @@ Both reductions must cover the same trailing axes (keepdims=1). Rule
 LayerNormalization is a standard op from opset 17 on, and onnxruntime
 registers the same op in the default domain for older opsets (paddle2onnx and
 tf2onnx write opset 11-13), so its kernel runs the node either way.
+
+Rule `rms_norm` (CPU) takes the RMS normalization LLaMA-, T5- and Gemma-style models
+write out (`match_rms_norm`) into wpk's RMSNorm op (`kernels/cpu/rms_norm_spec.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import dataclasses
 import numpy as np
 
 from wpk.core.graph import Node
+from wpk.kernels.cpu.rms_norm_spec import RMS_NORM_DOMAIN, RMS_NORM_OP
 from wpk.passes.base import FLOAT_DTYPES, add_constant
 from wpk.passes.fusion import FusionContext
 
@@ -300,3 +304,83 @@ def _keras_tail(ctx: FusionContext, x: str, mean: Node, sub: Node, inv: Node, no
     if ctx.graph.tensors[add.outputs[0]].shape != ctx.graph.tensors[x].shape:
         return None
     return [scale_x, scale_mean, shift, add], beta
+
+
+def match_rms_norm(ctx: FusionContext, sqrt: Node):
+    """The written-out RMS normalization around `sqrt` (rule `rms_norm`):
+
+        ms = ReduceMean(x^2 or x*x) over trailing axes; r = Sqrt(ms + eps)
+        y = x / r, or x * Reciprocal(r), or x * (1 / r)    [* gamma]
+
+    as (x, first axis, eps, gamma or None, its nodes in order), or None."""
+    graph, prod = ctx.graph, ctx.producers
+    add_eps = prod.get(sqrt.inputs[0])
+    if add_eps is None or add_eps.op != "Add" or not _only_feeds(ctx, add_eps, sqrt):
+        return None
+    var = next((prod.get(i) for i in add_eps.inputs if i in prod), None)
+    eps = _const_operand(ctx, add_eps, "Add", var.outputs[0]) if var is not None else None
+    if eps is None or eps.size != 1 or not _only_feeds(ctx, var, add_eps):
+        return None
+    square = prod.get(var.inputs[0])
+    x = _squared(ctx, square)
+    if x is None or not _only_feeds(ctx, square, var):
+        return None
+    info = graph.tensors.get(x)
+    if info is None or info.dtype not in FLOAT_DTYPES or not info.shape:
+        return None
+    axes = _reduced_axes(ctx, var, len(info.shape))
+    norm = _rms_division(ctx, sqrt, x)
+    if axes is None or norm is None or graph.tensors[norm[-1].outputs[0]].shape != info.shape:
+        return None
+    nodes = [square, var, add_eps, sqrt, *norm]
+    scale = ctx.single_consumer(nodes[-1])
+    value = _const_operand(ctx, scale, "Mul", nodes[-1].outputs[0]) if scale else None
+    gamma = None if value is None else _norm_param(value, info.shape[axes[0]:])
+    if gamma is not None and graph.tensors[scale.outputs[0]].shape == info.shape:
+        nodes.append(scale)
+    else:
+        gamma = None
+    return x, axes[0], float(eps.reshape(-1)[0]), gamma, nodes
+
+
+def _squared(ctx: FusionContext, square: Node | None) -> str | None:
+    """x when `square` is Pow(x, 2) or Mul(x, x), else None."""
+    if square is None or len(square.inputs) != 2:
+        return None
+    if square.op == "Pow" and _scalar(ctx, square.inputs[1]) == 2.0:
+        return square.inputs[0]
+    return square.inputs[0] if square.op == "Mul" and square.inputs[0] == square.inputs[1] \
+        else None
+
+
+def _rms_division(ctx: FusionContext, sqrt: Node, x: str) -> list[Node] | None:
+    """The nodes dividing x by `sqrt`'s output: [Div(x, r)], or [Reciprocal(r) or
+    Div(1, r), Mul(x, .)]; None for anything else."""
+    root = sqrt.outputs[0]
+    nxt = ctx.single_consumer(sqrt)
+    if nxt is None:
+        return None
+    if nxt.op == "Div" and nxt.inputs == [x, root]:
+        return [nxt]
+    inverse = nxt.op == "Reciprocal" or (
+        nxt.op == "Div" and len(nxt.inputs) == 2 and nxt.inputs[1] == root
+        and _scalar(ctx, nxt.inputs[0]) == 1.0)
+    mul = ctx.single_consumer(nxt) if inverse else None
+    if mul is None or mul.op != "Mul" or sorted(mul.inputs) != sorted([x, nxt.outputs[0]]):
+        return None
+    return [nxt, mul]
+
+
+def rewrite_rms_norm(ctx: FusionContext, sqrt: Node, found) -> None:
+    """Replace the pattern with one wpk RMSNorm node (Scale materialized: ones without
+    gamma)."""
+    x, axis, eps, gamma, nodes = found
+    info = ctx.graph.tensors[x]
+    dtype = np.dtype(info.dtype)
+    scale = np.ones(info.shape[axis:], dtype) if gamma is None else np.array(gamma, dtype)
+    anchor, last = nodes[0], nodes[-1]
+    anchor.op, anchor.domain = RMS_NORM_OP, RMS_NORM_DOMAIN
+    anchor.inputs = [x, add_constant(ctx.graph, f"{sqrt.name}_scale", scale)]
+    anchor.attrs = {"axis": int(axis), "epsilon": eps}
+    anchor.epilogue = ()
+    ctx.absorb(anchor, last, remove=nodes[1:-1])

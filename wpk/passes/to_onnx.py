@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 from wpk.core.graph import Graph, Node
 from wpk.kernels.cpu.attention_spec import ATTENTION_DOMAIN, ATTENTION_OP, attention_onnx_nodes
 from wpk.kernels.cpu.inverted_residual_spec import IR_DOMAIN, IR_OP, part_nodes
+from wpk.kernels.cpu.rms_norm_spec import RMS_NORM_DOMAIN, RMS_NORM_OP, rms_norm_onnx_nodes
 from wpk.kernels.cuda.irb_spec import IRB_OP
 from wpk.kernels.cuda.irb_spec import part_nodes as irb_part_nodes
 from wpk.kernels.epilogue import epilogue_onnx_nodes
@@ -96,6 +97,9 @@ class _Emitter:
         if node.op == ATTENTION_OP and node.domain == ATTENTION_DOMAIN:
             self._attention(node)
             return
+        if node.op == RMS_NORM_OP and node.domain == RMS_NORM_DOMAIN:
+            self._rms_norm(node)
+            return
         if node.domain == IR_DOMAIN and node.op in (IR_OP, IRB_OP):  # its three convs
             parts = part_nodes if node.op == IR_OP else irb_part_nodes
             for part in parts(node, self.fresh):
@@ -126,6 +130,15 @@ class _Emitter:
                                            float(node.attr("scale", 1.0)),
                                            bool(node.attr("k_transposed", 0)), rank, self.opset,
                                            node.attr("bshd"))
+
+    def _rms_norm(self, node: Node) -> None:
+        """wpk's RMSNorm as standard nodes (Mul, ReduceMean, Add, Sqrt, Div, Mul)."""
+        out = node.outputs[0]
+        info = self.graph.tensors[node.inputs[0]]
+        self.nodes += rms_norm_onnx_nodes(node.inputs, out, self.fresh(out) + "_",
+                                          int(node.attr("axis", -1)), len(info.shape),
+                                          float(node.attr("epsilon", 1e-5)), self.opset,
+                                          info.dtype)
 
     def _annotate(self, node: Node, protos: list[onnx.NodeProto]) -> None:
         """Name the nodes a graph node became after it and say so in their doc_string."""
