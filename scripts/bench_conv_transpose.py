@@ -5,25 +5,21 @@ Text detectors' and U-Nets' 2x2 stride-2 upsamplers, DCGAN/pix2pix/CenterNet's 4
 stride-2 pad-1 ones, a segmentation decoder's 3x3 stride 2 with output padding: every
 candidate the registry offers (`convtranspose.c`, numpy's formula, onnxruntime's node)
 verified against the float64 reference, then timed in interleaved rounds as
-`bench_resize.py` does (its `bench_workload`); the median over rounds, the fastest call
-and onnxruntime's median over each contender's (> 1: faster than onnxruntime), with each
-contender's GFLOP/s.
+`bench_resize.py` does (its `bench_workload`, arguments and JSON); the median over
+rounds, the fastest call and onnxruntime's median over each contender's (> 1: faster
+than onnxruntime), with each contender's GFLOP/s.
 
     python scripts/bench_conv_transpose.py [--rounds 9] [--repeat 5] [--output FILE.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import sys
-from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle BLAS threads sleep
 import numpy as np  # noqa: E402
-from bench_resize import bench_workload  # noqa: E402
+from bench_resize import bench_workload, parse_args, write_results  # noqa: E402
 
 from wpk.core.workload import TensorSpec, Workload  # noqa: E402
 from wpk.kernels.flops import workload_flops  # noqa: E402
@@ -56,11 +52,7 @@ WORKLOADS = [
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--repeat", type=int, default=5, help="calls per contender and round")
-    parser.add_argument("--output", type=Path, default=None)
-    args = parser.parse_args(argv)
+    args = parse_args(__doc__.splitlines()[0], argv)
     rng = np.random.default_rng(0)
     rows = []
     for label, workload in WORKLOADS:
@@ -71,16 +63,7 @@ def main(argv=None) -> int:
         cells = "  ".join(f"{n} {t:.3f} ms {row['gflops'][n]:.0f} GFLOP/s "
                           f"({row['ort_over'][n]:.2f}x)" for n, t in row["median_ms"].items())
         print(f"{label:34s} {row['in']} -> {row['out'][1:]}: {cells}", flush=True)
-    if args.output:
-        import onnxruntime
-
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({
-            "benchmark": "bench_conv_transpose", "rounds": args.rounds, "repeat": args.repeat,
-            "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                        "cpu_count": os.cpu_count(), "load_average": os.getloadavg()},
-            "versions": {"numpy": np.__version__, "onnxruntime": onnxruntime.__version__},
-            "rows": rows}, indent=1))
+    write_results(args, "bench_conv_transpose", rows)
     return 0
 
 

@@ -122,12 +122,32 @@ def bench_workload(label: str, workload: Workload, args, rng) -> dict:
             "relative_l2": errors}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(description: str, argv=None) -> argparse.Namespace:
+    """--rounds, --repeat and --output, as the per-op benchmarks take them."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--repeat", type=int, default=5, help="calls per contender and round")
     parser.add_argument("--output", type=Path, default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def write_results(args: argparse.Namespace, benchmark: str, rows: list[dict]) -> None:
+    """The rows, the machine and the versions as JSON at `args.output` (when given)."""
+    if not args.output:
+        return
+    import onnxruntime
+
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({
+        "benchmark": benchmark, "rounds": args.rounds, "repeat": args.repeat,
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "cpu_count": os.cpu_count(), "load_average": os.getloadavg()},
+        "versions": {"numpy": np.__version__, "onnxruntime": onnxruntime.__version__},
+        "rows": rows}, indent=1))
+
+
+def main(argv=None) -> int:
+    args = parse_args(__doc__.splitlines()[0], argv)
     rng = np.random.default_rng(0)
     rows = []
     for label, workload in WORKLOADS:
@@ -136,16 +156,7 @@ def main(argv=None) -> int:
         cells = "  ".join(f"{n} {t:.3f} ms ({row['ort_over'][n]:.2f}x)" if row["ort_over"]
                           else f"{n} {t:.3f} ms" for n, t in row["median_ms"].items())
         print(f"{label:38s} {row['in']} -> {row['out'][2:]}: {cells}", flush=True)
-    if args.output:
-        import onnxruntime
-
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({
-            "benchmark": "bench_resize", "rounds": args.rounds, "repeat": args.repeat,
-            "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                        "cpu_count": os.cpu_count(), "load_average": os.getloadavg()},
-            "versions": {"numpy": np.__version__, "onnxruntime": onnxruntime.__version__},
-            "rows": rows}, indent=1))
+    write_results(args, "bench_resize", rows)
     return 0
 
 

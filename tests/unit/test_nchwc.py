@@ -482,7 +482,12 @@ def _padded_convs(rng, mode: str, widths, value=None, opset: int = 13) -> onnx.M
     ("edge", [0, 0, 1, 0, 0, 0, 2, 2], None, 13),
     ("constant", [0, 0, 1, 2, 0, 0, 2, 1], 0.0, 13),
     ("reflect", [0, 0, 1, 1, 0, 0, 1, 1], None, 10),
-], ids=["reflect", "edge", "zeros", "reflect-opset10"])
+    # writes 1.5 into the padding lanes of the border (24 channels): a dirty result,
+    # which the next conv never reads
+    ("constant", [0, 0, 1, 1, 0, 0, 2, 1], 1.5, 13),
+    ("constant", [0, 0, 1, 0, 0, 0, 1, 2], -2.0, 10),
+], ids=["reflect", "edge", "zeros", "reflect-opset10", "non-zero value",
+        "non-zero value opset10"])
 def test_a_spatial_pad_stays_in_the_blocked_layout(mode, widths, value, opset, rng):
     # a reflect-padded conv (style transfer, paddle2onnx's reflect pads): before, the
     # layout reordered to NCHW for the Pad and back for the next conv
@@ -498,10 +503,10 @@ def test_a_spatial_pad_stays_in_the_blocked_layout(mode, widths, value, opset, r
 
 
 @pytest.mark.parametrize("mode, widths, value", [
-    ("constant", [0, 0, 1, 1, 0, 0, 1, 1], 1.0),     # would write 1 into padding lanes
+    ("constant", [0, 0, 1, 1, 0, 0, 1, 1], float("inf")),  # inf x a zero weight is NaN
     ("reflect", [0, 2, 1, 1, 0, 2, 1, 1], None),     # pads channels
     ("constant", [0, 0, -1, 0, 0, 0, 0, 0], 0.0),    # a crop
-], ids=["non-zero value", "channel widths", "crop"])
+], ids=["infinite value", "channel widths", "crop"])
 def test_a_pad_that_is_not_spatial_or_not_zero_ends_the_blocked_layout(mode, widths, value,
                                                                        rng):
     graph = load_model(_padded_convs(rng, mode, widths, value))

@@ -39,7 +39,8 @@ the logical channel count of its output):
   applied to every lane (`wpk.passes.nchwc_data.upsample_form` says which
   Resize nodes qualify).
 - A Pad of H and W only, with zeros, reflect or edge (each keeps zero padding lanes
-  zero), stays a default-domain Pad on the 5-d tensor, widths 0 on the lane dim.
+  zero) or another finite constant (its result dirty), stays a default-domain Pad on the
+  5-d tensor, widths 0 on the lane dim.
 - ChannelSlice(X blocked) -> Y blocked: `channels` channels from channel
   `start` (a multiple of b), i.e. whole blocks of X: a channel Split or Slice
   on block boundaries, one node per piece.
@@ -74,6 +75,7 @@ output).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -325,25 +327,35 @@ class NchwcLayout(GraphPass):
         return True
 
     def _pad(self, rw: Rewrite, node: Node) -> bool:
-        """A Pad of H and W only (zero, reflect or edge: each keeps zero padding lanes
-        zero) pads the blocked tensor's H and W: a default-domain Pad on the 5-d tensor."""
+        """A Pad of H and W only pads the blocked tensor's H and W: a default-domain Pad on
+        the 5-d tensor. Zero, reflect and edge keep zero padding lanes zero; another
+        (finite) constant writes it into the padding lanes of the new border, so the result
+        is dirty (convs never read those lanes; see nchwc_rewrite)."""
         x = node.inputs[0]
         form = pad_form(rw.graph, node) if x in rw.blocked and not node.epilogue else None
         if form is None or len(form.begin) != 4 or not form.spatial_only() \
                 or form.mode not in ("constant", "reflect", "edge") \
-                or (form.mode == "constant" and form.value != 0):
+                or (form.mode == "constant" and not math.isfinite(form.value)):
             return False
         entry = rw.blocked[x]
-        out = rw.new_blocked(node.outputs[0], entry.channels, dirty=entry.dirty)
+        dirty = entry.dirty or (form.mode == "constant" and form.value != 0)
+        out = rw.new_blocked(node.outputs[0], entry.channels, dirty=dirty)
         widths = (*form.begin, 0, *form.end, 0)     # the lane dim is not padded
         inputs, attrs = [entry.name], {"mode": form.mode}
         if rw.graph.opset < 11:
             attrs["pads"] = widths
+            if form.value:
+                attrs["value"] = float(form.value)
         else:
             name = rw.fresh(f"{node.name}_pads_nchwc")
             rw.graph.constants[name] = np.array(widths, np.int64)
             rw.graph.tensors[name] = TensorInfo((len(widths),), "int64")
             inputs.append(name)
+            if form.value:
+                value = rw.fresh(f"{node.name}_value_nchwc")
+                rw.graph.constants[value] = np.array(form.value, np.float32)
+                rw.graph.tensors[value] = TensorInfo((), "float32")
+                inputs.append(value)
         rw.nodes.append(Node("Pad", inputs, [out], node.name, attrs, node.domain))
         self.hit("Pad")
         return True

@@ -222,6 +222,20 @@ def _variance_of(ctx: FusionContext, d_name: str, var: Node | None, rank: int,
     return square if square.op == "Mul" and square.inputs == [d_name, d_name] else None
 
 
+def _mean_plus_eps(ctx: FusionContext, sqrt: Node):
+    """(the Add, the node it adds a scalar constant to, eps) under `sqrt`, each read only by
+    the next; None otherwise."""
+    prod = ctx.producers
+    add_eps = prod.get(sqrt.inputs[0])
+    if add_eps is None or add_eps.op != "Add" or not _only_feeds(ctx, add_eps, sqrt):
+        return None
+    var = next((prod.get(i) for i in add_eps.inputs if i in prod), None)
+    eps = _const_operand(ctx, add_eps, "Add", var.outputs[0]) if var is not None else None
+    if eps is None or eps.size != 1 or not _only_feeds(ctx, var, add_eps):
+        return None
+    return add_eps, var, eps
+
+
 def _users(ctx: FusionContext, name: str) -> list[Node]:
     return list(ctx.users.get(name, []))
 
@@ -232,13 +246,10 @@ def match_layer_norm_reciprocal(ctx: FusionContext, recip: Node):
     std = prod.get(recip.inputs[0])
     if std is None or std.op != "Sqrt" or not _only_feeds(ctx, std, recip):
         return None
-    add_eps = prod.get(std.inputs[0])
-    if add_eps is None or add_eps.op != "Add" or not _only_feeds(ctx, add_eps, std):
+    found = _mean_plus_eps(ctx, std)
+    if found is None:
         return None
-    var = next((prod.get(i) for i in add_eps.inputs if i in prod), None)
-    eps = _const_operand(ctx, add_eps, "Add", var.outputs[0]) if var is not None else None
-    if eps is None or eps.size != 1 or not _only_feeds(ctx, var, add_eps):
-        return None
+    add_eps, var, eps = found
     square = prod.get(var.inputs[0])
     sub = prod.get(square.inputs[0]) if square is not None else None
     if sub is None or sub.op != "Sub":
@@ -314,13 +325,10 @@ def match_rms_norm(ctx: FusionContext, sqrt: Node):
 
     as (x, first axis, eps, gamma or None, its nodes in order), or None."""
     graph, prod = ctx.graph, ctx.producers
-    add_eps = prod.get(sqrt.inputs[0])
-    if add_eps is None or add_eps.op != "Add" or not _only_feeds(ctx, add_eps, sqrt):
+    found = _mean_plus_eps(ctx, sqrt)
+    if found is None:
         return None
-    var = next((prod.get(i) for i in add_eps.inputs if i in prod), None)
-    eps = _const_operand(ctx, add_eps, "Add", var.outputs[0]) if var is not None else None
-    if eps is None or eps.size != 1 or not _only_feeds(ctx, var, add_eps):
-        return None
+    add_eps, var, eps = found
     square = prod.get(var.inputs[0])
     x = _squared(ctx, square)
     if x is None or not _only_feeds(ctx, square, var):
