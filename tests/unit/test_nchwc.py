@@ -486,8 +486,9 @@ def _padded_convs(rng, mode: str, widths, value=None, opset: int = 13) -> onnx.M
     # which the next conv never reads
     ("constant", [0, 0, 1, 1, 0, 0, 2, 1], 1.5, 13),
     ("constant", [0, 0, 1, 0, 0, 0, 1, 2], -2.0, 10),
+    ("constant", [0, 0, -1, 1, 0, 0, 0, -2], 0.0, 13),     # a crop of H, W padded
 ], ids=["reflect", "edge", "zeros", "reflect-opset10", "non-zero value",
-        "non-zero value opset10"])
+        "non-zero value opset10", "crop"])
 def test_a_spatial_pad_stays_in_the_blocked_layout(mode, widths, value, opset, rng):
     # a reflect-padded conv (style transfer, paddle2onnx's reflect pads): before, the
     # layout reordered to NCHW for the Pad and back for the next conv
@@ -505,10 +506,10 @@ def test_a_spatial_pad_stays_in_the_blocked_layout(mode, widths, value, opset, r
 @pytest.mark.parametrize("mode, widths, value", [
     ("constant", [0, 0, 1, 1, 0, 0, 1, 1], float("inf")),  # inf x a zero weight is NaN
     ("reflect", [0, 2, 1, 1, 0, 2, 1, 1], None),     # pads channels
-    ("constant", [0, 0, -1, 0, 0, 0, 0, 0], 0.0),    # a crop
-], ids=["infinite value", "channel widths", "crop"])
-def test_a_pad_that_is_not_spatial_or_not_zero_ends_the_blocked_layout(mode, widths, value,
-                                                                       rng):
+    ("reflect", [0, 0, -1, 0, 0, 0, 1, 0], None),    # a reflect crop
+], ids=["infinite value", "channel widths", "reflect crop"])
+def test_a_pad_of_channels_an_infinite_value_or_a_reflect_crop_ends_the_blocked_layout(
+        mode, widths, value, rng):
     graph = load_model(_padded_convs(rng, mode, widths, value))
     optimized = NchwcLayout().run(graph.copy())
     (pad,) = [n for n in optimized.nodes if n.op == "Pad"]

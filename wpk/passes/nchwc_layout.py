@@ -327,15 +327,17 @@ class NchwcLayout(GraphPass):
         return True
 
     def _pad(self, rw: Rewrite, node: Node) -> bool:
-        """A Pad of H and W only pads the blocked tensor's H and W: a default-domain Pad on
-        the 5-d tensor. Zero, reflect and edge keep zero padding lanes zero; another
-        (finite) constant writes it into the padding lanes of the new border, so the result
-        is dirty (convs never read those lanes; see nchwc_rewrite)."""
+        """A Pad of H and W only pads (or, constant, crops: negative widths) the blocked
+        tensor's H and W: a default-domain Pad on the 5-d tensor. Zero, reflect and edge
+        keep zero padding lanes zero; another (finite) constant writes it into the padding
+        lanes of the new border, so the result is dirty (convs never read those lanes; see
+        nchwc_rewrite)."""
         x = node.inputs[0]
         form = pad_form(rw.graph, node) if x in rw.blocked and not node.epilogue else None
-        if form is None or len(form.begin) != 4 or not form.spatial_only() \
+        if form is None or len(form.begin) != 4 or any(form.begin[:2] + form.end[:2]) \
                 or form.mode not in ("constant", "reflect", "edge") \
-                or (form.mode == "constant" and not math.isfinite(form.value)):
+                or (form.mode == "constant" and not math.isfinite(form.value)) \
+                or (min(form.begin + form.end) < 0 and form.mode != "constant"):
             return False
         entry = rw.blocked[x]
         dirty = entry.dirty or (form.mode == "constant" and form.value != 0)
