@@ -487,8 +487,12 @@ def _padded_convs(rng, mode: str, widths, value=None, opset: int = 13) -> onnx.M
     ("constant", [0, 0, 1, 1, 0, 0, 2, 1], 1.5, 13),
     ("constant", [0, 0, 1, 0, 0, 0, 1, 2], -2.0, 10),
     ("constant", [0, 0, -1, 1, 0, 0, 0, -2], 0.0, 13),     # a crop of H, W padded
+    # zero channels (the next conv reads a multiple of 4): 12 after the 24 (into the last
+    # block's padding lanes and a new block), and a whole block before
+    ("constant", [0, 0, 0, 0, 0, 12, 0, 0], 0.0, 13),
+    ("constant", [0, B, 1, 0, 0, 4, 0, 1], 0.0, 13),
 ], ids=["reflect", "edge", "zeros", "reflect-opset10", "non-zero value",
-        "non-zero value opset10", "crop"])
+        "non-zero value opset10", "crop", "channels after", "a block of channels before"])
 def test_a_spatial_pad_stays_in_the_blocked_layout(mode, widths, value, opset, rng):
     # a reflect-padded conv (style transfer, paddle2onnx's reflect pads): before, the
     # layout reordered to NCHW for the Pad and back for the next conv
@@ -505,11 +509,14 @@ def test_a_spatial_pad_stays_in_the_blocked_layout(mode, widths, value, opset, r
 
 @pytest.mark.parametrize("mode, widths, value", [
     ("constant", [0, 0, 1, 1, 0, 0, 1, 1], float("inf")),  # inf x a zero weight is NaN
-    ("reflect", [0, 2, 1, 1, 0, 2, 1, 1], None),     # pads channels
+    ("reflect", [0, 2, 1, 1, 0, 2, 1, 1], None),     # reflects channels
     ("reflect", [0, 0, -1, 0, 0, 0, 1, 0], None),    # a reflect crop
-], ids=["infinite value", "channel widths", "reflect crop"])
-def test_a_pad_of_channels_an_infinite_value_or_a_reflect_crop_ends_the_blocked_layout(
-        mode, widths, value, rng):
+    ("constant", [0, B // 2, 0, 0, 0, B // 2, 0, 0], 0.0),   # half a block before
+    ("constant", [0, 0, 0, 0, 0, 4, 0, 0], 1.0),     # channels of ones
+], ids=["infinite value", "channel widths reflected", "reflect crop",
+        "half a block of channels before", "non-zero channels"])
+def test_a_pad_the_blocked_tensor_cannot_take_ends_the_blocked_layout(mode, widths, value,
+                                                                      rng):
     graph = load_model(_padded_convs(rng, mode, widths, value))
     optimized = NchwcLayout().run(graph.copy())
     (pad,) = [n for n in optimized.nodes if n.op == "Pad"]

@@ -327,22 +327,26 @@ class NchwcLayout(GraphPass):
         return True
 
     def _pad(self, rw: Rewrite, node: Node) -> bool:
-        """A Pad of H and W only pads (or, constant, crops: negative widths) the blocked
-        tensor's H and W: a default-domain Pad on the 5-d tensor. Zero, reflect and edge
-        keep zero padding lanes zero; another (finite) constant writes it into the padding
-        lanes of the new border, so the result is dirty (convs never read those lanes; see
-        nchwc_rewrite)."""
+        """A Pad of H and W pads (or, constant, crops: negative widths) the blocked tensor's
+        H and W: a default-domain Pad on the 5-d tensor. Zero, reflect and edge keep zero
+        padding lanes zero; another (finite) constant writes it into the padding lanes of
+        the new border, so the result is dirty (convs never read those lanes; see
+        nchwc_rewrite). Zero channels pad whole blocks (`_channel_blocks`)."""
         x = node.inputs[0]
         form = pad_form(rw.graph, node) if x in rw.blocked and not node.epilogue else None
-        if form is None or len(form.begin) != 4 or any(form.begin[:2] + form.end[:2]) \
+        if form is None or len(form.begin) != 4 or form.begin[0] or form.end[0] \
                 or form.mode not in ("constant", "reflect", "edge") \
                 or (form.mode == "constant" and not math.isfinite(form.value)) \
                 or (min(form.begin + form.end) < 0 and form.mode != "constant"):
             return False
         entry = rw.blocked[x]
+        blocks = self._channel_blocks(rw, entry, form)
+        if blocks is None:
+            return False
         dirty = entry.dirty or (form.mode == "constant" and form.value != 0)
-        out = rw.new_blocked(node.outputs[0], entry.channels, dirty=dirty)
-        widths = (*form.begin, 0, *form.end, 0)     # the lane dim is not padded
+        channels = entry.channels + form.begin[1] + form.end[1]
+        out = rw.new_blocked(node.outputs[0], channels, dirty=dirty)
+        widths = (0, blocks[0], *form.begin[2:], 0, 0, blocks[1], *form.end[2:], 0)
         inputs, attrs = [entry.name], {"mode": form.mode}
         if rw.graph.opset < 11:
             attrs["pads"] = widths
@@ -361,6 +365,22 @@ class NchwcLayout(GraphPass):
         rw.nodes.append(Node("Pad", inputs, [out], node.name, attrs, node.domain))
         self.hit("Pad")
         return True
+
+    @staticmethod
+    def _channel_blocks(rw: Rewrite, entry, form) -> tuple[int, int] | None:
+        """(blocks before, blocks after) a Pad adds on the blocked tensor's block axis, or
+        None when it cannot: channel widths must be zeros added to a clean tensor (its zero
+        padding lanes become the new channels of its last block), none removed, those
+        before whole blocks (a CIFAR ResNet's shortcut pads 8 channels on each side: whole
+        blocks of 8 on an AVX2 host, half a block of 16 on an AVX-512 one)."""
+        before, after = form.begin[1], form.end[1]
+        if not before and not after:
+            return 0, 0
+        if min(before, after) < 0 or form.mode != "constant" or form.value != 0 \
+                or entry.dirty or before % rw.block:
+            return None
+        old = -(-entry.channels // rw.block)
+        return before // rw.block, -(-(entry.channels + after) // rw.block) - old
 
     def _transpose(self, rw: Rewrite, node: Node) -> bool:
         """NCHW <-> NHWC transposes at the blocked layout's edge become its reorders with
