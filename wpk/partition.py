@@ -214,13 +214,8 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     if failed:
         return _kept(per_op, f"onnxruntime failed verification on {', '.join(failed[:3])}"
                      + (f" and {len(failed) - 3} more" if len(failed) > 3 else ""))
-    sessions = {WPK: Session(per_op)}
-    if regions is not None:
-        sessions[REGIONS] = Session(regions)
-    if one_pool is not None:
-        sessions[ONE_POOL] = Session(one_pool)
-    if untuned is not None:
-        sessions[UNTUNED] = Session(untuned)
+    plans = {WPK: per_op, REGIONS: regions, ONE_POOL: one_pool, UNTUNED: untuned}
+    sessions = {name: Session(plan) for name, plan in plans.items() if plan is not None}
     feeds = example_feeds(sessions[WPK], seed=0)
     try:
         sessions[ONNXRUNTIME] = Session(whole_model)
@@ -255,26 +250,25 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
         summary["reason"] = (f"wpk's plan runs at {ratio:.2f}x onnxruntime's latency, {why}: "
                              "the plan is onnxruntime's whole model")
         return whole_model, summary
+    summary["reason"] = _kept_reason(variant, medians, ratio, options.margin, in_rounds)
+    return plans[variant], summary
+
+
+def _kept_reason(variant: str, medians: dict[str, float], ratio: float, margin: float,
+                 in_rounds: str) -> str:
+    """Why wpk's plan `variant` (the fastest of wpk's contenders) was kept."""
+    at = f"at {ratio:.2f}x onnxruntime's latency, {in_rounds}"
     if variant == REGIONS:
-        summary["reason"] = (f"wpk's plan with its steps outside onnxruntime's regions given "
-                             f"back to them runs {medians[WPK] / medians[REGIONS]:.2f}x faster "
-                             f"than with them, at {ratio:.2f}x onnxruntime's latency, "
-                             f"{in_rounds}")
-        return regions, summary
+        return (f"wpk's plan with its steps outside onnxruntime's regions given back to them "
+                f"runs {medians[WPK] / medians[REGIONS]:.2f}x faster than with them, {at}")
     if variant == UNTUNED:
         tuned = min(medians[name] for name in medians if name not in (UNTUNED, ONNXRUNTIME))
-        summary["reason"] = (f"the plan of the candidates an untuned build offers runs "
-                             f"{tuned / medians[UNTUNED]:.2f}x faster than the tuned plan's "
-                             f"best form end to end, at {ratio:.2f}x onnxruntime's latency, "
-                             f"{in_rounds}")
-        return untuned, summary
+        return (f"the plan of the candidates an untuned build offers runs "
+                f"{tuned / medians[UNTUNED]:.2f}x faster than the tuned plan's best form end "
+                f"to end, {at}")
     if variant == ONE_POOL:
-        summary["reason"] = (f"wpk's plan with its onnxruntime steps given to generated kernels "
-                             f"(one thread pool) runs {medians[WPK] / medians[ONE_POOL]:.2f}x "
-                             f"faster than the per-operator plan, at {ratio:.2f}x "
-                             f"onnxruntime's latency, {in_rounds}")
-        return one_pool, summary
-    summary["reason"] = (f"wpk's per-operator plan runs at {ratio:.2f}x onnxruntime's "
-                         f"latency (kept: at least {options.margin:.0%} faster, and "
-                         f"{in_rounds})")
-    return per_op, summary
+        return (f"wpk's plan with its onnxruntime steps given to generated kernels (one thread "
+                f"pool) runs {medians[WPK] / medians[ONE_POOL]:.2f}x faster than the "
+                f"per-operator plan, {at}")
+    return (f"wpk's per-operator plan runs at {ratio:.2f}x onnxruntime's latency (kept: at "
+            f"least {margin:.0%} faster, and {in_rounds})")

@@ -282,11 +282,15 @@ def choose_implementations(items: Sequence, target: Target, runner: Runner,
                             for r in found.values()]
         extra = family_candidates(results, target.families)
         last_pass = nullcontext() if target.predicted else runner.side_by_side()
+        offered: dict[str, set[str]] = {}   # what an untuned build offers, by workload
+
+        def final_candidates(workload):
+            found = target.candidates(workload)
+            offered[workload.key] = {c.label for c in found}
+            return [*found, *extra(workload)]
+
         with progress_bar(opts.progress, description="planning") as on_progress, last_pass:
-            choices = plan(items, lambda w: [*target.candidates(w), *extra(w)], runner,
-                           plan_options, on_progress)
-        offered = {item.workload.key: {c.label for c in target.candidates(item.workload)}
-                   for item in items}
+            choices = plan(items, final_candidates, runner, plan_options, on_progress)
         choices.untuned = untuned_choices(choices, offered)
     summary.update(measured=runner.measured, reused=runner.reused,
                    records=len(runner.database), fingerprint=runner.fingerprint.to_json())
