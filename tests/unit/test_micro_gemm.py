@@ -176,6 +176,33 @@ def test_config_space_rejects_what_does_not_fit():
             assert GemmSpace(geometry, (isa,)).space()["kc"].count(config["kc"]) == 1
 
 
+@pytest.mark.parametrize("case", ["odd_k_and_n_gelu", "broadcast_batch_variable_b",
+                                  "gemm_transposes_alpha_beta", "gemm_classifier_clip"])
+def test_prefetch_knob_builds_correct_kernels(case, rng):
+    """pf rows of B ahead (each cache line of the panel's row) compute what pf 0 does, on
+    short passes too (the prefetch runs past the slice: a hint, never a fault)."""
+    workload, isa = CASES[case], USABLE[0]
+    geometry = gemm_geometry(workload)
+    for pf in (4, 16):
+        config = dict(default_config(geometry, isa), kc=32, pf=pf)
+        assert _check(workload, config, rng) < 1e-5, config
+        source, _ = gemm_source(geometry, config)
+        nr = config["nv"] * ISAS[isa].lanes
+        prefetches = source.count("__builtin_prefetch(p + (long)(k + PF) * NR")
+        assert f"#define PF {pf}\n" in source and prefetches == -(-nr // 16) * (
+            1 + bool(geometry.m % config["mr"]))   # one a line, in each tile function
+
+
+def test_configs_without_the_prefetch_knob_build_the_kernel_they_built_before():
+    g = gemm_geometry(CASES["odd_k_and_n_gelu"])
+    config = default_config(g)
+    assert "pf" not in config and config_reason(g, config) is None
+    assert gemm_source(g, config) == gemm_source(g, dict(config, pf=0))
+    assert "__builtin_prefetch" not in gemm_source(g, config)[0]
+    assert GemmSpace(g).space()["pf"] == (0, 4, 8, 16)
+    assert "pf" in config_reason(g, dict(config, pf=5))
+
+
 def test_unsupported_workloads_say_why():
     double = Workload("MatMul", (T((4, 4), "float64"), T((4, 4), "float64")),
                       (T((4, 4), "float64"),), const_inputs=(1,))

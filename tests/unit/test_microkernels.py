@@ -247,6 +247,50 @@ def test_config_space_rejects_what_does_not_fit():
         assert config_reason(found, default_config(found)) is None
 
 
+PREFETCHED = ("3x3_odd_channels", "3x3_stride2_residual", "1x1_stride2_batch2",
+              "1x1_flat_residual_clip", "stem_7x7_stride2", "grouped_3x3_residual")
+
+
+@pytest.mark.parametrize("case", PREFETCHED)
+def test_prefetch_knob_builds_correct_kernels_one_block_ahead(case, rng):
+    """pf 1 and 4 (with the phase split off and on where it applies) compute what pf 0
+    does; each tap prefetches its pixels `pf` input blocks ahead: PLANE is the distance
+    between input blocks of what the tile reads (the image, or the phase split)."""
+    workload, isa = CASES[case], USABLE[0]
+    g = geometry(workload)
+    if B % ISAS[isa].lanes:
+        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    for split in ((0, 1) if g.strided else (0,)):
+        for pf in (1, 4):
+            config = dict(default_config(g, isa), split=split, pf=pf)
+            assert _check(workload, config, rng) < 1e-5, config
+            source = conv_source(g, config)
+            assert f"#define PF {pf}\n" in source and "__builtin_prefetch(xp + PF * PLANE" \
+                in source
+            plane = int(source.split("#define PLANE ")[1].split("\n")[0])
+            if split:
+                assert plane * g.n * g.cb == split_floats(g, config)
+            else:
+                assert plane == g.h * g.w * g.in_block
+
+
+def test_configs_without_the_prefetch_knob_build_the_kernel_they_built_before():
+    """`pf` is optional: a config (or tuning record) from before it existed is valid and
+    its source has no prefetch; the space offers it for regular convs only."""
+    g = geometry(CASES["3x3_odd_channels"])
+    config = default_config(g)
+    assert "pf" not in config and config_reason(g, config) is None
+    source = conv_source(g, config)
+    assert source == conv_source(g, dict(config, pf=0))
+    assert "__builtin_prefetch" not in source and "#define PF" not in source
+    assert MicroSpace(g).space()["pf"] == (0, 1, 2, 4)
+    assert "pf" in config_reason(g, dict(config, pf=3))
+    dw = geometry(CASES["depthwise_3x3"])
+    assert MicroSpace(dw).space()["pf"] == (0,)
+    assert "depthwise" in config_reason(dw, dict(default_config(dw), pf=1))
+    assert "knobs" in config_reason(g, dict(config, prefetch=1))
+
+
 def test_1x1_stride1_convs_are_one_row_of_pixels():
     g = geometry(CASES["1x1_flat_residual_clip"])
     assert g.flattened and (g.h, g.w, g.oh, g.ow) == (1, 35, 1, 35)
@@ -404,6 +448,25 @@ def test_bench_groups_and_grid_cover_the_strided_knobs(scripts_on_path):
     strided = nchwc_workload(ConvShape(64, 14, 14, 64, 3, 3, 2, 1), B)
     grid = grid_configs(MicroKernels().template(strided), 8)
     assert {c["split"] for c in grid} == {0, 1} and len({c["rows"] for c in grid}) == 2
+
+
+def test_prefetch_bench_verifies_and_times_every_pf_of_conv_and_gemm(scripts_on_path,
+                                                                    tmp_path):
+    import json
+
+    import bench_prefetch
+
+    output = tmp_path / "pf.json"
+    assert bench_prefetch.main(["--rounds", "1", "--repeat", "1", "--limit", "1",
+                                "--output", str(output)]) == 0
+    report = json.loads(output.read_text())["rows"][0]
+    conv_row, gemm_row = report["conv"]["rows"][0], report["gemm"]["rows"][0]
+    assert conv_row["label"].startswith("stem") and set(conv_row["speedup"]) == {"1", "2", "4"}
+    assert set(gemm_row["speedup"]) == {"4", "8", "16"} and "bert_base_layer" in gemm_row["label"]
+    for row in (conv_row, gemm_row):
+        assert max(row["relative_l2"].values()) < 1e-4
+        assert all(s > 0 for s in row["speedup"].values())
+    assert report["gemm"]["summary"]["8"]["min"] == gemm_row["speedup"]["8"]
 
 
 def test_search_driver_tunes_micro_kernels_through_records(tmp_path):

@@ -12,7 +12,9 @@ columns, B packed in panels of nr columns); the reduction runs in passes of
 `kc` rows of B (partial sums parked in the output), so a panel's kc x nr slice
 stays in L1 while the `mr`-row tiles of a block of `mb` tiles sweep it; a
 parallel unit is one batch x `mb` row tiles x `nb` panels. `unroll` unrolls
-the loop over k. Every operand of the epilogue (Gemm's C, the fused steps' own
+the loop over k; the optional `pf` (0 when absent) has every k of a tile prefetch the
+panel's row `pf` rows of B ahead (the first tile of a panel reads it from L3 or
+memory). Every operand of the epilogue (Gemm's C, the fused steps' own
 operands) is addressed as `b * sb + i * si + j * sj` in the output's
 [batch, M, N] view: strides 0 broadcast it.
 """
@@ -39,6 +41,10 @@ KC_CHOICES = (32, 64, 128, 256, 512, 1024)
 MB_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 NB_CHOICES = (1, 2, 4, 8, 16, 32)
 UNROLL_CHOICES = (1, 2, 4, 8)
+PF_CHOICES = (0, 4, 8, 16)
+# Knobs a config may leave out, and their values then (configs and records written before
+# the knob existed stay valid and build the same kernel)
+OPTIONAL_KNOBS = {"pf": 0}
 # A panel's kc x nr slice the row tiles of a block sweep: kept within this many bytes, half
 # of a 256 KiB L2 (the smallest of current x86 server cores). An L1-sized slice (32 KiB:
 # kc 128 at 4 AVX-512 vectors) parks partial sums in the output once per 128 rows of B
@@ -208,8 +214,9 @@ def tile_registers(nv: int, mr: int) -> int:
 
 def config_reason(g: GemmGeometry, config) -> str | None:
     """None when `config` is a valid GEMM micro-kernel schedule of `g`, else why not."""
-    if set(config) != set(KNOBS):
-        return f"a GEMM micro-kernel config has the knobs {', '.join(KNOBS)}"
+    if not set(KNOBS) <= set(config) <= set(KNOBS) | set(OPTIONAL_KNOBS):
+        return (f"a GEMM micro-kernel config has the knobs {', '.join(KNOBS)} and "
+                f"optionally {', '.join(OPTIONAL_KNOBS)}")
     try:
         isa = isa_named(str(config["isa"]))
     except ValueError as exc:
@@ -225,7 +232,14 @@ def config_reason(g: GemmGeometry, config) -> str | None:
         return f"nv {nv} is more vectors than the {g.vectors(isa.lanes)} of a row"
     if tile_registers(nv, mr) > isa.registers:
         return f"a {mr}x{nv} tile needs more than {isa.name}'s {isa.registers} vector registers"
+    if prefetch_rows(config) not in PF_CHOICES:
+        return f"pf (rows of B prefetched ahead) is one of {PF_CHOICES}"
     return None
+
+
+def prefetch_rows(config) -> int:
+    """Rows of B a config's tiles prefetch ahead (0, none, when it has no `pf`)."""
+    return int(config.get("pf", OPTIONAL_KNOBS["pf"]))
 
 
 def _at_least(choices: tuple[int, ...], value: int) -> int:
@@ -318,7 +332,7 @@ class GemmSpace:
     def space(self) -> dict[str, tuple]:
         """Knob -> choices."""
         return {"isa": self.isas, "mr": MR_CHOICES, "nv": NV_CHOICES, "kc": KC_CHOICES,
-                "mb": MB_CHOICES, "nb": NB_CHOICES, "unroll": UNROLL_CHOICES}
+                "mb": MB_CHOICES, "nb": NB_CHOICES, "unroll": UNROLL_CHOICES, "pf": PF_CHOICES}
 
     def validate(self, config) -> str | None:
         """None when `config` builds a correct kernel on this host, else why not."""

@@ -14,7 +14,8 @@ panels). A unit reduces over k in passes of KC; in a pass, for each panel of
 its block, every MR-row tile of its rows keeps MR x NV accumulators in vector
 registers, starts them at zero (first pass) or at the partial sums in y, and
 for every k of the pass loads the panel's NV vectors and adds each row's A
-value, broadcast, times them: NV + MR loads for MR x NV FMAs. The panel's
+value, broadcast, times them: NV + MR loads for MR x NV FMAs (and, with a `pf`
+config, a prefetch of each cache line of the panel's row PF rows ahead). The panel's
 KC x NR slice stays in L1 while the tiles sweep it. The last panel's columns
 past N go through a small buffer on the stack; the rows past the last whole
 tile take a smaller tile generated for that row count. After the last pass
@@ -29,8 +30,8 @@ from collections.abc import Mapping
 
 from wpk.core.epilogue import epilogue_op, step_value
 from wpk.kernels.c_expressions import CExpression, c_float
-from wpk.kernels.cpu.microkernels.gemm_space import GemmGeometry, config_reason
-from wpk.kernels.cpu.microkernels.isa import ISAS
+from wpk.kernels.cpu.microkernels.gemm_space import GemmGeometry, config_reason, prefetch_rows
+from wpk.kernels.cpu.microkernels.isa import ISAS, LINE_FLOATS
 from wpk.kernels.cpu.microkernels.vector_math import vector_math
 
 _HEADER = r"""
@@ -112,9 +113,12 @@ INLINE void tile_{mr}(const float *a, const float *p, float *y, int kk, int firs
 """
 
 
-def _tile(mr: int, nv: int, unroll: int) -> str:
-    """The C function of an mr x nv register tile (see `_TILE`)."""
+def _tile(mr: int, nv: int, unroll: int, prefetch_lines: int = 0) -> str:
+    """The C function of an mr x nv register tile (see `_TILE`); each k prefetches
+    `prefetch_lines` cache lines of the panel's row PF rows ahead."""
     init, body, store = [], [], []
+    body += [f"        __builtin_prefetch(p + (long)(k + PF) * NR + {line * LINE_FLOATS}, 0, 3);"
+             for line in range(prefetch_lines)]
     for r in range(mr):
         for v in range(nv):
             init.append(f"    vf c{r}_{v} = first ? vsplat(0.0f) : vload(t + {r} * ldt + "
@@ -211,6 +215,8 @@ def gemm_source(g: GemmGeometry, config: Mapping) -> tuple[str, tuple[str, ...]]
                    MB=mb, NB=nb, PANELS=panels, RBLOCKS=rblocks, CBLOCKS=cblocks,
                    UNITS=g.batch * rblocks * cblocks, BCOUNT=g.b_count, LDM=g.lda_m,
                    LDK=g.lda_k, TRANSB=int(g.trans_b), ALPHA=c_float(g.alpha))
+    if prefetch_rows(config):
+        defines["PF"] = prefetch_rows(config)
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_table("A_OFF", g.a_offsets))
@@ -218,10 +224,11 @@ def gemm_source(g: GemmGeometry, config: Mapping) -> tuple[str, tuple[str, ...]]
     epilogue = _epilogue(g)
     declarations, libraries = vector_math(epilogue, ISAS[str(config["isa"])])
     parts += [declarations, epilogue]
-    parts.append(_tile(mr, nv, unroll))
+    lines = -(-nr // LINE_FLOATS) if prefetch_rows(config) else 0
+    parts.append(_tile(mr, nv, unroll, lines))
     rest = g.m % mr
     if rest:
-        parts.append(_tile(rest, nv, unroll))
+        parts.append(_tile(rest, nv, unroll, lines))
     main = _MAIN.replace("{mr}", str(mr))
     parts.append(main.replace("{rest}", _REST.format(rest=rest) if rest else ""))
     return "".join(parts), libraries

@@ -22,6 +22,8 @@ from wpk.dsl.toolchain import BASE_C_FLAGS
 
 # ISO C (-std=c11) turns floating-point contraction off; the micro-kernels want their FMAs.
 _CONTRACT = ("-ffp-contract=fast",)
+# Floats per cache line: 64 bytes on every x86 ISA below (a prefetch knob issues one a line)
+LINE_FLOATS = 16
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
     space = MicroSpace(geometry)            # space(), validate(config), default_config()
 
 A config is `{"isa": name, "kv": output vectors, "px": output pixels, "unroll": n,
-"cbt": input blocks per pass, "split": 0 or 1, "rows": output rows per unit}`:
+"cbt": input blocks per pass, "split": 0 or 1, "rows": output rows per unit}`, and
+optionally `"pf"` (prefetch distance in input blocks, 0 when absent):
 the register tile is kv vectors of output channels (kv * lanes channels) by px
 output pixels of one row, `kv * px` accumulators; a depthwise tile is one
 vector of channels by px pixels (kv is 1). `unroll` unrolls the reduction over
@@ -14,11 +15,13 @@ the input channels of a block (regular convs) or over the filter rows
 `cbt` blocks (partial sums kept in the output), so the weights of a pass stay
 in L1 while every tile of a row segment uses them; a parallel unit covers `rows`
 output rows (the pass loop outside them), so on small images a pass's weights
-serve more pixels. `split` 1 (strided regular convs only) phase-splits the input
-first (space-to-depth with the padding made explicit, per call into a scratch
-buffer), so every filter tap reads contiguous pixels of one phase and no tile
-checks the image's edges; a strided 1x1 conv becomes a subsample followed by a
-flattened 1x1 conv.
+serve more pixels. `pf` > 0 (regular convs) has each tap of a tile prefetch the
+input pixels it reads `pf` blocks further along the reduction (another plane of
+the blocked input, a stride the hardware prefetchers follow late). `split` 1
+(strided regular convs only) phase-splits the input first (space-to-depth with
+the padding made explicit, per call into a scratch buffer), so every filter tap
+reads contiguous pixels of one phase and no tile checks the image's edges; a
+strided 1x1 conv becomes a subsample followed by a flattened 1x1 conv.
 
 The input is blocked (N, CB, H, W, block), or NCHW (N, C, H, W) for a
 network's first conv (`nchw_input`: 3 or 1 channels, each a "block" of one
@@ -49,7 +52,11 @@ UNIT_PIXELS = 100
 # ... and phase-splits rows of at most this many output pixels
 SPLIT_ROW = 16
 ROWS_CHOICES = (1, 2, 4, 7, 8, 14, 16, 28)
+PF_CHOICES = (0, 1, 2, 4)
 KNOBS = ("isa", "kv", "px", "unroll", "cbt", "split", "rows")
+# Knobs a config may leave out, and their values then (configs and records written before
+# the knob existed stay valid and build the same kernel)
+OPTIONAL_KNOBS = {"pf": 0}
 # The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
 # ... and those MLAS has no form of (wpk step name -> the name the epilogue knows)
@@ -210,8 +217,9 @@ class MicroSpace:
         kv = (1,) if self.geometry.depthwise else KV_CHOICES
         cbt = (1,) if self.geometry.depthwise else CBT_CHOICES
         split = (0, 1) if splittable(self.geometry) else (0,)
+        pf = (0,) if self.geometry.depthwise else PF_CHOICES
         return {"isa": self.isas, "kv": kv, "px": PX_CHOICES, "unroll": UNROLL_CHOICES,
-                "cbt": cbt, "split": split, "rows": ROWS_CHOICES}
+                "cbt": cbt, "split": split, "rows": ROWS_CHOICES, "pf": pf}
 
     def validate(self, config) -> str | None:
         """None when `config` builds a correct kernel on this host, else why not."""
@@ -229,8 +237,9 @@ def splittable(geometry: ConvGeometry) -> bool:
 
 def config_reason(geometry: ConvGeometry, config) -> str | None:
     """None when `config` is a valid micro-kernel schedule of `geometry`, else why not."""
-    if set(config) != set(KNOBS):
-        return f"a micro-kernel config has the knobs {', '.join(KNOBS)}"
+    if not set(KNOBS) <= set(config) <= set(KNOBS) | set(OPTIONAL_KNOBS):
+        return (f"a micro-kernel config has the knobs {', '.join(KNOBS)} and optionally "
+                f"{', '.join(OPTIONAL_KNOBS)}")
     try:
         isa = isa_named(str(config["isa"]))
     except ValueError as exc:
@@ -244,6 +253,11 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
         return "split is 0 or 1"
     if config["split"] and not splittable(geometry):
         return "a phase split applies to strided regular convs only"
+    pf = prefetch_distance(config)
+    if pf not in PF_CHOICES:
+        return f"pf (prefetch distance in input blocks) is one of {PF_CHOICES}"
+    if pf and geometry.depthwise:
+        return "prefetch applies to regular convs only (a depthwise tile reads one block)"
     if geometry.block % isa.lanes:
         return f"the block {geometry.block} is not a multiple of {isa.name}'s {isa.lanes} lanes"
     if min(kv, px, unroll) < 1 or px > max(PX_CHOICES) or unroll > max(UNROLL_CHOICES):
@@ -259,6 +273,11 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
         return (f"a {kv}x{px} tile needs more than {isa.name}'s {isa.registers} "
                 "vector registers")
     return None
+
+
+def prefetch_distance(config) -> int:
+    """The config's prefetch distance in input blocks (0, no prefetch, when it has none)."""
+    return int(config.get("pf", OPTIONAL_KNOBS["pf"]))
 
 
 def _whole_kvs(geometry: ConvGeometry, isa: Isa) -> list[int]:

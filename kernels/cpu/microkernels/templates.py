@@ -44,13 +44,14 @@ Vectors are GCC vector extensions of `lanes` floats (`isa.py`); `vload` and
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import replace
 
 from wpk.kernels.c_expressions import c_float
-from wpk.kernels.cpu.microkernels.isa import ISAS
-from wpk.kernels.cpu.microkernels.space import ConvGeometry, config_reason
+from wpk.kernels.cpu.microkernels.isa import ISAS, LINE_FLOATS
+from wpk.kernels.cpu.microkernels.space import ConvGeometry, config_reason, prefetch_distance
 from wpk.kernels.cpu.microkernels.vector_c import INTRINSICS, VECTOR_FUNCTIONS
 
 # Parallel units per kernel call the column chunks aim at: a few per core, so the cores
@@ -143,6 +144,7 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
 {column}
                 OPAQUE(xp);   /* no sharing of broadcasts across taps: they would spill */
                 const float *ws = wr + s * IB * TK;
+{prefetch}
                 _Pragma("GCC unroll {unroll}") for (int bi = 0; bi < IB; ++bi) {{
 {body}
                 }}
@@ -173,9 +175,20 @@ _PHASE_COLUMN = """\
                                           + ow + (s * DW) / SW) * IB;"""
 
 
-def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: bool) -> str:
+def _prefetches(span: int) -> str:
+    """Prefetches of the `span` floats a tap reads, PF input blocks (planes of PLANE floats)
+    further along the reduction: one per cache line, and the span's last float (the pixels
+    need not start on a line)."""
+    offsets = sorted(set(range(0, span, LINE_FLOATS)) | {span - 1})
+    return "\n".join(f"                __builtin_prefetch(xp + PF * PLANE + {o}, 0, 3);"
+                     for o in offsets)
+
+
+def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: bool,
+               span: int | None = None) -> str:
     """The C function of a KV x np_ register tile (see `_CONV_TILE`) reading the image
-    (`phase` False) or its phase split."""
+    (`phase` False) or its phase split; with `span` (the floats a tap reads) each tap
+    prefetches its pixels PF blocks ahead."""
     acc = [[f"a{j}_{p}" for p in range(np_)] for j in range(kv)]
     init, body, store = [], [], []
     for j in range(kv):
@@ -200,6 +213,7 @@ def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: b
     row, column = (_PHASE_ROW, _PHASE_COLUMN) if phase else (_DIRECT_ROW, _DIRECT_COLUMN)
     return _CONV_TILE.format(name=name, np=np_, unroll=unroll, init="\n".join(init),
                              row=row, column=column.format(checked=checked),
+                             prefetch=_prefetches(span) if span else "",
                              body="\n".join(body), store="\n".join(store))
 
 
@@ -365,8 +379,10 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         rows = g.n * tiles * _ceil_div(g.oh, row_block)
         params, args = "int n, int kt", "n, kt"
         decode = "        int n = t % N; int kt = t / N;"
+        step = g.in_block * (1 if phase else g.sw)
         def tile(name, np_, checked):
-            return _conv_tile(name, np_, kv, checked, unroll, phase)
+            span = (np_ - 1) * step + g.in_block if prefetch_distance(config) else None
+            return _conv_tile(name, np_, kv, checked, unroll, phase, span)
     width, chunks = _chunks(g, rows, px)
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KB=g.kb, OH=g.oh, OW=g.ow, R=g.r, S=g.s,
                    SH=g.sh, SW=g.sw, PT=g.pt, PL=g.pl, DH=g.dh, DW=g.dw, BLK=g.block, VW=lanes,
@@ -377,6 +393,11 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
                    HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
                    UNITS=rows * chunks, ROWS=row_block, OHB=_ceil_div(g.oh, row_block),
                    IB=g.in_block, XSTEP=g.in_block * (1 if phase else g.sw))
+    if prefetch_distance(config):
+        # floats between input blocks: of the image, or of its phase split
+        plane = g.h * g.w if not phase else math.prod(
+            _phases(original)[k] for k in ("PA", "PB", "PH", "PW"))
+        defines.update(PF=prefetch_distance(config), PLANE=plane * g.in_block)
     if split:
         p = _phases(original)
         defines.update(p, XH=original.h, XW=original.w, XSH=original.sh, XSW=original.sw,
