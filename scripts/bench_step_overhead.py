@@ -17,12 +17,19 @@ so the arithmetic is small and the time is mostly the per-node (per-step) overhe
   wakes the threads) and under libgomp's default (threads spin for milliseconds after
   each step): each variant in a fresh process, since libgomp reads the policy once;
 - the price of spinning: an onnxruntime MatMul run right after a generated OpenMP
-  step, under each policy.
+  step, under each policy;
+- two thread pools in one plan: an onnxruntime step (a Softmax over 64 x 4096 floats,
+  parallel in onnxruntime) alternating with a generated OpenMP Add of 2^18 floats, per
+  pair, next to each alone, with onnxruntime's threads as wpk's regions have them (a
+  pool per session, no spinning), spinning during a run, and one global onnxruntime
+  pool shared by every session (its workers spin: the Python API sets only its sizes),
+  each in a fresh process (the global pool is the process's).
 
 Goal (issue 11): a plan step of a tiny generated kernel costs no more than
 onnxruntime's executor per node.
 
-    python scripts/bench_step_overhead.py [--steps 200] [--size 256] [--output FILE.json]
+    python scripts/bench_step_overhead.py [--steps 200] [--size 256] [--only-mixed]
+        [--output FILE.json]
 """
 
 from __future__ import annotations
@@ -184,6 +191,87 @@ def neighbour_row(size: int) -> float:
     return statistics.median(times)
 
 
+MIXED_POOLS = {  # --mixed-only value -> label
+    "per-session": "a pool per session, no spinning (wpk's regions)",
+    "per-session-spin": "a pool per session, spinning during a run",
+    "global": "one global onnxruntime pool (spinning)",
+}
+MIXED_SHAPE = (64, 4096)
+MIXED_PAIRS = 20
+
+
+def mixed_row(pool: str) -> tuple[float, float, float]:
+    """Seconds per pair of (onnxruntime Softmax step, generated OpenMP Add step) under
+    `pool`, and per step of each alone: MIXED_PAIRS sessions of one node, as a plan with
+    that many onnxruntime regions has them."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    from onnxruntime.capi import _pybind_state as ort_capi
+
+    from wpk.core.workload import TensorSpec, Workload
+    from wpk.kernels.cpu.ort_node import cpu_threads, session_options
+    from wpk.kernels.generated import DSL_CPU, default_config
+
+    if pool == "global":
+        ort.set_default_logger_severity(3)   # "thread counts ignored" for every session
+        ort_capi.set_global_thread_pool_sizes(cpu_threads(), 1)
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, MIXED_SHAPE)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, MIXED_SHAPE)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x, y = np.random.rand(*MIXED_SHAPE).astype(np.float32), np.empty(MIXED_SHAPE, np.float32)
+    steps = []
+    for _ in range(MIXED_PAIRS):
+        options = session_options(optimization="disabled",
+                                  spin_during_run=pool == "per-session-spin")
+        if pool == "global":
+            options.use_per_session_threads = False
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        binding = session.io_binding()
+        binding.bind_cpu_input("x", x)
+        binding.bind_output("y", "cpu", 0, np.float32, list(MIXED_SHAPE), y.ctypes.data)
+        steps.append((session, binding))
+    spec = TensorSpec((1, NEIGHBOUR_SIZE), "float32")
+    workload = Workload("Add", (spec, spec), (spec,))
+    kernel = DSL_CPU.prepare(workload, {}, default_config(workload))
+    a, out = [np.ones((1, NEIGHBOUR_SIZE), np.float32)] * 2, [np.empty((1, NEIGHBOUR_SIZE),
+                                                                       np.float32)]
+
+    def pairs():
+        for session, binding in steps:
+            session.run_with_iobinding(binding)
+            kernel(a, out)
+
+    def onnxruntime_only():
+        for session, binding in steps:
+            session.run_with_iobinding(binding)
+
+    def generated_only():
+        for _ in steps:
+            kernel(a, out)
+
+    return tuple(per_call(run, 5) / MIXED_PAIRS
+                 for run in (pairs, onnxruntime_only, generated_only))
+
+
+def mixed_rows() -> dict[str, float]:
+    """Per pair and per step alone, under each of `MIXED_POOLS` (a process each)."""
+    rows = {}
+    for pool, label in MIXED_POOLS.items():
+        done = subprocess.run([sys.executable, __file__, "--mixed-only", pool],
+                              capture_output=True, text=True, check=True)
+        pair, alone_ort, alone_generated = (float(v) for v in
+                                            done.stdout.strip().splitlines()[-1].split())
+        rows[f"mixed: onnxruntime Softmax + generated Add, per pair, {label}"] = pair
+        rows[f"mixed: the onnxruntime Softmax step alone, {label}"] = alone_ort
+        rows[f"mixed: the generated Add step alone, {label}"] = alone_generated
+        rows[f"mixed: excess per pair (the pair minus both alone), {label}"] = \
+            pair - alone_ort - alone_generated
+    return rows
+
+
 POLICIES = {  # label -> environment of the measuring process
     "wpk's default (passive, short spin)": {},
     "passive, no spin": {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "0"},
@@ -226,7 +314,13 @@ def main() -> None:
     parser.add_argument("--generated-only", choices=("Softmax", "Add"), help=argparse.SUPPRESS)
     parser.add_argument("--neighbour-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--chained", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mixed-only", choices=tuple(MIXED_POOLS), help=argparse.SUPPRESS)
+    parser.add_argument("--only-mixed", action="store_true",
+                        help="only the two-pool rows (an onnxruntime step and a generated one)")
     args = parser.parse_args()
+    if args.mixed_only:
+        print(*mixed_row(args.mixed_only))
+        return
     if args.neighbour_only:
         print(neighbour_row(args.size))
         return
@@ -235,13 +329,19 @@ def main() -> None:
         return
     model = chain_model(args.steps, args.size)
     feeds = {"x": np.ones((1, args.size), np.float32)}
-    rows = {**onnxruntime_rows(args.steps, args.size, feeds),
-            **wpk_rows(model, args.steps, feeds), **generated_rows(args.size, args.steps)}
+    rows = {**onnxruntime_rows(args.steps, args.size, feeds)}
+    if not args.only_mixed:
+        rows.update(wpk_rows(model, args.steps, feeds))
+        rows.update(generated_rows(args.size, args.steps))
+    rows.update(mixed_rows())
     print(f"| per step ({args.steps} steps on {args.size} floats, load "
           f"{os.getloadavg()[0]:.1f}) | us | vs onnxruntime per node of the same op |")
     print("(the MatMul rows: a whole step's time, not an overhead)")
     print("| --- | ---: | ---: |")
     for label, seconds in rows.items():
+        if label.startswith("mixed:"):   # other sizes: no per-node reference
+            print(f"| {label} | {seconds * 1e6:.2f} | |")
+            continue
         op = "Add" if " Add" in label else "Softmax"
         reference = rows[f"onnxruntime {op}, one session (default: spinning)"]
         print(f"| {label} | {seconds * 1e6:.2f} | {seconds / reference:.2f}x |")

@@ -169,3 +169,22 @@ def test_a_small_parallel_loop_runs_on_the_calling_thread():
         if parallel:   # vectors handed out CHUNK_WORK floats at a time, not one by one
             vector = default_config(workload)["vector"]
             assert f"schedule(dynamic, {-(-CHUNK_WORK // vector)})" in source
+
+
+def test_step_overhead_bench_measures_two_pools_in_one_plan(monkeypatch):
+    """The two-pool rows: per pair and each step alone under onnxruntime's per-session
+    pools (wpk's regions), spinning during a run and one global pool, each in its own
+    process (the global pool is the process's)."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    import bench_step_overhead
+
+    rows = bench_step_overhead.mixed_rows()
+    for label in bench_step_overhead.MIXED_POOLS.values():
+        pair = rows[f"mixed: onnxruntime Softmax + generated Add, per pair, {label}"]
+        alone = (rows[f"mixed: the onnxruntime Softmax step alone, {label}"],
+                 rows[f"mixed: the generated Add step alone, {label}"])
+        assert pair > 0 and min(alone) > 0
+        excess = rows[f"mixed: excess per pair (the pair minus both alone), {label}"]
+        assert excess == pytest.approx(pair - sum(alone))
