@@ -505,6 +505,45 @@ class ResNeXt(nn.Module):
         return self.head(self.features(x))
 
 
+# -------------------------------------------------------------------- speech
+
+
+class TemporalBlock(nn.Module):
+    """A TCN block: dilated 1-d conv (same length), BatchNorm, ReLU, residual add."""
+
+    def __init__(self, channels: int, dilation: int):
+        super().__init__()
+        self.conv = nn.Conv1d(channels, channels, 3, padding=dilation, dilation=dilation)
+        self.norm = nn.BatchNorm1d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.norm(self.conv(x)))
+
+
+class SpeechEncoder(nn.Module):
+    """A wav2vec2-style feature encoder (default: wav2vec2-base's seven strided 1-d convs
+    of 512 channels with GELU, 16 kHz audio to 50 frames a second), then TCN blocks
+    (dilated 1-d convs, BatchNorm, ReLU, residual), a max pool over time, a 1x1
+    projection and the average over time."""
+
+    def __init__(self, channels: int = 512,
+                 layers: tuple[tuple[int, int], ...] = ((10, 5), (3, 2), (3, 2), (3, 2),
+                                                        (3, 2), (2, 2), (2, 2)),
+                 dilations: tuple[int, ...] = (1, 2, 4), classes: int = 32):
+        super().__init__()
+        encoder: list[nn.Module] = []
+        c_in = 1
+        for kernel, stride in layers:
+            encoder += [nn.Conv1d(c_in, channels, kernel, stride, bias=False), nn.GELU()]
+            c_in = channels
+        self.encoder = nn.Sequential(*encoder)
+        self.tcn = nn.Sequential(*(TemporalBlock(channels, d) for d in dilations),
+                                 nn.MaxPool1d(2), nn.Conv1d(channels, classes, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tcn(self.encoder(x)).mean(2)
+
+
 # -------------------------------------------------------------------- sizes
 
 
@@ -524,6 +563,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "convnext": ConvNeXt,
     "yolo": YoloDetector,
     "resnext": ResNeXt,
+    "speech": SpeechEncoder,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -541,6 +581,8 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "yolo": NetSpec({"width": 4, "depth": 1, "classes": 8}, (1, 3, 64, 64)),
         "resnext": NetSpec({"widths": (32, 64), "depths": (1, 1), "cardinality": 8,
                             "stem": 16, "classes": 10}, (1, 3, 64, 64)),
+        "speech": NetSpec({"channels": 24, "layers": ((10, 5), (3, 2), (2, 2)),
+                           "dilations": (1, 2), "classes": 8}, (1, 1, 1600)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -552,6 +594,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "convnext": NetSpec({}, (1, 3, 224, 224)),
         "yolo": NetSpec({"width": 16, "depth": 1, "classes": 80}, (1, 3, 320, 320)),
         "resnext": NetSpec({}, (1, 3, 224, 224)),
+        "speech": NetSpec({}, (1, 1, 16000)),
     },
 }
 

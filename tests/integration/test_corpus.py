@@ -91,6 +91,7 @@ EXPECTED_OPS = {
     "yolo": {"torch": {"Sigmoid", "Concat", "Resize", "MaxPool"},
              "tf": {"Sigmoid", "Split", "Resize", "Shape", "Cast", "Transpose"}},
     "resnext": {"torch": {"Conv", "Relu", "Add", "MaxPool", "Gemm"}},
+    "speech": {"torch": {"Conv", "Erf", "Relu", "Add", "MaxPool", "ReduceMean"}},
 }
 
 

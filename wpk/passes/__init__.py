@@ -33,6 +33,7 @@ from wpk.passes.activation_chains import ActivationChains
 from wpk.passes.attention import ATTENTION_HEADS_RULES, ATTENTION_RULES
 from wpk.passes.base import GraphPass
 from wpk.passes.constant_folding import ConstantFolding
+from wpk.passes.conv1d_lift import Conv1dAs2d
 from wpk.passes.dead_nodes import DeadNodeElimination
 from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import (
@@ -75,6 +76,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(ReduceToPool),
     PipelineEntry(NoOpRemoval),
     PipelineEntry(PadIntoConv),
+    # 1-d convs to 2-d before the fusions, so they see the 2-d convs the layout has kernels for
+    PipelineEntry(Conv1dAs2d, targets=frozenset({"cpu"})),
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),
                   targets=frozenset({"cpu", "cuda"})),
