@@ -57,7 +57,8 @@ _UPSAMPLE_MODES = {"nearest": ("asymmetric",),
 # in opsets 6-10) as activation_params; onnxruntime's candidate runs the others as this node
 # (op, attributes, domain) after its conv, in the same session
 _NODE_ACTIVATIONS = {"silu": ("QuickGelu", {"alpha": 1.0}, ONNXRUNTIME_DOMAIN),
-                     "hard_swish": ("HardSwish", {}, "")}
+                     "hard_swish": ("HardSwish", {}, ""),
+                     "gelu": ("Gelu", {}, ONNXRUNTIME_DOMAIN)}   # erf's, not tanh's
 assert set(_NODE_ACTIVATIONS) == fmt.CONV_ACTIVATIONS - fmt.MLAS_CONV_ACTIVATIONS
 _ATTRIBUTES_OPSET = 10  # the last opset where Clip's bounds are attributes
 
@@ -76,7 +77,7 @@ def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] |
     """Split a Conv epilogue into (Sum operand index, activation step), or say why it can't.
 
     MLAS computes act(conv + bias + sum): an optional `add` of a blocked
-    operand first, then at most one activation, one MLAS fuses or SiLU/HardSwish (which
+    operand first, then at most one activation, one MLAS fuses or SiLU/HardSwish/GELU (which
     onnxruntime's candidate runs as a node after the conv).
     """
     steps = list(workload.epilogue)

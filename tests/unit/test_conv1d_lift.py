@@ -154,3 +154,60 @@ def test_lifted_shapes_broadcast_as_before():
         a = np.broadcast_shapes(shape, (2, C, L))
         b = np.broadcast_shapes(lifted_shape(shape), (2, C, 1, L))
         assert b == (*a[:2], 1, a[2])
+
+
+def _conv_gelu_model() -> onnx.ModelProto:
+    """Two wav2vec2 encoder layers as torch writes them: Conv1d, then erf's GELU spelled
+    out (Div by sqrt 2, Erf, Add 1, Mul by x, Mul by 0.5)."""
+    rng = np.random.default_rng(1)
+    n = helper.make_node
+    inits = [_const("sqrt2", 2 ** 0.5), _const("one", 1.0), _const("half", 0.5)]
+    nodes, value = [], "x"
+    for layer in range(2):
+        inits.append(_const(f"w{layer}", rng.standard_normal((24, 24, 3)) * 0.3))
+        out = "y" if layer else "h"
+        nodes += [n("Conv", [value, f"w{layer}"], [f"c{layer}"], strides=[2]),
+                  n("Div", [f"c{layer}", "sqrt2"], [f"d{layer}"]),
+                  n("Erf", [f"d{layer}"], [f"e{layer}"]),
+                  n("Add", [f"e{layer}", "one"], [f"f{layer}"]),
+                  n("Mul", [f"c{layer}", f"f{layer}"], [f"g{layer}"]),
+                  n("Mul", [f"g{layer}", "half"], [out])]
+        value = out
+    graph = helper.make_graph(
+        nodes, "conv_gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 41])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 9])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_gelu_rides_on_the_lifted_conv_in_both_blocked_kernels(rng, tmp_path):
+    """The written-out GELU is the blocked conv's epilogue (no Elementwise step after it):
+    the micro-kernel computes it on the registers, onnxruntime's candidate as its contrib
+    Gelu node after the conv; both verified, and the plan matches onnxruntime."""
+    from wpk.kernels.cpu.microkernels.kernel import MICRO_NCHWC
+    from wpk.kernels.cpu.nchwc import ORT_NCHWC, build_ort_model
+    from wpk.kernels.random_inputs import random_inputs
+    from wpk.kernels.reference import reference
+
+    model = _conv_gelu_model()
+    plan = wpk.build(model, target="cpu", progress=False, partition=False)
+    convs = [plan.workloads[s.workload_key] for s in plan.steps if s.op == "Conv"]
+    assert [[e.op for e in w.epilogue] for w in convs] == [["gelu"]] * 2
+    assert all(w.attr("block") for w in convs)   # blocked
+    assert not [s for s in plan.steps if s.op == "Elementwise"]
+    workload = convs[1]
+    inputs = random_inputs(workload, rng)
+    consts = {i: inputs[i] for i in workload.const_inputs}
+    ort_model, _ = build_ort_model(workload, consts)
+    assert [node.op_type for node in ort_model.graph.node] == ["Conv", "Gelu"]
+    expected = reference(workload, [np.asarray(x, np.float64) for x in inputs])[0]
+    for kernel in (ORT_NCHWC.prepare(workload, consts, {}),
+                   MICRO_NCHWC.prepare(workload, consts, MICRO_NCHWC.configs(workload)[0])):
+        out = np.full(workload.outputs[0].shape, np.nan, np.float32)
+        kernel(inputs, [out])
+        assert relative_l2(out, expected) < 1e-5
+    plan.save(str(tmp_path / "conv_gelu.wpk"))
+    x = rng.standard_normal((1, 24, 41)).astype(np.float32)
+    got = wpk.load(str(tmp_path / "conv_gelu.wpk")).run({"x": x})["y"]
+    assert relative_l2(got, _onnxruntime(model, {"x": x})["y"]) < 1e-5

@@ -94,6 +94,10 @@ CASES = {
                               epilogue=(ADD3, EpilogueStep("silu"))),
     "1x1_stride2_hard_swish": conv(3 * B, 24, (9, 8), 1, stride=2,
                                    epilogue=(EpilogueStep("hard_swish"),)),
+    # erf's GELU (wav2vec2's and ConvNeXt's), a vector erf on the registers
+    "3x3_residual_gelu": conv(20, 2 * B + 3, (7, 9), 3, residual=True,
+                              epilogue=(ADD3, EpilogueStep("gelu"))),
+    "1x1_stride2_gelu": conv(3 * B, 24, (9, 8), 1, stride=2, epilogue=(EpilogueStep("gelu"),)),
     "depthwise_3x3": conv(40, 40, (9, 8), 3, group=40, epilogue=(RELU,)),
     "depthwise_3x3_stride2_tanh": conv(3 * B, 3 * B, (11, 12), 3, stride=2, group=3 * B,
                                        epilogue=(EpilogueStep("tanh"),)),
@@ -289,6 +293,37 @@ def test_configs_without_the_prefetch_knob_build_the_kernel_they_built_before():
     assert MicroSpace(dw).space()["pf"] == (0,)
     assert "depthwise" in config_reason(dw, dict(default_config(dw), pf=1))
     assert "knobs" in config_reason(g, dict(config, prefetch=1))
+
+
+@pytest.mark.parametrize("isa", USABLE)
+def test_gelu_epilogue_matches_erf_gelu_on_extreme_inputs(isa):
+    """The epilogue's GELU as compiled for each ISA (a vector erf: Abramowitz and Stegun's
+    7.1.26 on the vector exp and reciprocal) against x (1 + erf(x / sqrt 2)) / 2 in
+    float64, from -200 to 200 and at +-0: within 2e-7 |x| plus a few float32 ulp."""
+    import ctypes
+    from math import erf, sqrt
+
+    from wpk.dsl.toolchain import compile_c, load_function
+    from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER, _epilogue
+
+    lanes = ISAS[isa].lanes
+    g = geometry(conv(B, B, (3, 3), 1, epilogue=(EpilogueStep("gelu"),)))
+    assert g.activation == "Gelu"
+    source = (VECTOR_HEADER.format(lanes=lanes) + _epilogue(g, lanes)
+              + "void wpk_act(float *x, int n) {\n"
+                f"    for (int i = 0; i < n; i += {lanes}) epilogue(vload(x + i), 0, x + i);\n}}\n")
+    run = load_function(compile_c(source, compile_flags(ISAS[isa])).path, "wpk_act",
+                        [ctypes.c_void_p, ctypes.c_int])
+    x = np.concatenate([np.linspace(-200, 200, 4001), np.linspace(-6, 6, 2401),
+                        [0.0, -0.0, 1e-30, -1e-30, 87.5, -87.5]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros(-len(x) % 16, np.float32)])
+    got = x.copy()
+    run(got.ctypes.data, len(got))
+    expected = np.array([v * (1 + erf(v / sqrt(2))) / 2 for v in x.astype(np.float64)])
+    assert np.all(np.isfinite(got))
+    error = np.abs(got - expected)
+    bound = 2e-7 * np.abs(x) + 4 * np.finfo(np.float32).eps * np.abs(expected)
+    assert np.all(error <= bound), (x[error > bound][:5], got[error > bound][:5])
 
 
 def test_1x1_stride1_convs_are_one_row_of_pixels():

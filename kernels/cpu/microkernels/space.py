@@ -60,7 +60,7 @@ OPTIONAL_KNOBS = {"pf": 0}
 # The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
 # ... and those MLAS has no form of (wpk step name -> the name the epilogue knows)
-VECTOR_ACTIVATIONS = {"silu": "Silu", "hard_swish": "HardSwish"}
+VECTOR_ACTIVATIONS = {"silu": "Silu", "hard_swish": "HardSwish", "gelu": "Gelu"}
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,8 @@ def _epilogue(g: ConvGeometry, lanes: int) -> str:
     elif act == "HardSwish":
         lines.append("    v = v * vmin(vmax(v * (1.0f / 6.0f) + 0.5f, vsplat(0.0f)), "
                      "vsplat(1.0f));")
+    elif act == "Gelu":   # erf's: x (1 + erf(x / sqrt 2)) / 2
+        lines.append("    v = v * (verf(v * 0.70710678118654752f) * 0.5f + 0.5f);")
     lines.append("    vstore(y, v);")
     if act == "Sigmoid":
         lines.append(f"    for (int i = 0; i < {lanes}; ++i) y[i] = 1.0f / (1.0f + expf(-y[i]));")

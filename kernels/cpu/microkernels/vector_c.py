@@ -1,6 +1,6 @@
 """C vector functions shared by the generated micro-kernels (a `str.format` template on
 `lanes`, braces doubled): max and min as one instruction where the ISA has one, e^x,
-a reciprocal and the sigmoid, all on GCC vector extensions (`vf`, `vi`, `vsel`, `vsplat`
+a reciprocal, the sigmoid and erf, all on GCC vector extensions (`vf`, `vi`, `vsel`, `vsplat`
 and `INLINE` defined before them; `INTRINSICS` first among the includes).
 
     header = INTRINSICS + "..." + VECTOR_FUNCTIONS        # then .format(lanes=16)
@@ -76,6 +76,16 @@ INLINE vf vrecip(vf d) {{
 #endif
 }}
 INLINE vf vsigmoid(vf v) {{ return vrecip(vexp(vmin(-v, vsplat(80.0f))) + 1.0f); }}
+/* erf: 1 - t (a1 + t (a2 + ... + t a5)) e^(-x^2), t = 1 / (1 + p |x|) (Abramowitz and
+   Stegun 7.1.26, absolute error below 1.5e-7), the sign of x */
+INLINE vf verf(vf x) {{
+    vf a = vmax(x, -x);
+    vf t = vrecip(a * 0.3275911f + 1.0f);
+    vf p = (((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t
+           + 0.254829592f;
+    vf r = 1.0f - p * t * vexp(-a * a);
+    return vsel(x < 0.0f, -r, r);
+}}
 """
 
 
