@@ -28,7 +28,8 @@ def network(opset: int = 17) -> onnx.ModelProto:
     """x (1, 3, L) through every op the pass lifts: a padded conv, a per-channel (C, 1)
     scale, ReLU, a dilated depthwise conv, a residual Add, a max pool, a SAME_UPPER strided
     conv, BatchNorm, a channel Concat with a Sigmoid of itself, an Add of a length-wise
-    (rank-1) constant; outputs: that 3-d tensor and its global average (N, C, 1). A second
+    (rank-1) constant; outputs: that 3-d tensor, its global average (N, C, 1), its mean
+    over time without keepdims (N, C) and its maximum over time (N, C, 1). A second
     input t (1, 4, 6) goes through a ReLU alone (no conv: not lifted)."""
     rng = np.random.default_rng(0)
     n = helper.make_node
@@ -53,13 +54,23 @@ def network(opset: int = 17) -> onnx.ModelProto:
              n("Add", ["y9", "along"], ["y"]),
              n("GlobalAveragePool", ["y"], ["pooled"]),
              n("Relu", ["t"], ["u"])]
+    # torch's x.mean(2) and x.amax(2, keepdim=True): global pools once lifted
+    if opset >= 18:
+        inits.append(_const("time_axis", [2], np.int64))
+        nodes += [n("ReduceMean", ["y", "time_axis"], ["avg"], keepdims=0),
+                  n("ReduceMax", ["y", "time_axis"], ["peak"])]
+    else:
+        nodes += [n("ReduceMean", ["y"], ["avg"], axes=[2], keepdims=0),
+                  n("ReduceMax", ["y"], ["peak"], axes=[-1])]
     graph = helper.make_graph(
         nodes, "net1d",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, L]),
          helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 4, 6])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2 * C, 10]),
          helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, 2 * C, 1]),
-         helper.make_tensor_value_info("u", TensorProto.FLOAT, [1, 4, 6])], inits)
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, [1, 4, 6]),
+         helper.make_tensor_value_info("avg", TensorProto.FLOAT, [1, 2 * C]),
+         helper.make_tensor_value_info("peak", TensorProto.FLOAT, [1, 2 * C, 1])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return model
@@ -94,23 +105,29 @@ def test_every_op_of_the_region_is_lifted_and_the_rest_left_alone():
     assert graph.tensors[scale.inputs[1]].shape == (C, 1, 1)   # broadcasts as (C, 1) did
     (length,) = [n for n in graph.nodes if n.op == "Add" and "along" in n.inputs]
     assert graph.tensors[length.inputs[1]].shape == (10,)      # rank 1: broadcasts as it is
-    # the region reads x through one Reshape; its two outputs leave through one each
+    # the reductions over time are global pools of the lifted tensor
+    assert [n.op for n in graph.nodes if n.op.startswith("Global")] == [
+        "GlobalAveragePool", "GlobalAveragePool", "GlobalMaxPool"]
+    assert not [n for n in graph.nodes if n.op.startswith("Reduce")]
+    # the region reads x through one Reshape; its four outputs leave through one each
     reshapes = [n for n in graph.nodes if n.op == "Reshape"]
-    assert len(reshapes) == 3 and {r.outputs[0] for r in reshapes} >= {"y", "pooled"}
+    assert len(reshapes) == 5 and {r.outputs[0] for r in reshapes} >= {"y", "pooled", "avg",
+                                                                       "peak"}
+    assert graph.tensors["avg"].shape == (1, 2 * C)
     assert graph.tensors["y"].shape == (1, 2 * C, 10) and graph.tensors["pooled"].shape == \
         (1, 2 * C, 1)
     (relu_t,) = [n for n in graph.nodes if n.inputs == ["t"]]
     assert relu_t.op == "Relu" and graph.tensors["u"].shape == (1, 4, 6)   # no conv: 1-d
-    assert lift.hits["conv1d_as_2d"] == 12
+    assert lift.hits["conv1d_as_2d"] == 14
 
 
-@pytest.mark.parametrize("opset", [13, 17])
+@pytest.mark.parametrize("opset", [13, 18])
 def test_the_lifted_graph_computes_what_the_model_did(opset, rng, tmp_path):
     """The pipeline (the lift, then the fusions and the blocked layout) through a build:
     every output within 1e-5 of onnxruntime's on the original 1-d model."""
     model = network(opset)
     optimized, report = optimize(load_model(model), "cpu")
-    assert report.passes["conv1d_as_2d"] == 12
+    assert report.passes["conv1d_as_2d"] == 14
     assert not any(n.op == "Conv" and len(optimized.tensors[n.inputs[0]].shape) == 3
                    for n in optimized.nodes)
     wpk.build(model, target="cpu", progress=False, partition=False).save(

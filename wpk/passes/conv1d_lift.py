@@ -14,8 +14,9 @@ removes it where a tensor leaves it (a graph output keeps its name and shape).
 
 Lifted: Conv with a 3-d input and constant 3-d weights (any group, dilation,
 auto_pad), MaxPool and AveragePool over L, GlobalAveragePool, GlobalMaxPool,
-BatchNormalization, the unary activations of the epilogue table (Relu, Erf,
-Sigmoid, Clip with constant bounds, ...), Add/Sub/Mul/Div/Pow/Max/Min whose other
+BatchNormalization, ReduceMean and ReduceMax over L (torch's `x.mean(2)`: a global
+pool), the unary activations of the epilogue table (Relu, Erf, Sigmoid, Clip with
+constant bounds, ...), Add/Sub/Mul/Div/Pow/Max/Min whose other
 operand is in the region, a constant or a tensor of rank <= 1, Concat and Split
 over channels. A region without a Conv or pool (a transformer's (B, S, D)
 elementwise ops) is left alone, as is anything but float tensors.
@@ -29,11 +30,13 @@ from wpk.core.epilogue import ONNX_BINARY_STEPS
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.passes.base import FLOAT_DTYPES, GraphPass, add_constant
 from wpk.passes.elementwise import unary_step
+from wpk.passes.reduce_to_pool import POOLS as REDUCE_POOLS
+from wpk.passes.reduce_to_pool import reduced_axes
 
 # Ops with a kernel over L whose attributes gain a leading unit axis
 WINDOW_OPS = frozenset({"Conv", "MaxPool", "AveragePool"})
 # Ops that make a region worth lifting (what the blocked layout has kernels for)
-ANCHOR_OPS = WINDOW_OPS | {"GlobalAveragePool", "GlobalMaxPool"}
+ANCHOR_OPS = WINDOW_OPS | {"GlobalAveragePool", "GlobalMaxPool", *REDUCE_POOLS}
 SAME_RANK_OPS = frozenset({"BatchNormalization", "GlobalAveragePool", "GlobalMaxPool"})
 
 
@@ -61,8 +64,20 @@ def _binary_ok(graph: Graph, node: Node) -> bool:
                or len(graph.tensors[name].shape) <= 1 for name in node.inputs)
 
 
+def time_reduction(graph: Graph, node: Node) -> bool:
+    """Whether `node` is a ReduceMean or ReduceMax over L of an (N, C, L) float tensor
+    (torch's `x.mean(2)`, the average over time): a global pool once lifted."""
+    if node.op not in REDUCE_POOLS or node.domain not in ("", "ai.onnx") \
+            or len(node.outputs) != 1 or not _rank3_float(graph, node.inputs[0]):
+        return False
+    axes = reduced_axes(graph, node)
+    return axes is not None and [a % 3 for a in axes] == [2]
+
+
 def liftable(graph: Graph, node: Node) -> bool:
     """Whether `node` computes on (N, C, L) float tensors in a way that has a 2-d form."""
+    if time_reduction(graph, node):
+        return True
     if node.domain not in ("", "ai.onnx") or not node.outputs or not node.inputs \
             or node.epilogue or not all(_rank3_float(graph, o) for o in node.outputs if o):
         return False
@@ -136,7 +151,9 @@ class Conv1dAs2d(GraphPass):
 
     def _lift(self, graph: Graph, component: list[Node]) -> None:
         members = {id(n) for n in component}
-        produced = {o for n in component for o in n.outputs if o}
+        # the region's 3-d tensors (not a reduction's (N, C) without keepdims)
+        produced = {o for n in component for o in n.outputs
+                    if o and len(graph.tensors[o].shape) == 3}
         lifted: dict[str, str] = {}   # 3-d name -> its 2-d name
 
         def to_2d(name: str) -> str:
@@ -161,6 +178,9 @@ class Conv1dAs2d(GraphPass):
                                                graph.tensors[name].dtype)
             lifted[name] = target
         for node in component:
+            if time_reduction(graph, node):
+                self._pool(graph, node, lifted, to_2d)
+                continue
             node.inputs = [self._operand(graph, node, i, name, produced, lifted, to_2d)
                            for i, name in enumerate(node.inputs)]
             node.outputs = [lifted.get(o, o) for o in node.outputs]
@@ -170,6 +190,25 @@ class Conv1dAs2d(GraphPass):
                 node.attrs = {**node.attrs, "axis": 1}   # -2, the channels, would be H
         self._lower_outputs(graph, members, produced, lifted)
         self.hit(count=len(component))
+
+    def _pool(self, graph: Graph, node: Node, lifted: dict[str, str], to_2d) -> None:
+        """A reduction over L as the global pool of the lifted tensor: (N, C, 1, 1), the
+        region's form of a kept (N, C, 1); without keepdims a Reshape to (N, C) follows."""
+        source = node.inputs[0]
+        node.op, node.attrs = REDUCE_POOLS[node.op], {}
+        node.inputs = [lifted[source] if source in lifted else to_2d(source)]
+        out = node.outputs[0]
+        if out in lifted:   # keepdims: the region's (N, C, 1, 1)
+            node.outputs = [lifted[out]]
+            return
+        pooled = graph.unique_name(f"{out}/pooled")
+        n, c = graph.tensors[out].shape[:2]
+        graph.tensors[pooled] = TensorInfo((n, c, 1, 1), graph.tensors[out].dtype)
+        node.outputs = [pooled]
+        shape_name = add_constant(graph, f"{out}/shape", np.array((n, c), np.int64))
+        index = next(i for i, candidate in enumerate(graph.nodes) if candidate is node)
+        graph.nodes.insert(index + 1, Node("Reshape", [pooled, shape_name], [out],
+                                           graph.unique_name(f"{node.name}/flatten")))
 
     def _operand(self, graph: Graph, node: Node, index: int, name: str, produced: set[str],
                  lifted: dict[str, str], to_2d) -> str:

@@ -19,7 +19,7 @@ from wpk.passes.base import FLOAT_DTYPES, GraphPass
 POOLS = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
 
 
-def _axes(graph: Graph, node: Node) -> tuple[int, ...] | None:
+def reduced_axes(graph: Graph, node: Node) -> tuple[int, ...] | None:
     """The reduced axes, or None when they are not known constants."""
     if len(node.inputs) > 1 and node.inputs[1]:
         value = graph.constants.get(node.inputs[1])
@@ -35,7 +35,7 @@ def spatial_reduction(graph: Graph, node: Node) -> bool:
     info = graph.tensors.get(node.inputs[0])
     if info is None or len(info.shape) != 4 or info.dtype not in FLOAT_DTYPES:
         return False
-    axes = _axes(graph, node)
+    axes = reduced_axes(graph, node)
     return axes is not None and sorted(a % 4 for a in axes) == [2, 3]
 
 
