@@ -228,3 +228,16 @@ def test_gelu_rides_on_the_lifted_conv_in_both_blocked_kernels(rng, tmp_path):
     x = rng.standard_normal((1, 24, 41)).astype(np.float32)
     got = wpk.load(str(tmp_path / "conv_gelu.wpk")).run({"x": x})["y"]
     assert relative_l2(got, _onnxruntime(model, {"x": x})["y"]) < 1e-5
+
+
+@pytest.mark.parametrize("name, rule", [("svtr_paddle", "layer_norm"),
+                                        ("vit_tf", "layer_norm_reciprocal")])
+def test_transformers_written_out_layer_norms_stay_theirs(name, rule):
+    """A transformer's (B, S, D) tensors are 3-d too, and its written-out LayerNorm reduces
+    them over D: no conv, so nothing is lifted and the LayerNorm rules still fire (a
+    reduction alone once anchored a region here and took them apart)."""
+    from tests import corpus
+
+    graph = load_model(corpus.build_model(name, "ci"), input_shapes=corpus.input_shapes(name))
+    _, report = optimize(graph, "cpu")
+    assert report.passes["conv1d_as_2d"] == 0 and report.rules[rule] > 0

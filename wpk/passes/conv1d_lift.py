@@ -18,8 +18,9 @@ BatchNormalization, ReduceMean and ReduceMax over L (torch's `x.mean(2)`: a glob
 pool), the unary activations of the epilogue table (Relu, Erf, Sigmoid, Clip with
 constant bounds, ...), Add/Sub/Mul/Div/Pow/Max/Min whose other
 operand is in the region, a constant or a tensor of rank <= 1, Concat and Split
-over channels. A region without a Conv or pool (a transformer's (B, S, D)
-elementwise ops) is left alone, as is anything but float tensors.
+over channels. A region without a Conv or pool over L (a transformer's (B, S, D)
+elementwise ops and the reductions of its written-out LayerNorm) is left alone, as is
+anything but float tensors.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from wpk.passes.reduce_to_pool import reduced_axes
 
 # Ops with a kernel over L whose attributes gain a leading unit axis
 WINDOW_OPS = frozenset({"Conv", "MaxPool", "AveragePool"})
-# Ops that make a region worth lifting (what the blocked layout has kernels for)
-ANCHOR_OPS = WINDOW_OPS | {"GlobalAveragePool", "GlobalMaxPool", *REDUCE_POOLS}
+# Ops that make a region worth lifting: the convs and pools over L the blocked layout has
+# kernels for (not a reduction or a global pool alone: a transformer's LayerNorm reduces
+# its (B, S, D) tensors over D, and its rules want the reduction as it is)
+ANCHOR_OPS = WINDOW_OPS
 SAME_RANK_OPS = frozenset({"BatchNormalization", "GlobalAveragePool", "GlobalMaxPool"})
 
 
