@@ -95,3 +95,26 @@ def model_x_to_y(name: str, nodes, initializers, x_shape, y_shape) -> onnx.Model
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def check_blocked_activation_kernels(workload: Workload, node_ops: list[str], rng) -> None:
+    """A blocked conv whose activation onnxruntime runs as a node after the conv: its
+    candidate model holds `node_ops`, and it and the micro-kernel (which computes the
+    activation on the registers) match the float64 reference on NaN-poisoned outputs."""
+    from wpk.core.numerics import relative_l2
+    from wpk.kernels.cpu.microkernels.kernel import MICRO_NCHWC
+    from wpk.kernels.cpu.nchwc import ORT_NCHWC, build_ort_model
+    from wpk.kernels.random_inputs import random_inputs
+    from wpk.kernels.reference import reference
+
+    inputs = random_inputs(workload, rng)
+    consts = {i: inputs[i] for i in workload.const_inputs}
+    model, _ = build_ort_model(workload, consts)
+    assert [node.op_type for node in model.graph.node] == node_ops
+    assert MICRO_NCHWC.unsupported_reason(workload) is None
+    expected = reference(workload, [np.asarray(x, np.float64) for x in inputs])[0]
+    for kernel in (ORT_NCHWC.prepare(workload, consts, {}),
+                   MICRO_NCHWC.prepare(workload, consts, MICRO_NCHWC.configs(workload)[0])):
+        out = np.full(workload.outputs[0].shape, np.nan, np.float32)
+        kernel(inputs, [out])
+        assert relative_l2(out, expected) < 1e-5

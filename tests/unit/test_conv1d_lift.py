@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
+from tests.unit.nchwc_support import check_blocked_activation_kernels
 from wpk.core.numerics import relative_l2
 from wpk.frontend import load_model
 from wpk.passes import optimize
@@ -202,28 +203,13 @@ def test_gelu_rides_on_the_lifted_conv_in_both_blocked_kernels(rng, tmp_path):
     """The written-out GELU is the blocked conv's epilogue (no Elementwise step after it):
     the micro-kernel computes it on the registers, onnxruntime's candidate as its contrib
     Gelu node after the conv; both verified, and the plan matches onnxruntime."""
-    from wpk.kernels.cpu.microkernels.kernel import MICRO_NCHWC
-    from wpk.kernels.cpu.nchwc import ORT_NCHWC, build_ort_model
-    from wpk.kernels.random_inputs import random_inputs
-    from wpk.kernels.reference import reference
-
     model = _conv_gelu_model()
     plan = wpk.build(model, target="cpu", progress=False, partition=False)
     convs = [plan.workloads[s.workload_key] for s in plan.steps if s.op == "Conv"]
     assert [[e.op for e in w.epilogue] for w in convs] == [["gelu"]] * 2
     assert all(w.attr("block") for w in convs)   # blocked
     assert not [s for s in plan.steps if s.op == "Elementwise"]
-    workload = convs[1]
-    inputs = random_inputs(workload, rng)
-    consts = {i: inputs[i] for i in workload.const_inputs}
-    ort_model, _ = build_ort_model(workload, consts)
-    assert [node.op_type for node in ort_model.graph.node] == ["Conv", "Gelu"]
-    expected = reference(workload, [np.asarray(x, np.float64) for x in inputs])[0]
-    for kernel in (ORT_NCHWC.prepare(workload, consts, {}),
-                   MICRO_NCHWC.prepare(workload, consts, MICRO_NCHWC.configs(workload)[0])):
-        out = np.full(workload.outputs[0].shape, np.nan, np.float32)
-        kernel(inputs, [out])
-        assert relative_l2(out, expected) < 1e-5
+    check_blocked_activation_kernels(convs[1], ["Conv", "Gelu"], rng)
     plan.save(str(tmp_path / "conv_gelu.wpk"))
     x = rng.standard_normal((1, 24, 41)).astype(np.float32)
     got = wpk.load(str(tmp_path / "conv_gelu.wpk")).run({"x": x})["y"]

@@ -9,10 +9,10 @@ import pytest
 from onnx import helper, numpy_helper
 
 import wpk
-from tests.unit.nchwc_support import model_x_to_y
+from tests.unit.nchwc_support import check_blocked_activation_kernels, model_x_to_y
 from wpk.core.numerics import relative_l2
 from wpk.kernels import nchwc_format as fmt
-from wpk.kernels.cpu.nchwc import ORT_NCHWC, build_ort_model
+from wpk.kernels.cpu.nchwc import ORT_NCHWC
 from wpk.kernels.cpu.nchwc_standard import is_standard_blocked
 from wpk.kernels.cpu.ort_region import RegionMember, region_kernel, region_model
 from wpk.kernels.random_inputs import random_inputs
@@ -89,29 +89,13 @@ def test_silu_rides_on_its_conv_and_onnxruntime_runs_it_as_quick_gelu(dense_se, 
     """The conv's SiLU is its epilogue, not a blocked Elementwise after it: the generated
     kernel applies it on the registers, onnxruntime's candidate as a QuickGelu node after its
     conv in the same session; both match the float64 reference."""
-    from wpk.kernels.cpu.microkernels.kernel import MICRO_NCHWC
-
     _, plan = dense_se
     assert not [s for s in _standard_steps(plan)
                 if [e.op for e in plan.workloads[s.workload_key].epilogue] == ["silu"]]
     convs = [plan.workloads[s.workload_key] for s in plan.steps if s.op == "Conv"
              and [e.op for e in plan.workloads[s.workload_key].epilogue][-1:] == ["silu"]]
     assert convs
-    workload = convs[0]
-    inputs = random_inputs(workload, rng)
-    consts = {i: inputs[i] for i in workload.const_inputs}
-    model, _ = build_ort_model(workload, consts)
-    assert [node.op_type for node in model.graph.node] == ["Conv", "QuickGelu"]
-    expected = reference(workload, [np.asarray(x, np.float64) for x in inputs])[0]
-    kernels = {"ort": ORT_NCHWC.prepare(workload, consts, {})}
-    if MICRO_NCHWC.unsupported_reason(workload) is None:
-        kernels["micro"] = MICRO_NCHWC.prepare(workload, consts,
-                                               MICRO_NCHWC.configs(workload)[0])
-    assert "micro" in kernels
-    for name, kernel in kernels.items():
-        out = np.full(workload.outputs[0].shape, np.nan, np.float32)
-        kernel(inputs, [out])
-        assert relative_l2(out, expected) < 1e-5, name
+    check_blocked_activation_kernels(convs[0], ["Conv", "QuickGelu"], rng)
 
 
 def test_bn_affine_and_relu_become_one_blocked_conv(dense_se):

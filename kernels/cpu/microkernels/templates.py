@@ -370,6 +370,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     vectors = g.out_vectors(lanes)
     tiles = -(-vectors // kv)
     lo, hi = (0, g.ow) if phase else _interior(g)
+    step = g.in_block * (1 if phase else g.sw)   # floats between a tile's pixels
     if g.depthwise:
         groups = g.block // lanes
         rows = g.n * g.kb * groups * _ceil_div(g.oh, row_block)
@@ -381,7 +382,6 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         rows = g.n * tiles * _ceil_div(g.oh, row_block)
         params, args = "int n, int kt", "n, kt"
         decode = "        int n = t % N; int kt = t / N;"
-        step = g.in_block * (1 if phase else g.sw)
         def tile(name, np_, checked):
             span = (np_ - 1) * step + g.in_block if prefetch_distance(config) else None
             return _conv_tile(name, np_, kv, checked, unroll, phase, span)
@@ -394,7 +394,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
                    OCG=g.group_vectors(lanes) * lanes,
                    HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
                    UNITS=rows * chunks, ROWS=row_block, OHB=_ceil_div(g.oh, row_block),
-                   IB=g.in_block, XSTEP=g.in_block * (1 if phase else g.sw))
+                   IB=g.in_block, XSTEP=step)
     if prefetch_distance(config):
         # floats between input blocks: of the image, or of its phase split
         plane = g.h * g.w if not phase else math.prod(
