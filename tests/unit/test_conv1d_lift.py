@@ -29,7 +29,8 @@ def network(opset: int = 17) -> onnx.ModelProto:
     """x (1, 3, L) through every op the pass lifts: a padded conv, a per-channel (C, 1)
     scale, ReLU, a dilated depthwise conv, a residual Add, a max pool, a SAME_UPPER strided
     conv, BatchNorm, a channel Concat with a Sigmoid of itself, an Add of a length-wise
-    (rank-1) constant; outputs: that 3-d tensor, its global average (N, C, 1), its mean
+    (rank-1) constant, a ConvTranspose with output padding, a strided conv and LeakyReLU
+    (a vocoder's upsampling); outputs: that 3-d tensor, its global average (N, C, 1), its mean
     over time without keepdims (N, C) and its maximum over time (N, C, 1). A second
     input t (1, 4, 6) goes through a ReLU alone (no conv: not lifted)."""
     rng = np.random.default_rng(0)
@@ -40,7 +41,10 @@ def network(opset: int = 17) -> onnx.ModelProto:
              _const("w3", rng.standard_normal((C, C, 3)) * 0.3),
              _const("gamma", rng.random(C) + 0.5), _const("beta", rng.random(C)),
              _const("mean", rng.random(C) * 0.1), _const("var", rng.random(C) + 0.5),
-             _const("along", rng.random(10))]
+             _const("along", rng.random(10)),
+             _const("wt", rng.standard_normal((2 * C, 2 * C, 4)) * 0.2),
+             _const("bt", rng.random(2 * C)),
+             _const("w4", rng.standard_normal((2 * C, 2 * C, 2)) * 0.2)]
     nodes = [n("Conv", ["x", "w1", "b1"], ["y1"], pads=[2, 2]),
              n("Mul", ["y1", "scale"], ["y2"]),
              n("Relu", ["y2"], ["y3"]),
@@ -52,7 +56,12 @@ def network(opset: int = 17) -> onnx.ModelProto:
              n("BatchNormalization", ["y7", "gamma", "beta", "mean", "var"], ["y8"]),
              n("Sigmoid", ["y8"], ["s8"]),
              n("Concat", ["y8", "s8"], ["y9"], axis=-2),   # the channels, counted back
-             n("Add", ["y9", "along"], ["y"]),
+             n("Add", ["y9", "along"], ["y10"]),
+             # a vocoder's upsampling: stride 2, output padding, then cropped by a conv
+             n("ConvTranspose", ["y10", "wt", "bt"], ["y11"], strides=[2], pads=[1, 1],
+               output_padding=[1]),
+             n("Conv", ["y11", "w4"], ["y12"], strides=[2]),
+             n("LeakyRelu", ["y12"], ["y"], alpha=0.1),
              n("GlobalAveragePool", ["y"], ["pooled"]),
              n("Relu", ["t"], ["u"])]
     # torch's x.mean(2) and x.amax(2, keepdim=True): global pools once lifted
@@ -94,8 +103,11 @@ def test_every_op_of_the_region_is_lifted_and_the_rest_left_alone():
     graph = lift.run(graph)
     check_graph(graph)
     convs = [n for n in graph.nodes if n.op == "Conv"]
-    assert len(convs) == 3 and all(len(graph.tensors[c.inputs[0]].shape) == 4 for c in convs)
-    first, depthwise, strided = convs
+    assert len(convs) == 4 and all(len(graph.tensors[c.inputs[0]].shape) == 4 for c in convs)
+    first, depthwise, strided, _ = convs
+    (transpose,) = [n for n in graph.nodes if n.op == "ConvTranspose"]
+    assert transpose.attrs["output_padding"] == (0, 1) and transpose.attrs["strides"] == (1, 2)
+    assert graph.tensors[transpose.inputs[1]].shape == (2 * C, 2 * C, 1, 4)
     assert first.attrs["pads"] == (0, 2, 0, 2) and graph.tensors[first.inputs[1]].shape == \
         (C, 3, 1, 5)
     assert depthwise.attrs["dilations"] == (1, 2) and depthwise.attrs["group"] == C
@@ -119,7 +131,7 @@ def test_every_op_of_the_region_is_lifted_and_the_rest_left_alone():
         (1, 2 * C, 1)
     (relu_t,) = [n for n in graph.nodes if n.inputs == ["t"]]
     assert relu_t.op == "Relu" and graph.tensors["u"].shape == (1, 4, 6)   # no conv: 1-d
-    assert lift.hits["conv1d_as_2d"] == 14
+    assert lift.hits["conv1d_as_2d"] == 17
 
 
 @pytest.mark.parametrize("opset", [13, 18])
@@ -128,7 +140,7 @@ def test_the_lifted_graph_computes_what_the_model_did(opset, rng, tmp_path):
     every output within 1e-5 of onnxruntime's on the original 1-d model."""
     model = network(opset)
     optimized, report = optimize(load_model(model), "cpu")
-    assert report.passes["conv1d_as_2d"] == 14
+    assert report.passes["conv1d_as_2d"] == 17
     assert not any(n.op == "Conv" and len(optimized.tensors[n.inputs[0]].shape) == 3
                    for n in optimized.nodes)
     wpk.build(model, target="cpu", progress=False, partition=False).save(

@@ -12,12 +12,12 @@ same unit axis in the position that broadcasts it as before ((C, 1) -> (C, 1, 1)
 and a `Reshape` adds the axis where the region reads a 1-d tensor from outside and
 removes it where a tensor leaves it (a graph output keeps its name and shape).
 
-Lifted: Conv with a 3-d input and constant 3-d weights (any group, dilation,
-auto_pad), MaxPool and AveragePool over L, GlobalAveragePool, GlobalMaxPool,
-BatchNormalization, ReduceMean and ReduceMax over L (torch's `x.mean(2)`: a global
-pool), the unary activations of the epilogue table (Relu, Erf, Sigmoid, Clip with
-constant bounds, ...), Add/Sub/Mul/Div/Pow/Max/Min whose other
-operand is in the region, a constant or a tensor of rank <= 1, Concat and Split
+Lifted: Conv and ConvTranspose (a vocoder's upsampling) with a 3-d input and constant
+3-d weights (any group, dilation, auto_pad, output padding), MaxPool and AveragePool
+over L, GlobalAveragePool, GlobalMaxPool, BatchNormalization, ReduceMean and ReduceMax
+over L (torch's `x.mean(2)`: a global pool), the unary activations of the epilogue table
+(Relu, Erf, Sigmoid, Clip with constant bounds, ...), Add/Sub/Mul/Div/Pow/Max/Min whose
+other operand is in the region, a constant or a tensor of rank <= 1, Concat and Split
 over channels. A region without a Conv or pool over L (a transformer's (B, S, D)
 elementwise ops and the reductions of its written-out LayerNorm) is left alone, as is
 anything but float tensors.
@@ -35,7 +35,8 @@ from wpk.passes.reduce_to_pool import POOLS as REDUCE_POOLS
 from wpk.passes.reduce_to_pool import reduced_axes
 
 # Ops with a kernel over L whose attributes gain a leading unit axis
-WINDOW_OPS = frozenset({"Conv", "MaxPool", "AveragePool"})
+WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool"})
+CONVS = frozenset({"Conv", "ConvTranspose"})
 # Ops that make a region worth lifting: the convs and pools over L the blocked layout has
 # kernels for (not a reduction or a global pool alone: a transformer's LayerNorm reduces
 # its (B, S, D) tensors over D, and its rules want the reduction as it is)
@@ -49,8 +50,8 @@ def _rank3_float(graph: Graph, name: str) -> bool:
 
 
 def _window_ok(graph: Graph, node: Node) -> bool:
-    """A 1-d Conv (constant 3-d weights, constant bias) or pool over L."""
-    if node.op == "Conv":
+    """A 1-d Conv or ConvTranspose (constant 3-d weights, constant bias) or pool over L."""
+    if node.op in CONVS:
         weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
         bias_ok = len(node.inputs) < 3 or not node.inputs[2] or node.inputs[2] in graph.constants
         return weight is not None and weight.ndim == 3 and bias_ok
@@ -132,10 +133,13 @@ def lifted_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _window_attrs(node: Node) -> dict:
+    """The 2-d attributes of a 1-d conv or pool: a unit leading axis everywhere (a
+    ConvTranspose's output_padding and output_shape too)."""
     attrs = dict(node.attrs)
-    for key in ("kernel_shape", "strides", "dilations"):
+    for key, unit in (("kernel_shape", 1), ("strides", 1), ("dilations", 1),
+                      ("output_padding", 0), ("output_shape", 1)):
         if node.attrs.get(key) is not None:
-            attrs[key] = (1, *tuple(node.attrs[key]))
+            attrs[key] = (unit, *tuple(node.attrs[key]))
     if node.attrs.get("pads") is not None:
         begin, end = tuple(node.attrs["pads"])
         attrs["pads"] = (0, begin, 0, end)
@@ -219,7 +223,7 @@ class Conv1dAs2d(GraphPass):
             return name
         if name in produced:
             return lifted[name]
-        if node.op == "Conv" and index == 1:   # weights (O, I/g, K) -> (O, I/g, 1, K)
+        if node.op in CONVS and index == 1:   # weights (O, I/g, K) -> (O, I/g, 1, K)
             weight = graph.constants[name]
             return add_constant(graph, f"{name}/2d", weight.reshape(*weight.shape[:2], 1,
                                                                      weight.shape[2]))
