@@ -35,14 +35,22 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c_shared, load_function
+from wpk.kernels.cpu.conv_transpose_channels import (
+    channels_source,
+    pack_channel_weights,
+    scratch_floats,
+    tile_shape,
+)
 from wpk.kernels.cpu.microkernels.isa import usable_isas
 from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.cpu.window import conv_transpose_begin_pads
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
-# Outputs of at least this many floats are computed on the OpenMP threads
+# Outputs of at least this many floats, or products of at least this many multiply-adds
+# (a DCGAN's 512 -> 256 layer: 16K outputs, 34M multiply-adds), run on the OpenMP threads
 PAR_MIN = 1 << 15
+PAR_MIN_MACS = 1 << 20
 
 _BODY = r"""
 #include <stdint.h>
@@ -120,6 +128,12 @@ class TransposeGeometry:
             shift, first = divmod(phase + pad, stride)
             found += [(phase, k, shift - m) for m, k in enumerate(range(first, size, stride))]
         return found
+
+    def parallel(self) -> bool:
+        """Whether the kernel runs on the OpenMP threads: a big output or much arithmetic
+        (every input pixel meets KH x KW weights of each output channel)."""
+        macs = self.n * self.ci * self.h * self.w * self.co * self.kh * self.kw
+        return self.n * self.co * self.oh * self.ow >= PAR_MIN or macs >= PAR_MIN_MACS
 
     def positions(self) -> tuple[int, int]:
         """(NQ, NJ): the positions whose phases cover the output's rows and columns."""
@@ -272,7 +286,7 @@ def conv_transpose_source(g: TransposeGeometry, ct: int, lanes: int) -> str:
                    SW=g.sw, OH=g.oh, OW=g.ow, CT=ct, COT=-(-g.co // ct), VW=lanes, NQ=nq,
                    NJ=nj, NV=-(-nj // lanes), PADDED=int(g.padded(lanes)),
                    LP=g.left_pad(lanes), XS=g.row_stride(lanes),
-                   PAR=int(g.n * g.co * g.oh * g.ow >= PAR_MIN))
+                   PAR=int(g.parallel()))
     return (VECTOR_HEADER.format(lanes=lanes)
             + "".join(f"#define {k} {v}\n" for k, v in defines.items())
             + _BODY.replace("TILE", _tile(g, ct, lanes)))
@@ -288,27 +302,46 @@ class ConvTransposeC(Implementation):
     def unsupported_reason(self, workload: Workload) -> str | None:
         return conv_transpose_reason(workload)
 
+    def configs(self, workload: Workload) -> list[dict]:
+        """Both vectorizations: over output positions (wide rows) and over output channels
+        (small inputs); the build measures both and keeps the faster."""
+        return [{"along": "positions"}, {"along": "channels"}]
+
     def algorithm(self, workload: Workload, config: Mapping) -> str:
-        return "direct by output phase"
+        along = config.get("along", "positions")
+        return "direct by output phase" + (", channel vectors" if along == "channels" else "")
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
         reason = conv_transpose_reason(workload)
         if reason:
             raise ValueError(f"{workload.label}: {reason}")
+        along = config.get("along", "positions")
+        if along not in ("positions", "channels"):
+            raise ValueError(f"{workload.label}: 'along' is positions or channels, not {along!r}")
         g = _geometry(workload)
         isa = usable_isas()[0]
-        ct = channel_tile(g.co, g.sh * g.sw, isa.registers)
-        packed = pack_weights(np.asarray(consts[1], np.float32), ct)
-        bias = np.zeros(packed.shape[0] * ct, np.float32)
+        weight = np.asarray(consts[1], np.float32)
+        if along == "channels":
+            kv, np_ = tile_shape(g)
+            tile = kv * isa.lanes
+            packed = pack_channel_weights(weight, tile, g)
+            # the zero borders of the input copy are written here, once; a call copies the rows
+            scratch = np.zeros(scratch_floats(g), np.float32)
+            source = channels_source(g, kv, np_, isa.lanes, g.parallel())
+        else:
+            tile = channel_tile(g.co, g.sh * g.sw, isa.registers)
+            packed = pack_weights(weight, tile)
+            # the padded input's zero columns are written here, once; a call copies the rows
+            scratch = np.zeros(g.n * g.ci * g.h * g.row_stride(isa.lanes)
+                               if g.padded(isa.lanes) else 1, np.float32)
+            source = conv_transpose_source(g, tile, isa.lanes)
+        bias = np.zeros(packed.shape[0] * tile, np.float32)
         if 2 in consts and consts[2] is not None:
             bias[:g.co] = np.asarray(consts[2], np.float32).reshape(-1)
-        # the padded input's zero columns are written here, once; a call copies the rows
-        scratch = np.zeros(g.n * g.ci * g.h * g.row_stride(isa.lanes)
-                           if g.padded(isa.lanes) else 1, np.float32)
         build.openmp_defaults()
-        fn = load_function(compile_c_shared(conv_transpose_source(g, ct, isa.lanes)),
-                           "wpk_conv_transpose", [ctypes.c_void_p] * 5)
+        fn = load_function(compile_c_shared(source), "wpk_conv_transpose",
+                           [ctypes.c_void_p] * 5)
         in_shape, out_shape = workload.inputs[0].shape, workload.outputs[0].shape
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:

@@ -13,7 +13,18 @@ import pytest
 
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import registry
-from wpk.kernels.cpu.conv_transpose_native import channel_tile, pack_weights
+from wpk.kernels.cpu.conv_transpose_channels import (
+    channels_source,
+    pack_channel_weights,
+    phase_taps,
+    tile_shape,
+)
+from wpk.kernels.cpu.conv_transpose_native import (
+    PAR_MIN,
+    _geometry,
+    channel_tile,
+    pack_weights,
+)
 from wpk.kernels.cpu.native_chain import chain_kernel
 from wpk.kernels.reference import reference
 
@@ -63,19 +74,31 @@ CASES = {
                                    pads=(1, 0, 0, 1)),
     "4x4 stride 2 pad 1, 1 pixel": _workload(ci=3, co=2, h=1, w=1, k=(4, 4), strides=(2, 2),
                                              pads=(1, 1, 1, 1)),
+    # a DCGAN's small inputs: the channel-vectorized form's case
+    "4x4 stride 2 pad 1, 4x4 input (DCGAN)": _workload(ci=12, co=37, h=4, w=4, k=(4, 4),
+                                                       strides=(2, 2), pads=(1, 1, 1, 1)),
+    "4x4 stride 1, 1x1 input (DCGAN's first)": _workload(ci=10, co=20, h=1, w=1, k=(4, 4),
+                                                         strides=(1, 1)),
+    "3x3 stride 2, 3x5 input, threads": _workload(n=2, ci=40, co=70, h=3, w=5, k=(3, 3),
+                                                  strides=(2, 2), pads=(1, 1, 1, 1)),
 }
+ALONG = ("positions", "channels")
 
 
 def _inputs(workload: Workload, rng) -> list[np.ndarray]:
     return [rng.standard_normal(s.shape).astype(np.float32) for s in workload.inputs]
 
 
+@pytest.mark.parametrize("along", ALONG)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_the_reference(name, rng):
+def test_matches_the_reference(name, along, rng):
+    """Both vectorizations (over output positions, over output channels) on every case."""
     workload = CASES[name]
     assert CT.unsupported_reason(workload) is None
+    assert {"along": along} in CT.configs(workload)
     inputs = _inputs(workload, rng)
-    kernel = CT.prepare(workload, {i: inputs[i] for i in workload.const_inputs}, {})
+    kernel = CT.prepare(workload, {i: inputs[i] for i in workload.const_inputs},
+                        {"along": along})
     y = np.full(workload.outputs[0].shape, np.nan, np.float32)
     kernel(inputs, [y])
     expected = reference(workload, [a.astype(np.float64) for a in inputs])[0]
@@ -95,6 +118,32 @@ def test_packs_a_units_weights_in_reading_order():
     # 7 channels fit 32 registers with 4 phases; 24 channels take 4 tiles of 6, not 7
     assert channel_tile(24, 4, 32) == 6 and channel_tile(28, 4, 32) == 7
     assert channel_tile(1, 4, 32) == 1 and channel_tile(24, 16, 16) == 1
+
+
+def test_the_channel_form_packs_each_phases_taps_in_reading_order():
+    """Per tile of output channels, phase after phase, [input channel][tap][channel]; the
+    3x5 input's 15 positions take two tiles of 8, the last ending at the last position."""
+    workload = CASES["3x3 stride 2, 3x5 input, threads"]
+    g = _geometry(workload)
+    lanes = 4
+    w = np.arange(np.prod(workload.inputs[1].shape), dtype=np.float32).reshape(
+        workload.inputs[1].shape)
+    packed = pack_channel_weights(w, lanes, g)
+    assert packed.shape == (-(-70 // lanes), 40 * 9 * lanes)   # every tap once, in phases
+    base = 0
+    for _, _, taps in phase_taps(g):
+        for ci in (0, 39):
+            for t, (ky, _, kx, _) in enumerate(taps):
+                at = base + (ci * len(taps) + t) * lanes
+                assert np.array_equal(packed[17, at:at + 2], w[ci, 68:70, ky, kx])
+                assert not packed[17, at + 2:at + lanes].any()   # past the 70 channels
+        base += 40 * len(taps) * lanes
+    assert tile_shape(g) == (1, 8) and g.positions() == (3, 5)
+    assert "#define PAR 0\n" in channels_source(g, 1, 8, lanes, g.parallel())
+    # a DCGAN's 512 -> 256 layer: a small output (16K floats) but 34M multiply-adds: threads
+    dcgan = _geometry(_workload(ci=512, co=256, h=4, w=4, k=(4, 4), strides=(2, 2),
+                                pads=(1, 1, 1, 1)))
+    assert dcgan.co * dcgan.oh * dcgan.ow < PAR_MIN and dcgan.parallel()
 
 
 @pytest.mark.parametrize(("attrs", "why"), [
@@ -168,6 +217,7 @@ def test_the_benchmark_verifies_and_times_every_candidate(monkeypatch, tmp_path)
     assert bench_conv_transpose.main(["--rounds", "1", "--repeat", "1", "--output",
                                       str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
-    assert {"convtranspose.c", "ort", "numpy.formula"} <= set(row["median_ms"])
+    assert {"convtranspose.c[along=positions]", "convtranspose.c[along=channels]", "ort",
+            "numpy.formula"} <= set(row["median_ms"])
     assert row["ort_over"]["ort"] == 1.0 and max(row["relative_l2"].values()) < 1e-5
     assert all(value > 0 for value in row["gflops"].values())
