@@ -2,7 +2,8 @@
 against onnxruntime's.
 
 Text detectors' and U-Nets' 2x2 stride-2 upsamplers, DCGAN/pix2pix/CenterNet's 4x4
-stride-2 pad-1 ones, a segmentation decoder's 3x3 stride 2 with output padding: every
+stride-2 pad-1 ones (a DCGAN's small 1x1, 4x4 and 8x8 inputs among them), a segmentation
+decoder's 3x3 stride 2 with output padding: every
 candidate the registry offers (`convtranspose.c`, numpy's formula, onnxruntime's node)
 verified against the float64 reference, then timed in interleaved rounds as
 `bench_resize.py` does (its `bench_workload`, arguments and JSON); the median over
@@ -44,6 +45,10 @@ WORKLOADS = [
     conv_transpose("DBNet head 2x2 s2", (1, 24, 80, 80), 24, 2, 2),
     conv_transpose("DBNet head 2x2 s2, 1 channel out", (1, 24, 160, 160), 1, 2, 2),
     conv_transpose("U-Net up 2x2 s2, 256 -> 128", (1, 256, 28, 28), 128, 2, 2),
+    # a 64x64 DCGAN generator's layers (its first, 1x1 -> 4x4 stride 1, too)
+    conv_transpose("DCGAN first 4x4 s1, 100 -> 512", (1, 100, 1, 1), 512, 4, 1),
+    conv_transpose("DCGAN 4x4 s2 p1, 4x4 in, 512 -> 256", (1, 512, 4, 4), 256, 4, 2, 1),
+    conv_transpose("DCGAN 4x4 s2 p1, 8x8 in, 256 -> 128", (1, 256, 8, 8), 128, 4, 2, 1),
     conv_transpose("DCGAN 4x4 s2 p1, 256 -> 128", (1, 256, 16, 16), 128, 4, 2, 1),
     conv_transpose("DCGAN 4x4 s2 p1, 64 -> 3", (1, 64, 32, 32), 3, 4, 2, 1),
     conv_transpose("CenterNet 4x4 s2 p1, 256 -> 256", (1, 256, 32, 32), 256, 4, 2, 1),
