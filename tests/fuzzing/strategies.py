@@ -133,14 +133,16 @@ def _add_node(draw, b: _Builder, src: str, rng: np.random.Generator) -> str:
         return b.add(op, [src, weight, b.const(rand(n))], (shape[0], n),
                      alpha=draw(st.floats(-2, 2)), transA=0, transB=0)
     if op in ("Conv", "MaxPool", "AveragePool", "BatchNormalization", "GlobalAveragePool",
-              "Resize") and rank == 4:
-        n, c, height, width = shape
+              "Resize") and (rank == 4 or rank == 3 and op != "Resize"):
+        # 2-d, or 1-d (speech and time series: lifted to 2-d on the CPU)
+        n, c, *spatial = shape
         if op == "GlobalAveragePool":
-            return b.add(op, [src], (n, c, 1, 1))
+            return b.add(op, [src], (n, c, *[1] * len(spatial)))
         if op == "BatchNormalization":
             return b.add(op, [src, *(b.const(np.abs(rand(c)) + 0.5) for _ in range(4))], shape,
                          epsilon=draw(st.floats(0, 0.1)))
         if op == "Resize":
+            height, width = spatial
             scale = draw(st.sampled_from([1.0, 2.0, 0.5]))
             out = (n, c, int(height * scale), int(width * scale))
             return b.add(op, [src, "", b.const(np.array([1, 1, scale, scale], np.float32))], out,
@@ -148,17 +150,18 @@ def _add_node(draw, b: _Builder, src: str, rng: np.random.Generator) -> str:
         kernel = draw(st.integers(1, 3))
         stride = _maybe_weird(draw, draw(st.integers(1, 2)))
         pad = draw(st.integers(0, kernel - 1))
+        dims = len(spatial)
         def size(d):
             return ((d + 2 * pad - kernel) // stride + 1 if stride > 0 else 0)
+        window = {"kernel_shape": [kernel] * dims, "strides": [stride] * dims,
+                  "pads": [pad] * 2 * dims}
+        out_spatial = tuple(size(d) for d in spatial)
         if op == "Conv":
             group = draw(st.sampled_from([1, 1, c, 2, 0]))
             out_c = draw(SMALL) * max(group, 1)
-            weight = b.const(rand(out_c, max(c // max(group, 1), 1), kernel, kernel))
-            return b.add(op, [src, weight], (n, out_c, size(height), size(width)),
-                         kernel_shape=[kernel, kernel], strides=[stride, stride],
-                         pads=[pad] * 4, group=group)
-        return b.add(op, [src], (n, c, size(height), size(width)),
-                     kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4)
+            weight = b.const(rand(out_c, max(c // max(group, 1), 1), *[kernel] * dims))
+            return b.add(op, [src, weight], (n, out_c, *out_spatial), group=group, **window)
+        return b.add(op, [src], (n, c, *out_spatial), **window)
     if op == "Cast":
         return b.add(op, [src], shape, to=draw(st.sampled_from([T.FLOAT, T.FLOAT16, T.INT32,
                                                                 T.DOUBLE, T.BOOL])))
