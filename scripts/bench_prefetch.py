@@ -6,10 +6,11 @@ a ViT-tiny and ConvNeXt's pointwise MLP (`micro.gemm`): each kernel is built
 at its default config (what an untuned build offers, `pf` 0) and at every other
 `pf` of its space (a conv: input blocks ahead; a GEMM: rows of B ahead), every
 variant verified against the float64 reference, then all are timed in rounds,
-interleaved, the first rotating; `--repeat` back-to-back calls per variant and
-round, the median over rounds reported with the ratio default / variant (> 1:
-the prefetch made the kernel faster). The tuners search `pf` with the other
-knobs; this shows how much it can move a kernel on the machine at hand.
+interleaved, the first rotating (`bench_resize.interleaved_times`); `--repeat`
+back-to-back calls per variant and round, the median over rounds reported with the
+ratio default / variant (> 1: the prefetch made the kernel faster). The tuners search
+`pf` with the other knobs; this shows how much it can move a kernel on the machine at
+hand.
 
     python scripts/bench_prefetch.py [--rounds 9] [--repeat 5] [--only conv|gemm]
         [--output FILE.json]
@@ -21,14 +22,13 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle BLAS threads sleep (bench_resize)
 import numpy as np  # noqa: E402
-from bench_resize import write_results  # noqa: E402
+from bench_resize import interleaved_times, write_results  # noqa: E402
 
 from wpk.core.numerics import relative_l2  # noqa: E402
 from wpk.kernels.random_inputs import random_inputs  # noqa: E402
@@ -78,13 +78,6 @@ def variants(family, workload) -> dict[int, dict]:
     return found
 
 
-def _call_time(kernel, inputs, out, repeat: int) -> float:
-    start = time.perf_counter()
-    for _ in range(repeat):
-        kernel(inputs, out)
-    return (time.perf_counter() - start) / repeat
-
-
 def bench_case(label: str, workload, family, args, rng) -> dict:
     """Verify every pf variant of one kernel, then time them interleaved."""
     inputs = random_inputs(workload, rng)
@@ -100,14 +93,9 @@ def bench_case(label: str, workload, family, args, rng) -> dict:
             raise SystemExit(f"error: {label} pf {pf}: relative L2 {errors[pf]:.2e} "
                              "against the float64 reference")
         kernels[pf] = (kernel, out)
-    times: dict[int, list[float]] = {pf: [] for pf in kernels}
-    order = list(kernels)
-    for r in range(args.rounds):
-        for pf in order[r % len(order):] + order[: r % len(order)]:
-            kernel, out = kernels[pf]
-            kernel(inputs, out)   # warm
-            times[pf].append(_call_time(kernel, inputs, out, args.repeat))
-    median = {pf: statistics.median(t) for pf, t in times.items()}
+    median, _ = interleaved_times(
+        {pf: (lambda k=kernel, o=out: k(inputs, o)) for pf, (kernel, out) in kernels.items()},
+        args.rounds, args.repeat)
     return {"label": label, "median_us": {str(pf): t * 1e6 for pf, t in median.items()},
             "speedup": {str(pf): median[0] / t for pf, t in median.items() if pf},
             "relative_l2": {str(pf): e for pf, e in errors.items()}}

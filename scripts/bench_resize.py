@@ -80,6 +80,28 @@ WORKLOADS = [
 ]
 
 
+def interleaved_times(runs: dict, rounds: int, repeat: int) -> tuple[dict, dict]:
+    """({name: median over rounds of the round's median call}, {name: fastest call}) of
+    the no-argument callables `runs`, timed in `rounds` rounds, each contender once per
+    round (after a warm-up call) for `repeat` back-to-back calls, the first one rotating
+    from round to round."""
+    names = list(runs)
+    medians: dict[str, list[float]] = {n: [] for n in names}
+    fastest = dict.fromkeys(names, float("inf"))
+    for round_ in range(rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name]()   # warm: caches, a sleeping team
+            calls = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                runs[name]()
+                calls.append(time.perf_counter() - start)
+            medians[name].append(statistics.median(calls))
+            fastest[name] = min(fastest[name], min(calls))
+    return {n: statistics.median(v) for n, v in medians.items()}, fastest
+
+
 def bench_workload(label: str, workload: Workload, args, rng) -> dict:
     inputs = random_inputs(workload, rng)
     (expected,) = reference(workload, inputs)
@@ -97,21 +119,9 @@ def bench_workload(label: str, workload: Workload, args, rng) -> dict:
             raise SystemExit(f"{label} {candidate.label}: wrong answer "
                              f"(relative L2 {errors[candidate.label]:.2e})")
         kernels[candidate.label] = kernel
-    names = list(kernels)
-    medians: dict[str, list[float]] = {n: [] for n in names}
-    fastest = dict.fromkeys(names, float("inf"))
-    for round_ in range(args.rounds):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            kernels[name](inputs, [out])   # warm: caches, a sleeping team
-            calls = []
-            for _ in range(args.repeat):
-                start = time.perf_counter()
-                kernels[name](inputs, [out])
-                calls.append(time.perf_counter() - start)
-            medians[name].append(statistics.median(calls))
-            fastest[name] = min(fastest[name], min(calls))
-    median = {n: statistics.median(v) for n, v in medians.items()}
+    median, fastest = interleaved_times(
+        {name: (lambda k=kernel: k(inputs, [out])) for name, kernel in kernels.items()},
+        args.rounds, args.repeat)
     ort = median.get(ort_label)
     return {"label": label, "in": list(workload.inputs[0].shape),
             "out": list(workload.outputs[0].shape), "mode": workload.text_attr("mode", "nearest"),

@@ -187,11 +187,12 @@ def channels_source(g: TransposeGeometry, kv: int, np_: int, lanes: int, par: bo
     if nq * nj == np_:   # one tile of positions: every offset a constant
         fixed = [(p // nj, p % nj, (p // nj + top) * width + p % nj + left) for p in range(np_)]
     phases, base = [], 0
-    for r, c, taps in phase_taps(g):
+    every = phase_taps(g)
+    for r, c, taps in every:
         phases.append(_phase(r, c, taps, base, kv, np_, fixed))
         base += g.ci * len(taps) * tk
     calls = "\n".join(f"            phase_{r}_{c}(scratch, wp, bias, y, n, cot, q, j, at);"
-                       for r, c, _ in phase_taps(g))
+                       for r, c, _ in every)
     body = _BODY.replace("PHASES", "\n\n".join(phases))
     return (VECTOR_HEADER.format(lanes=lanes)
             + "".join(f"#define {k} {v}\n" for k, v in defines.items())

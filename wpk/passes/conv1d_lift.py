@@ -132,6 +132,16 @@ def lifted_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape) if len(shape) < 2 else (*shape[:-1], 1, shape[-1])
 
 
+def _insert_reshape(graph: Graph, source: str, target: str, shape: tuple[int, ...],
+                    name: str) -> None:
+    """`target` = Reshape(`source`, `shape`), placed right after `source`'s producer (first,
+    for a graph input)."""
+    shape_name = add_constant(graph, f"{target}/shape", np.array(shape, np.int64))
+    index = next((i + 1 for i, n in enumerate(graph.nodes) if source in n.outputs), 0)
+    graph.nodes.insert(index, Node("Reshape", [source, shape_name], [target],
+                                   graph.unique_name(name)))
+
+
 def _window_attrs(node: Node) -> dict:
     """The 2-d attributes of a 1-d conv or pool: a unit leading axis everywhere (a
     ConvTranspose's output_padding and output_shape too)."""
@@ -157,7 +167,6 @@ class Conv1dAs2d(GraphPass):
         return graph
 
     def _lift(self, graph: Graph, component: list[Node]) -> None:
-        members = {id(n) for n in component}
         # the region's 3-d tensors (not a reduction's (N, C) without keepdims)
         produced = {o for n in component for o in n.outputs
                     if o and len(graph.tensors[o].shape) == 3}
@@ -167,15 +176,10 @@ class Conv1dAs2d(GraphPass):
             """The 2-d form of a 3-d tensor the region reads from outside (a Reshape, made
             once, placed right after its producer)."""
             if name not in lifted:
-                shape = graph.tensors[name].shape
+                shape = lifted_shape(graph.tensors[name].shape)
                 target = graph.unique_name(f"{name}/2d")
-                graph.tensors[target] = TensorInfo(lifted_shape(shape), graph.tensors[name].dtype)
-                shape_name = add_constant(graph, f"{target}/shape",
-                                          np.array(lifted_shape(shape), np.int64))
-                reshape = Node("Reshape", [name, shape_name], [target],
-                               graph.unique_name(f"{name}/lift"))
-                index = next((i + 1 for i, n in enumerate(graph.nodes) if name in n.outputs), 0)
-                graph.nodes.insert(index, reshape)
+                graph.tensors[target] = TensorInfo(shape, graph.tensors[name].dtype)
+                _insert_reshape(graph, name, target, shape, f"{name}/lift")
                 lifted[name] = target
             return lifted[name]
 
@@ -195,7 +199,7 @@ class Conv1dAs2d(GraphPass):
                 node.attrs = _window_attrs(node)
             if node.op in ("Concat", "Split"):
                 node.attrs = {**node.attrs, "axis": 1}   # -2, the channels, would be H
-        self._lower_outputs(graph, members, produced, lifted)
+        self._lower_outputs(graph, produced, lifted)
         self.hit(count=len(component))
 
     def _pool(self, graph: Graph, node: Node, lifted: dict[str, str], to_2d) -> None:
@@ -212,10 +216,7 @@ class Conv1dAs2d(GraphPass):
         n, c = graph.tensors[out].shape[:2]
         graph.tensors[pooled] = TensorInfo((n, c, 1, 1), graph.tensors[out].dtype)
         node.outputs = [pooled]
-        shape_name = add_constant(graph, f"{out}/shape", np.array((n, c), np.int64))
-        index = next(i for i, candidate in enumerate(graph.nodes) if candidate is node)
-        graph.nodes.insert(index + 1, Node("Reshape", [pooled, shape_name], [out],
-                                           graph.unique_name(f"{node.name}/flatten")))
+        _insert_reshape(graph, pooled, out, (n, c), f"{node.name}/flatten")
 
     def _operand(self, graph: Graph, node: Node, index: int, name: str, produced: set[str],
                  lifted: dict[str, str], to_2d) -> str:
@@ -239,19 +240,15 @@ class Conv1dAs2d(GraphPass):
             return name
         return to_2d(name)
 
-    def _lower_outputs(self, graph: Graph, members: set[int], produced: set[str],
+    def _lower_outputs(self, graph: Graph, produced: set[str],
                        lifted: dict[str, str]) -> None:
-        """A Reshape back to 3-d for every region tensor read outside it or a graph output
-        (under its own name, right after its producer)."""
+        """A Reshape back to 3-d for every region tensor still read by its 3-d name (the
+        region's own nodes read the 2-d ones now) or a graph output (under its own name,
+        right after its producer)."""
         readers = graph.consumers()
         for name in sorted(produced):
-            outside = [n for n in readers.get(name, []) if id(n) not in members]
-            if not outside and name not in graph.outputs:
+            if name not in readers and name not in graph.outputs:
                 graph.tensors.pop(name, None)
                 continue
-            shape_name = add_constant(graph, f"{name}/3d", np.array(
-                graph.tensors[name].shape, np.int64))
-            reshape = Node("Reshape", [lifted[name], shape_name], [name],
-                           graph.unique_name(f"{name}/lower"))
-            index = next(i + 1 for i, n in enumerate(graph.nodes) if lifted[name] in n.outputs)
-            graph.nodes.insert(index, reshape)
+            _insert_reshape(graph, lifted[name], name, graph.tensors[name].shape,
+                            f"{name}/lower")

@@ -215,8 +215,9 @@ def gemm_source(g: GemmGeometry, config: Mapping) -> tuple[str, tuple[str, ...]]
                    MB=mb, NB=nb, PANELS=panels, RBLOCKS=rblocks, CBLOCKS=cblocks,
                    UNITS=g.batch * rblocks * cblocks, BCOUNT=g.b_count, LDM=g.lda_m,
                    LDK=g.lda_k, TRANSB=int(g.trans_b), ALPHA=c_float(g.alpha))
-    if prefetch_rows(config):
-        defines["PF"] = prefetch_rows(config)
+    pf = prefetch_rows(config)
+    if pf:
+        defines["PF"] = pf
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_table("A_OFF", g.a_offsets))
@@ -224,7 +225,7 @@ def gemm_source(g: GemmGeometry, config: Mapping) -> tuple[str, tuple[str, ...]]
     epilogue = _epilogue(g)
     declarations, libraries = vector_math(epilogue, ISAS[str(config["isa"])])
     parts += [declarations, epilogue]
-    lines = -(-nr // LINE_FLOATS) if prefetch_rows(config) else 0
+    lines = -(-nr // LINE_FLOATS) if pf else 0
     parts.append(_tile(mr, nv, unroll, lines))
     rest = g.m % mr
     if rest:

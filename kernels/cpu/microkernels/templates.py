@@ -371,6 +371,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     tiles = -(-vectors // kv)
     lo, hi = (0, g.ow) if phase else _interior(g)
     step = g.in_block * (1 if phase else g.sw)   # floats between a tile's pixels
+    pf = prefetch_distance(config)
     if g.depthwise:
         groups = g.block // lanes
         rows = g.n * g.kb * groups * _ceil_div(g.oh, row_block)
@@ -383,7 +384,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         params, args = "int n, int kt", "n, kt"
         decode = "        int n = t % N; int kt = t / N;"
         def tile(name, np_, checked):
-            span = (np_ - 1) * step + g.in_block if prefetch_distance(config) else None
+            span = (np_ - 1) * step + g.in_block if pf else None
             return _conv_tile(name, np_, kv, checked, unroll, phase, span)
     width, chunks = _chunks(g, rows, px)
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KB=g.kb, OH=g.oh, OW=g.ow, R=g.r, S=g.s,
@@ -395,11 +396,11 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
                    HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
                    UNITS=rows * chunks, ROWS=row_block, OHB=_ceil_div(g.oh, row_block),
                    IB=g.in_block, XSTEP=step)
-    if prefetch_distance(config):
+    if pf:
         # floats between input blocks: of the image, or of its phase split
         plane = g.h * g.w if not phase else math.prod(
             _phases(original)[k] for k in ("PA", "PB", "PH", "PW"))
-        defines.update(PF=prefetch_distance(config), PLANE=plane * g.in_block)
+        defines.update(PF=pf, PLANE=plane * g.in_block)
     if split:
         p = _phases(original)
         defines.update(p, XH=original.h, XW=original.w, XSH=original.sh, XSW=original.sw,
