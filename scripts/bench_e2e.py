@@ -158,7 +158,11 @@ def load_benchmark_model(name: str, corpus_size: str = "bench"
 
 def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options: dict,
                 breakdown: bool, workdir: str, ort_spinning: bool = False,
-                block: int = 1, wpk_spin: bool = False, corpus_size: str = "bench") -> dict:
+                block: int = 1, wpk_spin: bool = False, corpus_size: str = "bench",
+                fresh_process: bool = False) -> dict:
+    """Build model `name`, check its plan against onnxruntime and time both engines in
+    this process; with `fresh_process`, time them again in a new process that loads only
+    the saved plan and the model (`time_in_fresh_process`)."""
     load_before = list(os.getloadavg())  # others' work on a shared machine shows here
     model, feeds, input_shapes = load_benchmark_model(name, corpus_size)
     if input_shapes:
@@ -168,21 +172,13 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
     build_s = time.perf_counter() - started
     path = os.path.join(workdir, f"{name}.wpk")
     plan.save(path)
-    session = wpk.load(path, spin_threads=wpk_spin)
-    ort = ort_session(model, threads, ort_spinning)
-    names = [o.name for o in ort.get_outputs()]
+    timing = {"threads": threads, "ort_spinning": ort_spinning, "block": block,
+              "rounds": rounds, "warmup": warmup, "wpk_spin": wpk_spin}
+    times = time_engines(path, model, feeds, **timing)
+    wpk_times, ort_times, error = times["wpk"], times["onnxruntime"], times["relative_l2"]
+    fresh = time_in_fresh_process(path, model, feeds, workdir, timing) if fresh_process else None
 
-    ours = session.run(feeds)
-    theirs = dict(zip(names, ort.run(names, feeds)))
-    error = max(relative_l2(ours[n], theirs[n]) for n in names)
-
-    for _ in range(warmup):
-        session.run(feeds)
-        ort.run(names, feeds)
-    wpk_times, ort_times = time_swapping(
-        [lambda: session.run(feeds), lambda: ort.run(names, feeds)], rounds, block)
-
-    steps = session.plan.steps
+    steps = plan.steps
     result = {"model": name, "build_s": build_s, "steps": len(steps),
               "fallback_steps": sum(1 for s in steps if s.kind == "fallback"),
               "impl_kinds": _count(s.kind for s in steps),
@@ -193,17 +189,80 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
               "partition": {k: v for k, v in plan.report.get("partition", {}).items()
                             if k in ("winner", "plan", "ratio", "medians_s", "reason",
                                      "rounds_won", "rounds")}}
-    result["ratio_wpk_over_ort"] = result["wpk"]["median_ms"] / result["onnxruntime"]["median_ms"]
-    result["ratio_interval_95"] = ratio_interval(wpk_times, ort_times, rounds)
-    result["verdict"] = verdict(result["ratio_interval_95"])
+    result.update(compare(wpk_times, ort_times, rounds))
+    if fresh is not None:
+        result["fresh_process"] = {**compare(fresh["wpk"], fresh["onnxruntime"], rounds),
+                                   "wpk": summarize(fresh["wpk"]),
+                                   "onnxruntime": summarize(fresh["onnxruntime"]),
+                                   "relative_l2_vs_ort": fresh["relative_l2"],
+                                   "pid": fresh["pid"]}
     if result["partition"].get("winner") == "onnxruntime":   # the same engine twice
-        result["verdict"] = "plan is onnxruntime's model"
+        for timed in (result, result.get("fresh_process", {})):
+            timed["verdict"] = "plan is onnxruntime's model"
     if breakdown:
-        result["breakdown"] = step_breakdown(session, feeds, repeats=max(5, rounds // 2))
+        result["breakdown"] = step_breakdown(wpk.load(path, spin_threads=wpk_spin), feeds,
+                                             repeats=max(5, rounds // 2))
         if name.startswith(CORPUS_PREFIX):
             result["ort_breakdown"] = ort_op_breakdown(model, feeds, threads, ort_spinning,
                                                        max(5, rounds // 2), workdir)
     return result
+
+
+def compare(wpk_times: list[float], ort_times: list[float], rounds: int) -> dict:
+    """The ratio of medians wpk/ort, its 95% interval and the verdict."""
+    interval = ratio_interval(wpk_times, ort_times, rounds)
+    return {"ratio_wpk_over_ort": statistics.median(wpk_times) / statistics.median(ort_times),
+            "ratio_interval_95": interval, "verdict": verdict(interval)}
+
+
+def time_engines(plan_path: str, model: onnx.ModelProto, feeds: dict, threads: int,
+                 ort_spinning: bool, block: int, rounds: int, warmup: int,
+                 wpk_spin: bool = False) -> dict:
+    """Load the plan at `plan_path` and onnxruntime's session of `model`, check the plan's
+    outputs against it, warm both up and time them in swapping blocks (`time_swapping`):
+    {"wpk": seconds, "onnxruntime": seconds, "relative_l2": worst output's error}."""
+    session = wpk.load(plan_path, spin_threads=wpk_spin)
+    ort = ort_session(model, threads, ort_spinning)
+    names = [o.name for o in ort.get_outputs()]
+    ours = session.run(feeds)
+    theirs = dict(zip(names, ort.run(names, feeds)))
+    error = max(relative_l2(ours[n], theirs[n]) for n in names)
+    for _ in range(warmup):
+        session.run(feeds)
+        ort.run(names, feeds)
+    wpk_times, ort_times = time_swapping(
+        [lambda: session.run(feeds), lambda: ort.run(names, feeds)], rounds, block)
+    return {"wpk": wpk_times, "onnxruntime": ort_times, "relative_l2": error}
+
+
+def _time_saved_engines(plan_path: str, model_path: str, feeds_path: str, timing_path: str,
+                        out_path: str) -> None:
+    """`time_engines` on a plan, model, feeds and settings read from files, the times
+    written to `out_path` as JSON (a fresh process's job)."""
+    with np.load(feeds_path) as saved:
+        feeds = {name: saved[name] for name in saved.files}
+    timing = json.loads(Path(timing_path).read_text())
+    times = time_engines(plan_path, onnx.load(model_path), feeds, **timing)
+    Path(out_path).write_text(json.dumps({**times, "pid": os.getpid()}))
+
+
+def time_in_fresh_process(plan_path: str, model: onnx.ModelProto, feeds: dict,
+                          workdir: str, timing: dict) -> dict:
+    """`time_engines` in a new Python process that loads only the saved plan, the model and
+    the feeds: what a user's program that deploys the plan sees, without what the build
+    left in this process (its tuning's compiled kernels, sessions and heap)."""
+    import subprocess
+
+    files = {kind: os.path.join(workdir, f"fresh-process-{kind}")
+             for kind in ("model.onnx", "feeds.npz", "timing.json", "times.json")}
+    onnx.save(model, files["model.onnx"])
+    np.savez(files["feeds.npz"], **feeds)
+    Path(files["timing.json"]).write_text(json.dumps(timing))
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import bench_e2e; "
+            "bench_e2e._time_saved_engines(*sys.argv[3:])")
+    subprocess.run([sys.executable, "-c", code, str(REPO), str(Path(__file__).parent),
+                    plan_path, *files.values()], check=True)
+    return json.loads(Path(files["times.json"]).read_text())
 
 
 def ort_op_breakdown(model: onnx.ModelProto, feeds: dict, threads: int, spinning: bool,
@@ -284,14 +343,23 @@ def markdown_table(results: list[dict], threads: int) -> str:
              "| wpk/ort of the fastest runs | fallback steps | rel. L2 vs ort |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for r in results:
-        w, o = r["wpk"], r["onnxruntime"]
-        lines.append(f"| {r['model']} | {r['build_s']:.1f} | {w['median_ms']:.2f} "
-                     f"({w['p25_ms']:.2f}-{w['p75_ms']:.2f}) | {o['median_ms']:.2f} "
-                     f"({o['p25_ms']:.2f}-{o['p75_ms']:.2f}) | {r['ratio_wpk_over_ort']:.2f} "
-                     f"| {_interval_text(r)} | {r.get('verdict', '-')} "
-                     f"| {w['min_ms'] / o['min_ms']:.2f} "
-                     f"| {r['fallback_steps']}/{r['steps']} | {r['relative_l2_vs_ort']:.1e} |")
+        lines.append(_table_row(r, r["model"], f"{r['build_s']:.1f}", r))
+        if "fresh_process" in r:
+            lines.append(_table_row(r["fresh_process"], f"{r['model']} (fresh process)", "-",
+                                    r))
     return "\n".join(lines)
+
+
+def _table_row(timed: dict, label: str, build: str, result: dict) -> str:
+    """One row of `markdown_table`: the timings in `timed`, the plan's facts in `result`."""
+    w, o = timed["wpk"], timed["onnxruntime"]
+    return (f"| {label} | {build} | {w['median_ms']:.2f} "
+            f"({w['p25_ms']:.2f}-{w['p75_ms']:.2f}) | {o['median_ms']:.2f} "
+            f"({o['p25_ms']:.2f}-{o['p75_ms']:.2f}) | {timed['ratio_wpk_over_ort']:.2f} "
+            f"| {_interval_text(timed)} | {timed.get('verdict', '-')} "
+            f"| {w['min_ms'] / o['min_ms']:.2f} "
+            f"| {result['fallback_steps']}/{result['steps']} "
+            f"| {timed['relative_l2_vs_ort']:.1e} |")
 
 
 def _interval_text(result: dict) -> str:
@@ -366,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                              "strict alternation)")
     parser.add_argument("--wpk-spin", action="store_true",
                         help="load plans with spin_threads=True (wpk's opt-in spinning)")
+    parser.add_argument("--fresh-process", action="store_true",
+                        help="also time both engines in a new process that loads only the "
+                             "saved plan and the model, as a deployment would")
     parser.add_argument("--breakdown", action="store_true", help="time every plan step")
     parser.add_argument("--top", type=int, default=12, help="rows in the breakdown tables")
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
@@ -382,15 +453,18 @@ def main(argv: list[str] | None = None) -> int:
             results.append(bench_model(name, args.rounds, args.warmup, args.threads,
                                        build_options, args.breakdown, workdir,
                                        args.ort_spinning, max(1, args.block),
-                                       args.wpk_spin, args.corpus_size))
+                                       args.wpk_spin, args.corpus_size,
+                                       args.fresh_process))
 
     report = {"benchmark": "e2e", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "method": f"{args.warmup} warm-up rounds, then {args.rounds} rounds alternating "
                         "wpk and onnxruntime in one process (the order swapping every round), "
                         f"{args.block} run(s) of each per "
                         f"round (when more than one: a {BLOCK_PAUSE_S} s pause before a block "
-                        "and its first run untimed); medians and quartiles",
-              "block": args.block,
+                        "and its first run untimed); medians and quartiles"
+                        + ("; then the same in a fresh process that loads only the saved plan "
+                           "and the model" if args.fresh_process else ""),
+              "block": args.block, "fresh_process": args.fresh_process,
               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
               "threads": args.threads, "ort_spinning": args.ort_spinning,
               "wpk_spin_threads": args.wpk_spin,

@@ -63,7 +63,7 @@ def bench(name: str, args, workdir: str) -> dict:
         options["trials"] = args.trials
     result = e2e.bench_model(name, args.rounds, args.warmup, args.threads, options,
                              args.breakdown, workdir, ort_spinning=not args.ort_no_spinning,
-                             block=max(1, args.block))
+                             block=max(1, args.block), fresh_process=args.fresh_process)
     plan = e2e.wpk.load(os.path.join(workdir, f"{name}.wpk")).plan
     report = plan.report
     result["search"] = {k: v for k, v in report.get("search", {}).items() if k != "tuned"}
@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of one engine in a row per round (as bench_e2e.py --block)")
     parser.add_argument("--ort-no-spinning", action="store_true",
                         help="turn onnxruntime's thread spinning off (default: its default, on)")
+    parser.add_argument("--fresh-process", action="store_true",
+                        help="also time both engines in a new process that loads only the "
+                             "saved plan and the model, as a deployment would")
     parser.add_argument("--breakdown", action="store_true", help="time every plan step")
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--no-save", action="store_true", help="print only, write no JSON")
@@ -122,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                         "wpk and onnxruntime in one process (the order swapping every round), "
                         f"{args.block} run(s) of each per "
                         f"round (when more than one: a {e2e.BLOCK_PAUSE_S} s pause before a "
-                        "block and its first run untimed); medians and quartiles",
+                        "block and its first run untimed); medians and quartiles"
+                        + ("; then the same in a fresh process that loads only the saved plan "
+                           "and the model" if args.fresh_process else ""),
               "block": args.block, "ort_spinning": not args.ort_no_spinning,
+              "fresh_process": args.fresh_process,
               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
               "threads": args.threads, "machine": e2e.machine_description(),
               "results": results}

@@ -72,25 +72,36 @@ def test_bench_e2e_selects_corpus_models(scripts_on_path, capsys):
 def test_bench_tuned_times_blocks_against_onnxruntimes_default_spinning(scripts_on_path,
                                                                         tmp_path, capsys):
     """Issue 10 item 6's method: a searched build, then blocks of runs per engine against
-    onnxruntime at its default (spinning); the JSON says so and holds the ratio."""
+    onnxruntime at its default (spinning); the JSON says so and holds the ratio. With
+    --fresh-process the same timing again in a new process that loads the saved plan."""
     import json
+    import os
 
     import bench_tuned
 
     assert bench_tuned.main(["--models", "transformer_encoder", "--search", "random",
-                             "--budget", "20", "--trials", "2", "--rounds", "1",
+                             "--budget", "20", "--trials", "2", "--rounds", "2",
                              "--warmup", "0", "--block", "3", "--db-dir", str(tmp_path / "db"),
-                             "--results-dir", str(tmp_path)]) == 0
+                             "--fresh-process", "--results-dir", str(tmp_path)]) == 0
     (written,) = tmp_path.glob("tuned-*.json")
     report = json.loads(written.read_text())
     assert report["block"] == 3 and report["ort_spinning"] is True
     assert "3 run(s) of each per round" in report["method"]
+    assert report["fresh_process"] is True and "fresh process" in report["method"]
     (result,) = report["results"]
     assert result["model"] == "transformer_encoder" and result["ratio_wpk_over_ort"] > 0
     # each block's first run is untimed (what the other engine left running lands there)
-    assert result["wpk"]["runs"] == result["onnxruntime"]["runs"] == 2
+    assert result["wpk"]["runs"] == result["onnxruntime"]["runs"] == 4
     assert result["search"]["search"] == "random" and result["relative_l2_vs_ort"] < 1e-4
-    assert "| transformer_encoder |" in capsys.readouterr().out
+    fresh = result["fresh_process"]
+    assert fresh["wpk"]["runs"] == fresh["onnxruntime"]["runs"] == 4
+    assert fresh["relative_l2_vs_ort"] < 1e-4 and fresh["pid"] != os.getpid()
+    assert fresh["ratio_wpk_over_ort"] == pytest.approx(
+        fresh["wpk"]["median_ms"] / fresh["onnxruntime"]["median_ms"])
+    low, high = fresh["ratio_interval_95"]
+    assert low <= fresh["ratio_wpk_over_ort"] <= high
+    out = capsys.readouterr().out
+    assert "| transformer_encoder |" in out and "| transformer_encoder (fresh process) |" in out
 
 
 def test_the_e2e_ratio_interval_separates_a_real_difference_from_noise(scripts_on_path):
