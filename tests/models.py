@@ -253,11 +253,30 @@ def tiny_conv_gemm(seed: int = 3) -> onnx.ModelProto:
                              ir_version=IR_VERSION)
 
 
+def dcgan_generator(latent: int = 100, width: int = 64, seed: int = 4) -> onnx.ModelProto:
+    """A DCGAN generator (64x64 RGB from a latent vector), as torch's nn.ConvTranspose2d
+    stack exports it: 4x4 ConvTransposes (the first on the one-pixel latent, then stride 2
+    pad 1), each with BatchNormalization and ReLU, Tanh at the end."""
+    g = _GraphBuilder(seed)
+    x, channels = "z", latent
+    for i, c_out in enumerate((8 * width, 4 * width, 2 * width, width, 3)):
+        w = g.weight("wt", (channels, c_out, 4, 4), channels * 4)
+        first = i == 0
+        x = g.op("ConvTranspose", [x, w], "convt", kernel_shape=[4, 4],
+                 strides=[1, 1] if first else [2, 2], pads=[0] * 4 if first else [1] * 4)
+        x = g.op("Tanh", [x]) if c_out == 3 else g.op("Relu", [g.batch_norm(x, c_out)])
+        channels = c_out
+    out = helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 3, 64, 64])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, latent, 1, 1])
+    return g.model("dcgan_generator", [z], [out])
+
+
 BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "mobilenet_v2_like": mobilenet_v2_like,
     "efficientnet_like": efficientnet_like,
     "transformer_encoder": transformer_encoder,
     "bert_base_layer": bert_base_layer,
+    "dcgan_generator": dcgan_generator,
 }
 ALL_MODELS = tuple(f"light_{n}" for n in LIGHT_MODELS) + tuple(BUILDERS)
 

@@ -34,6 +34,7 @@ from wpk.passes.attention import ATTENTION_HEADS_RULES, ATTENTION_RULES
 from wpk.passes.base import GraphPass
 from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.conv1d_lift import Conv1dAs2d
+from wpk.passes.conv_transpose_gemm import ConvTransposeAsMatMul
 from wpk.passes.dead_nodes import DeadNodeElimination
 from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import (
@@ -85,6 +86,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(lambda: FusionPass("attention_heads", ATTENTION_HEADS_RULES),
                   targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("fold_linear", LINEAR_RULES)),
+    # after the BatchNorm folds (a generator's BN comes along in the weights)
+    PipelineEntry(ConvTransposeAsMatMul, targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("channel_norm", CHANNEL_NORM_RULES),
                   targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
