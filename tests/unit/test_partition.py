@@ -147,6 +147,61 @@ def test_a_build_measures_the_whole_model_and_keeps_the_per_operator_report():
     assert relative_l2(got, expected) <= 1e-5
 
 
+def _two_stages(monkeypatch, selection: tuple[float, ...], confirmation: tuple[float, ...]):
+    """Make `measure_blocks` return `selection` (wpk's block medians against onnxruntime's
+    at 1.0, runs of 2 per block) for the first call, `confirmation` for the second, and
+    record which sessions each call timed."""
+    from wpk import partition
+
+    calls = []
+
+    def fake(sessions, feeds, options):
+        ratios = selection if not calls else confirmation
+        calls.append(sorted(sessions))
+        ort = [1.0] * 2 * len(ratios)
+        ours = [r for r in ratios for _ in range(2)]
+        return {name: (ort if name == ONNXRUNTIME else ours) for name in sessions}
+
+    monkeypatch.setattr(partition, "measure_blocks", fake)
+    return calls
+
+
+@pytest.mark.parametrize("selection, confirmation, winner", [
+    # ahead in the pooled median, behind in half the rounds: the confirmation decides
+    ((0.80, 1.03, 0.82, 1.04), (0.90, 0.91, 0.89, 0.90), WPK),
+    # ahead round after round among all plans, not against onnxruntime alone
+    ((0.90, 0.91, 0.89, 0.90), (0.99, 1.02, 0.97, 1.01), ONNXRUNTIME),
+])
+def test_the_fastest_plan_is_confirmed_against_onnxruntime_alone(monkeypatch, selection,
+                                                                 confirmation, winner):
+    model = tiny_matmuls(count=4)
+    per_op = wpk.build(model, target="cpu", progress=False, partition=False)
+    whole = whole_model_plan(load_model(model), model.SerializeToString())
+    calls = _two_stages(monkeypatch, selection, confirmation)
+    chosen, summary = choose_partition(per_op, whole, PartitionOptions(runs=2))
+    assert calls == [sorted([WPK, ONNXRUNTIME])] * 2  # the second: the two alone
+    assert summary["winner"] == winner and summary["confirmed"] is True
+    assert (chosen is per_op) == (winner == WPK)
+    assert summary["ratio"] == pytest.approx(np.median(confirmation))
+    assert summary["selection_ratio"] == pytest.approx(np.median(selection))
+    assert summary["rounds"] == 4 and "which decide" in summary["method"]
+    from wpk.commands.render import partition_lines
+    assert "confirmation against onnxruntime alone" in partition_lines(
+        {"partition": summary})[0]
+
+
+def test_a_plan_not_ahead_among_all_is_not_confirmed(monkeypatch):
+    """wpk's fastest plan within the margin of onnxruntime's in the first stage: no second
+    stage, onnxruntime's whole model stays."""
+    model = tiny_matmuls(count=4)
+    per_op = wpk.build(model, target="cpu", progress=False, partition=False)
+    whole = whole_model_plan(load_model(model), model.SerializeToString())
+    calls = _two_stages(monkeypatch, (0.99, 0.99, 0.99, 0.99), (0.5, 0.5, 0.5, 0.5))
+    chosen, summary = choose_partition(per_op, whole, PartitionOptions(runs=2))
+    assert len(calls) == 1 and chosen is whole and summary["confirmed"] is False
+    assert summary["ratio"] == pytest.approx(0.99) and "not 2% faster" in summary["reason"]
+
+
 def test_no_partition_keeps_the_per_operator_plan(tmp_path, capsys):
     path = tmp_path / "m.onnx"
     onnx.save(tiny_matmuls(count=6), path)

@@ -169,6 +169,9 @@ def partition_lines(report: Mapping) -> list[str]:
             else wpk_plan_name(partition))
     rounds = (f", faster in {partition['rounds_won']} of {partition['rounds']} rounds"
               if "rounds" in partition else "")   # plans built before 2026-11-27 lack it
+    if partition.get("confirmed"):
+        rounds += (f" of the confirmation against onnxruntime alone; "
+                   f"{partition['selection_ratio']:.2f}x among all of wpk's plans")
     return [f"end to end: wpk's plan {format_time(partition['wpk_median_s'])}, onnxruntime "
             f"{format_time(partition['onnxruntime_median_s'])} "
             f"({partition['ratio']:.2f}x{rounds}): the plan is {plan}"]
