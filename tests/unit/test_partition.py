@@ -147,16 +147,16 @@ def test_a_build_measures_the_whole_model_and_keeps_the_per_operator_report():
     assert relative_l2(got, expected) <= 1e-5
 
 
-def _two_stages(monkeypatch, selection: tuple[float, ...], confirmation: tuple[float, ...]):
-    """Make `measure_blocks` return `selection` (wpk's block medians against onnxruntime's
-    at 1.0, runs of 2 per block) for the first call, `confirmation` for the second, and
-    record which sessions each call timed."""
+def _stages(monkeypatch, *stages: tuple[float, ...]):
+    """Make the n-th call of `measure_blocks` return `stages[n]` (the last one again after
+    that): wpk's block medians against onnxruntime's at 1.0, runs of 2 per block; record
+    which sessions each call timed."""
     from wpk import partition
 
     calls = []
 
     def fake(sessions, feeds, options):
-        ratios = selection if not calls else confirmation
+        ratios = stages[min(len(calls), len(stages) - 1)]
         calls.append(sorted(sessions))
         ort = [1.0] * 2 * len(ratios)
         ours = [r for r in ratios for _ in range(2)]
@@ -164,6 +164,12 @@ def _two_stages(monkeypatch, selection: tuple[float, ...], confirmation: tuple[f
 
     monkeypatch.setattr(partition, "measure_blocks", fake)
     return calls
+
+
+def _tiny_plans():
+    model = tiny_matmuls(count=4)
+    per_op = wpk.build(model, target="cpu", progress=False, partition=False)
+    return per_op, whole_model_plan(load_model(model), model.SerializeToString())
 
 
 @pytest.mark.parametrize("selection, confirmation, winner", [
@@ -174,10 +180,8 @@ def _two_stages(monkeypatch, selection: tuple[float, ...], confirmation: tuple[f
 ])
 def test_the_fastest_plan_is_confirmed_against_onnxruntime_alone(monkeypatch, selection,
                                                                  confirmation, winner):
-    model = tiny_matmuls(count=4)
-    per_op = wpk.build(model, target="cpu", progress=False, partition=False)
-    whole = whole_model_plan(load_model(model), model.SerializeToString())
-    calls = _two_stages(monkeypatch, selection, confirmation)
+    per_op, whole = _tiny_plans()
+    calls = _stages(monkeypatch, selection, confirmation)
     chosen, summary = choose_partition(per_op, whole, PartitionOptions(runs=2))
     assert calls == [sorted([WPK, ONNXRUNTIME])] * 2  # the second: the two alone
     assert summary["winner"] == winner and summary["confirmed"] is True
@@ -190,13 +194,34 @@ def test_the_fastest_plan_is_confirmed_against_onnxruntime_alone(monkeypatch, se
         {"partition": summary})[0]
 
 
+@pytest.mark.parametrize("extension, winner, won", [
+    ((0.90, 0.90, 0.90, 0.90), WPK, 6),          # 2 of 4, then 4 of 4: 6 of 8
+    ((0.90, 1.10, 0.90, 0.90), ONNXRUNTIME, 5),  # 2 + 3: 5 of 8, short of 3 in 4
+])
+def test_a_confirmation_whose_median_and_rounds_disagree_gets_as_many_rounds_again(
+        monkeypatch, extension, winner, won):
+    """Ahead in the median, behind in half the rounds (a slow stretch on two of wpk's
+    blocks): 4 more rounds, and all 8 decide by the same rule."""
+    per_op, whole = _tiny_plans()
+    calls = _stages(monkeypatch, (0.9,) * 4, (0.85, 0.85, 1.3, 1.01), extension)
+    chosen, summary = choose_partition(per_op, whole, PartitionOptions(runs=2))
+    assert len(calls) == 3 and summary["rounds"] == 8
+    assert summary["winner"] == winner and summary["rounds_won"] == won
+    assert (chosen is per_op) == (winner == WPK)
+
+
+def test_a_confirmation_behind_in_the_median_gets_no_more_rounds(monkeypatch):
+    per_op, whole = _tiny_plans()
+    calls = _stages(monkeypatch, (0.9,) * 4, (0.99, 1.3, 0.99, 0.90), (0.5,) * 4)
+    chosen, summary = choose_partition(per_op, whole, PartitionOptions(runs=2))
+    assert len(calls) == 2 and chosen is whole and summary["rounds"] == 4
+
+
 def test_a_plan_not_ahead_among_all_is_not_confirmed(monkeypatch):
     """wpk's fastest plan within the margin of onnxruntime's in the first stage: no second
     stage, onnxruntime's whole model stays."""
-    model = tiny_matmuls(count=4)
-    per_op = wpk.build(model, target="cpu", progress=False, partition=False)
-    whole = whole_model_plan(load_model(model), model.SerializeToString())
-    calls = _two_stages(monkeypatch, (0.99, 0.99, 0.99, 0.99), (0.5, 0.5, 0.5, 0.5))
+    per_op, whole = _tiny_plans()
+    calls = _stages(monkeypatch, (0.99, 0.99, 0.99, 0.99), (0.5, 0.5, 0.5, 0.5))
     chosen, summary = choose_partition(per_op, whole, PartitionOptions(runs=2))
     assert len(calls) == 1 and chosen is whole and summary["confirmed"] is False
     assert summary["ratio"] == pytest.approx(0.99) and "not 2% faster" in summary["reason"]
