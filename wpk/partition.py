@@ -261,7 +261,8 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     variant = min((name for name in medians if name != ONNXRUNTIME), key=medians.get)
     decisive = {WPK: times[variant], ONNXRUNTIME: times[ONNXRUNTIME]}
     selection_ratio = medians[variant] / medians[ONNXRUNTIME]
-    if selection_ratio <= 1 - options.margin and options.confirm_blocks > 0:
+    confirmed = selection_ratio <= 1 - options.margin and options.confirm_blocks > 0
+    if confirmed:
         decisive = confirm(sessions[variant], sessions[ONNXRUNTIME], feeds, options)
         summary["method"] += (f"; wpk's fastest plan then again against onnxruntime alone, "
                               f"{options.confirm_blocks} rounds (twice that when the median "
@@ -270,7 +271,7 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
                                         options.win_share)
     summary.update(winner=winner, ratio=ratio, plan=PLAN_NAMES[variant],
                    rounds_won=won, rounds=rounds, selection_ratio=selection_ratio,
-                   confirmed=decisive[WPK] is not times[variant],
+                   confirmed=confirmed,
                    wpk_median_s=statistics.median(decisive[WPK]),
                    onnxruntime_median_s=statistics.median(decisive[ONNXRUNTIME]),
                    medians_s={PLAN_NAMES.get(name, name): t for name, t in medians.items()},
