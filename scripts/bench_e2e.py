@@ -38,6 +38,7 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -189,7 +190,7 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
               # what the build's end-to-end check measured and chose (wpk.partition)
               "partition": {k: v for k, v in plan.report.get("partition", {}).items()
                             if k in ("winner", "plan", "ratio", "medians_s", "reason",
-                                     "rounds_won", "rounds")}}
+                                     "rounds_won", "rounds", "selection_ratio", "confirmed")}}
     result.update(compare(wpk_times, ort_times, rounds))
     if fresh is not None:
         result["fresh_process"] = {**compare(fresh["wpk"], fresh["onnxruntime"], rounds),
@@ -198,7 +199,7 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
                                    "relative_l2_vs_ort": fresh["relative_l2"],
                                    "pid": fresh["pid"]}
     if result["partition"].get("winner") == "onnxruntime":   # the same engine twice
-        for timed in (result, result.get("fresh_process", {})):
+        for timed in [result, *([result["fresh_process"]] if fresh is not None else [])]:
             timed["verdict"] = "plan is onnxruntime's model"
     if breakdown:
         result["breakdown"] = step_breakdown(wpk.load(path, spin_threads=wpk_spin), feeds,
@@ -252,8 +253,6 @@ def time_in_fresh_process(plan_path: str, model: onnx.ModelProto, feeds: dict,
     """`time_engines` in a new Python process that loads only the saved plan, the model and
     the feeds: what a user's program that deploys the plan sees, without what the build
     left in this process (its tuning's compiled kernels, sessions and heap)."""
-    import subprocess
-
     files = {kind: os.path.join(workdir, f"fresh-process-{kind}")
              for kind in ("model.onnx", "feeds.npz", "timing.json", "times.json")}
     onnx.save(model, files["model.onnx"])
