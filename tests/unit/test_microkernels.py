@@ -295,34 +295,47 @@ def test_configs_without_the_prefetch_knob_build_the_kernel_they_built_before():
     assert "knobs" in config_reason(g, dict(config, prefetch=1))
 
 
+def _float64_activation(step: str):
+    from math import erf, exp, sqrt, tanh
+
+    return {"gelu": lambda v: v * (1 + erf(v / sqrt(2))) / 2, "tanh": tanh,
+            "sigmoid": lambda v: 1 / (1 + exp(-v)) if v > -700 else 0.0}[step]
+
+
+@pytest.mark.parametrize("step", ["gelu", "tanh", "sigmoid"])
 @pytest.mark.parametrize("isa", USABLE)
-def test_gelu_epilogue_matches_erf_gelu_on_extreme_inputs(isa):
-    """The epilogue's GELU as compiled for each ISA (a vector erf: Abramowitz and Stegun's
-    7.1.26 on the vector exp and reciprocal) against x (1 + erf(x / sqrt 2)) / 2 in
-    float64, from -200 to 200 and at +-0: within 2e-7 |x| plus a few float32 ulp."""
+def test_vector_activations_match_their_definition_on_extreme_inputs(isa, step):
+    """The epilogue's GELU (a vector erf: Abramowitz and Stegun's 7.1.26 on the vector exp
+    and reciprocal), tanh and sigmoid as compiled for each ISA against their definitions in
+    float64, from -200 to 200, near 0 (tanh's two formulas meet at 1/4) and at +-0: within
+    2e-7 |x| (GELU's erf) plus a few float32 ulp; NaN stays NaN."""
     import ctypes
-    from math import erf, sqrt
 
     from wpk.dsl.toolchain import compile_c, load_function
     from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER, _epilogue
 
     lanes = ISAS[isa].lanes
-    g = geometry(conv(B, B, (3, 3), 1, epilogue=(EpilogueStep("gelu"),)))
-    assert g.activation == "Gelu"
-    source = (VECTOR_HEADER.format(lanes=lanes) + _epilogue(g, lanes)
+    g = geometry(conv(B, B, (3, 3), 1, epilogue=(EpilogueStep(step),)))
+    assert g.activation.lower() == step
+    source = (VECTOR_HEADER.format(lanes=lanes) + _epilogue(g)
               + "void wpk_act(float *x, int n) {\n"
                 f"    for (int i = 0; i < n; i += {lanes}) epilogue(vload(x + i), 0, x + i);\n}}\n")
     run = load_function(compile_c(source, compile_flags(ISAS[isa])).path, "wpk_act",
                         [ctypes.c_void_p, ctypes.c_int])
     x = np.concatenate([np.linspace(-200, 200, 4001), np.linspace(-6, 6, 2401),
+                        np.linspace(-0.3, 0.3, 601), [0.25, -0.25, np.nextafter(0.25, 0)],
                         [0.0, -0.0, 1e-30, -1e-30, 87.5, -87.5]]).astype(np.float32)
-    x = np.concatenate([x, np.zeros(-len(x) % 16, np.float32)])
+    x = np.concatenate([x, np.zeros(-len(x) % 16, np.float32), [np.nan] * 16]).astype(
+        np.float32)
     got = x.copy()
     run(got.ctypes.data, len(got))
-    expected = np.array([v * (1 + erf(v / sqrt(2))) / 2 for v in x.astype(np.float64)])
+    assert np.isnan(got[-16:]).all()
+    x, got = x[:-16].astype(np.float64), got[:-16].astype(np.float64)
+    expected = np.array([_float64_activation(step)(v) for v in x])
     assert np.all(np.isfinite(got))
     error = np.abs(got - expected)
-    bound = 2e-7 * np.abs(x) + 4 * np.finfo(np.float32).eps * np.abs(expected)
+    bound = 4 * np.finfo(np.float32).eps * np.abs(expected) + (
+        2e-7 * np.abs(x) if step == "gelu" else 1e-30)
     assert np.all(error <= bound), (x[error > bound][:5], got[error > bound][:5])
 
 

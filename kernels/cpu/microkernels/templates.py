@@ -77,9 +77,9 @@ INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
 """ + VECTOR_FUNCTIONS
 
 
-def _epilogue(g: ConvGeometry, lanes: int) -> str:
+def _epilogue(g: ConvGeometry) -> str:
     """`INLINE vf epilogue(vf v, const float *sum, float *y)`: residual add, activation,
-    store (a scalar pass for Sigmoid and Tanh; SiLU's sigmoid on the vectors)."""
+    store, every activation on the vectors."""
     lines = ["INLINE void epilogue(vf v, const float *sum, float *y) {"]
     if g.sum_index is not None:
         lines.append("    v += vload(sum);")
@@ -100,11 +100,11 @@ def _epilogue(g: ConvGeometry, lanes: int) -> str:
                      "vsplat(1.0f));")
     elif act == "Gelu":   # erf's: x (1 + erf(x / sqrt 2)) / 2
         lines.append("    v = v * (verf(v * 0.70710678118654752f) * 0.5f + 0.5f);")
-    lines.append("    vstore(y, v);")
-    if act == "Sigmoid":
-        lines.append(f"    for (int i = 0; i < {lanes}; ++i) y[i] = 1.0f / (1.0f + expf(-y[i]));")
+    elif act == "Sigmoid":   # NaN stays NaN (vsigmoid's clamp would make it 0)
+        lines.append("    v = vsel(v != v, v, vsigmoid(v));")
     elif act == "Tanh":
-        lines.append(f"    for (int i = 0; i < {lanes}; ++i) y[i] = tanhf(y[i]);")
+        lines.append("    v = vtanh(v);")
+    lines.append("    vstore(y, v);")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -410,7 +410,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     # the first input block of tile kt's group (CR blocks a group; all of them ungrouped)
     parts.append("#define GROUP_BASE(kt) (GROUPS > 1 ? (kt) * TK / OCG * CR : 0)\n")
-    parts.append(_epilogue(g, lanes))
+    parts.append(_epilogue(g))
     parts.append(tile("checked", 1, 1))
     parts.append(tile("full", px, 0))
     cases = []

@@ -1,6 +1,6 @@
 """C vector functions shared by the generated micro-kernels (a `str.format` template on
 `lanes`, braces doubled): max and min as one instruction where the ISA has one, e^x,
-a reciprocal, the sigmoid and erf, all on GCC vector extensions (`vf`, `vi`, `vsel`, `vsplat`
+a reciprocal, the sigmoid, tanh and erf, all on GCC vector extensions (`vf`, `vi`, `vsel`, `vsplat`
 and `INLINE` defined before them; `INTRINSICS` first among the includes).
 
     header = INTRINSICS + "..." + VECTOR_FUNCTIONS        # then .format(lanes=16)
@@ -76,6 +76,19 @@ INLINE vf vrecip(vf d) {{
 #endif
 }}
 INLINE vf vsigmoid(vf v) {{ return vrecip(vexp(vmin(-v, vsplat(80.0f))) + 1.0f); }}
+/* tanh: (1 - e) / (1 + e), e = e^(-2|x|), for |x| >= 1/4 (1 - e > 0.39: no cancellation;
+   |x| clamped at 9, where tanh is 1 in float32), the odd Taylor polynomial to x^9 below
+   (its first term left out under 1e-8 relative), the sign of x; NaN stays NaN */
+INLINE vf vtanh(vf x) {{
+    vf a = vmin(vmax(x, -x), vsplat(9.0f));
+    vf e = vexp(a * -2.0f);
+    vf big = (1.0f - e) * vrecip(1.0f + e);
+    vf s = a * a;
+    vf small = a + a * s * (-0.333333333333f + s * (0.133333333333f + s * (-0.053968253968f
+               + s * 0.021869488536f)));
+    vf r = vsel(a < 0.25f, small, big);
+    return vsel(x != x, x, vsel(x < 0.0f, -r, r));
+}}
 /* erf: 1 - t (a1 + t (a2 + ... + t a5)) e^(-x^2), t = 1 / (1 + p |x|) (Abramowitz and
    Stegun 7.1.26, absolute error below 1.5e-7), the sign of x */
 INLINE vf verf(vf x) {{

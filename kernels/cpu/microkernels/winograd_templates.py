@@ -260,7 +260,7 @@ def winograd_source(g: ConvGeometry, config: Mapping) -> str:
                    CC=min(int(config["cc"]), g.cb) * g.block)
     parts = [VECTOR_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
-    parts.append(_epilogue(g, lanes))
+    parts.append(_epilogue(g))
     parts.append(_input_tile(m))
     parts.append(_output_tile(m))
     parts.append(_gemm_tile("full", px, kv, unroll))
