@@ -271,12 +271,30 @@ def dcgan_generator(latent: int = 100, width: int = 64, seed: int = 4) -> onnx.M
     return g.model("dcgan_generator", [z], [out])
 
 
+def espcn_like(image_size: int = 160, scale: int = 3, seed: int = 5) -> onnx.ModelProto:
+    """An ESPCN super-resolution network as torch exports it: 5x5 conv to 64 channels and
+    3x3 to 32, each with bias and Tanh, a 3x3 conv to 3 x scale^2 channels, PixelShuffle
+    (DepthToSpace, CRD) and a clamp to [0, 1]."""
+    g = _GraphBuilder(seed)
+    x = g.op("Tanh", [g.conv("input", 3, 64, 5, bias=True)])
+    x = g.op("Tanh", [g.conv(x, 64, 32, 3, bias=True)])
+    x = g.conv(x, 32, 3 * scale * scale, 3, bias=True)
+    x = g.op("DepthToSpace", [x], "pixel_shuffle", blocksize=scale, mode="CRD")
+    low = g.const("zero", np.array(0.0, np.float32))
+    high = g.const("one", np.array(1.0, np.float32))
+    x = g.op("Clip", [x, low, high], "clamp")
+    size = image_size * scale
+    out = helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 3, size, size])
+    return g.model("espcn_like", [_image_input("input", image_size)], [out])
+
+
 BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "mobilenet_v2_like": mobilenet_v2_like,
     "efficientnet_like": efficientnet_like,
     "transformer_encoder": transformer_encoder,
     "bert_base_layer": bert_base_layer,
     "dcgan_generator": dcgan_generator,
+    "espcn_like": espcn_like,
 }
 ALL_MODELS = tuple(f"light_{n}" for n in LIGHT_MODELS) + tuple(BUILDERS)
 
