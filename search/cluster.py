@@ -31,6 +31,7 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,12 @@ ADDRESS_HINT = ("use ray://HOST:PORT (Ray Client), auto (the cluster `ray start`
                 "HOST:PORT (the head's GCS address) or local:N (a test cluster of N nodes here)")
 MAX_LOCAL_NODES = 16
 CONNECT_TIMEOUT_S = 10.0
+# The head's Ray Client proxy starts a server per client connection; that start sometimes
+# fails at once on a busy machine (Ray logs a gRPC fork warning, the server's log stays
+# empty; seen in this project's CI-sized test runs), and a new connection starts another.
+CLIENT_SERVER_FAILED = "Starting Ray client server failed"
+CLIENT_SERVER_RETRIES = 2
+CLIENT_SERVER_PAUSE_S = 1.0
 # Ray on Linux turns a loopback bootstrap address into the host's outward address, where a
 # cluster bound to 127.0.0.1 does not listen; its loopback mode (Ray's default on macOS)
 # keeps the driver on 127.0.0.1.
@@ -182,19 +189,24 @@ class Connection:
 
     def _init(self) -> None:
         target = self.local.address if self.local is not None else self.address.text
-        try:
-            self.ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False,
-                          configure_logging=True)
-        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
-            # a connection that failed half-way (a Ray Client server that did not start)
-            # can leave Ray's client context connected; the next Connection would then
-            # skip ray.init and use it (seen as an internal error in the next test)
-            self.ray.shutdown()
-            self.close()
-            raise ClusterError(f"--cluster {self.address.text}: cannot connect: {exc}",
-                               hint="check the address (`ray status` on the head prints "
-                                    "it) and that this machine runs the same Ray version"
-                               ) from None
+        for attempt in range(CLIENT_SERVER_RETRIES + 1):
+            try:
+                self.ray.init(address=target, logging_level=logging.ERROR,
+                              log_to_driver=False, configure_logging=True)
+                break
+            except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+                # a connection that failed half-way (a Ray Client server that did not
+                # start) can leave Ray's client context connected; the next Connection
+                # would then skip ray.init and use it (seen as an internal error)
+                self.ray.shutdown()
+                if attempt < CLIENT_SERVER_RETRIES and CLIENT_SERVER_FAILED in str(exc):
+                    time.sleep(CLIENT_SERVER_PAUSE_S)
+                    continue
+                self.close()
+                raise ClusterError(f"--cluster {self.address.text}: cannot connect: {exc}",
+                                   hint="check the address (`ray status` on the head prints "
+                                        "it) and that this machine runs the same Ray version"
+                                   ) from None
         self._owns = True
 
     def close(self) -> None:

@@ -154,3 +154,58 @@ def test_the_cluster_extra_pins_ray_and_the_test_extra_holds_it():
     assert ray_pin.startswith("ray[client]==")
     assert ray_pin in extras["dev"]
     assert '".[dev]"' in (ROOT / ".ci" / "run").read_text()
+
+
+class FlakyRay:
+    """A stand-in for the `ray` module whose `init` fails with `errors` in turn, then
+    connects."""
+
+    def __init__(self, *errors: Exception):
+        self.errors = list(errors)
+        self.inits = self.shutdowns = 0
+        self.connected = False
+
+    def is_initialized(self) -> bool:
+        return self.connected
+
+    def init(self, **kwargs) -> None:
+        self.inits += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        self.connected = True
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+        self.connected = False
+
+
+def _connect_with(monkeypatch, fake: FlakyRay):
+    from wpk.search import cluster
+
+    monkeypatch.setattr(cluster, "require_ray", lambda loopback=False: fake)
+    monkeypatch.setattr(cluster, "check_reachable", lambda address: None)
+    monkeypatch.setattr(cluster, "CLIENT_SERVER_PAUSE_S", 0.0)
+    return cluster.Connection(parse_address("ray://10.0.0.5:10001"))
+
+
+def test_a_ray_client_server_that_did_not_start_is_retried(monkeypatch):
+    """Ray's per-client server failing to start (a Ray flake on busy machines) costs a
+    retry, up to two; any other failure is the error at once."""
+    from wpk.core.errors import ClusterError
+    from wpk.search.cluster import CLIENT_SERVER_FAILED
+
+    flake = RuntimeError(f"Initialization failure from server: {CLIENT_SERVER_FAILED}. See "
+                         "ray_client_server_23000.err for detailed logs.")
+    fake = FlakyRay(flake, flake)
+    connection = _connect_with(monkeypatch, fake)
+    assert fake.inits == 3 and fake.connected and connection._owns
+    connection.close()
+    assert not fake.connected
+    always = FlakyRay(flake, flake, flake)
+    with pytest.raises(ClusterError, match="cannot connect"):
+        _connect_with(monkeypatch, always)
+    assert always.inits == 3 and not always.connected
+    other = FlakyRay(ConnectionError("connection refused"))
+    with pytest.raises(ClusterError, match="connection refused"):
+        _connect_with(monkeypatch, other)
+    assert other.inits == 1
