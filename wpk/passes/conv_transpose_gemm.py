@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from wpk.core.graph import Graph, Node, TensorInfo
-from wpk.passes.base import GraphPass, constant_input
+from wpk.passes.base import GraphPass, add_constant, constant_input
 
 
 class ConvTransposeAsMatMul(GraphPass):
@@ -46,32 +46,28 @@ class ConvTransposeAsMatMul(GraphPass):
         co, kh, kw = graph.tensors[out].shape[1:]
         dtype = graph.tensors[out].dtype
 
-        def tensor(base: str, shape: tuple[int, ...], value=None) -> str:
+        def computed(base: str, shape: tuple[int, ...]) -> str:
             name = graph.unique_name(f"{out}_{base}")
-            graph.tensors[name] = TensorInfo(shape, "int64" if base.endswith("shape")
-                                             else dtype)
-            if value is not None:
-                graph.constants[name] = value
+            graph.tensors[name] = TensorInfo(shape, dtype)
             return name
 
-        flat = (n, co * kh * kw)
-        rows = tensor("rows_shape", (2,), np.array([n, ci], np.int64))
-        matrix = tensor("matrix", (ci, co * kh * kw),
-                        np.ascontiguousarray(weights.reshape(ci, co * kh * kw)))
-        image = tensor("image_shape", (4,), np.array([n, co, kh, kw], np.int64))
-        x2, product = tensor("rows", (n, ci)), tensor("product", flat)
-        result = [Node("Reshape", [node.inputs[0], rows], [x2], graph.unique_name(
-                      f"{node.name}_rows")),
+        def named(base: str) -> str:
+            return graph.unique_name(f"{node.name}_{base}")
+
+        rows = add_constant(graph, f"{out}_rows_shape", np.array([n, ci], np.int64))
+        matrix = add_constant(graph, f"{out}_matrix",
+                              np.ascontiguousarray(weights.reshape(ci, co * kh * kw)))
+        image = add_constant(graph, f"{out}_image_shape", np.array([n, co, kh, kw], np.int64))
+        x2, product = computed("rows", (n, ci)), computed("product", (n, co * kh * kw))
+        result = [Node("Reshape", [node.inputs[0], rows], [x2], named("rows")),
                   Node("MatMul", [x2, matrix], [product], node.name)]
         if bias is not None:
-            taps = tensor("bias", (co * kh * kw,), np.repeat(bias, kh * kw).astype(
+            taps = add_constant(graph, f"{out}_bias", np.repeat(bias, kh * kw).astype(
                 weights.dtype))
-            shifted = tensor("shifted", flat)
-            result.append(Node("Add", [product, taps], [shifted],
-                               graph.unique_name(f"{node.name}_bias")))
+            shifted = computed("shifted", (n, co * kh * kw))
+            result.append(Node("Add", [product, taps], [shifted], named("bias")))
             product = shifted
-        result.append(Node("Reshape", [product, image], [out],
-                           graph.unique_name(f"{node.name}_image")))
+        result.append(Node("Reshape", [product, image], [out], named("image")))
         return result
 
 
