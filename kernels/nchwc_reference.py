@@ -1,6 +1,7 @@
 """Float64 references of the `wpk.nchwc` ops (semantics in `wpk.passes.nchwc_layout`).
 
-ReorderInput and ReorderOutput are exact layout changes. Every other op is
+ReorderInput and ReorderOutput are exact layout changes, DepthToSpace one too (its
+blocked input unblocked, then ONNX's DepthToSpace). Every other op is
 unblocked, computed as its logical NCHW op (`wpk.kernels.nchwc_logical`) by
 the standard float64 reference `wpk.kernels.reference.reference`, and
 re-blocked with the padding lanes the logical op gives them.
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wpk.core.workload import Workload
+from wpk.core.workload import TensorSpec, Workload, as_text
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.nchwc_logical import logical_inputs, logical_workload
 from wpk.kernels.reference import reference, to_float64
@@ -28,7 +29,27 @@ def nchwc_reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> 
     if workload.op == "ReorderOutput":
         y = fmt.unblock(np.asarray(inputs[0], dtype=np.float64), int(workload.attr("channels")))
         return [np.ascontiguousarray(y.transpose(0, 2, 3, 1)) if channels_last else y]
+    if workload.op == "DepthToSpace":   # ONNX's own DepthToSpace of the real lanes
+        x = unblocked_input(workload, np.asarray(inputs[0], dtype=np.float64))
+        return reference(plain_depth_to_space(workload), [x])
     logical = logical_workload(workload)
     values = [to_float64(x) for x in logical_inputs(workload, inputs)]
     outputs = reference(logical, values)
     return [fmt.block(np.asarray(y, dtype=np.float64), b) for y in outputs]
+
+
+def plain_depth_to_space(workload: Workload) -> Workload:
+    """The default-domain DepthToSpace a blocked one computes, on its unblocked input of
+    channels * r^2 channels."""
+    r, channels = int(workload.attr("blocksize")), int(workload.attr("channels"))
+    n, _, h, w, _ = workload.inputs[0].shape
+    return Workload("DepthToSpace", (TensorSpec((n, channels * r * r, h, w), "float32"),),
+                    (TensorSpec((n, channels, h * r, w * r), "float32"),),
+                    (("blocksize", r), ("mode", as_text(workload.attr("mode", "DCR")))),
+                    opset=max(workload.opset, 13))
+
+
+def unblocked_input(workload: Workload, blocked: np.ndarray) -> np.ndarray:
+    """The NCHW input of `plain_depth_to_space(workload)`: the real lanes of `blocked`."""
+    r, channels = int(workload.attr("blocksize")), int(workload.attr("channels"))
+    return fmt.unblock(blocked, channels * r * r)

@@ -23,7 +23,7 @@ ELEMENTWISE_BINARY_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "M
                                     "Mean"})
 DATA_MOVEMENT_OPS = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Transpose", "Concat",
-    "Gather", "Slice", "Pad", "Resize", "Split",
+    "Gather", "Slice", "Pad", "Resize", "Split", "DepthToSpace", "SpaceToDepth",
 })
 # Reductions over any axes (keepdims, noop_with_empty_axes; axes an attribute or, from
 # opset 13/18, a static input)
@@ -35,7 +35,7 @@ NN_OPS = frozenset({
 # wpk's blocked-layout ops (domain wpk.nchwc), written by the NCHWc layout pass.
 NCHWC_DOMAIN = "wpk.nchwc"
 NCHWC_REORDERS = frozenset({"ReorderInput", "ReorderOutput"})
-NCHWC_OPS = NCHWC_REORDERS | {"Conv", "MaxPool", "AveragePool", "GlobalMaxPool",
+NCHWC_OPS = NCHWC_REORDERS | {"DepthToSpace", "Conv", "MaxPool", "AveragePool", "GlobalMaxPool",
                               "GlobalAveragePool"}
 SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_BINARY_OPS
                           | DATA_MOVEMENT_OPS | REDUCE_OPS | NN_OPS)
@@ -118,12 +118,29 @@ def _nchwc_reason(workload: Workload) -> str | None:
     """Blocked-layout ops (see wpk.passes.nchwc_layout) are supported as their logical op is."""
     if workload.op in NCHWC_REORDERS:
         return None
+    if workload.op == "DepthToSpace":
+        return _blocked_depth_to_space_reason(workload)
 
     try:
         logical = logical_workload(workload)
     except WpkError as exc:
         return exc.message
     return unsupported_reason(logical)
+
+
+def _blocked_depth_to_space_reason(workload: Workload) -> str | None:
+    """A blocked DepthToSpace: r^2 * channels real input channels, mode DCR or CRD, the
+    NCHW output r times the input's height and width."""
+    r, channels = workload.attr("blocksize"), workload.attr("channels")
+    x, y = workload.inputs[0].shape, workload.outputs[0].shape
+    if workload.text_attr("mode", "DCR") not in ("DCR", "CRD"):
+        return "DepthToSpace mode must be DCR or CRD"
+    if not isinstance(r, int) or not isinstance(channels, int) or r < 1 or channels < 1 \
+            or len(x) != 5 or len(y) != 4 or x[1] * x[4] < channels * r * r \
+            or tuple(y) != (x[0], channels, x[2] * r, x[3] * r):
+        return "a blocked DepthToSpace needs r^2 * channels input channels and an NCHW " \
+               "output r times the input's size"
+    return None
 
 
 def _resize_reason(workload: Workload) -> str | None:

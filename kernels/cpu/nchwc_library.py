@@ -3,7 +3,7 @@
 The logical NCHW op (`wpk.kernels.nchwc_logical`) is computed by the first
 registered library (numpy/BLAS) implementation that supports it, so every
 blocked workload has a second candidate besides onnxruntime's MLAS kernels,
-with any block size. The reorders are numpy copies.
+with any block size. The reorders and DepthToSpace are numpy copies.
 """
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ import numpy as np
 
 from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.cpu.numpy_ops import pixel_shuffle_views
 from wpk.kernels.nchwc_logical import (
     NCHWC_DOMAIN,
     logical_consts,
     logical_inputs,
     logical_workload,
 )
+from wpk.kernels.nchwc_reference import plain_depth_to_space, unblocked_input
 from wpk.kernels.registry import LIBRARY, Candidate, Implementation, Kernel, candidates, register
 
-_REORDERS = ("ReorderInput", "ReorderOutput")
+_REORDERS = ("ReorderInput", "ReorderOutput", "DepthToSpace")
 
 
 def _library_candidate(logical: Workload) -> Candidate | None:
@@ -70,6 +72,13 @@ class NumpyNchwc(Implementation):
                 out = outputs[0].transpose(0, 3, 1, 2) if channels_last else outputs[0]
                 np.copyto(out, full[:, :channels])
             return reorder_output
+        if workload.op == "DepthToSpace":
+            views = pixel_shuffle_views(plain_depth_to_space(workload))
+
+            def depth_to_space(inputs, outputs) -> None:
+                for src, dst in views([unblocked_input(workload, inputs[0])], outputs):
+                    np.copyto(dst, src)
+            return depth_to_space
 
         logical = logical_workload(workload)
         candidate = _library_candidate(logical)

@@ -20,6 +20,10 @@ native form (`native_chain`), they join the chain of the generated kernels aroun
   calling thread, lane by lane (onnxruntime's 41-50 us), 18-31 us so (2 cores).
 - GlobalAveragePool, GlobalMaxPool: one vector per plane, four accumulators over its
   pixels, the planes over OpenMP threads when large (like the reorders).
+- DepthToSpace (blocked in, NCHW out): per input row (image, h), over OpenMP threads when
+  large, each output row (c, h*r + i) gathered from the r input channels of its phase i,
+  pixel by pixel (the r lanes of a pixel next to each other in CRD mode); the input row of
+  every block stays in L1 while its r^2 C output rows are written in order.
 - MaxPool: the window's maximum per output pixel, one vector of the block's lanes per
   pixel, padding ignored; any kernel, stride, dilation, pads and ceil_mode. A NaN input
   drops out of its window (the ISA's max instruction keeps the other operand).
@@ -44,7 +48,7 @@ from functools import cache
 
 import numpy as np
 
-from wpk.core.workload import Workload
+from wpk.core.workload import Workload, as_text
 from wpk.dsl import build, toolchain
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER
@@ -55,7 +59,7 @@ from wpk.kernels.nchwc_logical import NCHWC_DOMAIN
 from wpk.kernels.registry import LIBRARY, Implementation, Kernel, register
 
 OPS = ("ChannelSlice", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool", "AveragePool",
-       "GlobalAveragePool", "GlobalMaxPool")
+       "GlobalAveragePool", "GlobalMaxPool", "DepthToSpace")
 
 # params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel
 _MAXPOOL_SOURCE = r"""
@@ -255,6 +259,34 @@ void wpk_reorder_input_nchwc(const int64_t *p, const float *x, float *y) {{
 }}
 """
 
+# params: N, Cb, H, W, C (output channels), R (blocksize), CRD (1) or DCR (0): output row
+# (n, c, h*R + i) takes, at pixel w*R + j, input channel (c*R + i)*R + j (CRD) or
+# (i*R + j)*C + c (DCR) at pixel (h, w); units of one input row (n, h), over OpenMP threads
+# from PAR_MIN floats on
+_DEPTH_TO_SPACE_SOURCE = r"""
+#include <stdint.h>
+
+void wpk_depth_to_space_nchwc(const int64_t *p, const float *x, float *y) {{
+    const int64_t N = p[0], CB = p[1], H = p[2], W = p[3], C = p[4], R = p[5], CRD = p[6];
+    const int64_t OW = W * R;
+    #pragma omp parallel for schedule(static) if (N * C * R * R * H * W >= PAR_MIN)
+    for (int64_t nh = 0; nh < N * H; nh++) {{
+        const int64_t n = nh / H, h = nh % H;
+        const float *xr = x + (n * CB * H + h) * W * B;   /* (n, block 0, h, pixel 0) */
+        for (int64_t c = 0; c < C; c++) {{
+            for (int64_t i = 0; i < R; i++) {{
+                float *row = y + ((n * C + c) * H * R + h * R + i) * OW;
+                for (int64_t j = 0; j < R; j++) {{
+                    const int64_t k = CRD ? (c * R + i) * R + j : (i * R + j) * C + c;
+                    const float *src = xr + (k / B) * H * W * B + k % B;
+                    for (int64_t w = 0; w < W; w++) row[w * R + j] = src[w * B];
+                }}
+            }}
+        }}
+    }}
+}}
+"""
+
 
 @cache
 def compiled(function: str, block: int):
@@ -319,12 +351,20 @@ def reorder_input_params(workload: Workload) -> list[int]:
                            int(workload.inputs[0].shape[3 if last else 1]), last)
 
 
+def depth_to_space_params(workload: Workload) -> list[int]:
+    """`wpk_depth_to_space_nchwc`'s params of a blocked DepthToSpace."""
+    n, cb, h, w, _ = workload.inputs[0].shape
+    return [n, cb, h, w, int(workload.attr("channels")), int(workload.attr("blocksize")),
+            int(as_text(workload.attr("mode", "DCR")) == "CRD")]
+
+
 FUNCTIONS = {"wpk_maxpool_nchwc": _MAXPOOL_SOURCE,
              "wpk_avgpool_nchwc": _AVGPOOL_SOURCE,
              "wpk_global_pool_nchwc": _GLOBAL_POOL_SOURCE,
              "wpk_reorder_input_nchwc": _REORDER_INPUT_SOURCE,
              "wpk_upsample_nearest_nchwc": _UPSAMPLE_SOURCE,
-             "wpk_reorder_output_nchwc": _REORDER_OUTPUT_SOURCE}
+             "wpk_reorder_output_nchwc": _REORDER_OUTPUT_SOURCE,
+             "wpk_depth_to_space_nchwc": _DEPTH_TO_SPACE_SOURCE}
 # op -> (its C function, the function's params of a workload)
 FUNCTION_OF = {"MaxPool": ("wpk_maxpool_nchwc", maxpool_params),
                "AveragePool": ("wpk_avgpool_nchwc", avgpool_params),
@@ -332,7 +372,8 @@ FUNCTION_OF = {"MaxPool": ("wpk_maxpool_nchwc", maxpool_params),
                "GlobalMaxPool": ("wpk_global_pool_nchwc", global_pool_params),
                "Upsample": ("wpk_upsample_nearest_nchwc", upsample_params),
                "ReorderOutput": ("wpk_reorder_output_nchwc", reorder_output_params),
-               "ReorderInput": ("wpk_reorder_input_nchwc", reorder_input_params)}
+               "ReorderInput": ("wpk_reorder_input_nchwc", reorder_input_params),
+               "DepthToSpace": ("wpk_depth_to_space_nchwc", depth_to_space_params)}
 
 
 def channel_slice_pairs(workload: Workload) -> Callable:
@@ -383,7 +424,7 @@ def function_kernel(workload: Workload) -> Kernel:
 
 class NativeNchwc(Implementation):
     """Blocked ChannelSlice, ReorderInput, ReorderOutput, nearest Upsample, MaxPool,
-    AveragePool and the global pools in C (see the module docstring)."""
+    AveragePool, the global pools and DepthToSpace in C (see the module docstring)."""
 
     name = "native.nchwc"
     kind = LIBRARY

@@ -4,8 +4,8 @@
   and the ONNX unary/binary elementwise ops, written with ufuncs into the
   output (`out=`), no temporaries for most steps.
 - `numpy.copy`: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout/Transpose/Concat/
-  Slice/Split/Gather/Resize(nearest) as views or `np.copyto`/`np.take(out=)` into the
-  outputs.
+  Slice/Split/Gather/Resize(nearest)/DepthToSpace/SpaceToDepth as views or
+  `np.copyto`/`np.take(out=)` into the outputs.
 - `numpy.sum`: Sum, Mean and variadic Max/Min, one ufunc pass per input.
 - `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in-place formulations
   (BatchNormalization folded to one scale and shift per channel in `prepare`).
@@ -94,7 +94,8 @@ class NumpyCopy(NumpyImplementation):
 
     name = "numpy.copy"
     uses_blas = False
-    ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize", "Split")
+    ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize", "Split",
+                       "DepthToSpace", "SpaceToDepth")
 
     def native_chain(self, workload: Workload) -> bool:
         """Moves described by views (all but Resize and a Gather of several or variable
@@ -155,6 +156,8 @@ class NumpyCopy(NumpyImplementation):
         if op == "Transpose":
             perm = workload.attr("perm") or tuple(reversed(range(len(workload.inputs[0].shape))))
             return lambda inputs, outputs: [(inputs[0].transpose(perm), outputs[0])]
+        if op in ("DepthToSpace", "SpaceToDepth"):
+            return pixel_shuffle_views(workload)
         if op == "Slice":
             index = slice_index(workload, [workload.static_value(i)
                                            for i in range(len(workload.inputs))],
@@ -180,6 +183,27 @@ class NumpyCopy(NumpyImplementation):
         if workload.op == "Resize" and not is_index_copy(static_resize_spec(workload)):
             return "an interpolating or extrapolating Resize goes through numpy.formula"
         return None
+
+
+def pixel_shuffle_views(workload: Workload):
+    """`views(inputs, outputs)` of a DepthToSpace or SpaceToDepth (4-d, blocksize r): the
+    input split into its r x r phases, transposed onto the output's split view.
+
+    DepthToSpace: channel (i*r + j)*C + c (mode DCR) or (c*r + i)*r + j (CRD) becomes
+    pixel (h*r + i, w*r + j) of output channel c; SpaceToDepth is DCR's inverse."""
+    r = int(workload.attr("blocksize"))
+    n, c, h, w = workload.inputs[0].shape
+    if workload.op == "SpaceToDepth":
+        grid = (n, c, h // r, r, w // r, r)
+        return lambda inputs, outputs: [(inputs[0].reshape(grid).transpose(0, 3, 5, 1, 2, 4),
+                                         outputs[0].reshape(n, r, r, c, h // r, w // r))]
+    depth = c // (r * r)
+    if workload.text_attr("mode", "DCR") == "CRD":
+        split, perm = (n, depth, r, r, h, w), (0, 1, 4, 2, 5, 3)
+    else:
+        split, perm = (n, r, r, depth, h, w), (0, 3, 4, 1, 5, 2)
+    return lambda inputs, outputs: [(inputs[0].reshape(split).transpose(perm),
+                                     outputs[0].reshape(n, depth, h, r, w, r))]
 
 
 class NumpySum(NumpyImplementation):

@@ -431,15 +431,16 @@ def test_records_from_a_device_are_refused_not_read_forever(tmp_path, model, cap
 
 def test_a_step_onnxruntime_refuses_at_run_time_is_a_plan_error(tmp_path, capsys):
     """An attribute edited into another valid value that the op checks do not model (the
-    blocksize of DepthToSpace, which only onnxruntime runs): the step now computes another
-    shape than its buffers', onnxruntime fails on the verified step when it runs, so the
-    plan was altered (exit 2)."""
+    axis of ArgMax, which only onnxruntime runs): the step now computes another shape than
+    its buffers', onnxruntime fails on the verified step when it runs, so the plan was
+    altered (exit 2)."""
     # two steps onnxruntime runs: one region session
-    path = _save([helper.make_node("DepthToSpace", ["x"], ["h"], name="flat", blocksize=2),
-                  helper.make_node("Hardmax", ["h"], ["y"], name="second", axis=2)],
+    path = _save([helper.make_node("ArgMax", ["x"], ["h"], name="flat", axis=1, keepdims=1),
+                  helper.make_node("Hardmax", ["x"], ["y"], name="second", axis=1)],
                  [vi("x", TensorProto.FLOAT, [1, 8, 2, 2])],
-                 [vi("y", TensorProto.FLOAT, [1, 2, 4, 4])], tmp_path / "d2s.onnx")
-    plan = tmp_path / "d2s.wpk"
+                 [vi("h", TensorProto.INT64, [1, 1, 2, 2]),
+                  vi("y", TensorProto.FLOAT, [1, 8, 2, 2])], tmp_path / "argmax.onnx")
+    plan = tmp_path / "argmax.wpk"
     code, _, err = run_cli(capsys, "build", path, "--cpu", "-o", plan, "-q", "--no-partition")
     assert code == 0, err
     bad = tmp_path / "bad.wpk"
@@ -448,7 +449,7 @@ def test_a_step_onnxruntime_refuses_at_run_time_is_a_plan_error(tmp_path, capsys
         # a new key too: this process keeps the kernel it built for the original key
         key = manifest["steps"][0]["workload_key"]
         workload = manifest["workloads"].pop(key)
-        workload["attrs"]["blocksize"] = 1
+        workload["attrs"]["axis"] = 2
         manifest["workloads"]["0123456789abcdef"] = workload
         manifest["steps"][0]["workload_key"] = "0123456789abcdef"
     _rewrite_manifest(plan, bad, change)
@@ -457,6 +458,25 @@ def test_a_step_onnxruntime_refuses_at_run_time_is_a_plan_error(tmp_path, capsys
     with zipfile.ZipFile(plan) as archive:
         assert json.loads(archive.read(MANIFEST))["steps"][0]["impl"] == "ort.fallback"
     assert "rebuild" in err
+
+
+@pytest.mark.parametrize("blocksize", [1, 4, 0])
+def test_a_pixel_shuffle_whose_blocksize_no_longer_fits_is_refused(tmp_path, capsys, blocksize):
+    """A DepthToSpace's blocksize edited into another value (wpk's own copy would move the
+    same 128 floats to other places, or none): the op checks refuse it when the plan is
+    read, whichever kernel runs the step."""
+    path = _save([helper.make_node("DepthToSpace", ["x"], ["y"], name="shuffle", blocksize=2,
+                                   mode="CRD")],
+                 [vi("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+                 [vi("y", TensorProto.FLOAT, [1, 2, 8, 8])], tmp_path / "d2s.onnx")
+    plan = tmp_path / "d2s.wpk"
+    code, _, err = run_cli(capsys, "build", path, "--cpu", "-o", plan, "-q", "--no-partition")
+    assert code == 0, err
+    bad = tmp_path / "bad.wpk"
+    _rewrite_manifest(plan, bad, _set(("workloads", "*", "attrs", "blocksize"), blocksize))
+    for args in (("run", bad, "--repeat", "1", "--warmup", "0"), ("report", bad)):
+        code, _, err = run_cli(capsys, *args)
+        assert_clean_error(code, err, "bad.wpk", "blocksize")
 
 
 @pytest.mark.parametrize("command", ["run", "report"])

@@ -125,6 +125,36 @@ def _axis_in_range(workload: Workload) -> str | None:
     return None
 
 
+def _pixel_shuffle_shape(workload: Workload) -> str | None:
+    """DepthToSpace / SpaceToDepth: a positive blocksize r that divides what it must, and
+    the output shape r gives (blocked DepthToSpace: its NCHW output of `channels`)."""
+    r = workload.attr("blocksize")
+    if not _is_int(r) or r < 1:
+        return f"attribute blocksize={r!r} is not a positive integer"
+    if not workload.inputs or workload.inputs[0] is None or not workload.outputs:
+        return None
+    x, declared = workload.inputs[0].shape, tuple(workload.outputs[0].shape)
+    if workload.domain == _BLOCKED_DOMAIN:
+        channels = workload.attr("channels")
+        if not _is_int(channels) or len(x) != 5 or x[1] * x[4] < channels * r * r:
+            return f"attributes channels={channels!r}, blocksize={r} do not fit its input"
+        expected = (x[0], channels, x[2] * r, x[3] * r)
+    elif len(x) != 4:
+        return f"its input has rank {len(x)}; {workload.op} takes 4-d tensors"
+    elif workload.op == "DepthToSpace":
+        if x[1] % (r * r):
+            return f"input has {x[1]} channels, which blocksize^2 = {r * r} does not divide"
+        expected = (x[0], x[1] // (r * r), x[2] * r, x[3] * r)
+    else:
+        if x[2] % r or x[3] % r:
+            return f"input height and width {list(x[2:])} are not multiples of blocksize {r}"
+        expected = (x[0], x[1] * r * r, x[2] // r, x[3] // r)
+    if declared != expected:
+        return (f"its output is declared with shape {list(declared)}, but blocksize {r} "
+                f"gives {list(expected)}")
+    return None
+
+
 _CHECKS: dict[str, tuple[Callable[[Workload], str | None], ...]] = {}
 for _op in _WINDOW_OPS:
     _CHECKS[_op] = (_positive_ints,)
@@ -134,6 +164,8 @@ for _op in ("MaxPool", "AveragePool", "LpPool"):
     _CHECKS[_op] = (*_CHECKS.get(_op, ()), _pool_output)
 for _op in ("Softmax", "LogSoftmax", "Hardmax", "Concat", "Gather", "Split"):
     _CHECKS[_op] = (*_CHECKS.get(_op, ()), _axis_in_range)
+for _op in ("DepthToSpace", "SpaceToDepth"):
+    _CHECKS[_op] = (_pixel_shuffle_shape,)
 
 
 # The blocked layout's windowed ops (domain `wpk.kernels.nchwc_logical.NCHWC_DOMAIN`;
@@ -154,12 +186,13 @@ def _blocked_window(workload: Workload) -> str | None:
     return _positive_ints(workload)
 
 
-_BLOCKED_CHECKS = {op: (_blocked_window,) for op in ("Conv", "MaxPool", "AveragePool")}
+_BLOCKED_CHECKS = {**{op: (_blocked_window,) for op in ("Conv", "MaxPool", "AveragePool")},
+                   "DepthToSpace": (_pixel_shuffle_shape,)}
 
 
 def op_problem(workload: Workload) -> str | None:
     """Why `workload` violates the ONNX spec of its op (one sentence), or None; for the
-    blocked layout's Conv and pools, why their attributes cannot be theirs."""
+    blocked layout's Conv, pools and DepthToSpace, why their attributes cannot be theirs."""
     checks = _BLOCKED_CHECKS if workload.domain == _BLOCKED_DOMAIN else \
         _CHECKS if workload.domain in ("", "ai.onnx") else {}
     for check in checks.get(workload.op, ()):

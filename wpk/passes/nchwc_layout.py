@@ -38,6 +38,10 @@ the logical channel count of its output):
   `coordinate_transformation_mode` asymmetric, half_pixel or align_corners,
   applied to every lane (`wpk.passes.nchwc_data.upsample_form` says which
   Resize nodes qualify).
+- DepthToSpace(X blocked) -> Y NCHW: the ONNX DepthToSpace (`blocksize` r, `mode` DCR or
+  CRD) read from the real lanes of X, written as the NCHW tensor of `channels` = C / r^2
+  channels (a super-resolution network's PixelShuffle: its conv stays blocked, whatever
+  its channel count, and no ReorderOutput runs before the shuffle).
 - A Pad of H and W only, with zeros, reflect or edge (each keeps zero padding lanes
   zero) or another finite constant (its result dirty), stays a default-domain Pad on the
   5-d tensor, widths 0 on the lane dim.
@@ -96,6 +100,7 @@ from wpk.passes.nchwc_rules import (
     conv_input_mode,
     explicit_pads,
     fused_dirty,
+    pixel_shuffle_form,
     widen_groups,
 )
 from wpk.passes.pad_form import pad_form
@@ -181,6 +186,8 @@ class NchwcLayout(GraphPass):
             return self._concat(rw, node)
         if op == "Resize":
             return self._upsample(rw, node)
+        if op == "DepthToSpace":
+            return self._depth_to_space(rw, node)
         if op == "Pad":
             return self._pad(rw, node)
         if op == "Transpose":
@@ -324,6 +331,21 @@ class NchwcLayout(GraphPass):
                  "block": rw.block, "channels": entry.channels}
         rw.nodes.append(Node("Upsample", [entry.name], [out], node.name, attrs, NCHWC_DOMAIN))
         self.hit("Upsample")
+        return True
+
+    def _depth_to_space(self, rw: Rewrite, node: Node) -> bool:
+        """A DepthToSpace of a blocked tensor reads its blocks directly and writes the NCHW
+        result (`pixel_shuffle_form` says which qualify)."""
+        x = node.inputs[0]
+        mode = pixel_shuffle_form(rw.graph, node)
+        if x not in rw.blocked or not mode:
+            return False
+        entry = rw.blocked[x]
+        attrs = {"blocksize": int(node.attr("blocksize")), "mode": mode, "block": rw.block,
+                 "channels": rw.shape(node.outputs[0])[1]}
+        rw.nodes.append(Node("DepthToSpace", [entry.name], [node.outputs[0]], node.name, attrs,
+                             NCHWC_DOMAIN))
+        self.hit("DepthToSpace")
         return True
 
     def _pad(self, rw: Rewrite, node: Node) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from wpk.core.graph import Graph, Node
-from wpk.core.workload import EpilogueStep
+from wpk.core.workload import EpilogueStep, as_text
 from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 
 # Unary steps with f(0) == 0 (clip is checked on its bounds).
@@ -104,6 +104,28 @@ def _pooled(graph: Graph, name: str) -> bool:
     return len(shape) == 4 and shape[2] == 1 and shape[3] == 1
 
 
+def pixel_shuffle_form(graph: Graph, node: Node) -> str:
+    """The mode ('DCR' or 'CRD') of a DepthToSpace node the blocked layout computes (a
+    4-d float32 input whose channels the blocksize squared divides), '' for any other."""
+    if node.op != "DepthToSpace" or node.domain not in ("", "ai.onnx") \
+            or len(node.inputs) != 1 or len(node.outputs) != 1 or node.epilogue:
+        return ""
+    mode = as_text(node.attr("mode", "DCR"))
+    size = node.attr("blocksize")
+    if mode not in ("DCR", "CRD") or not isinstance(size, int) or size < 1 \
+            or not _is_float4d(graph, node.inputs[0]) or not _is_float4d(graph, node.outputs[0]):
+        return ""
+    return mode if graph.tensors[node.inputs[0]].shape[1] % (size * size) == 0 else ""
+
+
+def _read_only_by_pixel_shuffles(graph: Graph, name: str) -> bool:
+    """Whether every reader of a tensor is a DepthToSpace the blocked layout computes (and
+    it is no graph output)."""
+    readers = [n for n in graph.nodes if name in n.inputs]
+    return bool(readers) and name not in graph.outputs \
+        and all(pixel_shuffle_form(graph, n) for n in readers)
+
+
 def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> str:
     """'blocked' or 'nchw' (how an NCHWc Conv reads its input), '' if it must stay NCHW."""
     if node.op != "Conv" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
@@ -122,8 +144,10 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     if group < 1 or per_group * group != in_channels or out_channels % group:
         return ""   # not a valid conv: the standard op's checks name the problem
     # output channels a multiple of 4, padded to whole blocks (a YOLO box head's 4 too:
-    # it stays in the layout rather than reordering its input)
-    if out_channels % 4 and not _pooled(graph, node.outputs[0]):
+    # it stays in the layout rather than reordering its input); any count when only
+    # pixel shuffles read the output (they read its real lanes)
+    if out_channels % 4 and not _pooled(graph, node.outputs[0]) \
+            and not _read_only_by_pixel_shuffles(graph, node.outputs[0]):
         return ""
     if group > 1:
         if per_group == 1 and out_channels == group == in_channels:
