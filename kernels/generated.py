@@ -56,7 +56,7 @@ from wpk.kernels.algorithms import GEMM, conv_algorithm
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.cpu.node_model import core_input_count, is_elementwise
 from wpk.kernels.cpu.numpy_ops import elementwise_steps
-from wpk.kernels.cpu.tensor_formulas import BINARY_UFUNCS, UNARY_AS_STEP
+from wpk.kernels.cpu.tensor_formulas import BINARY_UFUNCS, UNARY_AS_STEP, static_clip_step
 from wpk.kernels.dsl_library import load_operator
 from wpk.kernels.generated_nchwc import PACKERS, map_nchwc_conv
 from wpk.kernels.generated_ops import MAPPERS, bind, coalesce, fold_operand
@@ -101,8 +101,8 @@ def _elementwise(w: Workload) -> DslMapping | str:
 
 def maps_elementwise(w: Workload) -> bool:
     """Whether the workload maps to the DSL as an elementwise chain (wpk's Elementwise, a
-    unary op, a two-input binary op)."""
-    return is_elementwise(w) or w.op in UNARY_AS_STEP or (
+    unary op, a Clip with fixed bounds, a two-input binary op)."""
+    return is_elementwise(w) or w.op in UNARY_AS_STEP or static_clip_step(w) is not None or (
         w.op in BINARY_UFUNCS and core_input_count(w) == 2)
 
 

@@ -32,6 +32,7 @@ from wpk.kernels.cpu.tensor_formulas import (
     axis_bounds,
     slice_index,
     split_bounds,
+    static_clip_step,
     unary_step,
 )
 from wpk.kernels.epilogue import apply_epilogue, apply_epilogue_into
@@ -42,6 +43,9 @@ def elementwise_steps(workload: Workload) -> tuple[EpilogueStep, ...]:
     """The whole computation of an elementwise workload as epilogue steps on input 0."""
     if workload.op in UNARY_AS_STEP:
         return (unary_step(workload),) + workload.epilogue
+    clip = static_clip_step(workload)
+    if clip is not None:
+        return (clip,) + workload.epilogue
     if workload.op in BINARY_UFUNCS:
         return (EpilogueStep(ONNX_BINARY_STEPS[workload.op], operand=1),) + workload.epilogue
     return workload.epilogue
@@ -50,16 +54,19 @@ def elementwise_steps(workload: Workload) -> tuple[EpilogueStep, ...]:
 class NumpyElementwise(NumpyImplementation):
     """output = steps(input 0), the first step written straight into the output (`out=`).
 
-    Serves wpk's `Elementwise` and the plain ONNX unary and binary elementwise ops.
+    Serves wpk's `Elementwise` and the plain ONNX unary and binary elementwise ops (a Clip
+    whose bounds are fixed too).
     """
 
     name = "numpy.elementwise"
     uses_blas = False
-    ops = ("Elementwise",) + tuple(sorted(UNARY_AS_STEP)) + tuple(sorted(BINARY_UFUNCS))
+    ops = ("Elementwise", "Clip") + tuple(sorted(UNARY_AS_STEP)) + tuple(sorted(BINARY_UFUNCS))
 
     def extra_reason(self, workload: Workload) -> str | None:
         if workload.op in BINARY_UFUNCS and self.core_inputs(workload) != 2:
             return f"{workload.op} with more than two inputs goes through numpy.formula"
+        if workload.op == "Clip" and static_clip_step(workload) is None:
+            return "a Clip with bounds computed at run time goes through numpy.formula"
         return None
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],

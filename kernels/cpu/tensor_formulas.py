@@ -32,6 +32,22 @@ def unary_step(workload: Workload) -> EpilogueStep:
     return EpilogueStep(*step_from_onnx(workload.op, dict(workload.attrs)))
 
 
+def static_clip_step(workload: Workload) -> EpilogueStep | None:
+    """The `clip` step of a Clip whose bounds are fixed (attributes before opset 11, absent
+    or static scalar inputs from it), or None (not a Clip, or a bound computed at run time)."""
+    if workload.op != "Clip":
+        return None
+    bounds: list[float | None] = [None]
+    for index in (1, 2) if workload.opset >= 11 else ():
+        present = index < len(workload.inputs) and workload.inputs[index] is not None
+        value = workload.static_value(index) if present else None
+        if present and (value is None or np.size(value) != 1):
+            return None
+        bounds.append(None if value is None else float(np.asarray(value).reshape(-1)[0]))
+    found = step_from_onnx("Clip", dict(workload.attrs), bounds)
+    return None if found is None else EpilogueStep(*found)
+
+
 def _unary(workload, inputs):
     y = np.array(inputs[0], copy=True)
     return [apply_epilogue(y, (unary_step(workload),), ())]

@@ -182,6 +182,15 @@ CASES = {
         domain="wpk.nchwc", const_inputs=(1, 2)),
     "add_broadcast_row": Workload("Add", (t(3, 7), t(7)), (t(3, 7),)),
     "hard_swish_odd": Workload("HardSwish", (t(1, 13),), (t(1, 13),)),
+    # a clamp to [0, 1] after a super-resolution network's pixel shuffle: static bounds
+    "clip_static_bounds": Workload(
+        "Clip", (t(1, 3, 9, 7), t(), t()), (t(1, 3, 9, 7),), const_inputs=(1, 2), opset=13,
+        static_inputs=((1, np.array(0.25, np.float32)), (2, np.array(0.5, np.float32)))),
+    "clip_max_only": Workload(
+        "Clip", (t(5, 11), None, t()), (t(5, 11),), const_inputs=(2,), opset=13,
+        static_inputs=((2, np.array(0.3, np.float32)),)),
+    "clip_opset6_attributes": Workload("Clip", (t(4, 9),), (t(4, 9),),
+                                       (("max", 0.4), ("min", -0.2)), opset=6),
 }
 
 
@@ -280,6 +289,8 @@ UNSUPPORTED = {
         "Resize", (t(1, 4, 3, 5), None, t(4)), (t(1, 8, 6, 10),), (("mode", b"cubic"),),
         const_inputs=(2,), opset=13,
         static_inputs=((2, np.array([1, 2, 2, 2], np.float32)),)), "1 to 2 axes"),
+    "clip of computed bounds": (Workload("Clip", (t(3, 4), t(), t()), (t(3, 4),), opset=13),
+                                "no DSL operator"),
     "computed slice": (Workload("Slice", (t(4, 6),) + (t(1, dtype="int64"),) * 2, (t(2, 6),),
                                 opset=13), "float32 only"),   # computed integer starts
 }
@@ -294,13 +305,29 @@ def test_unmapped_workloads_say_why(name):
 
 @pytest.mark.parametrize("case", ["relu", "elementwise_channel_chain", "add_broadcast_row",
                                   "softmax_last_axis", "layernorm", "lrn_even_window",
-                                  "batchnorm_relu"])
+                                  "batchnorm_relu", "clip_static_bounds"])
 def test_an_untuned_build_measures_the_default_schedule_of_memory_bound_ops(case):
     workload = CASES[case]
     assert registry.get("dsl.cpu") is DSL_CPU
     assert DSL_CPU.configs(workload) == [default_config(workload)]
     assert [c.config for c in registry.candidates(workload)
             if c.implementation is DSL_CPU] == [default_config(workload)]
+
+
+@pytest.mark.parametrize("name", ["clip_static_bounds", "clip_max_only",
+                                  "clip_opset6_attributes"])
+def test_numpy_computes_a_clip_of_fixed_bounds_as_one_step(name, rng):
+    """numpy.elementwise takes a Clip whose bounds are fixed (one clip step into the
+    output); one whose bounds are computed stays numpy.formula's."""
+    workload, numpy_elementwise = CASES[name], registry.get("numpy.elementwise")
+    assert numpy_elementwise.unsupported_reason(workload) is None
+    inputs = random_inputs(workload, rng)
+    inputs[0] = rng.standard_normal(workload.inputs[0].shape).astype(np.float32)
+    out = np.full(workload.outputs[0].shape, np.nan, np.float32)
+    numpy_elementwise.prepare(workload, {}, {})(inputs, [out])
+    np.testing.assert_array_equal(out, reference(workload, inputs)[0].astype(np.float32))
+    computed = UNSUPPORTED["clip of computed bounds"][0]
+    assert "run time" in numpy_elementwise.unsupported_reason(computed)
 
 
 @pytest.mark.parametrize("case", ["conv_pointwise_clip", "matmul_2d", "gemm_no_c",
