@@ -189,28 +189,34 @@ class NumpyCopy(NumpyImplementation):
             return "a Split carries no epilogue"
         if workload.op == "Resize" and not is_index_copy(static_resize_spec(workload)):
             return "an interpolating or extrapolating Resize goes through numpy.formula"
+        if workload.op in ("DepthToSpace", "SpaceToDepth") \
+                and workload.text_attr("mode", "DCR") not in ("DCR", "CRD"):
+            return f"{workload.op} mode must be DCR or CRD"
         return None
 
 
 def pixel_shuffle_views(workload: Workload):
     """`views(inputs, outputs)` of a DepthToSpace or SpaceToDepth (4-d, blocksize r): the
-    input split into its r x r phases, transposed onto the output's split view.
+    depth side split into (channel, phase row i, phase column j) in the mode's order,
+    transposed onto the space side's split view.
 
-    DepthToSpace: channel (i*r + j)*C + c (mode DCR) or (c*r + i)*r + j (CRD) becomes
-    pixel (h*r + i, w*r + j) of output channel c; SpaceToDepth is DCR's inverse."""
+    DepthToSpace: channel (i*r + j)*C + c (mode DCR, the default) or (c*r + i)*r + j (CRD)
+    becomes pixel (h*r + i, w*r + j) of output channel c; SpaceToDepth the inverse, in
+    either mode (a `mode` from opset 24 on)."""
     r = int(workload.attr("blocksize"))
-    n, c, h, w = workload.inputs[0].shape
+    crd = workload.text_attr("mode", "DCR") == "CRD"
     if workload.op == "SpaceToDepth":
-        grid = (n, c, h // r, r, w // r, r)
-        return lambda inputs, outputs: [(inputs[0].reshape(grid).transpose(0, 3, 5, 1, 2, 4),
-                                         outputs[0].reshape(n, r, r, c, h // r, w // r))]
-    depth = c // (r * r)
-    if workload.text_attr("mode", "DCR") == "CRD":
-        split, perm = (n, depth, r, r, h, w), (0, 1, 4, 2, 5, 3)
-    else:
-        split, perm = (n, r, r, depth, h, w), (0, 3, 4, 1, 5, 2)
-    return lambda inputs, outputs: [(inputs[0].reshape(split).transpose(perm),
-                                     outputs[0].reshape(n, depth, h, r, w, r))]
+        n, c, h, w = workload.inputs[0].shape
+        space = (n, c, h // r, r, w // r, r)
+        depth = (n, c, r, r, h // r, w // r) if crd else (n, r, r, c, h // r, w // r)
+        perm = (0, 1, 3, 5, 2, 4) if crd else (0, 3, 5, 1, 2, 4)
+        return lambda inputs, outputs: [(inputs[0].reshape(space).transpose(perm),
+                                         outputs[0].reshape(depth))]
+    n, c, h, w = workload.outputs[0].shape
+    depth = (n, c, r, r, h // r, w // r) if crd else (n, r, r, c, h // r, w // r)
+    perm = (0, 1, 4, 2, 5, 3) if crd else (0, 3, 4, 1, 5, 2)
+    return lambda inputs, outputs: [(inputs[0].reshape(depth).transpose(perm),
+                                     outputs[0].reshape(n, c, h // r, r, w // r, r))]
 
 
 class NumpySum(NumpyImplementation):

@@ -34,13 +34,14 @@ NUMPY_NCHWC = registry.get("numpy.nchwc")
 BLOCKS = (8, 16)
 
 
-def _plain(op: str, shape: tuple[int, ...], r: int, mode: str | None = None) -> Workload:
+def _plain(op: str, shape: tuple[int, ...], r: int, mode: str | None = None,
+           opset: int = 13) -> Workload:
     n, c, h, w = shape
     out = (n, c // (r * r), h * r, w * r) if op == "DepthToSpace" else \
         (n, c * r * r, h // r, w // r)
     attrs = (("blocksize", r),) + ((("mode", mode),) if mode else ())
     return Workload(op, (TensorSpec(shape, "float32"),), (TensorSpec(out, "float32"),), attrs,
-                    opset=13)
+                    opset=opset)
 
 
 PLAIN = {
@@ -50,6 +51,8 @@ PLAIN = {
     "DCR by default": _plain("DepthToSpace", (1, 12, 3, 2), 2),
     "SpaceToDepth r2": _plain("SpaceToDepth", (2, 3, 6, 4), 2),
     "SpaceToDepth r3": _plain("SpaceToDepth", (1, 5, 9, 3), 3),
+    "SpaceToDepth CRD (opset 24)": _plain("SpaceToDepth", (2, 3, 6, 4), 2, "CRD", opset=24),
+    "SpaceToDepth DCR (opset 24)": _plain("SpaceToDepth", (1, 2, 4, 6), 2, "DCR", opset=24),
 }
 
 
