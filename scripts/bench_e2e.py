@@ -22,7 +22,7 @@ Writes benchmarks/results/e2e-<date>-<host>.json (machine, versions, all
 timings) and prints a markdown table. Models: `light_<arch>` from the onnx
 wheel (weights made random, see tests/models.py), the hand-built
 mobilenet_v2_like, efficientnet_like, transformer_encoder, bert_base_layer,
-dcgan_generator, espcn_like, and the
+dcgan_generator, espcn_like, deeplab_like, and the
 real-exporter corpus (tests/corpus) as `corpus_<architecture>_<exporter>`
 (`--models corpus` for all of them) at its benchmark size (`--corpus-size`).
 With `--breakdown`, corpus runs also show onnxruntime's own time per

@@ -288,6 +288,48 @@ def espcn_like(image_size: int = 160, scale: int = 3, seed: int = 5) -> onnx.Mod
     return g.model("espcn_like", [_image_input("input", image_size)], [out])
 
 
+def deeplab_like(image_size: int = 256, classes: int = 21, seed: int = 6) -> onnx.ModelProto:
+    """A DeepLabV3-style segmenter as torch exports it: a stride-8 stem of 3x3 convs with
+    BatchNorm and ReLU, two 3x3 convs of dilation 2 (the dilated last stage, output stride
+    8), ASPP (a 1x1 conv, 3x3 convs of dilation 6, 12 and 18, image pooling upsampled
+    bilinearly), a 1x1 projection, the classifier and a bilinear upsample to the input."""
+    g = _GraphBuilder(seed)
+
+    def cbr(x: str, c_in: int, c_out: int, kernel: int, stride: int = 1,
+            dilation: int = 1) -> str:
+        w = g.weight("w", (c_out, c_in, kernel, kernel), c_in * kernel * kernel)
+        pad = dilation * (kernel // 2)
+        y = g.op("Conv", [x, w], "conv", kernel_shape=[kernel, kernel],
+                 strides=[stride, stride], pads=[pad] * 4, dilations=[dilation, dilation])
+        return g.op("Relu", [g.batch_norm(y, c_out)])
+
+    def resize_to(x: str, size: int, base: str) -> str:
+        """F.interpolate(x, size=(size, size)): the sizes from x's shape, as torch writes it."""
+        shape = g.op("Shape", [x], "shape")
+        nc = g.op("Gather", [shape, g.const("first", np.array([0, 1], np.int64))], "nc", axis=0)
+        tail = g.const("hw", np.array([size, size], np.int64))
+        target = g.op("Concat", [nc, tail], "target", axis=0)
+        return g.op("Resize", [x, "", "", target], base, mode="linear",
+                    coordinate_transformation_mode="half_pixel")
+
+    x = cbr("input", 3, 32, 3, 2)
+    x = cbr(x, 32, 64, 3, 2)
+    x = cbr(x, 64, 128, 3, 2)
+    x = cbr(x, 128, 256, 3, dilation=2)
+    x = cbr(x, 256, 256, 3, dilation=2)
+    side = image_size // 8
+    branches = [cbr(x, 256, 128, 1)] + [cbr(x, 256, 128, 3, dilation=d) for d in (6, 12, 18)]
+    pooled = cbr(g.op("GlobalAveragePool", [x], "image_pool"), 256, 128, 1)
+    branches.append(resize_to(pooled, side, "pool_upsample"))
+    x = cbr(g.op("Concat", branches, "aspp", axis=1), 5 * 128, 128, 1)
+    logits = g.op("Conv", [x, g.weight("cls_w", (classes, 128, 1, 1), 128),
+                           g.vector("cls_b", classes, -0.1, 0.1)], "classifier")
+    y = resize_to(logits, image_size, "upsample")
+    out = helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, classes, image_size,
+                                                               image_size])
+    return g.model("deeplab_like", [_image_input("input", image_size)], [out])
+
+
 BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "mobilenet_v2_like": mobilenet_v2_like,
     "efficientnet_like": efficientnet_like,
@@ -295,6 +337,7 @@ BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "bert_base_layer": bert_base_layer,
     "dcgan_generator": dcgan_generator,
     "espcn_like": espcn_like,
+    "deeplab_like": deeplab_like,
 }
 ALL_MODELS = tuple(f"light_{n}" for n in LIGHT_MODELS) + tuple(BUILDERS)
 

@@ -36,6 +36,7 @@ from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.conv1d_lift import Conv1dAs2d
 from wpk.passes.conv_transpose_gemm import ConvTransposeAsMatMul
 from wpk.passes.dead_nodes import DeadNodeElimination
+from wpk.passes.dilated_conv_phases import DilatedConvPhases
 from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import (
     CHAIN_RULES,
@@ -101,6 +102,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(NchwcLayout, targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("inverted_residual_fusion", INVERTED_RESIDUAL_RULES),
                   targets=frozenset({"cpu"})),
+    # on the blocked convs the layout wrote
+    PipelineEntry(DilatedConvPhases, targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("inverted_residual_nchw_fusion",
                                      INVERTED_RESIDUAL_NCHW_RULES), targets=frozenset({"cuda"})),
 ]
