@@ -1,4 +1,4 @@
-"""The real-exporter corpus: eight architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: ten architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -14,6 +14,8 @@ graphs in those exporters' spellings:
 | yolo (SiLU, Split, Concat, Resize) | x | x | | x |
 | resnext (grouped 3x3 convs, 4 to 32 channels per group) | x | x | | |
 | speech (wav2vec2-style 1-d conv encoder, GELU, dilated TCN, BatchNorm) | x | x | | |
+| deeplab (DeepLabV3 segmenter: dilated stages, ASPP, bilinear Resize) | x | x | | |
+| espcn (super-resolution: Tanh, PixelShuffle as DepthToSpace, clamp) | x | x | | |
 
 Names are `<architecture>_<exporter>`; every model has one float input "x".
 Each comes in two sizes: "ci" (small, built in about a second) and "bench"
@@ -36,7 +38,7 @@ import numpy as np
 import onnx
 
 ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "resnext",
-                 "speech")
+                 "speech", "deeplab", "espcn")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

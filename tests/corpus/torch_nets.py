@@ -544,6 +544,80 @@ class SpeechEncoder(nn.Module):
         return self.tcn(self.encoder(x)).mean(2)
 
 
+# -------------------------------------------------------------------- DeepLabV3
+
+
+def conv_bn_relu(c_in: int, c_out: int, kernel: int, stride: int = 1,
+                 dilation: int = 1) -> nn.Sequential:
+    """Conv (no bias, same padding, optionally dilated) + BatchNorm + ReLU."""
+    return nn.Sequential(nn.Conv2d(c_in, c_out, kernel, stride, dilation * (kernel // 2),
+                                   dilation=dilation, bias=False),
+                         nn.BatchNorm2d(c_out), nn.ReLU())
+
+
+class Aspp(nn.Module):
+    """Atrous spatial pyramid pooling: a 1x1 branch, dilated 3x3 branches, image pooling
+    upsampled bilinearly, concatenated and projected by a 1x1 conv."""
+
+    def __init__(self, c_in: int, c_out: int, rates: tuple[int, ...]):
+        super().__init__()
+        self.branches = nn.ModuleList([conv_bn_relu(c_in, c_out, 1)] +
+                                      [conv_bn_relu(c_in, c_out, 3, dilation=r) for r in rates])
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), conv_bn_relu(c_in, c_out, 1))
+        self.project = conv_bn_relu(c_out * (len(rates) + 2), c_out, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = F.interpolate(self.pool(x), size=x.shape[-2:], mode="bilinear",
+                               align_corners=False)
+        return self.project(torch.cat([b(x) for b in self.branches] + [pooled], 1))
+
+
+class DeepLabV3(nn.Module):
+    """A DeepLabV3 segmenter at output stride 8 (torchvision's layout, a lighter
+    backbone): a stem of stride-2 3x3 convs, then stages of two 3x3 convs whose dilation
+    doubles instead of the stride (the atrous last stages), ASPP, the classifier and a
+    bilinear upsample to the input's size."""
+
+    def __init__(self, stem: tuple[int, ...] = (32, 64, 128), stages: tuple[int, ...] = (256, 256),
+                 dilations: tuple[int, ...] = (2, 4), aspp: int = 128,
+                 rates: tuple[int, ...] = (12, 24, 36), classes: int = 21):
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = 3
+        for width in stem:
+            layers.append(conv_bn_relu(c_in, width, 3, 2))
+            c_in = width
+        for width, dilation in zip(stages, dilations):
+            layers += [conv_bn_relu(c_in, width, 3, dilation=dilation),
+                       conv_bn_relu(width, width, 3, dilation=dilation)]
+            c_in = width
+        self.backbone = nn.Sequential(*layers)
+        self.aspp = Aspp(c_in, aspp, rates)
+        self.classifier = nn.Conv2d(aspp, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.classifier(self.aspp(self.backbone(x)))
+        return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+
+# -------------------------------------------------------------------- ESPCN
+
+
+class Espcn(nn.Module):
+    """ESPCN super-resolution: 5x5 and 3x3 convs with Tanh, a 3x3 conv to 3 r^2 channels,
+    PixelShuffle (DepthToSpace) and a clamp to [0, 1]."""
+
+    def __init__(self, widths: tuple[int, int] = (64, 32), scale: int = 3):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, widths[0], 5, padding=2), nn.Tanh(),
+                                  nn.Conv2d(widths[0], widths[1], 3, padding=1), nn.Tanh(),
+                                  nn.Conv2d(widths[1], 3 * scale * scale, 3, padding=1))
+        self.shuffle = nn.PixelShuffle(scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(self.shuffle(self.body(x)), 0.0, 1.0)
+
+
 # -------------------------------------------------------------------- sizes
 
 
@@ -564,6 +638,8 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "yolo": YoloDetector,
     "resnext": ResNeXt,
     "speech": SpeechEncoder,
+    "deeplab": DeepLabV3,
+    "espcn": Espcn,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -583,6 +659,9 @@ SIZES: dict[str, dict[str, NetSpec]] = {
                             "stem": 16, "classes": 10}, (1, 3, 64, 64)),
         "speech": NetSpec({"channels": 24, "layers": ((10, 5), (3, 2), (2, 2)),
                            "dilations": (1, 2), "classes": 8}, (1, 1, 1600)),
+        "deeplab": NetSpec({"stem": (8, 16), "stages": (16, 24), "dilations": (2, 4),
+                            "aspp": 16, "rates": (2, 3), "classes": 5}, (1, 3, 64, 64)),
+        "espcn": NetSpec({"widths": (16, 8), "scale": 3}, (1, 3, 20, 20)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -595,6 +674,8 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "yolo": NetSpec({"width": 16, "depth": 1, "classes": 80}, (1, 3, 320, 320)),
         "resnext": NetSpec({}, (1, 3, 224, 224)),
         "speech": NetSpec({}, (1, 1, 16000)),
+        "deeplab": NetSpec({}, (1, 3, 512, 512)),
+        "espcn": NetSpec({}, (1, 3, 160, 160)),
     },
 }
 

@@ -92,6 +92,8 @@ EXPECTED_OPS = {
              "tf": {"Sigmoid", "Split", "Resize", "Shape", "Cast", "Transpose"}},
     "resnext": {"torch": {"Conv", "Relu", "Add", "MaxPool", "Gemm"}},
     "speech": {"torch": {"Conv", "Erf", "Relu", "Add", "MaxPool", "ReduceMean"}},
+    "deeplab": {"torch": {"Conv", "Relu", "Concat", "Resize"}},
+    "espcn": {"torch": {"Conv", "Tanh", "DepthToSpace", "Clip"}},
 }
 
 
