@@ -82,6 +82,12 @@ CASES = {
     "3x3_one_pixel": conv(20, 36, (1, 1), 3),
     "3x3_asymmetric_pads": conv(B, 2 * B + 5, (7, 6), 3, pads=(1, 0, 2, 1), bias=False),
     "3x3_dilated": conv(12, 20, (9, 9), 3, dilation=2, pads=(2, 2, 2, 2)),
+    # ASPP's: the window (2 * 6 + 1 = 13 columns, 19 with dilation 9) wider than the image,
+    # no interior: pieces of the row between the columns where a tap enters or leaves
+    "3x3_dilation6_wider_than_the_image": conv(20, 24, (11, 23), 3, dilation=6,
+                                               pads=(6, 6, 6, 6), epilogue=(RELU,)),
+    "3x3_dilation9_residual_batch2": conv(B, 20, (7, 17), 3, dilation=9, pads=(9, 9, 9, 9),
+                                          residual=True, batch=2, epilogue=(ADD3, RELU)),
     "1x1_flat_residual_clip": conv(3 * B, 50, (5, 7), 1, residual=True, epilogue=(
         ADD3, EpilogueStep("clip", (("min", 0.0), ("max", 6.0))))),
     "1x1_stride2_batch2": conv(24, 4 * B, (9, 9), 1, stride=2, batch=2,

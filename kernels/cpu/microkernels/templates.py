@@ -121,6 +121,19 @@ def _interior(g: ConvGeometry) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
+def _edge_cuts(g: ConvGeometry) -> list[int]:
+    """0, OW and the output columns where some filter column's tap enters or leaves the
+    image (ceil((PL - s*DW) / SW) and ceil((W + PL - s*DW) / SW)), sorted: between two
+    of them every tap is inside the image for all pixels or for none."""
+    cuts = {0, g.ow}
+    for s in range(g.s):
+        for edge in (g.pl - s * g.dw, g.w + g.pl - s * g.dw):
+            cut = -(-edge // g.sw)
+            if 0 < cut < g.ow:
+                cuts.add(cut)
+    return sorted(cuts)
+
+
 def _chunks(g: ConvGeometry, rows: int, px: int) -> tuple[int, int]:
     """(column chunk width, chunks per row): rows split so there are about TARGET_UNITS
     units, each chunk a whole number of tiles."""
@@ -254,6 +267,21 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
 """
 
 _ROW = r"""
+/* output columns [from, to) outside the interior: split at the columns where a filter
+   column's taps enter or leave the image (CUTS), so in each piece every tap is inside or
+   outside for all its pixels and a PX tile checks its first pixel's columns for all (a
+   dilated conv's window can be wider than the image: no interior at all) */
+static void edge(const float *x, const float *w, const float *bias, const float *sum,
+                 float *y, {params}, int oh, int from, int to, int c0, int c1) {{
+    static const int CUTS[] = {{ {cuts} }};
+    for (int k = 0; k + 1 < (int)(sizeof CUTS / sizeof CUTS[0]); ++k) {{
+        int ow = CUTS[k] > from ? CUTS[k] : from;
+        int end = CUTS[k + 1] < to ? CUTS[k + 1] : to;
+        for (; ow + PX <= end; ow += PX) tile_edge(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
+        for (; ow < end; ++ow) tile_checked(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
+    }}
+}}
+
 /* output columns [b0, b1) of rows [oh0, oh1): checked edges, PX tiles, one smaller tile;
    the input blocks in passes of CBT, so a pass's weights stay in cache while the tiles of
    all the rows run */
@@ -262,16 +290,16 @@ static void row(const float *x, const float *w, const float *bias, const float *
     int hi = b1 < OW_HI ? b1 : OW_HI;
     for (int c0 = 0; c0 < PASSES * CBT; c0 += CBT) for (int oh = oh0; oh < oh1; ++oh) {{
         int c1 = c0 + CBT < CR ? c0 + CBT : CR;
-        int ow = b0;
-        for (; ow < b1 && ow < OW_LO; ++ow)
-            tile_checked(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
+        int ow = b1 < OW_LO ? b1 : OW_LO;
+        if (b0 < ow) edge(x, w, bias, sum, y, {args}, oh, b0, ow, c0, c1);
+        ow = b0 > ow ? b0 : ow;
         for (; ow + PX <= hi; ow += PX) tile_full(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
         switch (hi - ow) {{
 {cases}
         default: break;
         }}
-        for (ow = ow > hi ? ow : hi; ow < b1; ++ow)
-            tile_checked(x, w, bias, sum, y, {args}, oh, ow, c0, c1);
+        ow = ow > hi ? ow : hi;
+        if (ow < b1) edge(x, w, bias, sum, y, {args}, oh, ow, b1, c0, c1);
     }}
 }}
 
@@ -412,6 +440,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     parts.append("#define GROUP_BASE(kt) (GROUPS > 1 ? (kt) * TK / OCG * CR : 0)\n")
     parts.append(_epilogue(g))
     parts.append(tile("checked", 1, 1))
+    parts.append(tile("edge", px, 1))
     parts.append(tile("full", px, 0))
     cases = []
     for np_ in _remainders(g, lo, hi, width, px):
@@ -422,5 +451,5 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         parts.append(_SPLIT)
     pre = _SPLIT_CALL if split else "        const float *xin = x;"
     parts.append(_ROW.format(params=params, args=args, cases="\n".join(cases), decode=decode,
-                             pre=pre))
+                             pre=pre, cuts=", ".join(str(c) for c in _edge_cuts(g))))
     return "".join(parts)
