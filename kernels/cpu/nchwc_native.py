@@ -61,7 +61,10 @@ from wpk.kernels.registry import LIBRARY, Implementation, Kernel, register
 OPS = ("ChannelSlice", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool", "AveragePool",
        "GlobalAveragePool", "GlobalMaxPool", "DepthToSpace")
 
-# params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel
+# params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel;
+# the output rows of every plane over OpenMP threads when the input has at least PAR_MIN
+# floats (ResNet's 64x112x112 pool: a plane per thread would leave one of 2 threads idle
+# with an odd number of blocks)
 _MAXPOOL_SOURCE = r"""
 #include <stdint.h>
 
@@ -69,22 +72,22 @@ void wpk_maxpool_nchwc(const int64_t *p, const float *x, float *y) {{
     const int64_t planes = p[0], H = p[1], W = p[2], OH = p[3], OW = p[4];
     const int64_t KH = p[5], KW = p[6], SH = p[7], SW = p[8], PT = p[9], PL = p[10];
     const int64_t DH = p[11], DW = p[12];
-    for (int64_t c = 0; c < planes; c++) {{
+    #pragma omp parallel for schedule(static) if (planes * H * W * {lanes} >= PAR_MIN)
+    for (int64_t row = 0; row < planes * OH; row++) {{
+        const int64_t c = row / OH, oh = row % OH;
         const float *xc = x + c * H * W * {lanes};
-        float *yc = y + c * OH * OW * {lanes};
-        for (int64_t oh = 0; oh < OH; oh++) {{
-            for (int64_t ow = 0; ow < OW; ow++) {{
-                vf acc = vsplat(-INFINITY);
-                for (int64_t kh = 0; kh < KH; kh++) {{
-                    const int64_t ih = oh * SH - PT + kh * DH;
-                    if (ih < 0 || ih >= H) continue;
-                    for (int64_t kw = 0; kw < KW; kw++) {{
-                        const int64_t iw = ow * SW - PL + kw * DW;
-                        if (iw >= 0 && iw < W) acc = vmax(vload(xc + (ih * W + iw) * {lanes}), acc);
-                    }}
+        float *yr = y + (c * OH + oh) * OW * {lanes};
+        for (int64_t ow = 0; ow < OW; ow++) {{
+            vf acc = vsplat(-INFINITY);
+            for (int64_t kh = 0; kh < KH; kh++) {{
+                const int64_t ih = oh * SH - PT + kh * DH;
+                if (ih < 0 || ih >= H) continue;
+                for (int64_t kw = 0; kw < KW; kw++) {{
+                    const int64_t iw = ow * SW - PL + kw * DW;
+                    if (iw >= 0 && iw < W) acc = vmax(vload(xc + (ih * W + iw) * {lanes}), acc);
                 }}
-                vstore(yc + (oh * OW + ow) * {lanes}, acc);
             }}
+            vstore(yr + ow * {lanes}, acc);
         }}
     }}
 }}

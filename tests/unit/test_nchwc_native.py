@@ -42,6 +42,9 @@ def _cases(b: int) -> dict[str, Workload]:
         "maxpool asymmetric pads, dilation": _op(
             "MaxPool", b, c, (11, 12), (4, 7), kernel_shape=(3, 3), pads=(1, 2, 0, 1),
             strides=(2, 2), dilations=(2, 1)),
+        # more floats than PAR_MIN: the rows over OpenMP threads (ResNet's stem pool)
+        "maxpool 3x3 s2, threads": _op("MaxPool", b, c, (37, 29), (19, 15), kernel_shape=(3, 3),
+                                       pads=(1, 1, 1, 1), strides=(2, 2)),
         "maxpool 1 pixel": _op("MaxPool", b, 3, (1, 1), (1, 1), kernel_shape=(3, 3),
                                pads=(1, 1, 1, 1), strides=(1, 1)),
         "average pool 7x7 (ResNet's)": _op("AveragePool", b, c, (7, 7), (1, 1),
