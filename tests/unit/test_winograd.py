@@ -108,6 +108,7 @@ def test_kernel_matches_float64_reference(case, isa, rng):
     assert MICRO_WINOGRAD.unsupported_reason(workload) is None
     g = conv_geometry(workload)
     configs = [default_config(g, isa, m) for m in (2, 4)]
+    configs += [dict(c, local=1 - c["local"]) for c in configs]   # both ways of a round
     configs += _random_configs(workload, isa, 3, seed=len(case))
     for config in configs:
         err = _error(workload, config, rng)
@@ -120,9 +121,34 @@ def test_rounds_and_remainder_tiles_cut_anywhere(m, rng):
     last GEMM tile, and a residual that is the output buffer is read before it is written."""
     workload = conv(B + 3, 2 * B, (11, 37), 3, residual=True, epilogue=(ADD3, RELU))
     g = conv_geometry(workload)
-    for px in (1, 3, 5, 7):
-        config = dict(default_config(g, USABLE[0], m), px=px, kv=1, tb=8, unroll=2, cc=1)
+    for px, local in ((1, 0), (3, 1), (5, 0), (7, 1)):
+        config = dict(default_config(g, USABLE[0], m), px=px, kv=1, tb=8, unroll=2, cc=1,
+                      local=local)
         assert _error(workload, config, rng, in_place=True) <= error_bound(g, m)
+
+
+def test_local_rounds_run_on_every_thread_at_once_each_in_its_own_scratch(rng):
+    """128 rounds of 8 tiles: the threads work on different rounds at the same time, so a
+    slice of the scratch shared between them would mix their tiles."""
+    workload = conv(2 * B, 2 * B, (64, 64), 3, epilogue=(RELU,))
+    g = conv_geometry(workload)
+    config = dict(default_config(g, USABLE[0], 2), tb=8, local=1)
+    for _ in range(3):
+        assert _error(workload, config, rng) <= error_bound(g, 2)
+
+
+def test_a_config_without_the_local_knob_is_a_shared_round_one(rng):
+    """Records and plans written before `local` keep their meaning: no knob is 0."""
+    workload = CASES["residual_batch2"]
+    g = conv_geometry(workload)
+    old = {k: v for k, v in default_config(g, USABLE[0], 4).items() if k != "local"}
+    assert config_reason(g, old) is None
+    assert _error(workload, old, rng) <= error_bound(g, 4)
+    assert "local is 0 or 1" in config_reason(g, dict(old, local=2))
+    assert "local" in WinogradSpace(g).space()
+    wide = conv_geometry(conv(256, 256, (14, 14), 3))   # a 9 MiB transformed filter
+    assert default_config(g, USABLE[0], 4)["local"] == 1
+    assert default_config(wide, USABLE[0], 4)["local"] == 0
 
 
 def test_transforms_compute_the_correlation_exactly_in_float64(rng):

@@ -28,6 +28,7 @@ Winograd kernel is verified with (see docs/winograd.md for the measured errors).
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -42,6 +43,15 @@ UNROLL_CHOICES = (1, 2, 4, 8, 16)
 TB_CHOICES = (8, 16, 32, 64, 128, 256, 512)
 CC_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 KNOBS = ("isa", "m", "kv", "px", "unroll", "tb", "cc")
+# knobs a config may leave out (records and plans written before them), with their default:
+# `local` 1 runs each round (input transform, GEMM, output transform) on one thread, its
+# own scratch, so no thread reads what another wrote (see `winograd_templates`)
+OPTIONAL_KNOBS = {"local": 0}
+# the most OpenMP threads a `local` kernel gives a scratch slice (more run as this many)
+LOCAL_THREADS = max(1, os.cpu_count() or 1)
+# a transformed filter up to this size takes `local` rounds by default: each thread then
+# reads all of it once a round, from its own core's cache
+LOCAL_FILTER_BYTES = 4 << 20
 # A GEMM pass's slice of the transformed filter the default cc keeps within (half an L1)
 PASS_BYTES = 16 * 1024
 # Scratch of a round (transformed inputs and GEMM outputs) the default tb keeps within: about
@@ -136,7 +146,7 @@ class WinogradSpace:
     def space(self) -> dict[str, tuple]:
         """Knob -> choices."""
         return {"isa": self.isas, "m": M_CHOICES, "kv": KV_CHOICES, "px": PX_CHOICES,
-                "unroll": UNROLL_CHOICES, "tb": TB_CHOICES, "cc": CC_CHOICES}
+                "unroll": UNROLL_CHOICES, "tb": TB_CHOICES, "cc": CC_CHOICES, "local": (0, 1)}
 
     def validate(self, config) -> str | None:
         """None when `config` builds a correct kernel on this host, else why not."""
@@ -149,8 +159,11 @@ class WinogradSpace:
 
 def config_reason(g: ConvGeometry, config) -> str | None:
     """None when `config` is a valid Winograd schedule of `g`, else why not."""
-    if set(config) != set(KNOBS):
-        return f"a Winograd config has the knobs {', '.join(KNOBS)}"
+    if not set(KNOBS) <= set(config) <= set(KNOBS) | set(OPTIONAL_KNOBS):
+        return f"a Winograd config has the knobs {', '.join(KNOBS)} and may have " \
+               f"{', '.join(OPTIONAL_KNOBS)}"
+    if is_local(config) not in (0, 1):
+        return "local is 0 or 1"
     reason = geometry_reason(g)
     if reason:
         return reason
@@ -170,14 +183,20 @@ def config_reason(g: ConvGeometry, config) -> str | None:
         return f"kv {kv} is more vectors than the {g.out_vectors(isa.lanes)} of the output"
     if gemm_registers(kv, px) > isa.registers:
         return f"a {kv}x{px} tile needs more than {isa.name}'s {isa.registers} vector registers"
-    return _memory_reason(g, isa, m, kv, tb)
+    return _memory_reason(g, isa, m, kv, tb, is_local(config))
 
 
-def _memory_reason(g: ConvGeometry, isa: Isa, m: int, kv: int, tb: int) -> str | None:
+def is_local(config) -> int:
+    """The config's `local` knob (0 when it has none)."""
+    return int(config.get("local", OPTIONAL_KNOBS["local"]))
+
+
+def _memory_reason(g: ConvGeometry, isa: Isa, m: int, kv: int, tb: int,
+                   local: int = 0) -> str | None:
     """Why the config's scratch or transformed filter is too large, or None."""
     kp = -(-g.out_vectors(isa.lanes) // kv) * kv * isa.lanes
     cp, t2 = g.cb * g.block, (m + 2) ** 2
-    scratch = t2 * min(tb, tiles(g, m)) * (cp + kp) * 4
+    scratch = t2 * min(tb, tiles(g, m)) * (cp + kp) * 4 * (LOCAL_THREADS if local else 1)
     if scratch > MAX_SCRATCH_BYTES:
         return f"rounds of {tb} tiles need {scratch >> 20} MiB of scratch (at most " \
                f"{MAX_SCRATCH_BYTES >> 20})"
@@ -196,14 +215,28 @@ def default_config(g: ConvGeometry, isa_name: str | None = None, m: int = 4) -> 
     (4 x 6 with 32 registers, 2 x 6 with 16), rounds of as many tiles (at most every tile)
     as keep their scratch within `ROUND_BYTES`: the fewer rounds, the fewer times the
     transformed filter is streamed through the cache; passes of as many input blocks as
-    keep their slice of it within `PASS_BYTES`."""
+    keep their slice of it within `PASS_BYTES`. A transformed filter of at most
+    `LOCAL_FILTER_BYTES` takes `local` rounds, each thread's scratch within its share of
+    `ROUND_BYTES` and at least two rounds a thread."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if g.block % i.lanes == 0)
     kv, px = _default_kv(g, isa), 6
     per_tile = (m + 2) ** 2 * (g.cb + g.kb) * g.block * 4
     count = tiles(g, m)
-    tb = max([t for t in TB_CHOICES if min(t, count) * per_tile <= ROUND_BYTES]
-             or [TB_CHOICES[0]])
+    local = int(filter_bytes(g, m) <= LOCAL_FILTER_BYTES)
+    if local:   # at least two rounds a thread, each thread's scratch in its share
+        tb = max([t for t in TB_CHOICES if t * 2 * LOCAL_THREADS <= max(count, 1)
+                  and t * per_tile <= ROUND_BYTES // LOCAL_THREADS] or [TB_CHOICES[0]])
+    else:
+        tb = max([t for t in TB_CHOICES if min(t, count) * per_tile <= ROUND_BYTES]
+                 or [TB_CHOICES[0]])
     pass_block = g.block * kv * isa.lanes * 4
     cc = max([c for c in CC_CHOICES if c * pass_block <= PASS_BYTES] or [1])
-    return {"isa": isa.name, "m": m, "kv": kv, "px": px, "unroll": 4, "tb": tb, "cc": cc}
+    return {"isa": isa.name, "m": m, "kv": kv, "px": px, "unroll": 4, "tb": tb, "cc": cc,
+            "local": local}
+
+
+def filter_bytes(g: ConvGeometry, m: int) -> int:
+    """Bytes of the F(m, 3) transformed filter (output and input channels padded to
+    blocks)."""
+    return (m + 2) ** 2 * g.kb * g.cb * g.block * g.block * 4

@@ -39,7 +39,13 @@ from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.isa import ISAS
 from wpk.kernels.cpu.microkernels.space import ConvGeometry
 from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER, _epilogue
-from wpk.kernels.cpu.microkernels.winograd_space import config_reason, tiles, transforms
+from wpk.kernels.cpu.microkernels.winograd_space import (
+    LOCAL_THREADS,
+    config_reason,
+    is_local,
+    tiles,
+    transforms,
+)
 
 
 def _combination(row: np.ndarray, names: list[str]) -> str:
@@ -159,7 +165,7 @@ def _gemm_tile(name: str, np_: int, kv: int, unroll: int) -> str:
                              body="\n".join(body), store="\n".join(store))
 
 
-_MAIN = r"""
+_HELPERS = r"""
 /* one (tile position, output vector tile) of a round of nt tiles, the input channels in
    passes of CC, so a pass's slice of U stays in L1 while every tile group uses it */
 static void gemm_row(const float *U, const float *V, float *Mb, int pos, int kt, int nt) {{
@@ -182,6 +188,10 @@ INLINE void tile_at(int g, int *n, int *ty, int *tx) {{
     *tx = g % TW; g /= TW; *ty = g % TH; *n = g / TH;
 }}
 
+"""
+
+# Phases shared by the threads: each phase of a round work-shared, a barrier after each
+_MAIN = r"""
 void wpk_winograd_conv(const float *x, const float *U, const float *bias, const float *sum,
                        float *y, float *scratch) {{
     float *V = scratch, *Mb = scratch + (size_t)T2 * VPS;
@@ -213,6 +223,46 @@ void wpk_winograd_conv(const float *x, const float *U, const float *bias, const 
 }}
 """
 
+# `local` rounds: each round on one thread, V and M in that thread's slice of the scratch,
+# so no thread reads what another wrote (two vCPUs on different last-level caches make every
+# such read slow: the VM's slow stretches, README); the rounds handed out one at a time
+_MAIN_LOCAL = r"""
+int omp_get_thread_num(void);
+int omp_get_max_threads(void);
+
+void wpk_winograd_conv(const float *x, const float *U, const float *bias, const float *sum,
+                       float *y, float *scratch) {{
+    const int most = omp_get_max_threads() < MAXT ? omp_get_max_threads() : MAXT;
+    #pragma omp parallel num_threads(most)
+    {{
+        float *V = scratch + (size_t)omp_get_thread_num() * SLICE;
+        float *Mb = V + (size_t)T2 * VPS;
+        #pragma omp for schedule(dynamic, 1)
+        for (int r0 = 0; r0 < TILES; r0 += TB) {{
+            const int nt = TILES - r0 < TB ? TILES - r0 : TB;
+            for (int q = 0; q < nt * CB; ++q) {{
+                int i = q / CB, cb = q % CB, n, ty, tx;
+                tile_at(r0 + i, &n, &ty, &tx);
+                int ih0 = ty * M - PT, iw0 = tx * M - PL;
+                if (ih0 >= 0 && ih0 + T <= H && iw0 >= 0 && iw0 + T <= W)
+                    input_tile(x, V, n, ty, tx, i, cb, 0);
+                else
+                    input_tile(x, V, n, ty, tx, i, cb, 1);
+            }}
+            for (int q = 0; q < T2 * KT; ++q) gemm_row(U, V, Mb, q / KT, q % KT, nt);
+            for (int q = 0; q < nt * KVEC; ++q) {{
+                int i = q / KVEC, v = q % KVEC, n, ty, tx;
+                tile_at(r0 + i, &n, &ty, &tx);
+                if ((ty + 1) * M <= OH && (tx + 1) * M <= OW)
+                    output_tile(Mb, bias, sum, y, n, ty, tx, i, v, 0);
+                else
+                    output_tile(Mb, bias, sum, y, n, ty, tx, i, v, 1);
+            }}
+        }}
+    }}
+}}
+"""
+
 
 # Floats between the tile positions' slices of V and M beyond the round's data: a cache line,
 # so the (m+2)^2 vectors a transform stores or loads do not all fall in one L1 set (the
@@ -226,7 +276,13 @@ def round_tiles(g: ConvGeometry, config: Mapping) -> int:
 
 
 def winograd_scratch_floats(g: ConvGeometry, config: Mapping) -> int:
-    """Floats of the scratch buffer a call needs: V and M of one round."""
+    """Floats of the scratch buffer a call needs: V and M of one round (of one round per
+    thread, `LOCAL_THREADS` slices, with `local`)."""
+    return _slice_floats(g, config) * (LOCAL_THREADS if is_local(config) else 1)
+
+
+def _slice_floats(g: ConvGeometry, config: Mapping) -> int:
+    """Floats of V and M of one round."""
     lanes, kv, m = ISAS[str(config["isa"])].lanes, int(config["kv"]), int(config["m"])
     kp = -(-g.out_vectors(lanes) // kv) * kv * lanes
     tb = round_tiles(g, config)
@@ -269,5 +325,9 @@ def winograd_source(g: ConvGeometry, config: Mapping) -> str:
         parts.append(_gemm_tile(f"rest{np_}", np_, kv, unroll))
         cases.append(f"        case {np_}: gemm_rest{np_}(u, v + (size_t)i * CP, "
                      f"mo + (size_t)i * KP, c0, c1); break;")
-    parts.append(_MAIN.format(cases="\n".join(cases)))
+    if is_local(config):
+        parts.insert(1, f"#define MAXT {LOCAL_THREADS}\n"
+                        f"#define SLICE {_slice_floats(g, config)}\n")
+    parts.append(_HELPERS.format(cases="\n".join(cases)))
+    parts.append((_MAIN_LOCAL if is_local(config) else _MAIN).format())
     return "".join(parts)
