@@ -180,3 +180,23 @@ def test_time_builds_times_an_empty_and_a_warm_compile_cache(scripts_on_path, tm
     assert [r["jobs"] for r in rows] == [1, 2]
     assert all(r["empty_cache_s"] > 0 and r["warm_cache_s"] > 0 for r in rows)
     assert os.environ["WPK_CACHE_DIR"] == cache_dir     # the caller's cache is back
+
+
+def test_bench_conv_schedules_times_both_winograd_rounds_and_dilated_convs(scripts_on_path,
+                                                                          tmp_path):
+    """One conv of each part, one round: every contender timed, ratios against the faster
+    onnxruntime pool, the JSON written."""
+    import json
+
+    import bench_conv_schedules
+
+    out = tmp_path / "schedules.json"
+    assert bench_conv_schedules.main(["--limit", "1", "--rounds", "1", "--repeat", "1",
+                                      "--output", str(out)]) == 0
+    parts = json.loads(out.read_text())["parts"]
+    (winograd,), (dilated,) = parts["winograd rounds"], parts["dilated direct"]
+    assert {"m2 local", "m2 shared", "m4 local", "m4 shared", "onnxruntime"} == set(winograd["us"])
+    assert set(dilated["us"]) == {"direct", "onnxruntime"} and "d6" in dilated["conv"]
+    for row in (winograd, dilated):
+        for name, ratio in row["onnxruntime_over"].items():
+            assert ratio == pytest.approx(row["us"]["onnxruntime"] / row["us"][name], rel=1e-2)
