@@ -188,6 +188,29 @@ INLINE void tile_at(int g, int *n, int *ty, int *tx) {{
     *tx = g % TW; g /= TW; *ty = g % TH; *n = g / TH;
 }}
 
+/* item q of a round's input transform: tile q / CB of the round starting at tile r0, input
+   block q % CB (tiles reaching outside the image check their pixels) */
+INLINE void transform_in(const float *x, float *V, int r0, int q) {{
+    int i = q / CB, cb = q % CB, n, ty, tx;
+    tile_at(r0 + i, &n, &ty, &tx);
+    int ih0 = ty * M - PT, iw0 = tx * M - PL;
+    if (ih0 >= 0 && ih0 + T <= H && iw0 >= 0 && iw0 + T <= W)
+        input_tile(x, V, n, ty, tx, i, cb, 0);
+    else
+        input_tile(x, V, n, ty, tx, i, cb, 1);
+}}
+
+/* item q of a round's output transform: tile q / KVEC, output vector q % KVEC */
+INLINE void transform_out(const float *Mb, const float *bias, const float *sum, float *y,
+                          int r0, int q) {{
+    int i = q / KVEC, v = q % KVEC, n, ty, tx;
+    tile_at(r0 + i, &n, &ty, &tx);
+    if ((ty + 1) * M <= OH && (tx + 1) * M <= OW)
+        output_tile(Mb, bias, sum, y, n, ty, tx, i, v, 0);
+    else
+        output_tile(Mb, bias, sum, y, n, ty, tx, i, v, 1);
+}}
+
 """
 
 # Phases shared by the threads: each phase of a round work-shared, a barrier after each
@@ -199,26 +222,11 @@ void wpk_winograd_conv(const float *x, const float *U, const float *bias, const 
     for (int r0 = 0; r0 < TILES; r0 += TB) {{
         const int nt = TILES - r0 < TB ? TILES - r0 : TB;
         #pragma omp for schedule(dynamic, 8)
-        for (int q = 0; q < nt * CB; ++q) {{
-            int i = q / CB, cb = q % CB, n, ty, tx;
-            tile_at(r0 + i, &n, &ty, &tx);
-            int ih0 = ty * M - PT, iw0 = tx * M - PL;
-            if (ih0 >= 0 && ih0 + T <= H && iw0 >= 0 && iw0 + T <= W)
-                input_tile(x, V, n, ty, tx, i, cb, 0);
-            else
-                input_tile(x, V, n, ty, tx, i, cb, 1);
-        }}
+        for (int q = 0; q < nt * CB; ++q) transform_in(x, V, r0, q);
         #pragma omp for schedule(dynamic, 1)
         for (int q = 0; q < T2 * KT; ++q) gemm_row(U, V, Mb, q / KT, q % KT, nt);
         #pragma omp for schedule(dynamic, 8)
-        for (int q = 0; q < nt * KVEC; ++q) {{
-            int i = q / KVEC, v = q % KVEC, n, ty, tx;
-            tile_at(r0 + i, &n, &ty, &tx);
-            if ((ty + 1) * M <= OH && (tx + 1) * M <= OW)
-                output_tile(Mb, bias, sum, y, n, ty, tx, i, v, 0);
-            else
-                output_tile(Mb, bias, sum, y, n, ty, tx, i, v, 1);
-        }}
+        for (int q = 0; q < nt * KVEC; ++q) transform_out(Mb, bias, sum, y, r0, q);
     }}
 }}
 """
@@ -240,24 +248,9 @@ void wpk_winograd_conv(const float *x, const float *U, const float *bias, const 
         #pragma omp for schedule(dynamic, 1)
         for (int r0 = 0; r0 < TILES; r0 += TB) {{
             const int nt = TILES - r0 < TB ? TILES - r0 : TB;
-            for (int q = 0; q < nt * CB; ++q) {{
-                int i = q / CB, cb = q % CB, n, ty, tx;
-                tile_at(r0 + i, &n, &ty, &tx);
-                int ih0 = ty * M - PT, iw0 = tx * M - PL;
-                if (ih0 >= 0 && ih0 + T <= H && iw0 >= 0 && iw0 + T <= W)
-                    input_tile(x, V, n, ty, tx, i, cb, 0);
-                else
-                    input_tile(x, V, n, ty, tx, i, cb, 1);
-            }}
+            for (int q = 0; q < nt * CB; ++q) transform_in(x, V, r0, q);
             for (int q = 0; q < T2 * KT; ++q) gemm_row(U, V, Mb, q / KT, q % KT, nt);
-            for (int q = 0; q < nt * KVEC; ++q) {{
-                int i = q / KVEC, v = q % KVEC, n, ty, tx;
-                tile_at(r0 + i, &n, &ty, &tx);
-                if ((ty + 1) * M <= OH && (tx + 1) * M <= OW)
-                    output_tile(Mb, bias, sum, y, n, ty, tx, i, v, 0);
-                else
-                    output_tile(Mb, bias, sum, y, n, ty, tx, i, v, 1);
-            }}
+            for (int q = 0; q < nt * KVEC; ++q) transform_out(Mb, bias, sum, y, r0, q);
         }}
     }}
 }}
