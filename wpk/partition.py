@@ -46,11 +46,15 @@ The summary (`report["partition"]`) gives the times, the ratio, the winner
 (`winner`: wpk or onnxruntime; `plan`: which of wpk's) and why, and for every
 wpk step outside onnxruntime's regions (`boundaries`) what it saves against
 the best candidate onnxruntime runs in a region, next to what leaving the
-region costs (about one session call).
+region costs (about one session call). `unsteady` says the confirmation's ratio and the
+first stage's differ by more than `unsteady` (10%): the machine's speed changed while the
+check ran (a shared VM's slow stretch), and `wpk report` says a quieter build may choose
+otherwise.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -83,6 +87,7 @@ class PartitionOptions:
     tolerance: float = 1e-4    # relative L2 between the two plans' outputs
     max_seconds: float = 20.0  # stop adding blocks after this long (each stage)
     confirm_blocks: int = 8    # rounds of wpk's fastest plan against the whole model alone
+    unsteady: float = 0.10     # stages whose ratios differ by more: the machine's speed changed
     call_s: float = 20e-6      # what a step outside onnxruntime's regions costs: a call
 
 
@@ -271,6 +276,8 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     summary.update(winner=winner, ratio=ratio, plan=PLAN_NAMES[variant],
                    rounds_won=won, rounds=rounds, selection_ratio=selection_ratio,
                    confirmed=confirmed,
+                   unsteady=confirmed and abs(math.log(ratio / selection_ratio))
+                   > math.log1p(options.unsteady),
                    wpk_median_s=statistics.median(decisive[WPK]),
                    onnxruntime_median_s=statistics.median(decisive[ONNXRUNTIME]),
                    medians_s={PLAN_NAMES.get(name, name): t for name, t in medians.items()},

@@ -194,6 +194,23 @@ def test_the_fastest_plan_is_confirmed_against_onnxruntime_alone(monkeypatch, se
         {"partition": summary})[0]
 
 
+@pytest.mark.parametrize("selection, confirmation, unsteady", [
+    ((0.87,) * 4, (1.05,) * 4, True),    # DeepLab's build in a slow stretch: 0.87x, 1.05x
+    ((0.60,) * 4, (0.80,) * 4, True),    # both ahead, a third apart
+    ((0.85,) * 4, (0.90,) * 4, False),   # the usual flattery of the fastest plan
+])
+def test_stages_that_disagree_by_more_than_a_tenth_are_reported_unsteady(
+        monkeypatch, selection, confirmation, unsteady):
+    per_op, whole = _tiny_plans()
+    _stages(monkeypatch, selection, confirmation)
+    _, summary = choose_partition(per_op, whole, PartitionOptions(runs=2))
+    assert summary["unsteady"] is unsteady
+    from wpk.commands.render import partition_lines
+    lines = partition_lines({"partition": summary})
+    assert (len(lines) == 2 and "speed changed" in lines[1]
+            and f"{np.median(selection):.2f}x among all plans" in lines[1]) == unsteady
+
+
 @pytest.mark.parametrize("extension, winner, won", [
     ((0.90, 0.90, 0.90, 0.90), WPK, 6),          # 2 of 4, then 4 of 4: 6 of 8
     ((0.90, 1.10, 0.90, 0.90), ONNXRUNTIME, 5),  # 2 + 3: 5 of 8, short of 3 in 4

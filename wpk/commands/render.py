@@ -172,9 +172,15 @@ def partition_lines(report: Mapping) -> list[str]:
     if partition.get("confirmed"):
         rounds += (f" of the confirmation against onnxruntime alone; "
                    f"{partition['selection_ratio']:.2f}x among all of wpk's plans")
-    return [f"end to end: wpk's plan {format_time(partition['wpk_median_s'])}, onnxruntime "
-            f"{format_time(partition['onnxruntime_median_s'])} "
-            f"({partition['ratio']:.2f}x{rounds}): the plan is {plan}"]
+    lines = [f"end to end: wpk's plan {format_time(partition['wpk_median_s'])}, onnxruntime "
+             f"{format_time(partition['onnxruntime_median_s'])} "
+             f"({partition['ratio']:.2f}x{rounds}): the plan is {plan}"]
+    if partition.get("unsteady"):
+        lines.append(f"note: the check's two stages disagree ({partition['selection_ratio']:.2f}x "
+                     f"among all plans, {partition['ratio']:.2f}x against onnxruntime alone): "
+                     "the machine's speed changed while it ran; a build on a quieter machine "
+                     "may choose otherwise")
+    return lines
 
 
 def search_lines(report: Mapping) -> list[str]:
