@@ -7,6 +7,7 @@ marked as a fallback in reports.
 from __future__ import annotations
 
 from wpk.core.errors import WpkError
+from wpk.core.op_checks import op_problem
 from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
 from wpk.kernels.cpu.attention_spec import ATTENTION_OP, attention_reason
 from wpk.kernels.cpu.inverted_residual_spec import IR_OP, inverted_residual_reason
@@ -129,18 +130,14 @@ def _nchwc_reason(workload: Workload) -> str | None:
 
 
 def _blocked_depth_to_space_reason(workload: Workload) -> str | None:
-    """A blocked DepthToSpace: r^2 * channels real input channels, mode DCR or CRD, the
-    NCHW output r times the input's height and width."""
-    r, channels = workload.attr("blocksize"), workload.attr("channels")
-    x, y = workload.inputs[0].shape, workload.outputs[0].shape
+    """A blocked DepthToSpace: mode DCR or CRD, and the shapes its blocksize gives
+    (`op_checks`: r^2 * channels input channels, an NCHW output r times the input's size)."""
     if workload.text_attr("mode", "DCR") not in ("DCR", "CRD"):
         return "DepthToSpace mode must be DCR or CRD"
-    if not isinstance(r, int) or not isinstance(channels, int) or r < 1 or channels < 1 \
-            or len(x) != 5 or len(y) != 4 or x[1] * x[4] < channels * r * r \
-            or tuple(y) != (x[0], channels, x[2] * r, x[3] * r):
-        return "a blocked DepthToSpace needs r^2 * channels input channels and an NCHW " \
-               "output r times the input's size"
-    return None
+    problem = op_problem(workload)
+    return None if problem is None else \
+        f"a blocked DepthToSpace needs r^2 * channels input channels and an NCHW output r " \
+        f"times the input's size: {problem}"
 
 
 def _resize_reason(workload: Workload) -> str | None:

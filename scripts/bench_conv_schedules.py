@@ -89,26 +89,12 @@ def contenders(conv: Conv, work, consts) -> dict:
         return {"direct": MICRO_NCHWC.prepare(work, consts, MICRO_NCHWC.configs(work)[0])}
     g, found = conv_geometry(work), {}
     for m in (2, 4):
-        for local in (0, 1):
-            config = dict(default_config(g, m=m), local=local)
-            if local != default_config(g, m=m)["local"]:   # the tile count of its own kind
-                config["tb"] = _round_tiles(g, m, local)
+        for local in (False, True):   # each with the tiles per round of its own kind
+            config = default_config(g, m=m, local=local)
             if config_reason(g, config) is None:
                 found[f"m{m} {'local' if local else 'shared'}"] = MICRO_WINOGRAD.prepare(
                     work, consts, config)
     return found
-
-
-def _round_tiles(g, m: int, local: int) -> int:
-    """The tiles per round the default config would take for this `local`."""
-    from wpk.kernels.cpu.microkernels import winograd_space as space
-
-    saved = space.LOCAL_FILTER_BYTES
-    space.LOCAL_FILTER_BYTES = (1 << 62) if local else -1
-    try:
-        return space.default_config(g, m=m)["tb"]
-    finally:
-        space.LOCAL_FILTER_BYTES = saved
 
 
 def bench(conv: Conv, threads: int, rounds: int, repeat: int, rng) -> dict:

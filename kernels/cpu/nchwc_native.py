@@ -63,8 +63,7 @@ OPS = ("ChannelSlice", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool", "
 
 # params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel;
 # the output rows of every plane over OpenMP threads when the input has at least PAR_MIN
-# floats (ResNet's 64x112x112 pool: a plane per thread would leave one of 2 threads idle
-# with an odd number of blocks)
+# floats (ResNet's stem pool has only 4 planes of 16 channels: rows balance any thread count)
 _MAXPOOL_SOURCE = r"""
 #include <stdint.h>
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.passes.base import GraphPass, add_constant
+from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN
 
-NCHWC_DOMAIN = "wpk.nchwc"
 MIN_PHASE_SIDE = 4
 TO_PHASES = (3, 5, 0, 1, 2, 4, 6)     # (N, C, H/d, d, W/d, d, b) -> (d, d, N, C, H/d, W/d, b)
 FROM_PHASES = (2, 3, 4, 0, 5, 1, 6)   # the inverse

@@ -210,20 +210,21 @@ def _default_kv(g: ConvGeometry, isa: Isa) -> int:
     return max(k for k in (1, 2, 3, 4)[: 4 if isa.registers >= 32 else 2] if vectors % k == 0)
 
 
-def default_config(g: ConvGeometry, isa_name: str | None = None, m: int = 4) -> dict:
+def default_config(g: ConvGeometry, isa_name: str | None = None, m: int = 4,
+                   local: bool | None = None) -> dict:
     """A config of F(m, 3) at the widest usable ISA: the direct kernel's register tile
     (4 x 6 with 32 registers, 2 x 6 with 16), rounds of as many tiles (at most every tile)
     as keep their scratch within `ROUND_BYTES`: the fewer rounds, the fewer times the
     transformed filter is streamed through the cache; passes of as many input blocks as
     keep their slice of it within `PASS_BYTES`. A transformed filter of at most
-    `LOCAL_FILTER_BYTES` takes `local` rounds, each thread's scratch within its share of
-    `ROUND_BYTES` and at least two rounds a thread."""
+    `LOCAL_FILTER_BYTES` takes `local` rounds (or as `local` says), each thread's scratch
+    within its share of `ROUND_BYTES` and at least two rounds a thread."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if g.block % i.lanes == 0)
     kv, px = _default_kv(g, isa), 6
     per_tile = (m + 2) ** 2 * (g.cb + g.kb) * g.block * 4
     count = tiles(g, m)
-    local = int(filter_bytes(g, m) <= LOCAL_FILTER_BYTES)
+    local = int(filter_bytes(g, m) <= LOCAL_FILTER_BYTES if local is None else local)
     if local:   # at least two rounds a thread, each thread's scratch in its share
         tb = max([t for t in TB_CHOICES if t * 2 * LOCAL_THREADS <= max(count, 1)
                   and t * per_tile <= ROUND_BYTES // LOCAL_THREADS] or [TB_CHOICES[0]])
