@@ -169,18 +169,29 @@ def partition_lines(report: Mapping) -> list[str]:
             else wpk_plan_name(partition))
     rounds = (f", faster in {partition['rounds_won']} of {partition['rounds']} rounds"
               if "rounds" in partition else "")   # plans built before 2026-11-27 lack it
+    confirmations = partition.get("confirmations") or []  # plans before 2026-11-30 lack it
     if partition.get("confirmed"):
-        rounds += (f" of the confirmation against onnxruntime alone; "
-                   f"{partition['selection_ratio']:.2f}x among all of wpk's plans")
+        rounds += (f" of the {_confirmation_words(len(confirmations))} against onnxruntime "
+                   f"alone; {partition['selection_ratio']:.2f}x among all of wpk's plans")
     lines = [f"end to end: wpk's plan {format_time(partition['wpk_median_s'])}, onnxruntime "
              f"{format_time(partition['onnxruntime_median_s'])} "
              f"({partition['ratio']:.2f}x{rounds}): the plan is {plan}"]
+    if len(confirmations) > 1:
+        lines.append("note: the machine's speed changed while the check ran, so it confirmed "
+                     f"{len(confirmations)} times ("
+                     + ", ".join(f"{r:.2f}x" for r in confirmations)
+                     + "), all of them deciding")
     if partition.get("unsteady"):
-        lines.append(f"note: the check's two stages disagree ({partition['selection_ratio']:.2f}x "
-                     f"among all plans, {partition['ratio']:.2f}x against onnxruntime alone): "
-                     "the machine's speed changed while it ran; a build on a quieter machine "
-                     "may choose otherwise")
+        stages = [partition["selection_ratio"]] + confirmations
+        last = stages[-2:] if len(stages) > 1 else [stages[0], partition["ratio"]]
+        lines.append(f"note: the check's last two stages still disagree ({last[0]:.2f}x, "
+                     f"{last[1]:.2f}x): the machine's speed changed while it ran; a build on "
+                     "a quieter machine may choose otherwise")
     return lines
+
+
+def _confirmation_words(count: int) -> str:
+    return "confirmation" if count <= 1 else f"{count} confirmations"
 
 
 def search_lines(report: Mapping) -> list[str]:
