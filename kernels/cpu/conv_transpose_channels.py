@@ -32,6 +32,8 @@ from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER
 if TYPE_CHECKING:   # the geometry's module registers the implementation that uses this one
     from wpk.kernels.cpu.conv_transpose_native import TransposeGeometry
 
+IDENTITY = "INLINE vf act(vf v) { return v; }\n"   # no fused activation
+
 # A tile: one vector of output channels x up to MAX_NP positions. Measured on a DCGAN's
 # 512 -> 256 (4x4 input) and 256 -> 128 (8x8) layers, 2 threads, AVX-512 (2026-11-29):
 # 1 x 8 ran 315 and 321 us, 1 x 16 392 and 318, 2 x 8 441 and 447, 3 x 8 454 and 469,
@@ -165,7 +167,7 @@ def _phase(r: int, c: int, taps: list, base: int, kv: int, np_: int,
                   f"        float *out = y + (n * CO * OH + SH * {qp} + {r}) * OW"
                   f" + SW * {jp} + {c};"]
         for v in range(kv):
-            lines += [f"        vstore(lane, {acc[v][p]});",
+            lines += [f"        vstore(lane, act({acc[v][p]}));",
                       f"        for (int l = 0; l < VW && cot * TK + {v} * VW + l < CO; l++)",
                       f"            out[(cot * TK + {v} * VW + l) * OH * OW] = lane[l];"]
         lines.append("    }")
@@ -173,9 +175,11 @@ def _phase(r: int, c: int, taps: list, base: int, kv: int, np_: int,
     return "\n".join(lines)
 
 
-def channels_source(g: TransposeGeometry, kv: int, np_: int, lanes: int, par: bool) -> str:
+def channels_source(g: TransposeGeometry, kv: int, np_: int, lanes: int, par: bool,
+                    act: str = "") -> str:
     """The C source of `wpk_conv_transpose(x, packed W, bias, y, scratch)` vectorized over
-    output channels (`scratch` holds `scratch_floats(g)` floats, zero at first)."""
+    output channels (`scratch` holds `scratch_floats(g)` floats, zero at first), `act` the
+    C of its activation (`INLINE vf act(vf v)`; none: the identity)."""
     nq, nj = g.positions()
     top, left, height, width = borders(g)
     tk = kv * lanes
@@ -196,4 +200,4 @@ def channels_source(g: TransposeGeometry, kv: int, np_: int, lanes: int, par: bo
     body = _BODY.replace("PHASES", "\n\n".join(phases))
     return (VECTOR_HEADER.format(lanes=lanes)
             + "".join(f"#define {k} {v}\n" for k, v in defines.items())
-            + body.replace("CALLS", calls))
+            + (act or IDENTITY) + body.replace("CALLS", calls))

@@ -21,7 +21,10 @@ position (recomputing some of the one before). Input rows outside the image are 
 input columns outside it are read as zeros from a padded copy of the input (made in the
 same call; a kernel whose vectors never leave the input reads it directly). Small outputs
 run on the calling thread. The generated kernels' chain used to stop at onnxruntime's
-kernel; this one joins it.
+kernel; this one joins it. One fused activation (`transpose_activation`: those the conv
+micro-kernels apply, `templates.activation_lines`) is applied to every accumulator before
+it is stored, so DBNet's ReLU and Sigmoid and a DCGAN's ReLU and Tanh cost no pass of
+their own.
 """
 
 from __future__ import annotations
@@ -36,15 +39,18 @@ from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c_shared, load_function
 from wpk.kernels.cpu.conv_transpose_channels import (
+    IDENTITY,
     channels_source,
     pack_channel_weights,
     scratch_floats,
     tile_shape,
 )
 from wpk.kernels.cpu.microkernels.isa import usable_isas
-from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER
+from wpk.kernels.cpu.microkernels.space import step_activation
+from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER, activation_lines
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.cpu.window import conv_transpose_begin_pads
+from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
 # Outputs of at least this many floats, or products of at least this many multiply-adds
@@ -194,6 +200,7 @@ def _tile(g: TransposeGeometry, ct: int, lanes: int) -> str:
                 lines += [f"                          {fma}" for fma in fmas]
                 lines.append("                        }")
         lines += ["                    }", "                }"]
+    lines += [f"                a{t}_{r}_{c} = act(a{t}_{r}_{c});" for t, r, c in phases]
     lines += ["                const int64_t ox0 = SW * j0;",
               "                const int inside = ox0 + SW * VW <= OW;"]
     if g.sw == 2:
@@ -231,6 +238,26 @@ def _tile(g: TransposeGeometry, ct: int, lanes: int) -> str:
     return "\n".join(lines)
 
 
+def transpose_activation(workload: Workload) -> tuple[str | None, tuple[float, ...]] | str:
+    """The activation fused into the workload's epilogue as (name, parameters), (None, ())
+    without one, or why the C kernels cannot apply it: one activation the conv micro-kernels
+    apply too (the CPU's `epilogue_activation_conv_transpose` fuses no other)."""
+    steps = workload.epilogue
+    if not steps:
+        return None, ()
+    if len(steps) > 1 or steps[0].operand is not None or steps[0].op not in CONV_ACTIVATIONS:
+        return f"epilogue {[s.op for s in steps]} is not one activation"
+    return step_activation(steps[0])
+
+
+def activation_function(workload: Workload) -> str:
+    """C of `INLINE vf act(vf v)`: the workload's fused activation (the identity without
+    one), applied to every accumulator before it is stored."""
+    name, params = transpose_activation(workload)
+    return "\n".join(["INLINE vf act(vf v) {", *activation_lines(name, params),
+                      "    return v;", "}", ""])
+
+
 def conv_transpose_reason(workload: Workload) -> str | None:
     """None when `convtranspose.c` computes the workload, else why not."""
     if workload.op != "ConvTranspose" or workload.domain not in ("", "ai.onnx"):
@@ -241,8 +268,11 @@ def conv_transpose_reason(workload: Workload) -> str | None:
         return "a 2-d ConvTranspose of X and W"
     if any(s is not None and s.dtype != "float32" for s in (*inputs, *workload.outputs)):
         return "float32 only"
-    if workload.epilogue or len(workload.outputs) != 1:
-        return "no fused epilogue"
+    if len(workload.outputs) != 1:
+        return "one output"
+    activation = transpose_activation(workload)
+    if isinstance(activation, str):
+        return activation
     if 1 not in workload.const_inputs or (len(inputs) > 2 and inputs[2] is not None
                                           and 2 not in workload.const_inputs):
         return "W and B must be constants (packed once)"
@@ -279,8 +309,9 @@ def pack_weights(w: np.ndarray, ct: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(ci, tiles, ct, kh, kw).transpose(1, 0, 2, 3, 4))
 
 
-def conv_transpose_source(g: TransposeGeometry, ct: int, lanes: int) -> str:
-    """The C source of `wpk_conv_transpose(x, packed W, bias, y, scratch)` for `g`."""
+def conv_transpose_source(g: TransposeGeometry, ct: int, lanes: int, act: str = "") -> str:
+    """The C source of `wpk_conv_transpose(x, packed W, bias, y, scratch)` for `g`, `act`
+    the C of its activation (`activation_function`; none: the identity)."""
     nq, nj = g.positions()
     defines = dict(N=g.n, CI=g.ci, H=g.h, W=g.w, CO=g.co, KH=g.kh, KW=g.kw, SH=g.sh,
                    SW=g.sw, OH=g.oh, OW=g.ow, CT=ct, COT=-(-g.co // ct), VW=lanes, NQ=nq,
@@ -289,7 +320,7 @@ def conv_transpose_source(g: TransposeGeometry, ct: int, lanes: int) -> str:
                    PAR=int(g.parallel()))
     return (VECTOR_HEADER.format(lanes=lanes)
             + "".join(f"#define {k} {v}\n" for k, v in defines.items())
-            + _BODY.replace("TILE", _tile(g, ct, lanes)))
+            + (act or IDENTITY) + _BODY.replace("TILE", _tile(g, ct, lanes)))
 
 
 class ConvTransposeC(Implementation):
@@ -328,14 +359,15 @@ class ConvTransposeC(Implementation):
             packed = pack_channel_weights(weight, tile, g)
             # the zero borders of the input copy are written here, once; a call copies the rows
             scratch = np.zeros(scratch_floats(g), np.float32)
-            source = channels_source(g, kv, np_, isa.lanes, g.parallel())
+            source = channels_source(g, kv, np_, isa.lanes, g.parallel(),
+                                     activation_function(workload))
         else:
             tile = channel_tile(g.co, g.sh * g.sw, isa.registers)
             packed = pack_weights(weight, tile)
             # the padded input's zero columns are written here, once; a call copies the rows
             scratch = np.zeros(g.n * g.ci * g.h * g.row_stride(isa.lanes)
                                if g.padded(isa.lanes) else 1, np.float32)
-            source = conv_transpose_source(g, tile, isa.lanes)
+            source = conv_transpose_source(g, tile, isa.lanes, activation_function(workload))
         bias = np.zeros(packed.shape[0] * tile, np.float32)
         if 2 in consts and consts[2] is not None:
             bias[:g.co] = np.asarray(consts[2], np.float32).reshape(-1)

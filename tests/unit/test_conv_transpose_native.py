@@ -8,10 +8,12 @@ planner's choice of it in a model."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from wpk.core.workload import TensorSpec, Workload
+from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.cpu.conv_transpose_channels import (
     channels_source,
@@ -110,6 +112,46 @@ def test_matches_the_reference(name, along, rng):
     np.testing.assert_array_equal(y3, y)
 
 
+ACTIVATIONS = {
+    "relu": EpilogueStep("relu"), "sigmoid": EpilogueStep("sigmoid"),
+    "tanh": EpilogueStep("tanh"), "leaky_relu": EpilogueStep("leaky_relu", (("alpha", 0.2),)),
+    "clip": EpilogueStep("clip", (("max", 0.7), ("min", -0.3))),
+    "hard_swish": EpilogueStep("hard_swish"), "silu": EpilogueStep("silu"),
+    "gelu": EpilogueStep("gelu"),
+}
+
+
+@pytest.mark.parametrize("along", ALONG)
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("name", ["2x2, threads", "4x4 stride 2 pad 1, 4x4 input (DCGAN)",
+                                  "5x5 stride 3, asymmetric pads"])
+def test_applies_a_fused_activation_before_every_store(name, activation, along, rng):
+    """An activation in the epilogue (DBNet's ReLU and Sigmoid, a DCGAN's ReLU and Tanh)
+    is applied to every accumulator: both forms, three geometries, against the float64
+    reference of the ConvTranspose and its epilogue."""
+    workload = dataclasses.replace(CASES[name], epilogue=(ACTIVATIONS[activation],))
+    assert CT.unsupported_reason(workload) is None
+    inputs = _inputs(workload, rng)
+    kernel = CT.prepare(workload, {i: inputs[i] for i in workload.const_inputs},
+                        {"along": along})
+    y = np.full(workload.outputs[0].shape, np.nan, np.float32)
+    kernel(inputs, [y])
+    expected = reference(workload, [a.astype(np.float64) for a in inputs])[0]
+    plain = reference(CASES[name], [a.astype(np.float64) for a in inputs])[0]
+    assert not np.allclose(expected, plain)   # the activation changes the output
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("epilogue, why", [
+    ((EpilogueStep("relu"), EpilogueStep("tanh")), "not one activation"),
+    ((EpilogueStep("add", operand=3),), "not one activation"),
+    ((EpilogueStep("exp"),), "not one activation"),
+])
+def test_refuses_an_epilogue_other_than_one_activation(epilogue, why):
+    assert why in CT.unsupported_reason(dataclasses.replace(CASES["2x2, odd sizes"],
+                                                            epilogue=epilogue))
+
+
 def test_packs_a_units_weights_in_reading_order():
     w = np.arange(2 * 5 * 2 * 2, dtype=np.float32).reshape(2, 5, 2, 2)
     packed = pack_weights(w, 3)    # 5 output channels in tiles of 3: one padded tile
@@ -189,6 +231,7 @@ def test_a_build_verifies_and_measures_it_next_to_onnxruntime(kernel, pads, rng,
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     plan = wpk.build(model, target="cpu", progress=False, partition=False)
     (entry,) = [w for w in plan.report["workloads"] if w["op"] == "ConvTranspose"]
+    assert entry["label"].endswith("+relu") and len(plan.steps) == 1   # ReLU in its stores
     ours = next(c for c in entry["candidates"] if c["impl"] == "convtranspose.c")
     assert ours["status"] == "ok" and ours["rel_l2_error"] < 1e-5
     assert any(c["impl"] == "ort" and c["status"] == "ok" for c in entry["candidates"])

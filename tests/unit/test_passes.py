@@ -622,6 +622,41 @@ def test_channel_layer_norm_on_the_cpu(case, rng):
     assert "LayerNormalization" not in optimize(graph, target="cuda")[0].op_counts()
 
 
+def conv_transpose_case(tail: list[str], second_reader: bool = False):
+    """ConvTranspose (2x2, stride 2) and the ops of `tail` after it, one after the other;
+    with `second_reader` its output is also a graph output."""
+    def case(rng):
+        nodes = [h.make_node("ConvTranspose", ["x", "w", "b"], ["t0"], kernel_shape=[2, 2],
+                             strides=[2, 2])]
+        nodes += [h.make_node(op, [f"t{k}"], [f"t{k + 1}"]) for k, op in enumerate(tail)]
+        outputs = {f"t{len(tail)}": 4, **({"t0": 4} if second_reader else {})}
+        return build(nodes, {"x": [1, 3, 5, 6]}, outputs,
+                     {"w": weights(rng, 3, 4, 2, 2), "b": weights(rng, 4)})
+    return case
+
+
+@pytest.mark.parametrize("tail, second_reader, fused", [
+    (["Relu"], False, ["relu"]),              # DBNet's head after the folded BN
+    (["Sigmoid"], False, ["sigmoid"]),        # DBNet's probability map
+    (["Tanh"], False, ["tanh"]),              # a DCGAN's image
+    (["Relu"], True, []),                     # the raw output is read too
+    (["Exp"], False, []),                     # no vector form in the C kernels
+    (["Relu", "Exp"], False, []),             # a chain of two: one Elementwise node
+])
+def test_conv_transpose_activation_on_the_cpu(tail, second_reader, fused, rng):
+    """Rule `epilogue_activation_conv_transpose` (CPU only) moves one activation the C
+    kernels apply into a ConvTranspose's epilogue; not a chain, not a shared output, not
+    on CUDA; the graph computes what it did."""
+    graph = conv_transpose_case(tail, second_reader)(rng)
+    optimized, report = optimize(graph, target="cpu")
+    (node,) = [n for n in optimized.nodes if n.op == "ConvTranspose"]
+    assert [step.op for step in node.epilogue] == fused
+    assert report.rules["epilogue_activation_conv_transpose"] == len(fused)
+    assert_equivalent(graph, optimized, rng)
+    (gpu,) = [n for n in optimize(graph, target="cuda")[0].nodes if n.op == "ConvTranspose"]
+    assert not gpu.epilogue
+
+
 def test_every_rule_is_documented_and_reported(rng):
     graph, _, _ = case_conv_bn_relu(rng)
     _, report = optimize(graph, target=TARGET)

@@ -41,6 +41,7 @@ from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import (
     CHAIN_RULES,
     CHANNEL_NORM_RULES,
+    CONV_TRANSPOSE_EPILOGUE_RULES,
     EPILOGUE_RULES,
     LINEAR_RULES,
     PATTERN_RULES,
@@ -97,6 +98,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(lambda: FusionPass("elementwise_fusion", CHAIN_RULES)),
     PipelineEntry(ActivationChains),
     PipelineEntry(lambda: FusionPass("epilogue_fusion", EPILOGUE_RULES)),
+    PipelineEntry(lambda: FusionPass("conv_transpose_epilogue", CONV_TRANSPOSE_EPILOGUE_RULES),
+                  targets=frozenset({"cpu"})),
     PipelineEntry(DeadNodeElimination),
     # target-specific passes go last
     PipelineEntry(NchwcLayout, targets=frozenset({"cpu"})),

@@ -17,6 +17,7 @@ import numpy as np
 
 from wpk.core.graph import Node
 from wpk.core.workload import EpilogueStep
+from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 from wpk.passes.base import FLOAT_DTYPES, add_constant
 from wpk.passes.elementwise import (
     Chain,
@@ -445,4 +446,24 @@ EPILOGUE_RULES = (
           "Conv/Gemm/MatMul -> steps with constant operands (N-D MatMul bias)"),
 )
 
-__all__ = ["CHAIN_RULES", "EPILOGUE_RULES", "LINEAR_RULES", "PATTERN_RULES", "RMS_NORM_RULES"]
+
+
+def _match_transpose_activation(ctx: FusionContext, node: Node):
+    """ConvTranspose -> one activation the C kernels apply in their stores (a BN folded
+    into it first: DBNet's head, a DCGAN's layers)."""
+    found = _match_epilogue("activation")(ctx, node)
+    if found is None or not _plain(node):
+        return None
+    _, chain = found
+    return found if len(chain) == 1 and chain[0][0].op in CONV_ACTIVATIONS else None
+
+
+# CPU only: the CPU's ConvTranspose kernels (convtranspose.c, onnxruntime's node and its
+# activation in one session, the DSL's) apply it; the CUDA ones have not been given it
+CONV_TRANSPOSE_EPILOGUE_RULES = (
+    _rule("epilogue_activation_conv_transpose", {"ConvTranspose"}, _match_transpose_activation,
+          _rewrite_epilogue, "ConvTranspose -> one activation: into the epilogue"),
+)
+
+__all__ = ["CHAIN_RULES", "CONV_TRANSPOSE_EPILOGUE_RULES", "EPILOGUE_RULES", "LINEAR_RULES",
+           "PATTERN_RULES", "RMS_NORM_RULES"]

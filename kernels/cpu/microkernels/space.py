@@ -130,7 +130,10 @@ class ConvGeometry:
         return self.in_channels // self.in_block if self.groups > 1 else self.cb
 
 
-def _activation(step) -> tuple[str | None, tuple[float, ...]] | str:
+def step_activation(step) -> tuple[str | None, tuple[float, ...]] | str:
+    """(name, parameters) of the activation epilogue step `step` as the vector kernels'
+    `templates.activation_lines` take it ((None, ()) for no step), or why it has no
+    vector form."""
     if step is None:
         return None, ()
     if step.op in VECTOR_ACTIVATIONS:
@@ -172,7 +175,7 @@ def conv_geometry(workload: Workload, nchw_input: bool = False) -> ConvGeometry 
     if isinstance(form, str):
         return form
     sum_index, step = form
-    act = _activation(step)
+    act = step_activation(step)
     if isinstance(act, str):
         return act
     found = pads_2d(logical_workload(workload), tuple(wt.shape[2:]))

@@ -77,33 +77,40 @@ INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
 """ + VECTOR_FUNCTIONS
 
 
+def activation_lines(act: str | None, params: tuple[float, ...]) -> list[str]:
+    """C statements applying activation `act` (a name of `space.ACTIVATIONS` or of
+    `space.VECTOR_ACTIVATIONS`' values; None: none) with `params` to the vector `v`."""
+    p = [c_float(value) for value in params]
+    if act == "Relu":
+        return ["    v = vmax(v, vsplat(0.0f));"]
+    if act == "Clip":
+        return [f"    v = vmin(vmax(v, vsplat({p[0]})), vsplat({p[1]}));"]
+    if act == "LeakyRelu":
+        return [f"    v = vsel(v > 0.0f, v, v * {p[0]});"]
+    if act == "HardSigmoid":
+        return [f"    v = vmin(vmax(v * {p[0]} + {p[1]}, vsplat(0.0f)), vsplat(1.0f));"]
+    if act == "Silu":
+        return ["    v = v * vsigmoid(v);"]
+    if act == "HardSwish":
+        return ["    v = v * vmin(vmax(v * (1.0f / 6.0f) + 0.5f, vsplat(0.0f)), vsplat(1.0f));"]
+    if act == "Gelu":   # erf's: x (1 + erf(x / sqrt 2)) / 2
+        return ["    v = v * (verf(v * 0.70710678118654752f) * 0.5f + 0.5f);"]
+    if act == "Sigmoid":   # NaN stays NaN (vsigmoid's clamp would make it 0)
+        return ["    v = vsel(v != v, v, vsigmoid(v));"]
+    if act == "Tanh":
+        return ["    v = vtanh(v);"]
+    if act is None:
+        return []
+    raise ValueError(f"no vector form of activation {act!r}")
+
+
 def _epilogue(g: ConvGeometry) -> str:
     """`INLINE vf epilogue(vf v, const float *sum, float *y)`: residual add, activation,
     store, every activation on the vectors."""
     lines = ["INLINE void epilogue(vf v, const float *sum, float *y) {"]
     if g.sum_index is not None:
         lines.append("    v += vload(sum);")
-    p = [c_float(v) for v in g.activation_params]
-    act = g.activation
-    if act == "Relu":
-        lines.append("    v = vmax(v, vsplat(0.0f));")
-    elif act == "Clip":
-        lines.append(f"    v = vmin(vmax(v, vsplat({p[0]})), vsplat({p[1]}));")
-    elif act == "LeakyRelu":
-        lines.append(f"    v = vsel(v > 0.0f, v, v * {p[0]});")
-    elif act == "HardSigmoid":
-        lines.append(f"    v = vmin(vmax(v * {p[0]} + {p[1]}, vsplat(0.0f)), vsplat(1.0f));")
-    elif act == "Silu":
-        lines.append("    v = v * vsigmoid(v);")
-    elif act == "HardSwish":
-        lines.append("    v = v * vmin(vmax(v * (1.0f / 6.0f) + 0.5f, vsplat(0.0f)), "
-                     "vsplat(1.0f));")
-    elif act == "Gelu":   # erf's: x (1 + erf(x / sqrt 2)) / 2
-        lines.append("    v = v * (verf(v * 0.70710678118654752f) * 0.5f + 0.5f);")
-    elif act == "Sigmoid":   # NaN stays NaN (vsigmoid's clamp would make it 0)
-        lines.append("    v = vsel(v != v, v, vsigmoid(v));")
-    elif act == "Tanh":
-        lines.append("    v = vtanh(v);")
+    lines += activation_lines(g.activation, g.activation_params)
     lines.append("    vstore(y, v);")
     lines.append("}")
     return "\n".join(lines) + "\n"
