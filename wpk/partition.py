@@ -149,20 +149,21 @@ def disagree(first: float, second: float, unsteady: float) -> bool:
 
 def steady_confirmation(plan: Session, whole_model: Session, feeds: dict,
                         options: PartitionOptions, selection_ratio: float
-                        ) -> tuple[dict[str, list[float]], list[float]]:
-    """The pooled times of `confirm`'s rounds and each confirmation's ratio: one, and while
-    the last one disagrees with the stage before it (see `disagree`), after a `settle_s`
-    pause up to `remeasure` more."""
+                        ) -> tuple[dict[str, list[float]], list[float], bool]:
+    """The pooled times of one or more `confirm`s, each one's ratio, and whether the last
+    two stages still disagree: while a confirmation disagrees with the stage before it
+    (see `disagree`), another one after a `settle_s` pause, up to `remeasure` more."""
     pooled: dict[str, list[float]] = {WPK: [], ONNXRUNTIME: []}
-    ratios = [selection_ratio]
-    while len(ratios) == 1 or (disagree(ratios[-2], ratios[-1], options.unsteady)
-                               and len(ratios) <= options.remeasure + 1):
-        if len(ratios) > 1:
+    stages = [selection_ratio]
+    for attempt in range(1 + options.remeasure):
+        if attempt:
+            if not disagree(stages[-2], stages[-1], options.unsteady):
+                break
             time.sleep(options.settle_s)
         times = confirm(plan, whole_model, feeds, options)
-        ratios.append(statistics.median(times[WPK]) / statistics.median(times[ONNXRUNTIME]))
+        stages.append(statistics.median(times[WPK]) / statistics.median(times[ONNXRUNTIME]))
         pooled = {name: pooled[name] + times[name] for name in pooled}
-    return pooled, ratios[1:]
+    return pooled, stages[1:], disagree(stages[-2], stages[-1], options.unsteady)
 
 
 def agreement(wpk_session: Session, ort_session: Session, feeds: dict) -> float:
@@ -298,8 +299,9 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     selection_ratio = medians[variant] / medians[ONNXRUNTIME]
     confirmed = selection_ratio <= 1 - options.margin and options.confirm_blocks > 0
     confirmations: list[float] = []
+    unsteady = False
     if confirmed:
-        decisive, confirmations = steady_confirmation(
+        decisive, confirmations, unsteady = steady_confirmation(
             sessions[variant], sessions[ONNXRUNTIME], feeds, options, selection_ratio)
         summary["method"] += (f"; wpk's fastest plan then again against onnxruntime alone, "
                               f"{options.confirm_blocks} rounds (twice that when the median "
@@ -310,10 +312,7 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
                                         options.win_share)
     summary.update(winner=winner, ratio=ratio, plan=PLAN_NAMES[variant],
                    rounds_won=won, rounds=rounds, selection_ratio=selection_ratio,
-                   confirmed=confirmed, confirmations=confirmations,
-                   unsteady=disagree(([selection_ratio] + confirmations)[-2],
-                                     confirmations[-1], options.unsteady)
-                   if confirmations else False,
+                   confirmed=confirmed, confirmations=confirmations, unsteady=unsteady,
                    wpk_median_s=statistics.median(decisive[WPK]),
                    onnxruntime_median_s=statistics.median(decisive[ONNXRUNTIME]),
                    medians_s={PLAN_NAMES.get(name, name): t for name, t in medians.items()},
