@@ -8,7 +8,9 @@ same bytes from the same strided source into the same destination on every run. 
 copy is described once as a table of int64s (addresses, shape, strides in bytes) and
 executed by `wpk_moves(table)`, a plain C strided copy; the table is the step's only
 argument. Dimensions that are contiguous in both source and destination merge first, so
-a Reshape is one `memcpy` and a head transpose one `memcpy` per row.
+a Reshape is one `memcpy` and a head transpose one `memcpy` per row; short rows (a
+blocked layout's 64-byte block) are inline copies, and a move of `PAR_BYTES` or more
+shares its rows out to the OpenMP threads.
 """
 
 from __future__ import annotations
@@ -20,27 +22,57 @@ from functools import cache
 import numpy as np
 
 from wpk.core.errors import ToolchainError
-from wpk.dsl import toolchain
+from wpk.dsl import build, toolchain
 from wpk.kernels.cpu.native_chain import NativeCall, function_address
 
 MAX_RANK = 8   # dims of one move after merging (ONNX tensors have few)
 
+# Moves of at least this many bytes run on the OpenMP threads, each a share of the rows
+# (measured, 2 threads, 2026-11-29: DeepLab's 4 MB phase transposes 310 -> 110 us, a
+# ViT's 0.6 MB head transpose 20 -> 9 us, an SVTR's 0.3 MB one 11 -> 5 us)
+PAR_BYTES = 1 << 17
+
 _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
+#include <omp.h>
 
-/* One move: src, dst (addresses), rank, item (bytes), shape[rank], src strides[rank],
-   dst strides[rank] (bytes); the last dim innermost. */
-static void move_one(const int64_t *m) {
+/* one contiguous run; the common short ones (a blocked layout's 64-byte block, a head's
+   row) as inline copies, not a libc call each */
+static inline void copy_run(char *dst, const char *src, int64_t bytes) {
+#if INLINE_RUNS
+    switch (bytes) {
+    case 32: __builtin_memcpy(dst, src, 32); return;
+    case 64: __builtin_memcpy(dst, src, 64); return;
+    case 128: __builtin_memcpy(dst, src, 128); return;
+    case 256: __builtin_memcpy(dst, src, 256); return;
+    default: memcpy(dst, src, (size_t)bytes);
+    }
+#else
+    memcpy(dst, src, (size_t)bytes);
+#endif
+}
+
+/* Rows [first, last) of one move: src, dst (addresses), rank, item (bytes), shape[rank],
+   src strides[rank], dst strides[rank] (bytes); the last dim innermost, a row the
+   innermost dim at one index of the outer ones. */
+static void move_rows(const int64_t *m, int64_t first, int64_t last) {
     const char *src = (const char *)(intptr_t)m[0];
     char *dst = (char *)(intptr_t)m[1];
     const int64_t rank = m[2], item = m[3];
     const int64_t *shape = m + 4, *ss = shape + rank, *ds = ss + rank;
     const int64_t inner = shape[rank - 1], si = ss[rank - 1], di = ds[rank - 1];
     int64_t index[MAX_RANK] = {0};
-    for (;;) {
+    int64_t rest = first;
+    for (int64_t k = rank - 2; k >= 0; k--) {   /* the odometer at row `first` */
+        index[k] = rest % shape[k];
+        rest /= shape[k];
+        src += index[k] * ss[k];
+        dst += index[k] * ds[k];
+    }
+    for (int64_t row = first; row < last; row++) {
         if (si == item && di == item) {
-            memcpy(dst, src, (size_t)(inner * item));
+            copy_run(dst, src, inner * item);
         } else if (item == 4) {
             for (int64_t i = 0; i < inner; i++)
                 *(int32_t *)(dst + i * di) = *(const int32_t *)(src + i * si);
@@ -51,8 +83,7 @@ static void move_one(const int64_t *m) {
             for (int64_t i = 0; i < inner; i++)
                 memcpy(dst + i * di, src + i * si, (size_t)item);
         }
-        int64_t k = rank - 2;
-        for (; k >= 0; k--) {   /* the next row: an odometer over the outer dims */
+        for (int64_t k = rank - 2; k >= 0; k--) {   /* the next row */
             src += ss[k];
             dst += ds[k];
             if (++index[k] < shape[k]) break;
@@ -60,11 +91,28 @@ static void move_one(const int64_t *m) {
             dst -= ds[k] * shape[k];
             index[k] = 0;
         }
-        if (k < 0) return;
     }
 }
 
-/* table: count, then `count` moves laid out as move_one reads them. */
+/* One move: its rows on the calling thread, or shared out when it is large (a single
+   contiguous run stays one memcpy: measured, a second thread adds nothing to it). */
+static void move_one(const int64_t *m) {
+    const int64_t rank = m[2];
+    int64_t rows = 1;
+    for (int64_t k = 0; k < rank - 1; k++)
+        rows *= m[4 + k];
+    if (rows > 1 && rows * m[4 + rank - 1] * m[3] >= PAR_BYTES) {
+        #pragma omp parallel
+        {
+            const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+            move_rows(m, rows * t / n, rows * (t + 1) / n);
+        }
+    } else {
+        move_rows(m, 0, rows);
+    }
+}
+
+/* table: count, then `count` moves laid out as move_rows reads them. */
 void wpk_moves(const int64_t *table) {
     const int64_t *m = table + 1;
     for (int64_t i = 0; i < table[0]; i++) {
@@ -76,8 +124,13 @@ void wpk_moves(const int64_t *table) {
 
 
 @cache
-def _moves_function():
-    source = _SOURCE.replace("MAX_RANK", str(MAX_RANK))
+def moves_function(par_bytes: int = PAR_BYTES, inline_runs: bool = True):
+    """`wpk_moves(table)`, compiled once per form: moves of `par_bytes` or more on the
+    threads, short rows copied inline or (`inline_runs` False, as before 2026-11-29) by
+    libc's `memcpy` (the other forms: `scripts/bench_moves.py`)."""
+    source = (_SOURCE.replace("MAX_RANK", str(MAX_RANK)).replace("PAR_BYTES", str(par_bytes))
+              .replace("INLINE_RUNS", str(int(inline_runs))))
+    build.openmp_defaults()
     library = toolchain.compile_c_shared(source)
     return toolchain.load_function(library, "wpk_moves", [ctypes.c_void_p])
 
@@ -134,7 +187,7 @@ def moves_call(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[NativeCa
             entries += entry
             count += 1
     try:
-        function = _moves_function()
+        function = moves_function()
     except ToolchainError:
         return None
     table = np.array([count, *entries], np.int64)

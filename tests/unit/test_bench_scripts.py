@@ -200,3 +200,22 @@ def test_bench_conv_schedules_times_both_winograd_rounds_and_dilated_convs(scrip
     for row in (winograd, dilated):
         for name, ratio in row["onnxruntime_over"].items():
             assert ratio == pytest.approx(row["us"]["onnxruntime"] / row["us"][name], rel=1e-2)
+
+
+def test_bench_moves_verifies_and_times_every_form_of_the_copy(scripts_on_path, tmp_path):
+    """Two cases (a transpose shared out to the threads, a Concat), one round: every form
+    verified against numpy's copy and timed, the JSON written."""
+    import json
+
+    import bench_moves
+
+    out = tmp_path / "moves.json"
+    assert bench_moves.main(["--cases", "svtr-heads,yolo-concat", "--rounds", "1",
+                             "--repeat", "1", "--output", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == ["svtr-heads", "yolo-concat"]
+    for row in rows:
+        assert set(row["us"]) == {"numpy.copyto", *bench_moves.FORMS}
+        assert all(t > 0 for t in row["us"].values())
+        assert row["gb_s"]["numpy.copyto"] == pytest.approx(
+            2 * row["bytes"] / row["us"]["numpy.copyto"] / 1e3)

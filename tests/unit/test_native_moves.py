@@ -12,7 +12,7 @@ import pytest
 from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.cpu.native_chain import chain_kernel, native_call
-from wpk.kernels.cpu.native_moves import merged_dims, moves_call
+from wpk.kernels.cpu.native_moves import PAR_BYTES, merged_dims, moves_call
 from wpk.kernels.reference import reference
 
 NUMPY_COPY = registry.get("numpy.copy")
@@ -40,6 +40,23 @@ def _random(shape, dtype, seed=0):
 def test_a_move_copies_what_numpy_copies(dtype, view):
     source = view(_random((2, 3, 5, 7), dtype))
     out = np.zeros(source.shape, dtype)
+    _run_moves([(source, out)])
+    np.testing.assert_array_equal(out, source)
+
+
+@pytest.mark.parametrize("row_floats", [8, 16, 32, 64, 13])
+@pytest.mark.parametrize("view", [
+    lambda x: x.transpose(1, 0, 2, 3),               # blocks of rows regrouped
+    lambda x: x.transpose(2, 0, 1, 3)[::-1],         # ... in reverse order
+    lambda x: x[:, :, 1:].transpose(1, 2, 0, 3),     # a slice: rows that do not merge
+], ids=["regrouped", "reversed", "sliced"])
+def test_a_large_move_shares_its_rows_out_to_the_threads(view, row_floats):
+    """Moves of PAR_BYTES and more run on the OpenMP threads, each from its own row of
+    the odometer (odd row counts: shares that start mid-dimension); rows of 32, 64, 128,
+    256 bytes take the inline copies, 52 bytes the libc one: all equal numpy's copy."""
+    source = view(_random((3, 7, 11 * 37, row_floats), np.float32, 3))
+    assert source.nbytes >= PAR_BYTES
+    out = np.full(source.shape, np.nan, np.float32)
     _run_moves([(source, out)])
     np.testing.assert_array_equal(out, source)
 
