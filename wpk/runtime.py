@@ -490,17 +490,20 @@ def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):
 
 def _chained(calls: list, names: list[str]) -> tuple[list, list[str]]:
     """The calls with every run of two or more consecutive calls that have a native form
-    (`native_chain`) replaced by one call of the chain, named 'first..last'."""
+    (`native_chain`) replaced by one call of the chain, named 'first..last', and a lone
+    call whose native form is the faster one (`kernel.native_alone`: a data-movement
+    step's `wpk_moves`, on the threads, against numpy's copy) by its native form."""
     natives = [native_call(*call) for call in calls]
     merged, merged_names, start = [], [], 0
     while start < len(calls):
         end = start
         while end < len(calls) and natives[end] is not None:
             end += 1
-        if end - start >= 2:
+        alone = end - start == 1 and getattr(calls[start][0], "native_alone", False)
+        if end - start >= 2 or alone:
             members = [call[0] for call in calls[start:end]]
             merged.append((chain_kernel(natives[start:end], keep=members), [], []))
-            merged_names.append(f"{names[start]}..{names[end - 1]}")
+            merged_names.append(names[start] if alone else f"{names[start]}..{names[end - 1]}")
             start = end
             continue
         merged.append(calls[start])

@@ -158,6 +158,34 @@ def test_a_yolo_plans_blocked_data_movement_joins_the_chain():
         assert relative_l2(ours[output], reference[output]) <= 1e-6, output
 
 
+def test_a_lone_data_movement_step_runs_its_native_form():
+    """A Transpose between two onnxruntime steps (no chain to join) still runs as
+    `wpk_moves` (its `native_alone`: faster than numpy's copy), named after its node, with
+    the outputs of the Python form; a lone step of another kernel stays a Python call."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="first"),
+             helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 3, 1], name="move"),
+             helper.make_node("Sigmoid", ["b"], ["y"], name="last")]
+    graph = helper.make_graph(nodes, "lone", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 32, 40, 48])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 40, 48, 32])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
+                     partition=False)
+    impls = {"first": "ort", "move": "numpy.copy", "last": "ort"}
+    for step in plan.manifest["steps"]:
+        step.update(impl=impls[step["node"]], config={},
+                    kind=registry.get(impls[step["node"]]).kind)
+    chained, stepwise = Session(plan), Session(plan, merge_regions=False)
+    assert chained._step_names == ["first", "move", "last"]
+    kernel = chained._calls[1][0]
+    assert hasattr(kernel, "timed") and not hasattr(stepwise._calls[1][0], "timed")
+    assert not hasattr(chained._calls[0][0], "timed")   # onnxruntime's: a Python call
+    feeds = example_feeds(chained, 0)
+    np.testing.assert_array_equal(chained.run(feeds)["y"], stepwise.run(feeds)["y"])
+
+
 def test_a_small_parallel_loop_runs_on_the_calling_thread():
     """Below MIN_PARALLEL_WORK iterations the C has no OpenMP region to wake; above, it has."""
     for size, parallel in ((256, False), (4 * MIN_PARALLEL_WORK, True)):
