@@ -72,6 +72,12 @@ CASES = {
     "residual_and_column_bias": matmul((2, 17, 35), (35, 41), (2, 17, 41), epilogue=(
         EpilogueStep("add", operand=2), EpilogueStep("add", operand=3), GELU),
         extra=[(41,), (2, 17, 41)]),
+    # torch's seq-first attention projection: A (L, 1, E), one product of L rows
+    "seq_first_projection_bias": matmul((13, 1, 24), (24, 40), (13, 1, 40), epilogue=(
+        EpilogueStep("add", operand=2),), extra=[(40,)]),
+    # an operand repeated over A's batch: not affine in the folded rows, batch by batch
+    "operand_repeated_per_batch": matmul((3, 4, 10), (10, 12), (3, 4, 12), epilogue=(
+        EpilogueStep("add", operand=2),), extra=[(4, 12)]),
     "row_scale": matmul((15, 20), (20, 18), (15, 18),
                         epilogue=(EpilogueStep("mul", operand=2),), extra=[(15, 1)]),
     "gemm_transposes_alpha_beta": gemm(19, 33, 27, 1, 1, alpha=0.5, beta=2.0, c=(27,)),
@@ -123,6 +129,20 @@ def test_kernel_matches_float64_reference(case, isa, rng):
     for config in configs:
         err = _check(workload, config, rng)
         assert err < 1e-5, f"{case} {config}: relative L2 {err:.2e}"
+
+
+@pytest.mark.parametrize("case, m, batch", [
+    ("seq_first_projection_bias", 13, 1),     # 13 products of one row: one of 13 rows
+    ("batched_const_b", 42, 1),               # (2, 3, 7) rows of one constant B
+    ("residual_and_column_bias", 34, 1),      # a full residual folds with the rows
+    ("operand_repeated_per_batch", 4, 3),     # (4, 12) again for each of 3 batches
+    ("broadcast_batch_variable_b", 11, 6),    # B has batches: nothing to fold
+])
+def test_a_batch_b_does_not_have_folds_into_the_rows(case, m, batch):
+    """A's batch dims become rows of one product where B has no batch dims and every
+    epilogue operand stays affine in the folded rows; otherwise products batch by batch."""
+    geometry = gemm_geometry(CASES[case])
+    assert (geometry.m, geometry.batch) == (m, batch)
 
 
 def test_every_remainder_and_pass(rng):

@@ -127,8 +127,11 @@ def _batch_table(batch_shape: tuple[int, ...], out_batch: tuple[int, ...]) -> tu
     return tuple(int(v) for v in np.broadcast_to(own, out_batch).ravel())
 
 
-def _products(workload: Workload):
-    """(m, k, n, a batch shape, b batch shape, out batch, lda_m, lda_k, trans_b) or a str."""
+def _products(workload: Workload, fold: bool = True):
+    """(m, k, n, a batch shape, b batch shape, out batch, lda_m, lda_k, trans_b) or a str.
+    With `fold`, a MatMul whose B has no batch dims takes A's batch dims into M: one
+    (batch * M) x K product, not `batch` thin ones (torch's seq-first attention projects
+    a (128, 1, 256) A: 128 products of one row each)."""
     a, b = workload.inputs[0].shape, workload.inputs[1].shape
     if workload.op == "Gemm":
         if len(a) != 2 or len(b) != 2:
@@ -147,6 +150,8 @@ def _products(workload: Workload):
     except ValueError:
         return "batch dims that do not broadcast"
     m, k, n = a2[-2], a2[-1], b2[-1]
+    if fold and not b2[:-2] and a2[:-2]:
+        return math.prod(a2[:-1]), k, n, (), (), (), k, 1, False
     return m, k, n, a2[:-2], b2[:-2], out_batch, k, 1, False
 
 
@@ -161,7 +166,14 @@ def _operand(workload: Workload, index: int, view) -> Operand | str:
 
 
 def gemm_geometry(workload: Workload) -> GemmGeometry | str:
-    """The geometry of a float32 MatMul or Gemm, or why the micro-kernel does not compute it."""
+    """The geometry of a float32 MatMul or Gemm, or why the micro-kernel does not compute it:
+    A's batch dims folded into M where B has none and every epilogue operand still lies at
+    affine offsets of the folded view, else batch by batch."""
+    folded = _geometry(workload, fold=True)
+    return _geometry(workload, fold=False) if isinstance(folded, str) else folded
+
+
+def _geometry(workload: Workload, fold: bool) -> GemmGeometry | str:
     if workload.domain not in ("", "ai.onnx") or workload.op not in ("MatMul", "Gemm"):
         return "not a MatMul or Gemm"
     specs = [s for s in (*workload.inputs, *workload.outputs) if s is not None]
@@ -171,7 +183,7 @@ def gemm_geometry(workload: Workload) -> GemmGeometry | str:
         return "a product of two inputs into one output"
     if any(0 in s.shape for s in specs):
         return "empty tensors"
-    found = _products(workload)
+    found = _products(workload, fold)
     if isinstance(found, str):
         return found
     m, k, n, a_batch, b_batch, out_batch, lda_m, lda_k, trans_b = found
