@@ -1,4 +1,4 @@
-"""The real-exporter corpus: ten architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: eleven architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -16,6 +16,7 @@ graphs in those exporters' spellings:
 | speech (wav2vec2-style 1-d conv encoder, GELU, dilated TCN, BatchNorm) | x | x | | |
 | deeplab (DeepLabV3 segmenter: dilated stages, ASPP, bilinear Resize) | x | x | | |
 | espcn (super-resolution: Tanh, PixelShuffle as DepthToSpace, clamp) | x | x | | |
+| torchenc (`nn.TransformerEncoder` with a key padding mask, erf GELU) | x | x | | |
 
 Names are `<architecture>_<exporter>`; every model has one float input "x".
 Each comes in two sizes: "ci" (small, built in about a second) and "bench"
@@ -38,7 +39,7 @@ import numpy as np
 import onnx
 
 ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "resnext",
-                 "speech", "deeplab", "espcn")
+                 "speech", "deeplab", "espcn", "torchenc")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

@@ -28,17 +28,22 @@ INPUT_NAME = "x"
 
 @contextlib.contextmanager
 def _quiet_exporter():
-    """Silence the exporters' deprecation warnings and their log lines about torchvision."""
+    """Silence the exporters' deprecation warnings and their log lines about torchvision,
+    and turn off torch's fused attention fast path while exporting (its
+    `_transformer_encoder_layer_fwd` has no ONNX form: torch's own advice for export)."""
     loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch._dynamo",
                                                     "torch.export", "onnxscript")]
     levels = [logger.level for logger in loggers]
+    fastpath = torch.backends.mha.get_fastpath_enabled()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for logger in loggers:
             logger.setLevel(logging.ERROR)
+        torch.backends.mha.set_fastpath_enabled(False)
         try:
             yield
         finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
             for logger, level in zip(loggers, levels):
                 logger.setLevel(level)
 

@@ -544,6 +544,29 @@ class SpeechEncoder(nn.Module):
         return self.tcn(self.encoder(x)).mean(2)
 
 
+# -------------------------------------------------------------------- torch encoder
+
+
+class TorchEncoder(nn.Module):
+    """A user's own transformer encoder built from torch's modules: `nn.TransformerEncoder`
+    (post-norm layers, erf GELU, packed QKV projection, torch's seq-first attention) with a
+    key padding mask, the mean over time and a classifier. The corpus feeds one float input,
+    so the padding flag is its first feature (frames whose flag exceeds 1 are padding:
+    about one in six of random inputs), as a masked feature sequence would carry it."""
+
+    def __init__(self, dim: int = 256, heads: int = 4, ffn: int = 1024, layers: int = 4,
+                 classes: int = 10):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(dim, heads, ffn, dropout=0.0, activation="gelu",
+                                           batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        padding = x[:, :, 0] > 1.0
+        return self.head(self.encoder(x, src_key_padding_mask=padding).mean(1))
+
+
 # -------------------------------------------------------------------- DeepLabV3
 
 
@@ -640,6 +663,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "speech": SpeechEncoder,
     "deeplab": DeepLabV3,
     "espcn": Espcn,
+    "torchenc": TorchEncoder,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -662,6 +686,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "deeplab": NetSpec({"stem": (8, 16), "stages": (16, 24), "dilations": (2, 4),
                             "aspp": 16, "rates": (2, 3), "classes": 5}, (1, 3, 64, 64)),
         "espcn": NetSpec({"widths": (16, 8), "scale": 3}, (1, 3, 20, 20)),
+        "torchenc": NetSpec({"dim": 32, "heads": 2, "ffn": 64, "layers": 2}, (1, 16, 32)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -676,6 +701,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "speech": NetSpec({}, (1, 1, 16000)),
         "deeplab": NetSpec({}, (1, 3, 512, 512)),
         "espcn": NetSpec({}, (1, 3, 160, 160)),
+        "torchenc": NetSpec({}, (1, 128, 256)),
     },
 }
 

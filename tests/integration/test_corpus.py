@@ -94,6 +94,8 @@ EXPECTED_OPS = {
     "speech": {"torch": {"Conv", "Erf", "Relu", "Add", "MaxPool", "ReduceMean"}},
     "deeplab": {"torch": {"Conv", "Relu", "Concat", "Resize"}},
     "espcn": {"torch": {"Conv", "Tanh", "DepthToSpace", "Clip"}},
+    "torchenc": {"torch": {"Where", "Softmax", "MatMul", "LayerNormalization", "Transpose",
+                           "Greater"}},
 }
 
 
