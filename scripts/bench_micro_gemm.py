@@ -50,7 +50,10 @@ from cpu_peak import measure_peak  # noqa: E402
 MODELS = {"transformer_encoder": (64, 256, 1024, 4), "bert_base_layer": (128, 768, 3072, 12),
           "vit_tiny": (197, 192, 768, 3),
           # ConvNeXt-tiny's pointwise MLPs at 224x224 (stages 1 and 2; no attention)
-          "convnext_stage1": (3136, 96, 384, 0), "convnext_stage2": (784, 192, 768, 0)}
+          "convnext_stage1": (3136, 96, 384, 0), "convnext_stage2": (784, 192, 768, 0),
+          # torch's nn.MultiheadAttention: the packed QKV projection of a seq-first (128, 1,
+          # 256) input, A's batch dims folded into the rows (gemm_space.gemm_geometry)
+          "torch_seq_first": (128, 256, 768, -1)}
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,10 @@ class Product:
 
 def products(model: str) -> list[Product]:
     """The distinct MatMuls of one encoder layer of `model` (a ConvNeXt block: its MLP's
-    two)."""
+    two; torch's seq-first attention: its QKV projection)."""
     seq, d, ffn, heads = MODELS[model]
+    if heads < 0:
+        return [Product(model, "QKV projection, seq-first", (seq,), 1, d, ffn, True)]
     mlp = [Product(model, "ffn up", (), seq, d, ffn, True),
            Product(model, "ffn down", (), seq, ffn, d, True)]
     if not heads:
