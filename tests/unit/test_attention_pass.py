@@ -443,3 +443,67 @@ def test_a_packed_split_read_elsewhere_stays_and_cuda_keeps_it():
                for n in graph.nodes)
     graph, report = optimize(load_model(packed_qkv_model()), "cuda")
     assert "packed_qkv" not in report.passes
+
+
+def masked_fill_model(*, fill: float = -np.inf, keep_first: bool = True,
+                      condition: str = "causal", consumer: str = "Softmax") -> onnx.ModelProto:
+    """Causal attention as torch's masked_fill writes it (nanoGPT): Where(keep, scores, fill)
+    or Where(drop, fill, scores) on the scaled scores, then Softmax and the context MatMul.
+    `condition`: causal (a constant), input (a graph input) or row (a constant whose first
+    query row keeps no key)."""
+    keep = np.tril(np.ones((S, S), bool))
+    if condition == "row":
+        keep[0] = False
+    inputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, [B, H, S, D]) for n in "qkv"]
+    inits = [numpy_helper.from_array(np.array(1 / math.sqrt(D), np.float32), "scale"),
+             numpy_helper.from_array(np.array(fill, np.float32), "fill")]
+    if condition == "input":
+        inputs.append(h.make_tensor_value_info("cond", TensorProto.BOOL, [S, S]))
+    else:
+        inits.append(numpy_helper.from_array(keep if keep_first else ~keep, "cond"))
+    where_inputs = ["cond", "scaled", "fill"] if keep_first else ["cond", "fill", "scaled"]
+    nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             h.make_node("MatMul", ["q", "kt"], ["scores"]),
+             h.make_node("Mul", ["scores", "scale"], ["scaled"]),
+             h.make_node("Where", where_inputs, ["masked"]),
+             h.make_node(consumer, ["masked"], ["probs"], **({"axis": -1}
+                                                             if consumer == "Softmax" else {})),
+             h.make_node("MatMul", ["probs", "v"], ["y"])]
+    graph = h.make_graph(nodes, "masked_fill", inputs,
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [B, H, S, D])], inits)
+    return onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize("fill, keep_first", [(-np.inf, True), (-np.inf, False),
+                                              (np.finfo(np.float32).min, True)],
+                         ids=["nanogpt", "drop-mask", "hf-finfo-min"])
+def test_a_causal_masked_fill_fuses_into_attention_on_the_cpu(rng, fill, keep_first):
+    """Rule `masked_fill_as_mask` (CPU) makes the Where an Add of a constant 0 / fill mask,
+    which the attention rule fuses; the graph computes what the model did. The CUDA target
+    keeps the Where (its attention kernels have not run a -inf mask on a device)."""
+    model = masked_fill_model(fill=fill, keep_first=keep_first)
+    graph, report = optimize(load_model(model), "cpu")
+    check_graph(graph)
+    assert report.rules["masked_fill_as_mask"] == 1 and report.rules["attention"] == 1
+    assert graph.op_counts() == {"Attention": 1}
+    mask = graph.constants[graph.nodes[0].inputs[3]]
+    assert mask.shape == (S, S) and mask[0, 0] == 0 and mask[0, 1] == fill
+    feeds = feeds_of(model, rng)
+    (expected,) = run(model, feeds)
+    (actual,) = run(to_onnx(graph), feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+    cuda, _ = optimize(load_model(model), "cuda")
+    assert "Where" in cuda.op_counts() and "Attention" not in cuda.op_counts()
+
+
+@pytest.mark.parametrize("options, why", [
+    ({"condition": "input"}, "the mask is not a constant"),
+    ({"fill": -1e4}, "a fill a score does not swamp (old BERT's -10000)"),
+    ({"condition": "row"}, "a query row keeps no key: uniform after Where, not after Add"),
+    ({"consumer": "Relu"}, "no softmax reads it"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_a_masked_fill_that_is_no_additive_mask_stays(options, why):
+    graph, report = optimize(load_model(masked_fill_model(**options)), "cpu")
+    assert report.rules["masked_fill_as_mask"] == 0, why
+    assert "Where" in graph.op_counts()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from wpk.core.graph import Graph
 from wpk.passes.activation_chains import ActivationChains
-from wpk.passes.attention import ATTENTION_HEADS_RULES, ATTENTION_RULES
+from wpk.passes.attention import ATTENTION_HEADS_RULES, ATTENTION_RULES, MASKED_FILL_RULES
 from wpk.passes.base import GraphPass
 from wpk.passes.constant_folding import ConstantFolding
 from wpk.passes.conv1d_lift import Conv1dAs2d
@@ -81,6 +81,9 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(PadIntoConv),
     # 1-d convs to 2-d before the fusions, so they see the 2-d convs the layout has kernels for
     PipelineEntry(Conv1dAs2d, targets=frozenset({"cpu"})),
+    # a masked_fill's Where as the mask Add the attention rule fuses (CPU: see the rule)
+    PipelineEntry(lambda: FusionPass("masked_fill_mask", MASKED_FILL_RULES),
+                  targets=frozenset({"cpu"})),
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),
                   targets=frozenset({"cpu", "cuda"})),

@@ -8,7 +8,10 @@
     logits = scores * scale  or  scores / scale   (a constant scalar; optional)
     (Q, K or K^T may come scaled by constant scalars, as torch's and paddle's exports write
     it: q * s @ k^T, q * sqrt(s) @ k^T * sqrt(s); the factors join the scale)
-    logits = logits + mask                        (optional, either operand order)
+    logits = logits + mask                        (optional, either operand order; on the
+                                                  CPU also torch's masked_fill, a Where,
+                                                  made such an Add first: rule
+                                                  `masked_fill_as_mask`)
     Y = MatMul(Softmax(logits, last axis), V)
                         ->  Attention(Q, K or K^T, V[, mask]; scale, k_transposed)
 
@@ -282,6 +285,60 @@ ATTENTION_RULES = [
     FusionRule("attention", frozenset({"Softmax"}), match_attention, rewrite_attention,
                "Softmax(MatMul(Q, K^T) * scale [+ mask]) @ V -> wpk Attention (one fused "
                "kernel, no [seq, seq] tensor)"),
+]
+
+
+# A masked_fill's fill must swamp any score: -inf, or a float32 value so far below that
+# score + fill rounds to fill (HF's finfo(float32).min)
+WHERE_FILL_LIMIT = -1e30
+
+
+def match_masked_fill(ctx: FusionContext, where: Node) -> tuple[str, np.ndarray] | None:
+    """(the scores, the additive mask) of torch's masked_fill before a softmax over the
+    last axis, or None: Where(keep, scores, fill) or Where(drop, fill, scores) with a
+    constant boolean condition that broadcasts to the scores, a scalar float32 fill of
+    -inf or at most `WHERE_FILL_LIMIT`, and every row of the scores keeping a key (a row
+    filled whole is uniform after the Where, not after an added mask). For finite scores
+    scores + mask is the Where's output (score + fill rounds to fill)."""
+    if where.domain not in ("", "ai.onnx") or len(where.inputs) != 3 or where.epilogue:
+        return None
+    softmax = ctx.single_consumer(where)
+    shape = ctx.graph.tensors[where.outputs[0]].shape
+    if softmax is None or softmax.op != "Softmax" or softmax.domain not in ("", "ai.onnx") \
+            or not _known(ctx, where.outputs[0]) \
+            or not _softmax_is_last_axis(ctx, softmax, len(shape)):
+        return None
+    condition, then, other = where.inputs
+    keep = ctx.const(condition)
+    if keep is None or keep.dtype != np.bool_ or not broadcasts_to(tuple(keep.shape), shape):
+        return None
+    for scores, fill, kept in ((then, other, keep), (other, then, ~keep)):
+        value = ctx.const(fill)
+        if value is None or value.size != 1 or value.dtype != np.float32 \
+                or not float(value.reshape(-1)[0]) <= WHERE_FILL_LIMIT \
+                or ctx.const(scores) is not None \
+                or tuple(ctx.graph.tensors[scores].shape) != tuple(shape):
+            continue
+        if not np.broadcast_to(kept, shape).any(axis=-1).all():
+            return None
+        return scores, np.where(kept, np.float32(0.0), value.reshape(())).astype(np.float32)
+    return None
+
+
+def rewrite_masked_fill(ctx: FusionContext, where: Node, found) -> None:
+    """The Where becomes Add(scores, its additive mask as a constant)."""
+    scores, mask = found
+    where.op, where.attrs = "Add", {}
+    where.inputs = [scores, add_constant(ctx.graph, f"{where.name}_mask", mask)]
+    ctx.reindex(where)
+
+
+# CPU only: the CUDA attention kernels have not been run with a -inf mask on a device
+MASKED_FILL_RULES = [
+    FusionRule("masked_fill_as_mask", frozenset({"Where"}), match_masked_fill,
+               rewrite_masked_fill,
+               "Where(constant mask, scores, -inf) before a Softmax (torch's masked_fill) -> "
+               "Add(scores, constant 0 / -inf mask), the form the attention rule fuses"),
 ]
 
 
