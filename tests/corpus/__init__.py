@@ -1,4 +1,4 @@
-"""The real-exporter corpus: eleven architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: twelve architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -17,6 +17,7 @@ graphs in those exporters' spellings:
 | deeplab (DeepLabV3 segmenter: dilated stages, ASPP, bilinear Resize) | x | x | | |
 | espcn (super-resolution: Tanh, PixelShuffle as DepthToSpace, clamp) | x | x | | |
 | torchenc (`nn.TransformerEncoder` with a key padding mask, erf GELU) | x | x | | |
+| gpt (GPT-2-style causal blocks: masked_fill with -inf, tanh GELU) | x | x | | |
 
 Names are `<architecture>_<exporter>`; every model has one float input "x".
 Each comes in two sizes: "ci" (small, built in about a second) and "bench"
@@ -39,7 +40,7 @@ import numpy as np
 import onnx
 
 ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "resnext",
-                 "speech", "deeplab", "espcn", "torchenc")
+                 "speech", "deeplab", "espcn", "torchenc", "gpt")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

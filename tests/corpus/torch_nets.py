@@ -567,6 +567,45 @@ class TorchEncoder(nn.Module):
         return self.head(self.encoder(x, src_key_padding_mask=padding).mean(1))
 
 
+# -------------------------------------------------------------------- GPT
+
+
+class CausalBlock(nn.Module):
+    """A GPT-2 block as nanoGPT writes it: pre-norm, one QKV Linear split three ways, the
+    heads by view and transpose, the causal mask by masked_fill with -inf, tanh GELU."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc, self.out = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.norm1(x)).split(c, dim=2))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.heads))
+        causal = torch.tril(torch.ones(t, t, dtype=torch.bool))
+        attention = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        x = x + self.proj((attention @ v).transpose(1, 2).contiguous().view(b, t, c))
+        return x + self.out(F.gelu(self.fc(self.norm2(x)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    """A GPT-2-style decoder over embedded tokens (the corpus feeds one float input): causal
+    blocks, a final LayerNorm and the vocabulary head."""
+
+    def __init__(self, dim: int = 256, heads: int = 4, layers: int = 4, vocab: int = 1000):
+        super().__init__()
+        self.blocks = nn.Sequential(*(CausalBlock(dim, heads) for _ in range(layers)))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(x)))
+
+
 # -------------------------------------------------------------------- DeepLabV3
 
 
@@ -664,6 +703,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "deeplab": DeepLabV3,
     "espcn": Espcn,
     "torchenc": TorchEncoder,
+    "gpt": Gpt,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -687,6 +727,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
                             "aspp": 16, "rates": (2, 3), "classes": 5}, (1, 3, 64, 64)),
         "espcn": NetSpec({"widths": (16, 8), "scale": 3}, (1, 3, 20, 20)),
         "torchenc": NetSpec({"dim": 32, "heads": 2, "ffn": 64, "layers": 2}, (1, 16, 32)),
+        "gpt": NetSpec({"dim": 32, "heads": 2, "layers": 2, "vocab": 50}, (1, 16, 32)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -702,6 +743,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "deeplab": NetSpec({}, (1, 3, 512, 512)),
         "espcn": NetSpec({}, (1, 3, 160, 160)),
         "torchenc": NetSpec({}, (1, 128, 256)),
+        "gpt": NetSpec({}, (1, 128, 256)),
     },
 }
 

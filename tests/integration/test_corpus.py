@@ -96,6 +96,7 @@ EXPECTED_OPS = {
     "espcn": {"torch": {"Conv", "Tanh", "DepthToSpace", "Clip"}},
     "torchenc": {"torch": {"Where", "Softmax", "MatMul", "LayerNormalization", "Transpose",
                            "Greater"}},
+    "gpt": {"torch": {"Where", "Softmax", "MatMul", "LayerNormalization", "Tanh"}},
 }
 
 
