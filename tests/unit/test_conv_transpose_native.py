@@ -91,13 +91,10 @@ def _inputs(workload: Workload, rng) -> list[np.ndarray]:
     return [rng.standard_normal(s.shape).astype(np.float32) for s in workload.inputs]
 
 
-@pytest.mark.parametrize("along", ALONG)
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_the_reference(name, along, rng):
-    """Both vectorizations (over output positions, over output channels) on every case."""
-    workload = CASES[name]
+def _checked(workload: Workload, along: str, rng):
+    """(kernel, inputs, output) of `along`'s form on random inputs, the output checked
+    against the float64 reference of the node and its epilogue (poisoned with NaN first)."""
     assert CT.unsupported_reason(workload) is None
-    assert {"along": along} in CT.configs(workload)
     inputs = _inputs(workload, rng)
     kernel = CT.prepare(workload, {i: inputs[i] for i in workload.const_inputs},
                         {"along": along})
@@ -105,6 +102,16 @@ def test_matches_the_reference(name, along, rng):
     kernel(inputs, [y])
     expected = reference(workload, [a.astype(np.float64) for a in inputs])[0]
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    return kernel, inputs, y
+
+
+@pytest.mark.parametrize("along", ALONG)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_the_reference(name, along, rng):
+    """Both vectorizations (over output positions, over output channels) on every case."""
+    workload = CASES[name]
+    assert {"along": along} in CT.configs(workload)
+    kernel, inputs, y = _checked(workload, along, rng)
     call = kernel.native(inputs, [y2 := np.full_like(y, np.nan)])
     chain_kernel([call], keep=[kernel])([], [])
     np.testing.assert_array_equal(y2, y)
@@ -130,16 +137,9 @@ def test_applies_a_fused_activation_before_every_store(name, activation, along, 
     is applied to every accumulator: both forms, three geometries, against the float64
     reference of the ConvTranspose and its epilogue."""
     workload = dataclasses.replace(CASES[name], epilogue=(ACTIVATIONS[activation],))
-    assert CT.unsupported_reason(workload) is None
-    inputs = _inputs(workload, rng)
-    kernel = CT.prepare(workload, {i: inputs[i] for i in workload.const_inputs},
-                        {"along": along})
-    y = np.full(workload.outputs[0].shape, np.nan, np.float32)
-    kernel(inputs, [y])
-    expected = reference(workload, [a.astype(np.float64) for a in inputs])[0]
+    _, inputs, y = _checked(workload, along, rng)
     plain = reference(CASES[name], [a.astype(np.float64) for a in inputs])[0]
-    assert not np.allclose(expected, plain)   # the activation changes the output
-    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(y, plain, rtol=1e-3, atol=1e-3)   # the activation changed it
 
 
 @pytest.mark.parametrize("epilogue, why", [
