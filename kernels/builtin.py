@@ -18,6 +18,7 @@ import wpk.kernels.cpu.numpy_ops  # noqa: F401  (numpy elementwise, data movemen
 import wpk.kernels.cpu.onnx_reference  # noqa: F401  (onnx.reference, the last resort)
 import wpk.kernels.cpu.ort_model  # noqa: F401  (onnxruntime running a whole model)
 import wpk.kernels.cpu.ort_node  # noqa: F401  (onnxruntime vendor and fallback kernels)
+import wpk.kernels.cpu.recurrent_native  # noqa: F401  (LSTM and GRU in C)
 import wpk.kernels.cpu.reduce_native  # noqa: F401  (ReduceMean/ReduceSum over adjacent axes, C)
 import wpk.kernels.cpu.resize_native  # noqa: F401  (linear and cubic Resize in C)
 import wpk.kernels.cpu.rms_norm  # noqa: F401  (onnxruntime running RMSNorm written out)

@@ -24,6 +24,10 @@ _POSITIVE_DATA_OPS = frozenset({"Log", "Sqrt", "Reciprocal", "Pow"})
 # chained through a block grow activations to hundreds, where a sigmoid's exp lands on
 # denormal floats: one block measured 10x slower than on a trained model's weights.
 _FUSED_CONV_OPS = frozenset({"InvertedResidual", "InvertedResidualNCHW"})
+# Recurrent ops: W [dirs, gates*H, input], R [dirs, gates*H, H], B [dirs, 2*gates*H]. Unscaled
+# U(-1, 1) weights make a 256-wide recurrence chaotic: float32 and float64 runs part ways
+# within a few dozen steps (relative error ~1), so every correct kernel read as wrong.
+_RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 # Epilogue steps that want a positive argument.
 _POSITIVE_STEPS = frozenset({"log", "sqrt", "reciprocal", "pow"})
 
@@ -36,6 +40,9 @@ def _fan_in(workload: Workload, index: int) -> int | None:
     if op in _FUSED_CONV_OPS and index > 0 and len(specs[index].shape) == 4:
         # every conv weight of a fused block: expand, depthwise, project, the gate's two
         return int(np.prod(specs[index].shape[1:], dtype=np.int64))
+    if op in _RECURRENT_OPS and index in (1, 2, 3):
+        # torch's initialisation, U(-1/sqrt(H), 1/sqrt(H)), for the weights and biases
+        return int(workload.attr("hidden_size", specs[2].shape[-1]))
     if op == "Gemm" and index == 1:
         shape = specs[1].shape
         return int(shape[1] if workload.attr("transB", 0) else shape[0])

@@ -662,6 +662,34 @@ class DeepLabV3(nn.Module):
         return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
 
 
+# -------------------------------------------------------------------- CRNN
+
+
+class Crnn(nn.Module):
+    """A CRNN text recognizer: a VGG-style conv stack whose pools halve the height only
+    once the width is the sequence's, the height averaged away, then a bidirectional LSTM
+    and a bidirectional GRU over the columns (the two recurrent ops exporters emit) and a
+    per-column classifier with log-softmax (CTC's input)."""
+
+    def __init__(self, widths: tuple[int, int, int] = (64, 128, 256), hidden: int = 256,
+                 classes: int = 97):
+        super().__init__()
+        a, b, c = widths
+        self.features = nn.Sequential(conv_bn_relu(3, a, 3), nn.MaxPool2d(2),
+                                      conv_bn_relu(a, b, 3), nn.MaxPool2d(2),
+                                      conv_bn_relu(b, c, 3), conv_bn_relu(c, c, 3),
+                                      nn.MaxPool2d((2, 1)), conv_bn_relu(c, c, 3))
+        self.lstm = nn.LSTM(c, hidden, bidirectional=True)
+        self.gru = nn.GRU(2 * hidden, hidden, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        columns = self.features(x).mean(2).permute(2, 0, 1)   # [width, batch, channels]
+        sequence, _ = self.lstm(columns)
+        sequence, _ = self.gru(sequence)
+        return self.head(sequence).log_softmax(-1)
+
+
 # -------------------------------------------------------------------- ESPCN
 
 
@@ -704,6 +732,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "espcn": Espcn,
     "torchenc": TorchEncoder,
     "gpt": Gpt,
+    "crnn": Crnn,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -728,6 +757,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "espcn": NetSpec({"widths": (16, 8), "scale": 3}, (1, 3, 20, 20)),
         "torchenc": NetSpec({"dim": 32, "heads": 2, "ffn": 64, "layers": 2}, (1, 16, 32)),
         "gpt": NetSpec({"dim": 32, "heads": 2, "layers": 2, "vocab": 50}, (1, 16, 32)),
+        "crnn": NetSpec({"widths": (8, 16, 24), "hidden": 20, "classes": 12}, (1, 3, 32, 64)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -744,6 +774,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "espcn": NetSpec({}, (1, 3, 160, 160)),
         "torchenc": NetSpec({}, (1, 128, 256)),
         "gpt": NetSpec({}, (1, 128, 256)),
+        "crnn": NetSpec({}, (1, 3, 32, 320)),
     },
 }
 

@@ -97,6 +97,7 @@ EXPECTED_OPS = {
     "torchenc": {"torch": {"Where", "Softmax", "MatMul", "LayerNormalization", "Transpose",
                            "Greater"}},
     "gpt": {"torch": {"Where", "Softmax", "MatMul", "LayerNormalization", "Tanh"}},
+    "crnn": {"torch": {"Conv", "LSTM", "GRU", "LogSoftmax"}},
 }
 
 
