@@ -20,9 +20,10 @@ for the weights through the cache hierarchy and a thread hand-off per step. Here
 
 Hidden units are padded to whole chunks with zero weights (a padded unit's state stays 0).
 Covered: float32, `layout` 0, forward, reverse and bidirectional, any batch, the default
-activations, no `clip`, no `input_forget`, no peepholes, no `sequence_lens` (torch's and
-paddle's exports); Y, Y_h and Y_c written where the node has them. Anything else is left
-to onnxruntime's kernels.
+activations, no `clip`, no `input_forget`, no peepholes, no `sequence_lens` or a constant
+one that runs every sequence to its end (torch's exports, tf2onnx's of unmasked Keras
+layers); Y, Y_h and Y_c written where the node has them. Anything else is left to
+onnxruntime's kernels.
 """
 
 from __future__ import annotations
@@ -280,6 +281,14 @@ def _direction(workload: Workload) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _full_lengths(workload: Workload) -> bool:
+    """Whether `sequence_lens` is a constant that runs every batch entry to the end (as
+    tf2onnx writes it for a Keras layer without masking): the same as no lengths."""
+    lengths = workload.static_value(4)
+    return lengths is not None and bool(np.all(np.asarray(lengths) ==
+                                               workload.inputs[0].shape[0]))
+
+
 def recurrent_reason(workload: Workload) -> str | None:
     """None when `recurrent.c` computes the workload, else why not."""
     op = workload.op
@@ -302,8 +311,9 @@ def recurrent_reason(workload: Workload) -> str | None:
         return "recurrent.c does not clip"
     if op == "LSTM" and int(workload.attr("input_forget", 0)):
         return "recurrent.c does not couple the input and forget gates"
-    if len(inputs) > 4 and inputs[4] is not None:
-        return "recurrent.c runs every sequence to its full length (no sequence_lens)"
+    if len(inputs) > 4 and inputs[4] is not None and not _full_lengths(workload):
+        return ("recurrent.c runs every sequence to its full length (sequence_lens absent, "
+                "or constant and equal to the sequence's length)")
     if op == "LSTM" and len(inputs) > 7 and inputs[7] is not None:
         return "recurrent.c has no peepholes"
     if workload.epilogue:

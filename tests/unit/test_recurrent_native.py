@@ -95,6 +95,21 @@ def test_the_native_form_computes_the_same_in_a_chain(rng):
     assert kernel.native([strided, *arrays[1:]], outputs) is None
 
 
+def test_constant_full_sequence_lengths_are_no_lengths(rng):
+    """tf2onnx gives an unmasked Keras layer a constant sequence_lens equal to the length."""
+    w = recurrent("GRU", 6, 2, 11, 19, lbr=0)
+    specs = (*w.inputs[:4], T((2,), "int32"), *w.inputs[5:])
+    full = Workload("GRU", specs, w.outputs, w.attrs, (), "", w.const_inputs,
+                    ((4, np.array([6, 6], np.int32)),))
+    assert recurrent_reason(full) is None
+    arrays = random_inputs(full, rng)
+    for actual, expected in zip(run(full, arrays, 1), reference(full, arrays)):
+        assert relative_l2(actual, expected) < 1e-6
+    short = Workload("GRU", specs, w.outputs, w.attrs, (), "", w.const_inputs,
+                     ((4, np.array([6, 5], np.int32)),))
+    assert "sequence_lens" in recurrent_reason(short)
+
+
 def test_the_planner_offers_it_next_to_onnxruntime():
     names = {c.implementation.name for c in registry.candidates(recurrent("GRU", 4, 1, 8, 16))}
     assert {"recurrent.c", "ort.fallback"} <= names
