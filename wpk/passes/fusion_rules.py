@@ -368,6 +368,9 @@ def _match_epilogue(kind: str):
     return match
 
 
+_match_activation = _match_epilogue("activation")
+
+
 def _rewrite_epilogue(ctx: FusionContext, node: Node, found) -> None:
     consumer, chain = found
     attach(node, chain)
@@ -438,7 +441,7 @@ CHAIN_RULES = (
 )
 
 EPILOGUE_RULES = (
-    _rule("epilogue_activation", LINEAR_OPS, _match_epilogue("activation"), _rewrite_epilogue,
+    _rule("epilogue_activation", LINEAR_OPS, _match_activation, _rewrite_epilogue,
           "Conv/Gemm/MatMul -> unary activation(s): into the epilogue"),
     _rule("epilogue_residual_add", LINEAR_OPS, _match_epilogue("residual_add"),
           _rewrite_epilogue, "Conv/Gemm/MatMul -> Add of another tensor (one per node)"),
@@ -451,8 +454,8 @@ EPILOGUE_RULES = (
 def _match_transpose_activation(ctx: FusionContext, node: Node):
     """ConvTranspose -> one activation the C kernels apply in their stores (a BN folded
     into it first: DBNet's head, a DCGAN's layers)."""
-    found = _match_epilogue("activation")(ctx, node)
-    if found is None or not _plain(node):
+    found = _match_activation(ctx, node)
+    if found is None or node.epilogue:
         return None
     _, chain = found
     return found if len(chain) == 1 and chain[0][0].op in CONV_ACTIVATIONS else None
