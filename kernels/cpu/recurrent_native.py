@@ -49,6 +49,8 @@ DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "
 # The projection's register tile: rows (time steps x batch) of 2 vectors each.
 PROJECTION_ROWS = 6
 ARGUMENTS = 11   # x, W packed, R packed, bias, R's h-gate bias, h0, c0, y, y_h, y_c, work
+# The largest scratch buffer (projected gates of every step) a kernel may hold.
+MAX_WORK_BYTES = 1 << 30
 
 _SOURCE = r"""
 #include <omp.h>
@@ -69,6 +71,7 @@ _SOURCE = r"""
 #define NCH (HP / UC)
 #define N (G * HP)
 #define MR {mr}
+#define NB {nb}   /* batch rows sharing each load of R */
 
 /* work: projected gates [DIRS][T*B][N], h [2][DIRS][B][HP], c [DIRS][B][HP],
    z and r*h [DIRS][B][HP] each */
@@ -119,16 +122,110 @@ static void projection(const float *restrict x, const float *restrict wp,
         }}
 }}
 
-/* acc[g][v] += sum_k h[k] R[g*H + unit][k] over the chunk's units (R packed
-   [d][chunk][k][gate][UC]); gates [first, last) only */
-INLINE void recur(vf acc[G][2], const float *restrict h, const float *restrict rp,
-                  const int first, const int last) {{
+/* acc[r][g][v] += sum_k h_r[k] R[g*H + unit][k] over the chunk's units (R packed
+   [d][chunk][k][gate][UC]) for nb batch rows at once, each vector of R loaded once for
+   all of them; gates [first, last) only */
+INLINE void recur(vf acc[NB][G][2], const float *const h[NB], const int nb,
+                  const float *restrict rp, const int first, const int last) {{
     for (long k = 0; k < H; ++k) {{
-        vf hk = vsplat(h[k]);
         const float *restrict row = rp + k * G * UC;
+        vf hk[NB];
+        for (int r = 0; r < nb; ++r) hk[r] = vsplat(h[r][k]);
         for (int g = first; g < last; ++g) {{
-            acc[g][0] += hk * vload(row + g * UC);
-            acc[g][1] += hk * vload(row + g * UC + VW);
+            vf w0 = vload(row + g * UC), w1 = vload(row + g * UC + VW);
+            for (int r = 0; r < nb; ++r) {{
+                acc[r][g][0] += hk[r] * w0;
+                acc[r][g][1] += hk[r] * w1;
+            }}
+        }}
+    }}
+}}
+
+/* Where batch row b's vectors of chunk c start in direction d: its state, its projected
+   gates at time t. */
+#define STATE_AT(d, b, c) (((d) * B + (b)) * HP + (c) * UC)
+#define GATES_AT(d, t, b, c) ((((d) * T + (t)) * B + (b)) * N + (c) * UC)
+
+/* One step of chunk c of direction d (time t) for batch rows [b0, b0 + nb): the whole cell
+   update (LSTM; GRU with linear_before_reset), or a GRU's z and r * h (without). */
+INLINE void step_rows(const float *restrict gates, const float *restrict rc,
+                      const float *restrict rbh, const float *restrict hprev,
+                      float *restrict hnext, float *restrict cbuf, float *restrict zbuf,
+                      float *restrict rhbuf, long d, long t, long c, long b0, const int nb) {{
+    vf acc[NB][G][2];
+    const float *h[NB];
+    for (int r = 0; r < nb; ++r) {{
+        const float *restrict gx = gates + GATES_AT(d, t, b0 + r, c);
+        for (int g = 0; g < G; ++g) {{
+            acc[r][g][0] = vload(gx + g * HP);
+            acc[r][g][1] = vload(gx + g * HP + VW);
+        }}
+        h[r] = hprev + STATE_AT(d, b0 + r, 0);
+    }}
+    (void)rbh; (void)cbuf; (void)zbuf; (void)rhbuf;
+#if LSTM
+    recur(acc, h, nb, rc, 0, 4);
+    for (int r = 0; r < nb; ++r) {{
+        const long state = STATE_AT(d, b0 + r, c);
+        for (int v = 0; v < 2; ++v) {{
+            vf in = vsigmoid(acc[r][0][v]), out = vsigmoid(acc[r][1][v]);
+            vf forget = vsigmoid(acc[r][2][v]), cell = vtanh(acc[r][3][v]);
+            vf cs = forget * vload(cbuf + state + v * VW) + in * cell;
+            vstore(cbuf + state + v * VW, cs);
+            vstore(hnext + state + v * VW, out * vtanh(cs));
+        }}
+    }}
+#elif LBR
+    vf hh[NB][G][2];   /* the h gate's recurrent part, R_h h + Rb_h */
+    for (int r = 0; r < nb; ++r) {{
+        hh[r][2][0] = vload(rbh + d * HP + c * UC);
+        hh[r][2][1] = vload(rbh + d * HP + c * UC + VW);
+    }}
+    recur(acc, h, nb, rc, 0, 2);
+    recur(hh, h, nb, rc, 2, 3);
+    for (int r = 0; r < nb; ++r) {{
+        const long state = STATE_AT(d, b0 + r, c);
+        for (int v = 0; v < 2; ++v) {{
+            vf z = vsigmoid(acc[r][0][v]), reset = vsigmoid(acc[r][1][v]);
+            vf n = vtanh(acc[r][2][v] + reset * hh[r][2][v]);
+            vf hp = vload(hprev + state + v * VW);
+            vstore(hnext + state + v * VW, n + z * (hp - n));
+        }}
+    }}
+#else
+    recur(acc, h, nb, rc, 0, 2);
+    for (int r = 0; r < nb; ++r) {{
+        const long state = STATE_AT(d, b0 + r, c);
+        for (int v = 0; v < 2; ++v) {{
+            vstore(zbuf + state + v * VW, vsigmoid(acc[r][0][v]));
+            vstore(rhbuf + state + v * VW,
+                   vsigmoid(acc[r][1][v]) * vload(hprev + state + v * VW));
+        }}
+    }}
+#endif
+}}
+
+/* The second half of a GRU step without linear_before_reset: the candidate from r * h,
+   then the new state, for batch rows [b0, b0 + nb). */
+INLINE void candidate_rows(const float *restrict gates, const float *restrict rc,
+                           const float *restrict hprev, float *restrict hnext,
+                           const float *restrict zbuf, const float *restrict rhbuf,
+                           long d, long t, long c, long b0, const int nb) {{
+    vf acc[NB][G][2];
+    const float *rh[NB];
+    for (int r = 0; r < nb; ++r) {{
+        const float *restrict gx = gates + GATES_AT(d, t, b0 + r, c);
+        acc[r][2][0] = vload(gx + 2 * HP);
+        acc[r][2][1] = vload(gx + 2 * HP + VW);
+        rh[r] = rhbuf + STATE_AT(d, b0 + r, 0);
+    }}
+    recur(acc, rh, nb, rc, 2, 3);
+    for (int r = 0; r < nb; ++r) {{
+        const long state = STATE_AT(d, b0 + r, c);
+        for (int v = 0; v < 2; ++v) {{
+            vf n = vtanh(acc[r][2][v]), z = vload(zbuf + state + v * VW);
+            vf hp = vload(hprev + state + v * VW);
+            vstore(hnext + state + v * VW, n + z * (hp - n));
         }}
     }}
 }}
@@ -149,7 +246,6 @@ void wpk_recurrent(const float *restrict x, const float *restrict wp,
     float *restrict cbuf = hbuf + 2 * STATE_FLOATS;
     float *restrict zbuf = cbuf + STATE_FLOATS;
     float *restrict rhbuf = zbuf + STATE_FLOATS;
-    (void)rbh; (void)c0; (void)yc; (void)zbuf; (void)rhbuf;
     #pragma omp parallel if (PAR)
     {{
         const long nt = omp_get_num_threads(), tid = omp_get_thread_num();
@@ -170,47 +266,13 @@ void wpk_recurrent(const float *restrict x, const float *restrict wp,
             for (long item = first; item < last; ++item) {{
                 const long d = item / NCH, c = item % NCH, t = time_of(d, s);
                 const float *restrict rc = rp + (d * NCH + c) * H * G * UC;
-                for (long b = 0; b < B; ++b) {{
-                    const long state = (d * B + b) * HP + c * UC;
-                    const float *restrict gx = gates + ((d * T + t) * B + b) * N + c * UC;
-                    vf acc[G][2];
-                    for (int g = 0; g < G; ++g) {{
-                        acc[g][0] = vload(gx + g * HP);
-                        acc[g][1] = vload(gx + g * HP + VW);
-                    }}
-                    const float *restrict h = hprev + (d * B + b) * HP;
-#if LSTM
-                    recur(acc, h, rc, 0, 4);
-                    for (int v = 0; v < 2; ++v) {{
-                        vf in = vsigmoid(acc[0][v]), out = vsigmoid(acc[1][v]);
-                        vf forget = vsigmoid(acc[2][v]), cell = vtanh(acc[3][v]);
-                        vf cs = forget * vload(cbuf + state + v * VW) + in * cell;
-                        vstore(cbuf + state + v * VW, cs);
-                        vstore(hnext + state + v * VW, out * vtanh(cs));
-                    }}
-#else
-                    vf hh[G][2];   /* the h gate's recurrent part, R_h h + Rb_h (LBR 1) */
-                    hh[2][0] = vload(rbh + d * HP + c * UC);
-                    hh[2][1] = vload(rbh + d * HP + c * UC + VW);
-#if LBR
-                    recur(acc, h, rc, 0, 2);
-                    recur(hh, h, rc, 2, 3);
-                    for (int v = 0; v < 2; ++v) {{
-                        vf z = vsigmoid(acc[0][v]), r = vsigmoid(acc[1][v]);
-                        vf n = vtanh(acc[2][v] + r * hh[2][v]);
-                        vf hp = vload(h + c * UC + v * VW);
-                        vstore(hnext + state + v * VW, n + z * (hp - n));
-                    }}
-#else
-                    (void)hh;
-                    recur(acc, h, rc, 0, 2);
-                    for (int v = 0; v < 2; ++v) {{
-                        vf z = vsigmoid(acc[0][v]), r = vsigmoid(acc[1][v]);
-                        vstore(zbuf + state + v * VW, z);
-                        vstore(rhbuf + state + v * VW, r * vload(h + c * UC + v * VW));
-                    }}
-#endif
-#endif
+                for (long b0 = 0; b0 < B; b0 += NB) {{
+                    if (B - b0 >= NB)
+                        step_rows(gates, rc, rbh, hprev, hnext, cbuf, zbuf, rhbuf, d, t, c,
+                                  b0, NB);
+                    else
+                        step_rows(gates, rc, rbh, hprev, hnext, cbuf, zbuf, rhbuf, d, t, c,
+                                  b0, 1);
                 }}
             }}
 #if !LSTM && !LBR
@@ -218,19 +280,11 @@ void wpk_recurrent(const float *restrict x, const float *restrict wp,
             for (long item = first; item < last; ++item) {{
                 const long d = item / NCH, c = item % NCH, t = time_of(d, s);
                 const float *restrict rc = rp + (d * NCH + c) * H * G * UC;
-                for (long b = 0; b < B; ++b) {{
-                    const long state = (d * B + b) * HP + c * UC;
-                    const float *restrict gx = gates + ((d * T + t) * B + b) * N + c * UC;
-                    vf acc[G][2];
-                    acc[2][0] = vload(gx + 2 * HP);
-                    acc[2][1] = vload(gx + 2 * HP + VW);
-                    recur(acc, rhbuf + (d * B + b) * HP, rc, 2, 3);
-                    const float *restrict h = hprev + (d * B + b) * HP;
-                    for (int v = 0; v < 2; ++v) {{
-                        vf n = vtanh(acc[2][v]), z = vload(zbuf + state + v * VW);
-                        vf hp = vload(h + c * UC + v * VW);
-                        vstore(hnext + state + v * VW, n + z * (hp - n));
-                    }}
+                for (long b0 = 0; b0 < B; b0 += NB) {{
+                    if (B - b0 >= NB)
+                        candidate_rows(gates, rc, hprev, hnext, zbuf, rhbuf, d, t, c, b0, NB);
+                    else
+                        candidate_rows(gates, rc, hprev, hnext, zbuf, rhbuf, d, t, c, b0, 1);
                 }}
             }}
 #endif
@@ -323,6 +377,8 @@ def recurrent_reason(workload: Workload) -> str | None:
         return "recurrent.c writes Y first (X [seq, batch, input], Y [seq, dirs, batch, hidden])"
     if len(outputs) > (3 if op == "LSTM" else 2):
         return f"{op} has at most {3 if op == 'LSTM' else 2} outputs"
+    if 4 * work_floats(workload, 16) > MAX_WORK_BYTES:
+        return "recurrent.c would hold over 1 GiB of projected gates"
     return None
 
 
@@ -333,13 +389,20 @@ def _geometry(workload: Workload) -> dict:
             "dirs": _direction_count(workload)}
 
 
+def batch_rows(batch: int, lanes: int) -> int:
+    """Batch rows that share each load of R: 2 where the register file holds their
+    accumulators (AVX-512's 32 vectors: 16 for an LSTM's two rows), else 1."""
+    return 2 if batch > 1 and lanes >= 16 else 1
+
+
 def recurrent_source(workload: Workload, config: Mapping, lanes: int) -> str:
     """The C source of `wpk_recurrent` for the workload, vectors of `lanes` floats."""
     geo = _geometry(workload)
     return VECTOR_HEADER.format(lanes=lanes) + _SOURCE.format(
         **geo, hp=_padded_units(geo["h"], lanes), reverse0=int(_direction(workload) == "reverse"),
         lstm=int(workload.op == "LSTM"), lbr=int(workload.attr("linear_before_reset", 0) != 0),
-        par=int(config.get("par", 1)), lanes=lanes, mr=PROJECTION_ROWS)
+        par=int(config.get("par", 1)), lanes=lanes, mr=PROJECTION_ROWS,
+        nb=batch_rows(geo["b"], lanes))
 
 
 def pack_weights(workload: Workload, w: np.ndarray, r: np.ndarray, bias: np.ndarray | None,

@@ -117,6 +117,7 @@ def test_the_planner_offers_it_next_to_onnxruntime():
 
 @pytest.mark.parametrize("w, words", [
     (recurrent("LSTM", 4, 1, 8, 16, attrs=(("clip", 3.0),)), "clip"),
+    (recurrent("LSTM", 20000, 16, 8, 1024), "1 GiB"),
     (recurrent("LSTM", 4, 1, 8, 16, attrs=(("layout", 1),)), "layout 0"),
     (recurrent("LSTM", 4, 1, 8, 16, attrs=(("input_forget", 1),)), "input and forget"),
     (recurrent("GRU", 4, 1, 8, 16, attrs=(("activations", ("Relu", "Tanh")),)),
