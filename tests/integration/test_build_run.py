@@ -86,6 +86,44 @@ def test_strict_names_unsupported_nodes(tmp_path):
     np.testing.assert_array_equal(out["y"], np.round(np.maximum(x, 0)))
 
 
+def hf_extended_mask(heads: int = 2, seq: int = 8) -> onnx.ModelProto:
+    """Scores [1, heads, seq, seq] plus the mask HF transformers build from an int64
+    attention_mask [1, seq]: (1 - mask[:, None, None, :]) * finfo(float32).min, then a
+    softmax over the keys."""
+    lowest = np.array(np.finfo(np.float32).min, np.float32)
+    constants = [numpy_helper.from_array(np.array([1, 2], np.int64), "axes"),
+                 numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+                 numpy_helper.from_array(lowest, "lowest")]
+    nodes = [helper.make_node("Unsqueeze", ["attention_mask", "axes"], ["m4"], "unsqueeze"),
+             helper.make_node("Cast", ["m4"], ["mf"], "cast", to=TensorProto.FLOAT),
+             helper.make_node("Sub", ["one", "mf"], ["inverted"], "sub"),
+             helper.make_node("Mul", ["inverted", "lowest"], ["additive"], "mul"),
+             helper.make_node("Add", ["scores", "additive"], ["masked"], "add"),
+             helper.make_node("Softmax", ["masked"], ["p"], "softmax", axis=-1)]
+    graph = helper.make_graph(
+        nodes, "hf_mask",
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, heads, seq, seq]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, seq])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, heads, seq, seq])],
+        constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_an_hf_extended_attention_mask_builds_and_matches_onnxruntime(rng):
+    """Verification feeds the mask's Sub/Mul random floats, where (1 - m) * finfo.min passes
+    float32's range: float32's inf is then right, not an overflow (it refused every
+    candidate, and every HF BERT export did not build)."""
+    model = hf_extended_mask()
+    plan = wpk.build(model, target="cpu", **FAST, partition=False)
+    feeds = {"scores": rng.standard_normal((1, 2, 8, 8)).astype(np.float32),
+             "attention_mask": np.array([[1, 1, 1, 1, 1, 0, 0, 0]], np.int64)}
+    [expected] = ort.InferenceSession(model.SerializeToString(),
+                                      providers=["CPUExecutionProvider"]).run(None, feeds)
+    session = Session(plan)
+    np.testing.assert_allclose(session.run(feeds)["p"], expected, rtol=1e-5, atol=1e-7)
+    assert expected[..., 5:].max() == 0.0
+
+
 @pytest.mark.parametrize("transform", ["half_pixel", "pytorch_half_pixel", "align_corners"])
 def test_bilinear_upsampling_builds_and_matches_onnxruntime(rng, transform):
     """torch's nn.Upsample(mode="bilinear") as its exporter writes it: no candidate passed

@@ -185,6 +185,24 @@ def test_compare_requires_matching_special_values():
     assert error == float("inf") and "inf/nan" in why
 
 
+def test_compare_takes_inf_where_the_reference_is_beyond_float32s_range():
+    """HF's `(1 - mask) * finfo(float32).min` on random inputs: the exact value can pass
+    float32's largest, and inf with its sign is then the right float32 answer."""
+    big = float(np.finfo(np.float32).max)
+    ref = np.array([1.0, -1.5 * big, 2.0 * big, -0.5 * big])
+    got = np.array([1.0, -np.inf, np.inf, -0.5 * big], np.float32)
+    assert compare([got], [ref]) == (0.0, "")
+    assert compare([np.array([1.0, -big, big, -0.5 * big], np.float32)], [ref])[0] < 1e-6
+    error, why = compare([np.array([1.0, np.inf, np.inf, -0.5 * big], np.float32)], [ref])
+    assert error == float("inf") and "beyond" in why        # the sign is wrong
+    error, why = compare([np.array([1.0, -1.0, np.inf, -0.5 * big], np.float32)], [ref])
+    assert error == float("inf") and "beyond" in why        # finite and in range
+    error, why = compare([np.array([1.0, np.nan, np.inf, -0.5 * big], np.float32)], [ref])
+    assert error == float("inf")                              # unwritten stays wrong
+    error, why = compare([np.array([np.inf, -np.inf, np.inf, -0.5 * big], np.float32)], [ref])
+    assert error == float("inf") and "NaN/inf" in why       # an in-range element overflowed
+
+
 def test_measurement_json_round_trip(rng):
     m = measure(NumpyMatMul(), rng)
     again = Measurement.from_json(m.to_json())
