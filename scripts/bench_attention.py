@@ -25,8 +25,12 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
+from kernel_timing import per_call, repeat_for  # noqa: E402
 
 GOAL = 1.5
 SEQS = (64, 128, 256, 512)
@@ -60,17 +64,6 @@ def _inputs(workload, rng: np.random.Generator) -> list[np.ndarray]:
     return arrays
 
 
-def _per_call(call, repeat: int) -> float:
-    start = time.perf_counter()
-    for _ in range(repeat):
-        call()
-    return (time.perf_counter() - start) / repeat
-
-
-def _repeat_for(call, target_s: float = 0.05) -> int:
-    return max(3, int(target_s / max(_per_call(call, 3), 1e-7)))
-
-
 def _ort_call(workload, arrays, out, threads: int):
     import onnxruntime as ort
 
@@ -97,8 +90,8 @@ def _fused_call(workload, arrays, out, rounds: int = 3):
             k(arrays, [out])
 
         call()
-        repeat = _repeat_for(call, 0.02)
-        seconds = min(_per_call(call, repeat) for _ in range(rounds))
+        repeat = repeat_for(call, 0.02)
+        seconds = min(per_call(call, repeat) for _ in range(rounds))
         if best is None or seconds < best[0]:
             best = (seconds, config, call)
     return best[1], best[2]
@@ -123,12 +116,12 @@ def measure(seq: int, d_model: int, threads: int, rounds: int, mask: bool) -> di
     errors = {"fused": _error(fused, out, expected), "onnxruntime": _error(ort_run, out, expected)}
     if max(errors.values()) > 1e-4:
         raise SystemExit(f"error: seq {seq} d_model {d_model}: wrong result {errors}")
-    repeat = _repeat_for(ort_run)
+    repeat = repeat_for(ort_run)
     times = {"onnxruntime": [], "fused": []}
     for _ in range(rounds):
-        times["onnxruntime"].append(_per_call(ort_run, repeat))
+        times["onnxruntime"].append(per_call(ort_run, repeat))
         time.sleep(0.05)   # let onnxruntime's spinning threads stop
-        times["fused"].append(_per_call(fused, repeat))
+        times["fused"].append(per_call(fused, repeat))
     medians = {k: statistics.median(v) for k, v in times.items()}
     return {"seq": seq, "d_model": d_model, "heads": d_model // HEAD_DIM, "mask": mask,
             "config": config, "errors": errors, "median_s": medians,

@@ -32,9 +32,13 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle BLAS threads sleep (bench_dsl_cpu)
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
+from kernel_timing import per_call, repeat_for  # noqa: E402
 
 GOAL = 1.3
 RELU6 = ("clip", (("max", 6.0), ("min", 0.0)))
@@ -95,17 +99,6 @@ def _setup(block, rng):
     return workload, [x, *(consts.get(i) for i in range(1, count))], consts
 
 
-def _per_call(call, repeat: int) -> float:
-    start = time.perf_counter()
-    for _ in range(repeat):
-        call()
-    return (time.perf_counter() - start) / repeat
-
-
-def _repeat_for(call, target_s: float = 0.05) -> int:
-    return max(3, int(target_s / max(_per_call(call, 3), 1e-7)))
-
-
 def candidate_configs(workload) -> list[dict]:
     """The default config and a few neighbours (pixel tile, channel tiles, strip rows)."""
     from wpk.kernels.cpu.microkernels.ir_space import BlockSpace, block_geometry
@@ -133,7 +126,7 @@ def _fused_call(workload, arrays, consts, out):
             k(arrays, [out])
 
         call()
-        seconds = min(_per_call(call, _repeat_for(call, 0.02)) for _ in range(3))
+        seconds = min(per_call(call, repeat_for(call, 0.02)) for _ in range(3))
         if best is None or seconds < best[0]:
             best = (seconds, config, call)
     return best[1], best[2]
@@ -183,17 +176,17 @@ def measure(block, threads: int, rounds: int) -> dict:
     if max(errors.values()) > 1e-4:
         raise SystemExit(f"error: block {block}: wrong result {errors}\n"
                          "hint: run tests/unit/test_inverted_residual*.py")
-    repeat = _repeat_for(ort_run)
+    repeat = repeat_for(ort_run)
     times = {"onnxruntime": [], "fused": []}
     ungated = _without_gate(block, config, threads) if block.get("squeezed") else None
     if ungated:
         times["fused_without_gate"] = []
     for _ in range(rounds):
-        times["onnxruntime"].append(_per_call(ort_run, repeat))
+        times["onnxruntime"].append(per_call(ort_run, repeat))
         time.sleep(0.05)   # let onnxruntime's spinning threads stop
-        times["fused"].append(_per_call(fused, repeat))
+        times["fused"].append(per_call(fused, repeat))
         if ungated:
-            times["fused_without_gate"].append(_per_call(ungated, repeat))
+            times["fused_without_gate"].append(per_call(ungated, repeat))
     medians = {k: statistics.median(v) for k, v in times.items()}
     flops = block_geometry(workload).flops
     return {**block, "threads": threads, "config": config, "errors": errors,

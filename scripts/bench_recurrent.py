@@ -24,8 +24,12 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
+from kernel_timing import per_call, repeat_for  # noqa: E402
 
 # name: (op, seq, batch, input, hidden, direction, linear_before_reset)
 CASES = {
@@ -54,17 +58,6 @@ def _workload(op: str, seq: int, batch: int, inputs: int, hidden: int, direction
     attrs = (("hidden_size", hidden), ("direction", direction))
     attrs += (("linear_before_reset", lbr),) if op == "GRU" else ()
     return Workload(op, specs, outputs, attrs, (), "", (1, 2, 3))
-
-
-def _per_call(call, repeat: int) -> float:
-    start = time.perf_counter()
-    for _ in range(repeat):
-        call()
-    return (time.perf_counter() - start) / repeat
-
-
-def _repeat_for(call, target_s: float = 0.05) -> int:
-    return max(3, int(target_s / max(_per_call(call, 3), 1e-7)))
 
 
 def _ort_call(workload, arrays, outs, threads: int):
@@ -98,8 +91,8 @@ def _wpk_call(workload, arrays, outs, rounds: int = 3):
             k(arrays, outs)
 
         call()
-        repeat = _repeat_for(call, 0.02)
-        seconds = min(_per_call(call, repeat) for _ in range(rounds))
+        repeat = repeat_for(call, 0.02)
+        seconds = min(per_call(call, repeat) for _ in range(rounds))
         if best is None or seconds < best[0]:
             best = (seconds, config, call)
     return best[1], best[2]
@@ -127,12 +120,12 @@ def measure(name: str, threads: int, rounds: int) -> dict:
               "onnxruntime": _error(ort_run, outs, expected)}
     if max(errors.values()) > 1e-4:
         raise SystemExit(f"error: {name}: wrong result {errors}")
-    repeat = _repeat_for(ort_run)
+    repeat = repeat_for(ort_run)
     times = {"onnxruntime": [], "recurrent.c": []}
     for _ in range(rounds):
-        times["onnxruntime"].append(_per_call(ort_run, repeat))
+        times["onnxruntime"].append(per_call(ort_run, repeat))
         time.sleep(0.05)   # let onnxruntime's spinning threads stop
-        times["recurrent.c"].append(_per_call(wpk_run, repeat))
+        times["recurrent.c"].append(per_call(wpk_run, repeat))
     medians = {k: statistics.median(v) for k, v in times.items()}
     op, seq, batch, inputs, hidden, direction, lbr = CASES[name]
     dirs = 2 if direction == "bidirectional" else 1

@@ -1,0 +1,21 @@
+"""Timing helpers shared by the per-kernel benchmarks (`bench_attention.py`,
+`bench_inverted_residual.py`, `bench_recurrent.py`): the mean time of a call over a number
+of repeats, and how many repeats fill a target time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def per_call(call: Callable[[], object], repeat: int) -> float:
+    """Seconds per call, the mean of `repeat` calls in a row."""
+    start = time.perf_counter()
+    for _ in range(repeat):
+        call()
+    return (time.perf_counter() - start) / repeat
+
+
+def repeat_for(call: Callable[[], object], target_s: float = 0.05) -> int:
+    """Repeats (at least 3) whose calls take about `target_s`, from three calls' time."""
+    return max(3, int(target_s / max(per_call(call, 3), 1e-7)))
