@@ -24,13 +24,12 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
-from kernel_timing import per_call, repeat_for  # noqa: E402
+from kernel_timing import alternate_with_onnxruntime, per_call, repeat_for  # noqa: E402
 
 GOAL = 1.5
 SEQS = (64, 128, 256, 512)
@@ -116,12 +115,7 @@ def measure(seq: int, d_model: int, threads: int, rounds: int, mask: bool) -> di
     errors = {"fused": _error(fused, out, expected), "onnxruntime": _error(ort_run, out, expected)}
     if max(errors.values()) > 1e-4:
         raise SystemExit(f"error: seq {seq} d_model {d_model}: wrong result {errors}")
-    repeat = repeat_for(ort_run)
-    times = {"onnxruntime": [], "fused": []}
-    for _ in range(rounds):
-        times["onnxruntime"].append(per_call(ort_run, repeat))
-        time.sleep(0.05)   # let onnxruntime's spinning threads stop
-        times["fused"].append(per_call(fused, repeat))
+    times = alternate_with_onnxruntime(ort_run, {"fused": fused}, rounds)
     medians = {k: statistics.median(v) for k, v in times.items()}
     return {"seq": seq, "d_model": d_model, "heads": d_model // HEAD_DIM, "mask": mask,
             "config": config, "errors": errors, "median_s": medians,

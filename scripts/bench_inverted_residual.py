@@ -31,14 +31,13 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle BLAS threads sleep (bench_dsl_cpu)
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
-from kernel_timing import per_call, repeat_for  # noqa: E402
+from kernel_timing import alternate_with_onnxruntime, per_call, repeat_for  # noqa: E402
 
 GOAL = 1.3
 RELU6 = ("clip", (("max", 6.0), ("min", 0.0)))
@@ -176,17 +175,9 @@ def measure(block, threads: int, rounds: int) -> dict:
     if max(errors.values()) > 1e-4:
         raise SystemExit(f"error: block {block}: wrong result {errors}\n"
                          "hint: run tests/unit/test_inverted_residual*.py")
-    repeat = repeat_for(ort_run)
-    times = {"onnxruntime": [], "fused": []}
     ungated = _without_gate(block, config, threads) if block.get("squeezed") else None
-    if ungated:
-        times["fused_without_gate"] = []
-    for _ in range(rounds):
-        times["onnxruntime"].append(per_call(ort_run, repeat))
-        time.sleep(0.05)   # let onnxruntime's spinning threads stop
-        times["fused"].append(per_call(fused, repeat))
-        if ungated:
-            times["fused_without_gate"].append(per_call(ungated, repeat))
+    own = {"fused": fused, **({"fused_without_gate": ungated} if ungated else {})}
+    times = alternate_with_onnxruntime(ort_run, own, rounds)
     medians = {k: statistics.median(v) for k, v in times.items()}
     flops = block_geometry(workload).flops
     return {**block, "threads": threads, "config": config, "errors": errors,

@@ -23,13 +23,12 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
-from kernel_timing import per_call, repeat_for  # noqa: E402
+from kernel_timing import alternate_with_onnxruntime, per_call, repeat_for  # noqa: E402
 
 # name: (op, seq, batch, input, hidden, direction, linear_before_reset)
 CASES = {
@@ -120,12 +119,7 @@ def measure(name: str, threads: int, rounds: int) -> dict:
               "onnxruntime": _error(ort_run, outs, expected)}
     if max(errors.values()) > 1e-4:
         raise SystemExit(f"error: {name}: wrong result {errors}")
-    repeat = repeat_for(ort_run)
-    times = {"onnxruntime": [], "recurrent.c": []}
-    for _ in range(rounds):
-        times["onnxruntime"].append(per_call(ort_run, repeat))
-        time.sleep(0.05)   # let onnxruntime's spinning threads stop
-        times["recurrent.c"].append(per_call(wpk_run, repeat))
+    times = alternate_with_onnxruntime(ort_run, {"recurrent.c": wpk_run}, rounds)
     medians = {k: statistics.median(v) for k, v in times.items()}
     op, seq, batch, inputs, hidden, direction, lbr = CASES[name]
     dirs = 2 if direction == "bidirectional" else 1

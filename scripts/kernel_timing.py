@@ -19,3 +19,19 @@ def per_call(call: Callable[[], object], repeat: int) -> float:
 def repeat_for(call: Callable[[], object], target_s: float = 0.05) -> int:
     """Repeats (at least 3) whose calls take about `target_s`, from three calls' time."""
     return max(3, int(target_s / max(per_call(call, 3), 1e-7)))
+
+
+def alternate_with_onnxruntime(ort_run: Callable[[], object],
+                               own: dict[str, Callable[[], object]],
+                               rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of onnxruntime's run and of each of `own`, in `rounds` blocks of as
+    many calls as fill 50 ms of onnxruntime's, a pause after onnxruntime's block so its
+    spinning threads stop before the others run."""
+    repeat = repeat_for(ort_run)
+    times: dict[str, list[float]] = {"onnxruntime": [], **{name: [] for name in own}}
+    for _ in range(rounds):
+        times["onnxruntime"].append(per_call(ort_run, repeat))
+        time.sleep(0.05)
+        for name, call in own.items():
+            times[name].append(per_call(call, repeat))
+    return times
