@@ -199,7 +199,10 @@ def test_bench_conv_schedules_times_both_winograd_rounds_and_dilated_convs(scrip
     assert set(dilated["us"]) == {"direct", "onnxruntime"} and "d6" in dilated["conv"]
     for row in (winograd, dilated):
         for name, ratio in row["onnxruntime_over"].items():
-            assert ratio == pytest.approx(row["us"]["onnxruntime"] / row["us"][name], rel=1e-2)
+            # the JSON rounds ratios to 3 decimals: a contender 50x slower than onnxruntime
+            # (0.0175 written 0.017, under load) is off by 3% but by under 5e-4
+            assert ratio == pytest.approx(row["us"]["onnxruntime"] / row["us"][name], rel=1e-2,
+                                          abs=5e-4)
 
 
 def test_bench_moves_verifies_and_times_every_form_of_the_copy(scripts_on_path, tmp_path):
