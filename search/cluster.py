@@ -49,6 +49,10 @@ CONNECT_TIMEOUT_S = 10.0
 # fails at once on a busy machine (Ray logs a gRPC fork warning, the server's log stays
 # empty; seen in this project's CI-sized test runs), and a new connection starts another.
 CLIENT_SERVER_FAILED = "Starting Ray client server failed"
+# The same start, failing inside the proxy itself: the new server process already a zombie
+# when the proxy reads its command line (psutil.ZombieProcess; seen in a fresh-clone test run).
+CLIENT_SERVER_ZOMBIE = "ZombieProcess"
+TRANSIENT_CLIENT_FAILURES = (CLIENT_SERVER_FAILED, CLIENT_SERVER_ZOMBIE)
 CLIENT_SERVER_RETRIES = 2
 CLIENT_SERVER_PAUSE_S = 1.0
 # Ray on Linux turns a loopback bootstrap address into the host's outward address, where a
@@ -199,7 +203,8 @@ class Connection:
                 # start) can leave Ray's client context connected; the next Connection
                 # would then skip ray.init and use it (seen as an internal error)
                 self.ray.shutdown()
-                if attempt < CLIENT_SERVER_RETRIES and CLIENT_SERVER_FAILED in str(exc):
+                transient = any(mark in str(exc) for mark in TRANSIENT_CLIENT_FAILURES)
+                if attempt < CLIENT_SERVER_RETRIES and transient:
                     time.sleep(CLIENT_SERVER_PAUSE_S)
                     continue
                 self.close()

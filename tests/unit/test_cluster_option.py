@@ -189,8 +189,9 @@ def _connect_with(monkeypatch, fake: FlakyRay):
 
 
 def test_a_ray_client_server_that_did_not_start_is_retried(monkeypatch):
-    """Ray's per-client server failing to start (a Ray flake on busy machines) costs a
-    retry, up to two; any other failure is the error at once."""
+    """Ray's per-client server failing to start (a Ray flake on busy machines; also as the
+    proxy finding the new server a zombie) costs a retry, up to two; any other failure is
+    the error at once."""
     from wpk.core.errors import ClusterError
     from wpk.search.cluster import CLIENT_SERVER_FAILED
 
@@ -205,6 +206,12 @@ def test_a_ray_client_server_that_did_not_start_is_retried(monkeypatch):
     with pytest.raises(ClusterError, match="cannot connect"):
         _connect_with(monkeypatch, always)
     assert always.inits == 3 and not always.connected
+    zombie = RuntimeError("Initialization failure from server:\n  File \"proxier.py\", line 396"
+                          "\npsutil.ZombieProcess: PID still exists but it's a zombie")
+    fake = FlakyRay(zombie)
+    connection = _connect_with(monkeypatch, fake)
+    assert fake.inits == 2 and fake.connected
+    connection.close()
     other = FlakyRay(ConnectionError("connection refused"))
     with pytest.raises(ClusterError, match="connection refused"):
         _connect_with(monkeypatch, other)
