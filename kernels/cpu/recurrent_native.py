@@ -110,15 +110,9 @@ static void projection(const float *restrict x, const float *restrict wp,
         for (long mb = 0; mb < blocks; ++mb) {{
             long d = dn / (N / UC), nc = dn % (N / UC), m0 = mb * MR;
             long rows = T * B - m0 < MR ? T * B - m0 : MR;
+            /* whole tiles unrolled; the one short tail tile of a column chunk as it comes */
             if (rows == MR) project(x, wp, bias, gates, d, nc, m0, MR);
-            else switch (rows) {{
-                case 1: project(x, wp, bias, gates, d, nc, m0, 1); break;
-                case 2: project(x, wp, bias, gates, d, nc, m0, 2); break;
-                case 3: project(x, wp, bias, gates, d, nc, m0, 3); break;
-                case 4: project(x, wp, bias, gates, d, nc, m0, 4); break;
-                case 5: project(x, wp, bias, gates, d, nc, m0, 5); break;
-                default: break;
-            }}
+            else project(x, wp, bias, gates, d, nc, m0, (int)rows);
         }}
 }}
 
@@ -435,7 +429,8 @@ def pack_weights(workload: Workload, w: np.ndarray, r: np.ndarray, bias: np.ndar
 
 
 def work_floats(workload: Workload, lanes: int) -> int:
-    """The scratch buffer's floats: the projected gates and four state planes."""
+    """The scratch buffer's floats: the projected gates and five state planes (h twice, c,
+    z, r * h)."""
     geo = _geometry(workload)
     hp = _padded_units(geo["h"], lanes)
     state = geo["dirs"] * geo["b"] * hp
@@ -502,7 +497,7 @@ class RecurrentC(Implementation):
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
             if not all(plain(o) for o in outputs):
                 raise ValueError("recurrent.c writes C-contiguous float32 outputs")
-            _, args = pointers(inputs, outputs)
+            _alive, args = pointers(inputs, outputs)   # copies made for the call live on
             fn(*args)
 
         def native(inputs, outputs) -> NativeCall | None:
