@@ -9,7 +9,10 @@ each key tile the scores are computed key-major, S^T = K Q^T, into a
 broadcast scalars: no transposition), the mask is added, and the online
 softmax runs vectorized over the queries (running max and sum per query, the
 output accumulator rescaled by exp(m_old - m_new)); then P V is added to the
-[TQ, Dv] accumulator, which is divided by the sums at the end. No
+[TQ, Dv] accumulator, which is divided by the sums at the end. Scores are kept in
+base-2 units (log2(e) folded into Q's scale, and into the mask as it is added), so
+each exponential is a power of two: 2^round(x) from its exponent bits times a
+polynomial, no range reduction by ln 2. No
 [seq, seq] tensor is ever written to memory. V is packed only when Dv is not
 a multiple of the vector width.
 
@@ -31,11 +34,16 @@ part of the compile cache key.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+
+import numpy as np
 
 from wpk.kernels.cpu.attention_spec import AttentionShape, mask_strides
 from wpk.kernels.cpu.microkernels.vector_c import transpose_macro
 
+# Scores are kept in base-2 units: Q is scaled by the op's scale times this.
+LOG2E = 1 / math.log(2)
 # A query tile's buffers live on its thread's stack: at most this many bytes.
 STACK_LIMIT = 512 * 1024
 # Optional knobs and their defaults: par 0 runs on the calling thread only (no OpenMP wake-up,
@@ -89,7 +97,10 @@ _HEADER = r"""
 #define MS1 {ms1}
 #define MS2 {ms2}
 #define MS3 {ms3}
-static const float SCALE = {scale!r}f;
+/* Scores are kept in base-2 units (the scale times log2(e), folded into Q; mask values
+   times LOG2E as they are added), so the softmax's exponentials are powers of two. */
+#define LOG2E 1.44269504f
+static const float QSCALE = {qscale!r}f;
 
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
@@ -111,24 +122,22 @@ static inline vf vsplat(float x) { return x - (vf){0}; }  /* x - 0 == x: a broad
 static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
 static inline vf vmax(vf a, vf b) { return vsel(a > b, a, b); }
 
-/* exp for x <= 0 (Cephes' single-precision polynomial on [-ln2/2, ln2/2]); 0 below the
-   float range. */
-static inline vf vexp(vf x) {
-    vi tiny = x < -87.3f;
-    x = vmax(x, vsplat(-87.3f));
-    /* n = round(x / ln 2) by the 1.5 * 2^23 trick: its low mantissa bits hold n */
-    vf t = x * 1.44269504088896341f + 12582912.0f;
-    vf fn = t - 12582912.0f;
+/* 2^x for x <= 0: 2^n 2^f with n = round(x), f = x - n in [-1/2, 1/2], 2^f = 1 + f q(f)
+   (q of degree 5, fitted to 2^f's relative error: under 1e-7 in float arithmetic). Below
+   -127 x is clamped there, where 2^n's exponent bits are all zero: the result is 0 without
+   a select. A NaN stays NaN (the comparison is false for it). */
+static inline vf vexp2(vf x) {
+    x = vsel(x < -127.0f, vsplat(-127.0f), x);
+    /* n = round(x) by the 1.5 * 2^23 trick: its low mantissa bits hold n */
+    vf t = x + 12582912.0f;
+    vf f = x - (t - 12582912.0f);
     vi n = (vi)t - (vi)vsplat(12582912.0f);
-    vf r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
-    vf p = 1.9875691500e-4f * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    vf y = p * r * r + r + 1.0f;
-    vf scale = (vf)((n + 127) << 23);
-    return vsel(tiny, vsplat(0.0f), y * scale);
+    vf q = 1.535335322842002e-4f * f + 1.3398875016719103e-3f;
+    q = q * f + 9.618437848985195e-3f;
+    q = q * f + 5.5503323674201965e-2f;
+    q = q * f + 2.4022647738456726e-1f;
+    q = q * f + 6.931471824645996e-1f;
+    return (q * f + 1.0f) * (vf)((n + 127) << 23);
 }
 
 /* A mask of one value per key (a padding mask) is added as the scores are stored, and then
@@ -150,12 +159,12 @@ static void scores(const float *k, const float *qt, const float *mask, int j0, i
         UNROLL for (int r = 0; r < MR; ++r) {
             int key = j0 + (j + r < jn ? j + r : jn - 1);
             kr[r] = k + (size_t)key * (KT_INPUT ? 1 : K_ROW);
-            kmask[r] = FOLD_MASK ? mask[(size_t)key * MS3] : 0.0f;
+            kmask[r] = FOLD_MASK ? mask[(size_t)key * MS3] * LOG2E : 0.0f;
         }
         for (int i0 = 0; i0 < TQ; i0 += NR * VW) {
             vf acc[MR][NR];
             UNROLL for (int r = 0; r < MR; ++r)
-                UNROLL for (int n = 0; n < NR; ++n) acc[r][n] = vsplat(0.0f);
+                UNROLL for (int n = 0; n < NR; ++n) acc[r][n] = vsplat(kmask[r]);
             for (int d = 0; d < D; ++d) {
                 vf qv[NR];
                 UNROLL for (int n = 0; n < NR; ++n) {
@@ -173,7 +182,6 @@ static void scores(const float *k, const float *qt, const float *mask, int j0, i
 #endif
             UNROLL for (int r = 0; r < MR; ++r)
                 UNROLL for (int n = 0; n < NR; ++n) {
-                    if (FOLD_MASK) acc[r][n] += vsplat(kmask[r]);
                     vstore(s + (j + r) * TQ + i0 + n * VW, acc[r][n]);
 #if FOLD_MAX
                     top[n] = vmax(top[n], acc[r][n]);
@@ -197,7 +205,7 @@ static void softmax_step(float *s, const float *mask, int q0, int j0, int jn, fl
     int in = SQ - q0 < TQ ? SQ - q0 : TQ;
     for (int i = 0; i < in; ++i) {   /* along the mask's rows: the score tile is in L1 */
         const float *mk = mask + (size_t)(q0 + i) * MS2 + (size_t)j0 * MS3;
-        for (int j = 0; j < jn; ++j) s[j * TQ + i] += mk[(size_t)j * MS3];
+        for (int j = 0; j < jn; ++j) s[j * TQ + i] += mk[(size_t)j * MS3] * LOG2E;
     }
 #endif
     for (int i = 0; i < TQ; i += VW) {
@@ -208,9 +216,9 @@ static void softmax_step(float *s, const float *mask, int q0, int j0, int jn, fl
 #endif
     for (int i = 0; i < TQ; i += VW) {
         vf top = vload(mx + i);
-        vf a = vexp(vload(m + i) - top), sum = vsplat(0.0f);
+        vf a = vexp2(vload(m + i) - top), sum = vsplat(0.0f);
         for (int j = 0; j < jn; ++j) {
-            vf p = vexp(vload(s + j * TQ + i) - top);
+            vf p = vexp2(vload(s + j * TQ + i) - top);
             vstore(s + j * TQ + i, p);
             sum += p;
         }
@@ -221,8 +229,10 @@ static void softmax_step(float *s, const float *mask, int q0, int j0, int jn, fl
 }
 
 #if HAS_MASK
-/* Keys that cannot matter to a query tile (see the module's docstring). */
+/* Keys that cannot matter to a query tile (see the module's docstring): SKIP_BELOW in
+   the mask's units, SKIP_BELOW2 in the scores' base-2 ones. */
 #define SKIP_BELOW (-104.0)
+#define SKIP_BELOW2 (SKIP_BELOW * (double)LOG2E)
 
 static inline float mask_at(const float *mask, int query, int key) {
     return mask[(size_t)query * MS2 + (size_t)key * MS3];
@@ -269,14 +279,14 @@ static double query_norm(const dead_test *t) {
     return isfinite(top) ? top * (1.0 + 1e-4) : INFINITY;   /* float sums: a margin */
 }
 
-/* 1 when every score of `key` in the tile lies more than -SKIP_BELOW under the floor, its
-   mask being at most `top` for the tile's queries. */
+/* 1 when every score of `key` in the tile lies more than -SKIP_BELOW2 under the floor (base
+   2), its mask being at most `top` for the tile's queries (as the scores add it). */
 static int key_is_dead(dead_test *t, float top, int key) {
-    double gap = (double)top - t->floor;
-    if (!(gap < SKIP_BELOW)) return 0;   /* a NaN: the key stays */
+    double gap = (double)(top * LOG2E) - t->floor;
+    if (!(gap < SKIP_BELOW2)) return 0;   /* a NaN: the key stays */
     if (t->qnorm < 0.0) t->qnorm = query_norm(t);
     double reach = t->qnorm * t->knorm[key];
-    return reach + gap < SKIP_BELOW - 1e-6 * (reach + fabs(t->floor));
+    return reach + gap < SKIP_BELOW2 - 1e-6 * (reach + fabs(t->floor));
 }
 
 /* Narrows [*lo, *hi) (at most TK keys) to its first and last keys that are not dead. A
@@ -362,7 +372,7 @@ static void accumulate(const float *p, const float *v, int j0, int jn, const flo
     }
 }
 
-/* qt[d][i] = Q[q0 + i][d] * SCALE, zero past the queries: VW x VW blocks transposed in
+/* qt[d][i] = Q[q0 + i][d] * QSCALE, zero past the queries: VW x VW blocks transposed in
    registers (TRANSPOSE_BLOCK: one shuffle stage per bit of the lane index), the edges
    one float at a time. */
 static void scaled_queries_transposed(const float *q, int q0, float *qt) {
@@ -371,14 +381,14 @@ static void scaled_queries_transposed(const float *q, int q0, float *qt) {
             if (VW > 1 && q0 + i0 + VW <= SQ && d0 + VW <= D) {
                 vf rows[VW];
                 UNROLL for (int r = 0; r < VW; ++r)
-                    rows[r] = vload(q + (size_t)(q0 + i0 + r) * Q_ROW + d0) * SCALE;
+                    rows[r] = vload(q + (size_t)(q0 + i0 + r) * Q_ROW + d0) * QSCALE;
                 TRANSPOSE_BLOCK(rows);
                 UNROLL for (int r = 0; r < VW; ++r) vstore(qt + (d0 + r) * TQ + i0, rows[r]);
                 continue;
             }
             for (int i = i0; i < i0 + VW; ++i)
                 for (int d = d0; d < d0 + VW && d < D; ++d)
-                    qt[d * TQ + i] = q0 + i < SQ ? q[(size_t)(q0 + i) * Q_ROW + d] * SCALE : 0.0f;
+                    qt[d * TQ + i] = q0 + i < SQ ? q[(size_t)(q0 + i) * Q_ROW + d] * QSCALE : 0.0f;
         }
     }
 }
@@ -568,5 +578,5 @@ def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mappi
         d=shape.d, dv=shape.dv, dvp=dvp, tq=tq, tk=tk, vw=vw, mr=mr, nr=nr,
         nqt=-(-shape.sq // tq), par=int(config.get("par", 1)), k_transposed=int(shape.k_transposed),
         pack_v=int(dvp != shape.dv), has_mask=int(shape.mask_shape is not None),
-        ms0=ms0, ms1=ms1, ms2=ms2, ms3=ms3, scale=float(shape.scale),
+        ms0=ms0, ms1=ms1, ms2=ms2, ms3=ms3, qscale=float(np.float32(shape.scale * LOG2E)),
     ) + f"#define NV {nv}\n" + transpose_macro(vw) + _BODY

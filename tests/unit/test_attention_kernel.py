@@ -170,6 +170,24 @@ def test_a_causal_mask_matches_the_reference(rng):
         assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
 
 
+@pytest.mark.parametrize("mask", [None, (1, 1, 1, 50), (1, 1, 40, 50)])
+def test_a_nan_reaches_the_outputs_it_reaches_in_the_reference(rng, mask):
+    """A NaN in one query poisons that query's output row; one in a key every row of its
+    head (the softmax of a NaN score): as the standard nodes do, no finite stand-in."""
+    w = workload(lead=(1, 3), sq=40, sk=50, d=24, dv=16, mask=mask)
+    arrays = arrays_for(w, rng)
+    arrays[0][0, 0, 7, 5] = np.nan
+    arrays[1][0, 2, 11, 3] = np.nan
+    expected = reference(w, arrays)[0]
+    assert np.isnan(expected).sum() == (16 + 40 * 16)
+    for config in attention_configs(w)[:2] + [{"tq": 16, "tk": 16, "vw": 1, "mr": 2, "nr": 2}]:
+        out = np.full(w.outputs[0].shape, np.nan, np.float32)
+        ATTENTION_C.prepare(w, {}, config)(arrays, [out])
+        finite = ~np.isnan(expected)
+        assert np.array_equal(np.isnan(out), ~finite), config
+        assert relative_l2(out[finite], expected[finite]) < TOLERANCE, config
+
+
 def test_a_masked_key_that_still_wins_is_kept(rng):
     """A mask of -1e4 does not make a key negligible when its score is larger still: the
     queries' and keys' norms bound the scores, and here they leave the key in."""
