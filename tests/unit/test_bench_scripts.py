@@ -222,3 +222,27 @@ def test_bench_moves_verifies_and_times_every_form_of_the_copy(scripts_on_path, 
         assert all(t > 0 for t in row["us"].values())
         assert row["gb_s"]["numpy.copyto"] == pytest.approx(
             2 * row["bytes"] / row["us"]["numpy.copyto"] / 1e3)
+
+
+def test_step_drift_times_each_step_alone_and_inside_runs(scripts_on_path, tmp_path, capsys):
+    """Every step of a small plan (here one onnxruntime region, timed whole) gets both
+    times; the totals line adds up the rows; a missing plan is an error line."""
+    import json
+
+    from step_drift import main
+
+    from tests.models import tiny_conv_gemm
+    from wpk.pipeline import build
+
+    plan = tmp_path / "tiny.wpk"
+    build(tiny_conv_gemm(), "cpu", plan, partition=False)
+    assert main([str(plan), "--runs", "3", "--repeats", "3", "--json",
+                 str(tmp_path / "drift.json")]) == 0
+    rows = json.loads((tmp_path / "drift.json").read_text())["steps"]
+    assert sum(len(r["nodes"]) for r in rows) == 4   # Conv, pool, Flatten, Gemm
+    assert all(r["alone_s"] > 0 and r["in_run_s"] > 0 for r in rows)
+    first = capsys.readouterr().out.splitlines()[0]
+    alone = sum(r["alone_s"] for r in rows) * 1e3
+    assert f"4 steps in {len(rows)} timed units: alone {alone:.2f} ms" in first
+    assert main([str(tmp_path / "none.wpk")]) == 2
+    assert "error:" in capsys.readouterr().err
