@@ -14,6 +14,7 @@ import wpk.kernels.cpu.microkernels.winograd  # noqa: F401  (Winograd 3x3 NCHWc 
 import wpk.kernels.cpu.nchwc  # noqa: F401  (onnxruntime MLAS kernels of the wpk.nchwc ops)
 import wpk.kernels.cpu.nchwc_library  # noqa: F401  (wpk.nchwc ops through library kernels)
 import wpk.kernels.cpu.nchwc_native  # noqa: F401  (blocked data movement and MaxPool in C)
+import wpk.kernels.cpu.numpy_masks  # noqa: F401  (numpy Cast, comparisons, Where)
 import wpk.kernels.cpu.numpy_ops  # noqa: F401  (numpy elementwise, data movement, norms)
 import wpk.kernels.cpu.onnx_reference  # noqa: F401  (onnx.reference, the last resort)
 import wpk.kernels.cpu.ort_model  # noqa: F401  (onnxruntime running a whole model)

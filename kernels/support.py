@@ -26,6 +26,16 @@ DATA_MOVEMENT_OPS = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Transpose", "Concat",
     "Gather", "Slice", "Pad", "Resize", "Split", "DepthToSpace", "SpaceToDepth",
 })
+# Ops wpk computes for any dtype numpy holds (bool, integers, floats): the moves, and the
+# ops of the masks and ids exporters write around attention (an HF model's int64
+# attention_mask unsqueezed and cast, torch's bool padding mask compared and selected).
+ANY_DTYPE_MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
+                             "Transpose", "Concat", "Gather", "Slice", "Split", "Expand"})
+MASK_OPS = frozenset({"Cast", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual",
+                      "Not", "And", "Or", "Where"})
+ANY_DTYPE_OPS = ANY_DTYPE_MOVES | MASK_OPS
+NUMPY_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                          "uint32", "uint64", "float16", "float32", "float64"})
 # Reductions over any axes (keepdims, noop_with_empty_axes; axes an attribute or, from
 # opset 13/18, a static input)
 REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"})
@@ -39,10 +49,10 @@ NCHWC_REORDERS = frozenset({"ReorderInput", "ReorderOutput"})
 NCHWC_OPS = NCHWC_REORDERS | {"DepthToSpace", "Conv", "MaxPool", "AveragePool", "GlobalMaxPool",
                               "GlobalAveragePool"}
 SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_BINARY_OPS
-                          | DATA_MOVEMENT_OPS | REDUCE_OPS | NN_OPS)
+                          | DATA_MOVEMENT_OPS | ANY_DTYPE_OPS | REDUCE_OPS | NN_OPS)
 # Inputs that must be constants with fixed values (static inputs); Clip bounds may vary.
 _STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Split": (1,),
-                    **{op: (1,) for op in REDUCE_OPS}}
+                    "Expand": (1,), **{op: (1,) for op in REDUCE_OPS}}
 # Ops with several outputs that wpk computes (the others: one output)
 _MULTI_OUTPUT_OPS = frozenset({"LayerNormalization", "Split"})
 _FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
@@ -63,8 +73,9 @@ def unsupported_reason(workload: Workload) -> str | None:
         return rms_norm_reason(workload)
     if op not in SUPPORTED_OPS or (workload.domain == "wpk") != (op == "Elementwise"):
         return f"op {op!r} is not implemented by wpk"
-    if any(spec.dtype not in _FLOAT_DTYPES for spec in workload.outputs):
-        return "only float outputs are implemented"
+    reason = _dtype_reason(workload)
+    if reason:
+        return reason
     if len(workload.outputs) != 1 and op not in _MULTI_OUTPUT_OPS:
         return f"{op} with {len(workload.outputs)} outputs is not implemented"
     for step in workload.epilogue:
@@ -100,6 +111,21 @@ def unsupported_reason(workload: Workload) -> str | None:
         return "a reduction of an empty tensor goes through onnxruntime"
     if op == "Conv" and len(workload.inputs[0].shape) < 3:
         return "Conv needs at least one spatial dimension"
+    return None
+
+
+def _dtype_reason(workload: Workload) -> str | None:
+    """Float outputs everywhere; any numpy dtype for the moves and mask ops (no epilogue on
+    a non-float output)."""
+    floats = all(spec.dtype in _FLOAT_DTYPES for spec in workload.outputs)
+    if workload.op not in ANY_DTYPE_OPS:
+        return None if floats else "only float outputs are implemented"
+    specs = [s for s in (*workload.inputs, *workload.outputs) if s is not None]
+    odd = sorted({s.dtype for s in specs} - NUMPY_DTYPES)
+    if odd:
+        return f"{workload.op} of {', '.join(odd)} is not implemented (numpy's dtypes are)"
+    if workload.epilogue and not floats:
+        return "an epilogue on a non-float output is not implemented"
     return None
 
 

@@ -169,7 +169,8 @@ def compare(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tu
     Non-finite values must match the reference exactly (a NaN left from the
     poison where the reference is finite is an unwritten element). Where the reference is
     finite but beyond the output type's range, the output must be infinite (or the type's
-    largest value) with the reference's sign; those elements leave the L2 error.
+    largest value) with the reference's sign; those elements leave the L2 error. Integer
+    and bool outputs (ids, indices, masks) must equal the reference exactly.
     """
     if len(outputs) != len(expected):
         return float("inf"), f"{len(outputs)} outputs but the reference has {len(expected)}"
@@ -178,6 +179,12 @@ def compare(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tu
         ref = np.asarray(ref)
         if out.shape != ref.shape:
             return float("inf"), f"output {index} has shape {out.shape}, expected {ref.shape}"
+        if out.dtype.kind in "biu":   # ids, indices, masks: every element exactly
+            wrong = int(np.count_nonzero(out != ref))
+            if wrong:
+                return float("inf"), (f"output {index} ({out.dtype}) differs from the "
+                                      f"reference in {wrong} of {out.size} elements")
+            continue
         got = out.astype(np.float64) if out.dtype.kind != "c" else out.astype(np.complex128)
         finite_ref = np.isfinite(ref)
         if not finite_ref.all():

@@ -25,10 +25,12 @@ def finish_epilogue(out: np.ndarray, steps: Sequence[EpilogueStep],
 
 
 class NumpyImplementation(Implementation):
-    """A numpy kernel for the ops in `ops`, for float32/float64 workloads wpk supports."""
+    """A numpy kernel for the ops in `ops`, for workloads wpk supports whose first input and
+    outputs are of `dtypes` (float32 and float64 unless a kernel says more)."""
 
     kind = LIBRARY
     ops: tuple[str, ...] = ()
+    dtypes: frozenset[str] = _LIBRARY_DTYPES
 
     @property
     def one_pool(self) -> bool:
@@ -43,9 +45,9 @@ class NumpyImplementation(Implementation):
         reason = unsupported_reason(workload)
         if reason:
             return reason
-        float_specs = [s for s in workload.inputs[:1] if s is not None] + list(workload.outputs)
-        if any(s.dtype not in _LIBRARY_DTYPES for s in float_specs):
-            return "numpy kernels compute float32 and float64 only"
+        specs = [s for s in workload.inputs[:1] if s is not None] + list(workload.outputs)
+        if any(s.dtype not in self.dtypes for s in specs):
+            return f"{self.name} computes {', '.join(sorted(self.dtypes))} only"
         return self.extra_reason(workload)
 
     def extra_reason(self, workload: Workload) -> str | None:

@@ -4,8 +4,8 @@
   and the ONNX unary/binary elementwise ops, written with ufuncs into the
   output (`out=`), no temporaries for most steps.
 - `numpy.copy`: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout/Transpose/Concat/
-  Slice/Split/Gather/Resize(nearest)/DepthToSpace/SpaceToDepth as views or
-  `np.copyto`/`np.take(out=)` into the outputs.
+  Slice/Split/Gather/Resize(nearest)/DepthToSpace/SpaceToDepth/Expand as views or
+  `np.copyto`/`np.take(out=)` into the outputs, of any dtype numpy holds.
 - `numpy.sum`: Sum, Mean and variadic Max/Min, one ufunc pass per input.
 - `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in-place formulations
   (BatchNormalization folded to one scale and shift per channel in `prepare`).
@@ -37,6 +37,7 @@ from wpk.kernels.cpu.tensor_formulas import (
 )
 from wpk.kernels.epilogue import apply_epilogue, apply_epilogue_into
 from wpk.kernels.registry import Kernel, register
+from wpk.kernels.support import NUMPY_DTYPES
 
 
 def elementwise_steps(workload: Workload) -> tuple[EpilogueStep, ...]:
@@ -102,11 +103,18 @@ class NumpyCopy(NumpyImplementation):
     name = "numpy.copy"
     uses_blas = False
     ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize", "Split",
-                       "DepthToSpace", "SpaceToDepth")
+                       "DepthToSpace", "SpaceToDepth", "Expand")
+
+    @property
+    def dtypes(self) -> frozenset[str]:
+        """Bytes are bytes: any dtype numpy holds (`kernels.support` says which ops)."""
+        return NUMPY_DTYPES
 
     def native_chain(self, workload: Workload) -> bool:
-        """Moves described by views (all but Resize and a Gather of several or variable
-        indices) without an epilogue are one native copy (`native_moves`)."""
+        """Moves described by views (all but Resize, Expand and a Gather of several or
+        variable indices) without an epilogue are one native copy (`native_moves`)."""
+        if workload.op == "Expand":   # a broadcast source: numpy's copy
+            return False
         if workload.op == "Gather":
             return 1 in workload.const_inputs and workload.inputs[1].shape in ((), (1,)) \
                 and not workload.epilogue
@@ -129,6 +137,11 @@ class NumpyCopy(NumpyImplementation):
 
             def move(inputs, outputs):
                 np.copyto(outputs[0], inputs[0][index])
+        elif op == "Expand":
+            out_shape = workload.outputs[0].shape
+
+            def move(inputs, outputs):
+                np.copyto(outputs[0], np.broadcast_to(inputs[0], out_shape))
         elif op == "Gather" and _single_index(workload, consts) is None:
             axis = workload.attr("axis", 0)
 

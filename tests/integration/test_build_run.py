@@ -124,6 +124,71 @@ def test_an_hf_extended_attention_mask_builds_and_matches_onnxruntime(rng):
     assert expected[..., 5:].max() == 0.0
 
 
+def test_an_hf_mask_builds_strict_with_its_int64_unsqueeze_and_cast_computed_by_wpk(rng):
+    """The mask's int64 Unsqueeze and its Cast ran as onnxruntime fallback steps, so
+    `--strict` refused every HF transformers export; now wpk computes both (any dtype)."""
+    plan = wpk.build(hf_extended_mask(), target="cpu", **FAST, partition=False, strict=True)
+    steps = {step.op: step for step in plan.steps}
+    assert steps["Unsqueeze"].kind != "fallback" and steps["Cast"].kind != "fallback"
+    assert not any(step.kind == "fallback" for step in plan.steps)
+
+
+def torch_padding_mask(seq: int = 6) -> onnx.ModelProto:
+    """Scores masked as torch's exporters write a key padding mask: a frame whose first
+    feature is above 1 is padding (Greater), the bool mask expanded over the queries and
+    negated twice (Not, Equal with false), selected by Where, plus an int64 id path
+    (Gather of a Shape-free Slice, Concat, Transpose) carried to an output."""
+    constants = [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+                 numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf"),
+                 numpy_helper.from_array(np.array(False), "false"),
+                 numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                 numpy_helper.from_array(np.array([1], np.int64), "one_i"),
+                 numpy_helper.from_array(np.array([1, 1, seq, seq], np.int64), "full"),
+                 numpy_helper.from_array(np.array([1, 2], np.int64), "axes"),
+                 numpy_helper.from_array(np.array([2], np.int64), "idx")]
+    nodes = [helper.make_node("Slice", ["frames", "zero", "one_i", "idx"], ["first"]),
+             helper.make_node("Greater", ["first", "one"], ["padded"]),       # [1, seq, 1]
+             helper.make_node("Transpose", ["padded"], ["keys"], perm=[0, 2, 1]),
+             helper.make_node("Unsqueeze", ["keys", "axes"], ["k4"]),         # [1,1,1,1,seq]
+             helper.make_node("Squeeze", ["k4", "one_i"], ["k3"]),            # [1,1,1,seq]
+             helper.make_node("Expand", ["k3", "full"], ["wide"]),
+             helper.make_node("Not", ["wide"], ["kept"]),
+             helper.make_node("Equal", ["kept", "false"], ["dropped"]),
+             helper.make_node("Where", ["dropped", "minus_inf", "scores"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             helper.make_node("Gather", ["ids", "idx"], ["picked"], axis=1),
+             helper.make_node("Concat", ["ids", "picked"], ["joined"], axis=1),
+             helper.make_node("Cast", ["joined"], ["joined32"], to=TensorProto.INT32)]
+    graph = helper.make_graph(
+        nodes, "torch_mask",
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, seq, seq]),
+         helper.make_tensor_value_info("frames", TensorProto.FLOAT, [1, seq, 3]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 1, seq, seq]),
+         helper.make_tensor_value_info("joined32", TensorProto.INT32, [1, seq + 1])],
+        constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_torch_padding_mask_runs_on_wpks_kernels_and_matches_onnxruntime(rng):
+    """Greater, Not, Equal, Where, Expand and int64/bool moves: no fallback step, outputs
+    equal to onnxruntime's (the int32 ids exactly)."""
+    model = torch_padding_mask()
+    plan = wpk.build(model, target="cpu", **FAST, partition=False, strict=True)
+    assert not any(step.kind == "fallback" for step in plan.steps)
+    frames = rng.uniform(0, 1, (1, 6, 3)).astype(np.float32)
+    frames[0, 4:, 0] = 2.0   # the last two frames are padding
+    feeds = {"scores": rng.standard_normal((1, 1, 6, 6)).astype(np.float32), "frames": frames,
+             "ids": rng.integers(0, 30000, (1, 6)).astype(np.int64)}
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = Session(plan).run(feeds)
+    np.testing.assert_allclose(got["p"], expected[0], rtol=1e-5, atol=1e-7)
+    assert got["joined32"].dtype == np.int32
+    np.testing.assert_array_equal(got["joined32"], expected[1])
+    assert expected[0][..., 4:].max() == 0.0
+
+
 @pytest.mark.parametrize("transform", ["half_pixel", "pytorch_half_pixel", "align_corners"])
 def test_bilinear_upsampling_builds_and_matches_onnxruntime(rng, transform):
     """torch's nn.Upsample(mode="bilinear") as its exporter writes it: no candidate passed
