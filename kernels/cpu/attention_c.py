@@ -9,12 +9,11 @@ each key tile the scores are computed key-major, S^T = K Q^T, into a
 broadcast scalars: no transposition), the mask is added, and the online
 softmax runs vectorized over the queries (running max and sum per query, the
 output accumulator rescaled by exp(m_old - m_new)); then P V is added to the
-[TQ, Dv] accumulator, which is divided by the sums at the end. Scores are kept in
-base-2 units (log2(e) folded into Q's scale, and into the mask as it is added), so
-each exponential is a power of two: 2^round(x) from its exponent bits times a
-polynomial, no range reduction by ln 2. No
-[seq, seq] tensor is ever written to memory. V is packed only when Dv is not
-a multiple of the vector width.
+[TQ, Dv] accumulator, which is divided by the sums at the end. No [seq, seq]
+tensor is ever written to memory. V is packed only when Dv is not a multiple of
+the vector width. Scores are kept in base-2 units (log2(e) folded into Q's scale,
+and into the mask as it is added), so each exponential is a power of two:
+2^round(x) from its exponent bits times a polynomial, no range reduction by ln 2.
 
 Where the mask is additive (per key, as a padding mask, or per query and key, as a
 causal one), keys that cannot matter are left out, per query tile: the MR keys from
@@ -165,8 +164,8 @@ static inline vf vexp2(vf x) {
    (+ the key's mask value where it is one per key), and with FOLD_MAX mx[i] raised to the
    query's largest score. Keys are read where they lie (K or K^T), as broadcast scalars; the
    last micro-tile's rows past the keys repeat the last key and are never read. */
-NOINLINE static void scores(const float *k, const float *qt, const float *mask, int j0, int jn,
-                   float *s, float *mx) {
+NOINLINE static void scores(const float *k, const float *qt, const float *mask, int j0,
+                            int jn, float *s, float *mx) {
     (void)mask;
     (void)mx;
     for (int j = 0; j < jn; j += MR) {
@@ -359,8 +358,8 @@ static void key_norms(const float *k, float *knorm) {
 #endif
 
 /* o[TQ][DVP] = o * alpha + P^T[keys][TQ]^T V[keys][DVP] */
-NOINLINE static void accumulate(const float *p, const float *v, int j0, int jn, const float *alpha,
-                       float *o) {
+NOINLINE static void accumulate(const float *p, const float *v, int j0, int jn,
+                                const float *alpha, float *o) {
     for (int i0 = 0; i0 < TQ; i0 += MR) {
         for (int d0 = 0; d0 < DVP; d0 += NV * VW) {
             vf acc[MR][NV];

@@ -104,11 +104,7 @@ class NumpyCopy(NumpyImplementation):
     uses_blas = False
     ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize", "Split",
                        "DepthToSpace", "SpaceToDepth", "Expand")
-
-    @property
-    def dtypes(self) -> frozenset[str]:
-        """Bytes are bytes: any dtype numpy holds (`kernels.support` says which ops)."""
-        return NUMPY_DTYPES
+    dtypes = NUMPY_DTYPES   # bytes are bytes (`kernels.support` says which ops take which)
 
     def native_chain(self, workload: Workload) -> bool:
         """Moves described by views (all but Resize, Expand and a Gather of several or
