@@ -13,6 +13,11 @@ alternate in blocks (a pause after onnxruntime's, whose threads spin) and the
 medians of the blocks give the ratio; the issue's goal is >= 1.5x.
 
     python scripts/bench_attention.py [--threads 2] [--rounds 9] [--no-mask | --causal] [--json F]
+    python scripts/bench_attention.py --combine RUN1.json RUN2.json ...
+
+`--combine` reads runs written by `--json` and prints each shape's median speedup over
+them, and on how many shapes that median meets the goal: one run's rows move with the
+machine's noise, the median of several less.
 
 Not a test: figures on a shared machine are noisy; ratios hold better.
 """
@@ -138,6 +143,26 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def combined(runs: list[dict]) -> str:
+    """Each shape's speedups over `runs` (results of `--json`) and their median; how many
+    shapes' medians meet the goal."""
+    shapes: dict[tuple, list[float]] = {}
+    for run in runs:
+        for row in run["rows"]:
+            shapes.setdefault((row["seq"], row["d_model"], str(row["mask"])), []).append(
+                row["speedup"])
+    lines = [f"{'seq':>4} {'d_model':>7} {'mask':>6}  speedups ({len(runs)} runs) -> median"]
+    medians = []
+    for (seq, d_model, mask), found in shapes.items():
+        medians.append(statistics.median(found))
+        lines.append(f"{seq:>4} {d_model:>7} {mask:>6}  {' '.join(f'{x:.2f}' for x in found)}"
+                     f" -> {medians[-1]:.2f}")
+    lines.append(f"median of the shapes' medians {statistics.median(medians):.2f}x; goal >= "
+                 f"{GOAL}x met by {sum(m >= GOAL for m in medians)}/{len(medians)} shapes' "
+                 f"medians")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -148,7 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seqs", type=int, nargs="+", default=list(SEQS))
     parser.add_argument("--d-models", type=int, nargs="+", default=list(D_MODELS))
     parser.add_argument("--json", help="write the rows and the machine here")
+    parser.add_argument("--combine", nargs="+", metavar="RUN.json",
+                        help="summarize runs written by --json instead of measuring")
     args = parser.parse_args(argv)
+    if args.combine:
+        try:
+            runs = [json.loads(Path(path).read_text()) for path in args.combine]
+            print(combined(runs))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: --combine: {exc} (hint: pass files written by --json)",
+                  file=sys.stderr)
+            return 2
+        return 0
     if min(args.threads, args.rounds, *args.seqs, *args.d_models) < 1 or any(
             d % HEAD_DIM for d in args.d_models):
         print(f"error: --threads, --rounds and the sizes must be positive, d_model a multiple "

@@ -341,3 +341,22 @@ def test_layouts_the_op_does_not_define_are_refused():
     assert "rank 4" in attention_reason(rank3)
     from wpk.kernels.cuda.fused import ATTENTION
     assert "[B, H, S, D]" in ATTENTION.reason(heads_workload((1, 1, 1, 1)))
+
+
+def test_bench_script_combines_runs_into_per_shape_medians(capsys, tmp_path):
+    import json
+    import runpy
+    from pathlib import Path
+    bench = runpy.run_path(str(Path(__file__).parents[2] / "scripts" / "bench_attention.py"))
+    rows = [{"seq": 64, "d_model": 256, "mask": True}, {"seq": 128, "d_model": 256, "mask": True}]
+    paths = []
+    for i, speedups in enumerate([(1.4, 1.2), (1.6, 1.3), (1.7, 1.9)]):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps({"rows": [{**row, "speedup": x}
+                                                  for row, x in zip(rows, speedups)]}))
+    assert bench["main"](["--combine", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "1.40 1.60 1.70 -> 1.60" in out and "1.20 1.30 1.90 -> 1.30" in out
+    assert "met by 1/2 shapes' medians" in out
+    assert bench["main"](["--combine", str(tmp_path / "none.json")]) == 2
+    assert "error: --combine" in capsys.readouterr().err
