@@ -6,7 +6,7 @@ step's weights may come from memory. This script runs the plan's steps both ways
 input: alone (`Session.profile`, each step repeated) and inside whole runs
 (`Session.timeline`, the medians over `--runs` runs; steps inside a native chain are
 timed where they end, an onnxruntime region as one call against its steps' sum), and
-prints both totals and the steps that gain the most inside a run.
+prints both totals and the steps that take the most extra time inside a run.
 
     python scripts/step_drift.py PLAN.wpk [--runs 20] [--top 15] [--json F]
 
@@ -47,7 +47,7 @@ def _what(rows: list[dict]) -> str:
 
 
 def table(rows: list[dict], top: int) -> str:
-    """Both totals and the `top` units that gain the most inside a run against alone."""
+    """Both totals and the `top` units that take the most extra time inside a run."""
     alone = sum(r["alone_s"] for r in rows)
     in_run = sum(r["in_run_s"] for r in rows)
     lines = [f"{sum(len(r['nodes']) for r in rows)} steps in {len(rows)} timed units: alone "
