@@ -101,7 +101,7 @@ _HEADER = r"""
 #define MS3 {ms3}
 /* Scores are kept in base-2 units (the scale times log2(e), folded into Q; mask values
    times LOG2E as they are added), so the softmax's exponentials are powers of two. */
-#define LOG2E 1.44269504f
+#define LOG2E {log2e!r}f
 static const float QSCALE = {qscale!r}f;
 
 typedef float vf __attribute__((vector_size(VW * 4)));
@@ -593,5 +593,6 @@ def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mappi
         d=shape.d, dv=shape.dv, dvp=dvp, tq=tq, tk=tk, vw=vw, mr=mr, nr=nr,
         nqt=-(-shape.sq // tq), par=int(config.get("par", 1)), k_transposed=int(shape.k_transposed),
         pack_v=int(dvp != shape.dv), has_mask=int(shape.mask_shape is not None),
-        ms0=ms0, ms1=ms1, ms2=ms2, ms3=ms3, qscale=float(np.float32(shape.scale * LOG2E)),
+        ms0=ms0, ms1=ms1, ms2=ms2, ms3=ms3, log2e=LOG2E,
+        qscale=float(np.float32(shape.scale * LOG2E)),
     ) + f"#define NV {nv}\n" + transpose_macro(vw) + _BODY

@@ -26,7 +26,7 @@ _BINARY = {"Equal": np.equal, "Greater": np.greater, "Less": np.less,
 def _where(inputs: Sequence[np.ndarray], out: np.ndarray) -> None:
     condition, x, y = inputs[:3]
     np.copyto(out, y)
-    np.copyto(out, x, where=np.broadcast_to(condition, out.shape))
+    np.copyto(out, x, where=condition)   # where= broadcasts like the sources
 
 
 class NumpyMask(NumpyImplementation):
