@@ -6,8 +6,10 @@ For each (batch*head, query tile) pair (OpenMP over both): the tile of Q is
 copied transposed and pre-scaled ([D, TQ], zero columns past Sq), then for
 each key tile the scores are computed key-major, S^T = K Q^T, into a
 [TK, TQ] block that stays in cache (keys read where they lie, K or K^T, as
-broadcast scalars: no transposition), the mask is added, and the online
-softmax runs vectorized over the queries (running max and sum per query, the
+broadcast scalars: no transposition), each sum starting from the mask (a value
+per key broadcast, or the key step's block of a per-query mask transposed to the
+same key-major layout) and the running max taken as the block is stored, and
+the online softmax runs vectorized over the queries (running max and sum per query, the
 output accumulator rescaled by exp(m_old - m_new)); then P V is added to the
 [TQ, Dv] accumulator, which is divided by the sums at the end. No [seq, seq]
 tensor is ever written to memory. V is packed only when Dv is not a multiple of
@@ -155,19 +157,47 @@ static inline vf vexp2(vf x) {
     return (q * f + 1.0f) * (vf)((n + 127) << 23);
 }
 
-/* A mask of one value per key (a padding mask) is added as the scores are stored, and then
-   the scores' max per query is taken there too; other masks get a pass of their own. */
+/* The mask starts the score accumulators: a mask of one value per key (a padding mask)
+   as a broadcast, one of a value per query and key (a causal mask, or a padding mask
+   expanded to [B, 1, S, S]) from the key step's block of it transposed to [key][query]
+   (ROW_MASK, mask_block). */
 #define FOLD_MASK (HAS_MASK && MS2 == 0)
-#define FOLD_MAX (!HAS_MASK || MS2 == 0)
+#define ROW_MASK (HAS_MASK && MS2 != 0)
+
+/* Keys [j0, j0 + jn) of the mask rows of queries [q0, q0 + TQ) as mt[key][query] in base-2
+   units (0 past the queries): VW x VW blocks transposed in registers where the keys lie
+   contiguous, the edges one float at a time. The rows past the keys up to a multiple of MR
+   repeat the last key's, as the score micro-tile's do. */
+static void mask_block(const float *mask, int q0, int j0, int jn, float *mt) {
+    int in = SQ - q0 < TQ ? SQ - q0 : TQ;
+    for (int j = 0; j < jn; j += VW) {
+        for (int i = 0; i < TQ; i += VW) {
+            if (VW > 1 && MS3 == 1 && j + VW <= jn && i + VW <= in) {
+                const float *at = mask + (size_t)(q0 + i) * MS2 + j0 + j;
+                vf rows[VW];
+                UNROLL for (int r = 0; r < VW; ++r) rows[r] = vload(at + (size_t)r * MS2) * LOG2E;
+                TRANSPOSE_BLOCK(rows);
+                UNROLL for (int r = 0; r < VW; ++r) vstore(mt + (j + r) * TQ + i, rows[r]);
+                continue;
+            }
+            for (int jj = j; jj < j + VW && jj < jn; ++jj)
+                for (int ii = i; ii < i + VW; ++ii)
+                    mt[jj * TQ + ii] =
+                        ii < in ? mask[(size_t)(q0 + ii) * MS2 + (size_t)(j0 + jj) * MS3] * LOG2E
+                                : 0.0f;
+        }
+    }
+    for (int j = jn; j % MR; ++j) memcpy(mt + j * TQ, mt + (jn - 1) * TQ, sizeof(float) * TQ);
+}
 
 /* Scores of keys [j0, j0 + jn) against the query tile, key-major: s[j][i] = K[j] . qt[:, i]
-   (+ the key's mask value where it is one per key), and with FOLD_MAX mx[i] raised to the
-   query's largest score. Keys are read where they lie (K or K^T), as broadcast scalars; the
-   last micro-tile's rows past the keys repeat the last key and are never read. */
-NOINLINE static void scores(const float *k, const float *qt, const float *mask, int j0,
-                            int jn, float *s, float *mx) {
+   + the mask (the key's value, or mt[j][i] with ROW_MASK), and mx[i] raised to the query's
+   largest score. Keys are read where they lie (K or K^T), as broadcast scalars; the last
+   micro-tile's rows past the keys repeat the last key and are never read. */
+NOINLINE static void scores(const float *k, const float *qt, const float *mask,
+                            const float *mt, int j0, int jn, float *s, float *mx) {
     (void)mask;
-    (void)mx;
+    (void)mt;
     for (int j = 0; j < jn; j += MR) {
         const float *kr[MR];
         float kmask[MR];
@@ -179,7 +209,9 @@ NOINLINE static void scores(const float *k, const float *qt, const float *mask, 
         for (int i0 = 0; i0 < TQ; i0 += NR * VW) {
             vf acc[MR][NR];
             UNROLL for (int r = 0; r < MR; ++r)
-                UNROLL for (int n = 0; n < NR; ++n) acc[r][n] = vsplat(kmask[r]);
+                UNROLL for (int n = 0; n < NR; ++n)
+                    acc[r][n] = ROW_MASK ? vload(mt + (j + r) * TQ + i0 + n * VW)
+                                         : vsplat(kmask[r]);
             for (int d = 0; d < D; ++d) {
                 vf qv[NR];
                 UNROLL for (int n = 0; n < NR; ++n) {
@@ -191,44 +223,22 @@ NOINLINE static void scores(const float *k, const float *qt, const float *mask, 
                     UNROLL for (int n = 0; n < NR; ++n) acc[r][n] += kb * qv[n];
                 }
             }
-#if FOLD_MAX
             vf top[NR];
             UNROLL for (int n = 0; n < NR; ++n) top[n] = vload(mx + i0 + n * VW);
-#endif
             UNROLL for (int r = 0; r < MR; ++r)
                 UNROLL for (int n = 0; n < NR; ++n) {
                     vstore(s + (j + r) * TQ + i0 + n * VW, acc[r][n]);
-#if FOLD_MAX
                     top[n] = vmax(top[n], acc[r][n]);
-#endif
                 }
-#if FOLD_MAX
             UNROLL for (int n = 0; n < NR; ++n) vstore(mx + i0 + n * VW, top[n]);
-#endif
         }
     }
 }
 
-/* The online softmax step, vectorized over the queries (after the mask and the max, where
-   they are not folded into the scores): s becomes P, the running max m becomes mx and the
-   sum l is updated, alpha gets each query's rescale factor. */
-static void softmax_step(float *s, const float *mask, int q0, int j0, int jn, float *m,
-                         float *mx, float *l, float *alpha) {
-    (void)mask, (void)q0, (void)j0;
-#if !FOLD_MAX
-#if HAS_MASK
-    int in = SQ - q0 < TQ ? SQ - q0 : TQ;
-    for (int i = 0; i < in; ++i) {   /* along the mask's rows: the score tile is in L1 */
-        const float *mk = mask + (size_t)(q0 + i) * MS2 + (size_t)j0 * MS3;
-        for (int j = 0; j < jn; ++j) s[j * TQ + i] += mk[(size_t)j * MS3] * LOG2E;
-    }
-#endif
-    for (int i = 0; i < TQ; i += VW) {
-        vf top = vload(mx + i);
-        for (int j = 0; j < jn; ++j) top = vmax(top, vload(s + j * TQ + i));
-        vstore(mx + i, top);
-    }
-#endif
+/* The online softmax step, vectorized over the queries (the mask and the max folded into
+   the scores): s becomes P, the running max m becomes mx and the sum l is updated, alpha
+   gets each query's rescale factor. */
+static void softmax_step(float *s, int jn, float *m, const float *mx, float *l, float *alpha) {
     for (int i = 0; i < TQ; i += VW) {
         vf top = vload(mx + i);
         vf a = vexp2(vload(m + i) - top), sum = vsplat(0.0f);
@@ -408,11 +418,13 @@ static void scaled_queries_transposed(const float *q, int q0, float *qt) {
     }
 }
 
-/* One query tile's buffers: Q^T scaled, the scores (then P), the output accumulator, the
-   running max and sum, the max after a key step and the rescale factors. */
+/* One query tile's buffers: Q^T scaled, the scores (then P), the key step's mask block
+   (ROW_MASK), the output accumulator, the running max and sum, the max after a key step
+   and the rescale factors. */
 typedef struct {
     float qt[D * TQ] __attribute__((aligned(64)));
     float s[TK * TQ] __attribute__((aligned(64)));
+    float mt[ROW_MASK ? TK * TQ : 1] __attribute__((aligned(64)));
     float o[TQ * DVP] __attribute__((aligned(64)));
     float m[TQ] __attribute__((aligned(64)));
     float l[TQ] __attribute__((aligned(64)));
@@ -423,9 +435,13 @@ typedef struct {
 /* Keys [first, last) (at most TK) into the tile's online softmax and output. */
 static void key_step(tile_state *t, const float *k, const float *v, const float *mask, int q0,
                      int first, int last) {
+    (void)q0;
     memcpy(t->mx, t->m, sizeof(t->mx));
-    scores(k, t->qt, mask, first, last - first, t->s, t->mx);
-    softmax_step(t->s, mask, q0, first, last - first, t->m, t->mx, t->l, t->alpha);
+#if ROW_MASK
+    mask_block(mask, q0, first, last - first, t->mt);
+#endif
+    scores(k, t->qt, mask, t->mt, first, last - first, t->s, t->mx);
+    softmax_step(t->s, last - first, t->m, t->mx, t->l, t->alpha);
     accumulate(t->s, v, first, last - first, t->alpha, t->o);
 }
 
@@ -555,7 +571,8 @@ def config_reason(shape: AttentionShape, config: Mapping) -> str | None:
         return "vw must be 1, 2, 4, 8 or 16 floats"
     if min(tq, tk, mr, nr) < 1 or tq % (nr * vw) or tq % mr or tk % mr:
         return "tq must be a multiple of nr*vw and of mr, tk a multiple of mr"
-    tile_bytes = 4 * tq * (shape.d + tk + _round_up(shape.dv, vw) + 4)
+    mask_rows = tk if shape.mask_shape is not None else 0   # at most (one per key per query)
+    tile_bytes = 4 * tq * (shape.d + tk + mask_rows + _round_up(shape.dv, vw) + 4)
     if tile_bytes > STACK_LIMIT:
         return f"the tiles need {tile_bytes} bytes of stack, more than {STACK_LIMIT}"
     return None

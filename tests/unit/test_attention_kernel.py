@@ -81,10 +81,13 @@ def test_generated_kernel_matches_the_reference(rng, case):
         assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
 
 
+@pytest.mark.parametrize("mask", [(2, 1, 37, 1), (2, 1, 37, 45)])
 @pytest.mark.parametrize("vw, mr, nr", [(1, 4, 2), (4, 2, 4), (8, 4, 2)])
-def test_every_vector_width_is_correct(rng, vw, mr, nr):
-    """The portable scalar path (vw 1) and narrower vectors than the host's."""
-    w = workload(mask=(2, 1, 37, 1))
+def test_every_vector_width_is_correct(rng, vw, mr, nr, mask):
+    """The portable scalar path (vw 1) and narrower vectors than the host's, with a mask
+    of one value per query (broadcast over the keys) and one per query and key (its blocks
+    transposed in registers, and the edges past a multiple of the width)."""
+    w = workload(mask=mask)
     config = {"tq": 8 * nr * vw, "tk": 12 * mr, "vw": vw, "mr": mr, "nr": nr}
     assert config_reason(attention_shape(w), config) is None
     assert check(ATTENTION_C.prepare(w, {}, config), w, arrays_for(w, rng)) < TOLERANCE
