@@ -246,3 +246,42 @@ def test_step_drift_times_each_step_alone_and_inside_runs(scripts_on_path, tmp_p
     assert f"4 steps in {len(rows)} timed units: alone {alone:.2f} ms" in first
     assert main([str(tmp_path / "none.wpk")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_machine_phases_splits_rounds_by_onnxruntimes_block_times(scripts_on_path, tmp_path,
+                                                                  capsys):
+    """The quiet and contended phases are the rounds where onnxruntime's block ran fastest
+    and slowest; each phase's ratio is its medians' quotient and every step of the plan
+    has its times; a missing plan or a file that is no model is an error line."""
+    import json
+
+    import onnx
+    from machine_phases import main, phases
+
+    from tests.models import tiny_conv_gemm
+    from wpk.pipeline import build
+
+    rounds = [{"wpk": w, "onnxruntime": o, "units": {"a": w / 2}}
+              for w, o in ((1.0, 2.0), (3.0, 4.0), (2.0, 3.0), (5.0, 9.0), (1.5, 2.5))]
+    found = phases(rounds)
+    assert (found["quiet"]["onnxruntime_s"], found["contended"]["onnxruntime_s"]) == (2.0, 9.0)
+    assert found["contended"]["ratio"] == pytest.approx(5 / 9)
+    assert found["all"]["rounds"] == 5 and found["all"]["units_s"]["a"] == 1.0
+
+    model = tiny_conv_gemm()
+    onnx.save(model, tmp_path / "tiny.onnx")
+    plan = tmp_path / "tiny.wpk"
+    build(model, "cpu", plan, partition=False)
+    assert main([str(plan), str(tmp_path / "tiny.onnx"), "--seconds", "0.2", "--block", "2",
+                 "--json", str(tmp_path / "phases.json")]) == 0
+    saved = json.loads((tmp_path / "phases.json").read_text())["phases"]
+    for phase in saved.values():
+        assert phase["ratio"] == pytest.approx(phase["wpk_s"] / phase["onnxruntime_s"])
+        assert all(t > 0 for t in phase["units_s"].values())
+    assert saved["all"]["rounds"] >= 2 and saved["all"]["units_s"]
+    assert "contended / quiet: wpk" in capsys.readouterr().out
+    (tmp_path / "bad.onnx").write_text("not a model")
+    for args in ([str(tmp_path / "none.wpk"), str(tmp_path / "tiny.onnx")],
+                 [str(plan), str(tmp_path / "bad.onnx")]):
+        assert main(args) == 2
+        assert capsys.readouterr().err.startswith("error:")
