@@ -22,10 +22,12 @@ causal one), keys that cannot matter are left out, per query tile: the MR keys f
 the one the tile's first query's mask favours most go first, and then a key whose every
 score in the tile lies more than 104 below the score each query has reached weighs
 under exp(-104), less than the smallest float, in its softmax. The bound is
-Cauchy-Schwarz's, |q.k| <= |q||k| (norms in double, with a margin); a NaN in the mask
-or a norm that is not finite leaves every key in, and a mask plane that spans less than
-104 is not looked at again. Each key tile's range is trimmed of such keys at both ends
-(padding on either side, the future of a causal mask), a tile of them skipped whole.
+Cauchy-Schwarz's, |q.k| <= |q||k| (norms summed in float vectors, with a margin for
+their rounding); a NaN in the mask or a norm that is not finite leaves every key in,
+and a mask plane that spans less than 104 is not looked at again (the planes' rows are
+scanned once per call, shared among the threads). Each key tile's range is trimmed of
+such keys at both ends (padding on either side, the future of a causal mask), a tile of
+them skipped whole.
 
 Vectors are GCC vector extensions of `vw` floats (`vw` a config knob: the
 host's lanes, fewer, or 1, the portable scalar path); gcc lowers them to
@@ -138,6 +140,13 @@ static inline vf vmax(vf a, vf b) { return (vf)_mm_max_ps((__m128)a, (__m128)b);
 #else
 static inline vf vmax(vf a, vf b) { return vsel(a > b, a, b); }
 #endif
+
+/* The sum of a vector's lanes: halves folded onto each other, log2(VW) constant shuffles
+   (HSUM_FOLDS). */
+static inline float vhsum(vf x) {
+    HSUM_FOLDS(x);
+    return x[0];
+}
 
 /* 2^x for x <= 0: 2^n 2^f with n = round(x), f = x - n in [-1/2, 1/2], 2^f = 1 + f q(f)
    (q of degree 5, fitted to 2^f's relative error: under 1e-7 in float arithmetic). Below
@@ -257,6 +266,10 @@ static void softmax_step(float *s, int jn, float *m, const float *mx, float *l, 
 /* Keys that cannot matter to a query tile (see the module's docstring): SKIP_BELOW in
    the mask's units, SKIP_BELOW2 in the scores' base-2 ones. */
 #define SKIP_BELOW (-104.0)
+/* A mask plane's distinct rows (one per query, or one for all) and the heads of a batch
+   with planes of their own. */
+#define PLANE_ROWS (MS2 != 0 ? SQ : 1)
+#define PLANE_HEADS (MS1 != 0 ? HEADS : 1)
 #define SKIP_BELOW2 (SKIP_BELOW * (double)LOG2E)
 
 static inline float mask_at(const float *mask, int query, int key) {
@@ -336,34 +349,75 @@ static void trim_dead(dead_test *t, const float *mask, int *lo, int *hi) {
     *lo += first;
 }
 
-/* 1 when the mask of one head spans more than -SKIP_BELOW, so that it may leave keys dead
-   (a NaN anywhere: 0). */
-static int mask_may_kill(const float *mask) {
-    float lo = INFINITY, hi = -INFINITY;
-    int nan = 0;
-    for (int i = 0; i < (MS2 != 0 ? SQ : 1); ++i)
-        for (int j = 0; j < SK; ++j) {
-            float value = mask_at(mask, i, j);
-            lo = value < lo ? value : lo;
-            hi = value > hi ? value : hi;
-            nan |= value != value;
-        }
-    return !nan && (double)hi - lo > -SKIP_BELOW;
+/* The lowest and highest value of one row of a mask plane (one query's keys) and whether
+   it holds a NaN: mask_may_kill's part of a row, so that threads share a plane's rows. */
+typedef struct {
+    float lo, hi;
+    int nan;
+} row_span;
+
+static row_span mask_row_span(const float *row) {
+    row_span span = {INFINITY, -INFINITY, 0};
+    int j = 0;
+#if MS3 == 1 && VW > 1
+    vf lo = vsplat(INFINITY), hi = vsplat(-INFINITY);
+    vi nan = (vi){0};
+    for (; j + VW <= SK; j += VW) {
+        vf x = vload(row + j);
+        lo = vsel(x < lo, x, lo);
+        hi = vsel(x > hi, x, hi);
+        nan |= x != x;
+    }
+    for (int u = 0; u < VW; ++u) {
+        span.lo = lo[u] < span.lo ? lo[u] : span.lo;
+        span.hi = hi[u] > span.hi ? hi[u] : span.hi;
+        span.nan |= nan[u] != 0;
+    }
+#endif
+    for (; j < SK; ++j) {
+        float value = row[(size_t)j * MS3];
+        span.lo = value < span.lo ? value : span.lo;
+        span.hi = value > span.hi ? value : span.hi;
+        span.nan |= value != value;
+    }
+    return span;
 }
 
-/* The norms of one head's keys, for key_is_dead (with a margin for their float sums). */
-static void key_norms(const float *k, float *knorm) {
-    for (int j = 0; j < SK; ++j) {
-        double part[8] = {0.0};   /* eight sums the compiler can keep in one vector */
-        int d = 0;
-        for (; d + 8 <= D; d += 8)
-            for (int u = 0; u < 8; ++u)
-                part[u] += (double)key_at(k, j, d + u) * key_at(k, j, d + u);
-        for (; d < D; ++d) part[0] += (double)key_at(k, j, d) * key_at(k, j, d);
-        double n2 = 0.0;
-        for (int u = 0; u < 8; ++u) n2 += part[u];
-        knorm[j] = (float)(sqrt(n2) * (1.0 + 1e-6));
+/* 1 when the mask plane whose rows' spans are `rows` spans more than -SKIP_BELOW, so that
+   it may leave keys dead (a NaN anywhere: 0). */
+static int mask_may_kill(const row_span *rows) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < PLANE_ROWS; ++i) {
+        if (rows[i].nan) return 0;
+        lo = rows[i].lo < lo ? rows[i].lo : lo;
+        hi = rows[i].hi > hi ? rows[i].hi : hi;
     }
+    return (double)hi - lo > -SKIP_BELOW;
+}
+
+/* The norms of one head's keys, for key_is_dead, summed in float vectors (along each key,
+   or across keys where K comes transposed), with a margin for the float sums' rounding
+   (under D units of the last place, halved by the square root). */
+static void key_norms(const float *k, float *knorm) {
+    const float margin = 1.0f + 1e-6f + (float)D * 6e-8f;
+    for (int j = 0; j < SK; ++j) knorm[j] = 0.0f;
+    if (KT_INPUT) {
+        for (int d = 0; d < D; ++d) {
+            const float *row = k + (size_t)d * SK;
+            for (int j = 0; j < SK; ++j) knorm[j] += row[j] * row[j];
+        }
+    } else {
+        for (int j = 0; j < SK; ++j) {
+            const float *row = k + (size_t)j * K_ROW;
+            vf acc = vsplat(0.0f);
+            int d = 0;
+            for (; d + VW <= D; d += VW) acc += vload(row + d) * vload(row + d);
+            float n2 = vhsum(acc);
+            for (; d < D; ++d) n2 += row[d] * row[d];
+            knorm[j] = n2;
+        }
+    }
+    for (int j = 0; j < SK; ++j) knorm[j] = sqrtf(knorm[j]) * margin;
 }
 #endif
 
@@ -491,7 +545,6 @@ static const float *head_mask(const float *mask, int bh) {
 #if HAS_MASK
 /* The mask's distinct [query, key] planes: one per batch and head it does not broadcast
    over; mask_plane(bh) is head bh's, plane_head(p) a head that reads plane p. */
-#define PLANE_HEADS (MS1 != 0 ? HEADS : 1)
 #define MASK_PLANES ((MS0 != 0 ? BH / HEADS : 1) * PLANE_HEADS)
 
 static int mask_plane(int bh) {
@@ -507,17 +560,20 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
                    float *out) {
     float *vp = PACK_V ? malloc(sizeof(float) * (size_t)BH * SK * DVP) : NULL;
     float *knorm = HAS_MASK ? malloc(sizeof(float) * (size_t)BH * SK) : NULL;
-    int *kills = NULL;
+    int *kills = NULL;   /* per head: 1 where its mask plane may leave keys dead */
 #if HAS_MASK
-    kills = malloc(sizeof(int) * MASK_PLANES);
+    kills = malloc(sizeof(int) * BH);
+    row_span *spans = malloc(sizeof(row_span) * MASK_PLANES * PLANE_ROWS);
 #endif
     #pragma omp parallel if (PAR && BH * NQT > 1)
     {
 #if HAS_MASK
-        /* once per distinct plane of the mask: heads (or batches) it broadcasts over share */
+        /* once per row of each distinct plane of the mask (heads or batches it broadcasts
+           over share a plane), the rows shared among the threads */
         #pragma omp for schedule(static)
-        for (int p = 0; p < MASK_PLANES; ++p)
-            kills[p] = mask_may_kill(head_mask(mask, plane_head(p)));
+        for (int r = 0; r < MASK_PLANES * PLANE_ROWS; ++r)
+            spans[r] = mask_row_span(head_mask(mask, plane_head(r / PLANE_ROWS)) +
+                                     (size_t)(r % PLANE_ROWS) * MS2);
 #endif
         if (PACK_V || HAS_MASK) {
             #pragma omp for schedule(static)
@@ -527,8 +583,8 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
                         vp[((size_t)bh * SK + j) * DVP + d] =
                             d < DV ? v[BASE(V, bh) + (size_t)j * V_ROW + d] : 0.0f;
 #if HAS_MASK
-                if (kills[mask_plane(bh)])
-                    key_norms(k + BASE(K, bh), knorm + (size_t)bh * SK);
+                kills[bh] = mask_may_kill(spans + (size_t)mask_plane(bh) * PLANE_ROWS);
+                if (kills[bh]) key_norms(k + BASE(K, bh), knorm + (size_t)bh * SK);
 #endif
             }
         }
@@ -540,7 +596,7 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
                 const float *mk = NULL, *kn = NULL;   /* kn: NULL where no key can die */
 #if HAS_MASK
                 mk = head_mask(mask, bh);
-                kn = kills[mask_plane(bh)] ? knorm + (size_t)bh * SK : NULL;
+                kn = kills[bh] ? knorm + (size_t)bh * SK : NULL;
 #endif
                 const float *vb = PACK_V ? vp + (size_t)bh * SK * DVP : v + BASE(V, bh);
                 query_tile(q + BASE(Q, bh), k + BASE(K, bh), vb, mk, kn, t * TQ,
@@ -551,6 +607,9 @@ void wpk_attention(const float *q, const float *k, const float *v, const float *
     free(vp);
     free(knorm);
     free(kills);
+#if HAS_MASK
+    free(spans);
+#endif
 }
 """
 
@@ -576,6 +635,18 @@ def config_reason(shape: AttentionShape, config: Mapping) -> str | None:
     if tile_bytes > STACK_LIMIT:
         return f"the tiles need {tile_bytes} bytes of stack, more than {STACK_LIMIT}"
     return None
+
+
+def _hsum_macro(vw: int) -> str:
+    """C for HSUM_FOLDS(x): adds the upper half of `x`'s lanes onto the lower, then the
+    upper half of those, ..., so lane 0 ends with the sum (each a constant shuffle)."""
+    folds = []
+    width = vw // 2
+    while width >= 1:
+        lanes = ", ".join(str((lane + width) % vw) for lane in range(vw))
+        folds.append(f"(x) += __builtin_shuffle((x), (vi){{{lanes}}});")
+        width //= 2
+    return "#define HSUM_FOLDS(x) do { " + " ".join(folds) + " } while (0)\n"
 
 
 def _operand_strides(tag: str, rows: int, width: int, heads: int, bshd: bool) -> dict:
@@ -612,4 +683,4 @@ def attention_source(shape: AttentionShape, heads: int, rank: int, config: Mappi
         pack_v=int(dvp != shape.dv), has_mask=int(shape.mask_shape is not None),
         ms0=ms0, ms1=ms1, ms2=ms2, ms3=ms3, log2e=LOG2E,
         qscale=float(np.float32(shape.scale * LOG2E)),
-    ) + f"#define NV {nv}\n" + transpose_macro(vw) + _BODY
+    ) + f"#define NV {nv}\n" + transpose_macro(vw) + _hsum_macro(vw) + _BODY

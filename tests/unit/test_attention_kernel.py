@@ -208,6 +208,35 @@ def test_a_masked_key_that_still_wins_is_kept(rng):
         assert relative_l2(out, expected) < TOLERANCE, config
 
 
+@pytest.mark.parametrize("k_transposed", [False, True])
+@pytest.mark.parametrize("mask", [(1, 1, 1, 80), (1, 1, 8, 80)])
+def test_the_norm_bound_keeps_a_key_whose_score_outweighs_its_mask_by_a_little(
+        rng, k_transposed, mask):
+    """A key along every query's direction scores |q||k|, the Cauchy-Schwarz bound
+    itself: at 2e4, less a mask of 2e4 - 50, it takes all the weight, and a key norm
+    under its true value by 1% would have left it out (K as it lies and transposed; a
+    mask per key and one per query and key)."""
+    w = workload(lead=(1, 2), sq=8, sk=80, d=16, dv=16, k_transposed=k_transposed, mask=mask)
+    arrays = arrays_for(w, rng)
+    direction = rng.standard_normal(16).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+    arrays[0][:] = direction   # every query the unit vector: |q| = 1
+    key = direction * np.float32(2e4 / 0.31)   # its score: |q||k| * scale = 2e4
+    if k_transposed:
+        arrays[1][..., 75] = key
+    else:
+        arrays[1][..., 75, :] = key
+    arrays[3] = np.zeros(mask, np.float32)
+    arrays[3][..., 70:] = -1e4
+    arrays[3][..., 75] = -(2e4 - 50)
+    expected = reference(w, arrays)[0]
+    assert np.allclose(expected, arrays[2][:, :, 75:76, :], rtol=1e-5)   # all its weight
+    for config in attention_configs(w)[:2] + [{"tq": 16, "tk": 8, "vw": 1, "mr": 2, "nr": 2}]:
+        out = np.full(w.outputs[0].shape, np.nan, np.float32)
+        ATTENTION_C.prepare(w, {}, config)(arrays, [out])
+        assert relative_l2(out, expected) < TOLERANCE, config
+
+
 @pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "rank-3"])
 def test_onnxruntime_candidate_matches_the_reference(rng, case):
     w = workload(**CASES[case])
