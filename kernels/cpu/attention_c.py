@@ -266,18 +266,14 @@ static void softmax_step(float *s, int jn, float *m, const float *mx, float *l, 
 /* Keys that cannot matter to a query tile (see the module's docstring): SKIP_BELOW in
    the mask's units, SKIP_BELOW2 in the scores' base-2 ones. */
 #define SKIP_BELOW (-104.0)
+#define SKIP_BELOW2 (SKIP_BELOW * (double)LOG2E)
 /* A mask plane's distinct rows (one per query, or one for all) and the heads of a batch
    with planes of their own. */
 #define PLANE_ROWS (MS2 != 0 ? SQ : 1)
 #define PLANE_HEADS (MS1 != 0 ? HEADS : 1)
-#define SKIP_BELOW2 (SKIP_BELOW * (double)LOG2E)
 
 static inline float mask_at(const float *mask, int query, int key) {
     return mask[(size_t)query * MS2 + (size_t)key * MS3];
-}
-
-static inline float key_at(const float *k, int key, int d) {
-    return k[KT_INPUT ? (size_t)d * SK + key : (size_t)key * K_ROW + d];
 }
 
 /* The key the tile's first query's mask favours most: its MR keys go first. */
