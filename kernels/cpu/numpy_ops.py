@@ -116,6 +116,10 @@ class NumpyCopy(NumpyImplementation):
                 and not workload.epilogue
         return workload.op != "Resize" and not workload.epilogue
 
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        """'view (no copy)' for a step a CPU plan runs on its input's buffer, else 'copy'."""
+        return "view (no copy)" if self.views_input(workload) else "copy"
+
     def views_input(self, workload: Workload) -> bool:
         """Whether the output is the first input reinterpreted (a Reshape-like without an
         epilogue, one output): the buffer plan may give both one buffer, and the copy of

@@ -315,3 +315,42 @@ def test_a_build_lets_go_of_the_shared_input_sets(monkeypatch):
     wpk.build(model, warmup=0, repeats=1, min_time=0.0, progress=False, partition=False)
     assert cached and max(cached) > 0      # the build's candidates shared input sets
     assert not input_sets._CACHE           # and the build let go of them
+
+
+def test_a_step_the_plan_runs_on_its_inputs_buffer_is_timed_there(rng):
+    """A Reshape (numpy.copy views its input) is verified on an output of its own, then
+    timed writing onto its input's buffer, as a CPU plan's shared buffer runs it: the
+    timed runs see one buffer; a Transpose keeps its own output."""
+    from wpk.kernels.cpu.numpy_ops import NumpyCopy
+    from wpk.search.measure import outputs_as_planned
+
+    copy = NumpyCopy()
+    reshape = Workload("Reshape", (TensorSpec((4, 6)), TensorSpec((2,), "int64")),
+                       (TensorSpec((3, 8)),), (), static_inputs=((1, (3, 8)),))
+    transpose = Workload("Transpose", (TensorSpec((4, 6)),), (TensorSpec((6, 4)),),
+                         (("perm", (1, 0)),))
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    own = [np.empty((3, 8), np.float32)]
+    planned = outputs_as_planned(Candidate(copy, {}), reshape, [x, None], own)
+    assert np.shares_memory(planned[0], x) and planned[0].shape == (3, 8)
+    transposed = [np.empty((6, 4), np.float32)]
+    assert outputs_as_planned(Candidate(copy, {}), transpose, [x], transposed) is transposed
+    assert copy.algorithm(reshape, {}) == "view (no copy)"
+    assert copy.algorithm(transpose, {}) == "copy"
+
+    seen = []
+    prepare = copy.prepare
+
+    class Spy(NumpyCopy):
+        def prepare(self, workload, consts, config):
+            kernel = prepare(workload, consts, config)
+
+            def spied(inputs, outputs):
+                seen.append(np.shares_memory(inputs[0], outputs[0]))
+                kernel(inputs, outputs)
+            return spied
+
+    result = measure_candidate(reshape, Candidate(Spy(), {}), rng=rng, warmup=1, repeats=3,
+                               min_time=0.0)
+    assert result.status is Status.OK
+    assert seen[:2] == [False, False] and all(seen[2:]) and len(seen) >= 5
