@@ -383,19 +383,29 @@ def test_the_heads_stay_apart_without_a_merge_and_on_cuda():
     assert graph.op_counts().get("Transpose") == 4
 
 
-def packed_qkv_model(extra_reader: bool = False) -> onnx.ModelProto:
+def packed_qkv_model(extra_reader: bool = False, split: tuple[int, ...] | None = None
+                     ) -> onnx.ModelProto:
     """torch dynamo's ViT head split: the packed QKV [B, S, 3*H*D] reshaped to
     [B, S, 3, H, D], Transpose (2, 0, 3, 1, 4), three slices of axis 0, each squeezed to
     [B, H, S, D]; attention; the heads merged by Transpose (0, 2, 1, 3) and Reshape. With
-    `extra_reader`, V's slice is a graph output too."""
+    `extra_reader`, V's slice is a graph output too. With `split` (its sizes), one Split
+    of axis 0 instead of the slices, as TorchScript exports `unbind(0)`: (1, 1, 1), or
+    (1, 2) where K and V stay together (then K is that piece's first index)."""
     def const(name, values):
         return numpy_helper.from_array(np.array(values, np.int64), name)
 
     nodes = [h.make_node("Reshape", ["x", "packed_shape"], ["packed"]),
              h.make_node("Transpose", ["packed"], ["heads"], perm=[2, 0, 3, 1, 4])]
-    for i, name in enumerate("qkv"):
-        nodes += [h.make_node("Slice", ["heads", f"s{i}", f"e{i}", "axis0"], [f"{name}5"]),
-                  h.make_node("Squeeze", [f"{name}5", "axis0"], [name])]
+    if split is None:
+        nodes += [h.make_node("Slice", ["heads", f"s{i}", f"e{i}", "axis0"], [f"{name}5"])
+                  for i, name in enumerate("qkv")]
+    else:
+        pieces = ["q5", "k5", "v5"] if len(split) == 3 else ["q5", "kv5"]
+        nodes.append(h.make_node("Split", ["heads", "sizes"], pieces, axis=0))
+        if len(split) == 2:
+            nodes += [h.make_node("Slice", ["kv5", f"s{i}", f"e{i}", "axis0"], [f"{n}5"])
+                      for i, n in enumerate("kv")]
+    nodes += [h.make_node("Squeeze", [f"{name}5", "axis0"], [name]) for name in "qkv"]
     nodes += [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
               h.make_node("MatMul", ["q", "kt"], ["scores"]),
               h.make_node("Div", ["scores", "root"], ["scaled"]),
@@ -408,6 +418,8 @@ def packed_qkv_model(extra_reader: bool = False) -> onnx.ModelProto:
              numpy_helper.from_array(np.array(D ** 0.5, np.float32), "root")]
     inits += [const(f"s{i}", [i]) for i in range(3)] + [const(f"e{i}", [i + 1])
                                                         for i in range(3)]
+    if split is not None:
+        inits.append(const("sizes", list(split)))
     outputs = [h.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, H * D])]
     if extra_reader:
         outputs.append(h.make_tensor_value_info("v5", TensorProto.FLOAT, [1, B, H, S, D]))
@@ -418,11 +430,13 @@ def packed_qkv_model(extra_reader: bool = False) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model)
 
 
-def test_a_packed_qkv_split_becomes_slices_of_the_packed_tensor(rng):
+@pytest.mark.parametrize("split", [None, (1, 1, 1)], ids=["slices", "split"])
+def test_a_packed_qkv_split_becomes_slices_of_the_packed_tensor(rng, split):
     """The packed tensor's Transpose goes: Q, K and V are slices of its axis 2 read where
     they lie ([B, S, H, D]: bshd on all three and the output), one copy of the packed
-    tensor instead of two; the graph computes the same."""
-    model = packed_qkv_model()
+    tensor instead of two; the graph computes the same. From dynamo's three Slices or
+    TorchScript's one Split alike."""
+    model = packed_qkv_model(split=split)
     graph, report = optimize(load_model(model), "cpu")
     check_graph(graph)
     assert report.passes.get("packed_qkv") == 1 and report.rules.get("attention_heads") == 1
@@ -443,6 +457,21 @@ def test_a_packed_split_read_elsewhere_stays_and_cuda_keeps_it():
                for n in graph.nodes)
     graph, report = optimize(load_model(packed_qkv_model()), "cuda")
     assert "packed_qkv" not in report.passes
+
+
+def test_a_split_whose_pieces_are_not_single_indices_keeps_the_transpose(rng):
+    """A Split of axis 0 into pieces of 1 and 2 (K and V kept together, sliced later) is
+    not the unbind the pass rewrites: the Transpose stays and the graph computes the
+    same."""
+    model = packed_qkv_model(split=(1, 2))
+    graph, report = optimize(load_model(model), "cpu")
+    check_graph(graph)
+    assert not report.passes.get("packed_qkv")
+    assert any(n.op == "Transpose" and tuple(n.attrs["perm"]) == (2, 0, 3, 1, 4)
+               for n in graph.nodes)
+    feeds = feeds_of(model, rng)
+    np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
 
 
 def masked_fill_model(*, fill: float = -np.inf, keep_first: bool = True,

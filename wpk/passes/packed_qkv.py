@@ -6,13 +6,16 @@ torch's dynamo exporter writes a ViT's (timm's) head split as
     t = Transpose(qkv, perm=(2, 0, 3, 1, 4))           # [3, B, H, S, D], a copy of it all
     q, k, v = Slice(t, [i, i+1] on axis 0) -> Squeeze / Reshape to [B, H, S, D]
 
+(TorchScript's export of the same `unbind(0)`: one Split of t into pieces of one on
+axis 0, each read by a Squeeze),
+
 which copies the packed tensor twice (the transpose, then its slices). Each slice is
 rewritten as a slice of the packed tensor on its own axis (a copy of rows of H x D
 floats), a Reshape to [B, S, H, D] (a view) and the heads' split Transpose (0, 2, 1, 3),
 which `attention_heads` then absorbs into the fused attention's [B, S, H, D] operands:
 one copy of the packed tensor instead of two, and no transposition. It fires only when
-every reader of the Transpose is such a slice, each read by one Squeeze or Reshape to
-[B, H, S, D] alone, so the Transpose goes.
+every reader of the Transpose is such a slice (or the one Split), each piece read by one
+Squeeze or Reshape to [B, H, S, D] alone, so the Transpose goes.
 """
 
 from __future__ import annotations
@@ -46,6 +49,28 @@ def _slice_index(graph: Graph, node: Node) -> int | None:
         return None
     start = int(starts[0])
     return start if start >= 0 and int(ends[0]) == start + 1 else None
+
+
+def _pieces(graph: Graph, packed: str, readers: list[Node]
+            ) -> list[tuple[int, Node, str]] | None:
+    """(index, the node that takes it, the tensor it lands in) of each index of axis 0 of
+    the transposed tensor `packed`, read by `readers`: Slices of one index each (dynamo),
+    or one Split into pieces of one on axis 0 (TorchScript's unbind); None otherwise."""
+    if any(node.inputs[0] != packed for node in readers):
+        return None
+    if len(readers) == 1 and readers[0].op == "Split" and \
+            readers[0].domain in ("", "ai.onnx") and int(readers[0].attr("axis", 0)) in (0, -5):
+        split, shape = readers[0], tuple(graph.tensors[packed].shape)
+        piece = (1,) + shape[1:]
+        if len(split.outputs) != shape[0] or any(
+                o not in graph.tensors or tuple(graph.tensors[o].shape) != piece
+                for o in split.outputs):
+            return None
+        return [(index, split, o) for index, o in enumerate(split.outputs)]
+    indices = [_slice_index(graph, node) for node in readers]
+    if None in indices:
+        return None
+    return [(index, node, node.outputs[0]) for index, node in zip(indices, readers)]
 
 
 class PackedQkvSplit(GraphPass):
@@ -82,12 +107,13 @@ class PackedQkvSplit(GraphPass):
         out = node.outputs[0]
         if out in pinned or not readers.get(out):
             return None
+        pieces = _pieces(graph, out, readers[out])
+        if pieces is None:
+            return None
         found = []
-        for piece in readers[out]:
-            index = _slice_index(graph, piece)
-            after = readers.get(piece.outputs[0], [])
-            if index is None or piece.inputs[0] != out or len(after) != 1 or \
-                    piece.outputs[0] in pinned:
+        for index, piece, piece_out in pieces:
+            after = readers.get(piece_out, [])
+            if len(after) != 1 or piece_out in pinned:
                 return None
             reshape = after[0]
             if reshape.op not in RESHAPES or reshape.domain not in ("", "ai.onnx") or \
