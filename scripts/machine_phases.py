@@ -154,7 +154,13 @@ def main(argv: list[str] | None = None) -> int:
                           hint="pass the ONNX model the plan was built from"), file=sys.stderr)
         return 2
     feeds = example_feeds(session, seed=0)
-    ort = ort_session(model, args.threads, spinning=True)
+    try:
+        ort = ort_session(model, args.threads, spinning=True)
+        ort.run(None, feeds)
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        print(GONE.format(path=args.model, why=str(exc).strip().splitlines()[0],
+                          hint="pass the ONNX model the plan was built from"), file=sys.stderr)
+        return 2
     found = phases(rounds_of_blocks(session, ort, feeds, args.seconds, args.block))
     print(report(found, args.top))
     if args.json:

@@ -252,7 +252,8 @@ def test_machine_phases_splits_rounds_by_onnxruntimes_block_times(scripts_on_pat
                                                                   capsys):
     """The quiet and contended phases are the rounds where onnxruntime's block ran fastest
     and slowest; each phase's ratio is its medians' quotient and every step of the plan
-    has its times; a missing plan or a file that is no model is an error line."""
+    has its times; a missing plan, a file that is no model and a model whose inputs are
+    not the plan's are error lines."""
     import json
 
     import onnx
@@ -281,7 +282,11 @@ def test_machine_phases_splits_rounds_by_onnxruntimes_block_times(scripts_on_pat
     assert saved["all"]["rounds"] >= 2 and saved["all"]["units_s"]
     assert "contended / quiet: wpk" in capsys.readouterr().out
     (tmp_path / "bad.onnx").write_text("not a model")
+    other = tiny_conv_gemm()
+    other.graph.input[0].name = other.graph.node[0].input[0] = "renamed"
+    onnx.save(other, tmp_path / "other.onnx")
     for args in ([str(tmp_path / "none.wpk"), str(tmp_path / "tiny.onnx")],
-                 [str(plan), str(tmp_path / "bad.onnx")]):
+                 [str(plan), str(tmp_path / "bad.onnx")],
+                 [str(plan), str(tmp_path / "other.onnx")]):
         assert main(args) == 2
         assert capsys.readouterr().err.startswith("error:")
