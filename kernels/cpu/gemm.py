@@ -37,12 +37,14 @@ class NumpyGemm(NumpyImplementation):
         steps = workload.epilogue
 
         packed_b = None
-        if 1 in consts:
+        if 1 in consts:   # one copy at most (a big FC weight is hundreds of MB)
             b = np.asarray(consts[1], dtype=dtype)
-            packed_b = np.ascontiguousarray((b.T if trans_b else b) * dtype.type(alpha))
+            b = b.T if trans_b else b
+            packed_b = np.ascontiguousarray(b if alpha == 1.0 else b * dtype.type(alpha))
         packed_c = None
         if core_c and 2 in consts:
-            packed_c = np.ascontiguousarray(np.asarray(consts[2], dtype=dtype) * dtype.type(beta))
+            c = np.asarray(consts[2], dtype=dtype)
+            packed_c = np.ascontiguousarray(c if beta == 1.0 else c * dtype.type(beta))
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
             out = outputs[0]
