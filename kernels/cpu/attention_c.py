@@ -173,6 +173,11 @@ static inline vf vexp2(vf x) {
 #define FOLD_MASK (HAS_MASK && MS2 == 0)
 #define ROW_MASK (HAS_MASK && MS2 != 0)
 
+static inline float mask_at(const float *mask, int query, int key) {
+    return mask[(size_t)query * MS2 + (size_t)key * MS3];
+}
+
+#if ROW_MASK
 /* Keys [j0, j0 + jn) of the mask rows of queries [q0, q0 + TQ) as mt[key][query] in base-2
    units (0 past the queries): VW x VW blocks transposed in registers where the keys lie
    contiguous, the edges one float at a time. The rows past the keys up to a multiple of MR
@@ -191,13 +196,12 @@ static void mask_block(const float *mask, int q0, int j0, int jn, float *mt) {
             }
             for (int jj = j; jj < j + VW && jj < jn; ++jj)
                 for (int ii = i; ii < i + VW; ++ii)
-                    mt[jj * TQ + ii] =
-                        ii < in ? mask[(size_t)(q0 + ii) * MS2 + (size_t)(j0 + jj) * MS3] * LOG2E
-                                : 0.0f;
+                    mt[jj * TQ + ii] = ii < in ? mask_at(mask, q0 + ii, j0 + jj) * LOG2E : 0.0f;
         }
     }
     for (int j = jn; j % MR; ++j) memcpy(mt + j * TQ, mt + (jn - 1) * TQ, sizeof(float) * TQ);
 }
+#endif
 
 /* Scores of keys [j0, j0 + jn) against the query tile, key-major: s[j][i] = K[j] . qt[:, i]
    + the mask (the key's value, or mt[j][i] with ROW_MASK), and mx[i] raised to the query's
@@ -271,10 +275,6 @@ static void softmax_step(float *s, int jn, float *m, const float *mx, float *l, 
    with planes of their own. */
 #define PLANE_ROWS (MS2 != 0 ? SQ : 1)
 #define PLANE_HEADS (MS1 != 0 ? HEADS : 1)
-
-static inline float mask_at(const float *mask, int query, int key) {
-    return mask[(size_t)query * MS2 + (size_t)key * MS3];
-}
 
 /* The key the tile's first query's mask favours most: its MR keys go first. */
 static int best_masked_key(const float *mask, int q0) {
