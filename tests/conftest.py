@@ -4,6 +4,8 @@ to the pytest-xdist workers it starts under qemu."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -15,11 +17,27 @@ def rng() -> np.random.Generator:
 
 
 @pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch) -> str:
-    """Point wpk's compile/tuning caches at a temporary folder (never the working tree)."""
+def cache_dir(tmp_path_factory, monkeypatch, run_folder) -> str:
+    """Point wpk's compile/tuning caches at a temporary folder (never the working tree).
+    Its precompiled headers (`pch/`, no kernel in them) are the run's, shared by every test
+    (`share_precompiled_headers`)."""
     path = tmp_path_factory.mktemp("wpk-cache")
+    share_precompiled_headers(path, run_folder)
     monkeypatch.setenv("WPK_CACHE_DIR", str(path))
     return str(path)
+
+
+def share_precompiled_headers(cache, run_folder) -> None:
+    """Link the compile cache `cache`'s `pch/` to one folder of the test run: gcc builds the
+    precompiled <immintrin.h> of a flag set (0.7 s, `wpk.dsl.toolchain.immintrin_flags`)
+    once per run instead of once per test. Tests of the header itself use a cache of
+    their own."""
+    shared = run_folder / "shared-pch"
+    shared.mkdir(exist_ok=True)
+    link = cache / "pch"
+    if not link.is_symlink():
+        with contextlib.suppress(FileExistsError):   # another worker linked it first
+            link.symlink_to(shared, target_is_directory=True)
 
 
 def pytest_addoption(parser):
@@ -104,6 +122,7 @@ def shared_compile_cache(cache_dir, run_folder, monkeypatch) -> str:
     so concurrent workers are safe. Not for tests of the cache itself."""
     path = run_folder / "shared-wpk-cache"
     path.mkdir(exist_ok=True)
+    share_precompiled_headers(path, run_folder)
     monkeypatch.setenv("WPK_CACHE_DIR", str(path))
     return str(path)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import subprocess
 
 import numpy as np
 import pytest
@@ -89,6 +90,67 @@ def test_missing_c_compiler_has_a_hint(monkeypatch):
     with pytest.raises(ToolchainError, match="not found") as info:
         toolchain.compile_c(SAXPY_C + "/* fresh */")
     assert "gcc" in info.value.hint
+
+
+AVX_C = r"""
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+void twice(int n, float *x) {
+    for (int i = 0; i < n; ++i) x[i] = 2.0f * x[i];
+}
+"""
+
+
+@pytest.mark.isa  # the header is built with the host's -march: isa_check.sh reruns it
+def test_an_avx_source_is_compiled_with_the_precompiled_immintrin(tmp_path, monkeypatch, rng):
+    """The first compile of a source including <immintrin.h> builds the header's `.gch` into
+    the compile cache; gcc reads it (its -H trace marks a used `.gch` with `!`) and the
+    kernel computes what it did without it."""
+    monkeypatch.setenv("WPK_CACHE_DIR", str(tmp_path))   # a cache without the run's headers
+    flags = toolchain.c_flags()
+    cc = toolchain.c_compiler()
+    artifact = toolchain.compile_c(AVX_C)
+    extra = toolchain.immintrin_flags(AVX_C, cc, flags)
+    if "gcc" not in toolchain.compiler_version(cc).lower():
+        assert extra == []
+        pytest.skip("not gcc: no precompiled header")
+    compile_flags = [f for f in flags if f != "-shared"]
+    folder = toolchain.pch_dir(cc, compile_flags)
+    assert extra == ["-include", str(folder / toolchain.PCH_HEADER)]
+    assert (folder / f"{toolchain.PCH_HEADER}.gch").stat().st_size > 1_000_000
+    source = tmp_path / "avx.c"
+    source.write_text(AVX_C)
+    trace = subprocess.run([cc, *compile_flags, *extra, "-H", "-fsyntax-only", str(source)],
+                           capture_output=True, text=True, check=True).stderr
+    assert f"! {folder / toolchain.PCH_HEADER}.gch" in trace
+    twice = toolchain.load_function(artifact.path, "twice", [ctypes.c_int, ctypes.c_void_p])
+    x = rng.standard_normal(37).astype(np.float32)
+    expected = 2 * x
+    twice(x.size, x.ctypes.data)
+    np.testing.assert_array_equal(x, expected)
+
+
+@pytest.mark.isa
+def test_the_precompiled_header_is_left_out_where_it_would_not_be_the_same_program(monkeypatch):
+    """No header for a source without <immintrin.h>, for one defining a macro before it (a
+    feature macro must precede every system header), for a compiler that is not gcc, and
+    for options gcc cannot build it with (remembered; the kernel compiles as before)."""
+    cc, flags = toolchain.c_compiler(), toolchain.c_flags()
+    assert toolchain.immintrin_flags(SAXPY_C, cc, flags) == []
+    defined_first = "#define _POSIX_C_SOURCE 199309L\n" + AVX_C
+    assert toolchain.immintrin_flags(defined_first, cc, flags) == []
+    assert toolchain.compile_c(defined_first).path.exists()
+    bad = (*flags, "-fno-such-gcc-option")
+    assert toolchain.immintrin_flags(AVX_C, cc, bad) == []
+
+    def run_again(*args, **kwargs):
+        raise AssertionError("gcc ran again for a header it could not build")
+
+    monkeypatch.setattr(toolchain, "run_tool", run_again)
+    assert toolchain.immintrin_flags(AVX_C, cc, bad) == []
+    monkeypatch.setattr(toolchain, "compiler_version", lambda executable: "clang version 18")
+    assert toolchain.immintrin_flags(AVX_C, cc, flags) == []
 
 
 PTXAS_LOG = """\
