@@ -3,13 +3,16 @@
 Used by the onnxruntime kernels (node plus epilogue, constants baked in as
 initializers) and by the `onnx.reference` fallback of the float64 references
 (node alone). Input `i` of the workload is the graph input or initializer
-named `in{i}`; output `j` is `out{j}`.
+named `in{i}`; output `j` is `out{j}`. With `external_min_bytes`, constants at least
+that big stay numpy arrays (`NodeModel.external`) that the session is handed as
+external initializers, so a big weight is not copied into the model, serialized
+and parsed again (VGG-19's 411 MB FC weight three times per onnxruntime candidate).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -97,6 +100,8 @@ class NodeModel:
 
     model: onnx.ModelProto
     feeds: tuple[int, ...]        # workload input indices fed at run time, in graph order
+    # initializers kept out of the model: name -> value, for `add_external_initializers`
+    external: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -170,13 +175,14 @@ def ir_version_for(opset: int) -> int:
 
 
 def build_node_model(workload: Workload, consts: Mapping[int, np.ndarray] | None = None, *,
-                     with_epilogue: bool = True, dtype_map: Mapping[str, str] | None = None
-                     ) -> NodeModel:
+                     with_epilogue: bool = True, dtype_map: Mapping[str, str] | None = None,
+                     external_min_bytes: int | None = None) -> NodeModel:
     """Build the workload's node (and, by default, its epilogue) as an ONNX model.
 
     Inputs listed in `consts` become initializers; absent inputs (None specs)
     are left empty in the node. `dtype_map` renames dtypes (e.g. float32 to
-    float64 for a float64 reference run).
+    float64 for a float64 reference run). Constants of `external_min_bytes` or more
+    become external initializers (`NodeModel.external`).
     """
     consts = consts or {}
     dtype_map = dtype_map or {}
@@ -185,13 +191,19 @@ def build_node_model(workload: Workload, consts: Mapping[int, np.ndarray] | None
         return dtype_map.get(spec.dtype, spec.dtype)
 
     graph_inputs, initializers, feeds = [], [], []
+    external: dict[str, np.ndarray] = {}
     used = len(workload.inputs) if with_epilogue else core_input_count(workload)
     for i, spec in enumerate(workload.inputs):
         if spec is None or i >= used:
             continue
         if i in consts:
             value = np.asarray(consts[i]).astype(dtype_of(spec), copy=False)
-            initializers.append(numpy_helper.from_array(value, input_name(i)))
+            if (external_min_bytes is not None and value.nbytes >= external_min_bytes
+                    and value.dtype.kind in "biuf"):
+                external[input_name(i)] = np.ascontiguousarray(value)
+                initializers.append(external_initializer(input_name(i), value))
+            else:
+                initializers.append(numpy_helper.from_array(value, input_name(i)))
         else:
             graph_inputs.append(helper.make_tensor_value_info(
                 input_name(i), tensor_type(dtype_of(spec)), list(spec.shape)))
@@ -238,7 +250,17 @@ def build_node_model(workload: Workload, consts: Mapping[int, np.ndarray] | None
         imports.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = helper.make_model(graph, opset_imports=imports, producer_name="wpk")
     model.ir_version = ir_version_for(workload.opset)
-    return NodeModel(model, tuple(feeds))
+    return NodeModel(model, tuple(feeds), external)
+
+
+def external_initializer(name: str, value: np.ndarray) -> onnx.TensorProto:
+    """An initializer that names `value`'s dtype and shape and holds no data: its data is
+    handed to onnxruntime with `SessionOptions.add_external_initializers`."""
+    tensor = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype),
+                              dims=value.shape, data_location=onnx.TensorProto.EXTERNAL)
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", f"wpk-external-{name}"
+    return tensor
 
 
 def _operand_names(workload: Workload) -> dict[int, str]:

@@ -41,6 +41,9 @@ from wpk.kernels.support import is_supported
 _THREADS: int | None = None
 # Outputs up to this many bytes are returned by `run` and copied; bigger ones are bound.
 _SMALL_OUTPUT_BYTES = 16384
+# Constants this big are handed to a session as external initializers, not copied into
+# its model (`build_node_model`).
+EXTERNAL_MIN_BYTES = 1 << 20
 _CPU = ort_capi.OrtDevice(ort_capi.OrtDevice.cpu(), ort_capi.OrtDevice.default_memory(), 0)
 
 
@@ -95,11 +98,19 @@ def session_options(threads: int | None = None, optimization: str = "all",
 
 
 def create_session(model_bytes: bytes, label: str, threads: int | None = None,
-                   optimization: str = "all") -> ort.InferenceSession:
-    """An onnxruntime CPU session for a serialized model; UnsupportedError if ORT refuses it."""
+                   optimization: str = "all", external: Mapping[str, np.ndarray] | None = None
+                   ) -> ort.InferenceSession:
+    """An onnxruntime CPU session for a serialized model; UnsupportedError if ORT refuses it.
+    `external`: the data of the model's external initializers, by name (C-contiguous
+    arrays, kept alive as long as the session: onnxruntime may read them in place)."""
+    options = session_options(threads, optimization)
+    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in (external or {}).values()]
+    if values:
+        options.add_external_initializers(list(external), values)
     try:
-        return ort.InferenceSession(model_bytes, session_options(threads, optimization),
-                                    providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+        session.wpk_external_initializers = (external, values)   # alive with the session
+        return session
     except Exception as exc:  # onnxruntime raises its own untyped errors
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnsupportedError(f"{label}: onnxruntime cannot run it: {first_line}",
@@ -121,9 +132,10 @@ def static_consts(workload: Workload) -> dict[int, np.ndarray]:
 def make_ort_kernel(workload: Workload, consts: Mapping[int, np.ndarray],
                     threads: int | None = None, optimization: str = "all") -> Kernel:
     """Prepare a kernel running the workload (with epilogue) in one onnxruntime session."""
-    node_model = build_node_model(workload, {**static_consts(workload), **consts})
+    node_model = build_node_model(workload, {**static_consts(workload), **consts},
+                                  external_min_bytes=EXTERNAL_MIN_BYTES)
     session = create_session(node_model.model.SerializeToString(), workload.label, threads,
-                             optimization)
+                             optimization, node_model.external)
     feeds = [(i, input_name(i)) for i in node_model.feeds]
     return session_kernel(session, workload, feeds)
 

@@ -331,6 +331,33 @@ def test_ort_binding_handles_non_contiguous_inputs(rng):
     np.testing.assert_array_equal(out, np.maximum(x, 0))
 
 
+def test_big_constants_reach_onnxruntime_as_external_initializers(rng):
+    """A weight of EXTERNAL_MIN_BYTES or more is left out of the node model (an initializer
+    naming its shape, no data) and handed to the session as is; a smaller one is baked
+    in. Both give onnxruntime's answer for the node, also once the caller let go of its
+    arrays (the kernel keeps them alive)."""
+    from wpk.kernels.cpu.node_model import build_node_model, input_name
+
+    rows = ort_node.EXTERNAL_MIN_BYTES // (4 * 64) + 1
+    for count, external in ((rows, True), (rows // 8, False)):
+        workload = Workload("Gemm", (S((3, 64)), S((count, 64)), S((count,))), (S((3, count)),),
+                            (("transB", 1),))
+        weight = rng.standard_normal((count, 64)).astype(np.float32)
+        bias = rng.standard_normal(count).astype(np.float32)
+        node = build_node_model(workload, {1: weight, 2: bias},
+                                external_min_bytes=ort_node.EXTERNAL_MIN_BYTES)
+        assert (input_name(1) in node.external) == external
+        assert input_name(2) not in node.external
+        assert (node.model.ByteSize() < weight.nbytes) == external
+        kernel = registry.get("ort").prepare(workload, {1: weight, 2: bias}, {})
+        x = rng.standard_normal((3, 64)).astype(np.float32)
+        expected = x.astype(np.float64) @ weight.T.astype(np.float64) + bias
+        del weight, bias
+        out = np.full((3, count), np.nan, np.float32)
+        kernel([x, None, None], [out])
+        assert rel_l2(out, expected) < 1e-5
+
+
 def test_conv_strategies_are_configs(rng):
     workload = CASES["conv_depthwise_stride2_asym"]
     configs = registry.get("numpy.conv").configs(workload)
