@@ -30,7 +30,8 @@ DATA_MOVEMENT_OPS = frozenset({
 # ops of the masks and ids exporters write around attention (an HF model's int64
 # attention_mask unsqueezed and cast, torch's bool padding mask compared and selected).
 ANY_DTYPE_MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
-                             "Transpose", "Concat", "Gather", "Slice", "Split", "Expand"})
+                             "Transpose", "Concat", "Gather", "Slice", "Split", "Expand",
+                             "Tile"})
 MASK_OPS = frozenset({"Cast", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual",
                       "Not", "And", "Or", "Where"})
 ANY_DTYPE_OPS = ANY_DTYPE_MOVES | MASK_OPS
@@ -52,7 +53,7 @@ SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_
                           | DATA_MOVEMENT_OPS | ANY_DTYPE_OPS | REDUCE_OPS | NN_OPS)
 # Inputs that must be constants with fixed values (static inputs); Clip bounds may vary.
 _STATIC_OPERANDS = {"Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Split": (1,),
-                    "Expand": (1,), **{op: (1,) for op in REDUCE_OPS}}
+                    "Expand": (1,), "Tile": (1,), **{op: (1,) for op in REDUCE_OPS}}
 # Ops with several outputs that wpk computes (the others: one output)
 _MULTI_OUTPUT_OPS = frozenset({"LayerNormalization", "Split"})
 _FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})

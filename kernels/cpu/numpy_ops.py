@@ -4,7 +4,7 @@
   and the ONNX unary/binary elementwise ops, written with ufuncs into the
   output (`out=`), no temporaries for most steps.
 - `numpy.copy`: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout/Transpose/Concat/
-  Slice/Split/Gather/Resize(nearest)/DepthToSpace/SpaceToDepth/Expand as views or
+  Slice/Split/Gather/Resize(nearest)/DepthToSpace/SpaceToDepth/Expand/Tile as views or
   `np.copyto`/`np.take(out=)` into the outputs, of any dtype numpy holds.
 - `numpy.sum`: Sum, Mean and variadic Max/Min, one ufunc pass per input.
 - `numpy.softmax`, `numpy.layernorm`, `numpy.batchnorm`: in-place formulations
@@ -97,19 +97,38 @@ def _single_index(workload: Workload, consts: Mapping[int, np.ndarray]) -> tuple
     return (slice(None),) * axis + ((k,) if np.ndim(value) == 0 else (slice(k, k + 1),))
 
 
+def _tile_move(workload: Workload):
+    """Tile as one broadcast copy: the output seen as (repeats_0, d_0, repeats_1, d_1, ...)
+    is the input seen as (1, d_0, 1, d_1, ...) broadcast, each repetition a block."""
+    dims = workload.inputs[0].shape
+    repeats = [int(r) for r in np.asarray(workload.static_value(1)).reshape(-1)]
+    source = tuple(x for d in dims for x in (1, d))
+    blocks = tuple(x for r, d in zip(repeats, dims) for x in (r, d))
+
+    def move(inputs, outputs):
+        target = outputs[0].view()
+        try:
+            target.shape = blocks   # a view of the same memory, or an error (never a copy)
+        except AttributeError:
+            np.copyto(outputs[0], np.tile(inputs[0], repeats))
+            return
+        np.copyto(target, np.broadcast_to(inputs[0].reshape(source), blocks))
+    return move
+
+
 class NumpyCopy(NumpyImplementation):
     """Data movement straight into the output buffers."""
 
     name = "numpy.copy"
     uses_blas = False
     ops = _RESHAPES + ("Transpose", "Concat", "Slice", "Gather", "Resize", "Split",
-                       "DepthToSpace", "SpaceToDepth", "Expand")
+                       "DepthToSpace", "SpaceToDepth", "Expand", "Tile")
     dtypes = NUMPY_DTYPES   # bytes are bytes (`kernels.support` says which ops take which)
 
     def native_chain(self, workload: Workload) -> bool:
         """Moves described by views (all but Resize, Expand and a Gather of several or
         variable indices) without an epilogue are one native copy (`native_moves`)."""
-        if workload.op == "Expand":   # a broadcast source: numpy's copy
+        if workload.op in ("Expand", "Tile"):   # a broadcast source: numpy's copy
             return False
         if workload.op == "Gather":
             return 1 in workload.const_inputs and workload.inputs[1].shape in ((), (1,)) \
@@ -142,6 +161,8 @@ class NumpyCopy(NumpyImplementation):
 
             def move(inputs, outputs):
                 np.copyto(outputs[0], np.broadcast_to(inputs[0], out_shape))
+        elif op == "Tile":
+            move = _tile_move(workload)
         elif op == "Gather" and _single_index(workload, consts) is None:
             axis = workload.attr("axis", 0)
 

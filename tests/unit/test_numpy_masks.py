@@ -82,6 +82,13 @@ MOVES = {
                             ((2, 1, 5, 5), "bool"), static=((1, (2, 1, 5, 5)),)),
     "expand float32": workload("Expand", [((3, 1), "float32"), ((2,), "int64")],
                                ((3, 4), "float32"), static=((1, (3, 4)),)),
+    "tile float32 (grouped-query heads)": workload(
+        "Tile", [((1, 2, 1, 5, 3), "float32"), ((5,), "int64")], ((1, 2, 4, 5, 3), "float32"),
+        static=((1, (1, 1, 4, 1, 1)),)),
+    "tile int64 on every axis": workload("Tile", [((2, 3), "int64"), ((2,), "int64")],
+                                         ((6, 6), "int64"), static=((1, (3, 2)),)),
+    "tile bool once": workload("Tile", [((4,), "bool"), ((1,), "int64")], ((4,), "bool"),
+                               static=((1, (1,)),)),
     "gather int64 ids": workload("Gather", [((50, 4), "int64"), ((3,), "int64")],
                                 ((3, 4), "int64"), (("axis", 0),)),
 }
@@ -97,6 +104,16 @@ def test_moves_of_any_dtype_match_the_reference(rng, case):
     assert compare(outputs, reference(w, arrays)) == (0.0, "")
 
 
+def test_tile_into_a_strided_output_still_matches(rng):
+    """An output that cannot be seen blocked without a copy takes numpy's tile."""
+    w = MOVES["tile int64 on every axis"]
+    arrays = random_inputs(w, rng)
+    wide = np.zeros((6, 12), np.int64)
+    COPY.prepare(w, {}, {})(arrays, [wide[:, ::2]])
+    np.testing.assert_array_equal(wide[:, ::2], np.tile(arrays[0], (3, 2)))
+    assert not wide[:, 1::2].any()
+
+
 def test_what_support_refuses():
     bf16 = workload("Cast", [((4,), "float32")], ((4,), "bfloat16"), (("to", 16),))
     assert "bfloat16" in unsupported_reason(bf16)
@@ -107,6 +124,8 @@ def test_what_support_refuses():
                         ((4,), "bool"), epilogue=(EpilogueStep("add", operand=2),))
     assert "non-float" in unsupported_reason(epilogue)
     variable = workload("Expand", [((3, 1), "float32"), ((2,), "int64")], ((3, 4), "float32"))
+    assert "static" in unsupported_reason(variable)
+    variable = workload("Tile", [((3, 1), "float32"), ((2,), "int64")], ((3, 4), "float32"))
     assert "static" in unsupported_reason(variable)
     int_add = workload("Add", [((4,), "int64"), ((4,), "int64")], ((4,), "int64"))
     assert unsupported_reason(int_add) == "only float outputs are implemented"
