@@ -1,4 +1,4 @@
-"""The real-exporter corpus: thirteen architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: fourteen architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -19,6 +19,7 @@ graphs in those exporters' spellings:
 | torchenc (`nn.TransformerEncoder` with a key padding mask, erf GELU) | x | x | | |
 | gpt (GPT-2-style causal blocks: masked_fill with -inf, tanh GELU) | x | x | | |
 | crnn (CRNN text recognizer: conv stack, bidirectional LSTM and GRU) | x | x | | |
+| llama (LLaMA decoder: RMSNorm, rotary embeddings, grouped-query causal SDPA, SwiGLU) | x | x | | |
 
 Names are `<architecture>_<exporter>`; every model has one float input "x".
 Each comes in two sizes: "ci" (small, built in about a second) and "bench"
@@ -41,7 +42,8 @@ import numpy as np
 import onnx
 
 ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "resnext",
-                 "speech", "deeplab", "espcn", "torchenc", "gpt", "crnn")
+                 "speech", "deeplab", "espcn", "torchenc", "gpt", "crnn",
+                 "llama")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

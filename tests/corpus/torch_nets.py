@@ -606,6 +606,84 @@ class Gpt(nn.Module):
         return self.head(self.norm(self.blocks(x)))
 
 
+# -------------------------------------------------------------------- LLaMA
+
+
+class RmsNorm(nn.Module):
+    """RMSNorm as LLaMA's reference code writes it: x * rsqrt(mean(x^2) + eps) * weight."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """HF transformers' rotary helper: (-x2, x1) of the two halves of the last axis."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    """A LLaMA decoder layer as HF transformers writes it: RMSNorm, Q/K/V Linears without
+    bias, rotary position embeddings (cos/sin tables, rotate_half), grouped-query attention
+    (K and V heads repeated), causal `F.scaled_dot_product_attention`, a SwiGLU MLP."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, ffn: int, positions: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.norm1, self.norm2 = RmsNorm(dim), RmsNorm(dim)
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.k = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.v = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.gate = nn.Linear(dim, ffn, bias=False)
+        self.up = nn.Linear(dim, ffn, bias=False)
+        self.down = nn.Linear(ffn, dim, bias=False)
+        inverse = 1.0 / 10000 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
+        angles = torch.outer(torch.arange(positions).float(), inverse)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def _heads(self, x: torch.Tensor, count: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, count, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        h = self.norm1(x)
+        q, k = self._heads(self.q(h), self.heads), self._heads(self.k(h), self.kv_heads)
+        v = self._heads(self.v(h), self.kv_heads)
+        cos, sin = self.cos[:t], self.sin[:t]
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(context.transpose(1, 2).reshape(b, t, c))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    """A LLaMA-style decoder over embedded tokens (the corpus feeds one float input): its
+    blocks, a final RMSNorm and the vocabulary head."""
+
+    def __init__(self, dim: int = 512, heads: int = 8, kv_heads: int = 2, ffn: int = 1376,
+                 layers: int = 4, vocab: int = 1000, positions: int = 512):
+        super().__init__()
+        self.blocks = nn.Sequential(*(LlamaBlock(dim, heads, kv_heads, ffn, positions)
+                                      for _ in range(layers)))
+        self.norm = RmsNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(x)))
+
+
 # -------------------------------------------------------------------- DeepLabV3
 
 
@@ -733,6 +811,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "torchenc": TorchEncoder,
     "gpt": Gpt,
     "crnn": Crnn,
+    "llama": Llama,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -758,6 +837,8 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "torchenc": NetSpec({"dim": 32, "heads": 2, "ffn": 64, "layers": 2}, (1, 16, 32)),
         "gpt": NetSpec({"dim": 32, "heads": 2, "layers": 2, "vocab": 50}, (1, 16, 32)),
         "crnn": NetSpec({"widths": (8, 16, 24), "hidden": 20, "classes": 12}, (1, 3, 32, 64)),
+        "llama": NetSpec({"dim": 32, "heads": 4, "kv_heads": 2, "ffn": 64, "layers": 2,
+                          "vocab": 50, "positions": 16}, (1, 16, 32)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -775,6 +856,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "torchenc": NetSpec({}, (1, 128, 256)),
         "gpt": NetSpec({}, (1, 128, 256)),
         "crnn": NetSpec({}, (1, 3, 32, 320)),
+        "llama": NetSpec({}, (1, 128, 512)),
     },
 }
 

@@ -98,6 +98,8 @@ EXPECTED_OPS = {
                            "Greater"}},
     "gpt": {"torch": {"Where", "Softmax", "MatMul", "LayerNormalization", "Tanh"}},
     "crnn": {"torch": {"Conv", "LSTM", "GRU", "LogSoftmax"}},
+    "llama": {"torch": {"Pow", "ReduceMean", "Sqrt", "Neg", "Slice", "Concat", "Sigmoid",
+                        "Softmax", "MatMul"}},
 }
 
 
