@@ -215,8 +215,8 @@ _UNBUILDABLE: set[tuple[str, tuple[str, ...]]] = set()   # (cc, flags) whose hea
 
 
 def _precompiled_immintrin(cc: str, flags: tuple[str, ...]) -> Path | None:
-    """The header's path once its `.gch` exists in the compile cache of now (built here when
-    missing); None when gcc cannot build it, remembered for this process."""
+    """The header's path once its `.gch` exists in the current compile cache (built here
+    when missing); None when gcc cannot build it, remembered for this process."""
     if (cc, flags) in _UNBUILDABLE:
         return None
     directory = pch_dir(cc, flags)

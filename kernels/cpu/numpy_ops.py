@@ -126,7 +126,7 @@ class NumpyCopy(NumpyImplementation):
     dtypes = NUMPY_DTYPES   # bytes are bytes (`kernels.support` says which ops take which)
 
     def native_chain(self, workload: Workload) -> bool:
-        """Moves described by views (all but Resize, Expand and a Gather of several or
+        """Moves described by views (all but Resize, Expand, Tile and a Gather of several or
         variable indices) without an epilogue are one native copy (`native_moves`)."""
         if workload.op in ("Expand", "Tile"):   # a broadcast source: numpy's copy
             return False
