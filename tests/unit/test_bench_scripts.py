@@ -290,3 +290,26 @@ def test_machine_phases_splits_rounds_by_onnxruntimes_block_times(scripts_on_pat
                  [str(plan), str(tmp_path / "other.onnx")]):
         assert main(args) == 2
         assert capsys.readouterr().err.startswith("error:")
+
+
+def test_the_demo_compares_a_model_whose_output_depends_on_its_input(tmp_path):
+    """The README's first command (`scripts/demo.py`) on a small light model: it builds,
+    runs, compares and reports through the CLI, on random weights by default (the shipped
+    ones give one output for every input), and an unknown model is an error line."""
+    import subprocess
+
+    demo = [sys.executable, str(SCRIPTS / "demo.py"), "--model", "light_squeezenet",
+            "--workdir", str(tmp_path)]
+    done = subprocess.run(demo, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "model.onnx").is_file() and (tmp_path / "model.wpk").is_file()
+    spread = float(re.search(r"spread ([0-9.e+-]+) \(std\)", done.stdout).group(1))
+    assert spread > 1e-4   # the shipped weights give 1e-10 here
+    error = float(re.search(r"relative L2 error vs onnxruntime: ([0-9.e+-]+)",
+                            done.stdout).group(1))
+    assert error < 1e-4
+    assert "$ wpk report" in done.stdout
+    unknown = subprocess.run([*demo[:2], "--model", "no_such_net"], capture_output=True,
+                             text=True, timeout=60)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: no model")
+    assert "light_squeezenet" in unknown.stderr
