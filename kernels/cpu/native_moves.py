@@ -208,6 +208,9 @@ def native_form(kernel, views, per_input: bool = False):
         if not all(np.may_share_memory(src, given) for (src, _), given in
                    zip(pairs, sources) if src.size):   # a reshape that would copy
             return None
+        if not all(any(np.may_share_memory(dst, out) for out in outputs)
+                   for _, dst in pairs if dst.size):   # a destination that is a copy
+            return None
         found = moves_call(pairs)
         if found is None:
             return None

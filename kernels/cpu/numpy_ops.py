@@ -97,23 +97,35 @@ def _single_index(workload: Workload, consts: Mapping[int, np.ndarray]) -> tuple
     return (slice(None),) * axis + ((k,) if np.ndim(value) == 0 else (slice(k, k + 1),))
 
 
-def _tile_move(workload: Workload):
-    """Tile as one broadcast copy: the output seen as (repeats_0, d_0, repeats_1, d_1, ...)
-    is the input seen as (1, d_0, 1, d_1, ...) broadcast, each repetition a block."""
+def _tile_blocks(workload: Workload) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Tile as a broadcast: the input's shape as (1, d_0, 1, d_1, ...) and the output's as
+    (repeats_0, d_0, repeats_1, d_1, ...)."""
     dims = workload.inputs[0].shape
     repeats = [int(r) for r in np.asarray(workload.static_value(1)).reshape(-1)]
     source = tuple(x for d in dims for x in (1, d))
     blocks = tuple(x for r, d in zip(repeats, dims) for x in (r, d))
+    return source, blocks
+
+
+def _tile_move(workload: Workload):
+    """Tile as one broadcast copy: each repetition of the input a block of the output (the
+    blocked shape only splits the output's axes, so it is a view of any output)."""
+    source, blocks = _tile_blocks(workload)
 
     def move(inputs, outputs):
-        target = outputs[0].view()
-        try:
-            target.shape = blocks   # a view of the same memory, or an error (never a copy)
-        except AttributeError:
-            np.copyto(outputs[0], np.tile(inputs[0], repeats))
-            return
-        np.copyto(target, np.broadcast_to(inputs[0].reshape(source), blocks))
+        np.copyto(outputs[0].reshape(blocks), np.broadcast_to(inputs[0].reshape(source), blocks))
     return move
+
+
+def _broadcast_views(workload: Workload):
+    """`views(inputs, outputs)` of Expand and Tile, for their native form: the input
+    broadcast (zero strides) into the output."""
+    if workload.op == "Expand":
+        out_shape = workload.outputs[0].shape
+        return lambda inputs, outputs: [(np.broadcast_to(inputs[0], out_shape), outputs[0])]
+    source, blocks = _tile_blocks(workload)
+    return lambda inputs, outputs: [(np.broadcast_to(inputs[0].reshape(source), blocks),
+                                     outputs[0].reshape(blocks))]
 
 
 class NumpyCopy(NumpyImplementation):
@@ -126,10 +138,9 @@ class NumpyCopy(NumpyImplementation):
     dtypes = NUMPY_DTYPES   # bytes are bytes (`kernels.support` says which ops take which)
 
     def native_chain(self, workload: Workload) -> bool:
-        """Moves described by views (all but Resize, Expand, Tile and a Gather of several or
-        variable indices) without an epilogue are one native copy (`native_moves`)."""
-        if workload.op in ("Expand", "Tile"):   # a broadcast source: numpy's copy
-            return False
+        """Moves described by views (all but Resize and a Gather of several or variable
+        indices; Expand and Tile broadcast their input with zero strides) without an
+        epilogue are one native copy (`native_moves`)."""
         if workload.op == "Gather":
             return 1 in workload.const_inputs and workload.inputs[1].shape in ((), (1,)) \
                 and not workload.epilogue
@@ -180,6 +191,8 @@ class NumpyCopy(NumpyImplementation):
             move(inputs, outputs)
             finish_epilogue(outputs[0], steps, inputs)
 
+        if op in ("Expand", "Tile"):
+            views = _broadcast_views(workload)
         if views is not None and not steps:
             kernel.native = native_form(kernel, views, per_input=op == "Concat")
         return kernel

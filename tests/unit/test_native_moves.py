@@ -12,7 +12,7 @@ import pytest
 from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.cpu.native_chain import chain_kernel, native_call
-from wpk.kernels.cpu.native_moves import PAR_BYTES, merged_dims, moves_call
+from wpk.kernels.cpu.native_moves import PAR_BYTES, merged_dims, moves_call, native_form
 from wpk.kernels.reference import reference
 
 NUMPY_COPY = registry.get("numpy.copy")
@@ -120,6 +120,16 @@ WORKLOADS = {
     "gather-one-index-kept": Workload("Gather", (_spec((4, 3)), _spec((1,), "int64")),
                                       (_spec((1, 3)),), const_inputs=(1,),
                                       static_inputs=((1, np.array([2], np.int64)),)),
+    # broadcasts: zero source strides (grouped-query attention's repeated K/V heads)
+    "expand-heads": Workload("Expand", (_spec((1, 2, 1, 5, 8)), _spec((5,), "int64")),
+                             (_spec((1, 2, 4, 5, 8)),), const_inputs=(1,),
+                             static_inputs=((1, np.array((1, 2, 4, 5, 8), np.int64)),)),
+    "tile-heads": Workload("Tile", (_spec((1, 2, 1, 5, 8)), _spec((5,), "int64")),
+                           (_spec((1, 2, 4, 5, 8)),), const_inputs=(1,),
+                           static_inputs=((1, np.array((1, 1, 4, 1, 1), np.int64)),)),
+    "tile-every-axis": Workload("Tile", (_spec((3, 5), "int64"), _spec((2,), "int64")),
+                                (_spec((6, 15), "int64"),), const_inputs=(1,),
+                                static_inputs=((1, np.array((2, 3), np.int64)),)),
     "split-last-axis": Workload("Split", (_spec((2, 3, 9)),),
                                 (_spec((2, 3, 3)),) * 3, attrs=(("axis", -1),
                                                                 ("num_outputs", 3)), opset=18),
@@ -159,6 +169,15 @@ def test_copy_steps_that_would_copy_twice_or_compute_have_no_native_form():
     assert getattr(_copy_kernel(gather), "native", None) is None
     assert not NUMPY_COPY.native_chain(gather)
     assert NUMPY_COPY.native_chain(WORKLOADS["gather-class-token"])
+    # a destination that is a copy, not a view of the step's output, would write nothing
+    # the step's output sees: no native form
+    def copied_destination(inputs, outputs):
+        return [(inputs[0], outputs[0].copy())]
+
+    kernel = _copy_kernel(WORKLOADS["transpose-default"])
+    native = native_form(kernel, copied_destination)
+    x = _random((3, 5, 7), np.float32)
+    assert native([x], [np.zeros((3, 5, 7), np.float32)]) is None
 
 
 def test_reshape_steps_share_their_input_buffer_and_copy_nothing(rng, monkeypatch):

@@ -105,7 +105,7 @@ def test_moves_of_any_dtype_match_the_reference(rng, case):
 
 
 def test_tile_into_a_strided_output_still_matches(rng):
-    """An output that cannot be seen blocked without a copy takes numpy's tile."""
+    """A strided output: the blocked view of it splits axes only, so it is written."""
     w = MOVES["tile int64 on every axis"]
     arrays = random_inputs(w, rng)
     wide = np.zeros((6, 12), np.int64)
