@@ -107,19 +107,10 @@ def _tile_blocks(workload: Workload) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return source, blocks
 
 
-def _tile_move(workload: Workload):
-    """Tile as one broadcast copy: each repetition of the input a block of the output (the
-    blocked shape only splits the output's axes, so it is a view of any output)."""
-    source, blocks = _tile_blocks(workload)
-
-    def move(inputs, outputs):
-        np.copyto(outputs[0].reshape(blocks), np.broadcast_to(inputs[0].reshape(source), blocks))
-    return move
-
-
 def _broadcast_views(workload: Workload):
-    """`views(inputs, outputs)` of Expand and Tile, for their native form: the input
-    broadcast (zero strides) into the output."""
+    """`views(inputs, outputs)` of Expand and Tile: the input broadcast (zero strides) into
+    the output; a Tile's output seen as blocks (the blocked shape only splits its axes, so
+    it is a view of any output)."""
     if workload.op == "Expand":
         out_shape = workload.outputs[0].shape
         return lambda inputs, outputs: [(np.broadcast_to(inputs[0], out_shape), outputs[0])]
@@ -167,13 +158,6 @@ class NumpyCopy(NumpyImplementation):
 
             def move(inputs, outputs):
                 np.copyto(outputs[0], inputs[0][index])
-        elif op == "Expand":
-            out_shape = workload.outputs[0].shape
-
-            def move(inputs, outputs):
-                np.copyto(outputs[0], np.broadcast_to(inputs[0], out_shape))
-        elif op == "Tile":
-            move = _tile_move(workload)
         elif op == "Gather" and _single_index(workload, consts) is None:
             axis = workload.attr("axis", 0)
 
@@ -191,8 +175,6 @@ class NumpyCopy(NumpyImplementation):
             move(inputs, outputs)
             finish_epilogue(outputs[0], steps, inputs)
 
-        if op in ("Expand", "Tile"):
-            views = _broadcast_views(workload)
         if views is not None and not steps:
             kernel.native = native_form(kernel, views, per_input=op == "Concat")
         return kernel
@@ -200,8 +182,10 @@ class NumpyCopy(NumpyImplementation):
     def _views(self, workload: Workload, consts: Mapping[int, np.ndarray]):
         """`views(inputs, outputs)`: the (source view, destination view) pairs the step
         copies (Reshape-likes, Transpose, Slice, Concat, Split, a Gather of one constant
-        index), for its numpy copy and its native form."""
+        index, the broadcasts of Expand and Tile), for its numpy copy and its native form."""
         op, out_shape = workload.op, workload.outputs[0].shape
+        if op in ("Expand", "Tile"):
+            return _broadcast_views(workload)
         if op == "Gather":
             index = _single_index(workload, consts)
             return lambda inputs, outputs: [(inputs[0][index].reshape(out_shape), outputs[0])]
