@@ -206,9 +206,9 @@ def immintrin_flags(source: str, cc: str, flags: Sequence[str]) -> list[str]:
 
 
 def pch_dir(cc: str, flags: Sequence[str]) -> Path:
-    """The folder of the precompiled header for `cc` and (compile-only) `flags`."""
-    key = json.dumps({"compiler": compiler_version(cc), "flags": list(flags)}, sort_keys=True)
-    return cache_root() / "pch" / hashlib.sha256(key.encode()).hexdigest()[:32]
+    """The folder of the precompiled header for `cc` and (compile-only) `flags`, keyed as
+    a kernel compiled from the header's one line would be (`cache_key`)."""
+    return cache_root() / "pch" / cache_key(_IMMINTRIN, flags, compiler_version(cc))[:32]
 
 
 _UNBUILDABLE: set[tuple[str, tuple[str, ...]]] = set()   # (cc, flags) whose header failed
