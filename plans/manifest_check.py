@@ -68,6 +68,16 @@ _BUFFERS = {"type": "object", "required": ["buffers", "tensors", "no_reuse_bytes
                                                  "properties": {"name": _STRING,
                                                                 "buffer": _COUNT}}},
                            "arena_bytes": _COUNT, "no_reuse_bytes": _COUNT}}
+# A value-dependent tail (`wpk.value_tail`): dims that depend on values are null.
+_TAIL_TENSOR = {"type": "object", "required": ["name", "shape", "dtype"],
+                "properties": {"name": _STRING, "dtype": _STRING,
+                               "shape": {"type": "array",
+                                         "items": {"anyOf": [_COUNT, {"type": "null"}]}}}}
+_TAIL = {"type": "object", "required": ["model", "reads", "outputs", "graph_outputs"],
+         "properties": {"model": _STRING, "reads": _STRINGS,
+                        "outputs": {"type": "array", "items": _TAIL_TENSOR, "minItems": 1},
+                        "graph_outputs": {"type": "array", "items": _TAIL_TENSOR,
+                                          "minItems": 1}}}
 MANIFEST_SCHEMA = {
     "type": "object",
     "required": ["target", "steps", "workloads", "buffers", "inputs", "outputs", "members"],
@@ -84,6 +94,7 @@ MANIFEST_SCHEMA = {
         "outputs": {"type": "array", "items": _TENSOR, "minItems": 1},
         "constants": {"type": "array", "items": _TENSOR},
         "members": {"type": "object", "additionalProperties": _STRING},
+        "tail": _TAIL,
     },
 }
 _VALIDATOR = jsonschema.Draft202012Validator(MANIFEST_SCHEMA)
@@ -239,9 +250,31 @@ def _check_op_specs(manifest: Mapping, path: str) -> None:
                             hint=REBUILD_HINT)
 
 
+def _check_tail(manifest: Mapping, path: str) -> None:
+    """A tail reads only the plan's inputs and outputs and is in `members`; the model's
+    outputs are the plan's or the tail's."""
+    tail = manifest.get("tail")
+    if tail is None:
+        return
+    if "kernels/" + tail["model"] not in manifest["members"]:
+        raise PlanError(f"plan '{path}': its tail model kernels/{tail['model']} is not a "
+                        "member", hint=REBUILD_HINT)
+    plan_tensors = {e["name"] for e in (*manifest["inputs"], *manifest["outputs"])}
+    unknown = [name for name in tail["reads"] if name not in plan_tensors]
+    if unknown:
+        raise PlanError(f"plan '{path}': its tail reads '{unknown[0]}', which is neither an "
+                        "input nor an output of the plan", hint=REBUILD_HINT)
+    computed = {e["name"] for e in (*manifest["outputs"], *tail["outputs"])}
+    missing = [e["name"] for e in tail["graph_outputs"] if e["name"] not in computed]
+    if missing:
+        raise PlanError(f"plan '{path}': output '{missing[0]}' is computed by neither the "
+                        "plan nor its tail", hint=REBUILD_HINT)
+
+
 def check_manifest(manifest: Mapping, path: str) -> None:
     """Raise PlanError naming the first field of `manifest` that is missing, of the wrong
     type, or inconsistent with the others."""
     _check_schema(manifest, path)
     _check_steps(manifest, path)
     _check_op_specs(manifest, path)
+    _check_tail(manifest, path)

@@ -30,7 +30,7 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 import wpk
 from wpk.core.errors import DeviceError, InputError, ModelError, UnsupportedError
 from wpk.frontend import MIN_OPSET
-from wpk.runtime import Session
+from wpk.runtime import Session, with_tail
 
 # Node inputs (by position) whose values determine output shapes; a graph
 # input that feeds one of these is folded into a constant per run.
@@ -202,7 +202,8 @@ class WpkBackendRep(BackendRep):
         """
         options = {"input_shapes": {n: tuple(s) for n, s in shapes.items()}, **self.options}
         plan = wpk.build(model, target=self.target, **options)
-        return Session(plan, f"<backend plan {len(self._sessions)} of {model.graph.name}>")
+        return with_tail(Session(plan, f"<backend plan {len(self._sessions)} of "
+                                       f"{model.graph.name}>"))
 
 
 class WpkBackend(Backend):

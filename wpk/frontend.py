@@ -44,17 +44,21 @@ SKELETON_KEEP_ELEMENTS = 4096  # initializers up to this size stay in the checke
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto,
                input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-               max_memory: int | str | Limits | None = None) -> Graph:
+               max_memory: int | str | Limits | None = None,
+               source: str | None = None) -> Graph:
     """Read an ONNX model (path, bytes or ModelProto) into a validated `Graph` with static shapes.
 
     `input_shapes` maps graph input names to full shapes; it is required for
     inputs with symbolic or unknown dims and must agree with fixed dims.
     `max_memory` (bytes, or e.g. "4G"; default half the RAM) bounds every tensor
     and their sum. Raises `ModelError` (unreadable, invalid), `ShapeError`
-    (shapes) or `LimitError` (over the limits).
+    (shapes; `ValueShapeError` where a shape depends on input values) or `LimitError`
+    (over the limits). `source` names the model in messages (default: its path, or
+    `<ModelProto>`/`<bytes>`), e.g. the file a ModelProto part was cut from.
     """
     limits = Limits.of(max_memory)
-    proto, source = _read(model)
+    proto, read_from = read_model(model)
+    source = source or read_from
     _check_opset(proto, source)
     _check_declared_constants(proto.graph, source, limits)
     constants = _initializer_names(proto.graph)
@@ -74,7 +78,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _read(model: Any) -> tuple[onnx.ModelProto, str]:
+def read_model(model: Any) -> tuple[onnx.ModelProto, str]:
+    """(ModelProto, the name messages give it) of a path (external data loaded), bytes or
+    ModelProto; `ModelError` when it cannot be read."""
     if isinstance(model, onnx.ModelProto):
         return model, "<ModelProto>"
     if isinstance(model, (bytes, bytearray, memoryview)):
@@ -384,7 +390,9 @@ def constant_of_shape(shape: np.ndarray, value: np.ndarray | None) -> np.ndarray
     return np.broadcast_to(fill.reshape(()), tuple(int(d) for d in shape))
 
 
-def _node_names(proto: onnx.ModelProto) -> list[str]:
+def node_names(proto: onnx.ModelProto) -> list[str]:
+    """The name of every node as wpk reports it: its own, or `{op}_{index}` where it has
+    none (or repeats an earlier one's), made unique."""
     taken = {n.name for n in proto.graph.node if n.name}
     names, used = [], set()
     for index, node in enumerate(proto.graph.node):
@@ -457,7 +465,7 @@ def _build_graph(proto: onnx.ModelProto, inferred: onnx.ModelProto, source: str,
         constants[sparse.values.name] = _constant_value(node)
     infos = _value_infos(inferred, source)
     nodes: list[Node] = []
-    for node, name in zip(gp.node, _node_names(proto)):
+    for node, name in zip(gp.node, node_names(proto)):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants[node.output[0]] = _constant_value(node)
             continue

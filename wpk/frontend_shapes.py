@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from wpk.core.errors import ShapeError
+from wpk.core.errors import ShapeError, ValueShapeError
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.limits import LimitError, Limits, format_bytes, shape_text
 from wpk.core.onnx_loop import Loop
@@ -94,7 +94,7 @@ def _input_valued(graph: Graph, producers: dict[str, Node]) -> dict[str, bool]:
 
 
 def _value_shaped(graph: Graph, name: str, node: Node) -> ShapeError:
-    return ShapeError(f"the shape of tensor '{name}' (output of {node.op} node '{node.name}') "
+    return ValueShapeError(f"the shape of tensor '{name}' (output of {node.op} node '{node.name}') "
                       f"in '{graph.source}' depends on the values of the inputs",
                       hint="wpk needs static shapes: make that input a constant of the model")
 
@@ -135,7 +135,7 @@ def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
                              f"'{graph.source}'", hint=SHAPE_HINT)
         first, second = (np.asarray(v) for v in values)
         if first.shape != second.shape:
-            raise ShapeError(f"the shape of tensor '{name}' in '{graph.source}' depends on "
+            raise ValueShapeError(f"the shape of tensor '{name}' in '{graph.source}' depends on "
                              f"the values of the inputs ({first.shape} or {second.shape})",
                              hint="wpk needs static shapes: make that input a constant")
         graph.tensors[name] = TensorInfo(tuple(first.shape), first.dtype.name)

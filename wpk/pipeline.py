@@ -6,7 +6,10 @@ One path for every target. `BuildOptions` holds every `wpk build` flag of
 DESIGN.md; `build` validates them, makes the `Target` (a GPU preset must be
 present unless `--offline`) and its `Runner`, and runs load_model -> optimize
 -> extract_workloads -> `choose_implementations` -> plan assembly (buffer plan)
--> report, returning the `Plan` (saved atomically when `output` is given).
+-> report, returning the `Plan` (saved atomically when `output` is given). A model
+whose last nodes have shapes that depend on input values (NonMaxSuppression, NonZero,
+...) is split there (`wpk.value_tail`): the static head goes this way, the tail is
+attached to its plan as one onnxruntime model run after it.
 
 `choose_implementations` measures what the target offers for every workload
 (the planner); with `--search` it then tunes the generated kernel of every
@@ -39,7 +42,6 @@ import onnx
 from wpk.core.errors import OptionError
 from wpk.core.limits import parse_memory
 from wpk.core.safe_write import check_output
-from wpk.frontend import load_model
 from wpk.kernels.target import Target, create_target, target_class
 from wpk.partition import choose_partition
 from wpk.passes import optimize
@@ -65,6 +67,7 @@ from wpk.search.recorded import RecordedRunner
 from wpk.search.records import RecordStore
 from wpk.search.runner import Runner, check_runner, create_runner
 from wpk.search.workers import MeasureOptions
+from wpk.value_tail import attach_tail, load_head
 from wpk.workloads import extract_workloads
 
 SEARCHES = ("none", "ga", "rl", "random", "grid")
@@ -199,7 +202,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     if output is not None:  # before the work: a build must not end in an unwritable path
         check_output(output, "output", inputs=[model] if isinstance(model, (str, os.PathLike))
                      else [])
-    graph = load_model(model, opts.input_shapes, opts.max_memory)
+    graph, head, tail = load_head(model, opts.input_shapes, opts.max_memory, opts.strict)
     optimized, pass_report = optimize(graph, opts.target)
     items = extract_workloads(optimized)
     choices, search, parallel = plan_workloads(items, build_target, opts, started)
@@ -223,7 +226,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
 
     result = assembled(choices)
     if opts.partition and build_target.onnxruntime_peer and whole_model_runs(graph):
-        whole = whole_model_plan(graph, model_bytes(model), result.manifest["device"])
+        whole = whole_model_plan(graph, model_bytes(head), result.manifest["device"])
         kept, pooled = within_regions(choices), on_generated_kernels(choices)
         regions = assembled(kept) if kept is not None else None
         one_pool = assembled(pooled) if pooled is not None else None
@@ -236,6 +239,8 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
                       result.report)  # per operator
         chosen.report = {**report, "partition": summary}
         result = chosen
+    if tail is not None:
+        attach_tail(result, tail, graph)
     if output is not None:
         result.save(output)
     return result

@@ -136,7 +136,7 @@ class Session:
                             hint="pass the path of a .wpk file written by `wpk build`")
         plan = read_plan(path)
         session_class = session_class_of(plan, os.fspath(path)) if cls is Session else cls
-        return session_class(plan, os.fspath(path), spin_threads=spin_threads)
+        return with_tail(session_class(plan, os.fspath(path), spin_threads=spin_threads))
 
     def __repr__(self) -> str:
         return (f"<Session {self.path}: {len(self._calls)} steps, "
@@ -448,6 +448,16 @@ def example_feeds(session: Session, seed: int = 0) -> dict[str, np.ndarray]:
         else:
             feeds[meta.name] = rng.integers(0, 2, size=meta.shape).astype(dtype)
     return feeds
+
+
+def with_tail(session: Session):
+    """`session`, or for a plan with a value-dependent tail (`wpk.value_tail`) a
+    `TailSession` running it after the session's plan."""
+    if "tail" not in session.plan.manifest:
+        return session
+    from wpk.runtime_tail import TailSession
+
+    return TailSession(session, session.path)
 
 
 def session_class_of(plan: Plan, path: str = "<plan>") -> type[Session]:

@@ -1,4 +1,4 @@
-"""The real-exporter corpus: fourteen architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: fifteen architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -12,6 +12,7 @@ graphs in those exporters' spellings:
 | vit (ViT-tiny) | x | x | | x |
 | convnext (depthwise 7x7, LayerNorm, GELU) | x | x | | x |
 | yolo (SiLU, Split, Concat, Resize) | x | x | | x |
+| yolopost (yolo and its post-processing: score filter, top-k; shapes set by values) | x | x | | |
 | resnext (grouped 3x3 convs, 4 to 32 channels per group) | x | x | | |
 | speech (wav2vec2-style 1-d conv encoder, GELU, dilated TCN, BatchNorm) | x | x | | |
 | deeplab (DeepLabV3 segmenter: dilated stages, ASPP, bilinear Resize) | x | x | | |
@@ -41,9 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "resnext",
-                 "speech", "deeplab", "espcn", "torchenc", "gpt", "crnn",
-                 "llama")
+ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "yolopost",
+                 "resnext", "speech", "deeplab", "espcn", "torchenc", "gpt", "crnn", "llama")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

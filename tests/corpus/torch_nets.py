@@ -464,6 +464,31 @@ class YoloDetector(nn.Module):
         return torch.cat([boxes, scores.sigmoid()], 1)
 
 
+class YoloWithPostprocess(nn.Module):
+    """The YOLO detector with its post-processing in the graph, as detectors are often
+    exported: the anchors whose best class scores over `conf`, then the `max_det` best of
+    them. Both steps have value-dependent shapes (NonZero and GatherND for the filter, TopK
+    with k = min(max_det, survivors)). Outputs: boxes [N, 4], scores [N], classes [N]."""
+
+    def __init__(self, conf: float = 0.25, max_det: int = 100, **detector):
+        super().__init__()
+        self.detector = YoloDetector(**detector)
+        self.conf, self.max_det = conf, max_det
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        prediction = self.detector(x)[0]                  # [4 + classes, anchors]
+        boxes = prediction[:4].transpose(0, 1)
+        scores, classes = prediction[4:].max(0)
+        keep = scores > self.conf
+        boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
+        if torch.jit.is_tracing():   # TorchScript traces k as a tensor computed in the graph
+            k = torch.clamp(torch.tensor(self.max_det), max=scores.shape[0])
+        else:
+            k = min(self.max_det, scores.shape[0])
+        top, order = scores.topk(k)
+        return boxes[order], top, classes[order]
+
+
 # -------------------------------------------------------------------- ResNeXt
 
 
@@ -804,6 +829,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "vit": VisionTransformer,
     "convnext": ConvNeXt,
     "yolo": YoloDetector,
+    "yolopost": YoloWithPostprocess,
     "resnext": ResNeXt,
     "speech": SpeechEncoder,
     "deeplab": DeepLabV3,
@@ -827,6 +853,10 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "convnext": NetSpec({"dims": (16, 32), "depths": (1, 1), "classes": 10},
                             (1, 3, 32, 32)),
         "yolo": NetSpec({"width": 4, "depth": 1, "classes": 8}, (1, 3, 64, 64)),
+        # the random detector's scores lie in 0.52-0.56: a threshold among them keeps a
+        # number of anchors that varies with the input
+        "yolopost": NetSpec({"width": 4, "depth": 1, "classes": 8, "conf": 0.54},
+                            (1, 3, 64, 64)),
         "resnext": NetSpec({"widths": (32, 64), "depths": (1, 1), "cardinality": 8,
                             "stem": 16, "classes": 10}, (1, 3, 64, 64)),
         "speech": NetSpec({"channels": 24, "layers": ((10, 5), (3, 2), (2, 2)),
@@ -849,6 +879,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "vit": NetSpec({}, (1, 3, 224, 224)),
         "convnext": NetSpec({}, (1, 3, 224, 224)),
         "yolo": NetSpec({"width": 16, "depth": 1, "classes": 80}, (1, 3, 320, 320)),
+        "yolopost": NetSpec({"width": 16, "depth": 1, "classes": 80}, (1, 3, 320, 320)),
         "resnext": NetSpec({}, (1, 3, 224, 224)),
         "speech": NetSpec({}, (1, 1, 16000)),
         "deeplab": NetSpec({}, (1, 3, 512, 512)),

@@ -15,18 +15,20 @@ from rich.table import Table
 from wpk.commands.common import echo, max_memory_option, parse_input_shapes
 from wpk.commands.onnx_export import write_onnx
 from wpk.core.safe_write import check_output
-from wpk.frontend import load_model
 from wpk.passes import optimize, to_onnx
+from wpk.value_tail import load_head
 from wpk.workloads import distinct, extract_workloads
 
 
 def optimized_graph(model: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
                     target: str = "cpu", max_memory: int | str | None = None):
-    """(the loaded graph, the graph after the target's passes, the pass report);
-    `max_memory` bounds the model's tensors (`wpk.core.limits`)."""
-    graph = load_model(model, input_shapes or None, max_memory)
+    """(the loaded graph, the graph after the target's passes, the pass report, the
+    value-dependent tail or None); `max_memory` bounds the model's tensors
+    (`wpk.core.limits`). Of a model with a tail (`wpk.value_tail`) the graphs are its
+    static head's."""
+    graph, _, tail = load_head(model, input_shapes or None, max_memory)
     optimized, report = optimize(graph, target=target)
-    return graph, optimized, report
+    return graph, optimized, report, tail
 
 
 def exported_model(optimized, model: str, target: str) -> onnx.ModelProto:
@@ -40,7 +42,7 @@ def exported_model(optimized, model: str, target: str) -> onnx.ModelProto:
 def inspect_model(model: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
                   target: str = "cpu", max_memory: int | str | None = None) -> dict:
     """Load and optimize `model`; return op counts, pass/rule hits and distinct workloads."""
-    graph, optimized, report = optimized_graph(model, input_shapes, target, max_memory)
+    graph, optimized, report, tail = optimized_graph(model, input_shapes, target, max_memory)
     groups = distinct(extract_workloads(optimized))
     workloads = []
     for key, members in groups.items():
@@ -49,7 +51,8 @@ def inspect_model(model: str, input_shapes: dict[str, tuple[int, ...]] | None = 
                           "count": len(members), "nodes": [m.node.name for m in members]})
     return {"model": model, "target": target, "inputs": {
                 name: list(graph.tensors[name].shape) for name in graph.inputs},
-            "passes": report.to_json(), "workloads": workloads}
+            "passes": report.to_json(), "workloads": workloads,
+            "tail": None if tail is None else {**tail.summary(), "text": tail.describe()}}
 
 
 def render_inspection(info: dict):
@@ -79,7 +82,10 @@ def render_inspection(info: dict):
     loads.add_column("key")
     for entry in info["workloads"]:
         loads.add_row(entry["label"], str(entry["count"]), entry["key"])
-    return Group(ops, rules, loads)
+    parts = [ops, rules, loads]
+    if info.get("tail"):
+        parts.append(f"tail: {info['tail']['text']}; the tables show the nodes before it")
+    return Group(*parts)
 
 
 @click.command("inspect")
@@ -102,5 +108,5 @@ def command(model: Path, input_shapes: tuple[str, ...], cpu_target: bool,
     info = inspect_model(str(model), shapes, target=target, max_memory=max_memory)
     echo(json.dumps(info, indent=2) if as_json else render_inspection(info))
     if export_path:
-        _, optimized, _ = optimized_graph(str(model), shapes, target, max_memory)
+        _, optimized, _, _ = optimized_graph(str(model), shapes, target, max_memory)
         write_onnx(exported_model(optimized, str(model), target), export_path, "--export")

@@ -144,7 +144,18 @@ def summary_lines(report: Mapping) -> list[str]:
         lines.append(f"built in {report['build_time_s']:.1f} s")
     lines += search_lines(report)
     lines += partition_lines(report)
+    lines += tail_lines(report)
     return lines
+
+
+def tail_lines(report: Mapping) -> list[str]:
+    """The nodes that run in onnxruntime after the plan, their shapes depending on the
+    input values (`wpk.value_tail`); the figures above are the plan's, without them."""
+    tail = report.get("tail") or {}
+    if not tail:
+        return []
+    ops = ", ".join(f"{op} {count}" for op, count in (tail.get("ops") or {}).items())
+    return [f"tail: {tail.get('text', '')} ({ops}); the figures above leave the tail out"]
 
 
 def wpk_plan_name(partition: Mapping) -> str:

@@ -36,6 +36,11 @@ class ShapeError(WpkError):
     """A shape cannot be determined or an input shape is missing/invalid."""
 
 
+class ValueShapeError(ShapeError):
+    """A tensor's shape depends on the values of the graph's inputs (NonZero, NMS, ...):
+    the build runs the nodes from there on in onnxruntime (`wpk.value_tail`)."""
+
+
 class OptionError(WpkError):
     """A command-line flag or API option is invalid."""
 

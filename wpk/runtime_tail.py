@@ -1,0 +1,105 @@
+"""A plan with a value-dependent tail: the head's session, then the tail in onnxruntime.
+
+    session = wpk.load("detector.wpk")        # a TailSession when the plan has a tail
+    outputs = session.run({"images": x})      # every output of the model, in its order
+
+A model whose last nodes have shapes that depend on the input values (NMS, NonZero, ...)
+is built as a static head and a tail (`wpk.value_tail`). `TailSession` runs the head's
+session (the target's own: CPU or CUDA), then the tail's onnxruntime session on the
+boundary tensors the head output and the graph inputs the tail reads, and returns the
+model's outputs in order: the tail's with the shapes that run gave them. The head's
+outputs that only the tail reads are not returned. Anything else (the plan, the head's
+timeline) is the head session's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnxruntime
+
+from wpk.core.errors import InputError, PlanError
+from wpk.plans.planfile import KERNELS
+
+
+class TailSession:
+    """The head plan's session followed by the tail's onnxruntime session."""
+
+    def __init__(self, head: Any, path: str = "<plan>"):
+        self.head = head
+        self.path = path
+        tail = head.plan.manifest["tail"]
+        member = tail.get("model", "")
+        if member not in head.plan.kernels:
+            raise PlanError(f"plan '{path}': its tail model {KERNELS}{member} is missing",
+                            hint="rebuild the plan with `wpk build`")
+        try:
+            self._session = onnxruntime.InferenceSession(
+                head.plan.kernels[member], providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises several types here
+            raise PlanError(f"plan '{path}': its tail model does not load in onnxruntime "
+                            f"{onnxruntime.__version__}: {str(exc).strip().splitlines()[0]}",
+                            hint="rebuild the plan with `wpk build` on this machine") from exc
+        from wpk.runtime import TensorMeta
+
+        self._reads = list(tail["reads"])
+        self._tail_outputs = [entry["name"] for entry in tail["outputs"]]
+        self._outputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
+                         for e in tail["graph_outputs"]]
+        self._output_index = {meta.name: i for i, meta in enumerate(self._outputs)}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.head, name)   # plan, timeline, profile, ... are the head's
+
+    def __repr__(self) -> str:
+        return f"<TailSession {self.path}: {self.head!r} then {len(self._tail_outputs)} " \
+               "output(s) from onnxruntime>"
+
+    def get_inputs(self):
+        """The graph inputs: name, shape and type (the head keeps every one)."""
+        return self.head.get_inputs()
+
+    def get_outputs(self):
+        """The model's outputs in order; a dim that depends on values is None."""
+        return list(self._outputs)
+
+    def run(self, output_names_or_feeds=None, feeds: Mapping | None = None, run_options=None):
+        """`run(feeds) -> {name: array}` or onnxruntime-style `run(names|None, feeds) -> list`,
+        as `Session.run`."""
+        if feeds is None and isinstance(output_names_or_feeds, Mapping):
+            return self._run_all(output_names_or_feeds)
+        if feeds is None:
+            raise InputError("run() needs the inputs: run(feeds) or run(output_names, feeds)",
+                             hint="pass a dict {name: array} of the model's inputs")
+        names = output_names_or_feeds
+        if names is None:
+            names = [meta.name for meta in self._outputs]
+        elif isinstance(names, str):
+            names = [names]
+        if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+            raise InputError(f"output names must be a list of str, not {names!r}",
+                             hint="pass None for every output, or a list of names: "
+                                  + ", ".join(m.name for m in self._outputs))
+        unknown = [n for n in names if n not in self._output_index]
+        if unknown:
+            raise InputError(f"unknown output '{unknown[0]}'",
+                             hint="the plan's outputs are: "
+                                  + ", ".join(m.name for m in self._outputs))
+        results = self._run_all(feeds)
+        return [results[name] for name in names]
+
+    def _run_all(self, feeds: Mapping) -> dict[str, np.ndarray]:
+        checked = self.head._checked_feeds(feeds)
+        head = self.head.run(checked)
+        available = {**checked, **head}
+        try:
+            values = self._session.run(self._tail_outputs,
+                                       {name: available[name] for name in self._reads})
+        except Exception as exc:
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise RuntimeError(f"plan '{self.path}': its onnxruntime tail failed: {text}") \
+                from exc
+        available.update(zip(self._tail_outputs, values))
+        return {meta.name: available[meta.name] for meta in self._outputs}
