@@ -227,3 +227,13 @@ def test_the_backend_runs_a_model_with_a_tail():
     assert len(outputs) == 4
     for actual, reference in zip(outputs, expected.values()):
         np.testing.assert_allclose(actual, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_an_offline_gpu_build_gets_the_same_tail(tmp_path):
+    """The tail is target-independent: a CUDA plan (predicted here) holds it too, and its
+    session (`CudaSession`) is wrapped the same way (tests/gpu runs it on a device)."""
+    plan = wpk.build(detector_model(), target="cuda", gpu="h100", offline=True, **FAST)
+    assert plan.target == "cuda" and plan.manifest["tail"]["reads"] == \
+        wpk.build(detector_model(), target="cpu", **FAST).manifest["tail"]["reads"]
+    assert [e["name"] for e in plan.manifest["tail"]["graph_outputs"]] == [
+        "selected", "features", "kept_at", "kept_scores"]
