@@ -34,7 +34,10 @@ ANY_DTYPE_MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Iden
                              "Tile"})
 MASK_OPS = frozenset({"Cast", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual",
                       "Not", "And", "Or", "Where"})
-ANY_DTYPE_OPS = ANY_DTYPE_MOVES | MASK_OPS
+# The index of each slice's largest or smallest value (a classifier's or segmenter's
+# class, a detector's best class): int64 out of any numpy dtype.
+INDEX_OPS = frozenset({"ArgMax", "ArgMin"})
+ANY_DTYPE_OPS = ANY_DTYPE_MOVES | MASK_OPS | INDEX_OPS
 NUMPY_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
                           "uint32", "uint64", "float16", "float32", "float64"})
 # Reductions over any axes (keepdims, noop_with_empty_axes; axes an attribute or, from

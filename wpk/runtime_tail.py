@@ -14,6 +14,7 @@ timeline) is the head session's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,8 @@ from wpk.plans.planfile import KERNELS
 
 class TailSession:
     """The head plan's session followed by the tail's onnxruntime session."""
+
+    last_tail_s: float | None = None   # the tail's seconds in the last `timeline`
 
     def __init__(self, head: Any, path: str = "<plan>"):
         self.head = head
@@ -90,10 +93,24 @@ class TailSession:
         results = self._run_all(feeds)
         return [results[name] for name in names]
 
+    def timeline(self, feeds: Mapping):
+        """The head's timed run (`Session.timeline`), then the tail's, whose seconds are
+        `last_tail_s` (the tail is one onnxruntime call, not plan steps)."""
+        checked = self.head._checked_feeds(feeds)
+        timings = self.head.timeline(checked)
+        head = {meta.name: source for meta, source in zip(self.head.get_outputs(),
+                                                          self.head._output_sources)}
+        began = time.perf_counter()
+        self._run_tail({**checked, **head})
+        self.last_tail_s = time.perf_counter() - began
+        return timings
+
     def _run_all(self, feeds: Mapping) -> dict[str, np.ndarray]:
         checked = self.head._checked_feeds(feeds)
-        head = self.head.run(checked)
-        available = {**checked, **head}
+        return self._run_tail({**checked, **self.head.run(checked)})
+
+    def _run_tail(self, available: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The model's outputs, given every graph input and head output in `available`."""
         try:
             values = self._session.run(self._tail_outputs,
                                        {name: available[name] for name in self._reads})

@@ -51,6 +51,15 @@ CASES = {
         ((2, 3, 5, 7), "float32")),
     "where int64": workload("Where", [((4,), "bool"), ((4,), "int64"), ((4,), "int64")],
                             ((4,), "int64")),
+    # the index ops: small random ints tie often, so the tie rules are checked too
+    "argmax float32, kept axis": workload("ArgMax", [((3, 7, 5), "float32")], ((3, 1, 5), "int64"),
+                                          (("axis", 1),)),
+    "argmin int64, last of ties, axis dropped": workload(
+        "ArgMin", [((4, 9), "int64")], ((4,), "int64"),
+        (("axis", -1), ("keepdims", 0), ("select_last_index", 1))),
+    "argmax uint8, first of ties": workload("ArgMax", [((6, 4), "uint8")], ((1, 4), "int64")),
+    "argmax int32, last of ties": workload("ArgMax", [((2, 3, 8), "int32")], ((2, 3, 1), "int64"),
+                                           (("axis", 2), ("select_last_index", 1))),
     "where with an add epilogue": workload(
         "Where", [((3, 4), "bool"), ((3, 4), "float32"), ((3, 4), "float32"),
                   ((3, 4), "float32")], ((3, 4), "float32"),

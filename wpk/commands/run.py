@@ -108,6 +108,9 @@ def command(plan: Path, inputs_path: Path | None, output_path: Path | None, repe
         click.echo(f"slowest steps of the profiled run ({total * 1e3:.3f} ms):")
         for what, seconds in slowest_steps(timings):
             click.echo(f"  {seconds * 1e3:8.3f} ms {seconds / total:6.1%}  {what}")
+        tail_s = getattr(session, "last_tail_s", None)
+        if tail_s is not None:   # a plan with a value-dependent tail (wpk.value_tail)
+            click.echo(f"then the onnxruntime tail: {tail_s * 1e3:.3f} ms (not in the trace)")
         write_text(json.dumps(document, indent=1, allow_nan=False), profile_path, "--profile")
 
 
