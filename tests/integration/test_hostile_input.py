@@ -7,6 +7,7 @@ no partial or misplaced file; the API raises only `WpkError`s.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import re
@@ -383,6 +384,54 @@ def test_rechecksummed_manifest_with_bad_fields(tmp_path, capsys, path, value):
         wpk.load(bad)
 
 
+@pytest.mark.parametrize("change,fragment", [
+    (lambda m: m["tail"]["reads"].append("nowhere"), "its tail reads 'nowhere'"),
+    (lambda m: m["tail"]["graph_outputs"].append(
+        {"name": "ghost", "shape": [None], "dtype": "int64"}), "output 'ghost' is computed"),
+    (lambda m: m["tail"].update(model="other.onnx"), "kernels/other.onnx is not a member"),
+    (lambda m: m["tail"].update(outputs=[]), "tail"),
+    (lambda m: m["tail"]["outputs"][0].update(shape=["n"]), "tail"),
+])
+def test_a_rechecksummed_tail_that_does_not_fit_its_plan_is_refused(tmp_path, capsys, change,
+                                                                     fragment):
+    """A plan with a value-dependent tail (`wpk.value_tail`), its manifest's `tail` entry
+    edited and the checksum made valid again: a PlanError naming what does not fit."""
+    from tests.unit.test_value_tail import FAST, detector_model
+
+    plan = tmp_path / "detector.wpk"
+    wpk.build(detector_model(), target="cpu", output=str(plan), **FAST)
+    bad = tmp_path / "bad.wpk"
+    _rewrite_manifest(plan, bad, change)
+    code, _, err = run_cli(capsys, "run", bad, "--repeat", "1", "--warmup", "0")
+    assert_clean_error(code, err, "bad.wpk", fragment)
+    with pytest.raises(WpkError, match=re.escape(fragment)):
+        wpk.load(bad)
+
+
+def test_a_tail_model_that_onnxruntime_cannot_load_is_a_plan_error(tmp_path, capsys):
+    """The tail's bytes replaced (and every checksum made valid again): onnxruntime refuses
+    them when the plan loads, a PlanError, not a crash at the first run."""
+    from tests.unit.test_value_tail import FAST, detector_model
+
+    plan = tmp_path / "detector.wpk"
+    wpk.build(detector_model(), target="cpu", output=str(plan), **FAST)
+    with zipfile.ZipFile(plan) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members["kernels/tail.onnx"] = b"not an onnx model"
+    manifest = json.loads(members[MANIFEST])
+    manifest["members"]["kernels/tail.onnx"] = hashlib.sha256(
+        members["kernels/tail.onnx"]).hexdigest()
+    manifest.pop("manifest_sha256")
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    members[MANIFEST] = json.dumps(manifest).encode()
+    bad = tmp_path / "bad.wpk"
+    with zipfile.ZipFile(bad, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    code, _, err = run_cli(capsys, "run", bad, "--repeat", "1", "--warmup", "0")
+    assert_clean_error(code, err, "bad.wpk", "its tail model does not load in onnxruntime")
+
+
 def test_every_manifest_field_removed_or_retyped(tmp_path, any_plan, capsys):
     """Every field of a real manifest, removed or given another JSON type: exit 0 or 2."""
     plan = any_plan
@@ -431,16 +480,17 @@ def test_records_from_a_device_are_refused_not_read_forever(tmp_path, model, cap
 
 def test_a_step_onnxruntime_refuses_at_run_time_is_a_plan_error(tmp_path, capsys):
     """An attribute edited into another valid value that the op checks do not model (the
-    axis of ArgMax, which only onnxruntime runs): the step now computes another shape than
-    its buffers', onnxruntime fails on the verified step when it runs, so the plan was
+    axes of ReduceProd, which only onnxruntime runs): the step now computes another shape
+    than its buffers', onnxruntime fails on the verified step when it runs, so the plan was
     altered (exit 2)."""
     # two steps onnxruntime runs: one region session
-    path = _save([helper.make_node("ArgMax", ["x"], ["h"], name="flat", axis=1, keepdims=1),
+    path = _save([helper.make_node("ReduceProd", ["x"], ["h"], name="flat", axes=[1],
+                                   keepdims=1),
                   helper.make_node("Hardmax", ["x"], ["y"], name="second", axis=1)],
                  [vi("x", TensorProto.FLOAT, [1, 8, 2, 2])],
-                 [vi("h", TensorProto.INT64, [1, 1, 2, 2]),
-                  vi("y", TensorProto.FLOAT, [1, 8, 2, 2])], tmp_path / "argmax.onnx")
-    plan = tmp_path / "argmax.wpk"
+                 [vi("h", TensorProto.FLOAT, [1, 1, 2, 2]),
+                  vi("y", TensorProto.FLOAT, [1, 8, 2, 2])], tmp_path / "reduce.onnx")
+    plan = tmp_path / "reduce.wpk"
     code, _, err = run_cli(capsys, "build", path, "--cpu", "-o", plan, "-q", "--no-partition")
     assert code == 0, err
     bad = tmp_path / "bad.wpk"
@@ -449,7 +499,7 @@ def test_a_step_onnxruntime_refuses_at_run_time_is_a_plan_error(tmp_path, capsys
         # a new key too: this process keeps the kernel it built for the original key
         key = manifest["steps"][0]["workload_key"]
         workload = manifest["workloads"].pop(key)
-        workload["attrs"]["axis"] = 2
+        workload["attrs"]["axes"] = [2]
         manifest["workloads"]["0123456789abcdef"] = workload
         manifest["steps"][0]["workload_key"] = "0123456789abcdef"
     _rewrite_manifest(plan, bad, change)
@@ -458,6 +508,25 @@ def test_a_step_onnxruntime_refuses_at_run_time_is_a_plan_error(tmp_path, capsys
     with zipfile.ZipFile(plan) as archive:
         assert json.loads(archive.read(MANIFEST))["steps"][0]["impl"] == "ort.fallback"
     assert "rebuild" in err
+
+
+@pytest.mark.parametrize("attrs", [{"axis": 2}, {"keepdims": 0}, {"axis": 7}])
+def test_an_argmax_whose_axis_no_longer_fits_is_refused(tmp_path, capsys, attrs):
+    """An ArgMax's axis or keepdims edited (wpk's numpy kernel would write indices of
+    another shape): the op checks refuse it when the plan is read."""
+    path = _save([helper.make_node("ArgMax", ["x"], ["h"], name="best", axis=1, keepdims=1)],
+                 [vi("x", TensorProto.FLOAT, [1, 8, 2, 2])],
+                 [vi("h", TensorProto.INT64, [1, 1, 2, 2])], tmp_path / "argmax.onnx")
+    plan = tmp_path / "argmax.wpk"
+    code, _, err = run_cli(capsys, "build", path, "--cpu", "-o", plan, "-q", "--no-partition")
+    assert code == 0, err
+
+    def change(manifest):
+        manifest["workloads"][manifest["steps"][0]["workload_key"]]["attrs"].update(attrs)
+    bad = tmp_path / "bad.wpk"
+    _rewrite_manifest(plan, bad, change)
+    code, _, err = run_cli(capsys, "run", bad, "--repeat", "1", "--warmup", "0")
+    assert_clean_error(code, err, "bad.wpk", "ArgMax")
 
 
 @pytest.mark.parametrize("blocksize", [1, 4, 0])

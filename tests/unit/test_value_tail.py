@@ -22,6 +22,7 @@ import wpk
 import wpk.backend
 from wpk.core.errors import UnsupportedError
 from wpk.frontend import load_model
+from wpk.runtime import Session, with_tail
 from wpk.value_tail import split_value_tail
 
 BOXES = 64
@@ -237,3 +238,46 @@ def test_an_offline_gpu_build_gets_the_same_tail(tmp_path):
         wpk.build(detector_model(), target="cpu", **FAST).manifest["tail"]["reads"]
     assert [e["name"] for e in plan.manifest["tail"]["graph_outputs"]] == [
         "selected", "features", "kept_at", "kept_scores"]
+
+
+def test_a_tail_reading_a_graph_input_and_a_branch_inside_an_if():
+    """NMS on the model's own box input (fed to the tail as it is) and scores the head
+    computes; the tail holds an If whose branches read a tail tensor from outside."""
+    then_branch = helper.make_graph(
+        [helper.make_node("Identity", ["selected"], ["picked"])], "then", [],
+        [helper.make_tensor_value_info("picked", TensorProto.INT64, None)])
+    else_branch = helper.make_graph(
+        [helper.make_node("Neg", ["selected"], ["picked_else"])], "else", [],
+        [helper.make_tensor_value_info("picked_else", TensorProto.INT64, None)])
+    nodes = [
+        helper.make_node("Sigmoid", ["logits"], ["scores"], name="sigmoid"),
+        helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_boxes"], ["selected"],
+                         name="nms"),
+        helper.make_node("ReduceMax", ["scores"], ["best"], name="best", keepdims=0),
+        helper.make_node("Greater", ["best", "half"], ["confident"], name="confident"),
+        helper.make_node("If", ["confident"], ["picked"], name="branch",
+                         then_branch=then_branch, else_branch=else_branch),
+    ]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 16, 4]),
+                     helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, 16])],
+        [helper.make_tensor_value_info("picked", TensorProto.INT64, ["n", 3]),
+         helper.make_tensor_value_info("best", TensorProto.FLOAT, [])],
+        [helper.make_tensor("max_boxes", TensorProto.INT64, [1], [5]),
+         helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    head, tail = split_value_tail(model, "branch.onnx")
+    assert [n.name for n in tail.nodes] == ["nms", "branch"]
+    assert tail.graph_inputs == ["boxes"] and tail.head_inputs == ["scores", "confident"]
+    session = with_tail(Session(wpk.build(model, target="cpu", **FAST)))
+    rng = np.random.default_rng(3)
+    corners = rng.random((1, 16, 2)).astype(np.float32)
+    for sign in (1.0, -1.0):   # every score over one half (then) or under (else)
+        logits = sign * (np.abs(rng.standard_normal((1, 1, 16))) + 0.1)
+        feeds = {"boxes": np.concatenate([corners, corners + 0.3], -1),
+                 "logits": logits.astype(np.float32)}
+        expected = onnxruntime_outputs(model, feeds)
+        actual = session.run(feeds)
+        np.testing.assert_array_equal(actual["picked"], expected["picked"])
+        assert (actual["picked"] >= 0).all() == (sign > 0) and actual["picked"].size
+        np.testing.assert_allclose(actual["best"], expected["best"], rtol=1e-6)

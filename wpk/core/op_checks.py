@@ -155,6 +155,20 @@ def _pixel_shuffle_shape(workload: Workload) -> str | None:
     return None
 
 
+def _index_shape(workload: Workload) -> str | None:
+    """ArgMax / ArgMin: the output is the input with `axis` kept as 1 or dropped."""
+    if not workload.inputs or workload.inputs[0] is None or not workload.outputs:
+        return None
+    x, declared = tuple(workload.inputs[0].shape), tuple(workload.outputs[0].shape)
+    axis = workload.attr("axis", 0) % max(len(x), 1)
+    keep = workload.attr("keepdims", 1)
+    expected = x[:axis] + ((1,) if keep else ()) + x[axis + 1:]
+    if declared != expected:
+        return (f"its output is declared with shape {list(declared)}, but axis {axis} "
+                f"(keepdims={keep}) gives {list(expected)}")
+    return None
+
+
 _CHECKS: dict[str, tuple[Callable[[Workload], str | None], ...]] = {}
 for _op in _WINDOW_OPS:
     _CHECKS[_op] = (_positive_ints,)
@@ -166,6 +180,8 @@ for _op in ("Softmax", "LogSoftmax", "Hardmax", "Concat", "Gather", "Split"):
     _CHECKS[_op] = (*_CHECKS.get(_op, ()), _axis_in_range)
 for _op in ("DepthToSpace", "SpaceToDepth"):
     _CHECKS[_op] = (_pixel_shuffle_shape,)
+for _op in ("ArgMax", "ArgMin"):
+    _CHECKS[_op] = (_axis_in_range, _index_shape)
 
 
 # The blocked layout's windowed ops (domain `wpk.kernels.nchwc_logical.NCHWC_DOMAIN`;
