@@ -68,6 +68,8 @@ class ValueTail:
         initializers = [t for t in self.proto.graph.initializer if t.name in reads]
         body = helper.make_graph(self.nodes, f"{self.proto.graph.name or 'model'}_tail", inputs,
                                  [declared[name] for name in self.outputs], initializers)
+        body.sparse_initializer.extend(t for t in self.proto.graph.sparse_initializer
+                                       if t.values.name in reads)
         model = helper.make_model(body, opset_imports=list(self.proto.opset_import),
                                   producer_name="wpk")
         model.ir_version = self.proto.ir_version
