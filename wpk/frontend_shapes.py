@@ -94,9 +94,11 @@ def _input_valued(graph: Graph, producers: dict[str, Node]) -> dict[str, bool]:
 
 
 def _value_shaped(graph: Graph, name: str, node: Node) -> ShapeError:
-    return ValueShapeError(f"the shape of tensor '{name}' (output of {node.op} node '{node.name}') "
-                      f"in '{graph.source}' depends on the values of the inputs",
-                      hint="wpk needs static shapes: make that input a constant of the model")
+    return ValueShapeError(f"the shape of tensor '{name}' (output of {node.op} node "
+                           f"'{node.name}') in '{graph.source}' depends on the values of the "
+                           "inputs",
+                           hint="wpk needs static shapes: make that input a constant of the "
+                                "model")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -135,9 +137,10 @@ def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
                              f"'{graph.source}'", hint=SHAPE_HINT)
         first, second = (np.asarray(v) for v in values)
         if first.shape != second.shape:
-            raise ValueShapeError(f"the shape of tensor '{name}' in '{graph.source}' depends on "
-                             f"the values of the inputs ({first.shape} or {second.shape})",
-                             hint="wpk needs static shapes: make that input a constant")
+            raise ValueShapeError(f"the shape of tensor '{name}' in '{graph.source}' depends "
+                                  f"on the values of the inputs ({first.shape} or "
+                                  f"{second.shape})",
+                                  hint="wpk needs static shapes: make that input a constant")
         graph.tensors[name] = TensorInfo(tuple(first.shape), first.dtype.name)
 
 

@@ -8,8 +8,9 @@ is built as a static head and a tail (`wpk.value_tail`). `TailSession` runs the 
 session (the target's own: CPU or CUDA), then the tail's onnxruntime session on the
 boundary tensors the head output and the graph inputs the tail reads, and returns the
 model's outputs in order: the tail's with the shapes that run gave them. The head's
-outputs that only the tail reads are not returned. Anything else (the plan, the head's
-timeline) is the head session's.
+outputs that only the tail reads are not returned. The tail's threads spin during its
+run only (`session_options`), as onnxruntime regions of a plan do. Anything else (the
+plan, a per-step profile) is the head session's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import numpy as np
 import onnxruntime
 
 from wpk.core.errors import InputError, PlanError
+from wpk.kernels.cpu.ort_node import session_options
 from wpk.plans.planfile import KERNELS
+from wpk.runtime import TensorMeta
 
 
 class TailSession:
@@ -39,14 +42,13 @@ class TailSession:
             raise PlanError(f"plan '{path}': its tail model {KERNELS}{member} is missing",
                             hint="rebuild the plan with `wpk build`")
         try:
-            self._session = onnxruntime.InferenceSession(
-                head.plan.kernels[member], providers=["CPUExecutionProvider"])
+            self._session = onnxruntime.InferenceSession(   # threads spin during a run only
+                head.plan.kernels[member], session_options(spin_during_run=True),
+                providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises several types here
             raise PlanError(f"plan '{path}': its tail model does not load in onnxruntime "
                             f"{onnxruntime.__version__}: {str(exc).strip().splitlines()[0]}",
                             hint="rebuild the plan with `wpk build` on this machine") from exc
-        from wpk.runtime import TensorMeta
-
         self._reads = list(tail["reads"])
         self._tail_outputs = [entry["name"] for entry in tail["outputs"]]
         self._outputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
@@ -54,7 +56,7 @@ class TailSession:
         self._output_index = {meta.name: i for i, meta in enumerate(self._outputs)}
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.head, name)   # plan, timeline, profile, ... are the head's
+        return getattr(self.head, name)   # plan, profile, call_steps, ... are the head's
 
     def __repr__(self) -> str:
         return f"<TailSession {self.path}: {self.head!r} then {len(self._tail_outputs)} " \
