@@ -98,7 +98,7 @@ def _value_shaped(graph: Graph, name: str, node: Node) -> ShapeError:
                            f"'{node.name}') in '{graph.source}' depends on the values of the "
                            "inputs",
                            hint="wpk needs static shapes: make that input a constant of the "
-                                "model")
+                                "model", tensor=name)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -140,7 +140,8 @@ def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
             raise ValueShapeError(f"the shape of tensor '{name}' in '{graph.source}' depends "
                                   f"on the values of the inputs ({first.shape} or "
                                   f"{second.shape})",
-                                  hint="wpk needs static shapes: make that input a constant")
+                                  hint="wpk needs static shapes: make that input a constant",
+                                  tensor=name)
         graph.tensors[name] = TensorInfo(tuple(first.shape), first.dtype.name)
 
 

@@ -101,10 +101,15 @@ def load_head(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = N
     proto, source = read_model(model)
     try:
         return load_model(proto, input_shapes, max_memory, source=source), model, None
-    except ValueShapeError as error:
-        split = split_value_tail(proto, source)
+    except ValueShapeError as first:
+        error = first
+    found: list[str] = []   # tensors the frontend's evaluation found value-shaped
+    while True:   # each round moves at least one more node to the tail
+        if error.tensor is not None and error.tensor not in found:
+            found.append(error.tensor)
+        split = split_value_tail(proto, source, found)
         if split is None:
-            raise
+            raise error
         if strict:
             raise UnsupportedError(
                 f"{error.message}: without --strict its nodes from there on would run in "
@@ -112,14 +117,20 @@ def load_head(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = N
                 hint="drop --strict, or export the model without its value-dependent end "
                      "(e.g. without NMS)") from None
         head, tail = split
-        return load_model(head, input_shapes, max_memory, source=source), head, tail
+        try:
+            return load_model(head, input_shapes, max_memory, source=source), head, tail
+        except ValueShapeError as again:
+            if again.tensor is None or again.tensor in found:
+                raise
+            error = again
 
 
-def split_value_tail(proto: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto,
-                                                                    ValueTail] | None:
+def split_value_tail(proto: onnx.ModelProto, source: str, value_shaped: Sequence[str] = ()
+                     ) -> tuple[onnx.ModelProto, ValueTail] | None:
     """(head model, tail) of `proto` split before its value-dependent shapes, or None when
-    no node's output shape depends on input values by the frontend's rule (a shape that
-    differs between two evaluations for another reason is still the frontend's error).
+    no node's output shape depends on input values: by the frontend's rule, or because
+    its output is one of `value_shaped` (tensors whose shape differed between the
+    frontend's two evaluations, e.g. a Loop's scan output with a computed trip count).
     `UnsupportedError` when the head would compute nothing: every output comes from the
     tail, and it reads only the graph's inputs."""
     graph = proto.graph
@@ -132,7 +143,8 @@ def split_value_tail(proto: onnx.ModelProto, source: str) -> tuple[onnx.ModelPro
     initializers = {t.name for t in graph.initializer} | {
         t.values.name for t in graph.sparse_initializer}
     inputs = [v.name for v in graph.input if v.name not in initializers]
-    seeds = _seeds(nodes, inputs)
+    seeds = sorted({*_seeds(nodes, inputs),
+                    *(i for i, n in enumerate(nodes) if set(n.output) & set(value_shaped))})
     if not seeds:
         return None
     tail = _downstream(nodes, seeds)

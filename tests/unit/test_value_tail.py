@@ -281,3 +281,46 @@ def test_a_tail_reading_a_graph_input_and_a_branch_inside_an_if():
         np.testing.assert_array_equal(actual["picked"], expected["picked"])
         assert (actual["picked"] >= 0).all() == (sign > 0) and actual["picked"].size
         np.testing.assert_allclose(actual["best"], expected["best"], rtol=1e-6)
+
+
+def test_a_loop_whose_trip_count_is_an_input_value_goes_to_the_tail():
+    """A Loop's scan output has as many rows as the loop runs, a count the model reads
+    from its input: no rule names the Loop, the frontend's two evaluations find the shape
+    differing, and the split takes the Loop from there."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["keep"], ["keep_out"]),
+         helper.make_node("Add", ["total", "features"], ["total_out"]),
+         helper.make_node("Cast", ["i"], ["step"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["features", "step"], ["row"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("keep", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("total", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("keep_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("total_out", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("row", TensorProto.FLOAT, [4])])
+    nodes = [helper.make_node("Relu", ["x"], ["features"], name="relu"),
+             helper.make_node("Add", ["count", "one"], ["trips"], name="trips"),
+             helper.make_node("Loop", ["trips", "true", "features"], ["total", "rows"],
+                              name="loop", body=body)]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+                     helper.make_tensor_value_info("count", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("features", TensorProto.FLOAT, [4])],
+        [helper.make_tensor("one", TensorProto.INT64, [], [1]),
+         helper.make_tensor("true", TensorProto.BOOL, [], [True])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(wpk.core.errors.ValueShapeError) as error:
+        load_model(model)
+    assert error.value.tensor == "rows"
+    plan = wpk.build(model, target="cpu", **FAST)
+    assert plan.report["tail"]["value_shaped"] == [{"op": "Loop", "node": "loop"}]
+    session = with_tail(Session(plan))
+    for count in (0, 3):
+        feeds = {"x": np.array([1.0, -2.0, 3.0, -4.0], np.float32),
+                 "count": np.array(count, np.int64)}
+        expected = onnxruntime_outputs(model, feeds)
+        actual = session.run(feeds)
+        assert actual["rows"].shape == (count + 1, 4) and list(actual) == list(expected)
+        for name, reference in expected.items():
+            np.testing.assert_array_equal(actual[name], reference)

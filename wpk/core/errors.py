@@ -38,7 +38,12 @@ class ShapeError(WpkError):
 
 class ValueShapeError(ShapeError):
     """A tensor's shape depends on the values of the graph's inputs (NonZero, NMS, ...):
-    the build runs the nodes from there on in onnxruntime (`wpk.value_tail`)."""
+    the build runs the nodes from there on in onnxruntime (`wpk.value_tail`). `tensor`
+    names it."""
+
+    def __init__(self, message: str, hint: str | None = None, tensor: str | None = None):
+        super().__init__(message, hint)
+        self.tensor = tensor
 
 
 class OptionError(WpkError):
