@@ -164,7 +164,7 @@ else
         tests/unit/test_cuda_runtime_logic.py --junitxml="$OUT/junit-unit-logic.xml"
     run_part gpu-runtime 90 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_cuda_runtime.py tests/gpu/test_winograd_cuda_gpu.py \
-        --junitxml="$OUT/junit-gpu-runtime.xml"
+        tests/gpu/test_value_tail_gpu.py --junitxml="$OUT/junit-gpu-runtime.xml"
     # the fused attention and inverted-residual kernels against the reference and peers
     run_part gpu-fused 60 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_cuda_fused_gpu.py --junitxml="$OUT/junit-gpu-fused.xml"

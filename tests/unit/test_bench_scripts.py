@@ -313,3 +313,11 @@ def test_the_demo_compares_a_model_whose_output_depends_on_its_input(tmp_path):
                              text=True, timeout=60)
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: no model")
     assert "light_squeezenet" in unknown.stderr
+
+
+def test_the_gpu_check_script_runs_every_gpu_test_file():
+    """`scripts/gpu_check.sh` is the one command a lent GPU runs: a file of tests/gpu it
+    does not name would never run anywhere."""
+    script = (SCRIPTS / "gpu_check.sh").read_text()
+    files = sorted(p.name for p in (SCRIPTS.parent / "tests" / "gpu").glob("test_*.py"))
+    assert files and [name for name in files if f"tests/gpu/{name}" not in script] == []
