@@ -112,7 +112,6 @@ class Session:
                 raise PlanError(f"plan '{path}': output '{meta.name}' is produced by no step",
                                 hint="rebuild the plan with `wpk build`")
             self._output_sources.append(arrays[meta.name])
-        self._output_index = {meta.name: i for i, meta in enumerate(self._outputs)}
         self._direct = self._direct_call()
 
     def _direct_call(self):
@@ -262,22 +261,7 @@ class Session:
         if feeds is None:
             raise InputError("run() needs the inputs: run(feeds) or run(output_names, feeds)",
                              hint=f"pass a dict {{name: array}} for {self._input_names()}")
-        names = output_names_or_feeds
-        if names is None:
-            indices = range(len(self._outputs))
-        else:
-            if isinstance(names, str):
-                names = [names]
-            if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
-                raise InputError(f"output names must be a list of str, not {names!r}",
-                                 hint="pass None for every output, or a list of names: "
-                                      + ", ".join(m.name for m in self._outputs))
-            unknown = [n for n in names if n not in self._output_index]
-            if unknown:
-                raise InputError(f"unknown output '{unknown[0]}'",
-                                 hint="the plan's outputs are: "
-                                      + ", ".join(m.name for m in self._outputs))
-            indices = [self._output_index[n] for n in names]
+        indices = output_indices(output_names_or_feeds, self._outputs)
         if self._direct is not None:
             results = self._run_direct(feeds)
             return [results[i] for i in indices]
@@ -406,6 +390,25 @@ class Session:
                                       "for this shape")
             checked[meta.name] = array
         return checked
+
+
+def output_indices(names, outputs: Sequence[TensorMeta]) -> list[int]:
+    """The positions in `outputs` of the output names a run asks for (onnxruntime's form:
+    None for all, a name or a list of names); InputError naming a bad or unknown one."""
+    if names is None:
+        return list(range(len(outputs)))
+    if isinstance(names, str):
+        names = [names]
+    known = ", ".join(m.name for m in outputs)
+    if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+        raise InputError(f"output names must be a list of str, not {names!r}",
+                         hint=f"pass None for every output, or a list of names: {known}")
+    index = {meta.name: i for i, meta in enumerate(outputs)}
+    unknown = [n for n in names if n not in index]
+    if unknown:
+        raise InputError(f"unknown output '{unknown[0]}'",
+                         hint=f"the plan's outputs are: {known}")
+    return [index[n] for n in names]
 
 
 _ORT_MARKS = ("[ONNXRuntimeError]", "Non-zero status code returned while running")

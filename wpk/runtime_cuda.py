@@ -109,7 +109,6 @@ class CudaSession(Session):
         self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"]) for e in plan.inputs]
         self._outputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
                          for e in plan.outputs]
-        self._output_index = {meta.name: i for i, meta in enumerate(self._outputs)}
         self.stream = cupy.cuda.Stream(non_blocking=True)
         with self.stream:
             self._arena, views = self._allocate_device(self._tensor_specs())

@@ -16,7 +16,7 @@ plan, a per-step profile) is the head session's.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import onnxruntime
 from wpk.core.errors import InputError, PlanError
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.plans.planfile import KERNELS
-from wpk.runtime import TensorMeta
+from wpk.runtime import TensorMeta, output_indices
 
 
 class TailSession:
@@ -53,7 +53,6 @@ class TailSession:
         self._tail_outputs = [entry["name"] for entry in tail["outputs"]]
         self._outputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
                          for e in tail["graph_outputs"]]
-        self._output_index = {meta.name: i for i, meta in enumerate(self._outputs)}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.head, name)   # plan, profile, call_steps, ... are the head's
@@ -78,22 +77,9 @@ class TailSession:
         if feeds is None:
             raise InputError("run() needs the inputs: run(feeds) or run(output_names, feeds)",
                              hint="pass a dict {name: array} of the model's inputs")
-        names = output_names_or_feeds
-        if names is None:
-            names = [meta.name for meta in self._outputs]
-        elif isinstance(names, str):
-            names = [names]
-        if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
-            raise InputError(f"output names must be a list of str, not {names!r}",
-                             hint="pass None for every output, or a list of names: "
-                                  + ", ".join(m.name for m in self._outputs))
-        unknown = [n for n in names if n not in self._output_index]
-        if unknown:
-            raise InputError(f"unknown output '{unknown[0]}'",
-                             hint="the plan's outputs are: "
-                                  + ", ".join(m.name for m in self._outputs))
+        indices = output_indices(output_names_or_feeds, self._outputs)
         results = self._run_all(feeds)
-        return [results[name] for name in names]
+        return [results[self._outputs[i].name] for i in indices]
 
     def timeline(self, feeds: Mapping):
         """The head's timed run (`Session.timeline`), then the tail's, whose seconds are
