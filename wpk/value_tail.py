@@ -294,7 +294,7 @@ def attach_tail(plan, tail: ValueTail, graph: Graph) -> None:
             hint="wpk runs a model's value-dependent end in onnxruntime; check that "
                  "onnxruntime runs the model") from exc
     computed = {o.name: {"name": o.name, "dtype": _dtype_of(o.type),
-                         "shape": [d if isinstance(d, int) else None for d in o.shape]}
+                         "shape": [d if isinstance(d, int) else None for d in o.shape or ()]}
                 for o in session.get_outputs()}
     head_outputs = {entry["name"]: entry for entry in plan.manifest["outputs"]}
     plan.kernels[TAIL_MEMBER] = model
