@@ -112,6 +112,7 @@ class Session:
                 raise PlanError(f"plan '{path}': output '{meta.name}' is produced by no step",
                                 hint="rebuild the plan with `wpk build`")
             self._output_sources.append(arrays[meta.name])
+        self._output_index = output_index(self._outputs)
         self._direct = self._direct_call()
 
     def _direct_call(self):
@@ -261,7 +262,7 @@ class Session:
         if feeds is None:
             raise InputError("run() needs the inputs: run(feeds) or run(output_names, feeds)",
                              hint=f"pass a dict {{name: array}} for {self._input_names()}")
-        indices = output_indices(output_names_or_feeds, self._outputs)
+        indices = output_indices(output_names_or_feeds, self._outputs, self._output_index)
         if self._direct is not None:
             results = self._run_direct(feeds)
             return [results[i] for i in indices]
@@ -392,22 +393,27 @@ class Session:
         return checked
 
 
-def output_indices(names, outputs: Sequence[TensorMeta]) -> list[int]:
-    """The positions in `outputs` of the output names a run asks for (onnxruntime's form:
-    None for all, a name or a list of names); InputError naming a bad or unknown one."""
+def output_index(outputs: Sequence[TensorMeta]) -> dict[str, int]:
+    """Each output's position by name (made once per session, for `output_indices`)."""
+    return {meta.name: i for i, meta in enumerate(outputs)}
+
+
+def output_indices(names, outputs: Sequence[TensorMeta], index: Mapping[str, int]) -> list[int]:
+    """The positions in `outputs` (`index`: `output_index(outputs)`) of the output names a
+    run asks for (onnxruntime's form: None for all, a name or a list of names); InputError
+    naming a bad or unknown one."""
     if names is None:
         return list(range(len(outputs)))
     if isinstance(names, str):
         names = [names]
-    known = ", ".join(m.name for m in outputs)
     if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
         raise InputError(f"output names must be a list of str, not {names!r}",
-                         hint=f"pass None for every output, or a list of names: {known}")
-    index = {meta.name: i for i, meta in enumerate(outputs)}
+                         hint="pass None for every output, or a list of names: "
+                              + ", ".join(m.name for m in outputs))
     unknown = [n for n in names if n not in index]
     if unknown:
         raise InputError(f"unknown output '{unknown[0]}'",
-                         hint=f"the plan's outputs are: {known}")
+                         hint="the plan's outputs are: " + ", ".join(m.name for m in outputs))
     return [index[n] for n in names]
 
 

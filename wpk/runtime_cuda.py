@@ -33,7 +33,7 @@ from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.kernels.cuda.cupy_support import compute_capability, require_cupy
 from wpk.kernels.cuda.generated import load_cubin_kernel
 from wpk.plans.planfile import KERNELS, Plan, read_plan
-from wpk.runtime import Session, TensorMeta, bind_step
+from wpk.runtime import Session, TensorMeta, bind_step, output_index
 from wpk.search.measure_cuda import summarize, time_gpu
 
 HOST_KINDS = frozenset({"fallback"})   # steps that copy to the host and synchronise
@@ -109,6 +109,7 @@ class CudaSession(Session):
         self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"]) for e in plan.inputs]
         self._outputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
                          for e in plan.outputs]
+        self._output_index = output_index(self._outputs)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         with self.stream:
             self._arena, views = self._allocate_device(self._tensor_specs())

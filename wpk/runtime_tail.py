@@ -25,7 +25,7 @@ import onnxruntime
 from wpk.core.errors import InputError, PlanError
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.plans.planfile import KERNELS
-from wpk.runtime import TensorMeta, output_indices
+from wpk.runtime import TensorMeta, _as_array, output_index, output_indices
 
 
 class TailSession:
@@ -53,6 +53,9 @@ class TailSession:
         self._tail_outputs = [entry["name"] for entry in tail["outputs"]]
         self._outputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
                          for e in tail["graph_outputs"]]
+        self._output_index = output_index(self._outputs)
+        # the graph inputs the tail reads (the head validates every feed)
+        self._read_inputs = [m for m in head.get_inputs() if m.name in self._reads]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.head, name)   # plan, profile, call_steps, ... are the head's
@@ -77,25 +80,28 @@ class TailSession:
         if feeds is None:
             raise InputError("run() needs the inputs: run(feeds) or run(output_names, feeds)",
                              hint="pass a dict {name: array} of the model's inputs")
-        indices = output_indices(output_names_or_feeds, self._outputs)
+        indices = output_indices(output_names_or_feeds, self._outputs, self._output_index)
         results = self._run_all(feeds)
         return [results[self._outputs[i].name] for i in indices]
 
     def timeline(self, feeds: Mapping):
         """The head's timed run (`Session.timeline`), then the tail's, whose seconds are
         `last_tail_s` (the tail is one onnxruntime call, not plan steps)."""
-        checked = self.head._checked_feeds(feeds)
-        timings = self.head.timeline(checked)
+        timings = self.head.timeline(feeds)
         head = {meta.name: source for meta, source in zip(self.head.get_outputs(),
                                                           self.head._output_sources)}
         began = time.perf_counter()
-        self._run_tail({**checked, **head})
+        self._run_tail({**self._inputs_read(feeds), **head})
         self.last_tail_s = time.perf_counter() - began
         return timings
 
     def _run_all(self, feeds: Mapping) -> dict[str, np.ndarray]:
-        checked = self.head._checked_feeds(feeds)
-        return self._run_tail({**checked, **self.head.run(checked)})
+        head = self.head.run(feeds)   # checks every feed
+        return self._run_tail({**self._inputs_read(feeds), **head})
+
+    def _inputs_read(self, feeds: Mapping) -> dict[str, np.ndarray]:
+        """The feeds the tail reads, as the arrays the head accepted them as."""
+        return {meta.name: _as_array(meta, feeds[meta.name]) for meta in self._read_inputs}
 
     def _run_tail(self, available: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs, given every graph input and head output in `available`."""

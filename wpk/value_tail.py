@@ -143,17 +143,17 @@ def split_value_tail(proto: onnx.ModelProto, source: str, value_shaped: Sequence
     initializers = {t.name for t in graph.initializer} | {
         t.values.name for t in graph.sparse_initializer}
     inputs = [v.name for v in graph.input if v.name not in initializers]
-    seeds = sorted({*_seeds(nodes, inputs),
+    reads = [_reads(node) for node in nodes]   # each node's, subgraphs included
+    seeds = sorted({*_seeds(nodes, reads, inputs),
                     *(i for i, n in enumerate(nodes) if set(n.output) & set(value_shaped))})
     if not seeds:
         return None
-    tail = _downstream(nodes, seeds)
-    tail |= _constants_only_the_tail_reads(nodes, tail, initializers, graph.output)
+    tail = _downstream(nodes, reads, seeds)
+    tail |= _constants_only_the_tail_reads(nodes, reads, tail, initializers, graph.output)
     in_tail = [i for i, _ in enumerate(nodes) if i in tail]
     produced_by_tail = {o for i in in_tail for o in nodes[i].output if o}
-    reads = [name for i in in_tail for name in _reads(nodes[i])]
     outputs = [v.name for v in graph.output if v.name in produced_by_tail]
-    boundary = _unique(n for n in reads if n and n not in produced_by_tail
+    boundary = _unique(n for i in in_tail for n in reads[i] if n not in produced_by_tail
                        and n not in initializers)
     graph_inputs = [n for n in boundary if n in inputs]
     head_inputs = [n for n in boundary if n not in inputs]
@@ -166,7 +166,9 @@ def split_value_tail(proto: onnx.ModelProto, source: str, value_shaped: Sequence
             "depends on the input values: wpk has no static part of the model to plan",
             hint="run this model with onnxruntime; wpk plans the static part of a model "
                  "and runs the value-dependent end after it in onnxruntime")
-    head = _head_model(proto, [n for i, n in enumerate(nodes) if i not in tail], head_outputs)
+    head_nodes = [i for i in range(len(nodes)) if i not in tail]
+    head = _head_model(proto, [nodes[i] for i in head_nodes], head_outputs,
+                       {n for i in head_nodes for n in reads[i]})
     value_tail = ValueTail([nodes[i] for i in in_tail], head_inputs, graph_inputs, outputs,
                            [(nodes[i].op_type, nodes[i].name) for i in seeds], proto)
     return head, value_tail
@@ -189,14 +191,15 @@ def _reads(node: onnx.NodeProto) -> list[str]:
     return names
 
 
-def _seeds(nodes: Sequence[onnx.NodeProto], inputs: Sequence[str]) -> list[int]:
+def _seeds(nodes: Sequence[onnx.NodeProto], reads: Sequence[list[str]],
+           inputs: Sequence[str]) -> list[int]:
     """Indices of the nodes whose output shapes depend on graph input values: the rule
     of `wpk.frontend_shapes` (a value-shaped op on input-valued data, or a shape-defining
     input computed from input values), in one pass in topological order."""
     valued = dict.fromkeys(inputs, True)
     seeds = []
     for index, node in enumerate(nodes):
-        reads_values = [valued.get(n, False) for n in _reads(node)]
+        reads_values = [valued.get(n, False) for n in reads[index]]
         shape_inputs = SHAPE_INPUTS.get(node.op_type, ())
         if (node.domain in ("", "ai.onnx") and (
                 (node.op_type in VALUE_SHAPED_OPS and any(reads_values))
@@ -209,29 +212,31 @@ def _seeds(nodes: Sequence[onnx.NodeProto], inputs: Sequence[str]) -> list[int]:
     return seeds
 
 
-def _downstream(nodes: Sequence[onnx.NodeProto], seeds: Sequence[int]) -> set[int]:
+def _downstream(nodes: Sequence[onnx.NodeProto], reads: Sequence[list[str]],
+                seeds: Sequence[int]) -> set[int]:
     """The seeds and every node that reads, directly or not, one of their outputs."""
     tail = set(seeds)
     tainted = {o for i in seeds for o in nodes[i].output}
     for index, node in enumerate(nodes):
-        if index not in tail and any(n in tainted for n in _reads(node)):
+        if index not in tail and any(n in tainted for n in reads[index]):
             tail.add(index)
             tainted.update(node.output)
     return tail
 
 
-def _constants_only_the_tail_reads(nodes: Sequence[onnx.NodeProto], tail: set[int],
+def _constants_only_the_tail_reads(nodes: Sequence[onnx.NodeProto],
+                                   reads: Sequence[list[str]], tail: set[int],
                                    initializers: set[str], outputs) -> set[int]:
     """Nodes computed from constants alone (a Constant, a Cast of an initializer) whose
     outputs only the tail reads: they move with it, so that the head does not output a
     constant (onnxruntime's run of the head stays comparable to the plan)."""
     constant = set(initializers)
-    for node in nodes:
-        if node.op_type not in _NOT_CONSTANT and all(n in constant for n in _reads(node)):
+    for index, node in enumerate(nodes):
+        if node.op_type not in _NOT_CONSTANT and all(n in constant for n in reads[index]):
             constant.update(o for o in node.output if o)
     readers: dict[str, set[int]] = collections.defaultdict(set)
-    for index, node in enumerate(nodes):
-        for name in _reads(node):
+    for index, names in enumerate(reads):
+        for name in names:
             readers[name].add(index)
     graph_outputs = {v.name for v in outputs}
     moved: set[int] = set()
@@ -247,11 +252,11 @@ def _constants_only_the_tail_reads(nodes: Sequence[onnx.NodeProto], tail: set[in
 
 
 def _head_model(proto: onnx.ModelProto, nodes: list[onnx.NodeProto],
-                outputs: Sequence[str]) -> onnx.ModelProto:
-    """`proto` without the tail's nodes, its outputs `outputs` (every graph input kept)."""
+                outputs: Sequence[str], head_reads: set[str]) -> onnx.ModelProto:
+    """`proto` without the tail's nodes, its outputs `outputs` (every graph input kept;
+    the initializers in `head_reads`, what its nodes read)."""
     declared = {**_inferred_values(proto), **{v.name: v for v in proto.graph.output}}
-    reads = {n for node in nodes for n in _reads(node)} | set(outputs) | {
-        v.name for v in proto.graph.input}
+    reads = head_reads | set(outputs) | {v.name for v in proto.graph.input}
     head = onnx.ModelProto()
     head.CopyFrom(proto)
     graph = head.graph
