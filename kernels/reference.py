@@ -18,8 +18,8 @@ import onnxruntime as ort
 from onnx.reference import ReferenceEvaluator
 
 from wpk.core.errors import UnsupportedError
-from wpk.core.numerics import is_ml_dtype
-from wpk.core.onnx_loop import Loop
+from wpk.core.numerics import ROUNDING_OPS, is_ml_dtype
+from wpk.core.onnx_quantize import REFERENCE_OPS
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.attention_spec import attention_formula, is_attention
 from wpk.kernels.cpu.inverted_residual_spec import inverted_residual_formula, is_inverted_residual
@@ -156,7 +156,7 @@ def _evaluator(workload: Workload, wide: bool) -> ReferenceEvaluator:
         model = build_node_model(workload, {}, with_epilogue=False, dtype_map=dtype_map)
         if len(_EVALUATORS) > 256:
             _EVALUATORS.clear()
-        _EVALUATORS[key] = ReferenceEvaluator(model.model, new_ops=[Loop])
+        _EVALUATORS[key] = ReferenceEvaluator(model.model, new_ops=list(REFERENCE_OPS))
     return _EVALUATORS[key]
 
 
@@ -181,9 +181,11 @@ def _onnx_reference(workload: Workload, inputs: list[np.ndarray | None]) -> list
                                hint="wpk can only verify ops that onnx defines")
     names = [output_name(j) for j in range(len(workload.outputs))]
     errors = []
-    # An output in an ml_dtypes type (bfloat16, float8, int4...) rounds what it is given:
-    # widening the inputs would round float64 values, not the node's own.
-    narrow = any(is_ml_dtype(spec.dtype) for spec in workload.outputs)
+    # An output in an ml_dtypes type (bfloat16, float8, int4...) rounds what it is given,
+    # as a quantizing op does (`ROUNDING_OPS`): widening the inputs would round float64
+    # values, not the node's own.
+    narrow = any(is_ml_dtype(spec.dtype) for spec in workload.outputs) \
+        or workload.op in ROUNDING_OPS
     for wide in (False,) if narrow else (True, False):
         feeds = {}
         for i, x in enumerate(inputs):

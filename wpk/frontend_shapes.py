@@ -17,10 +17,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from wpk.core.epilogue import ONNXRUNTIME_DOMAIN
 from wpk.core.errors import ShapeError, ValueShapeError
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.limits import LimitError, Limits, format_bytes, shape_text
 from wpk.core.onnx_loop import Loop
+from wpk.core.onnx_quantize import REFERENCE_OPS
 
 SHAPE_HINT = "give the input shape, e.g. --input-shape NAME=1x3x224x224"
 # Ops whose output shape depends on input values whatever the inputs are.
@@ -113,7 +115,9 @@ def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
     A shape that differs between the two runs depends on input values after all. The
     values themselves do not matter, so numpy's floating-point warnings on them stay
     quiet (a padding mask of -inf makes a softmax of constant inputs NaN: not the user's
-    concern).
+    concern). onnx.reference runs the model; onnxruntime does where onnx.reference has
+    no implementation of onnxruntime's own ops (a QOperator-quantized model's QLinearAdd,
+    QGemm, ...: `_onnxruntime_runs`).
     """
     runs = []
     for fill in (0, 1):
@@ -126,10 +130,13 @@ def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
         except LimitError:
             raise
         except Exception as exc:  # noqa: BLE001 - any evaluation failure means no shapes
-            raise ShapeError(
-                f"cannot determine the shapes of {', '.join(unknown[:5])} in "
-                f"'{graph.source}': shape inference left them open and evaluating the model "
-                f"failed: {_first_line(exc)}", hint=SHAPE_HINT) from exc
+            runs = _onnxruntime_runs(proto, graph, unknown) if _contrib_ops(graph) else None
+            if runs is None:
+                raise ShapeError(
+                    f"cannot determine the shapes of {', '.join(unknown[:5])} in "
+                    f"'{graph.source}': shape inference left them open and evaluating the "
+                    f"model failed: {_first_line(exc)}", hint=SHAPE_HINT) from exc
+            break
     for name in unknown:
         values = [run.get(name) for run in runs]
         if any(v is None for v in values):
@@ -145,13 +152,45 @@ def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
         graph.tensors[name] = TensorInfo(tuple(first.shape), first.dtype.name)
 
 
+def _contrib_ops(graph: Graph) -> bool:
+    """Whether the graph holds onnxruntime's own ops and no loop (an evaluation by
+    onnxruntime cannot be bounded as `bounded_evaluator`'s is)."""
+    domains = {node.domain for node in graph.nodes}
+    return ONNXRUNTIME_DOMAIN in domains and not any(
+        node.op in ("Loop", "Scan") for node in graph.nodes)
+
+
+def _onnxruntime_runs(proto: onnx.ModelProto, graph: Graph, unknown: list[str]
+                      ) -> list[dict[str, np.ndarray]] | None:
+    """The `unknown` tensors' values in onnxruntime's runs of the model on all-0 and all-1
+    inputs (the nodes as written: graph optimizations off), None when it cannot run it."""
+    import onnxruntime as ort
+
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    listed = {o.name for o in model.graph.output}
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in unknown if n not in listed)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        return [dict(zip(names, session.run(None, {
+            name: np.full(graph.tensors[name].shape, fill, graph.tensors[name].dtype)
+            for name in graph.inputs}))) for fill in (0, 1)]
+    except Exception:  # noqa: BLE001 - onnxruntime raises its own untyped errors
+        return None
+
+
 def bounded_evaluator(proto: onnx.ModelProto, source: str, limits: Limits):
     """An `onnx.reference.ReferenceEvaluator` of `proto` whose `Loop`s stop after
     `limits.max_loop_trips` iterations and whose node outputs may not sum over
     `limits.max_memory` (LimitError naming the node)."""
     from onnx.reference import ReferenceEvaluator
 
-    evaluator = ReferenceEvaluator(proto, new_ops=[_bounded_loop(limits, source)])
+    others = [op for op in REFERENCE_OPS if op is not Loop]
+    evaluator = ReferenceEvaluator(proto, new_ops=[_bounded_loop(limits, source), *others])
     used = [0]
     for node in evaluator.rt_nodes_:
         node.run = _counted(node.run, node.onnx_node, source, limits, used)

@@ -27,7 +27,7 @@ import numpy as np
 from onnx.reference import ReferenceEvaluator
 
 from wpk.core.errors import UnsupportedError
-from wpk.core.onnx_loop import Loop
+from wpk.core.onnx_quantize import REFERENCE_OPS
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.library import finish_epilogue
 from wpk.kernels.cpu.node_model import (
@@ -46,7 +46,7 @@ def evaluator_for(workload: Workload, consts: Mapping[int, np.ndarray]):
     """(ReferenceEvaluator of the workload's node without its epilogue, fed input indices)."""
     node_model = build_node_model(workload, consts, with_epilogue=False)
     try:
-        evaluator = ReferenceEvaluator(node_model.model, new_ops=[Loop])
+        evaluator = ReferenceEvaluator(node_model.model, new_ops=list(REFERENCE_OPS))
     except Exception as exc:  # the evaluator raises whatever its op's constructor raises
         text = str(exc).strip().splitlines()
         raise UnsupportedError(f"{workload.label}: onnx.reference cannot load the node: "

@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
+# Ops whose integer outputs round float arithmetic (quantization, requantization): run in
+# other precisions or orders, x / scale now and then lands on the other side of a rounding
+# boundary, and two correct implementations differ by one in a few elements.
+ROUNDING_OPS = frozenset({
+    "QuantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul", "QLinearAdd",
+    "QLinearMul", "QGemm", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool",
+    "QLinearAveragePool", "QLinearConcat", "QLinearSoftmax",
+})
+
+# At most this share of a quantized output's elements may round to the step next to the
+# reference's (`rounding_flips`); a correct float32 kernel flips far fewer.
+FLIP_SHARE = 0.01
+
 
 def relative_l2(actual, expected) -> float:
     """||actual - expected|| / ||expected|| in float64 over the finite reference entries.
@@ -36,3 +49,24 @@ def finite_float(text: str) -> float:
     if not np.isfinite(value):
         raise ValueError(f"number {text[:20]} is out of range")
     return value
+
+
+def rounding_flips(got: np.ndarray, ref: np.ndarray, quantum: float
+                   ) -> tuple[np.ndarray | None, str]:
+    """Where a quantized output lies one step from the reference, or why it is wrong.
+
+    The value before the rounding comes out of float32 arithmetic a little off the float64
+    reference's, so where it falls next to a rounding boundary the two round to neighbouring
+    steps: those elements differ by exactly one step. Every other element must agree, and
+    the flips stay rare (at most `FLIP_SHARE` of the elements, at least one allowed): a
+    wrong scale, zero point, range or rounding moves far more of them, or by more."""
+    diff = np.abs(got - ref)
+    same = diff <= 1e-5 * np.maximum(np.abs(ref), quantum)
+    flips = ~same & (np.abs(diff - quantum) <= 1e-3 * quantum)
+    if not (same | flips).all():
+        return None, "a quantized output differs from the reference by more than one step"
+    allowed = max(1, int(FLIP_SHARE * got.size))
+    if int(flips.sum()) > allowed:
+        return None, (f"a quantized output lies one step off the reference in "
+                      f"{int(flips.sum())} of {got.size} elements (at most {allowed} may)")
+    return flips, ""

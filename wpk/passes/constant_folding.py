@@ -15,7 +15,7 @@ from onnx.reference import ReferenceEvaluator
 
 from wpk.core.errors import ModelError
 from wpk.core.graph import Graph, Node, TensorInfo
-from wpk.core.onnx_loop import Loop
+from wpk.core.onnx_quantize import REFERENCE_OPS
 from wpk.frontend import constant_of_shape
 from wpk.passes.base import GraphPass
 from wpk.passes.to_onnx import node_to_proto
@@ -62,7 +62,7 @@ def evaluate_node(graph: Graph, node: Node, values: list[np.ndarray | None]) -> 
         return fast
     feeds = {name: value for name, value in zip(node.inputs, values) if name}
     evaluator = ReferenceEvaluator(node_to_proto(node), opsets=dict(graph.opsets),
-                                   new_ops=[Loop])
+                                   new_ops=list(REFERENCE_OPS))
     return [np.asarray(v) for v in evaluator.run(None, feeds)]
 
 
