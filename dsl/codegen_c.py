@@ -31,7 +31,8 @@ CHUNK_WORK = 2048
 C_TYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "i32": "int32_t",
            "i64": "int64_t", "bool": "bool"}
 _F32_FUNCS = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "erf": "erff",
-              "abs": "fabsf", "floor": "floorf", "ceil": "ceilf"}
+              "abs": "fabsf", "floor": "floorf", "ceil": "ceilf",
+              "round": "rintf"}  # rintf: half to even in the default rounding mode
 _F64_FUNCS = {k: v[:-1] for k, v in _F32_FUNCS.items()}
 HEAP_THRESHOLD = 64 * 1024  # bytes: bigger buffers outside all loops go to kept scratch memory
 _BYTES = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "bool": 1}

@@ -59,7 +59,7 @@ Expressions (every node has a `dtype`: 'f16' 'f32' 'f64' 'i32' 'i64' 'bool')
       operands always have the same dtype: the parser inserts explicit
       `Cast`s (int -> float) and retypes literals.
     * `Call(fn, args, dtype)`: math functions, see `CALL_ARITY`
-      (exp log sqrt rsqrt tanh erf sigmoid abs neg floor ceil not).
+      (exp log sqrt rsqrt tanh erf sigmoid abs neg floor ceil round not; round: half to even).
       `sigmoid(x) = 1/(1+exp(-x))`; `not` is on bools.
     * `Load(tensor, indices, dtype, pad)`: reads param or earlier stage
       `tensor` at integer `indices` (one per dim). If `pad` is None the
@@ -99,7 +99,7 @@ ARITH_OPS = ("+", "-", "*", "/", "//", "%", "min", "max", "pow")
 COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
 LOGIC_OPS = ("and", "or")
 CALL_ARITY = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1, "erf": 1, "sigmoid": 1,
-              "abs": 1, "neg": 1, "floor": 1, "ceil": 1, "not": 1}
+              "abs": 1, "neg": 1, "floor": 1, "ceil": 1, "round": 1, "not": 1}
 REDUCE_OPS = ("sum", "max", "min")
 
 

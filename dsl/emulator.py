@@ -29,7 +29,8 @@ MAX_LANES = 1 << 16
 _NP = {"f32": np.float32, "f64": np.float64, "i32": np.int64, "i64": np.int64, "bool": np.bool_,
        "f16": np.float16}
 _FUNCS = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt", "tanh": "np.tanh",
-          "abs": "np.abs", "floor": "np.floor", "ceil": "np.ceil", "erf": "_erf"}
+          "abs": "np.abs", "floor": "np.floor", "ceil": "np.ceil", "round": "np.rint",
+          "erf": "_erf"}
 
 
 class EmulatorError(WpkError):

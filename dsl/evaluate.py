@@ -378,6 +378,8 @@ def _call(fn: str, args):
         return np.floor(x)
     if fn == "ceil":
         return np.ceil(x)
+    if fn == "round":   # half to even
+        return np.rint(x)
     if fn == "not":
         return np.logical_not(x)
     raise TypeError(f"unknown function {fn}")

@@ -29,7 +29,8 @@ EPILOGUE_FUNCTIONS = {
     "gelu": (1, 1), "gelu_tanh": (1, 1), "hard_sigmoid": (1, 3), "hard_swish": (1, 1),
     "softplus": (1, 1), "reciprocal": (1, 1),
 }
-OTHER_FUNCTIONS = {"abs": (1, 1), "floor": (1, 1), "ceil": (1, 1), "min": (2, 2),
+OTHER_FUNCTIONS = {"abs": (1, 1), "floor": (1, 1), "ceil": (1, 1), "round": (1, 1),
+                   "min": (2, 2),
                    "max": (2, 2), "pow": (2, 2), "select": (3, 3)}
 
 
@@ -402,7 +403,7 @@ class ExprChecker:
             return ir.BinOp(fn, a, b, a.dtype)
         if fn == "abs":
             return ir.Call("abs", (args[0],), args[0].dtype)
-        if fn in ("floor", "ceil"):
+        if fn in ("floor", "ceil", "round"):
             x = self.to_float(args[0], token, fn)
             return ir.Call(fn, (x,), x.dtype)
         x = self.to_float(args[0], token, fn)

@@ -18,7 +18,7 @@ from wpk.core.epilogue import Builder
 INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 FUNCTIONS = {"pow": "powf", "max": "fmaxf", "min": "fminf", "exp": "expf", "log": "logf",
              "log1p": "log1pf", "sqrt": "sqrtf", "erf": "erff", "tanh": "tanhf",
-             "abs": "fabsf"}
+             "abs": "fabsf", "round": "rintf"}  # rintf: half to even in the default mode
 
 
 def c_float(value: float) -> str:

@@ -62,7 +62,8 @@ def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
            "pow": np.power, "max": np.maximum, "min": np.minimum}
 _CALLS = {"exp": np.exp, "log": np.log, "log1p": np.log1p, "sqrt": np.sqrt, "erf": erf,
-          "tanh": np.tanh, "sigmoid": sigmoid, "abs": np.abs, "neg": np.negative}
+          "tanh": np.tanh, "sigmoid": sigmoid, "abs": np.abs, "neg": np.negative,
+          "round": np.rint}
 
 
 class _NumpyBuilder(Builder[np.ndarray]):
@@ -215,6 +216,15 @@ class OnnxBuilder(Builder[str]):
     def call(self, fn: str, x: str) -> str:
         if fn == "log1p":
             return self.node("Log", [self.node("Add", [x, self.const(1.0)])])
+        if fn == "round":   # half to even: ONNX Round from opset 11 on
+            if self.opset >= 11:
+                return self.node("Round", [x])
+            # before it, adding and subtracting 1.5 * 2^(mantissa bits) rounds as the
+            # hardware does, half to even: exact below 2^22 in float32 (fake_quant's
+            # rounded value is clipped to its integer range first)
+            magic = self.const(1.5 * 2.0 ** (np.finfo(self.dtype).nmant))
+            return self.node("Sub", [self.node("Add", [x, magic]), self.const(
+                1.5 * 2.0 ** (np.finfo(self.dtype).nmant))])
         return self.node(EPILOGUE_TABLE[fn].onnx.op, [x])  # Exp, Erf, ... as the steps
 
     def less(self, a: str, b: str) -> str:

@@ -17,6 +17,7 @@ _C_TO_NUMPY = [(r"__int_as_float\(0x7f800000\)", "np.inf"),
                (r"__int_as_float\(0x7fffffff\)", "np.nan"),
                (r"(\d(?:\.\d*)?(?:e-?\d+)?)f\b", r"\1"), (r"\bfmaxf\b", "np.maximum"),
                (r"\bfminf\b", "np.minimum"), (r"\bexpf\b", "np.exp"), (r"\btanhf\b", "np.tanh"),
+               (r"\brintf\b", "np.rint"),
                (r"\berff\b", "erf"), (r"\blogf\b", "np.log"), (r"\blog1pf\b", "np.log1p"),
                (r"\bsqrtf\b", "np.sqrt"), (r"\bfabsf\b", "np.abs"), (r"\bpowf\b", "np.power")]
 

@@ -107,6 +107,7 @@ def test_lets_requires_locals_and_padded_reads():
     ("reciprocal(X[i])", lambda x: 1 / x),
     ("abs(X[i]) + floor(X[i]) + ceil(X[i])", lambda x: np.abs(x) + np.floor(x) + np.ceil(x)),
     ("rsqrt(abs(X[i]) + 1)", lambda x: 1 / np.sqrt(np.abs(x) + 1)),
+    ("round(X[i] * 2) + round(X[i] - X[i] + 2.5)", lambda x: np.rint(x * 2) + 2),  # to even
     ("select(X[i] > 0 and not (X[i] > 1) or X[i] < -1, 1.0, 0.0)",
      lambda x: (((x > 0) & ~(x > 1)) | (x < -1)).astype(float)),
     ("min(X[i], 0.25) - max(X[i], -0.25)", lambda x: np.minimum(x, 0.25) - np.maximum(x, -0.25)),

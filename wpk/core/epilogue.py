@@ -33,9 +33,14 @@ V = TypeVar("V")
 
 # The builder's binary operations and calls (math functions of one argument).
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "max", "min")
-CALLS = ("exp", "log", "log1p", "sqrt", "erf", "tanh", "sigmoid", "abs", "neg")
+# `round` rounds half to even, as ONNX Round and QuantizeLinear do.
+CALLS = ("exp", "log", "log1p", "sqrt", "erf", "tanh", "sigmoid", "abs", "neg", "round")
 
 ONNXRUNTIME_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops
+
+# The step of a QuantizeLinear -> DequantizeLinear pair; it ends the chain it is in (no step
+# follows it in a fused node), so verification can tell its rounding flips from errors.
+FAKE_QUANT = "fake_quant"
 
 SQRT1_2 = 0.7071067811865476      # 1 / sqrt(2)
 GELU_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
@@ -62,7 +67,8 @@ class Builder(ABC, Generic[V]):
 
     @abstractmethod
     def call(self, fn: str, x: V) -> V:
-        """`fn(x)` for `fn` in CALLS (sigmoid is the logistic function, neg is -x)."""
+        """`fn(x)` for `fn` in CALLS (sigmoid is the logistic function, neg is -x, round
+        rounds half to even)."""
 
     @abstractmethod
     def less(self, a: V, b: V) -> V:
@@ -265,6 +271,16 @@ def _softplus(b: Builder, x):  # max(x, 0) + log1p(exp(-|x|)): no overflow for l
     return b.add(b.max(x, b.const(0.0)), tail)
 
 
+def _fake_quant(b: Builder, x, scale, zero_point, low, high):
+    """QuantizeLinear then DequantizeLinear of the same scale and zero point, in float:
+    (clip(round(x / scale) + zero_point, low, high) - zero_point) * scale, `low` and `high`
+    the quantized type's range (0 and 255 for uint8). Computed as round(clip(x / scale,
+    low - zero_point, high - zero_point)) * scale, the same as the bounds are integers: the
+    value rounded is bounded (see OnnxBuilder's round before opset 11)."""
+    steps = b.clip(b.div(x, scale), b.sub(low, zero_point), b.sub(high, zero_point))
+    return b.mul(b.call("round", steps), scale)
+
+
 def _unary(name: str, onnx_op: str, formula: Callable | None = None,
            onnxruntime: OnnxForm | None = None, **options) -> EpilogueOp:
     return EpilogueOp(name, 1, formula or _call(name), onnx=OnnxForm(onnx_op, **options),
@@ -306,6 +322,9 @@ _ROWS = (
     _unary("abs", "Abs"),
     _unary("erf", "Erf", since=9),
     _unary("softplus", "Softplus", _softplus),
+    # no ONNX form: the pair of nodes it stands for (`wpk.passes.quantize_dequantize`)
+    EpilogueOp(FAKE_QUANT, 1, _fake_quant, (("scale", 1.0), ("zero_point", 0.0),
+                                              ("low", 0.0), ("high", 255.0))),
     _binary_row("add", "Add", True),
     _binary_row("sub", "Sub", False),
     _binary_row("mul", "Mul", True),
