@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from wpk.core.numerics import is_ml_dtype
+from wpk.core.epilogue import FAKE_QUANT
+from wpk.core.numerics import ROUNDING_OPS, is_ml_dtype, rounding_flips
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.cpu.blas_threads import one_blas_thread
 from wpk.kernels.random_inputs import random_inputs
@@ -37,6 +38,7 @@ ReferenceFn = Callable[[Workload, Sequence[np.ndarray | None]], Sequence[np.ndar
 # few thousand terms stay well under 1e-5; half precision keeps ~3 digits).
 DEFAULT_TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
 INTEGER_TOLERANCE = 0.0
+_INTEGER_DTYPES = frozenset({"int8", "uint8", "int16", "uint16", "int32"})
 # Verify a second input set only when one kernel run took less than this.
 SECOND_CHECK_MAX_S = 0.05
 # Inputs are checked for being overwritten by a run whole up to this many values, larger
@@ -133,6 +135,19 @@ def tolerance_for(workload: Workload) -> float:
     return max(tolerances, default=DEFAULT_TOLERANCE["float32"])
 
 
+def output_quanta(workload: Workload) -> tuple[float | None, ...]:
+    """Per output: the quantization step where an output is quantized (see `compare`): the
+    scale of a workload whose epilogue ends in `fake_quant` (output 0), 1 for the integer
+    outputs of an op that rounds to them (`ROUNDING_OPS`), None elsewhere."""
+    quanta: list[float | None] = [None] * len(workload.outputs)
+    if workload.op in ROUNDING_OPS:
+        quanta = [1.0 if spec.dtype in _INTEGER_DTYPES else None for spec in workload.outputs]
+    steps = workload.epilogue
+    if steps and steps[-1].op == FAKE_QUANT:
+        quanta[0] = float(steps[-1].attr("scale"))
+    return tuple(quanta)
+
+
 def poisoned_outputs(specs: Sequence[TensorSpec]) -> list[np.ndarray]:
     """Fresh C-contiguous output arrays filled with NaN (or a sentinel for integers)."""
     return [poison(np.empty(spec.shape, dtype=np.dtype(spec.dtype))) for spec in specs]
@@ -163,14 +178,18 @@ def _beyond_range(ref: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
     return beyond if beyond.any() else None
 
 
-def compare(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tuple[float, str]:
+def compare(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray],
+            quanta: Sequence[float | None] = ()) -> tuple[float, str]:
     """Worst relative L2 error over the outputs and, when it is wrong, why.
 
     Non-finite values must match the reference exactly (a NaN left from the
     poison where the reference is finite is an unwritten element). Where the reference is
     finite but beyond the output type's range, the output must be infinite (or the type's
     largest value) with the reference's sign; those elements leave the L2 error. Integer
-    and bool outputs (ids, indices, masks) must equal the reference exactly.
+    and bool outputs (ids, indices, masks) must equal the reference exactly. An output
+    with a quantization step in `quanta` (`output_quanta`) may lie one step off the
+    reference in a few elements (`wpk.core.numerics.rounding_flips`), which leave the L2
+    error.
     """
     if len(outputs) != len(expected):
         return float("inf"), f"{len(outputs)} outputs but the reference has {len(expected)}"
@@ -179,6 +198,13 @@ def compare(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tu
         ref = np.asarray(ref)
         if out.shape != ref.shape:
             return float("inf"), f"output {index} has shape {out.shape}, expected {ref.shape}"
+        quantum = quanta[index] if index < len(quanta) else None
+        if out.dtype.kind in "iu" and quantum:   # a quantized integer output
+            flips, why = rounding_flips(out.astype(np.float64), ref.astype(np.float64),
+                                         quantum)
+            if flips is None:
+                return float("inf"), f"output {index}: {why}"
+            continue
         if out.dtype.kind in "biu":   # ids, indices, masks: every element exactly
             wrong = int(np.count_nonzero(out != ref))
             if wrong:
@@ -200,6 +226,11 @@ def compare(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> tu
                                       f"reference lies beyond {out.dtype}'s range")
             finite_ref = finite_ref & ~beyond
             got = np.where(beyond, ref, got)
+        if quantum:
+            flips, why = rounding_flips(got, ref, quantum)
+            if flips is None:
+                return float("inf"), f"output {index}: {why}"
+            finite_ref = finite_ref & ~flips
         bad = ~np.isfinite(got) & finite_ref
         if bad.any():
             count = int(bad.sum())
@@ -351,7 +382,8 @@ def _measure_candidate(workload: Workload, candidate: Candidate, rng: np.random.
         if before is not None and _overwritten(before, after):
             return _failure(workload, candidate, Status.WRONG_ANSWER,
                             f"the kernel overwrote its input {index}")
-    error, why = compare(outputs, expected())
+    quanta = output_quanta(workload)
+    error, why = compare(outputs, expected(), quanta)
     if why or error > limit:
         return _failure(workload, candidate, Status.WRONG_ANSWER,
                         why or f"relative L2 error {error:.3g} exceeds {limit:.3g}", error)
@@ -371,7 +403,7 @@ def _measure_candidate(workload: Workload, candidate: Candidate, rng: np.random.
             kernel(second, outputs)
         except Exception as exc:
             return _failure(workload, candidate, Status.RUNTIME_ERROR, _describe(exc))
-        error2, why = compare(outputs, expected2())
+        error2, why = compare(outputs, expected2(), quanta)
         if why or error2 > limit:
             return _failure(workload, candidate, Status.WRONG_ANSWER,
                             (why or f"relative L2 error {error2:.3g} exceeds {limit:.3g}")

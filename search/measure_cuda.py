@@ -51,6 +51,7 @@ from wpk.search.measure import (
     _describe,
     _failure,
     compare,
+    output_quanta,
     tolerance_for,
 )
 
@@ -174,7 +175,8 @@ def _run_checked(cupy, kernel, workload: Workload, host_inputs, device_inputs,
         if host is not None and not np.array_equal(host, cupy.asnumpy(device),
                                                    equal_nan=host.dtype.kind in "fc"):
             return float("inf"), f"the kernel overwrote its input {index}", seconds
-    error, why = compare([cupy.asnumpy(o) for o in outputs], expected)
+    error, why = compare([cupy.asnumpy(o) for o in outputs], expected,
+                         output_quanta(workload))
     if not why and error > limit:
         why = f"relative L2 error {error:.3g} exceeds {limit:.3g}"
     return error, why, seconds

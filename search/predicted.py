@@ -38,7 +38,7 @@ from wpk.kernels.cuda.traffic import kernel_work
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.kernels.registry import Candidate
-from wpk.search.measure import Measurement, Status, tolerance_for
+from wpk.search.measure import Measurement, Status, output_quanta, tolerance_for
 from wpk.search.runner import AnyCandidate, Runner, as_candidate
 from wpk.search.workers import MeasureOptions
 
@@ -164,5 +164,7 @@ def verify_generated(workload: Workload, built, seed: int = 0, tolerance: float 
     if pipeline and earlier_lanes(built.func) > FULL_PIPELINE_LANES and checkable(built.func):
         return verify_kernel_by_kernel(built.func, feeds, {output: expected[0]},
                                        tolerance=limit, seed=seed)
+    quantum = output_quanta(workload)[0]
     return verify_emulated(built.func, feeds, {output: expected[0]}, tolerance=limit,
-                           seed=seed, full_before_last=pipeline)
+                           seed=seed, full_before_last=pipeline,
+                           quanta={output: quantum} if quantum else None)
