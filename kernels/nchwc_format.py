@@ -39,7 +39,7 @@ SUPPORTED_BLOCKS = (4, 8, 16)
 # micro-kernels apply on the registers and onnxruntime's candidate as one node after its conv
 MLAS_CONV_ACTIVATIONS = frozenset({"relu", "clip", "leaky_relu", "tanh", "sigmoid",
                                    "hard_sigmoid"})
-CONV_ACTIVATIONS = MLAS_CONV_ACTIVATIONS | {"silu", "hard_swish", "gelu"}
+CONV_ACTIVATIONS = MLAS_CONV_ACTIVATIONS | {"silu", "hard_swish", "gelu", "fake_quant"}
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -26,7 +26,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
-from wpk.core.epilogue import EPILOGUE_TABLE, ONNXRUNTIME_DOMAIN
+from wpk.core.epilogue import EPILOGUE_TABLE, FAKE_QUANT, ONNXRUNTIME_DOMAIN
 from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.algorithms import conv_algorithm
@@ -55,12 +55,26 @@ _UPSAMPLE_MODES = {"nearest": ("asymmetric",),
 # A blocked Conv's activation (`fmt.CONV_ACTIVATIONS`): MLAS fuses those of
 # `fmt.MLAS_CONV_ACTIVATIONS`, naming each as its ONNX op with the op's attributes (Clip's as
 # in opsets 6-10) as activation_params; onnxruntime's candidate runs the others as this node
-# (op, attributes, domain) after its conv, in the same session
+# (op, attributes, domain) after its conv, in the same session (fake_quant as the
+# QuantizeLinear and DequantizeLinear it stands for: `_activation_nodes`)
 _NODE_ACTIVATIONS = {"silu": ("QuickGelu", {"alpha": 1.0}, ONNXRUNTIME_DOMAIN),
                      "hard_swish": ("HardSwish", {}, ""),
                      "gelu": ("Gelu", {}, ONNXRUNTIME_DOMAIN)}   # erf's, not tanh's
-assert set(_NODE_ACTIVATIONS) == fmt.CONV_ACTIVATIONS - fmt.MLAS_CONV_ACTIVATIONS
+assert set(_NODE_ACTIVATIONS) | {FAKE_QUANT} == fmt.CONV_ACTIVATIONS - fmt.MLAS_CONV_ACTIVATIONS
 _ATTRIBUTES_OPSET = 10  # the last opset where Clip's bounds are attributes
+
+
+def fake_quant_nodes(step, source: str, target: str) -> tuple[list, list]:
+    """(nodes, initializers): the QuantizeLinear and DequantizeLinear a `fake_quant` step
+    stands for, from `source` to `target` (the quantized type from its range)."""
+    low, high = int(step.attr("low")), int(step.attr("high"))
+    dtype = next(t for t in (np.uint8, np.int8, np.uint16, np.int16)
+                 if (np.iinfo(t).min, np.iinfo(t).max) == (low, high))
+    constants = [numpy_helper.from_array(np.array(step.attr("scale"), np.float32), "fq_scale"),
+                 numpy_helper.from_array(np.array(step.attr("zero_point"), dtype), "fq_zero")]
+    nodes = [helper.make_node("QuantizeLinear", [source, "fq_scale", "fq_zero"], ["fq_q"]),
+             helper.make_node("DequantizeLinear", ["fq_q", "fq_scale", "fq_zero"], [target])]
+    return nodes, constants
 
 
 def activation_attrs(step) -> dict:
@@ -228,10 +242,15 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
                  "coordinate_transformation_mode": workload.attr("coordinate_transformation_mode")}
     while node_inputs[-1] == "":
         node_inputs.pop()
+    quantized = act is not None and act.op == FAKE_QUANT
     after = _NODE_ACTIVATIONS.get(act.op) if act is not None else None
-    nodes = [helper.make_node(op, node_inputs, ["c" if after else "y"], domain=ORT_NCHWC_DOMAIN,
-                              **attrs)]
+    nodes = [helper.make_node(op, node_inputs, ["c" if after or quantized else "y"],
+                              domain=ORT_NCHWC_DOMAIN, **attrs)]
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)]
+    if quantized:
+        pair, constants = fake_quant_nodes(act, "c", "y")
+        nodes += pair
+        initializers += constants
     if after:
         act_op, act_attrs, act_domain = after
         nodes.append(helper.make_node(act_op, ["c"], ["y"], domain=act_domain, **act_attrs))

@@ -53,6 +53,7 @@ from wpk.passes.nchwc_layout import NchwcLayout
 from wpk.passes.noop_removal import NoOpRemoval
 from wpk.passes.packed_qkv import PackedQkvSplit
 from wpk.passes.pad_into_conv import PadIntoConv
+from wpk.passes.quantize_dequantize import QuantizeDequantize
 from wpk.passes.reduce_to_pool import ReduceToPool
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
@@ -75,6 +76,8 @@ class PipelineEntry:
 PIPELINE: list[PipelineEntry] = [
     PipelineEntry(ConstantFolding),
     PipelineEntry(DeadNodeElimination),
+    # after the weights' DequantizeLinear are folded, before the fusions that take its step in
+    PipelineEntry(QuantizeDequantize),
     PipelineEntry(SumToAdd),
     PipelineEntry(ReduceToPool),
     PipelineEntry(NoOpRemoval),

@@ -12,6 +12,7 @@ import numpy as np
 
 from wpk.core.epilogue import (
     COMMUTATIVE_STEPS,
+    FAKE_QUANT,
     ONNX_BINARY_STEPS,
     is_unary_onnx_op,
     step_from_onnx,
@@ -22,6 +23,14 @@ from wpk.passes.base import FLOAT_DTYPES
 from wpk.passes.to_onnx import BASE_ARITY, ELEMENTWISE_OP, WPK_DOMAIN
 
 Chain = list[tuple[EpilogueStep, str | None]]
+
+
+def is_closed(steps) -> bool:
+    """Whether `steps` (EpilogueSteps, or a chain's pairs) hold a step that takes no more
+    after it: `fake_quant`, whose rounding flips verification tells from errors only where
+    it is the last step (`wpk.search.measure.output_quanta`)."""
+    return any((s[0] if isinstance(s, tuple) else s).op == FAKE_QUANT for s in steps)
+
 
 def _scalar(graph: Graph, name: str) -> float | None:
     value = graph.constants.get(name)

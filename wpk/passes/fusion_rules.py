@@ -24,6 +24,7 @@ from wpk.passes.elementwise import (
     attach,
     chain_of,
     chain_start,
+    is_closed,
     make_elementwise,
     operand_names,
 )
@@ -325,7 +326,7 @@ def _hard_swish_gate(node: Node) -> bool:
 
 def _match_chain(ctx: FusionContext, node: Node):
     start = chain_start(ctx.graph, node)
-    consumer = ctx.single_consumer(node) if start else None
+    consumer = ctx.single_consumer(node) if start and not is_closed(start[1]) else None
     if consumer is None:
         return None
     chain = chain_of(ctx.graph, consumer, node.outputs[0])
@@ -348,7 +349,7 @@ def _non_const(ctx: FusionContext, chain: Chain) -> list[tuple[EpilogueStep, str
 
 def _match_epilogue(kind: str):
     def match(ctx: FusionContext, node: Node):
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx") or is_closed(node.epilogue):
             return None
         if ctx.graph.tensors[node.outputs[0]].dtype not in FLOAT_DTYPES:
             return None

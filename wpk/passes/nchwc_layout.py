@@ -473,9 +473,12 @@ class NchwcLayout(GraphPass):
         channels = rw.blocked[value].channels
         if self._fuse_activation(rw, value, chain, node.outputs[0]):
             return True
+        dirty = False
         if not rw.chain_is_blockable(chain, channels, out_shape, rw.is_dirty(value)):
-            return False
-        out = rw.new_blocked(node.outputs[0], channels)
+            if not rw.chain_may_dirty(chain):
+                return False
+            dirty = True
+        out = rw.new_blocked(node.outputs[0], channels, dirty=dirty)
         rw.emit_chain(node.name, rw.blocked[value].name, chain, channels, out)
         self.hit("elementwise")
         return True

@@ -11,8 +11,10 @@ Padding lanes are zero, except in a *dirty* blocked tensor: a conv whose fused
 activation does not map 0 to 0 (sigmoid, hard_sigmoid: a squeeze-excite gate)
 writes it there, and pools pass it on. Convs never read padding lanes (the
 packed filter is zero there) and ReorderOutput drops them; an elementwise chain
-is blocked only when its result is clean (`mul` by a clean tensor cleans,
-every other step needs both sides clean).
+is blocked when its result is clean (`mul` by a clean tensor cleans, every other
+step needs both sides clean), or when all its steps are unary maps with bounded
+results (`BOUNDED_STEPS`: a QDQ model's hard sigmoid and its quantization), whose
+dirty padding lanes are then finite, so a `mul` by a clean tensor still cleans.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from wpk.passes.elementwise import make_elementwise
 from wpk.passes.nchwc_rules import constant_pad_value, per_channel_vector, step_keeps_zero
 
 NCHWC_DOMAIN = "wpk.nchwc"
+# Unary steps whose result is bounded whatever their input: a chain of only these may
+# leave its padding lanes dirty (finite), see the module docstring.
+BOUNDED_STEPS = frozenset({"sigmoid", "hard_sigmoid", "tanh", "fake_quant"})
 Chain = list[tuple[EpilogueStep, str | None]]
 
 
@@ -109,6 +114,13 @@ class Rewrite:
         """Whether the blocked twin of `logical` may hold non-zero padding lanes."""
         entry = self.blocked.get(logical)
         return entry is not None and entry.dirty
+
+    def chain_may_dirty(self, chain: Chain) -> bool:
+        """Whether `chain` may run blocked with dirty padding lanes in its result: only
+        unary steps with bounded results (`BOUNDED_STEPS`, or a clip of finite bounds)."""
+        return bool(chain) and all(operand is None and (
+            step.op in BOUNDED_STEPS or step.op == "clip" and step.attr("min") is not None
+            and step.attr("max") is not None) for step, operand in chain)
 
     def chain_is_blockable(self, chain: Chain, channels: int, out_shape: tuple[int, ...],
                            value_dirty: bool = False) -> bool:

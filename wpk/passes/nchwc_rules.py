@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from wpk.core.epilogue import FAKE_QUANT
 from wpk.core.graph import Graph, Node
 from wpk.core.workload import EpilogueStep, as_text
 from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
@@ -52,6 +53,8 @@ def _activation_keeps_zero(step: EpilogueStep) -> bool:
     if step.op == "clip":
         lo, hi = step.attr("min"), step.attr("max")
         return (lo is None or lo <= 0) and (hi is None or hi >= 0)
+    if step.op == FAKE_QUANT:   # 0 quantizes to the zero point, which dequantizes to 0
+        return step.attr("low") <= step.attr("zero_point") <= step.attr("high")
     return step.op in _ZERO_UNARY
 
 

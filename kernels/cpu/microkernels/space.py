@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wpk.core.epilogue import FAKE_QUANT
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.microkernels.isa import ISAS, Isa, isa_named, usable_isas
 from wpk.kernels.cpu.nchwc import activation_attrs, conv_epilogue_form
@@ -60,6 +61,8 @@ OPTIONAL_KNOBS = {"pf": 0}
 # The MLAS activations the epilogue computes (their ONNX names, as `activation_attrs` gives)
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
 # ... and those MLAS has no form of (wpk step name -> the name the epilogue knows)
+# The parameters of `fake_quant` as `templates.activation_lines` takes them, in order
+FAKE_QUANT_PARAMS = ("scale", "zero_point", "low", "high")
 VECTOR_ACTIVATIONS = {"silu": "Silu", "hard_swish": "HardSwish", "gelu": "Gelu"}
 
 
@@ -138,6 +141,8 @@ def step_activation(step) -> tuple[str | None, tuple[float, ...]] | str:
         return None, ()
     if step.op in VECTOR_ACTIVATIONS:
         return VECTOR_ACTIVATIONS[step.op], ()
+    if step.op == FAKE_QUANT:
+        return "FakeQuant", tuple(float(step.attr(k)) for k in FAKE_QUANT_PARAMS)
     attrs = activation_attrs(step)
     if attrs["activation"] not in ACTIVATIONS:
         return f"activation {attrs['activation']} has no micro-kernel epilogue"

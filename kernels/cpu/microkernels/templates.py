@@ -77,6 +77,17 @@ INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
 """ + VECTOR_FUNCTIONS
 
 
+def fake_quant_lines(scale: float, zero_point: float, low: float, high: float) -> list[str]:
+    """`v` quantized and dequantized (the `fake_quant` step): round(clip(v / scale, low - zp,
+    high - zp)) * scale, which equals (clip(round(v / scale) + zp, low, high) - zp) * scale
+    as the bounds are integers. The rounding, half to even, adds and subtracts 1.5 * 2^23:
+    exact for |x| < 2^22, which the clip ensures (gcc keeps both: no -ffast-math)."""
+    s, lo, hi = c_float(scale), c_float(low - zero_point), c_float(high - zero_point)
+    return [f"    v = vmin(vmax(v / {s}, vsplat({lo})), vsplat({hi}));",
+            "    v = (v + 12582912.0f) - 12582912.0f;",
+            f"    v = v * {s};"]
+
+
 def activation_lines(act: str | None, params: tuple[float, ...]) -> list[str]:
     """C statements applying activation `act` (a name of `space.ACTIVATIONS` or of
     `space.VECTOR_ACTIVATIONS`' values; None: none) with `params` to the vector `v`."""
@@ -99,6 +110,8 @@ def activation_lines(act: str | None, params: tuple[float, ...]) -> list[str]:
         return ["    v = vsel(v != v, v, vsigmoid(v));"]
     if act == "Tanh":
         return ["    v = vtanh(v);"]
+    if act == "FakeQuant":   # (scale, zero point, low, high): `fake_quant_lines`
+        return fake_quant_lines(*params)
     if act is None:
         return []
     raise ValueError(f"no vector form of activation {act!r}")
