@@ -45,6 +45,7 @@ from wpk.core.safe_write import check_output
 from wpk.kernels.target import Target, create_target, target_class
 from wpk.partition import choose_partition
 from wpk.passes import optimize
+from wpk.passes.quantize_dequantize import quantizes
 from wpk.plans.assemble import assemble_plan, whole_model_plan
 from wpk.plans.planfile import Plan
 from wpk.plans.planner import (
@@ -234,7 +235,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         if choices.untuned is not None:   # a tuned build: its untuned candidates' plan too
             untuned = assembled(on_generated_kernels(choices.untuned) or choices.untuned)
         chosen, summary = choose_partition(result, whole, regions=regions, one_pool=one_pool,
-                                           untuned=untuned)
+                                           untuned=untuned, quantized=quantizes(graph))
         report = next((p.report for p in (regions, one_pool, untuned) if chosen is p),
                       result.report)  # per operator
         chosen.report = {**report, "partition": summary}

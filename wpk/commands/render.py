@@ -187,6 +187,10 @@ def partition_lines(report: Mapping) -> list[str]:
     lines = [f"end to end: wpk's plan {format_time(partition['wpk_median_s'])}, onnxruntime "
              f"{format_time(partition['onnxruntime_median_s'])} "
              f"({partition['ratio']:.2f}x{rounds}): the plan is {plan}"]
+    if partition.get("rel_l2_literal") is not None:
+        lines.append(f"note: a quantized model: onnxruntime's integer kernels differ from the "
+                     f"plan by {partition['rel_l2_between']:.2g} relative L2, its nodes as "
+                     f"written (graph optimizations off) by {partition['rel_l2_literal']:.2g}")
     if len(confirmations) > 1:
         lines.append("note: the machine's speed changed while the check ran, so it confirmed "
                      f"{len(confirmations)} times ("
