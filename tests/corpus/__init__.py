@@ -22,6 +22,10 @@ graphs in those exporters' spellings:
 | crnn (CRNN text recognizer: conv stack, bidirectional LSTM and GRU) | x | x | | |
 | llama (LLaMA decoder: RMSNorm, rotary embeddings, grouped-query causal SDPA, SwiGLU) | x | x | | |
 
+and three post-training quantized models, the torchscript export quantized by onnxruntime's
+`quantize_static` (`quantized.py`): mobilenetv3 and resnext in its default QDQ format
+(`_qdq`), mobilenetv3 in its QOperator format (`_qop`: QLinearConv, QLinearAdd, ...).
+
 Names are `<architecture>_<exporter>`; every model has one float input "x".
 Each comes in two sizes: "ci" (small, built in about a second) and "bench"
 (the real model's scale at a typical input size, for scripts/bench_e2e.py).
@@ -47,6 +51,9 @@ ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "yol
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0
+QUANTIZED_FORMATS = ("qdq", "qop")
+# The quantized entries (architecture, format): `quantized.py`
+QUANTIZED = (("mobilenetv3", "qdq"), ("resnext", "qdq"), ("mobilenetv3", "qop"))
 
 # Input shapes of the hand-written models (NCHW for paddle, NHWC for tf), per size.
 _HANDWRITTEN_INPUTS = {
@@ -73,12 +80,17 @@ class CorpusModel:
     @property
     def needs(self) -> tuple[str, ...]:
         """Python packages needed to build it (beyond onnx and numpy)."""
-        return {"torchscript": ("torch",), "dynamo": ("torch", "onnxscript")}.get(
-            self.exporter, ())
+        return {"torchscript": ("torch",), "dynamo": ("torch", "onnxscript"),
+                "qdq": ("torch",), "qop": ("torch",)}.get(self.exporter, ())
+
+    @property
+    def quantized(self) -> bool:
+        """Whether it is a quantized model (`quantized.py`)."""
+        return self.exporter in QUANTIZED_FORMATS
 
     def input_shape(self, size: str) -> tuple[int, ...]:
         """The concrete shape of input "x" at `size` (the model may declare dims unknown)."""
-        if self.exporter in TORCH_EXPORTERS:
+        if self.exporter in TORCH_EXPORTERS or self.quantized:
             from tests.corpus.torch_nets import SIZES as NET_SIZES
 
             return NET_SIZES[size][self.architecture].input_shape
@@ -92,6 +104,10 @@ class CorpusModel:
 
 
 def _builder(entry: CorpusModel) -> Callable[[str], onnx.ModelProto]:
+    if entry.quantized:
+        from tests.corpus.quantized import quantized
+
+        return lambda size: quantized(entry.architecture, entry.exporter, size)
     if entry.exporter in TORCH_EXPORTERS:
         def export(size: str) -> onnx.ModelProto:
             from tests.corpus import torch_export
@@ -112,7 +128,8 @@ def _builder(entry: CorpusModel) -> Callable[[str], onnx.ModelProto]:
 CORPUS: dict[str, CorpusModel] = {
     entry.name: entry for entry in (
         [CorpusModel(arch, exporter) for arch in ARCHITECTURES for exporter in TORCH_EXPORTERS]
-        + [CorpusModel(arch, exporter) for arch, exporter in _HANDWRITTEN_INPUTS])}
+        + [CorpusModel(arch, exporter) for arch, exporter in _HANDWRITTEN_INPUTS]
+        + [CorpusModel(arch, exporter) for arch, exporter in QUANTIZED])}
 
 
 def corpus_model(name: str) -> CorpusModel:
