@@ -159,12 +159,15 @@ if [ "$LIGHT_ONLY" = 1 ]; then
     run_part gpu-light-models 470 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_light_models_gpu.py --junitxml="$OUT/junit-gpu-light.xml"
 else
-    PARTS="unit-logic gpu-runtime gpu-fused gpu-search gpu-light-models bench-gpu"
+    PARTS="unit-logic gpu-runtime gpu-quantized gpu-fused gpu-search gpu-light-models bench-gpu"
     run_part unit-logic 30 python3 -m pytest -q -p no:cacheprovider \
         tests/unit/test_cuda_runtime_logic.py --junitxml="$OUT/junit-unit-logic.xml"
     run_part gpu-runtime 90 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_cuda_runtime.py tests/gpu/test_winograd_cuda_gpu.py \
         tests/gpu/test_value_tail_gpu.py --junitxml="$OUT/junit-gpu-runtime.xml"
+    # QDQ-quantized models' CUDA plans (fake_quant in generated kernels and after cuDNN)
+    run_part gpu-quantized 120 python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/gpu/test_quantized_gpu.py --junitxml="$OUT/junit-gpu-quantized.xml"
     # the fused attention and inverted-residual kernels against the reference and peers
     run_part gpu-fused 60 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/gpu/test_cuda_fused_gpu.py --junitxml="$OUT/junit-gpu-fused.xml"
