@@ -25,12 +25,17 @@ kept when the untuned one runs faster), and onnxruntime's whole model.
    inputs; their outputs must agree (relative L2 within `tolerance`; integers and
    booleans equal), else the per-operator plan (verified operator by operator against the float64
    reference) is kept and the summary says why. A quantized model (`quantized`: it holds
-   QuantizeLinear nodes or onnxruntime's quantized ops) is the exception: onnxruntime's
-   graph optimizations give it integer kernels that round at other points than the model's
-   nodes do (0.026 relative L2 on a QDQ MobileNet-v3's logits), so there the plan must
-   agree with onnxruntime running the nodes as written (its graph optimizations off,
-   `literal_agreement`), and onnxruntime's default run, what its users get, stays a
-   contender; the summary gives both differences;
+   QuantizeLinear nodes or onnxruntime's quantized ops) is the exception: every rounding
+   to the integer grid is a boundary where two correct implementations that sum in other
+   orders may land on neighbouring steps, and deep in a network one such flip spreads to
+   thousands of elements (a QDQ MobileNet-v3 at 224x224: one element of 68992 after its
+   fourth block, 2507 of 47040 eight blocks later, 0.025-0.03 relative L2 at the logits,
+   between any two of onnxruntime's integer run, its nodes run as written and wpk's
+   plan). So there the plan is compared with onnxruntime running the nodes as written
+   (graph optimizations off) and must lie within twice onnxruntime's own spread, the
+   difference between that run and its default one (`literal_agreement`); onnxruntime's
+   default run, what its users get, stays a contender, and the summary gives the
+   differences;
 2. they are timed in blocks, the order rotating from round to round (a pause
    before each block, its first run untimed, so one engine's spinning threads
    do not land on the other's runs), medians over all blocks;
@@ -181,9 +186,11 @@ def agreement(wpk_session: Session, ort_session: Session, feeds: dict) -> float:
                default=0.0)
 
 
-def literal_agreement(wpk_session: Session, whole_model: Plan, feeds: dict) -> float:
-    """`agreement` with onnxruntime running the whole model's nodes as written: its graph
-    optimizations off (no fusion into quantized integer kernels)."""
+def literal_agreement(wpk_session: Session, ort_session: Session, whole_model: Plan,
+                      feeds: dict) -> tuple[float, float]:
+    """(the plan's largest relative L2 difference from onnxruntime running the whole
+    model's nodes as written -- graph optimizations off, no fusion into integer kernels --,
+    and that run's from onnxruntime's default one: its own spread)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -191,11 +198,15 @@ def literal_agreement(wpk_session: Session, whole_model: Plan, feeds: dict) -> f
     model = next(iter(whole_model.kernels.values()))
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    theirs = dict(zip(names, session.run(None, {i.name: feeds[i.name]
-                                                for i in session.get_inputs()})))
-    ours = wpk_session.run(feeds)
-    return max((_difference(np.asarray(ours[name]), np.asarray(theirs[name]))
-                for name in ours), default=0.0)
+    literal = dict(zip(names, session.run(None, {i.name: feeds[i.name]
+                                                 for i in session.get_inputs()})))
+    ours, theirs = wpk_session.run(feeds), ort_session.run(feeds)
+
+    def largest(outputs: dict) -> float:
+        return max((_difference(np.asarray(outputs[name]), np.asarray(literal[name]))
+                    for name in outputs), default=0.0)
+
+    return largest(ours), largest(theirs)
 
 
 def _difference(ours: np.ndarray, theirs: np.ndarray) -> float:
@@ -300,12 +311,13 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     plans = {WPK: per_op, REGIONS: regions, ONE_POOL: one_pool, UNTUNED: untuned}
     sessions = {name: Session(plan) for name, plan in plans.items() if plan is not None}
     feeds = example_feeds(sessions[WPK], seed=0)
-    literal = None
+    literal = spread = None
     try:
         sessions[ONNXRUNTIME] = Session(whole_model)
         difference = agreement(sessions[WPK], sessions[ONNXRUNTIME], feeds)
         if quantized and not difference <= options.tolerance:
-            literal = literal_agreement(sessions[WPK], whole_model, feeds)
+            literal, spread = literal_agreement(sessions[WPK], sessions[ONNXRUNTIME],
+                                                whole_model, feeds)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped errors
         return _kept(per_op, f"onnxruntime cannot run the whole model ({_first_line(exc)})")
     summary = {"compared": list(sessions), "rel_l2_between": difference,
@@ -314,14 +326,15 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
                          f"in rotating order, a {options.pause_s:g} s pause and one untimed "
                          f"run before each; onnxruntime with its default options"}
     if literal is not None:
-        summary["rel_l2_literal"] = literal
-    if not difference <= options.tolerance and not (literal is not None
-                                                    and literal <= options.tolerance):
+        summary.update(rel_l2_literal=literal, rel_l2_onnxruntime_spread=spread)
+    if not difference <= options.tolerance and not (
+            literal is not None and literal <= max(options.tolerance, 2 * spread)):
         summary.update(winner=WPK, plan=PER_OPERATOR,
                        reason=f"onnxruntime's outputs differ from the plan's by "
                               f"{difference:.2g} relative L2 (> {options.tolerance:g})"
                               + ("" if literal is None else
-                                 f", {literal:.2g} with its graph optimizations off")
+                                 f", {literal:.2g} from its nodes as written, which differ "
+                                 f"from its default run by {spread:.2g}")
                               + "; the verified plan stays")
         return per_op, summary
     times = measure_blocks(sessions, feeds, options)

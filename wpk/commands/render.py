@@ -190,7 +190,10 @@ def partition_lines(report: Mapping) -> list[str]:
     if partition.get("rel_l2_literal") is not None:
         lines.append(f"note: a quantized model: onnxruntime's integer kernels differ from the "
                      f"plan by {partition['rel_l2_between']:.2g} relative L2, its nodes as "
-                     f"written (graph optimizations off) by {partition['rel_l2_literal']:.2g}")
+                     f"written (graph optimizations off) by {partition['rel_l2_literal']:.2g},"
+                     f" the two runs of onnxruntime from each other by "
+                     f"{partition['rel_l2_onnxruntime_spread']:.2g} (rounding to the integer "
+                     "grid: neighbouring steps, spread through the layers)")
     if len(confirmations) > 1:
         lines.append("note: the machine's speed changed while the check ran, so it confirmed "
                      f"{len(confirmations)} times ("
