@@ -56,7 +56,7 @@ _UPSAMPLE_MODES = {"nearest": ("asymmetric",),
 # `fmt.MLAS_CONV_ACTIVATIONS`, naming each as its ONNX op with the op's attributes (Clip's as
 # in opsets 6-10) as activation_params; onnxruntime's candidate runs the others as this node
 # (op, attributes, domain) after its conv, in the same session (fake_quant as the
-# QuantizeLinear and DequantizeLinear it stands for: `_activation_nodes`)
+# QuantizeLinear and DequantizeLinear it stands for: `fake_quant_nodes`)
 _NODE_ACTIVATIONS = {"silu": ("QuickGelu", {"alpha": 1.0}, ONNXRUNTIME_DOMAIN),
                      "hard_swish": ("HardSwish", {}, ""),
                      "gelu": ("Gelu", {}, ONNXRUNTIME_DOMAIN)}   # erf's, not tanh's

@@ -373,3 +373,17 @@ def test_offline_cuda_verification_knows_rounding_flips():
     flipped[12] += 0.5
     off = verify_emulated(built.func, {"X": x}, {"Y": flipped}, quanta={"Y": 0.25})
     assert not off.ok and "more than one step" in off.message
+
+
+def test_blocked_layout_keeps_a_qdq_hard_swish_blocked(tmp_path):
+    """QDQ splits HardSwish into a hard sigmoid and a multiply, each quantized: the hard
+    sigmoid's chain leaves its padding lanes dirty (finite: `BOUNDED_STEPS`), the multiply
+    by the clean input cleans them, so both stay on blocked tensors and no reorder comes
+    between the convs and the pool."""
+    graph, _ = optimize(load_model(_quantized(tmp_path, "qdq")), "cpu")
+    chains = {tuple(s.op for s in n.epilogue): n for n in graph.nodes if n.op == "Elementwise"}
+    for steps in [("hard_sigmoid", "fake_quant"), ("mul", "fake_quant"), ("add", "fake_quant")]:
+        assert chains[steps].outputs[0].endswith("_nchwc"), steps
+    assert [n.op for n in graph.nodes].count("ReorderOutput") == 1   # before the classifier
+    assert [s.op for n in graph.nodes if n.op == "Conv" for s in n.epilogue] == \
+        ["fake_quant", "fake_quant"]
