@@ -4,7 +4,6 @@ after cuDNN's convs, against onnxruntime running the model's nodes as written.""
 
 from __future__ import annotations
 
-import numpy as np
 import onnxruntime as ort
 import pytest
 
