@@ -31,7 +31,8 @@ from wpk.runtime import TensorMeta, _as_array, output_index, output_indices
 class TailSession:
     """The head plan's session followed by the tail's onnxruntime session."""
 
-    last_tail_s: float | None = None   # the tail's seconds in the last `timeline`
+    # (start, end) of the tail's call in the last `timeline`, on its clock (perf_counter)
+    last_tail_span: tuple[float, float] | None = None
 
     def __init__(self, head: Any, path: str = "<plan>"):
         self.head = head
@@ -85,14 +86,14 @@ class TailSession:
         return [results[self._outputs[i].name] for i in indices]
 
     def timeline(self, feeds: Mapping):
-        """The head's timed run (`Session.timeline`), then the tail's, whose seconds are
-        `last_tail_s` (the tail is one onnxruntime call, not plan steps)."""
+        """The head's timed run (`Session.timeline`), then the tail's, whose start and end
+        are `last_tail_span` (the tail is one onnxruntime call, not plan steps)."""
         timings = self.head.timeline(feeds)
         head = {meta.name: source for meta, source in zip(self.head.get_outputs(),
                                                           self.head._output_sources)}
         began = time.perf_counter()
         self._run_tail({**self._inputs_read(feeds), **head})
-        self.last_tail_s = time.perf_counter() - began
+        self.last_tail_span = (began, time.perf_counter())
         return timings
 
     def _run_all(self, feeds: Mapping) -> dict[str, np.ndarray]:

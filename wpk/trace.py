@@ -16,8 +16,10 @@ several steps as one onnxruntime session is one slice, `onnxruntime region
 `generated kernels (N steps)`, whose `args.members` list each member node the same way.
 A native chain times each of its steps as they run inside it, so its slice holds one
 nested slice per step (category `wpk.chain_step`), named and described like a single
-step's. Metadata events name the process and the thread. `slowest_steps` lists the
-longest steps of a timed run (what `wpk run --profile` prints).
+step's. A plan with a value-dependent tail (`wpk.value_tail`) adds one slice after the
+plan's calls, `onnxruntime tail (N nodes)`, for the tail's onnxruntime call (`tail`: its
+start and end). Metadata events name the process and the thread. `slowest_steps` lists
+the longest steps of a timed run (what `wpk run --profile` prints).
 """
 
 from __future__ import annotations
@@ -110,12 +112,26 @@ def metadata_events(name: str) -> list[dict]:
              "args": {"name": "steps"}}]
 
 
-def trace_document(plan: Plan, timings: Sequence[CallTiming], name: str = "plan") -> dict:
-    """The trace of one timed run (see the module docstring)."""
+def tail_event(plan: Plan, span: tuple[float, float], origin_s: float) -> dict:
+    """The slice of a value-dependent tail's onnxruntime call (`span`: its start and end),
+    with the ops it ran from the plan's report."""
+    report = plan.report.get("tail") or {}
+    nodes = report.get("nodes")
+    name = "onnxruntime tail" + (f" ({nodes} nodes)" if nodes else "")
+    return _slice(name, span[0], span[1], origin_s, {"nodes": nodes, "ops": report.get("ops"),
+                                                     "impl": "onnxruntime"})
+
+
+def trace_document(plan: Plan, timings: Sequence[CallTiming], name: str = "plan",
+                   tail: tuple[float, float] | None = None) -> dict:
+    """The trace of one timed run (see the module docstring); `tail`: the start and end of
+    a value-dependent tail's call after it."""
     if not timings:
         raise ValueError("a trace needs at least one timed call")
     origin, workloads = timings[0].start_s, plan.workloads
     calls = [call_event(plan, t, origin, workloads) for t in timings]
+    if tail is not None:
+        calls.append(tail_event(plan, tail, origin))
     run = {"name": "run", "cat": CATEGORY, "ph": "X", "pid": PID, "tid": TID, "ts": 0.0,
            "dur": max(e["ts"] + e["dur"] for e in calls),   # encloses every call exactly
            "args": {"calls": len(timings), "steps": sum(len(t.steps) for t in timings)}}

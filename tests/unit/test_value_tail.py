@@ -191,10 +191,18 @@ def test_the_cli_builds_and_runs_a_model_with_a_tail(tmp_path):
     assert build.returncode == 0, build.stderr
     printed = " ".join((build.stdout + build.stderr).split())
     assert "tail: 4 node(s) from NonMaxSuppression node 'nms'" in printed
+    trace_path = tmp_path / "trace.json"
     run = subprocess.run([*cli, "run", str(plan_path), "--inputs", str(tmp_path / "x.npz"),
-                          "--output", str(tmp_path / "y.npz")],
+                          "--output", str(tmp_path / "y.npz"), "--profile", str(trace_path)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+    assert "then the onnxruntime tail:" in run.stdout
+    events = [e for e in json.loads(trace_path.read_text())["traceEvents"] if e["ph"] == "X"]
+    (tail,) = [e for e in events if e["name"].startswith("onnxruntime tail")]
+    assert tail["name"] == "onnxruntime tail (4 nodes)" and tail["args"]["ops"]
+    (whole,) = [e for e in events if e["name"] == "run"]   # the run encloses the tail
+    assert tail["ts"] >= max(e["ts"] + e["dur"] for e in events if e not in (tail, whole))
+    assert whole["dur"] == tail["ts"] + tail["dur"]
     expected = onnxruntime_outputs(detector_model(), image(2))
     with np.load(tmp_path / "y.npz") as data:
         assert sorted(data.files) == sorted(expected)
