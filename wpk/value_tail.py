@@ -125,14 +125,20 @@ def load_head(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = N
             error = again
 
 
+# The name suffix of the one output of an all-tail model's head (an Identity of an input)
+HEAD_COPY = "__wpk_head_copy"
+
+
 def split_value_tail(proto: onnx.ModelProto, source: str, value_shaped: Sequence[str] = ()
                      ) -> tuple[onnx.ModelProto, ValueTail] | None:
     """(head model, tail) of `proto` split before its value-dependent shapes, or None when
     no node's output shape depends on input values: by the frontend's rule, or because
     its output is one of `value_shaped` (tensors whose shape differed between the
     frontend's two evaluations, e.g. a Loop's scan output with a computed trip count).
-    `UnsupportedError` when the head would compute nothing: every output comes from the
-    tail, and it reads only the graph's inputs."""
+    When every output comes from the tail, which then reads only the graph's inputs, the
+    head is one Identity of the first input the tail reads (`HEAD_COPY`): a plan has a
+    static part to run, and the model runs in onnxruntime after it, as any tail does
+    (`UnsupportedError` for a model without inputs)."""
     graph = proto.graph
     nodes = []
     for node, name in zip(graph.node, node_names(proto)):   # the names the report gives
@@ -159,16 +165,25 @@ def split_value_tail(proto: onnx.ModelProto, source: str, value_shaped: Sequence
     head_inputs = [n for n in boundary if n not in inputs]
     head_outputs = _unique([*(v.name for v in graph.output if v.name not in produced_by_tail),
                             *head_inputs])
-    if not head_outputs:
-        op, name = nodes[seeds[0]].op_type, nodes[seeds[0]].name
-        raise UnsupportedError(
-            f"every output of '{source}' comes after {op} node '{name}', whose output shape "
-            "depends on the input values: wpk has no static part of the model to plan",
-            hint="run this model with onnxruntime; wpk plans the static part of a model "
-                 "and runs the value-dependent end after it in onnxruntime")
-    head_nodes = [i for i in range(len(nodes)) if i not in tail]
-    head = _head_model(proto, [nodes[i] for i in head_nodes], head_outputs,
-                       {n for i in head_nodes for n in reads[i]})
+    kept = [i for i in range(len(nodes)) if i not in tail]
+    head_nodes, head_reads = [nodes[i] for i in kept], {n for i in kept for n in reads[i]}
+    copied = None
+    if not head_outputs:   # all tail: the head only copies an input the tail reads
+        if not graph_inputs:
+            op, name = nodes[seeds[0]].op_type, nodes[seeds[0]].name
+            raise UnsupportedError(
+                f"every output of '{source}' comes after {op} node '{name}', whose output "
+                "shape depends on the input values, and the model has no input to plan",
+                hint="run this model with onnxruntime")
+        copy = f"{graph_inputs[0]}{HEAD_COPY}"
+        head_nodes.append(helper.make_node("Identity", [graph_inputs[0]], [copy],
+                                           name=copy))
+        head_outputs, head_reads = [copy], head_reads | {graph_inputs[0]}
+        copied = next(v for v in graph.input if v.name == graph_inputs[0])
+    head = _head_model(proto, head_nodes, head_outputs, head_reads)
+    if copied is not None:   # the copy is typed as the input it copies
+        head.graph.output[0].CopyFrom(copied)
+        head.graph.output[0].name = head_outputs[0]
     value_tail = ValueTail([nodes[i] for i in in_tail], head_inputs, graph_inputs, outputs,
                            [(nodes[i].op_type, nodes[i].name) for i in seeds], proto)
     return head, value_tail

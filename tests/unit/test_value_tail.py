@@ -217,15 +217,26 @@ def test_the_cli_builds_and_runs_a_model_with_a_tail(tmp_path):
     assert not (tmp_path / "strict.wpk").exists()
 
 
-def test_a_model_that_is_all_tail_is_a_clear_error(tmp_path):
+def test_a_model_that_is_all_tail_runs_in_onnxruntime_after_a_copy(tmp_path):
+    """Every output after a value-dependent node reading only the inputs (ONNX's NonZero
+    case alone): the head copies the input, the whole model is the tail; a model with
+    no input to plan stays an error."""
     model = helper.make_model(helper.make_graph(
         [helper.make_node("NonZero", ["x"], ["at"], name="where")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info("at", TensorProto.INT64, [1, "n"])]),
         opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(UnsupportedError, match="every output of '<ModelProto>' comes after "
-                                               "NonZero node 'where'"):
-        wpk.build(model, target="cpu", **FAST)
+    plan = wpk.build(model, target="cpu", **FAST)
+    assert [s.op for s in plan.steps] == ["Identity"]
+    assert plan.report["tail"]["nodes"] == 1
+    path = tmp_path / "nonzero.wpk"
+    plan.save(path)
+    session = wpk.load(path)
+    assert [o.name for o in session.get_outputs()] == ["at"]
+    x = np.array([0.0, 2.0, 0.0, -1.0], np.float32)
+    np.testing.assert_array_equal(session.run({"x": x})["at"], [[1, 3]])
+    with pytest.raises(UnsupportedError, match="NonZero node 'where'"):
+        wpk.build(model, target="cpu", strict=True, **FAST)
 
 
 def test_the_backend_runs_a_model_with_a_tail():
