@@ -222,9 +222,9 @@ class OnnxBuilder(Builder[str]):
             # before it, adding and subtracting 1.5 * 2^(mantissa bits) rounds as the
             # hardware does, half to even: exact below 2^22 in float32 (fake_quant's
             # rounded value is clipped to its integer range first)
-            magic = self.const(1.5 * 2.0 ** (np.finfo(self.dtype).nmant))
-            return self.node("Sub", [self.node("Add", [x, magic]), self.const(
-                1.5 * 2.0 ** (np.finfo(self.dtype).nmant))])
+            magic = 1.5 * 2.0 ** np.finfo(self.dtype).nmant
+            return self.node("Sub", [self.node("Add", [x, self.const(magic)]),
+                                     self.const(magic)])
         return self.node(EPILOGUE_TABLE[fn].onnx.op, [x])  # Exp, Erf, ... as the steps
 
     def less(self, a: str, b: str) -> str:

@@ -33,7 +33,7 @@ kept when the untuned one runs faster), and onnxruntime's whole model.
    between any two of onnxruntime's integer run, its nodes run as written and wpk's
    plan). So there the plan is compared with onnxruntime running the nodes as written
    (graph optimizations off) and must lie within twice onnxruntime's own spread, the
-   difference between that run and its default one (`literal_agreement`); onnxruntime's
+   difference between that run and its default one (`literal_outputs`); onnxruntime's
    default run, what its users get, stays a contender, and the summary gives the
    differences;
 2. they are timed in blocks, the order rotating from round to round (a pause
@@ -177,20 +177,16 @@ def steady_confirmation(plan: Session, whole_model: Session, feeds: dict,
     return pooled, stages[1:], disagree(stages[-2], stages[-1], options.unsteady)
 
 
-def agreement(wpk_session: Session, ort_session: Session, feeds: dict) -> float:
-    """The largest relative L2 difference between the two sessions' outputs: inf where an
+def agreement(ours: dict, theirs: dict) -> float:
+    """The largest relative L2 difference between two runs' outputs (by name): inf where an
     output's shape differs, or a non-float output (integers, booleans) is not equal."""
-    ours = wpk_session.run(feeds)
-    theirs = ort_session.run(feeds)
     return max((_difference(np.asarray(ours[name]), np.asarray(theirs[name])) for name in ours),
                default=0.0)
 
 
-def literal_agreement(wpk_session: Session, ort_session: Session, whole_model: Plan,
-                      feeds: dict) -> tuple[float, float]:
-    """(the plan's largest relative L2 difference from onnxruntime running the whole
-    model's nodes as written -- graph optimizations off, no fusion into integer kernels --,
-    and that run's from onnxruntime's default one: its own spread)."""
+def literal_outputs(whole_model: Plan, feeds: dict) -> dict:
+    """The outputs of onnxruntime running the whole model's nodes as written: graph
+    optimizations off, no fusion into quantized integer kernels."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -198,15 +194,8 @@ def literal_agreement(wpk_session: Session, ort_session: Session, whole_model: P
     model = next(iter(whole_model.kernels.values()))
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    literal = dict(zip(names, session.run(None, {i.name: feeds[i.name]
-                                                 for i in session.get_inputs()})))
-    ours, theirs = wpk_session.run(feeds), ort_session.run(feeds)
-
-    def largest(outputs: dict) -> float:
-        return max((_difference(np.asarray(outputs[name]), np.asarray(literal[name]))
-                    for name in outputs), default=0.0)
-
-    return largest(ours), largest(theirs)
+    return dict(zip(names, session.run(None, {i.name: feeds[i.name]
+                                              for i in session.get_inputs()})))
 
 
 def _difference(ours: np.ndarray, theirs: np.ndarray) -> float:
@@ -314,10 +303,11 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     literal = spread = None
     try:
         sessions[ONNXRUNTIME] = Session(whole_model)
-        difference = agreement(sessions[WPK], sessions[ONNXRUNTIME], feeds)
+        ours, theirs = sessions[WPK].run(feeds), sessions[ONNXRUNTIME].run(feeds)
+        difference = agreement(ours, theirs)
         if quantized and not difference <= options.tolerance:
-            literal, spread = literal_agreement(sessions[WPK], sessions[ONNXRUNTIME],
-                                                whole_model, feeds)
+            as_written = literal_outputs(whole_model, feeds)
+            literal, spread = agreement(ours, as_written), agreement(theirs, as_written)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped errors
         return _kept(per_op, f"onnxruntime cannot run the whole model ({_first_line(exc)})")
     summary = {"compared": list(sessions), "rel_l2_between": difference,

@@ -134,7 +134,7 @@ def trace_document(plan: Plan, timings: Sequence[CallTiming], name: str = "plan"
         calls.append(tail_event(plan, tail, origin))
     run = {"name": "run", "cat": CATEGORY, "ph": "X", "pid": PID, "tid": TID, "ts": 0.0,
            "dur": max(e["ts"] + e["dur"] for e in calls),   # encloses every call exactly
-           "args": {"calls": len(timings), "steps": sum(len(t.steps) for t in timings)}}
+           "args": {"calls": len(calls), "steps": sum(len(t.steps) for t in timings)}}
     members = [e for t in timings for e in member_events(plan, t, origin, workloads)]
     events = [run, *calls, *members]
     return {"traceEvents": metadata_events(name) + events, "displayTimeUnit": "ms",
