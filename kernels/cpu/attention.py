@@ -28,6 +28,7 @@ from wpk.kernels.cpu.attention_spec import (
     attention_reason,
     attention_shape,
     bshd_flags,
+    kernel_rank,
     logical_shapes,
 )
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
@@ -45,7 +46,7 @@ _MICRO_TILES = ((4, 4), (8, 2), (4, 2), (2, 4), (6, 2), (2, 2), (1, 2), (1, 1))
 
 def _heads_and_rank(workload: Workload) -> tuple[int, int]:
     shape = logical_shapes(workload)[0]
-    return (shape[1] if len(shape) == 4 else 1), len(shape)
+    return (shape[-3] if len(shape) >= 4 else 1), kernel_rank(len(shape))
 
 
 def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict]:
@@ -143,7 +144,7 @@ def attention_model(workload: Workload, consts: Mapping[int, np.ndarray]):
     """The unfused nodes as an ONNX model (inputs `in{i}`, output `out0`; constants as
     initializers) and the workload input indices it is fed, in graph order."""
     shape = attention_shape(workload)
-    _, rank = _heads_and_rank(workload)
+    rank = len(logical_shapes(workload)[0])
     return expanded_model(
         workload, consts,
         lambda names: attention_onnx_nodes(names, output_name(0), "att_", shape.scale,

@@ -4,8 +4,10 @@
       = Softmax(Q @ K^T * scale [+ mask], axis=-1) @ V
 
 Q is [..., Sq, D] and V [..., Sk, Dv] with the same leading (batch, head)
-dims; K is [..., Sk, D] (`k_transposed` 0: the exporter wrote
-MatMul(Q, Transpose(K))) or K^T itself, [..., D, Sk] (`k_transposed` 1). The
+dims (rank 3 to 6: the kernels see a rank-5 or rank-6 operand as rank 4, its leading
+dims before the heads folded into one, as MaxViT's [B, windows, H, S, D]); K is
+[..., Sk, D] (`k_transposed` 0: the exporter wrote MatMul(Q, Transpose(K))) or K^T
+itself, [..., D, Sk] (`k_transposed` 1). The
 optional mask broadcasts against the scores [..., Sq, Sk]. The graph pass
 `wpk.passes.attention` writes the node; `attention_onnx_nodes` expands it
 back into the standard nodes it replaced (for onnxruntime and `to_onnx`).
@@ -28,7 +30,7 @@ from wpk.core.workload import Workload
 
 ATTENTION_OP = "Attention"
 ATTENTION_DOMAIN = "wpk"
-_RANKS = (3, 4)
+_RANKS = (3, 4, 5, 6)
 
 
 def is_attention(workload: Workload) -> bool:
@@ -97,7 +99,7 @@ def attention_reason(workload: Workload) -> str | None:
         return "Attention's K is either transposed or [B, S, H, D], not both"
     q, k, v, out = logical_shapes(workload)
     if len(q) not in _RANKS or not len(q) == len(k) == len(v):
-        return "Attention's Q, K and V must be rank 3 or 4, all the same rank"
+        return "Attention's Q, K and V must be rank 3 to 6, all the same rank"
     if not q[:-2] == k[:-2] == v[:-2]:
         return "Attention's Q, K and V must have the same leading (batch, head) dims"
     d, sk = (k[-1], k[-2]) if not workload.attr("k_transposed", 0) else (k[-2], k[-1])
@@ -110,7 +112,33 @@ def attention_reason(workload: Workload) -> str | None:
         mask = tuple(specs[3].shape)
         if not broadcasts_to(mask, scores):
             return f"mask {list(mask)} does not broadcast against the scores {list(scores)}"
+        if folded_mask_shape(mask, scores) is None:
+            return (f"mask {list(mask)} broadcasts along some of the scores' leading dims "
+                    f"{list(scores[:-3])} and not others: they cannot be folded into one")
     return None
+
+
+def kernel_rank(rank: int) -> int:
+    """The rank the kernels see: 3, or 4 with the leading dims before the heads folded."""
+    return min(rank, 4)
+
+
+def folded_mask_shape(mask: Sequence[int], scores: Sequence[int]) -> tuple[int, ...] | None:
+    """The mask's shape against the scores' rank-4 view (`kernel_rank`: the dims before
+    the heads folded into one), or None where it broadcasts along some of those dims and
+    not others (no single stride walks it); at rank 3 and 4 the mask's own shape."""
+    mask, scores = tuple(int(d) for d in mask), tuple(int(d) for d in scores)
+    if len(scores) <= 4:
+        return mask
+    full = (1,) * (len(scores) - len(mask)) + mask
+    lead, mask_lead = scores[:-3], full[:-3]
+    if all(d == 1 for d in mask_lead):
+        folded = 1
+    elif all(m == s for m, s in zip(mask_lead, lead)):
+        folded = int(np.prod(lead))
+    else:
+        return None
+    return (folded, *full[-3:])
 
 
 def attention_shape(workload: Workload) -> AttentionShape:
@@ -120,12 +148,14 @@ def attention_shape(workload: Workload) -> AttentionShape:
     return AttentionShape(batch=int(np.prod(q[:-2], dtype=np.int64)), sq=q[-2], sk=v[-2],
                           d=q[-1], dv=v[-1], k_transposed=bool(workload.attr("k_transposed", 0)),
                           scale=float(workload.attr("scale", 1.0)),
-                          mask_shape=None if mask is None else tuple(mask.shape))
+                          mask_shape=None if mask is None else folded_mask_shape(
+                              mask.shape, q[:-1] + (v[-2],)))
 
 
 def mask_strides(shape: AttentionShape, rank: int) -> tuple[int, int, int, int]:
     """Element strides of the mask along (batch dim 0, batch dim 1, query, key) of the
-    rank-4 view of the scores (0 where it broadcasts); rank-3 workloads have no dim 1."""
+    rank-4 view of the scores (0 where it broadcasts); rank-3 workloads have no dim 1.
+    `rank` is the kernels' (`kernel_rank`), the shape's mask already folded to it."""
     mask = shape.mask_shape or ()
     full = (1,) * (4 - len(mask)) + tuple(mask)
     strides, step = [0, 0, 0, 0], 1

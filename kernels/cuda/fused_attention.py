@@ -31,7 +31,12 @@ from collections.abc import Mapping
 
 from wpk.core.workload import Workload
 from wpk.dsl import loopir as L
-from wpk.kernels.cpu.attention_spec import AttentionShape, attention_shape, mask_strides
+from wpk.kernels.cpu.attention_spec import (
+    AttentionShape,
+    attention_shape,
+    kernel_rank,
+    mask_strides,
+)
 
 KNOBS = {"tq": (8, 16, 32, 64, 128), "tk": (16, 32, 64), "split": (1, 2, 4, 8, 16)}
 MIN_THREADS, MAX_THREADS = 32, 256
@@ -95,8 +100,8 @@ class _Ix:
     def __init__(self, workload: Workload, shape: AttentionShape):
         self.s = shape
         q = workload.inputs[0].shape
-        self.heads = q[1] if len(q) == 4 else 1
-        self.mask = mask_strides(shape, len(q)) if shape.mask_shape else None
+        self.heads = q[-3] if len(q) >= 4 else 1
+        self.mask = mask_strides(shape, kernel_rank(len(q))) if shape.mask_shape else None
 
     def k(self, b, key, c):
         s = self.s

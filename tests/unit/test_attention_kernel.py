@@ -67,6 +67,12 @@ CASES = {
     "rank-3": dict(lead=(5,), mask=(5, 1, 45)),
     "tiny": dict(lead=(1, 1), sq=1, sk=1, d=1, dv=1),
     "key-mask-only": dict(mask=(129,), sq=65, sk=129),
+    # MaxViT's [B, windows, H, S, D] with a per-head relative position bias, and a mask
+    # per window (a shifted window's), folded into the kernels' rank-4 view
+    "rank-5-bias": dict(lead=(1, 4, 2), sq=49, sk=49, d=32, dv=32, mask=(2, 49, 49)),
+    "rank-5-window-mask": dict(lead=(2, 3, 2), sq=17, sk=17, mask=(2, 3, 1, 17, 17),
+                               k_transposed=True),
+    "rank-6": dict(lead=(2, 2, 2, 3), sq=9, sk=11, d=8, dv=5, mask=(3, 9, 11)),
 }
 
 
@@ -237,13 +243,14 @@ def test_the_norm_bound_keeps_a_key_whose_score_outweighs_its_mask_by_a_little(
         assert relative_l2(out, expected) < TOLERANCE, config
 
 
-@pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "rank-3"])
+@pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "rank-3", "rank-5-bias"])
 def test_onnxruntime_candidate_matches_the_reference(rng, case):
     w = workload(**CASES[case])
     assert check(ORT_ATTENTION.prepare(w, {}, {}), w, arrays_for(w, rng)) < TOLERANCE
 
 
-@pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "rank-3", "key-mask-only"])
+@pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "rank-3", "key-mask-only",
+                                  "rank-5-window-mask"])
 def test_reference_is_what_the_standard_nodes_compute(rng, case):
     """The float64 formula against onnx.reference running the unfused ONNX nodes."""
     w = workload(**CASES[case])
@@ -318,6 +325,9 @@ def test_bad_configs_are_refused(config, words):
 @pytest.mark.parametrize("w, words", [
     (workload(dtype="float64"), "float32"),
     (workload(mask=(3, 1, 1, 45)), "does not broadcast"),
+    # broadcast along the windows but not the batch: no single stride walks the fold
+    (workload(lead=(2, 3, 2), mask=(2, 1, 1, 37, 45)), "cannot be folded"),
+    (workload(lead=(2, 2, 2, 2, 2)), "rank 3 to 6"),
     (Workload("Attention", (TensorSpec((2, 4, 8)), TensorSpec((2, 4, 8)),
                             TensorSpec((3, 4, 8))), (TensorSpec((2, 4, 8)),), domain="wpk"),
      "same leading"),

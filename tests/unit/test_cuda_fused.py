@@ -98,8 +98,12 @@ def emulated_error(w: Workload, config: dict, rng: np.random.Generator) -> float
      {"tq": 16, "tk": 16, "split": 8}),            # one tile, fewer keys than threads a row
     (attention(lead=(1, 1), sq=70, sk=33, d=8, dv=8, mask=(1, 1, 1, 33)),
      {"tq": 32, "tk": 16, "split": 1}),                                   # 3 query tiles
+    (attention(lead=(2, 3, 2), sq=17, sk=19, mask=(2, 3, 1, 17, 19)),
+     {"tq": 16, "tk": 16, "split": 2}),            # rank 5 (MaxViT): windows folded
+    (attention(lead=(1, 4, 2), sq=17, sk=17, mask=(2, 17, 17), k_transposed=True),
+     {"tq": 32, "tk": 16, "split": 1}),            # rank 5, a per-head bias
 ], ids=["tails", "kt-split2", "padmask", "sqmask-split4", "fullmask-kt-split8",
-        "rank3-split2", "tiny-split8", "qtiles"])
+        "rank3-split2", "tiny-split8", "qtiles", "rank5-window-mask", "rank5-bias-kt"])
 def test_emulated_attention_matches_the_float64_reference(w, config):
     assert attention_config_reason(attention_shape(w), config, H100) is None
     assert emulated_error(w, config, np.random.default_rng(1)) <= TOLERANCE

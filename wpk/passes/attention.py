@@ -15,11 +15,11 @@
     Y = MatMul(Softmax(logits, last axis), V)
                         ->  Attention(Q, K or K^T, V[, mask]; scale, k_transposed)
 
-Q, K, V are the [B, H, S, D] (or [B*H, S, D]) tensors exporters make by
-their Reshape/Transpose head split; the mask broadcasts against the scores
-([B,1,1,S], [1,1,S,S], ...). Fires only when every intermediate (scores,
-scaled, masked, probabilities, a swapped K) has the next node as its only
-reader and is no graph output, the softmax is over the last axis, every
+Q, K, V are the [B, H, S, D] (or [B*H, S, D]; or [B, windows, H, S, D] as MaxViT's
+einsum writes them) tensors exporters make by their Reshape/Transpose head split; the
+mask broadcasts against the scores ([B,1,1,S], [1,1,S,S], ...). Fires only when every
+intermediate (scores, scaled, masked, probabilities, a swapped K) has the next node as its
+only reader and is no graph output, the softmax is over the last axis, every
 shape is known and every tensor is float32. The op is defined, with its
 float64 formula and its ONNX form, in `wpk.kernels.cpu.attention_spec`.
 """
@@ -215,7 +215,7 @@ def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
         return None
     logits_shape = tuple(graph.tensors[softmax.inputs[0]].shape)
     rank = len(logits_shape)
-    if rank not in (3, 4) or not _softmax_is_last_axis(ctx, softmax, rank):
+    if rank not in (3, 4, 5, 6) or not _softmax_is_last_axis(ctx, softmax, rank):
         return None
     context = ctx.single_consumer(softmax)
     if context is None or context.op != "MatMul" or context.domain not in ("", "ai.onnx") \
