@@ -37,6 +37,7 @@ from wpk.passes.conv1d_lift import Conv1dAs2d
 from wpk.passes.conv_transpose_gemm import ConvTransposeAsMatMul
 from wpk.passes.dead_nodes import DeadNodeElimination
 from wpk.passes.dilated_conv_phases import DilatedConvPhases
+from wpk.passes.einsum import EinsumLowering
 from wpk.passes.fusion import FusionPass
 from wpk.passes.fusion_rules import (
     CHAIN_RULES,
@@ -79,6 +80,8 @@ PIPELINE: list[PipelineEntry] = [
     # after the weights' DequantizeLinear are folded, before the fusions that take its step in
     PipelineEntry(QuantizeDequantize),
     PipelineEntry(SumToAdd),
+    # Einsum as MatMul and data movement, before the attention and GEMM fusions that take them
+    PipelineEntry(EinsumLowering),
     PipelineEntry(ReduceToPool),
     PipelineEntry(NoOpRemoval),
     PipelineEntry(PadIntoConv),
