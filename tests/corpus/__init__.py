@@ -1,4 +1,4 @@
-"""The real-exporter corpus: fifteen architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: sixteen architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -21,6 +21,7 @@ graphs in those exporters' spellings:
 | gpt (GPT-2-style causal blocks: masked_fill with -inf, tanh GELU) | x | x | | |
 | crnn (CRNN text recognizer: conv stack, bidirectional LSTM and GRU) | x | x | | |
 | llama (LLaMA decoder: RMSNorm, rotary embeddings, grouped-query causal SDPA, SwiGLU) | x | x | | |
+| maxvit (MaxViT: MBConv, window and grid attention as einsum, relative bias) | x | x | | |
 
 and three post-training quantized models, the torchscript export quantized by onnxruntime's
 `quantize_static` (`quantized.py`): mobilenetv3 and resnext in its default QDQ format
@@ -47,7 +48,8 @@ import numpy as np
 import onnx
 
 ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "yolopost",
-                 "resnext", "speech", "deeplab", "espcn", "torchenc", "gpt", "crnn", "llama")
+                 "resnext", "speech", "deeplab", "espcn", "torchenc", "gpt", "crnn", "llama",
+                 "maxvit")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

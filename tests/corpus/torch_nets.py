@@ -72,7 +72,7 @@ def seed_parameters(module: nn.Module, seed: int) -> nn.Module:
                 layer.weight.copy_(uniform(layer.weight.shape, 0.8, 1.2))
                 layer.bias.copy_(uniform(layer.bias.shape, -0.1, 0.1))
         for name, parameter in module.named_parameters(recurse=True):
-            if name.endswith(("cls_token", "position_embedding")):
+            if name.endswith(("cls_token", "position_embedding", "bias_table")):
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
             elif name.endswith("layer_scale"):
                 parameter.copy_(uniform(parameter.shape, 0.1, 0.5))
@@ -811,6 +811,131 @@ class Espcn(nn.Module):
         return torch.clamp(self.shuffle(self.body(x)), 0.0, 1.0)
 
 
+# -------------------------------------------------------------------- MaxViT
+
+
+class RelativeAttention(nn.Module):
+    """Multi-head attention within partitions, written with `torch.einsum` over
+    [B, G, heads, N, D] as torchvision's MaxViT has it (the exporters keep Einsum nodes),
+    with a learned relative position bias gathered from a table by a fixed index."""
+
+    def __init__(self, dim: int, heads: int, window: int):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        span = 2 * window - 1
+        self.bias_table = nn.Parameter(torch.zeros(span * span, heads))
+        rows, cols = torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")
+        coords = torch.stack([rows.flatten(), cols.flatten()])
+        offsets = coords[:, :, None] - coords[:, None, :] + window - 1
+        self.register_buffer("bias_index", (offsets[0] * span + offsets[1]).flatten(),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, groups, tokens, dim = x.shape
+        q, k, v = (t.reshape(batch, groups, tokens, self.heads, dim // self.heads)
+                   .transpose(2, 3) for t in self.qkv(x).chunk(3, dim=-1))
+        scores = torch.einsum("bghid,bghjd->bghij", q * self.scale, k)
+        bias = self.bias_table[self.bias_index].reshape(tokens, tokens, self.heads)
+        weights = (scores + bias.permute(2, 0, 1)).softmax(dim=-1)
+        context = torch.einsum("bghij,bghjd->bghid", weights, v)
+        return self.proj(context.transpose(2, 3).reshape(batch, groups, tokens, dim))
+
+
+def partition(x: torch.Tensor, window: int, grid: bool) -> torch.Tensor:
+    """[B, C, H, W] -> [B, groups, window^2, C]: non-overlapping windows (block
+    attention) or a window x window grid of cells H / window apart (grid attention)."""
+    batch, channels, height, width = x.shape
+    if grid:
+        x = x.reshape(batch, channels, window, height // window, window, width // window)
+        x = x.permute(0, 3, 5, 2, 4, 1)
+    else:
+        x = x.reshape(batch, channels, height // window, window, width // window, window)
+        x = x.permute(0, 2, 4, 3, 5, 1)
+    return x.reshape(batch, (height // window) * (width // window), window * window, channels)
+
+
+def departition(x: torch.Tensor, window: int, grid: bool, height: int,
+                width: int) -> torch.Tensor:
+    """The inverse of `partition`."""
+    batch, _, _, channels = x.shape
+    x = x.reshape(batch, height // window, width // window, window, window, channels)
+    if grid:
+        x = x.permute(0, 5, 3, 1, 4, 2)
+    else:
+        x = x.permute(0, 5, 1, 3, 2, 4)
+    return x.reshape(batch, channels, height, width)
+
+
+class PartitionAttention(nn.Module):
+    """Pre-norm attention and MLP over the partitions of a feature map."""
+
+    def __init__(self, dim: int, heads: int, window: int, grid: bool):
+        super().__init__()
+        self.window, self.grid = window, grid
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = RelativeAttention(dim, heads, window)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        height, width = x.shape[2], x.shape[3]
+        parts = partition(x, self.window, self.grid)
+        parts = parts + self.attn(self.norm1(parts))
+        parts = parts + self.mlp(self.norm2(parts))
+        return departition(parts, self.window, self.grid, height, width)
+
+
+class MbConv(nn.Module):
+    """MaxViT's MBConv: pre-BatchNorm, 1x1 expand, depthwise 3x3 (stride 2 at a stage's
+    start), squeeze-excite with SiLU and a sigmoid gate, 1x1 project; the shortcut pools
+    and projects where the shape changes."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        hidden = 4 * c_out
+        self.body = nn.Sequential(
+            nn.BatchNorm2d(c_in), conv_bn(c_in, hidden, 1, activation=nn.GELU()),
+            conv_bn(hidden, hidden, 3, stride, groups=hidden, activation=nn.GELU()))
+        self.gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(hidden, hidden // 16, 1),
+                                  nn.SiLU(), nn.Conv2d(hidden // 16, hidden, 1), nn.Sigmoid())
+        self.project = nn.Conv2d(hidden, c_out, 1)
+        self.shortcut = nn.Sequential(nn.AvgPool2d(3, stride, 1), nn.Conv2d(c_in, c_out, 1)) \
+            if stride != 1 or c_in != c_out else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        return self.shortcut(x) + self.project(y * self.gate(y))
+
+
+class MaxVit(nn.Module):
+    """MaxViT: a conv stem, stages of MBConv + block attention + grid attention, the first
+    block of each stage halving the resolution, mean pool, LayerNorm and a classifier."""
+
+    def __init__(self, stem: int = 64, dims: tuple[int, ...] = (64, 128, 256, 512),
+                 depths: tuple[int, ...] = (2, 2, 5, 2), head_dim: int = 32, window: int = 7,
+                 classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn(3, stem, 3, 2, activation=nn.GELU()),
+                                  nn.Conv2d(stem, stem, 3, 1, 1))
+        layers: list[nn.Module] = []
+        c_in = stem
+        for dim, depth in zip(dims, depths):
+            for index in range(depth):
+                layers += [MbConv(c_in, dim, 2 if index == 0 else 1),
+                           PartitionAttention(dim, dim // head_dim, window, grid=False),
+                           PartitionAttention(dim, dim // head_dim, window, grid=True)]
+                c_in = dim
+        self.stages = nn.Sequential(*layers)
+        self.norm = nn.LayerNorm(c_in)
+        self.head = nn.Linear(c_in, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(self.stem(x)).mean((2, 3))
+        return self.head(self.norm(x))
+
+
 # -------------------------------------------------------------------- sizes
 
 
@@ -838,6 +963,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "gpt": Gpt,
     "crnn": Crnn,
     "llama": Llama,
+    "maxvit": MaxVit,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -869,6 +995,8 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "crnn": NetSpec({"widths": (8, 16, 24), "hidden": 20, "classes": 12}, (1, 3, 32, 64)),
         "llama": NetSpec({"dim": 32, "heads": 4, "kv_heads": 2, "ffn": 64, "layers": 2,
                           "vocab": 50, "positions": 16}, (1, 16, 32)),
+        "maxvit": NetSpec({"stem": 16, "dims": (16, 32), "depths": (1, 1), "head_dim": 8,
+                           "window": 4, "classes": 10}, (1, 3, 32, 32)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -888,6 +1016,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "gpt": NetSpec({}, (1, 128, 256)),
         "crnn": NetSpec({}, (1, 3, 32, 320)),
         "llama": NetSpec({}, (1, 128, 512)),
+        "maxvit": NetSpec({}, (1, 3, 224, 224)),
     },
 }
 

@@ -107,6 +107,8 @@ EXPECTED_OPS = {
     "crnn": {"torch": {"Conv", "LSTM", "GRU", "LogSoftmax"}},
     "llama": {"torch": {"Pow", "ReduceMean", "Sqrt", "Neg", "Slice", "Concat", "Sigmoid",
                         "Softmax", "MatMul"}},
+    "maxvit": {"torch": {"Einsum", "Softmax", "LayerNormalization", "Sigmoid", "Erf",
+                         "AveragePool"}},
 }
 
 
