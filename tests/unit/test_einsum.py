@@ -160,6 +160,10 @@ def test_the_common_contractions_are_one_matmul():
     assert _lowered_ops("bhij,bhjd->bhid", [(1, 2, 5, 6), (1, 2, 6, 4)]) == ["MatMul"]
     assert _lowered_ops("abc,cde->abde", [(1, 5, 6), (6, 3, 4)]) == [
         "Reshape", "MatMul", "Reshape"]   # the weight's reshape is folded with the weight
+    # Keras' scores (key, query): the query goes first, so the product is already in the
+    # output's order and q.k^T is the pattern the attention fusion knows
+    assert _lowered_ops("aecd,abcd->acbe", [(1, 6, 2, 4), (1, 5, 2, 4)]) == [
+        "Transpose", "Transpose", "MatMul"]
     assert _lowered_ops("bij,bij->bij", [(2, 3, 4), (2, 3, 4)]) == ["Mul"]
     assert _lowered_ops("ij->ji", [(3, 4)]) == ["Transpose"]
     assert _lowered_ops("ij->ij", [(3, 4)]) == ["Identity"]

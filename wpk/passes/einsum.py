@@ -13,7 +13,8 @@ Each equation is lowered operand pair by operand pair, left to right:
   axes last, flattening them and slicing every (n^(r-1) + ... + 1)-th element;
 * a label in one operand only and not needed later is summed out (ReduceSum);
 * the labels of two operands split into batch (both, kept), contracted (both, not kept),
-  and the rows and columns (one operand each); the operands are transposed to
+  and the rows and columns (one operand each; the operand whose labels the output
+  has first gives the rows); the operands are transposed to
   [batch, rows, contracted] and [batch, contracted, columns], flattened to one MatMul,
   and the product reshaped to [batch, rows, columns]; without a contracted label the
   pair is an outer or elementwise product (Mul, broadcast);
@@ -205,6 +206,10 @@ class _Lowering:
         batch = sorted((c for c in a.labels if c in b.labels and c in later), key=rank.get)
         rows = sorted((c for c in a.labels if c not in b.labels), key=rank.get)
         cols = sorted((c for c in b.labels if c not in a.labels), key=rank.get)
+        if rows and cols and rank[cols[0]] < rank[rows[0]]:
+            # the output wants the second operand's labels first (Keras' attention scores,
+            # "aecd,abcd->acbe": key, query): B x A needs no transposition of the product
+            a, b, rows, cols = b, a, cols, rows
         inner = [c for c in a.labels if c in b.labels and c not in later]
         if not inner:
             return self._product(a, b, batch, rows, cols)
