@@ -1,4 +1,4 @@
-"""The real-exporter corpus: sixteen architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: seventeen architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -22,6 +22,7 @@ graphs in those exporters' spellings:
 | crnn (CRNN text recognizer: conv stack, bidirectional LSTM and GRU) | x | x | | |
 | llama (LLaMA decoder: RMSNorm, rotary embeddings, grouped-query causal SDPA, SwiGLU) | x | x | | |
 | maxvit (MaxViT: MBConv, window and grid attention as einsum, relative bias) | x | x | | |
+| kerasvit (ViT of Keras' MultiHeadAttention and Dense layers: Einsum nodes) | | | | x |
 
 and three post-training quantized models, the torchscript export quantized by onnxruntime's
 `quantize_static` (`quantized.py`): mobilenetv3 and resnext in its default QDQ format
@@ -65,6 +66,7 @@ _HANDWRITTEN_INPUTS = {
     ("vit", "tf"): {"ci": (1, 32, 32, 3), "bench": (1, 224, 224, 3)},
     ("convnext", "tf"): {"ci": (1, 32, 32, 3), "bench": (1, 224, 224, 3)},
     ("yolo", "tf"): {"ci": (1, 64, 64, 3), "bench": (1, 320, 320, 3)},
+    ("kerasvit", "tf"): {"ci": (1, 32, 32, 3), "bench": (1, 224, 224, 3)},
 }
 
 

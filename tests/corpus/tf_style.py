@@ -16,7 +16,8 @@ What sets these graphs apart from torch's and paddle2onnx's exports:
 - Split with sizes as input, Squeeze/Unsqueeze with axes as inputs.
 
 Models: `vit` (ViT-tiny), `yolo` (YOLOv8-style), `convnext` (ConvNeXt stages,
-a Transpose pair around every convolution since Keras works in NHWC). Each
+a Transpose pair around every convolution since Keras works in NHWC), `kerasvit` (a ViT of
+Keras' MultiHeadAttention and Dense layers, which tf2onnx writes as Einsum nodes). Each
 builder takes a `size` ("ci" or "bench") and returns an `onnx.ModelProto`
 whose input is "x".
 """
@@ -151,6 +152,63 @@ def vit(size: str = "ci", seed: int = 20) -> onnx.ModelProto:
     first = w.squeeze(w.op("Slice", [h, w.ints([0]), w.ints([1]), w.ints([1])]), [1])
     probs = w.op("Softmax", [w.dense(first, dim, classes)], axis=-1)
     return w.model("vit_tf", {"x": [UNKNOWN_DIM, image, image, 3]},
+                   {probs: [UNKNOWN_DIM, classes]}, PRODUCER)
+
+
+def kerasvit(size: str = "ci", seed: int = 23) -> onnx.ModelProto:
+    """Keras ViT built from `layers.MultiHeadAttention` and `layers.Dense` (keras.io's ViT
+    example, a global-average head): NHWC [-1, S, S, 3] -> [-1, classes] softmax, opset 13.
+
+    tf2onnx writes the attention's EinsumDense projections and scores as Einsum nodes
+    ("abc,cde->abde", "aecd,abcd->acbe", "acbe,aecd->abcd", "abcd,cde->abe") and a Dense
+    on tokens (`tf.tensordot`) as Einsum "ABC,CD->ABD"; GELU in its exact (erf) form."""
+    if size == "ci":
+        image, patch, dim, depth, heads, classes = 32, 8, 32, 2, 2, 10
+    else:
+        image, patch, dim, depth, heads, classes = 224, 16, 192, 12, 3, 1000
+    key_dim = dim // heads
+    w = KerasWriter(seed)
+
+    def dense(x: str, n_in: int, n_out: int) -> str:
+        y = w.op("Einsum", [x, w.weight("dense/kernel", (n_in, n_out), n_in)],
+                 equation="ABC,CD->ABD")
+        return w.op("Add", [y, w.uniform("dense/bias", n_out, -0.1, 0.1)])
+
+    def einsum_dense(x: str, equation: str, kernel: tuple[int, ...], fan_in: int,
+                     bias: tuple[int, ...]) -> str:
+        y = w.op("Einsum", [x, w.weight("einsum_dense/kernel", kernel, fan_in)],
+                 equation=equation)
+        return w.op("Add", [y, w.uniform("einsum_dense/bias", bias, -0.1, 0.1)])
+
+    def gelu(x: str) -> str:
+        erf = w.op("Erf", [w.op("Mul", [x, w.constant(1.0 / math.sqrt(2.0))])])
+        return w.op("Mul", [w.op("Mul", [x, w.constant(0.5)]),
+                            w.op("Add", [erf, w.constant(1.0)])])
+
+    x = w.op("Transpose", ["x"], perm=[0, 3, 1, 2])
+    batch = w.batch_of("x")
+    patches = w.op("Conv", [x, w.weight("patch_embed/kernel", (dim, 3, patch, patch),
+                                        3 * patch * patch),
+                            w.uniform("patch_embed/bias", dim, -0.1, 0.1)],
+                   kernel_shape=[patch, patch], strides=[patch, patch])
+    h = dense(w.to_nhwc_tokens(patches, batch, dim), dim, dim)
+    h = w.op("Add", [h, w.initializer("position_embedding", w.rng.standard_normal(
+        (1, (image // patch) ** 2, dim)).astype(np.float32) * 0.02)])
+    for _ in range(depth):
+        y = w.layer_norm(h, dim)
+        q, k, v = (einsum_dense(y, "abc,cde->abde", (dim, heads, key_dim), dim,
+                                (heads, key_dim)) for _ in range(3))
+        q = w.op("Mul", [q, w.constant(key_dim ** -0.5)])
+        scores = w.op("Einsum", [k, q], equation="aecd,abcd->acbe")
+        probs = w.op("Softmax", [scores], axis=-1)
+        context = w.op("Einsum", [probs, v], equation="acbe,aecd->abcd")
+        h = w.op("Add", [h, einsum_dense(context, "abcd,cde->abe", (heads, key_dim, dim),
+                                         dim, (dim,))])
+        y = gelu(dense(w.layer_norm(h, dim), dim, 2 * dim))
+        h = w.op("Add", [h, dense(y, 2 * dim, dim)])
+    pooled = w.reduce_mean(w.layer_norm(h, dim), [1], keepdims=0)
+    probs = w.op("Softmax", [w.dense(pooled, dim, classes)], axis=-1)
+    return w.model("kerasvit_tf", {"x": [UNKNOWN_DIM, image, image, 3]},
                    {probs: [UNKNOWN_DIM, classes]}, PRODUCER)
 
 

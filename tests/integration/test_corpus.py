@@ -107,6 +107,7 @@ EXPECTED_OPS = {
     "crnn": {"torch": {"Conv", "LSTM", "GRU", "LogSoftmax"}},
     "llama": {"torch": {"Pow", "ReduceMean", "Sqrt", "Neg", "Slice", "Concat", "Sigmoid",
                         "Softmax", "MatMul"}},
+    "kerasvit": {"tf": {"Einsum", "Softmax", "Erf", "Reciprocal", "ReduceMean"}},
     "maxvit": {"torch": {"Einsum", "Softmax", "LayerNormalization", "Sigmoid", "Erf",
                          "AveragePool"}},
 }
