@@ -42,7 +42,9 @@ def _attention(lead=(1, 12), sq=77, sk=77, d=64, dv=64, mask=(1, 1, 1, 77)) -> W
 
 
 WORKLOADS = [_attention(), irb_workload(1, 24, 144, 24, 29, 29, residual=True),
-             irb_workload(1, 32, 192, 64, 28, 28, stride=2, k=5)]
+             irb_workload(1, 32, 192, 64, 28, 28, stride=2, k=5),
+             # MaxViT's window attention: [B, windows, heads, 49, 32], a per-head bias
+             _attention(lead=(1, 16, 4), sq=49, sk=49, d=32, dv=32, mask=(4, 49, 49))]
 
 
 def _run(cupy, kernel, w, arrays):
@@ -53,7 +55,8 @@ def _run(cupy, kernel, w, arrays):
     return cupy.asnumpy(out)
 
 
-@pytest.mark.parametrize("w", WORKLOADS, ids=["attention", "irb", "irb-5x5-s2"])
+@pytest.mark.parametrize("w", WORKLOADS, ids=["attention", "irb", "irb-5x5-s2",
+                                             "attention-rank5"])
 def test_fused_kernels_match_the_reference_and_their_peers(cupy, present_gpu, w):
     rng = np.random.default_rng(0)
     arrays = [None if s is None else rng.standard_normal(s.shape).astype(np.float32)
