@@ -100,6 +100,17 @@ class KerasWriter(GraphWriter):
         nhwc = self.op("Transpose", [x], perm=[0, 2, 3, 1])
         return self.op("Reshape", [nhwc, self.shape_with_batch(batch, [-1, channels])])
 
+    def patch_tokens(self, dim: int, patch: int) -> tuple[str, str]:
+        """A ViT's entrance: the NHWC input "x" to NCHW, a patch conv, tokens
+        [batch, -1, dim]; (the tokens, the run-time batch size)."""
+        x = self.op("Transpose", ["x"], perm=[0, 3, 1, 2])
+        batch = self.batch_of("x")
+        patches = self.op("Conv", [x, self.weight("patch_embed/kernel", (dim, 3, patch, patch),
+                                                  3 * patch * patch),
+                                   self.uniform("patch_embed/bias", dim, -0.1, 0.1)],
+                          kernel_shape=[patch, patch], strides=[patch, patch])
+        return self.to_nhwc_tokens(patches, batch, dim), batch
+
     def upsample2x(self, x: str) -> str:
         """Keras UpSampling2D: Resize to sizes = Shape[2:4] * 2 computed at run time."""
         shape = self.op("Shape", [x])
@@ -121,13 +132,7 @@ def vit(size: str = "ci", seed: int = 20) -> onnx.ModelProto:
     tokens = (image // patch) ** 2
     head_dim = dim // heads
     w = KerasWriter(seed)
-    x = w.op("Transpose", ["x"], perm=[0, 3, 1, 2])
-    batch = w.batch_of("x")
-    patches = w.op("Conv", [x, w.weight("patch_embed/kernel", (dim, 3, patch, patch),
-                                        3 * patch * patch),
-                            w.uniform("patch_embed/bias", dim, -0.1, 0.1)],
-                   kernel_shape=[patch, patch], strides=[patch, patch])
-    h = w.to_nhwc_tokens(patches, batch, dim)
+    h, batch = w.patch_tokens(dim, patch)
     cls = w.op("Expand", [w.initializer("cls_token", w.rng.standard_normal((1, 1, dim))
                                         .astype(np.float32) * 0.02),
                           w.shape_with_batch(batch, [1, dim])])
@@ -185,13 +190,7 @@ def kerasvit(size: str = "ci", seed: int = 23) -> onnx.ModelProto:
         return w.op("Mul", [w.op("Mul", [x, w.constant(0.5)]),
                             w.op("Add", [erf, w.constant(1.0)])])
 
-    x = w.op("Transpose", ["x"], perm=[0, 3, 1, 2])
-    batch = w.batch_of("x")
-    patches = w.op("Conv", [x, w.weight("patch_embed/kernel", (dim, 3, patch, patch),
-                                        3 * patch * patch),
-                            w.uniform("patch_embed/bias", dim, -0.1, 0.1)],
-                   kernel_shape=[patch, patch], strides=[patch, patch])
-    h = dense(w.to_nhwc_tokens(patches, batch, dim), dim, dim)
+    h = dense(w.patch_tokens(dim, patch)[0], dim, dim)
     h = w.op("Add", [h, w.initializer("position_embedding", w.rng.standard_normal(
         (1, (image // patch) ** 2, dim)).astype(np.float32) * 0.02)])
     for _ in range(depth):
