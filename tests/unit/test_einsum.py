@@ -233,3 +233,50 @@ def test_einsum_attention_builds_without_fallbacks_and_matches(rank5):
     ours = Session(plan).run(feeds)["y"]
     theirs = _as_written(model, feeds)
     assert np.linalg.norm(ours - theirs) / np.linalg.norm(theirs) < 1e-5
+
+
+# ------------------------------------------------------------------ Keras' EinsumDense bias
+
+def _dense_then_split(bias_shape, split=(3, 4), twice=False) -> onnx.ModelProto:
+    """x @ W -> Reshape [1, 5, *split] -> Add bias -> Mul 0.25 (an EinsumDense projection
+    and the query's scale, as the einsum lowering leaves them); `twice`: the product is
+    also a graph output."""
+    rng = np.random.default_rng(6)
+    n = int(np.prod(split))
+    inits = [numpy_helper.from_array(rng.standard_normal((6, n)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([1, 5, *split], np.int64), "shape"),
+             numpy_helper.from_array(rng.standard_normal(bias_shape).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(0.25, np.float32), "s")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]),
+             helper.make_node("Reshape", ["p", "shape"], ["heads"]),
+             helper.make_node("Add", ["heads", "b"], ["biased"]),
+             helper.make_node("Mul", ["biased", "s"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, *split])]
+    if twice:
+        outputs.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 5, n]))
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 5, 6])], outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("bias_shape", [(3, 4), (4,), (3, 1), ()])
+def test_a_bias_and_scale_after_the_head_split_join_the_matmul(bias_shape):
+    model = _dense_then_split(bias_shape)
+    graph, report = optimize(load_model(model), "cuda")
+    assert report.rules["bias_before_head_split"] == 2
+    assert graph.op_counts() == {"MatMul": 1, "Reshape": 1}
+    matmul = next(n for n in graph.nodes if n.op == "MatMul")
+    assert [step.op for step in matmul.epilogue] == ["add", "mul"]
+    feeds = _feeds(model)
+    np.testing.assert_allclose(_as_written(to_onnx(graph), feeds), _as_written(model, feeds),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias_shape, split, twice", [
+    ((5, 1, 1), (3, 4), False),     # the constant varies along the tokens, not the heads
+    ((3, 4), (3, 4), True),         # the product is read elsewhere too
+], ids=["over-leading-dims", "product-read-twice"])
+def test_the_bias_stays_where_it_cannot_move(bias_shape, split, twice):
+    graph, report = optimize(load_model(_dense_then_split(bias_shape, split, twice)), "cuda")
+    assert report.rules["bias_before_head_split"] == 0
+    assert "Add" in graph.op_counts() or "Elementwise" in graph.op_counts()

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from wpk.core.graph import Node
+from wpk.core.graph import Node, TensorInfo
 from wpk.core.workload import EpilogueStep
 from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 from wpk.passes.base import FLOAT_DTYPES, add_constant
@@ -297,6 +297,54 @@ def _rewrite_gemm_bias(ctx: FusionContext, node: Node, found) -> None:
     ctx.absorb(node, consumer)
 
 
+def _match_bias_before_split(ctx: FusionContext, reshape: Node):
+    """A Reshape that splits the last axis of a MatMul's or Gemm's product into heads
+    (or of an Add or Mul on it), read only by an Add or Mul of a constant over the split
+    dims (Keras' EinsumDense bias, [heads, head_dim], after its einsum became MatMul +
+    Reshape; the query's scalar scale after it): (that node, the constant as one vector
+    over the unsplit axis), or None."""
+    if not _plain(reshape) or len(reshape.inputs) < 2:
+        return None
+    source = ctx.producers.get(reshape.inputs[0])
+    if source is None or source.op not in ("MatMul", "Gemm", "Add", "Mul") or \
+            ctx.single_consumer(source) is not reshape:
+        return None
+    found = _match_const_operand(ctx, reshape, frozenset({"Add", "Mul"}))
+    if found is None:
+        return None
+    add, value = found
+    before = tuple(ctx.graph.tensors[reshape.inputs[0]].shape)
+    after = tuple(ctx.graph.tensors[reshape.outputs[0]].shape)
+    lead, tail = after[:len(before) - 1], after[len(before) - 1:]
+    if not before or lead != before[:-1] or int(np.prod(tail)) != before[-1] \
+            or value.ndim > len(tail) or tuple(ctx.graph.tensors[add.outputs[0]].shape) != after:
+        return None
+    try:
+        vector = np.broadcast_to(value, tail).reshape(-1)
+    except ValueError:
+        return None
+    return add, vector
+
+
+def _rewrite_bias_before_split(ctx: FusionContext, reshape: Node, found) -> None:
+    """The Add or Mul first, on the unsplit product (where the epilogue fusion takes it),
+    then the Reshape: the two nodes swap places."""
+    add, vector = found
+    op = add.op
+    source, shape = reshape.inputs[0], reshape.inputs[1]
+    dtype = ctx.graph.tensors[source].dtype
+    biased = ctx.graph.unique_name(f"{source}_biased")
+    ctx.graph.tensors[biased] = TensorInfo(tuple(ctx.graph.tensors[source].shape), dtype)
+    split, out = reshape.outputs[0], add.outputs[0]
+    reshape.op, reshape.inputs, reshape.outputs, reshape.attrs = (
+        op, [source, _new_const(ctx, reshape, op.lower(), vector, dtype)], [biased], {})
+    add.op, add.inputs, add.outputs, add.attrs = "Reshape", [biased, shape], [out], {}
+    ctx.graph.tensors.pop(split, None)
+    ctx.producers.pop(split, None)
+    for node in (reshape, add):
+        ctx.reindex(node)
+
+
 # ---------------------------------------------------------------- activation patterns
 
 def _gate_pattern(step: str, check=lambda node: True):
@@ -401,6 +449,10 @@ LINEAR_RULES = (
           "Gemm (constant B, C) -> Add of a constant: into C"),
     _rule("matmul_add_to_gemm", {"MatMul"}, _match_gemm_bias, _rewrite_gemm_bias,
           "2-D MatMul with a constant 2-D weight -> Add of a constant: Gemm with C"),
+    _rule("bias_before_head_split", {"Reshape"}, _match_bias_before_split,
+          _rewrite_bias_before_split,
+          "MatMul/Gemm -> Reshape splitting the last axis -> Add/Mul of a constant over "
+          "the split dims: the Add/Mul first, where the epilogue fusion takes it"),
 )
 
 _silu = _gate_pattern("silu")
