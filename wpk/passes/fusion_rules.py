@@ -335,10 +335,10 @@ def _rewrite_bias_before_split(ctx: FusionContext, reshape: Node, found) -> None
     dtype = ctx.graph.tensors[source].dtype
     biased = ctx.graph.unique_name(f"{source}_biased")
     ctx.graph.tensors[biased] = TensorInfo(tuple(ctx.graph.tensors[source].shape), dtype)
-    split, out = reshape.outputs[0], add.outputs[0]
+    split, out, attrs = reshape.outputs[0], add.outputs[0], reshape.attrs
     reshape.op, reshape.inputs, reshape.outputs, reshape.attrs = (
         op, [source, _new_const(ctx, reshape, op.lower(), vector, dtype)], [biased], {})
-    add.op, add.inputs, add.outputs, add.attrs = "Reshape", [biased, shape], [out], {}
+    add.op, add.inputs, add.outputs, add.attrs = "Reshape", [biased, shape], [out], attrs
     ctx.graph.tensors.pop(split, None)
     ctx.producers.pop(split, None)
     for node in (reshape, add):
