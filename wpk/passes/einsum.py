@@ -68,8 +68,7 @@ def parse_equation(text: str, ranks: list[int]) -> Equation | None:
     for term, rank in zip(terms, ranks):
         explicit = len(term.replace(ELLIPSIS, ""))
         width = rank - explicit
-        if width < 0 or (width and ELLIPSIS not in term) or (ELLIPSIS not in term
-                                                             and explicit != rank):
+        if width < 0 or (width and ELLIPSIS not in term):
             return None
         widths.append(width)
     dots = _ELLIPSIS_LABELS[:max(widths, default=0)]
@@ -194,9 +193,8 @@ class _Lowering:
 
     def _pair(self, a: _Value, b: _Value, later: set[str], target: str | None) -> _Value:
         """The product of two operands, summed over their shared labels not in `later`."""
-        a = self._sum_out(a, later | set(b.labels))
-        b = self._sum_out(b, later | set(a.labels))
-        # a shared label of size 1 on one side is constant along it there: sum each side
+        # a label in one operand only and not needed later is summed out there; a shared
+        # one of size 1 on one side is constant along it there: summed on each side
         uneven = "".join(c for c in a.labels if c in b.labels and c not in later
                          and _size(a, c) != _size(b, c))
         a, b = self._sum_out(a, later | set(b.labels), also=uneven), \
@@ -293,12 +291,8 @@ class _Lowering:
         out = graph.unique_name(f"{self.node.outputs[0]}_{op.lower()}")
         graph.tensors[out] = TensorInfo(tuple(shape), self.dtype)
         self.added.append(out)
-        taken = {n.name for n in self.written}
-        name, k = graph.unique_name(f"{self.node.name}_{op.lower()}"), 0
-        while name in taken:
-            k += 1
-            name = graph.unique_name(f"{self.node.name}_{op.lower()}_{k}")
-        self.written.append(Node(op, inputs, [out], name, dict(attrs or {})))
+        # named as its output, a fresh tensor name, so no node has the name yet
+        self.written.append(Node(op, inputs, [out], out, dict(attrs or {})))
         return _Value(out, labels, tuple(shape))
 
     def _finish(self, result: _Value) -> list[Node]:
