@@ -1,8 +1,8 @@
 """Float64 references of the `wpk.nchwc` ops (semantics in `wpk.passes.nchwc_layout`).
 
 ReorderInput and ReorderOutput are exact layout changes, DepthToSpace one too (its
-blocked input unblocked, then ONNX's DepthToSpace). Every other op is
-unblocked, computed as its logical NCHW op (`wpk.kernels.nchwc_logical`) by
+blocked input unblocked, then ONNX's DepthToSpace), and ChannelGather a pick of lanes.
+Every other op is unblocked, computed as its logical NCHW op (`wpk.kernels.nchwc_logical`) by
 the standard float64 reference `wpk.kernels.reference.reference`, and
 re-blocked with the padding lanes the logical op gives them.
 """
@@ -29,6 +29,8 @@ def nchwc_reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> 
     if workload.op == "ReorderOutput":
         y = fmt.unblock(np.asarray(inputs[0], dtype=np.float64), int(workload.attr("channels")))
         return [np.ascontiguousarray(y.transpose(0, 2, 3, 1)) if channels_last else y]
+    if workload.op == "ChannelGather":
+        return [gather_reference(workload, inputs)]
     if workload.op == "DepthToSpace":   # ONNX's own DepthToSpace of the real lanes
         x = unblocked_input(workload, np.asarray(inputs[0], dtype=np.float64))
         return reference(plain_depth_to_space(workload), [x])
@@ -36,6 +38,17 @@ def nchwc_reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> 
     values = [to_float64(x) for x in logical_inputs(workload, inputs)]
     outputs = reference(logical, values)
     return [fmt.block(np.asarray(y, dtype=np.float64), b) for y in outputs]
+
+
+def gather_reference(workload: Workload, inputs: Sequence[np.ndarray],
+                     dtype: type = np.float64) -> np.ndarray:
+    """A ChannelGather: output channel j is lane `indices[j]` of the inputs' padded lanes
+    laid end to end; the output's padding lanes zero."""
+    b = int(workload.attr("block"))
+    lanes = np.concatenate([fmt.unblock(np.asarray(x, dtype=dtype), x.shape[1] * b)
+                            for x in inputs], axis=1)
+    picked = lanes[:, np.asarray(workload.attr("indices"), dtype=np.int64)]
+    return fmt.block(picked, b)
 
 
 def plain_depth_to_space(workload: Workload) -> Workload:

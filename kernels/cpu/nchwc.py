@@ -3,7 +3,8 @@
 Each workload becomes a one-node ONNX model in onnxruntime's contrib domain
 `com.microsoft.nchwc` (Conv with fused activation and Sum input, MaxPool,
 AveragePool, GlobalMaxPool, GlobalAveragePool, Upsample, ReorderInput,
-ReorderOutput; a ChannelSlice is a standard Slice of the 4-d view),
+ReorderOutput; a ChannelSlice is a standard Slice of the 4-d view, a ChannelGather a
+Concat and Gather of the 4-d views),
 with the filter packed the way onnxruntime's NchwcTransformer packs it
 (`wpk.kernels.nchwc_format`) and the bias padded to the block. A blocked
 (N, Cb, H, W, b) buffer is bound to the session as the 4-d NCHWc tensor
@@ -33,6 +34,7 @@ from wpk.kernels.algorithms import conv_algorithm
 from wpk.kernels.cpu.nchwc_gate import build_gate_model, is_gate_multiply
 from wpk.kernels.cpu.nchwc_standard import (
     FRAGMENT_OPSET,
+    build_channel_gather_model,
     build_channel_slice_model,
     build_standard_model,
     declared_shapes,
@@ -47,7 +49,8 @@ NCHWC_DOMAIN = "wpk.nchwc"
 _CPU = ort_capi.OrtDevice(ort_capi.OrtDevice.cpu(), ort_capi.OrtDevice.default_memory(), 0)
 ORT_NCHWC_DOMAIN = "com.microsoft.nchwc"
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
-NCHWC_OPS = ("Conv", "ReorderInput", "ReorderOutput", "Upsample", "ChannelSlice", *POOL_OPS)
+NCHWC_OPS = ("Conv", "ReorderInput", "ReorderOutput", "Upsample", "ChannelSlice",
+             "ChannelGather", *POOL_OPS)
 # What onnxruntime's blocked Upsample computes (its kernel refuses the rest at load)
 _UPSAMPLE_MODES = {"nearest": ("asymmetric",),
                    "linear": ("asymmetric", "half_pixel", "align_corners")}
@@ -198,6 +201,8 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
         return build_standard_model(workload, consts)
     if workload.op == "ChannelSlice":
         return build_channel_slice_model(workload)
+    if workload.op == "ChannelGather":
+        return build_channel_gather_model(workload)
     b = int(workload.attr("block"))
     initializers, feeds, node_inputs = [], [], ["x"]
     op, attrs, act = workload.op, {}, None

@@ -3,7 +3,7 @@
 The logical NCHW op (`wpk.kernels.nchwc_logical`) is computed by the first
 registered library (numpy/BLAS) implementation that supports it, so every
 blocked workload has a second candidate besides onnxruntime's MLAS kernels,
-with any block size. The reorders and DepthToSpace are numpy copies.
+with any block size. The reorders, DepthToSpace and ChannelGather are numpy copies.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from wpk.kernels.nchwc_logical import (
     logical_inputs,
     logical_workload,
 )
-from wpk.kernels.nchwc_reference import plain_depth_to_space, unblocked_input
+from wpk.kernels.nchwc_reference import gather_reference, plain_depth_to_space, unblocked_input
 from wpk.kernels.registry import LIBRARY, Candidate, Implementation, Kernel, candidates, register
 
-_REORDERS = ("ReorderInput", "ReorderOutput", "DepthToSpace")
+_REORDERS = ("ReorderInput", "ReorderOutput", "DepthToSpace", "ChannelGather")
 
 
 def _library_candidate(logical: Workload) -> Candidate | None:
@@ -79,6 +79,10 @@ class NumpyNchwc(Implementation):
                 for src, dst in views([unblocked_input(workload, inputs[0])], outputs):
                     np.copyto(dst, src)
             return depth_to_space
+        if workload.op == "ChannelGather":
+            def channel_gather(inputs, outputs) -> None:
+                np.copyto(outputs[0], gather_reference(workload, inputs, np.float32))
+            return channel_gather
 
         logical = logical_workload(workload)
         candidate = _library_candidate(logical)

@@ -10,6 +10,8 @@ reorders and global pools) on the generated kernels' own OpenMP threads, each wi
 native form (`native_chain`), they join the chain of the generated kernels around them.
 
 - ChannelSlice: whole blocks copied, in the chain as a `native_moves` table.
+- ChannelGather: lanes picked from several blocked inputs by per-block permutes
+  (`channel_gather`).
 - Upsample (nearest, whole-number scales: replication): each pixel's vector stored sw
   times along its output row, the row then copied sh - 1 times.
 - ReorderOutput (to NCHW or NHWC): to NCHW, tiles of b pixels x b lanes, b pixel
@@ -51,6 +53,7 @@ import numpy as np
 from wpk.core.workload import Workload, as_text
 from wpk.dsl import build, toolchain
 from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.cpu.channel_gather import gather_kernel
 from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER
 from wpk.kernels.cpu.microkernels.vector_c import transpose_macro
 from wpk.kernels.cpu.native_chain import NativeCall, function_address
@@ -58,8 +61,8 @@ from wpk.kernels.cpu.native_moves import native_form
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN
 from wpk.kernels.registry import LIBRARY, Implementation, Kernel, register
 
-OPS = ("ChannelSlice", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool", "AveragePool",
-       "GlobalAveragePool", "GlobalMaxPool", "DepthToSpace")
+OPS = ("ChannelSlice", "ChannelGather", "ReorderInput", "ReorderOutput", "Upsample", "MaxPool",
+       "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "DepthToSpace")
 
 # params: planes (N * Cb), H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW; one vector a pixel;
 # the output rows of every plane over OpenMP threads when the input has at least PAR_MIN
@@ -425,7 +428,7 @@ def function_kernel(workload: Workload) -> Kernel:
 
 
 class NativeNchwc(Implementation):
-    """Blocked ChannelSlice, ReorderInput, ReorderOutput, nearest Upsample, MaxPool,
+    """Blocked ChannelSlice, ChannelGather, ReorderInput, ReorderOutput, nearest Upsample, MaxPool,
     AveragePool, the global pools and DepthToSpace in C (see the module docstring)."""
 
     name = "native.nchwc"
@@ -439,8 +442,8 @@ class NativeNchwc(Implementation):
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.domain != NCHWC_DOMAIN or workload.op not in OPS:
             return f"{self.name} implements the blocked {', '.join(OPS)}"
-        if any(s is None or s.dtype != "float32" for s in (workload.inputs[0],
-                                                           *workload.outputs)):
+        tensors = workload.inputs if workload.op == "ChannelGather" else workload.inputs[:1]
+        if any(s is None or s.dtype != "float32" for s in (*tensors, *workload.outputs)):
             return "float32 only"
         if workload.epilogue:
             return "no fused epilogue"
@@ -456,6 +459,8 @@ class NativeNchwc(Implementation):
                 config: Mapping) -> Kernel:
         if workload.op == "ChannelSlice":
             return moves_kernel(channel_slice_pairs(workload))
+        if workload.op == "ChannelGather":
+            return gather_kernel(workload)
         return function_kernel(workload)
 
 

@@ -93,6 +93,42 @@ def build_channel_slice_model(workload: Workload):
     return model, (("x", 0),)
 
 
+def build_channel_gather_model(workload: Workload):
+    """A blocked ChannelGather as standard ONNX on the 5-d tensors (the 4-d view of MLAS
+    keeps the lanes inside their blocks, so a channel Gather cannot run on it): each input
+    unblocked to its padded NCHW lanes, those and one zero channel concatenated, the
+    output's lanes gathered (its padding lanes read the zero channel) and blocked again."""
+    out = workload.outputs[0]
+    n, out_blocks, h, w, b = out.shape
+    names = [f"x{i}" for i in range(len(workload.inputs))]
+    lanes = sum(spec.shape[1] * b for spec in workload.inputs)
+    indices = list(workload.attr("indices"))
+    indices += [lanes] * (out_blocks * b - len(indices))
+    constants = [numpy_helper.from_array(np.zeros((n, 1, h, w), np.float32), "zero"),
+                 numpy_helper.from_array(np.array(indices, np.int64), "indices"),
+                 numpy_helper.from_array(np.array([n, -1, h, w], np.int64), "nchw"),
+                 numpy_helper.from_array(np.array([n, out_blocks, b, h, w], np.int64),
+                                         "split")]
+    nodes = []
+    for name in names:
+        nodes += [helper.make_node("Transpose", [name], [f"{name}_t"], perm=[0, 1, 4, 2, 3]),
+                  helper.make_node("Reshape", [f"{name}_t", "nchw"], [f"{name}_lanes"])]
+    nodes += [helper.make_node("Concat", [f"{n}_lanes" for n in names] + ["zero"], ["lanes"],
+                               axis=1),
+              helper.make_node("Gather", ["lanes", "indices"], ["picked"], axis=1),
+              helper.make_node("Reshape", ["picked", "split"], ["blocks"]),
+              helper.make_node("Transpose", ["blocks"], [OUTPUT], perm=[0, 1, 3, 4, 2])]
+    graph = helper.make_graph(
+        nodes, "channel_gather",
+        [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(spec.shape))
+         for name, spec in zip(names, workload.inputs)],
+        [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT, list(out.shape))],
+        constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", FRAGMENT_OPSET)])
+    model.ir_version = 8
+    return model, tuple((name, i) for i, name in enumerate(names))
+
+
 def _view(shape: tuple[int, ...]) -> list[int]:
     n, cb, h, w, b = shape
     return [n, cb * b, h, w]

@@ -1,4 +1,4 @@
-"""The real-exporter corpus: seventeen architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: eighteen architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -23,6 +23,7 @@ graphs in those exporters' spellings:
 | llama (LLaMA decoder: RMSNorm, rotary embeddings, grouped-query causal SDPA, SwiGLU) | x | x | | |
 | maxvit (MaxViT: MBConv, window and grid attention as einsum, relative bias) | x | x | | |
 | kerasvit (ViT of Keras' MultiHeadAttention and Dense layers: Einsum nodes) | | | | x |
+| shufflenet (ShuffleNet-v2: channel split, Concat, Reshape-Transpose-Reshape shuffle) | x | x | | |
 
 and three post-training quantized models, the torchscript export quantized by onnxruntime's
 `quantize_static` (`quantized.py`): mobilenetv3 and resnext in its default QDQ format
@@ -50,7 +51,7 @@ import onnx
 
 ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "yolopost",
                  "resnext", "speech", "deeplab", "espcn", "torchenc", "gpt", "crnn", "llama",
-                 "maxvit")
+                 "maxvit", "shufflenet")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

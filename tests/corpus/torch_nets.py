@@ -936,6 +936,63 @@ class MaxVit(nn.Module):
         return self.head(self.norm(x))
 
 
+# -------------------------------------------------------------------- ShuffleNet-v2
+
+
+def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """Interleave the channels of `groups` groups: view, swap, view back (the exporters
+    write Reshape (N, g, C/g, H, W), Transpose (0, 2, 1, 3, 4), Reshape (N, C, H, W))."""
+    n, c, h, w = x.shape
+    return x.view(n, groups, c // groups, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+
+class ShuffleUnit(nn.Module):
+    """A ShuffleNet-v2 unit: stride 1 splits the channels in two halves (`chunk`: Split or
+    Slices), one passed through, one through 1x1, depthwise 3x3, 1x1; stride 2 runs both
+    branches on the whole input. Then Concat and a channel shuffle of 2 groups."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        half = c_out // 2
+        self.down = None
+        if stride > 1:
+            self.down = nn.Sequential(conv_bn(c_in, c_in, 3, stride, groups=c_in),
+                                      conv_bn(c_in, half, 1, activation=nn.ReLU()))
+        width = c_in if stride > 1 else half
+        self.branch = nn.Sequential(conv_bn(width, half, 1, activation=nn.ReLU()),
+                                    conv_bn(half, half, 3, stride, groups=half),
+                                    conv_bn(half, half, 1, activation=nn.ReLU()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.down is None:
+            kept, x = x.chunk(2, dim=1)
+        else:
+            kept = self.down(x)
+        return channel_shuffle(torch.cat((kept, self.branch(x)), 1), 2)
+
+
+class ShuffleNetV2(nn.Module):
+    """ShuffleNet-v2 (1.0x: 116, 232, 464 channels, none a whole number of 16-lane blocks):
+    a 3x3 stride-2 stem, max pool, three stages whose first unit halves the resolution,
+    a 1x1 conv to 1024, mean pool and a classifier."""
+
+    def __init__(self, widths: tuple[int, ...] = (24, 116, 232, 464), repeats=(4, 8, 4),
+                 last: int = 1024, classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn(3, widths[0], 3, 2, activation=nn.ReLU()),
+                                  nn.MaxPool2d(3, 2, 1))
+        units: list[nn.Module] = []
+        for c_in, c_out, count in zip(widths, widths[1:], repeats):
+            units += [ShuffleUnit(c_in, c_out, 2)]
+            units += [ShuffleUnit(c_out, c_out, 1) for _ in range(count - 1)]
+        self.stages = nn.Sequential(*units)
+        self.last = conv_bn(widths[-1], last, 1, activation=nn.ReLU())
+        self.head = nn.Linear(last, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.last(self.stages(self.stem(x))).mean((2, 3)))
+
+
 # -------------------------------------------------------------------- sizes
 
 
@@ -964,6 +1021,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "crnn": Crnn,
     "llama": Llama,
     "maxvit": MaxVit,
+    "shufflenet": ShuffleNetV2,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -997,6 +1055,8 @@ SIZES: dict[str, dict[str, NetSpec]] = {
                           "vocab": 50, "positions": 16}, (1, 16, 32)),
         "maxvit": NetSpec({"stem": 16, "dims": (16, 32), "depths": (1, 1), "head_dim": 8,
                            "window": 4, "classes": 10}, (1, 3, 32, 32)),
+        "shufflenet": NetSpec({"widths": (8, 60, 116), "repeats": (3, 2), "last": 64,
+                               "classes": 10}, (1, 3, 64, 64)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -1017,6 +1077,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "crnn": NetSpec({}, (1, 3, 32, 320)),
         "llama": NetSpec({}, (1, 128, 512)),
         "maxvit": NetSpec({}, (1, 3, 224, 224)),
+        "shufflenet": NetSpec({}, (1, 3, 224, 224)),
     },
 }
 

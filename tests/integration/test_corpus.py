@@ -108,6 +108,7 @@ EXPECTED_OPS = {
     "llama": {"torch": {"Pow", "ReduceMean", "Sqrt", "Neg", "Slice", "Concat", "Sigmoid",
                         "Softmax", "MatMul"}},
     "kerasvit": {"tf": {"Einsum", "Softmax", "Erf", "Reciprocal", "ReduceMean"}},
+    "shufflenet": {"torch": {"Concat", "Reshape", "Transpose", "Conv", "MaxPool"}},
     "maxvit": {"torch": {"Einsum", "Softmax", "LayerNormalization", "Sigmoid", "Erf",
                          "AveragePool"}},
 }
@@ -203,6 +204,23 @@ def test_the_yolo_detectors_data_movement_has_verified_native_kernels(corpus_mod
         assert statuses.get("native.nchwc") == "ok", f"{entry['label']}: {statuses}"
         found[entry["op"]] += 1
     assert set(found) == blocked, found
+
+
+@pytest.mark.parametrize("name", ["shufflenet_torchscript", "shufflenet_dynamo"])
+def test_shufflenet_block_ends_are_verified_gathers_in_the_blocked_layout(
+        name, corpus_model_path):
+    """Every unit's Concat, channel shuffle and split (channel counts 30 and 58: not whole
+    blocks) become ChannelGather steps with a verified native kernel, so the plan leaves
+    the blocked layout only for its classifier."""
+    model = onnx.load(str(corpus_model_path(name)))
+    plan = wpk.build(model, target="cpu", input_shapes=corpus.input_shapes(name), **FAST_BUILD)
+    ops = Counter(step.op for step in plan.steps)
+    assert not {"Concat", "Reshape", "Transpose", "Split", "Slice", "ReorderInput"} & set(ops)
+    assert ops["ChannelGather"] >= 5 and ops["ReorderOutput"] == 1, ops
+    for entry in plan.report["workloads"]:
+        if entry["op"] == "ChannelGather":
+            statuses = {c["impl"]: c["status"] for c in entry["candidates"]}
+            assert statuses.get("native.nchwc") == "ok", f"{entry['label']}: {statuses}"
 
 
 @pytest.mark.parametrize("name", [case for case in STRUCTURE_CASES

@@ -145,11 +145,13 @@ def test_a_transformers_plan_on_generated_kernels_is_one_native_call():
 
 def test_a_yolo_plans_blocked_data_movement_joins_the_chain():
     """The tf2onnx YOLO's channel slices, SPPF MaxPools, nearest Upsamples and reorders
-    (`native.nchwc`) and its Splits and Concats (`numpy.copy`) join the generated kernels:
-    the whole plan is one native call, with the outputs of step-by-step execution."""
+    (`native.nchwc`; with 16-lane blocks also gathers: its CI channel counts are not whole
+    blocks) and its Splits and Concats (`numpy.copy`) join the generated kernels: the whole
+    plan is one native call, with the outputs of step-by-step execution."""
     plan = _generated_plan(corpus.build_model("yolo_tf", "ci"), corpus.input_shapes("yolo_tf"))
     ops = {step.op for step in plan.steps if step.impl == "native.nchwc"}
-    assert ops == {"ChannelSlice", "MaxPool", "Upsample", "ReorderInput", "ReorderOutput"}, ops
+    movement = {"ChannelSlice", "MaxPool", "Upsample", "ReorderOutput"}
+    assert movement <= ops <= movement | {"ChannelGather", "ReorderInput"}, ops
     chained, stepwise = Session(plan), Session(plan, merge_regions=False)
     assert chained._step_names == [f"{plan.steps[0].node}..{plan.steps[-1].node}"]
     feeds = example_feeds(chained, 0)

@@ -9,10 +9,10 @@ None when the node must see NCHW tensors.
   align_corners transformation, and nearest-neighbour whenever the spec's
   source index of every output pixel is plain replication (out // factor;
   torch's and Keras' nearest upsampling are).
-- `channel_slices`: a Split, or a Slice with step 1, along the channels whose
-  pieces start on block boundaries and end on one or at the last channel:
-  each piece is whole blocks of the input (the padding lanes ride along with
-  the last one).
+- `channel_pieces`: the pieces of a Split, or a Slice with step 1, along the channels;
+  `channel_slices` the same when every piece starts on a block boundary and ends on one
+  or at the last channel: each piece is whole blocks of the input (the padding lanes
+  ride along with the last one).
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ def _slice_range(graph: Graph, node: Node, channels: int) -> tuple[int, int] | N
     return (start, end) if end > start else None
 
 
-def channel_slices(graph: Graph, node: Node, block: int) -> list[tuple[int, int]] | None:
-    """(first channel, channel count) of each output of a block-aligned channel Split or
-    Slice, or None."""
+def channel_pieces(graph: Graph, node: Node) -> list[tuple[int, int]] | None:
+    """(first channel, channel count) of each output of a channel Split, or of a Slice
+    with step 1 along the channels, of a 4-d float32 tensor; None for anything else."""
     if node.domain not in ("", "ai.onnx") or node.op not in ("Split", "Slice"):
         return None
     info = graph.tensors[node.inputs[0]]
@@ -127,12 +127,18 @@ def channel_slices(graph: Graph, node: Node, block: int) -> list[tuple[int, int]
         if sizes is None or len(sizes) != len(node.outputs) or sum(sizes) != channels:
             return None
         starts = [int(v) for v in np.cumsum([0, *sizes[:-1]])]
-        pieces = list(zip(starts, sizes))
-    else:
-        found = _slice_range(graph, node, channels)
-        if found is None:
-            return None
-        pieces = [(found[0], found[1] - found[0])]
+        return list(zip(starts, sizes))
+    found = _slice_range(graph, node, channels)
+    return None if found is None else [(found[0], found[1] - found[0])]
+
+
+def channel_slices(graph: Graph, node: Node, block: int) -> list[tuple[int, int]] | None:
+    """(first channel, channel count) of each output of a block-aligned channel Split or
+    Slice, or None."""
+    pieces = channel_pieces(graph, node)
+    if pieces is None:
+        return None
+    channels = graph.tensors[node.inputs[0]].shape[1]
     for start, count in pieces:
         if start % block or ((start + count) % block and start + count != channels):
             return None

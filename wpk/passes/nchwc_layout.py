@@ -48,6 +48,11 @@ the logical channel count of its output):
 - ChannelSlice(X blocked) -> Y blocked: `channels` channels from channel
   `start` (a multiple of b), i.e. whole blocks of X: a channel Split or Slice
   on block boundaries, one node per piece.
+- ChannelGather(X_0, ..., X_k blocked) -> Y blocked: output channel j is lane
+  `indices[j]` of the inputs' padded lanes laid end to end (X_0's Cb_0*b lanes, then
+  X_1's, ...); padding lanes zero. What a channel Concat, shuffle and Split of blocked
+  tensors compose to (`wpk.passes.nchwc_gather`: a ShuffleNet block's end), and a
+  Concat or channel slice of channel counts that are not whole blocks.
 
 Other ops on blocked tensors. An elementwise node or chain (Add, Mul, Relu,
 Clip, Sum, ..., `Elementwise`) whose value and tensor operands are all blocked
@@ -92,6 +97,13 @@ from wpk.passes.base import GraphPass, drop_unused_constants, readers_of, subgra
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_classifier import match_classifier
 from wpk.passes.nchwc_data import channel_slices, upsample_form
+from wpk.passes.nchwc_gather import (
+    GatherViews,
+    concat_view,
+    shuffle_permutation,
+    shuffle_view,
+    slice_views,
+)
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Blocked, Rewrite
 from wpk.passes.nchwc_rules import (
     block_groups,
@@ -147,15 +159,18 @@ class NchwcLayout(GraphPass):
         self._readers = _reader_counts(graph)
         self._reader_nodes = readers_of(graph)
         self._absorbed: set[int] = set()   # ids of nodes rewritten along with an earlier one
+        self._views = GatherViews({})
         outer_scope = subgraph_names(graph)  # read by If/Loop bodies, not listed as inputs
         for node in graph.nodes:
             if not self._convert(rw, node):
                 node.inputs = [rw.as_nchw(i) if i else i for i in node.inputs]
                 if outer_scope and _has_subgraph(node):
                     for name in outer_scope:
+                        self._views.write(rw, name)
                         rw.as_nchw(name)
                 rw.nodes.append(node)
         for name in graph.outputs:
+            self._views.write(rw, name)
             rw.as_nchw(name)
         graph.nodes = rw.nodes
         _forget_unused_tensors(graph)
@@ -167,6 +182,9 @@ class NchwcLayout(GraphPass):
     def _convert(self, rw: Rewrite, node: Node) -> bool:
         if id(node) in self._absorbed:
             return True
+        if self._channel_view(rw, node):
+            return True
+        self._views.write_inputs(rw, node)
         if node.op in ("Split", "Slice"):
             return self._channel_slices(rw, node)
         if node.domain not in ("", "ai.onnx", "wpk") or len(node.outputs) != 1:
@@ -193,6 +211,27 @@ class NchwcLayout(GraphPass):
         if op == "Transpose":
             return self._transpose(rw, node)
         return self._elementwise(rw, node)
+
+    def _channel_view(self, rw: Rewrite, node: Node) -> bool:
+        """A channel Concat, shuffle or split of blocked tensors deferred as a view, written
+        by ChannelGather nodes when read (`nchwc_gather`)."""
+        if node.op == "Concat":
+            readers = self._reader_nodes.get(node.outputs[0], [])
+            shuffled = bool(readers) and node.outputs[0] not in rw.graph.outputs and all(
+                shuffle_permutation(rw.graph, r, self._reader_nodes) for r in readers)
+            found = concat_view(rw, self._views, node, shuffled)
+        elif node.op == "Reshape":
+            form = shuffle_permutation(rw.graph, node, self._reader_nodes)
+            found = form is not None and shuffle_view(rw, self._views, form, node)
+            if found:
+                self._absorbed.update(id(n) for n in form.absorbed)
+        elif node.op in ("Split", "Slice"):
+            found = slice_views(rw, self._views, node)
+        else:
+            return False
+        if found:
+            self.hit(f"{node.op} as a channel view")
+        return found
 
     def _conv(self, rw: Rewrite, node: Node) -> bool:
         g = rw.graph

@@ -99,6 +99,12 @@ def conv_bias(graph: Graph, node: Node) -> str | None:
     return node.inputs[2] if bias is not None and bias.shape == (weight.shape[0],) else None
 
 
+def _little_padding(channels: int, block: int) -> bool:
+    """Whether `channels` is even and padding it to whole blocks adds at most a quarter
+    more lanes."""
+    return channels % 2 == 0 and -(-channels // block) * block * 4 <= channels * 5
+
+
 def _pooled(graph: Graph, name: str) -> bool:
     """Whether a 4-d tensor is 1x1 spatially (pooled features, as in squeeze-excitation):
     padding its channels to whole blocks costs nothing there, and a conv producing it
@@ -147,9 +153,12 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     if group < 1 or per_group * group != in_channels or out_channels % group:
         return ""   # not a valid conv: the standard op's checks name the problem
     # output channels a multiple of 4, padded to whole blocks (a YOLO box head's 4 too:
-    # it stays in the layout rather than reordering its input); any count when only
-    # pixel shuffles read the output (they read its real lanes)
-    if out_channels % 4 and not _pooled(graph, node.outputs[0]) \
+    # it stays in the layout rather than reordering its input), or even and padded by at
+    # most a quarter (ShuffleNet's 58 and 116: their blocks stay blocked; odd counts are
+    # a network's image outputs, 3 or 27 for a pixel shuffle, left as before); any count
+    # when only pixel shuffles read the output (they read its real lanes)
+    if out_channels % 4 and not _little_padding(out_channels, block) \
+            and not _pooled(graph, node.outputs[0]) \
             and not _read_only_by_pixel_shuffles(graph, node.outputs[0]):
         return ""
     if group > 1:
