@@ -50,7 +50,8 @@ NN_OPS = frozenset({
 # wpk's blocked-layout ops (domain wpk.nchwc), written by the NCHWc layout pass.
 NCHWC_DOMAIN = "wpk.nchwc"
 NCHWC_REORDERS = frozenset({"ReorderInput", "ReorderOutput"})
-NCHWC_OPS = NCHWC_REORDERS | {"DepthToSpace", "Conv", "MaxPool", "AveragePool", "GlobalMaxPool",
+NCHWC_OPS = NCHWC_REORDERS | {"DepthToSpace", "ChannelGather", "ChannelSlice", "Upsample",
+                              "Conv", "MaxPool", "AveragePool", "GlobalMaxPool",
                               "GlobalAveragePool"}
 SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_BINARY_OPS
                           | DATA_MOVEMENT_OPS | ANY_DTYPE_OPS | REDUCE_OPS | NN_OPS)
@@ -151,6 +152,9 @@ def _nchwc_reason(workload: Workload) -> str | None:
         return None
     if workload.op == "DepthToSpace":
         return _blocked_depth_to_space_reason(workload)
+    if workload.op == "ChannelGather":
+        problem = op_problem(workload)
+        return None if problem is None else f"a blocked ChannelGather: {problem}"
 
     try:
         logical = logical_workload(workload)

@@ -141,3 +141,29 @@ def test_a_plan_on_generated_kernels_may_keep_it():
     workload = _cases(fmt.host_block_size())["shuffle, first half"]
     names = {c.implementation.name for c in registry.candidates(workload, "cpu")}
     assert {"native.nchwc", "ort.nchwc", "numpy.nchwc"} <= names
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (dict(indices=(0, 99)), "not one of the inputs' 32 lanes"),
+    (dict(indices=(0, -1)), "not one of the inputs'"),
+    (dict(channels=3), "do not give attribute channels=3"),
+    (dict(block=8), "not its tensors' block 16"),
+    (dict(hw=(5, 6)), "one batch, size and block"),
+])
+def test_a_gather_that_cannot_be_one_is_refused_before_any_kernel(change, words):
+    """A plan's manifest edited by hand must not send the C kernel out of its buffers."""
+    from wpk.core.op_checks import op_problem
+    from wpk.kernels.support import unsupported_reason
+
+    b = 16
+    good = _gather(b, (b, 5), (0, b + 1))
+    assert op_problem(good) is None and unsupported_reason(good) is None
+    attrs = dict(good.attrs)
+    hw = change.pop("hw", None)
+    attrs.update(change)
+    inputs = good.inputs if hw is None else (
+        good.inputs[0], TensorSpec(fmt.blocked_shape((1, 5, *hw), b), "float32"))
+    bad = Workload("ChannelGather", inputs, good.outputs, tuple(sorted(attrs.items())),
+                   domain="wpk.nchwc")
+    assert words in op_problem(bad)
+    assert "a blocked ChannelGather" in unsupported_reason(bad)

@@ -202,13 +202,37 @@ def _blocked_window(workload: Workload) -> str | None:
     return _positive_ints(workload)
 
 
+def _gather_lanes(workload: Workload) -> str | None:
+    """A blocked ChannelGather: blocked inputs of its output's batch, size and block, and
+    `channels` indices, each a lane of the inputs, that fill the output's last block."""
+    out = workload.outputs[0].shape
+    if len(out) != 5 or not workload.inputs or any(
+            spec is None or len(spec.shape) != 5 or spec.shape[:1] + spec.shape[2:]
+            != out[:1] + out[2:] for spec in workload.inputs):
+        return "its inputs and output must be blocked tensors of one batch, size and block"
+    block, indices = out[4], workload.attr("indices")
+    if workload.attr("block") != block:
+        return f"attribute block={workload.attr('block')!r} is not its tensors' block {block}"
+    if not isinstance(indices, (tuple, list)) or not all(_is_int(i) for i in indices):
+        return "attribute indices is not a list of integers"
+    lanes = sum(spec.shape[1] for spec in workload.inputs) * block
+    if any(i < 0 or i >= lanes for i in indices):
+        return f"an index of attribute indices is not one of the inputs' {lanes} lanes"
+    count = len(indices)
+    if workload.attr("channels") != count or not (out[1] - 1) * block < count <= out[1] * block:
+        return (f"{count} indices do not give attribute channels={workload.attr('channels')!r} "
+                f"in {out[1]} blocks of {block}")
+    return None
+
+
 _BLOCKED_CHECKS = {**{op: (_blocked_window,) for op in ("Conv", "MaxPool", "AveragePool")},
-                   "DepthToSpace": (_pixel_shuffle_shape,)}
+                   "DepthToSpace": (_pixel_shuffle_shape,), "ChannelGather": (_gather_lanes,)}
 
 
 def op_problem(workload: Workload) -> str | None:
     """Why `workload` violates the ONNX spec of its op (one sentence), or None; for the
-    blocked layout's Conv, pools and DepthToSpace, why their attributes cannot be theirs."""
+    blocked layout's Conv, pools, DepthToSpace and ChannelGather, why their attributes
+    cannot be theirs."""
     checks = _BLOCKED_CHECKS if workload.domain == _BLOCKED_DOMAIN else \
         _CHECKS if workload.domain in ("", "ai.onnx") else {}
     for check in checks.get(workload.op, ()):
