@@ -993,6 +993,54 @@ class ShuffleNetV2(nn.Module):
         return self.head(self.last(self.stages(self.stem(x))).mean((2, 3)))
 
 
+# -------------------------------------------------------------------- RegNet-Y
+
+
+class RegNetBlock(nn.Module):
+    """RegNet-Y's block: 1x1, grouped 3x3 (groups of `group_width` channels, stride 2 at a
+    stage's start), squeeze-excite (a quarter of the input's width, sigmoid gate), 1x1; the
+    shortcut projected where the shape changes, ReLU after the sum."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, group_width: int):
+        super().__init__()
+        squeezed = max(1, round(c_in / 4))
+        self.body = nn.Sequential(
+            conv_bn(c_in, c_out, 1, activation=nn.ReLU()),
+            conv_bn(c_out, c_out, 3, stride, groups=c_out // group_width,
+                    activation=nn.ReLU()))
+        self.gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c_out, squeezed, 1),
+                                  nn.ReLU(), nn.Conv2d(squeezed, c_out, 1), nn.Sigmoid())
+        self.project = conv_bn(c_out, c_out, 1)
+        self.shortcut = conv_bn(c_in, c_out, 1, stride) \
+            if stride != 1 or c_in != c_out else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        return F.relu(self.shortcut(x) + self.project(y * self.gate(y)))
+
+
+class RegNetY(nn.Module):
+    """RegNet-Y (400MF by default: widths 48, 104, 208, 440 in groups of 8, none but 48 and
+    208 whole 16-lane blocks): a 3x3 stride-2 stem, four stages, mean pool, classifier."""
+
+    def __init__(self, stem: int = 32, widths: tuple[int, ...] = (48, 104, 208, 440),
+                 depths: tuple[int, ...] = (1, 3, 6, 6), group_width: int = 8,
+                 classes: int = 1000):
+        super().__init__()
+        self.stem = conv_bn(3, stem, 3, 2, activation=nn.ReLU())
+        blocks: list[nn.Module] = []
+        c_in = stem
+        for width, depth in zip(widths, depths):
+            for index in range(depth):
+                blocks.append(RegNetBlock(c_in, width, 2 if index == 0 else 1, group_width))
+                c_in = width
+        self.stages = nn.Sequential(*blocks)
+        self.head = nn.Linear(c_in, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stages(self.stem(x)).mean((2, 3)))
+
+
 # -------------------------------------------------------------------- sizes
 
 
@@ -1022,6 +1070,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "llama": Llama,
     "maxvit": MaxVit,
     "shufflenet": ShuffleNetV2,
+    "regnet": RegNetY,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -1057,6 +1106,8 @@ SIZES: dict[str, dict[str, NetSpec]] = {
                            "window": 4, "classes": 10}, (1, 3, 32, 32)),
         "shufflenet": NetSpec({"widths": (8, 60, 116), "repeats": (3, 2), "last": 64,
                                "classes": 10}, (1, 3, 64, 64)),
+        "regnet": NetSpec({"stem": 8, "widths": (24, 56), "depths": (1, 2), "classes": 10},
+                          (1, 3, 64, 64)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -1078,6 +1129,7 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "llama": NetSpec({}, (1, 128, 512)),
         "maxvit": NetSpec({}, (1, 3, 224, 224)),
         "shufflenet": NetSpec({}, (1, 3, 224, 224)),
+        "regnet": NetSpec({}, (1, 3, 224, 224)),
     },
 }
 

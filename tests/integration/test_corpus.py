@@ -109,6 +109,7 @@ EXPECTED_OPS = {
                         "Softmax", "MatMul"}},
     "kerasvit": {"tf": {"Einsum", "Softmax", "Erf", "Reciprocal", "ReduceMean"}},
     "shufflenet": {"torch": {"Concat", "Reshape", "Transpose", "Conv", "MaxPool"}},
+    "regnet": {"torch": {"Conv", "Sigmoid", "Mul", "Add", "Relu"}},
     "maxvit": {"torch": {"Einsum", "Softmax", "LayerNormalization", "Sigmoid", "Erf",
                          "AveragePool"}},
 }
@@ -221,6 +222,19 @@ def test_shufflenet_block_ends_are_verified_gathers_in_the_blocked_layout(
         if entry["op"] == "ChannelGather":
             statuses = {c["impl"]: c["status"] for c in entry["candidates"]}
             assert statuses.get("native.nchwc") == "ok", f"{entry['label']}: {statuses}"
+
+
+@pytest.mark.parametrize("name", ["regnet_torchscript", "regnet_dynamo"])
+def test_regnet_grouped_convs_stay_in_the_blocked_layout(name, corpus_model_path):
+    """Groups of 8 channels in 24 and 56 (not whole 16-lane blocks): zero groups fill the
+    last block and the groups merge one per block, so no conv reads NCHW and nothing is
+    reordered but the classifier's features."""
+    model = onnx.load(str(corpus_model_path(name)))
+    plan = wpk.build(model, target="cpu", input_shapes=corpus.input_shapes(name), **FAST_BUILD)
+    convs = [plan.workloads[step.workload_key] for step in plan.steps if step.op == "Conv"]
+    assert convs and all(w.domain == "wpk.nchwc" for w in convs)
+    ops = Counter(step.op for step in plan.steps)
+    assert ops["ReorderOutput"] == 1 and "ReorderInput" not in ops, ops
 
 
 @pytest.mark.parametrize("name", [case for case in STRUCTURE_CASES

@@ -523,10 +523,10 @@ def test_a_pad_the_blocked_tensor_cannot_take_ends_the_blocked_layout(mode, widt
     assert len(optimized.tensors[pad.inputs[0]].shape) == 4
 
 
-def _grouped_convs(rng, per_group: int, block: int) -> onnx.ModelProto:
+def _grouped_convs(rng, per_group: int, block: int, c: int | None = None) -> onnx.ModelProto:
     """Two convs, then a grouped 3x3 (stride 2) and a grouped 1x1 of `per_group` input
-    channels per group (ResNeXt's 4, RegNet's whole blocks), 4 blocks of channels."""
-    c = 4 * block
+    channels per group (ResNeXt's 4, RegNet's whole blocks), `c` channels (4 blocks)."""
+    c = c or 4 * block
     def const(name, shape):
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32),
                                        name)
@@ -566,13 +566,34 @@ def test_grouped_convs_join_the_layout_with_groups_of_whole_blocks(per_group, im
     assert rel_l2(actual["y"], expected["y"]) <= 1e-5
 
 
+@pytest.mark.parametrize("impl", [*IMPLS, "micro.nchwc"])
+def test_grouped_convs_with_a_partial_last_block_take_zero_groups_into_its_padding(impl, rng):
+    """RegNet's 104 and 440 channels in groups of 8 are not whole 16-lane blocks: groups
+    of zero weights and bias fill the last block (its padding lanes stay zero), then the
+    groups merge one per block as ResNeXt's do; the function kept, no reorder around."""
+    c = 3 * B + B // 2
+    layout, optimized, ops, feeds, expected = _laid_out(
+        _grouped_convs(rng, B // 2, B, c), (1, 3, 13, 11), rng)
+    assert ops["wpk.nchwc:Conv"] == 3 and "Conv" not in ops
+    assert ops.get("wpk.nchwc:ReorderInput", 0) == 0 and ops["wpk.nchwc:ReorderOutput"] == 1
+    grouped = [node for node in optimized.nodes if node.op == "Conv"][1:]
+    assert [(n.attrs["group"], n.attrs["channels"]) for n in grouped] == [(4, 4 * B)] * 2
+    assert optimized.constants[grouped[0].inputs[2]].shape == (4 * B,)   # the padded bias
+    assert layout.hits["grouped Conv widened to whole blocks"] == 2
+    actual = evaluate(optimized, feeds, impl)
+    assert rel_l2(actual["y"], expected["y"]) <= 1e-5
+
+
 def test_widened_groups_compute_the_same_conv_and_narrow_ones_stay_out(rng):
     from wpk.passes.nchwc_rules import block_groups, widen_groups
 
     assert block_groups(64, 64, 16, 16) == 4 and block_groups(64, 128, 4, 16) == 4
     assert block_groups(64, 64, 4, 16) == 4        # whole blocks: its own groups
     assert block_groups(48, 48, 16, 16) == 0       # 3 per group: a block is not whole groups
-    assert block_groups(60, 60, 15, 16) == 0       # 60 channels: not whole blocks
+    assert block_groups(60, 60, 15, 16) == 4       # a fake group of 4 fills the last block
+    assert block_groups(56, 56, 7, 16) == 4        # RegNet-like: groups of 8, a partial block
+    assert block_groups(56, 112, 7, 16) == 0       # a fake group's outputs overflow padding
+    assert block_groups(56, 28, 7, 16) == 0        # 8 outputs a merged group: not a block
     assert block_groups(64, 32, 16, 16) == 0       # 8 outputs a merged group: not a block
     weight = rng.standard_normal((12, 2, 3, 3)).astype(np.float32)   # 6 groups of 2 in/out
     wide = widen_groups(weight, 6, 2)              # 2 groups of 6 inputs

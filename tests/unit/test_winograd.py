@@ -181,6 +181,10 @@ def test_unsupported_workloads_say_why():
         conv(B, B, (9, 9), 3, dilation=2, pads=(2, 2, 2, 2)))
     assert "3x3 stride-1" in MICRO_WINOGRAD.unsupported_reason(conv(B, B, (9, 9), 1))
     assert "depthwise" in MICRO_WINOGRAD.unsupported_reason(conv(B, B, (9, 9), 3, group=B))
+    # a grouped conv of whole-block groups (RegNet's, widened): verification caught the
+    # wrong answers its one GEMM over every input block gave, now it is refused up front
+    assert "ungrouped" in MICRO_WINOGRAD.unsupported_reason(
+        conv(2 * B, 2 * B, (9, 9), 3, group=2))
 
 
 def test_config_space_rejects_what_does_not_fit():

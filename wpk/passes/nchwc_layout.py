@@ -112,6 +112,7 @@ from wpk.passes.nchwc_rules import (
     conv_input_mode,
     explicit_pads,
     fused_dirty,
+    pad_groups,
     pixel_shuffle_form,
     widen_groups,
 )
@@ -252,16 +253,20 @@ class NchwcLayout(GraphPass):
             return False
         x = node.inputs[0]
         x_in = rw.as_nchw(x) if mode == "nchw" else rw.as_blocked(x)
-        w_name = node.inputs[1]
+        w_name, b_name, conv_channels = node.inputs[1], conv_bias(g, node), channels
         if group > 1 and weight.shape[1] > 1:   # a grouped conv: groups of whole blocks
             merged = block_groups(weight.shape[1] * group, channels, group, rw.block)
             if merged != group:
-                w_name = rw.fresh(f"{node.name}_wide_groups")
-                g.constants[w_name] = widen_groups(weight, group, merged)
-                g.tensors[w_name] = TensorInfo(tuple(g.constants[w_name].shape), "float32")
+                bias = g.constants[b_name] if b_name else None
+                weight, bias, group = pad_groups(weight, bias, group, rw.block)
+                conv_channels = int(weight.shape[0])   # its padding lanes' zero groups too
+                w_name = self._constant(rw, f"{node.name}_wide_groups",
+                                        widen_groups(weight, group, merged))
+                if bias is not None and conv_channels != channels:
+                    b_name = self._constant(rw, f"{node.name}_padded_bias", bias)
                 group = merged
                 self.hit("grouped Conv widened to whole blocks")
-        inputs = [x_in, w_name, conv_bias(g, node)]
+        inputs = [x_in, w_name, b_name]
         epilogue = list(node.epilogue[:fused])
         if epilogue and epilogue[0].op == "add":
             inputs.append(rw.as_blocked(node.inputs[epilogue[0].operand]))
@@ -273,7 +278,7 @@ class NchwcLayout(GraphPass):
             "dilations": tuple(node.attr("dilations", (1, 1))),
             "group": group,
             "block": rw.block,
-            "channels": channels,
+            "channels": conv_channels,
         }
         out = rw.new_blocked(node.outputs[0], channels, dirty=dirty and not rest)
         conv_out = rw.blocked_tensor(f"{out}_conv", out_shape, channels) if rest else out
@@ -283,6 +288,13 @@ class NchwcLayout(GraphPass):
             rw.emit_chain(rw.fresh(f"{node.name}_epilogue"), conv_out, rest, channels, out)
         self.hit("Conv")
         return True
+
+    @staticmethod
+    def _constant(rw: Rewrite, base: str, value: np.ndarray) -> str:
+        name = rw.fresh(base)
+        rw.graph.constants[name] = value
+        rw.graph.tensors[name] = TensorInfo(tuple(value.shape), "float32")
+        return name
 
     def _pool(self, rw: Rewrite, node: Node) -> bool:
         x = node.inputs[0]

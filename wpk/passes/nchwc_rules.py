@@ -176,15 +176,42 @@ def block_groups(in_channels: int, out_channels: int, group: int, block: int) ->
     """The group count a grouped conv takes in the blocked layout, 0 when none: its own
     when each group's input and output channels are whole blocks; else, when several
     groups make one block (ResNeXt's 4 or 8 channels per group), one group per input
-    block (`widen_groups`), provided each holds whole blocks of outputs."""
+    block (`widen_groups`), provided each holds whole blocks of outputs. A partial last
+    block counts when it holds whole groups and the groups that would fill it (of zero
+    weights: `pad_groups`) fill the output's padding lanes exactly (RegNet's 104 and 440
+    channels in groups of 8, with 16-lane blocks)."""
     per_group = in_channels // group
     if per_group % block == 0 and (out_channels // group) % block == 0:
         return group
-    if per_group < 2 or block % per_group or in_channels % block:
+    if per_group < 2 or block % per_group:
         return 0
-    merged = in_channels // block
-    return merged if out_channels % merged == 0 and (out_channels // merged) % block == 0 \
+    fake = (round_up(in_channels, block) - in_channels) // per_group
+    padded_out = out_channels + fake * (out_channels // group)
+    if fake and padded_out != round_up(out_channels, block):
+        return 0
+    merged = round_up(in_channels, block) // block
+    return merged if padded_out % merged == 0 and (padded_out // merged) % block == 0 \
         else 0
+
+
+def round_up(channels: int, block: int) -> int:
+    return -(-channels // block) * block
+
+
+def pad_groups(weight: np.ndarray, bias: np.ndarray | None, group: int, block: int
+               ) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """(filter, bias, group) of a grouped conv with groups of zero weights and bias added
+    until its input channels fill whole blocks (`block_groups`); their outputs land in the
+    output's padding lanes, which stay epilogue(0)."""
+    out_channels, per_group = weight.shape[:2]
+    fake = (round_up(per_group * group, block) - per_group * group) // per_group
+    if not fake:
+        return weight, bias, group
+    added = fake * (out_channels // group)
+    weight = np.concatenate([weight, np.zeros((added, *weight.shape[1:]), weight.dtype)])
+    if bias is not None:
+        bias = np.concatenate([bias, np.zeros(added, bias.dtype)])
+    return weight, bias, group + fake
 
 
 def widen_groups(weight: np.ndarray, group: int, merged: int) -> np.ndarray:

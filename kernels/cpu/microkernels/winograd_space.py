@@ -119,6 +119,8 @@ def geometry_reason(g: ConvGeometry) -> str | None:
     """None for a 3x3 stride-1, dilation-1, ungrouped conv, else why Winograd does not fit."""
     if g.depthwise:
         return "Winograd computes regular (not depthwise) convolutions"
+    if g.groups > 1:
+        return "Winograd computes ungrouped convolutions (its GEMM spans every input block)"
     if (g.r, g.s, g.sh, g.sw, g.dh, g.dw) != (3, 3, 1, 1, 1, 1):
         return "Winograd F(m, 3) computes 3x3 stride-1 dilation-1 convolutions"
     return None
