@@ -71,12 +71,16 @@ becomes a blocked 1x1 Conv followed by a ReorderOutput and a Flatten of its
 Every other consumer, and every graph output, reads the NCHW tensor through
 one shared ReorderOutput, which keeps the original tensor name.
 
-Where it pays: convs need a multiple of 4 output channels (padded to whole blocks)
+Where it pays: convs need a multiple of 4 output channels, or an even count padded by
+at most a quarter (ShuffleNet's 58), padded to whole blocks
 (any output count on a 1x1 output, e.g. a squeeze-excitation conv, where the
 padding lanes cost nothing), grouped convs whole blocks per group (narrower groups, as
 ResNeXt's 4 channels, merged into one group per input block: `nchwc_rules.widen_groups`,
 zeros between a merged group's own groups, onnxruntime's NCHW kernel for them being far
-slower than the extra multiply-adds); graphs with fewer than
+slower than the extra multiply-adds; a partial last block of whole groups first filled
+with groups of zero weights and bias, `nchwc_rules.pad_groups`, whose outputs are the
+padding lanes: such a Conv's `channels` and filter count those lanes too); graphs with
+fewer than
 `NchwcOptions.min_convs` convertible convs are left alone, unless the one conv is a ViT's
 patch embedding (a stem reading the NCHW input, kernel = stride: one reorder, of its
 output).
