@@ -3,8 +3,8 @@
 Each workload becomes a one-node ONNX model in onnxruntime's contrib domain
 `com.microsoft.nchwc` (Conv with fused activation and Sum input, MaxPool,
 AveragePool, GlobalMaxPool, GlobalAveragePool, Upsample, ReorderInput,
-ReorderOutput; a ChannelSlice is a standard Slice of the 4-d view, a ChannelGather a
-Concat and Gather of the 4-d views),
+ReorderOutput; a ChannelSlice is a standard Slice of the 4-d view, a ChannelGather its
+inputs unblocked, concatenated, gathered and blocked again, `nchwc_standard`),
 with the filter packed the way onnxruntime's NchwcTransformer packs it
 (`wpk.kernels.nchwc_format`) and the bias padded to the block. A blocked
 (N, Cb, H, W, b) buffer is bound to the session as the 4-d NCHWc tensor

@@ -428,8 +428,9 @@ def function_kernel(workload: Workload) -> Kernel:
 
 
 class NativeNchwc(Implementation):
-    """Blocked ChannelSlice, ChannelGather, ReorderInput, ReorderOutput, nearest Upsample, MaxPool,
-    AveragePool, the global pools and DepthToSpace in C (see the module docstring)."""
+    """Blocked ChannelSlice, ChannelGather, ReorderInput, ReorderOutput, nearest Upsample,
+    MaxPool, AveragePool, the global pools and DepthToSpace in C (see the module
+    docstring)."""
 
     name = "native.nchwc"
     kind = LIBRARY
