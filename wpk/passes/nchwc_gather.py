@@ -32,6 +32,7 @@ import numpy as np
 from wpk.core.graph import Graph, Node
 from wpk.passes.nchwc_data import channel_pieces
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN, Rewrite
+from wpk.passes.nchwc_rules import is_float4d
 
 MAX_SOURCES = 2
 Lanes = list[tuple[str, int]]   # per channel: (blocked tensor, lane)
@@ -47,18 +48,13 @@ class ShuffleForm:
     absorbed: tuple[Node, Node]
 
 
-def _float_4d(graph: Graph, name: str) -> bool:
-    info = graph.tensors.get(name)
-    return info is not None and len(info.shape) == 4 and info.dtype == "float32"
-
-
 def shuffle_permutation(graph: Graph, reshape: Node, readers: dict[str, list[Node]]
                         ) -> ShuffleForm | None:
     """The channel permutation of a Reshape (N, C, H, W) -> (N, c1, ..., ck, H, W), a
     Transpose keeping N first and H, W last, and a Reshape back to (N, C, H, W), each
     intermediate read only by the next node; None for anything else."""
     if reshape.op != "Reshape" or reshape.domain not in ("", "ai.onnx") \
-            or not _float_4d(graph, reshape.inputs[0]):
+            or not is_float4d(graph, reshape.inputs[0]):
         return None
     n, c, h, w = graph.tensors[reshape.inputs[0]].shape
     split = tuple(graph.tensors[reshape.outputs[0]].shape)
@@ -134,7 +130,7 @@ def concat_view(rw: Rewrite, views: GatherViews, node: Node, shuffled: bool) -> 
     a channel shuffle reads it (`shuffled`)."""
     if node.op != "Concat" or node.domain not in ("", "ai.onnx") or node.epilogue \
             or int(node.attr("axis", 1)) not in (1, -3) or not node.inputs \
-            or not _float_4d(rw.graph, node.outputs[0]):
+            or not is_float4d(rw.graph, node.outputs[0]):
         return False
     parts = [views.lanes(rw, name) for name in node.inputs]
     if any(p is None for p in parts):

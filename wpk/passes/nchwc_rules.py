@@ -14,6 +14,7 @@ import numpy as np
 from wpk.core.epilogue import FAKE_QUANT
 from wpk.core.graph import Graph, Node
 from wpk.core.workload import EpilogueStep, as_text
+from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 
 # Unary steps with f(0) == 0 (clip is checked on its bounds).
@@ -44,7 +45,8 @@ def explicit_pads(node: Node, in_hw: Sequence[int], out_hw: Sequence[int],
     return pads if len(pads) == 4 else (0, 0, 0, 0)
 
 
-def _is_float4d(graph: Graph, name: str) -> bool:
+def is_float4d(graph: Graph, name: str) -> bool:
+    """Whether `name` is a 4-d float32 tensor."""
     info = graph.tensors.get(name)
     return info is not None and info.dtype == "float32" and len(info.shape) == 4
 
@@ -67,7 +69,7 @@ def conv_epilogue_prefix(graph: Graph, node: Node, out_channels: int, block: int
     if steps and steps[0].op == "add" and steps[0].operand is not None \
             and steps[0].operand < len(node.inputs):
         name = node.inputs[steps[0].operand]
-        if name not in graph.constants and _is_float4d(graph, name) \
+        if name not in graph.constants and is_float4d(graph, name) \
                 and graph.tensors[name].shape == graph.tensors[node.outputs[0]].shape:
             taken = 1
     if taken < len(steps) and steps[taken].op in CONV_ACTIVATIONS:
@@ -102,7 +104,7 @@ def conv_bias(graph: Graph, node: Node) -> str | None:
 def _little_padding(channels: int, block: int) -> bool:
     """Whether `channels` is even and padding it to whole blocks adds at most a quarter
     more lanes."""
-    return channels % 2 == 0 and -(-channels // block) * block * 4 <= channels * 5
+    return channels % 2 == 0 and fmt.round_up(channels, block) * 4 <= channels * 5
 
 
 def _pooled(graph: Graph, name: str) -> bool:
@@ -122,7 +124,7 @@ def pixel_shuffle_form(graph: Graph, node: Node) -> str:
     mode = as_text(node.attr("mode", "DCR"))
     size = node.attr("blocksize")
     if mode not in ("DCR", "CRD") or not isinstance(size, int) or size < 1 \
-            or not _is_float4d(graph, node.inputs[0]) or not _is_float4d(graph, node.outputs[0]):
+            or not is_float4d(graph, node.inputs[0]) or not is_float4d(graph, node.outputs[0]):
         return ""
     return mode if graph.tensors[node.inputs[0]].shape[1] % (size * size) == 0 else ""
 
@@ -142,8 +144,8 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     if len(node.inputs) < 2 or node.inputs[1] not in graph.constants:
         return ""
     x, weight = node.inputs[0], graph.constants[node.inputs[1]]
-    if weight.ndim != 4 or weight.dtype != np.float32 or not _is_float4d(graph, x) \
-            or not _is_float4d(graph, node.outputs[0]):
+    if weight.ndim != 4 or weight.dtype != np.float32 or not is_float4d(graph, x) \
+            or not is_float4d(graph, node.outputs[0]):
         return ""
     if conv_bias(graph, node) is None:
         return ""
@@ -185,17 +187,18 @@ def block_groups(in_channels: int, out_channels: int, group: int, block: int) ->
         return group
     if per_group < 2 or block % per_group:
         return 0
-    fake = (round_up(in_channels, block) - in_channels) // per_group
+    fake = _zero_groups(in_channels, per_group, block)
     padded_out = out_channels + fake * (out_channels // group)
-    if fake and padded_out != round_up(out_channels, block):
+    if fake and padded_out != fmt.round_up(out_channels, block):
         return 0
-    merged = round_up(in_channels, block) // block
+    merged = fmt.round_up(in_channels, block) // block
     return merged if padded_out % merged == 0 and (padded_out // merged) % block == 0 \
         else 0
 
 
-def round_up(channels: int, block: int) -> int:
-    return -(-channels // block) * block
+def _zero_groups(in_channels: int, per_group: int, block: int) -> int:
+    """How many groups of `per_group` channels fill the last block of `in_channels`."""
+    return (fmt.round_up(in_channels, block) - in_channels) // per_group
 
 
 def pad_groups(weight: np.ndarray, bias: np.ndarray | None, group: int, block: int
@@ -204,7 +207,7 @@ def pad_groups(weight: np.ndarray, bias: np.ndarray | None, group: int, block: i
     until its input channels fill whole blocks (`block_groups`); their outputs land in the
     output's padding lanes, which stay epilogue(0)."""
     out_channels, per_group = weight.shape[:2]
-    fake = (round_up(per_group * group, block) - per_group * group) // per_group
+    fake = _zero_groups(per_group * group, per_group, block)
     if not fake:
         return weight, bias, group
     added = fake * (out_channels // group)
