@@ -2,8 +2,10 @@
 
 Peak: a generated C kernel (OpenMP, one team of `--threads`) runs on every
 thread independent chains of vector FMAs (`acc[k] = acc[k] * m + c` on GCC
-vector extensions of the host ISA's width, `CHAINS` accumulators, more than
-FMA latency x FMA ports, so the FMA units never wait), compiled with the
+vector extensions of the host ISA's width, `chains(isa)` accumulators: more than
+FMA latency x FMA ports, so the FMA units never wait, and with m and c few enough
+for the ISA's vector registers: 16 accumulators on AVX2's 16 registers spilled to the
+stack and read an AVX2 core's peak at 51 GFLOP/s instead of 91), compiled with the
 micro-kernels' flags for the host ISA (`wpk.kernels.cpu.microkernels.isa`).
 The best of `--repeat` short runs counts: 2 flops per lane per FMA. Every run
 is a lower bound of the peak (other load only slows it down), and on a shared
@@ -34,13 +36,15 @@ from wpk.dsl.build import openmp_defaults
 # (before any kernel loads libgomp): passive alone charged each timed call a wake-up
 openmp_defaults()
 
-CHAINS = 16          # independent accumulators per thread (> 4-cycle latency x 2 FMA ports)
+MAX_CHAINS = 16      # independent accumulators per thread (> 4-cycle latency x 2 FMA ports)
+# Vector registers a chain may not take: m, c and two to spare for the compiler
+RESERVED_REGISTERS = 4
 ITERATIONS = 500_000   # a few ms a run: short runs, many of them, catch the machine idle
 
 _PEAK_SOURCE = r"""
 #include <omp.h>
 typedef float vf __attribute__((vector_size(%(lanes)d * 4)));
-/* `threads` threads, each `iters` rounds of CHAINS independent FMAs on named registers a0,
+/* `threads` threads, each `iters` rounds of %(chains)d independent FMAs on named registers a0,
    a1, ...; their sum goes to out[thread]. The team size is a clause, never the caller's
    omp_set_num_threads: that would stay set for every kernel the process runs afterwards */
 void wpk_fma_peak(int threads, long iters, float *out) {
@@ -70,12 +74,18 @@ void wpk_triad(int threads, long n, float *a, const float *b, const float *c, fl
 """
 
 
-def _library(lanes: int, flags) -> ctypes.CDLL:
+def chains(isa) -> int:
+    """Independent FMA chains per thread on `isa`: `MAX_CHAINS`, fewer where its vector
+    registers would not hold them next to the two constants (AVX2: 12)."""
+    return min(MAX_CHAINS, isa.registers - RESERVED_REGISTERS)
+
+
+def _library(isa, flags) -> ctypes.CDLL:
     from wpk.dsl.toolchain import compile_c
 
-    names = [f"a{k}" for k in range(CHAINS)]
+    names = [f"a{k}" for k in range(chains(isa))]
     source = _PEAK_SOURCE % {
-        "lanes": lanes,
+        "lanes": isa.lanes, "chains": len(names),
         "declare": "\n".join(f"        vf {a} = (vf){{0}} + {k}.0f;" for k, a in enumerate(names)),
         "body": "\n".join(f"            {a} = {a} * m + c;" for a in names),
         "total": " + ".join(names)}
@@ -89,7 +99,7 @@ def _host():
     return isa, compile_flags(isa)
 
 
-def _fma_gflops(lib, threads: int, repeat: int, lanes: int) -> float:
+def _fma_gflops(lib, threads: int, repeat: int, isa) -> float:
     """Best GFLOP/s of `repeat` runs of the FMA kernel on `threads` OpenMP threads."""
     import numpy as np
 
@@ -100,7 +110,8 @@ def _fma_gflops(lib, threads: int, repeat: int, lanes: int) -> float:
         start = time.perf_counter()
         lib.wpk_fma_peak(threads, ITERATIONS, out.ctypes.data)
         seconds = time.perf_counter() - start
-        best = max(best, 2.0 * lanes * CHAINS * ITERATIONS * threads / seconds / 1e9)
+        flops = 2.0 * isa.lanes * chains(isa) * ITERATIONS * threads
+        best = max(best, flops / seconds / 1e9)
     return best
 
 
@@ -108,13 +119,13 @@ def measure_peak(threads: int, repeat: int = 30, scale: bool = True) -> dict:
     """fp32 FMA peak of `threads` threads (see the module docstring): {'gflops',
     'team_gflops', 'one_thread_gflops', 'isa', 'lanes', 'threads'}."""
     isa, flags = _host()
-    lib = _library(isa.lanes, flags)
+    lib = _library(isa, flags)
     lib.wpk_fma_peak.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_void_p]
-    team = _fma_gflops(lib, threads, repeat, isa.lanes)
-    one = _fma_gflops(lib, 1, repeat, isa.lanes) if scale and threads > 1 else team / threads
+    team = _fma_gflops(lib, threads, repeat, isa)
+    one = _fma_gflops(lib, 1, repeat, isa) if scale and threads > 1 else team / threads
     return {"gflops": max(team, one * threads if scale else 0.0), "team_gflops": team,
             "one_thread_gflops": one, "isa": isa.name, "lanes": isa.lanes, "threads": threads,
-            "chains": CHAINS, "scaled_from_one_thread": scale and one * threads > team}
+            "chains": chains(isa), "scaled_from_one_thread": scale and one * threads > team}
 
 
 def measure_bandwidth(threads: int, mib: int = 256, repeat: int = 5) -> dict:
@@ -122,7 +133,7 @@ def measure_bandwidth(threads: int, mib: int = 256, repeat: int = 5) -> dict:
     import numpy as np
 
     isa, flags = _host()
-    lib = _library(isa.lanes, flags)
+    lib = _library(isa, flags)
     lib.wpk_copy.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
     lib.wpk_triad.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_void_p, ctypes.c_float]
