@@ -191,6 +191,31 @@ def test_phase_split_and_direct_tiles_both_match(case, isa, rng):
             assert err < 1e-5, f"{case} {config} split {split}: relative L2 {err:.2e}"
 
 
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_default_tile_of_an_odd_vector_count(isa, rng):
+    """RegNet's 104 channels: 13 vectors of 8 lanes (7 of 16 with 8 padding lanes). With 16
+    registers the default tile is two vectors tall all the same (the last tile computes the
+    last vector twice, stores it once); with 32 it stays a divisor (1 of 7). Either matches
+    the reference, one pixel and a residual included."""
+    if isa not in USABLE:
+        pytest.skip(f"this host cannot run {isa} code")
+    if B % ISAS[isa].lanes:
+        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    vectors = -(-104 // B) * B // ISAS[isa].lanes
+    wide = ISAS[isa].registers >= 32
+    for workload in (conv(48, 104, (7, 9), 1, epilogue=(RELU,)),
+                     conv(104, 104, (1, 1), 3, residual=True, epilogue=(ADD3, RELU))):
+        config = default_config(geometry(workload), isa)
+        assert config["kv"] == (max(k for k in (1, 2, 3, 4) if vectors % k == 0) if wide
+                                else 2), config
+        err = _check(workload, config, rng)
+        assert err < 1e-5, f"{config}: relative L2 {err:.2e}"
+    # a grouped conv's tile never straddles two groups: one vector per group stays one
+    grouped = conv(13 * ISAS[isa].lanes, 13 * ISAS[isa].lanes, (5, 5), 3, group=13)
+    if B == ISAS[isa].lanes:
+        assert default_config(geometry(grouped), isa)["kv"] == 1
+
+
 def test_phase_split_sizes_its_scratch_buffer():
     """The split of a 3x3 stride-2 conv holds 2 x 2 phases padded to whole windows; a strided
     1x1 conv's only one phase (a subsample); no split, no buffer."""
