@@ -212,7 +212,7 @@ def test_default_tile_of_an_odd_vector_count(isa, rng):
         assert err < 1e-5, f"{config}: relative L2 {err:.2e}"
     # a grouped conv's tile never straddles two groups: one vector per group stays one
     grouped = conv(13 * ISAS[isa].lanes, 13 * ISAS[isa].lanes, (5, 5), 3, group=13)
-    if B == ISAS[isa].lanes:
+    if ISAS[isa].lanes == B:
         assert default_config(geometry(grouped), isa)["kv"] == 1
 
 
