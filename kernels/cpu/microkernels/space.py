@@ -332,11 +332,11 @@ def _strided_tile(geometry: ConvGeometry, isa: Isa, kvs: list[int]) -> dict:
 def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA, and the tile of MLAS's NCHWc
     kernels (4 vectors of output channels x 6 pixels with 32 registers, 2 x 6 with 16;
-    depthwise 8 or 4 pixels), fewer vectors where the output has fewer; full unroll;
-    passes of as many input blocks as keep their weights within `PASS_BYTES`. Strided
-    1x1 convs take the phase split (a subsample, then a flattened 1x1 conv); strided KxK
-    convs on a blocked input a tile of fewer vectors and more pixels and the split of short
-    rows (`_strided_tile`). Both were faster than the MLAS tile in
+    depthwise 8 or 4 pixels), fewer vectors where the output has fewer (`_tile_height`);
+    full unroll; passes of as many input blocks as keep their weights within `PASS_BYTES`.
+    Strided 1x1 convs take the phase split (a subsample, then a flattened 1x1 conv);
+    strided KxK convs on a blocked input a tile of fewer vectors and more pixels and the
+    split of short rows (`_strided_tile`). Both were faster than the MLAS tile in
     `scripts/bench_microkernels.py` on ResNet-50's stride-2 convs; on a stem (NCHW input)
     the split was slower (its phases hold one float per pixel): it keeps the MLAS tile."""
     isa = ISAS[isa_name] if isa_name else next(
