@@ -105,13 +105,12 @@ def _fma_gflops(lib, threads: int, repeat: int, isa) -> float:
 
     out = np.zeros(max(threads, 1) * 4, np.float32)
     lib.wpk_fma_peak(threads, 1000, out.ctypes.data)  # start the team
+    flops = 2.0 * isa.lanes * chains(isa) * ITERATIONS * threads
     best = 0.0
     for _ in range(repeat):
         start = time.perf_counter()
         lib.wpk_fma_peak(threads, ITERATIONS, out.ctypes.data)
-        seconds = time.perf_counter() - start
-        flops = 2.0 * isa.lanes * chains(isa) * ITERATIONS * threads
-        best = max(best, flops / seconds / 1e9)
+        best = max(best, flops / (time.perf_counter() - start) / 1e9)
     return best
 
 
