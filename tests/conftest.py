@@ -17,12 +17,15 @@ def rng() -> np.random.Generator:
 
 
 @pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch, run_folder) -> str:
+def cache_dir(request, tmp_path_factory, monkeypatch, run_folder) -> str:
     """Point wpk's compile/tuning caches at a temporary folder (never the working tree).
     Its precompiled headers (`pch/`, no kernel in them) are the run's, shared by every test
-    (`share_precompiled_headers`)."""
+    (`share_precompiled_headers`), and so are its compiled kernels (`compile/`,
+    `share_compiled_kernels`) unless the test is marked `private_compile_cache`."""
     path = tmp_path_factory.mktemp("wpk-cache")
     share_precompiled_headers(path, run_folder)
+    if request.node.get_closest_marker("private_compile_cache") is None:
+        share_compiled_kernels(path, run_folder)
     monkeypatch.setenv("WPK_CACHE_DIR", str(path))
     return str(path)
 
@@ -37,6 +40,21 @@ def share_precompiled_headers(cache, run_folder) -> None:
     link = cache / "pch"
     if not link.is_symlink():
         with contextlib.suppress(FileExistsError):   # another worker linked it first
+            link.symlink_to(shared, target_is_directory=True)
+
+
+def share_compiled_kernels(cache, run_folder) -> None:
+    """Link the compile cache `cache`'s `compile/` to the run's (the folder the whole-model
+    tests' `shared_compile_cache` compiles into): a kernel's cache key is its source, flags
+    (the ISA level) and compiler, and writes are atomic, so a test loads what any earlier
+    test of the run compiled instead of compiling it again (gcc is most of the suite's
+    time). Tests of the compile cache itself (what it compiles, what it finds cached) are
+    marked `private_compile_cache` and start from an empty one."""
+    shared = run_folder / "shared-wpk-cache" / "compile"
+    shared.mkdir(parents=True, exist_ok=True)
+    link = cache / "compile"
+    if not link.is_symlink():
+        with contextlib.suppress(FileExistsError):
             link.symlink_to(shared, target_is_directory=True)
 
 

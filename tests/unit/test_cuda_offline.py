@@ -192,6 +192,7 @@ def test_ptxas_usage_over_the_preset_is_rejected():
     assert "65536 bytes of shared memory" in reason and "p100" in reason
 
 
+@pytest.mark.private_compile_cache   # nothing compiled: a cache no other test writes to
 def test_config_over_the_shared_memory_limit_is_rejected_before_compiling():
     w = Workload("Conv", (TensorSpec((1, 64, 28, 28)), TensorSpec((128, 64, 3, 3))),
                  (TensorSpec((1, 128, 28, 28)),), (("pads", (1, 1, 1, 1)),))

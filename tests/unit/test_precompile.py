@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from wpk.core.workload import TensorSpec, Workload
 from wpk.dsl.toolchain import compile_cache_dir
 from wpk.kernels.cpu.target import CpuTarget
@@ -12,6 +14,9 @@ from wpk.kernels.jobs import CompileJob
 from wpk.search.precompile import Precompiler
 from wpk.search.runner import LocalRunner, create_runner
 from wpk.search.workers import MeasureOptions
+
+# Which libraries a build compiles ahead: a compile cache of its own, empty at the start.
+pytestmark = pytest.mark.private_compile_cache
 
 QUICK = MeasureOptions(warmup=0, repeats=1, min_time=0.0)
 

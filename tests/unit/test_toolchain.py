@@ -12,6 +12,9 @@ from wpk.core.errors import ToolchainError
 from wpk.dsl import toolchain
 from wpk.dsl import toolchain_cuda as cuda
 
+# What the compile cache compiles and finds cached: a cache of its own, empty at the start.
+pytestmark = pytest.mark.private_compile_cache
+
 SAXPY_C = r"""
 void saxpy(int n, float a, const float *x, float *y) {
     #pragma omp parallel for
