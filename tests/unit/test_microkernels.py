@@ -24,7 +24,9 @@ from wpk.kernels import registry
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags, usable_isas
 from wpk.kernels.cpu.microkernels.kernel import MICRO_NCHWC, MicroKernels
 from wpk.kernels.cpu.microkernels.space import (
+    PX_CHOICES,
     MicroSpace,
+    accumulator_registers,
     config_reason,
     conv_geometry,
     default_config,
@@ -214,6 +216,27 @@ def test_default_tile_of_an_odd_vector_count(isa, rng):
     grouped = conv(13 * ISAS[isa].lanes, 13 * ISAS[isa].lanes, (5, 5), 3, group=13)
     if ISAS[isa].lanes == B:
         assert default_config(geometry(grouped), isa)["kv"] == 1
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_strided_default_cuts_short_rows_into_even_tiles(isa, rng):
+    """ResNet-50's 3x3 stride-2 convs with 7- and 14-pixel output rows: with 16 registers
+    (tiles of at most 6 pixels) the default cuts them 4 + 3 and 5 + 5 + 4, not 6 + 1 and
+    6 + 6 + 2; a 28-pixel row keeps 6. With 32 registers the widest tile stays. Each
+    matches the reference."""
+    if isa not in USABLE:
+        pytest.skip(f"this host cannot run {isa} code")
+    if B % ISAS[isa].lanes:
+        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    narrow = ISAS[isa].registers < 32
+    for hw, expected in (((14, 14), 4), ((28, 28), 5), ((56, 56), 6)):
+        workload = conv(2 * B, 2 * B, hw, 3, stride=2, epilogue=(RELU,))
+        config = default_config(geometry(workload), isa)
+        widest = max(p for p in PX_CHOICES if accumulator_registers(
+            geometry(workload), ISAS[isa], config["kv"], p) <= ISAS[isa].registers)
+        assert config["px"] == (expected if narrow else widest), (hw, config)
+        err = _check(workload, config, rng)
+        assert err < 1e-5, f"{hw} {config}: relative L2 {err:.2e}"
 
 
 def test_phase_split_sizes_its_scratch_buffer():
