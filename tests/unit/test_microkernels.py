@@ -239,6 +239,27 @@ def test_strided_default_cuts_short_rows_into_even_tiles(isa, rng):
         assert err < 1e-5, f"{hw} {config}: relative L2 {err:.2e}"
 
 
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_depthwise_default_hands_out_units_of_several_rows(isa, rng):
+    """A depthwise conv's default: 8 pixels wide where the registers hold them (a 7x7 filter
+    with 16 registers: 5), units of 7 output rows (fewer in a shorter output), not one row
+    of one block per unit; it matches the reference, a stride-2 and a 3-row output included."""
+    if isa not in USABLE:
+        pytest.skip(f"this host cannot run {isa} code")
+    if B % ISAS[isa].lanes:
+        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    narrow = ISAS[isa].registers < 32
+    c = 3 * B
+    for workload, px, rows in ((conv(c, c, (20, 19), 3, group=c, epilogue=(RELU,)), 8, 7),
+                               (conv(c, c, (13, 12), 3, 2, group=c), 8, 7),
+                               (conv(c, c, (3, 17), 7, group=c, epilogue=(RELU,)),
+                                5 if narrow else 8, 3)):
+        config = default_config(geometry(workload), isa)
+        assert (config["px"], config["rows"]) == (px, rows), config
+        err = _check(workload, config, rng)
+        assert err < 1e-5, f"{config}: relative L2 {err:.2e}"
+
+
 def test_phase_split_sizes_its_scratch_buffer():
     """The split of a 3x3 stride-2 conv holds 2 x 2 phases padded to whole windows; a strided
     1x1 conv's only one phase (a subsample); no split, no buffer."""

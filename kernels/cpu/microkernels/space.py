@@ -52,6 +52,9 @@ PASS_BYTES = 32 * 1024
 UNIT_PIXELS = 100
 # ... and phase-splits rows of at most this many output pixels
 SPLIT_ROW = 16
+# A depthwise conv's default tile: at most this many pixels wide, units of this many rows
+DEPTHWISE_PX = 8
+DEPTHWISE_ROWS = 7
 ROWS_CHOICES = (1, 2, 4, 7, 8, 14, 16, 28)
 PF_CHOICES = (0, 1, 2, 4)
 KNOBS = ("isa", "kv", "px", "unroll", "cbt", "split", "rows")
@@ -342,10 +345,24 @@ def _strided_tile(geometry: ConvGeometry, isa: Isa, kvs: list[int]) -> dict:
     return {"kv": kv, "px": px, "split": int(geometry.ow <= SPLIT_ROW), "rows": rows}
 
 
+def _depthwise_tile(geometry: ConvGeometry, isa: Isa) -> dict:
+    """A depthwise conv's default tile: up to `DEPTHWISE_PX` pixels (as many as the
+    registers hold: 5 for a 7x7 filter with 16), in units of up to `DEPTHWISE_ROWS` output
+    rows. A unit of one row of one channel block is a fraction of a microsecond of work,
+    and the kernel hands units out one at a time (`schedule(dynamic, 1)`): on 2 threads of
+    an AVX2 host MobileNet-v2's depthwise convs ran 1.7-4.4x slower in one-row units of
+    4 pixels than in 7-row units of 8, and 1.1-2x slower on one thread. AVX-512's default
+    was already 8 pixels wide; its units were one row too (not measured there: the cost of
+    handing out units is the same)."""
+    px = max([p for p in PX_CHOICES if p <= DEPTHWISE_PX
+              and accumulator_registers(geometry, isa, 1, p) <= isa.registers] or [1])
+    return {"px": px, "rows": min(geometry.oh, DEPTHWISE_ROWS)}
+
+
 def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA, and the tile of MLAS's NCHWc
     kernels (4 vectors of output channels x 6 pixels with 32 registers, 2 x 6 with 16;
-    depthwise 8 or 4 pixels), fewer vectors where the output has fewer (`_tile_height`);
+    depthwise `_depthwise_tile`), fewer vectors where the output has fewer (`_tile_height`);
     full unroll; passes of as many input blocks as keep their weights within `PASS_BYTES`.
     Strided 1x1 convs take the phase split (a subsample, then a flattened 1x1 conv);
     strided KxK convs on a blocked input a tile of fewer vectors and more pixels and the
@@ -354,10 +371,9 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     the split was slower (its phases hold one float per pixel): it keeps the MLAS tile."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if geometry.block % i.lanes == 0)
-    wide = isa.registers >= 32
     if geometry.depthwise:
-        return {"isa": isa.name, "kv": 1, "px": 8 if wide else 4, "unroll": 16, "cbt": 1,
-                "split": 0, "rows": 1}
+        return {"isa": isa.name, "kv": 1, "unroll": 16, "cbt": 1, "split": 0,
+                **_depthwise_tile(geometry, isa)}
     tile = mlas_tile(geometry, isa)
     if splittable(geometry) and (geometry.r, geometry.s) == (1, 1):
         tile["split"] = 1
