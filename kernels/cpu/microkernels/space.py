@@ -350,8 +350,8 @@ def _depthwise_tile(geometry: ConvGeometry, isa: Isa) -> dict:
     registers hold: 5 for a 7x7 filter with 16), in units of up to `DEPTHWISE_ROWS` output
     rows. A unit of one row of one channel block is a fraction of a microsecond of work,
     and the kernel hands units out one at a time (`schedule(dynamic, 1)`): on 2 threads of
-    an AVX2 host MobileNet-v2's depthwise convs ran 1.7-4.4x slower in one-row units of
-    4 pixels than in 7-row units of 8, and 1.1-2x slower on one thread. AVX-512's default
+    an AVX2 host MobileNet-v2's depthwise convs ran 1.9-5.7x slower in one-row units of
+    4 pixels than in 7-row units of 8, and 1.2-2x slower on one thread. AVX-512's default
     was already 8 pixels wide; its units were one row too (not measured there: the cost of
     handing out units is the same)."""
     px = max([p for p in PX_CHOICES if p <= DEPTHWISE_PX
