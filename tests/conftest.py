@@ -35,12 +35,7 @@ def share_precompiled_headers(cache, run_folder) -> None:
     precompiled <immintrin.h> of a flag set (0.7 s, `wpk.dsl.toolchain.immintrin_flags`)
     once per run instead of once per test. Tests of the header itself use a cache of
     their own."""
-    shared = run_folder / "shared-pch"
-    shared.mkdir(exist_ok=True)
-    link = cache / "pch"
-    if not link.is_symlink():
-        with contextlib.suppress(FileExistsError):   # another worker linked it first
-            link.symlink_to(shared, target_is_directory=True)
+    _link_folder(cache / "pch", run_folder / "shared-pch")
 
 
 def share_compiled_kernels(cache, run_folder) -> None:
@@ -50,11 +45,14 @@ def share_compiled_kernels(cache, run_folder) -> None:
     test of the run compiled instead of compiling it again (gcc is most of the suite's
     time). Tests of the compile cache itself (what it compiles, what it finds cached) are
     marked `private_compile_cache` and start from an empty one."""
-    shared = run_folder / "shared-wpk-cache" / "compile"
+    _link_folder(cache / "compile", run_folder / "shared-wpk-cache" / "compile")
+
+
+def _link_folder(link, shared) -> None:
+    """`link` as a symlink to the folder `shared` (made if missing), once."""
     shared.mkdir(parents=True, exist_ok=True)
-    link = cache / "compile"
     if not link.is_symlink():
-        with contextlib.suppress(FileExistsError):
+        with contextlib.suppress(FileExistsError):   # another worker linked it first
             link.symlink_to(shared, target_is_directory=True)
 
 

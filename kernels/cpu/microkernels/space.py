@@ -317,6 +317,13 @@ def mlas_tile(geometry: ConvGeometry, isa: Isa) -> dict:
     return {"kv": _tile_height(geometry, isa), "px": 6, "split": 0, "rows": 1}
 
 
+def _widest_px(geometry: ConvGeometry, isa: Isa, kv: int, at_most: int = max(PX_CHOICES)) -> int:
+    """The widest tile of `PX_CHOICES` (at most `at_most` pixels) whose kv x px tile the
+    ISA's registers hold (1 where none does)."""
+    return max([p for p in PX_CHOICES if p <= at_most
+                 and accumulator_registers(geometry, isa, kv, p) <= isa.registers] or [1])
+
+
 def _balanced_width(width: int, widest: int) -> int:
     """The narrowest tile of `PX_CHOICES` that covers a row of `width` pixels in as few
     tiles as ones of `widest` pixels do: 7 pixels as 4 + 3 instead of 6 + 1."""
@@ -337,8 +344,7 @@ def _strided_tile(geometry: ConvGeometry, isa: Isa, kvs: list[int]) -> dict:
     tile already spans such rows (not measured otherwise)."""
     per_vector = geometry.r * geometry.s * geometry.in_block * isa.lanes * 4
     kv = max([k for k in kvs if k * per_vector <= PASS_BYTES] or [1])
-    px = max(p for p in PX_CHOICES
-             if accumulator_registers(geometry, isa, kv, p) <= isa.registers)
+    px = _widest_px(geometry, isa, kv)
     if isa.registers < 32:
         px = _balanced_width(geometry.ow, px)
     rows = max(1, min(geometry.oh, UNIT_PIXELS // geometry.ow))
@@ -354,9 +360,8 @@ def _depthwise_tile(geometry: ConvGeometry, isa: Isa) -> dict:
     4 pixels than in 7-row units of 8, and 1.2-2x slower on one thread. AVX-512's default
     was already 8 pixels wide; its units were one row too (not measured there: the cost of
     handing out units is the same)."""
-    px = max([p for p in PX_CHOICES if p <= DEPTHWISE_PX
-              and accumulator_registers(geometry, isa, 1, p) <= isa.registers] or [1])
-    return {"px": px, "rows": min(geometry.oh, DEPTHWISE_ROWS)}
+    return {"px": _widest_px(geometry, isa, 1, DEPTHWISE_PX),
+            "rows": min(geometry.oh, DEPTHWISE_ROWS)}
 
 
 def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
