@@ -114,11 +114,14 @@ class MicroNchwc(Implementation):
 
     def algorithm(self, workload: Workload, config: Mapping) -> str:
         """'depthwise', '1x1' or 'direct' (`conv_algorithm`), 'direct (NCHW input)' for a
-        stem, with ', phase split' when the config splits a strided conv's input."""
+        stem, with ', phase split' when the config splits a strided conv's input (',
+        padded input' for a stride-1 conv: its one phase)."""
         name = conv_algorithm(workload)
         if len(workload.inputs[0].shape) == 4:
             name = "direct (NCHW input)"
-        return name + (", phase split" if int(config.get("split", 0) or 0) else "")
+        if not int(config.get("split", 0) or 0):
+            return name
+        return name + (", phase split" if _geometry(workload).strided else ", padded input")
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

@@ -18,10 +18,12 @@ output rows (the pass loop outside them), so on small images a pass's weights
 serve more pixels. `pf` > 0 (regular convs) has each tap of a tile prefetch the
 input pixels it reads `pf` blocks further along the reduction (another plane of
 the blocked input, a stride the hardware prefetchers follow late). `split` 1
-(strided regular convs only) phase-splits the input first (space-to-depth with
-the padding made explicit, per call into a scratch buffer), so every filter tap
-reads contiguous pixels of one phase and no tile checks the image's edges; a
-strided 1x1 conv becomes a subsample followed by a flattened 1x1 conv.
+(strided regular convs, and padded KxK ones) phase-splits the input first
+(space-to-depth with the padding made explicit, per call into a scratch buffer),
+so every filter tap reads contiguous pixels of one phase and no tile checks the
+image's edges; a strided 1x1 conv becomes a subsample followed by a flattened 1x1
+conv, a stride-1 conv's one phase is its input with the padding written out (its
+edge pixels then run in full tiles instead of one-pixel checked ones).
 
 The input is blocked (N, CB, H, W, block), or NCHW (N, C, H, W) for a
 network's first conv (`nchw_input`: 3 or 1 channels, each a "block" of one
@@ -241,9 +243,19 @@ class MicroSpace:
         return default_config(self.geometry, self.isas[0] if self.isas else None)
 
 
+def padded(geometry: ConvGeometry) -> bool:
+    """Whether some output pixel's window leaves the image (explicit or implied padding)."""
+    g = geometry
+    return bool(g.pt or g.pl or (g.oh - 1) * g.sh - g.pt + (g.r - 1) * g.dh >= g.h
+                or (g.ow - 1) * g.sw - g.pl + (g.s - 1) * g.dw >= g.w)
+
+
 def splittable(geometry: ConvGeometry) -> bool:
-    """Whether a phase split applies: a strided regular conv."""
-    return geometry.strided and not geometry.depthwise
+    """Whether a phase split applies: a strided regular conv, or a padded KxK one (its one
+    phase is the input with the padding written out)."""
+    if geometry.depthwise:
+        return False
+    return geometry.strided or (padded(geometry) and (geometry.r, geometry.s) != (1, 1))
 
 
 def config_reason(geometry: ConvGeometry, config) -> str | None:
@@ -263,7 +275,7 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
     if config["split"] not in (0, 1):
         return "split is 0 or 1"
     if config["split"] and not splittable(geometry):
-        return "a phase split applies to strided regular convs only"
+        return "a phase split applies to strided or padded KxK regular convs only"
     pf = prefetch_distance(config)
     if pf not in PF_CHOICES:
         return f"pf (prefetch distance in input blocks) is one of {PF_CHOICES}"
@@ -380,9 +392,9 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
         return {"isa": isa.name, "kv": 1, "unroll": 16, "cbt": 1, "split": 0,
                 **_depthwise_tile(geometry, isa)}
     tile = mlas_tile(geometry, isa)
-    if splittable(geometry) and (geometry.r, geometry.s) == (1, 1):
+    if geometry.strided and (geometry.r, geometry.s) == (1, 1):
         tile["split"] = 1
-    elif splittable(geometry) and not geometry.nchw_input:
+    elif geometry.strided and not geometry.nchw_input:
         tile = _strided_tile(geometry, isa, _whole_kvs(geometry, isa))
     return with_passes(geometry, isa, tile)
 

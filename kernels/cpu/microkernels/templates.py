@@ -26,13 +26,18 @@ into its SH x SW phases with the padding written out (`split_row`, into
 `scratch`); a tap (r, s) then reads phase ((r*DH) % SH, (s*DW) % SW) at row
 oh + r*DH/SH, column ow + s*DW/SW, so a tile's pixels are contiguous and no
 tile checks edges. A strided 1x1 conv reads only phase (0, 0), OH x OW pixels:
-a flattened 1x1 stride-1 conv of `_subsampled(geometry)` follows the copy.
+a flattened 1x1 stride-1 conv of `_subsampled(geometry)` follows the copy. A
+padded stride-1 KxK conv has one phase, the input with its padding written out.
 
 Tiles are generated unrolled, every accumulator, weight vector and broadcast a
 named variable, and the input pointer of each filter column is
 hidden from the optimizer (`OPAQUE`): otherwise gcc shares the broadcasts of
 overlapping columns across the unrolled taps and spills them (checked with
-`gcc -S`: 700 stack accesses per tile sweep without it, none with it).
+`gcc -S`: 700 stack accesses per tile sweep without it, none with it). Each tile
+is a function of its own (`NOINLINE`) whose FMAs pin their accumulators
+(`FMA_ACC`): inlined into the row loop, with plain `+=`, gcc 12 spilled an
+accumulator of the hot tile in 67 of 168 ResNet-50 configs on AVX2 (in 1 of them
+with both; `tests/unit/test_microkernels.py` checks the assembly).
 
 Depthwise conv: a tile is one vector of channels by PX pixels of a row; per
 filter row the S weight vectors and the row's input vectors are loaded once and
@@ -68,6 +73,8 @@ typedef float vf __attribute__((vector_size({lanes} * 4)));
 typedef float vfu __attribute__((vector_size({lanes} * 4), aligned(4), may_alias));
 typedef int vi __attribute__((vector_size({lanes} * 4)));
 #define INLINE static inline __attribute__((always_inline))
+/* a register tile: compiled as a function of its own, so gcc allocates its registers alone */
+#define NOINLINE static __attribute__((noinline))
 /* hide a pointer's value from the optimizer (an empty asm that may change it) */
 #define OPAQUE(p) __asm__("" : "+r"(p))
 INLINE vf vload(const float *p) {{ return *(const vfu *)p; }}
@@ -166,8 +173,9 @@ _CONV_TILE = r"""
 /* KV x {np} tile at output (n, kt, oh, ow), input blocks [c0, c1): the accumulators start at
    the bias (c0 == 0) or at the partial sums in y, and end in the epilogue (c1 == CR) or back
    in y. CHECKED tiles (one pixel) test their columns. Every accumulator, weight vector and
-   broadcast is a named variable, so gcc keeps them all in registers. */
-INLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
+   broadcast is a named variable and every FMA pins its accumulator (`FMA_ACC`), so gcc keeps
+   them all in registers. */
+NOINLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
                         float *y, int n, int kt, int oh, int ow, int c0, int c1) {{
 {init}
     const float *wk = w + (size_t)kt * CR * R * S * IB * TK;
@@ -237,7 +245,7 @@ def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: b
         body.append(f"                    const vf w{j} = vload(ws + bi * TK + {j} * VW);")
     for p in range(np_):
         body.append(f"                    const vf x{p} = vsplat(xp[{p} * XSTEP + bi]);")
-        body += [f"                    {acc[j][p]} += x{p} * w{j};" for j in range(kv)]
+        body += [f"                    FMA_ACC({acc[j][p]}, x{p}, w{j});" for j in range(kv)]
     for j in range(kv):
         store.append(f"    if (kt * KV + {j} < KVEC) {{")
         for p in range(np_):

@@ -140,7 +140,7 @@ _GEMM_TILE = r"""
 /* KV output vectors x {np} tiles of one tile position, input channels [c0, c1): u =
    U[pos][kt], v = V[pos][tile 0], mo = M[pos][tile 0][kt * TK] (the partial sums of the
    passes before, when c0 > 0) */
-INLINE void gemm_{name}(const float *u, const float *v, float *mo, int c0, int c1) {{
+NOINLINE void gemm_{name}(const float *u, const float *v, float *mo, int c0, int c1) {{
 {init}
     _Pragma("GCC unroll {unroll}") for (int c = c0; c < c1; ++c) {{
 {body}
@@ -158,7 +158,7 @@ def _gemm_tile(name: str, np_: int, kv: int, unroll: int) -> str:
     body = [f"        const vf w{j} = vload(u + (size_t)c * TK + {j} * VW);" for j in range(kv)]
     for p in range(np_):
         body.append(f"        const vf x{p} = vsplat(v[(size_t){p} * CP + c]);")
-        body += [f"        {acc[j][p]} += x{p} * w{j};" for j in range(kv)]
+        body += [f"        FMA_ACC({acc[j][p]}, x{p}, w{j});" for j in range(kv)]
     store = [f"    vstore(mo + (size_t){p} * KP + {j} * VW, {acc[j][p]});"
              for p in range(np_) for j in range(kv)]
     return _GEMM_TILE.format(name=name, np=np_, unroll=unroll, init="\n".join(init),
