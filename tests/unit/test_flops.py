@@ -134,6 +134,7 @@ def test_micro_kernels_name_the_algorithm_their_config_picks():
     micro = registry.get("micro.nchwc")
     assert micro.algorithm(blocked_in, {"split": 0}) == "direct"
     assert micro.algorithm(strided, {"split": 1}) == "direct, phase split"
+    assert micro.algorithm(blocked_in, {"split": 1}) == "direct, padded input"
     assert micro.algorithm(stem, {"split": 0}) == "direct (NCHW input)"
     winograd = registry.get("micro.winograd")
     assert winograd.algorithm(blocked_in, {"m": 4}) == "winograd F(4x4,3x3)"

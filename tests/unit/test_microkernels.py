@@ -264,6 +264,28 @@ def test_depthwise_default_hands_out_units_of_several_rows(isa, rng):
         assert err < 1e-5, f"{config}: relative L2 {err:.2e}"
 
 
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_padded_stride1_default_writes_the_padding_out(isa, rng):
+    """With 16 registers a padded 3x3 stride-1 conv's default splits (its one phase: the
+    input with the padding written out; no one-pixel edge tiles), in even tiles and units
+    of 7 rows; with 32 the MLAS tile stays. A 1x1 conv has nothing to write out. Each
+    default matches the reference."""
+    if isa not in USABLE:
+        pytest.skip(f"this host cannot run {isa} code")
+    if B % ISAS[isa].lanes:
+        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    narrow = ISAS[isa].registers < 32
+    for workload, px in ((conv(20, 24, (9, 7), 3, epilogue=(RELU,)), 4),
+                         (conv(B, 2 * B, (16, 14), 3, pads=(1, 0, 2, 1)), 5)):
+        config = default_config(geometry(workload), isa)
+        expected = (1, px, 7) if narrow else (0, 6, 1)
+        assert (config["split"], config["px"], config["rows"]) == expected, config
+        err = _check(workload, config, rng)
+        assert err < 1e-5, f"{config}: relative L2 {err:.2e}"
+    flat = default_config(geometry(CASES["1x1_four_outputs"]), isa)
+    assert flat["split"] == 0
+
+
 def test_phase_split_sizes_its_scratch_buffer():
     """The split of a 3x3 stride-2 conv holds 2 x 2 phases padded to whole windows; a strided
     1x1 conv's only one phase (a subsample); no split, no buffer."""

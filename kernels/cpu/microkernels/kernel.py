@@ -121,7 +121,8 @@ class MicroNchwc(Implementation):
             name = "direct (NCHW input)"
         if not int(config.get("split", 0) or 0):
             return name
-        return name + (", phase split" if _geometry(workload).strided else ", padded input")
+        strided = any(int(v) > 1 for v in dict(workload.attrs).get("strides", (1, 1)))
+        return name + (", phase split" if strided else ", padded input")
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

@@ -57,6 +57,8 @@ SPLIT_ROW = 16
 # A depthwise conv's default tile: at most this many pixels wide, units of this many rows
 DEPTHWISE_PX = 8
 DEPTHWISE_ROWS = 7
+# A padded stride-1 KxK conv's default unit (16 registers): this many output rows
+PADDED_ROWS = 7
 ROWS_CHOICES = (1, 2, 4, 7, 8, 14, 16, 28)
 PF_CHOICES = (0, 1, 2, 4)
 KNOBS = ("isa", "kv", "px", "unroll", "cbt", "split", "rows")
@@ -376,6 +378,19 @@ def _depthwise_tile(geometry: ConvGeometry, isa: Isa) -> dict:
             "rows": min(geometry.oh, DEPTHWISE_ROWS)}
 
 
+def _padded_tile(geometry: ConvGeometry, isa: Isa, tile: dict) -> dict:
+    """The default of a padded stride-1 KxK conv on a blocked input with 16 registers: the
+    padding written out (the split's one phase), so the edge pixels run in full tiles
+    instead of one-pixel checked ones (two of a 3x3's 28-pixel rows, a 2 x 1 tile at a
+    fraction of the FMA rate), tiles of even width (`_balanced_width`) and units of
+    `PADDED_ROWS` rows. ResNet-50's four 3x3 stride-1 convs ran 1.01-1.13x faster on two
+    threads of an AVX2 host, 0.99-1.24x on one, than with the MLAS tile (and the grid of
+    `scripts/bench_microkernels.py` picked the split for three of them); with 32 registers
+    the MLAS tile stays (not measured there)."""
+    return {**tile, "px": _balanced_width(geometry.ow, tile["px"]), "split": 1,
+            "rows": min(geometry.oh, PADDED_ROWS)}
+
+
 def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA, and the tile of MLAS's NCHWc
     kernels (4 vectors of output channels x 6 pixels with 32 registers, 2 x 6 with 16;
@@ -383,8 +398,9 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     full unroll; passes of as many input blocks as keep their weights within `PASS_BYTES`.
     Strided 1x1 convs take the phase split (a subsample, then a flattened 1x1 conv);
     strided KxK convs on a blocked input a tile of fewer vectors and more pixels and the
-    split of short rows (`_strided_tile`). Both were faster than the MLAS tile in
-    `scripts/bench_microkernels.py` on ResNet-50's stride-2 convs; on a stem (NCHW input)
+    split of short rows (`_strided_tile`); padded stride-1 KxK ones with 16 registers
+    their padding written out (`_padded_tile`). The strided ones were faster than the MLAS
+    tile in `scripts/bench_microkernels.py` on ResNet-50's stride-2 convs; on a stem (NCHW input)
     the split was slower (its phases hold one float per pixel): it keeps the MLAS tile."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if geometry.block % i.lanes == 0)
@@ -396,6 +412,8 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
         tile["split"] = 1
     elif geometry.strided and not geometry.nchw_input:
         tile = _strided_tile(geometry, isa, _whole_kvs(geometry, isa))
+    elif splittable(geometry) and not geometry.nchw_input and isa.registers < 32:
+        tile = _padded_tile(geometry, isa, tile)
     return with_passes(geometry, isa, tile)
 
 
