@@ -35,9 +35,10 @@ hidden from the optimizer (`OPAQUE`): otherwise gcc shares the broadcasts of
 overlapping columns across the unrolled taps and spills them (checked with
 `gcc -S`: 700 stack accesses per tile sweep without it, none with it). Each tile
 is a function of its own (`NOINLINE`) whose FMAs pin their accumulators
-(`FMA_ACC`): inlined into the row loop, with plain `+=`, gcc 12 spilled an
-accumulator of the hot tile in 67 of 168 ResNet-50 configs on AVX2 (in 1 of them
-with both; `tests/unit/test_microkernels.py` checks the assembly).
+(`FMA_ACC`): inlined into the row loop, with plain `+=`, gcc 12 wrote vector
+registers to the stack in 67 of 168 ResNet-50 configs on AVX2; as a function of its
+own, in the hot tile of 23; with both, of 1 (a 7x7 stem tile using all 16 registers;
+`tests/unit/test_microkernels.py` checks the assembly).
 
 Depthwise conv: a tile is one vector of channels by PX pixels of a row; per
 filter row the S weight vectors and the row's input vectors are loaded once and

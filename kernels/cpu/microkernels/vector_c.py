@@ -22,9 +22,10 @@ INTRINSICS = """#if defined(__AVX__)
 # acc += x * w with the accumulator pinned to one register (an x86 FMA as inline asm whose
 # accumulator is both input and output). Written as plain C, gcc 12's register allocator moves
 # a tile's accumulators between registers across the unrolled FMAs (the 132/213 forms write
-# the product into the broadcast's register) and then spills some of them to the stack: 64 of
-# 192 ResNet-50 tile configs on AVX2 read and wrote an accumulator in memory on every step of
-# the reduction, up to 1.8x slower (a 3x3 conv's phase split, 46 vs 85 GFLOP/s, one thread).
+# the product into the broadcast's register) and then spills some to the stack: a conv tile
+# that is a function of its own (`templates.py`) did in 23 of 168 ResNet-50 configs on AVX2,
+# 1 with this macro; a spilled accumulator is read and written on every reduction step (a
+# 3x3 conv's phase split ran 46 instead of 85 GFLOP/s on one thread).
 # No braces: it goes into `str.format` templates as is.
 FMA_ACC = r"""
 #if defined(__x86_64__) && defined(__FMA__)
