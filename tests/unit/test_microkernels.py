@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -286,6 +287,34 @@ def test_padded_stride1_default_writes_the_padding_out(isa, rng):
     assert flat["split"] == 0
 
 
+def test_concurrent_calls_of_a_split_kernel_each_get_their_own_scratch(rng):
+    """Two threads calling one phase-split kernel at once (ctypes lets go of the GIL during
+    a call) on different images: each output is its own image's conv, i.e. the calls never
+    share the buffer the split writes."""
+    workload = conv(3 * B, 2 * B, (40, 40), 3, epilogue=(RELU,))
+    config = dict(default_config(geometry(workload), USABLE[0]), split=1)
+    first = random_inputs(workload, rng)
+    second = [rng.standard_normal(first[0].shape).astype(np.float32), *first[1:]]
+    kernel = MICRO_NCHWC.prepare(workload, {i: first[i] for i in workload.const_inputs},
+                                 config)
+    expected = [nchwc_reference(workload, inputs)[0] for inputs in (first, second)]
+    errors = []
+
+    def calls(inputs, reference):
+        out = np.empty(workload.outputs[0].shape, np.float32)
+        for _ in range(40):
+            kernel(inputs, [out])
+            errors.append(relative_l2(out, reference))
+
+    threads = [threading.Thread(target=calls, args=pair)
+               for pair in zip((first, second), expected)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(errors) == 80 and max(errors) < 1e-5, max(errors)
+
+
 def test_phase_split_sizes_its_scratch_buffer():
     """The split of a 3x3 stride-2 conv holds 2 x 2 phases padded to whole windows; a strided
     1x1 conv's only one phase (a subsample); no split, no buffer."""
@@ -354,8 +383,9 @@ def _tile_stack_accesses(source: str, flags, tmp_path: Path) -> dict[str, int]:
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_register_tiles_keep_every_vector_in_registers(isa, tmp_path):
     """Tiles that fill the registers (2 x 6 of 16 on AVX2, 4 x 6 and 2 x 12 of 32 on
-    AVX-512), on ResNet-50 shapes where gcc 12 spilled an accumulator of the hot tile when
-    the tiles were inlined and wrote `+=`: no tile function touches the stack."""
+    AVX-512), on ResNet-50 shapes where gcc 12 spilled vectors of the 2 x 6 tile functions
+    (6 stack accesses in the full tile) when their FMAs were `+=`: no tile function touches
+    the stack."""
     if isa not in USABLE:
         pytest.skip(f"this host cannot run {isa} code")
     lanes = ISAS[isa].lanes

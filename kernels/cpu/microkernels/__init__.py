@@ -9,9 +9,10 @@ One module per concern:
   input of a stem) and its config space (register tile, unroll, input blocks per
   pass, phase split, rows per unit, ISA), searchable by the GA/RL tuners;
 - `templates`: the C source (vector accumulators, broadcast FMAs, fused epilogue,
-  the phase split of a strided conv's input);
+  the phase split of a strided or padded conv's input);
 - `kernel`: the registered implementation `micro.nchwc` (filter packing,
   compilation, the kernel callable) and its `GeneratedKernels` for the search;
+- `scratch`: `ScratchPool`, a kernel's working buffers, one per concurrent call;
 - `winograd_space`, `winograd_templates`, `winograd`: the same three concerns for
   Winograd F(2x2,3x3) / F(4x4,3x3) of 3x3 stride-1 convs (`micro.winograd`: the
   transforms and error bound, the C source, the implementation and its family);

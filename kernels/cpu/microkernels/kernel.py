@@ -7,11 +7,12 @@
 An untuned build measures the default config next to onnxruntime's MLAS kernel
 (`ort.nchwc`) and the planner keeps the faster verified one, so adding it never
 makes a plan slower. `prepare` packs the filter in the tile's order and the
-bias to whole tiles, allocates the scratch buffer of a phase-split config, and
-compiles the source of `templates.conv_source` for the config's ISA through the
-compile cache. A network's first conv (NCHW input with fewer channels than a
-block, the stem) is one of its workloads: its tile broadcasts single input
-channels, where onnxruntime's MLAS has its NCHW-input conv kernel.
+bias to whole tiles, keeps a pool of a phase-split config's scratch buffers (one per
+concurrent call: `scratch.ScratchPool`), and compiles the source of
+`templates.conv_source` for the config's ISA through the compile cache. A network's
+first conv (NCHW input with fewer channels than a block, the stem) is one of its
+workloads: its tile broadcasts single input channels, where onnxruntime's MLAS has its
+NCHW-input conv kernel.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from wpk.dsl.toolchain import compile_c, load_function
 from wpk.kernels.algorithms import conv_algorithm
 from wpk.kernels.cpu.microkernels.family import MicroFamily
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
+from wpk.kernels.cpu.microkernels.scratch import ScratchPool
 from wpk.kernels.cpu.microkernels.space import (
     ConvGeometry,
     MicroSpace,
@@ -140,9 +142,9 @@ class MicroNchwc(Implementation):
             packed = pack_conv_filter(weight, g, lanes, kv)
             packed_bias = pack_bias(bias, packed.shape[0] * kv * lanes)
         fn = load_micro(g, config)
-        scratch = np.empty(split_floats(g, config), np.float32)   # the phase split, per call
+        floats = split_floats(g, config)   # the phase split's buffer, one per concurrent call
+        pool = ScratchPool(floats) if floats else None
         w_ptr, b_ptr = packed.ctypes.data, packed_bias.ctypes.data
-        s_ptr = scratch.ctypes.data if scratch.size else None
         out_spec = workload.outputs[0]
         sum_index = g.sum_index
 
@@ -156,8 +158,13 @@ class MicroNchwc(Implementation):
                                                                     dtype=np.float32)
             if s is not None and np.shares_memory(s, out):   # y holds partial sums first
                 s = s.copy()
-            fn(x.ctypes.data, w_ptr, b_ptr, None if s is None else s.ctypes.data,
-               out.ctypes.data, s_ptr)
+            scratch = pool.take() if pool else None
+            try:
+                fn(x.ctypes.data, w_ptr, b_ptr, None if s is None else s.ctypes.data,
+                   out.ctypes.data, None if scratch is None else scratch.ctypes.data)
+            finally:
+                if scratch is not None:
+                    pool.give(scratch)
 
         def native(inputs, outputs) -> NativeCall | None:
             """The call on these buffers as (function, pointers), when it copies nothing."""
@@ -166,12 +173,15 @@ class MicroNchwc(Implementation):
             if not (plain(x) and plain(out, out_spec.shape)) or \
                     (s is not None and (not plain(s) or np.shares_memory(s, out))):
                 return None
+            scratch = pool.take() if pool else None   # the chain's, never given back
+            kernel.keep += (scratch,)
             return function_address(fn), (x.ctypes.data, w_ptr, b_ptr,
                                            0 if s is None else s.ctypes.data,
-                                           out.ctypes.data, s_ptr or 0)
+                                           out.ctypes.data,
+                                           0 if scratch is None else scratch.ctypes.data)
 
         kernel.native = native
-        kernel.keep = (packed, packed_bias, scratch)   # live as long as the kernel
+        kernel.keep = (packed, packed_bias, pool)   # live as long as the kernel
         return kernel
 
 

@@ -25,6 +25,7 @@ from wpk.dsl.toolchain import compile_c, load_function
 from wpk.kernels.cpu.microkernels.family import MicroFamily
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
 from wpk.kernels.cpu.microkernels.kernel import pack_bias
+from wpk.kernels.cpu.microkernels.scratch import ScratchPool
 from wpk.kernels.cpu.microkernels.space import ConvGeometry, conv_geometry
 from wpk.kernels.cpu.microkernels.winograd_space import (
     M_CHOICES,
@@ -41,8 +42,6 @@ from wpk.kernels.cpu.microkernels.winograd_templates import (
 )
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
-
-ALIGN = 64   # bytes: the scratch's vectors start on cache lines
 
 
 def transform_filter(weight: np.ndarray, m: int) -> np.ndarray:
@@ -87,26 +86,6 @@ def load_winograd(g: ConvGeometry, config: Mapping):
     library = compile_c(winograd_source(g, config), compile_flags(isa)).path
     build.openmp_defaults()
     return load_function(library, "wpk_winograd_conv", [ctypes.c_void_p] * 6)
-
-
-class ScratchPool:
-    """Aligned float32 scratch buffers of one size; a call takes one and gives it back."""
-
-    def __init__(self, floats: int):
-        self.floats = floats
-        self.free: list[np.ndarray] = []
-
-    def take(self) -> np.ndarray:
-        """A free buffer, or a new one (list pop/append are atomic under the GIL)."""
-        try:
-            return self.free.pop()
-        except IndexError:
-            raw = np.empty(self.floats + ALIGN // 4, np.float32)
-            skip = (-raw.ctypes.data % ALIGN) // 4
-            return raw[skip: skip + self.floats]
-
-    def give(self, buffer: np.ndarray) -> None:
-        self.free.append(buffer)
 
 
 class MicroWinograd(Implementation):

@@ -1,0 +1,37 @@
+"""Scratch buffers of a generated kernel, one per concurrent call.
+
+    pool = ScratchPool(floats)
+    buffer = pool.take()      # a free buffer, or a new one (64-byte aligned)
+    pool.give(buffer)         # back for the next call
+
+A kernel that needs working memory (Winograd's transformed tiles, a conv's phase split)
+takes a buffer per call, so calls of one kernel from several threads at once never
+share one, and a call never allocates after the first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ALIGN = 64   # bytes: the scratch's vectors start on cache lines
+
+
+class ScratchPool:
+    """Aligned float32 scratch buffers of one size; a call takes one and gives it back."""
+
+    def __init__(self, floats: int):
+        self.floats = floats
+        self.free: list[np.ndarray] = []
+
+    def take(self) -> np.ndarray:
+        """A free buffer, or a new one (list pop/append are atomic under the GIL)."""
+        try:
+            return self.free.pop()
+        except IndexError:
+            raw = np.empty(self.floats + ALIGN // 4, np.float32)
+            skip = (-raw.ctypes.data % ALIGN) // 4
+            return raw[skip: skip + self.floats]
+
+    def give(self, buffer: np.ndarray) -> None:
+        """Return a buffer taken from this pool."""
+        self.free.append(buffer)
