@@ -174,7 +174,8 @@ class MicroNchwc(Implementation):
                     (s is not None and (not plain(s) or np.shares_memory(s, out))):
                 return None
             scratch = pool.take() if pool else None   # the chain's, never given back
-            kernel.keep += (scratch,)
+            if scratch is not None:
+                kernel.keep += (scratch,)
             return function_address(fn), (x.ctypes.data, w_ptr, b_ptr,
                                            0 if s is None else s.ctypes.data,
                                            out.ctypes.data,

@@ -245,7 +245,7 @@ class MicroSpace:
         return default_config(self.geometry, self.isas[0] if self.isas else None)
 
 
-def padded(geometry: ConvGeometry) -> bool:
+def _padded(geometry: ConvGeometry) -> bool:
     """Whether some output pixel's window leaves the image (explicit or implied padding)."""
     g = geometry
     return bool(g.pt or g.pl or (g.oh - 1) * g.sh - g.pt + (g.r - 1) * g.dh >= g.h
@@ -257,7 +257,7 @@ def splittable(geometry: ConvGeometry) -> bool:
     phase is the input with the padding written out)."""
     if geometry.depthwise:
         return False
-    return geometry.strided or (padded(geometry) and (geometry.r, geometry.s) != (1, 1))
+    return geometry.strided or (_padded(geometry) and (geometry.r, geometry.s) != (1, 1))
 
 
 def config_reason(geometry: ConvGeometry, config) -> str | None:
