@@ -29,10 +29,11 @@ from wpk.kernels.cpu.microkernels.ir_space import (
     default_config,
 )
 from wpk.kernels.cpu.microkernels.ir_templates import block_source
-from wpk.kernels.cpu.microkernels.isa import usable_isas
+from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags, usable_isas
 from wpk.kernels.reference import reference
 from wpk.kernels.support import is_supported
 
+from .asm_checks import stack_accesses
 from .conv_reference import conv_nchw
 from .irb_helpers import (
     TOLERANCE,
@@ -255,3 +256,22 @@ def test_register_activations_match_their_definition_on_extreme_inputs(act, isa)
     error = np.abs(got - expected)
     bound = 2e-6 * np.abs(expected) + 4 * np.finfo(np.float32).eps * np.abs(x)
     assert np.all(error <= bound), (x[error > bound][:5], got[error > bound][:5])
+
+
+@pytest.mark.isa
+@pytest.mark.skipif("avx2" not in {i.name for i in usable_isas()}
+                    and "avx512" not in {i.name for i in usable_isas()},
+                    reason="x86 FMA ISAs only")
+def test_sixteen_register_default_tiles_keep_their_vectors_in_registers(tmp_path):
+    """With 16 registers (AVX2) the 1x1 convs' default tile is 2 x 6 (15 registers, one
+    spare; `register_tile`), and gcc keeps it in registers: no vector instruction of the
+    expand or project loops touches the stack (MobileNet-v2's 96 > 576 > 96 block, 14x14,
+    and its 160 > 960 > 320 one, 7x7)."""
+    for cin, expanded, cout, size in ((96, 576, 96, 14), (160, 960, 320, 7)):
+        g = block_geometry(block_workload(1, cin, expanded, cout, size, size, 3, 1, RELU6,
+                                          cin == cout, 8))
+        config = default_config(g, "avx2")
+        assert (config["kv1"], config["px1"], config["kv2"], config["px2"]) == (2, 6, 2, 6)
+        found = stack_accesses(block_source(g, config), compile_flags(ISAS["avx2"]), tmp_path,
+                               ("ex_", "pr_"))
+        assert found and not any(found.values()), (cin, expanded, cout, found)

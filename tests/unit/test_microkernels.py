@@ -12,8 +12,6 @@ compiles and runs there) and the portable path.
 from __future__ import annotations
 
 import math
-import re
-import subprocess
 import threading
 from pathlib import Path
 
@@ -22,7 +20,6 @@ import pytest
 
 from wpk.core.numerics import relative_l2
 from wpk.core.workload import EpilogueStep, TensorSpec, Workload
-from wpk.dsl.toolchain import c_compiler
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels import registry
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags, usable_isas
@@ -41,6 +38,8 @@ from wpk.kernels.nchwc_reference import nchwc_reference
 from wpk.kernels.random_inputs import random_inputs
 from wpk.search.space import SearchSpace
 from wpk.search.tuners import make_tuner
+
+from .asm_checks import stack_accesses
 
 # ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
 pytestmark = pytest.mark.isa
@@ -361,24 +360,6 @@ def test_avx2_source_uses_eight_lanes_and_its_flags():
     assert not any(f.startswith("-march=x86") for f in portable)
 
 
-def _tile_stack_accesses(source: str, flags, tmp_path: Path) -> dict[str, int]:
-    """Vector instructions reading or writing the stack in each `tile_*` function of the
-    source's x86 assembly (`cc -S`): a spilled accumulator, weight or broadcast."""
-    c_file, asm = tmp_path / "k.c", tmp_path / "k.s"
-    c_file.write_text(source)
-    subprocess.run([c_compiler(), *flags, "-S", "-o", str(asm), str(c_file)], check=True)
-    found, function = {}, None
-    for line in asm.read_text().splitlines():
-        label = re.match(r"^(tile_\w+)[.:]", line)
-        if label or re.match(r"^[A-Za-z_][\w.]*:", line):
-            function = label.group(1) if label else None
-            found.setdefault(function, 0)
-        elif function and line.startswith("\tv") and re.search(r"\(%r[sb]p\)", line):
-            found[function] += 1
-    found.pop(None, None)
-    return found
-
-
 @pytest.mark.skipif(not {"avx2", "avx512"} & set(USABLE), reason="x86 FMA ISAs only")
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_register_tiles_keep_every_vector_in_registers(isa, tmp_path):
@@ -396,8 +377,8 @@ def test_register_tiles_keep_every_vector_in_registers(isa, tmp_path):
         g = geometry(workload)
         for kv, px in tiles:
             config = dict(default_config(g, isa), kv=kv, px=px, split=split)
-            found = _tile_stack_accesses(conv_source(g, config), compile_flags(ISAS[isa]),
-                                         tmp_path)
+            found = stack_accesses(conv_source(g, config), compile_flags(ISAS[isa]),
+                                   tmp_path, ("tile_",))
             # (gcc folds identical tiles into one: a split conv's edge and full tiles)
             assert found and not any(found.values()), (workload.label, config, found)
 
