@@ -142,8 +142,8 @@ def register_tile(vectors: int, isa: Isa) -> tuple[int, int]:
     (gcc spills a tile that takes all of them: checked with `gcc -S`, a 3 x 9 tile on 32)
     and less one with 16: a 2 x 6 tile (15 registers) kept every vector in registers in
     MobileNet-v2's blocks (`gcc -S`, AVX2), and against the 2 x 5 tile the limit of two left
-    the blocks ran 1.06x faster in the median over MobileNet-v2's (0.88-1.08x), 1.03x over
-    EfficientNet-B0's (0.89-1.07x) and 1.00x over MobileNetV3-small's (0.78-1.12x) on two
+    the blocks ran 1.06x faster in the median over MobileNet-v2's (0.88-1.09x), 1.03x over
+    EfficientNet-B0's (0.89-1.08x) and 1.00x over MobileNetV3-small's (0.78-1.12x) on two
     threads of an AVX2 host (old and new tiles alternating in one process)."""
     spare = 2 if isa.registers >= 32 else 1
     tiles = [(k, p) for k in KV_CHOICES for p in PX_CHOICES if vectors % k == 0
