@@ -28,12 +28,14 @@ from wpk.kernels.cpu.microkernels.gemm_space import (
     panel_vectors,
 )
 from wpk.kernels.cpu.microkernels.gemm_templates import gemm_source
-from wpk.kernels.cpu.microkernels.isa import ISAS, usable_isas
+from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags, usable_isas
 from wpk.kernels.cpu.microkernels.vector_math import has_vector_variants, vector_math
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.search.space import SearchSpace
 from wpk.search.tuners import make_tuner
+
+from .asm_checks import stack_accesses
 
 USABLE = [isa.name for isa in usable_isas()]
 T = TensorSpec
@@ -385,3 +387,24 @@ def test_default_tile_leaves_no_panel_mostly_empty():
                         (TensorSpec((3136, 96)),), (), (), "", (1,))
     config = default_config(gemm_geometry(workload), "avx512")
     assert (config["nv"], config["mr"]) == (3, 8)
+
+
+@pytest.mark.skipif(not {"avx2", "avx512"} & set(USABLE),
+                    reason="x86 FMA ISAs only (the AVX2 code is compiled, not run)")
+def test_sixteen_register_tile_of_a_constant_b_is_four_rows_by_three_vectors(tmp_path):
+    """With 16 registers a constant B (weights, packed once) takes a 4 x 3 tile (12
+    accumulators, 3 + 4 loads per 12 FMAs) where 3 vectors leave no panel mostly empty, a
+    variable B (attention's products) 6 x 2; the 4 x 3 tile fills all 16 registers and gcc
+    spills none of them (BERT's FFN products)."""
+    assert panel_vectors(96, 16, const_b=True) == 3 and panel_vectors(96, 16) == 2
+    assert panel_vectors(8, 16, const_b=True) == 2    # 3 would leave a ninth empty
+    for shapes in (((128, 768), (768, 3072), (128, 3072)), ((128, 3072), (3072, 768), (128, 768))):
+        g = gemm_geometry(matmul(*shapes))
+        config = default_config(g, "avx2")
+        assert (config["mr"], config["nv"]) == (4, 3)
+        found = stack_accesses(gemm_source(g, config)[0], compile_flags(ISAS["avx2"]), tmp_path,
+                               ("wpk_gemm",))
+        assert found and not any(found.values()), (shapes, found)
+    scores = default_config(gemm_geometry(matmul((1, 12, 128, 64), (1, 12, 64, 128),
+                                                 (1, 12, 128, 128), const_b=False)), "avx2")
+    assert (scores["mr"], scores["nv"]) == (6, 2)

@@ -259,14 +259,22 @@ def _at_least(choices: tuple[int, ...], value: int) -> int:
     return next((c for c in choices if c >= value), choices[-1])
 
 
-def panel_vectors(vectors: int, registers: int) -> int:
+def panel_vectors(vectors: int, registers: int, const_b: bool = False) -> int:
     """The register tile's vectors of columns for an output row of `vectors` vectors: 4
-    with 32 registers (2 with 16), unless the last panel would be computed more than a
-    tenth empty; then the width among 4, 3, 2 (2, 1) that wastes least. ConvNeXt's
-    3136x384 @ 384x96 (6 vectors: panels of 4 and 2) ran at 163 GFLOP/s with 4, 219-224
-    with 3 or 2 (2-core Zen 4 VM, 2026-11-29, the register tiles' order shuffled per
-    round)."""
-    widths = (4, 3, 2) if registers >= 32 else (2, 1)
+    with 32 registers (with 16: 3 for a constant B, else 2), unless the last panel would
+    be computed more than a tenth empty; then the width among 4, 3, 2 (3, 2, 1 or 2, 1)
+    that wastes least. ConvNeXt's 3136x384 @ 384x96 (6 vectors: panels of 4 and 2) ran at
+    163 GFLOP/s with 4, 219-224 with 3 or 2 (2-core Zen 4 VM, 2026-11-29, the register
+    tiles' order shuffled per round). With 16 registers a 4 x 3 tile (12 accumulators, 3
+    + 4 loads per 12 FMAs; all 16 registers, none spilled in `gcc -S`) ran the constant-B
+    products of `scripts/bench_micro_gemm.py`'s models 1.035x faster than 6 x 2 in the
+    median (0.98-1.14x; BERT's FFN down 1.12-1.14x) on two threads of an AVX2 host, the
+    two alternating in one process; on attention's batched products of a variable B
+    (K or N of 64) it ran 0.84-1.07x, so those keep 6 x 2."""
+    if registers >= 32:
+        widths = (4, 3, 2)
+    else:
+        widths = (3, 2, 1) if const_b else (2, 1)
     widths = tuple(w for w in widths if w <= vectors) or (vectors,)
 
     def waste(width: int) -> float:
@@ -279,13 +287,13 @@ def panel_vectors(vectors: int, registers: int) -> int:
 
 def default_config(g: GemmGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA; 6 rows x 4 vectors with 32
-    registers, 6 x 2 with 16 (fewer vectors where a row's vectors leave the last panel
+    registers, 4 x 3 with 16 for a constant B and 6 x 2 otherwise (fewer vectors where a row's vectors leave the last panel
     part-empty, `panel_vectors`; rows as many as the registers hold, at most 8; fewer rows
     for short products); k passes whose panel slice fits `PANEL_BYTES`; units of every row tile
     and as many panels as leave about `TARGET_UNITS` units of at least `UNIT_FLOPS` each
     (fewer rows only when the columns run out). Every knob is one of its choices."""
     isa: Isa = ISAS[isa_name] if isa_name else usable_isas()[0]
-    nv = panel_vectors(g.vectors(isa.lanes), isa.registers)
+    nv = panel_vectors(g.vectors(isa.lanes), isa.registers, g.const_b)
     mr = max(r for r in MR_CHOICES if tile_registers(nv, r) <= isa.registers and r <= 8)
     mr = max(r for r in MR_CHOICES if r <= min(mr, g.m))
     nr = nv * isa.lanes
