@@ -287,11 +287,12 @@ def panel_vectors(vectors: int, registers: int, const_b: bool = False) -> int:
 
 def default_config(g: GemmGeometry, isa_name: str | None = None) -> dict:
     """The untuned build's config: the widest usable ISA; 6 rows x 4 vectors with 32
-    registers, 4 x 3 with 16 for a constant B and 6 x 2 otherwise (fewer vectors where a row's vectors leave the last panel
-    part-empty, `panel_vectors`; rows as many as the registers hold, at most 8; fewer rows
-    for short products); k passes whose panel slice fits `PANEL_BYTES`; units of every row tile
-    and as many panels as leave about `TARGET_UNITS` units of at least `UNIT_FLOPS` each
-    (fewer rows only when the columns run out). Every knob is one of its choices."""
+    registers, 4 x 3 with 16 for a constant B and 6 x 2 otherwise (fewer vectors where a
+    row's vectors leave the last panel part-empty, `panel_vectors`; rows as many as the
+    registers hold, at most 8; fewer rows for short products); k passes whose panel slice
+    fits `PANEL_BYTES`; units of every row tile and as many panels as leave about
+    `TARGET_UNITS` units of at least `UNIT_FLOPS` each (fewer rows only when the columns
+    run out). Every knob is one of its choices."""
     isa: Isa = ISAS[isa_name] if isa_name else usable_isas()[0]
     nv = panel_vectors(g.vectors(isa.lanes), isa.registers, g.const_b)
     mr = max(r for r in MR_CHOICES if tile_registers(nv, r) <= isa.registers and r <= 8)
