@@ -268,9 +268,9 @@ def panel_vectors(vectors: int, registers: int, const_b: bool = False) -> int:
     tiles' order shuffled per round). With 16 registers a 4 x 3 tile (12 accumulators, 3
     + 4 loads per 12 FMAs; all 16 registers, none spilled in `gcc -S`) ran the constant-B
     products of `scripts/bench_micro_gemm.py`'s models 1.035x faster than 6 x 2 in the
-    median (0.98-1.14x; BERT's FFN down 1.12-1.14x) on two threads of an AVX2 host, the
-    two alternating in one process; on attention's batched products of a variable B
-    (K or N of 64) it ran 0.84-1.07x, so those keep 6 x 2."""
+    median (0.98-1.14x; BERT's FFN down 1.04-1.14x in three runs) on two threads of an
+    AVX2 host, the two alternating in one process; on attention's batched products of a
+    variable B (K or N of 64) it ran 0.84-1.07x, so those keep 6 x 2."""
     if registers >= 32:
         widths = (4, 3, 2)
     else:
