@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.unit.asm_checks import stack_accesses
 from wpk.core.numerics import relative_l2
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels import registry
@@ -33,7 +34,6 @@ from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags, usable_isas
 from wpk.kernels.reference import reference
 from wpk.kernels.support import is_supported
 
-from .asm_checks import stack_accesses
 from .conv_reference import conv_nchw
 from .irb_helpers import (
     TOLERANCE,

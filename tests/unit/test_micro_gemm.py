@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.unit.asm_checks import stack_accesses
 from wpk.core.numerics import relative_l2
 from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
@@ -34,8 +35,6 @@ from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.reference import reference
 from wpk.search.space import SearchSpace
 from wpk.search.tuners import make_tuner
-
-from .asm_checks import stack_accesses
 
 USABLE = [isa.name for isa in usable_isas()]
 T = TensorSpec

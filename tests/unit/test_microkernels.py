@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.unit.asm_checks import stack_accesses
 from wpk.core.numerics import relative_l2
 from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import nchwc_format as fmt
@@ -38,8 +39,6 @@ from wpk.kernels.nchwc_reference import nchwc_reference
 from wpk.kernels.random_inputs import random_inputs
 from wpk.search.space import SearchSpace
 from wpk.search.tuners import make_tuner
-
-from .asm_checks import stack_accesses
 
 # ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
 pytestmark = pytest.mark.isa

@@ -12,8 +12,6 @@ stays within 1e-4 relative L2 of onnxruntime end to end.
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -22,6 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
+from tests.unit.test_microkernels import ADD3, RELU, B, conv
 from wpk.core.numerics import relative_l2
 from wpk.core.workload import EpilogueStep
 from wpk.kernels import registry
@@ -48,9 +47,6 @@ from wpk.runtime import Session
 from wpk.search.measure import measure_candidate
 from wpk.search.space import SearchSpace
 from wpk.search.tuners import make_tuner
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_microkernels import ADD3, RELU, B, conv  # noqa: E402
 
 USABLE = [isa.name for isa in usable_isas()]
 CASES = {
