@@ -173,13 +173,9 @@ class MicroNchwc(Implementation):
             if not (plain(x) and plain(out, out_spec.shape)) or \
                     (s is not None and (not plain(s) or np.shares_memory(s, out))):
                 return None
-            scratch = pool.take() if pool else None   # the chain's, never given back
-            if scratch is not None:
-                kernel.keep += (scratch,)
             return function_address(fn), (x.ctypes.data, w_ptr, b_ptr,
                                            0 if s is None else s.ctypes.data,
-                                           out.ctypes.data,
-                                           0 if scratch is None else scratch.ctypes.data)
+                                           out.ctypes.data, pool.reserve() if pool else 0)
 
         kernel.native = native
         kernel.keep = (packed, packed_bias, pool)   # live as long as the kernel

@@ -161,11 +161,9 @@ class MicroWinograd(Implementation):
             s = None if sum_index is None else inputs[sum_index]
             if not (plain(x) and plain(out, out_spec.shape) and (s is None or plain(s))):
                 return None
-            scratch = pool.take()   # the chain's, never given back
-            kernel.keep += (scratch,)
             return function_address(fn), (x.ctypes.data, u_ptr, b_ptr,
                                            0 if s is None else s.ctypes.data,
-                                           out.ctypes.data, scratch.ctypes.data)
+                                           out.ctypes.data, pool.reserve())
 
         kernel.native = native
         kernel.keep = (packed, packed_bias, pool)   # they live as long as the kernel
