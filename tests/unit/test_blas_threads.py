@@ -31,6 +31,30 @@ def test_one_blas_thread_inside_and_restored_after(two_blas_threads):
     assert set(blas_threads()) == {2}
 
 
+def test_the_library_scan_is_reused_until_a_module_is_imported(two_blas_threads, monkeypatch):
+    """The planner enters the context once per candidate: the loaded libraries are scanned
+    again only when a module was imported since (a new BLAS comes with one)."""
+    import sys
+    import types
+
+    from wpk.kernels.cpu import blas_threads as module
+
+    with one_blas_thread():
+        pass
+    scanned = module._shared[1]
+    with one_blas_thread():
+        with one_blas_thread():
+            assert set(blas_threads()) == {1}
+        assert set(blas_threads()) == {1}
+    assert set(blas_threads()) == {2}
+    assert module._shared[1] is scanned
+    monkeypatch.setitem(sys.modules, "wpk_test_imported_module", types.ModuleType("probe"))
+    with one_blas_thread():
+        assert set(blas_threads()) == {1}
+    assert module._shared[1] is not scanned
+    assert set(blas_threads()) == {2}
+
+
 def test_timed_kernels_see_one_blas_thread(two_blas_threads):
     seen = []
 

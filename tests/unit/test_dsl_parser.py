@@ -172,3 +172,18 @@ def test_ir_nodes_are_hashable_and_comparable():
     assert ir.simplify(ir.BinOp("*", ir.Const(3), ir.Const(4), "i32")) == ir.Const(12)
     assert ir.bind_dim(ir.BinOp("//", ir.SymVar("C"), ir.SymVar("G"), "i32"),
                        {"C": 8, "G": 2}) == 4
+
+
+def test_a_text_parsed_again_gives_the_same_operators_without_a_second_parse():
+    from wpk.core.errors import DslError
+    from wpk.dsl import parser
+
+    text = "op twice(X: f32[N]) -> Y: f32[N] {\n    Y[i] = X[i] * 2.0\n}\n"
+    first = parse_source(text, "<twice>")
+    hits = parser._parsed.cache_info().hits
+    again = parse_source(text, "<twice>")
+    assert again == first and again is not first          # a new list of the same operators
+    assert parser._parsed.cache_info().hits == hits + 1
+    for _ in range(2):                                    # a syntax error is raised each time
+        with pytest.raises(DslError, match="<bad>:1"):
+            parse_source("op broken(X: f32[N] -> Y", "<bad>")

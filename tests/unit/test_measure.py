@@ -185,6 +185,18 @@ def test_compare_requires_matching_special_values():
     assert error == float("inf") and "inf/nan" in why
 
 
+def test_compare_of_a_finite_reference_gives_the_relative_l2_error_and_finds_unwritten():
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((4, 50))
+    got = (ref + 1e-3 * rng.standard_normal(ref.shape)).astype(np.float32)
+    error, why = compare([got], [ref])
+    expected = np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert why == "" and error == pytest.approx(expected, rel=1e-12)
+    got[2, 7] = np.nan                                          # one element left unwritten
+    error, why = compare([got], [ref])
+    assert error == float("inf") and "1 of 200 elements NaN/inf" in why
+
+
 def test_compare_takes_inf_where_the_reference_is_beyond_float32s_range():
     """HF's `(1 - mask) * finfo(float32).min` on random inputs: the exact value can pass
     float32's largest, and inf with its sign is then the right float32 answer."""
