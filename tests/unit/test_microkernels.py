@@ -285,6 +285,29 @@ def test_padded_stride1_default_writes_the_padding_out(isa, rng):
     assert flat["split"] == 0
 
 
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_grouped_kxk_default_takes_no_phase_split(isa, rng):
+    """RegNet's and ResNeXt's grouped 3x3 convs (a group of one or several blocks), strided
+    with short rows and padded stride 1: where the same ungrouped conv's default splits, the
+    grouped one's does not (its input copy outweighs a group's work). Each matches the
+    reference."""
+    if isa not in USABLE:
+        pytest.skip(f"this host cannot run {isa} code")
+    if B % ISAS[isa].lanes:
+        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    narrow = ISAS[isa].registers < 32
+    c = 4 * B
+    for hw, stride, splits in (((14, 14), 2, True), ((9, 7), 1, narrow)):
+        ungrouped = default_config(geometry(conv(c, c, hw, 3, stride, epilogue=(RELU,))), isa)
+        assert ungrouped["split"] == int(splits), ungrouped
+        for group in (4, 2):   # a block, two blocks a group
+            workload = conv(c, c, hw, 3, stride, group=group, epilogue=(RELU,))
+            config = default_config(geometry(workload), isa)
+            assert config["split"] == 0, (hw, group, config)
+            err = _check(workload, config, rng)
+            assert err < 1e-5, f"{hw} group {group} {config}: relative L2 {err:.2e}"
+
+
 def test_concurrent_calls_of_a_split_kernel_each_get_their_own_scratch(rng):
     """Two threads calling one phase-split kernel at once (ctypes lets go of the GIL during
     a call) on different images: each output is its own image's conv, i.e. the calls never

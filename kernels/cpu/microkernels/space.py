@@ -401,7 +401,15 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     split of short rows (`_strided_tile`); padded stride-1 KxK ones with 16 registers
     their padding written out (`_padded_tile`). The strided ones were faster than the MLAS
     tile in `scripts/bench_microkernels.py` on ResNet-50's stride-2 convs; on a stem (NCHW input)
-    the split was slower (its phases hold one float per pixel): it keeps the MLAS tile."""
+    the split was slower (its phases hold one float per pixel): it keeps the MLAS tile.
+    A grouped KxK conv takes no split: its copy of the input costs as much as an ungrouped
+    conv's while a group reduces over a fraction of the channels. On two threads of an
+    AVX2 host, in two runs over the grouped 3x3 convs of RegNet-Y-400MF and ResNeXt-50 (the
+    tile otherwise the same, with and without the split alternating in one process), the
+    strided ones (8, 16 and 32 channels a group) ran 1.3-4.7x faster without it, the padded
+    stride-1 ones with 8 channels a group 1.04-1.75x, with 16 and 32 0.84-1.15x (ties
+    within the runs' noise; 2026-12-01). On AVX-512 (where only the strided rule applies)
+    not measured."""
     isa = ISAS[isa_name] if isa_name else next(
         i for i in usable_isas() if geometry.block % i.lanes == 0)
     if geometry.depthwise:
@@ -414,6 +422,8 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
         tile = _strided_tile(geometry, isa, _whole_kvs(geometry, isa))
     elif splittable(geometry) and not geometry.nchw_input and isa.registers < 32:
         tile = _padded_tile(geometry, isa, tile)
+    if geometry.groups > 1 and (geometry.r, geometry.s) != (1, 1):
+        tile["split"] = 0   # see `default_config`
     return with_passes(geometry, isa, tile)
 
 
