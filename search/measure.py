@@ -227,8 +227,8 @@ def _float_error(index: int, out: np.ndarray, ref: np.ndarray,
                  quantum: float | None) -> tuple[float, str]:
     """`compare` for one float output: (relative L2 error, "") or (inf, why it is wrong).
     The common case (a finite reference within the output type's range, no quantization
-    step) takes no masks: the masked path copied every output twice and made it a third
-    of a DenseNet-121 build's verification time."""
+    step) takes no masks: the masked path copies every output twice more (on a 56 x 56 x
+    256 output 27.6 ms against 18.9 ms)."""
     got = out.astype(np.float64) if out.dtype.kind != "c" else out.astype(np.complex128)
     finite_ref = np.isfinite(ref)
     if finite_ref.all() and not quantum and _beyond_range(ref, out.dtype) is None:

@@ -423,7 +423,7 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     elif splittable(geometry) and not geometry.nchw_input and isa.registers < 32:
         tile = _padded_tile(geometry, isa, tile)
     if geometry.groups > 1 and (geometry.r, geometry.s) != (1, 1):
-        tile["split"] = 0   # see `default_config`
+        tile["split"] = 0   # grouped: see the docstring
     return with_passes(geometry, isa, tile)
 
 
