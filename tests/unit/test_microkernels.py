@@ -45,6 +45,16 @@ pytestmark = pytest.mark.isa
 
 B = fmt.host_block_size()
 USABLE = [isa.name for isa in usable_isas()]
+
+
+def skip_unless_blocks_run(isa: str) -> None:
+    """Skip unless this host runs `isa` code and the test block B is whole vectors of it."""
+    if isa not in USABLE:
+        pytest.skip(f"this host cannot run {isa} code")
+    if B % ISAS[isa].lanes:
+        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+
+
 RELU = EpilogueStep("relu")
 
 
@@ -184,10 +194,7 @@ SPLITTABLE = [c for c in CASES if splittable(geometry(CASES[c]))]
 def test_phase_split_and_direct_tiles_both_match(case, isa, rng):
     """Strided convs (stems included) and padded stride-1 KxK convs (dilated, asymmetric
     pads, windows wider than the image) with the phase split off and on, several tiles."""
-    if isa not in USABLE:
-        pytest.skip(f"this host cannot run {isa} code")
-    if B % ISAS[isa].lanes:
-        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    skip_unless_blocks_run(isa)
     workload = CASES[case]
     default = default_config(geometry(workload), isa)
     for config in [default, *_random_configs(workload, isa, 2, seed=len(case) + 7)]:
@@ -202,10 +209,7 @@ def test_default_tile_of_an_odd_vector_count(isa, rng):
     registers the default tile is two vectors tall all the same (the last tile computes the
     last vector twice, stores it once); with 32 it stays a divisor (1 of 7). Either matches
     the reference, one pixel and a residual included."""
-    if isa not in USABLE:
-        pytest.skip(f"this host cannot run {isa} code")
-    if B % ISAS[isa].lanes:
-        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    skip_unless_blocks_run(isa)
     vectors = -(-104 // B) * B // ISAS[isa].lanes
     wide = ISAS[isa].registers >= 32
     for workload in (conv(48, 104, (7, 9), 1, epilogue=(RELU,)),
@@ -227,10 +231,7 @@ def test_strided_default_cuts_short_rows_into_even_tiles(isa, rng):
     (tiles of at most 6 pixels) the default cuts them 4 + 3 and 5 + 5 + 4, not 6 + 1 and
     6 + 6 + 2; a 28-pixel row keeps 6. With 32 registers the widest tile stays. Each
     matches the reference."""
-    if isa not in USABLE:
-        pytest.skip(f"this host cannot run {isa} code")
-    if B % ISAS[isa].lanes:
-        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    skip_unless_blocks_run(isa)
     narrow = ISAS[isa].registers < 32
     for hw, expected in (((14, 14), 4), ((28, 28), 5), ((56, 56), 6)):
         workload = conv(2 * B, 2 * B, hw, 3, stride=2, epilogue=(RELU,))
@@ -247,10 +248,7 @@ def test_depthwise_default_hands_out_units_of_several_rows(isa, rng):
     """A depthwise conv's default: 8 pixels wide where the registers hold them (a 7x7 filter
     with 16 registers: 5), units of 7 output rows (fewer in a shorter output), not one row
     of one block per unit; it matches the reference, a stride-2 and a 3-row output included."""
-    if isa not in USABLE:
-        pytest.skip(f"this host cannot run {isa} code")
-    if B % ISAS[isa].lanes:
-        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    skip_unless_blocks_run(isa)
     narrow = ISAS[isa].registers < 32
     c = 3 * B
     for workload, px, rows in ((conv(c, c, (20, 19), 3, group=c, epilogue=(RELU,)), 8, 7),
@@ -269,10 +267,7 @@ def test_padded_stride1_default_writes_the_padding_out(isa, rng):
     input with the padding written out; no one-pixel edge tiles), in even tiles and units
     of 7 rows; with 32 the MLAS tile stays. A 1x1 conv has nothing to write out. Each
     default matches the reference."""
-    if isa not in USABLE:
-        pytest.skip(f"this host cannot run {isa} code")
-    if B % ISAS[isa].lanes:
-        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    skip_unless_blocks_run(isa)
     narrow = ISAS[isa].registers < 32
     for workload, px in ((conv(20, 24, (9, 7), 3, epilogue=(RELU,)), 4),
                          (conv(B, 2 * B, (16, 14), 3, pads=(1, 0, 2, 1)), 5)):
@@ -291,10 +286,7 @@ def test_grouped_kxk_default_takes_no_phase_split(isa, rng):
     with short rows and padded stride 1: where the same ungrouped conv's default splits, the
     grouped one's does not (its input copy outweighs a group's work). Each matches the
     reference."""
-    if isa not in USABLE:
-        pytest.skip(f"this host cannot run {isa} code")
-    if B % ISAS[isa].lanes:
-        pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    skip_unless_blocks_run(isa)
     narrow = ISAS[isa].registers < 32
     c = 4 * B
     for hw, stride, splits in (((14, 14), 2, True), ((9, 7), 1, narrow)):
