@@ -231,18 +231,19 @@ def _float_error(index: int, out: np.ndarray, ref: np.ndarray,
     256 output 27.6 ms against 18.9 ms)."""
     got = out.astype(np.float64) if out.dtype.kind != "c" else out.astype(np.complex128)
     finite_ref = np.isfinite(ref)
-    if finite_ref.all() and not quantum and _beyond_range(ref, out.dtype) is None:
+    all_finite = bool(finite_ref.all())
+    beyond = _beyond_range(ref, out.dtype)
+    if all_finite and not quantum and beyond is None:
         if not np.isfinite(got).all():
             count = int(np.count_nonzero(~np.isfinite(got)))
             return float("inf"), (f"output {index} has {count} of {got.size} elements NaN/inf "
                                   "(unwritten or overflowed)")
         diff, norm = np.linalg.norm(got - ref), np.linalg.norm(ref)
         return (float(diff / norm) if norm > 0 else float(diff)), ""
-    if not finite_ref.all():
+    if not all_finite:
         same_special = (np.isnan(got) & np.isnan(ref)) | (got == ref)
         if not same_special[~finite_ref].all():
             return float("inf"), f"output {index} differs where the reference is inf/nan"
-    beyond = _beyond_range(ref, out.dtype)
     if beyond is not None:   # float32 rounds these to inf (or its largest value)
         sign_kept = np.sign(got[beyond]) == np.sign(ref[beyond])
         large = np.abs(got[beyond]) >= np.finfo(out.dtype).max
