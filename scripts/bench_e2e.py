@@ -17,9 +17,12 @@ onnxruntime runs with ORT_ENABLE_ALL and intra-op threads = cores.
     python scripts/bench_e2e.py --models light_vgg19,mobilenet_v2_like --rounds 30
     python scripts/bench_e2e.py --breakdown                  # + time of every plan step
     python scripts/bench_e2e.py --models corpus --ort-spinning --block 10 --breakdown
+    python scripts/bench_e2e.py --table benchmarks/results/e2e-....json   # an earlier run
 
 Writes benchmarks/results/e2e-<date>-<host>.json (machine, versions, all
-timings) and prints a markdown table. Models: `light_<arch>` from the onnx
+timings) and prints a markdown table and a summary line (the geometric mean of wpk/ort
+over the models, the verdicts' counts); `--table FILE.json` prints those of an earlier
+run. Models: `light_<arch>` from the onnx
 wheel (weights made random, see tests/models.py), the hand-built
 mobilenet_v2_like, efficientnet_like, transformer_encoder, bert_base_layer,
 dcgan_generator, espcn_like, deeplab_like, and the
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import socket
@@ -201,7 +205,7 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
                                    "pid": fresh["pid"]}
     if result["partition"].get("winner") == "onnxruntime":   # the same engine twice
         for timed in [result, *([result["fresh_process"]] if fresh is not None else [])]:
-            timed["verdict"] = "plan is onnxruntime's model"
+            timed["verdict"] = WHOLE_MODEL
     if breakdown:
         result["breakdown"] = step_breakdown(wpk.load(path, spin_threads=wpk_spin), feeds,
                                              repeats=max(5, rounds // 2))
@@ -351,6 +355,34 @@ def markdown_table(results: list[dict], threads: int) -> str:
     return "\n".join(lines)
 
 
+WHOLE_MODEL = "plan is onnxruntime's model"
+
+
+def summary_text(results: list[dict]) -> str:
+    """The run in one line: the geometric mean of wpk/ort over every model, and how many of
+    wpk's own plans were faster, tied or slower (their 95% intervals), how many builds kept
+    onnxruntime's whole model, and the fallback steps of all plans."""
+    if not results:
+        return "no models"
+    ratios = [r["ratio_wpk_over_ort"] for r in results]
+    geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    verdicts = [r.get("verdict", "-") for r in results]
+    own = [v for v in verdicts if v != WHOLE_MODEL]
+    fallback = sum(r["fallback_steps"] for r in results)
+    return (f"{len(results)} models: geometric mean wpk/ort {geomean:.2f}x; of {len(own)} wpk "
+            f"plans {own.count('faster')} faster, {own.count('tie within noise')} ties, "
+            f"{own.count('slower')} slower (95% intervals); {len(verdicts) - len(own)} builds "
+            f"kept onnxruntime's whole model; {fallback} fallback steps")
+
+
+def print_table(path: str | Path) -> None:
+    """The markdown table and the summary line of an earlier run's results JSON."""
+    report = json.loads(Path(path).read_text())
+    print(markdown_table(report["results"], report["threads"]))
+    print()
+    print(summary_text(report["results"]))
+
+
 def _table_row(timed: dict, label: str, build: str, result: dict) -> str:
     """One row of `markdown_table`: the timings in `timed`, the plan's facts in `result`."""
     w, o = timed["wpk"], timed["onnxruntime"]
@@ -442,7 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=12, help="rows in the breakdown tables")
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--no-save", action="store_true", help="print only, write no JSON")
+    parser.add_argument("--table", metavar="FILE.json",
+                        help="print the table and summary of an earlier run's JSON and stop")
     args = parser.parse_args(argv)
+    if args.table:
+        print_table(args.table)
+        return 0
 
     names = model_names(parser, args.models)
     build_options = {"search": args.search}
@@ -474,7 +511,10 @@ def main(argv: list[str] | None = None) -> int:
               "machine": {**machine_description(), "load_average_at_start": load_at_start},
               "results": results}
     report["machine"]["load_average_at_end"] = list(os.getloadavg())
+    report["summary"] = summary_text(results)
     print(markdown_table(results, args.threads))
+    print()
+    print(report["summary"])
     if args.breakdown:
         for result in results:
             print(breakdown_text(result, args.top))

@@ -127,6 +127,33 @@ def test_the_e2e_ratio_interval_separates_a_real_difference_from_noise(scripts_o
     assert f"| {win[0]:.2f}-{win[1]:.2f} | faster |" in markdown_table([row], 2)
 
 
+def test_the_e2e_summary_counts_verdicts_and_prints_an_earlier_runs_table(scripts_on_path,
+                                                                         tmp_path, capsys):
+    import json
+
+    from bench_e2e import WHOLE_MODEL, main, summary_text
+
+    def row(model, ratio, verdict, fallback=0):
+        return {"model": model, "build_s": 1.0, "steps": 4, "fallback_steps": fallback,
+                "relative_l2_vs_ort": 1e-7, "ratio_wpk_over_ort": ratio,
+                "wpk": {"median_ms": ratio, "p25_ms": ratio, "p75_ms": ratio, "min_ms": ratio},
+                "onnxruntime": {"median_ms": 1.0, "p25_ms": 1.0, "p75_ms": 1.0, "min_ms": 1.0},
+                "ratio_interval_95": [ratio * 0.9, ratio * 1.1], "verdict": verdict}
+
+    rows = [row("a", 0.5, "faster"), row("b", 2.0, "tie within noise", fallback=1),
+            row("c", 1.0, WHOLE_MODEL), row("d", 1.25, "slower")]
+    line = summary_text(rows)
+    # (0.5 * 2.0 * 1.0 * 1.25) ** (1/4) = 1.057
+    assert line == ("4 models: geometric mean wpk/ort 1.06x; of 3 wpk plans 1 faster, 1 ties, "
+                    "1 slower (95% intervals); 1 builds kept onnxruntime's whole model; "
+                    "1 fallback steps")
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"threads": 2, "results": rows}))
+    assert main(["--table", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "| c | 1.0 |" in out and out.rstrip().endswith(line)
+
+
 def test_bench_ort_threads_times_both_sessions_in_swapping_blocks(scripts_on_path, tmp_path):
     import json
 
