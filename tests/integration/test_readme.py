@@ -148,11 +148,39 @@ def test_documents_point_only_inside_the_repository(document):
     for outside in OUTSIDE:
         assert outside not in text, f"{document.name} points outside the repository: {outside}"
     for target in LINK.findall(text):
-        if re.match(r"[a-z]+:", target) or target.startswith("#"):
-            continue   # a web address or an anchor of the same page
-        path = (document.parent / target.split("#")[0]).resolve()
+        if re.match(r"[a-z]+:", target):
+            continue   # a web address
+        file, _, anchor = target.partition("#")
+        path = (document.parent / file).resolve() if file else document
         assert path.is_relative_to(REPO), f"{document.name}: {target} leaves the repository"
         assert path.exists(), f"{document.name}: {target} does not exist"
+        if anchor and path.suffix == ".md":
+            assert anchor in heading_anchors(path.read_text(encoding="utf-8")), (
+                f"{document.name}: {target}: {path.name} has no heading of that anchor")
+
+
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors of a markdown text's headings as GitHub makes them (lower case,
+    punctuation dropped, spaces as hyphens, a repeated one numbered), outside code blocks."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    for line in FENCE.sub("", text).splitlines():
+        heading = re.match(r"#{1,6} (.+)", line)
+        if not heading:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def test_heading_anchors_follow_githubs_rule():
+    text = "# A: b (c, 1)\n```\n# not a heading\n```\n## A: b (c, 1)\n### `x` y\n"
+    assert heading_anchors(text) == {"a-b-c-1", "a-b-c-1-1", "x-y"}
 
 
 def test_the_architecture_document_covers_its_subjects():
