@@ -478,7 +478,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the table and summary of an earlier run's JSON and stop")
     args = parser.parse_args(argv)
     if args.table:
-        print_table(args.table)
+        try:
+            print_table(args.table)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: --table {args.table}: {exc} (hint: pass a results JSON this script "
+                  "wrote)", file=sys.stderr)
+            return 2
         return 0
 
     names = model_names(parser, args.models)

@@ -152,6 +152,11 @@ def test_the_e2e_summary_counts_verdicts_and_prints_an_earlier_runs_table(script
     assert main(["--table", str(saved)]) == 0
     out = capsys.readouterr().out
     assert "| c | 1.0 |" in out and out.rstrip().endswith(line)
+    for bad in (tmp_path / "missing.json", tmp_path / "other.json"):
+        if bad.name == "other.json":
+            bad.write_text('{"rows": []}')   # another benchmark's JSON
+        assert main(["--table", str(bad)]) == 2
+        assert capsys.readouterr().err.startswith(f"error: --table {bad}: ")
 
 
 def test_bench_ort_threads_times_both_sessions_in_swapping_blocks(scripts_on_path, tmp_path):
