@@ -65,6 +65,8 @@ DEFAULT_MODELS = ("light_resnet50", "light_squeezenet", "transformer_encoder")
 CORPUS_PREFIX = "corpus_"
 CORPUS_MODELS = tuple(CORPUS_PREFIX + name for name in corpus.CORPUS)
 KNOWN_MODELS = models.ALL_MODELS + CORPUS_MODELS
+# The verdict of a model whose build kept onnxruntime's whole model (the same engine twice)
+WHOLE_MODEL = "plan is onnxruntime's model"
 
 
 def machine_description() -> dict:
@@ -353,9 +355,6 @@ def markdown_table(results: list[dict], threads: int) -> str:
             lines.append(_table_row(r["fresh_process"], f"{r['model']} (fresh process)", "-",
                                     r))
     return "\n".join(lines)
-
-
-WHOLE_MODEL = "plan is onnxruntime's model"
 
 
 def summary_text(results: list[dict]) -> str:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -155,8 +156,15 @@ def test_documents_point_only_inside_the_repository(document):
         assert path.is_relative_to(REPO), f"{document.name}: {target} leaves the repository"
         assert path.exists(), f"{document.name}: {target} does not exist"
         if anchor and path.suffix == ".md":
-            assert anchor in heading_anchors(path.read_text(encoding="utf-8")), (
+            assert anchor in anchors_of(path), (
                 f"{document.name}: {target}: {path.name} has no heading of that anchor")
+
+
+@functools.cache
+def anchors_of(path: Path) -> frozenset[str]:
+    """`heading_anchors` of the document at `path`, read once however many links point
+    into it."""
+    return frozenset(heading_anchors(path.read_text(encoding="utf-8")))
 
 
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
