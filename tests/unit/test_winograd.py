@@ -114,10 +114,11 @@ def test_kernel_matches_float64_reference(case, isa, rng):
 @pytest.mark.parametrize("m", [2, 4])
 def test_rounds_and_remainder_tiles_cut_anywhere(m, rng):
     """37 x 11 pixels: rounds of 8 tiles end inside tile rows, every px leaves a different
-    last GEMM tile, and a residual that is the output buffer is read before it is written."""
+    last GEMM tile (px 12: every round's only tile is a smaller one, the one that
+    prefetches), and a residual that is the output buffer is read before it is written."""
     workload = conv(B + 3, 2 * B, (11, 37), 3, residual=True, epilogue=(ADD3, RELU))
     g = conv_geometry(workload)
-    for px, local in ((1, 0), (3, 1), (5, 0), (7, 1)):
+    for px, local in ((1, 0), (3, 1), (5, 0), (7, 1), (12, 0)):
         config = dict(default_config(g, USABLE[0], m), px=px, kv=1, tb=8, unroll=2, cc=1,
                       local=local)
         assert _error(workload, config, rng, in_place=True) <= error_bound(g, m)
