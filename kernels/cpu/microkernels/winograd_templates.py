@@ -24,8 +24,8 @@ Every phase hands out its units dynamically (the transforms in chunks of 8, the 
 chunks of consecutive units, about `GEMM_CHUNKS_PER_THREAD` a thread): on a shared machine
 a thread that loses its core for a while holds up the phase's barrier by one chunk, not by
 a static share of the round. A chunk reads one contiguous stretch of U, and the first
-tile of each unit's pass prefetches U `PREFETCH_BYTES` ahead: a transformed filter larger
-than the last-level cache (ResNet-50's 14 x 14 and 7 x 7 convs: 9 and 17-38 MB) comes
+tile of each unit's pass prefetches U `PREFETCH_BYTES` ahead into L2: a transformed filter
+larger than the last-level cache (ResNet-50's 14 x 14 and 7 x 7 convs: 9 and 17-38 MB) comes
 from memory at every call of a run, and this overlaps its stream with the FMAs. On an
 AVX2 host (two threads, alternating with the earlier one unit at a time and no
 prefetch) those convs ran 0.73-0.85x the time with the filter in cache and 0.79-0.84x
@@ -167,7 +167,7 @@ def _gemm_tile(name: str, np_: int, kv: int, unroll: int, ahead: bool = False) -
     body = [f"        const vf w{j} = vload(u + (size_t)c * TK + {j} * VW);" for j in range(kv)]
     if ahead:   # a prefetch per cache line of a row of U
         body.append("        _Pragma(\"GCC unroll 16\") for (int l = 0; l < TK; l += LINE_FLOATS) "
-                    "__builtin_prefetch(u + (size_t)(c + PF_ROWS) * TK + l, 0, 3);")
+                    "__builtin_prefetch(u + (size_t)(c + PF_ROWS) * TK + l, 0, 2);")
     for p in range(np_):
         body.append(f"        const vf x{p} = vsplat(v[(size_t){p} * CP + c]);")
         body += [f"        FMA_ACC({acc[j][p]}, x{p}, w{j});" for j in range(kv)]
@@ -280,8 +280,9 @@ void wpk_winograd_conv(const float *x, const float *U, const float *bias, const 
 """
 
 
-# A shared round's GEMM prefetches the transformed filter this many bytes ahead of its reads
-# (in the first tile of each pass; later tiles find the slice in L1)
+# A shared round's GEMM prefetches the transformed filter this many bytes ahead of its reads,
+# into L2 (in the first tile of each pass; later tiles find the slice in L1). Into L1
+# instead, ResNet-50's 14 x 14 and 7 x 7 convs ran 1.13-1.22x slower (AVX2, 15 rounds)
 PREFETCH_BYTES = 8 * 1024
 # ... and hands out its (position, output tile) units in chunks of consecutive ones, about this
 # many chunks a thread
