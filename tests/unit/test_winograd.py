@@ -39,7 +39,7 @@ from wpk.kernels.cpu.microkernels.winograd_space import (
     error_bound,
     transforms,
 )
-from wpk.kernels.cpu.microkernels.winograd_templates import winograd_source
+from wpk.kernels.cpu.microkernels.winograd_templates import gemm_chunk, winograd_source
 from wpk.kernels.nchwc_reference import nchwc_reference
 from wpk.kernels.random_inputs import random_inputs
 from wpk.kernels.registry import Candidate
@@ -122,6 +122,21 @@ def test_rounds_and_remainder_tiles_cut_anywhere(m, rng):
         config = dict(default_config(g, USABLE[0], m), px=px, kv=1, tb=8, unroll=2, cc=1,
                       local=local)
         assert _error(workload, config, rng, in_place=True) <= error_bound(g, m)
+
+
+def test_shared_rounds_prefetch_the_filter_in_chunks_local_ones_do_not():
+    """A shared round streams a filter too large for the cache: the first GEMM tile of each
+    pass prefetches it (the round's only tile where a round has fewer than PX), and the
+    units go out in chunks of consecutive ones; a local round reads its filter from cache."""
+    workload = conv(B + 3, 2 * B, (11, 37), 3)
+    g = conv_geometry(workload)
+    config = dict(default_config(g, USABLE[0], 2), px=12, kv=1, tb=8, local=0)
+    shared = winograd_source(g, config)
+    assert "gemm_rest8_ahead(u, v, mo, c0, c1)" in shared
+    assert shared.count("__builtin_prefetch") == 3   # full, rest 8 and rest 2 (the last round)
+    assert "schedule(dynamic, GEMM_CHUNK)" in shared
+    assert gemm_chunk(36 * 16) > 1
+    assert "__builtin_prefetch" not in winograd_source(g, dict(config, local=1))
 
 
 def test_local_rounds_run_on_every_thread_at_once_each_in_its_own_scratch(rng):

@@ -165,7 +165,8 @@ def _gemm_tile(name: str, np_: int, kv: int, unroll: int, ahead: bool = False) -
     init = [f"    vf {acc[j][p]} = c0 == 0 ? vsplat(0.0f) : vload(mo + (size_t){p} * KP "
             f"+ {j} * VW);" for j in range(kv) for p in range(np_)]
     body = [f"        const vf w{j} = vload(u + (size_t)c * TK + {j} * VW);" for j in range(kv)]
-    if ahead:   # a prefetch per cache line of a row of U
+    if ahead:   # a prefetch per cache line of a row of U (past its end at the last unit:
+        # a prefetch never faults)
         body.append("        _Pragma(\"GCC unroll 16\") for (int l = 0; l < TK; l += LINE_FLOATS) "
                     "__builtin_prefetch(u + (size_t)(c + PF_ROWS) * TK + l, 0, 2);")
     for p in range(np_):
