@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import socket
@@ -364,7 +363,7 @@ def summary_text(results: list[dict]) -> str:
     if not results:
         return "no models"
     ratios = [r["ratio_wpk_over_ort"] for r in results]
-    geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    geomean = statistics.geometric_mean(ratios)
     verdicts = [r.get("verdict", "-") for r in results]
     own = [v for v in verdicts if v != WHOLE_MODEL]
     fallback = sum(r["fallback_steps"] for r in results)

@@ -354,15 +354,22 @@ def winograd_source(g: ConvGeometry, config: Mapping) -> str:
     parts.append(_input_tile(m))
     parts.append(_output_tile(m))
     parts.append(_gemm_tile("full", px, kv, unroll))
-    ahead = not is_local(config)
-    parts.append(_gemm_tile("full_ahead", px, kv, unroll, ahead=ahead))
+    ahead = not is_local(config)   # a local round's filter is in cache: the plain tiles
+
+    def first_tile(name: str, np_: int) -> str:
+        """The tile that starts a pass: a prefetching copy, or the plain one by another name."""
+        if ahead:
+            return _gemm_tile(f"{name}_ahead", np_, kv, unroll, ahead=True)
+        return f"#define gemm_{name}_ahead gemm_{name}\n"
+
+    parts.append(first_tile("full", px))
     cases, first_cases = [], []
     for np_ in _remainders(total, tb, px):
         parts.append(_gemm_tile(f"rest{np_}", np_, kv, unroll))
         cases.append(f"        case {np_}: gemm_rest{np_}(u, v + (size_t)i * CP, "
                      f"mo + (size_t)i * KP, c0, c1); break;")
         if np_ in (tb, total % tb):   # a round of fewer tiles than PX: its only tile
-            parts.append(_gemm_tile(f"rest{np_}_ahead", np_, kv, unroll, ahead=ahead))
+            parts.append(first_tile(f"rest{np_}", np_))
             first_cases.append(f"            case {np_}: gemm_rest{np_}_ahead(u, v, mo, c0, c1); "
                                "break;")
     if is_local(config):
