@@ -38,17 +38,22 @@ kept when the untuned one runs faster), and onnxruntime's whole model.
    differences;
 2. they are timed in blocks, the order rotating from round to round (a pause
    before each block, its first run untimed, so one engine's spinning threads
-   do not land on the other's runs), medians over all blocks;
-3. the fastest of wpk's plans is wpk's; when its median is at least `margin` below
-   onnxruntime's whole model's, it is timed again against the whole model alone
-   (`confirm_blocks` rounds of the two: picking the fastest of several noisy plans
-   flatters the one picked, and with two contenders each round's blocks lie closer in
-   time, so a slow stretch of the machine lands on both; when its median and its rounds
-   disagree, as many rounds again), and that confirmation decides:
-4. wpk's plan is kept only when its median is at least `margin` below onnxruntime's whole
-   model's and it was the faster of the two in at least `win_share` of the rounds (each
-   round's two block medians compared). onnxruntime's whole model wins ties: a plan
-   measured within the margin, or ahead in the pooled median but not round after round,
+   do not land on the other's runs); a plan's time against onnxruntime's is its
+   block's median over onnxruntime's block's in the same round, the median over the
+   rounds (`paired_ratio`: a change of the machine's speed between rounds lands on both
+   blocks of a round, while medians pooled over stages at different speeds can disagree
+   with every stage: a SqueezeNet build read 1.01x, 0.90x and 0.88x in three
+   confirmations, 1.006x pooled, and was ahead in 19 of their 24 rounds);
+3. the fastest of wpk's plans (by its median over all blocks) is wpk's; when it runs at
+   least `margin` below onnxruntime's whole model's time, it is timed again against the
+   whole model alone (`confirm_blocks` rounds of the two: picking the fastest of several
+   noisy plans flatters the one picked, and with two contenders each round's blocks lie
+   closer in time, so a slow stretch of the machine lands on both; when its ratio and its
+   rounds disagree, as many rounds again), and that confirmation decides:
+4. wpk's plan is kept only when it runs at least `margin` below onnxruntime's whole
+   model's time (item 2) and it was the faster of the two in at least `win_share` of the
+   rounds (each round's two block medians compared). onnxruntime's whole model wins ties:
+   a plan measured within the margin, or far ahead in some rounds but not round after round,
    could be slower on the next run (on the 2-core VM plans kept at 2-5% faster in their
    build ran 1.02-1.08x onnxruntime's latency in a later benchmark), and onnxruntime's
    whole model is onnxruntime's latency by construction.
@@ -140,7 +145,7 @@ def measure_blocks(sessions: dict[str, Session], feeds: dict,
 def confirm(plan: Session, whole_model: Session, feeds: dict,
             options: PartitionOptions) -> dict[str, list[float]]:
     """The times of `confirm_blocks` rounds of wpk's plan against onnxruntime's whole model
-    alone; when the median passes the margin but the plan did not win `win_share` of the
+    alone; when the ratio passes the margin but the plan did not win `win_share` of the
     rounds (the two disagree: a slow stretch of the machine on some of its blocks), as many
     rounds again, all of them then deciding by the same rule."""
     pair = {WPK: plan, ONNXRUNTIME: whole_model}
@@ -172,7 +177,7 @@ def steady_confirmation(plan: Session, whole_model: Session, feeds: dict,
                 break
             time.sleep(options.settle_s)
         times = confirm(plan, whole_model, feeds, options)
-        stages.append(statistics.median(times[WPK]) / statistics.median(times[ONNXRUNTIME]))
+        stages.append(paired_ratio(times, options.runs))
         pooled = {name: pooled[name] + times[name] for name in pooled}
     return pooled, stages[1:], disagree(stages[-2], stages[-1], options.unsteady)
 
@@ -225,6 +230,14 @@ def _runs_onnxruntime(name: str) -> bool:
         return False
 
 
+def paired_ratio(times: dict[str, list[float]], runs: int | None = None) -> float:
+    """wpk's time over onnxruntime's in the median round (`round_ratios`; `runs` None: one
+    round of all the times, the ratio of the two medians)."""
+    per_round = round_ratios(times, runs or len(times[WPK]))
+    return statistics.median(per_round) if per_round else \
+        statistics.median(times[WPK]) / statistics.median(times[ONNXRUNTIME])
+
+
 def round_ratios(times: dict[str, list[float]], runs: int) -> list[float]:
     """wpk's block median over onnxruntime's, round by round (blocks of `runs` times, in
     the order `measure_blocks` appends them)."""
@@ -236,12 +249,12 @@ def round_ratios(times: dict[str, list[float]], runs: int) -> list[float]:
 
 def decide(times: dict[str, list[float]], margin: float, runs: int | None = None,
            win_share: float = 0.75) -> tuple[str, float, int, int]:
-    """(winner, wpk median / onnxruntime median, rounds wpk won, rounds): wpk only when its
-    median is at least `margin` below onnxruntime's and it won at least `win_share` of
-    the rounds of `runs` times each (default: one round of all); a round is won when wpk
-    was faster in it (with a negative margin: no more than |margin| slower). Ties go to
-    onnxruntime's whole model."""
-    ratio = statistics.median(times[WPK]) / statistics.median(times[ONNXRUNTIME])
+    """(winner, wpk's time over onnxruntime's in the median round, rounds wpk won, rounds):
+    wpk only when that ratio is at least `margin` below 1 and it won at least `win_share`
+    of the rounds of `runs` times each (default: one round of all, the ratio of the two
+    medians); a round is won when wpk was faster in it (with a negative margin: no more
+    than |margin| slower). Ties go to onnxruntime's whole model."""
+    ratio = paired_ratio(times, runs)
     per_round = round_ratios(times, runs or len(times[WPK])) or [ratio]
     won = sum(r < 1 - min(margin, 0.0) for r in per_round)
     keep = ratio <= 1 - margin and won >= win_share * len(per_round)
@@ -331,7 +344,7 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     medians = {name: statistics.median(found) for name, found in times.items()}
     variant = min((name for name in medians if name != ONNXRUNTIME), key=medians.get)
     decisive = {WPK: times[variant], ONNXRUNTIME: times[ONNXRUNTIME]}
-    selection_ratio = medians[variant] / medians[ONNXRUNTIME]
+    selection_ratio = paired_ratio(decisive, options.runs)
     confirmed = selection_ratio <= 1 - options.margin and options.confirm_blocks > 0
     confirmations: list[float] = []
     unsteady = False
@@ -339,7 +352,7 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
         decisive, confirmations, unsteady = steady_confirmation(
             sessions[variant], sessions[ONNXRUNTIME], feeds, options, selection_ratio)
         summary["method"] += (f"; wpk's fastest plan then again against onnxruntime alone, "
-                              f"{options.confirm_blocks} rounds (twice that when the median "
+                              f"{options.confirm_blocks} rounds (twice that when the ratio "
                               f"and the rounds disagree; up to {options.remeasure} more "
                               f"confirmations while one disagrees with the stage before it "
                               f"by more than {options.unsteady:.0%}), which decide")
