@@ -38,20 +38,22 @@ kept when the untuned one runs faster), and onnxruntime's whole model.
    differences;
 2. they are timed in blocks, the order rotating from round to round (a pause
    before each block, its first run untimed, so one engine's spinning threads
-   do not land on the other's runs); a plan's time against onnxruntime's is its
-   block's median over onnxruntime's block's in the same round, the median over the
-   rounds (`paired_ratio`: a change of the machine's speed between rounds lands on both
-   blocks of a round, while medians pooled over stages at different speeds can disagree
-   with every stage: a SqueezeNet build read 1.01x, 0.90x and 0.88x in three
-   confirmations, 1.006x pooled, and was ahead in 19 of their 24 rounds);
-3. the fastest of wpk's plans (by its median over all blocks) is wpk's; when it runs at
-   least `margin` below onnxruntime's whole model's time, it is timed again against the
-   whole model alone (`confirm_blocks` rounds of the two: picking the fastest of several
-   noisy plans flatters the one picked, and with two contenders each round's blocks lie
-   closer in time, so a slow stretch of the machine lands on both; when its ratio and its
-   rounds disagree, as many rounds again), and that confirmation decides:
+   do not land on the other's runs), medians over all blocks;
+3. the fastest of wpk's plans is wpk's; when its median is at least `margin` below
+   onnxruntime's whole model's, it is timed again against the whole model alone
+   (`confirm_blocks` rounds of the two: picking the fastest of several noisy plans
+   flatters the one picked, and with two contenders each round's blocks lie closer in
+   time, so a slow stretch of the machine lands on both; when its ratio and its rounds
+   disagree, as many rounds again), and that confirmation decides, round by round: its
+   time against onnxruntime's is its block's median over onnxruntime's block's in the
+   same round, the median over the rounds (`paired_ratio`; a change of the machine's
+   speed between rounds lands on both blocks of a round, while medians pooled over
+   confirmations at different speeds can disagree with every one of them: a SqueezeNet
+   build read 1.01x, 0.90x and 0.88x in three confirmations, 1.006x pooled, and was ahead
+   in 19 of their 24 rounds). Among all of wpk's plans (item 2) a round holds up to
+   five blocks, its two far apart: there the medians over all blocks stay;
 4. wpk's plan is kept only when it runs at least `margin` below onnxruntime's whole
-   model's time (item 2) and it was the faster of the two in at least `win_share` of the
+   model's time and it was the faster of the two in at least `win_share` of the
    rounds (each round's two block medians compared). onnxruntime's whole model wins ties:
    a plan measured within the margin, or far ahead in some rounds but not round after round,
    could be slower on the next run (on the 2-core VM plans kept at 2-5% faster in their
@@ -151,7 +153,8 @@ def confirm(plan: Session, whole_model: Session, feeds: dict,
     pair = {WPK: plan, ONNXRUNTIME: whole_model}
     stage = replace(options, blocks=options.confirm_blocks)
     times = measure_blocks(pair, feeds, stage)
-    winner, ratio, _, _ = decide(times, options.margin, options.runs, options.win_share)
+    winner, ratio, _, _ = decide(times, options.margin, options.runs, options.win_share,
+                                 paired=True)
     if winner == ONNXRUNTIME and ratio <= 1 - options.margin:   # lost on rounds alone
         more = measure_blocks(pair, feeds, stage)
         times = {name: times[name] + more[name] for name in pair}
@@ -248,13 +251,15 @@ def round_ratios(times: dict[str, list[float]], runs: int) -> list[float]:
 
 
 def decide(times: dict[str, list[float]], margin: float, runs: int | None = None,
-           win_share: float = 0.75) -> tuple[str, float, int, int]:
-    """(winner, wpk's time over onnxruntime's in the median round, rounds wpk won, rounds):
-    wpk only when that ratio is at least `margin` below 1 and it won at least `win_share`
-    of the rounds of `runs` times each (default: one round of all, the ratio of the two
-    medians); a round is won when wpk was faster in it (with a negative margin: no more
-    than |margin| slower). Ties go to onnxruntime's whole model."""
-    ratio = paired_ratio(times, runs)
+           win_share: float = 0.75, paired: bool = False) -> tuple[str, float, int, int]:
+    """(winner, ratio, rounds wpk won, rounds): wpk only when the ratio (wpk's median over
+    onnxruntime's; `paired`: wpk's time over onnxruntime's in the median round,
+    `paired_ratio`) is at least `margin` below 1 and wpk won at least `win_share` of the
+    rounds of `runs` times each (default: one round of all); a round is won when wpk was
+    faster in it (with a negative margin: no more than |margin| slower). Ties go to
+    onnxruntime's whole model."""
+    ratio = paired_ratio(times, runs) if paired else \
+        statistics.median(times[WPK]) / statistics.median(times[ONNXRUNTIME])
     per_round = round_ratios(times, runs or len(times[WPK])) or [ratio]
     won = sum(r < 1 - min(margin, 0.0) for r in per_round)
     keep = ratio <= 1 - margin and won >= win_share * len(per_round)
@@ -344,7 +349,7 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     medians = {name: statistics.median(found) for name, found in times.items()}
     variant = min((name for name in medians if name != ONNXRUNTIME), key=medians.get)
     decisive = {WPK: times[variant], ONNXRUNTIME: times[ONNXRUNTIME]}
-    selection_ratio = paired_ratio(decisive, options.runs)
+    selection_ratio = medians[variant] / medians[ONNXRUNTIME]
     confirmed = selection_ratio <= 1 - options.margin and options.confirm_blocks > 0
     confirmations: list[float] = []
     unsteady = False
@@ -357,7 +362,7 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
                               f"confirmations while one disagrees with the stage before it "
                               f"by more than {options.unsteady:.0%}), which decide")
     winner, ratio, won, rounds = decide(decisive, options.margin, options.runs,
-                                        options.win_share)
+                                        options.win_share, paired=confirmed)
     summary.update(winner=winner, ratio=ratio, plan=PLAN_NAMES[variant],
                    rounds_won=won, rounds=rounds, selection_ratio=selection_ratio,
                    confirmed=confirmed, confirmations=confirmations, unsteady=unsteady,
