@@ -365,7 +365,8 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
                                         options.win_share, paired=confirmed)
     summary.update(winner=winner, ratio=ratio, plan=PLAN_NAMES[variant],
                    rounds_won=won, rounds=rounds, selection_ratio=selection_ratio,
-                   confirmed=confirmed, confirmations=confirmations, unsteady=unsteady,
+                   confirmed=confirmed, paired=confirmed, confirmations=confirmations,
+                   unsteady=unsteady,
                    wpk_median_s=statistics.median(decisive[WPK]),
                    onnxruntime_median_s=statistics.median(decisive[ONNXRUNTIME]),
                    medians_s={PLAN_NAMES.get(name, name): t for name, t in medians.items()},

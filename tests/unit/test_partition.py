@@ -212,9 +212,11 @@ def test_the_fastest_plan_is_confirmed_against_onnxruntime_alone(monkeypatch, se
     assert summary["ratio"] == pytest.approx(np.median(confirmation))
     assert summary["selection_ratio"] == pytest.approx(np.median(selection))
     assert summary["rounds"] == 4 and "which decide" in summary["method"]
+    assert summary["paired"] is True
     from wpk.commands.render import partition_lines
-    assert "confirmation against onnxruntime alone" in partition_lines(
-        {"partition": summary})[0]
+    line = partition_lines({"partition": summary})[0]
+    assert "confirmation against onnxruntime alone" in line
+    assert f"{np.median(confirmation):.2f}x round by round, faster in" in line
 
 
 @pytest.mark.parametrize("stages, ratios, winner, unsteady", [

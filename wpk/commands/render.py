@@ -184,9 +184,10 @@ def partition_lines(report: Mapping) -> list[str]:
     if partition.get("confirmed"):
         rounds += (f" of the {_confirmation_words(len(confirmations))} against onnxruntime "
                    f"alone; {partition['selection_ratio']:.2f}x among all of wpk's plans")
+    paired = " round by round" if partition.get("paired") else ""  # plans since 2026-12-02
     lines = [f"end to end: wpk's plan {format_time(partition['wpk_median_s'])}, onnxruntime "
              f"{format_time(partition['onnxruntime_median_s'])} "
-             f"({partition['ratio']:.2f}x{rounds}): the plan is {plan}"]
+             f"({partition['ratio']:.2f}x{paired}{rounds}): the plan is {plan}"]
     if partition.get("rel_l2_literal") is not None:
         lines.append(f"note: a quantized model: onnxruntime's integer kernels differ from the "
                      f"plan by {partition['rel_l2_between']:.2g} relative L2, its nodes as "
