@@ -196,7 +196,7 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
               "partition": {k: v for k, v in plan.report.get("partition", {}).items()
                             if k in ("winner", "plan", "ratio", "medians_s", "reason",
                                      "rounds_won", "rounds", "selection_ratio", "confirmed",
-                                     "confirmations", "unsteady")}}
+                                     "confirmations", "unsteady", "paired")}}
     result.update(compare(wpk_times, ort_times, rounds))
     if fresh is not None:
         result["fresh_process"] = {**compare(fresh["wpk"], fresh["onnxruntime"], rounds),
