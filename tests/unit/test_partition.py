@@ -76,8 +76,8 @@ def test_decide_gives_ties_to_onnxruntime():
 
 
 def test_decide_wants_wpk_faster_round_after_round_not_only_in_the_pooled_median():
-    """Four rounds of two runs: wpk far ahead in two slow-machine rounds pulls the median
-    round 7.5% below onnxruntime's, though it lost the other two rounds: onnxruntime's whole
+    """Four rounds of two runs: wpk far ahead in two slow-machine rounds pulls its median
+    7.5% below onnxruntime's, though it lost the other two rounds: onnxruntime's whole
     model stays. Ahead in three of four rounds (the default share) is enough."""
     ort = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     split = {WPK: [0.80, 0.80, 1.03, 1.03, 0.82, 0.82, 1.04, 1.04], ONNXRUNTIME: ort}
