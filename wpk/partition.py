@@ -258,9 +258,10 @@ def decide(times: dict[str, list[float]], margin: float, runs: int | None = None
     rounds of `runs` times each (default: one round of all); a round is won when wpk was
     faster in it (with a negative margin: no more than |margin| slower). Ties go to
     onnxruntime's whole model."""
-    ratio = paired_ratio(times, runs) if paired else \
+    per_round = round_ratios(times, runs or len(times[WPK]))
+    ratio = statistics.median(per_round) if paired and per_round else \
         statistics.median(times[WPK]) / statistics.median(times[ONNXRUNTIME])
-    per_round = round_ratios(times, runs or len(times[WPK])) or [ratio]
+    per_round = per_round or [ratio]
     won = sum(r < 1 - min(margin, 0.0) for r in per_round)
     keep = ratio <= 1 - margin and won >= win_share * len(per_round)
     return (WPK if keep else ONNXRUNTIME), ratio, won, len(per_round)
