@@ -13,10 +13,11 @@
          "chosen": label, "chosen_impl", "chosen_kind", "algorithm", "median_s", "spread_s",
          "flops": per execution | null, "gflops": flops / median_s / 1e9 | null,
          "latency_s": median x count, "share": of totals.latency_s, "fallback": bool,
-         "reason": {"rule": fastest | region | one-pool | untuned | only_verified |
-                            timed_alone,
+         "reason": {"rule": fastest | region | one-pool | untuned | in-run |
+                            only_verified | timed_alone,
                     "verified": n, "runner_up": label,
-                    "faster": label, "over_s", "credit_s"} | null,   # plans.planner
+                    "faster": label, "over_s", "credit_s",          # plans.planner
+                    "in_run_s", "passed_over_in_run_s"} | null,      # in-run: wpk.in_run
          "onnxruntime_s": onnxruntime's fastest own kernel for it | null,
          "candidates": [{"label", "impl", "kind", "algorithm", "status", "median_s",
                          "spread_s", "rel_l2_error", "message", "onnxruntime": bool}]}]}

@@ -15,7 +15,9 @@ regions given back to its fastest region-joining candidate (when it has such
 steps: `wpk.plans.planner.within_regions`), the same plan on generated kernels
 where they are close (`on_generated_kernels`), after a search the plan of the
 candidates an untuned build offers (`untuned_choices`: a tuned plan is never
-kept when the untuned one runs faster), and onnxruntime's whole model.
+kept when the untuned one runs faster) and the tuned plan with the untuned candidates of
+the workloads whose steps ran faster inside runs (`wpk.in_run`), and onnxruntime's whole
+model.
 
 0. onnxruntime's whole model is not a contender when onnxruntime failed verification
    on one of the plan's workloads (`onnxruntime_failures`: it computes those nodes in
@@ -51,7 +53,7 @@ kept when the untuned one runs faster), and onnxruntime's whole model.
    confirmations at different speeds can disagree with every one of them: a SqueezeNet
    build read 1.01x, 0.90x and 0.88x in three confirmations, 1.006x pooled, and was ahead
    in 19 of their 24 rounds). Among all of wpk's plans (item 2) a round holds up to
-   five blocks, its two far apart: there the medians over all blocks stay;
+   six blocks, its two far apart: there the medians over all blocks stay;
 4. wpk's plan is kept only when it runs at least `margin` below onnxruntime's whole
    model's time and it was the faster of the two in at least `win_share` of the
    rounds (each round's two block medians compared). onnxruntime's whole model wins ties:
@@ -94,9 +96,10 @@ WPK, ONNXRUNTIME = "wpk", "onnxruntime"
 REGIONS = "wpk-regions"  # the contender name of the per-operator plan kept within regions
 ONE_POOL = "wpk-one-pool"  # ... and of the plan given to generated kernels where they can
 UNTUNED = "wpk-untuned"  # a tuned build's plan of the candidates an untuned build offers
+MIXED = "wpk-mixed"  # ... and the tuned plan with the untuned steps that ran faster in runs
 PER_OPERATOR = "per-operator"
 PLAN_NAMES = {WPK: PER_OPERATOR, REGIONS: "within regions", ONE_POOL: "generated kernels",
-              UNTUNED: "untuned", ONNXRUNTIME: "onnxruntime"}
+              UNTUNED: "untuned", MIXED: "faster in runs", ONNXRUNTIME: "onnxruntime"}
 
 
 @dataclass(frozen=True)
@@ -301,22 +304,25 @@ def _kept(per_op: Plan, reason: str) -> tuple[Plan, dict]:
 
 def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions | None = None,
                      regions: Plan | None = None, one_pool: Plan | None = None,
-                     untuned: Plan | None = None, quantized: bool = False
-                     ) -> tuple[Plan, dict]:
+                     untuned: Plan | None = None, mixed: Plan | None = None,
+                     quantized: bool = False) -> tuple[Plan, dict]:
     """The fastest of wpk's per-operator plan, the same plan with its steps outside
     onnxruntime's regions given back to onnxruntime (`regions`, when there are such steps:
     `wpk.plans.planner.within_regions`), the same plan with its onnxruntime steps given to
     generated kernels where they are close (`one_pool`:
     `wpk.plans.planner.on_generated_kernels`), a tuned build's plan of the candidates an
     untuned build offers (`untuned`: `wpk.plans.planner.untuned_choices`, on generated
-    kernels where close) and onnxruntime's whole model, with the summary of the comparison
-    (see the module docstring; `quantized`: the model quantizes, step 1)."""
+    kernels where close), the tuned plan with the untuned candidates of the workloads whose
+    steps ran faster inside runs (`mixed`: `wpk.in_run.tuned_and_untuned_mix`) and
+    onnxruntime's whole model, with the summary of the comparison (see the module
+    docstring; `quantized`: the model quantizes, step 1)."""
     options = options or PartitionOptions()
     failed = onnxruntime_failures(per_op.report)
     if failed:
         return _kept(per_op, f"onnxruntime failed verification on {', '.join(failed[:3])}"
                      + (f" and {len(failed) - 3} more" if len(failed) > 3 else ""))
-    plans = {WPK: per_op, REGIONS: regions, ONE_POOL: one_pool, UNTUNED: untuned}
+    plans = {WPK: per_op, REGIONS: regions, ONE_POOL: one_pool, UNTUNED: untuned,
+             MIXED: mixed}
     sessions = {name: Session(plan) for name, plan in plans.items() if plan is not None}
     feeds = example_feeds(sessions[WPK], seed=0)
     literal = spread = None
@@ -395,6 +401,11 @@ def _kept_reason(variant: str, medians: dict[str, float], ratio: float, margin: 
         return (f"the plan of the candidates an untuned build offers runs "
                 f"{tuned / medians[UNTUNED]:.2f}x faster than the tuned plan's best form end "
                 f"to end, {at}")
+    if variant == MIXED:
+        others = min(medians[name] for name in medians if name not in (MIXED, ONNXRUNTIME))
+        return (f"the tuned plan with the untuned candidates of the workloads whose steps ran "
+                f"faster inside runs runs {others / medians[MIXED]:.2f}x faster than wpk's "
+                f"other plans end to end, {at}")
     if variant == ONE_POOL:
         return (f"wpk's plan with its onnxruntime steps given to generated kernels (one thread "
                 f"pool) runs {medians[WPK] / medians[ONE_POOL]:.2f}x faster than the "

@@ -42,6 +42,7 @@ import onnx
 from wpk.core.errors import OptionError
 from wpk.core.limits import parse_memory
 from wpk.core.safe_write import check_output
+from wpk.in_run import tuned_and_untuned_mix
 from wpk.kernels.target import Target, create_target, target_class
 from wpk.partition import choose_partition
 from wpk.passes import optimize
@@ -231,12 +232,17 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         kept, pooled = within_regions(choices), on_generated_kernels(choices)
         regions = assembled(kept) if kept is not None else None
         one_pool = assembled(pooled) if pooled is not None else None
-        untuned = None
+        untuned = mixed = None
         if choices.untuned is not None:   # a tuned build: its untuned candidates' plan too
-            untuned = assembled(on_generated_kernels(choices.untuned) or choices.untuned)
+            untuned_chosen = on_generated_kernels(choices.untuned) or choices.untuned
+            untuned = assembled(untuned_chosen)
+            mix = tuned_and_untuned_mix(pooled or choices, one_pool or result,
+                                        untuned_chosen, untuned)
+            mixed = assembled(mix) if mix is not None else None
         chosen, summary = choose_partition(result, whole, regions=regions, one_pool=one_pool,
-                                           untuned=untuned, quantized=quantizes(graph))
-        report = next((p.report for p in (regions, one_pool, untuned) if chosen is p),
+                                           untuned=untuned, mixed=mixed,
+                                           quantized=quantizes(graph))
+        report = next((p.report for p in (regions, one_pool, untuned, mixed) if chosen is p),
                       result.report)  # per operator
         chosen.report = {**report, "partition": summary}
         result = chosen

@@ -95,6 +95,11 @@ def reason_text(workload: Mapping) -> str:
     elif rule == "untuned":
         text = (f"an untuned build's candidate (+{format_time(reason['over_s'])} over the "
                 f"tuned {reason['faster']} alone; the tuned plan lost end to end)")
+    elif rule == "in-run":
+        text = (f"an untuned build's candidate, faster inside runs "
+                f"({format_time(reason.get('in_run_s'))} against "
+                f"{format_time(reason.get('passed_over_in_run_s'))} of the tuned "
+                f"{reason['faster']}, which was {format_time(reason['over_s'])} faster alone)")
     elif rule == "only_verified":
         text = f"only verified candidate (of {len(workload['candidates'])})"
     elif rule == "timed_alone":
@@ -114,6 +119,7 @@ def reason_tag(workload: Mapping) -> str:
     tag = {"region": f"region +{format_time(reason.get('over_s'))}",
            "one-pool": f"one pool +{format_time(reason.get('over_s'))}",
            "untuned": f"untuned +{format_time(reason.get('over_s'))}",
+           "in-run": f"faster in runs +{format_time(reason.get('over_s'))}",
            "only_verified": "only verified", "timed_alone": "timed alone",
            "not_recorded": "not recorded"}.get(reason["rule"], "fastest")
     return f"{tag} (predicted)" if workload.get("predicted") else tag
@@ -164,6 +170,9 @@ def wpk_plan_name(partition: Mapping) -> str:
         return "wpk's plan with its steps outside onnxruntime's regions given back to them"
     if partition.get("plan") == "generated kernels":
         return "wpk's plan with its onnxruntime steps given to generated kernels (one pool)"
+    if partition.get("plan") == "faster in runs":
+        return ("the tuned plan with an untuned build's candidates where their steps ran "
+                "faster inside runs")
     if partition.get("plan") == "untuned":
         return "the plan of an untuned build's candidates (the tuned plan lost end to end)"
     return "wpk's per-operator plan"
