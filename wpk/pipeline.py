@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,18 +232,15 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         kept, pooled = within_regions(choices), on_generated_kernels(choices)
         regions = assembled(kept) if kept is not None else None
         one_pool = assembled(pooled) if pooled is not None else None
-        untuned = mixed = None
-        if choices.untuned is not None:   # a tuned build: its untuned candidates' plan too
-            untuned_chosen = on_generated_kernels(choices.untuned) or choices.untuned
-            untuned = assembled(untuned_chosen)
-            mix = tuned_and_untuned_mix(pooled or choices, one_pool or result,
-                                        untuned_chosen, untuned)
-            mixed = assembled(mix) if mix is not None else None
+        untuned, mixed, taken = _untuned_contenders(choices, pooled or choices,
+                                                    one_pool or result, assembled)
         chosen, summary = choose_partition(result, whole, regions=regions, one_pool=one_pool,
                                            untuned=untuned, mixed=mixed,
                                            quantized=quantizes(graph))
         report = next((p.report for p in (regions, one_pool, untuned, mixed) if chosen is p),
                       result.report)  # per operator
+        if mixed is not None:
+            summary["from_untuned"] = taken
         chosen.report = {**report, "partition": summary}
         result = chosen
     if tail is not None:
@@ -251,6 +248,25 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     if output is not None:
         result.save(output)
     return result
+
+
+def _untuned_contenders(choices: PlanChoices, tuned: PlanChoices, tuned_plan: Plan,
+                        assembled: Callable[[PlanChoices], Plan]
+                        ) -> tuple[Plan | None, Plan | None, int]:
+    """A tuned build's extra plans for the end-to-end check (None, None, 0 for an untuned
+    build): the plan of its untuned candidates (on generated kernels where close), the
+    tuned plan (`tuned`, run as `tuned_plan`) with the untuned candidates of the workloads
+    whose steps ran faster inside runs (`wpk.in_run`; None when that is one of the two),
+    and how many workloads that mix took from the untuned plan."""
+    if choices.untuned is None:
+        return None, None, 0
+    untuned = on_generated_kernels(choices.untuned) or choices.untuned
+    untuned_plan = assembled(untuned)
+    mix = tuned_and_untuned_mix(tuned, tuned_plan, untuned, untuned_plan)
+    if mix is None:
+        return untuned_plan, None, 0
+    taken = sum((choice.reason or {}).get("rule") == "in-run" for choice in mix)
+    return untuned_plan, assembled(mix), taken
 
 
 def plan_workloads(items: Sequence, target: Target, opts: BuildOptions,

@@ -174,4 +174,5 @@ def test_a_tuned_build_measures_the_mix_of_its_faster_steps_end_to_end(monkeypat
         rules = {entry["reason"]["rule"] for entry in plan.report["workloads"]}
         assert "in-run" in rules
         from wpk.commands.render import partition_lines
-        assert "faster inside runs" in partition_lines(plan.report)[0]
+        assert "faster inside runs (1 workload)" in partition_lines(plan.report)[0]
+    assert summary["from_untuned"] == 1

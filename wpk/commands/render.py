@@ -171,8 +171,10 @@ def wpk_plan_name(partition: Mapping) -> str:
     if partition.get("plan") == "generated kernels":
         return "wpk's plan with its onnxruntime steps given to generated kernels (one pool)"
     if partition.get("plan") == "faster in runs":
+        taken = partition.get("from_untuned") or 0
+        count = f" ({taken} workload{'s' if taken > 1 else ''})" if taken else ""
         return ("the tuned plan with an untuned build's candidates where their steps ran "
-                "faster inside runs")
+                f"faster inside runs{count}")
     if partition.get("plan") == "untuned":
         return "the plan of an untuned build's candidates (the tuned plan lost end to end)"
     return "wpk's per-operator plan"
