@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import time
 import types
 from dataclasses import dataclass
 
@@ -175,3 +176,27 @@ def tiny_plan(rng: np.random.Generator):
     """A real plan of the tiny graph, planned with the test implementations."""
     graph, items, choices = tiny_choices(rng)
     return graph, assemble_plan(graph, items, choices, "cpu", {"note": "tiny"})
+
+
+SLEEP_S = 0.002
+
+
+class SlowMatMul(Implementation):
+    """A correct MatMul that sleeps 2 ms (`SLEEP_S`) first: a plan of these is certainly
+    slower than onnxruntime's whole model, and inside a run slower than any other MatMul
+    kernel of a tiny shape, whatever else the machine does."""
+
+    name = "test.slow_matmul"
+    target = "test"  # never among the cpu target's candidates; plans name it explicitly
+
+    def unsupported_reason(self, workload):
+        return None if workload.op == "MatMul" else "MatMul only"
+
+    def prepare(self, workload, consts, config):
+        def kernel(inputs, outputs):
+            time.sleep(SLEEP_S)
+            np.matmul(inputs[0], inputs[1], out=outputs[0])
+        return kernel
+
+
+SLOW = registry.register(SlowMatMul())

@@ -3,43 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
+from tests.unit.plan_helpers import SLEEP_S, SLOW
 from wpk import pipeline
 from wpk.in_run import in_run_times, mixed_choices
 from wpk.kernels import registry
-from wpk.kernels.registry import Candidate, Implementation
+from wpk.kernels.registry import Candidate
 from wpk.partition import MIXED, WPK
 from wpk.plans.planfile import Plan
 from wpk.plans.planner import Choice, PlanChoices
 from wpk.search.measure import Measurement, Status
-
-SLEEP_S = 0.002
-
-
-class SleepyMatMul(Implementation):
-    """A correct MatMul that sleeps 2 ms first: inside a run it is certainly slower than
-    any other MatMul kernel of these tiny shapes, whatever else the machine does."""
-
-    name = "test.sleepy_matmul"
-    target = "test"  # never among the cpu target's candidates; plans name it explicitly
-
-    def unsupported_reason(self, workload):
-        return None if workload.op == "MatMul" else "MatMul only"
-
-    def prepare(self, workload, consts, config):
-        def kernel(inputs, outputs):
-            time.sleep(SLEEP_S)
-            np.matmul(inputs[0], inputs[1], out=outputs[0])
-        return kernel
-
-
-SLEEPY = registry.register(SleepyMatMul())
 
 
 def two_workloads(count: int = 4) -> onnx.ModelProto:
@@ -70,9 +48,9 @@ def _keys(plan: Plan) -> tuple[str, str]:
 
 
 def _with_sleepy(plan: Plan, key: str) -> Plan:
-    """`plan` with every step of workload `key` run by SleepyMatMul."""
+    """`plan` with every step of workload `key` run by SlowMatMul."""
     manifest = dict(plan.manifest)
-    manifest["steps"] = [{**step, "impl": SLEEPY.name, "artifacts": []}
+    manifest["steps"] = [{**step, "impl": SLOW.name, "artifacts": []}
                          if step["workload_key"] == key else step
                          for step in plan.manifest["steps"]]
     return Plan(manifest, plan.weights, report=plan.report, kernels=plan.kernels)
@@ -93,7 +71,7 @@ def test_a_workload_run_inside_an_onnxruntime_region_is_not_timed():
     assert all(registry.get(step.impl).joins_regions for step in plan.steps)
     even, odd = _keys(plan)
     manifest = dict(plan.manifest)
-    manifest["steps"] = [{**step, "impl": SLEEPY.name, "artifacts": []}
+    manifest["steps"] = [{**step, "impl": SLOW.name, "artifacts": []}
                          if step["node"] == "mm2" else step for step in plan.manifest["steps"]]
     times = in_run_times({"a": Plan(manifest, plan.weights, kernels=plan.kernels)}, runs=2)
     assert times["a"] == {}
@@ -112,36 +90,36 @@ def _choices(labels: dict[str, str]) -> PlanChoices:
 
 
 def test_the_mix_takes_each_workload_from_the_plan_whose_steps_ran_faster():
-    tuned = _choices({"a": SLEEPY.name, "b": SLEEPY.name, "c": "ort"})
+    tuned = _choices({"a": SLOW.name, "b": SLOW.name, "c": "ort"})
     untuned = _choices({"a": "ort", "b": "ort", "c": "ort"})
     mixed = mixed_choices(tuned, untuned, {"a": 5e-3, "b": 1e-5, "c": 1e-5},
                           {"a": 1e-5, "b": 2e-5, "c": 1e-5})
     assert mixed is not None
-    assert [mixed[k].candidate.label for k in "abc"] == ["ort", SLEEPY.name, "ort"]
+    assert [mixed[k].candidate.label for k in "abc"] == ["ort", SLOW.name, "ort"]
     reason = mixed["a"].reason
-    assert reason["rule"] == "in-run" and reason["faster"] == SLEEPY.name
+    assert reason["rule"] == "in-run" and reason["faster"] == SLOW.name
     assert (reason["in_run_s"], reason["passed_over_in_run_s"]) == (1e-5, 5e-3)
     assert mixed["b"] is tuned["b"] and mixed["c"] is tuned["c"]
     from wpk.commands.render import reason_tag, reason_text
     entry = {"candidates": [{}, {}], "reason": reason}
-    assert "faster inside runs" in reason_text(entry) and SLEEPY.name in reason_text(entry)
+    assert "faster inside runs" in reason_text(entry) and SLOW.name in reason_text(entry)
     assert reason_tag(entry).startswith("faster in runs")
 
 
 def test_no_mix_when_it_would_be_one_of_the_two_plans():
-    tuned = _choices({"a": SLEEPY.name, "b": SLEEPY.name})
+    tuned = _choices({"a": SLOW.name, "b": SLOW.name})
     untuned = _choices({"a": "ort", "b": "ort"})
     slow, fast = {"a": 5e-3, "b": 5e-3}, {"a": 1e-5, "b": 1e-5}
     assert mixed_choices(tuned, untuned, slow, fast) is None      # all of the untuned plan
     assert mixed_choices(tuned, untuned, fast, slow) is None      # all of the tuned plan
     # a workload not timed in one plan keeps the tuned choice: the mix is neither plan
     mixed = mixed_choices(tuned, untuned, slow, {"a": 1e-5})
-    assert [mixed[k].candidate.label for k in "ab"] == ["ort", SLEEPY.name]
+    assert [mixed[k].candidate.label for k in "ab"] == ["ort", SLOW.name]
 
 
 def test_a_tuned_build_measures_the_mix_of_its_faster_steps_end_to_end(monkeypatch):
-    """The tuned plan (SleepyMatMul on the even MatMuls, 'measured' at 1 ns alone) and the
-    untuned one (SleepyMatMul on the odd ones) each sleep in half their steps; the mix of
+    """The tuned plan (SlowMatMul on the even MatMuls, 'measured' at 1 ns alone) and the
+    untuned one (SlowMatMul on the odd ones) each sleep in half their steps; the mix of
     their faster steps sleeps in none, and the end-to-end check measures it so."""
     real = pipeline.plan_workloads
 
@@ -151,10 +129,10 @@ def test_a_tuned_build_measures_the_mix_of_its_faster_steps_end_to_end(monkeypat
 
         def sleepy(key):
             swapped = dict(choices.choices)
-            fast = Measurement(SLEEPY.name, SLEEPY.name, {}, Status.OK, (1e-9,), 1e-9,
+            fast = Measurement(SLOW.name, SLOW.name, {}, Status.OK, (1e-9,), 1e-9,
                                workload_key=key)
             swapped[key] = dataclasses.replace(
-                swapped[key], candidate=Candidate(SLEEPY, {}), measurement=fast,
+                swapped[key], candidate=Candidate(SLOW, {}), measurement=fast,
                 measurements=[fast, *swapped[key].measurements])
             return PlanChoices(swapped)
         tuned = sleepy(even)
@@ -170,7 +148,7 @@ def test_a_tuned_build_measures_the_mix_of_its_faster_steps_end_to_end(monkeypat
                                                            medians["untuned"])
     if summary["winner"] == WPK:
         assert summary["plan"] == "faster in runs", summary
-        assert all(step.impl != SLEEPY.name for step in plan.steps)
+        assert all(step.impl != SLOW.name for step in plan.steps)
         rules = {entry["reason"]["rule"] for entry in plan.report["workloads"]}
         assert "in-run" in rules
         from wpk.commands.render import partition_lines

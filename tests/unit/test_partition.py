@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 import onnx
@@ -12,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
+from tests.unit.plan_helpers import SLOW
 from wpk import pipeline
 from wpk.cli import main
 from wpk.core.errors import WpkError
@@ -19,7 +19,7 @@ from wpk.core.numerics import relative_l2
 from wpk.core.workload import TensorSpec, Workload
 from wpk.frontend import load_model
 from wpk.kernels import registry
-from wpk.kernels.registry import Candidate, Implementation
+from wpk.kernels.registry import Candidate
 from wpk.partition import (
     ONNXRUNTIME,
     REGIONS,
@@ -110,26 +110,6 @@ def test_decide_compares_the_two_within_each_round_not_medians_pooled_over_stage
     assert paired_ratio(times) == pytest.approx(pooled)   # one round of all: the medians
     # unpaired (among all of wpk's plans, whose rounds are long): the pooled medians
     assert decide(times, margin=0.02, runs=2)[:2] == (ONNXRUNTIME, pytest.approx(pooled))
-
-
-class SlowMatMul(Implementation):
-    """A correct MatMul that sleeps 2 ms first: a plan of these is certainly slower than
-    onnxruntime's whole model, whatever else the machine does."""
-
-    name = "test.slow_matmul"
-    target = "test"  # never among the cpu target's candidates; plans name it explicitly
-
-    def unsupported_reason(self, workload):
-        return None if workload.op == "MatMul" else "MatMul only"
-
-    def prepare(self, workload, consts, config):
-        def kernel(inputs, outputs):
-            time.sleep(0.002)
-            np.matmul(inputs[0], inputs[1], out=outputs[0])
-        return kernel
-
-
-SLOW = registry.register(SlowMatMul())
 
 
 def test_a_plan_slower_than_onnxruntime_becomes_onnxruntimes_whole_model(tmp_path):
