@@ -108,7 +108,7 @@ def mixed_choices(first: PlanChoices, second: PlanChoices, first_s: Mapping[str,
 
 def tuned_and_untuned_mix(tuned: PlanChoices, tuned_plan: Plan, untuned: PlanChoices,
                           untuned_plan: Plan) -> PlanChoices | None:
-    """A tuned build's third plan for the end-to-end check: the tuned plan (`tuned`, as
+    """A tuned build's extra contender for the end-to-end check: the tuned plan (`tuned`, as
     `tuned_plan` runs it) with the untuned candidates (`untuned`, `untuned_plan`) of the
     workloads whose steps ran faster inside runs of the untuned plan; None when that would
     be one of the two plans."""

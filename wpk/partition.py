@@ -397,7 +397,8 @@ def _kept_reason(variant: str, medians: dict[str, float], ratio: float, margin: 
         return (f"wpk's plan with its steps outside onnxruntime's regions given back to them "
                 f"runs {medians[WPK] / medians[REGIONS]:.2f}x faster than with them, {at}")
     if variant == UNTUNED:
-        tuned = min(medians[name] for name in medians if name not in (UNTUNED, ONNXRUNTIME))
+        tuned = min(medians[name] for name in medians
+                    if name not in (UNTUNED, MIXED, ONNXRUNTIME))
         return (f"the plan of the candidates an untuned build offers runs "
                 f"{tuned / medians[UNTUNED]:.2f}x faster than the tuned plan's best form end "
                 f"to end, {at}")
