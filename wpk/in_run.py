@@ -86,21 +86,21 @@ def mixed_choices(first: PlanChoices, second: PlanChoices, first_s: Mapping[str,
     runs of `second`'s plan (`first_s`, `second_s`: `in_run_times` of the two plans; reason
     rule `in-run`); None when the mix would be one of the two plans (no workload, or every
     workload that differs, taken from `second`)."""
-    differing, result = 0, {}
+    differing = taken = 0
+    result = dict(first.choices)
     for key, choice in first.choices.items():
-        result[key] = choice
         other = second.choices.get(key)
         if other is None or other.candidate.label == choice.candidate.label:
             continue
         differing += 1
         if key in first_s and key in second_s and second_s[key] < first_s[key]:
+            taken += 1
             result[key] = dataclasses.replace(other, reason={
                 "rule": "in-run", "verified": (other.reason or {}).get("verified", 1),
                 "faster": choice.candidate.label,
                 "over_s": other.measurement.median_s - choice.measurement.median_s,
                 "in_run_s": second_s[key], "passed_over_in_run_s": first_s[key],
                 "end_to_end": True})
-    taken = sum(result[key] is not first.choices[key] for key in result)
     if taken == 0 or (taken == differing and set(second.choices) == set(first.choices)):
         return None
     return PlanChoices(result)

@@ -47,7 +47,7 @@ def _keys(plan: Plan) -> tuple[str, str]:
     return by_node["mm0"], by_node["mm1"]
 
 
-def _with_sleepy(plan: Plan, key: str) -> Plan:
+def _with_slow(plan: Plan, key: str) -> Plan:
     """`plan` with every step of workload `key` run by SlowMatMul."""
     manifest = dict(plan.manifest)
     manifest["steps"] = [{**step, "impl": SLOW.name, "artifacts": []}
@@ -59,7 +59,7 @@ def _with_sleepy(plan: Plan, key: str) -> Plan:
 def test_steps_are_timed_inside_runs_by_workload():
     plan = wpk.build(two_workloads(), target="cpu", progress=False, partition=False)
     even, odd = _keys(plan)
-    times = in_run_times({"a": _with_sleepy(plan, even), "b": _with_sleepy(plan, odd)}, runs=4)
+    times = in_run_times({"a": _with_slow(plan, even), "b": _with_slow(plan, odd)}, runs=4)
     assert times["a"][even] >= 2 * SLEEP_S > times["a"][odd]   # two nodes of each workload
     assert times["b"][odd] >= 2 * SLEEP_S > times["b"][even]
 
