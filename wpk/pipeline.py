@@ -321,7 +321,8 @@ def choose_implementations(items: Sequence, target: Target, runner: Runner,
             choices = plan(items, final_candidates, runner, plan_options, on_progress)
         choices.untuned = untuned_choices(choices, offered)
     summary.update(measured=runner.measured, reused=runner.reused,
-                   records=len(runner.database), fingerprint=runner.fingerprint.to_json())
+                   records=len(runner.database), fingerprint=runner.fingerprint.to_json(),
+                   contended=list(runner.contended))
     if runner.summary() is not None:
         summary["cluster"] = runner.summary()
     if target.predicted:

@@ -4,6 +4,7 @@ or measuring anything twice."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,10 +21,12 @@ from rich.console import Console
 from tests.isa import current_isa
 from tests.unit import worker_fixtures as F
 from wpk.commands.records import records_best, records_list, records_merge
+from wpk.commands.render import search_lines
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.jobs import CandidateSpec, CompileJob
 from wpk.kernels.target import TargetFingerprint, create_target
 from wpk.plans.planner import PlanOptions, plan
+from wpk.search import recorded as recorded_module
 from wpk.search.compile_pool import CompilePool
 from wpk.search.measure import Measurement, Status
 from wpk.search.recorded import RecordedRunner
@@ -218,7 +221,9 @@ TUNING_LOOP = textwrap.dedent("""
     from tests.unit.test_records import loop_candidates, QUICK
     from tests.unit.worker_fixtures import RELU_WORKLOAD
     from wpk.kernels.target import create_target
-    from wpk.search.recorded import RecordedRunner
+    from wpk.commands.render import search_lines
+from wpk.search import recorded as recorded_module
+from wpk.search.recorded import RecordedRunner
     from wpk.search.records import RecordStore
     from wpk.search.runner import IsolatedRunner
     from wpk.search.workers import MeasureWorker
@@ -313,9 +318,12 @@ class NodeWorkload:
     workload: Workload
 
 
+MATMUL = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),
+                  const_inputs=(1,))
+
+
 def test_planner_through_records_rebuilds_the_same_plan_with_zero_measurements(tmp_path):
-    matmul = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),
-                      const_inputs=(1,))
+    matmul = MATMUL
     nodes = [NodeWorkload("mm0", matmul), NodeWorkload("mm1", matmul), NodeWorkload("r", WORKLOAD)]
     options = PlanOptions(warmup=1, repeats=3, min_time=0.001)
     path = tmp_path / "db.jsonl"
@@ -336,8 +344,7 @@ def test_the_planners_last_pass_measures_its_finalists_side_by_side_once(tmp_pat
     """Records taken while searching are not reused by the last pass (their window's load
     differs from one to the next); the last pass's own records are, so a rebuild measures
     nothing, and searching again reuses them like any record."""
-    matmul = Workload("MatMul", (TensorSpec((6, 8)), TensorSpec((8, 5))), (TensorSpec((6, 5)),),
-                      const_inputs=(1,))
+    matmul = MATMUL
     nodes = [NodeWorkload("mm", matmul), NodeWorkload("r", WORKLOAD)]
     options = PlanOptions(warmup=1, repeats=3, min_time=0.001)
     path = tmp_path / "db.jsonl"
@@ -362,6 +369,76 @@ def test_the_planners_last_pass_measures_its_finalists_side_by_side_once(tmp_pat
     assert [(c.candidate.label, c.measurement.median_s) for c in rebuilt] == \
         [(c.candidate.label, c.measurement.median_s) for c in last]
     assert all(m.extra["phase"] == "plan" for c in rebuilt for m in c.measurements)
+
+
+def _search_then_final_records(path: Path, worker, nodes, options, scale: float):
+    """A search pass through records at `path`, then each search record re-recorded in the
+    final phase at `scale` times its time (what the last pass compares itself with)."""
+    runner = recorded(path, worker)
+    plan(nodes, create_target("cpu").candidates, runner, options)
+    for rec in list(RecordStore(path)):
+        if rec.ok:
+            runner.database.commit(dataclasses.replace(rec, phase="final",
+                                                       median_s=rec.median_s * scale))
+    return runner
+
+
+def _counting_inner(runner: RecordedRunner, monkeypatch) -> list[str]:
+    """The workload keys of the inner runner's interleaved measurements, as they happen."""
+    calls, inner = [], runner.runner.run_interleaved
+
+    def counted(workload, *args, **kwargs):
+        calls.append(workload.key)
+        return inner(workload, *args, **kwargs)
+
+    monkeypatch.setattr(runner.runner, "run_interleaved", counted)
+    return calls
+
+
+def test_a_last_pass_far_slower_than_the_search_is_measured_again_then_marked(
+        tmp_path, monkeypatch):
+    """The search's records of the same candidates 100x faster than the last pass measures
+    them (as when a test suite ran beside the build): the first workload's finalists are
+    measured again RETRIES times, the second's not (the machine is busy), both recorded as
+    contended and listed; a rebuild measures them again instead of reusing them, and the
+    build's summary says so."""
+    monkeypatch.setattr(recorded_module, "CONTENDED_FLOOR_S", 0.0)
+    monkeypatch.setattr(recorded_module, "CONTENDED_PAUSE_S", 0.0)
+    nodes = [NodeWorkload("mm", MATMUL), NodeWorkload("r", WORKLOAD)]
+    options = PlanOptions(warmup=1, repeats=3, min_time=0.001)
+    path = tmp_path / "db.jsonl"
+    with MeasureWorker(QUICK) as worker:
+        runner = _search_then_final_records(path, worker, nodes, options, scale=0.01)
+        calls = _counting_inner(runner, monkeypatch)
+        with runner.side_by_side():
+            plan(nodes, create_target("cpu").candidates, runner, options)
+    keys = [MATMUL.key, WORKLOAD.key]
+    assert calls == [keys[0]] * (1 + recorded_module.RETRIES) + [keys[1]]
+    assert runner.contended == keys
+    last = [r for r in RecordStore(path) if r.phase == "plan"]
+    assert last and all(r.extra["contended"] >= recorded_module.CONTENDED for r in last if r.ok)
+
+    again = recorded(path, MeasureWorker(QUICK))
+    with again.side_by_side():
+        plan(nodes, create_target("cpu").candidates, again, options)
+    assert (again.measured, again.reused) == (len(last), 0)
+    lines = search_lines({"search": {"search": "ga", "contended": keys}})
+    assert any(line.startswith("warning: the last pass of 2 workloads ran at least 3x")
+               for line in lines)
+
+
+def test_a_last_pass_as_fast_as_the_search_is_measured_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorded_module, "CONTENDED_FLOOR_S", 0.0)
+    nodes = [NodeWorkload("mm", MATMUL), NodeWorkload("r", WORKLOAD)]
+    options = PlanOptions(warmup=1, repeats=3, min_time=0.001)
+    with MeasureWorker(QUICK) as worker:   # the search records 100x slower than now
+        runner = _search_then_final_records(tmp_path / "db.jsonl", worker, nodes, options,
+                                            scale=100.0)
+        calls = _counting_inner(runner, monkeypatch)
+        with runner.side_by_side():
+            plan(nodes, create_target("cpu").candidates, runner, options)
+    assert calls == [MATMUL.key, WORKLOAD.key] and runner.contended == []
+    assert search_lines({"search": {"search": "ga", "contended": []}})[1:] == []
 
 
 # ----------------------------------------------------------------------------- CLI views

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from wpk.plans.report import by_share, choice_reason, gflops, next_best
 from wpk.search.parallel_measure import summary_line
+from wpk.search.recorded import CONTENDED
 
 
 def format_time(seconds: float | None) -> str:
@@ -235,6 +236,13 @@ def search_lines(report: Mapping) -> list[str]:
                      f"{search.get('measured', 0)} new {what}, {search.get('reused', 0)} "
                      f"answered by the tuning records (which now hold "
                      f"{search.get('records', 0)})")
+    contended = search.get("contended") or []
+    if contended:
+        lines.append(f"warning: the last pass of {plural(len(contended), 'workload')} ran at "
+                     f"least {CONTENDED:g}x slower than the search measured the same "
+                     "candidates, also when measured again: something else was using the "
+                     "cores, and its choices may be wrong (hint: rebuild on a quiet machine; "
+                     "those measurements are taken again then)")
     parallel = report.get("parallel_measure")
     if parallel:
         lines.append(summary_line(parallel))
