@@ -46,6 +46,7 @@ REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"})
 NN_OPS = frozenset({
     "Conv", "ConvTranspose", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
     "GlobalMaxPool", "Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "LRN",
+    "InstanceNormalization",
 })
 # wpk's blocked-layout ops (domain wpk.nchwc), written by the NCHWc layout pass.
 NCHWC_DOMAIN = "wpk.nchwc"
@@ -100,6 +101,8 @@ def unsupported_reason(workload: Workload) -> str | None:
             return f"Pad mode {mode!r} is not implemented"
     if op == "Dropout" and (workload.attr("is_test", 1) == 0 or _truthy(workload, 2)):
         return "Dropout in training mode is not implemented"
+    if op == "InstanceNormalization" and len(workload.inputs[0].shape) < 3:
+        return "InstanceNormalization needs an input of rank 3 or more (N, C, D1, ...)"
     if op == "BatchNormalization" and int(workload.attr("training_mode", 0)):
         return "BatchNormalization in training mode (batch statistics) goes through onnxruntime"
     if op == "Resize":

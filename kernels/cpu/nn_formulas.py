@@ -1,5 +1,5 @@
-"""numpy formulations of neural-network ops (pooling, ConvTranspose, normalizations,
-softmax, LRN).
+"""numpy formulations of neural-network ops (pooling, ConvTranspose, normalizations --
+batch, layer, instance --, softmax, LRN).
 
 Same contract as `tensor_formulas`: `f(workload, inputs) -> list of outputs`
 computed in the inputs' dtype, epilogue not applied; shared by the float64
@@ -127,6 +127,19 @@ def _batch_norm(workload, inputs):
     return [(x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape)]
 
 
+def _instance_norm(workload, inputs):
+    """Each (batch, channel) slice over the spatial axes to zero mean and unit variance, then
+    the channel's scale and bias."""
+    x, scale, bias = inputs[:3]
+    axes = tuple(range(2, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=axes, keepdims=True)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    inv_std = 1.0 / np.sqrt(var + workload.attr("epsilon", 1e-5))
+    return [centered * inv_std * scale.reshape(shape) + bias.reshape(shape)]
+
+
 def _lrn(workload, inputs):
     x = inputs[0]
     size = int(workload.attr("size"))
@@ -146,4 +159,5 @@ NN_FORMULAS: dict[str, Formula] = {
     "GlobalAveragePool": _global_pool(np.mean), "GlobalMaxPool": _global_pool(np.max),
     "Softmax": _softmax_formula(False), "LogSoftmax": _softmax_formula(True),
     "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm, "LRN": _lrn,
+    "InstanceNormalization": _instance_norm,
 }

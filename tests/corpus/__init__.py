@@ -1,4 +1,4 @@
-"""The real-exporter corpus: nineteen architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: twenty-one architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -25,6 +25,8 @@ graphs in those exporters' spellings:
 | kerasvit (ViT of Keras' MultiHeadAttention and Dense layers: Einsum nodes) | | | | x |
 | shufflenet (ShuffleNet-v2: channel split, Concat, Reshape-Transpose-Reshape shuffle) | x | x | | |
 | regnet (RegNet-Y-400MF: grouped 3x3 convs in groups of 8, squeeze-excite) | x | x | | |
+| unet (diffusion UNet on a latent: GroupNorm, SiLU, ConvTranspose, nearest Upsample, skip Concat) | x | x | | |
+| swin (Swin-T's first stage: shifted windows by `torch.roll`, window partition, relative bias) | x | x | | |
 
 and three post-training quantized models, the torchscript export quantized by onnxruntime's
 `quantize_static` (`quantized.py`): mobilenetv3 and resnext in its default QDQ format
@@ -52,7 +54,7 @@ import onnx
 
 ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "yolopost",
                  "resnext", "speech", "deeplab", "espcn", "torchenc", "gpt", "crnn", "llama",
-                 "maxvit", "shufflenet", "regnet")
+                 "maxvit", "shufflenet", "regnet", "unet", "swin")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

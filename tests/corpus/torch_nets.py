@@ -68,7 +68,7 @@ def seed_parameters(module: nn.Module, seed: int) -> nn.Module:
                 layer.bias.copy_(uniform(channels, -0.2, 0.2))
                 layer.running_mean.copy_(uniform(channels, -0.2, 0.2))
                 layer.running_var.copy_(uniform(channels, 0.5, 2.0))
-            elif isinstance(layer, (nn.LayerNorm, ChannelsFirstLayerNorm)):
+            elif isinstance(layer, (nn.LayerNorm, ChannelsFirstLayerNorm, nn.GroupNorm)):
                 layer.weight.copy_(uniform(layer.weight.shape, 0.8, 1.2))
                 layer.bias.copy_(uniform(layer.bias.shape, -0.1, 0.1))
         for name, parameter in module.named_parameters(recurse=True):
@@ -1041,6 +1041,120 @@ class RegNetY(nn.Module):
         return self.head(self.stages(self.stem(x)).mean((2, 3)))
 
 
+# -------------------------------------------------------------------- diffusion UNet
+
+
+class GroupNormBlock(nn.Module):
+    """A diffusion UNet's residual block: GroupNorm, SiLU, 3x3 conv, twice; the shortcut a
+    1x1 conv where the width changes."""
+
+    def __init__(self, c_in: int, c_out: int, groups: int):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.GroupNorm(groups, c_in), nn.SiLU(), nn.Conv2d(c_in, c_out, 3, padding=1),
+            nn.GroupNorm(groups, c_out), nn.SiLU(), nn.Conv2d(c_out, c_out, 3, padding=1))
+        self.shortcut = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + self.shortcut(x)
+
+
+class DiffusionUNet(nn.Module):
+    """A Stable-Diffusion-style UNet on a latent (no time embedding or attention): GroupNorm
+    residual blocks, stride-2 conv downsampling, one ConvTranspose and one nearest
+    `nn.Upsample` on the way up, skip connections joined by Concat, a GroupNorm-SiLU-conv
+    head back to the latent's channels."""
+
+    def __init__(self, channels: int = 4, widths: tuple[int, int] = (64, 128),
+                 groups: int = 8):
+        super().__init__()
+        first, second = widths
+        self.stem = nn.Conv2d(channels, first, 3, padding=1)
+        self.down1 = nn.Sequential(GroupNormBlock(first, first, groups),
+                                   nn.Conv2d(first, first, 3, 2, 1))
+        self.block2 = GroupNormBlock(first, second, groups)
+        self.down2 = nn.Conv2d(second, second, 3, 2, 1)
+        self.middle = GroupNormBlock(second, second, groups)
+        self.up2 = nn.ConvTranspose2d(second, second, 4, 2, 1)
+        self.block_up2 = GroupNormBlock(2 * second, second, groups)
+        self.up1 = nn.Upsample(scale_factor=2.0, mode="nearest")
+        self.block_up1 = GroupNormBlock(second + first, first, groups)
+        self.head = nn.Sequential(nn.GroupNorm(groups, first), nn.SiLU(),
+                                  nn.Conv2d(first, channels, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip1 = self.stem(x)
+        skip2 = self.block2(self.down1(skip1))
+        y = self.middle(self.down2(skip2))
+        y = self.block_up2(torch.cat([self.up2(y), skip2], 1))
+        y = self.block_up1(torch.cat([self.up1(y), skip1], 1))
+        return self.head(y)
+
+
+# -------------------------------------------------------------------- Swin
+
+
+class ShiftedWindowBlock(nn.Module):
+    """A Swin Transformer block on [B, H, W, C]: LayerNorm, attention within `window` x
+    `window` windows (cyclically shifted by `shift` with `torch.roll`, partitioned by
+    view-permute-reshape, a learned relative bias per head added to the scores), the
+    windows put back and unshifted, then LayerNorm and a GELU MLP; residuals around both."""
+
+    def __init__(self, dim: int, heads: int, window: int, shift: int):
+        super().__init__()
+        self.heads, self.window, self.shift = heads, window, shift
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.bias_table = nn.Parameter(torch.zeros(heads, window * window, window * window))
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def _windows(self, x: torch.Tensor) -> torch.Tensor:
+        batch, height, width, dim = x.shape
+        w = self.window
+        x = x.view(batch, height // w, w, width // w, w, dim).permute(0, 1, 3, 2, 4, 5)
+        return x.reshape(-1, w * w, dim)
+
+    def _attention(self, x: torch.Tensor) -> torch.Tensor:
+        count, tokens, dim = x.shape
+        qkv = self.qkv(x).reshape(count, tokens, 3, self.heads, dim // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        scores = (q @ k.transpose(-2, -1)) * (dim // self.heads) ** -0.5 + self.bias_table
+        return self.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(count, tokens, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, height, width, dim = x.shape
+        w, shift = self.window, self.shift
+        y = self.norm1(x)
+        if shift:
+            y = torch.roll(y, (-shift, -shift), (1, 2))
+        y = self._attention(self._windows(y))
+        y = y.view(batch, height // w, width // w, w, w, dim).permute(0, 1, 3, 2, 4, 5)
+        y = y.reshape(batch, height, width, dim)
+        if shift:
+            y = torch.roll(y, (shift, shift), (1, 2))
+        x = x + y
+        return x + self.mlp(self.norm2(x))
+
+
+class Swin(nn.Module):
+    """Swin-T's first stage (by default): a 4x4 patch-embedding conv, blocks alternating
+    plain and shifted windows, mean pool, classifier."""
+
+    def __init__(self, dim: int = 96, heads: int = 3, window: int = 7, depth: int = 2,
+                 patch: int = 4, classes: int = 1000):
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, patch, patch)
+        self.blocks = nn.Sequential(*[
+            ShiftedWindowBlock(dim, heads, window, window // 2 if index % 2 else 0)
+            for index in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.embed(x).permute(0, 2, 3, 1))
+        return self.head(self.norm(x).mean((1, 2)))
+
+
 # -------------------------------------------------------------------- sizes
 
 
@@ -1071,6 +1185,8 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "maxvit": MaxVit,
     "shufflenet": ShuffleNetV2,
     "regnet": RegNetY,
+    "unet": DiffusionUNet,
+    "swin": Swin,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -1108,6 +1224,9 @@ SIZES: dict[str, dict[str, NetSpec]] = {
                                "classes": 10}, (1, 3, 64, 64)),
         "regnet": NetSpec({"stem": 8, "widths": (24, 56), "depths": (1, 2), "classes": 10},
                           (1, 3, 64, 64)),
+        "unet": NetSpec({"widths": (16, 24), "groups": 4}, (1, 4, 16, 16)),
+        "swin": NetSpec({"dim": 24, "heads": 2, "window": 4, "depth": 2, "classes": 10},
+                        (1, 3, 32, 32)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -1130,6 +1249,8 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "maxvit": NetSpec({}, (1, 3, 224, 224)),
         "shufflenet": NetSpec({}, (1, 3, 224, 224)),
         "regnet": NetSpec({}, (1, 3, 224, 224)),
+        "unet": NetSpec({}, (1, 4, 64, 64)),
+        "swin": NetSpec({}, (1, 3, 224, 224)),
     },
 }
 

@@ -112,6 +112,12 @@ EXPECTED_OPS = {
     "regnet": {"torch": {"Conv", "Sigmoid", "Mul", "Add", "Relu"}},
     "maxvit": {"torch": {"Einsum", "Softmax", "LayerNormalization", "Sigmoid", "Erf",
                          "AveragePool"}},
+    # GroupNorm as both exporters write it: Reshape, InstanceNormalization, Reshape, Mul, Add
+    "unet": {"torch": {"InstanceNormalization", "Reshape", "Sigmoid", "ConvTranspose",
+                       "Resize", "Concat"}},
+    # torch.roll as Slice and Concat
+    "swin": {"torch": {"Slice", "Concat", "LayerNormalization", "Softmax", "MatMul",
+                       "Transpose", "Erf"}},
 }
 
 
