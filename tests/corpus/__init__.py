@@ -25,8 +25,8 @@ graphs in those exporters' spellings:
 | kerasvit (ViT of Keras' MultiHeadAttention and Dense layers: Einsum nodes) | | | | x |
 | shufflenet (ShuffleNet-v2: channel split, Concat, Reshape-Transpose-Reshape shuffle) | x | x | | |
 | regnet (RegNet-Y-400MF: grouped 3x3 convs in groups of 8, squeeze-excite) | x | x | | |
-| unet (diffusion UNet on a latent: GroupNorm, SiLU, ConvTranspose, nearest Upsample, skip Concat) | x | x | | |
-| swin (Swin-T's first stage: shifted windows by `torch.roll`, window partition, relative bias) | x | x | | |
+| unet (diffusion UNet: GroupNorm, SiLU, ConvTranspose, nearest Upsample, skip Concat) | x | x | | |
+| swin (Swin-T's first stage: windows shifted by `torch.roll`, relative bias) | x | x | | |
 
 and three post-training quantized models, the torchscript export quantized by onnxruntime's
 `quantize_static` (`quantized.py`): mobilenetv3 and resnext in its default QDQ format

@@ -13,11 +13,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
+from tests.unit.native_checks import assert_chain_matches
 from wpk.core.numerics import relative_l2
 from wpk.core.workload import EpilogueStep, TensorSpec, Workload
 from wpk.kernels import registry
 from wpk.kernels.cpu.instance_norm_native import INSTANCE_NORM_C, instance_norm_reason
-from wpk.kernels.cpu.native_chain import chain_kernel, native_call
 from wpk.kernels.reference import reference
 from wpk.kernels.support import unsupported_reason
 
@@ -76,13 +76,7 @@ def test_the_native_form_computes_the_same_in_a_chain(rng):
     w = instance_norm((2, 4, 8, 8))
     arrays = arrays_for(w, rng)
     kernel = INSTANCE_NORM_C.prepare(w, {1: arrays[1], 2: arrays[2]}, {"par": 1})
-    out = np.full((2, 4, 8, 8), np.nan, np.float32)
-    call = native_call(kernel, arrays, [out])
-    assert call is not None
-    chain_kernel([call])([], [])
-    assert relative_l2(out, reference(w, arrays)[0]) < 1e-6
-    strided = np.asfortranarray(arrays[0])   # not passed as it is: no native form
-    assert kernel.native([strided, *arrays[1:]], [out]) is None
+    assert_chain_matches(kernel, arrays, reference(w, arrays)[0])
 
 
 def test_the_planner_offers_it_next_to_onnxruntime_and_numpy():
