@@ -221,9 +221,7 @@ TUNING_LOOP = textwrap.dedent("""
     from tests.unit.test_records import loop_candidates, QUICK
     from tests.unit.worker_fixtures import RELU_WORKLOAD
     from wpk.kernels.target import create_target
-    from wpk.commands.render import search_lines
-from wpk.search import recorded as recorded_module
-from wpk.search.recorded import RecordedRunner
+    from wpk.search.recorded import RecordedRunner
     from wpk.search.records import RecordStore
     from wpk.search.runner import IsolatedRunner
     from wpk.search.workers import MeasureWorker
