@@ -189,12 +189,12 @@ class RecordedRunner(Runner):
         found = measure()
         if self.phase != PLAN:
             return found
-        for _ in range(0 if self.contended else RETRIES):
-            if self.slowdown(workload, specs, found) < CONTENDED:
-                return found
+        slowdown = self.slowdown(workload, specs, found)
+        retries = 0 if self.contended else RETRIES
+        while slowdown >= CONTENDED and retries:
             time.sleep(CONTENDED_PAUSE_S)
             found = measure()
-        slowdown = self.slowdown(workload, specs, found)
+            slowdown, retries = self.slowdown(workload, specs, found), retries - 1
         if slowdown < CONTENDED:
             return found
         self.contended.append(workload.key)
