@@ -21,6 +21,7 @@ import numpy as np
 from wpk.core.errors import UnsupportedError
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_DOMAIN, GROUP_NORM_OP
 
 NCHWC_DOMAIN = "wpk.nchwc"
 LAYOUT_ATTRS = ("block", "channels")
@@ -51,6 +52,8 @@ def logical_workload(workload: Workload) -> Workload:
         return _logical_upsample(workload)
     if op == "ChannelSlice":
         return _logical_channel_slice(workload)
+    if op == GROUP_NORM_OP:
+        return _logical_group_norm(workload)
     if op not in ("Conv", "MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"):
         raise UnsupportedError(f"{workload.label}: wpk.nchwc {op} has no logical workload",
                                hint="ReorderInput/ReorderOutput are pure layout changes")
@@ -89,6 +92,17 @@ def _logical_upsample(workload: Workload) -> Workload:
                                TensorSpec((4,), "float32")),
                     (_nchw(out, _padded_channels(out)),), attrs, const_inputs=(2,),
                     static_inputs=((2, scales),), opset=max(workload.opset, 13))
+
+
+def _logical_group_norm(workload: Workload) -> Workload:
+    """wpk's plain GroupNorm of the `channels` real channels (the blocked output's padding
+    lanes are the zeros `fmt.block` writes, which the layout pass requires of its
+    epilogue)."""
+    attrs = tuple((k, v) for k, v in workload.attrs if k not in LAYOUT_ATTRS)
+    channels = int(workload.attr("channels"))
+    x = _nchw(workload.inputs[0], channels)
+    return replace(workload, domain=GROUP_NORM_DOMAIN, attrs=attrs,
+                   inputs=(x, *workload.inputs[1:]), outputs=(x,), _key="")
 
 
 def _logical_channel_slice(workload: Workload) -> Workload:

@@ -22,6 +22,7 @@ from wpk.core.numerics import ROUNDING_OPS, is_ml_dtype
 from wpk.core.onnx_quantize import REFERENCE_OPS
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.attention_spec import attention_formula, is_attention
+from wpk.kernels.cpu.group_norm_spec import group_norm_formula, is_group_norm
 from wpk.kernels.cpu.inverted_residual_spec import inverted_residual_formula, is_inverted_residual
 from wpk.kernels.cpu.nn_formulas import NN_FORMULAS
 from wpk.kernels.cpu.node_model import (
@@ -102,7 +103,7 @@ def has_formula(workload: Workload) -> bool:
     where it covers the workload's whole ONNX definition (`kernels.support`), so e.g. a
     linear Resize is judged by onnx.reference, not by the nearest-only formula."""
     if is_elementwise(workload) or is_attention(workload) or is_inverted_residual(workload) \
-            or is_irb_nchw(workload) or is_rms_norm(workload):
+            or is_irb_nchw(workload) or is_rms_norm(workload) or is_group_norm(workload):
         return True
     return (workload.domain in ("", "ai.onnx") and workload.op in REFERENCE_FORMULAS
             and unsupported_reason(workload) is None)
@@ -135,6 +136,8 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
             outputs = attention_formula(workload, core)
         elif is_rms_norm(workload):
             outputs = rms_norm_formula(workload, core)
+        elif is_group_norm(workload):
+            outputs = group_norm_formula(workload, core)
         elif has_formula(workload):
             outputs = REFERENCE_FORMULAS[workload.op](workload, core)
         else:

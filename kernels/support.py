@@ -10,6 +10,7 @@ from wpk.core.errors import WpkError
 from wpk.core.op_checks import op_problem
 from wpk.core.workload import BINARY_EPILOGUE_OPS, UNARY_EPILOGUE_OPS, Workload
 from wpk.kernels.cpu.attention_spec import ATTENTION_OP, attention_reason
+from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_OP, group_norm_reason
 from wpk.kernels.cpu.inverted_residual_spec import IR_OP, inverted_residual_reason
 from wpk.kernels.cpu.resize import ASPECT_POLICIES, COORDINATE_MODES, MODES
 from wpk.kernels.cpu.rms_norm_spec import RMS_NORM_OP, rms_norm_reason
@@ -53,7 +54,7 @@ NCHWC_DOMAIN = "wpk.nchwc"
 NCHWC_REORDERS = frozenset({"ReorderInput", "ReorderOutput"})
 NCHWC_OPS = NCHWC_REORDERS | {"DepthToSpace", "ChannelGather", "ChannelSlice", "Upsample",
                               "Conv", "MaxPool", "AveragePool", "GlobalMaxPool",
-                              "GlobalAveragePool"}
+                              "GlobalAveragePool", GROUP_NORM_OP}
 SUPPORTED_OPS = frozenset({"Elementwise"} | ELEMENTWISE_UNARY_OPS | ELEMENTWISE_BINARY_OPS
                           | DATA_MOVEMENT_OPS | ANY_DTYPE_OPS | REDUCE_OPS | NN_OPS)
 # Inputs that must be constants with fixed values (static inputs); Clip bounds may vary.
@@ -77,6 +78,8 @@ def unsupported_reason(workload: Workload) -> str | None:
         return inverted_residual_reason(workload)
     if workload.domain == "wpk" and op == RMS_NORM_OP:
         return rms_norm_reason(workload)
+    if workload.domain == "wpk" and op == GROUP_NORM_OP:
+        return group_norm_reason(workload)
     if op not in SUPPORTED_OPS or (workload.domain == "wpk") != (op == "Elementwise"):
         return f"op {op!r} is not implemented by wpk"
     reason = _dtype_reason(workload)
@@ -206,7 +209,7 @@ def is_supported(workload: Workload | str, domain: str = "") -> bool:
     Given an op type (and domain) instead of a workload, whether wpk claims the op at all.
     """
     if isinstance(workload, str):
-        if workload in ("Elementwise", ATTENTION_OP, IR_OP, RMS_NORM_OP):
+        if workload in ("Elementwise", ATTENTION_OP, IR_OP, RMS_NORM_OP, GROUP_NORM_OP):
             return domain == "wpk"
         if domain == NCHWC_DOMAIN:
             return workload in NCHWC_OPS

@@ -65,6 +65,7 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto,
     skeleton = _skeleton(proto, source)
     _fix_input_shapes(skeleton, source, dict(input_shapes or {}), constants, limits)
     _check(skeleton, source)
+    _stand_ins_for_inference(skeleton)
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types here
@@ -287,6 +288,23 @@ def _skeleton(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
             skeleton.graph.input.append(helper.make_tensor_value_info(
                 tensor.name, tensor.data_type, list(tensor.dims)))
     return skeleton
+
+
+# Ops whose output has their first input's type and shape but that ONNX shape inference
+# leaves untyped (GroupNormalization: a function op whose body onnx does not infer through).
+SHAPE_KEEPING_OPS = frozenset({"GroupNormalization"})
+
+
+def _stand_ins_for_inference(skeleton: onnx.ModelProto) -> None:
+    """Give shape inference an Identity of the first input in place of each node of
+    `SHAPE_KEEPING_OPS` (in the skeleton only: the graph keeps the model's nodes)."""
+    for node in skeleton.graph.node:
+        if node.op_type in SHAPE_KEEPING_OPS and node.domain in ("", "ai.onnx") and node.input:
+            first = node.input[0]
+            node.op_type = "Identity"
+            del node.input[:]
+            node.input.append(first)
+            del node.attribute[:]
 
 
 def _check(proto: onnx.ModelProto, source: str) -> None:

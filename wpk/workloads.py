@@ -36,6 +36,7 @@ WEIGHT_INPUTS = {
 }
 # The same for ops of other domains, keyed by (domain, op).
 DOMAIN_WEIGHT_INPUTS = {("wpk.nchwc", "Conv"): {1, 2},
+                        ("wpk", "GroupNorm"): {1, 2}, ("wpk.nchwc", "GroupNorm"): {1, 2},
                         ("wpk", "InvertedResidual"): {1, 2, 3, 4, 5, 6}}
 # Pooling attributes that ONNX added in opset 10; older models must not carry them,
 # or onnxruntime rejects the node.

@@ -44,6 +44,8 @@ from wpk.passes.fusion_rules import (
     CHANNEL_NORM_RULES,
     CONV_TRANSPOSE_EPILOGUE_RULES,
     EPILOGUE_RULES,
+    GROUP_NORM_EPILOGUE_RULES,
+    GROUP_NORM_RULES,
     LINEAR_RULES,
     PATTERN_RULES,
     RMS_NORM_RULES,
@@ -101,6 +103,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(ConvTransposeAsMatMul, targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("channel_norm", CHANNEL_NORM_RULES),
                   targets=frozenset({"cpu"})),
+    # while the affine Mul and Add after the normalization are nodes of their own
+    PipelineEntry(lambda: FusionPass("group_norm", GROUP_NORM_RULES), targets=frozenset({"cpu"})),
     PipelineEntry(lambda: FusionPass("activation_patterns", PATTERN_RULES)),
     # after the LayerNorm rules (a centred x / sqrt(mean(x^2) + eps) is theirs)
     PipelineEntry(lambda: FusionPass("rms_norm", RMS_NORM_RULES), targets=frozenset({"cpu"})),
@@ -108,6 +112,8 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(ActivationChains),
     PipelineEntry(lambda: FusionPass("epilogue_fusion", EPILOGUE_RULES)),
     PipelineEntry(lambda: FusionPass("conv_transpose_epilogue", CONV_TRANSPOSE_EPILOGUE_RULES),
+                  targets=frozenset({"cpu"})),
+    PipelineEntry(lambda: FusionPass("group_norm_epilogue", GROUP_NORM_EPILOGUE_RULES),
                   targets=frozenset({"cpu"})),
     PipelineEntry(DeadNodeElimination),
     # target-specific passes go last

@@ -30,6 +30,14 @@ from wpk.passes.elementwise import (
 )
 from wpk.passes.fusion import FusionContext, FusionRule
 from wpk.passes.gelu_rules import match_gelu_erf, match_gelu_tanh, rewrite_gelu
+from wpk.passes.group_norm_rules import (
+    activation_after_group_norm,
+    is_group_norm_node,
+    match_group_norm,
+    match_onnx_group_norm,
+    rewrite_group_norm,
+    rewrite_onnx_group_norm,
+)
 from wpk.passes.norm_rules import (
     match_channel_layer_norm,
     match_layer_norm,
@@ -514,6 +522,29 @@ def _match_transpose_activation(ctx: FusionContext, node: Node):
     return found if len(chain) == 1 and chain[0][0].op in CONV_ACTIVATIONS else None
 
 
+def _match_group_norm_activation(ctx: FusionContext, node: Node):
+    """wpk's GroupNorm -> one activation its kernels apply (a diffusion UNet's SiLU)."""
+    if not is_group_norm_node(node) or node.epilogue:
+        return None
+    consumer = ctx.single_consumer(node)
+    chain = chain_of(ctx.graph, consumer, node.outputs[0]) if consumer else None
+    found = (consumer, chain) if chain else None
+    return found if found and activation_after_group_norm(found) else None
+
+
+# CPU only: wpk's GroupNorm, written by the CPU rules below, has CPU kernels only
+GROUP_NORM_RULES = (
+    _rule("group_norm", {"InstanceNormalization"}, match_group_norm, rewrite_group_norm,
+          "Reshape, InstanceNormalization, Reshape [, Mul, Add per channel] -> GroupNorm"),
+    _rule("onnx_group_norm", {"GroupNormalization"}, match_onnx_group_norm,
+          rewrite_onnx_group_norm, "GroupNormalization [, Mul, Add per channel] -> GroupNorm"),
+)
+GROUP_NORM_EPILOGUE_RULES = (
+    _rule("epilogue_activation_group_norm", {"GroupNorm"}, _match_group_norm_activation,
+          _rewrite_epilogue, "GroupNorm -> one activation: into the epilogue"),
+)
+
+
 # CPU only: the CPU's ConvTranspose kernels (convtranspose.c, onnxruntime's node and its
 # activation in one session, the DSL's) apply it; the CUDA ones have not been given it
 CONV_TRANSPOSE_EPILOGUE_RULES = (
@@ -521,5 +552,6 @@ CONV_TRANSPOSE_EPILOGUE_RULES = (
           _rewrite_epilogue, "ConvTranspose -> one activation: into the epilogue"),
 )
 
-__all__ = ["CHAIN_RULES", "CONV_TRANSPOSE_EPILOGUE_RULES", "EPILOGUE_RULES", "LINEAR_RULES",
+__all__ = ["CHAIN_RULES", "CONV_TRANSPOSE_EPILOGUE_RULES", "EPILOGUE_RULES",
+           "GROUP_NORM_EPILOGUE_RULES", "GROUP_NORM_RULES", "LINEAR_RULES",
            "PATTERN_RULES", "RMS_NORM_RULES"]

@@ -45,6 +45,10 @@ the logical channel count of its output):
 - A Pad of H and W only, with zeros, reflect or edge (each keeps zero padding lanes
   zero) or another finite constant (its result dirty), stays a default-domain Pad on the
   5-d tensor, widths 0 on the lane dim.
+- GroupNorm(X blocked, Scale, Bias) -> Y blocked: wpk's GroupNorm
+  (`wpk.kernels.cpu.group_norm_spec`, attrs `groups`, `epsilon`) of a blocked 4-d X,
+  Scale and Bias logical (C,); the statistics read the real lanes only, Y's padding lanes
+  are zero (kept blocked only with an epilogue that maps 0 to 0).
 - ChannelSlice(X blocked) -> Y blocked: `channels` channels from channel
   `start` (a multiple of b), i.e. whole blocks of X: a channel Split or Slice
   on block boundaries, one node per piece.
@@ -96,6 +100,7 @@ import numpy as np
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.workload import EpilogueStep
 from wpk.kernels import nchwc_format as fmt
+from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_DOMAIN, GROUP_NORM_OP
 from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 from wpk.passes.base import GraphPass, drop_unused_constants, readers_of, subgraph_names
 from wpk.passes.elementwise import chain_start
@@ -118,6 +123,7 @@ from wpk.passes.nchwc_rules import (
     fused_dirty,
     pad_groups,
     pixel_shuffle_form,
+    step_keeps_zero,
     widen_groups,
 )
 from wpk.passes.pad_form import pad_form
@@ -215,6 +221,8 @@ class NchwcLayout(GraphPass):
             return self._pad(rw, node)
         if op == "Transpose":
             return self._transpose(rw, node)
+        if op == GROUP_NORM_OP and node.domain == GROUP_NORM_DOMAIN:
+            return self._group_norm(rw, node)
         return self._elementwise(rw, node)
 
     def _channel_view(self, rw: Rewrite, node: Node) -> bool:
@@ -299,6 +307,22 @@ class NchwcLayout(GraphPass):
         rw.graph.constants[name] = value
         rw.graph.tensors[name] = TensorInfo(tuple(value.shape), "float32")
         return name
+
+    def _group_norm(self, rw: Rewrite, node: Node) -> bool:
+        """wpk's GroupNorm of a blocked 4-d tensor stays blocked: its statistics skip the
+        input's padding lanes, its output's are zero (an epilogue that keeps 0 at 0)."""
+        x = node.inputs[0]
+        if x not in rw.blocked or len(rw.shape(x)) != 4 \
+                or not all(step_keeps_zero(step, None) for step in node.epilogue):
+            return False
+        channels = rw.shape(x)[1]
+        attrs = {"groups": int(node.attr("groups")), "epsilon": float(node.attr("epsilon")),
+                 "block": rw.block, "channels": channels}
+        out = rw.new_blocked(node.outputs[0], channels)
+        rw.nodes.append(Node(GROUP_NORM_OP, [rw.as_blocked(x), *node.inputs[1:3]], [out],
+                             node.name, attrs, NCHWC_DOMAIN, tuple(node.epilogue)))
+        self.hit("GroupNorm")
+        return True
 
     def _pool(self, rw: Rewrite, node: Node) -> bool:
         x = node.inputs[0]

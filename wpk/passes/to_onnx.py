@@ -27,6 +27,11 @@ from onnx import helper, numpy_helper
 
 from wpk.core.graph import Graph, Node
 from wpk.kernels.cpu.attention_spec import ATTENTION_DOMAIN, ATTENTION_OP, attention_onnx_nodes
+from wpk.kernels.cpu.group_norm_spec import (
+    GROUP_NORM_DOMAIN,
+    GROUP_NORM_OP,
+    group_norm_onnx_nodes,
+)
 from wpk.kernels.cpu.inverted_residual_spec import IR_DOMAIN, IR_OP, part_nodes
 from wpk.kernels.cpu.rms_norm_spec import RMS_NORM_DOMAIN, RMS_NORM_OP, rms_norm_onnx_nodes
 from wpk.kernels.cuda.irb_spec import IRB_OP
@@ -100,6 +105,9 @@ class _Emitter:
         if node.op == RMS_NORM_OP and node.domain == RMS_NORM_DOMAIN:
             self._rms_norm(node)
             return
+        if node.op == GROUP_NORM_OP and node.domain == GROUP_NORM_DOMAIN:
+            self._group_norm(node)
+            return
         if node.domain == IR_DOMAIN and node.op in (IR_OP, IRB_OP):  # its three convs
             parts = part_nodes if node.op == IR_OP else irb_part_nodes
             for part in parts(node, self.fresh):
@@ -139,6 +147,21 @@ class _Emitter:
                                           int(node.attr("axis", -1)), len(info.shape),
                                           float(node.attr("epsilon", 1e-5)), self.opset,
                                           info.dtype)
+
+    def _group_norm(self, node: Node) -> None:
+        """wpk's GroupNorm as the exporters' nodes (Reshape, InstanceNormalization, Reshape,
+        Mul, Add), then its epilogue's."""
+        out = node.outputs[0]
+        info = self.graph.tensors[node.inputs[0]]
+        prefix = self.fresh(out) + "_"
+        value = prefix + "value" if node.epilogue else out
+        self.nodes += group_norm_onnx_nodes(node.inputs, value, prefix, info.shape,
+                                            int(node.attr("groups")),
+                                            float(node.attr("epsilon", 1e-5)), info.dtype)
+        if node.epilogue:
+            self.nodes += epilogue_onnx_nodes(node.epilogue, value, node.inputs, out,
+                                              prefix + "epilogue_", dtype=info.dtype,
+                                              opset=self.opset)
 
     def _annotate(self, node: Node, protos: list[onnx.NodeProto]) -> None:
         """Name the nodes a graph node became after it and say so in their doc_string."""
