@@ -7,6 +7,7 @@ import wpk.kernels.cpu.conv_im2col  # noqa: F401  (numpy im2col / depthwise conv
 import wpk.kernels.cpu.conv_transpose_native  # noqa: F401  (ConvTranspose in C)
 import wpk.kernels.cpu.gemm  # noqa: F401  (numpy BLAS Gemm and MatMul)
 import wpk.kernels.cpu.group_norm  # noqa: F401  (GroupNorm: numpy, onnxruntime written out)
+import wpk.kernels.cpu.group_norm_native  # noqa: F401  (GroupNorm in C, plain and NCHWc)
 import wpk.kernels.cpu.instance_norm_native  # noqa: F401  (InstanceNormalization in C)
 import wpk.kernels.cpu.layernorm_native  # noqa: F401  (LayerNormalization, RMSNorm in C)
 import wpk.kernels.cpu.microkernels.gemm  # noqa: F401  (MatMul/Gemm SIMD micro-kernels, C)
