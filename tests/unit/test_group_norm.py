@@ -234,3 +234,24 @@ def test_the_library_and_onnxruntime_candidates_match_the_reference(rng, domain,
     out = np.full(w.outputs[0].shape, np.nan, np.float32)
     kernel(inputs, [out])
     np.testing.assert_allclose(out, reference(w, inputs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_group_normalization_with_scale_and_bias_as_inputs_runs_as_wpks_own(rng, tmp_path):
+    """ONNX's own conformance form: scale and bias are graph inputs (nothing folded)."""
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 5, 3])
+    vectors = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [6]) for n in ("s", "b")]
+    graph = helper.make_graph(
+        [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3,
+                          epsilon=1e-3)], "group_norm", [x_info, *vectors],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6, 5, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    assert [(n.domain, n.op) for n in _optimized(model).nodes] == [("wpk", "GroupNorm")]
+    plan = wpk.build(model, target="cpu", **FAST)
+    assert [s.op for s in plan.steps] == ["GroupNorm"] and plan.steps[0].kind != "fallback"
+    feeds = {"x": rng.standard_normal((2, 6, 5, 3)).astype(np.float32) * 4 + 2,
+             "s": rng.uniform(0.5, 2, 6).astype(np.float32),
+             "b": rng.uniform(-1, 1, 6).astype(np.float32)}
+    plan.save(tmp_path / "model.wpk")
+    expected = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert relative_l2(wpk.load(tmp_path / "model.wpk").run(feeds)["y"], expected) < 1e-6

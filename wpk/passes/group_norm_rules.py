@@ -113,18 +113,23 @@ def rewrite_group_norm(ctx: FusionContext, norm: Node, found) -> None:
 
 
 def _become_group_norm(ctx: FusionContext, node: Node, x: str, groups: int, epsilon: float,
-                       scale: np.ndarray, bias: np.ndarray) -> None:
+                       scale: np.ndarray | str, bias: np.ndarray | str) -> None:
+    """`node` as wpk's GroupNorm of x; scale and bias new constants of the values given, or
+    the tensors named."""
+    def operand(value, tag: str) -> str:
+        return value if isinstance(value, str) else \
+            add_constant(ctx.graph, f"{node.name}_{tag}", value.astype(np.float32))
+
     node.op, node.domain, node.epilogue = GROUP_NORM_OP, GROUP_NORM_DOMAIN, ()
-    node.inputs = [x, add_constant(ctx.graph, f"{node.name}_scale", scale.astype(np.float32)),
-                   add_constant(ctx.graph, f"{node.name}_bias", bias.astype(np.float32))]
+    node.inputs = [x, operand(scale, "scale"), operand(bias, "bias")]
     node.attrs = {"groups": int(groups), "epsilon": float(epsilon)}
 
 
 def match_onnx_group_norm(ctx: FusionContext, node: Node):
-    """ONNX's GroupNormalization of a float32 X (rank >= 3) with constant scale and bias
-    per channel (opset 21; onnx's checker refuses the per-group form of opsets 18-20),
-    and the Mul and Add by constants per channel after it: (x, groups, epsilon, scale,
-    bias, the nodes after it), or None."""
+    """ONNX's GroupNormalization of a float32 X (rank >= 3), scale and bias per channel
+    (opset 21; onnx's checker refuses the per-group form of opsets 18-20): (x, groups,
+    epsilon, scale, bias, the nodes after it), or None. Constant scale and bias take the
+    Mul and Add by constants per channel after the node along; graph inputs stay its own."""
     graph = ctx.graph
     if node.domain not in ("", "ai.onnx") or len(node.inputs) != 3 or node.epilogue:
         return None
@@ -137,8 +142,12 @@ def match_onnx_group_norm(ctx: FusionContext, node: Node):
     if groups < 1 or channels % groups:
         return None
     values = [ctx.const(name) for name in node.inputs[1:3]]
-    if any(v is None for v in values):
-        return None
+    if any(v is None for v in values):   # graph inputs: the node's own, nothing folded
+        infos = [graph.tensors.get(name) for name in node.inputs[1:3]]
+        if any(i is None or tuple(i.shape) != (channels,) or i.dtype != "float32"
+               for i in infos):
+            return None
+        return x, groups, float(node.attr("epsilon", 1e-5)), *node.inputs[1:3], []
     if any(v.size != channels for v in values):
         return None
     scale, bias = (v.reshape(-1).astype(np.float64) for v in values)
