@@ -1,10 +1,10 @@
 """The library and onnxruntime candidates of wpk's GroupNorm (`group_norm_spec`).
 
-`numpy.group_norm` computes the op with numpy in float32 (statistics in float64), the
-epilogue after it; the blocked form reaches it through `numpy.nchwc`. `ort.group_norm`
-runs the exporters' written-out form (`group_norm_spec.group_norm_onnx_nodes`) and the
-epilogue's nodes in one onnxruntime session, as onnxruntime would run the exporter's
-nodes, and joins onnxruntime's regions like any onnxruntime step. `groupnorm.c`
+`numpy.group_norm` computes the op with numpy in float32 (`group_norm_formula`, statistics
+in float64), the epilogue after it; the blocked form reaches it through `numpy.nchwc`.
+`ort.group_norm` runs the exporters' written-out form (`group_norm_onnx_nodes`) and the
+epilogue's nodes in one onnxruntime session, as onnxruntime would run the exporter's nodes,
+and joins onnxruntime's regions like any onnxruntime step. `groupnorm.c`
 (`group_norm_native`) is the generated kernel.
 """
 
@@ -18,6 +18,7 @@ from wpk.core.workload import Workload
 from wpk.kernels.cpu.group_norm_spec import (
     GROUP_NORM_DOMAIN,
     GROUP_NORM_OP,
+    group_norm_formula,
     group_norm_onnx_nodes,
     group_norm_reason,
 )
@@ -32,21 +33,6 @@ def _plain_reason(workload: Workload) -> str | None:
     if workload.op != GROUP_NORM_OP or workload.domain != GROUP_NORM_DOMAIN:
         return "computes wpk's plain GroupNorm only"
     return group_norm_reason(workload)
-
-
-def group_norm_numpy(workload: Workload, x: np.ndarray, scale: np.ndarray,
-                     bias: np.ndarray) -> np.ndarray:
-    """The op without its epilogue in x's dtype: statistics in float64, values centred
-    before they are scaled."""
-    groups, eps = int(workload.attr("groups")), float(workload.attr("epsilon", 1e-5))
-    n, c = x.shape[:2]
-    grouped = x.reshape(n, groups, -1)
-    mean = grouped.mean(axis=2, dtype=np.float64, keepdims=True)
-    centred = grouped - mean.astype(x.dtype)
-    var = np.mean(np.square(centred, dtype=np.float64), axis=2, keepdims=True)
-    y = centred * (1.0 / np.sqrt(var + eps)).astype(x.dtype)
-    per_channel = (1, c) + (1,) * (x.ndim - 2)
-    return y.reshape(x.shape) * scale.reshape(per_channel) + bias.reshape(per_channel)
 
 
 class NumpyGroupNorm(NumpyImplementation):
@@ -66,9 +52,9 @@ class NumpyGroupNorm(NumpyImplementation):
         steps = workload.epilogue
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
-            x, scale, bias = (np.asarray(a, np.float32) for a in inputs[:3])
-            apply_epilogue_into(outputs[0], group_norm_numpy(workload, x, scale, bias),
-                                steps, inputs)
+            arrays = [np.asarray(a, np.float32) for a in inputs[:3]]
+            apply_epilogue_into(outputs[0], group_norm_formula(workload, arrays)[0], steps,
+                                inputs)
 
         return kernel
 

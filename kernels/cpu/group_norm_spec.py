@@ -68,17 +68,20 @@ def group_norm_reason(workload: Workload) -> str | None:
 
 
 def group_norm_formula(workload: Workload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """[Y] in float64 (plain layout; the epilogue is not applied)."""
-    x, scale, bias = (np.asarray(a, np.float64) for a in inputs[:3])
+    """[Y] in X's dtype (the epilogue not applied): the statistics in float64, the values
+    centred before they are scaled. The float64 reference passes float64 inputs;
+    `numpy.group_norm` float32 ones."""
+    x, scale, bias = (np.asarray(a) for a in inputs[:3])
     groups, eps = int(workload.attr("groups")), float(workload.attr("epsilon", 1e-5))
     n, c = x.shape[:2]
     grouped = x.reshape(n, groups, -1)
-    mean = grouped.mean(axis=2, keepdims=True)
-    centred = grouped - mean
-    var = np.mean(centred * centred, axis=2, keepdims=True)
-    y = (centred / np.sqrt(var + eps)).reshape(x.shape)
+    mean = grouped.mean(axis=2, dtype=np.float64, keepdims=True)
+    centred = grouped - mean.astype(x.dtype)
+    var = np.mean(np.square(centred, dtype=np.float64), axis=2, keepdims=True)
+    y = (centred * (1.0 / np.sqrt(var + eps)).astype(x.dtype)).reshape(x.shape)
     per_channel = (1, c) + (1,) * (x.ndim - 2)
-    return [y * scale.reshape(per_channel) + bias.reshape(per_channel)]
+    return [y * scale.astype(x.dtype).reshape(per_channel)
+            + bias.astype(x.dtype).reshape(per_channel)]
 
 
 def group_norm_onnx_nodes(inputs: Sequence[str], output: str, prefix: str,

@@ -12,8 +12,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
+from tests.unit.test_group_norm_kernel import blocked_norm, plain_norm
 from wpk.core.numerics import relative_l2
-from wpk.core.workload import EpilogueStep, TensorSpec, Workload
+from wpk.core.workload import EpilogueStep
 from wpk.frontend import load_model
 from wpk.kernels import registry
 from wpk.kernels.reference import reference
@@ -206,17 +207,11 @@ def test_to_onnx_writes_the_exporters_nodes_back(rng):
     assert relative_l2(_onnxruntime(written, x), _onnxruntime(model, x)) < 1e-5
 
 
-def _workload(domain="wpk", epilogue=(), channels=12, groups=4, block=8):
+def _workload(domain="wpk", epilogue=()):
+    """A GroupNorm of 2 x 12 x 5 x 3, 4 groups (blocked: in blocks of 8)."""
     if domain == "wpk":
-        x = TensorSpec((2, channels, 5, 3), "float32")
-        attrs = (("epsilon", 1e-5), ("groups", groups))
-    else:
-        x = TensorSpec((2, -(-channels // block), 5, 3, block), "float32")
-        attrs = (("block", block), ("channels", channels), ("epsilon", 1e-5),
-                 ("groups", groups))
-    v = TensorSpec((channels,), "float32")
-    return Workload("GroupNorm", (x, v, v), (x,), attrs, domain=domain, epilogue=epilogue,
-                    opset=17)
+        return plain_norm((2, 12, 5, 3), 4, epilogue, consts=())
+    return blocked_norm(2, 12, 5, 3, 8, 4, epilogue, consts=())
 
 
 @pytest.mark.parametrize("domain, name", [("wpk", "ort.group_norm"),

@@ -31,7 +31,6 @@ from wpk.passes.elementwise import (
 from wpk.passes.fusion import FusionContext, FusionRule
 from wpk.passes.gelu_rules import match_gelu_erf, match_gelu_tanh, rewrite_gelu
 from wpk.passes.group_norm_rules import (
-    activation_after_group_norm,
     is_group_norm_node,
     match_group_norm,
     match_onnx_group_norm,
@@ -516,10 +515,16 @@ def _match_transpose_activation(ctx: FusionContext, node: Node):
     """ConvTranspose -> one activation the C kernels apply in their stores (a BN folded
     into it first: DBNet's head, a DCGAN's layers)."""
     found = _match_activation(ctx, node)
-    if found is None or node.epilogue:
-        return None
+    return found if not node.epilogue and _one_activation(found) else None
+
+
+def _one_activation(found) -> bool:
+    """Whether an activation match (consumer, chain) is one unary activation of the ones the
+    conv, ConvTranspose and GroupNorm kernels apply in their stores (`CONV_ACTIVATIONS`)."""
+    if found is None:
+        return False
     _, chain = found
-    return found if len(chain) == 1 and chain[0][0].op in CONV_ACTIVATIONS else None
+    return len(chain) == 1 and chain[0][1] is None and chain[0][0].op in CONV_ACTIVATIONS
 
 
 def _match_group_norm_activation(ctx: FusionContext, node: Node):
@@ -529,7 +534,7 @@ def _match_group_norm_activation(ctx: FusionContext, node: Node):
     consumer = ctx.single_consumer(node)
     chain = chain_of(ctx.graph, consumer, node.outputs[0]) if consumer else None
     found = (consumer, chain) if chain else None
-    return found if found and activation_after_group_norm(found) else None
+    return found if _one_activation(found) else None
 
 
 # CPU only: wpk's GroupNorm, written by the CPU rules below, has CPU kernels only

@@ -22,7 +22,6 @@ import numpy as np
 
 from wpk.core.graph import Node
 from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_DOMAIN, GROUP_NORM_OP
-from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 from wpk.passes.base import add_constant
 from wpk.passes.fusion import FusionContext
 
@@ -170,9 +169,3 @@ def is_group_norm_node(node: Node) -> bool:
     """Whether `node` is wpk's GroupNorm."""
     return node.op == GROUP_NORM_OP and node.domain == GROUP_NORM_DOMAIN
 
-
-def activation_after_group_norm(found) -> bool:
-    """Whether what the activation-epilogue match found after a GroupNorm is one activation
-    its kernels apply (`CONV_ACTIVATIONS`, a unary step)."""
-    _, chain = found
-    return len(chain) == 1 and chain[0][1] is None and chain[0][0].op in CONV_ACTIVATIONS
