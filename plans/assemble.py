@@ -47,6 +47,7 @@ def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
     kernels: dict[str, bytes] = {}
     isa: set[str] = set()
     views: list[tuple[str, str]] = []
+    parts: list[tuple[str, str, int]] = []   # (input, output, byte offset): a Concat's pieces
     for item in node_workloads:
         node, workload = item.node, item.workload
         choice = choices[workload.key]
@@ -64,12 +65,17 @@ def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
         is_view = getattr(impl, "views_input", None)
         if target == "cpu" and is_view and is_view(workload):
             views.append((node.outputs[0], node.inputs[0]))
+        places = getattr(impl, "places_inputs", None)
+        offsets = places(workload) if target == "cpu" and places else None
+        if offsets:
+            parts += [(name, node.outputs[0], offset)
+                      for name, offset in zip(node.inputs, offsets)]
         steps.append(Step(node.name, node.op, workload.key, impl.name, config, impl.kind,
                           tuple(node.inputs), tuple(o for o in node.outputs if o),
                           tuple(artifacts)))
 
     return _plan(graph, steps, kernels, isa, [c.workload for c in choices], target, report,
-                 device, views)
+                 device, views, parts)
 
 
 def whole_model_plan(graph: Graph, model_bytes: bytes, device: Mapping[str, Any] | None = None
@@ -87,7 +93,8 @@ def whole_model_plan(graph: Graph, model_bytes: bytes, device: Mapping[str, Any]
 
 def _plan(graph: Graph, steps: list[Step], kernels: dict[str, bytes], isa: set[str],
           workloads: Sequence, target: str, report: Mapping[str, Any] | None,
-          device: Mapping[str, Any] | None, views: Sequence[tuple[str, str]] = ()) -> Plan:
+          device: Mapping[str, Any] | None, views: Sequence[tuple[str, str]] = (),
+          parts: Sequence[tuple[str, str, int]] = ()) -> Plan:
     constants = set(graph.constants)
     used = {name for step in steps for name in step.inputs if name in constants}
     used |= {name for name in graph.outputs if name in constants}
@@ -99,7 +106,8 @@ def _plan(graph: Graph, steps: list[Step], kernels: dict[str, bytes], isa: set[s
              for inputs, outputs in step_io for name in [*inputs, *outputs]}
     sizes.update({name: tensor_nbytes(graph, name) for name in [*graph.inputs, *graph.outputs]
                   if name not in constants})
-    buffers = plan_graph_buffers(step_io, sizes, graph.inputs, graph.outputs, constants, views)
+    buffers = plan_graph_buffers(step_io, sizes, graph.inputs, graph.outputs, constants, views,
+                                 parts)
     host = dict(device or cpu_fingerprint())
     manifest = {
         "format_version": FORMAT_VERSION,

@@ -12,12 +12,21 @@ A view (a step's output that is its input reinterpreted, a Reshape) shares its
 source's buffer: the two are one tensor for the plan, living from the first's
 production to the last read of either, in the buffer of whichever of them is a
 graph input or output (two such stay apart, and the step copies).
+
+A part (an input of a step that only places its inputs side by side in its output, a
+Concat of contiguous pieces) lives inside that output's buffer, at its byte offset
+(`tensor_offsets`): its producer writes it in place and the step's copy of it is skipped.
+Parts and views form trees; a tree is one tensor for the plan, as long as the largest of
+its members' ends. A part stays a tensor of its own where placing it would break the
+plan: a graph input or output (or in a tree of one), a constant, a tensor placed already
+(the first step that places it wins), an input the step reads twice, an offset off the
+alignment, or a tree that holds the output already.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 ALIGNMENT = 64
 
@@ -44,6 +53,11 @@ class BufferPlan:
     assignment: Mapping[str, int]
     no_reuse_bytes: int
     alignment: int = ALIGNMENT
+    tensor_offsets: Mapping[str, int] = field(default_factory=dict)
+
+    def tensor_offset(self, name: str) -> int:
+        """Byte offset of tensor `name` inside its buffer (0 unless it is a placed part)."""
+        return self.tensor_offsets.get(name, 0)
 
     @property
     def arena_bytes(self) -> int:
@@ -56,7 +70,9 @@ class BufferPlan:
         return {
             "alignment": self.alignment,
             "buffers": [{"offset": o, "nbytes": s} for o, s in zip(self.offsets, self.sizes)],
-            "tensors": [{"name": name, "buffer": index}
+            "tensors": [{"name": name, "buffer": index,
+                         **({"offset": self.tensor_offsets[name]}
+                            if self.tensor_offsets.get(name) else {})}
                         for name, index in self.assignment.items()],
             "arena_bytes": self.arena_bytes,
             "no_reuse_bytes": self.no_reuse_bytes,
@@ -71,6 +87,8 @@ class BufferPlan:
             assignment={t["name"]: int(t["buffer"]) for t in data["tensors"]},
             no_reuse_bytes=int(data["no_reuse_bytes"]),
             alignment=int(data.get("alignment", ALIGNMENT)),
+            tensor_offsets={t["name"]: int(t["offset"]) for t in data["tensors"]
+                            if t.get("offset")},
         )
 
 
@@ -155,28 +173,83 @@ def view_roots(views: Sequence[tuple[str, str]], own: Iterable[str],
     return {name: root(name) for name in parent}
 
 
+def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
+                own: Iterable[str], constants: Iterable[str], alignment: int = ALIGNMENT
+                ) -> dict[str, tuple[str, int]]:
+    """Tree root -> (the tree it is placed in, byte offset there) for the (part, whole,
+    offset) triples `parts` (module docstring), given the view trees `roots` (tensor ->
+    root, as `view_roots` returns). The tree of a part goes into the tree of its whole."""
+    own, constants = set(own), set(constants)
+    placed: dict[str, tuple[str, int]] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for part, whole, _ in parts:
+        counts[part, whole] = counts.get((part, whole), 0) + 1
+
+    def locate(name: str) -> tuple[str, int]:
+        name, offset = roots.get(name, name), 0
+        while name in placed:
+            name, extra = placed[name]
+            name = roots.get(name, name)
+            offset += extra
+        return name, offset
+
+    for part, whole, offset in parts:
+        if not part or not whole or part in constants or counts[part, whole] > 1 \
+                or offset % alignment:
+            continue
+        tree = roots.get(part, part)
+        target, base = locate(whole)
+        if tree in own or tree in placed or tree == target or locate(part)[0] == target:
+            continue
+        placed[tree] = (target, base + offset)
+    return placed
+
+
 def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
                        nbytes: Mapping[str, int], graph_inputs: Sequence[str],
                        graph_outputs: Sequence[str], constants: Iterable[str],
-                       views: Sequence[tuple[str, str]] = ()) -> BufferPlan:
+                       views: Sequence[tuple[str, str]] = (),
+                       parts: Sequence[tuple[str, str, int]] = ()) -> BufferPlan:
     """The buffer plan of a whole plan: inputs and outputs own, intermediates shared, each
-    view of `views` ((view, source) pairs) in its root's buffer."""
+    view of `views` ((view, source) pairs) in its root's buffer, each part of `parts`
+    ((part, whole, byte offset) triples) inside its whole's buffer where it may be."""
     constant_names = set(constants)
     own_names = [n for n in dict.fromkeys([*graph_inputs, *graph_outputs])
                  if n and n not in constant_names]
-    own = [(name, int(nbytes[name])) for name in own_names]
     roots = view_roots(views, own_names, constant_names)
+    placed = place_parts(parts, roots, own_names, constant_names)
+
+    def home(name: str) -> tuple[str, int]:
+        """(the tensor whose buffer holds `name`, its byte offset there)."""
+        name, offset = roots.get(name, name), 0
+        while name in placed:
+            name, extra = placed[name]
+            name = roots.get(name, name)
+            offset += extra
+        return name, offset
+
+    ends = {name: int(size) for name, size in nbytes.items()}
+    for name, size in nbytes.items():
+        top, offset = home(name)
+        if top in ends:
+            ends[top] = max(ends[top], offset + int(size))
+    own = [(name, ends[name]) for name in own_names]
     shared = tensor_lifetimes(steps, nbytes, exclude=[*own_names, *constant_names])
     merged: dict[str, Lifetime] = {}
     for life in shared:
-        name = roots.get(life.name, life.name)
+        name = home(life.name)[0]
         if name in own_names:
             continue
         seen = merged.get(name)
-        merged[name] = life if seen is None else Lifetime(
-            name, max(seen.nbytes, life.nbytes), min(seen.first, life.first),
-            max(seen.last, life.last))
+        size = ends.get(name, life.nbytes)
+        merged[name] = Lifetime(name, size, life.first, life.last) if seen is None else \
+            Lifetime(name, size, min(seen.first, life.first), max(seen.last, life.last))
     plan = plan_buffers([replace(life, name=name) for name, life in merged.items()], own)
-    assignment = dict(plan.assignment)
-    assignment.update({view: assignment[root] for view, root in roots.items()})
-    return replace(plan, assignment=assignment)
+    assignment, offsets = dict(plan.assignment), {}
+    for name in {*roots, *(n for n in nbytes if home(n)[0] != n)}:
+        top, offset = home(name)
+        if top in assignment:
+            assignment[name] = assignment[top]
+            if offset:
+                offsets[name] = offset
+    return replace(plan, assignment=assignment, tensor_offsets=offsets)

@@ -66,7 +66,8 @@ _BUFFERS = {"type": "object", "required": ["buffers", "tensors", "no_reuse_bytes
                                        "items": {"type": "object",
                                                  "required": ["name", "buffer"],
                                                  "properties": {"name": _STRING,
-                                                                "buffer": _COUNT}}},
+                                                                "buffer": _COUNT,
+                                                                "offset": _COUNT}}},
                            "arena_bytes": _COUNT, "no_reuse_bytes": _COUNT}}
 # A value-dependent tail (`wpk.value_tail`): dims that depend on values are null.
 _TAIL_TENSOR = {"type": "object", "required": ["name", "shape", "dtype"],
@@ -237,7 +238,7 @@ def _check_buffers(buffers: Mapping, tensors: _Tensors, path: str) -> None:
             raise PlanError(f"plan '{path}': buffer tensor '{name}' is no input, output or "
                             "step output", hint=REBUILD_HINT)
         shape, dtype = tensors.known[name]
-        if _nbytes(shape, dtype) > regions[index]["nbytes"]:
+        if entry.get("offset", 0) + _nbytes(shape, dtype) > regions[index]["nbytes"]:
             raise PlanError(f"plan '{path}': buffer {index} is too small for tensor '{name}'",
                             hint=REBUILD_HINT)
 

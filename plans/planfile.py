@@ -54,7 +54,7 @@ from wpk.core.workload import Workload
 from wpk.plans.buffers import BufferPlan
 from wpk.plans.manifest_check import check_manifest
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: a tensor may lie at a byte offset inside its buffer (a placed part)
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.npz"
 REPORT = "report.json"

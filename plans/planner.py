@@ -337,6 +337,32 @@ def untuned_choices(choices: PlanChoices, offered: Mapping[str, Collection[str]]
                      offered.get(workload.key, ()), "untuned")
 
 
+def places_inputs(candidate: Candidate, workload: Workload) -> bool:
+    """Whether the candidate runs `workload` on inputs the buffer plan may place inside
+    its output (`Implementation.places_inputs`: a Concat whose pieces its producers write
+    in place, so it copies nothing)."""
+    places = getattr(candidate.implementation, "places_inputs", None)
+    return bool(places and places(workload))
+
+
+def in_place_choices(choices: PlanChoices) -> PlanChoices:
+    """The choices with every workload that a verified candidate runs in place given to
+    that candidate (reason rule `in-place`), `untuned` likewise. Its time alone is a copy
+    of every input; in the plan the producers write its inputs into its output and the
+    copy is skipped (`wpk.plans.buffers`), and where one cannot be placed it is one
+    memcpy, as another engine's Concat is. CPU plans only (the buffer plan of other
+    targets places nothing)."""
+    placeable = {key for key, choice in choices.choices.items()
+                 if any(pair and pair[1].ok and places_inputs(pair[0], choice.workload)
+                        for pair in map(_measured_pair, choice.measurements))}
+    if not placeable:
+        return choices
+    given = _given_to(choices, lambda candidate, workload: workload.key not in placeable
+                      or places_inputs(candidate, workload), "in-place") or choices
+    untuned = None if choices.untuned is None else in_place_choices(choices.untuned)
+    return dataclasses.replace(given, untuned=untuned)
+
+
 def _given_to(choices: PlanChoices, wanted: Callable[[Candidate, Workload], bool], rule: str,
               max_slowdown: float = float("inf")) -> PlanChoices | None:
     """The choices with every candidate that is not `wanted` replaced by the fastest

@@ -13,7 +13,7 @@
          "chosen": label, "chosen_impl", "chosen_kind", "algorithm", "median_s", "spread_s",
          "flops": per execution | null, "gflops": flops / median_s / 1e9 | null,
          "latency_s": median x count, "share": of totals.latency_s, "fallback": bool,
-         "reason": {"rule": fastest | region | one-pool | untuned | in-run |
+         "reason": {"rule": fastest | region | one-pool | untuned | in-run | in-place |
                             only_verified | timed_alone,
                     "verified": n, "runner_up": label,
                     "faster": label, "over_s", "credit_s",          # plans.planner

@@ -52,6 +52,7 @@ from wpk.plans.planfile import Plan
 from wpk.plans.planner import (
     PlanChoices,
     PlanOptions,
+    in_place_choices,
     on_generated_kernels,
     plan,
     untuned_choices,
@@ -208,6 +209,8 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     optimized, pass_report = optimize(graph, opts.target)
     items = extract_workloads(optimized)
     choices, search, parallel = plan_workloads(items, build_target, opts, started)
+    if opts.target == "cpu":
+        choices = in_place_choices(choices)
     input_sets.clear()   # the measurements' shared inputs are not needed past this point
 
     def assembled(chosen: PlanChoices) -> Plan:

@@ -175,10 +175,11 @@ class Session:
             spec = specs[name]
             dtype = np.dtype(spec.dtype)
             nbytes = spec.size * dtype.itemsize
-            if nbytes > buffers.sizes[index]:
+            within = buffers.tensor_offset(name)
+            if within + nbytes > buffers.sizes[index]:
                 raise PlanError(f"plan '{self.path}': buffer of tensor '{name}' is too small",
                                 hint="rebuild the plan with `wpk build`")
-            offset = buffers.offsets[index]
+            offset = buffers.offsets[index] + within
             views[name] = arena[offset:offset + nbytes].view(dtype).reshape(spec.shape)
         return raw, views
 

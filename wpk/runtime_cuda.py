@@ -65,10 +65,12 @@ def buffer_layout(buffer_plan, specs: Mapping[str, TensorSpec],
     for name, index in buffer_plan.assignment.items():
         spec = specs[name]
         nbytes = spec.size * np.dtype(spec.dtype).itemsize
-        if nbytes > buffer_plan.sizes[index]:
+        within = buffer_plan.tensor_offset(name)
+        if within + nbytes > buffer_plan.sizes[index]:
             raise PlanError(f"plan '{path}': buffer of tensor '{name}' is too small",
                             hint="rebuild the plan with `wpk build`")
-        layout[name] = (buffer_plan.offsets[index], nbytes, tuple(spec.shape), spec.dtype)
+        layout[name] = (buffer_plan.offsets[index] + within, nbytes, tuple(spec.shape),
+                        spec.dtype)
     return layout
 
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -147,6 +148,26 @@ class NumpyCopy(NumpyImplementation):
         a buffer onto itself is skipped."""
         return workload.op in _RESHAPES and not workload.epilogue and \
             len(workload.outputs) == 1
+
+    def places_inputs(self, workload: Workload) -> tuple[int, ...] | None:
+        """Byte offsets of the inputs inside the output where each input is one contiguous
+        piece of it (a Concat without an epilogue whose axis has only dims of 1 before it,
+        as a batch-1 channel concat has), else None: the buffer plan may then have each
+        producer write its input in place, and the copy of a piece onto itself is skipped."""
+        if workload.op != "Concat" or workload.epilogue or len(workload.outputs) != 1:
+            return None
+        out = workload.outputs[0]
+        inputs = workload.inputs[:self.core_inputs(workload)]
+        axis = workload.attr("axis") % len(out.shape)
+        if math.prod(out.shape[:axis]) != 1 or any(
+                spec is None or spec.dtype != out.dtype for spec in inputs):
+            return None
+        item = np.dtype(out.dtype).itemsize
+        offsets, position = [], 0
+        for spec in inputs:
+            offsets.append(position)
+            position += math.prod(spec.shape) * item
+        return tuple(offsets)
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

@@ -117,3 +117,116 @@ def test_views_of_inputs_and_outputs_use_their_buffers_and_two_of_them_stay_apar
     assert plan.assignment["a"] == plan.assignment["y"]    # a source of an output
     assert plan.assignment["z"] != plan.assignment["x"]    # input and output: a copy
     assert view_roots([("z", "x"), ("w", "c")], ["x", "z"], ["c"]) == {}
+
+
+# Parts: a Concat's inputs placed inside its output (`place_parts`).
+
+def test_the_pieces_of_a_concat_are_written_in_place_at_their_offsets():
+    """x -> a, x -> b, concat(a, b) -> c -> y: a at offset 0 and b at 128 of c's buffer,
+    which lives from a's production to c's last read."""
+    steps = [(["x"], ["a"]), (["x"], ["b"]), (["a", "b"], ["c"]), (["c"], ["y"])]
+    sizes = {"x": 64, "a": 128, "b": 192, "c": 320, "y": 64}
+    plan = plan_graph_buffers(steps, sizes, ["x"], ["y"], [], parts=[("a", "c", 0),
+                                                                     ("b", "c", 128)])
+    assert plan.assignment["a"] == plan.assignment["b"] == plan.assignment["c"]
+    assert (plan.tensor_offset("a"), plan.tensor_offset("b"), plan.tensor_offset("c")) == \
+        (0, 128, 0)
+    assert plan.sizes[plan.assignment["c"]] >= 320
+    assert BufferPlan.from_json(plan.to_json()) == plan
+    assert [t.get("offset", 0) for t in plan.to_json()["tensors"]
+            if t["name"] in ("a", "b")] == [0, 128]
+
+
+def test_parts_that_would_break_the_plan_stay_tensors_of_their_own():
+    """A graph input, a constant, a piece read twice, an offset off the alignment, and a
+    tensor another concat placed already are copied, not placed."""
+    steps = [(["x"], ["a"]), (["x"], ["b"]), (["a", "x", "w"], ["c"]), (["b", "b"], ["d"]),
+             (["a", "c", "d"], ["e"]), (["e"], ["y"])]
+    sizes = {"x": 100, "w": 64, "a": 64, "b": 64, "c": 228, "d": 128, "e": 420, "y": 8}
+    parts = [("a", "c", 0), ("x", "c", 64), ("w", "c", 164),      # input; constant off 64
+             ("b", "d", 0), ("b", "d", 64),                        # read twice
+             ("a", "e", 0), ("c", "e", 64), ("d", "e", 292)]       # a placed already; 292
+    plan = plan_graph_buffers(steps, sizes, ["x"], ["y"], ["w"], parts=parts)
+    assert plan.assignment["a"] == plan.assignment["c"] == plan.assignment["e"]
+    assert plan.tensor_offset("a") == 64 and plan.tensor_offset("c") == 64   # a in c in e
+    assert plan.assignment["x"] != plan.assignment["c"] and "w" not in plan.assignment
+    assert plan.assignment["b"] != plan.assignment["d"]
+    assert plan.assignment["d"] != plan.assignment["e"]   # 292 is off the 64-byte alignment
+
+
+def test_a_concat_that_is_a_graph_output_takes_its_pieces_into_its_own_buffer():
+    steps = [(["x"], ["a"]), (["x"], ["v"]), (["v"], ["b"]), (["a", "b"], ["y"])]
+    sizes = {"x": 64, "a": 64, "v": 128, "b": 128, "y": 192}
+    plan = plan_graph_buffers(steps, sizes, ["x"], ["y"], [], views=[("b", "v")],
+                              parts=[("a", "y", 0), ("b", "y", 64)])
+    home = plan.assignment["y"]
+    assert plan.assignment["a"] == plan.assignment["b"] == plan.assignment["v"] == home
+    assert (plan.tensor_offset("b"), plan.tensor_offset("v")) == (64, 64)  # b's view tree
+    assert plan.sizes[home] == 192
+
+
+@st.composite
+def random_dags_with_parts(draw):
+    """Steps that compute, view (one input, same size) or concat (their inputs' bytes side
+    by side, some at offsets off the alignment); sizes in bytes."""
+    tensors, steps, sizes, views, parts = ["in0"], [], {"in0": 64}, [], []
+    kinds = []
+    for index in range(draw(st.integers(1, 20))):
+        kind = draw(st.sampled_from(["op", "op", "view", "concat", "concat"]))
+        out = f"s{index}"
+        if kind == "view":
+            reads = [draw(st.sampled_from(tensors))]
+            sizes[out] = sizes[reads[0]]
+            views.append((out, reads[0]))
+        elif kind == "concat":
+            reads = draw(st.lists(st.sampled_from(tensors), min_size=1, max_size=4))
+            offset = 0
+            for name in reads:
+                parts.append((name, out, offset))
+                offset += sizes[name]
+            sizes[out] = offset
+        else:
+            reads = draw(st.lists(st.sampled_from(tensors), min_size=1, max_size=2))
+            sizes[out] = draw(st.sampled_from([8, 64, 100, 128, 192, 256]))
+        steps.append((reads, [out]))
+        kinds.append(kind)
+        tensors.append(out)
+    outputs = draw(st.lists(st.sampled_from(tensors[1:]), min_size=1, max_size=2, unique=True))
+    return steps, kinds, sizes, outputs, views, parts
+
+
+@settings(max_examples=300, deadline=None)
+@given(random_dags_with_parts())
+def test_running_a_plan_with_parts_reads_every_input_intact(dag):
+    """Simulate the arena byte by byte: a computing step writes fresh bytes, a view copies
+    its input's bytes, a concat its inputs' bytes side by side (a copy onto the same bytes
+    changes nothing). Every read must find the bytes its producer left, the graph outputs
+    too at the end."""
+    import numpy as np
+
+    steps, kinds, sizes, outputs, views, parts = dag
+    plan = plan_graph_buffers(steps, sizes, ["in0"], outputs, [], views, parts)
+    arena = np.zeros(plan.arena_bytes, np.int64)
+    content: dict[str, np.ndarray] = {}
+    fresh = iter(range(1, 1 << 40))
+
+    def where(name):
+        start = plan.offsets[plan.assignment[name]] + plan.tensor_offset(name)
+        assert start + sizes[name] <= plan.offsets[plan.assignment[name]] + \
+            plan.sizes[plan.assignment[name]], name
+        return slice(start, start + sizes[name])
+
+    def write(name, values):
+        content[name] = values
+        arena[where(name)] = values
+
+    write("in0", np.array([next(fresh) for _ in range(sizes["in0"])]))
+    for (reads, (out,)), kind in zip(steps, kinds):
+        for name in reads:
+            assert (arena[where(name)] == content[name]).all(), (name, out)
+        if kind == "op":
+            write(out, np.array([next(fresh) for _ in range(sizes[out])]))
+        else:
+            write(out, np.concatenate([content[name] for name in reads]))
+    for name in outputs:
+        assert (arena[where(name)] == content[name]).all(), name

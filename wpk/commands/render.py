@@ -101,6 +101,10 @@ def reason_text(workload: Mapping) -> str:
                 f"({format_time(reason.get('in_run_s'))} against "
                 f"{format_time(reason.get('passed_over_in_run_s'))} of the tuned "
                 f"{reason['faster']}, which was {format_time(reason['over_s'])} faster alone)")
+    elif rule == "in-place":
+        text = (f"copies nothing where its inputs are written in place (+"
+                f"{format_time(reason['over_s'])} over {reason['faster']} timed alone, "
+                "copying them)")
     elif rule == "only_verified":
         text = f"only verified candidate (of {len(workload['candidates'])})"
     elif rule == "timed_alone":
@@ -121,6 +125,7 @@ def reason_tag(workload: Mapping) -> str:
            "one-pool": f"one pool +{format_time(reason.get('over_s'))}",
            "untuned": f"untuned +{format_time(reason.get('over_s'))}",
            "in-run": f"faster in runs +{format_time(reason.get('over_s'))}",
+           "in-place": "in place",
            "only_verified": "only verified", "timed_alone": "timed alone",
            "not_recorded": "not recorded"}.get(reason["rule"], "fastest")
     return f"{tag} (predicted)" if workload.get("predicted") else tag

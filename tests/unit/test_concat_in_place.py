@@ -1,0 +1,138 @@
+"""A Concat's inputs written in place: the buffer plan puts each piece of a batch-1 channel
+concat inside the concat's output (`wpk.plans.buffers.place_parts`), its producer writes
+it there and the concat copies nothing. Whole models against onnxruntime, after save and
+load; the cases that must stay copies (misaligned pieces, a piece that is a graph output,
+one tensor concatenated twice) still compute the right thing. The planner's side:
+`test_buffers.py`."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import wpk
+from wpk.core.numerics import relative_l2
+from wpk.core.workload import TensorSpec, Workload
+from wpk.kernels.cpu.numpy_ops import NumpyCopy
+
+FAST = {"search": "none", "progress": False, "partition": False, "warmup": 0, "repeats": 1,
+        "min_time": 0.0}
+
+
+def _conv(name, x, out, cin, cout, k, rng, inits, nodes, relu=True):
+    weight = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    inits += [numpy_helper.from_array(weight, f"{name}_w"),
+              numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), f"{name}_b")]
+    target = f"{out}_pre" if relu else out
+    nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [target],
+                                  pads=[k // 2] * 4))
+    if relu:
+        nodes.append(helper.make_node("Relu", [target], [out]))
+
+
+def _model(channels, size, concats, extra_outputs=(), seed=0):
+    """x [1, channels[0], size, size] -> one conv per entry of `channels[1:]` (a{i}) ->
+    the Concats `concats` ((name, inputs) in order) -> a 1x1 conv of the last -> y."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    for i, cout in enumerate(channels[1:]):
+        _conv(f"c{i}", "x", f"a{i}", channels[0], cout, 3, rng, inits, nodes)
+    width = {f"a{i}": c for i, c in enumerate(channels[1:])}
+    for name, inputs in concats:
+        nodes.append(helper.make_node("Concat", list(inputs), [name], axis=1))
+        width[name] = sum(width[i] for i in inputs)
+    last = concats[-1][0]
+    _conv("head", last, "y", width[last], 8, 1, rng, inits, nodes, relu=False)
+    shape = lambda c: [1, c, size, size]   # noqa: E731
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape(8))]
+    outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape(width[n]))
+                for n in extra_outputs]
+    graph = helper.make_graph(nodes, "concat", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, shape(channels[0]))], outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _check(model, tmp_path, channels, size):
+    """Build, save, load and run `model`; every output against onnxruntime. Returns the
+    loaded session and its plan."""
+    x = np.random.default_rng(1).standard_normal((1, channels, size, size)).astype(np.float32)
+    wpk.build(model, target="cpu", **FAST).save(tmp_path / "m.wpk")
+    session = wpk.load(tmp_path / "m.wpk")
+    got = session.run({"x": x})
+    ort = onnxruntime.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+    names = [o.name for o in ort.get_outputs()]
+    for name, expected in zip(names, ort.run(names, {"x": x})):
+        assert relative_l2(got[name], expected) < 1e-5, name
+    return session, session.plan
+
+
+def _concat_steps(plan):
+    return [s for s in plan.steps if s.op == "Concat"]
+
+
+def _placed(plan, step):
+    """Which inputs of Concat `step` lie inside its output, each at its own offset."""
+    buffers, out = plan.buffer_plan, step.outputs[0]
+    offsets = NumpyCopy().places_inputs(plan.workloads[step.workload_key])
+    return [buffers.assignment.get(name) == buffers.assignment[out]
+            and buffers.tensor_offset(name) == buffers.tensor_offset(out) + offset
+            for name, offset in zip(step.inputs, offsets)]
+
+
+def test_the_convs_of_a_blocked_concat_write_into_it(tmp_path):
+    """Three convs (16, 32, 16 channels: whole blocks) concatenated: each conv writes its
+    piece of the concat's buffer; the session's arrays are views of one another."""
+    model = _model([8, 16, 32, 16], 10, [("cat", ["a0", "a1", "a2"])])
+    session, plan = _check(model, tmp_path, 8, 10)
+    (step,) = _concat_steps(plan)
+    assert all(_placed(plan, step)), plan.buffer_plan.tensor_offsets
+    whole = session._arrays[step.outputs[0]]
+    for name in step.inputs:
+        assert np.shares_memory(session._arrays[name], whole)
+    assert plan.manifest["format_version"] == 2
+
+
+def test_nested_concats_place_every_piece(tmp_path):
+    model = _model([8, 16, 16, 16], 6, [("inner", ["a0", "a1"]), ("cat", ["inner", "a2"])])
+    _, plan = _check(model, tmp_path, 8, 6)
+    for step in _concat_steps(plan):
+        assert all(_placed(plan, step)), (step.node, plan.buffer_plan.tensor_offsets)
+
+
+@pytest.mark.parametrize("case", ["graph_output", "twice", "misaligned"])
+def test_pieces_that_must_be_copied_still_give_the_right_result(case, tmp_path):
+    if case == "graph_output":   # a1 is read by the user too: never placed in the concat
+        model = _model([8, 16, 16], 5, [("cat", ["a0", "a1"])], extra_outputs=["a1"])
+    elif case == "twice":
+        model = _model([8, 16], 5, [("cat", ["a0", "a0"])])
+    else:                        # 3 channels of 5 x 5 floats: the second at 300 bytes
+        model = _model([3, 3, 3], 5, [("cat", ["a0", "a1"])])
+    _, plan = _check(model, tmp_path, 8 if case != "misaligned" else 3, 5)
+    placed = {name for step in _concat_steps(plan)
+              for name, inside in zip(step.inputs, _placed(plan, step)) if inside}
+    assert not placed & {e["name"] for e in (*plan.inputs, *plan.outputs)}
+    if case == "twice":
+        assert not placed, plan.buffer_plan.tensor_offsets
+    if case == "misaligned":    # the first piece at 0 is placed, the one at 300 bytes not
+        (step,) = _concat_steps(plan)
+        assert _placed(plan, step) == [True, False], plan.buffer_plan.tensor_offsets
+
+
+def test_which_concats_place_their_inputs():
+    """Batch-1 concats over any axis with only 1s before it; not a batch-2 channel concat,
+    an epilogue, or mixed dtypes."""
+    def concat(shapes, axis, dtype="float32", **extra):
+        out = list(shapes[0])
+        out[axis] = sum(s[axis] for s in shapes)
+        return Workload("Concat", tuple(TensorSpec(tuple(s), dtype) for s in shapes),
+                        (TensorSpec(tuple(out), "float32"),), (("axis", axis),), **extra)
+
+    copy = NumpyCopy()
+    assert copy.places_inputs(concat([(1, 16, 4, 4), (1, 32, 4, 4)], 1)) == (0, 1024)
+    assert copy.places_inputs(concat([(1, 2, 4, 4, 16), (1, 1, 4, 4, 16)], 1)) == (0, 2048)
+    assert copy.places_inputs(concat([(1, 1, 3), (1, 1, 5)], -1)) == (0, 12)
+    assert copy.places_inputs(concat([(2, 16, 4, 4), (2, 16, 4, 4)], 1)) is None
+    assert copy.places_inputs(concat([(1, 16), (1, 16)], 1, dtype="float16")) is None
