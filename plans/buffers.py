@@ -246,7 +246,7 @@ def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
             Lifetime(name, size, min(seen.first, life.first), max(seen.last, life.last))
     plan = plan_buffers([replace(life, name=name) for name, life in merged.items()], own)
     assignment, offsets = dict(plan.assignment), {}
-    for name in {*roots, *(n for n in nbytes if home(n)[0] != n)}:
+    for name in dict.fromkeys([*roots, *(n for n in nbytes if home(n)[0] != n)]):  # ordered
         top, offset = home(name)
         if top in assignment:
             assignment[name] = assignment[top]
