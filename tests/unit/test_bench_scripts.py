@@ -353,3 +353,27 @@ def test_the_gpu_check_script_runs_every_gpu_test_file():
     script = (SCRIPTS / "gpu_check.sh").read_text()
     files = sorted(p.name for p in (SCRIPTS.parent / "tests" / "gpu").glob("test_*.py"))
     assert files and [name for name in files if f"tests/gpu/{name}" not in script] == []
+
+
+def test_bench_concat_in_place_times_a_plan_against_its_copy_without_placements(
+        scripts_on_path, tmp_path):
+    """SqueezeNet (eight Fire concats), two rounds: both plans match onnxruntime, the copy
+    places nothing, the JSON has the row."""
+    import json
+
+    import bench_concat_in_place
+
+    import wpk
+
+    out = tmp_path / "concat.json"
+    assert bench_concat_in_place.main(["--models", "light_squeezenet", "--rounds", "2",
+                                       "--runs", "1", "--output", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["concat_steps"] == 8 and row["pieces_at_nonzero_offsets"] > 0
+    assert max(row["relative_l2_vs_ort"].values()) < 1e-4
+    assert row["rounds"] == 2 and all(t > 0 for t in row["median_ms"].values())
+    model, _, _ = bench_concat_in_place.load_benchmark_model("light_squeezenet")
+    plan = wpk.build(model, target="cpu", search="none", progress=False, partition=False,
+                     warmup=0, repeats=1, min_time=0.0)
+    assert plan.buffer_plan.tensor_offsets
+    assert not bench_concat_in_place.without_placements(plan).buffer_plan.tensor_offsets
