@@ -173,6 +173,18 @@ def view_roots(views: Sequence[tuple[str, str]], own: Iterable[str],
     return {name: root(name) for name in parent}
 
 
+def home(name: str, roots: Mapping[str, str], placed: Mapping[str, tuple[str, int]]
+         ) -> tuple[str, int]:
+    """(the tensor whose buffer holds `name`, its byte offset there), given the view trees
+    `roots` (tensor -> root) and the placed trees `placed` (root -> (tree, offset))."""
+    name, offset = roots.get(name, name), 0
+    while name in placed:
+        name, extra = placed[name]
+        name = roots.get(name, name)
+        offset += extra
+    return name, offset
+
+
 def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
                 own: Iterable[str], constants: Iterable[str], alignment: int = ALIGNMENT
                 ) -> dict[str, tuple[str, int]]:
@@ -184,22 +196,14 @@ def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
     counts: dict[tuple[str, str], int] = {}
     for part, whole, _ in parts:
         counts[part, whole] = counts.get((part, whole), 0) + 1
-
-    def locate(name: str) -> tuple[str, int]:
-        name, offset = roots.get(name, name), 0
-        while name in placed:
-            name, extra = placed[name]
-            name = roots.get(name, name)
-            offset += extra
-        return name, offset
-
     for part, whole, offset in parts:
         if not part or not whole or part in constants or counts[part, whole] > 1 \
                 or offset % alignment:
             continue
         tree = roots.get(part, part)
-        target, base = locate(whole)
-        if tree in own or tree in placed or tree == target or locate(part)[0] == target:
+        target, base = home(whole, roots, placed)
+        if tree in own or tree in placed or tree == target \
+                or home(part, roots, placed)[0] == target:
             continue
         placed[tree] = (target, base + offset)
     return placed
@@ -219,25 +223,16 @@ def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
     roots = view_roots(views, own_names, constant_names)
     placed = place_parts(parts, roots, own_names, constant_names)
 
-    def home(name: str) -> tuple[str, int]:
-        """(the tensor whose buffer holds `name`, its byte offset there)."""
-        name, offset = roots.get(name, name), 0
-        while name in placed:
-            name, extra = placed[name]
-            name = roots.get(name, name)
-            offset += extra
-        return name, offset
-
     ends = {name: int(size) for name, size in nbytes.items()}
     for name, size in nbytes.items():
-        top, offset = home(name)
+        top, offset = home(name, roots, placed)
         if top in ends:
             ends[top] = max(ends[top], offset + int(size))
     own = [(name, ends[name]) for name in own_names]
     shared = tensor_lifetimes(steps, nbytes, exclude=[*own_names, *constant_names])
     merged: dict[str, Lifetime] = {}
     for life in shared:
-        name = home(life.name)[0]
+        name = home(life.name, roots, placed)[0]
         if name in own_names:
             continue
         seen = merged.get(name)
@@ -246,8 +241,9 @@ def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
             Lifetime(name, size, min(seen.first, life.first), max(seen.last, life.last))
     plan = plan_buffers([replace(life, name=name) for name, life in merged.items()], own)
     assignment, offsets = dict(plan.assignment), {}
-    for name in dict.fromkeys([*roots, *(n for n in nbytes if home(n)[0] != n)]):  # ordered
-        top, offset = home(name)
+    moved = [n for n in nbytes if home(n, roots, placed)[0] != n]
+    for name in dict.fromkeys([*roots, *moved]):   # in order: plans are reproducible
+        top, offset = home(name, roots, placed)
         if top in assignment:
             assignment[name] = assignment[top]
             if offset:
