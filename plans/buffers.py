@@ -202,8 +202,7 @@ def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
             continue
         tree = roots.get(part, part)
         target, base = home(whole, roots, placed)
-        if tree in own or tree in placed or tree == target \
-                or home(part, roots, placed)[0] == target:
+        if tree in own or tree in placed or tree == target:
             continue
         placed[tree] = (target, base + offset)
     return placed
@@ -223,16 +222,17 @@ def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
     roots = view_roots(views, own_names, constant_names)
     placed = place_parts(parts, roots, own_names, constant_names)
 
+    homes = {name: home(name, roots, placed) for name in nbytes}
     ends = {name: int(size) for name, size in nbytes.items()}
     for name, size in nbytes.items():
-        top, offset = home(name, roots, placed)
+        top, offset = homes[name]
         if top in ends:
             ends[top] = max(ends[top], offset + int(size))
     own = [(name, ends[name]) for name in own_names]
     shared = tensor_lifetimes(steps, nbytes, exclude=[*own_names, *constant_names])
     merged: dict[str, Lifetime] = {}
     for life in shared:
-        name = home(life.name, roots, placed)[0]
+        name = homes[life.name][0]
         if name in own_names:
             continue
         seen = merged.get(name)
@@ -241,9 +241,9 @@ def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
             Lifetime(name, size, min(seen.first, life.first), max(seen.last, life.last))
     plan = plan_buffers([replace(life, name=name) for name, life in merged.items()], own)
     assignment, offsets = dict(plan.assignment), {}
-    moved = [n for n in nbytes if home(n, roots, placed)[0] != n]
+    moved = [name for name, (top, _) in homes.items() if top != name]
     for name in dict.fromkeys([*roots, *moved]):   # in order: plans are reproducible
-        top, offset = home(name, roots, placed)
+        top, offset = homes[name]
         if top in assignment:
             assignment[name] = assignment[top]
             if offset:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -163,11 +164,8 @@ class NumpyCopy(NumpyImplementation):
                 spec is None or spec.dtype != out.dtype for spec in inputs):
             return None
         item = np.dtype(out.dtype).itemsize
-        offsets, position = [], 0
-        for spec in inputs:
-            offsets.append(position)
-            position += math.prod(spec.shape) * item
-        return tuple(offsets)
+        return tuple(itertools.accumulate((math.prod(s.shape) * item for s in inputs[:-1]),
+                                          initial=0))
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:
