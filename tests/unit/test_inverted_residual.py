@@ -5,6 +5,8 @@ space, and onnxruntime's candidate running the separate nodes."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -29,7 +31,7 @@ from wpk.kernels.cpu.microkernels.ir_space import (
     config_reason,
     default_config,
 )
-from wpk.kernels.cpu.microkernels.ir_templates import block_source
+from wpk.kernels.cpu.microkernels.ir_templates import block_source, splits_channels
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags, usable_isas
 from wpk.kernels.reference import reference
 from wpk.kernels.support import is_supported
@@ -39,6 +41,7 @@ from .irb_helpers import (
     TOLERANCE,
     activation,
     arrays_for,
+    channel_chunks,
     check_fused_kernel,
     openmp_threads,
     run,
@@ -113,8 +116,8 @@ def test_every_schedule_knob_keeps_the_result(case):
                                   "stride2-odd-image", "no-activation-one-row"])
 def test_blocks_without_a_gate_keep_the_result_on_any_thread_count(case, threads):
     """Strips of rows on any number of threads (halo rows computed twice) give the block's
-    result; splitting such blocks by channels as gated ones are was measured no faster on
-    MobileNet-v2's blocks (2 threads: 0.72-1.04x the strips), so they keep their strips."""
+    result (the one-row block splits by channels instead: its weights outweigh its
+    activations)."""
     workload = case_workload(case)
     arrays, consts = arrays_for(workload, np.random.default_rng(6), BLOCK)
     expected = reference(workload, arrays)[0]
@@ -126,6 +129,67 @@ def test_blocks_without_a_gate_keep_the_result_on_any_thread_count(case, threads
             out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload,
                       arrays)
             assert relative_l2(out, expected) < TOLERANCE, (config, threads)
+
+
+# Blocks whose 1x1 weights outweigh their activations (small images, wide expansions):
+# (n, cin, expanded, cout, h, w, k, stride, activation, residual, biases)
+SPLIT_CASES = {
+    "split-odd-channels-residual": (1, 20, 180, 20, 5, 3, 3, 1, RELU6, True, True),
+    "split-5x5-stride2-batch2": (2, 12, 300, 36, 5, 5, 5, 2, ("relu", ()), False, True),
+    "split-one-row-no-bias": (1, 8, 96, 8, 1, 4, 3, 1, ("leaky_relu", (("alpha", 0.1),)),
+                              True, False),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("isa", [i.name for i in usable_isas() if BLOCK % i.lanes == 0])
+@pytest.mark.parametrize("case", sorted(SPLIT_CASES))
+def test_blocks_split_by_channels_keep_the_result_on_any_thread_count(case, isa, threads):
+    """A block without a gate whose weights outweigh its activations splits by channels,
+    one chunk a thread, each a partial sum of the output (the first with the bias, the last
+    with the residual) that the threads add up; on any team size it has channel units for,
+    with register tiles that cut the chunks differently, the output written over its own
+    input too; a tuned strip height (`rows` > 0) keeps the strips."""
+    n, cin, e, cout, h, w, k, s, act, residual, biases = SPLIT_CASES[case]
+    workload = block_workload(n, cin, e, cout, h, w, k, s, act, residual, BLOCK, biases)
+    geometry = block_geometry(workload)
+    assert splits_channels(geometry)
+    arrays, consts = arrays_for(workload, np.random.default_rng(8), BLOCK)
+    expected = reference(workload, arrays)[0]
+    base = default_config(geometry, isa)
+    split = 0
+    with openmp_threads(threads):
+        for config in (base, {**base, "kv1": 1}, {**base, "kv2": 1}, {**base, "rows": 1}):
+            if config_reason(geometry, config) is not None:
+                continue
+            lanes = BLOCK // ISAS[isa].lanes
+            units = geometry.kbe * lanes // math.lcm(int(config["kv1"]), lanes)
+            splits = threads > 1 and config["rows"] == 0 and units >= threads
+            assert channel_chunks(workload, config, threads) == (threads if splits else 0)
+            split += splits
+            kernel = MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config)
+            out = run(kernel, workload, arrays)
+            assert relative_l2(out, expected) < TOLERANCE, (config, threads)
+            if residual:
+                buffer = arrays[0].copy()
+                kernel([buffer, *arrays[1:]], [buffer])
+                assert relative_l2(buffer, expected) < TOLERANCE, (config, threads, "in place")
+    assert split or threads == 1 or threads > 2
+
+
+def test_only_blocks_whose_weights_outweigh_their_activations_split_by_channels():
+    """MobileNet-v2's 7x7 blocks split; its 14x14 and 28x28 ones, a gated block, a block
+    without an expand conv and one whose partial sums would be too large keep the strips."""
+    def geometry(cin, e, cout, size, stride=1, **extra):
+        return block_geometry(block_workload(1, cin, e, cout, size, size, 3, stride, RELU6,
+                                             cin == cout and stride == 1, BLOCK, **extra))
+    assert splits_channels(geometry(160, 960, 160, 7))
+    assert splits_channels(geometry(160, 960, 320, 7))
+    assert not splits_channels(geometry(96, 576, 96, 14))
+    assert not splits_channels(geometry(32, 192, 32, 28))
+    assert not splits_channels(geometry(160, 960, 160, 7, squeezed=40))
+    assert not splits_channels(geometry(160, 160, 160, 7, expand=False))
+    assert not splits_channels(geometry(1024, 8192, 1536, 7))   # partial sum > SPLIT_FLOATS
 
 
 def test_residual_reads_its_input_when_the_output_aliases_it():

@@ -40,10 +40,15 @@ blocks, 5x5 depthwise, two threads) that is 30-60% more expand work. A gated
 block's phase 1 then splits each image by expanded channel blocks instead
 (`wpk_ir_channel_chunks`: all rows, some channels per unit; the depthwise is per
 channel and H2 goes to `scratch` anyway), unless a tuned config fixes the
-strip height (`rows` > 0). Blocks without a gate keep their strips: splitting
-them the same way (H2 to scratch, then the project by output tiles or rows) ran
-at 0.72-1.04x the strips' speed on MobileNet-v2's 14x14 and 7x7 blocks on two
-threads (measured 2026-11-27, old and new kernel alternating in one process).
+strip height (`rows` > 0). Splitting a block without a gate the same way (H2 to
+scratch, then the project by output tiles or rows) ran at 0.72-1.04x the strips'
+speed on MobileNet-v2's 14x14 and 7x7 blocks on two threads (2026-11-27). Where
+such a block's 1x1 weights outweigh its activations many times over (7x7 images,
+960 expanded channels: `splits_channels`), the strips stream all the weights on
+every thread; there it splits by channels, one chunk a thread, each thread
+projecting its own chunk's depthwise rows (still in its buffer) into a partial
+sum of the output that the threads then add up (`channel_chunks`): every weight
+is read once per run and no halo row is computed twice.
 
 The two 1x1 convs are register tiles of KV vectors of output channels by NP
 pixels of a row: per input channel, KV weight vectors and NP broadcasts, KV x
@@ -119,21 +124,23 @@ def activation_c(name: str, act: tuple) -> str:
 
 _POINTWISE = r"""
 /* {kv} x {np} tile of a 1x1 conv: output vectors [t*{kv}, t*{kv}+{kv}) at pixels [p0, p0+{np})
-   of a run, input blocks [c0, c1); the source's block c starts at src + c * src_bs, the
-   destination's at dst + c * dst_bs; res (the residual, laid out as dst) or NULL. The
-   accumulators start at the bias (first pass) or the partial sums in dst, and end in the
-   residual add and the activation (last pass) or back in dst. */
+   of a run, input blocks [c0, c1) of the run's [cf, ...); the source's block c starts at
+   src + c * src_bs, the destination's at dst + c * dst_bs; res (the residual, laid out as
+   dst) or NULL. The accumulators start at the bias (first pass of a run from block 0), zero
+   (first pass of a run from a later block: a partial sum) or the partial sums in dst, and
+   end in the residual add and the activation (last pass) or back in dst. */
 INLINE void {name}(const float *src, size_t src_bs, const float *w, const float *bias,
-                   float *dst, size_t dst_bs, const float *res, int t, int p0, int c0, int c1) {{
+                   float *dst, size_t dst_bs, const float *res, int t, int p0, int c0, int c1,
+                   int cf) {{
     vf acc[{kv}][{np}];
     size_t at[{kv}];
     const float *wt = w + (size_t)t * {cin} * {kv} * VW;
     _Pragma("GCC unroll 16") for (int j = 0; j < {kv}; ++j) {{
         int v = t * {kv} + j;
         at[j] = (size_t)(v / LG) * dst_bs + (size_t)(v % LG) * VW + (size_t)p0 * BLK;
-        vf b = vload(bias + v * VW);
+        vf b = cf == 0 ? vload(bias + v * VW) : vsplat(0.0f);
         _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
-            acc[j][p] = c0 == 0 ? b : vload(dst + at[j] + p * BLK);
+            acc[j][p] = c0 == cf ? b : vload(dst + at[j] + p * BLK);
     }}
     for (int cb = c0; cb < c1; ++cb) {{
         const float *xp = src + (size_t)cb * src_bs + (size_t)p0 * BLK;
@@ -163,21 +170,22 @@ INLINE void {name}(const float *src, size_t src_bs, const float *w, const float 
 
 def _pointwise(prefix: str, kv: int, px: int, cin: str, real: int, act: str) -> str:
     """Tiles of 1..px pixels and `{prefix}_run(src, src_bs, w, bias, dst, dst_bs, res,
-    pixels, t_lo, t_hi)`: output tiles [t_lo, t_hi) of a run of `pixels` contiguous pixels
-    (whole rows of a block), the input channels in passes of CBT blocks so a pass's weights
-    stay in L1 over the run; the reduction skips the padding lanes past the `real` input
+    pixels, t_lo, t_hi, cb_lo, cb_hi)`: output tiles [t_lo, t_hi) of a run of `pixels`
+    contiguous pixels (whole rows of a block) over input blocks [cb_lo, cb_hi) (all of them,
+    or a channel chunk's: a partial sum), in passes of CBT blocks so a pass's weights stay
+    in L1 over the run; the reduction skips the padding lanes past the `real` input
     channels."""
     parts = [_POINTWISE.format(name=f"{prefix}_{np_}", kv=kv, np=np_, cin=cin, real=real,
                                act=act) for np_ in range(1, px + 1)]
-    args = "src, src_bs, w, bias, dst, dst_bs, res, t, p, c0, c1"
+    args = "src, src_bs, w, bias, dst, dst_bs, res, t, p, c0, c1, cb_lo"
     cases = "\n".join(f"            case {np_}: {prefix}_{np_}({args}); break;"
                       for np_ in range(1, px))
     parts.append(f"""
 static void {prefix}_run(const float *src, size_t src_bs, const float *w, const float *bias,
                          float *dst, size_t dst_bs, const float *res, int pixels, int t_lo,
-                         int t_hi) {{
-    for (int c0 = 0; c0 < {cin} / BLK; c0 += CBT) {{
-        int c1 = c0 + CBT < {cin} / BLK ? c0 + CBT : {cin} / BLK;
+                         int t_hi, int cb_lo, int cb_hi) {{
+    for (int c0 = cb_lo; c0 < cb_hi; c0 += CBT) {{
+        int c1 = c0 + CBT < cb_hi ? c0 + CBT : cb_hi;
         for (int t = t_lo; t < t_hi; ++t) {{
             int p = 0;
             for (; p + {px} <= pixels; p += {px}) {prefix}_{px}({args});
@@ -308,7 +316,7 @@ static void strip(const float *x, const float *w, float *y, float *buf, float *h
         if (hi > done)
             ex_run(xn + (size_t)done * W * BLK, (size_t)H * W * BLK, w1, b1,
                    h1 + (size_t)(done - first) * W * BLK, (size_t)RIN * W * BLK, NULL,
-                   (hi - done) * W, kb0 * LG / KV1, kb1 * LG / KV1);
+                   (hi - done) * W, kb0 * LG / KV1, kb1 * LG / KV1, 0, CB);
         done = hi > done ? hi : done;
         const float *rows = h1;
         size_t rows_n = RIN;
@@ -324,10 +332,10 @@ static void strip(const float *x, const float *w, float *y, float *buf, float *h
         }
 #else
         for (int oh = t0; oh < t1; ++oh)
-            dw_row(rows, rows_n, first, w2, b2, h2, (size_t)RT * OW, oh, oh - t0, 0, KBE);
-        const float *res = RESIDUAL ? xn + (size_t)t0 * W * BLK : NULL;
+            dw_row(rows, rows_n, first, w2, b2, h2, (size_t)RT * OW, oh, oh - t0, kb0, kb1);
+        const float *res = RESIDUAL && kb1 == KBE ? xn + (size_t)t0 * W * BLK : NULL;
         pr_run(h2, (size_t)RT * OW * BLK, w3, b3, y + (((size_t)n * KBO * OH) + t0) * OW * BLK,
-               (size_t)OH * OW * BLK, res, (t1 - t0) * OW, 0, PR_TILES);
+               (size_t)OH * OW * BLK, res, (t1 - t0) * OW, 0, PR_TILES, kb0, kb1);
 #endif
     }
 }
@@ -403,7 +411,7 @@ static void se_project(const float *x, const float *w, float *y, float *h2all,
     const float *res = RESIDUAL ? x + ((size_t)n * CB * H + t0) * W * BLK : NULL;
     pr_run(h2 + (size_t)t0 * OW * BLK, (size_t)OH * OW * BLK, w3, b3,
            y + (((size_t)n * KBO * OH) + t0) * OW * BLK, (size_t)OH * OW * BLK, res,
-           (t1 - t0) * OW, 0, PR_TILES);
+           (t1 - t0) * OW, 0, PR_TILES, 0, KBE);
 }
 #endif
 
@@ -418,7 +426,9 @@ static int strip_rows(int threads) {
    (their halo rows: small images, large filters), each thread takes whole images' worth of
    rows for some expanded channel blocks instead, as many chunks as channel units
    (CUNITS, of CU_BLOCKS blocks, whole expand tiles) so the threads share them
-   evenly; only by default (ROWS 0), a tuned strip height keeps the rows */
+   evenly; a block without a gate whose weights outweigh its activations (CHANNEL_SPLIT)
+   into one chunk a thread when it has as many channel units; only by default (ROWS 0), a
+   tuned strip height keeps the rows */
 int wpk_ir_channel_chunks(int threads) {
 #if SE && EXPAND
     int rows = strip_rows(threads);
@@ -431,11 +441,42 @@ int wpk_ir_channel_chunks(int threads) {
     }
     if (computed * 8 <= H * 9) return 0;
     return CUNITS < 16 * threads ? CUNITS : 16 * threads;
+#elif CHANNEL_SPLIT
+    (void)strip_rows;
+    return ROWS == 0 && threads > 1 && CUNITS >= threads ? threads : 0;
 #else
     (void)threads; (void)strip_rows;
     return 0;
 #endif
 }
+
+#if !SE && CHANNEL_SPLIT
+/* a block without a gate split by expanded channels, one chunk of whole units a thread:
+   each thread computes its channels' expanded and depthwise rows for all the output rows
+   (no halo row twice) and their share of the project conv, a partial sum in its buffer (the
+   first chunk's with the bias, the last one's with the residual), then the threads add the
+   partial sums into y, each a slice of it (y may be x's buffer: every read of x comes
+   before the barrier) */
+static void channel_chunks(const float *x, const float *w, float *y, int threads) {
+    float *parts[threads];
+    #pragma omp parallel num_threads(threads)
+    {
+        int team = omp_get_num_threads(), me = omp_get_thread_num();
+        int g0 = me * CUNITS / team, g1 = (me + 1) * CUNITS / team;
+        float *buf = own_buffer(), *dst = buf + PARTIAL_AT;
+        parts[me] = dst;
+        for (int n = 0; n < N; ++n)
+            strip(x, w, dst, buf, NULL, NULL, n, 0, OH, g0 * CU_BLOCKS, g1 * CU_BLOCKS);
+        #pragma omp barrier
+        size_t vectors = (size_t)N * KBO * OH * OW * LG;
+        for (size_t i = vectors * me / team; i < vectors * (me + 1) / team; ++i) {
+            vf acc = vload(parts[0] + i * VW);
+            for (int t = 1; t < team; ++t) acc += vload(parts[t] + i * VW);
+            vstore(y + i * VW, acc);
+        }
+    }
+}
+#endif
 
 /* scratch: with a gate, [N][KBE][OH*OW][BLK] depthwise outputs, then N x CE means, N x CE
    gates, N x SQP squeezed values, N x OH x CE strip sums (at most OH strips an image) and,
@@ -490,6 +531,12 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
         }
     }
 #else
+#if CHANNEL_SPLIT
+    if (chunks) {
+        channel_chunks(x, w, y, chunks);
+        return;
+    }
+#endif
     #pragma omp parallel for schedule(dynamic, 1) if (units > 1)
     for (int u = 0; u < units; ++u) {
         int n = u / strips, s0 = (u % strips) * rows;
@@ -499,6 +546,12 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
 #endif
 }
 """
+
+
+# A block splits by channels when its 1x1 weights outweigh its activations this many times
+SPLIT_WEIGHTS = 8
+# and a thread's partial sum of the output takes at most this many floats
+SPLIT_FLOATS = 64 * 1024
 
 
 def _interior(g: BlockGeometry) -> tuple[int, int]:
@@ -521,6 +574,25 @@ def folds_gate(g: BlockGeometry) -> bool:
     blocks (those project from a 7x7 output)."""
     ce = g.kbe * g.block
     return bool(g.squeezed) and ce * g.kbo * g.block <= ce * g.oh * g.ow
+
+
+def splits_channels(g: BlockGeometry) -> bool:
+    """Whether a block without a gate splits by expanded channels on two or more threads
+    (`channel_chunks`) when its config leaves the strips to the thread count (`rows` 0):
+    where its two 1x1 convs' weights take more than `SPLIT_WEIGHTS` times the bytes of its
+    input and output, so that each thread streams only its share of them, and a thread's
+    partial sum of the output fits `SPLIT_FLOATS`. Against the strips of one per thread on
+    two threads, the config otherwise the same, alternating in one process (2026-12-02,
+    three runs with AVX-512 and two with AVX2 on one host): MobileNet-v2's 7x7 blocks
+    (weights 20x their activations) ran 1.08-1.18x faster; its 14x14 stride-2 block (5.5x)
+    0.92-1.09x, its 14x14 stride-1 ones (2-3x) 0.93-1.05x, and its 28x28 ones (a quarter)
+    0.74-0.82x with AVX-512: those keep the strips."""
+    if g.squeezed or not g.expand:
+        return False
+    cin, ce, co = g.cb * g.block, g.kbe * g.block, g.kbo * g.block
+    weights = ce * (cin + co)
+    activations = g.n * (cin * g.h * g.w + co * g.oh * g.ow)
+    return weights > SPLIT_WEIGHTS * activations and g.n * co * g.oh * g.ow <= SPLIT_FLOATS
 
 
 def scratch_floats(g: BlockGeometry, lanes: int) -> int:
@@ -548,7 +620,10 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     lo, hi = _interior(g)
     rt = min(int(config["rt"]), g.oh)
     rin = min((rt - 1) * g.s + g.k, g.h)
-    buffer_floats = (rin * g.kbe * g.w + g.kbe * rt * g.ow) * g.block
+    buffer_floats = -(-(rin * g.kbe * g.w + g.kbe * rt * g.ow) * g.block // 16) * 16
+    split = splits_channels(g)
+    if split:
+        buffer_floats += g.n * g.kbo * g.oh * g.ow * g.block   # a thread's partial sum
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
                    PR_TILES=g.kbo * lg // kv2, KV2=kv2,
@@ -562,7 +637,8 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
                    + ce + ce * g.kbo * g.block + g.kbo * g.block,
                    DPX=8 if isa.registers >= 32 and g.k == 3 else 4,
                    ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin, OW_LO=lo,
-                   OW_HI=hi,
+                   OW_HI=hi, CHANNEL_SPLIT=int(split), PARTIAL_AT=buffer_floats - (
+                       g.n * g.kbo * g.oh * g.ow * g.block if split else 0),
                    BUFFER_BYTES=-(-buffer_floats * 4 // 64) * 64)
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
