@@ -140,8 +140,13 @@ class NumpyCopy(NumpyImplementation):
         return workload.op != "Resize" and not workload.epilogue
 
     def algorithm(self, workload: Workload, config: Mapping) -> str:
-        """'view (no copy)' for a step a CPU plan runs on its input's buffer, else 'copy'."""
-        return "view (no copy)" if self.views_input(workload) else "copy"
+        """'view (no copy)' for a step a CPU plan runs on its input's buffer, 'in place (no
+        copy)' for a concat whose pieces a CPU plan may have written into its output
+        (`places_inputs`; a piece the buffer plan cannot place is still copied), else
+        'copy'."""
+        if self.views_input(workload):
+            return "view (no copy)"
+        return "in place (no copy)" if self.places_inputs(workload) else "copy"
 
     def views_input(self, workload: Workload) -> bool:
         """Whether the output is the first input reinterpreted (a Reshape-like without an

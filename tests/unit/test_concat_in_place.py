@@ -93,6 +93,8 @@ def test_the_convs_of_a_blocked_concat_write_into_it(tmp_path):
     for name in step.inputs:
         assert np.shares_memory(session._arrays[name], whole)
     assert plan.manifest["format_version"] == 2
+    (entry,) = [w for w in plan.report["workloads"] if w["op"] == "Concat"]
+    assert entry["algorithm"] == "in place (no copy)", entry
 
 
 def test_nested_concats_place_every_piece(tmp_path):
@@ -132,6 +134,8 @@ def test_which_concats_place_their_inputs():
 
     copy = NumpyCopy()
     assert copy.places_inputs(concat([(1, 16, 4, 4), (1, 32, 4, 4)], 1)) == (0, 1024)
+    assert copy.algorithm(concat([(1, 16, 4, 4), (1, 32, 4, 4)], 1), {}) == "in place (no copy)"
+    assert copy.algorithm(concat([(2, 16, 4, 4), (2, 16, 4, 4)], 1), {}) == "copy"
     assert copy.places_inputs(concat([(1, 2, 4, 4, 16), (1, 1, 4, 4, 16)], 1)) == (0, 2048)
     assert copy.places_inputs(concat([(1, 1, 3), (1, 1, 5)], -1)) == (0, 12)
     assert copy.places_inputs(concat([(2, 16, 4, 4), (2, 16, 4, 4)], 1)) is None
