@@ -48,6 +48,7 @@ def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
     isa: set[str] = set()
     views: list[tuple[str, str]] = []
     parts: list[tuple[str, str, int]] = []   # (input, output, byte offset): a Concat's pieces
+    slices: list[tuple[str, str, int]] = []  # (output, input, byte offset): a ChannelSlice's
     for item in node_workloads:
         node, workload = item.node, item.workload
         choice = choices[workload.key]
@@ -70,12 +71,16 @@ def assemble_plan(graph: Graph, node_workloads: Sequence[NodeWorkloadLike],
         if offsets:
             parts += [(name, node.outputs[0], offset)
                       for name, offset in zip(node.inputs, offsets)]
+        sliced = getattr(impl, "slices_input", None)
+        start = sliced(workload) if target == "cpu" and sliced else None
+        if start is not None:
+            slices.append((node.outputs[0], node.inputs[0], start))
         steps.append(Step(node.name, node.op, workload.key, impl.name, config, impl.kind,
                           tuple(node.inputs), tuple(o for o in node.outputs if o),
                           tuple(artifacts)))
 
     return _plan(graph, steps, kernels, isa, [c.workload for c in choices], target, report,
-                 device, views, parts)
+                 device, views, parts, slices)
 
 
 def whole_model_plan(graph: Graph, model_bytes: bytes, device: Mapping[str, Any] | None = None
@@ -94,7 +99,8 @@ def whole_model_plan(graph: Graph, model_bytes: bytes, device: Mapping[str, Any]
 def _plan(graph: Graph, steps: list[Step], kernels: dict[str, bytes], isa: set[str],
           workloads: Sequence, target: str, report: Mapping[str, Any] | None,
           device: Mapping[str, Any] | None, views: Sequence[tuple[str, str]] = (),
-          parts: Sequence[tuple[str, str, int]] = ()) -> Plan:
+          parts: Sequence[tuple[str, str, int]] = (),
+          slices: Sequence[tuple[str, str, int]] = ()) -> Plan:
     constants = set(graph.constants)
     used = {name for step in steps for name in step.inputs if name in constants}
     used |= {name for name in graph.outputs if name in constants}
@@ -107,7 +113,7 @@ def _plan(graph: Graph, steps: list[Step], kernels: dict[str, bytes], isa: set[s
     sizes.update({name: tensor_nbytes(graph, name) for name in [*graph.inputs, *graph.outputs]
                   if name not in constants})
     buffers = plan_graph_buffers(step_io, sizes, graph.inputs, graph.outputs, constants, views,
-                                 parts)
+                                 parts, slices)
     host = dict(device or cpu_fingerprint())
     manifest = {
         "format_version": FORMAT_VERSION,

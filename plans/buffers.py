@@ -21,6 +21,15 @@ its members' ends. A part stays a tensor of its own where placing it would break
 plan: a graph input or output (or in a tree of one), a constant, a tensor placed already
 (the first step that places it wins), an input the step reads twice, an offset off the
 alignment, or a tree that holds the output already.
+
+A slice (the output of a step that only takes a contiguous run of its input's bytes, a
+ChannelSlice of one image) lives inside its input's buffer at its byte offset likewise,
+the step's copy skipped, unless it is a graph input or output or off the alignment. A
+part that is a slice takes its source's whole tree into the concat's buffer where that
+tree's bytes cover only pieces lying in it at their own offsets (YOLO's C2f: a conv's
+output split into halves that are both pieces of the block's concat, so the conv writes
+into the concat; DenseNet: each concat of all the previous features takes the previous
+concat in); elsewhere the part is copied.
 """
 
 from __future__ import annotations
@@ -186,41 +195,86 @@ def home(name: str, roots: Mapping[str, str], placed: Mapping[str, tuple[str, in
 
 
 def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
-                own: Iterable[str], constants: Iterable[str], alignment: int = ALIGNMENT
-                ) -> dict[str, tuple[str, int]]:
+                own: Iterable[str], constants: Iterable[str], alignment: int = ALIGNMENT,
+                slices: Sequence[tuple[str, str, int]] = (),
+                nbytes: Mapping[str, int] | None = None) -> dict[str, tuple[str, int]]:
     """Tree root -> (the tree it is placed in, byte offset there) for the (part, whole,
-    offset) triples `parts` (module docstring), given the view trees `roots` (tensor ->
-    root, as `view_roots` returns). The tree of a part goes into the tree of its whole."""
+    offset) triples `parts` and the (slice, source, offset) triples `slices` (module
+    docstring), given the view trees `roots` (tensor -> root, as `view_roots` returns).
+    The tree of a slice goes into the tree of its source, then the tree of a part into
+    the tree of its whole; a part that lies inside another tree already (a slice) takes
+    that whole tree with it where the tree fits its whole's pieces (`_moves_with`; needs
+    the tensors' sizes `nbytes`)."""
     own, constants = set(own), set(constants)
     placed: dict[str, tuple[str, int]] = {}
+    for piece, source, offset in slices:
+        tree = roots.get(piece, piece)
+        target, base = home(source, roots, placed)
+        if piece and source and source not in constants and not offset % alignment \
+                and tree not in own and tree not in placed and tree != target:
+            placed[tree] = (target, base + offset)
     counts: dict[tuple[str, str], int] = {}
-    for part, whole, _ in parts:
+    pieces: dict[str, list[tuple[str, int]]] = {}
+    for part, whole, offset in parts:
         counts[part, whole] = counts.get((part, whole), 0) + 1
+        pieces.setdefault(whole, []).append((part, offset))
     for part, whole, offset in parts:
         if not part or not whole or part in constants or counts[part, whole] > 1 \
                 or offset % alignment:
             continue
         tree = roots.get(part, part)
         target, base = home(whole, roots, placed)
+        if tree in placed and nbytes is not None:
+            top, at = home(part, roots, placed)
+            shift = base + offset - at
+            if top != target and top not in own and _moves_with(
+                    top, shift, (target, base), pieces[whole], roots, placed, nbytes,
+                    alignment):
+                placed[top] = (target, shift)
+            continue
         if tree in own or tree in placed or tree == target:
             continue
         placed[tree] = (target, base + offset)
     return placed
 
 
+def _moves_with(top: str, shift: int, whole_home: tuple[str, int],
+                pieces: Sequence[tuple[str, int]], roots: Mapping[str, str],
+                placed: Mapping[str, tuple[str, int]], nbytes: Mapping[str, int],
+                alignment: int) -> bool:
+    """Whether tree `top` may go into the whole's tree at byte `shift`: aligned, inside the
+    whole's bytes, and every piece whose slot its bytes cover lying in it exactly there
+    (YOLO's C2f: a conv's output split in two, both halves pieces of the block's concat,
+    so the conv writes into the concat)."""
+    base = whole_home[1]
+    homes = {name: home(name, roots, placed) for name in nbytes}
+    size = max(at + int(nbytes[name]) for name, (tree, at) in homes.items() if tree == top)
+    whole = sum(int(nbytes.get(part, 0)) for part, _ in pieces)
+    if shift % alignment or shift < base or shift + size > base + whole:
+        return False
+    for part, offset in pieces:
+        start, end = base + offset, base + offset + int(nbytes.get(part, 0))
+        if start < shift + size and shift < end and homes.get(part) != (top, start - shift):
+            return False
+    return True
+
+
 def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
                        nbytes: Mapping[str, int], graph_inputs: Sequence[str],
                        graph_outputs: Sequence[str], constants: Iterable[str],
                        views: Sequence[tuple[str, str]] = (),
-                       parts: Sequence[tuple[str, str, int]] = ()) -> BufferPlan:
+                       parts: Sequence[tuple[str, str, int]] = (),
+                       slices: Sequence[tuple[str, str, int]] = ()) -> BufferPlan:
     """The buffer plan of a whole plan: inputs and outputs own, intermediates shared, each
     view of `views` ((view, source) pairs) in its root's buffer, each part of `parts`
-    ((part, whole, byte offset) triples) inside its whole's buffer where it may be."""
+    ((part, whole, byte offset) triples) inside its whole's buffer and each slice of
+    `slices` ((slice, source, byte offset) triples) inside its source's where it may be."""
     constant_names = set(constants)
     own_names = [n for n in dict.fromkeys([*graph_inputs, *graph_outputs])
                  if n and n not in constant_names]
     roots = view_roots(views, own_names, constant_names)
-    placed = place_parts(parts, roots, own_names, constant_names)
+    placed = place_parts(parts, roots, own_names, constant_names, slices=slices,
+                         nbytes=nbytes)
 
     homes = {name: home(name, roots, placed) for name in nbytes}
     ends = {name: int(size) for name, size in nbytes.items()}

@@ -337,28 +337,32 @@ def untuned_choices(choices: PlanChoices, offered: Mapping[str, Collection[str]]
                      offered.get(workload.key, ()), "untuned")
 
 
-def places_inputs(candidate: Candidate, workload: Workload) -> bool:
-    """Whether the candidate runs `workload` on inputs the buffer plan may place inside
-    its output (`Implementation.places_inputs`: a Concat whose pieces its producers write
-    in place, so it copies nothing)."""
+def runs_in_place(candidate: Candidate, workload: Workload) -> bool:
+    """Whether the candidate runs `workload` on tensors the buffer plan may place inside
+    one another, so it copies nothing: a Concat whose pieces its producers write into its
+    output (`Implementation.places_inputs`), a ChannelSlice whose output stays inside its
+    input (`Implementation.slices_input`)."""
     places = getattr(candidate.implementation, "places_inputs", None)
-    return bool(places and places(workload))
+    sliced = getattr(candidate.implementation, "slices_input", None)
+    return bool(places and places(workload)) or bool(sliced and
+                                                     sliced(workload) is not None)
 
 
 def in_place_choices(choices: PlanChoices) -> PlanChoices:
     """The choices with every workload that a verified candidate runs in place given to
-    that candidate (reason rule `in-place`), `untuned` likewise. Its time alone is a copy
-    of every input; in the plan the producers write its inputs into its output and the
-    copy is skipped (`wpk.plans.buffers`), and where one cannot be placed it is one
-    memcpy, as another engine's Concat is. CPU plans only (the buffer plan of other
-    targets places nothing)."""
+    that candidate (reason rule `in-place`, `runs_in_place`), `untuned` likewise. Its time
+    alone is a copy of every input; in the plan the producers write a concat's inputs into
+    its output, a slice stays inside its input, and the copy is skipped
+    (`wpk.plans.buffers`); where one cannot be placed it is one memcpy, as another
+    engine's Concat or Slice is. CPU plans only (the buffer plan of other targets places
+    nothing)."""
     placeable = {key for key, choice in choices.choices.items()
-                 if any(pair and pair[1].ok and places_inputs(pair[0], choice.workload)
+                 if any(pair and pair[1].ok and runs_in_place(pair[0], choice.workload)
                         for pair in map(_measured_pair, choice.measurements))}
     if not placeable:
         return choices
     given = _given_to(choices, lambda candidate, workload: workload.key not in placeable
-                      or places_inputs(candidate, workload), "in-place") or choices
+                      or runs_in_place(candidate, workload), "in-place") or choices
     untuned = None if choices.untuned is None else in_place_choices(choices.untuned)
     return dataclasses.replace(given, untuned=untuned)
 

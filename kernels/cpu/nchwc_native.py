@@ -9,7 +9,8 @@ threads to onnxruntime's and back, and in the run they took 2.3-5.6x their lone 
 reorders and global pools) on the generated kernels' own OpenMP threads, each with a
 native form (`native_chain`), they join the chain of the generated kernels around them.
 
-- ChannelSlice: whole blocks copied, in the chain as a `native_moves` table.
+- ChannelSlice: whole blocks copied, in the chain as a `native_moves` table; of one image,
+  a view the buffer plan may keep inside its input (`slices_input`), the copy then skipped.
 - ChannelGather: lanes picked from several blocked inputs by per-block permutes
   (`channel_gather`).
 - Upsample (nearest, whole-number scales: replication): each pixel's vector stored sw
@@ -45,6 +46,7 @@ choose it.
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Callable, Mapping
 from functools import cache
 
@@ -455,6 +457,23 @@ class NativeNchwc(Implementation):
         if workload.op in ("MaxPool", "AveragePool"):
             return _maxpool_reason(workload)
         return None
+
+    def slices_input(self, workload: Workload) -> int | None:
+        """The byte offset of a ChannelSlice's output inside its input where the output is one
+        contiguous piece of it (one image: whole blocks side by side), else None: the buffer
+        plan may then keep the output there, and the copy onto itself is skipped."""
+        if workload.op != "ChannelSlice" or workload.inputs[0].shape[0] != 1:
+            return None
+        x = workload.inputs[0]
+        first = int(workload.attr("start")) // int(workload.attr("block"))
+        return first * math.prod(x.shape[2:]) * np.dtype(x.dtype).itemsize
+
+    def algorithm(self, workload: Workload, config: Mapping) -> str:
+        """'view (no copy)' for a ChannelSlice a CPU plan may keep inside its input
+        (`slices_input`), else the op's name."""
+        if self.slices_input(workload) is not None:
+            return "view (no copy)"
+        return super().algorithm(workload, config)
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

@@ -168,16 +168,82 @@ def test_a_concat_that_is_a_graph_output_takes_its_pieces_into_its_own_buffer():
     assert plan.sizes[home] == 192
 
 
+def test_a_split_tensor_whose_halves_are_pieces_goes_into_the_concat():
+    """YOLO's C2f: y = conv(x), its halves a and b slices of it (views at their offsets), c
+    computed from b, concat(a, b, c): y itself lies in the concat's buffer at offset 0, so
+    neither the slices nor the concat copy a byte."""
+    steps = [(["x"], ["y"]), (["y"], ["a"]), (["y"], ["b"]), (["b"], ["c"]),
+             (["a", "b", "c"], ["cat"]), (["cat"], ["out"])]
+    sizes = {"x": 64, "y": 256, "a": 128, "b": 128, "c": 128, "cat": 384, "out": 64}
+    plan = plan_graph_buffers(steps, sizes, ["x"], ["out"], [],
+                              parts=[("a", "cat", 0), ("b", "cat", 128), ("c", "cat", 256)],
+                              slices=[("a", "y", 0), ("b", "y", 128)])
+    assert len({plan.assignment[n] for n in ("y", "a", "b", "c", "cat")}) == 1
+    assert [plan.tensor_offset(n) for n in ("y", "a", "b", "c", "cat")] == [0, 0, 128, 256, 0]
+    assert plan.sizes[plan.assignment["cat"]] == 384
+
+
+def test_a_tree_moves_into_a_concat_only_where_it_fits_its_pieces():
+    """y's halves are pieces of a concat but y is larger than them (its third part read
+    later, after z is written next to the concat in an outer one): y stays apart; swapped
+    halves, an unaligned slice and a graph-output source stay apart too; a concat of the
+    previous concat's pieces and one more (DenseNet) takes the previous concat in."""
+    steps = [(["x"], ["y"]), (["y"], ["a"]), (["y"], ["b"]), (["y"], ["t"]),
+             (["a", "b"], ["cat1"]), (["x"], ["z"]), (["cat1", "z"], ["cat2"]),
+             (["cat2", "t"], ["out"])]
+    sizes = {"x": 64, "y": 384, "a": 128, "b": 128, "t": 128, "cat1": 256, "z": 128,
+             "cat2": 384, "out": 64}
+    plan = plan_graph_buffers(steps, sizes, ["x"], ["out"], [],
+                              parts=[("a", "cat1", 0), ("b", "cat1", 128), ("cat1", "cat2", 0),
+                                     ("z", "cat2", 256)],
+                              slices=[("a", "y", 0), ("b", "y", 128), ("t", "y", 256)])
+    assert plan.assignment["y"] != plan.assignment["cat2"]
+    assert plan.assignment["t"] == plan.assignment["y"] and plan.tensor_offset("t") == 256
+
+    steps = [(["x"], ["y"]), (["y"], ["a"]), (["y"], ["b"]), (["b", "a"], ["cat"]),
+             (["cat"], ["out"])]
+    sizes = {"x": 64, "y": 256, "a": 128, "b": 128, "cat": 256, "out": 64}
+    swapped = plan_graph_buffers(steps, sizes, ["x"], ["out"], [],
+                                 parts=[("b", "cat", 0), ("a", "cat", 128)],
+                                 slices=[("a", "y", 0), ("b", "y", 128)])
+    assert swapped.assignment["y"] != swapped.assignment["cat"]
+    unaligned = plan_graph_buffers(steps, sizes, ["x"], ["out"], [],
+                                   slices=[("a", "y", 0), ("b", "y", 100)])
+    assert unaligned.assignment["b"] != unaligned.assignment["y"]
+    assert unaligned.assignment["a"] == unaligned.assignment["y"]
+    output = plan_graph_buffers(steps, sizes, ["x"], ["out", "y"], [],
+                                parts=[("b", "cat", 0), ("a", "cat", 128)],
+                                slices=[("a", "y", 0), ("b", "y", 128)])
+    assert output.assignment["a"] == output.assignment["y"] != output.assignment["cat"]
+
+    steps = [(["x"], ["x0"]), (["x"], ["x1"]), (["x0", "x1"], ["c1"]), (["c1"], ["x2"]),
+             (["x0", "x1", "x2"], ["c2"]), (["c2"], ["out"])]
+    sizes = {"x": 64, "x0": 64, "x1": 64, "c1": 128, "x2": 64, "c2": 192, "out": 64}
+    dense = plan_graph_buffers(steps, sizes, ["x"], ["out"], [],
+                               parts=[("x0", "c1", 0), ("x1", "c1", 64), ("x0", "c2", 0),
+                                      ("x1", "c2", 64), ("x2", "c2", 128)])
+    assert len({dense.assignment[n] for n in ("x0", "x1", "c1", "x2", "c2")}) == 1
+    assert [dense.tensor_offset(n) for n in ("c1", "x1", "x2", "c2")] == [0, 64, 128, 0]
+
+
 @st.composite
 def random_dags_with_parts(draw):
-    """Steps that compute, view (one input, same size) or concat (their inputs' bytes side
-    by side, some at offsets off the alignment); sizes in bytes."""
+    """Steps that compute, view (one input, same size), slice (a run of one input's bytes,
+    at an offset on or off the alignment) or concat (their inputs' bytes side by side, some
+    at offsets off the alignment); sizes in bytes."""
     tensors, steps, sizes, views, parts = ["in0"], [], {"in0": 64}, [], []
-    kinds = []
+    kinds, slices = [], {}
     for index in range(draw(st.integers(1, 20))):
-        kind = draw(st.sampled_from(["op", "op", "view", "concat", "concat"]))
+        kind = draw(st.sampled_from(["op", "op", "view", "slice", "slice", "concat",
+                                     "concat"]))
         out = f"s{index}"
-        if kind == "view":
+        if kind == "slice":
+            reads = [draw(st.sampled_from(tensors))]
+            whole = sizes[reads[0]]
+            start = draw(st.sampled_from(sorted({0, 64 * (whole // 128), whole // 3})))
+            sizes[out] = draw(st.integers(1, whole - start))
+            slices[out] = (reads[0], start)
+        elif kind == "view":
             reads = [draw(st.sampled_from(tensors))]
             sizes[out] = sizes[reads[0]]
             views.append((out, reads[0]))
@@ -195,20 +261,21 @@ def random_dags_with_parts(draw):
         kinds.append(kind)
         tensors.append(out)
     outputs = draw(st.lists(st.sampled_from(tensors[1:]), min_size=1, max_size=2, unique=True))
-    return steps, kinds, sizes, outputs, views, parts
+    return steps, kinds, sizes, outputs, views, parts, slices
 
 
 @settings(max_examples=300, deadline=None)
 @given(random_dags_with_parts())
 def test_running_a_plan_with_parts_reads_every_input_intact(dag):
     """Simulate the arena byte by byte: a computing step writes fresh bytes, a view copies
-    its input's bytes, a concat its inputs' bytes side by side (a copy onto the same bytes
-    changes nothing). Every read must find the bytes its producer left, the graph outputs
-    too at the end."""
+    its input's bytes, a slice a run of them, a concat its inputs' bytes side by side (a
+    copy onto the same bytes changes nothing). Every read must find the bytes its producer
+    left, the graph outputs too at the end."""
     import numpy as np
 
-    steps, kinds, sizes, outputs, views, parts = dag
-    plan = plan_graph_buffers(steps, sizes, ["in0"], outputs, [], views, parts)
+    steps, kinds, sizes, outputs, views, parts, slices = dag
+    plan = plan_graph_buffers(steps, sizes, ["in0"], outputs, [], views, parts,
+                              [(out, src, start) for out, (src, start) in slices.items()])
     arena = np.zeros(plan.arena_bytes, np.int64)
     content: dict[str, np.ndarray] = {}
     fresh = iter(range(1, 1 << 40))
@@ -229,6 +296,9 @@ def test_running_a_plan_with_parts_reads_every_input_intact(dag):
             assert (arena[where(name)] == content[name]).all(), (name, out)
         if kind == "op":
             write(out, np.array([next(fresh) for _ in range(sizes[out])]))
+        elif kind == "slice":
+            source, start = slices[out]
+            write(out, content[source][start:start + sizes[out]])
         else:
             write(out, np.concatenate([content[name] for name in reads]))
     for name in outputs:

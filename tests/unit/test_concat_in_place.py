@@ -140,3 +140,57 @@ def test_which_concats_place_their_inputs():
     assert copy.places_inputs(concat([(1, 1, 3), (1, 1, 5)], -1)) == (0, 12)
     assert copy.places_inputs(concat([(2, 16, 4, 4), (2, 16, 4, 4)], 1)) is None
     assert copy.places_inputs(concat([(1, 16), (1, 16)], 1, dtype="float16")) is None
+
+
+def _c2f_model(split: bool, size: int = 6, seed: int = 0):
+    """YOLO's C2f block: a conv's output y split into halves a and b (a Split node, or two
+    Slice nodes as TorchScript writes it), a conv of b, concat(a, b, conv(b)), a head."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    _conv("enter", "x", "y", 8, 32, 1, rng, inits, nodes)
+    if split:
+        inits.append(numpy_helper.from_array(np.array([16, 16], np.int64), "halves"))
+        nodes.append(helper.make_node("Split", ["y", "halves"], ["a", "b"], axis=1))
+    else:
+        for name, (lo, hi) in (("a", (0, 16)), ("b", (16, 32))):
+            for suffix, value in (("lo", lo), ("hi", hi), ("axis", 1)):
+                inits.append(numpy_helper.from_array(np.array([value], np.int64),
+                                                     f"{name}_{suffix}"))
+            nodes.append(helper.make_node("Slice", ["y", f"{name}_lo", f"{name}_hi",
+                                                    f"{name}_axis"], [name]))
+    _conv("body", "b", "c", 16, 16, 3, rng, inits, nodes)
+    nodes.append(helper.make_node("Concat", ["a", "b", "c"], ["cat"], axis=1))
+    _conv("head", "cat", "out", 48, 8, 1, rng, inits, nodes, relu=False)
+    graph = helper.make_graph(nodes, "c2f", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 8, size, size])], [helper.make_tensor_value_info(
+            "out", TensorProto.FLOAT, [1, 8, size, size])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split", "slices"])
+def test_a_c2f_blocks_conv_writes_into_its_concat(split, tmp_path):
+    """The halves of y are views of it and pieces of the concat, so y itself lies in the
+    concat's buffer: the conv writes there, the slices and the concat copy nothing (the
+    session's arrays share memory), the report says so, and the result is onnxruntime's."""
+    session, plan = _check(_c2f_model(split), tmp_path, 8, 6)
+    slices = [s for s in plan.steps if s.op == "ChannelSlice"]
+    (concat,) = _concat_steps(plan)
+    assert len(slices) == 2 and all(_placed(plan, concat)), plan.buffer_plan.tensor_offsets
+    whole = session._arrays[concat.outputs[0]]
+    producer = slices[0].inputs[0]
+    assert np.shares_memory(session._arrays[producer], whole)
+    assert session._arrays[producer].ctypes.data == whole.ctypes.data
+    entries = [w for w in plan.report["workloads"] if w["op"] == "ChannelSlice"]
+    assert entries and all(w["algorithm"] == "view (no copy)" for w in entries), entries
+
+
+def test_the_in_place_reason_says_what_stays_in_place():
+    from wpk.commands.render import reason_text
+
+    def entry(op, over):
+        return {"op": op, "candidates": [], "reason": {
+            "rule": "in-place", "faster": "ort.nchwc", "over_s": over}}
+
+    assert "its output stays inside its input" in reason_text(entry("ChannelSlice", 2e-6))
+    assert "its inputs are written in place (+2" in reason_text(entry("Concat", 2e-6))
+    assert "faster than ort.nchwc timed alone too" in reason_text(entry("Concat", -3e-6))

@@ -102,9 +102,12 @@ def reason_text(workload: Mapping) -> str:
                 f"{format_time(reason.get('passed_over_in_run_s'))} of the tuned "
                 f"{reason['faster']}, which was {format_time(reason['over_s'])} faster alone)")
     elif rule == "in-place":
-        text = (f"copies nothing where its inputs are written in place (+"
-                f"{format_time(reason['over_s'])} over {reason['faster']} timed alone, "
-                "copying them)")
+        what = ("its output stays inside its input" if workload.get("op") == "ChannelSlice"
+                else "its inputs are written in place")
+        over = reason["over_s"]
+        alone = (f"+{format_time(over)} over {reason['faster']} timed alone, copying them"
+                 if over > 0 else f"faster than {reason['faster']} timed alone too")
+        text = f"copies nothing where {what} ({alone})"
     elif rule == "only_verified":
         text = f"only verified candidate (of {len(workload['candidates'])})"
     elif rule == "timed_alone":
