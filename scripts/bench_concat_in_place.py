@@ -2,8 +2,8 @@
 
 For each model: `wpk build` (CPU, untuned, wpk's per-operator plan: no end-to-end choice of
 onnxruntime's whole model), then a copy of the plan whose buffer plan
-places no Concat piece (the same steps and kernels; only the buffers differ, so each
-concat copies its inputs as before 2026-12-02). Both are checked against onnxruntime on
+places no Concat piece and keeps no channel slice inside its input (the same steps and
+kernels; only the buffers differ, so each concat and slice copies as before 2026-12-02). Both are checked against onnxruntime on
 the model's seeded inputs, then alternate in rounds (the first of each pair swapping from
 round to round; per round a warm-up run and the median of `--runs` runs of each); the
 median over rounds of in-place / copied and the rounds the in-place plan won.
@@ -48,7 +48,7 @@ def _nbytes(spec) -> int:
 
 def without_placements(plan: Plan) -> Plan:
     """`plan` with its buffer plan made again from its steps with views but no placed
-    Concat pieces (what `assemble` wrote before pieces were placed)."""
+    Concat pieces or slices (what `assemble` wrote before pieces were placed)."""
     workloads, constants = plan.workloads, set(plan.weights)
     views, step_io, sizes = [], [], {}
     for step in plan.steps:
