@@ -207,12 +207,22 @@ def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
     the tensors' sizes `nbytes`)."""
     own, constants = set(own), set(constants)
     placed: dict[str, tuple[str, int]] = {}
+    extent: dict[str, int] = {}   # a top-level tree's bytes (sizes known)
+    for name, size in (nbytes or {}).items():
+        root = roots.get(name, name)
+        extent[root] = max(extent.get(root, 0), int(size))
+
+    def place(tree: str, target: str, at: int) -> None:
+        placed[tree] = (target, at)
+        if nbytes is not None:
+            extent[target] = max(extent.get(target, 0), at + extent.get(tree, 0))
+
     for piece, source, offset in slices:
         tree = roots.get(piece, piece)
         target, base = home(source, roots, placed)
         if piece and source and source not in constants and not offset % alignment \
                 and tree not in own and tree not in placed and tree != target:
-            placed[tree] = (target, base + offset)
+            place(tree, target, base + offset)
     counts: dict[tuple[str, str], int] = {}
     pieces: dict[str, list[tuple[str, int]]] = {}
     for part, whole, offset in parts:
@@ -228,33 +238,32 @@ def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
             top, at = home(part, roots, placed)
             shift = base + offset - at
             if top != target and top not in own and _moves_with(
-                    top, shift, (target, base), pieces[whole], roots, placed, nbytes,
+                    top, extent[top], shift, base, pieces[whole], roots, placed, nbytes,
                     alignment):
-                placed[top] = (target, shift)
+                place(top, target, shift)
             continue
         if tree in own or tree in placed or tree == target:
             continue
-        placed[tree] = (target, base + offset)
+        place(tree, target, base + offset)
     return placed
 
 
-def _moves_with(top: str, shift: int, whole_home: tuple[str, int],
+def _moves_with(top: str, size: int, shift: int, base: int,
                 pieces: Sequence[tuple[str, int]], roots: Mapping[str, str],
                 placed: Mapping[str, tuple[str, int]], nbytes: Mapping[str, int],
                 alignment: int) -> bool:
-    """Whether tree `top` may go into the whole's tree at byte `shift`: aligned, inside the
-    whole's bytes, and every piece whose slot its bytes cover lying in it exactly there
-    (YOLO's C2f: a conv's output split in two, both halves pieces of the block's concat,
-    so the conv writes into the concat)."""
-    base = whole_home[1]
-    homes = {name: home(name, roots, placed) for name in nbytes}
-    size = max(at + int(nbytes[name]) for name, (tree, at) in homes.items() if tree == top)
+    """Whether tree `top` (`size` bytes) may go into the tree of a whole that lies at byte
+    `base` of it, at byte `shift`: aligned, inside the whole's bytes, and every piece
+    whose slot its bytes cover lying in it exactly there (YOLO's C2f: a conv's output
+    split in two, both halves pieces of the block's concat, so the conv writes into the
+    concat)."""
     whole = sum(int(nbytes.get(part, 0)) for part, _ in pieces)
     if shift % alignment or shift < base or shift + size > base + whole:
         return False
     for part, offset in pieces:
         start, end = base + offset, base + offset + int(nbytes.get(part, 0))
-        if start < shift + size and shift < end and homes.get(part) != (top, start - shift):
+        if start < shift + size and shift < end and \
+                home(part, roots, placed) != (top, start - shift):
             return False
     return True
 
