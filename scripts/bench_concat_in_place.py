@@ -1,12 +1,13 @@
 """Benchmark (not a test): Concats in place against the same plan with every piece copied.
 
 For each model: `wpk build` (CPU, untuned, wpk's per-operator plan: no end-to-end choice of
-onnxruntime's whole model), then a copy of the plan whose buffer plan
-places no Concat piece and keeps no channel slice inside its input (the same steps and
-kernels; only the buffers differ, so each concat and slice copies as before 2026-12-02). Both are checked against onnxruntime on
-the model's seeded inputs, then alternate in rounds (the first of each pair swapping from
-round to round; per round a warm-up run and the median of `--runs` runs of each); the
-median over rounds of in-place / copied and the rounds the in-place plan won.
+onnxruntime's whole model), then a copy of the plan whose buffer plan places no Concat
+piece and keeps no channel slice inside its input (the same steps and kernels; only the
+buffers differ, so each concat and slice copies as before 2026-12-02). Both are checked
+against onnxruntime on the model's seeded inputs, then alternate in rounds (the first of
+each pair swapping from round to round; per round a warm-up run and the median of
+`--runs` runs of each); the median over rounds of in-place / copied and the rounds the
+in-place plan won.
 
     python scripts/bench_concat_in_place.py [--models light_densenet121,corpus_yolo_torchscript]
         [--rounds 30] [--runs 7] [--output FILE.json]
