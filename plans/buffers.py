@@ -195,27 +195,26 @@ def home(name: str, roots: Mapping[str, str], placed: Mapping[str, tuple[str, in
 
 
 def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
-                own: Iterable[str], constants: Iterable[str], alignment: int = ALIGNMENT,
-                slices: Sequence[tuple[str, str, int]] = (),
-                nbytes: Mapping[str, int] | None = None) -> dict[str, tuple[str, int]]:
-    """Tree root -> (the tree it is placed in, byte offset there) for the (part, whole,
-    offset) triples `parts` and the (slice, source, offset) triples `slices` (module
-    docstring), given the view trees `roots` (tensor -> root, as `view_roots` returns).
-    The tree of a slice goes into the tree of its source, then the tree of a part into
-    the tree of its whole; a part that lies inside another tree already (a slice) takes
-    that whole tree with it where the tree fits its whole's pieces (`_moves_with`; needs
-    the tensors' sizes `nbytes`)."""
+                own: Iterable[str], constants: Iterable[str], nbytes: Mapping[str, int],
+                slices: Sequence[tuple[str, str, int]] = (), alignment: int = ALIGNMENT
+                ) -> tuple[dict[str, tuple[str, int]], dict[str, int]]:
+    """(tree root -> (the tree it is placed in, byte offset there), tree root -> its bytes)
+    for the (part, whole, offset) triples `parts` and the (slice, source, offset) triples
+    `slices` (module docstring), given the view trees `roots` (tensor -> root, as
+    `view_roots` returns) and the tensors' sizes `nbytes`. The tree of a slice goes into
+    the tree of its source, then the tree of a part into the tree of its whole; a part
+    that lies inside another tree already (a slice) takes that whole tree with it where
+    the tree fits its whole's pieces (`_moves_with`)."""
     own, constants = set(own), set(constants)
     placed: dict[str, tuple[str, int]] = {}
-    extent: dict[str, int] = {}   # a top-level tree's bytes (sizes known)
-    for name, size in (nbytes or {}).items():
+    extent: dict[str, int] = {}   # a tree's bytes: its members' largest end
+    for name, size in nbytes.items():
         root = roots.get(name, name)
         extent[root] = max(extent.get(root, 0), int(size))
 
     def place(tree: str, target: str, at: int) -> None:
         placed[tree] = (target, at)
-        if nbytes is not None:
-            extent[target] = max(extent.get(target, 0), at + extent.get(tree, 0))
+        extent[target] = max(extent.get(target, 0), at + extent.get(tree, 0))
 
     for piece, source, offset in slices:
         tree = roots.get(piece, piece)
@@ -234,7 +233,7 @@ def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
             continue
         tree = roots.get(part, part)
         target, base = home(whole, roots, placed)
-        if tree in placed and nbytes is not None:
+        if tree in placed:
             top, at = home(part, roots, placed)
             shift = base + offset - at
             if top != target and top not in own and _moves_with(
@@ -245,7 +244,7 @@ def place_parts(parts: Sequence[tuple[str, str, int]], roots: Mapping[str, str],
         if tree in own or tree in placed or tree == target:
             continue
         place(tree, target, base + offset)
-    return placed
+    return placed, extent
 
 
 def _moves_with(top: str, size: int, shift: int, base: int,
@@ -282,16 +281,10 @@ def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
     own_names = [n for n in dict.fromkeys([*graph_inputs, *graph_outputs])
                  if n and n not in constant_names]
     roots = view_roots(views, own_names, constant_names)
-    placed = place_parts(parts, roots, own_names, constant_names, slices=slices,
-                         nbytes=nbytes)
+    placed, extent = place_parts(parts, roots, own_names, constant_names, nbytes, slices)
 
     homes = {name: home(name, roots, placed) for name in nbytes}
-    ends = {name: int(size) for name, size in nbytes.items()}
-    for name, size in nbytes.items():
-        top, offset = homes[name]
-        if top in ends:
-            ends[top] = max(ends[top], offset + int(size))
-    own = [(name, ends[name]) for name in own_names]
+    own = [(name, extent.get(name, nbytes[name])) for name in own_names]
     shared = tensor_lifetimes(steps, nbytes, exclude=[*own_names, *constant_names])
     merged: dict[str, Lifetime] = {}
     for life in shared:
@@ -299,7 +292,7 @@ def plan_graph_buffers(steps: Sequence[tuple[Sequence[str], Sequence[str]]],
         if name in own_names:
             continue
         seen = merged.get(name)
-        size = ends.get(name, life.nbytes)
+        size = extent.get(name, life.nbytes)
         merged[name] = Lifetime(name, size, life.first, life.last) if seen is None else \
             Lifetime(name, size, min(seen.first, life.first), max(seen.last, life.last))
     plan = plan_buffers([replace(life, name=name) for name, life in merged.items()], own)
