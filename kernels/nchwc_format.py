@@ -132,6 +132,19 @@ def pack_filter_oihwbo(weight: np.ndarray, block_size: int) -> np.ndarray:
     return np.ascontiguousarray(packed).reshape(op, i, kh, kw)
 
 
+# A blocked Conv's attribute: its groups, widened to one per input block by the layout
+# pass (`wpk.passes.nchwc_rules.widen_groups`), are narrower groups of this many channels
+# each, in as out; its filter is zero outside them (`narrow_group_lanes`).
+GROUP_WIDTH = "group_width"
+
+
+def narrow_group_lanes(out_channels: int, in_block: int, width: int) -> np.ndarray:
+    """[out_channels, in_block] booleans: the input lanes of its widened group that output
+    channel o reads, its own narrow group's `width` lanes (o's lane in the block // width)."""
+    outputs = np.arange(out_channels)[:, None] % in_block // width
+    return outputs == np.arange(in_block)[None, :] // width
+
+
 def pad_channels(vector: np.ndarray, block_size: int) -> np.ndarray:
     """A per-channel vector zero padded to a multiple of the block (float32)."""
     out = np.zeros(round_up(vector.shape[0], block_size), dtype=np.float32)

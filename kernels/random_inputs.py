@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from wpk.core.workload import TensorSpec, Workload
+from wpk.kernels.nchwc_format import GROUP_WIDTH, narrow_group_lanes
 
 # Ops whose data input must be positive for a finite result.
 _POSITIVE_DATA_OPS = frozenset({"Log", "Sqrt", "Reciprocal", "Pow"})
@@ -36,7 +37,8 @@ def _fan_in(workload: Workload, index: int) -> int | None:
     """The reduction length an input is multiplied over, for weight-like inputs."""
     op, specs = workload.op, workload.inputs
     if op == "Conv" and index == 1:
-        return int(np.prod(specs[1].shape[1:], dtype=np.int64))
+        width = int(workload.attr(GROUP_WIDTH, 0) or 0)   # a widened filter's own group
+        return int(np.prod(specs[1].shape[2:], dtype=np.int64)) * (width or specs[1].shape[1])
     if op in _FUSED_CONV_OPS and index > 0 and len(specs[index].shape) == 4:
         # every conv weight of a fused block: expand, depthwise, project, the gate's two
         return int(np.prod(specs[index].shape[1:], dtype=np.int64))
@@ -98,6 +100,13 @@ def _uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype, 
     return np.array(rng.uniform(low, high, size=shape), dtype=dtype, order="C")
 
 
+def _zero_outside_groups(weight: np.ndarray, width: int) -> None:
+    """Zero a widened filter of narrow groups outside each output channel's own group, as
+    the layout pass's filters are (`nchwc_format.GROUP_WIDTH`)."""
+    lanes = narrow_group_lanes(weight.shape[0], weight.shape[1], width)
+    weight[~lanes] = 0
+
+
 def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarray | None]:
     """One array (or None for an absent input) per workload input, drawn with `rng`."""
     positive = _positive_inputs(workload)
@@ -116,6 +125,8 @@ def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarr
             fan_in = None if index in positive else _fan_in(workload, index)
             scale = 1.0 / math.sqrt(max(fan_in, 1)) if fan_in else 1.0
             arrays.append(_uniform(rng, spec.shape, dtype, low * scale, high * scale))
+            if index == 1 and workload.op == "Conv" and workload.attr(GROUP_WIDTH, 0):
+                _zero_outside_groups(arrays[-1], int(workload.attr(GROUP_WIDTH)))
         elif dtype.kind == "b":
             arrays.append(np.asarray(rng.random(size=spec.shape) < 0.5))
         elif dtype.kind in "iu":

@@ -2,8 +2,9 @@
 
 Odd shapes on purpose: channels not a multiple of the vector width, 1-pixel
 images, asymmetric padding, stride 2 and 3 (with the phase split off and on),
-dilation, depthwise 3x3 and 5x5, stems reading an NCHW input of 3 or 1
-channels, the fused epilogues. Each case runs the default config and random configs of its
+dilation, depthwise 3x3 and 5x5, grouped convs whose groups (2-8 channels) are
+narrower than a vector (as the layout pass widens them), stems reading an NCHW input of
+3 or 1 channels, the fused epilogues. Each case runs the default config and random configs of its
 space (other tiles, so the interior's remainder tiles and the edges are hit),
 for AVX-512 (where the host has it), AVX2 (forced on an AVX-512 host: it
 compiles and runs there) and the portable path.
@@ -64,8 +65,9 @@ def geometry(workload: Workload):
 
 
 def conv(cin, cout, hw, k, stride=1, pads=None, group=1, bias=True, epilogue=(),
-         residual=False, dilation=1, batch=1) -> Workload:
-    """A blocked Conv workload (pads: t, l, b, r; default `k // 2` everywhere)."""
+         residual=False, dilation=1, batch=1, group_width=0) -> Workload:
+    """A blocked Conv workload (pads: t, l, b, r; default `k // 2` everywhere); with
+    `group_width` its groups are narrower ones widened, as the layout pass writes them."""
     h, w = hw
     pt, pl, pb, pr = pads if pads is not None else (k // 2,) * 4
     ext = dilation * (k - 1) + 1
@@ -77,8 +79,17 @@ def conv(cin, cout, hw, k, stride=1, pads=None, group=1, bias=True, epilogue=(),
         inputs.append(y)
     attrs = {"kernel_shape": (k, k), "strides": (stride, stride), "pads": (pt, pl, pb, pr),
              "dilations": (dilation, dilation), "group": group, "block": B, "channels": cout}
+    if group_width:
+        attrs["group_width"] = group_width
     return Workload("Conv", tuple(inputs), (y,), tuple(sorted(attrs.items())), tuple(epilogue),
                     "wpk.nchwc", (1, 2) if bias else (1,))
+
+
+def narrow(blocks, hw, k, width, **options) -> Workload:
+    """A conv of groups of `width` channels (in as out) over `blocks` blocks as the layout
+    pass leaves it: one group per block, its filter zero between the narrow groups
+    (`random_inputs` draws it so), `group_width` set."""
+    return conv(blocks * B, blocks * B, hw, k, group=blocks, group_width=width, **options)
 
 
 def stem(cin, cout, hw, k, stride=2, pads=None, epilogue=(RELU,)) -> Workload:
@@ -141,7 +152,24 @@ CASES = {
                                                group=2, epilogue=(RELU,)),
     "grouped_1x1": conv(4 * B, 2 * B, (5, 7), 1, group=2),
     "grouped_1x1_stride2": conv(6 * B, 3 * B, (9, 9), 1, stride=2, group=3, bias=False),
+    # groups narrower than a vector (ResNeXt's 4 and 8 channels, RegNet's 8), widened
+    "narrow_groups_3x3": narrow(2, (9, 7), 3, B // 4, epilogue=(RELU,)),
+    "narrow_groups_3x3_stride2_residual": narrow(3, (11, 10), 3, B // 2, stride=2,
+                                                 residual=True, epilogue=(ADD3, RELU)),
+    "narrow_groups_of_two_one_pixel": narrow(1, (1, 1), 3, 2),
+    "narrow_groups_asymmetric_no_bias": narrow(2, (5, 9), 3, B // 2, pads=(0, 1, 2, 1),
+                                               bias=False),
+    "narrow_groups_dilated_batch2_silu": narrow(1, (9, 8), 3, B // 4, dilation=2,
+                                                pads=(2, 2, 2, 2), batch=2,
+                                                epilogue=(EpilogueStep("silu"),)),
+    "narrow_groups_1x1": narrow(2, (5, 7), 1, B // 2),
 }
+
+
+def skip_unless_groups_fit(workload: Workload, isa: str) -> None:
+    """Skip where `isa`'s vectors are narrower than the workload's narrow groups."""
+    if not geometry(workload).fits_lanes(ISAS[isa].lanes):
+        pytest.skip(f"{isa}'s {ISAS[isa].lanes} lanes are narrower than a group")
 
 
 def _random_configs(workload: Workload, isa: str, count: int, seed: int) -> list[dict]:
@@ -179,6 +207,7 @@ def test_kernel_matches_float64_reference(case, isa, rng):
     assert MICRO_NCHWC.unsupported_reason(workload) is None
     if B % ISAS[isa].lanes:
         pytest.skip(f"block {B} is not a multiple of {isa}'s lanes")
+    skip_unless_groups_fit(workload, isa)
     configs = [default_config(geometry(workload), isa)]
     configs += _random_configs(workload, isa, 2, seed=len(case))
     for config in configs:
@@ -298,6 +327,48 @@ def test_grouped_kxk_default_takes_no_phase_split(isa, rng):
             assert config["split"] == 0, (hw, group, config)
             err = _check(workload, config, rng)
             assert err < 1e-5, f"{hw} group {group} {config}: relative L2 {err:.2e}"
+
+
+NARROW = [c for c in CASES if c.startswith("narrow_groups")]
+
+
+@pytest.mark.parametrize("case", NARROW)
+def test_narrow_groups_reduce_over_their_own_channels_only(case):
+    """A widened conv of narrow groups is reduced like a depthwise one (a vector of
+    channels a tile) over its groups' channels: the geometry counts their multiply-adds,
+    the config space holds one-vector tiles, the report names the algorithm, and its
+    source shuffles each input channel to its group's lanes."""
+    workload = CASES[case]
+    g = geometry(workload)
+    width = dict(workload.attrs)["group_width"]
+    assert g.group_width == width and g.within_vector and not g.depthwise and g.groups == 1
+    n, _, oh, ow, _ = workload.outputs[0].shape
+    assert g.flops == 2 * n * g.out_channels * oh * ow * g.r * g.s * width
+    assert MicroSpace(g).space()["kv"] == (1,) and not splittable(g)
+    config = default_config(g)
+    assert MICRO_NCHWC.algorithm(workload, config) == \
+        f"grouped, {width} channels a group in a vector"
+    source = conv_source(g, config)
+    assert f"#define GW {width}" in source and "__builtin_shuffle" in source
+
+
+def test_narrow_groups_refuse_what_they_cannot_compute(rng):
+    """A filter that is not zero outside its groups is refused at prepare (the planner then
+    keeps another kernel); a group wider than an ISA's vector is not in its config space;
+    a `group_width` that does not fit the widened layout says why."""
+    workload = CASES["narrow_groups_3x3"]
+    inputs = random_inputs(workload, rng)
+    dense = inputs[1].copy()
+    dense[0, -1] = 1.0   # output channel 0 reading the block's last lane: another group's
+    with pytest.raises(ValueError, match="not zero outside its groups"):
+        MICRO_NCHWC.prepare(workload, {1: dense, 2: inputs[2]}, default_config(geometry(workload)))
+    wide = geometry(narrow(1, (5, 5), 3, 8)) if B == 16 else None
+    if wide is not None:
+        assert "portable" not in MicroSpace(wide).isas
+        portable = dict(default_config(wide, "avx2"), isa="portable")
+        assert "whole groups" in config_reason(wide, portable)
+    odd = conv(2 * B, 2 * B, (5, 5), 3, group=2, group_width=3)
+    assert "dividing the block" in MICRO_NCHWC.unsupported_reason(odd)
 
 
 def test_concurrent_calls_of_a_split_kernel_each_get_their_own_scratch(rng):

@@ -548,11 +548,13 @@ def _grouped_convs(rng, per_group: int, block: int, c: int | None = None) -> onn
 
 
 @pytest.mark.parametrize("per_group", [4, 8, B], ids=lambda p: f"{p} per group")
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", [*IMPLS, "micro.nchwc"])
 def test_grouped_convs_join_the_layout_with_groups_of_whole_blocks(per_group, impl, rng):
     """A grouped conv whose groups are whole blocks keeps its groups; narrower ones
     (ResNeXt's 4 channels per group) merge into one group per input block, zeros between
-    a merged group's own groups: no reorder around them, and the function kept."""
+    a merged group's own groups, and say how wide their groups are (`group_width`, which
+    `micro.nchwc` reduces over instead of the block): no reorder around them, and the
+    function kept."""
     if per_group > B:
         pytest.skip("a block holds fewer channels than a group")
     layout, optimized, ops, feeds, expected = _laid_out(_grouped_convs(rng, per_group, B),
@@ -562,6 +564,8 @@ def test_grouped_convs_join_the_layout_with_groups_of_whole_blocks(per_group, im
     groups = [node.attrs["group"] for node in optimized.nodes if node.op == "Conv"][1:]
     assert groups == [4, 4]   # 4 blocks of input channels: one group per block
     assert layout.hits["grouped Conv widened to whole blocks"] == (2 if per_group < B else 0)
+    widths = [node.attrs.get("group_width") for node in optimized.nodes if node.op == "Conv"]
+    assert widths == [None] + [per_group if per_group < B else None] * 2
     actual = evaluate(optimized, feeds, impl)
     assert rel_l2(actual["y"], expected["y"]) <= 1e-5
 
@@ -578,6 +582,7 @@ def test_grouped_convs_with_a_partial_last_block_take_zero_groups_into_its_paddi
     assert ops.get("wpk.nchwc:ReorderInput", 0) == 0 and ops["wpk.nchwc:ReorderOutput"] == 1
     grouped = [node for node in optimized.nodes if node.op == "Conv"][1:]
     assert [(n.attrs["group"], n.attrs["channels"]) for n in grouped] == [(4, 4 * B)] * 2
+    assert [n.attrs["group_width"] for n in grouped] == [B // 2] * 2
     assert optimized.constants[grouped[0].inputs[2]].shape == (4 * B,)   # the padded bias
     assert layout.hits["grouped Conv widened to whole blocks"] == 2
     actual = evaluate(optimized, feeds, impl)

@@ -83,11 +83,11 @@ ResNeXt's 4 channels, merged into one group per input block: `nchwc_rules.widen_
 zeros between a merged group's own groups, onnxruntime's NCHW kernel for them being far
 slower than the extra multiply-adds; a partial last block of whole groups first filled
 with groups of zero weights and bias, `nchwc_rules.pad_groups`, whose outputs are the
-padding lanes: such a Conv's `channels` and filter count those lanes too); graphs with
-fewer than
-`NchwcOptions.min_convs` convertible convs are left alone, unless the one conv is a ViT's
-patch embedding (a stem reading the NCHW input, kernel = stride: one reorder, of its
-output).
+padding lanes: such a Conv's `channels` and filter count those lanes too; a widened
+Conv whose groups had as many inputs as outputs carries their width, `group_width`, so a
+generated kernel can skip the zeros); graphs with fewer than `NchwcOptions.min_convs`
+convertible convs are left alone, unless the one conv is a ViT's patch embedding (a stem
+reading the NCHW input, kernel = stride: one reorder, of its output).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.workload import EpilogueStep
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_DOMAIN, GROUP_NORM_OP
-from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
+from wpk.kernels.nchwc_format import CONV_ACTIVATIONS, GROUP_WIDTH
 from wpk.passes.base import GraphPass, drop_unused_constants, readers_of, subgraph_names
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_classifier import match_classifier
@@ -266,10 +266,13 @@ class NchwcLayout(GraphPass):
         x = node.inputs[0]
         x_in = rw.as_nchw(x) if mode == "nchw" else rw.as_blocked(x)
         w_name, b_name, conv_channels = node.inputs[1], conv_bias(g, node), channels
+        width = 0   # the channels of a narrow group widened to a block's, in as out
         if group > 1 and weight.shape[1] > 1:   # a grouped conv: groups of whole blocks
             merged = block_groups(weight.shape[1] * group, channels, group, rw.block)
             if merged != group:
                 bias = g.constants[b_name] if b_name else None
+                if weight.shape[0] == weight.shape[1] * group:
+                    width = int(weight.shape[1])
                 weight, bias, group = pad_groups(weight, bias, group, rw.block)
                 conv_channels = int(weight.shape[0])   # its padding lanes' zero groups too
                 w_name = self._constant(rw, f"{node.name}_wide_groups",
@@ -292,6 +295,8 @@ class NchwcLayout(GraphPass):
             "block": rw.block,
             "channels": conv_channels,
         }
+        if width:   # generated kernels skip the zeros (`micro.nchwc`'s narrow groups)
+            attrs[GROUP_WIDTH] = width
         out = rw.new_blocked(node.outputs[0], channels, dirty=dirty and not rest)
         conv_out = rw.blocked_tensor(f"{out}_conv", out_shape, channels) if rest else out
         rw.nodes.append(Node("Conv", inputs, [conv_out], node.name, attrs, NCHWC_DOMAIN,

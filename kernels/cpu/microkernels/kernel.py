@@ -25,6 +25,7 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c, load_function
+from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.algorithms import conv_algorithm
 from wpk.kernels.cpu.microkernels.family import MicroFamily
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
@@ -56,12 +57,27 @@ def pack_conv_filter(weight: np.ndarray, g: ConvGeometry, lanes: int, kv: int) -
     return np.ascontiguousarray(packed)
 
 
+def narrow_filter(weight: np.ndarray, width: int) -> np.ndarray:
+    """The [O, width, R, S] filter of narrow groups from their widened one [O, block, R, S]
+    (ValueError where a weight outside an output channel's own group is not zero)."""
+    o, block = weight.shape[:2]
+    lanes = fmt.narrow_group_lanes(o, block, width)
+    if np.any(weight[~lanes]):
+        raise ValueError(f"the filter is not zero outside its groups of {width} channels")
+    return np.ascontiguousarray(weight[lanes].reshape(o, width, *weight.shape[2:]))
+
+
 def pack_depthwise_filter(weight: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """[O, 1, R, S] -> [KB, R, S, block], zero padded channels."""
-    padded = np.zeros((g.kb * g.block, *weight.shape[2:]), np.float32)
-    padded[: weight.shape[0]] = weight[:, 0]
-    return np.ascontiguousarray(padded.reshape(g.kb, g.block, *weight.shape[2:])
-                                .transpose(0, 2, 3, 1))
+    """[O, GW, R, S] -> [KB, R, GW, S, block] (GW the input channels of a group: 1 for a
+    depthwise conv; a widened filter of narrow groups first cut to them), zero padded
+    channels."""
+    if g.group_width:
+        weight = narrow_filter(weight, g.group_width)
+    o, width, r, s = weight.shape
+    padded = np.zeros((g.kb * g.block, width, r, s), np.float32)
+    padded[:o] = weight
+    return np.ascontiguousarray(padded.reshape(g.kb, g.block, width, r, s)
+                                .transpose(0, 3, 2, 4, 1))
 
 
 def pack_bias(bias: np.ndarray | None, length: int) -> np.ndarray:
@@ -116,11 +132,15 @@ class MicroNchwc(Implementation):
 
     def algorithm(self, workload: Workload, config: Mapping) -> str:
         """'depthwise', '1x1' or 'direct' (`conv_algorithm`), 'direct (NCHW input)' for a
-        stem, with ', phase split' when the config splits a strided conv's input (',
-        padded input' for a stride-1 conv: its one phase)."""
+        stem, 'grouped, N channels a group in a vector' for narrow groups (reduced like a
+        depthwise conv), with ', phase split' when the config splits a strided conv's input
+        (', padded input' for a stride-1 conv: its one phase)."""
         name = conv_algorithm(workload)
         if len(workload.inputs[0].shape) == 4:
             name = "direct (NCHW input)"
+        width = _geometry(workload).group_width
+        if width:
+            name = f"grouped, {width} channels a group in a vector"
         if not int(config.get("split", 0) or 0):
             return name
         strided = any(int(v) > 1 for v in dict(workload.attrs).get("strides", (1, 1)))
@@ -135,7 +155,7 @@ class MicroNchwc(Implementation):
         lanes, kv = ISAS[str(config["isa"])].lanes, int(config["kv"])
         weight = np.asarray(consts[1], np.float32)
         bias = np.asarray(consts[2], np.float32) if g.has_bias else None
-        if g.depthwise:
+        if g.within_vector:
             packed = pack_depthwise_filter(weight, g)
             packed_bias = pack_bias(bias, g.kb * g.block)
         else:

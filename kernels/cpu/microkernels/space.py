@@ -9,9 +9,11 @@ A config is `{"isa": name, "kv": output vectors, "px": output pixels, "unroll": 
 optionally `"pf"` (prefetch distance in input blocks, 0 when absent):
 the register tile is kv vectors of output channels (kv * lanes channels) by px
 output pixels of one row, `kv * px` accumulators; a depthwise tile is one
-vector of channels by px pixels (kv is 1). `unroll` unrolls the reduction over
-the input channels of a block (regular convs) or over the filter rows
-(depthwise). A regular conv reduces over its input channels in passes of
+vector of channels by px pixels (kv is 1), and so is the tile of a grouped conv whose
+groups are narrower than a vector (`group_width`: ResNeXt's 4 and 8 channels a group,
+RegNet's 8), each input channel of a group reaching its group's lanes by a shuffle.
+`unroll` unrolls the reduction over the input channels of a block (regular convs) or
+over the filter rows (depthwise). A regular conv reduces over its input channels in passes of
 `cbt` blocks (partial sums kept in the output), so the weights of a pass stay
 in L1 while every tile of a row segment uses them; a parallel unit covers `rows`
 output rows (the pass loop outside them), so on small images a pass's weights
@@ -42,6 +44,7 @@ from wpk.core.workload import Workload
 from wpk.kernels.cpu.microkernels.isa import ISAS, Isa, isa_named, usable_isas
 from wpk.kernels.cpu.nchwc import activation_attrs, conv_epilogue_form
 from wpk.kernels.generated_ops import pads_2d
+from wpk.kernels.nchwc_format import GROUP_WIDTH
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN, is_depthwise, logical_workload
 
 KV_CHOICES = (1, 2, 3, 4, 6, 8)
@@ -107,7 +110,28 @@ class ConvGeometry:
     activation_params: tuple[float, ...] = ()
     flattened: bool = False
     nchw_input: bool = False
-    groups: int = 1    # of a grouped regular conv (a depthwise conv counts 1)
+    groups: int = 1    # of a grouped regular conv (a depthwise conv counts 1, and a
+    #                    narrow-group one: its groups lie within vectors)
+    group_width: int = 0   # channels per group of a conv whose groups are narrower than
+    #                        a block (2-8), 0 otherwise
+
+    @property
+    def within_vector(self) -> bool:
+        """Whether each output vector reduces over the input vector at the same channels
+        only (a depthwise conv, or one of narrow groups): such convs run one vector of
+        channels per tile."""
+        return self.depthwise or self.group_width > 0
+
+    @property
+    def taps_width(self) -> int:
+        """Input channels each output channel of a `within_vector` conv reduces over (1
+        for a depthwise conv)."""
+        return max(1, self.group_width)
+
+    def fits_lanes(self, lanes: int) -> bool:
+        """Whether vectors of `lanes` floats hold whole groups (every conv but a
+        narrow-group one: any)."""
+        return lanes % self.taps_width == 0
 
     @property
     def in_block(self) -> int:
@@ -122,7 +146,7 @@ class ConvGeometry:
     @property
     def flops(self) -> int:
         """Multiply-adds x 2 of the real channels."""
-        reduction = self.r * self.s * (1 if self.depthwise else self.in_channels)
+        reduction = self.r * self.s * self.in_channels   # the filter's: one group's
         return 2 * self.n * self.out_channels * self.oh * self.ow * reduction
 
     def out_vectors(self, lanes: int) -> int:
@@ -181,7 +205,12 @@ def conv_geometry(workload: Workload, nchw_input: bool = False) -> ConvGeometry 
         return "empty tensors"
     depthwise = is_depthwise(workload)
     groups = 1 if depthwise else int(workload.attr("group", 1))
-    if groups > 1 and (wt.shape[1] % x.shape[-1] or wt.shape[0] // groups % y.shape[-1]):
+    width = narrow_group_width(workload)
+    if isinstance(width, str):
+        return width
+    if width:
+        groups = 1   # its groups lie within vectors: reduced like a depthwise conv's
+    elif groups > 1 and (wt.shape[1] % x.shape[-1] or wt.shape[0] // groups % y.shape[-1]):
         return "a grouped conv's channels per group are not whole blocks"
     form = conv_epilogue_form(workload)
     if isinstance(form, str):
@@ -199,22 +228,41 @@ def conv_geometry(workload: Workload, nchw_input: bool = False) -> ConvGeometry 
     r, s = wt.shape[2:]
     (sh, sw), (dh, dw) = geom.strides, geom.dilations
     flat = (r, s, sh, sw, pt, pl, oh, ow) == (1, 1, 1, 1, 0, 0, h, w) and not depthwise \
-        and not nchw
+        and not nchw and not width
     return ConvGeometry(
         n=n, cb=cb, h=1 if flat else h, w=h * w if flat else w, kb=kb, oh=1 if flat else oh,
         ow=oh * ow if flat else ow, r=r, s=s, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw,
-        block=block, in_channels=wt.shape[1], out_channels=wt.shape[0], depthwise=depthwise,
+        block=block, in_channels=width or wt.shape[1], out_channels=wt.shape[0],
+        depthwise=depthwise,
         has_bias=has_bias, sum_index=sum_index, activation=act[0], activation_params=act[1],
-        flattened=flat, nchw_input=nchw, groups=groups)
+        flattened=flat, nchw_input=nchw, groups=groups, group_width=width)
+
+
+def narrow_group_width(workload: Workload) -> int | str:
+    """The `group_width` of a blocked Conv whose narrow groups the layout pass widened to
+    one group per block (its filter zero outside them; `nchwc_format.GROUP_WIDTH`), 0 for
+    any other Conv, or why its narrow groups do not fit: one widened group per block of
+    input and of output, the width dividing the block."""
+    width = int(workload.attr(GROUP_WIDTH, 0) or 0)
+    if not width:
+        return 0
+    x, wt, y = workload.inputs[0], workload.inputs[1], workload.outputs[0]
+    block, groups = y.shape[-1], int(workload.attr("group", 1))
+    if not (0 < width < block and block % width == 0 and x.shape[-1] == block
+            and groups == x.shape[1] == y.shape[1] and wt.shape[1] == block
+            and wt.shape[0] == groups * block):
+        return (f"groups of {width} channels widened to one per block need a width dividing "
+                f"the block of {block} and one group per input and output block")
+    return width
 
 
 def accumulator_registers(geometry: ConvGeometry, isa: Isa, kv: int, px: int) -> int:
     """Vector registers the tile's inner loop keeps live: accumulators, the weights of one
     input channel (regular) or of a filter row and the input vectors of a row (depthwise),
     and one broadcast."""
-    if geometry.depthwise:
+    if geometry.within_vector:
         row = (px - 1) * geometry.sw + (geometry.s - 1) * geometry.dw + 1
-        return px + geometry.s + min(row, 4)
+        return px + geometry.s + min(row, 4) + (geometry.group_width > 0)   # + a shuffle
     return kv * px + kv + 1
 
 
@@ -224,15 +272,16 @@ class MicroSpace:
     def __init__(self, geometry: ConvGeometry, isas: tuple[str, ...] | None = None):
         self.geometry = geometry
         self.isas = isas or tuple(i.name for i in usable_isas()
-                                  if geometry.block % i.lanes == 0)
+                                  if geometry.block % i.lanes == 0
+                                  and geometry.fits_lanes(i.lanes))
         self.name = "micro.nchwc"
 
     def space(self) -> dict[str, tuple]:
         """Knob -> choices."""
-        kv = (1,) if self.geometry.depthwise else KV_CHOICES
-        cbt = (1,) if self.geometry.depthwise else CBT_CHOICES
+        kv = (1,) if self.geometry.within_vector else KV_CHOICES
+        cbt = (1,) if self.geometry.within_vector else CBT_CHOICES
         split = (0, 1) if splittable(self.geometry) else (0,)
-        pf = (0,) if self.geometry.depthwise else PF_CHOICES
+        pf = (0,) if self.geometry.within_vector else PF_CHOICES
         return {"isa": self.isas, "kv": kv, "px": PX_CHOICES, "unroll": UNROLL_CHOICES,
                 "cbt": cbt, "split": split, "rows": ROWS_CHOICES, "pf": pf}
 
@@ -255,7 +304,7 @@ def _padded(geometry: ConvGeometry) -> bool:
 def splittable(geometry: ConvGeometry) -> bool:
     """Whether a phase split applies: a strided regular conv, or a padded KxK one (its one
     phase is the input with the padding written out)."""
-    if geometry.depthwise:
+    if geometry.within_vector:
         return False
     return geometry.strided or (_padded(geometry) and (geometry.r, geometry.s) != (1, 1))
 
@@ -281,14 +330,17 @@ def config_reason(geometry: ConvGeometry, config) -> str | None:
     pf = prefetch_distance(config)
     if pf not in PF_CHOICES:
         return f"pf (prefetch distance in input blocks) is one of {PF_CHOICES}"
-    if pf and geometry.depthwise:
+    if pf and geometry.within_vector:
         return "prefetch applies to regular convs only (a depthwise tile reads one block)"
     if geometry.block % isa.lanes:
         return f"the block {geometry.block} is not a multiple of {isa.name}'s {isa.lanes} lanes"
+    if not geometry.fits_lanes(isa.lanes):
+        return (f"{isa.name}'s {isa.lanes} lanes do not hold whole groups of "
+                f"{geometry.group_width} channels")
     if min(kv, px, unroll) < 1 or px > max(PX_CHOICES) or unroll > max(UNROLL_CHOICES):
         return "kv, px and unroll are positive (px <= 16, unroll <= 16)"
-    if geometry.depthwise and kv != 1:
-        return "a depthwise tile is one vector of channels (kv 1)"
+    if geometry.within_vector and kv != 1:
+        return "a depthwise or narrow-group tile is one vector of channels (kv 1)"
     if kv > geometry.out_vectors(isa.lanes):
         return f"kv {kv} is more vectors than the {geometry.out_vectors(isa.lanes)} of the output"
     if geometry.groups > 1 and geometry.group_vectors(isa.lanes) % kv:
@@ -411,8 +463,8 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
     within the runs' noise; 2026-12-01). On AVX-512 (where only the strided rule applies)
     not measured."""
     isa = ISAS[isa_name] if isa_name else next(
-        i for i in usable_isas() if geometry.block % i.lanes == 0)
-    if geometry.depthwise:
+        i for i in usable_isas() if geometry.block % i.lanes == 0 and geometry.fits_lanes(i.lanes))
+    if geometry.within_vector:
         return {"isa": isa.name, "kv": 1, "unroll": 16, "cbt": 1, "split": 0,
                 **_depthwise_tile(geometry, isa)}
     tile = mlas_tile(geometry, isa)

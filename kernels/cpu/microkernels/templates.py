@@ -262,7 +262,10 @@ def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: b
 
 
 _DW_TILE = r"""
-/* {np} pixels x one vector of channels (lane group l of block kb) at output (n, oh, ow) */
+/* {np} pixels x one vector of channels (lane group l of block kb) at output (n, oh, ow):
+   each output channel reduces over its group's GW input channels, which lie in the same
+   vector (GW 1, a depthwise conv: its own channel); input channel ci of each group reaches
+   the group's lanes by a shuffle (GROUP_LANE) */
 INLINE void tile_{name}(const float *x, const float *w, const float *bias, const float *sum,
                         float *y, int n, int kb, int l, int oh, int ow, int c0, int c1) {{
     (void)c0; (void)c1;   /* a depthwise tile reduces over its filter only */
@@ -273,19 +276,21 @@ INLINE void tile_{name}(const float *x, const float *w, const float *bias, const
         int ih = oh * SH - PT + r * DH;
         if (ih < 0 || ih >= H) continue;
         const float *xr = x + (((size_t)n * KB + kb) * H + ih) * W * BLK + l * VW;
-        const float *wr = w + (size_t)(kb * R + r) * S * BLK + l * VW;
-        vf wv[S];
-        _Pragma("GCC unroll 16") for (int s = 0; s < S; ++s) wv[s] = vload(wr + s * BLK);
-        enum {{ SPAN = ({np} - 1) * SW + (S - 1) * DW + 1 }};
-        vf xv[SPAN];
-        _Pragma("GCC unroll 64") for (int q = 0; q < SPAN; ++q) {{
-            int iw = ow * SW - PL + q;
-            xv[q] = ({checked}) && (iw < 0 || iw >= W) ? vsplat(0.0f)
-                                                    : vload(xr + (ptrdiff_t)iw * BLK);
+        _Pragma("GCC unroll 16") for (int ci = 0; ci < GW; ++ci) {{
+            const float *wr = w + ((size_t)(kb * R + r) * GW + ci) * S * BLK + l * VW;
+            vf wv[S];
+            _Pragma("GCC unroll 16") for (int s = 0; s < S; ++s) wv[s] = vload(wr + s * BLK);
+            enum {{ SPAN = ({np} - 1) * SW + (S - 1) * DW + 1 }};
+            vf xv[SPAN];
+            _Pragma("GCC unroll 64") for (int q = 0; q < SPAN; ++q) {{
+                int iw = ow * SW - PL + q;
+                xv[q] = ({checked}) && (iw < 0 || iw >= W)
+                    ? vsplat(0.0f) : GROUP_LANE(vload(xr + (ptrdiff_t)iw * BLK), ci);
+            }}
+            _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
+                _Pragma("GCC unroll 16") for (int s = 0; s < S; ++s)
+                    acc[p] += xv[p * SW + s * DW] * wv[s];
         }}
-        _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p)
-            _Pragma("GCC unroll 16") for (int s = 0; s < S; ++s)
-                acc[p] += xv[p * SW + s * DW] * wv[s];
     }}
     size_t base = (((size_t)n * KB + kb) * OH + oh) * OW;
     _Pragma("GCC unroll 16") for (int p = 0; p < {np}; ++p) {{
@@ -377,6 +382,17 @@ _SPLIT_CALL = """\
         const float *xin = scratch;"""
 
 
+def _group_lane(width: int, lanes: int) -> str:
+    """`GROUP_LANE(v, ci)`: lane ci of each group of `width` lanes of v copied to the
+    group's every lane (v itself for groups of one). The shuffle's mask is a constant once
+    the loop over ci is unrolled: gcc picks an in-lane permute for groups within 128 bits."""
+    if width == 1:
+        return "#define GROUP_LANE(v, ci) (v)\n"
+    first = ", ".join(str(lane // width * width) for lane in range(lanes))
+    return ("#define GROUP_LANE(v, ci) __builtin_shuffle((v), "
+            f"(vi){{ {first} }} + (ci))\n")
+
+
 def _remainders(g: ConvGeometry, lo: int, hi: int, width: int, px: int) -> list[int]:
     """The smaller last tiles that occur: interior pixels of a column chunk modulo px (only
     those get a function; gcc is not left to reason about unreachable ones)."""
@@ -429,7 +445,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     lo, hi = (0, g.ow) if phase else _interior(g)
     step = g.in_block * (1 if phase else g.sw)   # floats between a tile's pixels
     pf = prefetch_distance(config)
-    if g.depthwise:
+    if g.within_vector:
         groups = g.block // lanes
         rows = g.n * g.kb * groups * _ceil_div(g.oh, row_block)
         params, args = "int n, int kb, int l", "n, kb, l"
@@ -447,7 +463,8 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KB=g.kb, OH=g.oh, OW=g.ow, R=g.r, S=g.s,
                    SH=g.sh, SW=g.sw, PT=g.pt, PL=g.pl, DH=g.dh, DW=g.dw, BLK=g.block, VW=lanes,
                    KV=kv, PX=px, TK=kv * lanes, KVEC=vectors, LG=g.block // lanes,
-                   CBT=cbt, PASSES=_ceil_div(g.reduction_blocks, cbt) if not g.depthwise else 1,
+                   CBT=cbt, PASSES=_ceil_div(g.reduction_blocks, cbt) if not g.within_vector
+                   else 1, GW=g.taps_width,
                    CR=g.reduction_blocks, GROUPS=g.groups,
                    OCG=g.group_vectors(lanes) * lanes,
                    HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
@@ -467,6 +484,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     # the first input block of tile kt's group (CR blocks a group; all of them ungrouped)
     parts.append("#define GROUP_BASE(kt) (GROUPS > 1 ? (kt) * TK / OCG * CR : 0)\n")
+    parts.append(_group_lane(g.taps_width, lanes))
     parts.append(_epilogue(g))
     parts.append(tile("checked", 1, 1))
     parts.append(tile("edge", px, 1))
