@@ -352,6 +352,20 @@ def test_narrow_groups_reduce_over_their_own_channels_only(case):
     assert f"#define GW {width}" in source and "__builtin_shuffle" in source
 
 
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_strided_narrow_groups_default_to_narrow_tiles_on_long_rows(isa, rng):
+    """A strided conv of narrow groups takes 4-pixel tiles on rows of 28 output pixels or
+    more (its shuffled inputs crowd a wider tile's registers), 8 on shorter rows and
+    stride 1; each default matches the reference."""
+    skip_unless_blocks_run(isa)
+    for hw, stride, px in (((56, 56), 2, 4), ((26, 26), 2, 8), ((28, 28), 1, 8)):
+        workload = narrow(1, hw, 3, 2, stride=stride, epilogue=(RELU,))
+        config = default_config(geometry(workload), isa)
+        assert config["px"] == px, (hw, stride, config)
+        err = _check(workload, config, rng)
+        assert err < 1e-5, f"{hw} {config}: relative L2 {err:.2e}"
+
+
 def test_narrow_groups_refuse_what_they_cannot_compute(rng):
     """A filter that is not zero outside its groups is refused at prepare (the planner then
     keeps another kernel); a group wider than an ISA's vector is not in its config space;
