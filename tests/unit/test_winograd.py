@@ -197,6 +197,10 @@ def test_unsupported_workloads_say_why():
     # wrong answers its one GEMM over every input block gave, now it is refused up front
     assert "ungrouped" in MICRO_WINOGRAD.unsupported_reason(
         conv(2 * B, 2 * B, (9, 9), 3, group=2))
+    # narrower groups widened (ResNeXt's 4 channels): a group per block, reduced over its
+    # own channels, which the micro-kernel's geometry counts as one group
+    narrow = conv(2 * B, 2 * B, (9, 9), 3, group=2, group_width=B // 4)
+    assert "narrow-group" in MICRO_WINOGRAD.unsupported_reason(narrow)
 
 
 def test_config_space_rejects_what_does_not_fit():

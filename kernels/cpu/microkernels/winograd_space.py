@@ -117,8 +117,8 @@ def winograd_reason(workload: Workload) -> str | None:
 
 def geometry_reason(g: ConvGeometry) -> str | None:
     """None for a 3x3 stride-1, dilation-1, ungrouped conv, else why Winograd does not fit."""
-    if g.depthwise:
-        return "Winograd computes regular (not depthwise) convolutions"
+    if g.within_vector:   # its geometry counts one group: the filter's zeros are cut out
+        return "Winograd computes regular (not depthwise or narrow-group) convolutions"
     if g.groups > 1:
         return "Winograd computes ungrouped convolutions (its GEMM spans every input block)"
     if (g.r, g.s, g.sh, g.sw, g.dh, g.dw) != (3, 3, 1, 1, 1, 1):
