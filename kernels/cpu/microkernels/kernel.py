@@ -36,6 +36,7 @@ from wpk.kernels.cpu.microkernels.space import (
     config_reason,
     conv_geometry,
     default_config,
+    narrow_group_width,
 )
 from wpk.kernels.cpu.microkernels.templates import conv_source, split_floats
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
@@ -138,8 +139,8 @@ class MicroNchwc(Implementation):
         name = conv_algorithm(workload)
         if len(workload.inputs[0].shape) == 4:
             name = "direct (NCHW input)"
-        width = _geometry(workload).group_width
-        if width:
+        width = narrow_group_width(workload)
+        if width and not isinstance(width, str):
             name = f"grouped, {width} channels a group in a vector"
         if not int(config.get("split", 0) or 0):
             return name
