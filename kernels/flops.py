@@ -9,7 +9,8 @@ credited with the direct convolution's FLOPs, so GFLOP/s compare across
 algorithms):
 
 - Conv: 2 x N x K x prod(output spatial) x C/group x prod(kernel), also for the
-  blocked `wpk.nchwc` Conv (logical channels, not the padding lanes);
+  blocked `wpk.nchwc` Conv (logical channels, not the padding lanes, and the groups of a
+  conv whose groups the layout pass widened: `group_width` or C/`sparse_groups`);
 - ConvTranspose: 2 x N x C x prod(input spatial) x K/group x prod(kernel);
 - MatMul: 2 x prod(output) x K; Gemm: 2 x M x N x K;
 - wpk's fused Attention: 2 x batch x Sq x Sk x (D + Dv) (Q K^T, then P V);
@@ -33,6 +34,7 @@ from wpk.kernels.cpu.inverted_residual_spec import (
 )
 from wpk.kernels.cuda.irb_spec import irb_reason, is_irb_nchw
 from wpk.kernels.cuda.irb_spec import part_workloads as irb_part_workloads
+from wpk.kernels.nchwc_format import GROUP_WIDTH, SPARSE_GROUPS
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 NCHWC_DOMAIN = "wpk.nchwc"
@@ -42,7 +44,10 @@ def _conv_flops(workload: Workload) -> int:
     weight = workload.inputs[1].shape              # K, C/group, *kernel
     out = workload.outputs[0].shape                # N, K, *spatial (blocked: N, Kb, *sp, b)
     spatial = out[2:-1] if workload.domain == NCHWC_DOMAIN else out[2:]
-    return 2 * out[0] * weight[0] * math.prod(spatial) * math.prod(weight[1:])
+    # a blocked conv whose groups the layout pass widened counts its own groups' channels
+    reduction = int(workload.attr(GROUP_WIDTH, 0) or 0) \
+        or weight[1] // max(1, int(workload.attr(SPARSE_GROUPS, 0) or 0))
+    return 2 * out[0] * weight[0] * math.prod(spatial) * reduction * math.prod(weight[2:])
 
 
 def _conv_transpose_flops(workload: Workload) -> int:

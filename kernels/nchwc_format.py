@@ -145,6 +145,37 @@ def narrow_group_lanes(out_channels: int, in_block: int, width: int) -> np.ndarr
     return outputs == np.arange(in_block)[None, :] // width
 
 
+# A blocked Conv's attribute: the group count of a grouped conv whose groups are not whole
+# blocks (ShuffleNet's 68 channels a group), which the layout pass made one dense group
+# (`wpk.passes.nchwc_rules.widen_groups`); its filter [O, C, KH, KW] is zero outside each
+# output channel's own group, so a kernel may reduce a tile of output channels over the
+# input blocks its groups touch only (`group_band`).
+SPARSE_GROUPS = "sparse_groups"
+
+
+def group_band(first: int, end: int, in_channels: int, out_channels: int, groups: int,
+               block: int) -> tuple[int, int]:
+    """(first input block, block count) that output channels [first, end) of a conv of
+    `groups` groups read: the blocks of `block` channels holding their groups' inputs.
+    Channels past `out_channels` (padding lanes, zero filter) count as the last real one."""
+    end = min(end, out_channels)
+    first = min(first, end - 1)
+    out_group, in_group = out_channels // groups, in_channels // groups
+    lo = first // out_group * in_group
+    hi = ((end - 1) // out_group + 1) * in_group
+    return lo // block, -(-hi // block) - lo // block
+
+
+def sparse_group_work(in_channels: int, out_channels: int, groups: int, block: int) -> float:
+    """The multiply-adds a kernel reducing each output block over `group_band`'s input
+    blocks does, as a multiple of the grouped conv's own (1: the groups are whole blocks;
+    `groups`-fold: every band is the whole input)."""
+    padded = round_up(out_channels, block)
+    read = sum(group_band(o, o + block, in_channels, out_channels, groups, block)[1]
+               for o in range(0, padded, block))
+    return read * block * block / (out_channels * in_channels / groups)
+
+
 def pad_channels(vector: np.ndarray, block_size: int) -> np.ndarray:
     """A per-channel vector zero padded to a multiple of the block (float32)."""
     out = np.zeros(round_up(vector.shape[0], block_size), dtype=np.float32)

@@ -22,10 +22,10 @@ from wpk.core.errors import UnsupportedError
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_DOMAIN, GROUP_NORM_OP
-from wpk.kernels.nchwc_format import GROUP_WIDTH
+from wpk.kernels.nchwc_format import GROUP_WIDTH, SPARSE_GROUPS
 
 NCHWC_DOMAIN = "wpk.nchwc"
-LAYOUT_ATTRS = ("block", "channels", GROUP_WIDTH)
+LAYOUT_ATTRS = ("block", "channels", GROUP_WIDTH, SPARSE_GROUPS)
 
 
 def is_depthwise(workload: Workload) -> bool:

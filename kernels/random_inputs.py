@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from wpk.core.workload import TensorSpec, Workload
-from wpk.kernels.nchwc_format import GROUP_WIDTH, narrow_group_lanes
+from wpk.kernels.nchwc_format import GROUP_WIDTH, SPARSE_GROUPS, narrow_group_lanes
 
 # Ops whose data input must be positive for a finite result.
 _POSITIVE_DATA_OPS = frozenset({"Log", "Sqrt", "Reciprocal", "Pow"})
@@ -38,7 +38,9 @@ def _fan_in(workload: Workload, index: int) -> int | None:
     op, specs = workload.op, workload.inputs
     if op == "Conv" and index == 1:
         width = int(workload.attr(GROUP_WIDTH, 0) or 0)   # a widened filter's own group
-        return int(np.prod(specs[1].shape[2:], dtype=np.int64)) * (width or specs[1].shape[1])
+        sparse = int(workload.attr(SPARSE_GROUPS, 0) or 0)  # ... or a dense one's
+        reduction = width or specs[1].shape[1] // max(1, sparse)
+        return int(np.prod(specs[1].shape[2:], dtype=np.int64)) * reduction
     if op in _FUSED_CONV_OPS and index > 0 and len(specs[index].shape) == 4:
         # every conv weight of a fused block: expand, depthwise, project, the gate's two
         return int(np.prod(specs[index].shape[1:], dtype=np.int64))
@@ -107,6 +109,15 @@ def _zero_outside_groups(weight: np.ndarray, width: int) -> None:
     weight[~lanes] = 0
 
 
+def _zero_outside_sparse_groups(weight: np.ndarray, groups: int) -> None:
+    """Zero a dense filter [O, C, ...] outside each output channel's own group of the
+    `groups`, as the layout pass's are (`nchwc_format.SPARSE_GROUPS`)."""
+    out_group, in_group = weight.shape[0] // groups, weight.shape[1] // groups
+    own = (np.arange(weight.shape[0])[:, None] // out_group
+           == np.arange(weight.shape[1])[None, :] // in_group)
+    weight[~own] = 0
+
+
 def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarray | None]:
     """One array (or None for an absent input) per workload input, drawn with `rng`."""
     positive = _positive_inputs(workload)
@@ -127,6 +138,8 @@ def random_inputs(workload: Workload, rng: np.random.Generator) -> list[np.ndarr
             arrays.append(_uniform(rng, spec.shape, dtype, low * scale, high * scale))
             if index == 1 and workload.op == "Conv" and workload.attr(GROUP_WIDTH, 0):
                 _zero_outside_groups(arrays[-1], int(workload.attr(GROUP_WIDTH)))
+            if index == 1 and workload.op == "Conv" and workload.attr(SPARSE_GROUPS, 0):
+                _zero_outside_sparse_groups(arrays[-1], int(workload.attr(SPARSE_GROUPS)))
         elif dtype.kind == "b":
             arrays.append(np.asarray(rng.random(size=spec.shape) < 0.5))
         elif dtype.kind in "iu":

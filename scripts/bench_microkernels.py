@@ -4,7 +4,8 @@ Every distinct convolution of ResNet-50 (batch 1, 224x224, from the ONNX
 wheel's light_resnet50.onnx: its 1x1 and 3x3 convs and the 7x7 stride-2 stem),
 MobileNet-v2's 3x3 stride-2 stem and its 3x3 depthwise convolutions, the grouped 3x3
 convs of ResNeXt-50 (32x4d) and RegNet-Y-400MF whose groups (4 and 8 channels) are
-narrower than a block (`--only grouped`; no goal of an issue: reported), as
+narrower than a block and the grouped 1x1 convs of ShuffleNet (v1) whose groups (6 to
+136 channels) are not whole blocks (`--only grouped`; no goal of an issue: reported), as
 `wpk.nchwc` Conv workloads with bias and ReLU fused (blocked input and output; a
 stem reads its 3-channel NCHW input, as the NCHWc layout pass leaves it).
 For each: the micro-kernel's default config (what an untuned build offers)
@@ -12,9 +13,10 @@ and the best of a small grid of register tiles (`--grid`, 0 to skip) are
 verified against the float64 reference, then both timed against onnxruntime's
 `com.microsoft.nchwc` Conv on the same blocked buffers (same thread count;
 with and without its spinning thread pool, the better of the two is the
-reference), alternating per round (a 0.2 s pause before each contender, the
-first one rotating from round to round); medians per round, the median over
-rounds (wpk's: the faster of the default and the grid's pick) reported as
+reference; for ShuffleNet's, which onnxruntime's own graph runs as NCHW grouped convs,
+also that conv on NCHW buffers, its reorders not timed), alternating per round (a 0.2 s
+pause before each contender, the first one rotating from round to round); medians per
+round, the median over rounds (wpk's: the faster of the default and the grid's pick) reported as
 GFLOP/s, % of the measured peak and the ratio to onnxruntime (> 1: wpk is faster).
 `--clock cpu` (1 thread) times with the process's CPU time instead of wall time,
 which leaves out the time other jobs on a loaded machine held the core; `--stat
@@ -93,12 +95,30 @@ def grouped_convs() -> list[ConvShape]:
         [ConvShape(c, h, h, c, 3, 3, s, 1, g, "regnet_y_400mf") for c, h, s, g in regnet]
 
 
+def shufflenet_convs() -> list[ConvShape]:
+    """The grouped 1x1 convs of the ONNX wheel's ShuffleNet (v1, 4 groups of 6 to 136
+    channels; 224x224 input): groups that are not whole blocks, nor a block's divisor."""
+    rows = [(24, 56, 112), (112, 28, 112), (136, 28, 136), (136, 14, 136), (272, 14, 272),
+            (272, 7, 272), (544, 7, 544)]
+    return [ConvShape(c, h, h, k, 1, 1, 1, 0, 4, "shufflenet_v1") for c, h, k in rows]
+
+
+def sparse_groups(shape: ConvShape, block: int) -> bool:
+    """Whether the layout pass makes `shape` one dense conv of sparse groups."""
+    from wpk.passes.nchwc_rules import block_groups, sparse_groups_fit
+
+    return group_of(shape) == "grouped" and not block_groups(shape.c, shape.k, shape.groups,
+                                                             block) \
+        and sparse_groups_fit(shape.c, shape.k, shape.groups, block)
+
+
 def nchwc_workload(shape: ConvShape, block: int):
     """The blocked Conv workload of `shape` (bias and ReLU fused); a grouped conv of groups
     narrower than the block as the layout pass leaves it: one group per block, the filter
-    zero between its narrow groups, whose width `group_width` gives."""
+    zero between its narrow groups, whose width `group_width` gives; one of groups that are
+    not whole blocks as one dense group, zero outside them, their count `sparse_groups`."""
     from wpk.core.workload import EpilogueStep, TensorSpec, Workload
-    from wpk.kernels.nchwc_format import GROUP_WIDTH
+    from wpk.kernels.nchwc_format import GROUP_WIDTH, SPARSE_GROUPS
 
     oh, ow = shape.out_hw
     x = TensorSpec((1, -(-shape.c // block), shape.h, shape.w, block))
@@ -106,7 +126,9 @@ def nchwc_workload(shape: ConvShape, block: int):
         x = TensorSpec((1, shape.c, shape.h, shape.w))
     y = TensorSpec((1, -(-shape.k // block), oh, ow, block))
     k, per_group, groups, extra = shape.k, shape.c // shape.groups, shape.groups, {}
-    if group_of(shape) == "grouped" and per_group < block:
+    if sparse_groups(shape, block):
+        per_group, groups, extra = shape.c, 1, {SPARSE_GROUPS: shape.groups}
+    elif group_of(shape) == "grouped" and per_group < block:
         k, groups = y.shape[1] * block, y.shape[1]
         extra = {GROUP_WIDTH: per_group}
         per_group = block
@@ -133,6 +155,38 @@ def ort_kernel(workload, consts, threads: int, spinning: bool):
         session.run_with_iobinding(binding)
 
     return run
+
+
+def ort_grouped_kernel(shape: ConvShape, consts, threads: int, spinning: bool):
+    """onnxruntime's own grouped NCHW Conv (+ ReLU) of a conv of sparse groups, what it
+    runs in its graph (the reorders it adds around it not timed): (run(x_nchw, y_nchw),
+    the NCHW input and output buffers)."""
+    from bench_dsl_cpu import helper, numpy_helper
+
+    from wpk.kernels.nchwc_format import unblock
+
+    dense, bias = consts[1], consts[2]
+    out_group, in_group = shape.k // shape.groups, shape.c // shape.groups
+    weight = np.concatenate([dense[g * out_group:(g + 1) * out_group,
+                                   g * in_group:(g + 1) * in_group]
+                             for g in range(shape.groups)])
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=shape.groups),
+             helper.make_node("Relu", ["c"], ["y"])]
+    oh, ow = shape.out_hw
+    graph = helper.make_graph(
+        nodes, "grouped", [helper.make_tensor_value_info("x", 1, [1, shape.c, shape.h, shape.w])],
+        [helper.make_tensor_value_info("y", 1, [1, shape.k, oh, ow])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    session = ort_session(model, threads, spinning, optimize=True)
+
+    def run(x, out):
+        binding = session.io_binding()
+        binding.bind_cpu_input("x", x)
+        binding.bind_output("y", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        session.run_with_iobinding(binding)
+
+    return run, unblock
 
 
 def blocked_input(workload, rng) -> np.ndarray:
@@ -227,6 +281,16 @@ def bench_shape(shape: ConvShape, args, rng) -> dict:
     if baseline is not None:   # timed in the rounds too: the defaults' evidence
         mlas_kernel = kernels[configs.index(baseline)]
         runs["micro_mlas"] = lambda: mlas_kernel(inputs, [out])
+    if sparse_groups(shape, host_block_size()):   # and onnxruntime's own grouped conv
+        grouped, unblock = ort_grouped_kernel(shape, consts, args.threads, True)
+        x_nchw = np.ascontiguousarray(unblock(x, shape.c))
+        y_nchw = np.empty((1, shape.k, *shape.out_hw), np.float32)
+        runs["ort_grouped"] = lambda: grouped(x_nchw, y_nchw)
+        runs["ort_grouped"]()
+        err = float(np.linalg.norm(y_nchw - unblock(reference, shape.k))
+                    / np.linalg.norm(reference))
+        if err > 1e-4:
+            raise SystemExit(f"{shape.label()}: onnxruntime's grouped conv differs ({err:.2e})")
     runs["ort"]()
     err_ort = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -243,7 +307,7 @@ def bench_shape(shape: ConvShape, args, rng) -> dict:
     if med["micro_default"] < med["micro"]:   # the grid's pick (fastest of 9 calls) was wrong
         best = (med["micro_default"], *default)
         med["micro"] = med["micro_default"]
-    ort_s = min(med["ort"], med["ort_no_spin"])
+    ort_s = min(med[k] for k in ("ort", "ort_no_spin", "ort_grouped") if k in med)
     gflops = {k: shape.flops / v / 1e9 for k, v in med.items()}
     return {"workload": {"c": shape.c, "h": shape.h, "w": shape.w, "k": shape.k, "r": shape.r,
                          "s": shape.s, "stride": shape.stride, "pad": shape.pad,
@@ -315,7 +379,8 @@ def main(argv=None) -> int:
         peak = measure_peak(args.threads)
         args.peak = peak["gflops"]
     print(f"fp32 FMA peak: {args.peak:.1f} GFLOP/s on {args.threads} threads")
-    shapes = [*resnet50_convs(), *stem_convs(), *depthwise_convs(), *grouped_convs()]
+    shapes = [*resnet50_convs(), *stem_convs(), *depthwise_convs(), *grouped_convs(),
+              *shufflenet_convs()]
     shapes = [s for s in shapes if group_of(s) != "other"]
     if args.only in ("stride2", "strided"):
         keep = ("1x1 s2", "3x3 s2", *(("stem",) if args.only == "strided" else ()))
@@ -332,7 +397,7 @@ def main(argv=None) -> int:
         row = bench_shape(shape, args, rng)
         rows.append(row)
         c = row["best_config"]
-        ort_g = max(row["gflops"]["ort"], row["gflops"]["ort_no_spin"])
+        ort_g = max(v for k, v in row["gflops"].items() if k.startswith("ort"))
         mlas = "  -" if row["mlas_ratio_to_ort"] is None else f"{row['mlas_ratio_to_ort']:6.2f}"
         print(f"{row['label']:36s} {c['isa']} kv{c['kv']} px{c['px']} split{c['split']} "
               f"rows{c['rows']:<3d}"

@@ -56,6 +56,20 @@ def test_a_blocked_conv_counts_its_logical_channels_not_the_padding_lanes():
     assert workload_flops(blocked) == workload_flops(plain) == 2 * 4 * 64 * 27
 
 
+def test_a_blocked_conv_of_widened_groups_counts_its_own_groups():
+    """The layout pass's widened filters hold zeros outside each output channel's group:
+    narrow groups (`group_width` 4 of a block of 16) and sparse ones (4 groups of 17 as
+    one dense group) count their own groups' channels, as the grouped conv does."""
+    grouped = conv((1, 64, 8, 8), (64, 4, 3, 3), (1, 64, 8, 8), group=16, pads=(1,) * 4)
+    narrow = conv((1, 4, 8, 8, 16), (64, 16, 3, 3), (1, 4, 8, 8, 16), domain="wpk.nchwc",
+                  group=4, pads=(1,) * 4, block=16, channels=64, group_width=4)
+    assert workload_flops(narrow) == workload_flops(grouped) == 2 * 64 * 64 * 4 * 9
+    grouped = conv((1, 68, 7, 7), (68, 17, 1, 1), (1, 68, 7, 7), group=4)
+    sparse = conv((1, 5, 7, 7, 16), (68, 68, 1, 1), (1, 5, 7, 7, 16), domain="wpk.nchwc",
+                  group=1, block=16, channels=68, sparse_groups=4)
+    assert workload_flops(sparse) == workload_flops(grouped) == 2 * 68 * 49 * 17
+
+
 def test_conv_transpose_matmul_gemm_and_attention():
     # ConvTranspose: every input element meets K/group x kernel weights
     transpose = Workload("ConvTranspose", (spec(1, 2, 3, 3), spec(2, 4, 2, 2)),

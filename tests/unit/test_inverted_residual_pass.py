@@ -145,6 +145,21 @@ def test_not_on_a_grouped_conv_that_is_not_depthwise():
     assert _fires(block_model(dw_group=E // 16)) == 1
 
 
+def test_not_on_a_dense_conv_of_sparse_groups():
+    """The layout pass's dense conv of groups that are not whole blocks (ShuffleNet's) is
+    a 1x1 group-1 conv whose filter is mostly zeros: the block kernel would multiply them
+    all, so it is no block's expand or project conv."""
+    from wpk.core.graph import Node
+    from wpk.passes.inverted_residual import _pointwise
+
+    attrs = {"kernel_shape": (1, 1), "strides": (1, 1), "pads": (0, 0, 0, 0),
+             "dilations": (1, 1), "group": 1, "block": 16, "channels": 68}
+    dense = Node("Conv", ["x", "w", "b"], ["y"], "c", attrs, "wpk.nchwc")
+    sparse = Node("Conv", ["x", "w", "b"], ["y"], "c", {**attrs, "sparse_groups": 4},
+                  "wpk.nchwc")
+    assert _pointwise(dense) and not _pointwise(sparse)
+
+
 def test_not_with_a_weight_that_is_not_constant():
     assert _fires(block_model(weight_input=True)) == 1
 

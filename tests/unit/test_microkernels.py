@@ -3,7 +3,8 @@
 Odd shapes on purpose: channels not a multiple of the vector width, 1-pixel
 images, asymmetric padding, stride 2 and 3 (with the phase split off and on),
 dilation, depthwise 3x3 and 5x5, grouped convs whose groups (2-8 channels) are
-narrower than a vector (as the layout pass widens them), stems reading an NCHW input of
+narrower than a vector (as the layout pass widens them) and dense convs of groups that are
+not whole blocks (`sparse_groups`), stems reading an NCHW input of
 3 or 1 channels, the fused epilogues. Each case runs the default config and random configs of its
 space (other tiles, so the interior's remainder tiles and the edges are hit),
 for AVX-512 (where the host has it), AVX2 (forced on an AVX-512 host: it
@@ -65,9 +66,10 @@ def geometry(workload: Workload):
 
 
 def conv(cin, cout, hw, k, stride=1, pads=None, group=1, bias=True, epilogue=(),
-         residual=False, dilation=1, batch=1, group_width=0) -> Workload:
+         residual=False, dilation=1, batch=1, group_width=0, sparse_groups=0) -> Workload:
     """A blocked Conv workload (pads: t, l, b, r; default `k // 2` everywhere); with
-    `group_width` its groups are narrower ones widened, as the layout pass writes them."""
+    `group_width` its groups are narrower ones widened, with `sparse_groups` a dense conv
+    of that many groups that are not whole blocks, as the layout pass writes them."""
     h, w = hw
     pt, pl, pb, pr = pads if pads is not None else (k // 2,) * 4
     ext = dilation * (k - 1) + 1
@@ -81,6 +83,8 @@ def conv(cin, cout, hw, k, stride=1, pads=None, group=1, bias=True, epilogue=(),
              "dilations": (dilation, dilation), "group": group, "block": B, "channels": cout}
     if group_width:
         attrs["group_width"] = group_width
+    if sparse_groups:
+        attrs["sparse_groups"] = sparse_groups
     return Workload("Conv", tuple(inputs), (y,), tuple(sorted(attrs.items())), tuple(epilogue),
                     "wpk.nchwc", (1, 2) if bias else (1,))
 
@@ -90,6 +94,14 @@ def narrow(blocks, hw, k, width, **options) -> Workload:
     pass leaves it: one group per block, its filter zero between the narrow groups
     (`random_inputs` draws it so), `group_width` set."""
     return conv(blocks * B, blocks * B, hw, k, group=blocks, group_width=width, **options)
+
+
+def sparse(per_group_in, per_group_out, groups, hw, k, **options) -> Workload:
+    """A conv of `groups` groups that are not whole blocks as the layout pass leaves it:
+    one dense group, its filter zero outside the groups (`random_inputs` draws it so),
+    `sparse_groups` set."""
+    return conv(per_group_in * groups, per_group_out * groups, hw, k,
+                sparse_groups=groups, **options)
 
 
 def stem(cin, cout, hw, k, stride=2, pads=None, epilogue=(RELU,)) -> Workload:
@@ -163,6 +175,15 @@ CASES = {
                                                 pads=(2, 2, 2, 2), batch=2,
                                                 epilogue=(EpilogueStep("silu"),)),
     "narrow_groups_1x1": narrow(2, (5, 7), 1, B // 2),
+    # groups that are neither whole blocks nor within one (ShuffleNet's 34, 68, 136), dense
+    "sparse_groups_1x1": sparse(B + 1, B + 1, 4, (5, 7), 1, epilogue=(RELU,)),
+    "sparse_groups_1x1_residual_batch2": sparse(B + 2, B + 2, 3, (6, 6), 1, residual=True,
+                                                batch=2, epilogue=(ADD3, RELU)),
+    "sparse_groups_1x1_expand_one_pixel": sparse(6, 28, 4, (1, 1), 1, bias=False),
+    "sparse_groups_1x1_stride2": sparse(2 * B + 4, B + 2, 2, (9, 9), 1, stride=2),
+    "sparse_groups_3x3_stride2": sparse(10, 5, 4, (11, 10), 3, stride=2, epilogue=(RELU,)),
+    "sparse_groups_3x3_asymmetric_pads": sparse(B + B // 2 + 2, B + 2, 2, (7, 6), 3,
+                                                pads=(1, 0, 2, 1)),
 }
 
 
@@ -350,6 +371,57 @@ def test_narrow_groups_reduce_over_their_own_channels_only(case):
         f"grouped, {width} channels a group in a vector"
     source = conv_source(g, config)
     assert f"#define GW {width}" in source and "__builtin_shuffle" in source
+
+
+SPARSE = [c for c in CASES if c.startswith("sparse_groups")]
+
+
+@pytest.mark.parametrize("case", SPARSE)
+def test_sparse_groups_reduce_each_tile_over_its_groups_blocks_only(case):
+    """A dense conv of sparse groups reduces each tile of output channels over the input
+    blocks that hold its channels' groups: every weight outside a tile's band is zero,
+    the band is no wider than the blocks its groups span, the geometry counts the groups'
+    multiply-adds, the report names the algorithm and the source holds the bands."""
+    workload = CASES[case]
+    g = geometry(workload)
+    groups = dict(workload.attrs)["sparse_groups"]
+    assert g.sparse_groups == groups and g.groups == 1 and not g.within_vector
+    n, _, oh, ow, _ = workload.outputs[0].shape
+    assert g.flops == 2 * n * g.out_channels * oh * ow * g.r * g.s * g.in_channels // groups
+    weight = random_inputs(workload, np.random.default_rng(0))[1]
+    in_group, out_group = g.in_channels // groups, g.out_channels // groups
+    for isa in (i for i in USABLE if B % ISAS[i].lanes == 0):
+        lanes = ISAS[isa].lanes
+        for kv in MicroSpace(g, (isa,)).space()["kv"]:
+            bands = g.tile_bands(lanes, kv)
+            assert len(bands) == -(-g.out_vectors(lanes) // kv)
+            for t, (first, count) in enumerate(bands):
+                rows = weight[t * kv * lanes:(t + 1) * kv * lanes]
+                if not len(rows):   # a tile of padding lanes only
+                    continue
+                used = np.flatnonzero(np.abs(rows).sum(axis=(0, 2, 3)))
+                assert used.min() // g.in_block >= first
+                assert used.max() // g.in_block < first + count
+                spanned = (min(t * kv * lanes + kv * lanes, g.out_channels) - 1) // out_group \
+                    - t * kv * lanes // out_group + 1
+                assert count <= -(-spanned * in_group // g.in_block) + 1
+    config = default_config(g)
+    assert f"{groups} groups in bands of blocks" in MICRO_NCHWC.algorithm(workload, config)
+    assert config["kv"] == (2 if g.out_vectors(ISAS[config["isa"]].lanes) > 1 else 1)
+    assert "BAND_BASE" in conv_source(g, config)
+
+
+def test_sparse_groups_refuse_what_they_cannot_compute(rng):
+    """A filter not zero outside its tiles' bands is refused at prepare (the planner keeps
+    another kernel); a `sparse_groups` that does not divide the channels says why."""
+    workload = CASES["sparse_groups_1x1"]
+    inputs = random_inputs(workload, rng)
+    dense = inputs[1].copy()
+    dense[0, -1] = 1.0   # output channel 0 (group 0) reading the last group's last channel
+    with pytest.raises(ValueError, match="not zero outside its sparse groups"):
+        MICRO_NCHWC.prepare(workload, {1: dense, 2: inputs[2]}, default_config(geometry(workload)))
+    odd = conv(2 * B + 2, 2 * B + 2, (5, 5), 1, sparse_groups=4)
+    assert "divide" in MICRO_NCHWC.unsupported_reason(odd)
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
@@ -759,6 +831,25 @@ def test_bench_groups_and_grid_cover_the_strided_knobs(scripts_on_path):
     strided = nchwc_workload(ConvShape(64, 14, 14, 64, 3, 3, 2, 1), B)
     grid = grid_configs(MicroKernels().template(strided), 8)
     assert {c["split"] for c in grid} == {0, 1} and len({c["rows"] for c in grid}) == 2
+
+
+def test_bench_times_sparse_groups_against_onnxruntimes_own_grouped_conv(scripts_on_path):
+    """ShuffleNet's grouped 1x1 convs go to the bench as the layout pass writes them (one
+    dense group, `sparse_groups`); onnxruntime's NCHW grouped conv, verified, is a peer."""
+    import argparse
+    import time
+
+    from bench_dsl_cpu import ConvShape
+    from bench_microkernels import bench_shape, nchwc_workload, shufflenet_convs
+
+    assert all(dict(nchwc_workload(s, B).attrs).get("sparse_groups") == 4
+               for s in shufflenet_convs() if s.c % (4 * B))
+    args = argparse.Namespace(threads=1, rounds=1, repeat=1, grid=1, peak=100.0,
+                              clock=time.perf_counter, stat="median")
+    row = bench_shape(ConvShape(4 * (B + 1), 5, 5, 4 * (B + 1), 1, 1, 1, 0, 4, "test"), args,
+                      np.random.default_rng(0))
+    assert {"ort", "ort_no_spin", "ort_grouped", "micro"} <= set(row["seconds"])
+    assert row["ratio_to_ort"] > 0 and row["ort_relative_l2"] < 1e-4
 
 
 def test_prefetch_bench_verifies_and_times_every_pf_of_conv_and_gemm(scripts_on_path,

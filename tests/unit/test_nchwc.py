@@ -589,6 +589,56 @@ def test_grouped_convs_with_a_partial_last_block_take_zero_groups_into_its_paddi
     assert rel_l2(actual["y"], expected["y"]) <= 1e-5
 
 
+@pytest.mark.parametrize("impl", [*IMPLS, "micro.nchwc"])
+def test_groups_that_are_not_whole_blocks_join_the_layout_as_one_sparse_group(impl, rng):
+    """ShuffleNet's 68 channels a group are neither whole blocks nor a block's divisor:
+    such a conv joins the layout as one dense group, its filter zero outside the groups,
+    saying how many it had (`sparse_groups`: `micro.nchwc` reduces each tile over its
+    groups' input blocks only); no reorder around it, and the function kept."""
+    per_group = B + 2
+    c = 4 * per_group
+    layout, optimized, ops, feeds, expected = _laid_out(
+        _grouped_convs(rng, per_group, B, c), (1, 3, 13, 11), rng)
+    assert ops["wpk.nchwc:Conv"] == 3 and "Conv" not in ops
+    assert ops.get("wpk.nchwc:ReorderInput", 0) == 0 and ops["wpk.nchwc:ReorderOutput"] == 1
+    grouped = [node for node in optimized.nodes if node.op == "Conv"][1:]
+    assert [(n.attrs["group"], n.attrs.get("sparse_groups")) for n in grouped] == [(1, 4)] * 2
+    assert layout.hits["grouped Conv as one sparse group"] == 2
+    dense = optimized.constants[grouped[1].inputs[1]]
+    assert dense.shape == (c, c, 1, 1) and np.count_nonzero(dense) == c * per_group
+    actual = evaluate(optimized, feeds, impl)
+    assert rel_l2(actual["y"], expected["y"]) <= 1e-5
+
+
+def test_groups_whose_bands_cost_too_much_stay_nchw(rng):
+    """Groups of 3 channels: a block of outputs reads about 10 times its groups' inputs as
+    one dense group; onnxruntime's NCHW grouped conv keeps it."""
+    from wpk.passes.nchwc_rules import MAX_SPARSE_WORK, sparse_groups_fit
+
+    assert fmt.sparse_group_work(16 * 3, 16 * 3, 16, B) > MAX_SPARSE_WORK
+    assert not sparse_groups_fit(48, 48, 16, B)
+    layout, optimized, ops, feeds, expected = _laid_out(
+        _grouped_convs(rng, 3, B, 48), (1, 3, 13, 11), rng)
+    grouped = [n for n in optimized.nodes if n.op == "Conv" and n.attrs.get("group", 1) > 1]
+    assert [n.domain for n in grouped] == ["", ""]   # both stay onnxruntime's NCHW convs
+    assert "grouped Conv as one sparse group" not in layout.hits
+    actual = evaluate(optimized, feeds, "ort.nchwc")
+    assert rel_l2(actual["y"], expected["y"]) <= 1e-5
+
+
+def test_sparse_group_bands_and_their_cost():
+    """`group_band` of output channels [first, end): the input blocks of their groups;
+    `sparse_group_work` the bands' multiply-adds over the groups' own (ShuffleNet's)."""
+    assert fmt.group_band(0, 16, 272, 272, 4, 16) == (0, 5)      # group 0: channels 0-67
+    assert fmt.group_band(64, 80, 272, 272, 4, 16) == (0, 9)     # groups 0 and 1: 0-135
+    assert fmt.group_band(256, 272, 272, 272, 4, 16) == (12, 5)  # group 3: 204-271
+    assert fmt.group_band(16, 32, 24, 112, 4, 16) == (0, 1)      # groups 0-1 of 6 inputs
+    assert fmt.group_band(128, 144, 136, 136, 4, 16) == (6, 3)   # padding lanes: group 3's
+    assert fmt.sparse_group_work(64, 64, 4, 16) == 1.0          # whole blocks: no waste
+    assert 1.3 < fmt.sparse_group_work(272, 272, 4, 16) < 1.4
+    assert fmt.sparse_group_work(272, 272, 4, 8) < fmt.sparse_group_work(272, 272, 4, 16)
+
+
 def test_widened_groups_compute_the_same_conv_and_narrow_ones_stay_out(rng):
     from wpk.passes.nchwc_rules import block_groups, widen_groups
 

@@ -36,6 +36,7 @@ from wpk.kernels.cpu.inverted_residual_spec import (
     IR_OP,
     inverted_residual_reason,
 )
+from wpk.kernels.nchwc_format import SPARSE_GROUPS
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN
 from wpk.passes.fusion import FusionContext, FusionRule
 
@@ -102,7 +103,9 @@ def _conv(node: Node | None, kernel: int | tuple[int, ...], group_ok) -> bool:
 
 def _pointwise(node: Node | None, source: str | None = None) -> bool:
     """A plain 1x1 conv (reading `source` first, when given) with at most filter and bias."""
-    return _conv(node, 1, lambda n: int(n.attr("group", 1)) == 1) \
+    # (not a dense conv of sparse groups: the block's kernel would multiply their zeros)
+    return _conv(node, 1, lambda n: int(n.attr("group", 1)) == 1
+                 and not n.attr(SPARSE_GROUPS, 0)) \
         and tuple(node.attr("strides", (1, 1))) == (1, 1) \
         and tuple(node.attr("pads", (0, 0, 0, 0))) == (0, 0, 0, 0) \
         and (source is None or node.inputs[0] == source)

@@ -85,9 +85,12 @@ slower than the extra multiply-adds; a partial last block of whole groups first 
 with groups of zero weights and bias, `nchwc_rules.pad_groups`, whose outputs are the
 padding lanes: such a Conv's `channels` and filter count those lanes too; a widened
 Conv whose groups had as many inputs as outputs carries their width, `group_width`, so a
-generated kernel can skip the zeros); graphs with fewer than `NchwcOptions.min_convs`
-convertible convs are left alone, unless the one conv is a ViT's patch embedding (a stem
-reading the NCHW input, kernel = stride: one reorder, of its output).
+generated kernel can skip the zeros; groups that are neither, as ShuffleNet's 68 channels,
+one dense group, `nchwc_rules.sparse_groups_fit`, carrying their count, `sparse_groups`,
+a generated kernel reading each output block's band of input blocks only); graphs with
+fewer than `NchwcOptions.min_convs` convertible convs are left alone, unless the one conv
+is a ViT's patch embedding (a stem reading the NCHW input, kernel = stride: one reorder,
+of its output).
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.workload import EpilogueStep
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_DOMAIN, GROUP_NORM_OP
-from wpk.kernels.nchwc_format import CONV_ACTIVATIONS, GROUP_WIDTH
+from wpk.kernels.nchwc_format import CONV_ACTIVATIONS, GROUP_WIDTH, SPARSE_GROUPS
 from wpk.passes.base import GraphPass, drop_unused_constants, readers_of, subgraph_names
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_classifier import match_classifier
@@ -266,10 +269,16 @@ class NchwcLayout(GraphPass):
         x = node.inputs[0]
         x_in = rw.as_nchw(x) if mode == "nchw" else rw.as_blocked(x)
         w_name, b_name, conv_channels = node.inputs[1], conv_bias(g, node), channels
-        width = 0   # the channels of a narrow group widened to a block's, in as out
+        width = sparse = 0   # narrow groups' width, in as out; sparse groups' count
         if group > 1 and weight.shape[1] > 1:   # a grouped conv: groups of whole blocks
             merged = block_groups(weight.shape[1] * group, channels, group, rw.block)
-            if merged != group:
+            if not merged:   # groups that are not whole blocks: one dense group
+                sparse = group
+                w_name = self._constant(rw, f"{node.name}_dense_groups",
+                                        widen_groups(weight, group, 1))
+                group = 1
+                self.hit("grouped Conv as one sparse group")
+            elif merged != group:
                 bias = g.constants[b_name] if b_name else None
                 if weight.shape[0] == weight.shape[1] * group:
                     width = int(weight.shape[1])
@@ -297,6 +306,8 @@ class NchwcLayout(GraphPass):
         }
         if width:   # generated kernels skip the zeros (`micro.nchwc`'s narrow groups)
             attrs[GROUP_WIDTH] = width
+        if sparse:  # ... and the input blocks outside a tile's groups
+            attrs[SPARSE_GROUPS] = sparse
         out = rw.new_blocked(node.outputs[0], channels, dirty=dirty and not rest)
         conv_out = rw.blocked_tensor(f"{out}_conv", out_shape, channels) if rest else out
         rw.nodes.append(Node("Conv", inputs, [conv_out], node.name, attrs, NCHWC_DOMAIN,

@@ -166,7 +166,8 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     if group > 1:
         if per_group == 1 and out_channels == group == in_channels:
             return "blocked"  # depthwise
-        return "blocked" if block_groups(in_channels, out_channels, group, block) else ""
+        return "blocked" if block_groups(in_channels, out_channels, group, block) \
+            or sparse_groups_fit(in_channels, out_channels, group, block) else ""
     if x in blocked:
         return "blocked"  # already blocked: the packed filter is zero in its padding lanes
     if in_channels < block:
@@ -194,6 +195,24 @@ def block_groups(in_channels: int, out_channels: int, group: int, block: int) ->
     merged = fmt.round_up(in_channels, block) // block
     return merged if padded_out % merged == 0 and (padded_out // merged) % block == 0 \
         else 0
+
+
+# Groups that are not whole blocks (ShuffleNet's 34, 68 or 136 channels a group) go dense
+# (`widen_groups` to one group, `nchwc_format.SPARSE_GROUPS`) when the bands of input
+# blocks a kernel then reduces each output block over hold at most this many times the
+# groups' own multiply-adds: onnxruntime's NCHW kernel runs such 1x1 convs at 20-30% of
+# the FMA peak (ShuffleNet's, 52-66 GFLOP/s of 236 on two AVX-512 cores), the blocked
+# micro-kernel at 70-85%, and the layout change around the NCHW conv is gone.
+MAX_SPARSE_WORK = 4.0
+
+
+def sparse_groups_fit(in_channels: int, out_channels: int, group: int, block: int) -> bool:
+    """Whether a grouped conv whose groups are not whole blocks (`block_groups` 0) runs
+    blocked as one dense group with its filter zero outside the groups (`SPARSE_GROUPS`):
+    the bands of input blocks its output blocks read cost at most `MAX_SPARSE_WORK` times
+    the grouped conv's multiply-adds."""
+    return 1 < group < in_channels and in_channels % group == 0 and out_channels % group == 0 \
+        and fmt.sparse_group_work(in_channels, out_channels, group, block) <= MAX_SPARSE_WORK
 
 
 def _zero_groups(in_channels: int, per_group: int, block: int) -> int:

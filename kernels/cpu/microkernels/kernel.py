@@ -37,6 +37,7 @@ from wpk.kernels.cpu.microkernels.space import (
     conv_geometry,
     default_config,
     narrow_group_width,
+    sparse_group_count,
 )
 from wpk.kernels.cpu.microkernels.templates import conv_source, split_floats
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
@@ -55,7 +56,22 @@ def pack_conv_filter(weight: np.ndarray, g: ConvGeometry, lanes: int, kv: int) -
     padded = np.zeros((tiles * tk, blocks * g.in_block, r, s), np.float32)
     padded[:o, :i] = weight
     packed = padded.reshape(tiles, tk, blocks, g.in_block, r, s).transpose(0, 2, 4, 5, 3, 1)
+    if g.sparse_groups:
+        packed = _band_filter(packed, g.tile_bands(lanes, kv))
     return np.ascontiguousarray(packed)
+
+
+def _band_filter(packed: np.ndarray, bands: list[tuple[int, int]]) -> np.ndarray:
+    """A packed dense filter [tiles, CB, ...] cut to each tile's band of input blocks,
+    [tiles, widest band, ...] (zero past a narrower band); ValueError where a weight
+    outside its tile's band is not zero (the filter is not of those sparse groups)."""
+    widest = max(count for _, count in bands)
+    out = np.zeros((packed.shape[0], widest, *packed.shape[2:]), np.float32)
+    for t, (first, count) in enumerate(bands):
+        out[t, :count] = packed[t, first:first + count]
+        if np.count_nonzero(packed[t, :first]) or np.count_nonzero(packed[t, first + count:]):
+            raise ValueError("the filter is not zero outside its sparse groups")
+    return out
 
 
 def narrow_filter(weight: np.ndarray, width: int) -> np.ndarray:
@@ -134,14 +150,18 @@ class MicroNchwc(Implementation):
     def algorithm(self, workload: Workload, config: Mapping) -> str:
         """'depthwise', '1x1' or 'direct' (`conv_algorithm`), 'direct (NCHW input)' for a
         stem, 'grouped, N channels a group in a vector' for narrow groups (reduced like a
-        depthwise conv), with ', phase split' when the config splits a strided conv's input
-        (', padded input' for a stride-1 conv: its one phase)."""
+        depthwise conv), with ', N groups in bands of blocks' for sparse groups (each tile
+        reducing over its groups' input blocks), ', phase split' when the config splits a
+        strided conv's input (', padded input' for a stride-1 conv: its one phase)."""
         name = conv_algorithm(workload)
         if len(workload.inputs[0].shape) == 4:
             name = "direct (NCHW input)"
         width = narrow_group_width(workload)
         if width and not isinstance(width, str):
             name = f"grouped, {width} channels a group in a vector"
+        sparse = sparse_group_count(workload)
+        if sparse and not isinstance(sparse, str):
+            name = f"{name}, {sparse} groups in bands of blocks"
         if not int(config.get("split", 0) or 0):
             return name
         strided = any(int(v) > 1 for v in dict(workload.attrs).get("strides", (1, 1)))

@@ -251,7 +251,8 @@ def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: b
         store.append(f"    if (kt * KV + {j} < KVEC) {{")
         for p in range(np_):
             at = f"o{j} + {p} * BLK"
-            store.append(f"        if (c1 == CR) epilogue({acc[j][p]}, sum + {at}, y + {at});")
+            store.append(f"        if (c1 == TILE_CR(kt)) epilogue({acc[j][p]}, sum + {at}, "
+                         f"y + {at});")
             store.append(f"        else vstore(y + {at}, {acc[j][p]});")
         store.append("    }")
     row, column = (_PHASE_ROW, _PHASE_COLUMN) if phase else (_DIRECT_ROW, _DIRECT_COLUMN)
@@ -322,8 +323,9 @@ static void edge(const float *x, const float *w, const float *bias, const float 
 static void row(const float *x, const float *w, const float *bias, const float *sum, float *y,
                 {params}, int oh0, int oh1, int b0, int b1) {{
     int hi = b1 < OW_HI ? b1 : OW_HI;
-    for (int c0 = 0; c0 < PASSES * CBT; c0 += CBT) for (int oh = oh0; oh < oh1; ++oh) {{
-        int c1 = c0 + CBT < CR ? c0 + CBT : CR;
+    for (int c0 = 0; c0 < PASSES * CBT && c0 < {cr}; c0 += CBT)
+    for (int oh = oh0; oh < oh1; ++oh) {{
+        int c1 = c0 + CBT < {cr} ? c0 + CBT : {cr};
         int ow = b1 < OW_LO ? b1 : OW_LO;
         if (b0 < ow) edge(x, w, bias, sum, y, {args}, oh, b0, ow, c0, c1);
         ow = b0 > ow ? b0 : ow;
@@ -426,6 +428,20 @@ def _subsampled(g: ConvGeometry) -> ConvGeometry:
                    dh=1, dw=1, flattened=True)
 
 
+def _bands(g: ConvGeometry, bands: list[tuple[int, int]]) -> str:
+    """`GROUP_BASE(kt)` and `TILE_CR(kt)`: the first input block tile kt reduces from and
+    how many (its group's, CR a group; all of them, ungrouped; sparse groups: a table of
+    each tile's band, `ConvGeometry.tile_bands`)."""
+    if not g.sparse_groups:
+        return ("#define GROUP_BASE(kt) (GROUPS > 1 ? (kt) * TK / OCG * CR : 0)\n"
+                "#define TILE_CR(kt) CR\n")
+    first = ", ".join(str(b) for b, _ in bands)
+    counts = ", ".join(str(c) for _, c in bands)
+    return (f"static const int BAND_BASE[] = {{ {first} }};\n"
+            f"static const int BAND_BLOCKS[] = {{ {counts} }};\n"
+            "#define GROUP_BASE(kt) BAND_BASE[kt]\n#define TILE_CR(kt) BAND_BLOCKS[kt]\n")
+
+
 def conv_source(g: ConvGeometry, config: Mapping) -> str:
     """The C source of `wpk_micro_conv(x, w, bias, sum, y, scratch)` for `g` under `config`
     (ValueError for an invalid config); `scratch` holds `split_floats(g, config)` floats."""
@@ -434,7 +450,9 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         raise ValueError(reason)
     isa = ISAS[str(config["isa"])]
     lanes, kv, px, unroll = isa.lanes, int(config["kv"]), int(config["px"]), int(config["unroll"])
-    cbt = min(int(config["cbt"]), g.reduction_blocks)
+    bands = [] if g.within_vector else g.tile_bands(lanes, kv)
+    reduction = max(count for _, count in bands) if bands else g.reduction_blocks
+    cbt = min(int(config["cbt"]), reduction)
     split = bool(int(config["split"]))
     original, phase = g, split and (g.r, g.s) != (1, 1)
     if split and not phase:
@@ -463,9 +481,9 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KB=g.kb, OH=g.oh, OW=g.ow, R=g.r, S=g.s,
                    SH=g.sh, SW=g.sw, PT=g.pt, PL=g.pl, DH=g.dh, DW=g.dw, BLK=g.block, VW=lanes,
                    KV=kv, PX=px, TK=kv * lanes, KVEC=vectors, LG=g.block // lanes,
-                   CBT=cbt, PASSES=_ceil_div(g.reduction_blocks, cbt) if not g.within_vector
+                   CBT=cbt, PASSES=_ceil_div(reduction, cbt) if not g.within_vector
                    else 1, GW=g.taps_width,
-                   CR=g.reduction_blocks, GROUPS=g.groups,
+                   CR=reduction, GROUPS=g.groups,
                    OCG=g.group_vectors(lanes) * lanes,
                    HAS_BIAS=int(g.has_bias), OW_LO=lo, OW_HI=hi, CW=width, NCH=chunks,
                    UNITS=rows * chunks, ROWS=row_block, OHB=_ceil_div(g.oh, row_block),
@@ -482,8 +500,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
                        SPLIT_UNITS=g.n * g.cb * p["PA"] * p["PH"])
     parts = [VECTOR_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
-    # the first input block of tile kt's group (CR blocks a group; all of them ungrouped)
-    parts.append("#define GROUP_BASE(kt) (GROUPS > 1 ? (kt) * TK / OCG * CR : 0)\n")
+    parts.append(_bands(g, bands))
     parts.append(_group_lane(g.taps_width, lanes))
     parts.append(_epilogue(g))
     parts.append(tile("checked", 1, 1))
@@ -498,5 +515,6 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         parts.append(_SPLIT)
     pre = _SPLIT_CALL if split else "        const float *xin = x;"
     parts.append(_ROW.format(params=params, args=args, cases="\n".join(cases), decode=decode,
+                             cr="CR" if g.within_vector else "TILE_CR(kt)",
                              pre=pre, cuts=", ".join(str(c) for c in _edge_cuts(g))))
     return "".join(parts)
