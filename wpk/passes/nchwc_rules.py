@@ -200,9 +200,12 @@ def block_groups(in_channels: int, out_channels: int, group: int, block: int) ->
 # Groups that are not whole blocks (ShuffleNet's 34, 68 or 136 channels a group) go dense
 # (`widen_groups` to one group, `nchwc_format.SPARSE_GROUPS`) when the bands of input
 # blocks a kernel then reduces each output block over hold at most this many times the
-# groups' own multiply-adds: onnxruntime's NCHW kernel runs such 1x1 convs at 20-30% of
-# the FMA peak (ShuffleNet's, 52-66 GFLOP/s of 236 on two AVX-512 cores), the blocked
-# micro-kernel at 70-85%, and the layout change around the NCHW conv is gone.
+# groups' own multiply-adds. In ShuffleNet's plan onnxruntime's NCHW kernel ran its
+# grouped 1x1 convs at 52-66 GFLOP/s with a reorder on each side; the banded micro-kernel
+# runs them at 35-136 GFLOP/s of the groups' own multiply-adds (two AVX-512 cores; alone
+# 0.52-1.46x onnxruntime's grouped conv without its reorders), no reorder around them:
+# the untuned plan went from 1.5x onnxruntime's latency to a tie (docs/BENCHMARKS.md).
+# 4 lets in ShuffleNet's first one (24 -> 112 channels, 3.8x).
 MAX_SPARSE_WORK = 4.0
 
 
