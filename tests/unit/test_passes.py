@@ -296,11 +296,23 @@ def case_elementwise_chain(rng):
         {"elementwise_chain"}, {"Elementwise": 1}
 
 
-def gelu_tanh_case(c0: float):
-    """ONNX's own expansion of tanh-GELU; with another cubic factor it is no GELU, and the
-    chains left have operands naming the chain's input."""
+CUBES = {  # x^3 as exporters write it; "not_a_cube" multiplies x * x by another tensor
+    "pow": [h.make_node("Pow", ["x", "three"], ["cube"])],
+    "x_times_square": [h.make_node("Mul", ["x", "x"], ["sq"]),
+                       h.make_node("Mul", ["x", "sq"], ["cube"])],
+    "square_times_x": [h.make_node("Mul", ["x", "x"], ["sq"]),
+                       h.make_node("Mul", ["sq", "x"], ["cube"])],
+    "not_a_cube": [h.make_node("Mul", ["x", "x"], ["sq"]),
+                   h.make_node("Mul", ["sq", "z"], ["cube"])],
+}
+
+
+def gelu_tanh_case(c0: float, cube: str = "pow"):
+    """ONNX's own expansion of tanh-GELU (and TorchScript's, its cube written out as two
+    products); with another cubic factor, or a cube that is not x^3, it is no GELU, and
+    the chains left have operands naming the chain's input."""
     def case(rng):
-        nodes = [h.make_node("Pow", ["x", "three"], ["cube"]),
+        nodes = [*CUBES[cube],
                  h.make_node("Mul", ["c0", "cube"], ["cube_c0"]),
                  h.make_node("Sum", ["x", "cube_c0"], ["inner"]),
                  h.make_node("Mul", ["k", "inner"], ["arg"]), h.make_node("Tanh", ["arg"], ["t"]),
@@ -310,10 +322,12 @@ def gelu_tanh_case(c0: float):
         inits = {"three": np.float32(3), "c0": np.float32(c0),
                  "k": np.float32(math.sqrt(2 / math.pi)), "one": np.float32(1),
                  "half": np.float32(0.5)}
-        gelu = c0 == 0.044715
-        return build(nodes, {"x": [3, 5]}, {"y": 2}, inits), \
+        gelu = c0 == 0.044715 and cube != "not_a_cube"
+        inputs = {"x": [3, 5], "z": [3, 5]} if cube == "not_a_cube" else {"x": [3, 5]}
+        return build(nodes, inputs, {"y": 2}, inits), \
             {"gelu_tanh"} if gelu else {"elementwise_chain"}, \
-            {"Elementwise": 1 if gelu else 2}
+            {"Elementwise": 1} if gelu else \
+            {"Elementwise": 2, **({"Mul": 1} if cube == "not_a_cube" else {})}
     return case
 
 
@@ -552,6 +566,9 @@ CASES = {
     "elementwise_chain": case_elementwise_chain,
     "gelu_tanh_expanded": gelu_tanh_case(0.044715),
     "not_gelu_tanh_chains": gelu_tanh_case(0.05),
+    "gelu_tanh_cube_x_times_square": gelu_tanh_case(0.044715, "x_times_square"),
+    "gelu_tanh_cube_square_times_x": gelu_tanh_case(0.044715, "square_times_x"),
+    "not_gelu_tanh_square_times_z": gelu_tanh_case(0.044715, "not_a_cube"),
     "single_elementwise_stays": case_single_elementwise_stays,
     "transformer_blocks": case_transformer_blocks,
     "squeeze_excite": case_squeeze_excite,

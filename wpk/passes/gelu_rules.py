@@ -5,7 +5,9 @@
     tanh form: 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> Elementwise[gelu_tanh]
 
 The outer product is accepted in the orders exporters write it:
-(x * (1 + a)) * 0.5, (0.5 * (1 + a)) * x and (0.5 * x) * (1 + a).
+(x * (1 + a)) * 0.5, (0.5 * (1 + a)) * x and (0.5 * x) * (1 + a); the cube as Pow(x, 3)
+or written out as two products, x * (x * x) or (x * x) * x (TorchScript's export of
+GPT-2's `new_gelu`).
 """
 
 from __future__ import annotations
@@ -89,6 +91,22 @@ def match_gelu_erf(ctx: FusionContext, erf: Node):
     return None if tail is None else ("gelu", x, [scale, *tail])
 
 
+def _cube_of(ctx: FusionContext, cube: Node | None) -> tuple[str, list[Node]] | None:
+    """(x, the cube's nodes) when `cube` computes x^3: Pow(x, 3), x * (x * x) or
+    (x * x) * x, the square read by the cube alone; else None."""
+    x = _by_scalar(ctx, cube, "Pow", 3.0)
+    if x is not None:
+        return x, [cube]
+    inputs = _split(cube, "Mul")
+    if inputs is None:
+        return None
+    for x, square_name in (inputs, inputs[::-1]):
+        square = _producer(ctx, square_name, cube)
+        if _split(square, "Mul") == [x, x]:
+            return x, [cube, square]
+    return None
+
+
 def match_gelu_tanh(ctx: FusionContext, tanh: Node):
     """x and the pattern's nodes when `tanh` is the heart of a tanh-GELU, else None."""
     arg = _producer(ctx, tanh.inputs[0], tanh)
@@ -100,11 +118,13 @@ def match_gelu_tanh(ctx: FusionContext, tanh: Node):
         cubic = _producer(ctx, cubic_name, inner)
         cube_name = _by_scalar(ctx, cubic, "Mul", 0.044715)
         cube = _producer(ctx, cube_name, cubic) if cube_name else None
-        if cube is not None and _by_scalar(ctx, cube, "Pow", 3.0) == x:
+        found = _cube_of(ctx, cube)
+        if found is not None and found[0] == x:
             if ctx.graph.tensors[x].dtype not in FLOAT_DTYPES:
                 return None
             tail = _tail(ctx, tanh, x)
-            return None if tail is None else ("gelu_tanh", x, [arg, inner, cubic, cube, *tail])
+            return None if tail is None else ("gelu_tanh", x,
+                                              [arg, inner, cubic, *found[1], *tail])
     return None
 
 
