@@ -5,13 +5,20 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime
-from onnx import TensorProto, helper, numpy_helper
+import pytest
+from onnx import TensorProto, helper, numpy_helper, version_converter
 
 import wpk
 from tests.built_plans import FAST_BUILD
 from wpk.core.numerics import relative_l2
 from wpk.kernels import registry
-from wpk.kernels.cpu.ort_region import RegionMember, region_kernel, region_model, upgraded
+from wpk.kernels.cpu.ort_region import (
+    CONVERTED_WEIGHT_LIMIT,
+    RegionMember,
+    region_kernel,
+    region_model,
+    upgraded,
+)
 from wpk.runtime import Session, example_feeds
 
 
@@ -89,6 +96,41 @@ def test_upgraded_leaves_parts_whose_ops_did_not_change_alone():
     part = _opset11_model()
     del part.graph.node[1:]
     assert upgraded(part, 11, 18) is part
+
+
+@pytest.mark.parametrize("weight_listed_as_input", [False, True])
+def test_upgraded_converts_around_large_weights_and_keeps_them(weight_listed_as_input,
+                                                              monkeypatch):
+    """MatMul with a weight above CONVERTED_WEIGHT_LIMIT, then an opset-10 Clip (bounds as
+    attributes): at opset 13 the Clip reads its bounds as inputs, the weight is the same
+    initializer (the converter saw only its type), the graph inputs are the part's own
+    (IR 3's listing of the weight kept), and onnxruntime computes the original's answer."""
+    rng = np.random.default_rng(2)
+    value = rng.standard_normal((64, CONVERTED_WEIGHT_LIMIT // 32)).astype(np.float32)
+    weight = numpy_helper.from_array(value, "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 64])
+    inputs = [x, helper.make_tensor_value_info("w", TensorProto.FLOAT, list(value.shape))]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]),
+         helper.make_node("Clip", ["m"], ["y"], min=-0.5, max=0.5)], "big",
+        inputs if weight_listed_as_input else [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, value.shape[1]])], [weight])
+    part = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
+    part.ir_version = 5
+    seen = []
+    convert = version_converter.convert_version
+    monkeypatch.setattr(version_converter, "convert_version",
+                        lambda model, target: seen.append(model) or convert(model, target))
+    converted = upgraded(part, 10, 13)
+    assert [t.name for t in seen[0].graph.initializer] == []   # the converter's copy
+    clip = next(n for n in converted.graph.node if n.op_type == "Clip")
+    assert len(clip.input) == 3 and not clip.attribute
+    assert [v.name for v in converted.graph.input] == [v.name for v in part.graph.input]
+    (kept,) = [t for t in converted.graph.initializer if t.name == "w"]
+    assert kept.SerializeToString() == weight.SerializeToString()
+    data = rng.standard_normal((3, 64)).astype(np.float32)
+    (y,) = onnxruntime.InferenceSession(converted.SerializeToString()).run(None, {"x": data})
+    assert np.allclose(y, np.clip(data @ value, -0.5, 0.5), atol=1e-5)
 
 
 def test_onnxruntimes_own_layer_norm_before_opset_17_is_not_converted():
