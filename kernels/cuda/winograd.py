@@ -36,7 +36,13 @@ from wpk.dsl import compute as C
 from wpk.dsl.codegen_cuda import generate_cuda
 from wpk.dsl.epilogue import with_epilogue
 from wpk.dsl.toolchain_cuda import compile_cuda
-from wpk.kernels.cpu.microkernels.winograd_space import EPS32, SAFETY, amplification, transforms
+from wpk.kernels.cpu.microkernels.winograd_space import (
+    EPS32,
+    SAFETY,
+    amplification,
+    filter_transform,
+    transforms,
+)
 from wpk.kernels.cuda import analytic
 from wpk.kernels.cuda.cupy_support import require_cupy
 from wpk.kernels.cuda.generated import (
@@ -128,9 +134,9 @@ def _map(workload: Workload, m: int) -> WinogradMapping:
 def winograd_constants(weight: np.ndarray, m: int) -> dict[str, np.ndarray]:
     """BT, AT (float32) and the transformed filter U = G g G^T, [(m+2)^2, K, C], computed
     in float64 and stored as float32."""
-    bt, g, at = transforms(m)
+    bt, _, at = transforms(m)
     k, c = weight.shape[:2]
-    u = np.einsum("ir,kcrs,js->ijkc", g, np.asarray(weight, np.float64), g)
+    u = filter_transform(weight, m)
     return {"BT": bt.astype(np.float32), "AT": at.astype(np.float32),
             "U": np.ascontiguousarray(u.reshape((m + 2) ** 2, k, c), np.float32)}
 

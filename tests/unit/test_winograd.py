@@ -26,17 +26,14 @@ from wpk.core.workload import EpilogueStep
 from wpk.kernels import registry
 from wpk.kernels.cpu.microkernels.isa import ISAS, usable_isas
 from wpk.kernels.cpu.microkernels.space import conv_geometry
-from wpk.kernels.cpu.microkernels.winograd import (
-    MICRO_WINOGRAD,
-    WinogradKernels,
-    transform_filter,
-)
+from wpk.kernels.cpu.microkernels.winograd import MICRO_WINOGRAD, WinogradKernels
 from wpk.kernels.cpu.microkernels.winograd_space import (
     WinogradSpace,
     amplification,
     config_reason,
     default_config,
     error_bound,
+    filter_transform,
     transforms,
 )
 from wpk.kernels.cpu.microkernels.winograd_templates import gemm_chunk, winograd_source
@@ -164,16 +161,21 @@ def test_a_config_without_the_local_knob_is_a_shared_round_one(rng):
 
 
 def test_transforms_compute_the_correlation_exactly_in_float64(rng):
-    """A^T [(G g G^T) * (B^T d B)] A is the 3x3 correlation of one (m+2)^2 tile."""
+    """A^T [(G g G^T) * (B^T d B)] A is the 3x3 correlation of one (m+2)^2 tile, for
+    every filter of a 3 x 2 weight (`filter_transform`'s [m+2, m+2, O, I] layout)."""
     for m in (2, 4):
-        bt, _, at = transforms(m)
+        bt, g, at = transforms(m)
         d = rng.standard_normal((m + 2, m + 2))
-        w = rng.standard_normal((1, 1, 3, 3))
-        u = transform_filter(w, m)[:, :, 0, 0]
-        got = at @ (u * (bt @ d @ bt.T)) @ at.T
-        direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * w[0, 0]) for j in range(m)]
-                           for i in range(m)])
-        np.testing.assert_allclose(got, direct, rtol=1e-12, atol=1e-12)
+        w = rng.standard_normal((3, 2, 3, 3))
+        transformed = filter_transform(w, m)
+        assert transformed.shape == (m + 2, m + 2, 3, 2)
+        for o, c in np.ndindex(3, 2):
+            u = transformed[:, :, o, c]
+            np.testing.assert_allclose(u, g @ w[o, c] @ g.T, rtol=1e-12, atol=1e-12)
+            got = at @ (u * (bt @ d @ bt.T)) @ at.T
+            direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * w[o, c]) for j in range(m)]
+                               for i in range(m)])
+            np.testing.assert_allclose(got, direct, rtol=1e-12, atol=1e-12)
 
 
 def test_error_bound_grows_with_the_reduction_and_the_tile():

@@ -33,7 +33,7 @@ from wpk.kernels.cpu.microkernels.winograd_space import (
     config_reason,
     default_config,
     error_bound,
-    transforms,
+    filter_transform,
     winograd_reason,
 )
 from wpk.kernels.cpu.microkernels.winograd_templates import (
@@ -44,12 +44,6 @@ from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
 
-def transform_filter(weight: np.ndarray, m: int) -> np.ndarray:
-    """OIHW 3x3 -> [m+2, m+2, O, I]: G g G^T of every filter, computed in float64."""
-    g = transforms(m)[1]
-    return np.einsum("ir,kcrs,js->ijkc", g, weight.astype(np.float64), g)
-
-
 def pack_winograd_filter(weight: np.ndarray, geometry: ConvGeometry, m: int, lanes: int,
                          kv: int) -> np.ndarray:
     """The transformed filter as the GEMM reads it: [(m+2)^2, KT, CB * block, kv * lanes]
@@ -58,7 +52,7 @@ def pack_winograd_filter(weight: np.ndarray, geometry: ConvGeometry, m: int, lan
     tk = kv * lanes
     kt = -(-geometry.out_vectors(lanes) // kv)
     t2 = (m + 2) ** 2
-    u = transform_filter(weight, m).reshape(t2, *weight.shape[:2])
+    u = filter_transform(weight, m).reshape(t2, *weight.shape[:2])
     padded = np.zeros((t2, kt * tk, geometry.cb * geometry.block), np.float32)
     padded[:, : weight.shape[0], : weight.shape[1]] = u
     packed = padded.reshape(t2, kt, tk, -1).transpose(0, 1, 3, 2)
