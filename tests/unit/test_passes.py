@@ -307,6 +307,32 @@ CUBES = {  # x^3 as exporters write it; "not_a_cube" multiplies x * x by another
 }
 
 
+def gelu_fast_case(square: str, valid: bool = True):
+    """Hugging Face's FastGELU, 0.5 x (1 + tanh(x k (1 + c x x))), its c x x grouped as
+    `square` says; with 0.05 for c it is no GELU."""
+    def case(rng):
+        c = "c0" if valid else "c1"
+        squares = {"c_times_square": [h.make_node("Mul", ["x", "x"], ["sq"]),
+                                      h.make_node("Mul", [c, "sq"], ["term"])],
+                   "scaled_times_x": [h.make_node("Mul", [c, "x"], ["cx"]),
+                                      h.make_node("Mul", ["cx", "x"], ["term"])],
+                   "x_times_scaled": [h.make_node("Mul", ["x", c], ["cx"]),
+                                      h.make_node("Mul", ["x", "cx"], ["term"])]}
+        nodes = [h.make_node("Mul", ["x", "k"], ["xk"]), *squares[square],
+                 h.make_node("Add", ["one", "term"], ["poly"]),
+                 h.make_node("Mul", ["xk", "poly"], ["arg"]), h.make_node("Tanh", ["arg"], ["t"]),
+                 h.make_node("Add", ["t", "one"], ["phi"]),
+                 h.make_node("Mul", ["x", "half"], ["hx"]),
+                 h.make_node("Mul", ["hx", "phi"], ["y"])]
+        inits = {"c0": np.float32(0.044715), "c1": np.float32(0.05),
+                 "k": np.float32(math.sqrt(2 / math.pi)), "one": np.float32(1),
+                 "half": np.float32(0.5)}
+        return build(nodes, {"x": [3, 5]}, {"y": 2}, inits), \
+            {"gelu_tanh"} if valid else {"elementwise_chain"}, \
+            {"Elementwise": 1 if valid else 3}
+    return case
+
+
 def gelu_tanh_case(c0: float, cube: str = "pow"):
     """ONNX's own expansion of tanh-GELU (and TorchScript's, its cube written out as two
     products); with another cubic factor, or a cube that is not x^3, it is no GELU, and
@@ -569,6 +595,10 @@ CASES = {
     "gelu_tanh_cube_x_times_square": gelu_tanh_case(0.044715, "x_times_square"),
     "gelu_tanh_cube_square_times_x": gelu_tanh_case(0.044715, "square_times_x"),
     "not_gelu_tanh_square_times_z": gelu_tanh_case(0.044715, "not_a_cube"),
+    "gelu_fast_c_times_square": gelu_fast_case("c_times_square"),
+    "gelu_fast_scaled_times_x": gelu_fast_case("scaled_times_x"),
+    "gelu_fast_x_times_scaled": gelu_fast_case("x_times_scaled"),
+    "not_gelu_fast_other_factor": gelu_fast_case("scaled_times_x", valid=False),
     "single_elementwise_stays": case_single_elementwise_stays,
     "transformer_blocks": case_transformer_blocks,
     "squeeze_excite": case_squeeze_excite,

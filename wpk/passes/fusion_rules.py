@@ -471,7 +471,8 @@ PATTERN_RULES = (
     _rule("gelu_erf", {"Erf"}, match_gelu_erf, rewrite_gelu,
           "0.5 * x * (1 + Erf(x / sqrt(2))) -> Elementwise[gelu]"),
     _rule("gelu_tanh", {"Tanh"}, match_gelu_tanh, rewrite_gelu,
-          "0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> Elementwise[gelu_tanh]"),
+          "0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3))), or with the argument "
+          "factored as (x sqrt(2/pi)) (1 + 0.044715 x x) -> Elementwise[gelu_tanh]"),
     _rule("layer_norm", {"Div"}, match_layer_norm, rewrite_layer_norm,
           "(x - mean) / sqrt(var + eps) [* gamma] [+ beta] -> LayerNormalization"),
     _rule("layer_norm_reciprocal", {"Reciprocal"}, match_layer_norm_reciprocal,

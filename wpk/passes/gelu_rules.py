@@ -3,11 +3,12 @@
 
     erf form:  0.5 * x * (1 + Erf(x / sqrt(2)))                      -> Elementwise[gelu]
     tanh form: 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> Elementwise[gelu_tanh]
+               or factored, Tanh((x * sqrt(2/pi)) * (1 + 0.044715 * x * x)) (FastGELU)
 
 The outer product is accepted in the orders exporters write it:
 (x * (1 + a)) * 0.5, (0.5 * (1 + a)) * x and (0.5 * x) * (1 + a); the cube as Pow(x, 3)
-or written out as two products, x * (x * x) or (x * x) * x (TorchScript's export of
-GPT-2's `new_gelu`).
+or written out as two products, x * (x * x) or (x * x) * x (the TorchScript exporter's
+`F.gelu(x, approximate="tanh")` below opset 20).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from wpk.core.workload import EpilogueStep
 from wpk.passes.base import FLOAT_DTYPES
 from wpk.passes.elementwise import make_elementwise
 from wpk.passes.fusion import FusionContext
+
+SQRT_2_PI = math.sqrt(2 / math.pi)
+GELU_CUBIC = 0.044715
 
 
 def _is_scalar(ctx: FusionContext, name: str | None, expected: float) -> bool:
@@ -107,25 +111,69 @@ def _cube_of(ctx: FusionContext, cube: Node | None) -> tuple[str, list[Node]] | 
     return None
 
 
-def match_gelu_tanh(ctx: FusionContext, tanh: Node):
-    """x and the pattern's nodes when `tanh` is the heart of a tanh-GELU, else None."""
-    arg = _producer(ctx, tanh.inputs[0], tanh)
-    inner_name = _by_scalar(ctx, arg, "Mul", math.sqrt(2 / math.pi))
+def _cubic_form(ctx: FusionContext, arg: Node | None) -> tuple[str, list[Node]] | None:
+    """(x, nodes) when `arg` is sqrt(2/pi) * (x + 0.044715 * x^3), else None."""
+    inner_name = _by_scalar(ctx, arg, "Mul", SQRT_2_PI)
     inner = _producer(ctx, inner_name, arg) if inner_name else None
     if _split(inner, "Add") is None:
         return None
     for x, cubic_name in (inner.inputs, inner.inputs[::-1]):
         cubic = _producer(ctx, cubic_name, inner)
-        cube_name = _by_scalar(ctx, cubic, "Mul", 0.044715)
+        cube_name = _by_scalar(ctx, cubic, "Mul", GELU_CUBIC)
         cube = _producer(ctx, cube_name, cubic) if cube_name else None
         found = _cube_of(ctx, cube)
         if found is not None and found[0] == x:
-            if ctx.graph.tensors[x].dtype not in FLOAT_DTYPES:
-                return None
-            tail = _tail(ctx, tanh, x)
-            return None if tail is None else ("gelu_tanh", x,
-                                              [arg, inner, cubic, *found[1], *tail])
+            return x, [inner, cubic, *found[1]]
     return None
+
+
+def _scaled_square(ctx: FusionContext, node: Node | None) -> tuple[str, list[Node]] | None:
+    """(x, nodes) when `node` is 0.044715 * x * x in any grouping: c * (x * x),
+    (x * x) * c, (c * x) * x or x * (c * x); else None."""
+    inputs = _split(node, "Mul")
+    if inputs is None:
+        return None
+    rest = _by_scalar(ctx, node, "Mul", GELU_CUBIC)
+    if rest is not None:
+        square = _producer(ctx, rest, node)
+        inputs = _split(square, "Mul")
+        return (inputs[0], [node, square]) if inputs and inputs[0] == inputs[1] else None
+    for scaled_name, x in (inputs, inputs[::-1]):
+        scaled = _producer(ctx, scaled_name, node)
+        if scaled is not None and _by_scalar(ctx, scaled, "Mul", GELU_CUBIC) == x:
+            return x, [node, scaled]
+    return None
+
+
+def _fast_form(ctx: FusionContext, arg: Node | None) -> tuple[str, list[Node]] | None:
+    """(x, nodes) when `arg` is (x * sqrt(2/pi)) * (1 + 0.044715 * x * x), the same
+    value factored (Hugging Face's FastGELU), else None."""
+    inputs = _split(arg, "Mul")
+    if inputs is None:
+        return None
+    for scaled_name, poly_name in (inputs, inputs[::-1]):
+        scaled = _producer(ctx, scaled_name, arg)
+        x = _by_scalar(ctx, scaled, "Mul", SQRT_2_PI)
+        poly = _producer(ctx, poly_name, arg)
+        if x is None or _split(poly, "Add") is None:
+            continue
+        for one, term_name in (poly.inputs, poly.inputs[::-1]):
+            found = _scaled_square(ctx, _producer(ctx, term_name, poly)) if _is_scalar(
+                ctx, one, 1.0) else None
+            if found is not None and found[0] == x:
+                return x, [scaled, poly, *found[1]]
+    return None
+
+
+def match_gelu_tanh(ctx: FusionContext, tanh: Node):
+    """x and the pattern's nodes when `tanh` is the heart of a tanh-GELU, else None."""
+    arg = _producer(ctx, tanh.inputs[0], tanh)
+    found = _cubic_form(ctx, arg) or _fast_form(ctx, arg)
+    if found is None or ctx.graph.tensors[found[0]].dtype not in FLOAT_DTYPES:
+        return None
+    x, nodes = found
+    tail = _tail(ctx, tanh, x)
+    return None if tail is None else ("gelu_tanh", x, [arg, *nodes, *tail])
 
 
 def rewrite_gelu(ctx: FusionContext, act: Node, found) -> None:
