@@ -95,6 +95,13 @@ def match_gelu_erf(ctx: FusionContext, erf: Node):
     return None if tail is None else ("gelu", x, [scale, *tail])
 
 
+def _square(ctx: FusionContext, name: str, user: Node) -> Node | None:
+    """The node computing `name` as x * x, read by `user` alone, else None."""
+    node = _producer(ctx, name, user)
+    inputs = _split(node, "Mul")
+    return node if inputs is not None and inputs[0] == inputs[1] else None
+
+
 def _cube_of(ctx: FusionContext, cube: Node | None) -> tuple[str, list[Node]] | None:
     """(x, the cube's nodes) when `cube` computes x^3: Pow(x, 3), x * (x * x) or
     (x * x) * x, the square read by the cube alone; else None."""
@@ -105,8 +112,8 @@ def _cube_of(ctx: FusionContext, cube: Node | None) -> tuple[str, list[Node]] | 
     if inputs is None:
         return None
     for x, square_name in (inputs, inputs[::-1]):
-        square = _producer(ctx, square_name, cube)
-        if _split(square, "Mul") == [x, x]:
+        square = _square(ctx, square_name, cube)
+        if square is not None and square.inputs[0] == x:
             return x, [cube, square]
     return None
 
@@ -135,9 +142,8 @@ def _scaled_square(ctx: FusionContext, node: Node | None) -> tuple[str, list[Nod
         return None
     rest = _by_scalar(ctx, node, "Mul", GELU_CUBIC)
     if rest is not None:
-        square = _producer(ctx, rest, node)
-        inputs = _split(square, "Mul")
-        return (inputs[0], [node, square]) if inputs and inputs[0] == inputs[1] else None
+        square = _square(ctx, rest, node)
+        return None if square is None else (square.inputs[0], [node, square])
     for scaled_name, x in (inputs, inputs[::-1]):
         scaled = _producer(ctx, scaled_name, node)
         if scaled is not None and _by_scalar(ctx, scaled, "Mul", GELU_CUBIC) == x:
@@ -158,8 +164,9 @@ def _fast_form(ctx: FusionContext, arg: Node | None) -> tuple[str, list[Node]] |
         if x is None or _split(poly, "Add") is None:
             continue
         for one, term_name in (poly.inputs, poly.inputs[::-1]):
-            found = _scaled_square(ctx, _producer(ctx, term_name, poly)) if _is_scalar(
-                ctx, one, 1.0) else None
+            if not _is_scalar(ctx, one, 1.0):
+                continue
+            found = _scaled_square(ctx, _producer(ctx, term_name, poly))
             if found is not None and found[0] == x:
                 return x, [scaled, poly, *found[1]]
     return None
