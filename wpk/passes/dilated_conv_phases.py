@@ -13,7 +13,8 @@ two copies of whole blocks around a conv every kernel family may compute (the pl
 measures them as for any conv; the end-to-end check keeps onnxruntime's model when the
 whole is not faster).
 
-Only where it is exact and can pay: a blocked group-1 3x3 stride-1 `wpk.nchwc` Conv with
+Only where it is exact and can pay: a blocked group-1 3x3 stride-1 `wpk.nchwc` Conv (not a
+grouped conv the layout made one: groups widened to blocks, or sparse groups in bands) with
 equal dilations d > 1, pads that are multiples of d, input and output sides that are
 multiples of d, phase images of at least `MIN_PHASE_SIDE` pixels a side (smaller ones
 leave a Winograd tile mostly empty), and no residual operand (its epilogue is bias and
@@ -25,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from wpk.core.graph import Graph, Node, TensorInfo
+from wpk.kernels.nchwc_format import GROUP_WIDTH, SPARSE_GROUPS
 from wpk.passes.base import GraphPass, add_constant
 from wpk.passes.nchwc_rewrite import NCHWC_DOMAIN
 
@@ -43,7 +45,8 @@ def phase_dilation(graph: Graph, node: Node) -> int:
     dilations = tuple(node.attr("dilations", (1, 1)))
     if len(x) != 5 or len(y) != 5 or tuple(node.attr("kernel_shape", ())) != (3, 3) \
             or tuple(node.attr("strides", (1, 1))) != (1, 1) or int(node.attr("group", 1)) != 1 \
-            or len(dilations) != 2 or dilations[0] != dilations[1] or dilations[0] < 2:
+            or len(dilations) != 2 or dilations[0] != dilations[1] or dilations[0] < 2 \
+            or node.attr(GROUP_WIDTH, 0) or node.attr(SPARSE_GROUPS, 0):
         return 0
     d = int(dilations[0])
     sides = (x[2], x[3], y[2], y[3])
