@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wpk.core.epilogue import FAKE_QUANT
+from wpk.core.epilogue import FAKE_QUANT, epilogue_op
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.microkernels.isa import ISAS, Isa, isa_named, usable_isas
 from wpk.kernels.cpu.nchwc import activation_attrs, conv_epilogue_form
@@ -78,7 +78,8 @@ ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh")
 # ... and those MLAS has no form of (wpk step name -> the name the epilogue knows)
 # The parameters of `fake_quant` as `templates.activation_lines` takes them, in order
 FAKE_QUANT_PARAMS = ("scale", "zero_point", "low", "high")
-VECTOR_ACTIVATIONS = {"silu": "Silu", "hard_swish": "HardSwish", "gelu": "Gelu"}
+VECTOR_ACTIVATIONS = {"silu": "Silu", "hard_swish": "HardSwish", "gelu": "Gelu",
+                      "quick_gelu": "QuickGelu", "mish": "Mish"}
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,9 @@ def step_activation(step) -> tuple[str | None, tuple[float, ...]] | str:
     vector form."""
     if step is None:
         return None, ()
-    if step.op in VECTOR_ACTIVATIONS:
-        return VECTOR_ACTIVATIONS[step.op], ()
+    if step.op in VECTOR_ACTIVATIONS:   # their attributes in the row's order (QuickGelu's alpha)
+        values = epilogue_op(step.op).attr_values(dict(step.attrs))
+        return VECTOR_ACTIVATIONS[step.op], tuple(float(v) for v in values.values())
     if step.op == FAKE_QUANT:
         return "FakeQuant", tuple(float(step.attr(k)) for k in FAKE_QUANT_PARAMS)
     attrs = activation_attrs(step)
@@ -466,7 +468,10 @@ def _sparse_tile(geometry: ConvGeometry, isa: Isa, tile: dict) -> dict:
     reuses each broadcast input once; on ShuffleNet's seven grouped 1x1 convs (two
     AVX-512 threads, the fastest of 300 calls each, 2026-12-03) two vectors by 8 pixels
     ran 0.99-1.19x as fast as MLAS's tile (1 or 3 vectors by 6), within 4% of the best of
-    16 tiles on each but one (the 24->112 channel conv: 8%). On AVX2 not measured."""
+    16 tiles on each but one (the 24->112 channel conv: 8%). On AVX2 not measured. A
+    strided KxK one keeps the two vectors in the strided tile (whose own rule, vector counts
+    dividing the output's, gave one-vector tiles for AVX2's 3-vector outputs: see
+    `_tile_height` for what those cost)."""
     return dict(tile, kv=2, px=_widest_px(geometry, isa, 2, SPARSE_PX))
 
 
@@ -534,8 +539,9 @@ def default_config(geometry: ConvGeometry, isa_name: str | None = None) -> dict:
         tile = _sparse_tile(geometry, isa, tile)
     if geometry.strided and (geometry.r, geometry.s) == (1, 1):
         tile["split"] = 1
-    elif geometry.strided and not geometry.nchw_input:
-        tile = _strided_tile(geometry, isa, _whole_kvs(geometry, isa))
+    elif geometry.strided and not geometry.nchw_input:   # sparse groups keep their height
+        kvs = [tile["kv"]] if geometry.sparse_groups else _whole_kvs(geometry, isa)
+        tile = _strided_tile(geometry, isa, kvs)
     elif splittable(geometry) and not geometry.nchw_input and isa.registers < 32:
         tile = _padded_tile(geometry, isa, tile)
     if geometry.groups > 1 and (geometry.r, geometry.s) != (1, 1):
