@@ -35,11 +35,13 @@ from wpk.core.errors import ShapeError
 
 SUPPORTED_BLOCKS = (4, 8, 16)
 # The activations (wpk epilogue step names) a blocked Conv carries after [add]: those MLAS
-# fuses into its NCHWc conv, and the exporters' SiLU, HardSwish and (erf) GELU, which wpk's
-# micro-kernels apply on the registers and onnxruntime's candidate as one node after its conv
+# fuses into its NCHWc conv, and the exporters' SiLU, HardSwish, (erf) GELU, QuickGELU and
+# Mish, which wpk's micro-kernels apply on the registers and onnxruntime's candidate as the
+# step's nodes after its conv
 MLAS_CONV_ACTIVATIONS = frozenset({"relu", "clip", "leaky_relu", "tanh", "sigmoid",
                                    "hard_sigmoid"})
-CONV_ACTIVATIONS = MLAS_CONV_ACTIVATIONS | {"silu", "hard_swish", "gelu", "fake_quant"}
+CONV_ACTIVATIONS = MLAS_CONV_ACTIVATIONS | {"silu", "hard_swish", "gelu", "quick_gelu", "mish",
+                                           "fake_quant"}
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -43,6 +43,7 @@ from wpk.kernels.cpu.nchwc_standard import (
 )
 from wpk.kernels.cpu.node_model import OnnxPart
 from wpk.kernels.cpu.ort_node import session_options
+from wpk.kernels.epilogue import epilogue_onnx_nodes
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
 
 NCHWC_DOMAIN = "wpk.nchwc"
@@ -57,13 +58,12 @@ _UPSAMPLE_MODES = {"nearest": ("asymmetric",),
 
 # A blocked Conv's activation (`fmt.CONV_ACTIVATIONS`): MLAS fuses those of
 # `fmt.MLAS_CONV_ACTIVATIONS`, naming each as its ONNX op with the op's attributes (Clip's as
-# in opsets 6-10) as activation_params; onnxruntime's candidate runs the others as this node
-# (op, attributes, domain) after its conv, in the same session (fake_quant as the
-# QuantizeLinear and DequantizeLinear it stands for: `fake_quant_nodes`)
-_NODE_ACTIVATIONS = {"silu": ("QuickGelu", {"alpha": 1.0}, ONNXRUNTIME_DOMAIN),
-                     "hard_swish": ("HardSwish", {}, ""),
-                     "gelu": ("Gelu", {}, ONNXRUNTIME_DOMAIN)}   # erf's, not tanh's
-assert set(_NODE_ACTIVATIONS) | {FAKE_QUANT} == fmt.CONV_ACTIVATIONS - fmt.MLAS_CONV_ACTIVATIONS
+# in opsets 6-10) as activation_params; onnxruntime's candidate runs the others as the step's
+# nodes after its conv, in the same session (`epilogue_onnx_nodes` at this opset: SiLU and
+# QuickGELU as onnxruntime's QuickGelu, GELU as its Gelu, HardSwish as one node, Mish as its
+# formula; fake_quant as the QuantizeLinear and DequantizeLinear it stands for:
+# `fake_quant_nodes`)
+_NODE_ACTIVATION_OPSET = 17
 _ATTRIBUTES_OPSET = 10  # the last opset where Clip's bounds are attributes
 
 
@@ -94,8 +94,8 @@ def conv_epilogue_form(workload: Workload) -> tuple[int | None, object | None] |
     """Split a Conv epilogue into (Sum operand index, activation step), or say why it can't.
 
     MLAS computes act(conv + bias + sum): an optional `add` of a blocked
-    operand first, then at most one activation, one MLAS fuses or SiLU/HardSwish/GELU (which
-    onnxruntime's candidate runs as a node after the conv).
+    operand first, then at most one activation, one MLAS fuses or SiLU/HardSwish/GELU/
+    QuickGELU/Mish (which onnxruntime's candidate runs as their nodes after the conv).
     """
     steps = list(workload.epilogue)
     sum_index = None
@@ -248,19 +248,20 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
     while node_inputs[-1] == "":
         node_inputs.pop()
     quantized = act is not None and act.op == FAKE_QUANT
-    after = _NODE_ACTIVATIONS.get(act.op) if act is not None else None
+    after = act is not None and not quantized and act.op not in fmt.MLAS_CONV_ACTIVATIONS
     nodes = [helper.make_node(op, node_inputs, ["c" if after or quantized else "y"],
                               domain=ORT_NCHWC_DOMAIN, **attrs)]
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)]
+    opsets = [helper.make_opsetid("", _NODE_ACTIVATION_OPSET),
+              helper.make_opsetid(ORT_NCHWC_DOMAIN, 1)]
     if quantized:
         pair, constants = fake_quant_nodes(act, "c", "y")
         nodes += pair
         initializers += constants
     if after:
-        act_op, act_attrs, act_domain = after
-        nodes.append(helper.make_node(act_op, ["c"], ["y"], domain=act_domain, **act_attrs))
-        if act_domain:
-            opsets.append(helper.make_opsetid(act_domain, 1))
+        nodes += epilogue_onnx_nodes([act], "c", [], "y", "act_", opset=_NODE_ACTIVATION_OPSET,
+                                     onnxruntime=True)
+        if any(node.domain == ONNXRUNTIME_DOMAIN for node in nodes):
+            opsets.append(helper.make_opsetid(ONNXRUNTIME_DOMAIN, 1))
     graph_inputs = [helper.make_tensor_value_info("x", 1, _ort_shape(workload.inputs[0].shape))]
     feeds.insert(0, ("x", 0))
     for name, index in feeds[1:]:

@@ -124,7 +124,8 @@ ACTIVATIONS = {
     "tanh": EpilogueStep("tanh"), "leaky_relu": EpilogueStep("leaky_relu", (("alpha", 0.2),)),
     "clip": EpilogueStep("clip", (("max", 0.7), ("min", -0.3))),
     "hard_swish": EpilogueStep("hard_swish"), "silu": EpilogueStep("silu"),
-    "gelu": EpilogueStep("gelu"),
+    "gelu": EpilogueStep("gelu"), "mish": EpilogueStep("mish"),
+    "quick_gelu": EpilogueStep("quick_gelu", (("alpha", 1.702),)),
 }
 
 

@@ -48,6 +48,7 @@ ATTR_CASES = {
     "clip": [(("min", -0.5), ("max", 1.0)), (("min", -0.5),), (("max", 1.0),)],
     "leaky_relu": [(("alpha", 0.2),)],
     "hard_sigmoid": [(("alpha", 0.3), ("beta", 0.6))],
+    "quick_gelu": [(("alpha", 1.0),), (("alpha", -0.75),)],
     # a power-of-two scale: x / scale is exact in float32 and float64 alike, no rounding flips
     "fake_quant": [(("scale", 0.25), ("zero_point", 3.0), ("low", -128.0), ("high", 127.0))],
 }

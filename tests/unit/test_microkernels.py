@@ -142,6 +142,10 @@ CASES = {
     "3x3_residual_gelu": conv(20, 2 * B + 3, (7, 9), 3, residual=True,
                               epilogue=(ADD3, EpilogueStep("gelu"))),
     "1x1_stride2_gelu": conv(3 * B, 24, (9, 8), 1, stride=2, epilogue=(EpilogueStep("gelu"),)),
+    # CLIP's QuickGELU and YOLOv4's Mish
+    "3x3_residual_quick_gelu": conv(20, 2 * B + 3, (7, 9), 3, residual=True, epilogue=(
+        ADD3, EpilogueStep("quick_gelu", (("alpha", 1.702),)))),
+    "1x1_stride2_mish": conv(3 * B, 24, (9, 8), 1, stride=2, epilogue=(EpilogueStep("mish"),)),
     "depthwise_3x3": conv(40, 40, (9, 8), 3, group=40, epilogue=(RELU,)),
     "depthwise_3x3_stride2_tanh": conv(3 * B, 3 * B, (11, 12), 3, stride=2, group=3 * B,
                                        epilogue=(EpilogueStep("tanh"),)),
@@ -621,27 +625,42 @@ def test_configs_without_the_prefetch_knob_build_the_kernel_they_built_before():
 
 
 def _float64_activation(step: str):
-    from math import erf, exp, sqrt, tanh
+    from math import erf, exp, log1p, sqrt, tanh
 
-    return {"gelu": lambda v: v * (1 + erf(v / sqrt(2))) / 2, "tanh": tanh,
-            "sigmoid": lambda v: 1 / (1 + exp(-v)) if v > -700 else 0.0}[step]
+    def sigmoid(v):
+        return 1 / (1 + exp(-v)) if v > -700 else 0.0
+
+    def softplus(v):
+        return v + log1p(exp(-v)) if v > 0 else log1p(exp(v))
+
+    return {"gelu": lambda v: v * (1 + erf(v / sqrt(2))) / 2, "tanh": tanh, "sigmoid": sigmoid,
+            # alpha as the kernel reads it, a float32 (e^(alpha x) magnifies its rounding)
+            "quick_gelu": lambda v: v * sigmoid(float(np.float32(QUICK_GELU_ALPHA)) * v),
+            "mish": lambda v: v * tanh(softplus(v))}[step]
 
 
-@pytest.mark.parametrize("step", ["gelu", "tanh", "sigmoid"])
+QUICK_GELU_ALPHA = 1.702
+EXTREME_STEPS = {"gelu": EpilogueStep("gelu"), "tanh": EpilogueStep("tanh"),
+                 "sigmoid": EpilogueStep("sigmoid"), "mish": EpilogueStep("mish"),
+                 "quick_gelu": EpilogueStep("quick_gelu", (("alpha", QUICK_GELU_ALPHA),))}
+
+
+@pytest.mark.parametrize("step", sorted(EXTREME_STEPS))
 @pytest.mark.parametrize("isa", USABLE)
 def test_vector_activations_match_their_definition_on_extreme_inputs(isa, step):
     """The epilogue's GELU (a vector erf: Abramowitz and Stegun's 7.1.26 on the vector exp
-    and reciprocal), tanh and sigmoid as compiled for each ISA against their definitions in
-    float64, from -200 to 200, near 0 (tanh's two formulas meet at 1/4) and at +-0: within
-    2e-7 |x| (GELU's erf) plus a few float32 ulp; NaN stays NaN."""
+    and reciprocal), tanh, sigmoid, QuickGELU and Mish (x p / (p + 2), p = e^x (e^x + 2)) as
+    compiled for each ISA against their definitions in float64, from -200 to 200, near 0
+    (tanh's two formulas meet at 1/4) and at +-0: within 2e-7 |x| (GELU's erf) plus a few
+    float32 ulp; NaN stays NaN."""
     import ctypes
 
     from wpk.dsl.toolchain import compile_c, load_function
     from wpk.kernels.cpu.microkernels.templates import VECTOR_HEADER, _epilogue
 
     lanes = ISAS[isa].lanes
-    g = geometry(conv(B, B, (3, 3), 1, epilogue=(EpilogueStep(step),)))
-    assert g.activation.lower() == step
+    g = geometry(conv(B, B, (3, 3), 1, epilogue=(EXTREME_STEPS[step],)))
+    assert g.activation.lower() == step.replace("_", "")
     source = (VECTOR_HEADER.format(lanes=lanes) + _epilogue(g)
               + "void wpk_act(float *x, int n) {\n"
                 f"    for (int i = 0; i < n; i += {lanes}) epilogue(vload(x + i), 0, x + i);\n}}\n")
@@ -659,8 +678,10 @@ def test_vector_activations_match_their_definition_on_extreme_inputs(isa, step):
     expected = np.array([_float64_activation(step)(v) for v in x])
     assert np.all(np.isfinite(got))
     error = np.abs(got - expected)
-    bound = 4 * np.finfo(np.float32).eps * np.abs(expected) + (
-        2e-7 * np.abs(x) if step == "gelu" else 1e-30)
+    eps = np.finfo(np.float32).eps
+    bound = 4 * eps * np.abs(expected) + (2e-7 * np.abs(x) if step == "gelu" else 1e-30)
+    if step == "quick_gelu":   # alpha x rounded to float32 moves e^(alpha x) by |alpha x| eps/2
+        bound += eps * np.abs(QUICK_GELU_ALPHA * x * expected)
     assert np.all(error <= bound), (x[error > bound][:5], got[error > bound][:5])
 
 

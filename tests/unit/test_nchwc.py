@@ -135,6 +135,12 @@ WORKLOADS = {
         EpilogueStep("hard_sigmoid", (("alpha", 0.3),)),)),
     "conv_clip_max_only": _conv_workload(B, 2 * B, 6, 1, 1, 0, epilogue=(
         EpilogueStep("clip", (("max", 0.5),)),)),
+    # activations MLAS has no form of: onnxruntime's candidate runs their nodes after its conv
+    # (QuickGelu for SiLU and QuickGELU, Gelu, HardSwish, Mish as its formula)
+    **{f"conv_residual_{step.op}": _conv_workload(B, 20, 6, 3, 1, 1, residual=True,
+                                                  epilogue=(ADD3, step))
+       for step in (EpilogueStep("silu"), EpilogueStep("gelu"), EpilogueStep("hard_swish"),
+                    EpilogueStep("quick_gelu", (("alpha", 1.702),)), EpilogueStep("mish"))},
     "maxpool": _pool_workload("MaxPool", 40, 9, 5, kernel_shape=(3, 3), strides=(2, 2),
                               pads=(1, 1, 1, 1)),
     "maxpool_ceil": _pool_workload("MaxPool", 32, 8, 4, kernel_shape=(3, 3), strides=(2, 2),

@@ -229,6 +229,43 @@ def case_silu_alone(rng):
     return build(nodes, {"x": [2, 7]}, {"y": 2}), {"silu"}, {"Elementwise": 1}
 
 
+def quick_gelu_case(order: str):
+    """CLIP's QuickGELU after a MatMul, x * Sigmoid(1.702 * x), in the product orders
+    exporters write; "z" gates x by another tensor's sigmoid (no QuickGELU), "one" scales
+    by 1 (silu, `test_quick_gelu_by_one_is_silu`)."""
+    def case(rng):
+        scale = {"c_x": ["alpha", "g"], "x_c": ["g", "alpha"], "z": ["z", "alpha"],
+                 "one": ["g", "unit"]}[order]
+        gate = ["s", "g"] if order != "x_c" else ["g", "s"]
+        nodes = [h.make_node("MatMul", ["x", "W"], ["g"]), h.make_node("Mul", scale, ["a"]),
+                 h.make_node("Sigmoid", ["a"], ["s"]), h.make_node("Mul", gate, ["y"])]
+        inits = {"W": weights(rng, 8, 5), "alpha": np.float32(1.702), "unit": np.float32(1)}
+        inputs = {"x": [3, 8], **({"z": [3, 5]} if order == "z" else {})}
+        if order == "z":   # one chain of three steps, the gate's Mul among them
+            return build(nodes, inputs, {"y": 2}, inits), {"elementwise_chain"}, \
+                {"MatMul": 1, "Elementwise": 1}
+        if order == "one":
+            graph = build(nodes, inputs, {"y": 2}, inits)
+            return graph, {"quick_gelu", "epilogue_activation"}, {"MatMul": 1}
+        return build(nodes, inputs, {"y": 2}, inits), \
+            {"quick_gelu", "epilogue_activation"}, {"MatMul": 1}
+    return case
+
+
+def mish_case(gated_by: str):
+    """The TorchScript exporter's Mish below opset 18, x * Tanh(Softplus(x)), after a Conv
+    (into its epilogue); gated by another tensor ("z") it is no Mish."""
+    def case(rng):
+        nodes = [conv(), h.make_node("Softplus", ["c"], ["sp"]),
+                 h.make_node("Tanh", ["sp"], ["t"]), h.make_node("Mul", [gated_by, "t"], ["y"])]
+        inputs = {**X4, **({"z": [1, 4, 6, 6]} if gated_by == "z" else {})}
+        graph = build(nodes, inputs, {"y": 4}, conv_inits(rng, bn=False))
+        if gated_by == "z":   # one chain of three steps, the gate's Mul among them
+            return graph, {"elementwise_chain"}, {"Conv": 1, "Elementwise": 1}
+        return graph, {"mish", "epilogue_activation"}, {"Conv": 1}
+    return case
+
+
 def case_hard_swish(rng):
     nodes = [conv(), h.make_node("HardSigmoid", ["c"], ["s1"], alpha=1 / 6, beta=0.5),
              h.make_node("Mul", ["c", "s1"], ["y"])]
@@ -569,6 +606,13 @@ CASES = {
     "conv_silu": case_conv_silu,
     "silu_alone": case_silu_alone,
     "hard_swish": case_hard_swish,
+    "quick_gelu_c_x": quick_gelu_case("c_x"),
+    "quick_gelu_x_c": quick_gelu_case("x_c"),
+    "not_quick_gelu_other_gate": quick_gelu_case("z"),
+    "quick_gelu_by_one_is_silu": quick_gelu_case("one"),
+    "mish": mish_case("c"),
+    "not_mish_other_gate": mish_case("z"),
+    "mish_op": activation_case([h.make_node("Mish", ["c"], ["y"])], opset=18),
     "gelu_div_first": gelu_case("div_first"),
     "gelu_half_last_x": gelu_case("half_last_x"),
     "gelu_half_x_first": gelu_case("half_x_first"),
@@ -627,6 +671,16 @@ def test_fusion_case(case, rng):
     for rule in rules:
         assert report.rules[rule] >= 1, f"rule {rule} did not fire: {report.rules}"
     assert_equivalent(graph, optimized, rng)
+
+
+def test_quick_gelu_by_one_is_silu(rng):
+    """x * Sigmoid(1 * x) becomes silu, the step the blocked convs have a vector form of;
+    1.702 stays quick_gelu with its alpha."""
+    for order, op, attrs in (("one", "silu", {}), ("c_x", "quick_gelu", {"alpha": 1.702})):
+        graph, _, _ = quick_gelu_case(order)(rng)
+        (node,) = optimize(graph, target=TARGET)[0].nodes
+        assert [step.op for step in node.epilogue] == [op]
+        assert dict(node.epilogue[0].attrs) == pytest.approx(attrs)
 
 
 def test_a_layer_norm_whose_mean_is_read_elsewhere_is_not_fused(rng):

@@ -266,6 +266,14 @@ def _gelu_tanh(b: Builder, x):
     return b.mul(b.mul(b.const(0.5), x), b.add(b.const(1.0), b.call("tanh", inner)))
 
 
+def _quick_gelu(b: Builder, x, alpha):
+    return b.mul(x, b.call("sigmoid", b.mul(alpha, x)))
+
+
+def _mish(b: Builder, x):
+    return b.mul(x, b.call("tanh", _softplus(b, x)))
+
+
 def _softplus(b: Builder, x):  # max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|
     tail = b.call("log1p", b.call("exp", b.call("neg", b.call("abs", x))))
     return b.add(b.max(x, b.const(0.0)), tail)
@@ -306,6 +314,9 @@ _ROWS = (
     EpilogueOp("silu", 1, lambda b, x: b.mul(x, b.call("sigmoid", x)),
                onnxruntime=OnnxForm("QuickGelu", fixed=(("alpha", 1.0, 1.702),),
                                     domain=ONNXRUNTIME_DOMAIN)),
+    # x * sigmoid(alpha * x): CLIP's QuickGELU (alpha 1.702), Swish with a beta; no ONNX op
+    EpilogueOp("quick_gelu", 1, _quick_gelu, (("alpha", 1.702),),
+               onnxruntime=OnnxForm("QuickGelu", attrs=(_ALPHA,), domain=ONNXRUNTIME_DOMAIN)),
     _unary("tanh", "Tanh"),
     EpilogueOp("hard_sigmoid", 1, _hard_sigmoid, (("alpha", 0.2), ("beta", 0.5)),
                OnnxForm("HardSigmoid", attrs=(_ALPHA, _BETA))),
@@ -322,6 +333,7 @@ _ROWS = (
     _unary("abs", "Abs"),
     _unary("erf", "Erf", since=9),
     _unary("softplus", "Softplus", _softplus),
+    _unary("mish", "Mish", _mish, since=18),   # x * tanh(softplus(x))
     # no ONNX form: the pair of nodes it stands for (`wpk.passes.quantize_dequantize`)
     EpilogueOp(FAKE_QUANT, 1, _fake_quant, (("scale", 1.0), ("zero_point", 0.0),
                                               ("low", 0.0), ("high", 255.0))),

@@ -29,7 +29,12 @@ from wpk.passes.elementwise import (
     operand_names,
 )
 from wpk.passes.fusion import FusionContext, FusionRule
-from wpk.passes.gelu_rules import match_gelu_erf, match_gelu_tanh, rewrite_gelu
+from wpk.passes.gelu_rules import (
+    match_gelu_erf,
+    match_gelu_tanh,
+    match_quick_gelu,
+    rewrite_gelu,
+)
 from wpk.passes.group_norm_rules import (
     is_group_norm_node,
     match_group_norm,
@@ -372,6 +377,26 @@ def _gate_pattern(step: str, check=lambda node: True):
     return match, rewrite
 
 
+def _match_mish(ctx: FusionContext, softplus: Node):
+    """x * Tanh(Softplus(x)), the TorchScript exporter's Mish below opset 18: the Mul."""
+    tanh = _consumer(ctx, softplus, frozenset({"Tanh"}))
+    if tanh is None or ctx.graph.tensors[softplus.inputs[0]].dtype not in FLOAT_DTYPES:
+        return None
+    mul = _consumer(ctx, tanh, frozenset({"Mul"}))
+    if mul is None or _other_input(mul, tanh.outputs[0]) != softplus.inputs[0]:
+        return None
+    return tanh, mul
+
+
+def _rewrite_mish(ctx: FusionContext, softplus: Node, found) -> None:
+    tanh, mul = found
+    new = make_elementwise(softplus.name, softplus.inputs[0], [(EpilogueStep("mish"), None)], [])
+    softplus.op, softplus.domain, softplus.inputs, softplus.attrs = (
+        new.op, new.domain, new.inputs, {})
+    softplus.epilogue = new.epilogue
+    ctx.absorb(softplus, mul, remove=[tanh])
+
+
 def _hard_swish_gate(node: Node) -> bool:
     return (math.isclose(node.attr("alpha", 0.2), 1 / 6, rel_tol=1e-3)
             and math.isclose(node.attr("beta", 0.5), 0.5, rel_tol=1e-3))
@@ -468,6 +493,10 @@ PATTERN_RULES = (
     _rule("silu", {"Sigmoid"}, *_silu, "x * Sigmoid(x) -> Elementwise[silu]"),
     _rule("hard_swish", {"HardSigmoid"}, *_hard_swish,
           "x * HardSigmoid(x; 1/6, 1/2) -> Elementwise[hard_swish]"),
+    _rule("quick_gelu", {"Sigmoid"}, match_quick_gelu, rewrite_gelu,
+          "x * Sigmoid(alpha * x), alpha a scalar -> Elementwise[quick_gelu]"),
+    _rule("mish", {"Softplus"}, _match_mish, _rewrite_mish,
+          "x * Tanh(Softplus(x)) -> Elementwise[mish]"),
     _rule("gelu_erf", {"Erf"}, match_gelu_erf, rewrite_gelu,
           "0.5 * x * (1 + Erf(x / sqrt(2))) -> Elementwise[gelu]"),
     _rule("gelu_tanh", {"Tanh"}, match_gelu_tanh, rewrite_gelu,

@@ -5,6 +5,8 @@
     tanh form: 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> Elementwise[gelu_tanh]
                or factored, Tanh((x * sqrt(2/pi)) * (1 + 0.044715 * x * x)) (FastGELU)
 
+    quick form: x * Sigmoid(alpha * x), alpha a scalar (CLIP's 1.702) -> Elementwise[quick_gelu]
+
 The outer product is accepted in the orders exporters write it:
 (x * (1 + a)) * 0.5, (0.5 * (1 + a)) * x and (0.5 * x) * (1 + a); the cube as Pow(x, 3)
 or written out as two products, x * (x * x) or (x * x) * x (the TorchScript exporter's
@@ -92,7 +94,7 @@ def match_gelu_erf(ctx: FusionContext, erf: Node):
     if x is None or ctx.graph.tensors[x].dtype not in FLOAT_DTYPES:
         return None
     tail = _tail(ctx, erf, x)
-    return None if tail is None else ("gelu", x, [scale, *tail])
+    return None if tail is None else (EpilogueStep("gelu"), x, [scale, *tail])
 
 
 def _square(ctx: FusionContext, name: str, user: Node) -> Node | None:
@@ -180,14 +182,36 @@ def match_gelu_tanh(ctx: FusionContext, tanh: Node):
         return None
     x, nodes = found
     tail = _tail(ctx, tanh, x)
-    return None if tail is None else ("gelu_tanh", x, [arg, *nodes, *tail])
+    return None if tail is None else (EpilogueStep("gelu_tanh"), x, [arg, *nodes, *tail])
+
+
+def match_quick_gelu(ctx: FusionContext, sigmoid: Node):
+    """x and the pattern's nodes when `sigmoid` is the gate of x * Sigmoid(alpha * x) (each
+    product in either order; alpha a finite scalar constant; silu when it is 1), else None.
+    Without the scale, x * Sigmoid(x) is the `silu` rule's."""
+    scale = _producer(ctx, sigmoid.inputs[0], sigmoid)
+    inputs = _split(scale, "Mul")
+    mul = _consumer(ctx, sigmoid, "Mul")
+    if inputs is None or mul is None:
+        return None
+    for x, factor in (inputs, inputs[::-1]):
+        alpha = ctx.const(factor)
+        if alpha is None or alpha.size != 1 or ctx.const(x) is not None:
+            continue
+        alpha = float(alpha.reshape(-1)[0])
+        if (math.isfinite(alpha) and _other(mul, sigmoid.outputs[0]) == x
+                and ctx.graph.tensors[x].dtype in FLOAT_DTYPES):
+            step = EpilogueStep("silu") if alpha == 1.0 else EpilogueStep(
+                "quick_gelu", (("alpha", alpha),))
+            return step, x, [scale, mul]
+    return None
 
 
 def rewrite_gelu(ctx: FusionContext, act: Node, found) -> None:
     """Turn the activation node into Elementwise[step] over x; the other nodes go."""
     step, x, nodes = found
     last = max(nodes, key=ctx.position)
-    new = make_elementwise(act.name, x, [(EpilogueStep(step), None)], [])
+    new = make_elementwise(act.name, x, [(step, None)], [])
     act.op, act.domain, act.inputs, act.attrs, act.epilogue = (
         new.op, new.domain, new.inputs, {}, new.epilogue)
     ctx.absorb(act, last, remove=[n for n in nodes if n is not last])

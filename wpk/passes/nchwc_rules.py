@@ -19,7 +19,7 @@ from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
 
 # Unary steps with f(0) == 0 (clip is checked on its bounds).
 _ZERO_UNARY = frozenset({"relu", "leaky_relu", "tanh", "neg", "abs", "silu", "gelu",
-                         "gelu_tanh", "hard_swish", "erf", "sqrt"})
+                         "gelu_tanh", "hard_swish", "quick_gelu", "mish", "erf", "sqrt"})
 _ZERO_BINARY_DATA = frozenset({"add", "sub", "mul", "max", "min"})
 
 

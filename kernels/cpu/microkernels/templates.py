@@ -114,6 +114,11 @@ def activation_lines(act: str | None, params: tuple[float, ...]) -> list[str]:
         return ["    v = v * vmin(vmax(v * (1.0f / 6.0f) + 0.5f, vsplat(0.0f)), vsplat(1.0f));"]
     if act == "Gelu":   # erf's: x (1 + erf(x / sqrt 2)) / 2
         return ["    v = v * (verf(v * 0.70710678118654752f) * 0.5f + 0.5f);"]
+    if act == "QuickGelu":   # x sigmoid(alpha x)
+        return [f"    v = v * vsigmoid(v * {p[0]});"]
+    if act == "Mish":   # x tanh(softplus(x)) = x p / (p + 2), p = e^x (e^x + 2); 1 from x = 20 on
+        return ["    { vf e = vexp(vmin(v, vsplat(20.0f))), q = e * (e + 2.0f);",
+                "      v = v * q * vrecip(q + 2.0f); }"]
     if act == "Sigmoid":   # NaN stays NaN (vsigmoid's clamp would make it 0)
         return ["    v = vsel(v != v, v, vsigmoid(v));"]
     if act == "Tanh":
