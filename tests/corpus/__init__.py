@@ -1,4 +1,4 @@
-"""The real-exporter corpus: twenty-one architectures as torch, paddle2onnx and tf2onnx emit them.
+"""The real-exporter corpus: twenty-three architectures as torch, paddle2onnx and tf2onnx emit them.
 
 Users judge wpk on models exported by torch (TorchScript and dynamo
 exporters), paddle2onnx and tf2onnx, so later optimisations are measured on
@@ -27,6 +27,8 @@ graphs in those exporters' spellings:
 | regnet (RegNet-Y-400MF: grouped 3x3 convs in groups of 8, squeeze-excite) | x | x | | |
 | unet (diffusion UNet: GroupNorm, SiLU, ConvTranspose, nearest Upsample, skip Concat) | x | x | | |
 | swin (Swin-T's first stage: windows shifted by `torch.roll`, relative bias) | x | x | | |
+| clip (CLIP's text encoder: QuickGELU as x * sigmoid(1.702 x), additive causal mask) | x | x | | |
+| cspdarknet (YOLOv4's backbone: Mish after every conv, CSP split and Concat) | x | x | | |
 
 and three post-training quantized models, the torchscript export quantized by onnxruntime's
 `quantize_static` (`quantized.py`): mobilenetv3 and resnext in its default QDQ format
@@ -54,7 +56,7 @@ import onnx
 
 ARCHITECTURES = ("mobilenetv3", "dbnet", "svtr", "vit", "convnext", "yolo", "yolopost",
                  "resnext", "speech", "deeplab", "espcn", "torchenc", "gpt", "crnn", "llama",
-                 "maxvit", "shufflenet", "regnet", "unet", "swin")
+                 "maxvit", "shufflenet", "regnet", "unet", "swin", "clip", "cspdarknet")
 TORCH_EXPORTERS = ("torchscript", "dynamo")
 SIZES = ("ci", "bench")
 TORCH_SEED = 0

@@ -1158,6 +1158,111 @@ class Swin(nn.Module):
 # -------------------------------------------------------------------- sizes
 
 
+# -------------------------------------------------------------------- CLIP
+
+
+class QuickGelu(nn.Module):
+    """CLIP's activation as OpenAI's code writes it: x * sigmoid(1.702 x)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+class ClipBlock(nn.Module):
+    """A CLIP text-encoder block: pre-norm attention over one packed QKV Linear under an
+    additive causal mask (-inf above the diagonal), an MLP with QuickGELU."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), QuickGelu(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.reshape(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.norm1(x)).chunk(3, dim=-1))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(c // self.heads) + mask
+        x = x + self.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.norm2(x))
+
+
+class ClipText(nn.Module):
+    """CLIP's text encoder over embedded tokens (the corpus feeds one float input): learned
+    positions, causal blocks, a final LayerNorm and the projection."""
+
+    def __init__(self, dim: int = 512, heads: int = 8, layers: int = 4, positions: int = 77):
+        super().__init__()
+        self.position = nn.Parameter(torch.randn(positions, dim) * 0.01)
+        self.blocks = nn.ModuleList(ClipBlock(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.projection = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        mask = torch.full((t, t), float("-inf")).triu(1)
+        x = x + self.position[:t]
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.projection(self.norm(x))
+
+
+# -------------------------------------------------------------------- CSPDarknet
+
+
+def conv_bn_mish(c_in: int, c_out: int, kernel: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2, bias=False),
+                         nn.BatchNorm2d(c_out), nn.Mish())
+
+
+class DarkResidual(nn.Module):
+    """Darknet's residual block: 1x1 and 3x3 convs with Mish, added to the input."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.block = nn.Sequential(conv_bn_mish(channels, channels, 1),
+                                   conv_bn_mish(channels, channels, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+class CspStage(nn.Module):
+    """A CSPDarknet stage (YOLOv4's backbone): a strided 3x3 conv, two 1x1 branches, one
+    through residual blocks, concatenated and mixed by a 1x1 conv."""
+
+    def __init__(self, c_in: int, c_out: int, blocks: int):
+        super().__init__()
+        half = c_out // 2
+        self.down = conv_bn_mish(c_in, c_out, 3, 2)
+        self.part1, self.part2 = conv_bn_mish(c_out, half, 1), conv_bn_mish(c_out, half, 1)
+        self.blocks = nn.Sequential(*(DarkResidual(half) for _ in range(blocks)))
+        self.mix = conv_bn_mish(c_out, c_out, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.down(x)
+        return self.mix(torch.cat([self.blocks(self.part1(x)), self.part2(x)], 1))
+
+
+class CspDarknet(nn.Module):
+    """YOLOv4's CSPDarknet backbone with a classifier head: Mish after every conv."""
+
+    def __init__(self, stem: int = 32, widths: tuple[int, ...] = (64, 128, 256, 512),
+                 blocks: tuple[int, ...] = (1, 2, 4, 2), classes: int = 1000):
+        super().__init__()
+        self.stem = conv_bn_mish(3, stem, 3)
+        stages, c_in = [], stem
+        for width, count in zip(widths, blocks):
+            stages.append(CspStage(c_in, width, count))
+            c_in = width
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Linear(c_in, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stages(self.stem(x)).mean((2, 3)))
+
+
 @dataclass(frozen=True)
 class NetSpec:
     """How to make one corpus network at one size: constructor arguments and input shape."""
@@ -1187,6 +1292,8 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "regnet": RegNetY,
     "unet": DiffusionUNet,
     "swin": Swin,
+    "clip": ClipText,
+    "cspdarknet": CspDarknet,
 }
 
 # "ci": a few MFLOPs, built and exported in seconds; "bench": the real model's scale
@@ -1227,6 +1334,9 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "unet": NetSpec({"widths": (16, 24), "groups": 4}, (1, 4, 16, 16)),
         "swin": NetSpec({"dim": 24, "heads": 2, "window": 4, "depth": 2, "classes": 10},
                         (1, 3, 32, 32)),
+        "clip": NetSpec({"dim": 32, "heads": 2, "layers": 2, "positions": 16}, (1, 16, 32)),
+        "cspdarknet": NetSpec({"stem": 8, "widths": (16, 32), "blocks": (1, 1), "classes": 10},
+                              (1, 3, 32, 32)),
     },
     "bench": {
         "mobilenetv3": NetSpec({}, (1, 3, 224, 224)),
@@ -1251,6 +1361,8 @@ SIZES: dict[str, dict[str, NetSpec]] = {
         "regnet": NetSpec({}, (1, 3, 224, 224)),
         "unet": NetSpec({}, (1, 4, 64, 64)),
         "swin": NetSpec({}, (1, 3, 224, 224)),
+        "clip": NetSpec({}, (1, 77, 512)),
+        "cspdarknet": NetSpec({}, (1, 3, 256, 256)),
     },
 }
 
