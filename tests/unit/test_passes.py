@@ -244,9 +244,6 @@ def quick_gelu_case(order: str):
         if order == "z":   # one chain of three steps, the gate's Mul among them
             return build(nodes, inputs, {"y": 2}, inits), {"elementwise_chain"}, \
                 {"MatMul": 1, "Elementwise": 1}
-        if order == "one":
-            graph = build(nodes, inputs, {"y": 2}, inits)
-            return graph, {"quick_gelu", "epilogue_activation"}, {"MatMul": 1}
         return build(nodes, inputs, {"y": 2}, inits), \
             {"quick_gelu", "epilogue_activation"}, {"MatMul": 1}
     return case

@@ -33,7 +33,7 @@ from wpk.passes.gelu_rules import (
     match_gelu_erf,
     match_gelu_tanh,
     match_quick_gelu,
-    rewrite_gelu,
+    rewrite_activation,
 )
 from wpk.passes.group_norm_rules import (
     is_group_norm_node,
@@ -378,23 +378,16 @@ def _gate_pattern(step: str, check=lambda node: True):
 
 
 def _match_mish(ctx: FusionContext, softplus: Node):
-    """x * Tanh(Softplus(x)), the TorchScript exporter's Mish below opset 18: the Mul."""
+    """x * Tanh(Softplus(x)), the TorchScript exporter's Mish below opset 18: (the step, x,
+    the Tanh and the Mul) for `rewrite_activation`."""
+    x = softplus.inputs[0]
     tanh = _consumer(ctx, softplus, frozenset({"Tanh"}))
-    if tanh is None or ctx.graph.tensors[softplus.inputs[0]].dtype not in FLOAT_DTYPES:
+    if tanh is None or ctx.graph.tensors[x].dtype not in FLOAT_DTYPES:
         return None
     mul = _consumer(ctx, tanh, frozenset({"Mul"}))
-    if mul is None or _other_input(mul, tanh.outputs[0]) != softplus.inputs[0]:
+    if mul is None or _other_input(mul, tanh.outputs[0]) != x:
         return None
-    return tanh, mul
-
-
-def _rewrite_mish(ctx: FusionContext, softplus: Node, found) -> None:
-    tanh, mul = found
-    new = make_elementwise(softplus.name, softplus.inputs[0], [(EpilogueStep("mish"), None)], [])
-    softplus.op, softplus.domain, softplus.inputs, softplus.attrs = (
-        new.op, new.domain, new.inputs, {})
-    softplus.epilogue = new.epilogue
-    ctx.absorb(softplus, mul, remove=[tanh])
+    return EpilogueStep("mish"), x, [tanh, mul]
 
 
 def _hard_swish_gate(node: Node) -> bool:
@@ -493,13 +486,13 @@ PATTERN_RULES = (
     _rule("silu", {"Sigmoid"}, *_silu, "x * Sigmoid(x) -> Elementwise[silu]"),
     _rule("hard_swish", {"HardSigmoid"}, *_hard_swish,
           "x * HardSigmoid(x; 1/6, 1/2) -> Elementwise[hard_swish]"),
-    _rule("quick_gelu", {"Sigmoid"}, match_quick_gelu, rewrite_gelu,
+    _rule("quick_gelu", {"Sigmoid"}, match_quick_gelu, rewrite_activation,
           "x * Sigmoid(alpha * x), alpha a scalar -> Elementwise[quick_gelu]"),
-    _rule("mish", {"Softplus"}, _match_mish, _rewrite_mish,
+    _rule("mish", {"Softplus"}, _match_mish, rewrite_activation,
           "x * Tanh(Softplus(x)) -> Elementwise[mish]"),
-    _rule("gelu_erf", {"Erf"}, match_gelu_erf, rewrite_gelu,
+    _rule("gelu_erf", {"Erf"}, match_gelu_erf, rewrite_activation,
           "0.5 * x * (1 + Erf(x / sqrt(2))) -> Elementwise[gelu]"),
-    _rule("gelu_tanh", {"Tanh"}, match_gelu_tanh, rewrite_gelu,
+    _rule("gelu_tanh", {"Tanh"}, match_gelu_tanh, rewrite_activation,
           "0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3))), or with the argument "
           "factored as (x sqrt(2/pi)) (1 + 0.044715 x x) -> Elementwise[gelu_tanh]"),
     _rule("layer_norm", {"Div"}, match_layer_norm, rewrite_layer_norm,

@@ -207,8 +207,9 @@ def match_quick_gelu(ctx: FusionContext, sigmoid: Node):
     return None
 
 
-def rewrite_gelu(ctx: FusionContext, act: Node, found) -> None:
-    """Turn the activation node into Elementwise[step] over x; the other nodes go."""
+def rewrite_activation(ctx: FusionContext, act: Node, found) -> None:
+    """Turn the activation node into Elementwise[step] over x; the other nodes go (`found`:
+    (step, x, nodes) as the matchers here and `fusion_rules`' Mish return it)."""
     step, x, nodes = found
     last = max(nodes, key=ctx.position)
     new = make_elementwise(act.name, x, [(step, None)], [])
