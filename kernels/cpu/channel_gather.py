@@ -178,7 +178,6 @@ def gather_kernel(workload: Workload):
 
     kernel.keep = (function, terms.perm)
     kernel.native = native
-    kernel.native_alone = True
     return kernel
 
 

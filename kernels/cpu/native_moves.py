@@ -198,9 +198,8 @@ def native_form(kernel, views, per_input: bool = False):
     """`kernel.native` of a data-movement step whose copies are the (source view,
     destination view) pairs `views(inputs, outputs)`: one `wpk_moves` call where every
     source is a view of the step's input (of its own input, one each: `per_input`, a
-    Concat), else None. Sets `kernel.native_alone`: the runtime calls the native form
-    even for a step outside a chain (faster than numpy's copy, `scripts/bench_moves.py`)."""
-    kernel.native_alone = True
+    Concat), else None. The runtime calls the native form even for a step outside a chain
+    (faster than numpy's copy, `scripts/bench_moves.py`)."""
 
     def native(inputs, outputs):
         pairs = views(inputs, outputs)

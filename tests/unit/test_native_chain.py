@@ -160,25 +160,31 @@ def test_a_yolo_plans_blocked_data_movement_joins_the_chain():
         assert relative_l2(ours[output], reference[output]) <= 1e-6, output
 
 
-def test_a_lone_data_movement_step_runs_its_native_form():
-    """A Transpose between two onnxruntime steps (no chain to join) still runs as
-    `wpk_moves` (its `native_alone`: faster than numpy's copy), named after its node, with
-    the outputs of the Python form; a lone step of another kernel stays a Python call."""
-    from onnx import TensorProto, helper
+@pytest.mark.parametrize("op,lone", [("Transpose", "numpy.copy"), ("MatMul", "micro.gemm")])
+def test_a_lone_native_step_runs_as_a_chain_of_one(op, lone):
+    """A step between two onnxruntime steps (no chain to join) still runs its native form,
+    named after its node, with the outputs of the Python form: a Transpose as `wpk_moves`
+    (faster than numpy's copy), a generated product without the wrapper's per-call work.
+    onnxruntime's steps stay Python calls."""
+    from onnx import TensorProto, helper, numpy_helper
 
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="first"),
-             helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 3, 1], name="move"),
-             helper.make_node("Sigmoid", ["b"], ["y"], name="last")]
+    transpose = op == "Transpose"
+    nodes = [helper.make_node("Softmax", ["x"], ["a"], name="first"),
+             helper.make_node(op, ["a"] if transpose else ["a", "w"], ["b"], name="move",
+                              **({"perm": [0, 2, 3, 1]} if transpose else {})),
+             helper.make_node("Softmax", ["b"], ["y"], name="last")]
+    weight = np.random.default_rng(0).standard_normal((48, 48)).astype(np.float32)
     graph = helper.make_graph(nodes, "lone", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, [1, 32, 40, 48])], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, [1, 40, 48, 32])])
+            "y", TensorProto.FLOAT, [1, 40, 48, 32] if transpose else [1, 32, 40, 48])],
+        [] if transpose else [numpy_helper.from_array(weight, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
                      partition=False)
-    impls = {"first": "ort", "move": "numpy.copy", "last": "ort"}
     for step in plan.manifest["steps"]:
-        step.update(impl=impls[step["node"]], config={},
-                    kind=registry.get(impls[step["node"]]).kind)
+        impl = registry.get(lone if step["node"] == "move" else "ort")
+        configs = impl.configs(plan.workloads[step["workload_key"]])
+        step.update(impl=impl.name, config=configs[0] if configs else {}, kind=impl.kind)
     chained, stepwise = Session(plan), Session(plan, merge_regions=False)
     assert chained._step_names == ["first", "move", "last"]
     kernel = chained._calls[1][0]
