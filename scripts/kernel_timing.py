@@ -25,13 +25,17 @@ def alternate_with_onnxruntime(ort_run: Callable[[], object],
                                own: dict[str, Callable[[], object]],
                                rounds: int) -> dict[str, list[float]]:
     """Seconds per call of onnxruntime's run and of each of `own`, in `rounds` blocks of as
-    many calls as fill 50 ms of onnxruntime's, a pause after onnxruntime's block so its
-    spinning threads stop before the others run."""
+    many calls as fill 50 ms of onnxruntime's, each block after a wait until the process's
+    threads are idle (`wait_until_idle`: onnxruntime's spin for 45-65 ms after its runs on
+    the 2-core VM; a fixed 50 ms pause left the block after it sharing the cores)."""
+    from wpk.core.idle import wait_until_idle
+
     repeat = repeat_for(ort_run)
     times: dict[str, list[float]] = {"onnxruntime": [], **{name: [] for name in own}}
     for _ in range(rounds):
+        wait_until_idle()
         times["onnxruntime"].append(per_call(ort_run, repeat))
-        time.sleep(0.05)
         for name, call in own.items():
+            wait_until_idle()
             times[name].append(per_call(call, repeat))
     return times

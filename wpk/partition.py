@@ -38,9 +38,11 @@ model.
    difference between that run and its default one (`literal_outputs`); onnxruntime's
    default run, what its users get, stays a contender, and the summary gives the
    differences;
-2. they are timed in blocks, the order rotating from round to round (a pause
-   before each block, its first run untimed, so one engine's spinning threads
-   do not land on the other's runs), medians over all blocks;
+2. they are timed in blocks, the order rotating from round to round (before each block
+   a wait until the process's threads are idle, `wpk.core.idle`: onnxruntime's spin for
+   45-65 ms after a run, longer than the fixed 50 ms pause this used to be, so wpk's
+   blocks after onnxruntime's shared the cores with a spinning thread; and each block's
+   first run untimed), medians over all blocks;
 3. the fastest of wpk's plans is wpk's; when its median is at least `margin` below
    onnxruntime's whole model's, it is timed again against the whole model alone
    (`confirm_blocks` rounds of the two: picking the fastest of several noisy plans
@@ -87,6 +89,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from wpk.core.idle import wait_until_idle
 from wpk.core.numerics import relative_l2
 from wpk.kernels import registry
 from wpk.plans.planfile import Plan
@@ -108,7 +111,8 @@ class PartitionOptions:
 
     blocks: int = 8            # alternating blocks per contender (VM noise: 5 flipped)
     runs: int = 6              # timed runs per block (after one untimed)
-    pause_s: float = 0.05      # before each block: a spinning peer's threads go to sleep
+    idle_s: float = 1.0        # before each block: wait at most this long for a spinning
+                               # peer's threads to stop (`wait_until_idle`)
     margin: float = 0.02       # wpk's plan must be this much faster to replace onnxruntime
     win_share: float = 0.75    # ... and the faster in this share of the rounds
     tolerance: float = 1e-4    # relative L2 between the two plans' outputs
@@ -120,8 +124,8 @@ class PartitionOptions:
     call_s: float = 20e-6      # what a step outside onnxruntime's regions costs: a call
 
 
-def _time_block(session: Session, feeds: dict, runs: int, pause_s: float) -> list[float]:
-    time.sleep(pause_s)
+def _time_block(session: Session, feeds: dict, runs: int, idle_s: float) -> list[float]:
+    wait_until_idle(idle_s)
     session.run(feeds)  # untimed: caches and thread pools warm after the pause
     times = []
     for _ in range(runs):
@@ -141,7 +145,7 @@ def measure_blocks(sessions: dict[str, Session], feeds: dict,
     for index in range(options.blocks):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
-            times[name] += _time_block(sessions[name], feeds, options.runs, options.pause_s)
+            times[name] += _time_block(sessions[name], feeds, options.runs, options.idle_s)
         if time.monotonic() - started > options.max_seconds:
             break
     return times
@@ -338,7 +342,7 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
     summary = {"compared": list(sessions), "rel_l2_between": difference,
                "boundaries": boundaries(per_op.report, options.call_s),
                "method": f"{options.blocks} blocks of {options.runs} runs per contender, "
-                         f"in rotating order, a {options.pause_s:g} s pause and one untimed "
+                         f"in rotating order, a wait until no thread spins and one untimed "
                          f"run before each; onnxruntime with its default options"}
     if literal is not None:
         summary.update(rel_l2_literal=literal, rel_l2_onnxruntime_spread=spread)
