@@ -11,7 +11,8 @@ runs with as many OpenMP threads, called as a plan calls it (its native form thr
 chain driver: no Python wrapper). Each kernel is checked against the float64
 reference first; the fused kernel's schedule is the fastest of its configs
 (`attention_configs`, measured briefly, as the planner would). Then the two
-alternate in blocks (a pause after onnxruntime's, whose threads spin) and the
+alternate in blocks (each after a wait until no thread spins: onnxruntime's do after
+its runs) and the
 medians of the blocks give the ratio; the issue's goal is >= 1.5x.
 
     python scripts/bench_attention.py [--threads 2] [--rounds 9] [--no-mask | --causal] [--json F]

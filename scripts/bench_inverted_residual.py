@@ -13,7 +13,8 @@ options (all graph optimizations, spinning threads) and `--threads` intra-op
 threads; the fused kernel runs with as many OpenMP threads, its schedule the
 fastest of a few configs measured briefly (the default first), as a tuned
 build would pick. Both are checked against the float64 reference first. Then
-they alternate in blocks (a pause after onnxruntime's, whose threads spin);
+they alternate in blocks (each after a wait until no thread spins: onnxruntime's do
+after its runs);
 the medians give the ratio (> 1: the fused kernel is faster). Goal (issue 11):
 median >= 1.3x on MobileNet-v2's blocks (the other nets: no goal, the ratio shown).
 

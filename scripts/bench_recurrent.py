@@ -8,8 +8,9 @@ with its default options (all graph optimizations, spinning threads) and `--thre
 intra-op threads, the way its users run it; recurrent.c runs with as many OpenMP threads,
 its faster config (`par` 1 or 0) picked briefly as the planner would. Both are checked
 against the float64 reference (onnx.reference in float64) first, on inputs drawn as the
-build draws them (`wpk.kernels.random_inputs`). Then they alternate in blocks (a pause
-after onnxruntime's, whose threads spin) and the medians of the blocks give the ratio.
+build draws them (`wpk.kernels.random_inputs`). Then they alternate in blocks (each after a
+wait until no thread spins: onnxruntime's do after its runs) and the medians of the blocks
+give the ratio.
 
     python scripts/bench_recurrent.py [--threads 2] [--rounds 9] [--json F]
 
