@@ -112,6 +112,7 @@ typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 typedef int vi __attribute__((vector_size(VW * 4)));
 #define UNROLL _Pragma("GCC unroll 16")
+#define UNROLL4 _Pragma("GCC unroll 4")
 /* the micro-kernels keep their own functions: inlined into the query tile's loop, gcc
    spilled the score tile's query vectors to the stack (10-20% slower without a mask) */
 #define NOINLINE __attribute__((noinline))
@@ -225,6 +226,7 @@ NOINLINE static void scores(const float *k, const float *qt, const float *mask,
                 UNROLL for (int n = 0; n < NR; ++n)
                     acc[r][n] = ROW_MASK ? vload(mt + (j + r) * TQ + i0 + n * VW)
                                          : vsplat(kmask[r]);
+            UNROLL4   /* 4 steps a loop: 4-15% faster than gcc's 1 on the AVX2 VM */
             for (int d = 0; d < D; ++d) {
                 vf qv[NR];
                 UNROLL for (int n = 0; n < NR; ++n) {
@@ -428,6 +430,7 @@ NOINLINE static void accumulate(const float *p, const float *v, int j0, int jn,
                 UNROLL for (int n = 0; n < NV; ++n)
                     acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW) * a;
             }
+            UNROLL4
             for (int j = 0; j < jn; ++j) {
                 const float *vrow = v + (size_t)(j0 + j) * V_STEP + d0;
                 vf vv[NV];
