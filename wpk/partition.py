@@ -126,7 +126,7 @@ class PartitionOptions:
 
 def _time_block(session: Session, feeds: dict, runs: int, idle_s: float) -> list[float]:
     wait_until_idle(idle_s)
-    session.run(feeds)  # untimed: caches and thread pools warm after the pause
+    session.run(feeds)  # untimed: caches and thread pools warm after the wait
     times = []
     for _ in range(runs):
         start = time.perf_counter()
