@@ -68,12 +68,16 @@ def test_a_workload_run_inside_an_onnxruntime_region_is_not_timed():
     """Three MatMuls, the first two in one onnxruntime region: the region's call has no
     time per step, so neither workload is timed (the even one has a step in it too)."""
     plan = wpk.build(two_workloads(3), target="cpu", progress=False, partition=False)
-    assert all(registry.get(step.impl).joins_regions for step in plan.steps)
-    even, odd = _keys(plan)
     manifest = dict(plan.manifest)
-    manifest["steps"] = [{**step, "impl": SLOW.name, "artifacts": []}
-                         if step["node"] == "mm2" else step for step in plan.manifest["steps"]]
-    times = in_run_times({"a": Plan(manifest, plan.weights, kernels=plan.kernels)}, runs=2)
+    # The build may pick a generated kernel for a tiny MatMul on a loaded machine: the
+    # regions are set here, not left to the measurement.
+    manifest["steps"] = [{**step, "impl": SLOW.name if step["node"] == "mm2" else "ort",
+                          "kind": step["kind"] if step["node"] == "mm2" else "vendor",
+                          "config": {}, "artifacts": []} for step in plan.manifest["steps"]]
+    regioned = Plan(manifest, plan.weights, kernels=plan.kernels)
+    assert [registry.get(step.impl).joins_regions for step in regioned.steps] == [True, True,
+                                                                                   False]
+    times = in_run_times({"a": regioned}, runs=2)
     assert times["a"] == {}
 
 
