@@ -45,6 +45,7 @@ from wpk.kernels.cpu.target import compiler_version  # noqa: E402
 from wpk.kernels.jobs import CandidateSpec  # noqa: E402
 from wpk.kernels.target import create_target  # noqa: E402
 from wpk.plans.planfile import read_plan  # noqa: E402
+from wpk.search import recorded  # noqa: E402
 from wpk.search.cluster import MEASURE_RESOURCE, Connection, parse_address, require_ray  # noqa: E402
 from wpk.search.measure import Status  # noqa: E402
 from wpk.search.records import FINAL, SEARCH, config_key, read_records  # noqa: E402
@@ -179,6 +180,7 @@ def local_build(model_path, tmp_path_factory):
     folder = tmp_path_factory.mktemp("local")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WPK_CACHE_DIR", str(folder / "cache"))
+        patch.setattr(recorded, "CONTENDED", float("inf"))   # as records_never_contended
         code = main(["build", str(model_path), *BUILD, "--db", str(folder / "local.jsonl"),
                      "-o", str(folder / "local.wpk")])
     assert code == 0
@@ -217,7 +219,7 @@ def shipped_libraries(bed: ClusterBed, name: str) -> list[Path]:
 
 
 def test_cluster_build_matches_a_local_build(testbed, model_path, local_build, tmp_path,
-                                             capsys):
+                                             capsys, records_never_contended):
     local_db, local_plan = local_build
     db, out = tmp_path / "cluster.jsonl", tmp_path / "cluster.wpk"
     code = main(["build", str(model_path), *BUILD, "--db", str(db), "-o", str(out),
@@ -327,7 +329,7 @@ def test_the_candidate_in_flight_on_a_killed_node_is_measured_on_another(testbed
 
 
 def test_a_killed_build_resumes_from_its_records(testbed, model_path, local_build, tmp_path,
-                                                 capsys):
+                                                 capsys, records_never_contended):
     db, out = tmp_path / "resumed.jsonl", tmp_path / "resumed.wpk"
     first = subprocess.Popen(build_command(model_path, db, out, testbed.address),
                              stderr=subprocess.DEVNULL)

@@ -35,7 +35,8 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]
     return session.run(None, feeds)
 
 
-def test_search_build_matches_onnxruntime_and_rebuild_measures_nothing(tmp_path):
+def test_search_build_matches_onnxruntime_and_rebuild_measures_nothing(tmp_path,
+                                                                      records_never_contended):
     model = small_encoder()
     model_path = tmp_path / "encoder.onnx"
     onnx.save(model, str(model_path))

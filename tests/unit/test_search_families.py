@@ -23,6 +23,7 @@ from wpk.kernels.cpu.microkernels.kernel import MICRO_NCHWC, MicroKernels
 from wpk.kernels.cpu.microkernels.space import config_reason, conv_geometry, default_config
 from wpk.kernels.generated import DSL_CPU
 from wpk.kernels.target import create_target
+from wpk.search import recorded
 from wpk.search.budget import split_trials
 from wpk.search.driver import (
     Search,
@@ -71,7 +72,9 @@ def searched(tmp_path_factory):
     folder = tmp_path_factory.mktemp("families")
     model, db = folder / "convs.onnx", folder / "records.jsonl"
     onnx.save(two_convs(), str(model))
-    plan = wpk.build(str(model), target="cpu", db=str(db), **SEARCHED)
+    with pytest.MonkeyPatch.context() as patch:   # as records_never_contended (conftest)
+        patch.setattr(recorded, "CONTENDED", float("inf"))
+        plan = wpk.build(str(model), target="cpu", db=str(db), **SEARCHED)
     return plan, db, model
 
 
