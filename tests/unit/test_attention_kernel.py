@@ -214,6 +214,30 @@ def test_a_masked_key_that_still_wins_is_kept(rng):
         assert relative_l2(out, expected) < TOLERANCE, config
 
 
+# Scores per key tile (natural units): the online softmax rescales the sums and the
+# output by 2^(m_old - m_new) where a tile rises above the running max (far: by 100, e^100
+# would overflow a float), and a tile far below it adds nothing that matters.
+LEVELS = {"rises within the lazy margin": (0, 3, 5, 4), "rises that move the max": (0, 6.5, 13, 7),
+          "a rise that would overflow": (0, 6, 100, 98), "falls": (10, 0, -200, 9)}
+
+
+@pytest.mark.parametrize("levels", LEVELS.values(), ids=list(LEVELS))
+def test_scores_that_rise_or_fall_from_one_key_tile_to_the_next(rng, levels):
+    tile, d = 16, 16
+    w = workload(lead=(1, 2), sq=24, sk=tile * len(levels), d=d, dv=16)
+    arrays = arrays_for(w, rng)
+    direction = rng.standard_normal(d).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+    arrays[0][:] = direction + 0.05 * rng.standard_normal(arrays[0].shape)
+    level = np.repeat(np.asarray(levels, np.float32), tile)[:, None]   # per key
+    keys = direction * level + 0.3 * rng.standard_normal((tile * len(levels), d))
+    arrays[1][:] = (keys / 0.31).astype(np.float32)   # score = q . k * 0.31 ~ the level
+    lanes = host_cpu().vector_lanes
+    for config in ({"tq": 8, "tk": tile, "vw": 1, "mr": 4, "nr": 2},
+                   {"tq": 2 * lanes, "tk": tile, "vw": lanes, "mr": 4, "nr": 2}):
+        assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
+
+
 @pytest.mark.parametrize("k_transposed", [False, True])
 @pytest.mark.parametrize("mask", [(1, 1, 1, 80), (1, 1, 8, 80)])
 def test_the_norm_bound_keeps_a_key_whose_score_outweighs_its_mask_by_a_little(
