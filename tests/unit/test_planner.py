@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +45,8 @@ class BlasMatMul(Implementation):
 
 
 class LoopMatMul(BlasMatMul):
-    """Correct, but a pure-Python triple loop: far slower than BLAS."""
+    """Correct, but a pure-Python triple loop and a 2 ms sleep: far slower than BLAS however
+    busy the machine (the loop alone was 30x, which a preempted BLAS call can approach)."""
 
     name = "test.loops"
 
@@ -52,6 +54,7 @@ class LoopMatMul(BlasMatMul):
         weight = consts[1].tolist()
 
         def kernel(inputs, outputs):
+            time.sleep(0.002)
             a = inputs[0].tolist()
             out = outputs[0]
             for i in range(len(a)):
