@@ -144,7 +144,7 @@ class NumpyCopy(NumpyImplementation):
         copy)' for a concat whose pieces a CPU plan may have written into its output
         (`places_inputs`; a piece the buffer plan cannot place is still copied), else
         'copy'."""
-        if self.views_input(workload):
+        if self.views_input(workload) or self.slices_input(workload) is not None:
             return "view (no copy)"
         return "in place (no copy)" if self.places_inputs(workload) else "copy"
 
@@ -171,6 +171,45 @@ class NumpyCopy(NumpyImplementation):
         item = np.dtype(out.dtype).itemsize
         return tuple(itertools.accumulate((math.prod(s.shape) * item for s in inputs[:-1]),
                                           initial=0))
+
+    def slices_input(self, workload: Workload) -> int | None:
+        """The byte offset of the output inside the first input where a Slice, or a Gather
+        of one constant index, takes one contiguous run of its bytes (the inner axes whole,
+        the outer ones 1 in the output: a packed QKV's third, a ViT's class token, a batch-1
+        tensor's leading rows), else None: the buffer plan may then keep the output there,
+        and the copy onto itself is skipped (`wpk.plans.buffers`)."""
+        if workload.op not in ("Slice", "Gather") or workload.epilogue \
+                or len(workload.outputs) != 1:
+            return None
+        source, out = workload.inputs[0], workload.outputs[0]
+        if out.dtype != source.dtype or np.dtype(source.dtype).hasobject \
+                or math.prod(out.shape) == 0:
+            return None
+        index = self._static_index(workload)
+        if index is None:
+            return None
+        # indexing a stand-in with the source's strides over one element reads nothing:
+        # where the part lands tells the offset, its strides whether it is one run
+        item = np.dtype(source.dtype).itemsize
+        base = np.zeros(1, source.dtype)
+        strides = tuple(item * math.prod(source.shape[a + 1:]) for a in range(len(source.shape)))
+        part = np.lib.stride_tricks.as_strided(base, source.shape, strides)[index]
+        if part.size != math.prod(out.shape) or not part.flags.c_contiguous:
+            return None
+        return part.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+
+    @staticmethod
+    def _static_index(workload: Workload) -> tuple | None:
+        """The numpy index of a Slice of static starts and ends or a Gather of one constant
+        index, else None."""
+        if workload.op == "Gather":
+            return _single_index(workload, {})
+        values = [workload.static_value(i) for i in range(len(workload.inputs))]
+        if workload.opset >= 10 and (len(values) < 3 or values[1] is None or values[2] is None
+                                     or any(v is None and spec is not None for v, spec in
+                                            zip(values[3:], workload.inputs[3:]))):
+            return None
+        return slice_index(workload, values, workload.inputs[0].shape)
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
                 config: Mapping) -> Kernel:

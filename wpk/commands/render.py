@@ -102,8 +102,8 @@ def reason_text(workload: Mapping) -> str:
                 f"{format_time(reason.get('passed_over_in_run_s'))} of the tuned "
                 f"{reason['faster']}, which was {format_time(reason['over_s'])} faster alone)")
     elif rule == "in-place":
-        what = ("its output stays inside its input" if workload.get("op") == "ChannelSlice"
-                else "its inputs are written in place")
+        sliced = workload.get("op") in ("ChannelSlice", "Slice", "Gather")
+        what = "its output stays inside its input" if sliced else "its inputs are written in place"
         over = reason["over_s"]
         alone = (f"+{format_time(over)} over {reason['faster']} timed alone, copying them"
                  if over > 0 else f"faster than {reason['faster']} timed alone too")
