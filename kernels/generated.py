@@ -53,6 +53,7 @@ from wpk.dsl.epilogue import with_epilogue
 from wpk.dsl.parser import parse_source
 from wpk.kernels import templates
 from wpk.kernels.algorithms import GEMM, conv_algorithm
+from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_DOMAIN, GROUP_NORM_OP
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.cpu.node_model import core_input_count, is_elementwise
 from wpk.kernels.cpu.numpy_ops import elementwise_steps
@@ -108,7 +109,8 @@ def maps_elementwise(w: Workload) -> bool:
 
 def _map(w: Workload) -> DslMapping | str:
     nchwc = w.domain == "wpk.nchwc" and w.op == "Conv"
-    if w.domain not in ("", "ai.onnx") and not is_elementwise(w) and not nchwc:
+    ours = w.domain == GROUP_NORM_DOMAIN and w.op == GROUP_NORM_OP   # wpk's plain GroupNorm
+    if w.domain not in ("", "ai.onnx") and not is_elementwise(w) and not nchwc and not ours:
         return f"domain {w.domain!r} {w.op} does not map to DSL operators"
     # the tensors computed on (static operands such as Slice's starts, Resize's empty roi
     # are read by the mapping, not by the kernel)

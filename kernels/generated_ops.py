@@ -18,6 +18,7 @@ import numpy as np
 from wpk.core.workload import Workload
 from wpk.dsl.compute import infer_bindings
 from wpk.dsl.parser import parse_source
+from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_OP, group_norm_reason
 from wpk.kernels.cpu.resize import nearest_indices, source_coordinates, static_resize_spec
 from wpk.kernels.cpu.tensor_formulas import reduce_axes, slice_index
 from wpk.kernels.cpu.window import conv_transpose_begin_pads, window_geometry
@@ -216,6 +217,32 @@ def _map_layernorm(w: Workload, lib, core: int):
             tuple(x), (rows, d))
 
 
+def _normalization(lib, x: Sequence[int], groups: int, eps: float):
+    """The `groupnorm` operator over X viewed as [N, groups, C / groups, spatial]."""
+    flat = (x[0], groups, x[1] // groups, math.prod(x[2:]))
+    return (lib("groupnorm"), {"X": flat, "Scale": flat[1:3], "Bias": flat[1:3]},
+            {"eps": eps}, {"X": 0, "Scale": 1, "Bias": 2}, tuple(x), flat)
+
+
+def _map_group_norm(w: Workload, lib, core: int):
+    """wpk's GroupNorm (`group_norm_spec`; the plain form: the blocked one is not mapped)."""
+    reason = group_norm_reason(w)
+    if reason is not None:
+        return reason
+    return _normalization(lib, w.inputs[0].shape, int(w.attr("groups")),
+                          float(w.attr("epsilon", 1e-5)))
+
+
+def _map_instance_norm(w: Workload, lib, core: int):
+    """ONNX InstanceNormalization: a GroupNorm of one channel per group."""
+    x = tuple(w.inputs[0].shape)
+    if len(x) < 3 or core < 3 or len(w.outputs) != 1 or any(
+            w.inputs[i] is None or strip_leading_ones(w.inputs[i].shape) != (x[1],)
+            for i in (1, 2)):
+        return "InstanceNormalization maps with X of rank 3 or more and a scale and bias of [C]"
+    return _normalization(lib, x, x[1], float(w.attr("epsilon", 1e-5)))
+
+
 def _map_lrn(w: Workload, lib, core: int):
     x = tuple(w.inputs[0].shape)
     if len(x) < 3:
@@ -406,5 +433,6 @@ MAPPERS = {"Conv": _map_conv, "MatMul": _map_matmul, "Gemm": _map_gemm,
            "GlobalMaxPool": _map_pool, "Softmax": _map_softmax, "LogSoftmax": _map_softmax,
            "LayerNormalization": _map_layernorm, "LRN": _map_lrn,
            "BatchNormalization": _map_batchnorm, "Slice": _map_slice, "Resize": _map_resize,
-           "ConvTranspose": _map_conv_transpose,
+           "ConvTranspose": _map_conv_transpose, GROUP_NORM_OP: _map_group_norm,
+           "InstanceNormalization": _map_instance_norm,
            **{op: _map_reduce for op in _REDUCERS}}

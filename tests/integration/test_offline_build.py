@@ -159,3 +159,17 @@ def test_retune_rewrites_the_plan_with_the_new_choices(model_path, tmp_path):
     again = read_plan(out)
     assert [s["impl"] for s in again.manifest["steps"]] == \
         [s["impl"] for s in plan.manifest["steps"]]
+
+
+def test_a_diffusion_unets_normalizations_run_on_the_device(corpus_model_path):
+    """The torch export of the corpus UNet writes each GroupNorm as Reshape,
+    InstanceNormalization, Reshape, Mul, Add: its h100 plan ran the 11 InstanceNormalizations
+    on the host until they mapped to the DSL's `groupnorm` (emulator-verified)."""
+    import wpk
+    from tests.corpus import input_shapes
+
+    plan = wpk.build(str(corpus_model_path("unet_torchscript")), target="cuda", gpu="h100",
+                     offline=True, progress=False, input_shapes=input_shapes("unet_torchscript"))
+    norms = [s.impl for s in plan.steps if s.op == "InstanceNormalization"]
+    assert norms and set(norms) == {"dsl.cuda"}, norms
+    assert not [s.node for s in plan.steps if s.impl == "cuda.host"]

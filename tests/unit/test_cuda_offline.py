@@ -344,6 +344,27 @@ def test_a_batchnorm_left_after_a_concat_runs_on_the_device():
 
 
 @pytest.mark.parametrize("workload", [
+    # a diffusion UNet's GroupNorm with its SiLU (32 groups of 2 channels)
+    Workload("GroupNorm", (TensorSpec((1, 64, 12, 10)), TensorSpec((64,)), TensorSpec((64,))),
+             (TensorSpec((1, 64, 12, 10)),), (("epsilon", 1e-5), ("groups", 32)),
+             (EpilogueStep("silu"),), domain="wpk", const_inputs=(1, 2)),
+    # odd sizes, batch 2, rank 5
+    Workload("InstanceNormalization", (TensorSpec((2, 6, 3, 7, 5)), TensorSpec((6,)),
+                                       TensorSpec((6,))), (TensorSpec((2, 6, 3, 7, 5)),),
+             (("epsilon", 1e-3),), const_inputs=(1, 2)),
+], ids=["GroupNorm+SiLU", "InstanceNormalization"])
+def test_normalizations_run_on_the_device(workload):
+    # the UNet's GroupNorms ran on the host (cuda.host) until `groupnorm` became a DSL
+    # operator
+    names = [c.implementation.name for c in offline_candidates(workload, H100)]
+    assert names and set(names) == {"dsl.cuda"}, names
+    for gpu in (H100, P100, T4):
+        config = preferred_configs(workload, gpu)[0]
+        result = verify_generated(workload, build_for(workload, config, compile=False), seed=6)
+        assert result.ok and result.rel_l2_error < 1e-5, (gpu.name, result)
+
+
+@pytest.mark.parametrize("workload", [
     Workload("ReduceMean", (TensorSpec((1, 64, 7, 7)),), (TensorSpec((1, 64, 1, 1)),),
              (("axes", (2, 3)),)),
     Workload("Slice", (TensorSpec((1, 64, 20, 20)),) + (TensorSpec((1,), "int64"),) * 3,

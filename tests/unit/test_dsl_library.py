@@ -216,6 +216,27 @@ def test_batchnorm_matches_onnxruntime(rng, shape):
     close(y, run_onnx("BatchNormalization", [x, scale, bias, mean, var], epsilon=1e-3))
 
 
+@pytest.mark.parametrize("shape, groups", [((2, 6, 3, 4), 3), ((1, 4, 1, 1), 2), ((2, 5, 7), 5),
+                                          ((1, 3, 2, 2, 3), 1)])
+def test_groupnorm_matches_onnxruntime(rng, shape, groups):
+    """As GroupNorm over [N, groups, C / groups, spatial], against the float64 formula and
+    against onnxruntime's InstanceNormalization where each group is one channel."""
+    x, c = f32(rng, *shape) * 2 + 1, shape[1]
+    scale, bias = f32(rng, c), f32(rng, c)
+    flat = x.reshape(shape[0], groups, c // groups, -1)
+    y = evaluate(load_operator("groupnorm"), {"X": flat, "Scale": scale.reshape(groups, -1),
+                                              "Bias": bias.reshape(groups, -1)},
+                 {"eps": 1e-3})["Y"].reshape(shape)
+    grouped = x.astype(np.float64).reshape(shape[0], groups, -1)
+    normed = (grouped - grouped.mean(axis=2, keepdims=True)) / np.sqrt(
+        grouped.var(axis=2, keepdims=True) + 1e-3)
+    cs = (slice(None),) + (None,) * (len(shape) - 2)
+    expected = normed.reshape(shape) * scale[cs] + bias[cs]
+    close(y, expected, 1e-12)
+    if groups == c:
+        close(y, run_onnx("InstanceNormalization", [x, scale, bias], epsilon=1e-3))
+
+
 def gelu(x):
     return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
@@ -257,7 +278,7 @@ TESTED = {"conv2d", "conv2d_bias", "conv2d_bias_relu_add", "matmul", "batched_ma
           "global_avgpool2d", "global_maxpool2d", "softmax", "log_softmax", "layernorm",
           "copy", "add", "mul", "scale_shift_relu", "bias_relu6", "bias_leaky_relu", "clip",
           "sigmoid", "silu", "tanh", "gelu", "bias_gelu_add", "winograd_conv2d",
-          "winograd_conv2d_bias", "lrn", "batchnorm"}
+          "winograd_conv2d_bias", "lrn", "batchnorm", "groupnorm"}
 
 
 def test_every_library_operator_is_tested_here():

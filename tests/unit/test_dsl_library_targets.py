@@ -28,9 +28,10 @@ BINDINGS = {
     "softmax": {"N": 3, "D": 37}, "layernorm": {"N": 3, "D": 37},
     "winograd_conv2d": WINOGRAD, "winograd_conv2d_bias": WINOGRAD,
     "lrn": {"N": 2, "C": 7, "P": 5, "size": 4},
+    "groupnorm": {"N": 2, "G": 3, "K": 5, "P": 7},
 }
 COMPILED = ["conv2d_bias_relu_add", "gemm_tn", "avgpool2d", "softmax", "layernorm",
-            "bias_gelu_add"]
+            "bias_gelu_add", "groupnorm"]
 
 
 def example(name: str):
