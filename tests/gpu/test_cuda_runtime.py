@@ -179,6 +179,15 @@ WRITTEN_FOR_THE_WORKLOAD = {
         "ConvTranspose", (TensorSpec((1, 32, 20, 20)), TensorSpec((32, 16, 2, 2)),
                           TensorSpec((16,))), (TensorSpec((1, 16, 40, 40)),),
         (("strides", (2, 2)),), const_inputs=(1, 2)),
+    # a diffusion UNet's normalizations (the DSL's groupnorm): host steps before 2026-12-04
+    "group_norm_silu": Workload(
+        "GroupNorm", (TensorSpec((1, 64, 12, 10)), TensorSpec((64,)), TensorSpec((64,))),
+        (TensorSpec((1, 64, 12, 10)),), (("epsilon", 1e-5), ("groups", 32)),
+        (EpilogueStep("silu"),), domain="wpk", const_inputs=(1, 2)),
+    "instance_norm": Workload(
+        "InstanceNormalization", (TensorSpec((1, 32, 128)), TensorSpec((32,)),
+                                  TensorSpec((32,))), (TensorSpec((1, 32, 128)),),
+        (("epsilon", 1e-5),), const_inputs=(1, 2)),
 }
 
 
