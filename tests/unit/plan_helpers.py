@@ -200,3 +200,18 @@ class SlowMatMul(Implementation):
 
 
 SLOW = registry.register(SlowMatMul())
+
+
+def assert_matches_onnxruntime(session, model, feeds: dict, tolerance: float = 1e-5) -> None:
+    """Every output of `session.run(feeds)` within `tolerance` (relative L2) of what
+    onnxruntime computes for `model` (an onnx.ModelProto)."""
+    import onnxruntime
+
+    from wpk.core.numerics import relative_l2
+
+    got = session.run(feeds)
+    reference = onnxruntime.InferenceSession(model.SerializeToString(),
+                                             providers=["CPUExecutionProvider"])
+    names = [o.name for o in reference.get_outputs()]
+    for name, expected in zip(names, reference.run(names, feeds)):
+        assert relative_l2(got[name], expected) < tolerance, name

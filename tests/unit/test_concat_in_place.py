@@ -8,12 +8,11 @@ one tensor concatenated twice) still compute the right thing. The planner's side
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import wpk
-from wpk.core.numerics import relative_l2
+from tests.unit.plan_helpers import assert_matches_onnxruntime
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.cpu.numpy_ops import NumpyCopy
 
@@ -60,12 +59,7 @@ def _check(model, tmp_path, channels, size):
     x = np.random.default_rng(1).standard_normal((1, channels, size, size)).astype(np.float32)
     wpk.build(model, target="cpu", **FAST).save(tmp_path / "m.wpk")
     session = wpk.load(tmp_path / "m.wpk")
-    got = session.run({"x": x})
-    ort = onnxruntime.InferenceSession(model.SerializeToString(),
-                                       providers=["CPUExecutionProvider"])
-    names = [o.name for o in ort.get_outputs()]
-    for name, expected in zip(names, ort.run(names, {"x": x})):
-        assert relative_l2(got[name], expected) < 1e-5, name
+    assert_matches_onnxruntime(session, model, {"x": x})
     return session, session.plan
 
 
