@@ -217,7 +217,7 @@ def test_a_masked_key_that_still_wins_is_kept(rng):
 # Scores per key tile (natural units): the online softmax rescales the sums and the
 # output by 2^(m_old - m_new) where a tile rises above the running max (far: by 100, e^100
 # would overflow a float), and a tile far below it adds nothing that matters.
-LEVELS = {"rises within the lazy margin": (0, 3, 5, 4), "rises that move the max": (0, 6.5, 13, 7),
+LEVELS = {"small rises": (0, 3, 5, 4), "rises that move the max": (0, 6.5, 13, 7),
           "a rise that would overflow": (0, 6, 100, 98), "falls": (10, 0, -200, 9)}
 
 

@@ -71,8 +71,8 @@ def test_a_workload_run_inside_an_onnxruntime_region_is_not_timed():
     manifest = dict(plan.manifest)
     # The build may pick a generated kernel for a tiny MatMul on a loaded machine: the
     # regions are set here, not left to the measurement.
-    manifest["steps"] = [{**step, "impl": SLOW.name if step["node"] == "mm2" else "ort",
-                          "kind": step["kind"] if step["node"] == "mm2" else "vendor",
+    on_ort = {"impl": "ort", "kind": "vendor"}
+    manifest["steps"] = [{**step, **({"impl": SLOW.name} if step["node"] == "mm2" else on_ort),
                           "config": {}, "artifacts": []} for step in plan.manifest["steps"]]
     regioned = Plan(manifest, plan.weights, kernels=plan.kernels)
     assert [registry.get(step.impl).joins_regions for step in regioned.steps] == [True, True,
