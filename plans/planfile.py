@@ -11,7 +11,8 @@ Members:
   is stored under key `c{i}`, since tensor names can hold any character),
   `members` (sha256 of every other member) and `manifest_sha256` (sha256 of
   the canonical JSON of the manifest without that field).
-- `weights.npz`: every constant the steps read (`np.savez`, no pickle).
+- `weights.npz`: every constant the steps read (an npz, no pickle, each array's data
+  64-byte aligned: `wpk.plans.weights_file`).
 - `kernels/`: artifacts (sources, binaries) that implementations provide
   through the optional hook `artifacts(workload, config) -> {name: bytes}`;
   the runtime hands them back to `prepare_from_artifacts(workload, consts,
@@ -20,7 +21,8 @@ Members:
 
 Writing goes to a temporary file in the target folder, renamed into place
 (`os.replace`); on any failure the temporary file is removed. Loading checks
-that the file is a zip, the format version, every checksum and the device.
+that the file is a zip, the format version, every checksum and the device; the weights are
+read into one buffer, each constant a view of it (`wpk.plans.weights_file`).
 
 Reading is bounded: before any member is inflated, the sizes the zip declares
 (`ZipInfo.file_size`, the compression ratio, the number of members) are checked
@@ -32,7 +34,6 @@ numpy allocates it. `read_report` reads only the manifest and the report.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import zipfile
@@ -53,6 +54,7 @@ from wpk.core.version import __version__
 from wpk.core.workload import Workload
 from wpk.plans.buffers import BufferPlan
 from wpk.plans.manifest_check import check_manifest
+from wpk.plans.weights_file import aligned_buffer, npz_bytes, npz_views, read_stored_member
 
 FORMAT_VERSION = 2   # 2: a tensor may lie at a byte offset inside its buffer (a placed part)
 MANIFEST = "manifest.json"
@@ -118,6 +120,10 @@ class Plan:
     def workloads(self) -> dict[str, Workload]:
         return {k: Workload.from_json(v) for k, v in self.manifest["workloads"].items()}
 
+    def workload(self, key: str) -> Workload:
+        """The workload stored under `key` (KeyError if none), decoding only that one."""
+        return Workload.from_json(self.manifest["workloads"][key])
+
     @property
     def buffer_plan(self) -> BufferPlan:
         return BufferPlan.from_json(self.manifest["buffers"])
@@ -169,9 +175,7 @@ def _weights_bytes(manifest: dict, weights: Mapping[str, np.ndarray]) -> bytes:
         table.append({"name": name, "shape": list(array.shape), "dtype": _dtype_text(array)})
         arrays[f"c{index}"] = _raw(array) if is_ml_dtype(array.dtype) else array
     manifest["constants"] = table
-    buffer = io.BytesIO()
-    np.savez(buffer, allow_pickle=False, **arrays)
-    return buffer.getvalue()
+    return npz_bytes(arrays)
 
 
 def plan_members(plan: Plan) -> dict[str, bytes]:
@@ -338,6 +342,28 @@ def _read_checked(archive: zipfile.ZipFile, member: str, digest: str, name: str)
     return data
 
 
+def _read_weights(archive: zipfile.ZipFile, digest: str, name: str) -> np.ndarray:
+    """The weights member's bytes, checked, in one aligned buffer: read from the file
+    straight into it where the member is stored (as `write_plan` stores it), else through
+    zipfile and copied."""
+    try:
+        buffer = read_stored_member(name, archive.getinfo(WEIGHTS))
+    except KeyError:
+        raise PlanError(f"plan '{name}' is missing member '{WEIGHTS}'",
+                        hint=REBUILD_HINT) from None
+    except (OSError, EOFError) as exc:
+        raise PlanError(f"plan '{name}': member '{WEIGHTS}' is corrupted ({exc})",
+                        hint=REBUILD_HINT) from None
+    if buffer is None:
+        data = _read_member(archive, WEIGHTS, name)
+        buffer = aligned_buffer(len(data))
+        buffer[:] = np.frombuffer(data, dtype=np.uint8)
+    if _sha256(buffer) != digest:
+        raise PlanError(f"plan '{name}': member '{WEIGHTS}' changed since it was written "
+                        "(sha256 mismatch)", hint=REBUILD_HINT)
+    return buffer
+
+
 def read_report(path: str | os.PathLike) -> tuple[dict, dict]:
     """(manifest, report) of a plan file, reading and checking only those two members
     (what `wpk report` shows): no weights or kernels are inflated, no device check."""
@@ -380,14 +406,15 @@ def read_plan(path: str | os.PathLike, check_device: bool = True) -> Plan:
         if unknown:
             raise PlanError(f"plan '{name}' holds members the manifest does not list: "
                             f"{', '.join(unknown)}", hint=REBUILD_HINT)
+        if WEIGHTS not in expected:
+            raise PlanError(f"plan '{name}' is missing member '{WEIGHTS}'", hint=REBUILD_HINT)
+        weights_buffer = _read_weights(archive, expected[WEIGHTS], name)
         contents = {member: _read_checked(archive, member, digest, name)
-                    for member, digest in expected.items()}
+                    for member, digest in expected.items() if member != WEIGHTS}
     _check_memory_bounds(manifest, name)
     if check_device:
         check_host(manifest, name)
-    if WEIGHTS not in contents:
-        raise PlanError(f"plan '{name}' is missing member '{WEIGHTS}'", hint=REBUILD_HINT)
-    weights = _load_weights(contents[WEIGHTS], manifest.get("constants", []), name)
+    weights = _load_weights(weights_buffer, manifest.get("constants", []), name)
     report = _json_object(contents[REPORT], REPORT, name) if REPORT in contents else {}
     kernels = {m[len(KERNELS):]: d for m, d in contents.items() if m.startswith(KERNELS)}
     return Plan(manifest, weights, report, kernels)
@@ -421,19 +448,16 @@ def _as_manifest_dtype(array: np.ndarray, dtype: Any) -> np.ndarray | None:
     return array.view(wanted)
 
 
-def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str, np.ndarray]:
-    """The constants of `weights.npz`, each array's header checked against the manifest's
-    table before numpy allocates it."""
+def _load_weights(buffer: np.ndarray, table: Sequence[Mapping],
+                  path: str) -> dict[str, np.ndarray]:
+    """The constants of `weights.npz` (in `buffer`), views of it where they lie aligned, each
+    array's header checked against the manifest's table before anything is copied."""
     try:
         if not isinstance(table, list):
             raise TypeError("the constants table is not a list")
-        with zipfile.ZipFile(io.BytesIO(data)) as inner:
-            for index, entry in enumerate(table):
-                _check_array_header(inner, index, entry, path)
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            arrays = {f"c{index}": archive[f"c{index}"] for index in range(len(table))}
-    except PlanError:
-        raise
+        caps = {f"c{index}": tensor_bytes(entry["shape"], entry["dtype"]) + (64 << 10)
+                for index, entry in enumerate(table)}
+        arrays = npz_views(buffer, caps)
     except (ValueError, TypeError, KeyError, OSError, EOFError, zipfile.BadZipFile,
             zlib.error, MemoryError, NotImplementedError) as exc:
         raise PlanError(f"plan '{path}': member '{WEIGHTS}' is unreadable ({exc})",
@@ -448,25 +472,6 @@ def _load_weights(data: bytes, table: Sequence[Mapping], path: str) -> dict[str,
                             "not match the manifest", hint=REBUILD_HINT)
         weights[entry["name"]] = array
     return weights
-
-
-def _check_array_header(inner: zipfile.ZipFile, index: int, entry: Mapping, path: str) -> None:
-    """Constant `index`'s .npy header (shape, dtype) against its manifest entry, and its
-    size against the bytes the member holds."""
-    readers = {(1, 0): np.lib.format.read_array_header_1_0,
-               (2, 0): np.lib.format.read_array_header_2_0}
-    key = f"c{index}.npy"
-    info = inner.getinfo(key) if key in inner.namelist() else None
-    header = None
-    if info is not None:
-        with inner.open(info) as stream:
-            reader = readers.get(np.lib.format.read_magic(stream))
-            header = reader(stream) if reader is not None else None
-    if (header is None or list(header[0]) != list(entry["shape"])
-            or _as_manifest_dtype(np.empty(0, header[2]), entry["dtype"]) is None
-            or tensor_bytes(header[0], header[2]) > info.file_size):
-        raise PlanError(f"plan '{path}': constant '{entry['name']}' in '{WEIGHTS}' does "
-                        "not match the manifest", hint=REBUILD_HINT)
 
 
 def _check_memory_bounds(manifest: Mapping, path: str) -> None:

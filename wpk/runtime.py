@@ -505,7 +505,7 @@ def bind_step(plan: Plan, step, arrays: Mapping, weights: Mapping, path: str):
         raise PlanError(f"plan '{path}': tensor {exc} of node '{step.node}' has "
                         "no buffer", hint="rebuild the plan with `wpk build`") from None
     consts = {i: arrays[name] for i, name in enumerate(step.inputs) if name in weights}
-    return impl, plan.workloads[step.workload_key], inputs, outputs, consts
+    return impl, plan.workload(step.workload_key), inputs, outputs, consts
 
 
 def _chained(calls: list, names: list[str]) -> tuple[list, list[str]]:
