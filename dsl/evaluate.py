@@ -11,6 +11,7 @@ slices of the first axis to bound memory.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -19,10 +20,16 @@ import numpy as np
 from wpk.core.errors import DslError
 from wpk.dsl import compute as ir
 
-try:  # scipy is optional; erf is only needed by gelu-like kernels
-    from scipy.special import erf as _erf
-except ImportError:  # pragma: no cover - exercised only without scipy
-    _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+@functools.cache
+def _erf_function():
+    """scipy's erf, imported on first use (0.2-0.3 s, which a plan's load need not pay),
+    or math.erf per element without scipy; erf is only needed by gelu-like kernels."""
+    try:
+        from scipy.special import erf
+    except ImportError:  # pragma: no cover - exercised only without scipy
+        return np.vectorize(math.erf, otypes=[np.float64])
+    return erf
 
 MAX_GRID_ELEMENTS = 1 << 22
 
@@ -367,7 +374,7 @@ def _call(fn: str, args):
     if fn == "tanh":
         return np.tanh(x)
     if fn == "erf":
-        return _erf(np.asarray(x, dtype=np.float64))
+        return _erf_function()(np.asarray(x, dtype=np.float64))
     if fn == "sigmoid":
         return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
     if fn == "abs":

@@ -28,8 +28,8 @@ import functools
 
 import numpy as np
 import onnxruntime as ort
-from onnx import helper
 
+from wpk.core.deferred import helper
 from wpk.core.devices import cpu_flags
 from wpk.core.errors import ShapeError
 

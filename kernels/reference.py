@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
-from onnx.reference import ReferenceEvaluator
 
+from wpk.core.deferred import onnx_reference
 from wpk.core.errors import UnsupportedError
 from wpk.core.numerics import ROUNDING_OPS, is_ml_dtype
-from wpk.core.onnx_quantize import REFERENCE_OPS
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.attention_spec import attention_formula, is_attention
 from wpk.kernels.cpu.group_norm_spec import group_norm_formula, is_group_norm
@@ -40,6 +40,9 @@ from wpk.kernels.cpu.window import pad_spatial, window_geometry, windows
 from wpk.kernels.cuda.irb_spec import irb_formula, is_irb_nchw
 from wpk.kernels.epilogue import apply_epilogue, validate_epilogue
 from wpk.kernels.support import unsupported_reason
+
+if TYPE_CHECKING:
+    from onnx.reference import ReferenceEvaluator
 
 _FLOAT_KINDS = "f"
 
@@ -153,13 +156,17 @@ _EVALUATORS: dict[tuple[str, bool], ReferenceEvaluator] = {}
 
 
 def _evaluator(workload: Workload, wide: bool) -> ReferenceEvaluator:
+    # imported here: onnx.reference's ops load onnx, which a plan's load need not
+    from wpk.core.onnx_quantize import REFERENCE_OPS
+
     key = (workload.key, wide)
     if key not in _EVALUATORS:
         dtype_map = {"float32": "float64", "float16": "float64"} if wide else {}
         model = build_node_model(workload, {}, with_epilogue=False, dtype_map=dtype_map)
         if len(_EVALUATORS) > 256:
             _EVALUATORS.clear()
-        _EVALUATORS[key] = ReferenceEvaluator(model.model, new_ops=list(REFERENCE_OPS))
+        _EVALUATORS[key] = onnx_reference.ReferenceEvaluator(model.model,
+                                                             new_ops=list(REFERENCE_OPS))
     return _EVALUATORS[key]
 
 

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import helper, numpy_helper
 
+from wpk.core.deferred import helper, numpy_helper
 from wpk.core.workload import Workload
 
 ATTENTION_OP = "Attention"

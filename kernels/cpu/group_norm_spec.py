@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from onnx import helper, numpy_helper
 
+from wpk.core.deferred import helper, numpy_helper
 from wpk.core.workload import Workload
 
 GROUP_NORM_OP = "GroupNorm"

@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
-from onnx import helper, numpy_helper
 from onnxruntime.capi import _pybind_state as ort_capi
 
+from wpk.core.deferred import helper, numpy_helper
 from wpk.core.epilogue import EPILOGUE_TABLE, FAKE_QUANT, ONNXRUNTIME_DOMAIN
 from wpk.core.workload import Workload
 from wpk.kernels import nchwc_format as fmt

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from onnx import helper, numpy_helper
 
+from wpk.core.deferred import helper, numpy_helper
 from wpk.core.workload import Workload
 
 ORT_NCHWC_DOMAIN = "com.microsoft.nchwc"

@@ -24,9 +24,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
+from wpk.core.deferred import helper, numpy_helper, onnx
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.cpu.node_model import (

@@ -15,9 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
-from onnx import defs, helper, numpy_helper
 
+from wpk.core.deferred import defs, helper, numpy_helper, onnx
 from wpk.core.epilogue import ONNXRUNTIME_DOMAIN
 from wpk.core.workload import Workload
 from wpk.kernels.epilogue import epilogue_onnx_nodes
@@ -63,6 +62,8 @@ def core_input_count(workload: Workload) -> int:
         return 1
     operands = {s.operand for s in workload.epilogue if s.operand is not None}
     count = len(workload.inputs)
+    if not operands:  # every input is the op's (no schema read: onnx loads on first use)
+        return count
     while count > 0 and count - 1 in operands:
         count -= 1
     schema = schema_for(workload)

@@ -24,10 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from onnx.reference import ReferenceEvaluator
 
+from wpk.core.deferred import onnx_reference
 from wpk.core.errors import UnsupportedError
-from wpk.core.onnx_quantize import REFERENCE_OPS
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.library import finish_epilogue
 from wpk.kernels.cpu.node_model import (
@@ -44,9 +43,12 @@ from wpk.kernels.registry import FALLBACK, Implementation, Kernel, register
 
 def evaluator_for(workload: Workload, consts: Mapping[int, np.ndarray]):
     """(ReferenceEvaluator of the workload's node without its epilogue, fed input indices)."""
+    from wpk.core.onnx_quantize import REFERENCE_OPS  # loads onnx: only where it runs
+
     node_model = build_node_model(workload, consts, with_epilogue=False)
     try:
-        evaluator = ReferenceEvaluator(node_model.model, new_ops=list(REFERENCE_OPS))
+        evaluator = onnx_reference.ReferenceEvaluator(node_model.model,
+                                                      new_ops=list(REFERENCE_OPS))
     except Exception as exc:  # the evaluator raises whatever its op's constructor raises
         text = str(exc).strip().splitlines()
         raise UnsupportedError(f"{workload.label}: onnx.reference cannot load the node: "

@@ -25,10 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import helper, numpy_helper, version_converter
 
+from wpk.core.deferred import helper, numpy_helper, onnx, version_converter
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.nchwc import _CPU, ORT_NCHWC_DOMAIN
 from wpk.kernels.cpu.node_model import MS_DOMAIN, OnnxPart

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from onnx import helper, numpy_helper
 
+from wpk.core.deferred import helper, numpy_helper
 from wpk.core.workload import Workload
 
 RMS_NORM_OP = "RMSNorm"

@@ -19,8 +19,8 @@ import ctypes
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from onnx import helper, numpy_helper
 
+from wpk.core.deferred import helper, numpy_helper
 from wpk.core.workload import Workload
 from wpk.dsl import build
 from wpk.dsl.toolchain import compile_c, load_function
