@@ -290,3 +290,42 @@ def test_unknown_operator_is_a_clear_error():
         load_operator("conv3d")
     assert "conv2d" in info.value.hint
     assert operator_file("softmax").name == "softmax.wpk"
+
+
+def _clear_library_caches():
+    from wpk.kernels import dsl_library
+
+    for cached in (dsl_library._library, dsl_library._defining_files, dsl_library._parsed):
+        cached.cache_clear()
+
+
+@pytest.fixture
+def fresh_library(monkeypatch, tmp_path):
+    """The library module reading its files from `tmp_path`, its caches empty (and emptied
+    again afterwards, for the real library)."""
+    from wpk.kernels import dsl_library
+
+    monkeypatch.setattr(dsl_library, "LIBRARY_DIR", tmp_path)
+    _clear_library_caches()
+    yield dsl_library
+    _clear_library_caches()
+
+
+def test_an_operator_loads_from_its_own_file_alone(fresh_library, tmp_path):
+    """Only the defining file is parsed: a broken file elsewhere does not stop it, and the
+    whole library's listing still reports that file."""
+    (tmp_path / "a.wpk").write_text("op twice(X: f32[L]) -> Y: f32[L] { Y[i] = X[i] * 2.0 }\n")
+    (tmp_path / "b.wpk").write_text("op broken(X: f32[L]) -> Y: f32[L] { Y[i] = \n")
+    library = fresh_library
+    assert library.load_operator("twice").name == "twice"
+    with pytest.raises(DslError, match="b.wpk"):
+        library.list_operators()
+
+
+def test_an_operator_defined_in_two_files_is_still_refused(fresh_library, tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.wpk").write_text(
+            "op same(X: f32[L]) -> Y: f32[L] { Y[i] = X[i] }\n")
+    library = fresh_library
+    with pytest.raises(DslError, match="also defined in"):
+        library.load_operator("same")
