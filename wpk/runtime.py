@@ -192,7 +192,7 @@ class Session:
             end = start + 1
             exported: set[str] = set()
             if merge and self.merge_regions:
-                end, exported = _region(self.plan, start, arrays,
+                end, exported = _region(steps, self.plan.weights, start, arrays,
                                         {meta.name for meta in self._outputs})
             region = None
             if end - start >= 2:
@@ -542,13 +542,13 @@ def step_joins_regions(step) -> bool:
         return False
 
 
-def _region(plan: Plan, start: int, arrays: Mapping,
+def _region(steps: Sequence, weights: Mapping, start: int, arrays: Mapping,
             graph_outputs: set[str]) -> tuple[int, set[str]]:
     """The longest run of region-joining steps from `start` that can share
     one onnxruntime session, as (end, outputs read after it). The tensors crossing its
     boundary must sit in their own arena bytes: onnxruntime may order independent nodes
-    differently from the plan and knows nothing of buffer reuse."""
-    steps, weights = plan.steps, plan.weights
+    differently from the plan and knows nothing of buffer reuse. `steps`: the plan's, decoded
+    once by the caller (`Plan.steps` decodes them all at every read)."""
     if not step_joins_regions(steps[start]):
         return start + 1, set()
     limit = start + 1

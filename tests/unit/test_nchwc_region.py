@@ -53,7 +53,7 @@ def test_region_boundaries_never_share_arena_bytes(mobilenet_plan):
     steps, start = plan.steps, 0
     outputs = {meta.name for meta in session.get_outputs()}
     while start < len(steps):
-        end, exported = _region(plan, start, session._arrays, outputs)
+        end, exported = _region(steps, plan.weights, start, session._arrays, outputs)
         if end - start >= 2:
             produced = {name for s in steps[start:end] for name in s.outputs}
             boundary = {n for s in steps[start:end] for n in s.inputs
