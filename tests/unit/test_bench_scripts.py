@@ -377,3 +377,19 @@ def test_bench_concat_in_place_times_a_plan_against_its_copy_without_placements(
                      warmup=0, repeats=1, min_time=0.0)
     assert plan.buffer_plan.tensor_offsets
     assert not bench_concat_in_place.without_placements(plan).buffer_plan.tensor_offsets
+
+
+def test_bench_load_times_both_engines_in_fresh_processes(scripts_on_path, tmp_path, capsys):
+    import json
+
+    import bench_load
+
+    out = tmp_path / "load.json"
+    assert bench_load.main(["--models", "light_squeezenet", "--rounds", "2", "--dir",
+                            str(tmp_path), "--json", str(out), "--no-save"]) == 0
+    result = json.loads(out.read_text())["results"][0]
+    assert (tmp_path / "light_squeezenet.wpk").exists() and result["build_s"] > 0
+    assert len(result["wpk_runs"]) == len(result["ort_runs"]) == len(result["ratios"]) == 2
+    for runs in (result["wpk_runs"], result["ort_runs"]):
+        assert all(run["seconds"] > 0 and run["peak_mb"] > 10 for run in runs)
+    assert "| light_squeezenet |" in capsys.readouterr().out
