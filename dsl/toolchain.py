@@ -10,12 +10,18 @@ codegen version), so changing any of them recompiles and nothing stale is
 reused. Writes are atomic (temporary file, then rename), so concurrent
 workers never see half a file. The CUDA compilers live in `toolchain_cuda`.
 
+A CPU plan carries the libraries its steps load (`wpk.native_bundle`), keyed by
+`bundle_key` (source, flags and codegen version: not the compiler, which the host that
+loads a plan need not have); `use_bundled_libraries` makes `compile_c` return those
+without compiling, and `recording_libraries` collects what `compile_c` hands out.
+
 Most of a small AVX kernel's compile was gcc parsing <immintrin.h> (0.24 s of
 0.32 s), so gcc reads it from a precompiled header instead (`immintrin_flags`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -25,7 +31,7 @@ import re
 import shutil
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +73,43 @@ def cache_key(source: str, flags: Sequence[str], compiler_version: str,
     payload = json.dumps({"source": source, "flags": list(flags), "compiler": compiler_version,
                           "codegen": codegen_version}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def bundle_key(source: str, flags: Sequence[str],
+               codegen_version: str = CODEGEN_VERSION) -> str:
+    """sha256 of what a library a plan carries was built from, less the compiler."""
+    payload = json.dumps({"source": source, "flags": list(flags), "codegen": codegen_version},
+                         sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# Libraries that loaded plans brought, by bundle key, and the collectors of
+# `recording_libraries` (both touched from one thread at a time: a plan's load or build).
+_BUNDLED: dict[str, Path] = {}
+_RECORDERS: list[dict[str, Path]] = []
+
+
+@contextlib.contextmanager
+def recording_libraries():
+    """Collects {bundle key: library path} of every `compile_c` call inside the block."""
+    found: dict[str, Path] = {}
+    _RECORDERS.append(found)
+    try:
+        yield found
+    finally:
+        _RECORDERS.remove(found)
+
+
+def use_bundled_libraries(libraries: Mapping[str, bytes]) -> None:
+    """From now on `compile_c` returns these libraries ({bundle key: shared library bytes},
+    a plan's) for their sources instead of compiling: each is written once into the compile
+    cache (`bundled_<key>.so`) and loaded from there."""
+    directory = compile_cache_dir()
+    for key, data in libraries.items():
+        path = directory / f"bundled_{key[:32]}.so"
+        if not path.exists() or path.stat().st_size != len(data):
+            atomic_write(path, data)
+        _BUNDLED[key] = path
 
 
 def temp_tag() -> str:
@@ -131,6 +174,19 @@ def compile_c(source: str, flags: Sequence[str] | None = None,
               codegen_version: str = CODEGEN_VERSION) -> CompiledArtifact:
     """Compile C `source` into a shared library (cached); `flags` default to `c_flags()`."""
     flags = c_flags() if flags is None else flags
+    all_flags = [*flags, *libraries]
+    bundled = bundle_key(source, all_flags, codegen_version)
+    artifact = _cached_or_compiled(source, flags, libraries, codegen_version, bundled)
+    for found in _RECORDERS:
+        found[bundled] = artifact.path
+    return artifact
+
+
+def _cached_or_compiled(source: str, flags: Sequence[str], libraries: Sequence[str],
+                        codegen_version: str, bundled: str) -> CompiledArtifact:
+    carried = _BUNDLED.get(bundled)
+    if carried is not None and carried.exists():   # a loaded plan's own: no compiler needed
+        return CompiledArtifact(carried, bundled, True)
     cc = c_compiler()
     all_flags = [*flags, *libraries]
     key = cache_key(source, all_flags, compiler_version(cc), codegen_version)

@@ -10,7 +10,9 @@ model's name, the options and the ISA wpk sees (`--isa`, tests/isa.py); a new te
 starts with an empty folder.
 
 `FAST_BUILD`: the options that keep CI fast (library and vendor kernels, no schedule
-search; each candidate verified against the float64 reference and timed once).
+search; each candidate verified against the float64 reference and timed once; no end-to-end
+check against onnxruntime's model; the plans loaded on this machine only, so without their
+compiled libraries).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 from pathlib import Path
 
 FAST_BUILD = {"search": "none", "warmup": 0, "repeats": 1, "min_time": 0.0, "progress": False,
-              "partition": False}
+              "partition": False, "native_libraries": False}
 
 
 class PlanCache:

@@ -200,7 +200,9 @@ class WpkBackendRep(BackendRep):
         The run's shapes are also given as `input_shapes`: a declared dim of 0 (an empty
         tensor) reads as an exporter's "dynamic" placeholder otherwise.
         """
-        options = {"input_shapes": {n: tuple(s) for n, s in shapes.items()}, **self.options}
+        options = {"input_shapes": {n: tuple(s) for n, s in shapes.items()},
+                   "native_libraries": False,   # the plan stays in this process
+                   **self.options}
         plan = wpk.build(model, target=self.target, **options)
         return with_tail(Session(plan, f"<backend plan {len(self._sessions)} of "
                                        f"{model.graph.name}>"))

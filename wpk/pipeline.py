@@ -44,6 +44,7 @@ from wpk.core.limits import parse_memory
 from wpk.core.safe_write import check_output
 from wpk.in_run import tuned_and_untuned_mix
 from wpk.kernels.target import Target, create_target, target_class
+from wpk.native_bundle import bundle_native_libraries
 from wpk.partition import choose_partition
 from wpk.passes import optimize
 from wpk.passes.quantize_dequantize import quantizes
@@ -111,6 +112,10 @@ class BuildOptions:
     # Bytes (or "4G", "512M") the model's tensors may take (`wpk.core.limits`); None:
     # half the machine's RAM.
     max_memory: int | str | None = None
+    # A CPU plan carries its kernels' shared libraries, so it loads where no compiler is
+    # (`wpk.native_bundle`); False for a plan that never leaves this machine (the ONNX
+    # backend's in-memory plans), which saves the build a process that loads the plan.
+    native_libraries: bool = True
 
     def __post_init__(self) -> None:
         target_class(self.target)  # OptionError naming the known targets
@@ -246,6 +251,8 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
             summary["from_untuned"] = taken
         chosen.report = {**report, "partition": summary}
         result = chosen
+    if opts.target == "cpu" and opts.native_libraries:
+        result = bundle_native_libraries(result)
     if tail is not None:
         attach_tail(result, tail, graph)
     if output is not None:

@@ -32,6 +32,7 @@ from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.kernels.cpu.native_chain import chain_kernel, native_call
 from wpk.kernels.cpu.ort_region import RegionMember, region_kernel
 from wpk.kernels.target import target_class
+from wpk.native_bundle import install_native_libraries
 from wpk.plans.planfile import KERNELS, Plan, Step, read_plan
 
 _ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16",
@@ -90,6 +91,7 @@ class Session:
                               f"executes {self.target} plans", hint="load it with wpk.load")
         self.plan = plan
         self.path = path
+        install_native_libraries(plan)   # the plan's compiled kernels: no compiler needed
         self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
                         for e in plan.inputs]
         self._outputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])

@@ -1,0 +1,120 @@
+"""A CPU plan carries its kernels' shared libraries: it loads without a C compiler."""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import wpk
+from wpk.dsl import toolchain
+from wpk.kernels import registry
+from wpk.native_bundle import bundle_native_libraries, native_libraries
+from wpk.plans.planfile import Plan, read_plan
+from wpk.runtime import Session
+
+
+def _matmul_model(rng):
+    weight = rng.standard_normal((24, 40)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 24])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 40])],
+        [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, weight
+
+
+def _on_generated_gemm(plan: Plan) -> Plan:
+    """The plan with its step given to micro.gemm's default schedule (a compiled kernel,
+    whatever the build's timing chose)."""
+    manifest = copy.deepcopy(plan.manifest)
+    impl = registry.get("micro.gemm")
+    for step in manifest["steps"]:
+        workload = plan.workload(step["workload_key"])
+        step.update(impl=impl.name, kind=impl.kind, config=impl.configs(workload)[0],
+                    artifacts=[])
+    return Plan(manifest, plan.weights, plan.report, {})
+
+
+@pytest.fixture(scope="module")
+def bundled_plan(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    model, weight = _matmul_model(rng)
+    built = wpk.build(model, target="cpu", progress=False, partition=False)
+    generated = _on_generated_gemm(built)
+    Session(generated)   # as in a build, this process has loaded the plan's kernels already
+    plan = bundle_native_libraries(generated)
+    path = tmp_path_factory.mktemp("bundle") / "mm.wpk"
+    plan.save(path)
+    return path, weight
+
+
+def test_the_plan_holds_the_library_its_step_loads(bundled_plan):
+    path, _ = bundled_plan
+    plan = read_plan(path)
+    libraries = native_libraries(plan)
+    assert len(libraries) >= 1
+    for data in libraries.values():
+        assert data[:4] == b"\x7fELF"
+    assert plan.manifest["requires"]["machine"] == plan.manifest["device"]["machine"]
+
+
+def _load_and_run_without_a_compiler(path, cache, x):
+    code = textwrap.dedent(f"""
+        import numpy as np, wpk
+        x = np.load({str(cache / 'x.npy')!r})
+        session = wpk.load({str(path)!r})
+        np.save({str(cache / 'y.npy')!r}, session.run(None, {{"x": x}})[0])
+        print([step.impl for step in session.plan.steps])
+    """)
+    np.save(cache / "x.npy", x)
+    env = {**os.environ, "WPK_CACHE_DIR": str(cache / "empty-cache"), "CC": "/nonexistent/gcc"}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_it_loads_and_runs_where_no_compiler_is_and_the_cache_is_empty(bundled_plan,
+                                                                       tmp_path):
+    path, weight = bundled_plan
+    x = np.random.default_rng(8).standard_normal((6, 24)).astype(np.float32)
+    done = _load_and_run_without_a_compiler(path, tmp_path, x)
+    assert done.returncode == 0, done.stderr
+    assert "micro.gemm" in done.stdout
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), x @ weight, rtol=1e-5, atol=1e-5)
+
+
+def test_without_its_libraries_the_same_plan_needs_the_compiler(bundled_plan, tmp_path):
+    """What the libraries spare: the plan less its native members cannot load there."""
+    path, _ = bundled_plan
+    plan = read_plan(path)
+    bare = Plan(plan.manifest, plan.weights, plan.report,
+                {k: v for k, v in plan.kernels.items() if not k.startswith("native/")})
+    bare_path = bare.save(tmp_path / "bare.wpk")
+    done = _load_and_run_without_a_compiler(bare_path, tmp_path, np.zeros((6, 24), np.float32))
+    assert done.returncode != 0
+    assert "/nonexistent/gcc" in done.stderr
+
+
+def test_a_bundled_library_is_what_compile_c_returns_for_its_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("WPK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(toolchain, "_BUNDLED", {})
+    source = "int wpk_answer(void) { return 42; }\n"
+    with toolchain.recording_libraries() as found:
+        compiled = toolchain.compile_c(source)
+    (key, path), = found.items()
+    assert path == compiled.path and key == toolchain.bundle_key(
+        source, [*toolchain.c_flags(), "-lm"])
+    toolchain.use_bundled_libraries({key: compiled.path.read_bytes()})
+    monkeypatch.setenv("CC", "/nonexistent/gcc")
+    again = toolchain.compile_c(source)
+    assert again.path.name.startswith("bundled_") and again.cached
+    assert toolchain.load_function(again.path, "wpk_answer", [], ctypes.c_int)() == 42
