@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from wpk.core.deferred import DeferredModule
@@ -68,3 +69,25 @@ def test_an_epilogue_operand_after_the_ops_inputs_is_still_told_apart():
     workload = Workload("MatMul", specs, (TensorSpec((2, 3), "float32"),), opset=17,
                         epilogue=(EpilogueStep("Add", operand=2),))
     assert core_input_count(workload) == 2
+
+
+def test_a_plan_with_bfloat16_weights_reads_in_a_process_without_onnx(rng, tmp_path):
+    """bfloat16 is ml_dtypes', which numpy knows only once it is imported (onnx imports it):
+    the manifest's check imports it where the manifest names such a dtype."""
+    import ml_dtypes
+
+    from wpk.plans.planfile import Plan
+
+    from .plan_helpers import tiny_plan
+
+    _, plan = tiny_plan(rng)
+    narrow = rng.standard_normal(5).astype(ml_dtypes.bfloat16)
+    plan = Plan(plan.manifest, {**plan.weights, "narrow": narrow}, plan.report, plan.kernels)
+    path = plan.save(tmp_path / "bf16.wpk")
+    out = _fresh(f"""
+        import sys
+        from wpk.plans.planfile import read_plan
+        narrow = read_plan({str(path)!r}).weights["narrow"]
+        print(narrow.dtype.name, narrow.astype("float32").tolist(), "onnx" in sys.modules)
+    """)
+    assert out == f"bfloat16 {narrow.astype(np.float32).tolist()} False"
