@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -102,14 +103,24 @@ def recording_libraries():
 
 def use_bundled_libraries(libraries: Mapping[str, bytes]) -> None:
     """From now on `compile_c` returns these libraries ({bundle key: shared library bytes},
-    a plan's) for their sources instead of compiling: each is written once into the compile
-    cache (`bundled_<key>.so`) and loaded from there."""
-    directory = compile_cache_dir()
-    for key, data in libraries.items():
-        path = directory / f"bundled_{key[:32]}.so"
-        if not path.exists() or path.stat().st_size != len(data):
-            atomic_write(path, data)
-        _BUNDLED[key] = path
+    a plan's) for their sources instead of compiling: each is written into the compile
+    cache (`bundled_<key>.so`, unless the same bytes are there) and loaded from there, or
+    from a private temporary folder where the cache cannot be written (a read-only home)."""
+    try:
+        directory = compile_cache_dir()
+        for key, data in libraries.items():
+            _BUNDLED[key] = _placed(directory, key, data)
+    except OSError:
+        directory = Path(tempfile.mkdtemp(prefix="wpk-native-"))
+        for key, data in libraries.items():
+            _BUNDLED[key] = _placed(directory, key, data)
+
+
+def _placed(directory: Path, key: str, data: bytes) -> Path:
+    path = directory / f"bundled_{key[:32]}.so"
+    if not path.exists() or path.read_bytes() != data:
+        atomic_write(path, data)
+    return path
 
 
 def temp_tag() -> str:
@@ -174,8 +185,7 @@ def compile_c(source: str, flags: Sequence[str] | None = None,
               codegen_version: str = CODEGEN_VERSION) -> CompiledArtifact:
     """Compile C `source` into a shared library (cached); `flags` default to `c_flags()`."""
     flags = c_flags() if flags is None else flags
-    all_flags = [*flags, *libraries]
-    bundled = bundle_key(source, all_flags, codegen_version)
+    bundled = bundle_key(source, [*flags, *libraries], codegen_version)
     artifact = _cached_or_compiled(source, flags, libraries, codegen_version, bundled)
     for found in _RECORDERS:
         found[bundled] = artifact.path

@@ -118,3 +118,19 @@ def test_a_bundled_library_is_what_compile_c_returns_for_its_source(tmp_path, mo
     again = toolchain.compile_c(source)
     assert again.path.name.startswith("bundled_") and again.cached
     assert toolchain.load_function(again.path, "wpk_answer", [], ctypes.c_int)() == 42
+
+
+def test_an_unwritable_cache_puts_the_libraries_in_a_private_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(toolchain, "_BUNDLED", {})
+    source = "int wpk_seven(void) { return 7; }\n"
+    monkeypatch.setenv("WPK_CACHE_DIR", str(tmp_path / "writable"))
+    key = toolchain.bundle_key(source, [*toolchain.c_flags(), "-lm"])
+    data = toolchain.compile_c(source).path.read_bytes()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")   # no cache can be made under it, even by root
+    monkeypatch.setenv("WPK_CACHE_DIR", str(blocked / "cache"))
+    toolchain.use_bundled_libraries({key: data})
+    monkeypatch.setenv("CC", "/nonexistent/gcc")
+    carried = toolchain.compile_c(source).path
+    assert carried.name.startswith("bundled_") and not carried.is_relative_to(blocked)
+    assert toolchain.load_function(carried, "wpk_seven", [], ctypes.c_int)() == 7
