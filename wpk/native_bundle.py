@@ -69,9 +69,10 @@ def recorded_libraries(plan: Plan) -> dict[str, str]:
         plan.save(path)
         done = subprocess.run([sys.executable, "-m", "wpk.native_bundle", path],
                               capture_output=True, text=True, timeout=RECORD_TIMEOUT_S)
-    if done.returncode != 0:
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
         raise ValueError(f"loading the plan in a new process failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(lines[-1])
 
 
 def _record(path: str) -> None:

@@ -134,3 +134,14 @@ def test_an_unwritable_cache_puts_the_libraries_in_a_private_folder(tmp_path, mo
     carried = toolchain.compile_c(source).path
     assert carried.name.startswith("bundled_") and not carried.is_relative_to(blocked)
     assert toolchain.load_function(carried, "wpk_seven", [], ctypes.c_int)() == 7
+
+
+def test_a_plan_whose_recording_fails_keeps_no_libraries_and_says_why(bundled_plan,
+                                                                      monkeypatch):
+    from wpk import native_bundle
+
+    plan = read_plan(bundled_plan[0])
+    monkeypatch.setattr(native_bundle.sys, "executable", "/nonexistent/python")
+    kept = bundle_native_libraries(plan)
+    assert native_libraries(kept) == {}
+    assert "nonexistent" in kept.report["native_libraries"]["error"]
