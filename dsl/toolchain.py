@@ -107,20 +107,20 @@ def use_bundled_libraries(libraries: Mapping[str, bytes]) -> None:
     cache (`bundled_<key>.so`, unless the same bytes are there) and loaded from there, or
     from a private temporary folder where the cache cannot be written (a read-only home)."""
     try:
-        directory = compile_cache_dir()
-        for key, data in libraries.items():
-            _BUNDLED[key] = _placed(directory, key, data)
+        placed = _placed(compile_cache_dir(), libraries)
     except OSError:
-        directory = Path(tempfile.mkdtemp(prefix="wpk-native-"))
-        for key, data in libraries.items():
-            _BUNDLED[key] = _placed(directory, key, data)
+        placed = _placed(Path(tempfile.mkdtemp(prefix="wpk-native-")), libraries)
+    _BUNDLED.update(placed)
 
 
-def _placed(directory: Path, key: str, data: bytes) -> Path:
-    path = directory / f"bundled_{key[:32]}.so"
-    if not path.exists() or path.read_bytes() != data:
-        atomic_write(path, data)
-    return path
+def _placed(directory: Path, libraries: Mapping[str, bytes]) -> dict[str, Path]:
+    """{key: path} of the libraries written into `directory` (kept where its bytes are)."""
+    paths = {}
+    for key, data in libraries.items():
+        path = paths[key] = directory / f"bundled_{key[:32]}.so"
+        if not path.exists() or path.read_bytes() != data:
+            atomic_write(path, data)
+    return paths
 
 
 def temp_tag() -> str:

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from wpk.core.aligned import aligned_bytes
+
 ALIGN = 64
 # the extra field's header ID for padding (the one Android's zipalign writes)
 _PADDING_ID = 0xD935
@@ -53,9 +55,12 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 def aligned_buffer(size: int) -> np.ndarray:
     """A writable uint8 array of `size` bytes whose first byte is ALIGN-aligned."""
-    raw = np.empty(size + ALIGN, dtype=np.uint8)
-    shift = -raw.ctypes.data % ALIGN
-    return raw[shift:shift + size]
+    return aligned_bytes(size, ALIGN)
+
+
+def _plainly_stored(info: zipfile.ZipInfo) -> bool:
+    """Whether a member's bytes lie in the zip as they are (stored, not encrypted)."""
+    return info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1
 
 
 def _data_offset(local_header: bytes, at: int) -> int | None:
@@ -71,7 +76,7 @@ def read_stored_member(path: str, info: zipfile.ZipInfo) -> np.ndarray | None:
     """The bytes of a stored, unencrypted member as an aligned uint8 array, read from the
     file straight into it; None for any other member (the caller reads it through zipfile).
     Raises OSError or EOFError where the file ends before the member does."""
-    if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1:
+    if not _plainly_stored(info):
         return None
     with open(path, "rb") as stream:
         stream.seek(info.header_offset)
@@ -167,7 +172,7 @@ def npz_views(buffer: np.ndarray, caps: Mapping[str, int]) -> dict[str, np.ndarr
                 continue
             info = archive.getinfo(name)
             start = None
-            if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1:
+            if _plainly_stored(info):
                 at = info.header_offset
                 start = _data_offset(bytes(buffer[at:at + _LOCAL_HEADER]), at)
             if start is None or start + info.file_size > len(buffer):

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnxruntime
 
+from wpk.core.aligned import aligned_bytes
 from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
 from wpk.kernels import registry
@@ -169,9 +170,7 @@ class Session:
 
     def _allocate(self, specs: Mapping[str, TensorSpec]) -> tuple[np.ndarray, dict]:
         buffers = self.plan.buffer_plan
-        raw = np.empty(buffers.arena_bytes + buffers.alignment, dtype=np.uint8)
-        shift = (-raw.ctypes.data) % buffers.alignment
-        arena = raw[shift:shift + buffers.arena_bytes]
+        arena = aligned_bytes(buffers.arena_bytes, buffers.alignment)
         views = {}
         for name, index in buffers.assignment.items():
             spec = specs[name]
@@ -183,7 +182,7 @@ class Session:
                                 hint="rebuild the plan with `wpk build`")
             offset = buffers.offsets[index] + within
             views[name] = arena[offset:offset + nbytes].view(dtype).reshape(spec.shape)
-        return raw, views
+        return arena, views
 
     def _prepare_steps(self, arrays: Mapping[str, np.ndarray], merge: bool = True):
         """(kernel, inputs, outputs) calls and their names; with `merge`, runs of two or

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from wpk.core.aligned import aligned_bytes
+
 ALIGN = 64   # bytes: the scratch's vectors start on cache lines
 
 
@@ -30,9 +32,7 @@ class ScratchPool:
         try:
             return self.free.pop()
         except IndexError:
-            raw = np.empty(self.floats + ALIGN // 4, np.float32)
-            skip = (-raw.ctypes.data % ALIGN) // 4
-            return raw[skip: skip + self.floats]
+            return aligned_bytes(4 * self.floats, ALIGN).view(np.float32)
 
     def give(self, buffer: np.ndarray) -> None:
         """Return a buffer taken from this pool."""
