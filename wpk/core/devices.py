@@ -163,10 +163,17 @@ def cpu_flags() -> tuple[str, ...]:
     that disables AVX-512 state never gets AVX-512 code. `restrict_cpu_flags`
     narrows it further.
     """
-    flags = runtime_checked(_cpuinfo().get("flags", ()), _runtime_features())
+    flags = _checked_flags()
     if _restriction is not None:
         flags = tuple(f for f in flags if f in _restriction)
     return flags
+
+
+@functools.cache
+def _checked_flags() -> tuple[str, ...]:
+    """/proc/cpuinfo's flags less what numpy's runtime check rules out: fixed for the
+    process (a plan's load asks for them once per kernel)."""
+    return runtime_checked(_cpuinfo().get("flags", ()), _runtime_features())
 
 
 def restrict_cpu_flags(flags: Iterable[str] | None) -> None:
