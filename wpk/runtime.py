@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import onnxruntime
 
-from wpk.core.aligned import aligned_bytes
+from wpk.core.aligned import aligned_bytes, touch_pages
 from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
 from wpk.kernels import registry
-from wpk.kernels.cpu.blas_threads import OneBlasThread
+from wpk.kernels.cpu.blas_threads import OneBlasThread, one_blas_thread
 from wpk.kernels.cpu.native_chain import chain_kernel, native_call
 from wpk.kernels.cpu.ort_region import RegionMember, region_kernel
 from wpk.kernels.target import target_class
@@ -105,7 +105,11 @@ class Session:
         self.spin_threads = spin_threads  # regions' threads spin during runs (ort_region)
         self._arrays, self._step_calls = arrays, None
         self.region_failures: list[str] = []
-        self._calls, self._step_names = self._prepare_steps(arrays)
+        # BLAS on one thread while preparing (filter transforms, packing): OpenBLAS's idle
+        # workers spin for about 0.1 s after a call, and on a small machine they took the
+        # cores from the first run's kernels (DenseNet-121's first run 106 ms, the next 35)
+        with one_blas_thread():
+            self._calls, self._step_names = self._prepare_steps(arrays)
         # after the kernels loaded their libraries; entering it costs ~10 us a run, so only
         # when some step may call BLAS
         self._one_blas_thread = OneBlasThread() if _uses_blas(plan) else contextlib.nullcontext
@@ -171,6 +175,7 @@ class Session:
     def _allocate(self, specs: Mapping[str, TensorSpec]) -> tuple[np.ndarray, dict]:
         buffers = self.plan.buffer_plan
         arena = aligned_bytes(buffers.arena_bytes, buffers.alignment)
+        touch_pages(arena)   # mapped at load: the first run runs as fast as the next
         views = {}
         for name, index in buffers.assignment.items():
             spec = specs[name]

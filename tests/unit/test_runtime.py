@@ -97,17 +97,17 @@ def test_input_validation_messages(session):
     assert session.run({"x": good.tolist()})["y"].shape == (2, 5)  # lists take the plan dtype
 
 
-def chain_plan(length, impl=None, config=None):
+def chain_plan(length, impl=None, config=None, shape=(3, 4)):
     """a1 = x + x, a(k+1) = a(k) + a(k), y = a(length) + x: intermediates share buffers."""
-    spec = TensorSpec((3, 4))
-    tensors = {"x": TensorInfo((3, 4))}
+    spec = TensorSpec(shape)
+    tensors = {"x": TensorInfo(shape)}
     nodes, previous = [], "x"
     for k in range(1, length + 1):
         nodes.append(Node("Add", [previous, previous], [f"a{k}"], f"add{k}"))
-        tensors[f"a{k}"] = TensorInfo((3, 4))
+        tensors[f"a{k}"] = TensorInfo(shape)
         previous = f"a{k}"
     nodes.append(Node("Add", [previous, "x"], ["y"], "last"))
-    tensors["y"] = TensorInfo((3, 4))
+    tensors["y"] = TensorInfo(shape)
     graph = Graph(nodes, ["x"], ["y"], tensors)
     workload = Workload("Add", (spec, spec), (spec,))
     impl = impl or IMPLEMENTATIONS[2]
@@ -127,6 +127,58 @@ def test_reused_buffers_give_right_answers(rng, tmp_path):
     session = Session.load(plan.save(tmp_path / "chain.wpk"))
     x = rng.standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_allclose(session.run({"x": x})["y"], 65 * x, rtol=1e-6)
+
+
+def test_the_arena_is_mapped_at_load(tmp_path):
+    """The intermediates' pages are mapped when the plan loads, not by the first run's
+    kernels (a fresh allocation's pages fault in where first written)."""
+    from .test_aligned import mapped_pages
+
+    register_test_implementations()
+    plan = chain_plan(3, shape=(256, 1024))   # 1 MiB tensors, two buffers
+    session = Session.load(plan.save(tmp_path / "big.wpk"))
+    mapped, pages = mapped_pages(session._arena)
+    assert pages >= 2 * 256 and mapped == pages
+
+
+class PreparesWithBlas(Implementation):
+    """An Add whose prepare records how many threads BLAS may use there."""
+
+    name = "runtime_test.prepares_with_blas"
+    target = TEST_TARGET
+    seen: list[int] = []
+
+    def unsupported_reason(self, workload):
+        return None
+
+    def prepare(self, workload, consts, config):
+        from threadpoolctl import threadpool_info
+
+        self.seen.append(max(i["num_threads"] for i in threadpool_info()
+                             if i["user_api"] == "blas"))
+        return lambda inputs, outputs: np.add(inputs[0], inputs[1], out=outputs[0])
+
+
+def test_steps_are_prepared_with_one_blas_thread(tmp_path):
+    """A prepare's BLAS call (a filter transform, a packing) runs on the loading thread:
+    OpenBLAS's idle workers spin for about 0.1 s after a call, taking the cores from the
+    first run's kernels. The limit ends with the load."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    if blas_threads() < 2:
+        pytest.skip("BLAS runs one thread here already")
+    before = blas_threads()
+    register_test_implementations()
+    impl = PreparesWithBlas()
+    if impl.name not in registry._REGISTRY:
+        registry.register(impl)
+    impl.seen.clear()
+    Session.load(chain_plan(2, impl).save(tmp_path / "blas-prepare.wpk"))
+    assert impl.seen and set(impl.seen) == {1}
+    assert blas_threads() == before
 
 
 class ScaledAdd(Implementation):
