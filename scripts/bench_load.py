@@ -1,11 +1,13 @@
 #!/usr/bin/env python
-"""Time to a ready session in a fresh process: `wpk.load(plan)` against onnxruntime's
-`InferenceSession(model)` at its defaults, what a user waits for before the first run.
+"""Time to a ready session and to the first result in a fresh process: `wpk.load(plan)`
+against onnxruntime's `InferenceSession(model)` at its defaults, then each one's first and
+second run on the same random inputs.
 
 For each model the plan is built once (untuned, default options) into `--dir`, next to
 the ONNX model onnxruntime loads; then `--rounds` pairs of fresh Python processes, the
 two engines alternating, each timing its imports plus the load (interpreter start-up
-is left out of both) and reporting its peak resident memory and page faults.
+is left out of both), its first run (what a server's first request waits for on top of
+the load) and its second, and reporting its peak resident memory and page faults.
 
     python scripts/bench_load.py --models light_vgg19,light_resnet50 --rounds 5
     python scripts/bench_load.py --models light_vgg19 --dir /tmp/plans --json out.json
@@ -33,28 +35,51 @@ from bench_e2e import load_benchmark_model, machine_description, model_names, wr
 import wpk  # noqa: E402
 
 # One fresh process: imports and load timed together, then peak memory and page faults.
+# One fresh process: imports and load timed together, then the first and the second run
+# on the same seeded inputs (`argv[3]`: the plan's inputs as JSON [name, shape, dtype]),
+# then peak memory and page faults.
 _PROBE = """
 import json, resource, sys, time
 start = time.perf_counter()
 if sys.argv[1] == "wpk":
     import wpk
     session = wpk.load(sys.argv[2])
+    run = session.run
 else:
     import onnxruntime
     session = onnxruntime.InferenceSession(sys.argv[2], providers=["CPUExecutionProvider"])
+    run = lambda feeds: session.run(None, feeds)
 seconds = time.perf_counter() - start
+import numpy
+rng = numpy.random.default_rng(0)
+feeds = {name: rng.standard_normal(shape).astype(dtype)
+         for name, shape, dtype in json.loads(sys.argv[3])}
+runs = []
+for _ in range(2):
+    began = time.perf_counter()
+    run(feeds)
+    runs.append(time.perf_counter() - began)
 usage = resource.getrusage(resource.RUSAGE_SELF)
 with open("/proc/self/status") as status:   # ru_maxrss would count the parent's at fork
     peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
-print(json.dumps({"seconds": seconds, "peak_mb": peak_kb / 1024, "minor_faults": usage.ru_minflt,
+print(json.dumps({"seconds": seconds, "first_run_s": runs[0], "second_run_s": runs[1],
+                  "peak_mb": peak_kb / 1024, "minor_faults": usage.ru_minflt,
                   "system_s": usage.ru_stime, "onnx_imported": "onnx" in sys.modules}))
 """
 
 
-def _probe(engine: str, path: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", _PROBE, engine, str(path)], check=True,
-                          capture_output=True, text=True)
+def _probe(engine: str, path: Path, inputs: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", _PROBE, engine, str(path), inputs],
+                          check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def plan_inputs(plan_path: Path) -> str:
+    """The plan's inputs as the probe reads them: JSON [[name, shape, dtype], ...]."""
+    from wpk.plans.planfile import read_plan
+
+    plan = read_plan(plan_path)
+    return json.dumps([[e["name"], list(e["shape"]), e["dtype"]] for e in plan.inputs])
 
 
 def prepared_files(name: str, folder: Path) -> tuple[Path, Path, float | None]:
@@ -79,12 +104,17 @@ def summary(samples: list[dict]) -> dict:
             for key, value in samples[0].items()}
 
 
+def _ms(medians: dict) -> str:
+    return f"{1e3 * medians['first_run_s']:.1f} / {1e3 * medians['second_run_s']:.1f}"
+
+
 def bench_load(name: str, folder: Path, rounds: int) -> dict:
     plan_path, model_path, build_s = prepared_files(name, folder)
+    inputs = plan_inputs(plan_path)
     wpk_runs, ort_runs = [], []
     for _ in range(rounds):
-        wpk_runs.append(_probe("wpk", plan_path))
-        ort_runs.append(_probe("ort", model_path))
+        wpk_runs.append(_probe("wpk", plan_path, inputs))
+        ort_runs.append(_probe("ort", model_path, inputs))
     ratios = [w["seconds"] / o["seconds"] for w, o in zip(wpk_runs, ort_runs)]
     result = {"model": name, "plan_mb": plan_path.stat().st_size / 2**20, "build_s": build_s,
               "wpk": summary(wpk_runs), "ort": summary(ort_runs),
@@ -94,8 +124,8 @@ def bench_load(name: str, folder: Path, rounds: int) -> dict:
           f"({min(r['seconds'] for r in wpk_runs):.2f}-{max(r['seconds'] for r in wpk_runs):.2f})"
           f" | {result['ort']['seconds']:.2f} "
           f"({min(r['seconds'] for r in ort_runs):.2f}-{max(r['seconds'] for r in ort_runs):.2f})"
-          f" | {result['ratio_median']:.2f} | {result['wpk']['peak_mb']:.0f} / "
-          f"{result['ort']['peak_mb']:.0f} |", flush=True)
+          f" | {result['ratio_median']:.2f} | {_ms(result['wpk'])} | {_ms(result['ort'])} "
+          f"| {result['wpk']['peak_mb']:.0f} / {result['ort']['peak_mb']:.0f} |", flush=True)
     return result
 
 
@@ -110,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = model_names(parser, args.models)
     print("| model | plan MB | wpk.load s (range) | onnxruntime session s (range) | "
-          "wpk/ort | peak MB wpk / ort |")
-    print("|---|---|---|---|---|---|")
+          "wpk/ort | wpk first / second run ms | onnxruntime first / second run ms | "
+          "peak MB wpk / ort |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(args.dir or scratch)
         folder.mkdir(parents=True, exist_ok=True)
