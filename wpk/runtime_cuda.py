@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -33,7 +34,7 @@ from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.kernels.cuda.cupy_support import compute_capability, require_cupy
 from wpk.kernels.cuda.generated import load_cubin_kernel
 from wpk.plans.planfile import KERNELS, Plan, read_plan
-from wpk.runtime import Session, TensorMeta, bind_step, output_index
+from wpk.runtime import Session, TensorMeta, bind_step, one_run_at_a_time, output_index
 from wpk.search.measure_cuda import summarize, time_gpu
 
 HOST_KINDS = frozenset({"fallback"})   # steps that copy to the host and synchronise
@@ -94,7 +95,8 @@ def generated_artifacts(files: Mapping[str, bytes], choice: str) -> bytes:
 
 
 class CudaSession(Session):
-    """A loaded CUDA plan (see the module docstring); not thread-safe."""
+    """A loaded CUDA plan (see the module docstring); its runs from several threads take
+    turns."""
 
     target = "cuda"
 
@@ -106,6 +108,7 @@ class CudaSession(Session):
                             hint="load it with wpk.load")
         cupy = require_cupy(f"plan '{path}' (target cuda)")
         self.cupy, self.plan, self.path = cupy, plan, path
+        self._run_lock = threading.RLock()
         self.cuda_graph = cuda_graph
         self.device_cc = compute_capability()
         self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"]) for e in plan.inputs]
@@ -271,6 +274,7 @@ class CudaSession(Session):
                           hint="time a CUDA plan's steps with `wpk run --repeat N` overall, or "
                                "Session.profile(feeds) per step (CUDA events)")
 
+    @one_run_at_a_time
     def profile(self, feeds: Mapping, repeats: int = 10) -> list[dict]:
         """Median seconds of every step alone (CUDA events), in execution order."""
         self._execute(feeds)

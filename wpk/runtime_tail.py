@@ -88,12 +88,13 @@ class TailSession:
     def timeline(self, feeds: Mapping):
         """The head's timed run (`Session.timeline`), then the tail's, whose start and end
         are `last_tail_span` (the tail is one onnxruntime call, not plan steps)."""
-        timings = self.head.timeline(feeds)
-        head = {meta.name: source for meta, source in zip(self.head.get_outputs(),
-                                                          self.head._output_sources)}
-        began = time.perf_counter()
-        self._run_tail({**self._inputs_read(feeds), **head})
-        self.last_tail_span = (began, time.perf_counter())
+        with self.head._run_lock:   # the head's outputs are read from its buffers
+            timings = self.head.timeline(feeds)
+            head = {meta.name: source for meta, source in zip(self.head.get_outputs(),
+                                                              self.head._output_sources)}
+            began = time.perf_counter()
+            self._run_tail({**self._inputs_read(feeds), **head})
+            self.last_tail_span = (began, time.perf_counter())
         return timings
 
     def _run_all(self, feeds: Mapping) -> dict[str, np.ndarray]:

@@ -141,6 +141,36 @@ def test_the_arena_is_mapped_at_load(tmp_path):
     assert pages >= 2 * 256 and mapped == pages
 
 
+def test_runs_from_several_threads_get_their_own_results(rng, tmp_path):
+    """One session run by four threads at once: every run returns its own input's result
+    (the runs share the arena, so they take turns; unserialized, they read each other's)."""
+    import sys
+    import threading
+
+    register_test_implementations()
+    session = Session.load(chain_plan(4, shape=(64, 1024)).save(tmp_path / "threads.wpk"))
+    feeds = [rng.standard_normal((64, 1024)).astype(np.float32) for _ in range(4)]
+    wrong = []
+
+    def work(x):
+        for _ in range(25):
+            y = session.run({"x": x})["y"]
+            [y_list] = session.run(["y"], {"x": x})
+            wrong.extend(not np.array_equal(out, 17 * x) for out in (y, y_list))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)   # switch threads often, as a busy server would
+    try:
+        threads = [threading.Thread(target=work, args=(x,)) for x in feeds]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(wrong) == 200 and not any(wrong)
+
+
 class PreparesWithBlas(Implementation):
     """An Add whose prepare records how many threads BLAS may use there."""
 
