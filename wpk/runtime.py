@@ -21,6 +21,7 @@ import importlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 import onnxruntime
 
+from wpk.core import forks
 from wpk.core.aligned import aligned_bytes, touch_pages
 from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
@@ -86,12 +88,34 @@ def one_run_at_a_time(method):
     """`method` of a session holds the session's run lock (`_run_lock`, reentrant): every
     run writes the same arena and reads its outputs back from it, so two threads running
     one session at once got each other's results (120 of 120 runs of DenseNet-121 from four
-    threads wrong before)."""
+    threads wrong before). In a forked child it runs on the runner thread (`wpk.core.forks`:
+    the forking thread's OpenMP regions would wait forever)."""
     @functools.wraps(method)
     def locked(self, *args, **kwargs):
         with self._run_lock:
+            if forks.forked():
+                return forks.on_runner_thread(method, self, *args, **kwargs)
             return method(self, *args, **kwargs)
     return locked
+
+
+# Live sessions, whose run locks a forked child replaces: a lock another thread held at the
+# fork stays held in the child, where that thread does not exist.
+_SESSIONS: weakref.WeakSet = weakref.WeakSet()
+
+
+def track_run_lock(session) -> None:
+    """Give `session` its run lock (`_run_lock`) and renew it in forked children."""
+    session._run_lock = threading.RLock()
+    _SESSIONS.add(session)
+
+
+def _renew_run_locks() -> None:
+    for session in list(_SESSIONS):
+        session._run_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_renew_run_locks)
 
 
 class Session:
@@ -108,7 +132,7 @@ class Session:
                               f"executes {self.target} plans", hint="load it with wpk.load")
         self.plan = plan
         self.path = path
-        self._run_lock = threading.RLock()
+        track_run_lock(self)
         install_native_libraries(plan)   # the plan's compiled kernels: no compiler needed
         self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
                         for e in plan.inputs]
@@ -279,23 +303,29 @@ class Session:
         (under the run lock, taken here rather than by `one_run_at_a_time`: on a 20 us run
         of a tiny plan the wrapper cost 1.5 us, the lock alone 0.4)."""
         if feeds is None and isinstance(output_names_or_feeds, Mapping):
-            with self._run_lock:
-                if self._direct is not None:
-                    return dict(zip(self._direct.output_names,
-                                    self._run_direct(output_names_or_feeds)))
-                self._execute(output_names_or_feeds)
-                return {meta.name: source.copy()
-                        for meta, source in zip(self._outputs, self._output_sources)}
-        if feeds is None:
+            feeds, indices = output_names_or_feeds, None
+        elif feeds is None:
             raise InputError("run() needs the inputs: run(feeds) or run(output_names, feeds)",
                              hint=f"pass a dict {{name: array}} for {self._input_names()}")
-        indices = output_indices(output_names_or_feeds, self._outputs, self._output_index)
+        else:
+            indices = output_indices(output_names_or_feeds, self._outputs, self._output_index)
         with self._run_lock:
-            if self._direct is not None:
-                results = self._run_direct(feeds)
-                return [results[i] for i in indices]
-            self._execute(feeds)
-            return [self._output_sources[i].copy() for i in indices]
+            if forks.forked():
+                return forks.on_runner_thread(self._results, feeds, indices)
+            return self._results(feeds, indices)
+
+    def _results(self, feeds: Mapping, indices: list[int] | None):
+        """One run: a dict of every output (`indices` None) or the list of those outputs."""
+        if self._direct is not None:
+            results = self._run_direct(feeds)
+            if indices is None:
+                return dict(zip(self._direct.output_names, results))
+            return [results[i] for i in indices]
+        self._execute(feeds)
+        if indices is None:
+            return {meta.name: source.copy()
+                    for meta, source in zip(self._outputs, self._output_sources)}
+        return [self._output_sources[i].copy() for i in indices]
 
     @one_run_at_a_time
     def profile(self, feeds: Mapping, repeats: int = 10) -> list[dict]:

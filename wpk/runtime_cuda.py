@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -34,7 +33,14 @@ from wpk.kernels.cpu.blas_threads import OneBlasThread
 from wpk.kernels.cuda.cupy_support import compute_capability, require_cupy
 from wpk.kernels.cuda.generated import load_cubin_kernel
 from wpk.plans.planfile import KERNELS, Plan, read_plan
-from wpk.runtime import Session, TensorMeta, bind_step, one_run_at_a_time, output_index
+from wpk.runtime import (
+    Session,
+    TensorMeta,
+    bind_step,
+    one_run_at_a_time,
+    output_index,
+    track_run_lock,
+)
 from wpk.search.measure_cuda import summarize, time_gpu
 
 HOST_KINDS = frozenset({"fallback"})   # steps that copy to the host and synchronise
@@ -108,7 +114,7 @@ class CudaSession(Session):
                             hint="load it with wpk.load")
         cupy = require_cupy(f"plan '{path}' (target cuda)")
         self.cupy, self.plan, self.path = cupy, plan, path
-        self._run_lock = threading.RLock()
+        track_run_lock(self)
         self.cuda_graph = cuda_graph
         self.device_cc = compute_capability()
         self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"]) for e in plan.inputs]

@@ -1,0 +1,135 @@
+"""A process forked from one that ran a plan runs it too (`wpk.core.forks`), and its runs'
+locks are its own."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import wpk
+from wpk.core import forks
+from wpk.kernels import registry
+from wpk.plans.planfile import Plan
+from wpk.runtime import Session
+
+
+def _matmul_plan(rng, tmp_path) -> tuple[str, np.ndarray]:
+    """A [256, 256] x [256, 256] MatMul plan on micro.gemm's default schedule: an OpenMP
+    kernel, whatever the build's timing chose."""
+    weight = rng.standard_normal((256, 256)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])],
+        [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    built = wpk.build(model, target="cpu", progress=False, partition=False, search="none",
+                      native_libraries=False)
+    manifest = copy.deepcopy(built.manifest)
+    impl = registry.get("micro.gemm")
+    for step in manifest["steps"]:
+        step.update(impl=impl.name, kind=impl.kind,
+                    config=impl.configs(built.workload(step["workload_key"]))[0], artifacts=[])
+    path = str(Plan(manifest, built.weights, built.report, {}).save(tmp_path / "mm.wpk"))
+    return path, weight
+
+
+def _in_a_forked_child(work, timeout_s: float = 60.0):
+    """work()'s result computed in a forked child (pickled through a pipe, so small: the
+    child's write waits for the parent to read beyond the pipe's 64 KiB); fails the test
+    when the child is still running after `timeout_s`."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: no pytest machinery, only the work and its answer
+        os.close(read_end)
+        try:
+            answer = pickle.dumps(("ok", work()))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            answer = pickle.dumps(("error", repr(exc)))
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(answer)
+        os._exit(0)
+    os.close(write_end)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(read_end)
+        pytest.fail(f"the forked child was still running after {timeout_s:.0f} s (hung)")
+    with os.fdopen(read_end, "rb") as pipe:
+        status, value = pickle.loads(pipe.read())
+    assert status == "ok", value
+    return value
+
+
+def test_a_forked_child_runs_the_plan_its_parent_ran(rng, tmp_path):
+    """The parent runs an OpenMP kernel on this thread, then forks: libgomp's pool is not
+    copied, and the child's first run on the forking thread waited for it forever. The
+    child now runs on a thread of its own and gets the parent's answer."""
+    path, weight = _matmul_plan(rng, tmp_path)
+    session = wpk.load(path)
+    assert session.plan.steps[0].impl == "micro.gemm"
+    x = rng.standard_normal((256, 256)).astype(np.float32)
+    expected = session.run({"x": x})["y"]
+    np.testing.assert_allclose(expected, x @ weight, rtol=1e-4, atol=1e-3)
+    assert not forks.forked()
+
+    def child():
+        first = session.run({"x": x})["y"]
+        [second] = session.run(["y"], {"x": x})
+        return forks.forked(), [float(np.abs(y - expected).max()) for y in (first, second)]
+
+    was_forked, differences = _in_a_forked_child(child)
+    assert was_forked and differences == [0.0, 0.0]
+    assert np.array_equal(session.run({"x": x})["y"], expected)   # the parent still runs
+
+
+def test_a_run_lock_held_at_the_fork_is_free_in_the_child(rng, tmp_path):
+    """Another thread of the parent held the session's run lock when it forked: that thread
+    does not exist in the child, whose lock is a new one."""
+    from tests.unit.plan_helpers import register_test_implementations
+    from tests.unit.test_runtime import chain_plan
+
+    register_test_implementations()
+    session = Session.load(chain_plan(2).save(tmp_path / "chain.wpk"))
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with session._run_lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(30)
+    try:
+        y = _in_a_forked_child(lambda: session.run({"x": x})["y"], timeout_s=30)   # 48 bytes
+    finally:
+        release.set()
+        holder.join()
+    np.testing.assert_allclose(y, 5 * x, rtol=1e-6)
+
+
+def test_on_runner_thread_returns_and_raises_as_the_function_does():
+    assert forks.on_runner_thread(lambda a, b: a + b, 2, 3) == 5
+    assert forks.on_runner_thread(threading.get_ident) != threading.get_ident()
+
+    def fails():
+        raise ValueError("from the runner")
+
+    with pytest.raises(ValueError, match="from the runner"):
+        forks.on_runner_thread(fails)

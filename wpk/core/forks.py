@@ -1,0 +1,46 @@
+"""Running kernels in a process forked from one that already ran them.
+
+    if forked():                                   # this process is a fork's child
+        result = on_runner_thread(function, *args)   # function(*args) on a fresh thread
+
+libgomp keeps the pool of OpenMP threads that a thread's parallel regions use with that
+thread, and a fork copies the thread but not its pool's threads: the forking thread's
+next parallel region waits for workers that do not exist, forever (a process that ran a
+plan, forked by gunicorn's `--preload`, multiprocessing or a job queue, hung on its first
+run). A thread created after the fork starts a pool of its own, so in a forked child the
+runtime calls its kernels on such a thread (`on_runner_thread`, one for the process,
+started on first use); the cost is a hand-over between two threads per run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+_forked = False
+_runner: ThreadPoolExecutor | None = None
+
+
+def forked() -> bool:
+    """Whether this process was forked from another (`os.fork`, multiprocessing's fork)."""
+    return _forked
+
+
+def on_runner_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` on this process's runner thread (started after the fork), its
+    result or its exception."""
+    global _runner
+    if _runner is None:
+        _runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wpk-runner")
+    return _runner.submit(function, *args).result()
+
+
+def _after_fork_in_child() -> None:
+    global _forked, _runner
+    _forked = True
+    _runner = None   # the parent's runner thread, if any, was not copied
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
