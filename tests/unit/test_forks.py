@@ -90,10 +90,12 @@ def test_a_forked_child_runs_the_plan_its_parent_ran(rng, tmp_path):
     def child():
         first = session.run({"x": x})["y"]
         [second] = session.run(["y"], {"x": x})
-        return forks.forked(), [float(np.abs(y - expected).max()) for y in (first, second)]
+        rows = session.profile({"x": x}, repeats=2)   # a keyword through the runner thread
+        return (forks.forked(), [float(np.abs(y - expected).max()) for y in (first, second)],
+                [row["node"] for row in rows])
 
-    was_forked, differences = _in_a_forked_child(child)
-    assert was_forked and differences == [0.0, 0.0]
+    was_forked, differences, profiled = _in_a_forked_child(child)
+    assert was_forked and differences == [0.0, 0.0] and profiled == ["mm"]
     assert np.array_equal(session.run({"x": x})["y"], expected)   # the parent still runs
 
 
@@ -126,6 +128,7 @@ def test_a_run_lock_held_at_the_fork_is_free_in_the_child(rng, tmp_path):
 
 def test_on_runner_thread_returns_and_raises_as_the_function_does():
     assert forks.on_runner_thread(lambda a, b: a + b, 2, 3) == 5
+    assert forks.on_runner_thread(lambda a, b=0: a - b, 2, b=3) == -1
     assert forks.on_runner_thread(threading.get_ident) != threading.get_ident()
 
     def fails():

@@ -1,7 +1,7 @@
 """Running kernels in a process forked from one that already ran them.
 
     if forked():                                   # this process is a fork's child
-        result = on_runner_thread(function, *args)   # function(*args) on a fresh thread
+        result = on_runner_thread(function, *args)   # function(*args) on a thread of its own
 
 libgomp keeps the pool of OpenMP threads that a thread's parallel regions use with that
 thread, and a fork copies the thread but not its pool's threads: the forking thread's
@@ -28,13 +28,13 @@ def forked() -> bool:
     return _forked
 
 
-def on_runner_thread(function: Callable[..., Any], *args: Any) -> Any:
-    """`function(*args)` on this process's runner thread (started after the fork), its
-    result or its exception."""
+def on_runner_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`function(*args, **kwargs)` on this process's runner thread (started after the
+    fork), its result or its exception."""
     global _runner
     if _runner is None:
         _runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wpk-runner")
-    return _runner.submit(function, *args).result()
+    return _runner.submit(function, *args, **kwargs).result()
 
 
 def _after_fork_in_child() -> None:
