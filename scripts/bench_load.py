@@ -34,7 +34,6 @@ from bench_e2e import load_benchmark_model, machine_description, model_names, wr
 
 import wpk  # noqa: E402
 
-# One fresh process: imports and load timed together, then peak memory and page faults.
 # One fresh process: imports and load timed together, then the first and the second run
 # on the same seeded inputs (`argv[3]`: the plan's inputs as JSON [name, shape, dtype]),
 # then peak memory and page faults.
