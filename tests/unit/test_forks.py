@@ -3,7 +3,6 @@ locks are its own."""
 
 from __future__ import annotations
 
-import copy
 import os
 import pickle
 import threading
@@ -11,35 +10,20 @@ import time
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import wpk
+from tests.unit.test_native_bundle import _matmul_model, _on_generated_gemm
 from wpk.core import forks
-from wpk.kernels import registry
-from wpk.plans.planfile import Plan
 from wpk.runtime import Session
 
 
 def _matmul_plan(rng, tmp_path) -> tuple[str, np.ndarray]:
     """A [256, 256] x [256, 256] MatMul plan on micro.gemm's default schedule: an OpenMP
     kernel, whatever the build's timing chose."""
-    weight = rng.standard_normal((256, 256)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])],
-        [numpy_helper.from_array(weight, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model, weight = _matmul_model(rng, 256, 256, 256)
     built = wpk.build(model, target="cpu", progress=False, partition=False, search="none",
                       native_libraries=False)
-    manifest = copy.deepcopy(built.manifest)
-    impl = registry.get("micro.gemm")
-    for step in manifest["steps"]:
-        step.update(impl=impl.name, kind=impl.kind,
-                    config=impl.configs(built.workload(step["workload_key"]))[0], artifacts=[])
-    path = str(Plan(manifest, built.weights, built.report, {}).save(tmp_path / "mm.wpk"))
-    return path, weight
+    return str(_on_generated_gemm(built).save(tmp_path / "mm.wpk")), weight
 
 
 def _in_a_forked_child(work, timeout_s: float = 60.0):

@@ -21,12 +21,13 @@ from wpk.plans.planfile import Plan, read_plan
 from wpk.runtime import Session
 
 
-def _matmul_model(rng):
-    weight = rng.standard_normal((24, 40)).astype(np.float32)
+def _matmul_model(rng, m: int = 6, k: int = 24, n: int = 40):
+    """y = x @ w for x [m, k] and a constant w [k, n]: the model and w."""
+    weight = rng.standard_normal((k, n)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 24])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 40])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
         [numpy_helper.from_array(weight, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
