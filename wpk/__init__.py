@@ -19,8 +19,11 @@ def build(model, target: str = "cpu", **options):
     """Build a plan for an ONNX model (path, bytes or ModelProto); see `wpk.pipeline.build`."""
     # Imported on call: every `import wpk.<module>` runs this file first, and the pipeline
     # imports nearly all of wpk (and onnxruntime); `import wpk` stays light.
+    from wpk.core import forks
     from wpk.pipeline import build as _build
 
+    if forks.forked():   # its kernels' OpenMP threads did not survive the fork (wpk.core.forks)
+        return forks.on_runner_thread(_build, model, target=target, **options)
     return _build(model, target=target, **options)
 
 

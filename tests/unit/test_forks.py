@@ -83,6 +83,23 @@ def test_a_forked_child_runs_the_plan_its_parent_ran(rng, tmp_path):
     assert np.array_equal(session.run({"x": x})["y"], expected)   # the parent still runs
 
 
+def test_a_forked_child_builds_and_runs_a_plan(rng, tmp_path):
+    """A build measures OpenMP kernels too, and runs its plan end to end: in a forked child
+    it goes to the runner thread, where the plan's runs are called directly."""
+    path, weight = _matmul_plan(rng, tmp_path)
+    x = rng.standard_normal((256, 256)).astype(np.float32)
+    wpk.load(path).run({"x": x})   # the parent's pool of OpenMP threads exists now
+    model, weight = _matmul_model(rng, 256, 256, 256)
+
+    def child():
+        plan = wpk.build(model, target="cpu", progress=False, search="none",
+                         native_libraries=False)
+        y = Session(plan).run({"x": x})["y"]
+        return float(np.abs(y - x @ weight).max() / np.abs(x @ weight).max())
+
+    assert _in_a_forked_child(child, timeout_s=120) < 1e-4
+
+
 def test_a_run_lock_held_at_the_fork_is_free_in_the_child(rng, tmp_path):
     """Another thread of the parent held the session's run lock when it forked: that thread
     does not exist in the child, whose lock is a new one."""
@@ -114,6 +131,16 @@ def test_on_runner_thread_returns_and_raises_as_the_function_does():
     assert forks.on_runner_thread(lambda a, b: a + b, 2, 3) == 5
     assert forks.on_runner_thread(lambda a, b=0: a - b, 2, b=3) == -1
     assert forks.on_runner_thread(threading.get_ident) != threading.get_ident()
+    nested = []   # from the runner to the runner: called there, no wait on itself
+
+    def call_nested():
+        nested.append(forks.on_runner_thread(lambda: forks.on_runner_thread(threading.get_ident)))
+
+    caller = threading.Thread(target=call_nested, daemon=True)
+    caller.start()
+    caller.join(30)
+    assert nested, "the runner waited on itself"
+    assert nested == [forks.on_runner_thread(threading.get_ident)]
 
     def fails():
         raise ValueError("from the runner")

@@ -9,12 +9,14 @@ next parallel region waits for workers that do not exist, forever (a process tha
 plan, forked by gunicorn's `--preload`, multiprocessing or a job queue, hung on its first
 run). A thread created after the fork starts a pool of its own, so in a forked child the
 runtime calls its kernels on such a thread (`on_runner_thread`, one for the process,
-started on first use); the cost is a hand-over between two threads per run.
+started on first use); the cost is a hand-over between two threads per run. `wpk.build`
+in a forked child goes there too: it measures the same kernels.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,11 +32,22 @@ def forked() -> bool:
 
 def on_runner_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """`function(*args, **kwargs)` on this process's runner thread (started after the
-    fork), its result or its exception."""
+    fork), its result or its exception; called there directly when already on it (a build
+    that runs its plan: waiting for the one runner from the runner would never end)."""
     global _runner
+    if getattr(_on_runner, "active", False):
+        return function(*args, **kwargs)
     if _runner is None:
-        _runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wpk-runner")
+        _runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wpk-runner",
+                                     initializer=_mark_runner)
     return _runner.submit(function, *args, **kwargs).result()
+
+
+_on_runner = threading.local()
+
+
+def _mark_runner() -> None:
+    _on_runner.active = True
 
 
 def _after_fork_in_child() -> None:
