@@ -36,9 +36,11 @@ def test_aligned_bytes_start_at_the_alignment(align):
 
 
 def test_touch_pages_maps_every_page_of_a_fresh_buffer():
-    """A fresh multi-megabyte buffer (numpy maps it on demand) has pages to map; after
-    touch_pages all are, so that no later write waits for the kernel."""
-    size = 8 << 20
+    """A fresh buffer has pages to map; after touch_pages all are, so that no later write
+    waits for the kernel. 64 MiB: glibc serves an allocation from fresh mmap'ed pages only
+    above its threshold, which it raises up to 32 MiB as a long-lived process frees large
+    blocks (an 8 MiB buffer in a pytest worker came back already mapped)."""
+    size = 64 << 20
     assert os.sysconf("SC_PAGE_SIZE") >= PAGE_BYTES
     untouched = aligned_bytes(size, 64)
     mapped, pages = mapped_pages(untouched)
