@@ -22,9 +22,8 @@ def build(model, target: str = "cpu", **options):
     from wpk.core import forks
     from wpk.pipeline import build as _build
 
-    if forks.forked():   # its kernels' OpenMP threads did not survive the fork (wpk.core.forks)
-        return forks.on_runner_thread(_build, model, target=target, **options)
-    return _build(model, target=target, **options)
+    # in a forked child on a thread of its own: OpenMP's threads did not survive the fork
+    return forks.fork_safe_call(_build, model, target=target, **options)
 
 
 def load(path, spin_threads: bool = False):

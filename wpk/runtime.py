@@ -93,9 +93,7 @@ def one_run_at_a_time(method):
     @functools.wraps(method)
     def locked(self, *args, **kwargs):
         with self._run_lock:
-            if forks.forked():
-                return forks.on_runner_thread(method, self, *args, **kwargs)
-            return method(self, *args, **kwargs)
+            return forks.fork_safe_call(method, self, *args, **kwargs)
     return locked
 
 
@@ -310,9 +308,7 @@ class Session:
         else:
             indices = output_indices(output_names_or_feeds, self._outputs, self._output_index)
         with self._run_lock:
-            if forks.forked():
-                return forks.on_runner_thread(self._results, feeds, indices)
-            return self._results(feeds, indices)
+            return forks.fork_safe_call(self._results, feeds, indices)
 
     def _results(self, feeds: Mapping, indices: list[int] | None):
         """One run: a dict of every output (`indices` None) or the list of those outputs."""

@@ -1,7 +1,7 @@
 """Running kernels in a process forked from one that already ran them.
 
-    if forked():                                   # this process is a fork's child
-        result = on_runner_thread(function, *args)   # function(*args) on a thread of its own
+    result = fork_safe_call(function, *args)   # function(*args); in a fork's child on
+                                               # the runner thread (`on_runner_thread`)
 
 libgomp keeps the pool of OpenMP threads that a thread's parallel regions use with that
 thread, and a fork copies the thread but not its pool's threads: the forking thread's
@@ -28,6 +28,14 @@ _runner: ThreadPoolExecutor | None = None
 def forked() -> bool:
     """Whether this process was forked from another (`os.fork`, multiprocessing's fork)."""
     return _forked
+
+
+def fork_safe_call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`function(*args, **kwargs)` where its OpenMP kernels can run: here, or in a forked
+    child on the runner thread."""
+    if not _forked:
+        return function(*args, **kwargs)
+    return on_runner_thread(function, *args, **kwargs)
 
 
 def on_runner_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
