@@ -117,6 +117,33 @@ def test_a_manifest_without_steps_is_refused(built, tmp_path):
         read_plan(path)
 
 
+def _first_workload(manifest):
+    return next(iter(manifest["workloads"].values()))
+
+
+MALFORMED_FIELDS = [
+    ("steps/1/inputs", lambda m: m["steps"][1].update(inputs="x")),
+    ("buffers/buffers/0/nbytes", lambda m: m["buffers"]["buffers"][0].update(nbytes=-1)),
+    ("inputs/0/shape/0", lambda m: m["inputs"][0].update(shape=[1.5])),
+    ("outputs", lambda m: m.update(outputs=[])),
+    ("steps/0/config", lambda m: m["steps"][0].update(config="fast")),
+    ("static_inputs/0", lambda m: _first_workload(m).update(static_inputs=[[1]])),
+    ("static_inputs/0/0", lambda m: _first_workload(m).update(static_inputs=[["a", 1]])),
+]
+
+
+@pytest.mark.parametrize("field,change", MALFORMED_FIELDS, ids=[f for f, _ in MALFORMED_FIELDS])
+def test_a_malformed_manifest_field_is_named(built, tmp_path, field, change):
+    """A manifest checksummed again after an edit: the schema check (fastjsonschema, the
+    message from jsonschema) names the field before anything reads it."""
+    _, plan = built
+    manifest = json.loads(json.dumps(plan.manifest))
+    change(manifest)
+    path = write_plan(Plan(manifest, plan.weights), tmp_path / "p.wpk")
+    with pytest.raises(PlanError, match=r"manifest field \S*" + field + r" is malformed"):
+        read_plan(path)
+
+
 def test_not_a_plan(tmp_path):
     text = tmp_path / "model.onnx"
     text.write_bytes(b"\x08\x07garbage")
