@@ -26,7 +26,11 @@ from wpk.core.workload import EpilogueStep
 from wpk.kernels import registry
 from wpk.kernels.cpu.microkernels.isa import ISAS, usable_isas
 from wpk.kernels.cpu.microkernels.space import conv_geometry
-from wpk.kernels.cpu.microkernels.winograd import MICRO_WINOGRAD, WinogradKernels
+from wpk.kernels.cpu.microkernels.winograd import (
+    MICRO_WINOGRAD,
+    WinogradKernels,
+    pack_winograd_filter,
+)
 from wpk.kernels.cpu.microkernels.winograd_space import (
     WinogradSpace,
     amplification,
@@ -176,6 +180,26 @@ def test_transforms_compute_the_correlation_exactly_in_float64(rng):
             direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * w[o, c]) for j in range(m)]
                                for i in range(m)])
             np.testing.assert_allclose(got, direct, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_the_packed_filter_holds_each_filters_transform_in_the_gemm_order(rng, m):
+    """`pack_winograd_filter`: element [p*t+q, tile, c, j] is filter_transform's [p, q,
+    tile*tk + j, c], bit for bit; padded output and input channels zero (17 output channels
+    over tiles of 16, 13 input channels in a block of 16)."""
+    lanes, kv = 8, 2
+    tk = lanes * kv
+    weight = rng.standard_normal((17, 13, 3, 3)).astype(np.float32)
+    g = conv_geometry(conv(13, 17, (6, 6), 3))
+    packed = pack_winograd_filter(weight, g, m, lanes, kv)
+    t = m + 2
+    expected = filter_transform(weight, m).reshape(t * t, 17, 13).astype(np.float32)
+    assert packed.shape == (t * t, 2, g.cb * g.block, tk)
+    for tile in range(2):
+        n = min(tk, 17 - tile * tk)
+        np.testing.assert_array_equal(packed[:, tile, :13, :n],
+                                      expected[:, tile * tk:tile * tk + n].transpose(0, 2, 1))
+        assert not packed[:, tile, :, n:].any() and not packed[:, tile, 13:].any()
 
 
 def test_error_bound_grows_with_the_reduction_and_the_tile():
