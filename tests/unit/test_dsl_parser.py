@@ -9,6 +9,7 @@ import pytest
 
 from wpk.dsl import compute as ir
 from wpk.dsl import evaluate as evaluate_module
+from wpk.dsl import parser as parser_module
 from wpk.dsl.parser import parse_source
 
 GEMM = """
@@ -187,3 +188,29 @@ def test_a_text_parsed_again_gives_the_same_operators_without_a_second_parse():
     for _ in range(2):                                    # a syntax error is raised each time
         with pytest.raises(DslError, match="<bad>:1"):
             parse_source("op broken(X: f32[N] -> Y", "<bad>")
+
+
+def test_the_parser_tables_are_kept_in_the_cache_and_rebuilt_when_damaged(tmp_path, monkeypatch):
+    """The LALR tables are written under $WPK_CACHE_DIR/lark and read by the next process
+    (a parser loaded from them has no `grammar`: lark did not build it); a damaged file is
+    rebuilt and written again, and the parsers parse either way."""
+    monkeypatch.setenv("WPK_CACHE_DIR", str(tmp_path))
+    built = parser_module._lark.__wrapped__()
+    cached_file = tmp_path / "lark" / "dsl-grammar.cache"
+    assert hasattr(built, "grammar") and cached_file.stat().st_size > 1000
+    loaded = parser_module._lark.__wrapped__()
+    assert not hasattr(loaded, "grammar")
+    assert loaded.parse(GEMM) == built.parse(GEMM)
+    good = cached_file.read_bytes()
+    cached_file.write_bytes(good[:len(good) // 2])
+    rebuilt = parser_module._lark.__wrapped__()
+    assert hasattr(rebuilt, "grammar") and rebuilt.parse(GEMM) == built.parse(GEMM)
+    assert not hasattr(parser_module._lark.__wrapped__(), "grammar")   # whole again
+
+
+def test_the_parser_works_where_the_cache_folder_cannot_be_made(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("WPK_CACHE_DIR", str(blocker))
+    assert parser_module._parser_cache() is False
+    assert parser_module._lark.__wrapped__().parse(GEMM) is not None
