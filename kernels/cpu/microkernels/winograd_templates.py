@@ -39,6 +39,7 @@ The transforms are generated straight-line from the matrices of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -87,8 +88,10 @@ def transform_2d(mat: np.ndarray, src: str, dst: str) -> list[str]:
     return lines
 
 
+@functools.cache
 def _input_tile(m: int) -> str:
-    """`input_tile(x, V, n, ty, tx, i, cb, checked)`: B^T d B of one tile and input block."""
+    """`input_tile(x, V, n, ty, tx, i, cb, checked)`: B^T d B of one tile and input block
+    (the same text for every layer of a tile size: written once a process)."""
     t = m + 2
     bt = transforms(m)[0]
     lines = [
@@ -113,9 +116,10 @@ def _input_tile(m: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.cache
 def _output_tile(m: int) -> str:
     """`output_tile(Mb, bias, sum, y, n, ty, tx, i, v, checked)`: A^T M A + bias, the
-    epilogue, stored for the pixels inside the output."""
+    epilogue, stored for the pixels inside the output (written once a process)."""
     t = m + 2
     at = transforms(m)[2]
     lines = [
