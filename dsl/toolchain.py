@@ -225,15 +225,39 @@ def compile_c_shared(source: str, flags: Sequence[str] | None = None) -> Path:
     return compile_c(source, flags).path
 
 
+class MissingLibraryError(ToolchainError):
+    """A kernel library needs a shared library this host lacks (libgomp on a slim image
+    that loads a plan built elsewhere): its hint says how to install it."""
+
+
+# what the dynamic loader says of a library it cannot find
+_CANNOT_OPEN = re.compile(r"^(?P<name>[^:]+): cannot open shared object file")
+_OPENMP_HINT = ("install the GNU OpenMP runtime the kernels were compiled against "
+                "(Debian/Ubuntu: apt install libgomp1; Fedora/RHEL: dnf install libgomp; "
+                "Alpine: apk add libgomp)")
+
+
+def _load_error(library: Path | str, name: str, exc: Exception) -> ToolchainError:
+    """The error of a library that did not load: a dependency it names that this host
+    lacks, or the library itself damaged or gone."""
+    missing = _CANNOT_OPEN.match(str(exc))
+    if missing and Path(missing["name"]).name != Path(library).name:
+        dependency = missing["name"]
+        hint = _OPENMP_HINT if dependency.startswith("libgomp.") else (
+            f"install the package that provides {dependency} on this host")
+        return MissingLibraryError(f"cannot load {name} from {library}: it needs "
+                                   f"{dependency}, which this host does not have", hint=hint)
+    return ToolchainError(f"cannot load {name} from {library}: {exc}",
+                          hint="delete the compile cache ($WPK_CACHE_DIR/compile) and retry")
+
+
 def load_function(library: Path | str, name: str, argtypes: Sequence, restype=None):
     """A ctypes function `name` from a shared library."""
     try:
         lib = ctypes.CDLL(str(library))
         fn = getattr(lib, name)
     except (OSError, AttributeError) as exc:
-        raise ToolchainError(f"cannot load {name} from {library}: {exc}",
-                             hint="delete the compile cache ($WPK_CACHE_DIR/compile) and retry"
-                             ) from None
+        raise _load_error(library, name, exc) from None
     fn.argtypes = list(argtypes)
     fn.restype = restype
     fn._library = lib  # keep the library alive as long as the function

@@ -33,6 +33,7 @@ from wpk.core import forks
 from wpk.core.aligned import aligned_bytes, touch_pages
 from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
+from wpk.dsl.toolchain import MissingLibraryError
 from wpk.kernels import registry
 from wpk.kernels.cpu.blas_threads import OneBlasThread, one_blas_thread
 from wpk.kernels.cpu.native_chain import chain_kernel, native_call
@@ -266,6 +267,9 @@ class Session:
         except KeyError as exc:
             raise PlanError(f"plan '{self.path}': artifact {exc} of node '{step.node}' is "
                             f"missing under {KERNELS}", hint="rebuild the plan") from None
+        except MissingLibraryError as exc:   # the host lacks a runtime library: say which
+            raise PlanError(f"plan '{self.path}': node '{step.node}' ({step.impl}) failed "
+                            f"to load: {exc.message}", hint=exc.hint) from exc
         except Exception as exc:
             raise PlanError(f"plan '{self.path}': node '{step.node}' ({step.impl}) failed "
                             f"to load: {exc}", hint="rebuild the plan on this machine") from exc

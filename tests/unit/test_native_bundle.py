@@ -96,13 +96,60 @@ def test_it_loads_and_runs_where_no_compiler_is_and_the_cache_is_empty(bundled_p
 def test_without_its_libraries_the_same_plan_needs_the_compiler(bundled_plan, tmp_path):
     """What the libraries spare: the plan less its native members cannot load there."""
     path, _ = bundled_plan
-    plan = read_plan(path)
-    bare = Plan(plan.manifest, plan.weights, plan.report,
-                {k: v for k, v in plan.kernels.items() if not k.startswith("native/")})
-    bare_path = bare.save(tmp_path / "bare.wpk")
+    bare_path = _bare(read_plan(path)).save(tmp_path / "bare.wpk")
     done = _load_and_run_without_a_compiler(bare_path, tmp_path, np.zeros((6, 24), np.float32))
     assert done.returncode != 0
     assert "/nonexistent/gcc" in done.stderr
+
+
+def _bare(plan: Plan) -> Plan:
+    """The plan less the libraries it carries."""
+    return Plan(plan.manifest, plan.weights, plan.report,
+                {k: v for k, v in plan.kernels.items() if not k.startswith("native/")})
+
+
+def test_a_library_the_host_lacks_is_named_with_how_to_get_it(bundled_plan, tmp_path,
+                                                              monkeypatch):
+    """A carried kernel library needs a shared library the loading host lacks (libgomp on
+    a slim image): `wpk run` names the node and the library and says how to install it.
+    Real libraries and a real loader: the kernel compiled by a gcc that also links a
+    library, which is deleted before the load."""
+    absent = tmp_path / "libwpk_absent_for_test.so.1"
+    source = tmp_path / "absent.c"
+    source.write_text("int wpk_absent_for_test(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{absent.name}", "-o", str(absent),
+                    str(source)], check=True)
+    linking_more = tmp_path / "gcc-linking-more"
+    linking_more.write_text(f'#!/bin/sh\nexec gcc "$@" -L{tmp_path} -Wl,-rpath,{tmp_path} '
+                            f'-Wl,--no-as-needed -l:{absent.name}\n')
+    linking_more.chmod(0o755)
+    monkeypatch.setenv("CC", str(linking_more))
+    monkeypatch.setenv("WPK_CACHE_DIR", str(tmp_path / "cache"))
+    carried = bundle_native_libraries(_bare(read_plan(bundled_plan[0])))
+    assert native_libraries(carried), carried.report
+    path = carried.save(tmp_path / "needs.wpk")
+    absent.unlink()
+    np.savez(tmp_path / "x.npz", x=np.zeros((6, 24), np.float32))
+    env = {**os.environ, "WPK_CACHE_DIR": str(tmp_path / "fresh-cache")}
+    done = subprocess.run([sys.executable, "-m", "wpk.cli", "run", str(path), "--inputs",
+                           str(tmp_path / "x.npz")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "node 'mm' (micro.gemm) failed to load" in done.stderr
+    assert f"it needs {absent.name}, which this host does not have" in done.stderr
+    assert f"hint: install the package that provides {absent.name} on this host" in done.stderr
+
+
+def test_a_missing_openmp_runtime_gets_the_packages_to_install():
+    """The loader's words for a missing libgomp, as a slim image's loader says them."""
+    error = toolchain._load_error("/c/kernel.so", "wpk_micro_gemm", OSError(
+        "libgomp.so.1: cannot open shared object file: No such file or directory"))
+    assert isinstance(error, toolchain.MissingLibraryError)
+    assert "apt install libgomp1" in error.hint and "it needs libgomp.so.1" in error.message
+    gone = toolchain._load_error("/c/kernel.so", "f", OSError(
+        "/c/kernel.so: cannot open shared object file: No such file or directory"))
+    assert not isinstance(gone, toolchain.MissingLibraryError)   # the library itself: the cache
 
 
 def test_a_bundled_library_is_what_compile_c_returns_for_its_source(tmp_path, monkeypatch):
