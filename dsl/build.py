@@ -18,13 +18,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from wpk.core.errors import InputError
-from wpk.dsl import loopir as L
 from wpk.dsl import toolchain
-from wpk.dsl.emulator import emulate
+
+if TYPE_CHECKING:  # the loop IR and its emulator: 30 ms of imports a plan's load never needs
+    from wpk.dsl import loopir as L
 
 
 # ----------------------------------------------------------------------------- CPU
@@ -130,6 +132,8 @@ class CudaKernel:
 
     def emulate(self, *arrays, **named) -> dict[str, np.ndarray]:
         """Run on the CPU with the GPU emulator."""
+        from wpk.dsl.emulator import emulate
+
         feeds = dict(zip([b.name for b in self.func.params
                           if b.name not in self.func.meta["outputs"]], arrays))
         feeds.update(named)

@@ -1,4 +1,5 @@
-"""Imports the modules that register the built-in implementations (one line each)."""
+"""Imports the modules that register the built-in CPU implementations (one line each;
+the CUDA ones are `wpk.kernels.builtin_cuda`'s)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,4 @@ import wpk.kernels.cpu.recurrent_native  # noqa: F401  (LSTM and GRU in C)
 import wpk.kernels.cpu.reduce_native  # noqa: F401  (ReduceMean/ReduceSum over adjacent axes, C)
 import wpk.kernels.cpu.resize_native  # noqa: F401  (linear and cubic Resize in C)
 import wpk.kernels.cpu.rms_norm  # noqa: F401  (onnxruntime running RMSNorm written out)
-import wpk.kernels.cuda.fused  # noqa: F401  (fused CUDA kernels: attention; unfused peer)
-import wpk.kernels.cuda.generated  # noqa: F401  (generated CUDA kernels for GPU presets)
-import wpk.kernels.cuda.predicted  # noqa: F401  (cuDNN/cuBLAS placeholders, copies, host steps)
-import wpk.kernels.cuda.vendor_cublas  # noqa: F401  (cuBLAS Gemm/MatMul, im2col Conv; GPU only)
-import wpk.kernels.cuda.vendor_cudnn  # noqa: F401  (cuDNN Conv engines; GPU only)
 import wpk.kernels.generated  # noqa: F401  (generated DSL kernels, configs from the search)

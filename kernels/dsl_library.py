@@ -15,10 +15,12 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wpk.core.errors import DslError
-from wpk.dsl.compute import Operator
-from wpk.dsl.parser import parse_file
+
+if TYPE_CHECKING:
+    from wpk.dsl.compute import Operator
 
 LIBRARY_DIR = Path(__file__).with_name("dsl")
 
@@ -33,6 +35,8 @@ _DEFINITION = re.compile(r"^op\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 
 @functools.cache
 def _parsed(path: Path) -> tuple[Operator, ...]:
+    from wpk.dsl.parser import parse_file  # the parser and lark: 40 ms, for a parse only
+
     return tuple(parse_file(path))
 
 

@@ -46,12 +46,6 @@ import numpy as np
 
 from wpk.core.errors import UnsupportedError, WpkError
 from wpk.core.workload import Workload
-from wpk.dsl import build
-from wpk.dsl.codegen_c import generate_c
-from wpk.dsl.compute import specialize
-from wpk.dsl.epilogue import with_epilogue
-from wpk.dsl.parser import parse_source
-from wpk.kernels import templates
 from wpk.kernels.algorithms import GEMM, conv_algorithm
 from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_DOMAIN, GROUP_NORM_OP
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
@@ -60,10 +54,9 @@ from wpk.kernels.cpu.numpy_ops import elementwise_steps
 from wpk.kernels.cpu.tensor_formulas import BINARY_UFUNCS, UNARY_AS_STEP, static_clip_step
 from wpk.kernels.dsl_library import load_operator
 from wpk.kernels.generated_nchwc import PACKERS, map_nchwc_conv
-from wpk.kernels.generated_ops import MAPPERS, bind, coalesce, fold_operand
+from wpk.kernels.generated_ops import MAPPERS, bind, coalesce, fold_operand, parse_operator
 from wpk.kernels.jobs import CompileJob
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
-from wpk.kernels.templates import build_cpu, template_for
 
 DTYPE = "float32"
 
@@ -81,6 +74,14 @@ class DslMapping:
     packed: tuple = ()           # (param, input index, packer, blocks, block): packed once
 
 
+def _with_epilogue(op, steps, shapes):
+    """`op` with the epilogue `steps` fused (the DSL imported where a workload is mapped:
+    its parser, lowering and emulator are 60 ms a plan's load seldom needs)."""
+    from wpk.dsl.epilogue import with_epilogue
+
+    return with_epilogue(op, steps, shapes)
+
+
 def _elementwise(w: Workload) -> DslMapping | str:
     steps = elementwise_steps(w)
     out = tuple(w.outputs[0].shape)
@@ -92,9 +93,9 @@ def _elementwise(w: Workload) -> DslMapping | str:
     new_out, shapes = coalesce(out, [w.inputs[i].shape for i in operands])
     dims = ", ".join(f"D{i}" for i in range(len(new_out)))
     index = ", ".join(f"i{i}" for i in range(len(new_out)))
-    (op,) = parse_source(f"op elementwise(X: f32[{dims}]) -> Y: f32[{dims}] "
-                         f"{{ Y[{index}] = X[{index}] }}\n", "<elementwise>")
-    op = with_epilogue(op, steps, dict(zip(operands, shapes)))
+    op = parse_operator(f"op elementwise(X: f32[{dims}]) -> Y: f32[{dims}] "
+                 f"{{ Y[{index}] = X[{index}] }}\n", "<elementwise>")
+    op = _with_epilogue(op, steps, dict(zip(operands, shapes)))
     feeds = {"X": 0} | {f"E{i}": i for i in operands}
     all_shapes = {"X": new_out} | {f"E{i}": s for i, s in zip(operands, shapes)}
     return DslMapping(op, bind(op, all_shapes), feeds, "Y")
@@ -146,7 +147,7 @@ def _map(w: Workload) -> DslMapping | str:
         if shape is None:
             return f"epilogue operand {i} does not broadcast against the DSL output"
         folded[i] = shape
-    op = with_epilogue(op, w.epilogue, folded)
+    op = _with_epilogue(op, w.epilogue, folded)
     feeds = feeds | {f"E{i}": i for i in operands}
     shapes = dict(shapes) | {f"E{i}": s for i, s in folded.items()}
     return DslMapping(op, bind(op, shapes, scalars), feeds, op.outputs[0], packed)
@@ -171,6 +172,9 @@ def map_workload(workload: Workload) -> DslMapping | str:
 
 @functools.lru_cache(maxsize=256)
 def _template(key: str, target: str):
+    from wpk.dsl.compute import specialize
+    from wpk.kernels.templates import template_for
+
     mapping = _MAPPINGS[key]
     return template_for(specialize(mapping.op, mapping.bindings), target)
 
@@ -196,6 +200,10 @@ def compile_generated(workload: Mapping, config: Mapping | None = None) -> str:
     mapping = map_workload(w)
     if isinstance(mapping, str):
         raise UnsupportedError(f"{w.label}: {mapping}", hint="not a generated-kernel workload")
+    from wpk.dsl import build
+    from wpk.dsl.codegen_c import generate_c
+    from wpk.kernels import templates
+
     func = templates.lower_for(mapping.op, mapping.bindings, dict(config or {}), "cpu")
     return str(build.compile_c(generate_c(func)))
 
@@ -246,6 +254,8 @@ class DslCpu(Implementation):
         mapping = map_workload(workload)
         if isinstance(mapping, str):
             raise ValueError(f"{workload.label}: {mapping}")
+        from wpk.kernels.templates import build_cpu
+
         built = build_cpu(mapping.op, mapping.bindings, dict(config))
         packed = {}
         if mapping.packed:

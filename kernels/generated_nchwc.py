@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from wpk.core.workload import Workload
-from wpk.dsl.parser import parse_source
-from wpk.kernels.generated_ops import pads_2d
+from wpk.kernels.cpu.window import pads_2d
+from wpk.kernels.generated_ops import parse_operator
 from wpk.kernels.nchwc_logical import is_depthwise, logical_workload
 
 NCHWC_DOMAIN = "wpk.nchwc"
@@ -105,7 +105,7 @@ def map_nchwc_conv(w: Workload, core: int):
         return "the padding does not give the output size"
     (pt, pl, pb, pr), geom = found
     kind = "depthwise" if depthwise else ("nchw" if len(x.shape) == 4 else "blocked")
-    (op,) = parse_source(conv_source(kind, has_bias), "<nchwc conv>")
+    op = parse_operator(conv_source(kind, has_bias), "<nchwc conv>")
     scalars = dict(stride_h=geom.strides[0], stride_w=geom.strides[1], pad_t=pt, pad_l=pl,
                    pad_b=pb, pad_r=pr, dil_h=geom.dilations[0], dil_w=geom.dilations[1])
     packed_w = ((blocks, *wt.shape[2:], block) if depthwise

@@ -4,8 +4,8 @@ Each `MAPPERS[op](workload, load_operator, core_inputs)` returns
 `(operator, param shapes, scalars, feeds, output shape, DSL output shape)` or a
 string saying why the workload does not map; `wpk.kernels.generated` fuses the
 epilogue and binds the symbols. Helpers: `fold_operand` (an epilogue operand
-against a reshaped output), `coalesce` (merging elementwise dims), `pads_2d`
-(pads giving exactly a window op's output size).
+against a reshaped output), `coalesce` (merging elementwise dims); a window op's pads
+come from `wpk.kernels.cpu.window.pads_2d`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from wpk.core.workload import Workload
-from wpk.dsl.compute import infer_bindings
-from wpk.dsl.parser import parse_source
 from wpk.kernels.cpu.group_norm_spec import GROUP_NORM_OP, group_norm_reason
 from wpk.kernels.cpu.resize import nearest_indices, source_coordinates, static_resize_spec
 from wpk.kernels.cpu.tensor_formulas import reduce_axes, slice_index
-from wpk.kernels.cpu.window import conv_transpose_begin_pads, window_geometry
+from wpk.kernels.cpu.window import conv_transpose_begin_pads, pads_2d
 
 
 def _stub(shape: Sequence[int]) -> np.ndarray:
@@ -29,7 +27,18 @@ def _stub(shape: Sequence[int]) -> np.ndarray:
 
 
 def bind(op, shapes: Mapping[str, Sequence[int]], scalars: Mapping | None = None) -> dict:
+    from wpk.dsl.compute import infer_bindings
+
     return infer_bindings(op, {k: _stub(v) for k, v in shapes.items()}, scalars or {})
+
+
+def parse_operator(text: str, filename: str):
+    """The one operator DSL `text` defines (the parser imported on the first mapping: a
+    plan's load that maps nothing skips the DSL's 60 ms of imports)."""
+    from wpk.dsl.parser import parse_source
+
+    (op,) = parse_source(text, filename)
+    return op
 
 
 def strip_leading_ones(shape: Sequence[int]) -> tuple[int, ...]:
@@ -72,18 +81,6 @@ def coalesce(out: Sequence[int], operands: Sequence[Sequence[int]]
     new_out = tuple(math.prod(out[a] for a in g) for g in groups) or (1,)
     new_ops = [tuple(math.prod(s[a] for a in g) for g in groups) or (1,) for s in aligned]
     return new_out, new_ops
-
-
-def pads_2d(workload: Workload, kernel: tuple[int, int]):
-    """(pad_t, pad_l, pad_b, pad_r, strides, dilations) giving exactly the output size."""
-    geom = window_geometry(workload, kernel)
-    # The declared end pads, unless ceil_mode windows reach further (then exactly those).
-    ends = tuple(max(c, e) for c, e in zip(geom.cover_end, geom.pads_end))
-    for size, begin, end, ext, stride, out in zip(geom.in_size, geom.pads_begin, ends,
-                                                  geom.extent, geom.strides, geom.out_size):
-        if (size + begin + end - ext) // stride + 1 != out:
-            return None
-    return (*geom.pads_begin, *ends), geom
 
 
 # ----------------------------------------------------------------------------- per op
@@ -151,7 +148,7 @@ def _map_gemm(w: Workload, lib, core: int):
         feeds["C"] = 2
     text = f"op gemm_{'t' if ta else 'n'}{'t' if tb else 'n'}({', '.join(params)}) " \
            f"-> Y: f32[M, N] {{\n    Y[m, n] = {body}\n}}\n"
-    (op,) = parse_source(text, "<gemm>")
+    op = parse_operator(text, "<gemm>")
     return op, shapes, {}, feeds, (m, n), (m, n)
 
 
@@ -291,9 +288,9 @@ def _map_conv_transpose(w: Workload, lib, core: int):
         params.append(f"B: f32[{out[1]}]")
         body += " + B[k]"
         shapes["B"], feeds["B"] = (out[1],), 2
-    (op,) = parse_source(f"op conv_transpose2d({', '.join(params)}) -> "
-                         f"Y: f32[{', '.join(map(str, out))}] {{\n"
-                         f"    Y[n, k, oh, ow] = {body}\n}}\n", "<conv_transpose>")
+    op = parse_operator(f"op conv_transpose2d({', '.join(params)}) -> "
+                 f"Y: f32[{', '.join(map(str, out))}] {{\n"
+                 f"    Y[n, k, oh, ow] = {body}\n}}\n", "<conv_transpose>")
     return op, shapes, {}, feeds, out, out
 
 
@@ -310,8 +307,8 @@ def _map_reduce(w: Workload, lib, core: int):
     body = f"{_REDUCERS[w.op]}(r in R) {{ X[a, r, b] }}"
     if w.op == "ReduceMean":
         body = f"{body} / f32(R)"
-    (op,) = parse_source(f"op {w.op.lower()}(X: f32[A, R, B]) -> Y: f32[A, B] {{\n"
-                         f"    Y[a, b] = {body}\n}}\n", "<reduce>")
+    op = parse_operator(f"op {w.op.lower()}(X: f32[A, R, B]) -> Y: f32[A, B] {{\n"
+                 f"    Y[a, b] = {body}\n}}\n", "<reduce>")
     return op, {"X": (a, r, b)}, {}, {"X": 0}, tuple(w.outputs[0].shape), (a, b)
 
 
@@ -321,8 +318,8 @@ def _indexed_copy(name: str, in_shape, out_shape, sources) -> object:
     dims_in = ", ".join(map(str, in_shape))
     dims_out = ", ".join(map(str, out_shape))
     index = ", ".join(f"i{k}" for k in range(len(out_shape)))
-    (op,) = parse_source(f"op {name}(X: f32[{dims_in}]) -> Y: f32[{dims_out}] {{\n"
-                         f"    Y[{index}] = X[{', '.join(sources)}]\n}}\n", f"<{name}>")
+    op = parse_operator(f"op {name}(X: f32[{dims_in}]) -> Y: f32[{dims_out}] {{\n"
+                 f"    Y[{index}] = X[{', '.join(sources)}]\n}}\n", f"<{name}>")
     return op
 
 
@@ -421,10 +418,10 @@ def _map_interpolating_resize(spec, x: tuple[int, ...], out: tuple[int, ...]):
         return "a Resize whose source coordinates are not a line does not map"
     reductions, read = _interpolated_read(spec, x, lines)
     index = ", ".join(f"i{k}" for k in range(len(out)))
-    (op,) = parse_source(f"op resize_{spec.mode}(X: f32[{', '.join(map(str, x))}]) -> "
-                         f"Y: f32[{', '.join(map(str, out))}] {{\n"
-                         f"    Y[{index}] = sum({reductions}) {{ {read} }}\n}}\n",
-                         f"<resize_{spec.mode}>")
+    op = parse_operator(f"op resize_{spec.mode}(X: f32[{', '.join(map(str, x))}]) -> "
+                 f"Y: f32[{', '.join(map(str, out))}] {{\n"
+                 f"    Y[{index}] = sum({reductions}) {{ {read} }}\n}}\n",
+                 f"<resize_{spec.mode}>")
     return op, {"X": x}, {}, {"X": 0}, out, out
 
 

@@ -127,13 +127,15 @@ def register(implementation: Implementation) -> Implementation:
 
 def get(name: str) -> Implementation:
     """The implementation registered under `name` (KeyError if none)."""
-    _load_builtin()
+    _load_builtin("cpu")
+    if name not in _REGISTRY:
+        _load_builtin()
     return _REGISTRY[name]
 
 
 def implementations(target: str = "cpu") -> list[Implementation]:
     """Every registered implementation for a target."""
-    _load_builtin()
+    _load_builtin(target)
     return [impl for impl in _REGISTRY.values() if impl.target == target]
 
 
@@ -150,6 +152,10 @@ def candidates(workload: Workload, target: str = "cpu",
     return found
 
 
-def _load_builtin() -> None:
-    """Import the modules that register the built-in implementations."""
+def _load_builtin(target: str | None = None) -> None:
+    """Import the modules that register the built-in implementations: the CPU ones, and
+    the CUDA ones unless `target` is "cpu"."""
     import wpk.kernels.builtin  # noqa: F401  (registers on import)
+
+    if target != "cpu":
+        import wpk.kernels.builtin_cuda  # noqa: F401

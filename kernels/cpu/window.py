@@ -121,3 +121,15 @@ def conv_transpose_begin_pads(workload: Workload) -> tuple[int, ...]:
         total = stride * (size - 1) + e + (k - 1) * d + 1 - out
         begin.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
     return tuple(begin)
+
+
+def pads_2d(workload: Workload, kernel: tuple[int, int]):
+    """(pad_t, pad_l, pad_b, pad_r, strides, dilations) giving exactly the output size."""
+    geom = window_geometry(workload, kernel)
+    # The declared end pads, unless ceil_mode windows reach further (then exactly those).
+    ends = tuple(max(c, e) for c, e in zip(geom.cover_end, geom.pads_end))
+    for size, begin, end, ext, stride, out in zip(geom.in_size, geom.pads_begin, ends,
+                                                  geom.extent, geom.strides, geom.out_size):
+        if (size + begin + end - ext) // stride + 1 != out:
+            return None
+    return (*geom.pads_begin, *ends), geom

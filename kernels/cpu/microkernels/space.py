@@ -43,7 +43,7 @@ from wpk.core.epilogue import FAKE_QUANT, epilogue_op
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.microkernels.isa import ISAS, Isa, isa_named, usable_isas
 from wpk.kernels.cpu.nchwc import activation_attrs, conv_epilogue_form
-from wpk.kernels.generated_ops import pads_2d
+from wpk.kernels.cpu.window import pads_2d
 from wpk.kernels.nchwc_format import GROUP_WIDTH, SPARSE_GROUPS, group_band
 from wpk.kernels.nchwc_logical import NCHWC_DOMAIN, is_depthwise, logical_workload
 
