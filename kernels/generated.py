@@ -94,7 +94,7 @@ def _elementwise(w: Workload) -> DslMapping | str:
     dims = ", ".join(f"D{i}" for i in range(len(new_out)))
     index = ", ".join(f"i{i}" for i in range(len(new_out)))
     op = parse_operator(f"op elementwise(X: f32[{dims}]) -> Y: f32[{dims}] "
-                 f"{{ Y[{index}] = X[{index}] }}\n", "<elementwise>")
+                        f"{{ Y[{index}] = X[{index}] }}\n", "<elementwise>")
     op = _with_epilogue(op, steps, dict(zip(operands, shapes)))
     feeds = {"X": 0} | {f"E{i}": i for i in operands}
     all_shapes = {"X": new_out} | {f"E{i}": s for i, s in zip(operands, shapes)}

@@ -289,8 +289,8 @@ def _map_conv_transpose(w: Workload, lib, core: int):
         body += " + B[k]"
         shapes["B"], feeds["B"] = (out[1],), 2
     op = parse_operator(f"op conv_transpose2d({', '.join(params)}) -> "
-                 f"Y: f32[{', '.join(map(str, out))}] {{\n"
-                 f"    Y[n, k, oh, ow] = {body}\n}}\n", "<conv_transpose>")
+                        f"Y: f32[{', '.join(map(str, out))}] {{\n"
+                        f"    Y[n, k, oh, ow] = {body}\n}}\n", "<conv_transpose>")
     return op, shapes, {}, feeds, out, out
 
 
@@ -308,7 +308,7 @@ def _map_reduce(w: Workload, lib, core: int):
     if w.op == "ReduceMean":
         body = f"{body} / f32(R)"
     op = parse_operator(f"op {w.op.lower()}(X: f32[A, R, B]) -> Y: f32[A, B] {{\n"
-                 f"    Y[a, b] = {body}\n}}\n", "<reduce>")
+                        f"    Y[a, b] = {body}\n}}\n", "<reduce>")
     return op, {"X": (a, r, b)}, {}, {"X": 0}, tuple(w.outputs[0].shape), (a, b)
 
 
@@ -319,7 +319,7 @@ def _indexed_copy(name: str, in_shape, out_shape, sources) -> object:
     dims_out = ", ".join(map(str, out_shape))
     index = ", ".join(f"i{k}" for k in range(len(out_shape)))
     op = parse_operator(f"op {name}(X: f32[{dims_in}]) -> Y: f32[{dims_out}] {{\n"
-                 f"    Y[{index}] = X[{', '.join(sources)}]\n}}\n", f"<{name}>")
+                        f"    Y[{index}] = X[{', '.join(sources)}]\n}}\n", f"<{name}>")
     return op
 
 
@@ -419,9 +419,9 @@ def _map_interpolating_resize(spec, x: tuple[int, ...], out: tuple[int, ...]):
     reductions, read = _interpolated_read(spec, x, lines)
     index = ", ".join(f"i{k}" for k in range(len(out)))
     op = parse_operator(f"op resize_{spec.mode}(X: f32[{', '.join(map(str, x))}]) -> "
-                 f"Y: f32[{', '.join(map(str, out))}] {{\n"
-                 f"    Y[{index}] = sum({reductions}) {{ {read} }}\n}}\n",
-                 f"<resize_{spec.mode}>")
+                        f"Y: f32[{', '.join(map(str, out))}] {{\n"
+                        f"    Y[{index}] = sum({reductions}) {{ {read} }}\n}}\n",
+                        f"<resize_{spec.mode}>")
     return op, {"X": x}, {}, {"X": 0}, out, out
 
 
