@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from wpk.dsl import build
+from wpk.kernels.dsl_library import load_operator
 from wpk.kernels.registry import Candidate
 
 
@@ -103,10 +104,9 @@ def compile_c_source(source: str, flags: Sequence[str] | None = None) -> str:
 def compile_dsl_operator(op: str, bindings: Mapping[str, Any],
                          config: Mapping[str, Any] | None = None) -> str:
     """Lower, generate and compile DSL library operator `op` (what `build_cpu` would load)."""
-    # imported here: the DSL's parser and lowering, 60 ms, are for the jobs that compile it
+    # imported here: the DSL's lowering and code generators are for the jobs that compile
     from wpk.dsl.codegen_c import generate_c
     from wpk.kernels import templates
-    from wpk.kernels.dsl_library import load_operator
 
     func = templates.lower_for(load_operator(op), dict(bindings), config, "cpu")
     return str(build.compile_c(generate_c(func)))

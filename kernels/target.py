@@ -41,6 +41,7 @@ from wpk.core.errors import OptionError
 from wpk.core.workload import Workload
 from wpk.dsl import toolchain
 from wpk.kernels import registry
+from wpk.kernels.generated import map_workload
 from wpk.kernels.jobs import CandidateSpec, CompileJob
 from wpk.kernels.registry import Candidate
 
@@ -119,9 +120,6 @@ class GeneratedKernels(ABC):
     def supports(self, workload: Workload) -> bool:
         """Whether a search tunes this family for `workload` (default: the workload maps to
         a DSL kernel; `template` may still find no space for it on the target)."""
-        # imported here: the DSL and its parser cost a plan's load 70 ms it rarely needs
-        from wpk.kernels.generated import map_workload
-
         return not isinstance(map_workload(workload), str)
 
 

@@ -267,12 +267,11 @@ class Session:
         except KeyError as exc:
             raise PlanError(f"plan '{self.path}': artifact {exc} of node '{step.node}' is "
                             f"missing under {KERNELS}", hint="rebuild the plan") from None
-        except MissingLibraryError as exc:   # the host lacks a runtime library: say which
+        except Exception as exc:   # a library the host lacks has its own hint: install it
+            hint = exc.hint if isinstance(exc, MissingLibraryError) else \
+                "rebuild the plan on this machine"
             raise PlanError(f"plan '{self.path}': node '{step.node}' ({step.impl}) failed "
-                            f"to load: {exc.message}", hint=exc.hint) from exc
-        except Exception as exc:
-            raise PlanError(f"plan '{self.path}': node '{step.node}' ({step.impl}) failed "
-                            f"to load: {exc}", hint="rebuild the plan on this machine") from exc
+                            f"to load: {exc}", hint=hint) from exc
         return kernel, inputs, outputs
 
     def _try_region(self, steps, arrays: Mapping[str, np.ndarray], exported: set[str]):
