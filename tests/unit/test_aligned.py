@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 
@@ -35,17 +36,22 @@ def test_aligned_bytes_start_at_the_alignment(align):
         assert buffer.ctypes.data % align == 0
 
 
+def _fresh_pages(size: int) -> np.ndarray:
+    """A buffer of `size` bytes on pages no one has written: an anonymous mapping of its
+    own (an allocator may hand back memory it used before, already mapped: even a 64 MiB
+    buffer did in a long-lived pytest worker)."""
+    return np.frombuffer(mmap.mmap(-1, size), np.uint8)   # .base keeps the mapping alive
+
+
 def test_touch_pages_maps_every_page_of_a_fresh_buffer():
     """A fresh buffer has pages to map; after touch_pages all are, so that no later write
-    waits for the kernel. 64 MiB: glibc serves an allocation from fresh mmap'ed pages only
-    above its threshold, which it raises up to 32 MiB as a long-lived process frees large
-    blocks (an 8 MiB buffer in a pytest worker came back already mapped)."""
+    waits for the kernel."""
     size = 64 << 20
     assert os.sysconf("SC_PAGE_SIZE") >= PAGE_BYTES
-    untouched = aligned_bytes(size, 64)
+    untouched = _fresh_pages(size)
     mapped, pages = mapped_pages(untouched)
     assert mapped < pages, "the check cannot see unmapped pages here"
-    touched = aligned_bytes(size, 64)
+    touched = _fresh_pages(size)
     touch_pages(touched)
     assert mapped_pages(touched) == (pages, pages)
     assert not touched[::PAGE_BYTES].any()
