@@ -1,12 +1,15 @@
 """Gemm and MatMul through numpy's BLAS (`np.matmul(..., out=)`), epilogue in place.
 
-Constant right-hand matrices are pre-packed in `prepare`: transposed to the
-layout BLAS reads fastest and, for Gemm, pre-scaled by alpha; a constant C is
-pre-scaled by beta.
+Constant right-hand matrices are pre-packed in `prepare`: laid out as BLAS reads them
+fastest and, for Gemm, pre-scaled by alpha; a constant C is pre-scaled by beta. The
+layout depends on the product's rows (`single_row_layout`): with several, B as [K, N]
+rows; with one (a batch-1 classifier), B as [N, K] rows, handed to BLAS as a transposed
+view, so its matrix-vector product reads each output's weights as one contiguous row.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -33,6 +36,17 @@ def transposed(matrix: np.ndarray) -> np.ndarray:
     return out
 
 
+def single_row_layout(b: np.ndarray, b_is_transposed: bool) -> np.ndarray:
+    """The [K, N] operand of a one-row product as a transposed view of an [N, K] C-contiguous
+    array: `b` itself when it is given transposed (no copy), else a tiled transpose. One row
+    times [K, N] rows walks B as N-long axpys; as [N, K] rows it is N contiguous dot
+    products, 1.2-1.8x faster in OpenBLAS's sgemv for the classifiers measured (4096 x 1000,
+    3072 x 768; as fast for 25088 x 4096), while with 4 rows or more the [K, N] layout is
+    up to 1.4x faster. `b` is [N, K] when `b_is_transposed`, else [K, N]."""
+    rows = np.ascontiguousarray(b) if b_is_transposed else transposed(b)
+    return rows.T
+
+
 class NumpyGemm(NumpyImplementation):
     """Y = alpha * op(A) @ op(B) + beta * C with BLAS, then the epilogue."""
 
@@ -54,7 +68,11 @@ class NumpyGemm(NumpyImplementation):
         steps = workload.epilogue
 
         packed_b = None
-        if 1 in consts:   # one copy at most (a big FC weight is hundreds of MB)
+        one_row = workload.outputs[0].shape[0] == 1
+        if 1 in consts and one_row:
+            b = np.asarray(consts[1], dtype=dtype)
+            packed_b = single_row_layout(b if alpha == 1.0 else b * dtype.type(alpha), trans_b)
+        elif 1 in consts:   # one copy at most (a big FC weight is hundreds of MB)
             b = np.asarray(consts[1], dtype=dtype)
             if trans_b:
                 packed_b = transposed(b)   # a new array: scaled in place
@@ -101,8 +119,11 @@ class NumpyMatMul(NumpyImplementation):
                 config: Mapping) -> Kernel:
         dtype = np.dtype(workload.outputs[0].dtype)
         steps = workload.epilogue
-        packed_b = (np.ascontiguousarray(np.asarray(consts[1], dtype=dtype))
-                    if 1 in consts else None)
+        packed_b = None
+        if 1 in consts:
+            b = np.asarray(consts[1], dtype=dtype)
+            one_row = b.ndim == 2 and math.prod(workload.inputs[0].shape[:-1]) == 1
+            packed_b = single_row_layout(b, False) if one_row else np.ascontiguousarray(b)
 
         def kernel(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
             b = packed_b if packed_b is not None else inputs[1]
