@@ -18,6 +18,7 @@ weights from a seeded generator, so every build gives the same bytes:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -363,8 +364,17 @@ def load_model(name: str, random_weights: bool = True) -> onnx.ModelProto:
     if not path.exists():
         known = ", ".join(ALL_MODELS)
         raise ValueError(f"unknown model {name!r}; known: {known}")
-    model = onnx.load(str(path))
-    return randomize_light_weights(model) if random_weights else model
+    if not random_weights:
+        return onnx.load(str(path))
+    return onnx.load_from_string(_randomized_light_model(name))
+
+
+@functools.lru_cache(maxsize=2)
+def _randomized_light_model(name: str) -> bytes:
+    """The serialized `randomize_light_weights` of a light model, kept for the next call in
+    this process: drawing VGG-19's 143 million weights takes 6-7 s, parsing them 0.3 s, and
+    a test and the build it asks for (`tests.built_plans`) both load the model."""
+    return randomize_light_weights(onnx.load(str(light_model_path(name)))).SerializeToString()
 
 
 def _random_weight(rng: np.random.Generator, shape: tuple[int, ...],
