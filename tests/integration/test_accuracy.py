@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("shared_compile_cache")
 MAX_RELATIVE_L2 = 1e-4
 
 
-def onnxruntime_outputs(model: onnx.ModelProto, *feeds: dict) -> dict[str, np.ndarray]:
+def onnxruntime_outputs(model: onnx.ModelProto, *feeds: dict) -> dict | list[dict]:
     """The reference: onnxruntime with every graph optimization on; with several sets of
     feeds, a list of outputs, one session for all (VGG-19's takes 3-5 s to make)."""
     options = onnxruntime.SessionOptions()
