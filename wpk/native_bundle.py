@@ -27,8 +27,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from wpk.core.errors import PlanError
+from wpk.core.shared_object import shared_object_problem
 from wpk.dsl.toolchain import recording_libraries, use_bundled_libraries
-from wpk.plans.planfile import Plan, read_plan
+from wpk.plans.planfile import KERNELS, Plan, read_plan
 
 NATIVE_PREFIX = "native/"
 SUFFIX = ".so"
@@ -91,9 +93,19 @@ def native_libraries(plan: Plan) -> dict[str, bytes]:
             if name.startswith(NATIVE_PREFIX) and name.endswith(SUFFIX)}
 
 
-def install_native_libraries(plan: Plan) -> None:
-    """Make the libraries `plan` carries what `compile_c` returns for their sources."""
+def install_native_libraries(plan: Plan, path: str = "<plan>") -> None:
+    """Make the libraries `plan` (read from `path`) carries what `compile_c` returns for
+    their sources; a library that is not a whole shared object for this host is a
+    PlanError naming its member (the loader would have ended the process: SIGBUS on a
+    library cut short, `wpk.core.shared_object`)."""
     libraries = native_libraries(plan)
+    for key, data in libraries.items():
+        problem = shared_object_problem(data)
+        if problem:
+            raise PlanError(f"plan '{path}': {KERNELS}{NATIVE_PREFIX}{key}{SUFFIX} is not a "
+                            f"loadable kernel library: {problem}",
+                            hint="its checksums match it, so it was altered after `wpk "
+                                 "build` wrote it: rebuild the plan")
     if libraries:
         use_bundled_libraries(libraries)
 

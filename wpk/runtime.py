@@ -132,7 +132,7 @@ class Session:
         self.plan = plan
         self.path = path
         track_run_lock(self)
-        install_native_libraries(plan)   # the plan's compiled kernels: no compiler needed
+        install_native_libraries(plan, path)   # its compiled kernels: no compiler needed
         self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
                         for e in plan.inputs]
         self._outputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])

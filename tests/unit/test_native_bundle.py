@@ -141,6 +141,29 @@ def test_a_library_the_host_lacks_is_named_with_how_to_get_it(bundled_plan, tmp_
     assert f"hint: install the package that provides {absent.name} on this host" in done.stderr
 
 
+@pytest.mark.parametrize("kept", [0.5, 0.97])
+def test_a_library_cut_short_under_new_checksums_is_an_error_not_a_crash(bundled_plan,
+                                                                         tmp_path, kept):
+    """A carried library cut short, the plan saved again (checksums that match it): the
+    loader mapped its missing pages and `wpk run` died of SIGBUS, saying nothing (found
+    by tests/fuzzing). Now an error names the member, before anything is loaded."""
+    plan = read_plan(bundled_plan[0])
+    (key, data), *_ = native_libraries(plan).items()
+    member = f"native/{key}.so"
+    damaged = Plan(plan.manifest, plan.weights, plan.report,
+                   {**plan.kernels, member: data[:int(len(data) * kept)]})
+    path = damaged.save(tmp_path / "cut.wpk")
+    np.savez(tmp_path / "x.npz", x=np.zeros((6, 24), np.float32))
+    env = {**os.environ, "WPK_CACHE_DIR": str(tmp_path / "fresh-cache")}
+    done = subprocess.run([sys.executable, "-m", "wpk.cli", "run", str(path), "--inputs",
+                           str(tmp_path / "x.npz")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    assert f"kernels/{member} is not a loadable kernel library" in done.stderr
+    assert "cut short" in done.stderr and "hint: " in done.stderr
+
+
 def test_a_missing_openmp_runtime_gets_the_packages_to_install():
     """The loader's words for a missing libgomp, as a slim image's loader says them."""
     error = toolchain._load_error("/c/kernel.so", "wpk_micro_gemm", OSError(
