@@ -39,7 +39,6 @@ HUGE = st.sampled_from([1, 7, 2**10, 2**16, 2**20, 2**31, 10**12])
 SMALL = st.integers(1, 6)
 MAX_CONST_ELEMENTS = 1 << 12  # constants the strategy makes stay this small
 SHAPE_NOTE = "fuzz input shape: "  # a model's doc_string: the shape of its input 'x'
-NATIVE_LIBRARIES = "kernels/native/"  # a plan's compiled kernel libraries
 
 WEIRD_INTS = st.sampled_from([0, -1, -2, 2**31, 2**40, 10**12, -(2**63), 2**63 - 1])
 
@@ -394,6 +393,9 @@ def plan_mutations(draw, plan: bytes) -> bytes:
         else:
             data = data[:draw(st.integers(0, len(data) - 1))]
         return Blob(data)
+    from wpk.native_bundle import NATIVE_PREFIX
+    from wpk.plans.planfile import KERNELS
+
     members = members_of(plan)
     code_altered = False
     for _ in range(draw(st.integers(1, 3))):
@@ -405,7 +407,7 @@ def plan_mutations(draw, plan: bytes) -> bytes:
         if edit == "flip" and data:
             data[draw(st.integers(0, len(data) - 1))] ^= draw(st.integers(1, 255))
             members[name] = bytes(data)
-            code_altered |= name.startswith(NATIVE_LIBRARIES)
+            code_altered |= name.startswith(KERNELS + NATIVE_PREFIX)
         elif edit == "truncate":
             members[name] = bytes(data[:draw(st.integers(0, len(data)))])
         elif edit == "replace":

@@ -46,13 +46,10 @@ def shared_object_problem(data: bytes) -> str | None:
 
 
 def _segments_problem(data: bytes, phoff: int, count: int) -> str | None:
-    for index in range(count):
-        _, _, offset, _, _, file_size, _, _ = _PROGRAM_HEADER.unpack_from(
-            data, phoff + index * _PROGRAM_HEADER.size)
-        problem = _beyond(data, f"segment {index}", offset, file_size)
-        if problem:
-            return problem
-    return None
+    headers = _PROGRAM_HEADER.iter_unpack(data[phoff:phoff + count * _PROGRAM_HEADER.size])
+    problems = (_beyond(data, f"segment {index}", offset, file_size)
+                for index, (_, _, offset, _, _, file_size, _, _) in enumerate(headers))
+    return next(filter(None, problems), None)
 
 
 def _beyond(data: bytes, what: str, offset: int, size: int) -> str | None:
