@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tokenize
 import zipfile
 from collections.abc import Mapping
 
@@ -132,7 +133,7 @@ def _array_at(buffer: np.ndarray, start: int, end: int) -> np.ndarray | None:
         if reader is None:
             return None
         shape, fortran_order, dtype = reader(stream)
-    except ValueError:
+    except (ValueError, SyntaxError, tokenize.TokenError):   # numpy parses the header's dict
         return None
     if dtype.hasobject:
         return None

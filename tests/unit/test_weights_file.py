@@ -87,6 +87,19 @@ def test_a_deflated_member_is_inflated_no_further_than_its_cap(rng):
     assert npz_views(buffer, {"c9": 100})["c9"] is None
 
 
+@pytest.mark.parametrize("damage", [b" ", b"(", b"@"])
+def test_an_array_whose_header_dict_is_damaged_is_none_not_a_parser_error(damage):
+    """numpy reads a `.npy` header's dict with Python's tokenizer and parser: a flipped
+    byte there raised tokenize.TokenError, which `wpk run` reported as an internal error
+    (found by tests/fuzzing on a rechecksummed plan). Such an array is not a plain one."""
+    data = bytearray(npz_bytes({"c0": np.arange(6, dtype=np.float32)}))
+    brace = data.find(b"}", data.find(b"'descr'"))
+    data[brace:brace + 1] = damage
+    buffer = aligned_buffer(len(data))
+    buffer[:] = np.frombuffer(bytes(data), np.uint8)
+    assert npz_views(buffer, {"c0": 1 << 20})["c0"] is None
+
+
 def test_a_stored_member_is_read_from_the_file_straight_into_an_aligned_buffer(tmp_path):
     path = tmp_path / "a.zip"
     payload = bytes(range(256)) * 40
