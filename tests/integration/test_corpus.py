@@ -261,3 +261,73 @@ def test_resnext_models_have_narrow_grouped_convs(name, corpus_model_path):
                         and node.input[1] == init.name
                         and any(a.name == "group" and a.i > 1 for a in node.attribute)})
     assert per_group == [4, 8], per_group
+
+
+def _element_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor name -> element type, as ONNX's shape inference types the model."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    return {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info
+            if v.type.tensor_type.elem_type}
+
+
+def _with_output(model: onnx.ModelProto, name: str, element_type: int,
+                 rank: int) -> onnx.ModelProto:
+    """`model` with tensor `name` (an intermediate) also a graph output."""
+    asked = onnx.ModelProto()
+    asked.CopyFrom(model)
+    asked.graph.output.append(onnx.helper.make_tensor_value_info(
+        name, element_type, [f"{name}_{i}" for i in range(rank)]))
+    return asked
+
+
+# The exporters' spellings of the patterns the fusion rules take in: Keras' LayerNorm
+# (reciprocal form, tf2onnx), paddle's (division form), attention, RMSNorm, GroupNorm,
+# the blocked inverted residuals
+@pytest.mark.parametrize("name", ["vit_tf", "convnext_tf", "kerasvit_tf", "llama_dynamo",
+                                  "gpt_dynamo", "unet_dynamo", "mobilenetv3_dynamo",
+                                  "svtr_dynamo"])
+def test_a_tensor_the_passes_take_in_stays_computed_when_an_output_reads_it(
+        name, corpus_model_path):
+    """Every tensor the CPU passes fold into a fused node, asked for as a graph output
+    too, is still computed by the optimized graph (a rule must not fire over it, or must
+    keep it). Found by mutating the corpus: tf2onnx's LayerNorm with its mean or its
+    scaled reciprocal read as an output built to 'internal error: KeyError'."""
+    from wpk.passes import optimize
+    from wpk.passes.base import check_graph
+    from wpk.value_tail import load_head
+
+    model = onnx.load(str(corpus_model_path(name)))
+    shapes = corpus.input_shapes(name)
+    graph = load_head(model, shapes)[0]
+    kept = {o for n in optimize(graph, "cpu")[0].nodes for o in n.outputs}
+    types = _element_types(model)
+    taken_in = [o for n in graph.nodes for o in n.outputs
+                if o and o not in kept and o not in graph.outputs and o in types]
+    assert taken_in, f"{name}: no pass fused anything"
+    for tensor in taken_in:
+        asked = _with_output(model, tensor, types[tensor], len(graph.tensors[tensor].shape))
+        optimized = optimize(load_head(asked, shapes)[0], "cpu")[0]
+        check_graph(optimized)   # every graph output produced, every tensor typed
+
+
+def test_a_plan_computes_a_fused_layer_norms_mean_asked_for_as_an_output(corpus_model_path,
+                                                                          tmp_path):
+    """The case the mutation found, end to end: ConvNeXt's tf2onnx LayerNorm with its
+    mean also a graph output builds, and the plan's outputs (the mean too) match
+    onnxruntime's."""
+    model = onnx.load(str(corpus_model_path("convnext_tf")))
+    mean = next(n.output[0] for n in model.graph.node if n.op_type == "ReduceMean"
+                and any(m.op_type == "Sub" and m.input[1] == n.output[0]
+                        for m in model.graph.node))
+    rank = len(corpus.corpus_model("convnext_tf").input_shape("ci"))
+    asked = _with_output(model, mean, onnx.TensorProto.FLOAT, rank)
+    feeds = corpus.random_feeds("convnext_tf", seed=3)
+    expected = onnxruntime_outputs(asked, feeds,
+                                   onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    plan = wpk.build(asked, target="cpu", input_shapes=corpus.input_shapes("convnext_tf"),
+                     **FAST_BUILD)
+    plan.save(tmp_path / "convnext_tf.wpk")
+    actual = wpk.load(tmp_path / "convnext_tf.wpk").run(feeds)
+    assert set(actual) == set(expected) and mean in actual
+    for output, reference in expected.items():
+        assert relative_l2(actual[output], reference) < MAX_RELATIVE_L2, output

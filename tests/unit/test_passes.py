@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto
 from onnx import helper as h
 
+from tests.unit.nchwc_support import evaluate
 from wpk.core.graph import Graph
 from wpk.core.numerics import relative_l2
 from wpk.core.workload import EpilogueStep
@@ -108,13 +109,13 @@ def build(nodes, inputs: dict, output_ranks: dict, inits: dict | None = None,
     return load_model(h.make_model(graph, opset_imports=[h.make_opsetid("", opset)]))
 
 
-def optimize_checked(graph: Graph) -> tuple[Graph, PassReport]:
+def optimize_checked(graph: Graph, target: str = TARGET) -> tuple[Graph, PassReport]:
     """`optimize`, plus the IR invariants checked after every single pass."""
     staged = graph.copy()
-    for graph_pass in passes_for(TARGET):
+    for graph_pass in passes_for(target):
         staged = graph_pass.run(staged)
         check_graph(staged)
-    optimized, report = optimize(graph, target=TARGET)
+    optimized, report = optimize(graph, target=target)
     assert optimized.op_counts() == staged.op_counts()
     return optimized, report
 
@@ -718,6 +719,38 @@ def test_channel_layer_norm_on_the_cpu(case, rng):
         assert (back.op, back.attrs["perm"], back.outputs) == ("Transpose", [0, 3, 1, 2], ["y"])
     assert_equivalent(graph, optimized, rng)
     assert "LayerNormalization" not in optimize(graph, target="cuda")[0].op_counts()
+
+
+def _swallowed(graph: Graph, optimized: Graph) -> list[str]:
+    """The tensors of `graph` that no node of `optimized` computes any more."""
+    kept = {o for n in optimized.nodes for o in n.outputs if o}
+    return [o for n in graph.nodes for o in n.outputs
+            if o and o not in kept and o not in graph.outputs]
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(CHANNEL_NORM_CASES))
+def test_a_fused_patterns_inner_tensor_that_is_a_graph_output_stays_computed(case, target,
+                                                                              rng):
+    """Each tensor a rule takes into a fused node, made a graph output too (a user asking
+    for an intermediate, a tensor a subgraph reads), must still be computed: the rule does
+    not fire there, or keeps it, and the graph computes what it did. (Found by mutating
+    tf2onnx's Keras LayerNorm: the rule took in its mean, which a graph output read.)"""
+    graph, _, _ = {**CASES, **CHANNEL_NORM_CASES}[case](rng)
+    optimized, _ = optimize(graph, target=target)
+    for name in _swallowed(graph, optimized):
+        asked = graph.copy()
+        asked.outputs = [*graph.outputs, name]
+        result = optimize_checked(asked, target)[0]
+        if target == "cuda":
+            assert_equivalent(asked, result, rng)
+            continue
+        # the CPU's graph holds wpk's blocked ops: run node by node on wpk's kernels
+        feeds = {i: rng.standard_normal(asked.tensors[i].shape).astype(np.float32)
+                 for i in asked.inputs}
+        actual = evaluate(result, feeds)
+        for output, expected in zip(asked.outputs, run_ort(asked, feeds)):
+            assert rel_l2(expected, actual[output]) <= 1e-5, f"{case}: {output}"
 
 
 def conv_transpose_case(tail: list[str], second_reader: bool = False):

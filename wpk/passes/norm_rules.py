@@ -119,7 +119,7 @@ def _match_division_form(ctx: FusionContext, div: Node, channel: bool):
             return None
     elif square.op != "Mul" or square.inputs != [d_name, d_name]:
         return None
-    if {id(n) for n in ctx.users.get(d_name, [])} != {id(square), id(div)}:
+    if _readers(ctx, d_name) != {id(square), id(div)}:
         return None
     shape = graph.tensors[x].shape
     nodes, params = [mean, sub, square, var, add_eps, std, div], {}
@@ -236,8 +236,17 @@ def _mean_plus_eps(ctx: FusionContext, sqrt: Node):
     return add_eps, var, eps
 
 
-def _users(ctx: FusionContext, name: str) -> list[Node]:
-    return list(ctx.users.get(name, []))
+def _users(ctx: FusionContext, name: str) -> list[Node] | None:
+    """The nodes that read `name`; None when it is pinned (a graph output), so a rule that
+    takes its readers over cannot remove it."""
+    return None if name in ctx.pinned else list(ctx.users.get(name, []))
+
+
+def _readers(ctx: FusionContext, name: str) -> set[int] | None:
+    """The ids of the nodes that read `name` (None when it is pinned), to compare with the
+    pattern's own nodes."""
+    users = _users(ctx, name)
+    return None if users is None else {id(u) for u in users}
 
 
 def match_layer_norm_reciprocal(ctx: FusionContext, recip: Node):
@@ -263,7 +272,7 @@ def match_layer_norm_reciprocal(ctx: FusionContext, recip: Node):
     if axes is None or mean.inputs[0] != x or _variance_of(ctx, sub.outputs[0], var, rank,
                                                           axes) is None:
         return None
-    if {id(u) for u in _users(ctx, sub.outputs[0])} != {id(square)}:
+    if _readers(ctx, sub.outputs[0]) != {id(square)}:
         return None
     norm_shape = graph.tensors[x].shape[axes[0]:]
     nodes, inv, gamma = [mean, sub, square, var, add_eps, std, recip], recip, None
@@ -288,14 +297,14 @@ def match_layer_norm_reciprocal(ctx: FusionContext, recip: Node):
 def _keras_tail(ctx: FusionContext, x: str, mean: Node, sub: Node, inv: Node, norm_shape):
     """The nodes of x * inv + (beta - mean * inv) after `inv`, and beta (or None)."""
     users = _users(ctx, inv.outputs[0])
-    if len(users) != 2 or any(u.op != "Mul" or len(u.inputs) != 2 for u in users):
+    if users is None or len(users) != 2 or any(u.op != "Mul" or len(u.inputs) != 2 for u in users):
         return None
     by_other = {(u.inputs[1] if u.inputs[0] == inv.outputs[0] else u.inputs[0]): u
                 for u in users}
     scale_x, scale_mean = by_other.get(x), by_other.get(mean.outputs[0])
     if scale_x is None or scale_mean is None:
         return None
-    if {id(u) for u in _users(ctx, mean.outputs[0])} != {id(sub), id(scale_mean)}:
+    if _readers(ctx, mean.outputs[0]) != {id(sub), id(scale_mean)}:
         return None
     shift = ctx.single_consumer(scale_mean)
     if shift is None or shift.op not in ("Sub", "Neg"):
