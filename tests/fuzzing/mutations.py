@@ -1,0 +1,294 @@
+"""Differential fuzzing of wpk's graph passes: the exporters' corpus models, mutated.
+
+The fusion rules match the patterns exporters write (`tests/corpus`). A rule that fires
+where it must not (a constant that differs, an operand swapped, an inner tensor read
+elsewhere) gives a plan that computes something else, or a build that fails inside wpk.
+`mutate` edits a corpus model the way a user's model may differ from the corpus: a small
+constant's value, an elementwise op for another, two operands swapped, an axis, an
+intermediate asked for as a graph output, an input rewired to another tensor of the same
+shape. `check_mutant` keeps a mutant only when onnxruntime runs it to finite outputs, then
+builds it with wpk (the tests' fast options) and compares the plan's outputs with
+onnxruntime's.
+
+Outcomes: "ok"; "skip" (no mutation applied, or onnxruntime refuses the mutant);
+"refused" (wpk's own error, within the contract); "near" (a float output off by more
+than 1e-4 but under `WRONG`, an integer output differing: ill-conditioned mutants, such
+as a division by a computed value whose rounding the verification tolerates per step, or
+top-k over near-ties); "wrong" (an output off by more than `WRONG`, or missing) and
+"internal" (an exception that is not a `WpkError`): the violations.
+
+    python scripts/fuzz_passes.py --minutes 30    # a long run (see there)
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from tests import corpus
+from tests.built_plans import FAST_BUILD
+from wpk.core.errors import WpkError
+from wpk.core.numerics import relative_l2
+
+SPECIAL_VALUES = [0.0, 1.0, -1.0, 0.5, 2.0, 3.0, 6.0, 1.702, 1.4142135, 0.7978846, 0.044715,
+                  1e-5, 1e-6, 0.125, 8.0, -np.inf, 1e4]
+BINARY = ["Add", "Sub", "Mul", "Div", "Max", "Min"]
+UNARY = ["Sigmoid", "Tanh", "Relu", "Erf", "Neg", "Abs", "Softplus", "Exp", "HardSwish",
+         "HardSigmoid", "Identity"]
+SWAPPABLE = ("Sub", "Div", "Pow", "MatMul", "Add", "Mul", "Concat", "Max")
+CLOSE = 1e-4   # relative L2 of a plan on an unmutated corpus model (test_corpus)
+WRONG = 1e-2   # far beyond rounding: a pattern computed as something else
+VIOLATIONS = ("wrong", "internal")
+# The corpus models the mutations start from: the float ones (the quantized models'
+# QDQ pairs make most mutations meaningless)
+MODELS = [name for name, entry in corpus.CORPUS.items() if not entry.quantized]
+
+
+@dataclass
+class Outcome:
+    """What one mutant did: its kind (see the module), the model and the mutations."""
+
+    kind: str
+    model: str
+    mutations: list[str] = field(default_factory=list)
+    detail: str = ""
+
+
+def _typed_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int | None, ...]]]:
+    """Tensor name -> (element type, shape: None for a dim not known) where ONNX's shape
+    inference knows the type and the rank."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a mutant ONNX cannot type
+        inferred = model
+    found = {}
+    for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        tensor = value.type.tensor_type
+        if tensor.elem_type and tensor.HasField("shape"):
+            found[value.name] = (tensor.elem_type, tuple(
+                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in tensor.shape.dim))
+    for init in inferred.graph.initializer:
+        found[init.name] = (init.data_type, tuple(init.dims))
+    return found
+
+
+def _label(node: onnx.NodeProto) -> str:
+    return node.name or node.output[0]
+
+
+def change_constant(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """A float constant of at most 4 values (a pattern's 0.5, 3, eps, scale) scaled or set
+    to a special value."""
+    tensors = [t for t in model.graph.initializer
+               if t.data_type == onnx.TensorProto.FLOAT and np.prod(t.dims) <= 4]
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
+                if a.name == "value" and a.t.data_type == onnx.TensorProto.FLOAT
+                and np.prod(a.t.dims) <= 4]
+    if not tensors:
+        return None
+    tensor = rng.choice(tensors)
+    value = nh.to_array(tensor).astype(np.float32)
+    if rng.random() < 0.4:
+        value = value * np.float32(rng.choice([1.1, 0.9, -1.0, 2.0, 0.5, 1.0001]))
+    else:
+        value = np.full_like(value, rng.choice(SPECIAL_VALUES))
+    tensor.CopyFrom(nh.from_array(value.astype(np.float32), tensor.name))
+    return f"constant {tensor.name or '(Constant node)'} -> {value.ravel()[:4].tolist()}"
+
+
+def change_binary_op(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """An elementwise binary op for another (Add -> Div, ...)."""
+    nodes = [n for n in model.graph.node if n.op_type in BINARY]
+    if not nodes:
+        return None
+    node = rng.choice(nodes)
+    old, node.op_type = node.op_type, rng.choice([o for o in BINARY if o != node.op_type])
+    return f"{_label(node)}: {old} -> {node.op_type}"
+
+
+def change_unary_op(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """An attribute-free elementwise unary op for another (Erf -> Tanh, ...)."""
+    nodes = [n for n in model.graph.node if n.op_type in UNARY and not n.attribute]
+    if not nodes:
+        return None
+    node = rng.choice(nodes)
+    old, node.op_type = node.op_type, rng.choice([o for o in UNARY if o != node.op_type])
+    return f"{_label(node)}: {old} -> {node.op_type}"
+
+
+def swap_inputs(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """Two operands of a binary op, a MatMul or a Concat swapped."""
+    nodes = [n for n in model.graph.node if n.op_type in SWAPPABLE and len(n.input) >= 2]
+    if not nodes:
+        return None
+    node = rng.choice(nodes)
+    inputs = list(node.input)
+    i, j = rng.sample(range(len(inputs)), 2)
+    inputs[i], inputs[j] = inputs[j], inputs[i]
+    node.ClearField("input")
+    node.input.extend(inputs)
+    return f"{_label(node)} ({node.op_type}): inputs {i} <-> {j}"
+
+
+def change_axis(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """An `axis` attribute (Softmax, Concat, LayerNormalization, ...) set to another axis."""
+    shapes = _typed_shapes(model)
+    found = [(n, a) for n in model.graph.node for a in n.attribute
+             if a.name == "axis" and a.type == onnx.AttributeProto.INT]
+    if not found:
+        return None
+    node, attribute = rng.choice(found)
+    rank = len(shapes[node.input[0]][1]) if node.input[0] in shapes else 4
+    others = [v for v in range(-rank, rank) if v % rank != attribute.i % max(rank, 1)]
+    if not others:
+        return None
+    old, attribute.i = attribute.i, rng.choice(others)
+    return f"{_label(node)} ({node.op_type}): axis {old} -> {attribute.i}"
+
+
+def add_output(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """An intermediate float tensor asked for as a graph output too."""
+    shapes = _typed_shapes(model)
+    outputs = {o.name for o in model.graph.output}
+    names = [o for n in model.graph.node if n.op_type != "Constant" for o in n.output
+             if o and o not in outputs and shapes.get(o, (0,))[0] == onnx.TensorProto.FLOAT]
+    if not names:
+        return None
+    name = rng.choice(names)
+    element_type, shape = shapes[name]
+    model.graph.output.append(h.make_tensor_value_info(
+        name, element_type, [d or f"{name}_{i}" for i, d in enumerate(shape)]))
+    return f"output {name} {shape}"
+
+
+def rewire(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """One input of a node read from another earlier tensor of the same type and shape."""
+    shapes = _typed_shapes(model)
+    made = {x.name: -1 for x in model.graph.input}
+    for index, node in enumerate(model.graph.node):
+        made.update({o: index for o in node.output})
+    candidates = [(i, n) for i, n in enumerate(model.graph.node) if n.op_type != "Constant"]
+    rng.shuffle(candidates)
+    for index, node in candidates[:20]:
+        for k, name in enumerate(node.input):
+            if name not in shapes or name not in made or None in shapes[name][1]:
+                continue
+            same = [o for o, j in made.items() if j < index and o != name
+                    and shapes.get(o) == shapes[name]]
+            if same:
+                node.input[k] = other = rng.choice(same)
+                return f"{_label(node)} ({node.op_type}): input {k} {name} -> {other}"
+    return None
+
+
+MUTATIONS = [change_constant, change_constant, change_binary_op, change_unary_op,
+             swap_inputs, change_axis, add_output, add_output, rewire, rewire]
+
+
+def mutate(model: onnx.ModelProto, rng: random.Random) -> list[str]:
+    """Apply one or two mutations to `model` in place; what they did."""
+    applied = []
+    for _ in range(rng.choice([1, 1, 2])):
+        for _attempt in range(5):
+            what = rng.choice(MUTATIONS)(model, rng)
+            if what:
+                applied.append(what)
+                break
+    if applied:   # the exporter's shapes of the model before the mutation
+        del model.graph.value_info[:]
+    return applied
+
+
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, optimized: bool) -> dict:
+    """onnxruntime's outputs with all graph optimizations or none."""
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = (onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+                                        if optimized else
+                                        onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    options.log_severity_level = 4
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def check_mutant(name: str, model: onnx.ModelProto, rng: random.Random) -> Outcome:
+    """Mutate corpus model `name` (its ModelProto `model`, edited in place), then compare
+    wpk's plan of it with onnxruntime."""
+    mutations = mutate(model, rng)
+    if not mutations:
+        return Outcome("skip", name)
+    return compare_plan(name, model, rng.randrange(1000), mutations)
+
+
+def compare_plan(name: str, model: onnx.ModelProto, seed: int,
+                 mutations: list[str]) -> Outcome:
+    """Build `model` (a mutant of corpus model `name`) and compare its plan's outputs with
+    onnxruntime's on the corpus' random input of `seed`."""
+    outcome = Outcome("skip", name, mutations)
+    feeds = corpus.random_feeds(name, seed=seed)
+    try:
+        onnx.checker.check_model(model)
+        expected = onnxruntime_outputs(model, feeds, optimized=True)
+        plain = onnxruntime_outputs(model, feeds, optimized=False)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime refuses the mutant: not a case
+        outcome.detail = f"onnxruntime: {str(exc)[:120]}"
+        return outcome
+    floats = [k for k, v in expected.items() if v.dtype.kind == "f"]
+    if not all(np.isfinite(expected[k]).all() and np.isfinite(plain[k]).all() for k in floats):
+        outcome.detail = "onnxruntime: outputs not finite"
+        return outcome
+    try:
+        actual = _plan_outputs(name, model, feeds)
+    except WpkError as exc:
+        outcome.kind, outcome.detail = "refused", f"{type(exc).__name__}: {str(exc)[:300]}"
+        return outcome
+    except Exception as exc:  # noqa: BLE001 - exactly what the fuzzer looks for
+        outcome.kind = "internal"
+        outcome.detail = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}"
+        return outcome
+    outcome.kind, outcome.detail = _compare(expected, plain, actual)
+    return outcome
+
+
+def _plan_outputs(name: str, model: onnx.ModelProto, feeds: dict) -> dict:
+    import wpk
+
+    plan = wpk.build(model, target="cpu", input_shapes=corpus.input_shapes(name), **FAST_BUILD)
+    with tempfile.TemporaryDirectory(prefix="wpk-mutant-") as folder:
+        path = Path(folder) / "mutant.wpk"
+        plan.save(path)
+        return wpk.load(path).run(feeds)
+
+
+def _compare(expected: dict, plain: dict, actual: dict) -> tuple[str, str]:
+    """(kind, detail) of the plan's outputs against onnxruntime's at both levels."""
+    spread = max((relative_l2(plain[k], v) for k, v in expected.items()
+                  if v.dtype.kind == "f" and v.size), default=0.0)
+    kind, details = "ok", []
+    for output, reference in expected.items():
+        got = actual.get(output)
+        if got is None or got.shape != reference.shape:
+            return "wrong", f"{output}: {'missing' if got is None else got.shape}"
+        if reference.dtype.kind != "f":
+            if not np.array_equal(got, reference):
+                kind = "near"
+                details.append(f"{output} ({reference.dtype}) differs")
+            continue
+        error = min(relative_l2(got, reference), relative_l2(got, plain[output]))
+        if error > max(WRONG, 100 * spread):
+            return "wrong", f"{output}: relative L2 {error:.2e}"
+        if error > max(CLOSE, 10 * spread):
+            kind = "near"
+            details.append(f"{output}: relative L2 {error:.2e}")
+    return kind, "; ".join(details)
