@@ -166,9 +166,11 @@ def add_output(model: onnx.ModelProto, rng: random.Random) -> str | None:
         return None
     name = rng.choice(names)
     element_type, shape = shapes[name]
+    # dims by name only: ONNX's inference of a model whose input declares -1 (paddle2onnx,
+    # tf2onnx) can give dims that the real input shape contradicts
     model.graph.output.append(h.make_tensor_value_info(
-        name, element_type, [d or f"{name}_{i}" for i, d in enumerate(shape)]))
-    return f"output {name} {shape}"
+        name, element_type, [f"{name}_{i}" for i in range(len(shape))]))
+    return f"output {name} (rank {len(shape)})"
 
 
 def rewire(model: onnx.ModelProto, rng: random.Random) -> str | None:

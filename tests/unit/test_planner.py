@@ -14,7 +14,7 @@ from wpk.core.errors import ModelError, UnsupportedError, WpkError
 from wpk.core.graph import Node
 from wpk.core.workload import TensorSpec, Workload
 from wpk.kernels.registry import FALLBACK, Candidate, Implementation
-from wpk.plans.planner import PlanOptions, joins_regions, plan
+from wpk.plans.planner import PEER_IMPL, PlanOptions, joins_regions, plan
 from wpk.search.choice import FASTEST, ONLY_VERIFIED, REGION, TIMED_ALONE, choose, explain
 from wpk.search.measure import Status, measure_candidate
 
@@ -144,6 +144,41 @@ def test_wrong_answers_blame_wpk_but_candidates_that_all_fail_point_at_the_node(
     with pytest.raises(UnsupportedError, match=r"failed to compile or run.*'mm1'") as failed:
         plan([node("mm1", MATMUL)], provider_of(Raising()), RUNNER, FAST)
     assert "ONNX spec" in failed.value.hint and "kernels" not in failed.value.hint
+
+
+class RoundedMatMul(BlasMatMul):
+    """The product rounded through float16: off the float64 reference by about 1e-3, what
+    any float32 kernel is on a node whose result is that sensitive to rounding."""
+
+    name = "test.rounded"
+
+    def prepare(self, workload, consts, config):
+        weight = np.ascontiguousarray(consts[1])
+
+        def kernel(inputs, outputs):
+            outputs[0][...] = np.matmul(inputs[0], weight).astype(np.float16)
+        return kernel
+
+
+class RoundedPeer(RoundedMatMul):
+    name = PEER_IMPL   # onnxruntime's own node, as the planner knows it
+
+
+class BrokenPeer(Broken):
+    name = PEER_IMPL
+
+
+def test_a_node_onnxruntime_misses_too_is_called_sensitive_to_rounding_not_a_bug():
+    """Found by the passes' differential fuzzer (an Add after a MatMul made a Div): when
+    onnxruntime's own node also misses the tolerance by a finite error, the error says the
+    node is sensitive to float32 rounding and points at onnxruntime, not at wpk's kernels;
+    a peer that computes garbage (zeros) keeps the bug message."""
+    with pytest.raises(WpkError, match="sensitive to float32 rounding") as sensitive:
+        plan([node("mm1", MATMUL)], provider_of(RoundedPeer(), RoundedMatMul()), RUNNER, FAST)
+    assert "onnxruntime" in sensitive.value.hint and "bug" not in sensitive.value.hint
+    with pytest.raises(WpkError, match="right answer") as wrong:
+        plan([node("mm1", MATMUL)], provider_of(BrokenPeer(), RoundedMatMul()), RUNNER, FAST)
+    assert "bug in wpk's kernels" in wrong.value.hint
 
 
 def test_a_node_that_violates_its_op_spec_is_a_model_error_before_measuring():
