@@ -106,24 +106,24 @@ def change_constant(model: onnx.ModelProto, rng: random.Random) -> str | None:
     return f"constant {tensor.name or '(Constant node)'} -> {value.ravel()[:4].tolist()}"
 
 
-def change_binary_op(model: onnx.ModelProto, rng: random.Random) -> str | None:
-    """An elementwise binary op for another (Add -> Div, ...)."""
-    nodes = [n for n in model.graph.node if n.op_type in BINARY]
+def _change_op(rng: random.Random, ops: list[str], nodes: list[onnx.NodeProto]) -> str | None:
+    """One of `nodes` given another op of `ops`."""
     if not nodes:
         return None
     node = rng.choice(nodes)
-    old, node.op_type = node.op_type, rng.choice([o for o in BINARY if o != node.op_type])
+    old, node.op_type = node.op_type, rng.choice([o for o in ops if o != node.op_type])
     return f"{_label(node)}: {old} -> {node.op_type}"
+
+
+def change_binary_op(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """An elementwise binary op for another (Add -> Div, ...)."""
+    return _change_op(rng, BINARY, [n for n in model.graph.node if n.op_type in BINARY])
 
 
 def change_unary_op(model: onnx.ModelProto, rng: random.Random) -> str | None:
     """An attribute-free elementwise unary op for another (Erf -> Tanh, ...)."""
-    nodes = [n for n in model.graph.node if n.op_type in UNARY and not n.attribute]
-    if not nodes:
-        return None
-    node = rng.choice(nodes)
-    old, node.op_type = node.op_type, rng.choice([o for o in UNARY if o != node.op_type])
-    return f"{_label(node)}: {old} -> {node.op_type}"
+    return _change_op(rng, UNARY, [n for n in model.graph.node
+                                   if n.op_type in UNARY and not n.attribute])
 
 
 def swap_inputs(model: onnx.ModelProto, rng: random.Random) -> str | None:
