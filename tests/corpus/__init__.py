@@ -163,3 +163,19 @@ def random_feeds(name: str, size: str = "ci", seed: int = 0) -> dict[str, np.nda
     """Seeded standard-normal float32 input "x" of the model's shape at `size`."""
     rng = np.random.default_rng(seed)
     return {"x": rng.standard_normal(corpus_model(name).input_shape(size)).astype(np.float32)}
+
+
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, optimized: bool = True
+                        ) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs with all its graph optimizations (its default) or none."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = (onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+                                        if optimized else
+                                        onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))

@@ -18,12 +18,12 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime
 import pytest
 
 import wpk
 from tests import corpus
 from tests.built_plans import FAST_BUILD
+from tests.fuzzing.mutations import ask_for_output
 from wpk.core.numerics import relative_l2
 
 # Whole models: the compile cache is the run's, shared with the other whole-model tests.
@@ -46,18 +46,6 @@ def _marks(name: str) -> list:
 CORPUS_CASES = [pytest.param(name, marks=_marks(name)) for name in corpus.CORPUS]
 STRUCTURE_CASES = [pytest.param(name, marks=_marks(name)[:len(corpus.CORPUS[name].needs)])
                    for name in corpus.CORPUS]
-
-
-def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict,
-                        level: onnxruntime.GraphOptimizationLevel) -> dict[str, np.ndarray]:
-    """onnxruntime's outputs at one graph optimization level."""
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = level
-    options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds)))
 
 
 def _ops(model: onnx.ModelProto) -> Counter:
@@ -167,9 +155,8 @@ def test_corpus_outputs_depend_on_the_input(name, corpus_model_path):
     """A comparison is only worth something when the output is not (nearly) constant (an
     output whose shape depends on the values may show it by its shape)."""
     model = onnx.load(str(corpus_model_path(name)))
-    level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    first = onnxruntime_outputs(model, corpus.random_feeds(name, seed=1), level)
-    second = onnxruntime_outputs(model, corpus.random_feeds(name, seed=2), level)
+    first = corpus.onnxruntime_outputs(model, corpus.random_feeds(name, seed=1))
+    second = corpus.onnxruntime_outputs(model, corpus.random_feeds(name, seed=2))
     for output, value in first.items():
         assert np.isfinite(value).all()
         assert second[output].shape != value.shape or relative_l2(second[output], value) > 1e-2, \
@@ -180,9 +167,8 @@ def test_corpus_outputs_depend_on_the_input(name, corpus_model_path):
 def test_corpus_plan_matches_onnxruntime(name, corpus_model_path, tmp_path):
     model = onnx.load(str(corpus_model_path(name)))
     feeds = corpus.random_feeds(name, seed=7)
-    expected = onnxruntime_outputs(model, feeds, onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    unoptimized = onnxruntime_outputs(model, feeds,
-                                      onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    expected = corpus.onnxruntime_outputs(model, feeds)
+    unoptimized = corpus.onnxruntime_outputs(model, feeds, optimized=False)
     # onnxruntime's own spread between its optimization levels bounds what is meaningful.
     spread = max(relative_l2(unoptimized[n], expected[n]) for n in expected)
     tolerance = max(MAX_RELATIVE_L2, spread)
@@ -272,11 +258,10 @@ def _element_types(model: onnx.ModelProto) -> dict[str, int]:
 
 def _with_output(model: onnx.ModelProto, name: str, element_type: int,
                  rank: int) -> onnx.ModelProto:
-    """`model` with tensor `name` (an intermediate) also a graph output."""
+    """A copy of `model` with tensor `name` (an intermediate) also a graph output."""
     asked = onnx.ModelProto()
     asked.CopyFrom(model)
-    asked.graph.output.append(onnx.helper.make_tensor_value_info(
-        name, element_type, [f"{name}_{i}" for i in range(rank)]))
+    ask_for_output(asked, name, element_type, rank)
     return asked
 
 
@@ -322,8 +307,7 @@ def test_a_plan_computes_a_fused_layer_norms_mean_asked_for_as_an_output(corpus_
     rank = len(corpus.corpus_model("convnext_tf").input_shape("ci"))
     asked = _with_output(model, mean, onnx.TensorProto.FLOAT, rank)
     feeds = corpus.random_feeds("convnext_tf", seed=3)
-    expected = onnxruntime_outputs(asked, feeds,
-                                   onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    expected = corpus.onnxruntime_outputs(asked, feeds)
     plan = wpk.build(asked, target="cpu", input_shapes=corpus.input_shapes("convnext_tf"),
                      **FAST_BUILD)
     plan.save(tmp_path / "convnext_tf.wpk")
