@@ -19,6 +19,8 @@
                     "faster": label, "over_s", "credit_s",          # plans.planner
                     "in_run_s", "passed_over_in_run_s"} | null,      # in-run: wpk.in_run
          "onnxruntime_s": onnxruntime's fastest own kernel for it | null,
+         "tolerance": the relative L2 its candidates were verified within, only where the
+                      default was loosened to twice onnxruntime's own error (plans.planner),
          "candidates": [{"label", "impl", "kind", "algorithm", "status", "median_s",
                          "spread_s", "rel_l2_error", "message", "onnxruntime": bool}]}]}
 
@@ -131,6 +133,8 @@ def workload_entry(choice: Choice) -> dict:
         "reason": choice.reason,
         "candidates": [candidate_entry(m, choice.workload) for m in choice.measurements],
     }
+    if choice.tolerance is not None:
+        entry["tolerance"] = choice.tolerance
     entry["gflops"] = gflops(entry)
     entry["onnxruntime_s"] = onnxruntime_time(entry)
     return entry

@@ -35,6 +35,12 @@ measures nothing. Seeds derive from (seed, workload key,
 candidate), so the inputs a candidate is verified on do not depend on the
 order of the search.
 
+A request under an explicit tolerance (`MeasureOptions.tolerance`: the planner's second
+pass over a node whose result onnxruntime's own kernel misses the default tolerance by a
+rounding-sized error) reuses and records only phase "tolerance" records of that same
+tolerance (`extra["tolerance"]`); the search's and the last pass's records never answer
+it, and its records never answer them.
+
 A last pass measured while something else holds the cores is not kept as if it were
 true: when the fastest of a workload's fresh last-pass measurements reads `CONTENDED`
 times or more the fastest search record of the same candidates (a 2-core machine running
@@ -56,7 +62,15 @@ from wpk.core.workload import Workload
 from wpk.kernels.jobs import CandidateSpec
 from wpk.kernels.target import TargetFingerprint
 from wpk.search.measure import Measurement
-from wpk.search.records import FINAL, PLAN, SEARCH, Database, TuningRecord, top_records
+from wpk.search.records import (
+    FINAL,
+    PLAN,
+    SEARCH,
+    TOLERANCE,
+    Database,
+    TuningRecord,
+    top_records,
+)
 from wpk.search.runner import (
     INTERLEAVED_ROUNDS,
     AnyCandidate,
@@ -105,9 +119,16 @@ class RecordedRunner(Runner):
         finally:
             self.phase = SEARCH
 
-    def _reusable(self, workload: Workload, candidate: AnyCandidate) -> TuningRecord | None:
+    def _reusable(self, workload: Workload, candidate: AnyCandidate,
+                  options: MeasureOptions | None = None) -> TuningRecord | None:
         """The record `run` and `measure` reuse: the search's while searching, only one of
-        the planner's last pass inside `side_by_side`."""
+        the planner's last pass inside `side_by_side`; under an explicit tolerance, only a
+        record measured under the same one."""
+        tolerance = self._tolerance(options)
+        if tolerance is not None:
+            record = self.lookup(workload, candidate, TOLERANCE)
+            return (record if record is not None and record.extra.get("tolerance") == tolerance
+                    else None)
         if self.phase == PLAN:
             record = self.lookup(workload, candidate, PLAN)
             return None if record is None or record.extra.get("contended") else record
@@ -126,6 +147,10 @@ class RecordedRunner(Runner):
         return self.database.lookup(workload.key, self.fingerprint, spec.impl, spec.config,
                                     phase)
 
+    def _tolerance(self, options: MeasureOptions | None) -> float | None:
+        """The explicit tolerance of a request (None: each output dtype's default)."""
+        return (options or self.options).tolerance
+
     def _reuse(self, record: TuningRecord) -> Measurement:
         self.reused += 1
         return record.to_measurement()
@@ -134,19 +159,20 @@ class RecordedRunner(Runner):
                 options: MeasureOptions | None = None, seed: int | None = None) -> Measurement:
         """The candidate's latest record (its final one when re-measured), or a fresh
         measurement, then recorded."""
-        record = self._reusable(workload, candidate)
+        record = self._reusable(workload, candidate, options)
         if record is not None:
             return self._reuse(record)
         spec = CandidateSpec.of(candidate)
         measurement = self.runner.measure(workload, spec, options, seed)
-        self._record(workload, spec.modules, measurement, self.phase)
+        self._record_under(workload, spec.modules, measurement, options)
         return measurement
 
-    def _recorded(self, workload: Workload, candidates: Sequence[AnyCandidate]
+    def _recorded(self, workload: Workload, candidates: Sequence[AnyCandidate],
+                  options: MeasureOptions | None = None
                   ) -> tuple[list[CandidateSpec], list[Measurement | None], list[int]]:
         """(specs, the reusable records' measurements or None, the indices to measure)."""
         specs = [CandidateSpec.of(c) for c in candidates]
-        found = [self._reusable(workload, s) for s in specs]
+        found = [self._reusable(workload, s, options) for s in specs]
         results = [None if record is None else self._reuse(record) for record in found]
         return specs, results, [i for i, record in enumerate(found) if record is None]
 
@@ -155,11 +181,11 @@ class RecordedRunner(Runner):
         """Recorded measurements where there are; the rest measured by the inner runner
         (together on a concurrent one, recorded after; else committed one by one as they
         arrive, `Runner.stream`)."""
-        specs, results, missing = self._recorded(workload, candidates)
+        specs, results, missing = self._recorded(workload, candidates, options)
         if missing and self.concurrent:
             for index, measurement in zip(missing, self.runner.run(
                     workload, [specs[i] for i in missing], options)):
-                self._record(workload, specs[index].modules, measurement, self.phase)
+                self._record_under(workload, specs[index].modules, measurement, options)
                 results[index] = measurement
         elif missing:
             for index, measurement in self._stream(workload, specs, missing, options):
@@ -171,13 +197,13 @@ class RecordedRunner(Runner):
                         rounds: int = INTERLEAVED_ROUNDS) -> list[Measurement]:
         """Recorded measurements where there are; the rest measured in interleaved rounds
         by the inner runner (`Runner.run_interleaved`), each pooled one recorded."""
-        specs, results, missing = self._recorded(workload, candidates)
+        specs, results, missing = self._recorded(workload, candidates, options)
         if missing:
             chosen = [specs[i] for i in missing]
             for index, measurement in zip(missing, self._uncontended(
                     workload, chosen, lambda: self.runner.run_interleaved(
                         workload, chosen, options, rounds))):
-                self._record(workload, specs[index].modules, measurement, self.phase)
+                self._record_under(workload, specs[index].modules, measurement, options)
                 results[index] = measurement
         return results  # type: ignore[return-value]
 
@@ -222,7 +248,7 @@ class RecordedRunner(Runner):
         chosen = [specs[i] for i in missing]
         for position, measurement in self.runner.stream(workload, chosen, options, deadline):
             index = missing[position]
-            self._record(workload, specs[index].modules, measurement, self.phase)
+            self._record_under(workload, specs[index].modules, measurement, options)
             yield index, measurement
 
     def iter_batch(self, workload: Workload, specs: Sequence[CandidateSpec],
@@ -254,9 +280,19 @@ class RecordedRunner(Runner):
             if index in arrived:
                 yield index, arrived.pop(index), 1
 
+    def _record_under(self, workload: Workload, modules: Sequence[str],
+                      measurement: Measurement, options: MeasureOptions | None) -> None:
+        """Record a measurement made under `options`: in the current phase, or under an
+        explicit tolerance in phase TOLERANCE with that tolerance."""
+        tolerance = self._tolerance(options)
+        if tolerance is None:
+            self._record(workload, modules, measurement, self.phase)
+        else:
+            self._record(workload, modules, measurement, TOLERANCE, {"tolerance": tolerance})
+
     def _record(self, workload: Workload, modules: Sequence[str], measurement: Measurement,
-                phase: str) -> None:
-        extra = {**measurement.extra, "modules": list(modules)}
+                phase: str, noted: dict | None = None) -> None:
+        extra = {**measurement.extra, "modules": list(modules), **(noted or {})}
         self.database.commit(TuningRecord.from_measurement(
             replace(measurement, extra=extra), workload, self.fingerprint, phase=phase))
         self.measured += 1
@@ -287,7 +323,7 @@ class RecordedRunner(Runner):
         alone (final phase) when there are any, since the re-measurement decides among the
         top candidates; else the best record."""
         found = [r for r in self.database.records(workload.key, self.fingerprint)
-                 if (impl is None or r.impl == impl) and r.phase != PLAN]
+                 if (impl is None or r.impl == impl) and r.phase in (SEARCH, FINAL)]
         final = top_records([r for r in found if r.phase == FINAL])
         best = final or top_records(found)
         return best[0] if best else None

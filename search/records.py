@@ -20,7 +20,10 @@ from the re-measurement of a top candidate before the winner is chosen
 ("final") and from the planner's last pass of a tuned build, which measures a
 workload's finalists (library kernels, the untuned default schedules, each
 family's tuned winner) side by side ("plan"); a candidate's final record stands
-for it when ranking.
+for it when ranking. A measurement verified under a tolerance other than the
+default ("tolerance": the planner's pass over a node that onnxruntime's own
+kernel computes only within a rounding-sized error) holds that tolerance in
+`extra` and is neither ranked nor reused by a request under another one.
 
 Each `commit` is one `write` of one line followed by flush and fsync, so a
 build killed at any point loses no completed record; a torn last line from a
@@ -54,6 +57,11 @@ MAX_INT_DIGITS = 19  # a record's integers (dims, configs, versions) fit in int6
 SEARCH = "search"   # measured while searching
 FINAL = "final"     # re-measured alone, with more repeats, before the winner is chosen
 PLAN = "plan"       # the planner's last pass: a workload's finalists measured side by side
+# Measured under an explicit tolerance (`MeasureOptions.tolerance`): the planner's second
+# pass over a node whose result onnxruntime's own kernel misses the default tolerance by
+# (`wpk.plans.planner.loosened_tolerance`). Reused only by a request under the same
+# tolerance (`extra["tolerance"]`), never ranked with the other phases' records.
+TOLERANCE = "tolerance"
 
 
 class RecordError(WpkError):
@@ -353,6 +361,8 @@ def top_records(records: Iterable[TuningRecord], k: int = 1) -> list[TuningRecor
     """`RecordStore.top_k` over any records (one fingerprint assumed)."""
     representative: dict[tuple, TuningRecord] = {}
     for record in records:
+        if record.phase == TOLERANCE:
+            continue
         ident = record.identity
         held = representative.get(ident)
         if held is None or record.phase == FINAL or held.phase != FINAL:

@@ -372,6 +372,34 @@ def test_the_planners_last_pass_measures_its_finalists_side_by_side_once(
     assert all(m.extra["phase"] == "plan" for c in rebuilt for m in c.measurements)
 
 
+def test_a_measurement_under_an_explicit_tolerance_answers_only_that_tolerance(tmp_path):
+    """The planner measures a node onnxruntime's own kernel misses the tolerance on again
+    within twice onnxruntime's error (`wpk.plans.planner.loosened_tolerance`): such
+    records carry their tolerance, are reused only by a request under the same one, and a
+    default request (the search, another build) neither reuses nor ranks them."""
+    tiled = loop_candidates()[0]
+    path = tmp_path / "db.jsonl"
+    loose, looser = dataclasses.replace(QUICK, tolerance=1e-3), \
+        dataclasses.replace(QUICK, tolerance=2e-3)
+    with MeasureWorker(QUICK) as worker:
+        runner = recorded(path, worker)
+        assert runner.measure(WORKLOAD, tiled, loose).ok
+        only_loose = RecordStore(path)
+        assert [(r.phase, r.extra["tolerance"]) for r in only_loose] == [("tolerance", 1e-3)]
+        assert only_loose.best(WORKLOAD.key, runner.fingerprint) is None
+        assert runner.best(WORKLOAD) is None
+        assert runner.measure(WORKLOAD, tiled, loose).extra.get("from_record")
+        assert runner.measured == 1
+        runner.measure(WORKLOAD, tiled)       # the default tolerance: measured again
+        runner.measure(WORKLOAD, tiled, looser)
+        assert runner.run(WORKLOAD, [tiled], looser)[0].extra.get("from_record")
+    assert (runner.measured, runner.reused) == (3, 2)
+    store = RecordStore(path)
+    assert [(r.phase, r.extra.get("tolerance")) for r in store] == \
+        [("tolerance", 1e-3), ("search", None), ("tolerance", 2e-3)]
+    assert store.best(WORKLOAD.key, runner.fingerprint).phase == "search"
+
+
 def _search_then_final_records(path: Path, worker, nodes, options, scale: float):
     """A search pass through records at `path`, then each search record re-recorded in the
     final phase at `scale` times its time (what the last pass compares itself with)."""

@@ -15,9 +15,11 @@ from rich.console import Console
 
 from wpk.commands.render import (
     format_time,
+    reason_text,
     render_json,
     render_summary,
     render_table,
+    summary_lines,
 )
 from wpk.commands.render_html import render_html
 from wpk.kernels import registry
@@ -163,6 +165,24 @@ def test_a_fallback_is_marked(rng):
     assert report["totals"]["fallback_nodes"] == 1
     assert [w["op"] for w in report["workloads"] if w["fallback"]] == ["Add"]
     assert render_html(report).count('<span class="fallback">fallback</span>') == 1
+
+
+def test_a_workload_verified_within_onnxruntimes_error_is_noted(rng):
+    """A choice verified within twice onnxruntime's own error (`loosened_tolerance`) carries
+    that tolerance into the report, its reason and the summary; the others carry none."""
+    _, _, choices = tiny_choices(rng)
+    matmul = next(c for c in choices if c.workload.op == "MatMul")
+    choices.choices[matmul.workload.key] = dataclasses.replace(matmul, tolerance=7e-4)
+    report = make_report(choices)
+    assert [w.get("tolerance") for w in report["workloads"]] == [7e-4, None, None]
+    assert "verified within 0.0007 relative L2, twice onnxruntime's own error" in \
+        reason_text(report["workloads"][0])
+    assert "verified within" not in reason_text(report["workloads"][1])
+    notes = [line for line in summary_lines(report) if line.startswith("note:")]
+    assert len(notes) == 1 and "1 workload verified within twice onnxruntime's own " \
+        "error" in notes[0] and matmul.workload.label in notes[0]
+    assert not [line for line in summary_lines(make_report(tiny_choices(rng)[2]))
+                if "onnxruntime's own error" in line]
 
 
 class TiledMatMul(Implementation):
