@@ -393,4 +393,5 @@ def test_bench_load_times_both_engines_in_fresh_processes(scripts_on_path, tmp_p
     for runs in (result["wpk_runs"], result["ort_runs"]):
         assert all(run["seconds"] > 0 and run["peak_mb"] > 10 for run in runs)
         assert all(run["first_run_s"] > 0 and run["second_run_s"] > 0 for run in runs)
+        assert all(run["bytecode_cached"] for run in runs)   # as an installed package
     assert "| light_squeezenet |" in capsys.readouterr().out
