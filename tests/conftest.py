@@ -102,19 +102,28 @@ def records_never_contended(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def corpus_model_path(tmp_path_factory):
+def corpus_model_path(run_folder):
     """`corpus_model_path(name) -> Path` of a corpus model (tests/corpus) at its CI size,
-    exported on first use into a temporary folder, once per test session."""
+    exported on first use into a folder the pytest-xdist workers of this run share (a lock
+    file makes a second worker wait for the first one's export instead of repeating it;
+    the exports are deterministic, `test_corpus_builds_are_deterministic`)."""
+    import fcntl
+
     import onnx
 
     from tests.corpus import build_model
 
-    folder = tmp_path_factory.mktemp("corpus")
+    folder = run_folder / "corpus"
+    folder.mkdir(exist_ok=True)
 
     def path_of(name: str):
         path = folder / f"{name}.onnx"
-        if not path.exists():
-            onnx.save(build_model(name, "ci"), str(path))
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                partial = path.with_suffix(".partial")
+                onnx.save(build_model(name, "ci"), str(partial))
+                partial.rename(path)
         return path
 
     return path_of
