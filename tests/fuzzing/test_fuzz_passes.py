@@ -39,18 +39,21 @@ def test_a_layer_norms_mean_asked_for_as_an_output_is_computed(corpus_model_path
     assert outcome.kind == "ok", (outcome.mutations, outcome.detail)
 
 
+@pytest.mark.parametrize("name, node, epilogue", [
+    ("torchenc_torchscript", "/encoder/layers.0/linear1/Add", ["div", "gelu"]),
+    ("swin_torchscript", "/blocks/blocks.1/qkv/Add", ["div"])])
 def test_a_node_onnxruntime_computes_only_within_rounding_builds_no_worse_than_it(
-        corpus_model_path, tmp_path):
-    """The mutant that found it (the torch encoder's first feed-forward bias Add made a Div:
-    the MatMul's result divided by the bias, then GELU; onnxruntime's own kernel misses
-    the float64 reference by 3.5e-4, over the 1e-4 tolerance). It used to be refused; now
-    its candidates are verified within twice onnxruntime's error, the plan matches
-    onnxruntime, the report says so, and a rebuild from the records measures nothing."""
-    name = "torchenc_torchscript"
+        name, node, epilogue, corpus_model_path, tmp_path):
+    """The mutants that found it: a MatMul's bias Add made a Div. In the torch encoder the
+    product divided by the bias, then GELU (onnxruntime's own kernel 3.5e-4 off the float64
+    reference, over the 1e-4 tolerance); in Swin the bias divided by the product, which
+    crosses zero (1.02e-2 off). Both used to be refused; now their candidates are verified
+    within twice onnxruntime's error, the plan matches onnxruntime, the report says so,
+    and a rebuild from the records measures nothing."""
     model = onnx.load(str(corpus_model_path(name)))
-    bias = next(n for n in model.graph.node if n.name == "/encoder/layers.0/linear1/Add")
+    bias = next(n for n in model.graph.node if n.name == node)
     bias.op_type = "Div"
-    outcome = compare_plan(name, model, 0, ["/encoder/layers.0/linear1/Add: Add -> Div"])
+    outcome = compare_plan(name, model, 0, [f"{node}: Add -> Div"])
     assert outcome.kind == "ok", outcome.detail
 
     import wpk
@@ -63,8 +66,7 @@ def test_a_node_onnxruntime_computes_only_within_rounding_builds_no_worse_than_i
         return found, plan.report["search"]
 
     first, searched = loosened(tmp_path / "db.jsonl")
-    assert [label.split(" +")[1:] for label, _ in first] == [["div", "gelu"]]
-    assert 2e-4 < first[0][1] <= 2e-3 and searched["measured"] > 0
+    assert [label.split(" +")[1:] for label, _ in first] == [epilogue]
+    assert 2e-4 < first[0][1] <= 5e-2 and searched["measured"] > 0
     again, rebuilt = loosened(tmp_path / "db.jsonl")
     assert again == first and rebuilt["measured"] == 0
-
