@@ -37,7 +37,14 @@ model.
    (graph optimizations off) and must lie within twice onnxruntime's own spread, the
    difference between that run and its default one (`literal_outputs`); onnxruntime's
    default run, what its users get, stays a contender, and the summary gives the
-   differences;
+   differences. A plan with workloads verified within twice onnxruntime's own error
+   (onnxruntime's kernel misses the float64 reference on those nodes too,
+   `wpk.plans.planner.loosened_tolerance`) must agree with onnxruntime within the
+   loosest of those tolerances (`agreement_tolerance`): there wpk's kernel and
+   onnxruntime's sum in other orders on an ill-conditioned node, which onnxruntime's two
+   runs do not (a Swin whose qkv bias is divided by the product: the plan 2.2e-4 from
+   onnxruntime's default run and 3.0e-4 from its nodes as written, those two 7.9e-5
+   apart; the node's tolerance 0.02);
 2. they are timed in blocks, the order rotating from round to round (before each block
    a wait until the process's threads are idle, `wpk.core.idle`: onnxruntime's spin for
    45-65 ms after a run, longer than the fixed 50 ms pause this used to be, so wpk's
@@ -85,6 +92,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -197,6 +205,14 @@ def agreement(ours: dict, theirs: dict) -> float:
     output's shape differs, or a non-float output (integers, booleans) is not equal."""
     return max((_difference(np.asarray(ours[name]), np.asarray(theirs[name])) for name in ours),
                default=0.0)
+
+
+def agreement_tolerance(report: Mapping, tolerance: float) -> float:
+    """How far the plan's outputs may lie from onnxruntime's: `tolerance`, or the loosest
+    tolerance a workload of the plan was verified within when onnxruntime's own kernel
+    missed the default one there (the report's `tolerance`; module docstring, step 1)."""
+    return max([tolerance, *(w["tolerance"] for w in report.get("workloads", [])
+                             if w.get("tolerance") is not None)])
 
 
 def literal_outputs(whole_model: Plan, feeds: dict) -> dict:
@@ -346,11 +362,14 @@ def choose_partition(per_op: Plan, whole_model: Plan, options: PartitionOptions 
                          f"run before each; onnxruntime with its default options"}
     if literal is not None:
         summary.update(rel_l2_literal=literal, rel_l2_onnxruntime_spread=spread)
-    if not difference <= options.tolerance and not (
-            literal is not None and literal <= max(options.tolerance, 2 * spread)):
+    tolerance = agreement_tolerance(per_op.report, options.tolerance)
+    if tolerance > options.tolerance:
+        summary["agreement_tolerance"] = tolerance
+    if not difference <= tolerance and not (
+            literal is not None and literal <= max(tolerance, 2 * spread)):
         summary.update(winner=WPK, plan=PER_OPERATOR,
                        reason=f"onnxruntime's outputs differ from the plan's by "
-                              f"{difference:.2g} relative L2 (> {options.tolerance:g})"
+                              f"{difference:.2g} relative L2 (> {tolerance:g})"
                               + ("" if literal is None else
                                  f", {literal:.2g} from its nodes as written, which differ "
                                  f"from its default run by {spread:.2g}")

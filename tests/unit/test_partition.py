@@ -289,6 +289,31 @@ def test_a_whole_model_that_disagrees_is_never_chosen():
     assert "differ" in summary["reason"] and summary["rel_l2_between"] > 1e-4
 
 
+def test_a_plan_with_a_rounding_sensitive_node_may_differ_within_its_tolerance():
+    """A plan holding a workload verified within twice onnxruntime's own error (the
+    report's `tolerance`, `wpk.plans.planner.loosened_tolerance`) is compared with
+    onnxruntime within that tolerance: here a "whole model" whose weights are 0.2% off
+    (about 3e-3 relative L2 at the output) is timed against a plan with a workload at
+    0.02, and refused with one at 1e-3 and with none."""
+    per_op = wpk.build(tiny_matmuls(count=3, seed=0), target="cpu", progress=False,
+                       partition=False)
+    other = tiny_matmuls(count=3, seed=0)
+    for weight in other.graph.initializer:
+        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.002,
+                                                weight.name))
+    whole = whole_model_plan(load_model(other), other.SerializeToString())
+    options = PartitionOptions(blocks=1, runs=1, confirm_blocks=0)
+    decided = {}
+    for tolerance in (None, 1e-3, 0.02):
+        if tolerance is not None:
+            per_op.report["workloads"][0]["tolerance"] = tolerance
+        _, decided[tolerance] = choose_partition(per_op, whole, options)
+    for refused in (None, 1e-3):
+        assert "differ" in decided[refused]["reason"] and "wpk_median_s" not in decided[refused]
+    assert 1e-3 < decided[0.02]["rel_l2_between"] < 0.02
+    assert decided[0.02]["agreement_tolerance"] == 0.02 and "wpk_median_s" in decided[0.02]
+
+
 def test_a_negative_margin_keeps_a_slower_plan():
     """margin < 0 lets wpk's plan stay up to |margin| slower (here: whatever the times)."""
     model = tiny_matmuls(count=4)
