@@ -180,6 +180,37 @@ def test_a_k_transpose_that_keeps_the_innermost_dim_is_not_flipped(rng):
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_key_transpose_read_as_both_operands_is_neither_flipped_nor_absorbed(rng, target):
+    """Found by the passes' fuzzer (CLIP's dynamo export with Q's input rewired to K^T,
+    square since seq == head dim): scores = K^T @ K^T, the K^T made by the head split's
+    Transpose (0, 2, 3, 1). The MatMul is that Transpose's only reader, through both slots;
+    the rule flipped the Transpose to make K for the key slot and the query slot read K
+    too (0.82 relative L2 off onnxruntime). A node reading a tensor twice is no single
+    reader now (`FusionContext.single_user`): the graph keeps computing K^T @ K^T."""
+    side = 8
+    nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+             h.make_node("MatMul", ["kt", "kt"], ["scores"]),
+             h.make_node("Div", ["scores", "scale"], ["scaled"]),
+             h.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+             h.make_node("MatMul", ["probs", "v"], ["y"])]
+    inputs = [h.make_tensor_value_info("k", TensorProto.FLOAT, [B, side, H, side]),
+              h.make_tensor_value_info("v", TensorProto.FLOAT, [B, H, side, side])]
+    scale = numpy_helper.from_array(np.array(math.sqrt(side), np.float32), "scale")
+    model = onnx.shape_inference.infer_shapes(h.make_model(
+        h.make_graph(nodes, "kt_kt", inputs,
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, [B, H, side, side])],
+                     [scale]),
+        opset_imports=[h.make_opsetid("", 17)]))
+    graph, _ = optimize(load_model(model), target)
+    check_graph(graph)
+    (transpose,) = [n for n in graph.nodes if n.op == "Transpose"]
+    assert tuple(transpose.attrs["perm"]) == (0, 2, 3, 1)
+    feeds = feeds_of(model, rng)
+    np.testing.assert_allclose(run(to_onnx(graph), feeds)[0], run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_the_rule_is_documented_and_runs_for_the_cpu_and_cuda():
     assert "attention" in rule_docs("cpu") and "attention" in rule_docs()
     assert "attention" in rule_docs("cuda")   # the CUDA target has a fused kernel too

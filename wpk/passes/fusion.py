@@ -61,9 +61,14 @@ class FusionContext:
         return self.graph.constants.get(name) if name else None
 
     def single_user(self, name: str) -> Node | None:
-        """The one node reading `name`, when it is exactly one and `name` is not pinned."""
+        """The one node reading `name`, when it is exactly one, reads it in one input slot
+        and `name` is not pinned. A node reading it twice (MatMul(x, x), Mul(x, x)) is no
+        single user: a rule absorbing `name`'s producer rewrites one slot, and the other
+        would read what the rule removed or changed."""
         users = self.users.get(name, [])
-        return users[0] if len(users) == 1 and name not in self.pinned else None
+        if len(users) != 1 or name in self.pinned or users[0].inputs.count(name) != 1:
+            return None
+        return users[0]
 
     def single_consumer(self, node: Node) -> Node | None:
         """The one node reading `node`'s only used output (None if several, or pinned)."""
