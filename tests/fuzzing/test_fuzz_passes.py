@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import onnx
 import pytest
 
@@ -70,3 +71,20 @@ def test_a_node_onnxruntime_computes_only_within_rounding_builds_no_worse_than_i
     assert 2e-4 < first[0][1] <= 5e-2 and searched["measured"] > 0
     again, rebuilt = loosened(tmp_path / "db.jsonl")
     assert again == first and rebuilt["measured"] == 0
+
+
+def test_a_clip_bound_of_minus_infinity_builds_into_a_plan_that_is_written(corpus_model_path):
+    """The mutant that found it: paddle2onnx's DBNet with a Clip's min constant made -inf.
+    The Clip rides in the conv's epilogue; the plan's manifest is strict JSON, which has no
+    infinity, and writing the plan ended in 'internal error: ValueError: Out of range
+    float values are not JSON compliant'. The plan is written, loaded and matches
+    onnxruntime now."""
+    from onnx import numpy_helper
+
+    model = onnx.load(str(corpus_model_path("dbnet_paddle")))
+    constant = next(n for n in model.graph.node if "constant.tmp_5" in n.output)
+    constant.attribute[0].t.CopyFrom(numpy_helper.from_array(
+        np.array(-np.inf, np.float32), constant.attribute[0].t.name))
+    outcome = compare_plan("dbnet_paddle", model, 0, ["constant constant.tmp_5 -> [-inf]"])
+    assert outcome.kind == "ok", (outcome.mutations, outcome.detail)
+

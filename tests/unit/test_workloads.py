@@ -155,3 +155,27 @@ def test_blocked_conv_weights_are_data_not_identity(rng):
     assert len(convs) == 2
     assert convs[0].workload.static_inputs == ()
     assert convs[0].workload.key == convs[1].workload.key
+
+
+def test_infinite_and_nan_attributes_round_trip_through_strict_json():
+    """JSON has no infinities: a Clip with min -inf fused into an epilogue made a plan that
+    could not be written (`ValueError: Out of range float values`, found by the passes'
+    fuzzer on paddle2onnx's models). Such values are encoded, and come back."""
+    import json
+    import math
+
+    from wpk.core.workload import EpilogueStep, TensorSpec
+
+    workload = Workload("Conv", (TensorSpec((1, 2, 3, 3)), TensorSpec((2, 2, 1, 1))),
+                        (TensorSpec((1, 2, 3, 3)),), attrs=(("alpha", float("inf")),),
+                        epilogue=(EpilogueStep("clip", (("max", 6.0),
+                                                        ("min", float("-inf")))),))
+    text = json.dumps(workload.to_json(), allow_nan=False)
+    back = Workload.from_json(json.loads(text))
+    assert back == workload and back.key == workload.key
+    assert back.epilogue[0].attr("min") == float("-inf") and back.attr("alpha") == math.inf
+    nan = Workload.from_json(json.loads(json.dumps(
+        Workload("Relu", (TensorSpec((2,)),), (TensorSpec((2,)),),
+                 attrs=(("x", float("nan")),)).to_json(), allow_nan=False)))
+    assert math.isnan(nan.attr("x"))
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,12 +53,13 @@ class EpilogueStep:
         return dict(self.attrs).get(name, default)
 
     def to_json(self) -> dict:
-        return {"op": self.op, "attrs": dict(self.attrs), "operand": self.operand,
-                "swap": self.swap}
+        return {"op": self.op, "attrs": {k: encode_attr(v) for k, v in self.attrs},
+                "operand": self.operand, "swap": self.swap}
 
     @staticmethod
     def from_json(data: Mapping) -> EpilogueStep:
-        return EpilogueStep(data["op"], tuple(sorted(data.get("attrs", {}).items())),
+        attrs = {k: decode_attr(v) for k, v in data.get("attrs", {}).items()}
+        return EpilogueStep(data["op"], tuple(sorted(attrs.items())),
                             data.get("operand"), bool(data.get("swap", False)))
 
 
@@ -81,7 +83,9 @@ class TensorSpec:
 
 
 def encode_attr(value: Any) -> Any:
-    """Turn an attribute value into canonical JSON (tuples as lists, arrays as dicts)."""
+    """Turn an attribute value into canonical JSON (tuples as lists, arrays as dicts, an
+    infinite or NaN float as {"__float__": "-inf"}: JSON has no such numbers, and a Clip
+    whose min is -inf made a plan that could not be written)."""
     if isinstance(value, np.ndarray):
         data = np.ascontiguousarray(value)
         return {"__ndarray__": base64.b64encode(data.tobytes()).decode("ascii"),
@@ -92,12 +96,16 @@ def encode_attr(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [encode_attr(v) for v in value]
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"__float__": repr(value)}
     return value
 
 
 def decode_attr(value: Any) -> Any:
     """Inverse of `encode_attr` (lists come back as tuples, so values stay hashable)."""
+    if isinstance(value, dict) and "__float__" in value:
+        return float(value["__float__"])
     if isinstance(value, dict) and "__ndarray__" in value:
         raw = base64.b64decode(value["__ndarray__"])
         return np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"]).copy()
