@@ -25,6 +25,11 @@ from wpk.core.onnx_loop import Loop
 from wpk.core.onnx_quantize import REFERENCE_OPS
 
 SHAPE_HINT = "give the input shape, e.g. --input-shape NAME=1x3x224x224"
+# When the model's own nodes fail on inputs of the shapes given
+EVALUATION_HINT = ("the model's nodes fail on inputs of these shapes (the message above): "
+                   "check the nodes that compute those tensors against the ONNX spec; "
+                   "onnxruntime runs some invalid graphs anyway (it skips a Concat's empty "
+                   "inputs)")
 # Ops whose output shape depends on input values whatever the inputs are.
 VALUE_SHAPED_OPS = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression",
                               "StringSplit", "RegexFullMatch", "TfIdfVectorizer"})
@@ -135,7 +140,7 @@ def _evaluate_shapes(proto: onnx.ModelProto, graph: Graph, unknown: list[str],
                 raise ShapeError(
                     f"cannot determine the shapes of {', '.join(unknown[:5])} in "
                     f"'{graph.source}': shape inference left them open and evaluating the "
-                    f"model failed: {_first_line(exc)}", hint=SHAPE_HINT) from exc
+                    f"model failed: {_first_line(exc)}", hint=EVALUATION_HINT) from exc
             break
     for name in unknown:
         values = [run.get(name) for run in runs]

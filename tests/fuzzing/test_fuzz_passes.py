@@ -88,3 +88,22 @@ def test_a_clip_bound_of_minus_infinity_builds_into_a_plan_that_is_written(corpu
     outcome = compare_plan("dbnet_paddle", model, 0, ["constant constant.tmp_5 -> [-inf]"])
     assert outcome.kind == "ok", (outcome.mutations, outcome.detail)
 
+
+def test_a_graph_only_onnxruntimes_leniency_runs_is_refused_with_a_hint_at_the_model(
+        corpus_model_path):
+    """A mutant the fuzzer found refused with the wrong hint: the torch ViT with its class
+    token's Expand shape built from a constant 0 instead of the batch size. The Expand
+    makes a (0, 1, 32) tensor that a Concat joins with the (1, 16, 32) patches: invalid
+    ONNX, which onnxruntime runs by skipping the empty input. wpk cannot evaluate the
+    shapes and says so; the hint was "give the input shape", which the build had."""
+    import wpk
+    from wpk.core.errors import ShapeError
+
+    model = onnx.load(str(corpus_model_path("vit_torchscript")))
+    concat = next(n for n in model.graph.node if n.name == "/Concat_1")
+    concat.input[0] = "/Constant_output_0"
+    with pytest.raises(ShapeError, match="evaluating the model failed") as refused:
+        wpk.build(model, target="cpu", input_shapes=corpus.input_shapes("vit_torchscript"),
+                  **FAST_BUILD)
+    assert "ONNX spec" in refused.value.hint and "--input-shape" not in refused.value.hint
+
