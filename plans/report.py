@@ -103,6 +103,12 @@ def next_best(entry: Mapping) -> dict | None:
     return others[0] if others else None
 
 
+def loosened_workloads(report: Mapping) -> list[dict]:
+    """The workloads verified within twice onnxruntime's own error, not the default
+    tolerance (their `tolerance`: `wpk.plans.planner.loosened_tolerance`)."""
+    return [w for w in report.get("workloads", []) if w.get("tolerance") is not None]
+
+
 def choice_reason(entry: Mapping) -> dict:
     """Why the workload's candidate was chosen: the report's `reason`, or for a report of an
     older build, what its times say (the fastest, the only verified one, or not recorded)."""

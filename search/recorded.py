@@ -285,14 +285,14 @@ class RecordedRunner(Runner):
         """Record a measurement made under `options`: in the current phase, or under an
         explicit tolerance in phase TOLERANCE with that tolerance."""
         tolerance = self._tolerance(options)
-        if tolerance is None:
-            self._record(workload, modules, measurement, self.phase)
-        else:
-            self._record(workload, modules, measurement, TOLERANCE, {"tolerance": tolerance})
+        phase = self.phase if tolerance is None else TOLERANCE
+        self._record(workload, modules, measurement, phase, tolerance)
 
     def _record(self, workload: Workload, modules: Sequence[str], measurement: Measurement,
-                phase: str, noted: dict | None = None) -> None:
-        extra = {**measurement.extra, "modules": list(modules), **(noted or {})}
+                phase: str, tolerance: float | None = None) -> None:
+        extra = {**measurement.extra, "modules": list(modules)}
+        if tolerance is not None:
+            extra["tolerance"] = tolerance
         self.database.commit(TuningRecord.from_measurement(
             replace(measurement, extra=extra), workload, self.fingerprint, phase=phase))
         self.measured += 1

@@ -101,6 +101,7 @@ from wpk.core.idle import wait_until_idle
 from wpk.core.numerics import relative_l2
 from wpk.kernels import registry
 from wpk.plans.planfile import Plan
+from wpk.plans.report import loosened_workloads
 from wpk.runtime import Session, example_feeds
 
 WPK, ONNXRUNTIME = "wpk", "onnxruntime"
@@ -211,8 +212,7 @@ def agreement_tolerance(report: Mapping, tolerance: float) -> float:
     """How far the plan's outputs may lie from onnxruntime's: `tolerance`, or the loosest
     tolerance a workload of the plan was verified within when onnxruntime's own kernel
     missed the default one there (the report's `tolerance`; module docstring, step 1)."""
-    return max([tolerance, *(w["tolerance"] for w in report.get("workloads", [])
-                             if w.get("tolerance") is not None)])
+    return max([tolerance, *(w["tolerance"] for w in loosened_workloads(report))])
 
 
 def literal_outputs(whole_model: Plan, feeds: dict) -> dict:

@@ -18,7 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from wpk.plans.report import by_share, choice_reason, gflops, next_best
+from wpk.plans.report import by_share, choice_reason, gflops, loosened_workloads, next_best
 from wpk.search.parallel_measure import summary_line
 from wpk.search.recorded import CONTENDED
 
@@ -177,7 +177,7 @@ def summary_lines(report: Mapping) -> list[str]:
 def loosened_lines(report: Mapping) -> list[str]:
     """The workloads verified within twice onnxruntime's own error, not the default
     tolerance (`wpk.plans.planner.loosened_tolerance`)."""
-    loosened = [w for w in report.get("workloads", []) if w.get("tolerance") is not None]
+    loosened = loosened_workloads(report)
     if not loosened:
         return []
     names = ", ".join(f"{w['label']} ({w['tolerance']:.2g})" for w in loosened[:3])
