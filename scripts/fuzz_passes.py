@@ -1,11 +1,13 @@
 """Differential fuzzing of the graph passes for N minutes (tests/fuzzing/mutations.py):
-corpus models mutated (constants, ops, operands, axes, extra outputs, rewired inputs),
-built with wpk and compared with onnxruntime. Counts each outcome; every violation
-("wrong": an output off by more than 1e-2 or missing, "internal": an exception inside
-wpk) is printed and its model saved to --out.
+corpus models mutated (constants, ops, operands, axes, extra outputs, rewired inputs,
+integer constants, permutations, attributes, a unary op on an edge), built with wpk and
+compared with onnxruntime. Counts each outcome; every violation ("wrong": an output off by
+more than 1e-2 or missing, "internal": an exception inside wpk) is printed and its model
+saved to --out.
 
     python scripts/fuzz_passes.py --minutes 30 --seed 1 --out fuzz-passes
     python scripts/fuzz_passes.py --minutes 5 --models vit_tf,convnext_tf --json f.json
+    python scripts/fuzz_passes.py --mutations change_permutation,insert_unary
 
 Exit code 0 when no violation was found, 1 otherwise.
 """
@@ -26,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import onnx  # noqa: E402
 
 from tests import corpus  # noqa: E402
-from tests.fuzzing.mutations import MODELS, VIOLATIONS, check_mutant  # noqa: E402
+from tests.fuzzing.mutations import MODELS, MUTATIONS, VIOLATIONS, check_mutant  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +41,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder for the violating mutants (ONNX files)")
     parser.add_argument("--json", type=Path, help="write the counts and every non-ok "
                         "outcome here")
+    parser.add_argument("--mutations", default="", help="comma-separated mutation "
+                        "functions of tests/fuzzing/mutations.py (default: all of MUTATIONS)")
     args = parser.parse_args(argv)
     names = args.models.split(",") if args.models else MODELS
+    known = {m.__name__: m for m in MUTATIONS}
+    unknown = [m for m in args.mutations.split(",") if m and m not in known]
+    if unknown:
+        parser.error(f"unknown mutation(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    chosen = [known[m] for m in args.mutations.split(",") if m] or MUTATIONS
     rng = random.Random(args.seed)
     originals: dict[str, onnx.ModelProto] = {}
     counts: collections.Counter = collections.Counter()
@@ -52,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             originals[name] = corpus.build_model(name, "ci")
         model = onnx.ModelProto()
         model.CopyFrom(originals[name])
-        outcome = check_mutant(name, model, rng)
+        outcome = check_mutant(name, model, rng, chosen)
         counts[outcome.kind] += 1
         if outcome.kind not in ("ok", "skip"):
             notes.append(vars(outcome))
@@ -66,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           sorted(counts.items())))
     if args.json:
         args.json.write_text(json.dumps({"seed": args.seed, "minutes": args.minutes,
+                                         "mutations": [m.__name__ for m in chosen],
                                          "counts": counts, "outcomes": notes}, indent=1))
     return 1 if any(counts[k] for k in VIOLATIONS) else 0
 

@@ -6,8 +6,10 @@ elsewhere) gives a plan that computes something else, or a build that fails insi
 `mutate` edits a corpus model the way a user's model may differ from the corpus: a small
 constant's value, an elementwise op for another, two operands swapped, an axis, an
 intermediate asked for as a graph output, an input rewired to another tensor of the same
-shape. `check_mutant` keeps a mutant only when onnxruntime runs it to finite outputs, then
-builds it with wpk (the tests' fast options) and compares the plan's outputs with
+shape, an integer constant (a Slice's bounds, a Reshape's shape), a Transpose's
+permutation, an attribute (keepdims, transB, epsilon, axes), a unary op put on one edge.
+`check_mutant` keeps a mutant only when onnxruntime runs it to finite outputs, then builds
+it with wpk (the tests' fast options) and compares the plan's outputs with
 onnxruntime's.
 
 Outcomes: "ok"; "skip" (no mutation applied, or onnxruntime refuses the mutant);
@@ -25,6 +27,7 @@ from __future__ import annotations
 import random
 import tempfile
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,16 +200,122 @@ def rewire(model: onnx.ModelProto, rng: random.Random) -> str | None:
     return None
 
 
+INTEGER_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+
+
+def change_int_constant(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """One value of an integer constant of at most 4 values (a Slice's starts or ends, a
+    Reshape's shape, a Gather's index, an Unsqueeze's axes) moved by one, negated, set to
+    0, -1 or the int64 maximum (a Slice's "to the end")."""
+    tensors = [t for t in model.graph.initializer
+               if t.data_type in INTEGER_TYPES and 0 < np.prod(t.dims) <= 4]
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
+                if a.name == "value" and a.t.data_type in INTEGER_TYPES
+                and 0 < np.prod(a.t.dims) <= 4]
+    if not tensors:
+        return None
+    tensor = rng.choice(tensors)
+    value = nh.to_array(tensor).copy()
+    flat = value.reshape(-1)
+    k = rng.randrange(flat.size)
+    old = int(flat[k])
+    change = rng.choice(["+1", "-1", "neg", "0", "-1v", "max"])
+    new = {"+1": old + 1, "-1": old - 1, "neg": -old, "0": 0, "-1v": -1,
+           "max": int(np.iinfo(value.dtype).max)}[change]
+    limits = np.iinfo(value.dtype)
+    new = min(max(new, int(limits.min)), int(limits.max))
+    if new == old:
+        return None
+    flat[k] = new
+    tensor.CopyFrom(nh.from_array(value, tensor.name))
+    return f"int constant {tensor.name or '(Constant node)'}[{k}]: {old} -> {new}"
+
+
+def change_permutation(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """A Transpose's `perm` shuffled to another permutation of the same rank (the head
+    splits and merges of attention, NCHW <-> NHWC of tf2onnx)."""
+    found = [(n, a) for n in model.graph.node if n.op_type == "Transpose"
+             for a in n.attribute if a.name == "perm" and len(a.ints) >= 2]
+    if not found:
+        return None
+    node, attribute = rng.choice(found)
+    old = list(attribute.ints)
+    new = old[:]
+    while new == old:
+        rng.shuffle(new)
+    attribute.ClearField("ints")
+    attribute.ints.extend(new)
+    return f"{_label(node)} (Transpose): perm {old} -> {new}"
+
+
+FLIPPABLE = ("keepdims", "transA", "transB", "noop_with_empty_axes", "ceil_mode",
+             "count_include_pad", "select_last_index", "largest", "sorted")
+SCALABLE = ("alpha", "beta", "epsilon", "gamma", "min", "max")
+
+
+def change_attribute(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """A 0/1 attribute flipped (keepdims, transA, transB, ...), a float attribute (Gemm's
+    alpha and beta, a norm's epsilon, LeakyRelu's alpha, an old Clip's bounds) scaled or
+    set to a special value, or one of an `axes` list set to another axis."""
+    found = [(n, a) for n in model.graph.node for a in n.attribute
+             if (a.type == onnx.AttributeProto.INT and a.name in FLIPPABLE and a.i in (0, 1))
+             or (a.type == onnx.AttributeProto.FLOAT and a.name in SCALABLE)
+             or (a.type == onnx.AttributeProto.INTS and a.name == "axes" and a.ints)]
+    if not found:
+        return None
+    node, attribute = rng.choice(found)
+    if attribute.type == onnx.AttributeProto.INT:
+        old, attribute.i = attribute.i, 1 - attribute.i
+        return f"{_label(node)} ({node.op_type}): {attribute.name} {old} -> {attribute.i}"
+    if attribute.type == onnx.AttributeProto.FLOAT:
+        old = attribute.f
+        attribute.f = (old * rng.choice([1.1, 0.5, -1.0, 2.0]) if rng.random() < 0.5
+                       else float(rng.choice(SPECIAL_VALUES)))
+        return f"{_label(node)} ({node.op_type}): {attribute.name} {old:g} -> {attribute.f:g}"
+    shapes = _typed_shapes(model)
+    rank = len(shapes[node.input[0]][1]) if node.input[0] in shapes else 4
+    axes = list(attribute.ints)
+    k = rng.randrange(len(axes))
+    choices = [v for v in range(-rank, rank) if v % rank not in {a % rank for a in axes}]
+    if not choices:
+        return None
+    old, axes[k] = list(attribute.ints), rng.choice(choices)
+    attribute.ClearField("ints")
+    attribute.ints.extend(axes)
+    return f"{_label(node)} ({node.op_type}): axes {old} -> {axes}"
+
+
+def insert_unary(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """A unary op (Neg, Relu, Sigmoid, Identity) put between a float tensor and one of
+    its readers, the others still reading the tensor itself: a pattern's inner edge made
+    longer, a tensor that several rules read split between them."""
+    shapes = _typed_shapes(model)
+    readers = [(index, node, k) for index, node in enumerate(model.graph.node)
+               if node.op_type != "Constant" for k, name in enumerate(node.input)
+               if shapes.get(name, (0,))[0] == onnx.TensorProto.FLOAT]
+    if not readers:
+        return None
+    index, node, k = rng.choice(readers)
+    tensor = node.input[k]
+    op = rng.choice(["Neg", "Relu", "Sigmoid", "Identity"])
+    made = f"{tensor}_fuzz_{op.lower()}"
+    node.input[k] = made
+    model.graph.node.insert(index, h.make_node(op, [tensor], [made], name=f"fuzz_{op}_{index}"))
+    return f"{_label(node)} ({node.op_type}): input {k} {tensor} through {op}"
+
+
 MUTATIONS = [change_constant, change_constant, change_binary_op, change_unary_op,
-             swap_inputs, change_axis, add_output, add_output, rewire, rewire]
+             swap_inputs, change_axis, add_output, add_output, rewire, rewire,
+             change_int_constant, change_permutation, change_attribute, insert_unary]
 
 
-def mutate(model: onnx.ModelProto, rng: random.Random) -> list[str]:
-    """Apply one or two mutations to `model` in place; what they did."""
+def mutate(model: onnx.ModelProto, rng: random.Random,
+           mutations: Sequence[Callable] = MUTATIONS) -> list[str]:
+    """Apply one or two of `mutations` to `model` in place; what they did."""
     applied = []
     for _ in range(rng.choice([1, 1, 2])):
         for _attempt in range(5):
-            what = rng.choice(MUTATIONS)(model, rng)
+            what = rng.choice(mutations)(model, rng)
             if what:
                 applied.append(what)
                 break
@@ -215,10 +324,11 @@ def mutate(model: onnx.ModelProto, rng: random.Random) -> list[str]:
     return applied
 
 
-def check_mutant(name: str, model: onnx.ModelProto, rng: random.Random) -> Outcome:
-    """Mutate corpus model `name` (its ModelProto `model`, edited in place), then compare
-    wpk's plan of it with onnxruntime."""
-    mutations = mutate(model, rng)
+def check_mutant(name: str, model: onnx.ModelProto, rng: random.Random,
+                 mutations: Sequence[Callable] = MUTATIONS) -> Outcome:
+    """Mutate corpus model `name` (its ModelProto `model`, edited in place) with one or two
+    of `mutations`, then compare wpk's plan of it with onnxruntime."""
+    mutations = mutate(model, rng, mutations)
     if not mutations:
         return Outcome("skip", name)
     return compare_plan(name, model, rng.randrange(1000), mutations)

@@ -28,6 +28,26 @@ def test_mutated_corpus_models_build_to_plans_that_match_onnxruntime(seed, corpu
     assert outcome.kind not in VIOLATIONS, (outcome.mutations, outcome.detail)
 
 
+@pytest.mark.parametrize("mutation, name, seed, what", [
+    ("change_int_constant", "gpt_dynamo", 11, "int constant val_37[2]: 32 -> -1"),
+    ("change_permutation", "gpt_dynamo", 0, "perm [0, 2, 1, 3] -> [0, 2, 3, 1]"),
+    ("change_attribute", "convnext_tf", 1, "(ReduceMean): axes [-1] -> [0]"),
+    ("insert_unary", "mobilenetv3_dynamo", 0, "input 1 features.1.body.1.reduce.weight "
+                                              "through Sigmoid"),
+    ("insert_unary", "convnext_tf", 1, "input 0 matmul.tmp_1 through Neg")])
+def test_each_kind_of_mutation_builds_to_a_plan_that_matches_onnxruntime(
+        mutation, name, seed, what, corpus_model_path):
+    """One draw of each mutation added on 2026-12-06, on a pattern a rule takes in: a head
+    split's Reshape, an attention head permutation, a LayerNorm's reduced axis, a conv
+    whose weight is computed, a MatMul's output read through a Neg by its bias Add."""
+    from tests.fuzzing import mutations
+
+    model = onnx.load(str(corpus_model_path(name)))
+    outcome = check_mutant(name, model, random.Random(seed), [getattr(mutations, mutation)])
+    assert any(what in applied for applied in outcome.mutations), outcome.mutations
+    assert outcome.kind == "ok", (outcome.mutations, outcome.kind, outcome.detail)
+
+
 def test_a_layer_norms_mean_asked_for_as_an_output_is_computed(corpus_model_path):
     """The mutation that found the LayerNorm rules' defect (their inner tensors read as
     graph outputs: 'internal error: KeyError' before the fix): this draw asks for the mean
