@@ -35,6 +35,7 @@ from onnx import helper, numpy_helper
 from wpk.core.errors import ModelError, ShapeError, UnsupportedError
 from wpk.core.graph import Graph, Node, TensorInfo
 from wpk.core.limits import Limits
+from wpk.frontend_pools import stand_in_ceil_mode_pools
 from wpk.frontend_shapes import SHAPE_HINT, complete_shapes
 from wpk.model_checks import check_model_values
 
@@ -64,6 +65,7 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto,
     constants = _initializer_names(proto.graph)
     skeleton = _skeleton(proto, source)
     _fix_input_shapes(skeleton, source, dict(input_shapes or {}), constants, limits)
+    stand_in_ceil_mode_pools(skeleton)   # ONNX's inference misses the spec's last-window rule
     _check(skeleton, source)
     _stand_ins_for_inference(skeleton)
     try:

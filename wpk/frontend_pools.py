@@ -1,0 +1,130 @@
+"""Pools with `ceil_mode` for ONNX's checker and shape inference: the spec's output size.
+
+    changed = stand_in_ceil_mode_pools(skeleton)   # before onnx.checker / infer_shapes
+
+The ONNX spec (and onnxruntime, and torch, whose exporters write these pools) computes a
+pooling output size with `ceil_mode` set as `ceil((in + pads - extent) / stride) + 1` and
+then drops the last window when it would start in the end padding. ONNX's own shape
+inference (1.23) skips that drop: a torch `MaxPool2d(2, 2, padding=1, ceil_mode=True)`
+over 5 pixels gives 3 outputs, but inference says 4. A plan built on inference's shapes
+computed an extra row and column (found by the passes' fuzzer's attribute mutation), and a
+model whose exporter declared the right shapes (torch's dynamo export) failed the checker.
+
+Here each such pool of the checker's and inference's copy of the model (the skeleton; the
+model's own node keeps `ceil_mode`) becomes the equivalent pool without it: `ceil_mode` 0
+and its end pads grown until the floor formula gives the spec's size. Growing the end pads
+adds only windows' padding, never a window, so every other tensor is inferred as before.
+Where a size changed, the model's declared shapes after it may be those of the same
+defect (torch's TorchScript exporter declares inference's), so the skeleton's declared
+shapes are forgotten and inferred again.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+
+
+def spec_pool_size(size: int, kernel: int, stride: int, pad_begin: int, pad_end: int,
+                   dilation: int = 1) -> int:
+    """One axis' output size of a pool with `ceil_mode` set, as the ONNX spec (and
+    onnxruntime) computes it: rounded up, the last window dropped when it would start in
+    the end padding."""
+    extent = dilation * (kernel - 1) + 1
+    out = -(-(size + pad_begin + pad_end - extent) // stride) + 1
+    if (out - 1) * stride >= size + pad_begin:
+        out -= 1
+    return out
+
+
+def stand_in_ceil_mode_pools(skeleton: onnx.ModelProto) -> bool:
+    """Replace `ceil_mode` in the skeleton's pools (module docstring); whether any output
+    size differs from what ONNX's inference would have said (then the skeleton's declared
+    value shapes are forgotten)."""
+    pools = [n for n in skeleton.graph.node if _is_ceil_mode_pool(n)]
+    if not pools:
+        return False
+    shapes, changed = _input_shapes(skeleton), False
+    for node in pools:
+        shape = shapes.get(node.input[0])
+        if shape is None:
+            continue
+        sizes_differ = _without_ceil_mode(node, shape)
+        if sizes_differ:
+            changed = True
+            shapes = _input_shapes(skeleton)   # the sizes after this pool moved
+    if changed:
+        _forget_declared_shapes(skeleton)
+    return changed
+
+
+def _forget_declared_shapes(model: onnx.ModelProto) -> None:
+    """Drop the declared shapes of values (the outputs' dims made symbolic: the checker
+    wants a shape there), so inference gives them all again."""
+    del model.graph.value_info[:]
+    for value in model.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        for i, dim in enumerate(dims):
+            dim.Clear()
+            dim.dim_param = f"{value.name}_dim{i}"
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return onnx.helper.get_attribute_value(attribute)
+    return default
+
+
+def _is_ceil_mode_pool(node: onnx.NodeProto) -> bool:
+    auto_pad = _attr(node, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    return (node.op_type in POOL_OPS and node.domain in ("", "ai.onnx")
+            and _attr(node, "ceil_mode", 0) == 1 and auto_pad in ("NOTSET", "VALID"))
+
+
+def _without_ceil_mode(node: onnx.NodeProto, shape: tuple[int | None, ...]) -> bool:
+    """Make `node` its equivalent without `ceil_mode` for inputs of `shape`; whether an
+    output size differs from ONNX inference's (the drop)."""
+    kernel = list(_attr(node, "kernel_shape", []))
+    spatial = shape[2:]
+    rank = len(kernel)
+    if len(spatial) != rank or any(s is None for s in spatial):
+        return False
+    strides = list(_attr(node, "strides", [1] * rank))
+    dilations = list(_attr(node, "dilations", [1] * rank))
+    pads = list(_attr(node, "pads", [0] * (2 * rank)))
+    differs = False
+    for i in range(rank):
+        extent = dilations[i] * (kernel[i] - 1) + 1
+        out = spec_pool_size(spatial[i], kernel[i], strides[i], pads[i], pads[i + rank],
+                             dilations[i])
+        rounded_up = -(-(spatial[i] + pads[i] + pads[i + rank] - extent) // strides[i]) + 1
+        differs |= out != rounded_up
+        pads[i + rank] = max(pads[i + rank], (out - 1) * strides[i] + extent - spatial[i]
+                             - pads[i])
+    kept = [a for a in node.attribute if a.name not in ("ceil_mode", "pads", "auto_pad")]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    node.attribute.extend([onnx.helper.make_attribute("pads", pads)])
+    return differs
+
+
+def _input_shapes(skeleton: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    """Tensor name -> shape as ONNX's inference (lenient, declared shapes set aside) gives
+    it for the pools' inputs; empty where inference fails (the checker says why later)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(skeleton)
+    _forget_declared_shapes(copy)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(copy, data_prop=True)
+    except Exception:  # noqa: BLE001 - onnx raises several types; the checker reports
+        return {}
+    found = {}
+    for value in [*inferred.graph.input, *inferred.graph.value_info]:
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape"):
+            found[value.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                                      for d in tensor.shape.dim)
+    return found
