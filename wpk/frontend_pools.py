@@ -7,8 +7,9 @@ pooling output size with `ceil_mode` set as `ceil((in + pads - extent) / stride)
 then drops the last window when it would start in the end padding. ONNX's own shape
 inference (1.23) skips that drop: a torch `MaxPool2d(2, 2, padding=1, ceil_mode=True)`
 over 5 pixels gives 3 outputs, but inference says 4. A plan built on inference's shapes
-computed an extra row and column (found by the passes' fuzzer's attribute mutation), and a
-model whose exporter declared the right shapes (torch's dynamo export) failed the checker.
+computed an extra row and column (found by a grid of single pools against onnxruntime,
+after the passes' fuzzer's ceil_mode mutants), and a model whose exporter declared the
+right shapes (torch's dynamo export) failed the checker.
 
 Here each such pool of the checker's and inference's copy of the model (the skeleton; the
 model's own node keeps `ceil_mode`) becomes the equivalent pool without it: `ceil_mode` 0
