@@ -1,6 +1,6 @@
 """Pools with `ceil_mode` for ONNX's checker and shape inference: the spec's output size.
 
-    changed = stand_in_ceil_mode_pools(skeleton)   # before onnx.checker / infer_shapes
+    stand_in_ceil_mode_pools(skeleton)   # before onnx.checker / infer_shapes
 
 The ONNX spec (and onnxruntime, and torch, whose exporters write these pools) computes a
 pooling output size with `ceil_mode` set as `ceil((in + pads - extent) / stride) + 1` and
@@ -11,13 +11,14 @@ computed an extra row and column (found by a grid of single pools against onnxru
 after the passes' fuzzer's ceil_mode mutants), and a model whose exporter declared the
 right shapes (torch's dynamo export) failed the checker.
 
-Here each such pool of the checker's and inference's copy of the model (the skeleton; the
-model's own node keeps `ceil_mode`) becomes the equivalent pool without it: `ceil_mode` 0
-and its end pads grown until the floor formula gives the spec's size. Growing the end pads
-adds only windows' padding, never a window, so every other tensor is inferred as before.
-Where a size changed, the model's declared shapes after it may be those of the same
-defect (torch's TorchScript exporter declares inference's), so the skeleton's declared
-shapes are forgotten and inferred again.
+Here each such pool that can drop a window (end pads, or a window narrower than its
+stride; inference is right for the others) of the checker's and inference's copy of the
+model (the skeleton; the model's own node keeps `ceil_mode`) becomes the equivalent pool
+without it: `ceil_mode` 0 and its end pads grown until the floor formula gives the spec's
+size. Growing the end pads adds only windows' padding, never a window, so every other
+tensor is inferred as before. Where a size changed, the model's declared shapes after it
+may be those of the same defect (torch's TorchScript exporter declares inference's), so
+the skeleton's declared shapes are forgotten and inferred again.
 """
 
 from __future__ import annotations
@@ -32,20 +33,24 @@ def spec_pool_size(size: int, kernel: int, stride: int, pad_begin: int, pad_end:
     """One axis' output size of a pool with `ceil_mode` set, as the ONNX spec (and
     onnxruntime) computes it: rounded up, the last window dropped when it would start in
     the end padding."""
-    extent = dilation * (kernel - 1) + 1
-    out = -(-(size + pad_begin + pad_end - extent) // stride) + 1
+    out = _rounded_up_size(size, dilation * (kernel - 1) + 1, stride, pad_begin + pad_end)
     if (out - 1) * stride >= size + pad_begin:
         out -= 1
     return out
 
 
-def stand_in_ceil_mode_pools(skeleton: onnx.ModelProto) -> bool:
-    """Replace `ceil_mode` in the skeleton's pools (module docstring); whether any output
-    size differs from what ONNX's inference would have said (then the skeleton's declared
-    value shapes are forgotten)."""
-    pools = [n for n in skeleton.graph.node if _is_ceil_mode_pool(n)]
+def _rounded_up_size(size: int, extent: int, stride: int, pads: int) -> int:
+    """The output size ONNX's inference gives a `ceil_mode` pool (no window dropped)."""
+    return -(-(size + pads - extent) // stride) + 1
+
+
+def stand_in_ceil_mode_pools(skeleton: onnx.ModelProto) -> None:
+    """Replace `ceil_mode` in the skeleton's pools that can drop a window (module
+    docstring); where an output size differs from what ONNX's inference would have said,
+    the skeleton's declared value shapes are forgotten."""
+    pools = [n for n in skeleton.graph.node if _is_ceil_mode_pool(n) and _may_drop_a_window(n)]
     if not pools:
-        return False
+        return
     shapes, changed = _input_shapes(skeleton), False
     for node in pools:
         shape = shapes.get(node.input[0])
@@ -57,7 +62,6 @@ def stand_in_ceil_mode_pools(skeleton: onnx.ModelProto) -> bool:
             shapes = _input_shapes(skeleton)   # the sizes after this pool moved
     if changed:
         _forget_declared_shapes(skeleton)
-    return changed
 
 
 def _forget_declared_shapes(model: onnx.ModelProto) -> None:
@@ -85,6 +89,18 @@ def _is_ceil_mode_pool(node: onnx.NodeProto) -> bool:
             and _attr(node, "ceil_mode", 0) == 1 and auto_pad in ("NOTSET", "VALID"))
 
 
+def _may_drop_a_window(node: onnx.NodeProto) -> bool:
+    """Whether the spec's drop can apply: only with end pads, or a window narrower than its
+    stride (else the last window starts before `size + pad_begin`)."""
+    kernel = list(_attr(node, "kernel_shape", []))
+    rank = len(kernel)
+    strides = list(_attr(node, "strides", [1] * rank))
+    dilations = list(_attr(node, "dilations", [1] * rank))
+    pads = list(_attr(node, "pads", [0] * (2 * rank)))
+    return any(pads[rank + i] > 0 or dilations[i] * (kernel[i] - 1) + 1 < strides[i]
+               for i in range(rank))
+
+
 def _without_ceil_mode(node: onnx.NodeProto, shape: tuple[int | None, ...]) -> bool:
     """Make `node` its equivalent without `ceil_mode` for inputs of `shape`; whether an
     output size differs from ONNX inference's (the drop)."""
@@ -101,8 +117,8 @@ def _without_ceil_mode(node: onnx.NodeProto, shape: tuple[int | None, ...]) -> b
         extent = dilations[i] * (kernel[i] - 1) + 1
         out = spec_pool_size(spatial[i], kernel[i], strides[i], pads[i], pads[i + rank],
                              dilations[i])
-        rounded_up = -(-(spatial[i] + pads[i] + pads[i + rank] - extent) // strides[i]) + 1
-        differs |= out != rounded_up
+        differs |= out != _rounded_up_size(spatial[i], extent, strides[i],
+                                           pads[i] + pads[i + rank])
         pads[i + rank] = max(pads[i + rank], (out - 1) * strides[i] + extent - spatial[i]
                              - pads[i])
     kept = [a for a in node.attribute if a.name not in ("ceil_mode", "pads", "auto_pad")]
