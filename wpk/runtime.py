@@ -147,9 +147,11 @@ class Session:
         self.region_failures: list[str] = []
         # BLAS on one thread while preparing (filter transforms, packing): OpenBLAS's idle
         # workers spin for about 0.1 s after a call, and on a small machine they took the
-        # cores from the first run's kernels (DenseNet-121's first run 106 ms, the next 35)
+        # cores from the first run's kernels (DenseNet-121's first run 106 ms, the next 35).
+        # Preparing runs kernels too (micro.gemm packs its weight in OpenMP), so in a forked
+        # child it goes to the runner thread as runs do (`wpk.core.forks`)
         with one_blas_thread():
-            self._calls, self._step_names = self._prepare_steps(arrays)
+            self._calls, self._step_names = forks.fork_safe_call(self._prepare_steps, arrays)
         # after the kernels loaded their libraries; entering it costs ~10 us a run, so only
         # when some step may call BLAS
         self._one_blas_thread = OneBlasThread() if _uses_blas(plan) else contextlib.nullcontext

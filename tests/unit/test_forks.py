@@ -3,8 +3,10 @@ locks are its own."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
+import tempfile
 import threading
 import time
 
@@ -29,11 +31,14 @@ def _matmul_plan(rng, tmp_path) -> tuple[str, np.ndarray]:
 def _in_a_forked_child(work, timeout_s: float = 60.0):
     """work()'s result computed in a forked child (pickled through a pipe, so small: the
     child's write waits for the parent to read beyond the pipe's 64 KiB); fails the test
-    when the child is still running after `timeout_s`."""
+    when the child is still running after `timeout_s`, with the child's Python stacks of
+    shortly before."""
     read_end, write_end = os.pipe()
+    stacks = tempfile.TemporaryFile()  # noqa: SIM115  (the child's threads if it hangs)
     pid = os.fork()
     if pid == 0:   # the child: no pytest machinery, only the work and its answer
         os.close(read_end)
+        faulthandler.dump_traceback_later(max(1.0, timeout_s - 5), file=stacks)
         try:
             answer = pickle.dumps(("ok", work()))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
@@ -52,7 +57,10 @@ def _in_a_forked_child(work, timeout_s: float = 60.0):
         os.kill(pid, 9)
         os.waitpid(pid, 0)
         os.close(read_end)
-        pytest.fail(f"the forked child was still running after {timeout_s:.0f} s (hung)")
+        stacks.seek(0)
+        threads = stacks.read().decode(errors="replace")
+        pytest.fail(f"the forked child was still running after {timeout_s:.0f} s (hung); "
+                    f"its threads {timeout_s - 5:.0f} s in:\n{threads}")
     with os.fdopen(read_end, "rb") as pipe:
         status, value = pickle.loads(pipe.read())
     assert status == "ok", value
@@ -81,6 +89,23 @@ def test_a_forked_child_runs_the_plan_its_parent_ran(rng, tmp_path):
     was_forked, differences, profiled = _in_a_forked_child(child)
     assert was_forked and differences == [0.0, 0.0] and profiled == ["mm"]
     assert np.array_equal(session.run({"x": x})["y"], expected)   # the parent still runs
+
+
+def test_a_forked_child_loads_and_runs_a_plan(rng, tmp_path):
+    """Loading a plan runs kernels too: micro.gemm packs its weight in OpenMP when its
+    session prepares it. A forked child loading a plan on the forking thread waited
+    forever (the fork test's build hung in CI the times its timing chose micro.gemm)."""
+    path, weight = _matmul_plan(rng, tmp_path)
+    x = rng.standard_normal((256, 256)).astype(np.float32)
+    wpk.load(path).run({"x": x})   # the parent's pool of OpenMP threads exists now
+
+    def child():
+        session = wpk.load(path)
+        return session.plan.steps[0].impl, float(np.abs(session.run({"x": x})["y"]
+                                                        - x @ weight).max())
+
+    impl, difference = _in_a_forked_child(child, timeout_s=60)
+    assert impl == "micro.gemm" and difference < 1e-3
 
 
 def test_a_forked_child_builds_and_runs_a_plan(rng, tmp_path):

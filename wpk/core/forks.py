@@ -9,8 +9,9 @@ next parallel region waits for workers that do not exist, forever (a process tha
 plan, forked by gunicorn's `--preload`, multiprocessing or a job queue, hung on its first
 run). A thread created after the fork starts a pool of its own, so in a forked child the
 runtime calls its kernels on such a thread (`on_runner_thread`, one for the process,
-started on first use); the cost is a hand-over between two threads per run. `wpk.build`
-in a forked child goes there too: it measures the same kernels.
+started on first use); the cost is a hand-over between two threads per run. Loading a
+plan (a `Session`'s kernels prepare themselves: micro.gemm packs its weight in OpenMP)
+and `wpk.build` (it measures the same kernels) go there too in a forked child.
 """
 
 from __future__ import annotations
