@@ -25,23 +25,9 @@ from __future__ import annotations
 
 import onnx
 
+from wpk.core.onnx_pool import rounded_up_pool_size, spec_pool_size
+
 POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
-
-
-def spec_pool_size(size: int, kernel: int, stride: int, pad_begin: int, pad_end: int,
-                   dilation: int = 1) -> int:
-    """One axis' output size of a pool with `ceil_mode` set, as the ONNX spec (and
-    onnxruntime) computes it: rounded up, the last window dropped when it would start in
-    the end padding."""
-    out = _rounded_up_size(size, dilation * (kernel - 1) + 1, stride, pad_begin + pad_end)
-    if (out - 1) * stride >= size + pad_begin:
-        out -= 1
-    return out
-
-
-def _rounded_up_size(size: int, extent: int, stride: int, pads: int) -> int:
-    """The output size ONNX's inference gives a `ceil_mode` pool (no window dropped)."""
-    return -(-(size + pads - extent) // stride) + 1
 
 
 def stand_in_ceil_mode_pools(skeleton: onnx.ModelProto) -> None:
@@ -117,7 +103,7 @@ def _without_ceil_mode(node: onnx.NodeProto, shape: tuple[int | None, ...]) -> b
         extent = dilations[i] * (kernel[i] - 1) + 1
         out = spec_pool_size(spatial[i], kernel[i], strides[i], pads[i], pads[i + rank],
                              dilations[i])
-        differs |= out != _rounded_up_size(spatial[i], extent, strides[i],
+        differs |= out != rounded_up_pool_size(spatial[i], extent, strides[i],
                                            pads[i] + pads[i + rank])
         pads[i + rank] = max(pads[i + rank], (out - 1) * strides[i] + extent - spatial[i]
                              - pads[i])

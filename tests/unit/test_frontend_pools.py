@@ -15,7 +15,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import wpk
-from wpk.frontend_pools import spec_pool_size
+from wpk.core.onnx_pool import spec_pool_size
 from wpk.runtime import Session
 
 FAST = {"search": "none", "warmup": 0, "repeats": 1, "min_time": 0.0, "progress": False,

@@ -1,7 +1,9 @@
 """wpk.core.onnx_pool: onnx.reference's MaxPool at unit strides with `ceil_mode` set
 computes the shape the ONNX spec and onnxruntime give (onnx.reference alone counts the
 pads twice there); a model whose shapes must be evaluated through such a pool builds and
-agrees with onnxruntime."""
+agrees with onnxruntime. Its AveragePool with `ceil_mode` computes onnxruntime's values
+(onnx.reference alone shifts the windows where the last one reaches past the padding),
+so a folded constant pool is right too."""
 
 from __future__ import annotations
 
@@ -88,3 +90,81 @@ def test_a_model_whose_shapes_are_evaluated_through_such_a_pool_builds():
     expected = onnxruntime_run(model, {"x": x})[0]
     assert actual.shape == expected.shape == (1, 16)
     np.testing.assert_array_equal(actual, expected)
+
+
+def average_pool_model(size: list[int], kernel: list[int], stride: list[int],
+                       dilation: list[int], pads: list[int], count_include_pad: int,
+                       dtype: int = T.FLOAT) -> onnx.ModelProto:
+    node = h.make_node("AveragePool", ["x"], ["y"], kernel_shape=kernel, pads=pads,
+                       strides=stride, dilations=dilation, ceil_mode=1,
+                       count_include_pad=count_include_pad)
+    graph = h.make_graph([node], "pool", [h.make_tensor_value_info("x", dtype, [1, 2, *size])],
+                         [h.make_tensor_value_info("y", dtype, None)])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 19)])
+
+
+def _average_pool_cases(count: int) -> list[tuple]:
+    """Seeded random AveragePools of rank 1-3 with `ceil_mode` (strides 1-3, dilations 1-2,
+    uneven pads, both count_include_pad) that onnxruntime runs."""
+    rng, cases = np.random.default_rng(19), []
+    while len(cases) < count:
+        rank = int(rng.integers(1, 4))
+        kernel = [int(v) for v in rng.integers(1, 5, rank)]
+        case = ([int(v) for v in rng.integers(3, 9, rank)], kernel,
+                [int(v) for v in rng.integers(1, 4, rank)],
+                [int(v) for v in rng.integers(1, 3, rank)],
+                [int(rng.integers(0, kernel[i % rank])) for i in range(2 * rank)],
+                int(rng.integers(0, 2)))
+        if all(n + case[4][a] + case[4][a + rank] >= d * (k - 1) + 1 for a, (n, k, d)
+               in enumerate(zip(case[0], kernel, case[3]))):   # a window fits on each axis
+            cases.append(case)
+    return cases
+
+
+@pytest.mark.parametrize("size, kernel, stride, dilation, pads, count_include_pad",
+                         _average_pool_cases(60))
+def test_average_pool_in_ceil_mode_matches_onnxruntime(size, kernel, stride, dilation, pads,
+                                                        count_include_pad):
+    """In float32 and in float64 (as wpk's wide references run it; onnxruntime has no
+    float64 AveragePool, so against its float32 result)."""
+    x = np.random.default_rng(len(size)).random((1, 2, *size)).astype(np.float32)
+    expected = onnxruntime_run(average_pool_model(size, kernel, stride, dilation, pads,
+                                                  count_include_pad), {"x": x})[0]
+    for dtype, numpy_dtype in ((T.FLOAT, np.float32), (T.DOUBLE, np.float64)):
+        model = average_pool_model(size, kernel, stride, dilation, pads, count_include_pad,
+                                   dtype)
+        actual = ReferenceEvaluator(model, new_ops=list(REFERENCE_OPS)).run(
+            None, {"x": x.astype(numpy_dtype)})[0]
+        assert actual.shape == expected.shape and actual.dtype == numpy_dtype
+        np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_onnx_reference_alone_still_shifts_the_average_pools_windows():
+    """The defect the AveragePool exists for: over 1..7, kernel 3, stride 3, onnx.reference
+    gives (1.5, 4, 6); the spec, onnxruntime and torch (2, 5, 7)."""
+    model = average_pool_model([7], [3], [3], [1], [0, 0], 0)
+    x = np.arange(1, 8, dtype=np.float32).reshape(1, 1, 7).repeat(2, axis=1)
+    assert onnxruntime_run(model, {"x": x})[0][0, 0].tolist() == [2, 5, 7]
+    assert ReferenceEvaluator(model, new_ops=list(REFERENCE_OPS)).run(
+        None, {"x": x})[0][0, 0].tolist() == [2, 5, 7]
+    assert ReferenceEvaluator(model).run(None, {"x": x})[0][0, 0].tolist() != [2, 5, 7]
+
+
+def test_a_constant_average_pool_in_ceil_mode_folds_to_onnxruntimes_values():
+    """A pool of an initializer is folded at build time with onnx.reference: before, the
+    plan added onnx.reference's shifted windows to its input."""
+    table = np.random.default_rng(3).random((1, 4, 7, 7)).astype(np.float32)
+    nodes = [h.make_node("AveragePool", ["table"], ["pooled"], kernel_shape=[3, 3],
+                         strides=[3, 3], pads=[1, 1, 0, 0], ceil_mode=1),
+             h.make_node("Add", ["x", "pooled"], ["y"])]
+    graph = h.make_graph(nodes, "folded", [h.make_tensor_value_info("x", T.FLOAT,
+                                                                    [1, 4, 3, 3])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 3, 3])],
+                         initializer=[numpy_helper.from_array(table, "table")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    x = np.random.default_rng(4).standard_normal((1, 4, 3, 3)).astype(np.float32)
+    plan = wpk.build(model, target="cpu", search="none", warmup=0, repeats=1, min_time=0.0,
+                     progress=False, partition=False)
+    assert [step.op for step in plan.steps] == ["Add"]   # the pool was folded
+    np.testing.assert_allclose(Session(plan).run({"x": x})["y"],
+                               onnxruntime_run(model, {"x": x})[0], rtol=1e-6, atol=1e-6)
