@@ -395,3 +395,17 @@ def test_bench_load_times_both_engines_in_fresh_processes(scripts_on_path, tmp_p
         assert all(run["first_run_s"] > 0 and run["second_run_s"] > 0 for run in runs)
         assert all(run["bytecode_cached"] for run in runs)   # as an installed package
     assert "| light_squeezenet |" in capsys.readouterr().out
+
+
+def test_the_pool_grid_finds_onnx_references_average_pools_wrong_and_wpks_right(
+        scripts_on_path, capsys):
+    """`scripts/pool_grids.py --reference` (the README's figures): onnx.reference's own
+    ceil_mode AveragePool is wrong on some of the draws, the one wpk gives it on none."""
+    from pool_grids import main
+
+    assert main(["--reference", "--count", "150", "--without-wpk-pools"]) == 1
+    alone = capsys.readouterr().out
+    assert "wrong: AveragePool" in alone
+    assert main(["--reference", "--count", "150"]) == 0
+    assert re.search(r"(\d+) pools that onnxruntime runs, \1 right, 0 wrong",
+                     capsys.readouterr().out)
