@@ -1,17 +1,20 @@
-"""Pools with `ceil_mode` set against onnxruntime: the two grids the README cites.
+"""Pools against onnxruntime: the two grids the README cites.
 
-    python scripts/pool_grids.py --builds       # 216 single 2-D pools built by wpk
-    python scripts/pool_grids.py --reference    # 600 random pools in onnx.reference
+    python scripts/pool_grids.py --builds       # 216 single 2-D ceil_mode pools built by wpk
+    python scripts/pool_grids.py --reference    # random pools in onnx.reference
     python scripts/pool_grids.py --reference --without-wpk-pools   # onnx.reference alone
 
-`--builds`: MaxPool and AveragePool (sizes 5/7/8, kernels 2/3/5, strides 1-3, pads 0-2,
-count_include_pad 0/1) each built with wpk (`search none`) and run; a case is right when
-the output's shape and values match onnxruntime's (skipped where onnxruntime refuses it).
-`--reference`: seeded random AveragePools of rank 1-3 (strides 1-3, dilations 1-2, uneven
-pads, both count_include_pad) evaluated by onnx.reference with the ops wpk gives it
-(`wpk.core.onnx_quantize.REFERENCE_OPS`: shape evaluation, constant folding, the node
-reference), or without wpk's pools. Prints the counts and each wrong case; exit code 1
-when any case is wrong.
+`--builds`: MaxPool and AveragePool with `ceil_mode` (sizes 5/7/8, kernels 2/3/5, strides
+1-3, pads 0-2, count_include_pad 0/1) each built with wpk (`search none`) and run; a case
+is right when the output's shape and values match onnxruntime's (skipped where
+onnxruntime refuses it). `--reference`: seeded random MaxPools, AveragePools and LpPools
+of rank 1-3 (strides 1-3, dilations 1-2, uneven pads or auto_pad, ceil_mode and
+count_include_pad 0/1; no window larger than its padded input: onnxruntime sizes those by
+C's truncating division, not the spec's floor; no dilated SAME pools: onnxruntime leaves
+the dilations out of their pads, the spec does not) evaluated by onnx.reference with
+the ops wpk gives it (`wpk.core.onnx_quantize.REFERENCE_OPS`: shape evaluation, constant
+folding, the node reference), or without wpk's pools. Prints the counts and each wrong
+case; exit code 1 when any case is wrong.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from onnx import TensorProto, helper
 ort.set_default_logger_severity(4)   # refused cases are skipped, not news
 
 
-def pool_model(op: str, size: list[int], **attributes):
+def pool_model(op: str, size: list[int], ceil_mode: int = 1, **attributes):
     """One pool over (1, C, *size) float32, its output's dims named, not given."""
-    node = helper.make_node(op, ["x"], ["y"], ceil_mode=1, **attributes)
+    node = helper.make_node(op, ["x"], ["y"], ceil_mode=ceil_mode, **attributes)
     dims = [f"d{i}" for i in range(len(size) + 2)]
     graph = helper.make_graph(
         [node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, *size])],
@@ -57,16 +60,30 @@ def build_cases():
 
 def reference_cases(count: int = 600, seed: int = 0):
     rng = np.random.default_rng(seed)
-    for _ in range(count):
+    drawn = 0
+    while drawn < count:
+        op = ("MaxPool", "AveragePool", "LpPool")[drawn % 3]
         rank = int(rng.integers(1, 4))
         size = [int(v) for v in rng.integers(3, 9, rank)]
         kernel = [int(v) for v in rng.integers(1, 5, rank)]
         strides = [int(v) for v in rng.integers(1, 4, rank)]
-        dilations = [int(v) for v in rng.integers(1, 3, rank)]
+        dilations = [int(v) for v in rng.integers(1, 3, rank)] if op != "LpPool" else [1] * rank
         pads = [int(rng.integers(0, kernel[i % rank])) for i in range(2 * rank)]
-        yield "AveragePool", size, dict(kernel_shape=kernel, pads=pads, strides=strides,
-                                        dilations=dilations,
-                                        count_include_pad=int(rng.integers(0, 2)))
+        flags = {"ceil_mode": int(rng.integers(0, 2))}
+        if op == "AveragePool":
+            flags["count_include_pad"] = int(rng.integers(0, 2))
+        auto_pad = ("NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")[
+            int(rng.integers(0, 5))]
+        if auto_pad != "NOTSET":
+            flags["auto_pad"], pads = auto_pad, [0] * (2 * rank)
+            if auto_pad.startswith("SAME"):
+                dilations = [1] * rank   # onnxruntime leaves them out of SAME's pads
+        if any(size[a] + pads[a] + pads[a + rank] < d * (k - 1) + 1
+               for a, (k, d) in enumerate(zip(kernel, dilations))) and auto_pad[:4] != "SAME":
+            continue   # a window larger than its padded input
+        drawn += 1
+        yield op, size, dict(kernel_shape=kernel, strides=strides, dilations=dilations,
+                             **({"pads": pads} if auto_pad == "NOTSET" else {}), **flags)
 
 
 def wpk_output(model, x: np.ndarray) -> np.ndarray:

@@ -1,9 +1,10 @@
 """wpk.core.onnx_pool: onnx.reference's MaxPool at unit strides with `ceil_mode` set
 computes the shape the ONNX spec and onnxruntime give (onnx.reference alone counts the
 pads twice there); a model whose shapes must be evaluated through such a pool builds and
-agrees with onnxruntime. Its AveragePool with `ceil_mode` computes onnxruntime's values
-(onnx.reference alone shifts the windows where the last one reaches past the padding),
-so a folded constant pool is right too."""
+agrees with onnxruntime. Its MaxPool, AveragePool and LpPool compute onnxruntime's sizes
+and values (onnx.reference alone shifts the windows where a `ceil_mode` pool's last one
+reaches past the padding, and is wrong with uneven pads, dilations, 1-D pools and
+auto_pad), so a folded constant pool is right too."""
 
 from __future__ import annotations
 
@@ -95,48 +96,94 @@ def test_a_model_whose_shapes_are_evaluated_through_such_a_pool_builds():
 def average_pool_model(size: list[int], kernel: list[int], stride: list[int],
                        dilation: list[int], pads: list[int], count_include_pad: int,
                        dtype: int = T.FLOAT) -> onnx.ModelProto:
-    node = h.make_node("AveragePool", ["x"], ["y"], kernel_shape=kernel, pads=pads,
-                       strides=stride, dilations=dilation, ceil_mode=1,
-                       count_include_pad=count_include_pad)
+    return any_pool_model("AveragePool", size, dtype, kernel_shape=kernel, pads=pads,
+                          strides=stride, dilations=dilation, ceil_mode=1,
+                          count_include_pad=count_include_pad)
+
+
+def any_pool_model(op: str, size: list[int], dtype: int = T.FLOAT, outputs: int = 1,
+                   **attributes) -> onnx.ModelProto:
+    names = ["y", "indices"][:outputs]
+    node = h.make_node(op, ["x"], names, **attributes)
     graph = h.make_graph([node], "pool", [h.make_tensor_value_info("x", dtype, [1, 2, *size])],
-                         [h.make_tensor_value_info("y", dtype, None)])
+                         [h.make_tensor_value_info(n, dtype if n == "y" else T.INT64, None)
+                          for n in names])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 19)])
 
 
-def _average_pool_cases(count: int) -> list[tuple]:
-    """Seeded random AveragePools of rank 1-3 with `ceil_mode` (strides 1-3, dilations 1-2,
-    uneven pads, both count_include_pad) that onnxruntime runs."""
+def _pool_cases(count: int) -> list[tuple]:
+    """Seeded random MaxPools, AveragePools and LpPools of rank 1-3 (strides 1-3,
+    dilations 1-2, uneven pads or auto_pad, ceil_mode and count_include_pad 0/1), none with
+    a window larger than its padded input (onnxruntime sizes those by C's truncating
+    division, not the spec's floor) nor a dilated SAME pool (onnxruntime leaves the
+    dilations out of its pads); SAME pads below 0 (the input cropped) in AveragePools and
+    LpPools only (onnxruntime's MaxPool refuses them)."""
     rng, cases = np.random.default_rng(19), []
     while len(cases) < count:
+        op = ("MaxPool", "AveragePool", "LpPool")[len(cases) % 3]
         rank = int(rng.integers(1, 4))
+        size = [int(v) for v in rng.integers(3, 9, rank)]
         kernel = [int(v) for v in rng.integers(1, 5, rank)]
-        case = ([int(v) for v in rng.integers(3, 9, rank)], kernel,
-                [int(v) for v in rng.integers(1, 4, rank)],
-                [int(v) for v in rng.integers(1, 3, rank)],
-                [int(rng.integers(0, kernel[i % rank])) for i in range(2 * rank)],
-                int(rng.integers(0, 2)))
-        if all(n + case[4][a] + case[4][a + rank] >= d * (k - 1) + 1 for a, (n, k, d)
-               in enumerate(zip(case[0], kernel, case[3]))):   # a window fits on each axis
-            cases.append(case)
+        dilations = [int(v) for v in rng.integers(1, 3, rank)]
+        pads = [int(rng.integers(0, kernel[i % rank])) for i in range(2 * rank)]
+        attributes = dict(kernel_shape=kernel, strides=[int(v) for v in
+                                                        rng.integers(1, 4, rank)],
+                          ceil_mode=int(rng.integers(0, 2)))
+        if op == "AveragePool":
+            attributes["count_include_pad"] = int(rng.integers(0, 2))
+        auto_pad = ("NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")[
+            int(rng.integers(0, 5))]
+        if auto_pad == "NOTSET":
+            attributes["pads"] = pads
+        else:
+            attributes["auto_pad"], pads = auto_pad, [0] * (2 * rank)
+        if op == "LpPool" or auto_pad.startswith("SAME"):
+            dilations = [1] * rank
+        attributes["dilations"] = dilations
+        if auto_pad.startswith("SAME"):
+            fits = op != "MaxPool" or all(   # onnxruntime's MaxPool refuses negative pads
+                (-(-n // s) - 1) * s + k >= n for n, k, s in zip(size, kernel,
+                                                                  attributes["strides"]))
+        else:
+            fits = all(n + pads[a] + pads[a + rank] >= d * (k - 1) + 1
+                       for a, (n, k, d) in enumerate(zip(size, kernel, dilations)))
+        if fits:
+            cases.append((op, size, attributes))
     return cases
 
 
-@pytest.mark.parametrize("size, kernel, stride, dilation, pads, count_include_pad",
-                         _average_pool_cases(60))
-def test_average_pool_in_ceil_mode_matches_onnxruntime(size, kernel, stride, dilation, pads,
-                                                        count_include_pad):
-    """In float32 and in float64 (as wpk's wide references run it; onnxruntime has no
-    float64 AveragePool, so against its float32 result)."""
-    x = np.random.default_rng(len(size)).random((1, 2, *size)).astype(np.float32)
-    expected = onnxruntime_run(average_pool_model(size, kernel, stride, dilation, pads,
-                                                  count_include_pad), {"x": x})[0]
+@pytest.mark.parametrize("op, size, attributes", _pool_cases(90))
+def test_pools_match_onnxruntime(op, size, attributes):
+    """In float32 and in float64 (as wpk's wide references run them; onnxruntime has no
+    float64 AveragePool or LpPool, so against its float32 result)."""
+    x = np.random.default_rng(len(size)).standard_normal((1, 2, *size)).astype(np.float32)
+    expected = onnxruntime_run(any_pool_model(op, size, **attributes), {"x": x})[0]
     for dtype, numpy_dtype in ((T.FLOAT, np.float32), (T.DOUBLE, np.float64)):
-        model = average_pool_model(size, kernel, stride, dilation, pads, count_include_pad,
-                                   dtype)
+        model = any_pool_model(op, size, dtype, **attributes)
         actual = ReferenceEvaluator(model, new_ops=list(REFERENCE_OPS)).run(
             None, {"x": x.astype(numpy_dtype)})[0]
         assert actual.shape == expected.shape and actual.dtype == numpy_dtype
-        np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_an_int8_max_pool_pads_with_the_types_least_value():
+    model = any_pool_model("MaxPool", [5, 5], T.INT8, kernel_shape=[3, 3], pads=[1, 1, 2, 2],
+                           strides=[2, 2], ceil_mode=1)
+    x = np.random.default_rng(0).integers(-128, 0, (1, 2, 5, 5)).astype(np.int8)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    actual = ReferenceEvaluator(model, new_ops=list(REFERENCE_OPS)).run(None, {"x": x})[0]
+    assert actual.dtype == np.int8
+    np.testing.assert_array_equal(actual, expected)
+
+
+def test_a_max_pool_with_indices_stays_onnx_references():
+    """The Indices output is onnx.reference's own (wpk's pools compute one output)."""
+    model = any_pool_model("MaxPool", [6, 6], outputs=2, kernel_shape=[2, 2], strides=[2, 2])
+    x = np.random.default_rng(1).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})
+    actual = ReferenceEvaluator(model, new_ops=list(REFERENCE_OPS)).run(None, {"x": x})
+    np.testing.assert_array_equal(actual[0], expected[0])
+    np.testing.assert_array_equal(actual[1], expected[1])
 
 
 def test_onnx_reference_alone_still_shifts_the_average_pools_windows():
