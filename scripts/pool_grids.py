@@ -1,13 +1,15 @@
 """Pools against onnxruntime: the two grids the README cites.
 
     python scripts/pool_grids.py --builds       # 216 single 2-D ceil_mode pools built by wpk
+    python scripts/pool_grids.py --builds --random 300   # the random pools, built by wpk
     python scripts/pool_grids.py --reference    # random pools in onnx.reference
     python scripts/pool_grids.py --reference --without-wpk-pools   # onnx.reference alone
 
 `--builds`: MaxPool and AveragePool with `ceil_mode` (sizes 5/7/8, kernels 2/3/5, strides
 1-3, pads 0-2, count_include_pad 0/1) each built with wpk (`search none`) and run; a case
 is right when the output's shape and values match onnxruntime's (skipped where
-onnxruntime refuses it). `--reference`: seeded random MaxPools, AveragePools and LpPools
+onnxruntime refuses it); with `--random N`, the first N random pools of `--reference`
+instead. `--reference`: seeded random MaxPools, AveragePools and LpPools
 of rank 1-3 (strides 1-3, dilations 1-2, uneven pads or auto_pad, ceil_mode and
 count_include_pad 0/1; no window larger than its padded input: onnxruntime sizes those by
 C's truncating division, not the spec's floor; no dilated SAME pools: onnxruntime leaves
@@ -110,9 +112,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --reference: onnx.reference's own pools")
     parser.add_argument("--count", type=int, default=600,
                         help="with --reference: how many random pools to draw")
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="with --builds: build N random pools instead of the grid")
     args = parser.parse_args(argv)
     if args.builds:
-        cases, compute = build_cases(), wpk_output
+        cases = reference_cases(args.random) if args.random else build_cases()
+        compute = wpk_output
     else:
         from wpk.core.onnx_quantize import REFERENCE_OPS
 

@@ -19,6 +19,11 @@ size. Growing the end pads adds only windows' padding, never a window, so every 
 tensor is inferred as before. Where a size changed, the model's declared shapes after it
 may be those of the same defect (torch's TorchScript exporter declares inference's), so
 the skeleton's declared shapes are forgotten and inferred again.
+
+A pool with `auto_pad` SAME has ceil(size / stride) outputs whatever its `ceil_mode`
+(the spec, onnxruntime), but inference rounds up again where the window is shorter than
+the stride (an AveragePool of a 1-wide window at stride 2 over 6 values: 4 outputs for
+3); such a pool stands in without `ceil_mode`.
 """
 
 from __future__ import annotations
@@ -34,10 +39,15 @@ def stand_in_ceil_mode_pools(skeleton: onnx.ModelProto) -> None:
     """Replace `ceil_mode` in the skeleton's pools that can drop a window (module
     docstring); where an output size differs from what ONNX's inference would have said,
     the skeleton's declared value shapes are forgotten."""
+    same = [n for n in skeleton.graph.node if _is_same_ceil_mode_pool(n)]
+    for node in same:   # SAME fixes the size at ceil(size / stride); ceil_mode has no say
+        _set_ceil_mode(node, 0)
     pools = [n for n in skeleton.graph.node if _is_ceil_mode_pool(n) and _may_drop_a_window(n)]
     if not pools:
+        if same:
+            _forget_declared_shapes(skeleton)
         return
-    shapes, changed = _input_shapes(skeleton), False
+    shapes, changed = _input_shapes(skeleton), bool(same)
     for node in pools:
         shape = shapes.get(node.input[0])
         if shape is None:
@@ -73,6 +83,19 @@ def _is_ceil_mode_pool(node: onnx.NodeProto) -> bool:
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     return (node.op_type in POOL_OPS and node.domain in ("", "ai.onnx")
             and _attr(node, "ceil_mode", 0) == 1 and auto_pad in ("NOTSET", "VALID"))
+
+
+def _is_same_ceil_mode_pool(node: onnx.NodeProto) -> bool:
+    auto_pad = _attr(node, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    return (node.op_type in POOL_OPS and node.domain in ("", "ai.onnx")
+            and _attr(node, "ceil_mode", 0) == 1 and auto_pad in ("SAME_UPPER", "SAME_LOWER"))
+
+
+def _set_ceil_mode(node: onnx.NodeProto, value: int) -> None:
+    for attribute in node.attribute:
+        if attribute.name == "ceil_mode":
+            attribute.i = value
 
 
 def _may_drop_a_window(node: onnx.NodeProto) -> bool:

@@ -21,7 +21,9 @@ spec's (`pool_size`: rounded down, or up with `ceil_mode`, a last window that wo
 in the end padding dropped). Elements a rounded-up window reaches past the end padding
 count as neither input nor pad. `auto_pad` SAME_UPPER/SAME_LOWER gives the spec's pads
 (`auto_pads`), split as onnxruntime splits them (toward zero: a negative total crops the
-input); onnxruntime leaves dilations out of SAME's pads, the spec and this module do not.
+input of an AveragePool or LpPool; onnxruntime refuses it in a MaxPool, which clamps it at
+zero here, as wpk's MaxPool kernels do); onnxruntime leaves dilations out of SAME's pads,
+the spec and this module do not.
 MaxPool's optional Indices output stays onnx.reference's.
 """
 
@@ -41,8 +43,9 @@ class MaxPool(ReferenceMaxPool):
 
     def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None,
              pads=None, storage_order=None, strides=None):
-        if len(self.output) == 1:
-            pads = _pads(auto_pad, pads, x, kernel_shape, strides, dilations)
+        if len(self.output) == 1:   # SAME pads below zero clamped (onnxruntime refuses them)
+            pads = [max(0, p) for p in _pads(auto_pad, pads, x, kernel_shape, strides,
+                                             dilations) or []] or None
             return (pool(x, "max", kernel_shape, strides, dilations, pads, ceil_mode),)
         if ceil_mode and (strides is None or all(s == 1 for s in strides)):
             ceil_mode = 0   # no size changes at unit strides; onnx.reference's is wrong

@@ -58,6 +58,7 @@ from wpk.passes.packed_qkv import PackedQkvSplit
 from wpk.passes.pad_into_conv import PadIntoConv
 from wpk.passes.quantize_dequantize import QuantizeDequantize
 from wpk.passes.reduce_to_pool import ReduceToPool
+from wpk.passes.same_crop import SameCrop
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
 
@@ -77,6 +78,8 @@ class PipelineEntry:
 
 
 PIPELINE: list[PipelineEntry] = [
+    # a correction, not an optimization: SAME padding below zero as onnxruntime reads it
+    PipelineEntry(SameCrop),
     PipelineEntry(ConstantFolding),
     PipelineEntry(DeadNodeElimination),
     # after the weights' DequantizeLinear are folded, before the fusions that take its step in
