@@ -13,8 +13,9 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 import wpk
+from wpk.core.onnx_pool import auto_pads
 from wpk.frontend import load_model
-from wpk.passes.same_crop import SameCrop, same_pads
+from wpk.passes.same_crop import SameCrop
 from wpk.runtime import Session
 
 
@@ -42,13 +43,13 @@ def test_onnxruntimes_split_of_a_negative_total():
     """Halved toward zero (for SAME_LOWER the total plus one): 1x1 at stride 3 over 6
     (total -2) starts one in and ends one short; total -3 (8 at stride 4) crops one at the
     begin and two at the end for both; -1 crops only the end; positive totals as before."""
-    assert same_pads("SAME_UPPER", [6], [1], [3], [1]) == [-1, -1]
-    assert same_pads("SAME_UPPER", [8], [1], [4], [1]) == [-1, -2]
-    assert same_pads("SAME_LOWER", [8], [1], [4], [1]) == [-1, -2]
-    assert same_pads("SAME_UPPER", [6], [1], [4], [1]) == [0, -1]
-    assert same_pads("SAME_LOWER", [6], [1], [4], [1]) == [0, -1]
-    assert same_pads("SAME_UPPER", [7], [4], [2], [1]) == [1, 2]
-    assert same_pads("SAME_LOWER", [7], [4], [2], [1]) == [2, 1]
+    assert auto_pads("SAME_UPPER", [6], [1], [3], [1]) == [-1, -1]
+    assert auto_pads("SAME_UPPER", [8], [1], [4], [1]) == [-1, -2]
+    assert auto_pads("SAME_LOWER", [8], [1], [4], [1]) == [-1, -2]
+    assert auto_pads("SAME_UPPER", [6], [1], [4], [1]) == [0, -1]
+    assert auto_pads("SAME_LOWER", [6], [1], [4], [1]) == [0, -1]
+    assert auto_pads("SAME_UPPER", [7], [4], [2], [1]) == [1, 2]
+    assert auto_pads("SAME_LOWER", [7], [4], [2], [1]) == [2, 1]
 
 
 @pytest.mark.parametrize("op, size, attributes", [

@@ -87,8 +87,10 @@ def _pads(auto_pad, pads, x: np.ndarray, kernel, strides, dilations) -> list[int
 
 
 def auto_pads(auto_pad: str, spatial, kernel, strides=None, dilations=None) -> list[int]:
-    """The explicit pads (begins, then ends) of `auto_pad` SAME_UPPER, SAME_LOWER or VALID:
-    SAME gives ceil(size / stride) outputs, the odd pad at the end (UPPER) or begin."""
+    """The explicit pads (begins, then ends) of `auto_pad` SAME_UPPER, SAME_LOWER or VALID,
+    as onnxruntime's pools take them: SAME gives ceil(size / stride) outputs, the total
+    halved toward zero, the odd pad at the end (UPPER) or begin; negative where the total
+    is (the window shorter than the stride: the input cropped)."""
     rank = len(kernel)
     strides, dilations = list(strides or [1] * rank), list(dilations or [1] * rank)
     begins, ends = [0] * rank, [0] * rank

@@ -23,21 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from wpk.core.graph import Graph, Node, TensorInfo
+from wpk.core.onnx_pool import auto_pads
 from wpk.passes.base import GraphPass, add_constant
 
 WINDOW_OPS = frozenset({"AveragePool", "LpPool"})
-
-
-def same_pads(auto_pad: str, sizes, kernel, strides, dilations) -> list[int]:
-    """The pads (begins, then ends) onnxruntime gives `auto_pad` SAME_UPPER/SAME_LOWER,
-    negative where the total is."""
-    begins, ends = [], []
-    for n, k, s, d in zip(sizes, kernel, strides, dilations):
-        total = (-(-n // s) - 1) * s + d * (k - 1) + 1 - n
-        begin = int(total / 2) if auto_pad == "SAME_UPPER" else int((total + 1) / 2)
-        begins.append(begin)
-        ends.append(total - begin)
-    return begins + ends
 
 
 def _negative_same_pads(graph: Graph, node: Node) -> list[int] | None:
@@ -54,7 +43,7 @@ def _negative_same_pads(graph: Graph, node: Node) -> list[int] | None:
             or not all(isinstance(n, int) for n in sizes):
         return None
     rank = len(sizes)
-    pads = same_pads(auto_pad, sizes, kernel, node.attr("strides") or (1,) * rank,
+    pads = auto_pads(auto_pad, sizes, kernel, node.attr("strides") or (1,) * rank,
                      node.attr("dilations") or (1,) * rank)
     return pads if min(pads) < 0 else None
 
