@@ -1,9 +1,9 @@
 """Differential fuzzing of the graph passes for N minutes (tests/fuzzing/mutations.py):
 corpus models mutated (constants, ops, operands, axes, extra outputs, rewired inputs,
-integer constants, permutations, attributes, a unary op on an edge), built with wpk and
-compared with onnxruntime. Counts each outcome; every violation ("wrong": an output off by
-more than 1e-2 or missing, "internal": an exception inside wpk) is printed and its model
-saved to --out.
+integer constants, permutations, attributes, a unary op on an edge, a conv's or pool's
+window), built with wpk and compared with onnxruntime. Counts each outcome; every
+violation ("wrong": an output off by more than 1e-2 or missing, "internal": an exception
+inside wpk) is printed and its model saved to --out.
 
     python scripts/fuzz_passes.py --minutes 30 --seed 1 --out fuzz-passes
     python scripts/fuzz_passes.py --minutes 5 --models vit_tf,convnext_tf --json f.json

@@ -7,7 +7,8 @@ elsewhere) gives a plan that computes something else, or a build that fails insi
 constant's value, an elementwise op for another, two operands swapped, an axis, an
 intermediate asked for as a graph output, an input rewired to another tensor of the same
 shape, an integer constant (a Slice's bounds, a Reshape's shape), a Transpose's
-permutation, an attribute (keepdims, transB, epsilon, axes), a unary op put on one edge.
+permutation, an attribute (keepdims, transB, epsilon, axes), a unary op put on one edge,
+a conv's or pool's window (strides, dilations, pads, auto_pad, a pool's kernel).
 `check_mutant` keeps a mutant only when onnxruntime runs it to finite outputs, then builds
 it with wpk (the tests' fast options) and compares the plan's outputs with
 onnxruntime's.
@@ -283,6 +284,47 @@ def change_attribute(model: onnx.ModelProto, rng: random.Random) -> str | None:
     return f"{_label(node)} ({node.op_type}): axes {old} -> {axes}"
 
 
+WINDOW_OPS = ("Conv", "MaxPool", "AveragePool", "LpPool")
+
+
+def change_window(model: onnx.ModelProto, rng: random.Random) -> str | None:
+    """A conv's or pool's window changed: one stride or dilation to another value, one pad
+    made uneven, `auto_pad` set to SAME_UPPER, SAME_LOWER or VALID (its pads dropped), or a
+    pool's kernel size along one axis; the exporters' models have few of these forms."""
+    windows = [n for n in model.graph.node if n.op_type in WINDOW_OPS
+               and any(a.name == "kernel_shape" for a in n.attribute)]
+    if not windows:
+        return None
+    node = rng.choice(windows)
+    attributes = {a.name: a for a in node.attribute}
+    rank = len(attributes["kernel_shape"].ints)
+    kinds = ["strides", "dilations", "pads", "auto_pad"] + \
+        (["kernel_shape"] if node.op_type != "Conv" else [])
+    kind = rng.choice(kinds)
+    if kind == "auto_pad":
+        value = rng.choice(["SAME_UPPER", "SAME_LOWER", "VALID"])
+        kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
+        node.ClearField("attribute")
+        node.attribute.extend([*kept, h.make_attribute("auto_pad", value)])
+        return f"{_label(node)} ({node.op_type}): auto_pad -> {value}"
+    if "auto_pad" in attributes and kind == "pads" and \
+            attributes["auto_pad"].s.decode() not in ("", "NOTSET"):
+        return None
+    size = 2 * rank if kind == "pads" else rank
+    default = 0 if kind == "pads" else 1
+    values = list(attributes[kind].ints) if kind in attributes else [default] * size
+    k = rng.randrange(size)
+    old = list(values)
+    values[k] = rng.choice([v for v in {0: (0, 1, 2, 3), 1: (1, 2, 3)}[default]
+                            if v != values[k]] or [default])
+    if kind in attributes:
+        attributes[kind].ClearField("ints")
+        attributes[kind].ints.extend(values)
+    else:
+        node.attribute.append(h.make_attribute(kind, values))
+    return f"{_label(node)} ({node.op_type}): {kind} {old} -> {values}"
+
+
 def insert_unary(model: onnx.ModelProto, rng: random.Random) -> str | None:
     """A unary op (Neg, Relu, Sigmoid, Identity) put between a float tensor and one of
     its readers, the others still reading the tensor itself: a pattern's inner edge made
@@ -304,7 +346,8 @@ def insert_unary(model: onnx.ModelProto, rng: random.Random) -> str | None:
 
 MUTATIONS = [change_constant, change_constant, change_binary_op, change_unary_op,
              swap_inputs, change_axis, add_output, add_output, rewire, rewire,
-             change_int_constant, change_permutation, change_attribute, insert_unary]
+             change_int_constant, change_permutation, change_attribute, insert_unary,
+             change_window]
 
 
 def mutate(model: onnx.ModelProto, rng: random.Random,

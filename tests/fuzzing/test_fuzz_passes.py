@@ -34,12 +34,15 @@ def test_mutated_corpus_models_build_to_plans_that_match_onnxruntime(seed, corpu
     ("change_attribute", "convnext_tf", 1, "(ReduceMean): axes [-1] -> [0]"),
     ("insert_unary", "mobilenetv3_dynamo", 0, "input 1 features.1.body.1.reduce.weight "
                                               "through Sigmoid"),
-    ("insert_unary", "convnext_tf", 1, "input 0 matmul.tmp_1 through Neg")])
+    ("insert_unary", "convnext_tf", 1, "input 0 matmul.tmp_1 through Neg"),
+    ("change_window", "mobilenetv3_dynamo", 4, "(Conv): auto_pad -> SAME_LOWER"),
+    ("change_window", "convnext_tf", 1, "(Conv): strides [2, 2] -> [2, 3]")])
 def test_each_kind_of_mutation_builds_to_a_plan_that_matches_onnxruntime(
         mutation, name, seed, what, corpus_model_path):
     """One draw of each mutation added on 2026-12-06, on a pattern a rule takes in: a head
     split's Reshape, an attention head permutation, a LayerNorm's reduced axis, a conv
-    whose weight is computed, a MatMul's output read through a Neg by its bias Add."""
+    whose weight is computed, a MatMul's output read through a Neg by its bias Add, a
+    conv given SAME padding, a conv's strides made unequal."""
     from tests.fuzzing import mutations
 
     model = onnx.load(str(corpus_model_path(name)))
