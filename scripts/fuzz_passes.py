@@ -9,7 +9,9 @@ inside wpk) is printed and its model saved to --out.
     python scripts/fuzz_passes.py --minutes 5 --models vit_tf,convnext_tf --json f.json
     python scripts/fuzz_passes.py --mutations change_permutation,insert_unary
 
-Exit code 0 when no violation was found, 1 otherwise.
+Exit code 0 when no violation was found, 1 otherwise. Before each mutant the draw is kept
+in `--out/last-draw.json`: when the process dies of a signal (onnxruntime itself has
+crashed on a mutant), `replay_draw` makes that mutant again.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             originals[name] = corpus.build_model(name, "ci")
         model = onnx.ModelProto()
         model.CopyFrom(originals[name])
+        _keep_draw(args.out, name, rng)
         outcome = check_mutant(name, model, rng, chosen)
         counts[outcome.kind] += 1
         if outcome.kind not in ("ok", "skip"):
@@ -78,6 +81,29 @@ def main(argv: list[str] | None = None) -> int:
                                          "mutations": [m.__name__ for m in chosen],
                                          "counts": counts, "outcomes": notes}, indent=1))
     return 1 if any(counts[k] for k in VIOLATIONS) else 0
+
+
+def _keep_draw(out: Path, name: str, rng: random.Random) -> None:
+    """The next draw (the model and the generator's state) in `out/last-draw.json`, so a
+    crash of this process (onnxruntime or a kernel dying of a signal, which no `except`
+    sees) leaves the mutant that caused it: `replay_draw` makes it again."""
+    out.mkdir(parents=True, exist_ok=True)
+    version, state, gauss = rng.getstate()
+    (out / "last-draw.json").write_text(json.dumps({"model": name, "state": [
+        version, list(state), gauss]}))
+
+
+def replay_draw(path: Path, mutations=MUTATIONS) -> tuple[str, onnx.ModelProto, list[str]]:
+    """The mutant of a draw kept by `_keep_draw`: its corpus model's name, the mutated
+    model and what was mutated (the same `mutations` as the run's)."""
+    from tests.fuzzing.mutations import mutate
+
+    kept = json.loads(Path(path).read_text())
+    rng = random.Random()
+    version, state, gauss = kept["state"]
+    rng.setstate((version, tuple(state), gauss))
+    model = corpus.build_model(kept["model"], "ci")
+    return kept["model"], model, mutate(model, rng, mutations)
 
 
 if __name__ == "__main__":

@@ -130,3 +130,22 @@ def test_a_graph_only_onnxruntimes_leniency_runs_is_refused_with_a_hint_at_the_m
                   **FAST_BUILD)
     assert "ONNX spec" in refused.value.hint and "--input-shape" not in refused.value.hint
 
+
+
+def test_a_mutant_that_crashes_onnxruntime_is_skipped_and_the_run_goes_on(corpus_model_path):
+    """The draw that ended a campaign (`--seed 64 --mutations change_window`): onnxruntime
+    1.32 dies of SIGFPE on this YOLO with a conv's stride and its SPPF pool's end pad
+    changed. Its reference now runs in a forked child, so the mutant is a skip (wpk itself
+    refuses the model with a clear error) and this process lives on."""
+    model = onnx.load(str(corpus_model_path("yolopost_torchscript")))
+    edits = {"/detector/top_down3/leave/leave.0/Conv": ("strides", [1, 3]),
+             "/detector/down5/down5.2/pool_2/MaxPool": ("pads", [2, 2, 0, 2])}
+    for node in model.graph.node:
+        if node.name in edits:
+            name, values = edits.pop(node.name)
+            [attribute] = [a for a in node.attribute if a.name == name]
+            attribute.ClearField("ints")
+            attribute.ints.extend(values)
+    assert not edits
+    outcome = compare_plan("yolopost_torchscript", model, 0, ["the crashing draw"])
+    assert outcome.kind == "skip" and outcome.detail.startswith("onnxruntime:"), outcome
