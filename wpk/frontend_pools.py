@@ -39,15 +39,13 @@ def stand_in_ceil_mode_pools(skeleton: onnx.ModelProto) -> None:
     """Replace `ceil_mode` in the skeleton's pools that can drop a window (module
     docstring); where an output size differs from what ONNX's inference would have said,
     the skeleton's declared value shapes are forgotten."""
-    same = [n for n in skeleton.graph.node if _is_same_ceil_mode_pool(n)]
+    same = [n for n in skeleton.graph.node
+            if _ceil_mode_pool_padding(n) in ("SAME_UPPER", "SAME_LOWER")]
     for node in same:   # SAME fixes the size at ceil(size / stride); ceil_mode has no say
         _set_ceil_mode(node, 0)
     pools = [n for n in skeleton.graph.node if _is_ceil_mode_pool(n) and _may_drop_a_window(n)]
-    if not pools:
-        if same:
-            _forget_declared_shapes(skeleton)
-        return
-    shapes, changed = _input_shapes(skeleton), bool(same)
+    changed = bool(same)
+    shapes = _input_shapes(skeleton) if pools else {}
     for node in pools:
         shape = shapes.get(node.input[0])
         if shape is None:
@@ -78,18 +76,17 @@ def _attr(node: onnx.NodeProto, name: str, default):
     return default
 
 
+def _ceil_mode_pool_padding(node: onnx.NodeProto) -> str | None:
+    """The `auto_pad` of a pool with `ceil_mode` set (None for any other node)."""
+    if node.op_type not in POOL_OPS or node.domain not in ("", "ai.onnx") \
+            or _attr(node, "ceil_mode", 0) != 1:
+        return None
+    auto_pad = _attr(node, "auto_pad", b"NOTSET")
+    return auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+
+
 def _is_ceil_mode_pool(node: onnx.NodeProto) -> bool:
-    auto_pad = _attr(node, "auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    return (node.op_type in POOL_OPS and node.domain in ("", "ai.onnx")
-            and _attr(node, "ceil_mode", 0) == 1 and auto_pad in ("NOTSET", "VALID"))
-
-
-def _is_same_ceil_mode_pool(node: onnx.NodeProto) -> bool:
-    auto_pad = _attr(node, "auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    return (node.op_type in POOL_OPS and node.domain in ("", "ai.onnx")
-            and _attr(node, "ceil_mode", 0) == 1 and auto_pad in ("SAME_UPPER", "SAME_LOWER"))
+    return _ceil_mode_pool_padding(node) in ("NOTSET", "VALID")
 
 
 def _set_ceil_mode(node: onnx.NodeProto, value: int) -> None:
