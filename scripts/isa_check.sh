@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Checks the AVX2 code paths of wpk on any x86-64 host, in two parts (see tests/isa.py):
+# Checks the AVX2 code paths of wpk on an x86-64 host with AVX-512 (see tests/isa.py): the
+# unit tests marked `isa` (pyproject.toml: micro-kernels, C code generation, schedules,
+# NCHWc, compile cache, records fingerprint), on every core with pytest-xdist when it is
+# installed, in one of two ways:
 #
-#  1. the unit tests marked `isa` (pyproject.toml: micro-kernels, C code generation,
-#     schedules, NCHWc, compile cache, records fingerprint) with wpk restricted to AVX2
-#     (`pytest --isa avx2 -m isa`): AVX2 schedules, 8-lane templates and AVX2 kernels, run
-#     natively (AVX2 code runs on AVX-512 CPUs), on every core with pytest-xdist when it
-#     is installed; skipped on a host without AVX-512, whose normal test run already is
-#     this. A test that does not consult the ISA computes the same either way;
-#  2. the NCHWc tests under qemu-user emulating a Haswell CPU, where onnxruntime's MLAS
-#     itself picks the AVX2 block (8); skipped with a note when qemu-x86_64 is missing
-#     (Debian: apt-get install qemu-user). Only what the emulated CPU can show: the cases
-#     that run onnxruntime's NCHWc kernels or wpk's layout at the host's block; left
+#  1. where the CPU offers CPUID faulting (`scripts/avx2_only.sh --check`), every test
+#     process is shown an AVX2-only CPU (scripts/avx2_only.sh): wpk, numpy and
+#     onnxruntime's MLAS pick their AVX2 code natively, MLAS its NCHWc block 8
+#     (`--mlas-block 8` checks each worker), as on a machine without AVX-512;
+#  2. elsewhere, the same tests with only wpk restricted to AVX2 (`pytest --isa avx2`:
+#     AVX2 schedules, 8-lane templates and AVX2 kernels, run natively; onnxruntime keeps
+#     its AVX-512 kernels), then the NCHWc tests under qemu-user emulating a Haswell CPU,
+#     where MLAS itself picks the AVX2 block (8); skipped with a note when qemu-x86_64 is
+#     missing (Debian: apt-get install qemu-user). Only what the emulated CPU can show: the
+#     cases that run onnxruntime's NCHWc kernels or wpk's layout at the host's block; left
 #     out: the numpy.nchwc cases (numpy's code is the same on any CPU, and block 8 is
 #     tested natively), so also the whole-model layout test at the other block (16,
 #     numpy.nchwc under qemu); the whole-model pipeline test, which under qemu computes
@@ -20,22 +23,31 @@
 #     kernels that run correctly on a real CPU, so it cannot judge them. One emulated
 #     pytest-xdist worker per core when xdist is installed.
 #
-#     bash scripts/isa_check.sh            # both parts
-#     bash scripts/isa_check.sh --no-qemu  # part 1 only
+# A test that does not consult the ISA computes the same either way. On a host without
+# AVX-512 nothing runs: its normal test run already is this.
+#
+#     bash scripts/isa_check.sh            # 1, or 2 with its qemu part
+#     bash scripts/isa_check.sh --no-qemu  # 1, or 2 without its qemu part
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
 python=$(python -c 'import sys; print(sys.executable)')
-if python -c 'import sys; from wpk.core.devices import host_cpu; sys.exit("avx512f" not in host_cpu().isa_flags)'; then
-    echo "isa_check: the unit tests marked isa, with wpk restricted to AVX2"
-    parallel=()
-    if python -c 'import xdist' 2> /dev/null; then
-        parallel=(-n auto)
-    fi
-    python -m pytest -q -p no:cacheprovider "${parallel[@]}" --isa avx2 -m isa tests/unit
-else
+if ! python -c 'import sys; from wpk.core.devices import host_cpu; sys.exit("avx512f" not in host_cpu().isa_flags)'; then
     echo "isa_check: this host has no AVX-512; the normal test run covers AVX2"
+    exit 0
 fi
+parallel=()
+if python -c 'import xdist' 2> /dev/null; then
+    parallel=(-n auto)
+fi
+if bash scripts/avx2_only.sh --check; then
+    echo "isa_check: the unit tests marked isa, every process shown an AVX2-only CPU (scripts/avx2_only.sh)"
+    bash scripts/avx2_only.sh python -m pytest -q -p no:cacheprovider "${parallel[@]}" \
+        --isa avx2 --mlas-block 8 -m isa tests/unit
+    exit 0
+fi
+echo "isa_check: the unit tests marked isa, with wpk restricted to AVX2"
+python -m pytest -q -p no:cacheprovider "${parallel[@]}" --isa avx2 -m isa tests/unit
 if [[ "${1:-}" == "--no-qemu" ]]; then
     exit 0
 fi
