@@ -18,14 +18,15 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "avx2_only.sh"
 PROBE = r"""
 import json, subprocess, sys, threading
 from numpy._core._multiarray_umath import __cpu_features__ as numpy_features
-from wpk.core.devices import cpu_flags, host_cpu
+from wpk.core.devices import cpu_flags, cpuid_denied_flags, host_cpu
 from wpk.kernels.nchwc_format import mlas_block_size
 
 def seen():
     return {"numpy_avx512f": numpy_features["AVX512F"], "numpy_avx2": numpy_features["AVX2"],
             "numpy_fma": numpy_features["FMA3"],
             "wpk_avx512": sorted(f for f in cpu_flags() if f.startswith("avx512")),
-            "wpk_vector_bits": host_cpu().vector_bits, "mlas_block": mlas_block_size()}
+            "wpk_vector_bits": host_cpu().vector_bits, "mlas_block": mlas_block_size(),
+            "denied": cpuid_denied_flags()}
 
 found = {"main": seen()}
 worker = threading.Thread(target=lambda: found.update(thread=seen()))
@@ -69,6 +70,7 @@ def test_every_process_of_the_command_sees_an_avx2_only_cpu(hiding_host):
         assert seen["numpy_avx512f"] is False and seen["numpy_avx2"] and seen["numpy_fma"]
         assert seen["wpk_avx512"] == [] and seen["wpk_vector_bits"] == 256
         assert seen["mlas_block"] in (8, None)   # None: an onnxruntime without NCHWc kernels
+        assert "avx512f" in seen["denied"] and "avx2" not in seen["denied"]
     assert (found["gcc_avx512f"], found["gcc_avx2"]) == ("[disabled]", "[enabled]")
     assert found["child_numpy_avx512f"] == "False"
 
@@ -80,6 +82,7 @@ def test_without_it_the_same_process_sees_avx512(hiding_host):
     found = json.loads(done.stdout)
     assert found["main"]["numpy_avx512f"] is True and found["main"]["wpk_vector_bits"] == 512
     assert found["main"]["mlas_block"] in (16, None)
+    assert found["main"]["denied"] == []
     assert found["gcc_avx512f"] == "[enabled]"
 
 

@@ -176,6 +176,15 @@ def _checked_flags() -> tuple[str, ...]:
     return runtime_checked(_cpuinfo().get("flags", ()), _runtime_features())
 
 
+def cpuid_denied_flags() -> tuple[str, ...]:
+    """SIMD extensions /proc/cpuinfo lists that the runtime check (CPUID) denies this
+    process: AVX-512 on a host whose OS disables its state, under an emulator, or hidden
+    by `scripts/avx2_only.sh`; benchmarks record them beside their figures."""
+    listed = _cpuinfo().get("flags", ())
+    usable = set(_checked_flags())
+    return tuple(f for f in listed if f in RUNTIME_CHECKED and f not in usable)
+
+
 def restrict_cpu_flags(flags: Iterable[str] | None) -> None:
     """Let wpk in this process use only `flags` of the CPU's (None: all it can run).
 
