@@ -87,6 +87,27 @@ def test_generated_kernel_matches_the_reference(rng, case):
         assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
 
 
+@pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "per-head-mask", "no-mask"])
+def test_the_wide_micro_tile_is_correct(rng, case):
+    """6 keys x 2 vectors of 8 (48 x 96 tiles: not powers of two), over sizes that leave
+    partial tiles and micro-tiles, with each kind of mask."""
+    w = workload(**CASES[case])
+    config = {"tq": 48, "tk": 96, "vw": 8, "mr": 6, "nr": 2}
+    assert config_reason(attention_shape(w), config) is None
+    assert check(ATTENTION_C.prepare(w, {}, config), w, arrays_for(w, rng)) < TOLERANCE
+
+
+def test_the_wide_micro_tile_is_offered_with_16_registers_where_it_pads_little():
+    from tests.isa import forced_isa
+
+    with forced_isa("avx2"):
+        wide = [c for c in attention_configs(workload(sq=512, sk=512)) if c["mr"] == 6]
+        assert wide == [{"tq": 48, "tk": 96, "vw": 8, "mr": 6, "nr": 2}]
+        assert not [c for c in attention_configs(workload(sq=64, sk=64)) if c["mr"] == 6]
+    assert not [c for c in attention_configs(workload(sq=512, sk=512), lanes=16)
+                if c["mr"] == 6]   # 32 registers: 4 x 4 and 8 x 2 already keep 16
+
+
 @pytest.mark.parametrize("mask", [(2, 1, 37, 1), (2, 1, 37, 45)])
 @pytest.mark.parametrize("vw, mr, nr", [(1, 4, 2), (4, 2, 4), (8, 4, 2)])
 def test_every_vector_width_is_correct(rng, vw, mr, nr, mask):
