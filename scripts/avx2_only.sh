@@ -19,11 +19,11 @@ grep -q -w avx512f /proc/cpuinfo || cannot "this CPU has no AVX-512 to hide (it 
 grep -q -w cpuid_fault /proc/cpuinfo || cannot "this CPU or hypervisor offers no CPUID faulting"
 command -v gcc > /dev/null || cannot "gcc not found"
 source_file="$here/avx2_only.c"
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/wpk/avx2_only"
+cache="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/wpk/avx2_only"
 library="$cache/avx2_only-$(sha256sum "$source_file" | cut -c1-16).so"
 if [[ ! -f "$library" ]]; then
-    mkdir -p "$cache"
-    partial="$(mktemp "$cache/build.XXXXXX")"
+    partial="$(mkdir -p "$cache" 2> /dev/null && mktemp "$cache/build.XXXXXX" 2> /dev/null)" \
+        || cannot "cannot write the library into $cache (set XDG_CACHE_HOME to a writable folder)"
     gcc -O2 -shared -fPIC -o "$partial" "$source_file" -ldl || cannot "gcc could not build $source_file"
     mv -f "$partial" "$library"
 fi

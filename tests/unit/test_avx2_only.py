@@ -3,6 +3,7 @@ host (CPUID faulting), as the AVX2 checks and benchmarks need; run for real wher
 host can do it, skipped (saying why) elsewhere."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -124,6 +125,16 @@ def test_without_a_command_it_says_how_to_call_it(hiding_host):
     done = _run()
     assert done.returncode == 3
     assert "no command given" in done.stderr and "usage:" in done.stderr
+
+
+def test_a_cache_it_cannot_write_is_a_reason_in_one_line(hiding_host, tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")   # a file where the cache folder would go
+    done = subprocess.run(["bash", str(SCRIPT), "--check"], capture_output=True, text=True,
+                          env={**os.environ, "XDG_CACHE_HOME": str(blocked)}, timeout=300)
+    assert done.returncode == 3
+    assert done.stderr.startswith("avx2_only: cannot write the library into ")
+    assert done.stderr.count("\n") == 1 and "XDG_CACHE_HOME" in done.stderr
 
 
 def test_a_host_it_cannot_hide_on_gets_a_reason_not_a_wrong_cpu():
