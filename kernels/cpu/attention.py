@@ -25,6 +25,7 @@ from wpk.dsl import build
 from wpk.dsl.toolchain import c_flags, load_function
 from wpk.kernels.cpu.attention_c import KNOBS, attention_source, config_reason
 from wpk.kernels.cpu.attention_spec import (
+    AttentionShape,
     attention_onnx_nodes,
     attention_reason,
     attention_shape,
@@ -47,7 +48,9 @@ _MICRO_TILES = ((4, 4), (8, 2), (4, 2), (2, 4), (6, 2), (2, 2), (1, 2), (1, 1))
 # 12 of them accumulating (4 x 2 keeps 8, two FMA ports' latency and no slack): its tiles
 # are multiples of 6 (and of the query vectors), 48 queries x 96 keys with 8 lanes; kept
 # where those tiles pad the queries by at most an eighth. 5-8% faster at seq 512 on an
-# AVX2 run (scripts/avx2_only.sh), slower where 48 pads the sequence.
+# AVX2 run (scripts/avx2_only.sh on an AMX VM), slower where 48 pads the sequence; on an
+# AVX2-only VM an earlier trial found no gain: measured as one more candidate, it is
+# chosen only where it is faster.
 _WIDE_TILE = (6, 2)
 
 
@@ -82,7 +85,7 @@ def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict
     return found
 
 
-def _wide_tile_configs(shape, vw: int) -> list[dict]:
+def _wide_tile_configs(shape: AttentionShape, vw: int) -> list[dict]:
     """`_WIDE_TILE`'s configs: the query tile the least multiple of its keys and query
     vectors, the key tile twice it; none where that query tile pads the queries by more
     than an eighth."""
