@@ -7,8 +7,10 @@ What is forced is wpk's view of the CPU in this process: the ISA flags
 (`wpk.core.devices.cpu_flags`, so `host_cpu()`'s vector width, the records
 fingerprint and the C compiler's `-march` level) and with them every schedule
 template and generated kernel. onnxruntime's MLAS still picks its NCHWc block
-from the real CPU; `scripts/isa_check.sh` runs the NCHWc tests under an
-emulated AVX2-only CPU for that. Worker processes started by wpk inherit the
+from the real CPU; `scripts/isa_check.sh` runs these tests under
+`scripts/avx2_only.sh` for that (AVX-512 hidden from every library by CPUID
+faulting) where the CPU allows, else the NCHWc tests under an emulated AVX2-only
+CPU. Worker processes started by wpk inherit the
 restriction; a `wpk` command started as a subprocess does not.
 """
 

@@ -190,7 +190,8 @@ def restrict_cpu_flags(flags: Iterable[str] | None) -> None:
 
     The checks use it to run the AVX2 code paths on an AVX-512 machine; worker
     processes started by wpk inherit it (`restricted_cpu_flags`). onnxruntime
-    keeps choosing its kernels by the real CPU.
+    keeps choosing its kernels by the real CPU (`scripts/avx2_only.sh` hides AVX-512
+    from it too).
     """
     global _restriction
     _restriction = None if flags is None else frozenset(flags)
