@@ -70,7 +70,7 @@ WHOLE_MODEL = "plan is onnxruntime's model"
 
 def machine_description() -> dict:
     """CPU model, cores, ISA flags and the versions of everything measured."""
-    from wpk.core.devices import cpu_fingerprint
+    from wpk.core.devices import cpu_fingerprint, cpuid_denied_flags
 
     cpu_model = platform.processor()
     try:
@@ -84,7 +84,8 @@ def machine_description() -> dict:
     fingerprint = cpu_fingerprint()
     return {"host": socket.gethostname(), "cpu_model": cpu_model, "cores": os.cpu_count(),
             "machine": fingerprint.get("machine"), "isa": fingerprint.get("isa"),
-            "wpk_threads": cpu_threads(), "os": platform.platform(),
+            "cpuid_denied": cpuid_denied_flags(), "wpk_threads": cpu_threads(),
+            "os": platform.platform(),
             "python": platform.python_version(),
             "versions": {"wpk": wpk.__version__, "onnxruntime": onnxruntime.__version__,
                          "onnx": onnx.__version__, "numpy": np.__version__}}
