@@ -18,7 +18,10 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "avx2_only.sh"
 # same from a thread and from a child process started with subprocess.
 PROBE = r"""
 import json, subprocess, sys, threading
-from numpy._core._multiarray_umath import __cpu_features__ as numpy_features
+try:
+    from numpy._core._multiarray_umath import __cpu_features__ as numpy_features
+except ImportError:   # numpy < 2
+    from numpy.core._multiarray_umath import __cpu_features__ as numpy_features
 from wpk.core.devices import cpu_flags, cpuid_denied_flags, host_cpu
 from wpk.kernels.nchwc_format import mlas_block_size
 
@@ -38,8 +41,9 @@ gcc = subprocess.run(["gcc", "-march=native", "-Q", "--help=target"], capture_ou
 found["gcc_avx512f"] = gcc[gcc.index("-mavx512f") + 1]
 found["gcc_avx2"] = gcc[gcc.index("-mavx2") + 1]
 child = subprocess.run([sys.executable, "-c",
-                        "from numpy._core._multiarray_umath import __cpu_features__ as f;"
-                        "print(f['AVX512F'])"], capture_output=True, text=True, check=True)
+                        "from wpk.core.devices import cpu_flags;"
+                        "print('avx512f' in cpu_flags())"], capture_output=True, text=True,
+                       check=True)
 found["child_numpy_avx512f"] = child.stdout.strip()
 print(json.dumps(found))
 """
