@@ -26,7 +26,6 @@
 #define ARCH_SET_CPUID 0x1012
 
 typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
-typedef sighandler_t (*signal_fn)(int, sighandler_t);
 
 static struct sigaction program_handler;  /* the SIGSEGV handler the program asked for */
 static int hiding;                        /* CPUID faulting is on */
@@ -95,17 +94,16 @@ int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
     return 0;
 }
 
+/* signal() as glibc's (BSD semantics), through the sigaction wrapper above */
 sighandler_t signal(int sig, sighandler_t handler) {
-    static signal_fn real_signal;
-    if (sig != SIGSEGV || !own_process()) {
-        if (!real_signal) real_signal = (signal_fn)dlsym(RTLD_NEXT, "signal");
-        return real_signal(sig, handler);
-    }
-    sighandler_t before = program_handler.sa_flags & SA_SIGINFO ? SIG_DFL
-                                                                : program_handler.sa_handler;
-    memset(&program_handler, 0, sizeof program_handler);
-    program_handler.sa_handler = handler;
-    return before;
+    struct sigaction act, old;
+    memset(&act, 0, sizeof act);
+    act.sa_handler = handler;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, sig);
+    act.sa_flags = SA_RESTART;
+    if (sigaction(sig, &act, &old) != 0) return SIG_ERR;
+    return old.sa_flags & SA_SIGINFO ? SIG_DFL : old.sa_handler;
 }
 
 __attribute__((constructor)) static void hide_avx512(void) {

@@ -131,7 +131,6 @@ def test_a_graph_only_onnxruntimes_leniency_runs_is_refused_with_a_hint_at_the_m
     assert "ONNX spec" in refused.value.hint and "--input-shape" not in refused.value.hint
 
 
-
 def test_a_mutant_that_crashes_onnxruntime_is_skipped_and_the_run_goes_on(corpus_model_path):
     """The draw that ended a campaign (`--seed 64 --mutations change_window`): onnxruntime
     1.32 dies of SIGFPE on this YOLO with a conv's stride and its SPPF pool's end pad
