@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import ctypes
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -45,13 +44,14 @@ SMALL_FLOPS = 32e6
 # Score micro-tiles (keys, vectors of queries), preferred first.
 _MICRO_TILES = ((4, 4), (8, 2), (4, 2), (2, 4), (6, 2), (2, 2), (1, 2), (1, 1))
 # With 16 vector registers (AVX2) also 6 keys x 2 query vectors, the micro-tile that keeps
-# 12 of them accumulating (4 x 2 keeps 8, two FMA ports' latency and no slack): its tiles
-# are multiples of 6 (and of the query vectors), 48 queries x 96 keys with 8 lanes; kept
-# where those tiles pad the queries by at most an eighth. 5-8% faster at seq 512 on an
-# AVX2 run (scripts/avx2_only.sh on an AMX VM), slower where 48 pads the sequence; on an
-# AVX2-only VM an earlier trial found no gain: measured as one more candidate, it is
-# chosen only where it is faster.
+# 12 of them accumulating (4 x 2 keeps 8, two FMA ports' latency and no slack), with key
+# tiles of 96 (a multiple of 6); the P V product takes its 6 queries at a time and the
+# query tile's remainder in one narrower micro-tile. On an AVX2 run (scripts/avx2_only.sh
+# on an AMX VM) 64 x 96 tiles ran seq 128 and 256 7-12% faster than the best 4 x 2
+# schedule, and seq 512 as fast as 48 x 96 (whose tiles padded seq 128 and 256 by 12%,
+# the first form of this tile); measured as more candidates, chosen only where faster.
 _WIDE_TILE = (6, 2)
+_WIDE_KEY_TILE = 96
 
 
 def _heads_and_rank(workload: Workload) -> tuple[int, int]:
@@ -62,7 +62,8 @@ def _heads_and_rank(workload: Workload) -> tuple[int, int]:
 def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict]:
     """The schedules worth measuring, at the host's vector width: query tile 32/64, key tile
     64/128 (tiles much larger than the sequence left out), and per tile pair the first two
-    score micro-tiles (keys x query vectors) that fit it and the register file; for small
+    score micro-tiles (keys x query vectors) that fit it and the register file; with 16
+    vector registers also the 6 x 2 micro-tile with key tile 96 per query tile; for small
     problems also the first two on the calling thread alone (`par` 0)."""
     shape = attention_shape(workload)
     vw = lanes or host_cpu().vector_lanes
@@ -77,23 +78,18 @@ def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict
             configs = [{"tq": tq, "tk": tk, "vw": vw, "mr": mr, "nr": nr}
                        for mr, nr in _MICRO_TILES if (mr + 1) * nr + 1 <= registers]
             found += [c for c in configs if config_reason(shape, c) is None][:2]
-    if registers == 16:
-        found += _wide_tile_configs(shape, vw)
+        if registers == 16:
+            found += _wide_tile_configs(shape, tq, vw)
     flops = 2 * shape.batch * shape.sq * shape.sk * (shape.d + shape.dv)
     if flops < SMALL_FLOPS:   # small enough that waking threads may cost more than it saves
         found += [{**config, "par": 0} for config in found[:2]]
     return found
 
 
-def _wide_tile_configs(shape: AttentionShape, vw: int) -> list[dict]:
-    """`_WIDE_TILE`'s configs: the query tile the least multiple of its keys and query
-    vectors, the key tile twice it; none where that query tile pads the queries by more
-    than an eighth."""
+def _wide_tile_configs(shape: AttentionShape, tq: int, vw: int) -> list[dict]:
+    """`_WIDE_TILE`'s config for query tile `tq` (key tile `_WIDE_KEY_TILE`), where valid."""
     mr, nr = _WIDE_TILE
-    tq = math.lcm(mr, nr * vw)
-    if -(-shape.sq // tq) * tq > shape.sq * 9 / 8:
-        return []
-    config = {"tq": tq, "tk": 2 * tq, "vw": vw, "mr": mr, "nr": nr}
+    config = {"tq": tq, "tk": _WIDE_KEY_TILE, "vw": vw, "mr": mr, "nr": nr}
     return [config] if config_reason(shape, config) is None else []
 
 

@@ -419,35 +419,47 @@ static void key_norms(const float *k, float *knorm) {
 }
 #endif
 
-/* o[TQ][DVP] = o * alpha + P^T[keys][TQ]^T V[keys][DVP] */
+/* Rows [i0, i0 + R) of o[TQ][DVP] = o * alpha + P^T[keys][TQ]^T V[keys][DVP]: R queries
+   by NV vectors of V's columns at a time (R a constant where it is inlined). */
+static inline __attribute__((always_inline)) void
+accumulate_rows(const float *p, const float *v, int j0, int jn, const float *alpha, float *o,
+                int i0, int R) {
+    for (int d0 = 0; d0 < DVP; d0 += NV * VW) {
+        vf acc[MR][NV];
+        UNROLL for (int r = 0; r < R; ++r) {
+            vf a = vsplat(alpha[i0 + r]);
+            UNROLL for (int n = 0; n < NV; ++n)
+                acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW) * a;
+        }
+        UNROLL4
+        for (int j = 0; j < jn; ++j) {
+            const float *vrow = v + (size_t)(j0 + j) * V_STEP + d0;
+            vf vv[NV];
+            UNROLL for (int n = 0; n < NV; ++n) {
+                vv[n] = vload(vrow + n * VW);
+                IN_REGISTER(vv[n]);
+            }
+            UNROLL for (int r = 0; r < R; ++r) {
+                vf pb = vsplat(p[j * TQ + i0 + r]);
+                UNROLL for (int n = 0; n < NV; ++n) acc[r][n] += pb * vv[n];
+            }
+        }
+        UNROLL for (int r = 0; r < R; ++r)
+            UNROLL for (int n = 0; n < NV; ++n)
+                vstore(o + (i0 + r) * DVP + d0 + n * VW, acc[r][n]);
+    }
+}
+
+/* o[TQ][DVP] = o * alpha + P^T[keys][TQ]^T V[keys][DVP]: MR queries a micro-tile, the
+   last TQ % MR of them in one narrower tile (the score micro-tile's MR keys need not
+   divide the query tile). */
 NOINLINE static void accumulate(const float *p, const float *v, int j0, int jn,
                                 const float *alpha, float *o) {
-    for (int i0 = 0; i0 < TQ; i0 += MR) {
-        for (int d0 = 0; d0 < DVP; d0 += NV * VW) {
-            vf acc[MR][NV];
-            UNROLL for (int r = 0; r < MR; ++r) {
-                vf a = vsplat(alpha[i0 + r]);
-                UNROLL for (int n = 0; n < NV; ++n)
-                    acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW) * a;
-            }
-            UNROLL4
-            for (int j = 0; j < jn; ++j) {
-                const float *vrow = v + (size_t)(j0 + j) * V_STEP + d0;
-                vf vv[NV];
-                UNROLL for (int n = 0; n < NV; ++n) {
-                    vv[n] = vload(vrow + n * VW);
-                    IN_REGISTER(vv[n]);
-                }
-                UNROLL for (int r = 0; r < MR; ++r) {
-                    vf pb = vsplat(p[j * TQ + i0 + r]);
-                    UNROLL for (int n = 0; n < NV; ++n) acc[r][n] += pb * vv[n];
-                }
-            }
-            UNROLL for (int r = 0; r < MR; ++r)
-                UNROLL for (int n = 0; n < NV; ++n)
-                    vstore(o + (i0 + r) * DVP + d0 + n * VW, acc[r][n]);
-        }
-    }
+    int i0 = 0;
+    for (; i0 + MR <= TQ; i0 += MR) accumulate_rows(p, v, j0, jn, alpha, o, i0, MR);
+#if TQ % MR
+    accumulate_rows(p, v, j0, jn, alpha, o, i0, TQ % MR);
+#endif
 }
 
 /* qt[d][i] = Q[q0 + i][d] * QSCALE, zero past the queries: VW x VW blocks transposed in
@@ -627,8 +639,8 @@ def config_reason(shape: AttentionShape, config: Mapping) -> str | None:
     tq, tk, vw, mr, nr = (int(config[k]) for k in KNOBS)
     if vw not in (1, 2, 4, 8, 16):
         return "vw must be 1, 2, 4, 8 or 16 floats"
-    if min(tq, tk, mr, nr) < 1 or tq % (nr * vw) or tq % mr or tk % mr:
-        return "tq must be a multiple of nr*vw and of mr, tk a multiple of mr"
+    if min(tq, tk, mr, nr) < 1 or tq % (nr * vw) or tk % mr:
+        return "tq must be a multiple of nr*vw, tk a multiple of mr"
     mask_rows = tk if shape.mask_shape is not None else 0   # at most (one per key per query)
     tile_bytes = 4 * tq * (shape.d + tk + mask_rows + _round_up(shape.dv, vw) + 4)
     if tile_bytes > STACK_LIMIT:

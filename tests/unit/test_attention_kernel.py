@@ -87,23 +87,37 @@ def test_generated_kernel_matches_the_reference(rng, case):
         assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
 
 
+@pytest.mark.parametrize("tq", [64, 48, 32])
 @pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "per-head-mask", "no-mask"])
-def test_the_wide_micro_tile_is_correct(rng, case):
-    """6 keys x 2 vectors of 8 (48 x 96 tiles: not powers of two), over sizes that leave
-    partial tiles and micro-tiles, with each kind of mask."""
+def test_the_wide_micro_tile_is_correct(rng, case, tq):
+    """6 keys x 2 vectors of 8 with 96-key tiles (not a power of two), over sizes that
+    leave partial tiles and micro-tiles, with each kind of mask; query tiles of 64 and 32
+    leave the P V product a remainder of 4 and 2 queries past its 6-query micro-tiles, 48
+    none."""
     w = workload(**CASES[case])
-    config = {"tq": 48, "tk": 96, "vw": 8, "mr": 6, "nr": 2}
+    config = {"tq": tq, "tk": 96, "vw": 8, "mr": 6, "nr": 2}
     assert config_reason(attention_shape(w), config) is None
     assert check(ATTENTION_C.prepare(w, {}, config), w, arrays_for(w, rng)) < TOLERANCE
 
 
-def test_the_wide_micro_tile_is_offered_with_16_registers_where_it_pads_little():
+@pytest.mark.parametrize("vw, mr, nr, tq", [(4, 6, 2, 24), (4, 5, 1, 12), (2, 3, 2, 8)])
+def test_query_tiles_that_micro_tiles_do_not_divide_are_correct(rng, vw, mr, nr, tq):
+    """The P V product's remainder micro-tile at other widths: 24 = 4 x 6 (none), 12 = 2 x 5
+    + 2, 8 = 2 x 3 + 2, with a per-query mask and an odd number of queries."""
+    w = workload(**CASES["per-head-mask"])
+    config = {"tq": tq, "tk": 6 * mr, "vw": vw, "mr": mr, "nr": nr}
+    assert config_reason(attention_shape(w), config) is None
+    assert check(ATTENTION_C.prepare(w, {}, config), w, arrays_for(w, rng)) < TOLERANCE
+
+
+def test_the_wide_micro_tile_is_offered_with_16_registers():
     from tests.isa import forced_isa
 
     with forced_isa("avx2"):
         wide = [c for c in attention_configs(workload(sq=512, sk=512)) if c["mr"] == 6]
-        assert wide == [{"tq": 48, "tk": 96, "vw": 8, "mr": 6, "nr": 2}]
-        assert not [c for c in attention_configs(workload(sq=64, sk=64)) if c["mr"] == 6]
+        assert wide == [{"tq": tq, "tk": 96, "vw": 8, "mr": 6, "nr": 2} for tq in (32, 64)]
+        short = [c for c in attention_configs(workload(sq=20, sk=20)) if c["mr"] == 6]
+        assert [c["tq"] for c in short] == [32]   # a 64-query tile would be mostly padding
     assert not [c for c in attention_configs(workload(sq=512, sk=512), lanes=16)
                 if c["mr"] == 6]   # 32 registers: 4 x 4 and 8 x 2 already keep 16
 
@@ -354,6 +368,7 @@ def test_configs_follow_the_host_vector_width_and_the_sequence():
     ({"tq": 32, "tk": 64, "vw": 16, "mr": 4}, "has the knobs"),
     ({"tq": 32, "tk": 64, "vw": 16, "mr": 4, "nr": 2, "par": 2}, "par is 1"),
     ({"tq": 48, "tk": 64, "vw": 16, "mr": 4, "nr": 2}, "tq must be a multiple of nr*vw"),
+    ({"tq": 40, "tk": 64, "vw": 4, "mr": 4, "nr": 4}, "tq must be a multiple of nr*vw"),
     ({"tq": 32, "tk": 66, "vw": 16, "mr": 4, "nr": 2}, "tk a multiple of mr"),
     ({"tq": 32, "tk": 64, "vw": 3, "mr": 4, "nr": 2}, "vw must be"),
     ({"tq": 64, "tk": 4096, "vw": 16, "mr": 4, "nr": 2}, "bytes of stack"),
