@@ -273,6 +273,27 @@ def test_scores_that_rise_or_fall_from_one_key_tile_to_the_next(rng, levels):
         assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
 
 
+@pytest.mark.parametrize("step", [7.0, 40.0, -7.0])
+def test_scores_that_rise_within_one_key_tile(rng, step):
+    """Levels that change every 4 keys (one micro-tile's) inside a 64-key tile, 0, 1, 2, 3
+    steps over and over: the running max rises (by 7 or 40, natural units) and falls
+    within one key step's block, its largest scores far above its first ones."""
+    group, d = 4, 16
+    w = workload(lead=(1, 2), sq=24, sk=64, d=d, dv=16, mask=(1, 1, 1, 64))
+    arrays = arrays_for(w, rng)
+    direction = rng.standard_normal(d).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+    arrays[0][:] = direction + 0.05 * rng.standard_normal(arrays[0].shape)
+    level = np.repeat(step * (np.arange(64 // group) % 4), group)[:, None]   # 4 rises, again
+    keys = direction * level + 0.3 * rng.standard_normal((64, d))
+    arrays[1][:] = (keys / 0.31).astype(np.float32)   # score = q . k * 0.31 ~ the level
+    arrays[3][:] = 0.0
+    lanes = host_cpu().vector_lanes
+    for config in ({"tq": 8, "tk": 64, "vw": 1, "mr": group, "nr": 2},
+                   {"tq": 2 * lanes, "tk": 64, "vw": lanes, "mr": group, "nr": 2}):
+        assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
+
+
 @pytest.mark.parametrize("k_transposed", [False, True])
 @pytest.mark.parametrize("mask", [(1, 1, 1, 80), (1, 1, 8, 80)])
 def test_the_norm_bound_keeps_a_key_whose_score_outweighs_its_mask_by_a_little(
