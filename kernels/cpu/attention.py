@@ -87,7 +87,10 @@ def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict
 
 
 def _wide_tile_configs(shape: AttentionShape, tq: int, vw: int) -> list[dict]:
-    """`_WIDE_TILE`'s config for query tile `tq` (key tile `_WIDE_KEY_TILE`), where valid."""
+    """`_WIDE_TILE`'s config for query tile `tq` (key tile `_WIDE_KEY_TILE`), where valid
+    and the key tile is under twice the keys."""
+    if 2 * shape.sk <= _WIDE_KEY_TILE:
+        return []
     mr, nr = _WIDE_TILE
     config = {"tq": tq, "tk": _WIDE_KEY_TILE, "vw": vw, "mr": mr, "nr": nr}
     return [config] if config_reason(shape, config) is None else []

@@ -116,8 +116,9 @@ def test_the_wide_micro_tile_is_offered_with_16_registers():
     with forced_isa("avx2"):
         wide = [c for c in attention_configs(workload(sq=512, sk=512)) if c["mr"] == 6]
         assert wide == [{"tq": tq, "tk": 96, "vw": 8, "mr": 6, "nr": 2} for tq in (32, 64)]
-        short = [c for c in attention_configs(workload(sq=20, sk=20)) if c["mr"] == 6]
+        short = [c for c in attention_configs(workload(sq=20, sk=64)) if c["mr"] == 6]
         assert [c["tq"] for c in short] == [32]   # a 64-query tile would be mostly padding
+        assert not [c for c in attention_configs(workload(sq=64, sk=40)) if c["mr"] == 6]
     assert not [c for c in attention_configs(workload(sq=512, sk=512), lanes=16)
                 if c["mr"] == 6]   # 32 registers: 4 x 4 and 8 x 2 already keep 16
 
