@@ -18,10 +18,12 @@ and into the mask as it is added), so each exponential is a power of two:
 2^round(x) from its exponent bits times a polynomial, no range reduction by ln 2.
 
 Where the mask is additive (per key, as a padding mask, or per query and key, as a
-causal one), keys that cannot matter are left out, per query tile: the MR keys from
-the one the tile's first query's mask favours most go first, and then a key whose every
-score in the tile lies more than 104 below the score each query has reached weighs
-under exp(-104), less than the smallest float, in its softmax. The bound is
+causal one), keys that cannot matter are left out, per query tile: a key tile from
+the key the tile's first query's mask favours most goes first, and then a key whose
+every score in the tile lies more than 104 below the score each query has reached
+weighs under exp(-104), less than the smallest float, in its softmax (for that first
+tile, before any score, the bound on each query's score with its first key stands in
+for the score reached). The bound is
 Cauchy-Schwarz's, |q.k| <= |q||k| (norms summed in float vectors, with a margin for
 their rounding); a NaN in the mask or a norm that is not finite leaves every key in,
 and a mask plane that spans less than 104 is not looked at again (the planes' rows are
@@ -278,7 +280,7 @@ static void softmax_step(float *s, int jn, float *m, const float *mx, float *l, 
 #define PLANE_ROWS (MS2 != 0 ? SQ : 1)
 #define PLANE_HEADS (MS1 != 0 ? HEADS : 1)
 
-/* The key the tile's first query's mask favours most: its MR keys go first. */
+/* The key the tile's first query's mask favours most: the key tile from it goes first. */
 static int best_masked_key(const float *mask, int q0) {
     int best = 0;
     float top = mask_at(mask, q0, 0);
@@ -301,6 +303,25 @@ typedef struct {
 static dead_test dead_test_after(const float *m, const float *qt, const float *knorm, int q0) {
     dead_test t = {q0, SQ - q0 < TQ ? SQ - q0 : TQ, 0, INFINITY, -1.0, qt, knorm};
     for (int i = 0; i < t.qn; ++i) t.floor = fmin(t.floor, m[i]);
+    t.on = isfinite(t.floor) && t.floor > -FLT_MAX;
+    return t;
+}
+
+static double query_norm(const dead_test *t);
+
+/* What tells a dead key before any score: each query's score with key a0 is at least its
+   mask there less the largest scaled query norm times the key's norm (Cauchy-Schwarz), so
+   the lowest of those bounds is a floor. */
+static dead_test dead_test_before(const float *qt, const float *knorm, const float *mask,
+                                  int q0, int a0) {
+    dead_test t = {q0, SQ - q0 < TQ ? SQ - q0 : TQ, 0, INFINITY, -1.0, qt, knorm};
+    float low = mask_at(mask, q0, a0);
+    for (int i = 1; MS2 != 0 && i < t.qn; ++i) {
+        float value = mask_at(mask, q0 + i, a0);
+        low = value < low ? value : low;
+    }
+    t.qnorm = query_norm(&t);
+    t.floor = (double)low * LOG2E - t.qnorm * knorm[a0];
     t.on = isfinite(t.floor) && t.floor > -FLT_MAX;
     return t;
 }
@@ -519,16 +540,22 @@ static void query_tile(const float *q, const float *k, const float *v, const flo
         t.l[i] = 0.0f;
     }
     memset(t.o, 0, sizeof(t.o));
-    /* With a mask, the MR keys from the first query's best-masked one go first: the
-       scores they give every query are the floor that tells dead keys in the others. */
+    /* With a mask, the key tile from the first query's best-masked key goes first (less
+       its keys the score bound alone shows dead): the scores it gives every query are
+       the floor that tells dead keys in the others. */
     int a0 = 0, a1 = 0;
 #if HAS_MASK
     dead_test dead = {0};
     if (knorm) {   /* NULL where the mask cannot leave a key dead */
         a0 = best_masked_key(mask, q0);
-        a1 = a0 + MR < SK ? a0 + MR : SK;
-        key_step(&t, k, v, mask, q0, a0, a1);
+        a1 = a0 + TK < SK ? a0 + TK : SK;
+        int last = a1;
+        dead = dead_test_before(t.qt, knorm, mask, q0, a0);
+        trim_dead(&dead, mask, &a0, &last);   /* a0 stays: its bound is the floor */
+        if (a0 < last) key_step(&t, k, v, mask, q0, a0, last);
+        double qnorm = dead.qnorm;
         dead = dead_test_after(t.m, t.qt, knorm, q0);
+        dead.qnorm = qnorm;
     }
 #endif
     for (int j0 = 0; j0 < SK; j0 += TK) {

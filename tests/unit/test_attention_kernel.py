@@ -233,18 +233,21 @@ def test_a_nan_reaches_the_outputs_it_reaches_in_the_reference(rng, mask):
         assert relative_l2(out[finite], expected[finite]) < TOLERANCE, config
 
 
-def test_a_masked_key_that_still_wins_is_kept(rng):
+@pytest.mark.parametrize("key", [75, 40])
+def test_a_masked_key_that_still_wins_is_kept(rng, key):
     """A mask of -1e4 does not make a key negligible when its score is larger still: the
-    queries' and keys' norms bound the scores, and here they leave the key in."""
+    queries' and keys' norms bound the scores, and here they leave the key in, past the
+    first key tile (75) and inside it (40, where only the bound stands for the scores)."""
     w = workload(lead=(1, 1), sq=8, sk=80, d=16, dv=16, mask=(1, 1, 1, 80))
     arrays = arrays_for(w, rng)
     arrays[3] = np.zeros((1, 1, 1, 80), np.float32)
     arrays[3][..., 70:] = -1e4
+    arrays[3][..., key] = -1e4
     arrays[0] = np.abs(arrays[0]) + 0.5
-    arrays[1][0, 0, 75] = 1e4   # every query's score with it: above 5e4, 1e4 masked away
+    arrays[1][0, 0, key] = 1e4   # every query's score with it: above 5e4, 1e4 masked away
     expected = reference(w, arrays)[0]
-    assert np.allclose(expected[0, 0], arrays[2][0, 0, 75])   # it takes all the weight
-    for config in attention_configs(w)[:2]:
+    assert np.allclose(expected[0, 0], arrays[2][0, 0, key])   # it takes all the weight
+    for config in attention_configs(w)[:2] + [{"tq": 8, "tk": 64, "vw": 1, "mr": 4, "nr": 2}]:
         out = np.full(w.outputs[0].shape, np.nan, np.float32)
         ATTENTION_C.prepare(w, {}, config)(arrays, [out])
         assert relative_l2(out, expected) < TOLERANCE, config
@@ -292,6 +295,25 @@ def test_scores_that_rise_within_one_key_tile(rng, step):
     lanes = host_cpu().vector_lanes
     for config in ({"tq": 8, "tk": 64, "vw": 1, "mr": group, "nr": 2},
                    {"tq": 2 * lanes, "tk": 64, "vw": lanes, "mr": group, "nr": 2}):
+        assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
+
+
+@pytest.mark.parametrize("mask", [(1, 1, 1, 80), (1, 1, 8, 80)])
+def test_a_best_masked_key_that_scores_far_under_its_mask_leaves_the_others_in(rng, mask):
+    """Key 0 has the best mask (0, the others -110) and goes first, but scores -1000: the
+    floor that tells dead keys before any score is its mask less the bound on its score,
+    not its mask, which would have left out the keys that take all the weight."""
+    w = workload(lead=(1, 1), sq=8, sk=80, d=16, dv=16, mask=mask)
+    arrays = arrays_for(w, rng)
+    direction = rng.standard_normal(16).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+    arrays[0][:] = direction   # |q| = 1
+    arrays[1][0, 0, 0] = -direction * np.float32(1000 / 0.31)   # score -1000
+    arrays[3] = np.full(mask, -110.0, np.float32)   # 110 under it: beyond the 104 that kills
+    arrays[3][..., 0] = 0.0
+    expected = reference(w, arrays)[0]
+    assert np.allclose(expected, arrays[2][:, :, 1:].mean(axis=2, keepdims=True), atol=0.5)
+    for config in attention_configs(w)[:2] + [{"tq": 8, "tk": 64, "vw": 1, "mr": 4, "nr": 2}]:
         assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
 
 
