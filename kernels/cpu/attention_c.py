@@ -440,17 +440,18 @@ static void key_norms(const float *k, float *knorm) {
 }
 #endif
 
-/* Rows [i0, i0 + R) of o[TQ][DVP] = o * alpha + P^T[keys][TQ]^T V[keys][DVP]: R queries
-   by NV vectors of V's columns at a time (R a constant where it is inlined). */
+/* Rows [i0, i0 + R) of o[TQ][DVP] = o * alpha + P^T[keys][TQ]^T V[keys][DVP] (o taken as
+   zero on a query tile's first key step, `fresh`): R queries by NV vectors of V's columns
+   at a time (R a constant where it is inlined). */
 static inline __attribute__((always_inline)) void
 accumulate_rows(const float *p, const float *v, int j0, int jn, const float *alpha, float *o,
-                int i0, int R) {
+                int fresh, int i0, int R) {
     for (int d0 = 0; d0 < DVP; d0 += NV * VW) {
         vf acc[MR][NV];
         UNROLL for (int r = 0; r < R; ++r) {
             vf a = vsplat(alpha[i0 + r]);
             UNROLL for (int n = 0; n < NV; ++n)
-                acc[r][n] = vload(o + (i0 + r) * DVP + d0 + n * VW) * a;
+                acc[r][n] = fresh ? vsplat(0.0f) : vload(o + (i0 + r) * DVP + d0 + n * VW) * a;
         }
         UNROLL4
         for (int j = 0; j < jn; ++j) {
@@ -475,11 +476,11 @@ accumulate_rows(const float *p, const float *v, int j0, int jn, const float *alp
    last TQ % MR of them in one narrower tile (the score micro-tile's MR keys need not
    divide the query tile). */
 NOINLINE static void accumulate(const float *p, const float *v, int j0, int jn,
-                                const float *alpha, float *o) {
+                                const float *alpha, float *o, int fresh) {
     int i0 = 0;
-    for (; i0 + MR <= TQ; i0 += MR) accumulate_rows(p, v, j0, jn, alpha, o, i0, MR);
+    for (; i0 + MR <= TQ; i0 += MR) accumulate_rows(p, v, j0, jn, alpha, o, fresh, i0, MR);
 #if TQ % MR
-    accumulate_rows(p, v, j0, jn, alpha, o, i0, TQ % MR);
+    accumulate_rows(p, v, j0, jn, alpha, o, fresh, i0, TQ % MR);
 #endif
 }
 
@@ -505,8 +506,8 @@ static void scaled_queries_transposed(const float *q, int q0, float *qt) {
 }
 
 /* One query tile's buffers: Q^T scaled, the scores (then P), the key step's mask block
-   (ROW_MASK), the output accumulator, the running max and sum, the max after a key step
-   and the rescale factors. */
+   (ROW_MASK), the output accumulator (unwritten while `fresh`), the running max and sum,
+   the max after a key step and the rescale factors. */
 typedef struct {
     float qt[D * TQ] __attribute__((aligned(64)));
     float s[TK * TQ] __attribute__((aligned(64)));
@@ -516,6 +517,7 @@ typedef struct {
     float l[TQ] __attribute__((aligned(64)));
     float mx[TQ] __attribute__((aligned(64)));
     float alpha[TQ] __attribute__((aligned(64)));
+    int fresh;
 } tile_state;
 
 /* Keys [first, last) (at most TK) into the tile's online softmax and output. */
@@ -528,7 +530,8 @@ static void key_step(tile_state *t, const float *k, const float *v, const float 
 #endif
     scores(k, t->qt, mask, t->mt, first, last - first, t->s, t->mx);
     softmax_step(t->s, last - first, t->m, t->mx, t->l, t->alpha);
-    accumulate(t->s, v, first, last - first, t->alpha, t->o);
+    accumulate(t->s, v, first, last - first, t->alpha, t->o, t->fresh);
+    t->fresh = 0;
 }
 
 static void query_tile(const float *q, const float *k, const float *v, const float *mask,
@@ -539,7 +542,7 @@ static void query_tile(const float *q, const float *k, const float *v, const flo
         t.m[i] = -FLT_MAX;
         t.l[i] = 0.0f;
     }
-    memset(t.o, 0, sizeof(t.o));
+    t.fresh = 1;
     /* With a mask, the key tile from the first query's best-masked key goes first (less
        its keys the score bound alone shows dead): the scores it gives every query are
        the floor that tells dead keys in the others. */
@@ -570,6 +573,7 @@ static void query_tile(const float *q, const float *k, const float *v, const flo
             if (first < last) key_step(&t, k, v, mask, q0, first, last);
         }
     }
+    if (t.fresh) memset(t.o, 0, sizeof(t.o));   /* no key step (none is left out whole) */
     for (int i = 0; i < TQ && q0 + i < SQ; ++i) {
         float inv = 1.0f / t.l[i];
         for (int d = 0; d < DV; ++d) out[(size_t)(q0 + i) * O_ROW + d] = t.o[i * DVP + d] * inv;
