@@ -45,13 +45,15 @@ SMALL_FLOPS = 32e6
 _MICRO_TILES = ((4, 4), (8, 2), (4, 2), (2, 4), (6, 2), (2, 2), (1, 2), (1, 1))
 # With 16 vector registers (AVX2) also 6 keys x 2 query vectors, the micro-tile that keeps
 # 12 of them accumulating (4 x 2 keeps 8, two FMA ports' latency and no slack), with key
-# tiles of 96 (a multiple of 6); the P V product takes its 6 queries at a time and the
-# query tile's remainder in one narrower micro-tile. On an AVX2 run (scripts/avx2_only.sh
-# on an AMX VM) 64 x 96 tiles ran seq 128 and 256 7-12% faster than the best 4 x 2
-# schedule, and seq 512 as fast as 48 x 96 (whose tiles padded seq 128 and 256 by 12%,
-# the first form of this tile); measured as more candidates, chosen only where faster.
+# tiles of 96 and 144 (multiples of 6); the P V product takes its 6 queries at a time and
+# the query tile's remainder in one narrower micro-tile. On an AVX2 run
+# (scripts/avx2_only.sh on an AMX VM) 64 x 96 tiles ran seq 128 and 256 7-12% faster than
+# the best 4 x 2 schedule, and seq 512 as fast as 48 x 96 (whose tiles padded seq 128 and
+# 256 by 12%, the first form of this tile); 144-key tiles, one key step fewer where a
+# padding mask leaves 102 or 204 keys, 0-10% faster than 96 there; measured as more
+# candidates, chosen only where faster.
 _WIDE_TILE = (6, 2)
-_WIDE_KEY_TILE = 96
+_WIDE_KEY_TILES = (96, 144)
 
 
 def _heads_and_rank(workload: Workload) -> tuple[int, int]:
@@ -63,7 +65,7 @@ def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict
     """The schedules worth measuring, at the host's vector width: query tile 32/64, key tile
     64/128 (tiles much larger than the sequence left out), and per tile pair the first two
     score micro-tiles (keys x query vectors) that fit it and the register file; with 16
-    vector registers also the 6 x 2 micro-tile with key tile 96 per query tile; for small
+    vector registers also the 6 x 2 micro-tile with key tiles 96 and 144 per query tile; for small
     problems also the first two on the calling thread alone (`par` 0)."""
     shape = attention_shape(workload)
     vw = lanes or host_cpu().vector_lanes
@@ -87,13 +89,12 @@ def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict
 
 
 def _wide_tile_configs(shape: AttentionShape, tq: int, vw: int) -> list[dict]:
-    """`_WIDE_TILE`'s config for query tile `tq` (key tile `_WIDE_KEY_TILE`), where valid
-    and the key tile is under twice the keys."""
-    if 2 * shape.sk <= _WIDE_KEY_TILE:
-        return []
+    """`_WIDE_TILE`'s configs for query tile `tq`, one per key tile of `_WIDE_KEY_TILES`
+    under twice the keys, where valid."""
     mr, nr = _WIDE_TILE
-    config = {"tq": tq, "tk": _WIDE_KEY_TILE, "vw": vw, "mr": mr, "nr": nr}
-    return [config] if config_reason(shape, config) is None else []
+    configs = [{"tq": tq, "tk": tk, "vw": vw, "mr": mr, "nr": nr}
+               for tk in _WIDE_KEY_TILES if tk < 2 * shape.sk]
+    return [c for c in configs if config_reason(shape, c) is None]
 
 
 def compile_attention(workload: Workload, config: Mapping):

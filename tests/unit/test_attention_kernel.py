@@ -87,15 +87,15 @@ def test_generated_kernel_matches_the_reference(rng, case):
         assert check(ATTENTION_C.prepare(w, {}, config), w, arrays) < TOLERANCE, config
 
 
-@pytest.mark.parametrize("tq", [64, 48, 32])
+@pytest.mark.parametrize("tq, tk", [(64, 96), (48, 96), (32, 96), (64, 144)])
 @pytest.mark.parametrize("case", ["bert-mask", "k-transposed", "per-head-mask", "no-mask"])
-def test_the_wide_micro_tile_is_correct(rng, case, tq):
-    """6 keys x 2 vectors of 8 with 96-key tiles (not a power of two), over sizes that
-    leave partial tiles and micro-tiles, with each kind of mask; query tiles of 64 and 32
+def test_the_wide_micro_tile_is_correct(rng, case, tq, tk):
+    """6 keys x 2 vectors of 8 with 96- and 144-key tiles (not powers of two), over sizes
+    that leave partial tiles and micro-tiles, with each kind of mask; query tiles of 64 and 32
     leave the P V product a remainder of 4 and 2 queries past its 6-query micro-tiles, 48
     none."""
     w = workload(**CASES[case])
-    config = {"tq": tq, "tk": 96, "vw": 8, "mr": 6, "nr": 2}
+    config = {"tq": tq, "tk": tk, "vw": 8, "mr": 6, "nr": 2}
     assert config_reason(attention_shape(w), config) is None
     assert check(ATTENTION_C.prepare(w, {}, config), w, arrays_for(w, rng)) < TOLERANCE
 
@@ -115,9 +115,10 @@ def test_the_wide_micro_tile_is_offered_with_16_registers():
 
     with forced_isa("avx2"):
         wide = [c for c in attention_configs(workload(sq=512, sk=512)) if c["mr"] == 6]
-        assert wide == [{"tq": tq, "tk": 96, "vw": 8, "mr": 6, "nr": 2} for tq in (32, 64)]
+        assert wide == [{"tq": tq, "tk": tk, "vw": 8, "mr": 6, "nr": 2}
+                        for tq in (32, 64) for tk in (96, 144)]
         short = [c for c in attention_configs(workload(sq=20, sk=64)) if c["mr"] == 6]
-        assert [c["tq"] for c in short] == [32]   # a 64-query tile would be mostly padding
+        assert [(c["tq"], c["tk"]) for c in short] == [(32, 96)]   # tiles under twice it
         assert not [c for c in attention_configs(workload(sq=64, sk=40)) if c["mr"] == 6]
     assert not [c for c in attention_configs(workload(sq=512, sk=512), lanes=16)
                 if c["mr"] == 6]   # 32 registers: 4 x 4 and 8 x 2 already keep 16
