@@ -65,8 +65,8 @@ def attention_configs(workload: Workload, lanes: int | None = None) -> list[dict
     """The schedules worth measuring, at the host's vector width: query tile 32/64, key tile
     64/128 (tiles much larger than the sequence left out), and per tile pair the first two
     score micro-tiles (keys x query vectors) that fit it and the register file; with 16
-    vector registers also the 6 x 2 micro-tile with key tiles 96 and 144 per query tile; for small
-    problems also the first two on the calling thread alone (`par` 0)."""
+    vector registers also the 6 x 2 micro-tile with key tiles 96 and 144 per query tile;
+    for small problems also the first two on the calling thread alone (`par` 0)."""
     shape = attention_shape(workload)
     vw = lanes or host_cpu().vector_lanes
     registers = 32 if vw >= 16 else 16

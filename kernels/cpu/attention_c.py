@@ -23,13 +23,12 @@ the key the tile's first query's mask favours most goes first, and then a key wh
 every score in the tile lies more than 104 below the score each query has reached
 weighs under exp(-104), less than the smallest float, in its softmax (for that first
 tile, before any score, the bound on each query's score with its first key stands in
-for the score reached). The bound is
-Cauchy-Schwarz's, |q.k| <= |q||k| (norms summed in float vectors, with a margin for
-their rounding); a NaN in the mask or a norm that is not finite leaves every key in,
-and a mask plane that spans less than 104 is not looked at again (the planes' rows are
-scanned once per call, shared among the threads). Each key tile's range is trimmed of
-such keys at both ends (padding on either side, the future of a causal mask), a tile of
-them skipped whole.
+for the score reached). The bound is Cauchy-Schwarz's, |q.k| <= |q||k| (norms summed
+in float vectors, with a margin for their rounding); a NaN in the mask or a norm that
+is not finite leaves every key in, and a mask plane that spans less than 104 is not
+looked at again (the planes' rows are scanned once per call, shared among the threads).
+Each key tile's range is trimmed of such keys at both ends (padding on either side, the
+future of a causal mask), a tile of them skipped whole.
 
 Vectors are GCC vector extensions of `vw` floats (`vw` a config knob: the
 host's lanes, fewer, or 1, the portable scalar path); gcc lowers them to
@@ -307,7 +306,15 @@ static dead_test dead_test_after(const float *m, const float *qt, const float *k
     return t;
 }
 
-static double query_norm(const dead_test *t);
+static double query_norm(const dead_test *t) {
+    float n2[TQ];
+    for (int i = 0; i < TQ; ++i) n2[i] = 0.0f;
+    for (int d = 0; d < D; ++d)
+        for (int i = 0; i < TQ; ++i) n2[i] += t->qt[d * TQ + i] * t->qt[d * TQ + i];
+    double top = 0.0;
+    for (int i = 0; i < t->qn; ++i) top = fmax(top, sqrt((double)n2[i]));
+    return isfinite(top) ? top * (1.0 + 1e-4) : INFINITY;   /* float sums: a margin */
+}
 
 /* What tells a dead key before any score: each query's score with key a0 is at least its
    mask there less the largest scaled query norm times the key's norm (Cauchy-Schwarz), so
@@ -324,16 +331,6 @@ static dead_test dead_test_before(const float *qt, const float *knorm, const flo
     t.floor = (double)low * LOG2E - t.qnorm * knorm[a0];
     t.on = isfinite(t.floor) && t.floor > -FLT_MAX;
     return t;
-}
-
-static double query_norm(const dead_test *t) {
-    float n2[TQ];
-    for (int i = 0; i < TQ; ++i) n2[i] = 0.0f;
-    for (int d = 0; d < D; ++d)
-        for (int i = 0; i < TQ; ++i) n2[i] += t->qt[d * TQ + i] * t->qt[d * TQ + i];
-    double top = 0.0;
-    for (int i = 0; i < t->qn; ++i) top = fmax(top, sqrt((double)n2[i]));
-    return isfinite(top) ? top * (1.0 + 1e-4) : INFINITY;   /* float sums: a margin */
 }
 
 /* 1 when every score of `key` in the tile lies more than -SKIP_BELOW2 under the floor (base
