@@ -10,8 +10,8 @@ template and generated kernel. onnxruntime's MLAS still picks its NCHWc block
 from the real CPU; `scripts/isa_check.sh` runs these tests under
 `scripts/avx2_only.sh` for that (AVX-512 hidden from every library by CPUID
 faulting) where the CPU allows, else the NCHWc tests under an emulated AVX2-only
-CPU. Worker processes started by wpk inherit the
-restriction; a `wpk` command started as a subprocess does not.
+CPU. Worker processes started by wpk inherit the restriction; a `wpk` command
+started as a subprocess does not.
 """
 
 from __future__ import annotations

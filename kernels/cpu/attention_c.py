@@ -290,20 +290,26 @@ static int best_masked_key(const float *mask, int q0) {
     return best;
 }
 
-/* What tells a dead key after the first key tile: every query's running max (a score it
-   reaches), their lowest (the floor) and the largest norm of the scaled queries (computed
-   when a key first needs it, -1 before). `on` is 0 where the floor is not finite. */
+/* What tells a dead key in a query tile: a score each query is known to reach, at least
+   (the floor), and the largest norm of the scaled queries. `on` is 0 where the floor is
+   not finite. */
 typedef struct {
     int q0, qn, on;
     double floor, qnorm;
     const float *qt, *knorm;
 } dead_test;
 
-static dead_test dead_test_after(const float *m, const float *qt, const float *knorm, int q0) {
-    dead_test t = {q0, SQ - q0 < TQ ? SQ - q0 : TQ, 0, INFINITY, -1.0, qt, knorm};
-    for (int i = 0; i < t.qn; ++i) t.floor = fmin(t.floor, m[i]);
-    t.on = isfinite(t.floor) && t.floor > -FLT_MAX;
-    return t;
+static void set_floor(dead_test *t, double floor) {
+    t->floor = floor;
+    t->on = isfinite(floor) && floor > -FLT_MAX;
+}
+
+/* After the first key step: every query's running max is a score it reaches, their lowest
+   the floor. */
+static void floor_from_scores(dead_test *t, const float *m) {
+    double floor = INFINITY;
+    for (int i = 0; i < t->qn; ++i) floor = fmin(floor, m[i]);
+    set_floor(t, floor);
 }
 
 static double query_norm(const dead_test *t) {
@@ -316,29 +322,27 @@ static double query_norm(const dead_test *t) {
     return isfinite(top) ? top * (1.0 + 1e-4) : INFINITY;   /* float sums: a margin */
 }
 
-/* What tells a dead key before any score: each query's score with key a0 is at least its
-   mask there less the largest scaled query norm times the key's norm (Cauchy-Schwarz), so
-   the lowest of those bounds is a floor. */
+/* Before any score: each query's score with key a0 is at least its mask there less the
+   largest scaled query norm times the key's norm (Cauchy-Schwarz), so the lowest of those
+   bounds is a floor. */
 static dead_test dead_test_before(const float *qt, const float *knorm, const float *mask,
                                   int q0, int a0) {
-    dead_test t = {q0, SQ - q0 < TQ ? SQ - q0 : TQ, 0, INFINITY, -1.0, qt, knorm};
+    dead_test t = {q0, SQ - q0 < TQ ? SQ - q0 : TQ, 0, INFINITY, 0.0, qt, knorm};
     float low = mask_at(mask, q0, a0);
     for (int i = 1; MS2 != 0 && i < t.qn; ++i) {
         float value = mask_at(mask, q0 + i, a0);
         low = value < low ? value : low;
     }
     t.qnorm = query_norm(&t);
-    t.floor = (double)low * LOG2E - t.qnorm * knorm[a0];
-    t.on = isfinite(t.floor) && t.floor > -FLT_MAX;
+    set_floor(&t, (double)low * LOG2E - t.qnorm * knorm[a0]);
     return t;
 }
 
 /* 1 when every score of `key` in the tile lies more than -SKIP_BELOW2 under the floor (base
    2), its mask being at most `top` for the tile's queries (as the scores add it). */
-static int key_is_dead(dead_test *t, float top, int key) {
+static int key_is_dead(const dead_test *t, float top, int key) {
     double gap = (double)(top * LOG2E) - t->floor;
     if (!(gap < SKIP_BELOW2)) return 0;   /* a NaN: the key stays */
-    if (t->qnorm < 0.0) t->qnorm = query_norm(t);
     double reach = t->qnorm * t->knorm[key];
     return reach + gap < SKIP_BELOW2 - 1e-6 * (reach + fabs(t->floor));
 }
@@ -346,7 +350,7 @@ static int key_is_dead(dead_test *t, float top, int key) {
 /* Narrows [*lo, *hi) (at most TK keys) to its first and last keys that are not dead. A
    mask of one value per query and key is reduced over the tile's queries first, along
    its rows (a plane with a NaN never gets here: mask_may_kill). */
-static void trim_dead(dead_test *t, const float *mask, int *lo, int *hi) {
+static void trim_dead(const dead_test *t, const float *mask, int *lo, int *hi) {
     if (!t->on) return;
     float top[TK];
     int n = *hi - *lo;
@@ -553,9 +557,7 @@ static void query_tile(const float *q, const float *k, const float *v, const flo
         dead = dead_test_before(t.qt, knorm, mask, q0, a0);
         trim_dead(&dead, mask, &a0, &last);   /* a0 stays: its bound is the floor */
         if (a0 < last) key_step(&t, k, v, mask, q0, a0, last);
-        double qnorm = dead.qnorm;
-        dead = dead_test_after(t.m, t.qt, knorm, q0);
-        dead.qnorm = qnorm;
+        floor_from_scores(&dead, t.m);
     }
 #endif
     for (int j0 = 0; j0 < SK; j0 += TK) {
@@ -570,7 +572,7 @@ static void query_tile(const float *q, const float *k, const float *v, const flo
             if (first < last) key_step(&t, k, v, mask, q0, first, last);
         }
     }
-    if (t.fresh) memset(t.o, 0, sizeof(t.o));   /* no key step (none is left out whole) */
+    if (t.fresh) memset(t.o, 0, sizeof(t.o));   /* defensive: a tile always has a key step */
     for (int i = 0; i < TQ && q0 + i < SQ; ++i) {
         float inv = 1.0f / t.l[i];
         for (int d = 0; d < DV; ++d) out[(size_t)(q0 + i) * O_ROW + d] = t.o[i * DVP + d] * inv;

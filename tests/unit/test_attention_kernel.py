@@ -254,6 +254,21 @@ def test_a_masked_key_that_still_wins_is_kept(rng, key):
         assert relative_l2(out, expected) < TOLERANCE, config
 
 
+def _unit_vector(rng, d: int) -> np.ndarray:
+    direction = rng.standard_normal(d).astype(np.float32)
+    return direction / np.linalg.norm(direction)
+
+
+def _scores_at_levels(rng, arrays, level: np.ndarray) -> None:
+    """Queries near one unit direction and keys along it at `level` (one per key) plus
+    noise, so that score = q . k * 0.31 is about the level (natural units)."""
+    d = arrays[0].shape[-1]
+    direction = _unit_vector(rng, d)
+    arrays[0][:] = direction + 0.05 * rng.standard_normal(arrays[0].shape)
+    keys = direction * level[:, None] + 0.3 * rng.standard_normal((len(level), d))
+    arrays[1][:] = (keys / 0.31).astype(np.float32)
+
+
 # Scores per key tile (natural units): the online softmax rescales the sums and the
 # output by 2^(m_old - m_new) where a tile rises above the running max (far: by 100, e^100
 # would overflow a float), and a tile far below it adds nothing that matters.
@@ -266,12 +281,7 @@ def test_scores_that_rise_or_fall_from_one_key_tile_to_the_next(rng, levels):
     tile, d = 16, 16
     w = workload(lead=(1, 2), sq=24, sk=tile * len(levels), d=d, dv=16)
     arrays = arrays_for(w, rng)
-    direction = rng.standard_normal(d).astype(np.float32)
-    direction /= np.linalg.norm(direction)
-    arrays[0][:] = direction + 0.05 * rng.standard_normal(arrays[0].shape)
-    level = np.repeat(np.asarray(levels, np.float32), tile)[:, None]   # per key
-    keys = direction * level + 0.3 * rng.standard_normal((tile * len(levels), d))
-    arrays[1][:] = (keys / 0.31).astype(np.float32)   # score = q . k * 0.31 ~ the level
+    _scores_at_levels(rng, arrays, np.repeat(np.asarray(levels, np.float32), tile))
     lanes = host_cpu().vector_lanes
     for config in ({"tq": 8, "tk": tile, "vw": 1, "mr": 4, "nr": 2},
                    {"tq": 2 * lanes, "tk": tile, "vw": lanes, "mr": 4, "nr": 2}):
@@ -286,12 +296,7 @@ def test_scores_that_rise_within_one_key_tile(rng, step):
     group, d = 4, 16
     w = workload(lead=(1, 2), sq=24, sk=64, d=d, dv=16, mask=(1, 1, 1, 64))
     arrays = arrays_for(w, rng)
-    direction = rng.standard_normal(d).astype(np.float32)
-    direction /= np.linalg.norm(direction)
-    arrays[0][:] = direction + 0.05 * rng.standard_normal(arrays[0].shape)
-    level = np.repeat(step * (np.arange(64 // group) % 4), group)[:, None]   # 4 rises, again
-    keys = direction * level + 0.3 * rng.standard_normal((64, d))
-    arrays[1][:] = (keys / 0.31).astype(np.float32)   # score = q . k * 0.31 ~ the level
+    _scores_at_levels(rng, arrays, np.repeat(step * (np.arange(64 // group) % 4), group))
     arrays[3][:] = 0.0
     lanes = host_cpu().vector_lanes
     for config in ({"tq": 8, "tk": 64, "vw": 1, "mr": group, "nr": 2},
@@ -306,8 +311,7 @@ def test_a_best_masked_key_that_scores_far_under_its_mask_leaves_the_others_in(r
     not its mask, which would have left out the keys that take all the weight."""
     w = workload(lead=(1, 1), sq=8, sk=80, d=16, dv=16, mask=mask)
     arrays = arrays_for(w, rng)
-    direction = rng.standard_normal(16).astype(np.float32)
-    direction /= np.linalg.norm(direction)
+    direction = _unit_vector(rng, 16)
     arrays[0][:] = direction   # |q| = 1
     arrays[1][0, 0, 0] = -direction * np.float32(1000 / 0.31)   # score -1000
     arrays[3] = np.full(mask, -110.0, np.float32)   # 110 under it: beyond the 104 that kills
@@ -328,8 +332,7 @@ def test_the_norm_bound_keeps_a_key_whose_score_outweighs_its_mask_by_a_little(
     mask per key and one per query and key)."""
     w = workload(lead=(1, 2), sq=8, sk=80, d=16, dv=16, k_transposed=k_transposed, mask=mask)
     arrays = arrays_for(w, rng)
-    direction = rng.standard_normal(16).astype(np.float32)
-    direction /= np.linalg.norm(direction)
+    direction = _unit_vector(rng, 16)
     arrays[0][:] = direction   # every query the unit vector: |q| = 1
     key = direction * np.float32(2e4 / 0.31)   # its score: |q||k| * scale = 2e4
     if k_transposed:
