@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
               f"of {HEAD_DIM} (hint: --seqs 64 128 --d-models 256 768)", file=sys.stderr)
         return 2
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read when libgomp loads, below
-    from wpk.core.devices import cpu_fingerprint, cpuid_denied_flags
+    from wpk.core.devices import cpu_fingerprint, cpuid_denied_flags, host_cpu
 
     mask = "causal" if args.causal else not args.no_mask
     rows = [measure(s, d, args.threads, args.rounds, mask)
@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": cpu_fingerprint(), "cpuid_denied": cpuid_denied_flags(),
+            json.dump({"machine": cpu_fingerprint(), "cpu_model": host_cpu().description,
+                       "cpuid_denied": cpuid_denied_flags(),
                        "threads": args.threads, "goal": GOAL,
                        "rows": rows}, f, indent=1)
     return 0

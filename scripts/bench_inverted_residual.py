@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
               "hint: --threads 1 2 --rounds 7", file=sys.stderr)
         return 2
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from wpk.core.devices import cpu_fingerprint, cpuid_denied_flags
+    from wpk.core.devices import cpu_fingerprint, cpuid_denied_flags, host_cpu
     from wpk.dsl import build
 
     rows = []
@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": cpu_fingerprint(), "cpuid_denied": cpuid_denied_flags(),
+            json.dump({"machine": cpu_fingerprint(), "cpu_model": host_cpu().description,
+                       "cpuid_denied": cpuid_denied_flags(),
                        "net": args.net, "goal": GOAL,
                        "rows": rows}, f, indent=1)
     return 0

@@ -395,8 +395,10 @@ def test_bench_script_verifies_and_times_a_causal_mask(capsys, tmp_path):
     out = tmp_path / "causal.json"
     assert bench["main"](["--causal", "--seqs", "40", "--d-models", "128", "--rounds", "1",
                           "--json", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["rows"]
+    written = json.loads(out.read_text())
+    (row,) = written["rows"]
     assert row["mask"] == "causal" and max(row["errors"].values()) < 1e-4
+    assert written["cpu_model"] == host_cpu().description   # which VM ran it, by name
 
 
 def test_configs_follow_the_host_vector_width_and_the_sequence():

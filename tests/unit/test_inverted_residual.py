@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.unit.asm_checks import stack_accesses
+from wpk.core.devices import host_cpu
 from wpk.core.numerics import relative_l2
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels import registry
@@ -270,8 +271,10 @@ def test_bench_script_runs_a_block_and_renders_its_tables(tmp_path):
                            "--limit", "1", "--json", str(out)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    [row] = json.loads(out.read_text())["rows"]
+    written = json.loads(out.read_text())
+    [row] = written["rows"]
     assert max(row["errors"].values()) < 1e-4 and row["speedup"] > 0
+    assert written["cpu_model"] == host_cpu().description   # which VM ran it, by name
     table = subprocess.run([sys.executable, str(script), "--markdown", str(out)],
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "| 16 > 96 > 24 | 112x112 | 2 | no |" in table.stdout
