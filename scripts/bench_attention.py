@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
-from kernel_timing import alternate_with_onnxruntime, per_call, repeat_for  # noqa: E402
+from kernel_timing import alternate_with_onnxruntime, machine_fields, per_call, repeat_for  # noqa: E402
 
 GOAL = 1.5
 SEQS = (64, 128, 256, 512)
@@ -204,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
               f"of {HEAD_DIM} (hint: --seqs 64 128 --d-models 256 768)", file=sys.stderr)
         return 2
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read when libgomp loads, below
-    from wpk.core.devices import cpu_fingerprint, cpuid_denied_flags, host_cpu
 
     mask = "causal" if args.causal else not args.no_mask
     rows = [measure(s, d, args.threads, args.rounds, mask)
@@ -212,9 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": cpu_fingerprint(), "cpu_model": host_cpu().description,
-                       "cpuid_denied": cpuid_denied_flags(),
-                       "threads": args.threads, "goal": GOAL,
+            json.dump({**machine_fields(), "threads": args.threads, "goal": GOAL,
                        "rows": rows}, f, indent=1)
     return 0
 

@@ -38,7 +38,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle BLAS threads sleep
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
-from kernel_timing import alternate_with_onnxruntime, per_call, repeat_for  # noqa: E402
+from kernel_timing import alternate_with_onnxruntime, machine_fields, per_call, repeat_for  # noqa: E402
 
 GOAL = 1.3
 RELU6 = ("clip", (("max", 6.0), ("min", 0.0)))
@@ -290,7 +290,6 @@ def main(argv: list[str] | None = None) -> int:
               "hint: --threads 1 2 --rounds 7", file=sys.stderr)
         return 2
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from wpk.core.devices import cpu_fingerprint, cpuid_denied_flags, host_cpu
     from wpk.dsl import build
 
     rows = []
@@ -303,9 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": cpu_fingerprint(), "cpu_model": host_cpu().description,
-                       "cpuid_denied": cpuid_denied_flags(),
-                       "net": args.net, "goal": GOAL,
+            json.dump({**machine_fields(), "net": args.net, "goal": GOAL,
                        "rows": rows}, f, indent=1)
     return 0
 

@@ -1,11 +1,21 @@
 """Timing helpers shared by the per-kernel benchmarks (`bench_attention.py`,
 `bench_inverted_residual.py`, `bench_recurrent.py`): the mean time of a call over a number
-of repeats, and how many repeats fill a target time."""
+of repeats, how many repeats fill a target time, and the machine fields of their JSON."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
+
+def machine_fields() -> dict:
+    """What a result file says of the machine: its ISA fingerprint, the CPU model by name
+    (VMs of different vendors share a fingerprint) and the flags hidden from it
+    (`scripts/avx2_only.sh`)."""
+    from wpk.core.devices import cpu_fingerprint, cpuid_denied_flags, host_cpu
+
+    return {"machine": cpu_fingerprint(), "cpu_model": host_cpu().description,
+            "cpuid_denied": cpuid_denied_flags()}
 
 
 def per_call(call: Callable[[], object], repeat: int) -> float:
