@@ -21,6 +21,7 @@ median >= 1.3x on MobileNet-v2's blocks (the other nets: no goal, the ratio show
     python scripts/bench_inverted_residual.py [--net mobilenetv3] [--threads 1 2]
                                               [--rounds 7] [--json FILE]
     python scripts/bench_inverted_residual.py --markdown FILE    # the README tables of a run
+    python scripts/bench_inverted_residual.py --combine F1 F2 ...  # each block's median over runs
 
 Figures on a shared machine are noisy; ratios hold better.
 """
@@ -263,6 +264,30 @@ def markdown(rows: list[dict], net: str = "mobilenetv2") -> str:
     return "\n".join(lines)
 
 
+def combined(runs: list[dict]) -> str:
+    """Each block's speedups over `runs` (results of `--json`, one thread count or several)
+    and their median; per thread count the median of the blocks' medians against the goal:
+    one run's rows move with the machine's noise, the median of several less."""
+    blocks: dict[tuple, list[float]] = {}
+    for run in runs:
+        for row in run["rows"]:
+            blocks.setdefault((row["threads"], *_key(row)), []).append(row["speedup"])
+    lines = [f"{'thr':>3} {'block':>18} {'size':>4} {'s':>1} {'k':>1}  speedups "
+             f"({len(runs)} runs) -> median"]
+    medians: dict[int, list[float]] = {}
+    for (threads, cin, expanded, cout, size, stride, k), found in blocks.items():
+        medians.setdefault(threads, []).append(statistics.median(found))
+        lines.append(f"{threads:>3} {cin:>5}>{expanded:>5}>{cout:>5} {size:>4} {stride:>1} "
+                     f"{k:>1}  {' '.join(f'{x:.2f}' for x in found)} -> "
+                     f"{medians[threads][-1]:.2f}")
+    for threads, found in sorted(medians.items()):
+        median = statistics.median(found)
+        lines.append(f"{threads} thread(s): median of the blocks' medians {median:.2f}x (min "
+                     f"{min(found):.2f}x); goal (MobileNet-v2) >= {GOAL}x "
+                     f"{'met' if median >= GOAL else 'not met'}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", choices=sorted(NETS), default="mobilenetv2",
@@ -274,7 +299,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the rows and the machine here")
     parser.add_argument("--markdown", metavar="JSON",
                         help="print the README tables of an earlier --json file and stop")
+    parser.add_argument("--combine", nargs="+", metavar="RUN.json",
+                        help="summarize runs written by --json instead of measuring")
     args = parser.parse_args(argv)
+    if args.combine:
+        try:
+            print(combined([json.loads(Path(path).read_text()) for path in args.combine]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: --combine: {exc} (hint: pass files written by --json)",
+                  file=sys.stderr)
+            return 2
+        return 0
     if args.markdown:
         try:
             with open(args.markdown) as f:
