@@ -346,9 +346,17 @@ def main() -> None:
         reference = rows[f"onnxruntime {op}, one session (default: spinning)"]
         print(f"| {label} | {seconds * 1e6:.2f} | {seconds / reference:.2f}x |")
     if args.output:
-        with open(args.output, "w") as handle:
-            json.dump({"steps": args.steps, "size": args.size, "seconds_per_step": rows,
-                       "load_average": os.getloadavg()}, handle, indent=2)
+        write_result(args.output, args.steps, args.size, rows)
+
+
+def write_result(path: str, steps: int, size: int, rows: dict[str, float]) -> None:
+    """The run's JSON: its sizes, every row's seconds per step, the load average and the
+    machine (its ISA fingerprint, CPU model and any flags hidden by `avx2_only.sh`)."""
+    from kernel_timing import machine_fields
+
+    with open(path, "w") as handle:
+        json.dump({**machine_fields(), "steps": steps, "size": size,
+                   "seconds_per_step": rows, "load_average": os.getloadavg()}, handle, indent=2)
 
 
 if __name__ == "__main__":

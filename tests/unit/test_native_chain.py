@@ -224,3 +224,22 @@ def test_step_overhead_bench_measures_two_pools_in_one_plan(monkeypatch):
         assert pair > 0 and min(alone) > 0
         excess = rows[f"mixed: excess per pair (the pair minus both alone), {label}"]
         assert excess == pytest.approx(pair - sum(alone))
+
+
+def test_step_overhead_bench_result_names_the_machine(monkeypatch, tmp_path):
+    """Its JSON says which CPU ran it, as the other per-op benchmarks' do: runs on VMs of
+    different vendors (or with AVX-512 hidden) are told apart."""
+    import json
+    from pathlib import Path
+
+    from wpk.core.devices import host_cpu
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    import bench_step_overhead
+
+    out = tmp_path / "steps.json"
+    bench_step_overhead.write_result(str(out), 200, 256, {"onnxruntime Add": 3.6e-7})
+    written = json.loads(out.read_text())
+    assert written["cpu_model"] == host_cpu().description
+    assert written["seconds_per_step"] == {"onnxruntime Add": 3.6e-7}
+    assert written["steps"] == 200 and "cpuid_denied" in written and written["machine"]
