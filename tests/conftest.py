@@ -75,9 +75,15 @@ def pytest_configure(config):
     force_isa(config.getoption("--isa"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
-    """`--mlas-block`: checked where the tests are collected and run (each pytest-xdist
-    worker, or the one process), not in an xdist controller that only hands them out."""
+    """Tests that compile the same kernels run in turn on one pytest-xdist worker
+    (tests/kernel_groups.py). `--mlas-block`: checked where the tests are collected and run
+    (each pytest-xdist worker, or the one process), not in an xdist controller that only
+    hands them out."""
+    from tests.kernel_groups import group_tests_that_share_kernels
+
+    group_tests_that_share_kernels(items)
     expected = config.getoption("--mlas-block")
     if expected is None:
         return
