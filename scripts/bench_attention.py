@@ -37,7 +37,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
-from kernel_timing import alternate_with_onnxruntime, machine_fields, per_call, repeat_for  # noqa: E402
+from kernel_timing import (  # noqa: E402
+    alternate_with_onnxruntime,
+    machine_fields,
+    per_call,
+    print_combined,
+    repeat_for,
+    speedups_by,
+)
 
 GOAL = 1.5
 SEQS = (64, 128, 256, 512)
@@ -159,11 +166,7 @@ def _table(rows: list[dict]) -> str:
 def combined(runs: list[dict]) -> str:
     """Each shape's speedups over `runs` (results of `--json`) and their median; how many
     shapes' medians meet the goal."""
-    shapes: dict[tuple, list[float]] = {}
-    for run in runs:
-        for row in run["rows"]:
-            shapes.setdefault((row["seq"], row["d_model"], str(row["mask"])), []).append(
-                row["speedup"])
+    shapes = speedups_by(runs, lambda row: (row["seq"], row["d_model"], str(row["mask"])))
     lines = [f"{'seq':>4} {'d_model':>7} {'mask':>6}  speedups ({len(runs)} runs) -> median"]
     medians = []
     for (seq, d_model, mask), found in shapes.items():
@@ -190,14 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="summarize runs written by --json instead of measuring")
     args = parser.parse_args(argv)
     if args.combine:
-        try:
-            runs = [json.loads(Path(path).read_text()) for path in args.combine]
-            print(combined(runs))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"error: --combine: {exc} (hint: pass files written by --json)",
-                  file=sys.stderr)
-            return 2
-        return 0
+        return print_combined(args.combine, combined)
     if min(args.threads, args.rounds, *args.seqs, *args.d_models) < 1 or any(
             d % HEAD_DIM for d in args.d_models):
         print(f"error: --threads, --rounds and the sizes must be positive, d_model a multiple "

@@ -39,7 +39,14 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle BLAS threads sleep
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling kernel_timing
-from kernel_timing import alternate_with_onnxruntime, machine_fields, per_call, repeat_for  # noqa: E402
+from kernel_timing import (  # noqa: E402
+    alternate_with_onnxruntime,
+    machine_fields,
+    per_call,
+    print_combined,
+    repeat_for,
+    speedups_by,
+)
 
 GOAL = 1.3
 RELU6 = ("clip", (("max", 6.0), ("min", 0.0)))
@@ -268,10 +275,7 @@ def combined(runs: list[dict]) -> str:
     """Each block's speedups over `runs` (results of `--json`, one thread count or several)
     and their median; per thread count the median of the blocks' medians against the goal:
     one run's rows move with the machine's noise, the median of several less."""
-    blocks: dict[tuple, list[float]] = {}
-    for run in runs:
-        for row in run["rows"]:
-            blocks.setdefault((row["threads"], *_key(row)), []).append(row["speedup"])
+    blocks = speedups_by(runs, lambda row: (row["threads"], *_key(row)))
     lines = [f"{'thr':>3} {'block':>18} {'size':>4} {'s':>1} {'k':>1}  speedups "
              f"({len(runs)} runs) -> median"]
     medians: dict[int, list[float]] = {}
@@ -303,13 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="summarize runs written by --json instead of measuring")
     args = parser.parse_args(argv)
     if args.combine:
-        try:
-            print(combined([json.loads(Path(path).read_text()) for path in args.combine]))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"error: --combine: {exc} (hint: pass files written by --json)",
-                  file=sys.stderr)
-            return 2
-        return 0
+        return print_combined(args.combine, combined)
     if args.markdown:
         try:
             with open(args.markdown) as f:

@@ -1,11 +1,15 @@
 """Timing helpers shared by the per-kernel benchmarks (`bench_attention.py`,
 `bench_inverted_residual.py`, `bench_recurrent.py`): the mean time of a call over a number
-of repeats, how many repeats fill a target time, and the machine fields of their JSON."""
+of repeats, how many repeats fill a target time, the machine fields of their JSON, and
+their `--combine` of several runs' JSON files."""
 
 from __future__ import annotations
 
+import json
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def machine_fields() -> dict:
@@ -49,3 +53,24 @@ def alternate_with_onnxruntime(ort_run: Callable[[], object],
             wait_until_idle()
             times[name].append(per_call(call, repeat))
     return times
+
+
+def speedups_by(runs: Sequence[dict], key: Callable[[dict], tuple]) -> dict[tuple, list[float]]:
+    """Each row's speedup over `runs` (results of a benchmark's `--json`), grouped by
+    `key(row)` in the order the keys first appear."""
+    found: dict[tuple, list[float]] = {}
+    for run in runs:
+        for row in run["rows"]:
+            found.setdefault(key(row), []).append(row["speedup"])
+    return found
+
+
+def print_combined(paths: Sequence[str], summary: Callable[[list[dict]], str]) -> int:
+    """`--combine`: prints `summary` of the runs in the JSON files at `paths`; 0, or 2 with an
+    `error:` line where a file cannot be read or is not such a run."""
+    try:
+        print(summary([json.loads(Path(path).read_text()) for path in paths]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: --combine: {exc} (hint: pass files written by --json)", file=sys.stderr)
+        return 2
+    return 0
