@@ -1,6 +1,7 @@
 """Shared pieces of the inverted-residual block tests: blocked random inputs, a poisoned
 run, numpy activations by their definition, the fused-kernel-vs-reference check, the
-compiled kernel's channel-split decision and an OpenMP team size for a test."""
+compiled kernel's channel-split and shared-rows decisions and an OpenMP team size for a
+test."""
 
 from __future__ import annotations
 
@@ -81,6 +82,17 @@ def channel_chunks(workload, config, threads: int) -> int:
     library = compile_c(block_source(block_geometry(workload), config),
                         compile_flags(ISAS[str(config["isa"])])).path
     return load_function(library, "wpk_ir_channel_chunks", [ctypes.c_int], ctypes.c_int)(
+        threads)
+
+
+def shared_strips(workload, config, threads: int) -> int:
+    """The strips per image whose boundary rows the compiled kernel shares on `threads`
+    threads (0: the strips compute them twice)."""
+    from wpk.dsl.toolchain import compile_c, load_function
+
+    library = compile_c(block_source(block_geometry(workload), config),
+                        compile_flags(ISAS[str(config["isa"])])).path
+    return load_function(library, "wpk_ir_shared_strips", [ctypes.c_int], ctypes.c_int)(
         threads)
 
 

@@ -34,9 +34,23 @@ block's time), the store one write and one read of H2
 (`scripts/bench_inverted_residual.py` shows a gated block's time against the
 same block without its gate).
 
-Strips of one per thread compute the halo rows of H1 above and below each
-strip twice; on small images with large filters (EfficientNet's 14x14 and 7x7
-blocks, 5x5 depthwise, two threads) that is 30-60% more expand work. A gated
+Strips of one per thread would compute the K - S rows of H1 at each boundary
+twice. A block without a gate shares them instead (`shared_strips`, where that
+spares the busiest strip at least a sixteenth of its rows: images up to about
+28 rows on two threads): the strips at a boundary split its rows, the one
+above computing the first half, the one below the rest (an odd row), and each
+copies its half into an area of its buffer for the other, sets a flag and
+copies the other's half in when it needs it, waiting for the flag. Even strips
+walk their row tiles upwards (the first tile whole), odd ones downwards, so
+both strips at a boundary reach it in the same tile, their first or both
+their last, with runs of equal length; a strip gives its rows before it waits
+for its neighbour's, so no strip waits for ever (each has its own thread; a
+smaller team computes the rows twice). Against the strips computing them,
+alternating in one process, MobileNet-v2's 14x14 blocks ran 2-6% faster on
+two threads of the Zen 4 VM, with AVX-512 and as AVX2 (2026-12-06). A
+stride-1 strip then reads only its own rows of X, so the output may alias the
+input. On small images with large filters (EfficientNet's 14x14 and 7x7
+blocks, 5x5 depthwise, two threads) the halo is 30-60% more expand work. A gated
 block's phase 1 then splits each image by expanded channel blocks instead
 (`wpk_ir_channel_chunks`: all rows, some channels per unit; the depthwise is per
 channel and H2 goes to `scratch` anyway), unless a tuned config fixes the
@@ -80,6 +94,7 @@ _HEADER = INTRINSICS + r"""
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#include <sched.h>
 
 typedef float vf __attribute__((vector_size({lanes} * 4)));
 typedef float vfu __attribute__((vector_size({lanes} * 4), aligned(4), may_alias));
@@ -279,6 +294,112 @@ static void row_sums(const float *h2n, float *part, int oh, int kb0, int kb1) {
 
 static _Thread_local float *thread_buffer;
 
+/* Expanded rows [lo, hi) of an image that two adjacent strips need: the strip that computes
+   them copies them into its area *area ([KBE][PUB_ROWS][W][BLK]) from row `at` on and
+   sets *ready; the other waits for *ready and copies them out (reading the area's address
+   only then). lo == hi: none. */
+typedef struct {
+    int lo, hi, at;
+    float *const *area;
+    int *ready;
+} row_run;
+
+/* A strip's shared rows (SHARE_ROWS): the neighbours' shares it takes and its own shares it
+   gives them, each [above, below] */
+typedef struct {
+    row_run take[2], give[2];
+} row_share;
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PAUSE() __builtin_ia32_pause()
+#else
+#define PAUSE() ((void)0)
+#endif
+
+/* waits until *flag is set (by the thread of a neighbouring strip): spins, and once it has
+   waited long (that thread descheduled) yields the core at each look */
+static void wait_for(const int *flag) {
+    for (unsigned spins = 0; !__atomic_load_n(flag, __ATOMIC_ACQUIRE); ++spins) {
+        if (spins < (1u << 16))
+            PAUSE();
+        else
+            sched_yield();
+    }
+}
+
+#if EXPAND
+/* expanded rows [r0, r1) of the image at xn that no neighbour gives (sh: NULL, none), channel
+   blocks [kb0, kb1), computed into h1 (which holds rows from `first` on), in runs */
+static void compute_rows(const float *xn, const float *w1, const float *b1, float *h1,
+                         int first, int r0, int r1, int kb0, int kb1, const row_share *sh) {
+    while (r0 < r1) {
+        int end = r1, taken = 0;
+        for (int i = 0; sh && i < 2 && !taken; ++i) {
+            const row_run *t = &sh->take[i];
+            if (t->lo <= r0 && r0 < t->hi) {
+                taken = 1;
+                end = t->hi < r1 ? t->hi : r1;
+            } else if (r0 < t->lo && t->lo < t->hi && t->lo < end) {
+                end = t->lo;
+            }
+        }
+        if (!taken)
+            ex_run(xn + (size_t)r0 * W * BLK, (size_t)H * W * BLK, w1, b1,
+                   h1 + (size_t)(r0 - first) * W * BLK, (size_t)RIN * W * BLK, NULL,
+                   (end - r0) * W, kb0 * LG / KV1, kb1 * LG / KV1, 0, CB);
+        r0 = end;
+    }
+}
+
+/* rows [lo, hi) of a run between h1 (rows from `first` on) and its area, either way */
+static void copy_rows(float *h1, int first, const row_run *run, int lo, int hi, int kb0,
+                      int kb1, int give) {
+    float *area = *run->area + (size_t)(run->at + lo - run->lo) * W * BLK;
+    for (int kb = kb0; kb < kb1; ++kb) {
+        float *held = h1 + ((size_t)kb * RIN + lo - first) * W * BLK;
+        float *shared = area + (size_t)kb * PUB_ROWS * W * BLK;
+        memcpy(give ? shared : held, give ? held : shared,
+               (size_t)(hi - lo) * W * BLK * sizeof(float));
+    }
+}
+
+/* makes h1, which holds expanded rows [first, done), hold rows [lo, hi) from its row 0 on:
+   the rows it holds moved into place, the others computed, except those a neighbour gives;
+   then the strip gives its shares that h1 now holds, and only then takes its neighbours'
+   (waiting for them): a strip never waits before it has given what it can */
+static void load_rows(const float *xn, const float *w1, const float *b1, float *h1, int first,
+                      int done, int lo, int hi, int kb0, int kb1, const row_share *sh) {
+    int keep_lo = lo > first ? lo : first, keep_hi = hi < done ? hi : done;
+    if (keep_lo >= keep_hi)
+        keep_lo = keep_hi = hi;
+    else if (lo != first)
+        for (int kb = kb0; kb < kb1; ++kb)
+            memmove(h1 + ((size_t)kb * RIN + keep_lo - lo) * W * BLK,
+                    h1 + ((size_t)kb * RIN + keep_lo - first) * W * BLK,
+                    (size_t)(keep_hi - keep_lo) * W * BLK * sizeof(float));
+    compute_rows(xn, w1, b1, h1, lo, lo, keep_lo, kb0, kb1, sh);
+    compute_rows(xn, w1, b1, h1, lo, keep_hi, hi, kb0, kb1, sh);
+    for (int i = 0; sh && i < 2; ++i) {
+        const row_run *g = &sh->give[i];
+        if (g->lo < g->hi && lo <= g->lo && g->hi <= hi && !*g->ready) {
+            copy_rows(h1, lo, g, g->lo, g->hi, kb0, kb1, 1);
+            __atomic_store_n(g->ready, 1, __ATOMIC_RELEASE);
+        }
+    }
+    for (int i = 0; sh && i < 2; ++i) {
+        const row_run *t = &sh->take[i];
+        for (int m = 0; m < 2; ++m) {
+            int a = m ? keep_hi : lo, b = m ? hi : keep_lo;
+            a = a > t->lo ? a : t->lo;
+            b = b < t->hi ? b : t->hi;
+            if (a >= b) continue;
+            wait_for(t->ready);
+            copy_rows(h1, lo, t, a, b, kb0, kb1, 0);
+        }
+    }
+}
+#endif
+
 /* output rows [oh0, oh1) of image n, RT rows at a time: the expanded rows they need that
    the previous tile has not computed (one run of contiguous pixels: the halo rows it did
    compute move to the front of h1; without an expand conv the rows are X's own), RT
@@ -287,37 +408,32 @@ static _Thread_local float *thread_buffer;
    strip may cover only expanded channel blocks [kb0, kb1) (whole expand tiles of KV1
    vectors); without a gate it covers them all. */
 static void strip(const float *x, const float *w, float *y, float *buf, float *h2all,
-                  float *part, int n, int oh0, int oh1, int kb0, int kb1) {
+                  float *part, int n, int oh0, int oh1, int kb0, int kb1, const row_share *sh,
+                  int up) {
     const float *w1 = w, *b1 = w1 + W1_SIZE, *w2 = b1 + B1_SIZE, *b2 = w2 + KBE * K * K * BLK;
     const float *w3 = b2 + CE, *b3 = w3 + W3_SIZE;
     const float *xn = x + (size_t)n * CB * H * W * BLK;
     float *h1 = buf, *h2 = buf + (size_t)KBE * RIN * W * BLK;
     int first = 0, done = 0;   /* h1 holds input rows [first, done) */
     (void)w1; (void)b1; (void)w3; (void)b3; (void)h1; (void)h2; (void)h2all; (void)y;
-    (void)part;
+    (void)part; (void)sh;
 #if SE
     memset(part + (size_t)kb0 * BLK, 0, (size_t)(kb1 - kb0) * BLK * sizeof(float));
 #endif
-    for (int t0 = oh0; t0 < oh1; t0 += RT) {
-        int t1 = t0 + RT < oh1 ? t0 + RT : oh1;
+    int tiles = (oh1 - oh0 + RT - 1) / RT;
+    (void)up;
+    for (int i = 0; i < tiles; ++i) {
+        /* upwards the tiles are cut from the bottom: the first one is whole */
+        int t0 = up ? oh1 - (i + 1) * RT : oh0 + i * RT, t1 = up ? oh1 - i * RT : t0 + RT;
+        t0 = t0 < oh0 ? oh0 : t0;
+        t1 = t1 > oh1 ? oh1 : t1;
 #if EXPAND
         int lo = t0 * S - PT, hi = (t1 - 1) * S - PT + K;
         lo = lo < 0 ? 0 : lo;
         hi = hi > H ? H : hi;
-        if (done <= lo || done == 0) {
-            first = done = lo;
-        } else if (lo > first) {   /* keep rows [lo, done): move them to the front */
-            for (int kb = kb0; kb < kb1; ++kb)
-                memmove(h1 + (size_t)kb * RIN * W * BLK,
-                        h1 + ((size_t)kb * RIN + lo - first) * W * BLK,
-                        (size_t)(done - lo) * W * BLK * sizeof(float));
-            first = lo;
-        }
-        if (hi > done)
-            ex_run(xn + (size_t)done * W * BLK, (size_t)H * W * BLK, w1, b1,
-                   h1 + (size_t)(done - first) * W * BLK, (size_t)RIN * W * BLK, NULL,
-                   (hi - done) * W, kb0 * LG / KV1, kb1 * LG / KV1, 0, CB);
-        done = hi > done ? hi : done;
+        load_rows(xn, w1, b1, h1, first, done, lo, hi, kb0, kb1, sh);
+        first = lo;
+        done = hi;
         const float *rows = h1;
         size_t rows_n = RIN;
 #else
@@ -450,6 +566,109 @@ int wpk_ir_channel_chunks(int threads) {
 #endif
 }
 
+#if SHARE_ROWS
+/* The expanded rows that output rows [oh0, oh1) need: [rows_from(oh0), rows_to(oh1)) */
+static int rows_from(int oh0) {
+    int r = oh0 * S - PT;
+    return r < 0 ? 0 : r;
+}
+
+static int rows_to(int oh1) {
+    int r = (oh1 - 1) * S - PT + K;
+    return r > H ? H : r;
+}
+
+/* The expanded rows both strips at a boundary (output row oh) need, [lo, hi): the strip
+   above computes [lo, mid), the one below [mid, hi), an odd row included (at a boundary
+   both strips reach first, it is in the first run of the one below: computing it there, the
+   strip above would give it only at the end of its own first run, longer by that row) */
+typedef struct {
+    int lo, mid, hi;
+} boundary;
+
+static boundary boundary_at(int oh) {
+    boundary b = {rows_from(oh), 0, rows_to(oh)};
+    b.hi = b.hi < b.lo ? b.lo : b.hi;
+    b.mid = b.lo + (b.hi - b.lo) / 2;
+    return b;
+}
+
+/* the rows the strip from output row oh0 gives the strip above it: its area's first ones */
+static int top_rows(int oh0) {
+    if (oh0 == 0) return 0;
+    boundary b = boundary_at(oh0);
+    return b.hi - b.mid;
+}
+
+/* strip u's shares (output rows [oh0, oh1), strips of `rows`, areas `pub`, two flags a
+   strip in `ready`: its share for the strip above, for the one below) */
+static row_share share_of(float *const *pub, int *ready, int u, int oh0, int oh1, int rows) {
+    row_share sh = {{{0, 0, 0, NULL, NULL}, {0, 0, 0, NULL, NULL}},
+                    {{0, 0, 0, NULL, NULL}, {0, 0, 0, NULL, NULL}}};
+    if (oh0 > 0) {
+        boundary b = boundary_at(oh0);
+        sh.take[0] = (row_run){b.lo, b.mid, top_rows(oh0 - rows), pub + u - 1,
+                               ready + 2 * (u - 1) + 1};
+        sh.give[0] = (row_run){b.mid, b.hi, 0, pub + u, ready + 2 * u};
+    }
+    if (oh1 < OH) {
+        boundary b = boundary_at(oh1);
+        sh.give[1] = (row_run){b.lo, b.mid, top_rows(oh0), pub + u, ready + 2 * u + 1};
+        sh.take[1] = (row_run){b.mid, b.hi, 0, pub + u + 1, ready + 2 * (u + 1)};
+    }
+    return sh;
+}
+
+/* strips that share the expanded rows two of them need (see the module's docstring), one
+   a thread: the even strips of an image walk their row tiles upwards, the odd ones
+   downwards, so both strips at a boundary reach its rows in the same tile (their first or
+   both their last); a smaller team runs plain strips (halo rows computed twice) */
+static void shared_strips(const float *x, const float *w, float *y, int rows, int strips) {
+    int units = N * strips;
+    float *pub[units];
+    int ready[2 * units];
+    memset(ready, 0, sizeof(ready));
+    #pragma omp parallel
+    {
+        int shares = omp_get_num_threads() >= units;
+        #pragma omp for schedule(static, 1) nowait
+        for (int u = 0; u < units; ++u) {
+            int n = u / strips, s = u % strips, oh0 = s * rows;
+            int oh1 = oh0 + rows < OH ? oh0 + rows : OH;
+            pub[u] = own_buffer() + PUB_AT;
+            row_share sh = share_of(pub, ready, u, oh0, oh1, rows);
+            strip(x, w, y, own_buffer(), NULL, NULL, n, oh0, oh1, 0, KBE, shares ? &sh : NULL,
+                  shares && s % 2 == 0);
+        }
+    }
+}
+#endif
+
+/* the strips an image splits into whose neighbours share the expanded rows both need, on
+   `threads` threads (0: the strips compute them twice): a strip a thread, the image not split
+   by channels, strips tall enough that only neighbours share rows, and sharing sparing the
+   busiest strip at least a sixteenth of its rows */
+int wpk_ir_shared_strips(int threads) {
+#if SHARE_ROWS
+    int rows = strip_rows(threads), strips = (OH + rows - 1) / rows;
+    if (strips < 2 || N * strips > threads || rows * S < K - S || wpk_ir_channel_chunks(threads))
+        return 0;
+    int twice = 0, once = 0;
+    for (int s0 = 0; s0 < OH; s0 += rows) {
+        int s1 = s0 + rows < OH ? s0 + rows : OH;
+        int lo = rows_from(s0), hi = rows_to(s1);
+        twice = hi - lo > twice ? hi - lo : twice;
+        lo = s0 > 0 ? boundary_at(s0).mid : lo;
+        hi = s1 < OH ? boundary_at(s1).mid : hi;
+        once = hi - lo > once ? hi - lo : once;
+    }
+    return (twice - once) * 16 >= twice ? strips : 0;
+#else
+    (void)threads;
+    return 0;
+#endif
+}
+
 #if !SE && CHANNEL_SPLIT
 /* a block without a gate split by expanded channels, one chunk of whole units a thread:
    each thread computes its channels' expanded and depthwise rows for all the output rows
@@ -466,7 +685,7 @@ static void channel_chunks(const float *x, const float *w, float *y, int threads
         float *buf = own_buffer(), *dst = buf + PARTIAL_AT;
         parts[me] = dst;
         for (int n = 0; n < N; ++n)
-            strip(x, w, dst, buf, NULL, NULL, n, 0, OH, g0 * CU_BLOCKS, g1 * CU_BLOCKS);
+            strip(x, w, dst, buf, NULL, NULL, n, 0, OH, g0 * CU_BLOCKS, g1 * CU_BLOCKS, NULL, 0);
         #pragma omp barrier
         size_t vectors = (size_t)N * KBO * OH * OW * LG;
         for (size_t i = vectors * me / team; i < vectors * (me + 1) / team; ++i) {
@@ -505,11 +724,11 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
                 int n = u / chunks, g0 = (u % chunks) * CUNITS / chunks;
                 int g1 = (u % chunks + 1) * CUNITS / chunks;
                 strip(x, w, y, own_buffer(), h2all, part + (size_t)n * CE, n, 0, OH,
-                      g0 * CU_BLOCKS, g1 * CU_BLOCKS);
+                      g0 * CU_BLOCKS, g1 * CU_BLOCKS, NULL, 0);
             } else {
                 int n = u / strips, s0 = (u % strips) * rows;
                 strip(x, w, y, own_buffer(), h2all, part + (size_t)u * CE, n, s0,
-                      s0 + rows < OH ? s0 + rows : OH, 0, KBE);
+                      s0 + rows < OH ? s0 + rows : OH, 0, KBE, NULL, 0);
             }
         }
         #pragma omp for schedule(static)
@@ -537,11 +756,17 @@ void wpk_inverted_residual(const float *x, const float *w, float *y, float *scra
         return;
     }
 #endif
+#if SHARE_ROWS
+    if (wpk_ir_shared_strips(threads)) {
+        shared_strips(x, w, y, rows, strips);
+        return;
+    }
+#endif
     #pragma omp parallel for schedule(dynamic, 1) if (units > 1)
     for (int u = 0; u < units; ++u) {
         int n = u / strips, s0 = (u % strips) * rows;
         strip(x, w, y, own_buffer(), NULL, NULL, n, s0, s0 + rows < OH ? s0 + rows : OH, 0,
-              KBE);
+              KBE, NULL, 0);
     }
 #endif
 }
@@ -595,6 +820,14 @@ def splits_channels(g: BlockGeometry) -> bool:
     return weights > SPLIT_WEIGHTS * activations and g.n * co * g.oh * g.ow <= SPLIT_FLOATS
 
 
+def shares_rows(g: BlockGeometry) -> bool:
+    """Whether the kernel of a block without a gate has the code for strips that share the
+    expanded rows both need (`shared_strips`): wherever the depthwise window overlaps from
+    one output row to the next (K > S) and there is an expand conv. Whether its strips
+    share them on a team of threads, the compiled kernel decides (`wpk_ir_shared_strips`)."""
+    return not g.squeezed and g.expand and g.k > g.s
+
+
 def scratch_floats(g: BlockGeometry, lanes: int) -> int:
     """Floats of the scratch memory the kernel's caller passes (0 without a gate)."""
     if not g.squeezed:
@@ -620,10 +853,13 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     lo, hi = _interior(g)
     rt = min(int(config["rt"]), g.oh)
     rin = min((rt - 1) * g.s + g.k, g.h)
-    buffer_floats = -(-(rin * g.kbe * g.w + g.kbe * rt * g.ow) * g.block // 16) * 16
+    rows_floats = -(-(rin * g.kbe * g.w + g.kbe * rt * g.ow) * g.block // 16) * 16
+    share = shares_rows(g)
+    # the rows a strip publishes for its neighbours
+    pub_floats = g.kbe * (g.k - g.s) * g.w * g.block if share else 0
     split = splits_channels(g)
-    if split:
-        buffer_floats += g.n * g.kbo * g.oh * g.ow * g.block   # a thread's partial sum
+    partial_floats = g.n * g.kbo * g.oh * g.ow * g.block if split else 0   # a partial sum
+    buffer_floats = rows_floats + pub_floats + partial_floats
     defines = dict(N=g.n, CB=g.cb, H=g.h, W=g.w, KBE=g.kbe, KBO=g.kbo, OH=g.oh, OW=g.ow,
                    K=g.k, S=g.s, PT=g.pt, PL=g.pl, BLK=g.block, VW=lanes, LG=lg, CE=ce,
                    PR_TILES=g.kbo * lg // kv2, KV2=kv2,
@@ -637,8 +873,8 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
                    + ce + ce * g.kbo * g.block + g.kbo * g.block,
                    DPX=8 if isa.registers >= 32 and g.k == 3 else 4,
                    ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin, OW_LO=lo,
-                   OW_HI=hi, CHANNEL_SPLIT=int(split), PARTIAL_AT=buffer_floats - (
-                       g.n * g.kbo * g.oh * g.ow * g.block if split else 0),
+                   OW_HI=hi, CHANNEL_SPLIT=int(split), PARTIAL_AT=rows_floats + pub_floats,
+                   SHARE_ROWS=int(share), PUB_ROWS=max(1, g.k - g.s), PUB_AT=rows_floats,
                    BUFFER_BYTES=-(-buffer_floats * 4 // 64) * 64)
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
