@@ -197,6 +197,17 @@ def test_compare_of_a_finite_reference_gives_the_relative_l2_error_and_finds_unw
     assert error == float("inf") and "1 of 200 elements NaN/inf" in why
 
 
+def test_relative_l2_skips_matching_infinities_without_computing_inf_minus_inf():
+    """A max pool's -inf over an empty window matches the reference's: the error is over
+    the finite entries, and no NaN of inf - inf is computed on the way (numpy warns)."""
+    from wpk.core.numerics import relative_l2
+
+    got, ref = np.array([1.0, -np.inf, 2.0]), np.array([1.0, -np.inf, 2.5])
+    with np.errstate(invalid="raise"):
+        assert relative_l2(got, ref) == pytest.approx(0.5 / np.hypot(1.0, 2.5))
+    assert relative_l2(np.array([1.0, np.inf, 2.0]), ref) == float("inf")
+
+
 def test_compare_takes_inf_where_the_reference_is_beyond_float32s_range():
     """HF's `(1 - mask) * finfo(float32).min` on random inputs: the exact value can pass
     float32's largest, and inf with its sign is then the right float32 answer."""
