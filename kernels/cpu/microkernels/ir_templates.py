@@ -292,6 +292,17 @@ static void row_sums(const float *h2n, float *part, int oh, int kb0, int kb1) {
 }
 #endif
 
+/* The expanded rows that output rows [oh0, oh1) need: [rows_from(oh0), rows_to(oh1)) */
+INLINE int rows_from(int oh0) {
+    int r = oh0 * S - PT;
+    return r < 0 ? 0 : r;
+}
+
+INLINE int rows_to(int oh1) {
+    int r = (oh1 - 1) * S - PT + K;
+    return r > H ? H : r;
+}
+
 static _Thread_local float *thread_buffer;
 
 /* Expanded rows [lo, hi) of an image that two adjacent strips need: the strip that computes
@@ -421,16 +432,13 @@ static void strip(const float *x, const float *w, float *y, float *buf, float *h
     memset(part + (size_t)kb0 * BLK, 0, (size_t)(kb1 - kb0) * BLK * sizeof(float));
 #endif
     int tiles = (oh1 - oh0 + RT - 1) / RT;
-    (void)up;
     for (int i = 0; i < tiles; ++i) {
         /* upwards the tiles are cut from the bottom: the first one is whole */
         int t0 = up ? oh1 - (i + 1) * RT : oh0 + i * RT, t1 = up ? oh1 - i * RT : t0 + RT;
         t0 = t0 < oh0 ? oh0 : t0;
         t1 = t1 > oh1 ? oh1 : t1;
 #if EXPAND
-        int lo = t0 * S - PT, hi = (t1 - 1) * S - PT + K;
-        lo = lo < 0 ? 0 : lo;
-        hi = hi > H ? H : hi;
+        int lo = rows_from(t0), hi = rows_to(t1);
         load_rows(xn, w1, b1, h1, first, done, lo, hi, kb0, kb1, sh);
         first = lo;
         done = hi;
@@ -552,8 +560,7 @@ int wpk_ir_channel_chunks(int threads) {
     int computed = 0;
     for (int s0 = 0; s0 < OH; s0 += rows) {
         int s1 = s0 + rows < OH ? s0 + rows : OH;
-        int lo = s0 * S - PT, hi = (s1 - 1) * S - PT + K;
-        computed += (hi > H ? H : hi) - (lo < 0 ? 0 : lo);
+        computed += rows_to(s1) - rows_from(s0);
     }
     if (computed * 8 <= H * 9) return 0;
     return CUNITS < 16 * threads ? CUNITS : 16 * threads;
@@ -567,17 +574,6 @@ int wpk_ir_channel_chunks(int threads) {
 }
 
 #if SHARE_ROWS
-/* The expanded rows that output rows [oh0, oh1) need: [rows_from(oh0), rows_to(oh1)) */
-static int rows_from(int oh0) {
-    int r = oh0 * S - PT;
-    return r < 0 ? 0 : r;
-}
-
-static int rows_to(int oh1) {
-    int r = (oh1 - 1) * S - PT + K;
-    return r > H ? H : r;
-}
-
 /* The expanded rows both strips at a boundary (output row oh) need, [lo, hi): the strip
    above computes [lo, mid), the one below [mid, hi), an odd row included (at a boundary
    both strips reach first, it is in the first run of the one below: computing it there, the
@@ -855,8 +851,8 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
     rin = min((rt - 1) * g.s + g.k, g.h)
     rows_floats = -(-(rin * g.kbe * g.w + g.kbe * rt * g.ow) * g.block // 16) * 16
     share = shares_rows(g)
-    # the rows a strip publishes for its neighbours
-    pub_floats = g.kbe * (g.k - g.s) * g.w * g.block if share else 0
+    pub_rows = max(1, g.k - g.s)   # the rows a strip gives its neighbours: at most K - S
+    pub_floats = g.kbe * pub_rows * g.w * g.block if share else 0
     split = splits_channels(g)
     partial_floats = g.n * g.kbo * g.oh * g.ow * g.block if split else 0   # a partial sum
     buffer_floats = rows_floats + pub_floats + partial_floats
@@ -874,7 +870,7 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
                    DPX=8 if isa.registers >= 32 and g.k == 3 else 4,
                    ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin, OW_LO=lo,
                    OW_HI=hi, CHANNEL_SPLIT=int(split), PARTIAL_AT=rows_floats + pub_floats,
-                   SHARE_ROWS=int(share), PUB_ROWS=max(1, g.k - g.s), PUB_AT=rows_floats,
+                   SHARE_ROWS=int(share), PUB_ROWS=pub_rows, PUB_AT=rows_floats,
                    BUFFER_BYTES=-(-buffer_floats * 4 // 64) * 64)
     parts = [_HEADER.format(lanes=lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
