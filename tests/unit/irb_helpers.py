@@ -75,25 +75,24 @@ def check_fused_kernel(workload, isa: str, block: int) -> None:
     assert relative_l2(out, expected) < TOLERANCE, config
 
 
-def channel_chunks(workload, config, threads: int) -> int:
-    """How the compiled kernel splits its first phase on `threads` threads (0: rows)."""
+def _kernel_decision(workload, config, function: str, threads: int) -> int:
+    """What the compiled kernel's exported `int function(int threads)` answers."""
     from wpk.dsl.toolchain import compile_c, load_function
 
     library = compile_c(block_source(block_geometry(workload), config),
                         compile_flags(ISAS[str(config["isa"])])).path
-    return load_function(library, "wpk_ir_channel_chunks", [ctypes.c_int], ctypes.c_int)(
-        threads)
+    return load_function(library, function, [ctypes.c_int], ctypes.c_int)(threads)
+
+
+def channel_chunks(workload, config, threads: int) -> int:
+    """How the compiled kernel splits its first phase on `threads` threads (0: rows)."""
+    return _kernel_decision(workload, config, "wpk_ir_channel_chunks", threads)
 
 
 def shared_strips(workload, config, threads: int) -> int:
     """The strips per image whose boundary rows the compiled kernel shares on `threads`
     threads (0: the strips compute them twice)."""
-    from wpk.dsl.toolchain import compile_c, load_function
-
-    library = compile_c(block_source(block_geometry(workload), config),
-                        compile_flags(ISAS[str(config["isa"])])).path
-    return load_function(library, "wpk_ir_shared_strips", [ctypes.c_int], ctypes.c_int)(
-        threads)
+    return _kernel_decision(workload, config, "wpk_ir_shared_strips", threads)
 
 
 @contextlib.contextmanager
