@@ -5,6 +5,7 @@ space, and onnxruntime's candidate running the separate nodes."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -32,7 +33,7 @@ from wpk.kernels.cpu.microkernels.ir_space import (
     config_reason,
     default_config,
 )
-from wpk.kernels.cpu.microkernels.ir_templates import block_source, splits_channels
+from wpk.kernels.cpu.microkernels.ir_templates import block_source, half_last, splits_channels
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags, usable_isas
 from wpk.kernels.reference import reference
 from wpk.kernels.support import is_supported
@@ -302,11 +303,11 @@ def test_register_activations_match_their_definition_on_extreme_inputs(act, isa)
     import ctypes
 
     from wpk.dsl.toolchain import compile_c, load_function
-    from wpk.kernels.cpu.microkernels.ir_templates import _HEADER, activation_c
+    from wpk.kernels.cpu.microkernels.ir_templates import activation_c, vector_header
     from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags
 
     lanes = ISAS[isa].lanes
-    source = (_HEADER.format(lanes=lanes) + activation_c("act", act)
+    source = (vector_header(lanes) + activation_c("act", act)
               + "void wpk_act(float *x, int n) {\n"
                 f"    for (int i = 0; i < n; i += {lanes}) vstore(x + i, act(vload(x + i)));\n}}\n")
     run_act = load_function(compile_c(source, compile_flags(ISAS[isa])).path, "wpk_act",
@@ -341,3 +342,46 @@ def test_sixteen_register_default_tiles_keep_their_vectors_in_registers(tmp_path
         found = stack_accesses(block_source(g, config), compile_flags(ISAS["avx2"]), tmp_path,
                                ("ex_", "pr_"))
         assert found and not any(found.values()), (cin, expanded, cout, found)
+
+
+@pytest.mark.parametrize("isa", [i.name for i in usable_isas() if i.lanes == BLOCK])
+def test_a_last_vector_of_at_most_half_real_channels_is_a_half_vector(isa):
+    """Where a 1x1 conv's last output vector holds at most half a vector of real channels
+    (24 channels in blocks of 16), the kernel computes it as a half vector, in the tile with
+    full vectors or alone (kv 1), over passes of one input block (partial sums read back),
+    with the residual; the padding lanes stay zero (the NaN-poisoned output is compared
+    whole with the reference, whose padding lanes are zero). The host's block, one vector a
+    block: every case with such a vector."""
+    with_halves = 0
+    for case in sorted(CASES):
+        workload = case_workload(case)
+        g = block_geometry(workload)
+        halves = [name for name, real, blocks in (("ex", g.expanded, g.kbe),
+                                                  ("pr", g.out_channels, g.kbo))
+                  if half_last(real, blocks, BLOCK)]
+        if not halves:
+            continue
+        with_halves += 1
+        space = BlockSpace(g)
+        base = default_config(g, isa)
+        arrays, consts = arrays_for(workload, np.random.default_rng(8), BLOCK)
+        expected = reference(workload, arrays)[0]
+        for kv1, kv2, cbt in itertools.product(space.space()["kv1"], space.space()["kv2"],
+                                               (1, base["cbt"])):
+            config = {**base, "kv1": kv1, "kv2": kv2, "cbt": cbt}
+            if space.validate(config):
+                continue
+            source = block_source(g, config)
+            assert all(f"{name}_h1(" in source for name in halves), (case, config)
+            out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload,
+                      arrays)
+            assert relative_l2(out, expected) < TOLERANCE, (case, config)
+    assert with_halves >= 3
+
+
+def test_half_last_only_where_the_real_channels_fit_half_the_last_vector():
+    assert half_last(24, 2, 16) and half_last(40, 3, 16) and half_last(20, 2, 16)
+    assert not half_last(32, 2, 16) and not half_last(25, 2, 16) and not half_last(16, 1, 16)
+    assert half_last(12, 2, 8) and not half_last(24, 3, 8)
+    assert not half_last(24, 4, 8)   # a last vector of padding alone is not a half vector
+    assert not half_last(2, 1, 4)    # no half vectors narrower than 4 lanes
