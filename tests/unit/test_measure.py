@@ -377,3 +377,37 @@ def test_a_step_the_plan_runs_on_its_inputs_buffer_is_timed_there(rng):
                                min_time=0.0)
     assert result.status is Status.OK
     assert seen[:2] == [False, False] and all(seen[2:]) and len(seen) >= 5
+
+
+def test_a_kernel_with_a_native_form_is_timed_as_the_plan_runs_it(rng, monkeypatch):
+    """A generated kernel is verified through its Python wrapper and timed through its
+    native form (the chain driver calling the C function on the same buffers), as the
+    runtime runs it; a kernel without one (numpy's) is timed as it is."""
+    import wpk.search.measure as measure_module
+    from wpk.kernels.generated import DSL_CPU, default_config
+    from wpk.search.measure import as_run
+
+    spec = TensorSpec((1, 37), "float32")
+    add = Workload("Add", (spec, spec), (spec,))
+    kernel = DSL_CPU.prepare(add, {}, default_config(add))
+    a, b, out = (np.full((1, 37), v, np.float32) for v in (1.0, 2.0, 0.0))
+    native = as_run(kernel, [a, b], [out])
+    assert native is not kernel and hasattr(native, "timed")
+    native([a, b], [out])
+    assert np.all(out == 3.0)
+    plain = NumpyMatMul().prepare(MATMUL, {1: np.ones((8, 5), np.float32)}, {})
+    assert as_run(plain, [np.ones((6, 8), np.float32), None], [np.empty((6, 5))]) is plain
+
+    timed = []
+    real = measure_module._time_kernel
+
+    def spy(kernel, inputs, outputs, **kw):
+        timed.append(kernel)
+        return real(kernel, inputs, outputs, **kw)
+
+    monkeypatch.setattr(measure_module, "_time_kernel", spy)
+    result = measure_candidate(add, Candidate(DSL_CPU, default_config(add)), rng=rng,
+                               warmup=1, repeats=3, min_time=0.0)
+    assert result.status is Status.OK and hasattr(timed[0], "timed")
+    assert measure(NumpyMatMul(), rng).status is Status.OK
+    assert not hasattr(timed[1], "timed")
