@@ -33,8 +33,9 @@ from wpk.kernels.cpu.microkernels.ir_space import (
     config_reason,
     default_config,
 )
-from wpk.kernels.cpu.microkernels.ir_templates import block_source, half_last, splits_channels
+from wpk.kernels.cpu.microkernels.ir_templates import block_source, splits_channels
 from wpk.kernels.cpu.microkernels.isa import ISAS, compile_flags, usable_isas
+from wpk.kernels.cpu.microkernels.vector_c import half_last
 from wpk.kernels.reference import reference
 from wpk.kernels.support import is_supported
 

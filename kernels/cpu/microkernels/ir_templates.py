@@ -93,7 +93,13 @@ from wpk.core.epilogue import EPILOGUE_TABLE
 from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.ir_space import BlockGeometry, config_reason
 from wpk.kernels.cpu.microkernels.isa import ISAS
-from wpk.kernels.cpu.microkernels.vector_c import INTRINSICS, VECTOR_FUNCTIONS
+from wpk.kernels.cpu.microkernels.vector_c import (
+    HALF_VECTORS,
+    INTRINSICS,
+    VECTOR_FUNCTIONS,
+    half_last,
+    half_vector_fields,
+)
 
 _HEADER = INTRINSICS + r"""
 #include <math.h>
@@ -111,30 +117,12 @@ INLINE vf vload(const float *p) {{ return *(const vfu *)p; }}
 INLINE void vstore(float *p, vf v) {{ *(vfu *)p = v; }}
 INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
 INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
-/* half vectors: a 1x1 conv's last output vector when its real channels fit in half of it */
-typedef float vh __attribute__((vector_size({lanes} * 2)));
-typedef float vhu __attribute__((vector_size({lanes} * 2), aligned(4), may_alias));
-INLINE vh vhload(const float *p) {{ return *(const vhu *)p; }}
-INLINE vh vhsplat(float v) {{ return v - (vh){{0}}; }}
-#if defined(__has_builtin)
-#if __has_builtin(__builtin_shufflevector)
-#define HAS_SHUFFLEVECTOR 1
-#endif
-#endif
-#ifdef HAS_SHUFFLEVECTOR   /* in registers (the copies below go through memory) */
-INLINE vh vlow(vf v) {{ return __builtin_shufflevector(v, v, {low}); }}
-INLINE vf vwiden(vh h) {{ return __builtin_shufflevector(h, (vh){{0}}, {widen}); }}
-#else
-INLINE vh vlow(vf v) {{ vh h; memcpy(&h, &v, sizeof h); return h; }}
-INLINE vf vwiden(vh h) {{ vf v = vsplat(0.0f); memcpy(&v, &h, sizeof h); return v; }}
-#endif
-""" + VECTOR_FUNCTIONS
+""" + HALF_VECTORS + VECTOR_FUNCTIONS
 
 
 def vector_header(lanes: int) -> str:
     """The includes and the vector types and helpers of a kernel of `lanes` float lanes."""
-    return _HEADER.format(lanes=lanes, low=", ".join(map(str, range(lanes // 2))),
-                          widen=", ".join(map(str, range(lanes))))
+    return _HEADER.format(lanes=lanes, **half_vector_fields(lanes))
 
 
 def activation_c(name: str, act: tuple) -> str:
@@ -223,14 +211,6 @@ INLINE void {name}(const float *src, size_t src_bs, const float *w, const float 
     }}
 }}
 """
-
-
-def half_last(real: int, vectors: int, lanes: int) -> bool:
-    """Whether the last of a 1x1 conv's `vectors` output vectors of `lanes` holds at most
-    half a vector of its `real` channels (the rest padding: 24 or 40 channels in blocks of
-    16), so that a half vector computes it (AVX-512: a 256-bit FMA, half the work)."""
-    rest = real - (vectors - 1) * lanes
-    return lanes >= 8 and 0 < rest <= lanes // 2
 
 
 def _pointwise(prefix: str, kv: int, px: int, cin: str, real: int, act: str,

@@ -2,7 +2,8 @@
 `lanes`, braces doubled): max and min as one instruction where the ISA has one, e^x,
 a reciprocal, the sigmoid, tanh and erf, all on GCC vector extensions (`vf`, `vi`, `vsel`,
 `vsplat` and `INLINE` defined before them; `INTRINSICS` first among the includes), and
-`FMA_ACC`, the register tiles' multiply-add.
+`FMA_ACC`, the register tiles' multiply-add; `HALF_VECTORS`, half-width vectors for a
+conv's last output vector of at most half a vector of real channels (`half_last`).
 
     header = INTRINSICS + "..." + VECTOR_FUNCTIONS        # then .format(lanes=16)
 
@@ -18,6 +19,43 @@ INTRINSICS = """#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 """
+
+# Half vectors (`vh`, lanes / 2 floats): a conv's last output vector when its real channels
+# fit in half of it (`half_last`), computed with half-width FMAs and widened, zero above,
+# for the store. Formatted with `half_vector_fields(lanes)` and `lanes`.
+HALF_VECTORS = r"""#include <string.h>
+typedef float vh __attribute__((vector_size({lanes} * 2)));
+typedef float vhu __attribute__((vector_size({lanes} * 2), aligned(4), may_alias));
+INLINE vh vhload(const float *p) {{ return *(const vhu *)p; }}
+INLINE vh vhsplat(float v) {{ return v - (vh){{0}}; }}
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define HAS_SHUFFLEVECTOR 1
+#endif
+#endif
+#ifdef HAS_SHUFFLEVECTOR   /* in registers (the copies below go through memory) */
+INLINE vh vlow(vf v) {{ return __builtin_shufflevector(v, v, {low}); }}
+INLINE vf vwiden(vh h) {{ return __builtin_shufflevector(h, (vh){{0}}, {widen}); }}
+#else
+INLINE vh vlow(vf v) {{ vh h; memcpy(&h, &v, sizeof h); return h; }}
+INLINE vf vwiden(vh h) {{ vf v = vsplat(0.0f); memcpy(&v, &h, sizeof h); return v; }}
+#endif
+"""
+
+
+def half_vector_fields(lanes: int) -> dict[str, str]:
+    """The lane lists `HALF_VECTORS` is formatted with (besides `lanes`)."""
+    return {"low": ", ".join(map(str, range(lanes // 2))),
+            "widen": ", ".join(map(str, range(lanes)))}
+
+
+def half_last(real: int, vectors: int, lanes: int) -> bool:
+    """Whether the last of a conv's `vectors` output vectors of `lanes` holds at most half a
+    vector of its `real` channels (the rest padding: 24 or 40 channels in blocks of 16), so
+    that a half vector computes it (on the Zen 4 VM a 512-bit FMA costs two 256-bit ones)."""
+    rest = real - (vectors - 1) * lanes
+    return lanes >= 8 and 0 < rest <= lanes // 2
+
 
 # acc += x * w with the accumulator pinned to one register (an x86 FMA as inline asm whose
 # accumulator is both input and output). Written as plain C, gcc 12's register allocator moves
