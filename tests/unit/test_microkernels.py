@@ -37,6 +37,7 @@ from wpk.kernels.cpu.microkernels.space import (
     splittable,
 )
 from wpk.kernels.cpu.microkernels.templates import conv_source, split_floats
+from wpk.kernels.cpu.microkernels.vector_c import half_last
 from wpk.kernels.nchwc_reference import nchwc_reference
 from wpk.kernels.random_inputs import random_inputs
 from wpk.search.space import SearchSpace
@@ -916,3 +917,52 @@ def test_search_driver_tunes_micro_kernels_through_records(tmp_path):
     assert result.trials == 4 and result.failed == 0
     assert config_reason(geometry(workload), result.best_config) is None
     assert result.final_s is not None and math.isfinite(result.final_s)
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_the_last_tile_computes_only_its_vectors_its_last_a_half_vector(isa, rng):
+    """Where KV tiles overhang the output vectors (5 vectors in tiles of 2) or the last
+    vector holds at most half a vector of real channels (24 or 116 channels in blocks of
+    16), the last tile is a function of its own: only its vectors, the last of them a half
+    vector (256-bit FMAs on AVX-512), its padding lanes written as zeros; 1x1, 3x3 direct
+    and phase split, residual and activation, every tile width."""
+    skip_unless_blocks_run(isa)
+    lanes = ISAS[isa].lanes
+    with_last = 0
+    for cout, kv in ((24, 2), (40, 2), (116, 4), (50, 3), (2 * B, 2)):
+        for workload in (conv(20, cout, (9, 7), 3, residual=True, epilogue=(ADD3, RELU)),
+                         conv(B + 3, cout, (11, 10), 3, stride=2),
+                         conv(2 * B, cout, (5, 7), 1, epilogue=(RELU,))):
+            g = geometry(workload)
+            vectors = g.out_vectors(lanes)
+            last_kv = vectors - (-(-vectors // kv) - 1) * kv
+            half = half_last(cout, vectors, lanes)
+            for px, split in ((1, 0), (3, 1), (6, 0)):
+                config = dict(default_config(g, isa), kv=kv, px=px, split=split)
+                if MicroSpace(g, (isa,)).validate(config):
+                    continue
+                source = conv_source(g, config)
+                assert ("tile_full_last" in source) == (last_kv < kv or half), config
+                assert ("= vhload(ws + " in source) == half, config   # a half weight vector
+                with_last += last_kv < kv or half
+                err = _check(workload, config, rng)
+                assert err < 1e-5, f"{workload.label} {config}: relative L2 {err:.2e}"
+    assert with_last >= 4
+
+
+@pytest.mark.skipif(not {"avx2", "avx512"} & set(USABLE), reason="x86 FMA ISAs only")
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_last_tile_with_a_half_vector_keeps_every_vector_in_registers(isa, tmp_path):
+    """The last tile of a conv with 116 and 232 output channels (ShuffleNet's) at the
+    register-filling tiles: its half vector and its widened store touch no stack."""
+    if isa not in USABLE:
+        pytest.skip(f"this host cannot run {isa} code")
+    lanes = ISAS[isa].lanes
+    tiles = [(2, 6)] if lanes == 8 else [(4, 6), (2, 12)]
+    for workload in (conv(116, 116, (28, 28), 1), conv(232, 232, (14, 14), 3)):
+        g = geometry(workload)
+        for kv, px in tiles:
+            config = dict(default_config(g, isa), kv=kv, px=px)
+            found = stack_accesses(conv_source(g, config), compile_flags(ISAS[isa]),
+                                   tmp_path, ("tile_",))
+            assert found and not any(found.values()), (workload.label, config, found)
