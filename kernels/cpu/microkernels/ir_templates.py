@@ -94,11 +94,10 @@ from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.ir_space import BlockGeometry, config_reason
 from wpk.kernels.cpu.microkernels.isa import ISAS
 from wpk.kernels.cpu.microkernels.vector_c import (
-    HALF_VECTORS,
     INTRINSICS,
     VECTOR_FUNCTIONS,
     half_last,
-    half_vector_fields,
+    half_vectors,
 )
 
 _HEADER = INTRINSICS + r"""
@@ -117,12 +116,12 @@ INLINE vf vload(const float *p) {{ return *(const vfu *)p; }}
 INLINE void vstore(float *p, vf v) {{ *(vfu *)p = v; }}
 INLINE vf vsplat(float v) {{ return v - (vf){{0}}; }}
 INLINE vf vsel(vi m, vf a, vf b) {{ return (vf)((m & (vi)a) | (~m & (vi)b)); }}
-""" + HALF_VECTORS + VECTOR_FUNCTIONS
+""" + VECTOR_FUNCTIONS
 
 
 def vector_header(lanes: int) -> str:
     """The includes and the vector types and helpers of a kernel of `lanes` float lanes."""
-    return _HEADER.format(lanes=lanes, **half_vector_fields(lanes))
+    return _HEADER.format(lanes=lanes) + half_vectors(lanes)
 
 
 def activation_c(name: str, act: tuple) -> str:

@@ -66,11 +66,10 @@ from wpk.kernels.c_expressions import c_float
 from wpk.kernels.cpu.microkernels.isa import ISAS, LINE_FLOATS
 from wpk.kernels.cpu.microkernels.space import ConvGeometry, config_reason, prefetch_distance
 from wpk.kernels.cpu.microkernels.vector_c import (
-    HALF_VECTORS,
     INTRINSICS,
     VECTOR_FUNCTIONS,
     half_last,
-    half_vector_fields,
+    half_vectors,
 )
 
 # Parallel units per kernel call the column chunks aim at: a few per core, so the cores
@@ -254,10 +253,10 @@ def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: b
     be fewer than KV); with `half` its last vector is a half vector (`half_last`), stored
     widened, its padding lanes zero."""
     acc = [[f"a{j}_{p}" for p in range(np_)] for j in range(kv)]
+    short = [half and j == kv - 1 for j in range(kv)]   # the half vector
     init, body, store = [], [], []
     for j in range(kv):
-        short = half and j == kv - 1
-        vec, load, splat = ("vh", "vhload", "vhsplat") if short else ("vf", "vload", "vsplat")
+        vec, load, splat = ("vh", "vhload", "vhsplat") if short[j] else ("vf", "vload", "vsplat")
         init.append(f"    const int v{j} = kt * KV + {j} < KVEC ? kt * KV + {j} : KVEC - 1;")
         init.append(f"    const size_t o{j} = ((((size_t)n * KB + v{j} * VW / BLK) * OH + oh) "
                     f"* OW + ow) * BLK + (v{j} * VW) % BLK;")
@@ -269,13 +268,13 @@ def _conv_tile(name: str, np_: int, kv: int, checked: int, unroll: int, phase: b
     for p in range(np_):
         body.append(f"                    const vf x{p} = vsplat(xp[{p} * XSTEP + bi]);")
         for j in range(kv):
-            x = f"vlow(x{p})" if half and j == kv - 1 else f"x{p}"
+            x = f"vlow(x{p})" if short[j] else f"x{p}"
             body.append(f"                    FMA_ACC({acc[j][p]}, {x}, w{j});")
     for j in range(kv):
         store.append(f"    if (kt * KV + {j} < KVEC) {{")
         for p in range(np_):
             at = f"o{j} + {p} * BLK"
-            value = f"vwiden({acc[j][p]})" if half and j == kv - 1 else acc[j][p]
+            value = f"vwiden({acc[j][p]})" if short[j] else acc[j][p]
             store.append(f"        if (c1 == TILE_CR(kt)) epilogue({value}, sum + {at}, "
                          f"y + {at});")
             store.append(f"        else vstore(y + {at}, {value});")
@@ -533,8 +532,7 @@ def conv_source(g: ConvGeometry, config: Mapping) -> str:
         defines.update(p, XH=original.h, XW=original.w, XSH=original.sh, XSW=original.sw,
                        XPT=original.pt, XPL=original.pl,
                        SPLIT_UNITS=g.n * g.cb * p["PA"] * p["PH"])
-    parts = [VECTOR_HEADER.format(lanes=lanes),
-             HALF_VECTORS.format(lanes=lanes, **half_vector_fields(lanes))]
+    parts = [VECTOR_HEADER.format(lanes=lanes), half_vectors(lanes)]
     parts += [f"#define {k} {v}\n" for k, v in defines.items()]
     parts.append(_bands(g, bands))
     parts.append(_group_lane(g.taps_width, lanes))

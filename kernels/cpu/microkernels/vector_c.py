@@ -22,7 +22,7 @@ INTRINSICS = """#if defined(__AVX__)
 
 # Half vectors (`vh`, lanes / 2 floats): a conv's last output vector when its real channels
 # fit in half of it (`half_last`), computed with half-width FMAs and widened, zero above,
-# for the store. Formatted with `half_vector_fields(lanes)` and `lanes`.
+# for the store. Formatted by `half_vectors(lanes)`.
 HALF_VECTORS = r"""#include <string.h>
 typedef float vh __attribute__((vector_size({lanes} * 2)));
 typedef float vhu __attribute__((vector_size({lanes} * 2), aligned(4), may_alias));
@@ -43,10 +43,10 @@ INLINE vf vwiden(vh h) {{ vf v = vsplat(0.0f); memcpy(&v, &h, sizeof h); return 
 """
 
 
-def half_vector_fields(lanes: int) -> dict[str, str]:
-    """The lane lists `HALF_VECTORS` is formatted with (besides `lanes`)."""
-    return {"low": ", ".join(map(str, range(lanes // 2))),
-            "widen": ", ".join(map(str, range(lanes)))}
+def half_vectors(lanes: int) -> str:
+    """`HALF_VECTORS` for vectors of `lanes` floats (after `vf`, `vsplat` and `INLINE`)."""
+    return HALF_VECTORS.format(lanes=lanes, low=", ".join(map(str, range(lanes // 2))),
+                               widen=", ".join(map(str, range(lanes))))
 
 
 def half_last(real: int, vectors: int, lanes: int) -> bool:
