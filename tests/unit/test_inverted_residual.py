@@ -114,6 +114,49 @@ def test_every_schedule_knob_keeps_the_result(case):
     assert tried >= 12
 
 
+def _ring_wraps(g, rt: int, rows: int) -> bool:
+    """Whether some row tile of a strip of `rows` output rows computes new expanded rows that
+    run past the end of the kernel's ring of rows (they then go in two runs: its end, then
+    its start)."""
+    rin = min((rt - 1) * g.s + g.k, g.h)
+    for s0 in range(0, g.oh, rows):
+        done = None
+        for t0 in range(s0, min(s0 + rows, g.oh), rt):
+            t1 = min(t0 + rt, s0 + rows, g.oh)
+            lo, hi = max(0, t0 * g.s - g.pt), min(g.h, (t1 - 1) * g.s - g.pt + g.k)
+            new = lo if done is None or done <= lo else done
+            if new < hi and new % rin + hi - new > rin:
+                return True
+            done = hi
+    return False
+
+
+@pytest.mark.parametrize("shape", [(23, 3, 1), (23, 5, 1), (25, 3, 2), (26, 5, 2)],
+                         ids=lambda s: f"{s[0]}-rows-{s[1]}x{s[1]}-stride{s[2]}")
+def test_row_tiles_whose_rows_wrap_around_the_ring_keep_the_result(shape):
+    """The expanded rows live in a ring of as many rows as a row tile's window needs; the
+    halo rows stay in their slots and a tile's new rows that run past the ring's end are
+    computed in two runs. Row tiles of several heights on a tall image, one strip and
+    several (walked downwards, and upwards where neighbours share rows), where the
+    new rows wrap."""
+    h, k, s = shape
+    workload = block_workload(1, 8, 24, 8, h, 6, k, s, RELU6, s == 1, BLOCK)
+    g = block_geometry(workload)
+    space = BlockSpace(g)
+    arrays, consts = arrays_for(workload, np.random.default_rng(h + k), BLOCK)
+    expected = reference(workload, arrays)[0]
+    wrapped = 0
+    for rt, rows in itertools.product((2, 3, 5), (0, g.oh)):
+        config = {**space.default_config(), "rt": rt, "rows": rows}
+        wrapped += _ring_wraps(g, rt, rows or -(-g.oh // 2))
+        for threads in (1, 2):
+            with openmp_threads(threads):
+                out = run(MICRO_INVERTED_RESIDUAL.prepare(workload, consts, config), workload,
+                          arrays)
+            assert relative_l2(out, expected) < TOLERANCE, (config, threads)
+    assert wrapped >= 2
+
+
 @pytest.mark.parametrize("threads", [2, 3, 4])
 @pytest.mark.parametrize("case", ["odd-channels-stride1-residual", "5x5-stride1-no-bias-leaky",
                                   "stride2-odd-image", "no-activation-one-row"])
