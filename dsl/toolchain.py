@@ -39,7 +39,9 @@ from pathlib import Path
 from wpk.core.devices import compiler_isa_flags
 from wpk.core.errors import ToolchainError
 
-# Bump when the code generators change what they emit for the same input.
+# Bump when the code generators change what they emit for the same input (the compile
+# cache and plans' bundled libraries; tuning records' fingerprints also carry a digest of
+# the kernel code, `wpk.kernels.target.codegen_version`).
 CODEGEN_VERSION = "1"
 # Everything but the ISA, which `c_flags` adds for the host (see `compiler_isa_flags`).
 BASE_C_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-fno-math-errno")

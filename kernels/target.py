@@ -28,12 +28,14 @@ A new backend is one module with a `Target` subclass, named in `TARGETS`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from wpk.core.devices import HardwareSpec
@@ -60,7 +62,7 @@ class TargetFingerprint:
 
     device: str      # e.g. 'cpu:x86_64:avx2,fma' or 'cuda:sm_90:h100' (HardwareSpec.fingerprint)
     compiler: str    # first line of `gcc --version` / nvcc version
-    codegen: str     # wpk.dsl.toolchain.CODEGEN_VERSION
+    codegen: str     # `codegen_version()`: the kernel code's version and digest
 
     @property
     def key(self) -> str:
@@ -76,6 +78,30 @@ class TargetFingerprint:
                                  str(data["codegen"]))
 
 
+# The packages whose source makes, prepares and runs every kernel a record times, and the
+# files of them that count (the DSL's grammar included)
+KERNEL_CODE = ("wpk.dsl", "wpk.kernels")
+KERNEL_CODE_SUFFIXES = (".py", ".lark")
+
+
+@functools.cache
+def codegen_version() -> str:
+    """The `codegen` of this wpk's fingerprints: `CODEGEN_VERSION` and 16 hex digits of the
+    source of `KERNEL_CODE`. A kernel template or a library kernel that changes changes it,
+    so tuning records timed and verified with other kernel code never match: a rebuild from
+    old records would otherwise take a candidate that the code it now compiles was never
+    verified or timed as (the compile cache is keyed by the source itself; the records were
+    keyed by `CODEGEN_VERSION` alone, which nobody bumped)."""
+    digest = hashlib.sha256()
+    for package in KERNEL_CODE:
+        root = Path(importlib.import_module(package).__path__[0])
+        for path in sorted(root.rglob("*")):
+            if path.suffix in KERNEL_CODE_SUFFIXES and "__pycache__" not in path.parts:
+                digest.update(f"{package}/{path.relative_to(root).as_posix()}\0".encode())
+                digest.update(path.read_bytes())
+    return f"{toolchain.CODEGEN_VERSION}+{digest.hexdigest()[:16]}"
+
+
 def fingerprint_of(hw: HardwareSpec, compiler: Callable[[], str],
                    device: str | None = None) -> TargetFingerprint:
     """The fingerprint of hardware `hw` whose kernels `compiler()` names the compiler of
@@ -85,7 +111,7 @@ def fingerprint_of(hw: HardwareSpec, compiler: Callable[[], str],
         version = compiler()
     except Exception:  # no compiler: records still work, they just never match a real one
         version = "none"
-    return TargetFingerprint(device or hw.fingerprint, version, toolchain.CODEGEN_VERSION)
+    return TargetFingerprint(device or hw.fingerprint, version, codegen_version())
 
 
 class GeneratedKernels(ABC):

@@ -340,6 +340,53 @@ def test_planner_through_records_rebuilds_the_same_plan_with_zero_measurements(t
         [(c.candidate.label, c.measurement.median_s) for c in planned]
 
 
+def test_records_timed_with_other_kernel_code_are_measured_again(tmp_path, monkeypatch,
+                                                                 request):
+    """The fingerprint's codegen carries a digest of the kernel code (`codegen_version`): a
+    rebuild after a kernel module changed measures again (its records verified and timed
+    the old code); with the code as it was, the records are reused. Shown on a package of
+    its own standing in for wpk's kernel packages."""
+    from wpk.dsl.toolchain import CODEGEN_VERSION
+    from wpk.kernels import target as target_module
+
+    real = target_module.codegen_version()
+    assert real.startswith(f"{CODEGEN_VERSION}+")
+    assert create_target("cpu").fingerprint().codegen == real
+    package = tmp_path / "code" / "stand_in_kernels"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "template.py").write_text("SOURCE = 'y[i] = a[i] * b[i];'\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    monkeypatch.setattr(target_module, "KERNEL_CODE", ("stand_in_kernels",))
+    request.addfinalizer(target_module.codegen_version.cache_clear)
+    target_module.codegen_version.cache_clear()
+    before = target_module.codegen_version()
+    nodes = [NodeWorkload("mm", MATMUL)]
+    options = PlanOptions(warmup=1, repeats=3, min_time=0.001)
+    path = tmp_path / "db.jsonl"
+    cpu = create_target("cpu")
+    with MeasureWorker(QUICK) as worker:
+        first = recorded(path, worker)
+        plan(nodes, cpu.candidates, first, options)
+    assert first.measured >= 1
+
+    (package / "template.py").write_text("SOURCE = 'y[i] = a[i] + b[i];'\n")
+    target_module.codegen_version.cache_clear()
+    assert target_module.codegen_version() != before
+    with MeasureWorker(QUICK) as worker:
+        changed = recorded(path, worker)
+        plan(nodes, cpu.candidates, changed, options)
+    assert (changed.reused, changed.measured) == (0, first.measured)
+
+    (package / "template.py").write_text("SOURCE = 'y[i] = a[i] * b[i];'\n")
+    target_module.codegen_version.cache_clear()
+    assert target_module.codegen_version() == before
+    idle = MeasureWorker(QUICK)
+    again = recorded(path, idle)
+    plan(nodes, cpu.candidates, again, options)
+    assert (again.measured, again.reused, idle.starts) == (0, first.measured, 0)
+
+
 def test_the_planners_last_pass_measures_its_finalists_side_by_side_once(
         tmp_path, records_never_contended):
     """Records taken while searching are not reused by the last pass (their window's load
