@@ -361,30 +361,33 @@ def test_records_timed_with_other_kernel_code_are_measured_again(tmp_path, monke
     request.addfinalizer(target_module.codegen_version.cache_clear)
     target_module.codegen_version.cache_clear()
     before = target_module.codegen_version()
-    nodes = [NodeWorkload("mm", MATMUL)]
-    options = PlanOptions(warmup=1, repeats=3, min_time=0.001)
     path = tmp_path / "db.jsonl"
-    cpu = create_target("cpu")
     with MeasureWorker(QUICK) as worker:
-        first = recorded(path, worker)
-        plan(nodes, cpu.candidates, first, options)
+        first = planned_through(path, worker)
     assert first.measured >= 1
 
     (package / "template.py").write_text("SOURCE = 'y[i] = a[i] + b[i];'\n")
     target_module.codegen_version.cache_clear()
     assert target_module.codegen_version() != before
     with MeasureWorker(QUICK) as worker:
-        changed = recorded(path, worker)
-        plan(nodes, cpu.candidates, changed, options)
+        changed = planned_through(path, worker)
     assert (changed.reused, changed.measured) == (0, first.measured)
 
     (package / "template.py").write_text("SOURCE = 'y[i] = a[i] * b[i];'\n")
     target_module.codegen_version.cache_clear()
     assert target_module.codegen_version() == before
     idle = MeasureWorker(QUICK)
-    again = recorded(path, idle)
-    plan(nodes, cpu.candidates, again, options)
+    again = planned_through(path, idle)
     assert (again.measured, again.reused, idle.starts) == (0, first.measured, 0)
+
+
+def planned_through(path: Path, worker: MeasureWorker) -> RecordedRunner:
+    """The runner of a plan of one MatMul through the records at `path`, measuring in
+    `worker` what they lack."""
+    runner = recorded(path, worker)
+    plan([NodeWorkload("mm", MATMUL)], create_target("cpu").candidates, runner,
+         PlanOptions(warmup=1, repeats=3, min_time=0.001))
+    return runner
 
 
 def test_the_planners_last_pass_measures_its_finalists_side_by_side_once(
