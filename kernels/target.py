@@ -91,7 +91,7 @@ def codegen_version() -> str:
     so tuning records timed and verified with other kernel code never match: a rebuild from
     old records would otherwise take a candidate that the code it now compiles was never
     verified or timed as (the compile cache is keyed by the source itself; the records were
-    keyed by `CODEGEN_VERSION` alone, which nobody bumped)."""
+    keyed by `CODEGEN_VERSION` alone, which no template change had bumped)."""
     digest = hashlib.sha256()
     for package in KERNEL_CODE:
         root = Path(importlib.import_module(package).__path__[0])
