@@ -300,18 +300,18 @@ DW_TILE(4)
 DW_TILE(2)
 
 /* depthwise output row oh, channel blocks [kb0, kb1), into pixels [q * OW, q * OW + OW) of
-   h2 ([KBE][h2_px][BLK]), from the rows of h1 ([KBE][h1_rows][W][BLK], a ring: row ih in
-   slot ih % h1_rows) */
-static void dw_row(const float *h1, size_t h1_rows, const float *w2,
+   h2 ([KBE][h2_px][BLK]), from the rows of h1 ([KBE][H1_ROWS][W][BLK], a ring: row ih in
+   slot ih % H1_ROWS; X itself at expansion 1) */
+static void dw_row(const float *h1, const float *w2,
                    const float *b2, float *h2, size_t h2_px, int oh, int q, int kb0, int kb1) {
     int ih0 = oh * S - PT;
     int r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < K ? H - ih0 : K;
     size_t slot[K];   /* a division each, once a row, not once a channel vector */
     for (int r = r0; r < r1; ++r)
-#if RIN == H || !EXPAND
+#if H1_ROWS == H
         slot[r] = (size_t)(ih0 + r);   /* the ring holds the whole image: row ih in slot ih */
 #else
-        slot[r] = (size_t)(ih0 + r) % h1_rows;
+        slot[r] = (size_t)(ih0 + r) % H1_ROWS;
 #endif
     for (int kb = kb0; kb < kb1; ++kb) {
         for (int l = 0; l < LG; ++l) {
@@ -321,7 +321,7 @@ static void dw_row(const float *h1, size_t h1_rows, const float *w2,
                     wv[r][s] = vload(w2 + (((size_t)kb * K + r) * K + s) * BLK + l * VW);
             const float *rows[K];
             for (int r = r0; r < r1; ++r)
-                rows[r] = h1 + (((size_t)kb * h1_rows + slot[r]) * W) * BLK + l * VW;
+                rows[r] = h1 + (((size_t)kb * H1_ROWS + slot[r]) * W) * BLK + l * VW;
             vf b = vload(b2 + kb * BLK + l * VW);
             float *o = h2 + ((size_t)kb * h2_px + (size_t)q * OW) * BLK + l * VW;
             int ow = 0;
@@ -509,20 +509,18 @@ static void strip(const float *x, const float *w, float *y, float *buf, float *h
         first = lo;
         done = hi;
         const float *rows = h1;
-        size_t rows_n = RIN;
 #else
         const float *rows = xn;
-        size_t rows_n = H;
 #endif
 #if SE
         for (int oh = t0; oh < t1; ++oh) {
             float *h2n = h2all + (size_t)n * KBE * OH * OW * BLK;
-            dw_row(rows, rows_n, w2, b2, h2n, (size_t)OH * OW, oh, oh, kb0, kb1);
+            dw_row(rows, w2, b2, h2n, (size_t)OH * OW, oh, oh, kb0, kb1);
             row_sums(h2n, part, oh, kb0, kb1);
         }
 #else
         for (int oh = t0; oh < t1; ++oh)
-            dw_row(rows, rows_n, w2, b2, h2, (size_t)RT * OW, oh, oh - t0, kb0, kb1);
+            dw_row(rows, w2, b2, h2, (size_t)RT * OW, oh, oh - t0, kb0, kb1);
         const float *res = RESIDUAL && kb1 == KBE ? xn + (size_t)t0 * W * BLK : NULL;
         pr_run(h2, (size_t)RT * OW * BLK, w3, b3, y + (((size_t)n * KBO * OH) + t0) * OW * BLK,
                (size_t)OH * OW * BLK, res, (t1 - t0) * OW, 0, PR_TILES, kb0, kb1);
@@ -934,7 +932,8 @@ def block_source(g: BlockGeometry, config: Mapping) -> str:
                    SE_OFFSET=(cin * ce + ce if g.expand else 0) + g.kbe * g.k * g.k * g.block
                    + ce + ce * g.kbo * g.block + g.kbo * g.block,
                    DPX=8 if isa.registers >= 32 and g.k == 3 else 4,
-                   ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin, OW_LO=lo,
+                   ROWS=int(config["rows"]), CBT=int(config["cbt"]), RT=rt, RIN=rin,
+                   H1_ROWS=rin if g.expand else g.h, OW_LO=lo,
                    OW_HI=hi, CHANNEL_SPLIT=int(split), PARTIAL_AT=rows_floats + pub_floats,
                    SHARE_ROWS=int(share), PUB_ROWS=pub_rows, PUB_AT=rows_floats,
                    BUFFER_BYTES=-(-buffer_floats * 4 // 64) * 64)
