@@ -48,20 +48,31 @@ _NP = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "
 # scripts/bench_e2e.py, 2026-11-29); short enough, at a tenth of libgomp's default, that
 # they do not keep the cores from onnxruntime's threads in a step after them.
 OPENMP_SPIN_COUNT = 30000
+# The spin of a process whose first kernels are a plan's that runs nothing but generated
+# kernels (no onnxruntime step, no BLAS: no other pool whose cores a spinning thread could
+# take, `wpk.runtime`): about as long as onnxruntime's threads spin after a run (tens of
+# ms), so a run after an idle gap finds the threads and their vCPUs awake. A tuned
+# MobileNet-v2-like plan as AVX2 on the 2-core Zen 4 VM took 6.4-11.4 ms (median) a run
+# after gaps of 20-50 ms with 30000 spins against 3.0-3.4 back to back, onnxruntime
+# 3.0-7.3; with this many 3.2-3.9 after every gap up to 500 ms (`python
+# scripts/bench_idle_gaps.py`, 2026-12-07).
+OPENMP_IDLE_SPIN_COUNT = 3_000_000
 
 
-def openmp_defaults() -> None:
+def openmp_defaults(spin_count: int = OPENMP_SPIN_COUNT) -> None:
     """How idle OpenMP threads wait in wpk (every kernel loader calls it; benchmarks too, so
     they time generated kernels as plans run them), unless the user chose (OMP_WAIT_POLICY or
     GOMP_SPINCOUNT set): spin briefly, then sleep. Sleeping at once (`passive` alone) costs a
     wake-up per parallel region, 15-20 us a step on this project's VM (tiny steps ran 4x
     slower, `scripts/bench_step_overhead.py`); libgomp's default spins for milliseconds and
     steals the core a spinning neighbour needs (measured: 150 -> 1.5 GFLOP/s for a conv on 2
-    busy cores). libgomp reads the variables once, when the first kernel library loads it."""
+    busy cores). libgomp reads the variables once, when the first kernel library loads it,
+    so the first call decides (`spin_count`: `OPENMP_SPIN_COUNT`, or a session's choice for
+    its plan, `OPENMP_IDLE_SPIN_COUNT`)."""
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return
     os.environ["OMP_WAIT_POLICY"] = "passive"
-    os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPIN_COUNT)
+    os.environ["GOMP_SPINCOUNT"] = str(spin_count)
 
 
 @dataclass

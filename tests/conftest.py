@@ -9,6 +9,14 @@ import contextlib
 import numpy as np
 import pytest
 
+from wpk.dsl.build import openmp_defaults
+
+# libgomp reads its wait policy once per process, and a session picks it for its plan when
+# it loads a process's first kernels (`wpk.runtime.openmp_spin_count`): pinned here to the
+# default, so that the first plan a worker happens to load does not decide it for the
+# worker's other tests (tests/unit/test_openmp_policy.py checks the choice itself).
+openmp_defaults()
+
 
 @pytest.fixture
 def rng() -> np.random.Generator:

@@ -33,6 +33,7 @@ from wpk.core import forks
 from wpk.core.aligned import aligned_bytes, touch_pages
 from wpk.core.errors import DeviceError, InputError, OptionError, PlanError
 from wpk.core.workload import TensorSpec
+from wpk.dsl import build
 from wpk.dsl.toolchain import MissingLibraryError
 from wpk.kernels import registry
 from wpk.kernels.cpu.blas_threads import OneBlasThread, one_blas_thread
@@ -132,6 +133,8 @@ class Session:
         self.plan = plan
         self.path = path
         track_run_lock(self)
+        # before any kernel library loads libgomp, which reads its wait policy once
+        build.openmp_defaults(openmp_spin_count(plan))
         install_native_libraries(plan, path)   # its compiled kernels: no compiler needed
         self._inputs = [TensorMeta(e["name"], list(e["shape"]), e["dtype"])
                         for e in plan.inputs]
@@ -538,6 +541,19 @@ def session_class_of(plan: Plan, path: str = "<plan>") -> type[Session]:
         raise PlanError(f"plan '{path}' targets '{plan.target}', which this wpk does not know",
                         hint="rebuild the plan with this wpk version") from None
     return getattr(importlib.import_module(module), name)
+
+
+def openmp_spin_count(plan: Plan) -> int:
+    """How long idle OpenMP threads spin in a process whose first kernels are this plan's
+    (`wpk.dsl.build.openmp_defaults`): as long as onnxruntime's threads do after a run
+    (`OPENMP_IDLE_SPIN_COUNT`) where nothing but generated kernels runs, so that a run
+    after an idle gap finds the threads awake; briefly where an onnxruntime step or BLAS
+    may run, whose threads a spinning one would keep from a core."""
+    try:
+        shares_cores = _uses_blas(plan) or any(s.impl.startswith("ort") for s in plan.steps)
+    except KeyError:   # an implementation this wpk lacks: preparing the steps says so
+        shares_cores = True
+    return build.OPENMP_SPIN_COUNT if shares_cores else build.OPENMP_IDLE_SPIN_COUNT
 
 
 def _uses_blas(plan: Plan) -> bool:

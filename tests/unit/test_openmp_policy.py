@@ -1,0 +1,53 @@
+"""The OpenMP wait policy: the first call decides, the user's variables win, and a session
+picks the long spin only for a plan that runs nothing but generated kernels."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from wpk.dsl import build
+from wpk.runtime import openmp_spin_count
+
+
+@pytest.fixture
+def no_policy(monkeypatch):
+    """A process in which nothing has chosen the policy yet (restored afterwards)."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+
+
+def test_the_first_call_decides(no_policy):
+    build.openmp_defaults(1234)
+    build.openmp_defaults(build.OPENMP_SPIN_COUNT)
+    assert os.environ["OMP_WAIT_POLICY"] == "passive"
+    assert os.environ["GOMP_SPINCOUNT"] == "1234"
+
+
+@pytest.mark.parametrize("variable", ["OMP_WAIT_POLICY", "GOMP_SPINCOUNT"])
+def test_the_users_variables_win(no_policy, monkeypatch, variable):
+    monkeypatch.setenv(variable, "active" if variable == "OMP_WAIT_POLICY" else "7")
+    build.openmp_defaults(build.OPENMP_IDLE_SPIN_COUNT)
+    other = {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} - {variable}
+    assert not other & set(os.environ)
+
+
+def _plan(*impls: str):
+    return SimpleNamespace(steps=[SimpleNamespace(impl=name) for name in impls])
+
+
+def test_a_plan_of_generated_kernels_spins_as_long_as_onnxruntime():
+    plan = _plan("micro.nchwc", "micro.inverted_residual", "native.nchwc", "numpy.copy")
+    assert openmp_spin_count(plan) == build.OPENMP_IDLE_SPIN_COUNT
+    assert build.OPENMP_IDLE_SPIN_COUNT > 10 * build.OPENMP_SPIN_COUNT
+
+
+@pytest.mark.parametrize("other", ["ort.nchwc", "ort.model", "ort.fallback", "numpy.gemm",
+                                   "no.such.implementation"])
+def test_a_plan_that_shares_the_cores_spins_briefly(other):
+    """An onnxruntime step or BLAS has threads of its own that a spinning OpenMP thread
+    would keep from a core; an unknown implementation is reported when the steps are
+    prepared, not here."""
+    assert openmp_spin_count(_plan("micro.nchwc", other)) == build.OPENMP_SPIN_COUNT
