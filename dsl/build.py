@@ -75,6 +75,18 @@ def openmp_defaults(spin_count: int = OPENMP_SPIN_COUNT) -> None:
     os.environ["GOMP_SPINCOUNT"] = str(spin_count)
 
 
+def threads_spin_long() -> bool:
+    """Whether this process's idle OpenMP threads spin longer than wpk's brief spin (a
+    session's choice for a plan of only generated kernels, or the user's policy): then
+    whatever is timed next may share the cores with them for tens of milliseconds."""
+    if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "active":
+        return True
+    count = os.environ.get("GOMP_SPINCOUNT", "").strip().lower()
+    if count in ("infinite", "infinity"):
+        return True
+    return count.isdigit() and int(count) > OPENMP_SPIN_COUNT
+
+
 @dataclass
 class CpuKernel:
     """A compiled C kernel: call with input arrays (by name or position); returns outputs."""

@@ -8,7 +8,9 @@ reference by relative L2 error, verifies once more on a second input set when
 that is cheap, and then times it: warm-up runs, then at least `repeats` runs
 (more, up to `max_repeats`, until `min_time` seconds have been spent), with
 the caches flushed before each run when the working set is small enough to
-stay cached. The median and the interquartile range are kept.
+stay cached, and, in a process whose OpenMP threads spin long after a kernel
+(`wpk.dsl.build.threads_spin_long`), only once they stop. The median and the
+interquartile range are kept.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from typing import Any
 import numpy as np
 
 from wpk.core.epilogue import FAKE_QUANT
+from wpk.core.idle import wait_until_idle
 from wpk.core.numerics import ROUNDING_OPS, is_ml_dtype, rounding_flips
 from wpk.core.workload import TensorSpec, Workload
+from wpk.dsl.build import threads_spin_long
 from wpk.kernels.cpu.blas_threads import one_blas_thread
 from wpk.kernels.cpu.native_chain import chain_kernel, native_call
 from wpk.kernels.random_inputs import random_inputs
@@ -489,6 +493,8 @@ def _time_kernel(kernel: Callable, inputs: Sequence[np.ndarray | None],
                  outputs: Sequence[np.ndarray], *, warmup: int, repeats: int,
                  max_repeats: int, min_time: float) -> list[float]:
     flush = CacheFlusher(_working_set(inputs, outputs))
+    if threads_spin_long():   # the last candidate's OpenMP threads may still hold the cores
+        wait_until_idle()
     for _ in range(warmup):
         kernel(inputs, outputs)
     times: list[float] = []

@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from wpk.dsl import build
 from wpk.runtime import openmp_spin_count
+from wpk.search import measure
 
 
 @pytest.fixture
@@ -51,3 +53,34 @@ def test_a_plan_that_shares_the_cores_spins_briefly(other):
     would keep from a core; an unknown implementation is reported when the steps are
     prepared, not here."""
     assert openmp_spin_count(_plan("micro.nchwc", other)) == build.OPENMP_SPIN_COUNT
+
+
+@pytest.mark.parametrize("env, long", [
+    ({}, False), ({"GOMP_SPINCOUNT": str(build.OPENMP_SPIN_COUNT)}, False),
+    ({"GOMP_SPINCOUNT": str(build.OPENMP_IDLE_SPIN_COUNT)}, True),
+    ({"GOMP_SPINCOUNT": "infinite"}, True), ({"OMP_WAIT_POLICY": "active"}, True),
+    ({"OMP_WAIT_POLICY": "passive"}, False)])
+def test_which_policies_spin_long(no_policy, monkeypatch, env, long):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert build.threads_spin_long() is long
+
+
+def test_a_measurement_waits_for_long_spinning_threads(monkeypatch):
+    """In a process whose OpenMP threads spin long (a session loaded a plan of only
+    generated kernels first), each candidate is timed after they stop: an onnxruntime
+    candidate timed right after a generated one would share the cores with them."""
+    waits = []
+    monkeypatch.setattr(measure, "wait_until_idle", lambda: waits.append(1) or 0.0)
+    arrays = [np.zeros(4, np.float32)]
+
+    def time_once():
+        measure.time_kernel(lambda inputs, outputs: None, arrays, arrays, warmup=1,
+                            repeats=2, max_repeats=2)
+
+    monkeypatch.setenv("GOMP_SPINCOUNT", str(build.OPENMP_SPIN_COUNT))
+    time_once()
+    assert waits == []
+    monkeypatch.setenv("GOMP_SPINCOUNT", str(build.OPENMP_IDLE_SPIN_COUNT))
+    time_once()
+    assert waits == [1]
