@@ -53,9 +53,9 @@ OPENMP_SPIN_COUNT = 30000
 # take, `wpk.runtime`): about as long as onnxruntime's threads spin after a run (tens of
 # ms), so a run after an idle gap finds the threads and their vCPUs awake. A tuned
 # MobileNet-v2-like plan as AVX2 on the 2-core Zen 4 VM took 6.4-11.4 ms (median) a run
-# after gaps of 20-50 ms with 30000 spins against 3.0-3.4 back to back, onnxruntime
-# 3.0-7.3; with this many 3.2-3.9 after every gap up to 500 ms (`python
-# scripts/bench_idle_gaps.py`, 2026-12-07).
+# after gaps of 20-50 ms with 30000 spins against 2.9-3.0 back to back, onnxruntime
+# 3.0-7.3; with this many 2.5-4.2 after every gap up to 500 ms (`python
+# scripts/bench_idle_gaps.py`, 2026-12-07). About 75 ms of spin on that VM.
 OPENMP_IDLE_SPIN_COUNT = 3_000_000
 
 
