@@ -75,16 +75,21 @@ def openmp_defaults(spin_count: int = OPENMP_SPIN_COUNT) -> None:
     os.environ["GOMP_SPINCOUNT"] = str(spin_count)
 
 
+# The longest spin a measurement waits out (`threads_spin_long`): well under a second
+MAX_WAITED_SPIN_COUNT = 10 * OPENMP_IDLE_SPIN_COUNT
+
+
 def threads_spin_long() -> bool:
-    """Whether this process's idle OpenMP threads spin longer than wpk's brief spin (a
-    session's choice for a plan of only generated kernels, or the user's policy): then
-    whatever is timed next may share the cores with them for tens of milliseconds."""
+    """Whether this process's idle OpenMP threads spin longer than wpk's brief spin but stop
+    in time (a session's choice for a plan of only generated kernels, or the user's count up
+    to `MAX_WAITED_SPIN_COUNT`): whatever is timed next could share the cores with them for
+    tens of milliseconds, so a measurement waits until they stop. Threads that never stop
+    (`OMP_WAIT_POLICY=active`, an infinite or larger count) are not waited for: every run
+    of the user's shares the cores with them too."""
     if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "active":
-        return True
-    count = os.environ.get("GOMP_SPINCOUNT", "").strip().lower()
-    if count in ("infinite", "infinity"):
-        return True
-    return count.isdigit() and int(count) > OPENMP_SPIN_COUNT
+        return False
+    count = os.environ.get("GOMP_SPINCOUNT", "").strip()
+    return count.isdigit() and OPENMP_SPIN_COUNT < int(count) <= MAX_WAITED_SPIN_COUNT
 
 
 @dataclass
