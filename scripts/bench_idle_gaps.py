@@ -83,11 +83,18 @@ def child(args) -> None:
     print(json.dumps(time_after_gaps(run, gaps, args.runs, args.warmup)))
 
 
-def measure(args, engine: str, spin: int | None) -> list[dict]:
-    """`child` in a fresh process, with `GOMP_SPINCOUNT` = spin where given."""
-    env = dict(os.environ)
+def child_env(base_env: dict, spin: int | None) -> dict:
+    """A child's environment: `base_env` (the user's, taken before a build in this process
+    set wpk's OpenMP policy here), with `GOMP_SPINCOUNT` = spin where given."""
+    env = dict(base_env)
     if spin is not None:
         env.update(OMP_WAIT_POLICY="passive", GOMP_SPINCOUNT=str(spin))
+    return env
+
+
+def measure(args, engine: str, spin: int | None, base_env: dict) -> list[dict]:
+    """`child` in a fresh process (`child_env`)."""
+    env = child_env(base_env, spin)
     command = [sys.executable, __file__, "--child", "--engine", engine, "--model", args.model,
                "--plan", args.plan, "--gaps", args.gaps, "--runs", str(args.runs),
                "--warmup", str(args.warmup), "--threads", str(args.threads)]
@@ -126,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args)
         return 0
+    base_env = dict(os.environ)   # before a build sets wpk's OpenMP policy in this process
     with tempfile.TemporaryDirectory() as folder:
         if args.plan is None:
             args.plan = os.path.join(folder, f"{args.model}.wpk")
@@ -135,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {label: [] for label, _, _ in variants}
         for _ in range(args.rounds):
             for label, engine, spin in variants:
-                results[label].append(measure(args, engine, spin))
+                results[label].append(measure(args, engine, spin, base_env))
     gaps = [row["gap_ms"] for row in next(iter(results.values()))[0]]
     print(f"{args.model}: median ms of a run after an idle gap (each process's median, "
           f"{args.rounds} processes an engine)")

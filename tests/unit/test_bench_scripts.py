@@ -409,3 +409,27 @@ def test_the_pool_grid_finds_onnx_references_average_pools_wrong_and_wpks_right(
     assert main(["--reference", "--count", "150"]) == 0
     assert re.search(r"(\d+) pools that onnxruntime runs, \1 right, 0 wrong",
                      capsys.readouterr().out)
+
+
+def test_idle_gaps_children_get_the_users_environment(scripts_on_path):
+    """A build in the benchmark's own process sets wpk's OpenMP policy there; the children
+    must start from the environment before it, or the plan's own policy never shows."""
+    from bench_idle_gaps import child_env
+
+    user = {"PATH": "/bin"}
+    assert child_env(user, None) == user
+    assert child_env(user, 30000) == {"PATH": "/bin", "OMP_WAIT_POLICY": "passive",
+                                      "GOMP_SPINCOUNT": "30000"}
+
+
+def test_idle_gaps_sleep_each_gap_before_every_timed_run(scripts_on_path):
+    import time
+
+    from bench_idle_gaps import time_after_gaps
+
+    starts = []
+    rows = time_after_gaps(lambda: starts.append(time.perf_counter()), [0.0, 0.03], runs=3,
+                           warmup=2)
+    assert [row["gap_ms"] for row in rows] == [0.0, 30.0]
+    assert len(starts) == 2 + 6
+    assert min(b - a for a, b in zip(starts[-3:], starts[-2:])) >= 0.03
