@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]   # tests.models, kernel_timing
 GAPS = (0.0, 0.005, 0.02, 0.05, 0.2, 0.5)
 
 
@@ -57,7 +58,6 @@ def time_after_gaps(run, gaps: list[float], runs: int, warmup: int) -> list[dict
 
 def child(args) -> None:
     """One engine in this process; prints its rows as JSON."""
-    sys.path.insert(0, str(ROOT))
     from tests import models
 
     model = models.load_model(args.model)
@@ -103,7 +103,6 @@ def measure(args, engine: str, spin: int | None, base_env: dict) -> list[dict]:
 
 
 def build_plan(model_name: str, path: str) -> None:
-    sys.path.insert(0, str(ROOT))
     import wpk
     from tests import models
 
@@ -153,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         cells = [" / ".join(f"{r[i]['median_ms']:.2f}" for r in rounds) for i in range(len(gaps))]
         print(f"| {label} | " + " | ".join(cells) + " |")
     if args.json:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from kernel_timing import machine_fields
 
         Path(args.json).write_text(json.dumps({
