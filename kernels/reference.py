@@ -130,6 +130,8 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
     if reason:
         raise UnsupportedError(f"{workload.label}: {reason}",
                                hint="see EPILOGUE_TABLE in wpk.core.epilogue for the steps")
+    if all(0 in spec.shape for spec in workload.outputs):
+        return _empty_outputs(workload)
     wide = [to_float64(x) for x in inputs]
     if is_elementwise(workload):
         outputs = [np.array(np.broadcast_to(wide[0], workload.outputs[0].shape))]
@@ -150,6 +152,14 @@ def reference(workload: Workload, inputs: Sequence[np.ndarray | None]) -> list[n
         outputs[0] = apply_epilogue(outputs[0], workload.epilogue, wide)
     return [np.array(y.reshape(spec.shape), order="C") for y, spec in
             zip(outputs, workload.outputs)]
+
+
+def _empty_outputs(workload: Workload) -> list[np.ndarray]:
+    """The outputs of a workload whose outputs all hold no element (a Softmax over the
+    empty rows a Slice past the end leaves): nothing to compute, and the formulas' own
+    reductions (max, sum) have no identity on an empty axis. Float outputs float64."""
+    return [np.empty(spec.shape, np.float64 if np.dtype(spec.dtype).kind in _FLOAT_KINDS
+                     else spec.dtype) for spec in workload.outputs]
 
 
 _EVALUATORS: dict[tuple[str, bool], ReferenceEvaluator] = {}

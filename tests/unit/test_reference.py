@@ -114,6 +114,27 @@ def test_fallback_reference_runs_onnx_reference(rng):
     np.testing.assert_allclose(values, np.sort(x, axis=1)[:, ::-1][:, :2])
 
 
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax", "TopK"])
+def test_a_workload_whose_outputs_are_empty_has_empty_references(op):
+    """A Softmax over the empty axis a Slice past the end leaves (found by the CLI fuzzer,
+    `scripts/fuzz.py --seed 71`): the formula's max over nothing raised, and the build
+    ended in an internal error. The outputs hold no element: empty arrays of their shapes,
+    float64 for float outputs, whatever the op."""
+    if op == "TopK":
+        workload = Workload(op, (S((0, 5)), S((1,), "int64")),
+                            (S((0, 2)), S((0, 2), "int64")), attrs=(("axis", -1),),
+                            static_inputs=((1, np.array([2])),))
+        inputs = [np.empty((0, 5), np.float32), np.array([2], np.int64)]
+    else:
+        workload = Workload(op, (S((0, 1, 5, 2), "float16"),), (S((0, 1, 5, 2), "float16"),),
+                            attrs=(("axis", -4),))
+        inputs = [np.empty((0, 1, 5, 2), np.float16)]
+    outputs = reference(workload, inputs)
+    assert [(y.shape, y.dtype) for y in outputs] == [
+        (spec.shape, np.dtype(np.float64 if spec.dtype.startswith("float") else spec.dtype))
+        for spec in workload.outputs]
+
+
 def test_reference_refuses_bad_calls():
     workload = Workload("Relu", (S((2,)),), (S((2,)),))
     with pytest.raises(WpkError, match="inputs given"):

@@ -33,6 +33,14 @@ def percentile(sorted_times: Sequence[float], percent: float) -> float:
     return sorted_times[rank - 1]
 
 
+def value_summary(value: np.ndarray) -> str:
+    """'mean M  std S' of an output, 'empty' for one without elements (numpy's mean of
+    nothing is NaN and a warning)."""
+    if value.size == 0:
+        return "empty"
+    return f"mean {float(np.mean(value)):.6g}  std {float(np.std(value)):.6g}"
+
+
 def latency_summary(times: Sequence[float]) -> dict:
     """min, mean, median, the PERCENTILES, max (seconds) and throughput (runs/s)."""
     ordered = sorted(times)
@@ -95,8 +103,7 @@ def command(plan: Path, inputs_path: Path | None, output_path: Path | None, repe
     if output_path:
         write_outputs(output_path, outputs)
     for name, value in outputs.items():
-        click.echo(f"{name}: shape {tuple(value.shape)} {value.dtype}  "
-                   f"mean {float(np.mean(value)):.6g}  std {float(np.std(value)):.6g}")
+        click.echo(f"{name}: shape {tuple(value.shape)} {value.dtype}  {value_summary(value)}")
     for line in latency_lines(latency_summary(times), warmup):
         click.echo(line)
     if output_path:
