@@ -187,6 +187,11 @@ def _fix_input_shapes(proto: onnx.ModelProto, source: str,
         if not value.type.HasField("tensor_type"):
             raise UnsupportedError(f"input '{value.name}' of '{source}' is not a tensor",
                                    hint="wpk supports tensor inputs only")
+        if ttype.elem_type == onnx.TensorProto.UNDEFINED:
+            raise UnsupportedError(f"input '{value.name}' of '{source}' has no element type "
+                                   "(UNDEFINED)",
+                                   hint="declare the input's element type in the model's "
+                                        "graph inputs, e.g. FLOAT")
         dims = ([_declared_dim(d) for d in ttype.shape.dim]
                 if ttype.HasField("shape") else None)
         given = input_shapes.get(value.name)

@@ -294,6 +294,23 @@ def test_input_shape_disagrees_with_fixed_dim():
         load_model(relu_model(), input_shapes={"x": (1, 5, 4, 4)})
 
 
+@pytest.mark.parametrize("input_shapes", [None, {"x": (5,)}])
+def test_an_input_without_an_element_type_is_refused(input_shapes):
+    """A graph input of element type UNDEFINED that no node reads, beside a Range of
+    constants (a damaged model the CLI fuzzer drew, `scripts/fuzz.py --seed 71`): the
+    checker lets it through and the shape evaluation ended in `internal error: KeyError`.
+    onnxruntime refuses it too ("Invalid tensor data type 0")."""
+    scalars = [h.make_tensor(name, TensorProto.FLOAT, [], [value])
+               for name, value in (("start", 0.0), ("limit", 4.0), ("delta", 1.0))]
+    graph = h.make_graph([h.make_node("Range", ["start", "limit", "delta"], ["y"])], "m",
+                         [h.make_tensor_value_info("x", TensorProto.UNDEFINED, [5])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [None])], scalars)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    with pytest.raises(UnsupportedError, match=r"input 'x' .* no element type") as err:
+        load_model(model, input_shapes=input_shapes)
+    assert "FLOAT" in err.value.hint
+
+
 def test_missing_external_data(tmp_path):
     weight = np.arange(4096, dtype=np.float32).reshape(64, 64)
     init = onnx.numpy_helper.from_array(weight, "w")
