@@ -295,7 +295,7 @@ def _open(name: str) -> zipfile.ZipFile:
                         hint="give a .wpk file written by `wpk build`")
     try:
         archive = zipfile.ZipFile(name)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
         raise PlanError(f"'{name}' is not a wpk plan ({exc})", hint=REBUILD_HINT) from None
     try:
         check_member_sizes(archive, name)

@@ -341,8 +341,16 @@ def _node_in_message(proto: onnx.ModelProto, text: str) -> str | None:
     return None
 
 
-def _dtype_name(elem_type: int) -> str:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+def _dtype_name(elem_type: int, value: str, source: str) -> str:
+    """The numpy name of a declared element type; UnsupportedError naming the value for a
+    type number this onnx does not know (a newer ONNX's type, or damaged bytes)."""
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, ValueError, TypeError):
+        raise UnsupportedError(f"value '{value}' of '{source}' has element type {elem_type}, "
+                               f"which onnx {onnx.__version__} does not know",
+                               hint="export the model with a standard ONNX element type "
+                                    "(FLOAT, FLOAT16, INT64, ...)") from None
 
 
 def _value_infos(proto: onnx.ModelProto, source: str) -> dict[str, TensorInfo | None]:
@@ -358,6 +366,7 @@ def _value_infos(proto: onnx.ModelProto, source: str) -> dict[str, TensorInfo | 
                 hint="wpk runs tensor graphs only (no sequences, maps or optionals)")
         if not value.type.HasField("tensor_type") or ttype.elem_type == 0:
             continue
+        dtype = _dtype_name(ttype.elem_type, value.name, source)
         if not ttype.HasField("shape"):
             infos.setdefault(value.name, None)
             continue
@@ -365,7 +374,7 @@ def _value_infos(proto: onnx.ModelProto, source: str) -> dict[str, TensorInfo | 
         if any(d < 0 for d in dims):
             infos.setdefault(value.name, None)
         else:
-            infos[value.name] = TensorInfo(tuple(dims), _dtype_name(ttype.elem_type))
+            infos[value.name] = TensorInfo(tuple(dims), dtype)
     return infos
 
 

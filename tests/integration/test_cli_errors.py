@@ -219,6 +219,34 @@ def test_plan_from_a_newer_format_version(tmp_path, plan, capsys):
     assert_user_error(code, err, "format version")
 
 
+def _with_unknown_zip_version(path: str, copy: Path) -> Path:
+    """A copy of the zip at `path` whose central directory says every member needs zip
+    version 21.3 to extract: zipfile refuses it with NotImplementedError, not BadZipFile."""
+    data = bytearray(Path(path).read_bytes())
+    start = data.find(b"PK\x01\x02")
+    assert start > 0, "no central directory entry"
+    while start != -1:
+        data[start + 6:start + 8] = (213).to_bytes(2, "little")   # version needed to extract
+        start = data.find(b"PK\x01\x02", start + 4)
+    copy.write_bytes(bytes(data))
+    return copy
+
+
+def test_a_zip_of_an_unknown_version_is_not_a_plan_nor_an_inputs_file(tmp_path, plan, capsys):
+    """A plan whose zip says it needs version 21.3 (found by the CLI fuzzer, `scripts/fuzz.py
+    --seed 72`): `wpk report` and `wpk run` ended in `internal error: NotImplementedError`;
+    an inputs file of that kind did in `wpk run --inputs`."""
+    damaged = _with_unknown_zip_version(plan, tmp_path / "version.wpk")
+    for command in ("run", "report"):
+        code, _, err = run_cli(capsys, command, damaged)
+        assert_user_error(code, err, "version.wpk", "zip file version 21.3")
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=np.zeros((1, 3, 8, 8), np.float32))
+    code, _, err = run_cli(capsys, "run", plan, "--inputs",
+                           _with_unknown_zip_version(str(inputs), tmp_path / "version.npz"))
+    assert_user_error(code, err, "version.npz")
+
+
 def test_not_a_plan(tmp_path, model, capsys):
     code, _, err = run_cli(capsys, "run", model)
     assert_user_error(code, err, "model.onnx")

@@ -311,6 +311,22 @@ def test_an_input_without_an_element_type_is_refused(input_shapes):
     assert "FLOAT" in err.value.hint
 
 
+def test_an_element_type_this_onnx_does_not_know_is_refused():
+    """Element type 30 on a graph input that no node reads (a damaged model the CLI fuzzer
+    drew, `scripts/fuzz.py --seed 72`): onnx's type table has no entry, and reading the
+    declared types ended in `internal error: KeyError: 30`."""
+    scalars = [h.make_tensor(name, TensorProto.FLOAT, [], [value])
+               for name, value in (("start", 0.0), ("limit", 4.0), ("delta", 1.0))]
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 1, 4])
+    x.type.tensor_type.elem_type = 30
+    graph = h.make_graph([h.make_node("Range", ["start", "limit", "delta"], ["y"])], "m",
+                         [x], [h.make_tensor_value_info("y", TensorProto.FLOAT, [4])], scalars)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    with pytest.raises(UnsupportedError, match=r"'x' .* element type 30") as err:
+        load_model(model)
+    assert "FLOAT" in err.value.hint
+
+
 def test_missing_external_data(tmp_path):
     weight = np.arange(4096, dtype=np.float32).reshape(64, 64)
     init = onnx.numpy_helper.from_array(weight, "w")

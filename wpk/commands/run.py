@@ -131,7 +131,7 @@ def _load_npz(path: Path) -> dict[str, np.ndarray] | np.ndarray:
     except OSError as exc:
         raise InputError(f"cannot read inputs file '{path}': {exc.strerror or 'not a numpy file'}",
                          hint=hint) from None
-    except (ValueError, EOFError, zipfile.BadZipFile):  # pickled objects, any other bytes
+    except (ValueError, EOFError, zipfile.BadZipFile, NotImplementedError):  # pickles, other bytes
         raise InputError(f"inputs file '{path}' is not a numpy .npz or .npy file "
                          "(or holds pickled Python objects, which wpk does not load)",
                          hint=hint) from None
