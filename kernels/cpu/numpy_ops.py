@@ -317,6 +317,7 @@ class NumpySum(NumpyImplementation):
     """Sum, Mean and variadic Max/Min: one ufunc pass per input into the output."""
 
     name = "numpy.sum"
+    uses_blas = False   # ufuncs and reductions on the calling thread
     ops = ("Sum", "Mean", "Max", "Min")
 
     def extra_reason(self, workload: Workload) -> str | None:
@@ -349,6 +350,7 @@ class NumpySoftmax(NumpyImplementation):
     """Softmax over one axis, in the output buffer (opset >= 13 semantics)."""
 
     name = "numpy.softmax"
+    uses_blas = False   # ufuncs and reductions on the calling thread
     ops = ("Softmax",)
 
     def extra_reason(self, workload: Workload) -> str | None:
@@ -372,6 +374,7 @@ class NumpyLayerNorm(NumpyImplementation):
     """LayerNormalization over the trailing axes (with the optional Mean/InvStdDev outputs)."""
 
     name = "numpy.layernorm"
+    uses_blas = False   # ufuncs and reductions on the calling thread
     ops = ("LayerNormalization",)
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],
@@ -409,6 +412,7 @@ class NumpyBatchNorm(NumpyImplementation):
     """Inference BatchNormalization as one multiply-add per channel (folded when constant)."""
 
     name = "numpy.batchnorm"
+    uses_blas = False   # ufuncs and reductions on the calling thread
     ops = ("BatchNormalization",)
 
     def prepare(self, workload: Workload, consts: Mapping[int, np.ndarray],

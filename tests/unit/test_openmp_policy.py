@@ -46,6 +46,20 @@ def test_a_plan_of_generated_kernels_spins_as_long_as_onnxruntime():
     assert build.OPENMP_IDLE_SPIN_COUNT > 10 * build.OPENMP_SPIN_COUNT
 
 
+@pytest.mark.parametrize("numpy_kernel", ["numpy.sum", "numpy.softmax", "numpy.layernorm",
+                                          "numpy.batchnorm", "numpy.elementwise"])
+def test_numpy_kernels_that_call_no_blas_let_a_plan_spin_long(numpy_kernel):
+    """numpy's ufuncs and reductions compute on the calling thread: such a step neither
+    wakes a pool of its own nor needs BLAS limited (they were marked as BLAS users, the
+    default, so a plan holding one kept the brief spin)."""
+    from wpk.kernels import registry
+
+    implementation = registry.get(numpy_kernel)
+    assert not implementation.uses_blas and implementation.one_pool
+    assert openmp_spin_count(_plan("micro.nchwc", numpy_kernel)) == \
+        build.OPENMP_IDLE_SPIN_COUNT
+
+
 @pytest.mark.parametrize("other", ["ort.nchwc", "ort.model", "ort.fallback", "numpy.gemm",
                                    "no.such.implementation"])
 def test_a_plan_that_shares_the_cores_spins_briefly(other):
