@@ -36,4 +36,3 @@ def test_build_keeps_the_contract_on_random_models(model):
 @given(st.sampled_from([b"", b"\x00" * 7, b"not an onnx model", b"\x08\x07\x12"]))
 def test_build_keeps_the_contract_on_garbage(data):
     assert check_model(data, "build").violations == []
-

@@ -294,18 +294,23 @@ def test_input_shape_disagrees_with_fixed_dim():
         load_model(relu_model(), input_shapes={"x": (1, 5, 4, 4)})
 
 
+def unread_input_model(x):
+    """A model of a Range of constants (4 values) beside graph input `x`, which no node
+    reads: only the input's declaration is under test."""
+    scalars = [h.make_tensor(name, TensorProto.FLOAT, [], [value])
+               for name, value in (("start", 0.0), ("limit", 4.0), ("delta", 1.0))]
+    graph = h.make_graph([h.make_node("Range", ["start", "limit", "delta"], ["y"])], "m",
+                         [x], [h.make_tensor_value_info("y", TensorProto.FLOAT, [4])], scalars)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
 @pytest.mark.parametrize("input_shapes", [None, {"x": (5,)}])
 def test_an_input_without_an_element_type_is_refused(input_shapes):
     """A graph input of element type UNDEFINED that no node reads, beside a Range of
     constants (a damaged model the CLI fuzzer drew, `scripts/fuzz.py --seed 71`): the
     checker lets it through and the shape evaluation ended in `internal error: KeyError`.
     onnxruntime refuses it too ("Invalid tensor data type 0")."""
-    scalars = [h.make_tensor(name, TensorProto.FLOAT, [], [value])
-               for name, value in (("start", 0.0), ("limit", 4.0), ("delta", 1.0))]
-    graph = h.make_graph([h.make_node("Range", ["start", "limit", "delta"], ["y"])], "m",
-                         [h.make_tensor_value_info("x", TensorProto.UNDEFINED, [5])],
-                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [None])], scalars)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model = unread_input_model(h.make_tensor_value_info("x", TensorProto.UNDEFINED, [5]))
     with pytest.raises(UnsupportedError, match=r"input 'x' .* no element type") as err:
         load_model(model, input_shapes=input_shapes)
     assert "FLOAT" in err.value.hint
@@ -315,15 +320,10 @@ def test_an_element_type_this_onnx_does_not_know_is_refused():
     """Element type 30 on a graph input that no node reads (a damaged model the CLI fuzzer
     drew, `scripts/fuzz.py --seed 72`): onnx's type table has no entry, and reading the
     declared types ended in `internal error: KeyError: 30`."""
-    scalars = [h.make_tensor(name, TensorProto.FLOAT, [], [value])
-               for name, value in (("start", 0.0), ("limit", 4.0), ("delta", 1.0))]
     x = h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 1, 4])
     x.type.tensor_type.elem_type = 30
-    graph = h.make_graph([h.make_node("Range", ["start", "limit", "delta"], ["y"])], "m",
-                         [x], [h.make_tensor_value_info("y", TensorProto.FLOAT, [4])], scalars)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     with pytest.raises(UnsupportedError, match=r"'x' .* element type 30") as err:
-        load_model(model)
+        load_model(unread_input_model(x))
     assert "FLOAT" in err.value.hint
 
 
