@@ -31,7 +31,9 @@ Times are seconds; values that were not measured are null. `reason` and
 reports of builds before them; `gflops` answers for those (null). A build with `--search` adds
 `"search"` (`wpk.pipeline`: per tuned workload its trials' times, `history`),
 and one that compared the plan with onnxruntime's whole model `"partition"`
-(`wpk.partition`).
+(`wpk.partition`). `"machine_load"`: {"others_share", "cores", "window_s"}, the share of the
+build's cores other processes used while it ran (`wpk.core.machine_load`; absent where the
+operating system does not tell, from a `--cluster` build and from older builds).
 """
 
 from __future__ import annotations

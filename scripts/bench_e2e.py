@@ -18,6 +18,8 @@ onnxruntime runs with ORT_ENABLE_ALL and intra-op threads = cores.
     python scripts/bench_e2e.py --breakdown                  # + time of every plan step
     python scripts/bench_e2e.py --models corpus --ort-spinning --block 10 --breakdown
     python scripts/bench_e2e.py --table benchmarks/results/e2e-....json   # an earlier run
+    python scripts/bench_e2e.py --models mobilenet_v2_like --busy-build 1   # built beside
+                                                  # a busy process, timed on the idle machine
 
 Writes benchmarks/results/e2e-<date>-<host>.json (machine, versions, all
 timings) and prints a markdown table and a summary line (the geometric mean of wpk/ort
@@ -45,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -164,19 +167,34 @@ def load_benchmark_model(name: str, corpus_size: str = "bench"
     return model, models.random_inputs(model, seed=0), {}
 
 
+@contextmanager
+def busy_processes(count: int):
+    """`count` processes that each keep a core busy (a Python loop) while the block runs:
+    a build on a machine where something else is running."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options: dict,
                 breakdown: bool, workdir: str, ort_spinning: bool = False,
                 block: int = 1, wpk_spin: bool = False, corpus_size: str = "bench",
-                fresh_process: bool = False) -> dict:
-    """Build model `name`, check its plan against onnxruntime and time both engines in
-    this process; with `fresh_process`, time them again in a new process that loads only
-    the saved plan and the model (`time_in_fresh_process`)."""
+                fresh_process: bool = False, busy_build: int = 0) -> dict:
+    """Build model `name` (beside `busy_build` busy processes), check its plan against
+    onnxruntime and time both engines in this process (nothing else running); with
+    `fresh_process`, time them again in a new process that loads only the saved plan and
+    the model (`time_in_fresh_process`)."""
     load_before = list(os.getloadavg())  # others' work on a shared machine shows here
     model, feeds, input_shapes = load_benchmark_model(name, corpus_size)
     if input_shapes:
         build_options = {**build_options, "input_shapes": input_shapes}
     started = time.perf_counter()
-    plan = wpk.build(model, target="cpu", progress=False, **build_options)
+    with busy_processes(busy_build):
+        plan = wpk.build(model, target="cpu", progress=False, **build_options)
     build_s = time.perf_counter() - started
     path = os.path.join(workdir, f"{name}.wpk")
     plan.save(path)
@@ -193,6 +211,7 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
               "relative_l2_vs_ort": error,
               "wpk": summarize(wpk_times), "onnxruntime": summarize(ort_times),
               "load_average_before_after": [load_before, list(os.getloadavg())],
+              "busy_build": busy_build, "machine_load": plan.report.get("machine_load"),
               # what the build's end-to-end check measured and chose (wpk.partition)
               "partition": {k: v for k, v in plan.report.get("partition", {}).items()
                             if k in ("winner", "plan", "ratio", "medians_s", "reason",
@@ -469,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh-process", action="store_true",
                         help="also time both engines in a new process that loads only the "
                              "saved plan and the model, as a deployment would")
+    parser.add_argument("--busy-build", type=int, default=0, metavar="N",
+                        help="build each plan beside N processes that keep a core busy each "
+                             "(then time it with nothing else running): a build on a busy "
+                             "machine")
     parser.add_argument("--breakdown", action="store_true", help="time every plan step")
     parser.add_argument("--top", type=int, default=12, help="rows in the breakdown tables")
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
@@ -496,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
                                        build_options, args.breakdown, workdir,
                                        args.ort_spinning, max(1, args.block),
                                        args.wpk_spin, args.corpus_size,
-                                       args.fresh_process))
+                                       args.fresh_process, args.busy_build))
 
     report = {"benchmark": "e2e", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "method": f"{args.warmup} warm-up rounds, then {args.rounds} rounds alternating "
@@ -507,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                         + ("; then the same in a fresh process that loads only the saved plan "
                            "and the model" if args.fresh_process else ""),
               "block": args.block, "fresh_process": args.fresh_process,
+              "busy_build": args.busy_build,
               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
               "threads": args.threads, "ort_spinning": args.ort_spinning,
               "wpk_spin_threads": args.wpk_spin,
@@ -525,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_save:
         prefix = ("e2e" + ("-corpus" if any(n in CORPUS_MODELS for n in names) else "")
                   + ("-ort-spinning" if args.ort_spinning else "")
-                  + ("-wpk-spin" if args.wpk_spin else ""))
+                  + ("-wpk-spin" if args.wpk_spin else "")
+                  + (f"-busy-build-{args.busy_build}" if args.busy_build else ""))
         write_results(report, prefix, args.results_dir)
     return 0
 

@@ -41,6 +41,7 @@ import onnx
 
 from wpk.core.errors import OptionError
 from wpk.core.limits import parse_memory
+from wpk.core.machine_load import cpu_use, load_summary
 from wpk.core.safe_write import check_output
 from wpk.in_run import tuned_and_untuned_mix
 from wpk.kernels.target import Target, create_target, target_class
@@ -203,7 +204,7 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
     `options` are the fields of `BuildOptions`. The plan is returned and,
     when `output` is given, written there atomically.
     """
-    started = time.perf_counter()
+    started, machine_before = time.perf_counter(), cpu_use()
     opts = BuildOptions.from_kwargs(target=target, **options)
     build_target = create_target(opts.target, gpu=opts.gpu, offline=opts.offline)
     check_runner(build_target, opts.parallel_measure, opts.cluster)  # before reading the model
@@ -255,6 +256,9 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         result = bundle_native_libraries(result)
     if tail is not None:
         attach_tail(result, tail, graph)
+    load = None if opts.cluster is not None else load_summary(machine_before, cpu_use())
+    if load is not None:   # a cluster's nodes measure elsewhere
+        result.report = {**result.report, "machine_load": load}
     if output is not None:
         result.save(output)
     return result

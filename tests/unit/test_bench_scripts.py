@@ -1,6 +1,7 @@
 """The GPU benchmark's pieces that run without a GPU: the torch stand-ins for the ONNX
 models and the goal summary."""
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -157,6 +158,26 @@ def test_the_e2e_summary_counts_verdicts_and_prints_an_earlier_runs_table(script
             bad.write_text('{"rows": []}')   # another benchmark's JSON
         assert main(["--table", str(bad)]) == 2
         assert capsys.readouterr().err.startswith(f"error: --table {bad}: ")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads Linux's /proc")
+def test_bench_e2e_builds_beside_busy_processes_that_end_with_the_build(scripts_on_path):
+    """`--busy-build N`: N processes that each burn CPU while the block runs, none after."""
+    import time
+
+    from bench_e2e import busy_processes
+
+    def cpu_ticks(pid: int) -> int:   # utime + stime, /proc/PID/stat fields 14 and 15
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    with busy_processes(2) as procs:
+        assert len(procs) == 2
+        time.sleep(0.5)
+        before = [cpu_ticks(p.pid) for p in procs]
+        time.sleep(0.5)
+        assert all(cpu_ticks(p.pid) > b for p, b in zip(procs, before))
+    assert all(p.poll() is not None for p in procs)
 
 
 def test_bench_ort_threads_times_both_sessions_in_swapping_blocks(scripts_on_path, tmp_path):

@@ -18,6 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from wpk.core.machine_load import BUSY_SHARE
 from wpk.plans.report import by_share, choice_reason, gflops, loosened_workloads, next_best
 from wpk.search.parallel_measure import summary_line
 from wpk.search.recorded import CONTENDED
@@ -168,10 +169,25 @@ def summary_lines(report: Mapping) -> list[str]:
     if report.get("build_time_s") is not None:
         lines.append(f"built in {report['build_time_s']:.1f} s")
     lines += search_lines(report)
+    lines += machine_load_lines(report)
     lines += loosened_lines(report)
     lines += partition_lines(report)
     lines += tail_lines(report)
     return lines
+
+
+def machine_load_lines(report: Mapping) -> list[str]:
+    """A CPU build during which other processes used `BUSY_SHARE` of its cores or more
+    (`report["machine_load"]`, `wpk.core.machine_load`): its timings, and the choices made
+    on them, may not hold on the idle machine."""
+    load = report.get("machine_load") or {}
+    share = load.get("others_share")
+    if report.get("target") != "cpu" or share is None or share < BUSY_SHARE:
+        return []
+    return [f"warning: other processes used {100 * share:.0f}% of the "
+            f"{plural(load.get('cores', 0), 'core')} while this plan was built: its timings, "
+            "and the choices made on them, may not hold on an idle machine (hint: build "
+            "again when it is idle; generated kernels lose most on a busy machine)"]
 
 
 def loosened_lines(report: Mapping) -> list[str]:
