@@ -119,6 +119,31 @@ def test_a_softmax_axis_out_of_range_is_exit_2_naming_the_node():
     assert "soft" in outcome.stderr and "axis=" in outcome.stderr
 
 
+@pytest.mark.parametrize("b_shape, c_shape, trans_b, wanted", [
+    ([64, 1], [1], 0, "has 2 columns but B"),      # the fuzzer's draw, alpha 0
+    ([1, 2], [1], 0, "has 2 columns but B"),
+    ([3, 2], [5, 3], 1, "does not broadcast"),
+], ids=["inner-dims", "inner-dims-small", "c-shape"])
+def test_a_gemm_whose_shapes_do_not_fit_is_exit_2_naming_the_node(b_shape, c_shape, trans_b,
+                                                                   wanted):
+    """At opset 8 (the fuzzer's draw, seed 75) ONNX's shape inference checks neither Gemm's
+    inner dims nor, at any opset, C's broadcast: the build ended in `internal error:
+    ValueError: matmul: ... mismatch in its core dimension` (the float64 reference's
+    product)."""
+    from onnx import numpy_helper as nh
+
+    weights = [nh.from_array(np.ones(b_shape, np.float32), "b"),
+               nh.from_array(np.ones(c_shape, np.float32), "c")]
+    graph = h.make_graph([h.make_node("Gemm", ["x", "b", "c"], ["y"], name="gemm", alpha=0.0,
+                                      transB=trans_b)], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [6, 2])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["o0", "o1"])], weights)
+    data = h.make_model(graph, opset_imports=[h.make_opsetid("", 8)]).SerializeToString()
+    outcome = check_model(data, "build")
+    assert outcome.violations == [] and outcome.code == 2
+    assert "gemm" in outcome.stderr and wanted in outcome.stderr
+
+
 def test_a_softmax_over_an_empty_slice_builds_and_runs(tmp_path):
     """The draw that ended a CLI fuzzing run (`scripts/fuzz.py --seed 71`): a float16
     Softmax over axis 0 of a Slice from 5 to 8 of a length-3 axis, an empty tensor. The

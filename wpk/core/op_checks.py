@@ -169,6 +169,27 @@ def _index_shape(workload: Workload) -> str | None:
     return None
 
 
+def _gemm_shapes(workload: Workload) -> str | None:
+    """Gemm: 2-d A and B whose inner dims (after transA / transB) agree, and a C that
+    broadcasts to the (M, N) result (ONNX's shape inference checks neither)."""
+    specs = workload.inputs
+    if len(specs) < 2 or specs[0] is None or specs[1] is None:
+        return None
+    a, b = specs[0].shape, specs[1].shape
+    if len(a) != 2 or len(b) != 2:
+        return f"A has shape {list(a)} and B {list(b)}; Gemm takes 2-d A and B"
+    m, k = (a[1], a[0]) if workload.attr("transA", 0) else (a[0], a[1])
+    k2, n = (b[1], b[0]) if workload.attr("transB", 0) else (b[0], b[1])
+    if k != k2:
+        return (f"A (shape {list(a)}, transA={workload.attr('transA', 0)}) has {k} columns "
+                f"but B (shape {list(b)}, transB={workload.attr('transB', 0)}) has {k2} rows")
+    if len(specs) > 2 and specs[2] is not None:
+        c = tuple(specs[2].shape)
+        if len(c) > 2 or any(d not in (1, full) for d, full in zip(c[::-1], (n, m))):
+            return f"C has shape {list(c)}, which does not broadcast to the result's [{m}, {n}]"
+    return None
+
+
 _CHECKS: dict[str, tuple[Callable[[Workload], str | None], ...]] = {}
 for _op in _WINDOW_OPS:
     _CHECKS[_op] = (_positive_ints,)
@@ -182,6 +203,7 @@ for _op in ("DepthToSpace", "SpaceToDepth"):
     _CHECKS[_op] = (_pixel_shuffle_shape,)
 for _op in ("ArgMax", "ArgMin"):
     _CHECKS[_op] = (_axis_in_range, _index_shape)
+_CHECKS["Gemm"] = (_gemm_shapes,)
 
 
 # The blocked layout's windowed ops (domain `wpk.kernels.nchwc_logical.NCHWC_DOMAIN`;
