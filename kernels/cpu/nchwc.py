@@ -41,7 +41,7 @@ from wpk.kernels.cpu.nchwc_standard import (
     is_standard_blocked,
     standard_reason,
 )
-from wpk.kernels.cpu.node_model import OnnxPart
+from wpk.kernels.cpu.node_model import PART_EXTERNAL_MIN_BYTES, OnnxPart, external_initializer
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.epilogue import epilogue_onnx_nodes
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
@@ -191,10 +191,22 @@ def _onnx_attrs(workload: Workload, names: Sequence[str]) -> dict:
     return attrs
 
 
-def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
+def _initializer(value: np.ndarray, name: str, external: dict[str, np.ndarray] | None):
+    """`value` as initializer `name`: in the model, or, with `external` and
+    `PART_EXTERNAL_MIN_BYTES` or more, in `external` with an external initializer."""
+    if external is None or value.nbytes < PART_EXTERNAL_MIN_BYTES:
+        return numpy_helper.from_array(value, name)
+    external[name] = np.ascontiguousarray(value)
+    return external_initializer(name, value)
+
+
+def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray],
+                    external: dict[str, np.ndarray] | None = None):
     """The one-node `com.microsoft.nchwc` model and the workload inputs it is fed, in order
     (a blocked Concat or Elementwise: its standard ONNX form, `nchwc_standard`, except
-    a gate multiply: a depthwise 1x1 Conv with the gate as filter, `nchwc_gate`)."""
+    a gate multiply: a depthwise 1x1 Conv with the gate as filter, `nchwc_gate`). With
+    `external` (a dict), a packed filter of `PART_EXTERNAL_MIN_BYTES` or more goes into it
+    by name and the model holds an external initializer (`OnnxPart.external`)."""
     if is_gate_multiply(workload):
         return build_gate_model(workload, consts)
     if is_standard_blocked(workload):
@@ -213,7 +225,7 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray]):
             packed = fmt.pack_filter_oihwbo(weight, b)
         else:
             packed = fmt.pack_filter_oihwbibo(weight, b)
-        initializers.append(numpy_helper.from_array(packed, "w"))
+        initializers.append(_initializer(packed, "w", external))
         node_inputs.append("w")
         has_bias = len(workload.inputs) > 2 and workload.inputs[2] is not None
         if has_bias:
@@ -341,8 +353,9 @@ class OrtNchwc(Implementation):
         return conv_algorithm(workload)
 
     def onnx_part(self, workload: Workload, consts: Mapping[int, np.ndarray]) -> OnnxPart:
-        model, feeds = build_ort_model(workload, consts)
-        return OnnxPart(model, tuple(feeds), ("y",))
+        external: dict[str, np.ndarray] = {}
+        model, feeds = build_ort_model(workload, consts, external)
+        return OnnxPart(model, tuple(feeds), ("y",), external)
 
     def onnx_opset(self, workload: Workload) -> int:
         return max(workload.opset, FRAGMENT_OPSET)

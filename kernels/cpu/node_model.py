@@ -26,6 +26,11 @@ WPK_DOMAIN = "wpk"
 MS_DOMAIN = ONNXRUNTIME_DOMAIN
 # Attributes that hold a graph (stored in a workload as serialized GraphProto bytes).
 SUBGRAPH_ATTRS = frozenset({"then_branch", "else_branch", "body"})
+# A region part's constants of this many bytes and more stay numpy arrays beside its model
+# (`OnnxPart.external`): copied into protobuf, merged and serialized, ResNet-50's 98 MB of
+# weights cost a third of its plan's load. At most 8 bytes a value, so each has 4096
+# values or more: the ones `ort_region`'s version conversion takes out of a part anyway.
+PART_EXTERNAL_MIN_BYTES = 32768
 
 
 def is_elementwise(workload: Workload) -> bool:
@@ -108,12 +113,15 @@ class NodeModel:
 @dataclass(frozen=True)
 class OnnxPart:
     """A step's ONNX form, for merging into a region model: the model, which graph input
-    each workload input index feeds (`feeds`: (graph input name, input index)), and the
-    graph outputs of the workload's outputs, in order."""
+    each workload input index feeds (`feeds`: (graph input name, input index)), the
+    graph outputs of the workload's outputs, in order, and the values of its external
+    initializers by name (`external`: weights of `PART_EXTERNAL_MIN_BYTES` and more, kept
+    out of the model's protobuf; `wpk.kernels.cpu.ort_region` hands them to the session)."""
 
     model: onnx.ModelProto
     feeds: tuple[tuple[str, int], ...]
     outputs: tuple[str, ...]
+    external: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 def expanded_model(workload: Workload, consts: Mapping[int, np.ndarray],
@@ -147,9 +155,9 @@ def expanded_model(workload: Workload, consts: Mapping[int, np.ndarray],
 
 def node_part(workload: Workload, consts: Mapping[int, np.ndarray] | None = None) -> OnnxPart:
     """The `OnnxPart` of the workload's node and epilogue (constants as initializers)."""
-    node = build_node_model(workload, consts)
+    node = build_node_model(workload, consts, external_min_bytes=PART_EXTERNAL_MIN_BYTES)
     return OnnxPart(node.model, tuple((input_name(i), i) for i in node.feeds),
-                    tuple(output_name(j) for j in range(len(workload.outputs))))
+                    tuple(output_name(j) for j in range(len(workload.outputs))), node.external)
 
 
 def opset_imports(workload: Workload) -> list[onnx.OperatorSetIdProto]:

@@ -8,6 +8,8 @@ an ONNX form, `Implementation.onnx_part`: `ort`, `ort.fallback`, `ort.nchwc`),
 the runtime may execute them as one session holding exactly those nodes, with
 the same packed weights and attributes, so onnxruntime runs the same kernels:
 graph optimizations stay at the level that leaves the nodes as they are. The
+weights reach the session as external initializers, beside its model rather than
+serialized into it (`region_model`'s `detached`). The
 outputs that later steps or the graph read are bound to their arena buffers;
 the others stay inside the session. On request (`Session(spin_threads=True)`)
 the session's threads spin between its nodes during a run, as onnxruntime's
@@ -30,13 +32,16 @@ import onnxruntime as ort
 from wpk.core.deferred import helper, numpy_helper, onnx, version_converter
 from wpk.core.workload import Workload
 from wpk.kernels.cpu.nchwc import _CPU, ORT_NCHWC_DOMAIN
-from wpk.kernels.cpu.node_model import MS_DOMAIN, OnnxPart
+from wpk.kernels.cpu.node_model import MS_DOMAIN, OnnxPart, external_initializer
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.registry import Implementation, Kernel
 
 # Initializers of this many values and more reach ONNX's version converter as typed inputs
 # (`_weights_as_inputs`).
 CONVERTED_WEIGHT_LIMIT = 4096
+# A region session gets weights of this many bytes and more as external initializers
+# (`region_model`'s `detached`), not inside its serialized model
+DETACHED_MIN_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -53,13 +58,16 @@ class RegionMember:
         return self.implementation.onnx_part(self.workload, self.consts)
 
 
-def region_model(members: Sequence[RegionMember], exported: set[str] | None = None):
+def region_model(members: Sequence[RegionMember], exported: set[str] | None = None,
+                 detached: dict[str, np.ndarray] | None = None):
     """The merged model, its external input names (in order), its output names and every
     bound tensor's (ONNX element type, shape): the members' outputs in `exported` (all of
     them when None); the others stay inside the session, in onnxruntime's own memory. A
     tensor that a member declares with another shape than the one it was produced or
     bound with (the 4-d view of a blocked tensor read 5-d, or back) is read through a
-    Reshape."""
+    Reshape. With `detached` (a dict), the weights of `DETACHED_MIN_BYTES` and more move
+    into it, by name, and the model holds only their names, types and shapes (external
+    initializers for `SessionOptions.add_external_initializers`)."""
     merged = _Merged()
     opset = max(m.implementation.onnx_opset(m.workload) for m in members)
     for index, member in enumerate(members):
@@ -71,9 +79,14 @@ def region_model(members: Sequence[RegionMember], exported: set[str] | None = No
             rename[local] = merged.read(member.inputs[input_index], declared[local])
         prefix = f"s{index}/"
         for tensor in model.graph.initializer:
-            rename[tensor.name] = prefix + tensor.name
-            tensor.name = rename[tensor.name]
-            merged.initializers.append(tensor)
+            local = tensor.name
+            rename[local] = prefix + local
+            if local in part.external:   # its values beside the part's model
+                merged.initializers.append(_outside(part.external[local], rename[local],
+                                                    detached))
+                continue
+            tensor.name = rename[local]
+            merged.initializers.append(_detach(tensor, detached))
         for node in model.graph.node:
             node.input[:] = [rename.get(name, prefix + name) if name else ""
                              for name in node.input]
@@ -94,6 +107,31 @@ def region_model(members: Sequence[RegionMember], exported: set[str] | None = No
                                                     helper.make_opsetid(MS_DOMAIN, 1)])
     model.ir_version = 8
     return model, merged.external, outputs, types
+
+
+def _outside(value: np.ndarray, name: str, detached: dict[str, np.ndarray] | None
+             ) -> onnx.TensorProto:
+    """A part's external weight `value` as initializer `name` of the region: external too,
+    its value in `detached`, or without `detached` inside the model."""
+    if detached is None:
+        return numpy_helper.from_array(value, name)
+    detached[name] = value
+    return external_initializer(name, value)
+
+
+def _detach(tensor: onnx.TensorProto, detached: dict[str, np.ndarray] | None
+            ) -> onnx.TensorProto:
+    """`tensor`, or with `detached` and `DETACHED_MIN_BYTES` of raw data or more, an
+    external initializer of its name, type and shape, its values moved into `detached`
+    (DenseNet-121's region of 217 parts: serializing its 31 MB of weights into the model,
+    and onnxruntime parsing them back, took about a fifth of the plan's load)."""
+    if detached is None or len(tensor.raw_data) < DETACHED_MIN_BYTES or \
+            tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return tensor
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    value = np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
+    detached[tensor.name] = value
+    return external_initializer(tensor.name, value)
 
 
 def upgraded(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto:
@@ -219,10 +257,15 @@ def region_kernel(members: Sequence[RegionMember], exported: set[str] | None = N
     """A kernel(inputs, outputs) running the merged session, and the tensor names of its
     inputs and outputs (in the order the kernel takes the arrays); with `spin`, its threads
     spin during a run (see the module docstring)."""
-    model, external, outputs, types = region_model(members, exported)
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   session_options(optimization="disabled", spin_during_run=spin),
+    weights: dict[str, np.ndarray] = {}
+    model, external, outputs, types = region_model(members, exported, weights)
+    options = session_options(optimization="disabled", spin_during_run=spin)
+    if weights:   # onnxruntime copies them into its graph: they may go once it holds them
+        options.add_external_initializers(
+            list(weights), [ort.OrtValue.ortvalue_from_numpy(v) for v in weights.values()])
+    session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
+    del weights
     binding = session.io_binding()._iobinding
     run = session._sess.run_with_iobinding
     run_options = ort.RunOptions()

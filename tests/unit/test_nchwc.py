@@ -193,6 +193,32 @@ def test_zero_padding_in_gives_zero_padding_out(rng):
         assert np.array_equal(fmt.unblock(out, 20) > 0, lanes[:, :20] > 0)
 
 
+def test_a_large_packed_filter_reaches_a_region_beside_its_parts_model(rng):
+    """ort.nchwc's ONNX form keeps a packed filter of PART_EXTERNAL_MIN_BYTES or more out
+    of its model (an external initializer, the packed values in `OnnxPart.external`); the
+    region session built from it answers as the step's own session does."""
+    from wpk.kernels.cpu.node_model import PART_EXTERNAL_MIN_BYTES
+    from wpk.kernels.cpu.ort_region import RegionMember, region_kernel
+
+    workload = _conv_workload(4 * B, 4 * B, 7, 3, 1, 1, epilogue=(RELU,))
+    w = rng.standard_normal((4 * B, 4 * B, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(4 * B).astype(np.float32)
+    ort_nchwc = registry.get("ort.nchwc")
+    part = ort_nchwc.onnx_part(workload, {1: w, 2: bias})
+    (filter_,) = [t for t in part.model.graph.initializer if t.name in part.external]
+    assert part.external[filter_.name].nbytes >= PART_EXTERNAL_MIN_BYTES
+    assert filter_.data_location == onnx.TensorProto.EXTERNAL and not filter_.raw_data
+    np.testing.assert_array_equal(part.external[filter_.name],
+                                  fmt.pack_filter_oihwbibo(w, B))   # packed as MLAS reads it
+    x = rng.standard_normal(workload.inputs[0].shape).astype(np.float32)
+    step, merged = (np.full(workload.outputs[0].shape, np.nan, np.float32) for _ in range(2))
+    ort_nchwc.prepare(workload, {1: w, 2: bias}, {})([x, w, bias], [step])
+    kernel, _, _ = region_kernel([RegionMember(ort_nchwc, workload, {1: w, 2: bias},
+                                               ("x", "w", "b"), ("y",))])
+    kernel([x], [merged])
+    np.testing.assert_array_equal(merged, step)
+
+
 def test_kernel_rebinds_moved_and_non_contiguous_buffers(rng):
     workload = WORKLOADS["reorder_output"]
     kernel = registry.get("ort.nchwc").prepare(workload, {}, {})

@@ -12,8 +12,10 @@ import wpk
 from tests.built_plans import FAST_BUILD
 from wpk.core.numerics import relative_l2
 from wpk.kernels import registry
+from wpk.kernels.cpu.node_model import PART_EXTERNAL_MIN_BYTES
 from wpk.kernels.cpu.ort_region import (
     CONVERTED_WEIGHT_LIMIT,
+    DETACHED_MIN_BYTES,
     WIDENING_SINCE,
     RegionMember,
     region_kernel,
@@ -49,11 +51,12 @@ def test_a_transformers_onnxruntime_steps_share_one_session_with_the_same_output
             assert relative_l2(ours[name], reference[name]) <= 1e-6, name
 
 
-def _opset11_model() -> onnx.ModelProto:
+def _opset11_model(channels: int = 8) -> onnx.ModelProto:
     """Conv -> ReduceMean(axes attribute) -> Squeeze(axes attribute): both ops were later
     redefined (axes became an input), so they read differently at opset 17+."""
     rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    weight = numpy_helper.from_array(
+        rng.standard_normal((channels, 3, 3, 3)).astype(np.float32), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("ReduceMean", ["c"], ["m"], axes=[1], keepdims=1),
              helper.make_node("Squeeze", ["m"], ["y"], axes=[1])]
@@ -63,11 +66,8 @@ def _opset11_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
 
 
-def test_a_region_upgrades_older_members_to_its_newest_opset():
-    """A member at opset 17 (a blocked conv's ONNX form is) and the model's opset-11
-    ReduceMean and Squeeze run as one region, the older nodes converted (axes as inputs),
-    with onnxruntime's answer on the original model."""
-    model = _opset11_model()
+def _opset11_members(model: onnx.ModelProto) -> list[RegionMember]:
+    """The steps of `model`'s plan as `ort` region members, its Conv's at opset 17."""
     plan = wpk.build(model, target="cpu", progress=False, warmup=0, repeats=1, min_time=0,
                      partition=False)
     ort_node = registry.get("ort")
@@ -79,7 +79,15 @@ def test_a_region_upgrades_older_members_to_its_newest_opset():
         consts = {i: plan.weights[n] for i, n in enumerate(step.inputs) if n in plan.weights}
         return RegionMember(ort_node, workload, consts, step.inputs, step.outputs)
 
-    members = [member(s) for s in plan.steps]
+    return [member(s) for s in plan.steps]
+
+
+def test_a_region_upgrades_older_members_to_its_newest_opset():
+    """A member at opset 17 (a blocked conv's ONNX form is) and the model's opset-11
+    ReduceMean and Squeeze run as one region, the older nodes converted (axes as inputs),
+    with onnxruntime's answer on the original model."""
+    model = _opset11_model()
+    members = _opset11_members(model)
     region, *_ = region_model(members)
     assert [o.version for o in region.opset_import if o.domain == ""] == [17]
     squeeze = next(n for n in region.graph.node if n.op_type == "Squeeze")
@@ -87,6 +95,37 @@ def test_a_region_upgrades_older_members_to_its_newest_opset():
     kernel, inputs, outputs = region_kernel(members, {"y"})
     assert (inputs, outputs) == (["x"], ["y"])
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    y = np.empty((1, 8, 8), np.float32)
+    kernel([x], [y])
+    (expected,) = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    assert relative_l2(y, expected) <= 1e-6
+
+
+@pytest.mark.parametrize("channels", [64, 320], ids=["inside-its-part", "beside-its-part"])
+def test_a_regions_large_weights_reach_onnxruntime_outside_its_model(channels):
+    """`detached`: a weight of DETACHED_MIN_BYTES or more leaves the model (an external
+    initializer: name, type and shape) with its values unchanged, whether its part held it
+    (64 x 3 x 3 x 3 floats, 6912 bytes) or kept it beside its model (320 filters, 34560
+    bytes: PART_EXTERNAL_MIN_BYTES or more); a smaller one stays; the region session,
+    handed them, answers as onnxruntime does on the original model."""
+    model = _opset11_model(channels)
+    members = _opset11_members(model)
+    beside = members[0].part().external
+    assert bool(beside) == (channels * 27 * 4 >= PART_EXTERNAL_MIN_BYTES)
+    detached: dict[str, np.ndarray] = {}
+    region, *_ = region_model(members, detached=detached)
+    whole, *_ = region_model(members)
+    inside = {t.name: t for t in whole.graph.initializer}
+    assert list(detached) and all(v.nbytes >= DETACHED_MIN_BYTES for v in detached.values())
+    for tensor in region.graph.initializer:
+        if tensor.name in detached:
+            assert tensor.data_location == TensorProto.EXTERNAL and not tensor.raw_data
+            np.testing.assert_array_equal(detached[tensor.name],
+                                          numpy_helper.to_array(inside[tensor.name]))
+        else:
+            assert numpy_helper.to_array(tensor).nbytes < DETACHED_MIN_BYTES
+    kernel, inputs, outputs = region_kernel(members, {"y"})
+    x = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)
     y = np.empty((1, 8, 8), np.float32)
     kernel([x], [y])
     (expected,) = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x})
