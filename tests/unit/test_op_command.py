@@ -36,6 +36,8 @@ def test_op_report_lists_generated_and_vendor_candidates():
     kinds = {c["kind"] for c in workload["candidates"]}
     assert {"generated", "vendor"} <= kinds
     assert report["search"]["tuned"][0]["trials"] == 2
+    load = report["machine_load"]   # others' share of the cores while it was measured
+    assert 0.0 <= load["others_share"] <= 1.0 and load["cores"] >= 1
     tuned = report["search"]["tuned"][0]
     assert len(tuned["history"]) == 2 and tuned["stopped_text"] == "reached its trial limit (2)"
     console = Console(width=80, record=True)   # a narrow terminal: names wrap, never cut

@@ -31,6 +31,7 @@ from rich.text import Text
 from wpk.commands.common import SEARCHES, cluster_option, echo, parse_shape, target_of
 from wpk.commands.render import format_gflops, format_time, plural, render_json, summary_lines
 from wpk.core.errors import ModelError, OptionError
+from wpk.core.machine_load import cpu_use, load_summary
 from wpk.frontend import load_model
 from wpk.kernels.flops import gflops_per_s
 from wpk.kernels.target import create_target
@@ -131,10 +132,14 @@ def op_report(op: str, shapes: Mapping[str, Sequence[int]], attrs: Mapping[str, 
             "'<ModelProto>' ", "the node ")
         raise OptionError(f"wpk op {op}: {message}",
                           hint="check --shape (node inputs in order) and --attr") from None
+    before = cpu_use()
     choices, summary, _ = plan_workloads(extract_workloads(graph), create_target(target),
                                          options, records=True)
     report = make_report(choices, target=target, model=f"op {op}", options=options.to_json())
     report["search"] = summary
+    load = None if cluster is not None else load_summary(before, cpu_use())
+    if load is not None:   # its timings are the busy machine's (`wpk.core.machine_load`)
+        report["machine_load"] = load
     return report
 
 

@@ -1,4 +1,4 @@
-"""How much of this process's cores other processes used over a window (a build).
+"""How much of this process's cores other processes used over a window (a build, `wpk op`).
 
 A build chooses each operator's implementation by timing the candidates on this machine.
 When something else holds the cores meanwhile, the timings are not those of an idle
