@@ -125,11 +125,13 @@ def _detach(tensor: onnx.TensorProto, detached: dict[str, np.ndarray] | None
     external initializer of its name, type and shape, its values moved into `detached`
     (DenseNet-121's region of 217 parts: serializing its 31 MB of weights into the model,
     and onnxruntime parsing them back, took about a fifth of the plan's load)."""
-    if detached is None or len(tensor.raw_data) < DETACHED_MIN_BYTES or \
-            tensor.data_location == onnx.TensorProto.EXTERNAL:
+    if detached is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
         return tensor
+    raw = tensor.raw_data
     dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    value = np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
+    if len(raw) < DETACHED_MIN_BYTES or dtype.kind not in "biuf":   # numpy's own types only
+        return tensor
+    value = np.frombuffer(raw, dtype=dtype).reshape(tuple(tensor.dims))
     detached[tensor.name] = value
     return external_initializer(tensor.name, value)
 
