@@ -33,7 +33,8 @@ reports of builds before them; `gflops` answers for those (null). A build with `
 and one that compared the plan with onnxruntime's whole model `"partition"`
 (`wpk.partition`). `"machine_load"`: {"others_share", "cores", "window_s"}, the share of the
 build's cores other processes used while it ran (`wpk.core.machine_load`; absent where the
-operating system does not tell, from a `--cluster` build and from older builds).
+operating system does not tell, from builds shorter than a tenth of a second, from a
+`--cluster` build and from older builds).
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 # /proc/stat's per-CPU fields, in clock ticks: user nice system idle iowait irq softirq steal
 _IDLE_FIELDS = (3, 4)        # idle, iowait
 _COUNTED_FIELDS = 8          # guest time is inside user already
-# A window shorter than this holds too few clock ticks (10 ms each) to read a share from
-MIN_WINDOW_S = 0.3
+# A window shorter than this holds too few clock ticks (10 ms each) to read a share from:
+# 0.1 s of 2 cores is 20 ticks, a share to within about 5% (the warning is at 25%)
+MIN_WINDOW_S = 0.1
 # Others' share of the cores from which a build's timings are reported as unreliable
 BUSY_SHARE = 0.25
 
