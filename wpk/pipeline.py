@@ -256,8 +256,9 @@ def build(model: Any, target: str = "cpu", output: str | os.PathLike | None = No
         result = bundle_native_libraries(result)
     if tail is not None:
         attach_tail(result, tail, graph)
+    # others' share of the cores while this machine measured (a cluster's nodes measure)
     load = None if opts.cluster is not None else load_summary(machine_before, cpu_use())
-    if load is not None:   # a cluster's nodes measure elsewhere
+    if load is not None:
         result.report = {**result.report, "machine_load": load}
     if output is not None:
         result.save(output)

@@ -185,7 +185,7 @@ def machine_load_lines(report: Mapping) -> list[str]:
     if report.get("target") != "cpu" or share is None or share < BUSY_SHARE:
         return []
     return [f"warning: other processes used {100 * share:.0f}% of the "
-            f"{plural(load.get('cores', 0), 'core')} while this plan was built: its timings, "
+            f"{plural(load.get('cores', 0), 'core')} while these timings were taken: they, "
             "and the choices made on them, may not hold on an idle machine (hint: build "
             "again when it is idle; generated kernels lose most on a busy machine)"]
 
