@@ -41,7 +41,7 @@ from wpk.kernels.cpu.nchwc_standard import (
     is_standard_blocked,
     standard_reason,
 )
-from wpk.kernels.cpu.node_model import PART_EXTERNAL_MIN_BYTES, OnnxPart, external_initializer
+from wpk.kernels.cpu.node_model import PART_EXTERNAL_MIN_BYTES, OnnxPart, initializer
 from wpk.kernels.cpu.ort_node import session_options
 from wpk.kernels.epilogue import epilogue_onnx_nodes
 from wpk.kernels.registry import VENDOR, Implementation, Kernel, register
@@ -191,15 +191,6 @@ def _onnx_attrs(workload: Workload, names: Sequence[str]) -> dict:
     return attrs
 
 
-def _initializer(value: np.ndarray, name: str, external: dict[str, np.ndarray] | None):
-    """`value` as initializer `name`: in the model, or, with `external` and
-    `PART_EXTERNAL_MIN_BYTES` or more, in `external` with an external initializer."""
-    if external is None or value.nbytes < PART_EXTERNAL_MIN_BYTES:
-        return numpy_helper.from_array(value, name)
-    external[name] = np.ascontiguousarray(value)
-    return external_initializer(name, value)
-
-
 def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray],
                     external: dict[str, np.ndarray] | None = None):
     """The one-node `com.microsoft.nchwc` model and the workload inputs it is fed, in order
@@ -225,7 +216,7 @@ def build_ort_model(workload: Workload, consts: Mapping[int, np.ndarray],
             packed = fmt.pack_filter_oihwbo(weight, b)
         else:
             packed = fmt.pack_filter_oihwbibo(weight, b)
-        initializers.append(_initializer(packed, "w", external))
+        initializers.append(initializer(packed, "w", external, PART_EXTERNAL_MIN_BYTES))
         node_inputs.append("w")
         has_bias = len(workload.inputs) > 2 and workload.inputs[2] is not None
         if has_bias:

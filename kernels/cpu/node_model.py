@@ -207,12 +207,8 @@ def build_node_model(workload: Workload, consts: Mapping[int, np.ndarray] | None
             continue
         if i in consts:
             value = np.asarray(consts[i]).astype(dtype_of(spec), copy=False)
-            if (external_min_bytes is not None and value.nbytes >= external_min_bytes
-                    and value.dtype.kind in "biuf"):
-                external[input_name(i)] = np.ascontiguousarray(value)
-                initializers.append(external_initializer(input_name(i), value))
-            else:
-                initializers.append(numpy_helper.from_array(value, input_name(i)))
+            initializers.append(initializer(value, input_name(i), external,
+                                            external_min_bytes))
         else:
             graph_inputs.append(helper.make_tensor_value_info(
                 input_name(i), tensor_type(dtype_of(spec)), list(spec.shape)))
@@ -260,6 +256,18 @@ def build_node_model(workload: Workload, consts: Mapping[int, np.ndarray] | None
     model = helper.make_model(graph, opset_imports=imports, producer_name="wpk")
     model.ir_version = ir_version_for(workload.opset)
     return NodeModel(model, tuple(feeds), external)
+
+
+def initializer(value: np.ndarray, name: str, external: dict[str, np.ndarray] | None,
+                min_bytes: int | None) -> onnx.TensorProto:
+    """`value` as initializer `name`: inside the model, or, with `external` and `min_bytes`
+    and a numeric value of `min_bytes` or more, an external initializer whose value goes
+    into `external` by name."""
+    if external is None or min_bytes is None or value.nbytes < min_bytes \
+            or value.dtype.kind not in "biuf":
+        return numpy_helper.from_array(value, name)
+    external[name] = np.ascontiguousarray(value)
+    return external_initializer(name, value)
 
 
 def external_initializer(name: str, value: np.ndarray) -> onnx.TensorProto:

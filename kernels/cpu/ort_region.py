@@ -131,9 +131,8 @@ def _detach(tensor: onnx.TensorProto, detached: dict[str, np.ndarray] | None
     dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
     if len(raw) < DETACHED_MIN_BYTES or dtype.kind not in "biuf":   # numpy's own types only
         return tensor
-    value = np.frombuffer(raw, dtype=dtype).reshape(tuple(tensor.dims))
-    detached[tensor.name] = value
-    return external_initializer(tensor.name, value)
+    return _outside(np.frombuffer(raw, dtype=dtype).reshape(tuple(tensor.dims)), tensor.name,
+                    detached)
 
 
 def upgraded(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto:
@@ -267,7 +266,6 @@ def region_kernel(members: Sequence[RegionMember], exported: set[str] | None = N
             list(weights), [ort.OrtValue.ortvalue_from_numpy(v) for v in weights.values()])
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    del weights
     binding = session.io_binding()._iobinding
     run = session._sess.run_with_iobinding
     run_options = ort.RunOptions()
