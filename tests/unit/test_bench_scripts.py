@@ -454,3 +454,51 @@ def test_idle_gaps_sleep_each_gap_before_every_timed_run(scripts_on_path):
     assert [row["gap_ms"] for row in rows] == [0.0, 30.0]
     assert len(starts) == 2 + 6
     assert min(b - a for a, b in zip(starts[-3:], starts[-2:])) >= 0.03
+
+
+def test_bench_tvm_checks_tvms_outputs_and_times_three_engines(tmp_path):
+    """TVM's Relax importer and compile run for real (untuned: MetaSchedule's trials take
+    minutes even on a small model here); TVM's output agrees with onnxruntime's and the JSON
+    holds both ratios. In a subprocess: importing TVM installs its own crash handlers."""
+    pytest.importorskip("tvm")
+    import json
+    import subprocess
+
+    script = [sys.executable, str(SCRIPTS / "bench_tvm.py"), "--models", "espcn_like",
+              "--tvm-trials", "0", "--rounds", "2", "--block", "2", "--warmup", "1",
+              "--results-dir", str(tmp_path)]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| espcn_like |" in done.stdout and "geometric mean wpk/TVM" in done.stdout
+    [written] = tmp_path.glob("tvm-*.json")
+    report = json.loads(written.read_text())
+    result = report["results"][0]
+    assert report["tvm_trials"] == 0 and result["tvm"]["compile_s"] > 0, result["tvm"]
+    errors = result["relative_l2_vs_ort"]
+    assert errors["tvm"] < 1e-4 and errors["wpk"] < 1e-4, errors
+    assert set(result["timings"]) == {"wpk", "tvm", "onnxruntime"}
+    assert all(t["runs"] == 2 for t in result["timings"].values())   # 2 rounds of 2, 1 untimed
+    for peer in ("tvm", "onnxruntime"):
+        low, high = result[f"wpk_over_{peer}"]["ratio_interval_95"]
+        assert 0 < low <= high
+
+
+def test_bench_tvm_reports_which_models_tvm_runs(tmp_path):
+    """`--coverage` runs TVM's importer, compile and one run on exporters' graphs: tf2onnx's
+    YOLO head, whose Resize gives both scales and sizes (one of them empty, as tf2onnx
+    writes it), gives a row with TVM's import error; the ConvNeXt runs to onnxruntime's
+    outputs."""
+    pytest.importorskip("tvm")
+    import json
+    import subprocess
+
+    script = [sys.executable, str(SCRIPTS / "bench_tvm.py"), "--coverage", "--models",
+              "corpus_yolo_tf,corpus_convnext_tf", "--corpus-size", "ci",
+              "--results-dir", str(tmp_path)]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "TVM ran 1 of 2 models, 1 of them within 0.0001 of onnxruntime's" in done.stdout
+    [written] = tmp_path.glob("tvm-coverage-*.json")
+    yolo, convnext = json.loads(written.read_text())["results"]
+    assert yolo["stage"] == "import" and "Resize" in yolo["error"], yolo
+    assert convnext["stage"] == "ran" and convnext["relative_l2_vs_ort"] < 1e-4, convnext
