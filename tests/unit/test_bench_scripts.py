@@ -485,9 +485,9 @@ def test_bench_tvm_checks_tvms_outputs_and_times_three_engines(tmp_path):
 
 def test_bench_tvm_reports_which_models_tvm_runs(tmp_path):
     """`--coverage` runs TVM's importer, compile and one run on exporters' graphs: tf2onnx's
-    YOLO head, whose Resize gives both scales and sizes (one of them empty, as tf2onnx
-    writes it), gives a row with TVM's import error; the ConvNeXt runs to onnxruntime's
-    outputs."""
+    YOLO head, whose Resize has an empty scales input beside its sizes (as ONNX allows and
+    tf2onnx writes it), gives a row with TVM's import error; the ConvNeXt runs to
+    onnxruntime's outputs."""
     pytest.importorskip("tvm")
     import json
     import subprocess
