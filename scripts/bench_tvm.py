@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import statistics
 import sys
@@ -61,10 +62,10 @@ def tvm_module(model, feeds: dict, trials: int, trials_per_task: int, threads: i
                work_dir: str, on_stage=lambda stage: None):
     """A call that runs `model` with TVM on `feeds`, and the seconds its import and tuning
     and its compile took, with the count of tuning records in `work_dir`: the Relax ONNX
-    importer (weights bound as constants), MetaSchedule over
-    the model's tasks (`trials` in all, at most `trials_per_task` each; none with 0, then
-    the records already in `work_dir` only) and `tvm.compile` for this CPU; `on_stage`
-    hears "compile" when the import and tuning are done."""
+    importer (weights bound as constants), MetaSchedule over the model's tasks (`trials`
+    in all, at most `trials_per_task` each; none with 0, then the records already in
+    `work_dir` only) and `tvm.compile` for this CPU; `on_stage` hears "compile" when the
+    import and tuning are done."""
     os.environ["TVM_NUM_THREADS"] = str(threads)   # read when TVM's thread pool starts
     import tvm
     from tvm import relax
@@ -259,7 +260,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the table of an earlier run's JSON and stop")
     args = parser.parse_args(argv)
     if args.table:
-        import json
         report = json.loads(Path(args.table).read_text())
         if report["benchmark"] == "tvm-coverage":
             print(coverage_table(report["results"]))
@@ -278,16 +278,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             print(f"{name}: building, tuning TVM and timing ...", file=sys.stderr, flush=True)
             results.append(bench_model(name, args, workdir))
-    report = {"benchmark": "tvm", "date": datetime.datetime.now(datetime.UTC).isoformat(),
+    report = {**_report_head("tvm", argv),
               "method": f"{args.warmup} warm-up rounds, then {args.rounds} rounds timing wpk, "
                         f"TVM and onnxruntime in turn in one process (the order reversed every "
                         f"round), {args.block} runs of each per round after a "
                         f"{e2e.BLOCK_PAUSE_S} s pause, the first untimed; medians, quartiles, "
                         "ratios with 95% bootstrap intervals (rounds resampled)",
-              "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
               "threads": args.threads, "search": args.search, "budget": args.budget,
               "tvm_trials": args.tvm_trials, "tvm_trials_per_task": args.tvm_trials_per_task,
-              "machine": e2e.machine_description(), "results": results}
+              "results": results}
     report["summary"] = summary_text(results)
     print(markdown_table(results, args.threads))
     print()
@@ -295,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_save:
         e2e.write_results(report, "tvm", args.results_dir)
     return 0
+
+
+def _report_head(benchmark: str, argv: list[str] | None) -> dict:
+    """The fields every report of this script starts with: its kind, date, command line
+    and the machine's description."""
+    return {"benchmark": benchmark, "date": datetime.datetime.now(datetime.UTC).isoformat(),
+            "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
+            "machine": e2e.machine_description()}
 
 
 def coverage(names: list[str], args, argv: list[str] | None) -> int:
@@ -308,11 +315,8 @@ def coverage(names: list[str], args, argv: list[str] | None) -> int:
                                      os.path.join(workdir, name)))
     import tvm
 
-    report = {"benchmark": "tvm-coverage",
-              "date": datetime.datetime.now(datetime.UTC).isoformat(),
-              "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
-              "corpus_size": args.corpus_size, "tvm_version": tvm.__version__,
-              "machine": e2e.machine_description(), "results": rows}
+    report = {**_report_head("tvm-coverage", argv), "corpus_size": args.corpus_size,
+              "tvm_version": tvm.__version__, "results": rows}
     print(coverage_table(rows))
     if not args.no_save:
         e2e.write_results(report, "tvm-coverage", args.results_dir)
