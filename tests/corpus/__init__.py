@@ -26,7 +26,7 @@ graphs in those exporters' spellings:
 | shufflenet (ShuffleNet-v2: channel split, Concat, Reshape-Transpose-Reshape shuffle) | x | x | | |
 | regnet (RegNet-Y-400MF: grouped 3x3 convs in groups of 8, squeeze-excite) | x | x | | |
 | unet (diffusion UNet: GroupNorm, SiLU, ConvTranspose, nearest Upsample, skip Concat) | x | x | | |
-| swin (Swin-T's first stage: windows shifted by `torch.roll`, relative bias) | x | x | | |
+| swin (Swin-T's first stage: windows shifted by `torch.roll`, masked, relative bias) | x | x | | |
 | clip (CLIP's text encoder: QuickGELU as x * sigmoid(1.702 x), additive causal mask) | x | x | | |
 | cspdarknet (YOLOv4's backbone: Mish after every conv, CSP split and Concat) | x | x | | |
 

@@ -1097,8 +1097,11 @@ class DiffusionUNet(nn.Module):
 class ShiftedWindowBlock(nn.Module):
     """A Swin Transformer block on [B, H, W, C]: LayerNorm, attention within `window` x
     `window` windows (cyclically shifted by `shift` with `torch.roll`, partitioned by
-    view-permute-reshape, a learned relative bias per head added to the scores), the
-    windows put back and unshifted, then LayerNorm and a GELU MLP; residuals around both."""
+    view-permute-reshape, a learned relative bias per head added to the scores and, in a
+    shifted block, the mask that keeps a window's tokens from the regions the roll brought
+    together: computed in the forward pass and added to the scores viewed per image, as
+    torchvision, timm and Hugging Face write it), the windows put back and unshifted, then
+    LayerNorm and a GELU MLP; residuals around both."""
 
     def __init__(self, dim: int, heads: int, window: int, shift: int):
         super().__init__()
@@ -1114,11 +1117,30 @@ class ShiftedWindowBlock(nn.Module):
         x = x.view(batch, height // w, w, width // w, w, dim).permute(0, 1, 3, 2, 4, 5)
         return x.reshape(-1, w * w, dim)
 
-    def _attention(self, x: torch.Tensor) -> torch.Tensor:
+    def _shift_mask(self, height: int, width: int) -> torch.Tensor:
+        """[windows, N, N]: 0 between two tokens of a window from one region of the rolled
+        image, -100 between regions (the last `window` rows and columns hold three
+        regions each: the rows before the roll's seam, and those it wrapped around)."""
+        w, shift = self.window, self.shift
+
+        def regions(size: int) -> torch.Tensor:
+            index = torch.arange(size)
+            return (index >= size - w).long() + (index >= size - shift).long()
+
+        label = regions(height)[:, None] * 3 + regions(width)[None, :]
+        label = label.view(height // w, w, width // w, w).permute(0, 2, 1, 3).reshape(-1, w * w)
+        apart = label[:, None, :] - label[:, :, None]
+        return torch.where(apart != 0, torch.tensor(-100.0), torch.tensor(0.0))
+
+    def _attention(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         count, tokens, dim = x.shape
         qkv = self.qkv(x).reshape(count, tokens, 3, self.heads, dim // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
         scores = (q @ k.transpose(-2, -1)) * (dim // self.heads) ** -0.5 + self.bias_table
+        if mask is not None:
+            windows = mask.shape[0]
+            scores = scores.view(count // windows, windows, self.heads, tokens, tokens)
+            scores = (scores + mask.unsqueeze(1).unsqueeze(0)).view(-1, self.heads, tokens, tokens)
         return self.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(count, tokens, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -1127,7 +1149,7 @@ class ShiftedWindowBlock(nn.Module):
         y = self.norm1(x)
         if shift:
             y = torch.roll(y, (-shift, -shift), (1, 2))
-        y = self._attention(self._windows(y))
+        y = self._attention(self._windows(y), self._shift_mask(height, width) if shift else None)
         y = y.view(batch, height // w, width // w, w, w, dim).permute(0, 1, 3, 2, 4, 5)
         y = y.reshape(batch, height, width, dim)
         if shift:

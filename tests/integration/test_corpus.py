@@ -295,6 +295,22 @@ def test_a_tensor_the_passes_take_in_stays_computed_when_an_output_reads_it(
         check_graph(optimized)   # every graph output produced, every tensor typed
 
 
+@pytest.mark.parametrize("name", ["swin_torchscript", "swin_dynamo"])
+def test_swins_window_attention_is_fused_with_the_shifted_windows_mask(name,
+                                                                        corpus_model_path):
+    """Both blocks' attention becomes one fused node, the shifted block's with its mask:
+    the scores viewed per image, the mask added and viewed back (rules
+    `window_mask_unreshaped` and `score_constants_summed`)."""
+    from wpk.passes import optimize
+    from wpk.value_tail import load_head
+
+    model = onnx.load(str(corpus_model_path(name)))
+    graph, report = optimize(load_head(model, corpus.input_shapes(name))[0], "cpu")
+    assert _ops(model)["Softmax"] == 2 and graph.op_counts().get("Attention") == 2
+    assert report.rules["window_mask_unreshaped"] == 1
+    assert report.rules["score_constants_summed"] == 1
+
+
 def test_a_plan_computes_a_fused_layer_norms_mean_asked_for_as_an_output(corpus_model_path,
                                                                           tmp_path):
     """The case the mutation found, end to end: ConvNeXt's tf2onnx LayerNorm with its

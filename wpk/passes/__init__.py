@@ -61,6 +61,7 @@ from wpk.passes.reduce_to_pool import ReduceToPool
 from wpk.passes.same_crop import SameCrop
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
+from wpk.passes.window_mask import WINDOW_MASK_RULES
 
 __all__ = ["ELEMENTWISE_OP", "PIPELINE", "WPK_DOMAIN", "PassReport", "PipelineEntry",
            "optimize", "passes_for", "rule_docs", "to_onnx"]
@@ -94,6 +95,9 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(Conv1dAs2d, targets=frozenset({"cpu"})),
     # a masked_fill's Where as the mask Add the attention rule fuses (CPU: see the rule)
     PipelineEntry(lambda: FusionPass("masked_fill_mask", MASKED_FILL_RULES),
+                  targets=frozenset({"cpu"})),
+    # Swin's shifted-window mask, added per image between two Reshapes, as that one Add
+    PipelineEntry(lambda: FusionPass("window_mask", WINDOW_MASK_RULES),
                   targets=frozenset({"cpu"})),
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),

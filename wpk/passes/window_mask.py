@@ -1,0 +1,153 @@
+"""Swin's shifted-window mask in the one-Add form the attention rule fuses (rules
+`window_mask_unreshaped` and `score_constants_summed`, run by the `window_mask` pass on
+the CPU target, before `attention_fusion`).
+
+Swin implementations (torchvision's, timm's, Hugging Face's) add the shifted windows' mask
+to the scores viewed per image, then view them back per window:
+
+    scores = MatMul(Q, K^T) + relative_bias                      [B*W, H, N, N]
+    masked = Reshape(Add(Reshape(scores, [B, W, H, N, N]), mask), [B*W, H, N, N])
+    Y = MatMul(Softmax(masked), V)
+
+with a constant mask ([1, W, 1, N, N]: 0 within a window's region, -100 across regions).
+`window_mask_unreshaped` makes the sandwich one Add of the scores and the mask viewed as
+the scores are ([W, 1, N, N] here: the mask broadcast to the per-image view, reshaped, and
+every axis along which it does not change kept at 1); `score_constants_summed` then adds
+the relative bias and that mask into one constant, (scores + bias) + mask -> scores +
+(bias + mask), which rounds differently only by the rounding of bias + mask. The
+attention rule then sees its one mask Add. Both fire only before a Softmax over the last
+axis (the sum of the two when the Add is read by the Reshape the Softmax reads), with
+every intermediate read by the next node alone and no graph output, every shape known
+and the tensors float32; the first only when the outer Reshape restores the scores'
+shape, and while the mask it writes stays within `MAX_MASK_VALUES` values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wpk.core.graph import Node
+from wpk.kernels.cpu.attention_spec import broadcasts_to
+from wpk.passes.base import add_constant
+from wpk.passes.fusion import FusionContext, FusionRule
+
+# the most values a rewritten mask may take (Swin-B's first stage at 384 x 384: 144
+# windows of 144 tokens, 3 million values, 12 MB)
+MAX_MASK_VALUES = 1 << 24
+
+
+def _plain(node: Node | None, op: str) -> bool:
+    return node is not None and node.op == op and node.domain in ("", "ai.onnx") \
+        and not node.epilogue
+
+
+def _shape(ctx: FusionContext, name: str) -> tuple[int, ...] | None:
+    """The known static shape of float32 tensor `name`, else None."""
+    info = ctx.graph.tensors.get(name) if name else None
+    if info is None or info.dtype != "float32" \
+            or not all(isinstance(d, (int, np.integer)) and d > 0 for d in info.shape):
+        return None
+    return tuple(int(d) for d in info.shape)
+
+
+def _softmax_last(ctx: FusionContext, node: Node | None) -> bool:
+    """Whether `node` is a Softmax over its input's last axis."""
+    if not _plain(node, "Softmax"):
+        return False
+    shape = _shape(ctx, node.inputs[0])
+    default = -1 if ctx.graph.opset >= 13 else 1   # before 13: 2-D coercion at `axis`
+    return shape is not None and int(node.attr("axis", default)) % len(shape) == len(shape) - 1
+
+
+def _const_operand(ctx: FusionContext, add: Node) -> tuple[str, np.ndarray] | None:
+    """(the other operand, the float32 constant) of an Add of a tensor and a constant."""
+    if len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+        return None
+    for tensor, const in (add.inputs, add.inputs[::-1]):
+        value = ctx.const(const)
+        if value is not None and value.dtype == np.float32 and ctx.const(tensor) is None:
+            return tensor, value
+    return None
+
+
+def compact(value: np.ndarray) -> np.ndarray:
+    """`value` with every axis along which it does not change cut to length 1: the smallest
+    array that broadcasts back to it."""
+    for axis in range(value.ndim):
+        first = value.take([0], axis=axis)
+        if value.shape[axis] > 1 and np.array_equal(value, np.broadcast_to(first, value.shape)):
+            value = first
+    return np.ascontiguousarray(value)
+
+
+def match_unreshaped(ctx: FusionContext, outer: Node):
+    """(the Add, the inner Reshape, the scores, the mask as the scores see it) of
+    Reshape(Add(Reshape(scores), constant mask)) back to the scores' shape before a
+    Softmax over the last axis, else None."""
+    if not _plain(outer, "Reshape") or not _softmax_last(ctx, ctx.single_consumer(outer)):
+        return None
+    add = ctx.producers.get(outer.inputs[0])
+    if not _plain(add, "Add") or ctx.single_consumer(add) is not outer:
+        return None
+    split = _const_operand(ctx, add)
+    if split is None:
+        return None
+    viewed, mask = split
+    inner = ctx.producers.get(viewed)
+    if not _plain(inner, "Reshape") or ctx.single_consumer(inner) is not add:
+        return None
+    scores = inner.inputs[0]
+    view, shape = _shape(ctx, viewed), _shape(ctx, scores)
+    if view is None or shape is None or _shape(ctx, outer.outputs[0]) != shape \
+            or not broadcasts_to(mask.shape, view) or int(np.prod(shape)) > MAX_MASK_VALUES:
+        return None
+    return add, inner, scores, compact(np.broadcast_to(mask, view).reshape(shape))
+
+
+def rewrite_unreshaped(ctx: FusionContext, outer: Node, found) -> None:
+    """The Add reads the scores and the mask as they see it and writes the outer Reshape's
+    output; both Reshapes go."""
+    add, inner, scores, mask = found
+    add.inputs = [scores, add_constant(ctx.graph, f"{add.name}_mask", mask)]
+    ctx.absorb(add, outer, remove=[inner])
+
+
+def match_summed(ctx: FusionContext, outer: Node):
+    """(the scores, bias + mask) of Add(Add(scores, constant bias), constant mask) read by
+    a Softmax over the last axis, when neither constant widens the scores, else None."""
+    if not _plain(outer, "Add") or not _softmax_last(ctx, ctx.single_consumer(outer)):
+        return None
+    split = _const_operand(ctx, outer)
+    if split is None:
+        return None
+    biased, mask = split
+    inner = ctx.producers.get(biased)
+    if not _plain(inner, "Add") or ctx.single_consumer(inner) is not outer:
+        return None
+    split = _const_operand(ctx, inner)
+    if split is None:
+        return None
+    scores, bias = split
+    shape = _shape(ctx, scores)
+    if shape is None or _shape(ctx, outer.outputs[0]) != shape \
+            or not broadcasts_to(bias.shape, shape) or not broadcasts_to(mask.shape, shape):
+        return None
+    return inner, scores, (bias + mask).astype(np.float32)
+
+
+def rewrite_summed(ctx: FusionContext, outer: Node, found) -> None:
+    """The inner Add adds the summed constant and writes the outer Add's output."""
+    inner, scores, summed = found
+    inner.inputs = [scores, add_constant(ctx.graph, f"{inner.name}_summed", summed)]
+    ctx.absorb(inner, outer)
+
+
+WINDOW_MASK_RULES = [
+    FusionRule("window_mask_unreshaped", frozenset({"Reshape"}), match_unreshaped,
+               rewrite_unreshaped,
+               "Reshape(Add(Reshape(scores), constant mask)) back to the scores' shape before "
+               "a Softmax (Swin's shifted windows) -> Add(scores, the mask as they see it)"),
+    FusionRule("score_constants_summed", frozenset({"Add"}), match_summed, rewrite_summed,
+               "Add(Add(scores, constant), constant) before a Softmax -> "
+               "Add(scores, their sum): the one mask Add the attention rule fuses"),
+]
