@@ -556,11 +556,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_results(report: dict, prefix: str, results_dir: str | Path) -> Path:
-    """Write a benchmark report to RESULTS_DIR/PREFIX-<date>-<host>.json."""
+    """Write a benchmark report to RESULTS_DIR/PREFIX-<date>-<host>.json, or, when a run of
+    that day is there already, to PREFIX-<date>-<host>-2.json, -3, ...: an earlier result
+    is never overwritten (the README cites them by name)."""
     out_dir = Path(results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    day = datetime.date.today().isoformat()
-    path = out_dir / f"{prefix}-{day}-{report['machine']['host']}.json"
+    stem = f"{prefix}-{datetime.date.today().isoformat()}-{report['machine']['host']}"
+    path, number = out_dir / f"{stem}.json", 1
+    while path.exists():
+        number += 1
+        path = out_dir / f"{stem}-{number}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {path}", file=sys.stderr)
     return path

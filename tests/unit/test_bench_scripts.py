@@ -161,6 +161,22 @@ def test_the_e2e_summary_counts_verdicts_and_prints_an_earlier_runs_table(script
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads Linux's /proc")
+def test_a_second_run_of_the_day_never_overwrites_the_first_ones_results(scripts_on_path,
+                                                                         tmp_path):
+    """A run writes PREFIX-DATE-HOST.json, the next ones of the day -2, -3: the README
+    cites results by file name (a run of 2026-12-07 once replaced the one it cited)."""
+    import json
+
+    import bench_e2e
+
+    report = {"machine": {"host": "vm"}}
+    paths = [bench_e2e.write_results({**report, "run": run}, "e2e", tmp_path)
+             for run in range(3)]
+    stem = paths[0].stem
+    assert [p.name for p in paths] == [f"{stem}.json", f"{stem}-2.json", f"{stem}-3.json"]
+    assert [json.loads(p.read_text())["run"] for p in paths] == [0, 1, 2]
+
+
 def test_bench_e2e_builds_beside_busy_processes_that_end_with_the_build(scripts_on_path):
     """`--busy-build N`: N processes that each burn CPU while the block runs, none after."""
     import time
