@@ -61,7 +61,7 @@ from wpk.passes.reduce_to_pool import ReduceToPool
 from wpk.passes.same_crop import SameCrop
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
-from wpk.passes.window_mask import WINDOW_MASK_RULES
+from wpk.passes.window_attention import WINDOW_ATTENTION_RULES
 
 __all__ = ["ELEMENTWISE_OP", "PIPELINE", "WPK_DOMAIN", "PassReport", "PipelineEntry",
            "optimize", "passes_for", "rule_docs", "to_onnx"]
@@ -97,7 +97,7 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(lambda: FusionPass("masked_fill_mask", MASKED_FILL_RULES),
                   targets=frozenset({"cpu"})),
     # Swin's shifted-window mask, added per image between two Reshapes, as that one Add
-    PipelineEntry(lambda: FusionPass("window_mask", WINDOW_MASK_RULES),
+    PipelineEntry(lambda: FusionPass("window_attention", WINDOW_ATTENTION_RULES),
                   targets=frozenset({"cpu"})),
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),

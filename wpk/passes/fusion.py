@@ -10,7 +10,8 @@ sweep changes nothing. Adding a fusion is adding a rule to a table in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,19 @@ class FusionContext:
         in place (its outputs and position unchanged)."""
         self._unregister(node)
         self._register(node)
+
+    @contextmanager
+    def editing(self, *nodes: Node) -> Iterator[None]:
+        """A rule edits `nodes` in place inside the block (op, inputs, outputs), leaving
+        them where they stand; the consumer/producer maps follow when it ends. The order
+        must stay topological, and the rule keeps `graph.tensors` up to date."""
+        for node in nodes:
+            self._unregister(node)
+        try:
+            yield
+        finally:
+            for node in nodes:
+                self._register(node)
 
     def absorb(self, anchor: Node, consumer: Node, remove: Sequence[Node] = ()) -> None:
         """`anchor` takes over `consumer`'s outputs and position; `consumer` and `remove` go.

@@ -1,5 +1,6 @@
-"""Swin's shifted-window mask (`wpk.passes.window_mask`): the scores viewed per image, the
-mask added, viewed back per window, become the one mask Add the attention rule fuses; the
+"""Swin's window attention (`wpk.passes.window_attention`): the shifted windows' mask,
+added to the scores viewed per image and viewed back per window, becomes the one mask Add
+the attention rule fuses, and Swin V2's per-head logit scale a scale of the queries; the
 graph computes what the model did (run through `to_onnx` in onnxruntime, and built into a
 plan); and every case where the rules must not fire."""
 
@@ -16,10 +17,10 @@ from tests.built_plans import FAST_BUILD
 from wpk.frontend import load_model
 from wpk.passes import optimize, rule_docs, to_onnx
 from wpk.passes.base import check_graph
-from wpk.passes.window_mask import compact
+from wpk.passes.window_attention import compact
 
 IMAGES, WINDOWS, HEADS, TOKENS, DIM = 2, 4, 3, 9, 8
-RULES = ("window_mask_unreshaped", "score_constants_summed")
+RULES = ("window_mask_unreshaped", "score_constants_summed", "head_scale_on_queries")
 
 
 def shift_mask(rng: np.random.Generator) -> np.ndarray:
@@ -31,9 +32,11 @@ def shift_mask(rng: np.random.Generator) -> np.ndarray:
 
 def window_model(rng: np.random.Generator, *, bias: bool = True, mask_input: bool = False,
                  back_shape: tuple[int, ...] | None = None, axis: int = -1,
-                 extra_output: str = "", images: int = IMAGES) -> onnx.ModelProto:
-    """Q, K, V [images * W, H, N, D] -> scores (+ a relative bias), viewed per image, the
-    shifted windows' mask added, viewed back, softmax, times V (torchvision's Swin)."""
+                 extra_output: str = "", images: int = IMAGES,
+                 head_scale: tuple[int, ...] | None = None) -> onnx.ModelProto:
+    """Q, K, V [images * W, H, N, D] -> scores (times a constant of shape `head_scale`,
+    Swin V2's logit scale; + a relative bias), viewed per image, the shifted windows' mask
+    added, viewed back, softmax, times V (torchvision's Swin)."""
     count = images * WINDOWS
     lead = [count, HEADS, TOKENS]
     inputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, lead + [DIM]) for n in "qkv"]
@@ -46,10 +49,15 @@ def window_model(rng: np.random.Generator, *, bias: bool = True, mask_input: boo
              h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
              h.make_node("MatMul", ["q_scaled", "kt"], ["scores"])]
     scores = "scores"
+    if head_scale is not None:
+        inits.append(numpy_helper.from_array(
+            np.exp(rng.uniform(1.0, 4.0, head_scale)).astype(np.float32), "logit_scale"))
+        nodes.append(h.make_node("Mul", ["scores", "logit_scale"], ["scaled"]))
+        scores = "scaled"
     if bias:
         inits.append(numpy_helper.from_array(
             rng.standard_normal((1, HEADS, TOKENS, TOKENS)).astype(np.float32), "bias"))
-        nodes.append(h.make_node("Add", ["scores", "bias"], ["biased"]))
+        nodes.append(h.make_node("Add", [scores, "bias"], ["biased"]))
         scores = "biased"
     mask = shift_mask(rng)
     if mask_input:
@@ -181,3 +189,39 @@ def test_compact_keeps_only_the_axes_a_mask_changes_along():
 def test_the_rules_are_documented_for_the_cpu_only():
     assert all(rule in rule_docs("cpu") for rule in RULES)
     assert not any(rule in rule_docs("cuda") for rule in RULES)
+
+
+@pytest.mark.parametrize("shape", [(HEADS, 1, 1), (IMAGES * WINDOWS, HEADS, 1, 1)],
+                         ids=["per-head", "per-window-and-head"])
+def test_swin_v2s_logit_scale_moves_onto_the_queries_and_the_attention_fuses(rng, shape):
+    model = window_model(rng, head_scale=shape)
+    graph, report = optimize(load_model(model), "cpu")
+    check_graph(graph)
+    assert report.rules["head_scale_on_queries"] == 1
+    assert report.rules["window_mask_unreshaped"] == 1 and report.rules["attention"] == 1
+    counts = graph.op_counts()   # the queries' two factors: one elementwise chain
+    assert counts.pop("Attention") == 1 and sum(counts.values()) == 1, counts
+    (attention,) = [n for n in graph.nodes if n.op == "Attention"]
+    assert attention.attrs["scale"] == 1.0
+    feeds = feeds_of(model, rng)
+    (expected,) = run(model, feeds)
+    (actual,) = run(to_onnx(graph), feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("options, why", [
+    ({"head_scale": (HEADS, 1, TOKENS)}, "the factor varies along the keys"),
+    ({"head_scale": (1,)}, "a scalar: the attention rule's own scale"),
+    ({"head_scale": (HEADS, 1, 1), "extra_output": "scores"}, "the scores are an output"),
+    ({"head_scale": (HEADS, 1, 1), "axis": 1}, "no softmax over the last axis follows"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_a_scale_that_is_no_per_head_factor_of_the_scores_stays_put(rng, options, why):
+    model = window_model(rng, **options)
+    graph, report = optimize(load_model(model), "cpu")
+    check_graph(graph)
+    assert report.rules["head_scale_on_queries"] == 0, why
+    feeds = feeds_of(model, rng)
+    expected = run(model, feeds)
+    actual = run(to_onnx(graph), feeds)
+    for got, want in zip(actual, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

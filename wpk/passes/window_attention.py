@@ -1,6 +1,6 @@
-"""Swin's shifted-window mask in the one-Add form the attention rule fuses (rules
-`window_mask_unreshaped` and `score_constants_summed`, run by the `window_mask` pass on
-the CPU target, before `attention_fusion`).
+"""Swin's window attention in the forms the attention rule fuses (rules
+`window_mask_unreshaped`, `score_constants_summed` and `head_scale_on_queries`, run by the
+`window_attention` pass on the CPU target, before `attention_fusion`).
 
 Swin implementations (torchvision's, timm's, Hugging Face's) add the shifted windows' mask
 to the scores viewed per image, then view them back per window:
@@ -15,11 +15,20 @@ the scores are ([W, 1, N, N] here: the mask broadcast to the per-image view, res
 every axis along which it does not change kept at 1); `score_constants_summed` then adds
 the relative bias and that mask into one constant, (scores + bias) + mask -> scores +
 (bias + mask), which rounds differently only by the rounding of bias + mask. The
-attention rule then sees its one mask Add. Both fire only before a Softmax over the last
-axis (the sum of the two when the Add is read by the Reshape the Softmax reads), with
-every intermediate read by the next node alone and no graph output, every shape known
-and the tensors float32; the first only when the outer Reshape restores the scores'
-shape, and while the mask it writes stays within `MAX_MASK_VALUES` values.
+attention rule then sees its one mask Add.
+
+Swin V2's cosine attention scales the scores by a learned factor per head,
+MatMul(Q, K^T) * exp(clamp(logit_scale)) with a constant [H, 1, 1]: no scalar the fused
+op takes as its scale. `head_scale_on_queries` moves it onto the queries,
+MatMul(Q * scale, K^T), the same products up to rounding, so the scores come straight
+from the MatMul and the attention rule fuses them (scale 1).
+
+Each fires only before a Softmax over the last axis (through at most two Adds and the
+sandwich), with every intermediate read by the next node alone and no graph output,
+every shape known and the tensors float32; the first only when the outer Reshape
+restores the scores' shape, and while the mask it writes stays within `MAX_MASK_VALUES`
+values; the third only when the factor varies along the scores' leading dims alone and
+does not widen the queries.
 """
 
 from __future__ import annotations
@@ -142,7 +151,62 @@ def rewrite_summed(ctx: FusionContext, outer: Node, found) -> None:
     ctx.absorb(inner, outer)
 
 
-WINDOW_MASK_RULES = [
+def _reaches_softmax(ctx: FusionContext, node: Node) -> bool:
+    """Whether `node`'s output reaches a Softmax over the last axis through at most two
+    Adds and the mask sandwich `match_unreshaped` undoes (its two Reshapes), each read
+    alone."""
+    for _ in range(5):
+        node = ctx.single_consumer(node)
+        if _softmax_last(ctx, node):
+            return True
+        if not (_plain(node, "Add") or _plain(node, "Reshape")):
+            return False
+    return False
+
+
+def match_head_scale(ctx: FusionContext, mul: Node):
+    """(the scores MatMul, the queries, the factor) of MatMul(Q, K^T) * constant whose
+    last two dims are 1 (a factor per head, or per leading index), bound for a Softmax
+    over the last axis, else None. A scalar factor is the attention rule's own scale."""
+    if not _plain(mul, "Mul") or not _reaches_softmax(ctx, mul):
+        return None
+    split = _const_operand(ctx, mul)
+    if split is None:
+        return None
+    scores, factor = split
+    matmul = ctx.producers.get(scores)
+    if not _plain(matmul, "MatMul") or ctx.single_consumer(matmul) is not mul \
+            or factor.size == 1 or factor.ndim < 2 or factor.shape[-2:] != (1, 1):
+        return None
+    queries = matmul.inputs[0]
+    shape, query_shape = _shape(ctx, scores), _shape(ctx, queries)
+    if shape is None or query_shape is None or len(query_shape) != len(shape) \
+            or _shape(ctx, mul.outputs[0]) != shape \
+            or not broadcasts_to(factor.shape, query_shape) or ctx.const(queries) is not None:
+        return None
+    return matmul, queries, factor
+
+
+def rewrite_head_scale(ctx: FusionContext, mul: Node, found) -> None:
+    """The two nodes trade places: the first scales the queries (a new tensor), the second
+    multiplies them by K^T into the Mul's output."""
+    matmul, queries, factor = found
+    graph = ctx.graph
+    scaled = f"{mul.name}_queries"
+    while scaled in graph.tensors:
+        scaled += "_"
+    keys, product, result = matmul.inputs[1], matmul.outputs[0], mul.outputs[0]
+    with ctx.editing(matmul, mul):
+        matmul.op, matmul.attrs = "Mul", {}
+        matmul.inputs = [queries, add_constant(graph, f"{mul.name}_factor", factor)]
+        matmul.outputs = [scaled]
+        mul.op, mul.attrs = "MatMul", {}
+        mul.inputs, mul.outputs = [scaled, keys], [result]
+    graph.tensors[scaled] = graph.tensors[queries]
+    graph.tensors.pop(product, None)
+
+
+WINDOW_ATTENTION_RULES = [
     FusionRule("window_mask_unreshaped", frozenset({"Reshape"}), match_unreshaped,
                rewrite_unreshaped,
                "Reshape(Add(Reshape(scores), constant mask)) back to the scores' shape before "
@@ -150,4 +214,8 @@ WINDOW_MASK_RULES = [
     FusionRule("score_constants_summed", frozenset({"Add"}), match_summed, rewrite_summed,
                "Add(Add(scores, constant), constant) before a Softmax -> "
                "Add(scores, their sum): the one mask Add the attention rule fuses"),
+    FusionRule("head_scale_on_queries", frozenset({"Mul"}), match_head_scale,
+               rewrite_head_scale,
+               "MatMul(Q, K^T) * constant per head before a Softmax (Swin V2's logit scale) "
+               "-> MatMul(Q * constant, K^T): scores the attention rule fuses"),
 ]
