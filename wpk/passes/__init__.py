@@ -96,7 +96,8 @@ PIPELINE: list[PipelineEntry] = [
     # a masked_fill's Where as the mask Add the attention rule fuses (CPU: see the rule)
     PipelineEntry(lambda: FusionPass("masked_fill_mask", MASKED_FILL_RULES),
                   targets=frozenset({"cpu"})),
-    # Swin's shifted-window mask, added per image between two Reshapes, as that one Add
+    # Swin's shifted-window mask (added per image between two Reshapes) as that one Add,
+    # Swin V2's per-head logit scale as a scale of the queries
     PipelineEntry(lambda: FusionPass("window_attention", WINDOW_ATTENTION_RULES),
                   targets=frozenset({"cpu"})),
     # before the elementwise fusions, which would take the scale and the mask Add apart
