@@ -42,8 +42,9 @@ ANY_DTYPE_OPS = ANY_DTYPE_MOVES | MASK_OPS | INDEX_OPS
 NUMPY_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
                           "uint32", "uint64", "float16", "float32", "float64"})
 # Reductions over any axes (keepdims, noop_with_empty_axes; axes an attribute or, from
-# opset 13/18, a static input)
-REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"})
+# opset 13/18, a static input); the norms are F.normalize's and Swin V2's
+REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL1",
+                        "ReduceL2", "ReduceSumSquare"})
 NN_OPS = frozenset({
     "Conv", "ConvTranspose", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
     "GlobalMaxPool", "Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "LRN",

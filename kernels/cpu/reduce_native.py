@@ -1,7 +1,11 @@
-"""`reduce.c`: ReduceMean and ReduceSum over one run of adjacent axes, as one C kernel.
+"""`reduce.c`: ReduceMean, ReduceSum and the norms (ReduceL1, ReduceL2, ReduceSumSquare) over
+one run of adjacent axes, as one C kernel.
 
 Exporters write pooling and averaging as reductions: SVTR's mean over the feature map's
-height (`x.mean(2)`), Keras' global average pool as a ReduceMean over H and W of NHWC.
+height (`x.mean(2)`), Keras' global average pool as a ReduceMean over H and W of NHWC;
+torch's F.normalize as a ReduceL2 (Swin V2's cosine attention normalizes its queries and
+keys in every block, 24 ReduceL2 in Swin-V2-T, which onnxruntime ran one at a time). A
+norm sums |x|, or x squared, and takes the root last for L2.
 As numpy or onnxruntime steps they split a plan's native chain (the chain's threads hand
 the cores over and back; SVTR's 37 us mean took 180 us there). Seen as
 [outer, reduced, inner] -- the axes before, in and after the reduced run -- the kernel
@@ -26,12 +30,16 @@ from wpk.dsl.toolchain import compile_c_shared, load_function
 from wpk.kernels.cpu.native_chain import NativeCall, function_address, plain
 from wpk.kernels.registry import GENERATED, Implementation, Kernel, register
 
-OPS = ("ReduceMean", "ReduceSum")
+OPS = ("ReduceMean", "ReduceSum", "ReduceL1", "ReduceL2", "ReduceSumSquare")
+# what each op sums per element (of v), and how an output becomes its value (of the sum s)
+_TERMS = {"ReduceL1": "fabsf(v)", "ReduceL2": "(v * v)", "ReduceSumSquare": "(v * v)"}
+_FINISH = {"ReduceMean": "(s) * SCALE", "ReduceL2": "sqrtf(s)"}
 PAR_MIN = 1 << 15
 # inner outputs per unit: a cache line of floats down the rows
 CHUNK = 16
 
 _SOURCE = r"""
+#include <math.h>
 #include <stdint.h>
 
 void wpk_reduce(const float *restrict x, float *restrict y) {
@@ -43,8 +51,8 @@ void wpk_reduce(const float *restrict x, float *restrict y) {
         if (INNER == 1) {
             float s = 0.0f;
             #pragma omp simd reduction(+:s)
-            for (int64_t r = 0; r < R; r++) s += xo[r];
-            y[o] = s * SCALE;
+            for (int64_t r = 0; r < R; r++) { const float v = xo[r]; s += TERM(v); }
+            y[o] = FINISH(s);
             continue;
         }
         const int64_t n = INNER - i0 < CHUNK ? INNER - i0 : CHUNK;
@@ -52,9 +60,10 @@ void wpk_reduce(const float *restrict x, float *restrict y) {
         for (int64_t r = 0; r < R; r++) {
             const float *row = xo + r * INNER + i0;
             #pragma omp simd
-            for (int64_t k = 0; k < CHUNK; k++) if (k < n) acc[k] += row[k];
+            for (int64_t k = 0; k < CHUNK; k++)
+                if (k < n) { const float v = row[k]; acc[k] += TERM(v); }
         }
-        for (int64_t k = 0; k < n; k++) y[o * INNER + i0 + k] = acc[k] * SCALE;
+        for (int64_t k = 0; k < n; k++) y[o * INNER + i0 + k] = FINISH(acc[k]);
     }
 }
 """
@@ -103,7 +112,7 @@ def reduce_reason(workload: Workload) -> str | None:
 
 
 class ReduceC(Implementation):
-    """ReduceMean and ReduceSum in C (see the module docstring)."""
+    """ReduceMean, ReduceSum and the norms in C (see the module docstring)."""
 
     name = "reduce.c"
     kind = GENERATED
@@ -121,9 +130,10 @@ class ReduceC(Implementation):
         if reason:
             raise ValueError(f"{workload.label}: {reason}")
         outer, r, inner = geometry(workload)
-        scale = 1.0 / r if workload.op == "ReduceMean" else 1.0
-        defines = dict(OUTER=f"{outer}L", R=f"{r}L", INNER=f"{inner}L", CHUNK=CHUNK,
-                       SCALE=f"{scale!r}f", PAR=int(outer * r * inner >= PAR_MIN))
+        op = workload.op
+        defines = {"OUTER": f"{outer}L", "R": f"{r}L", "INNER": f"{inner}L", "CHUNK": CHUNK,
+                   "SCALE": f"{1.0 / r!r}f", "PAR": int(outer * r * inner >= PAR_MIN),
+                   "TERM(v)": _TERMS.get(op, "(v)"), "FINISH(s)": _FINISH.get(op, "(s)")}
         source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + _SOURCE
         build.openmp_defaults()
         fn = load_function(compile_c_shared(source), "wpk_reduce", [ctypes.c_void_p] * 2)

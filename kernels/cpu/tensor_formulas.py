@@ -178,8 +178,14 @@ def split_bounds(workload) -> tuple[int, list[tuple[int, int]]]:
     return axis, axis_bounds(workload.outputs, axis)
 
 
+def _sum_square(x, axis, keepdims):
+    return np.sum(np.square(x), axis=axis, keepdims=keepdims)
+
+
 REDUCTIONS = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max,
-              "ReduceMin": np.min}
+              "ReduceMin": np.min, "ReduceSumSquare": _sum_square,
+              "ReduceL1": lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
+              "ReduceL2": lambda x, axis, keepdims: np.sqrt(_sum_square(x, axis, keepdims))}
 
 
 def reduce_axes(workload: Workload, inputs) -> tuple[int, ...]:

@@ -1,8 +1,9 @@
-"""reduce.c (kernels/cpu/reduce_native.py): ReduceMean and ReduceSum over a run of
-adjacent axes against the float64 reference -- along rows (the last axes), down rows
-(axes with others after them), every axis, keepdims 0 and 1, axes as an attribute and as
-an input (opset 18), odd sizes, on the calling thread and the OpenMP threads --, its
-native form, and what it refuses."""
+"""reduce.c (kernels/cpu/reduce_native.py): ReduceMean, ReduceSum and the norms (ReduceL1,
+ReduceL2, ReduceSumSquare) over a run of adjacent axes against the float64 reference --
+along rows (the last axes), down rows (axes with others after them), every axis, keepdims
+0 and 1, axes as an attribute and as an input (opset 18), odd sizes, on the calling
+thread and the OpenMP threads --, its native form, what it refuses, and a model's norms
+against onnxruntime."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ CASES = {
     "mean, axes input (opset 18), threads": _reduce("ReduceMean", (2, 3, 6000), [2],
                                                     opset=18),
     "one element": _reduce("ReduceMean", (1, 1, 1), [1]),
+    "F.normalize's L2 over the last axis (Swin V2)": _reduce("ReduceL2", (49, 3, 64, 32), [-1]),
+    "L2 down rows, axes input (opset 18)": _reduce("ReduceL2", (2, 33, 7), [1], opset=18),
+    "L1 over two axes": _reduce("ReduceL1", (3, 5, 9, 4), [1, 2], keepdims=0),
+    "sum of squares, every axis, threads": _reduce("ReduceSumSquare", (4, 130, 97), []),
 }
 
 
@@ -72,3 +77,42 @@ def test_refuses_what_it_does_not_compute():
                     (("noop_with_empty_axes", 1),), opset=11)
     assert REDUCE.unsupported_reason(noop) is not None
     assert "ReduceMean" in REDUCE.unsupported_reason(_reduce("ReduceMax", (2, 3), [1]))
+
+
+def test_a_models_norms_run_in_c_and_match_onnxruntime(tmp_path, rng):
+    """F.normalize as torch exports it (ReduceL2, Clip, Expand, Div) and the other norms:
+    reduce.c is a verified candidate of each (before, onnxruntime ran them as fallbacks),
+    and the plan matches onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    import wpk
+    from tests.built_plans import FAST_BUILD
+
+    shape = [48, 3, 64, 32]
+    nodes = [h.make_node("ReduceL2", ["x"], ["norm"], axes=[-1], keepdims=1),
+             h.make_node("Clip", ["norm", "eps"], ["clipped"]),
+             h.make_node("Expand", ["clipped", "shape"], ["wide"]),
+             h.make_node("Div", ["x", "wide"], ["unit"]),
+             h.make_node("ReduceL1", ["x"], ["l1"], axes=[1, 2], keepdims=0),
+             h.make_node("ReduceSumSquare", ["x"], ["squares"], axes=[2], keepdims=1)]
+    inits = [onnx.numpy_helper.from_array(np.array(1e-12, np.float32), "eps"),
+             onnx.numpy_helper.from_array(np.array(shape, np.int64), "shape")]
+    graph = h.make_graph(nodes, "norms", [h.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                         [h.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n, dims in
+                          (("unit", shape), ("l1", [48, 32]), ("squares", [48, 3, 1, 32]))], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    plan = wpk.build(model, target="cpu", **FAST_BUILD)
+    verified = {w["op"]: {c["impl"] for c in w["candidates"] if c["status"] == "ok"}
+                for w in plan.report["workloads"]}
+    for op in ("ReduceL2", "ReduceL1", "ReduceSumSquare"):
+        assert "reduce.c" in verified[op], verified
+    plan.save(tmp_path / "norms.wpk")
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = dict(zip(("unit", "l1", "squares"), session.run(None, feeds)))
+    actual = wpk.load(tmp_path / "norms.wpk").run(feeds)
+    for name, want in expected.items():
+        np.testing.assert_allclose(actual[name], want, rtol=1e-5, atol=1e-6)
