@@ -79,6 +79,18 @@ def _const_operand(ctx: FusionContext, add: Node) -> tuple[str, np.ndarray] | No
     return None
 
 
+def _const_add_over(ctx: FusionContext, add: Node, op: str) -> tuple[Node, np.ndarray] | None:
+    """(the node making the Add's other operand, the constant) of an Add of a tensor and
+    a float32 constant whose tensor a plain `op` makes for it alone, else None."""
+    split = _const_operand(ctx, add)
+    if split is None:
+        return None
+    producer = ctx.producers.get(split[0])
+    if not _plain(producer, op) or ctx.single_consumer(producer) is not add:
+        return None
+    return producer, split[1]
+
+
 def compact(value: np.ndarray) -> np.ndarray:
     """`value` with every axis along which it does not change cut to length 1: the smallest
     array that broadcasts back to it."""
@@ -98,15 +110,12 @@ def match_unreshaped(ctx: FusionContext, outer: Node):
     add = ctx.producers.get(outer.inputs[0])
     if not _plain(add, "Add") or ctx.single_consumer(add) is not outer:
         return None
-    split = _const_operand(ctx, add)
-    if split is None:
+    found = _const_add_over(ctx, add, "Reshape")
+    if found is None:
         return None
-    viewed, mask = split
-    inner = ctx.producers.get(viewed)
-    if not _plain(inner, "Reshape") or ctx.single_consumer(inner) is not add:
-        return None
+    inner, mask = found
     scores = inner.inputs[0]
-    view, shape = _shape(ctx, viewed), _shape(ctx, scores)
+    view, shape = _shape(ctx, inner.outputs[0]), _shape(ctx, scores)
     if view is None or shape is None or _shape(ctx, outer.outputs[0]) != shape \
             or not broadcasts_to(mask.shape, view) or int(np.prod(shape)) > MAX_MASK_VALUES:
         return None
@@ -126,13 +135,10 @@ def match_summed(ctx: FusionContext, outer: Node):
     a Softmax over the last axis, when neither constant widens the scores, else None."""
     if not _plain(outer, "Add") or not _softmax_last(ctx, ctx.single_consumer(outer)):
         return None
-    split = _const_operand(ctx, outer)
-    if split is None:
+    found = _const_add_over(ctx, outer, "Add")
+    if found is None:
         return None
-    biased, mask = split
-    inner = ctx.producers.get(biased)
-    if not _plain(inner, "Add") or ctx.single_consumer(inner) is not outer:
-        return None
+    inner, mask = found
     split = _const_operand(ctx, inner)
     if split is None:
         return None
