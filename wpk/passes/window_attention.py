@@ -68,25 +68,27 @@ def _softmax_last(ctx: FusionContext, node: Node | None) -> bool:
     return shape is not None and int(node.attr("axis", default)) % len(shape) == len(shape) - 1
 
 
-def _const_operand(ctx: FusionContext, add: Node) -> tuple[str, np.ndarray] | None:
-    """(the other operand, the float32 constant) of an Add of a tensor and a constant."""
-    if len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+def _const_operand(ctx: FusionContext, node: Node) -> tuple[str, np.ndarray] | None:
+    """(the other operand, the float32 constant) of a binary node (Add, Mul) of a tensor
+    and a constant."""
+    if len(node.inputs) != 2 or node.inputs[0] == node.inputs[1]:
         return None
-    for tensor, const in (add.inputs, add.inputs[::-1]):
+    for tensor, const in (node.inputs, node.inputs[::-1]):
         value = ctx.const(const)
         if value is not None and value.dtype == np.float32 and ctx.const(tensor) is None:
             return tensor, value
     return None
 
 
-def _const_add_over(ctx: FusionContext, add: Node, op: str) -> tuple[Node, np.ndarray] | None:
-    """(the node making the Add's other operand, the constant) of an Add of a tensor and
+def _const_operand_over(ctx: FusionContext, node: Node, op: str
+                        ) -> tuple[Node, np.ndarray] | None:
+    """(the node making the other operand, the constant) of a binary node of a tensor and
     a float32 constant whose tensor a plain `op` makes for it alone, else None."""
-    split = _const_operand(ctx, add)
+    split = _const_operand(ctx, node)
     if split is None:
         return None
     producer = ctx.producers.get(split[0])
-    if not _plain(producer, op) or ctx.single_consumer(producer) is not add:
+    if not _plain(producer, op) or ctx.single_consumer(producer) is not node:
         return None
     return producer, split[1]
 
@@ -110,7 +112,7 @@ def match_unreshaped(ctx: FusionContext, outer: Node):
     add = ctx.producers.get(outer.inputs[0])
     if not _plain(add, "Add") or ctx.single_consumer(add) is not outer:
         return None
-    found = _const_add_over(ctx, add, "Reshape")
+    found = _const_operand_over(ctx, add, "Reshape")
     if found is None:
         return None
     inner, mask = found
@@ -135,7 +137,7 @@ def match_summed(ctx: FusionContext, outer: Node):
     a Softmax over the last axis, when neither constant widens the scores, else None."""
     if not _plain(outer, "Add") or not _softmax_last(ctx, ctx.single_consumer(outer)):
         return None
-    found = _const_add_over(ctx, outer, "Add")
+    found = _const_operand_over(ctx, outer, "Add")
     if found is None:
         return None
     inner, mask = found
@@ -176,16 +178,14 @@ def match_head_scale(ctx: FusionContext, mul: Node):
     over the last axis, else None. A scalar factor is the attention rule's own scale."""
     if not _plain(mul, "Mul") or not _reaches_softmax(ctx, mul):
         return None
-    split = _const_operand(ctx, mul)
-    if split is None:
+    found = _const_operand_over(ctx, mul, "MatMul")
+    if found is None:
         return None
-    scores, factor = split
-    matmul = ctx.producers.get(scores)
-    if not _plain(matmul, "MatMul") or ctx.single_consumer(matmul) is not mul \
-            or factor.size == 1 or factor.ndim < 2 or factor.shape[-2:] != (1, 1):
+    matmul, factor = found
+    if factor.size == 1 or factor.ndim < 2 or factor.shape[-2:] != (1, 1):
         return None
     queries = matmul.inputs[0]
-    shape, query_shape = _shape(ctx, scores), _shape(ctx, queries)
+    shape, query_shape = _shape(ctx, matmul.outputs[0]), _shape(ctx, queries)
     if shape is None or query_shape is None or len(query_shape) != len(shape) \
             or _shape(ctx, mul.outputs[0]) != shape \
             or not broadcasts_to(factor.shape, query_shape) or ctx.const(queries) is not None:
