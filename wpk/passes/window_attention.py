@@ -33,6 +33,8 @@ does not widen the queries.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from wpk.core.graph import Node
@@ -208,7 +210,7 @@ def rewrite_head_scale(ctx: FusionContext, mul: Node, found) -> None:
         matmul.outputs = [scaled]
         mul.op, mul.attrs = "MatMul", {}
         mul.inputs, mul.outputs = [scaled, keys], [result]
-    graph.tensors[scaled] = graph.tensors[queries]
+    graph.tensors[scaled] = replace(graph.tensors[queries])   # its own (passes edit shapes)
     graph.tensors.pop(product, None)
 
 
