@@ -69,7 +69,7 @@ def _feeds_only(ctx: FusionContext, node: Node | None, user: Node, op: str | tup
         and not node.epilogue and ctx.single_consumer(node) is user
 
 
-def _softmax_is_last_axis(ctx: FusionContext, softmax: Node, rank: int) -> bool:
+def softmax_is_last_axis(ctx: FusionContext, softmax: Node, rank: int) -> bool:
     default = -1 if ctx.graph.opset >= 13 else 1   # before 13: 2-D coercion at `axis`
     return int(softmax.attr("axis", default)) % rank == rank - 1
 
@@ -215,7 +215,7 @@ def match_attention(ctx: FusionContext, softmax: Node) -> AttentionMatch | None:
         return None
     logits_shape = tuple(graph.tensors[softmax.inputs[0]].shape)
     rank = len(logits_shape)
-    if rank not in (3, 4, 5, 6) or not _softmax_is_last_axis(ctx, softmax, rank):
+    if rank not in (3, 4, 5, 6) or not softmax_is_last_axis(ctx, softmax, rank):
         return None
     context = ctx.single_consumer(softmax)
     if context is None or context.op != "MatMul" or context.domain not in ("", "ai.onnx") \
@@ -306,7 +306,7 @@ def match_masked_fill(ctx: FusionContext, where: Node) -> tuple[str, np.ndarray]
     shape = ctx.graph.tensors[where.outputs[0]].shape
     if softmax is None or softmax.op != "Softmax" or softmax.domain not in ("", "ai.onnx") \
             or not _known(ctx, where.outputs[0]) \
-            or not _softmax_is_last_axis(ctx, softmax, len(shape)):
+            or not softmax_is_last_axis(ctx, softmax, len(shape)):
         return None
     condition, then, other = where.inputs
     keep = ctx.const(condition)

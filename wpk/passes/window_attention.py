@@ -39,6 +39,7 @@ import numpy as np
 
 from wpk.core.graph import Node
 from wpk.kernels.cpu.attention_spec import broadcasts_to
+from wpk.passes.attention import softmax_is_last_axis
 from wpk.passes.base import add_constant
 from wpk.passes.fusion import FusionContext, FusionRule
 
@@ -66,8 +67,7 @@ def _softmax_last(ctx: FusionContext, node: Node | None) -> bool:
     if not _plain(node, "Softmax"):
         return False
     shape = _shape(ctx, node.inputs[0])
-    default = -1 if ctx.graph.opset >= 13 else 1   # before 13: 2-D coercion at `axis`
-    return shape is not None and int(node.attr("axis", default)) % len(shape) == len(shape) - 1
+    return shape is not None and softmax_is_last_axis(ctx, node, len(shape))
 
 
 def _const_operand(ctx: FusionContext, node: Node) -> tuple[str, np.ndarray] | None:
