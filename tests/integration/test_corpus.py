@@ -295,17 +295,18 @@ def test_a_tensor_the_passes_take_in_stays_computed_when_an_output_reads_it(
         check_graph(optimized)   # every graph output produced, every tensor typed
 
 
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
 @pytest.mark.parametrize("name", ["swin_torchscript", "swin_dynamo"])
-def test_swins_window_attention_is_fused_with_the_shifted_windows_mask(name,
+def test_swins_window_attention_is_fused_with_the_shifted_windows_mask(name, target,
                                                                         corpus_model_path):
     """Both blocks' attention becomes one fused node, the shifted block's with its mask:
     the scores viewed per image, the mask added and viewed back (rules
-    `window_mask_unreshaped` and `score_constants_summed`)."""
+    `window_mask_unreshaped` and `score_constants_summed`), on either target."""
     from wpk.passes import optimize
     from wpk.value_tail import load_head
 
     model = onnx.load(str(corpus_model_path(name)))
-    graph, report = optimize(load_head(model, corpus.input_shapes(name))[0], "cpu")
+    graph, report = optimize(load_head(model, corpus.input_shapes(name))[0], target)
     assert _ops(model)["Softmax"] == 2 and graph.op_counts().get("Attention") == 2
     assert report.rules["window_mask_unreshaped"] == 1
     assert report.rules["score_constants_summed"] == 1

@@ -6,6 +6,9 @@ plan); and every case where the rules must not fire."""
 
 from __future__ import annotations
 
+import json
+import zipfile
+
 import numpy as np
 import onnx
 import pytest
@@ -14,6 +17,7 @@ from onnx import helper as h
 
 import wpk
 from tests.built_plans import FAST_BUILD
+from wpk.dsl.toolchain_cuda import nvrtc_available
 from wpk.frontend import load_model
 from wpk.passes import optimize, rule_docs, to_onnx
 from wpk.passes.base import check_graph
@@ -21,6 +25,7 @@ from wpk.passes.window_attention import compact
 
 IMAGES, WINDOWS, HEADS, TOKENS, DIM = 2, 4, 3, 9, 8
 RULES = ("window_mask_unreshaped", "score_constants_summed", "head_scale_on_queries")
+OFFLINE_PRESET = "p100" if nvrtc_available() else "h100"   # NVRTC compiles faster than nvcc
 
 
 def shift_mask(rng: np.random.Generator) -> np.ndarray:
@@ -99,11 +104,13 @@ def run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     return session.run(None, feeds)
 
 
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
 @pytest.mark.parametrize("images", [1, IMAGES])
 @pytest.mark.parametrize("bias", [True, False], ids=["relative-bias", "mask-only"])
-def test_the_shifted_windows_mask_becomes_the_fused_attentions_mask(rng, images, bias):
+def test_the_shifted_windows_mask_becomes_the_fused_attentions_mask(rng, images, bias,
+                                                                     target):
     model = window_model(rng, bias=bias, images=images)
-    graph, report = optimize(load_model(model), "cpu")
+    graph, report = optimize(load_model(model), target)
     check_graph(graph)
     assert report.rules["window_mask_unreshaped"] == 1
     assert report.rules["score_constants_summed"] == int(bias)
@@ -186,9 +193,24 @@ def test_compact_keeps_only_the_axes_a_mask_changes_along():
     np.testing.assert_array_equal(compact(value), value)
 
 
-def test_the_rules_are_documented_for_the_cpu_only():
-    assert all(rule in rule_docs("cpu") for rule in RULES)
-    assert not any(rule in rule_docs("cuda") for rule in RULES)
+def test_the_rules_are_documented_for_both_targets():
+    assert all(rule in rule_docs("cpu") and rule in rule_docs("cuda") for rule in RULES)
+
+
+def test_an_offline_cuda_build_fuses_the_window_attention_and_verifies_it(rng, tmp_path):
+    """The CUDA target: Swin V2's scale and the shifted windows' mask fold into one fused
+    attention whose kernels the emulator verifies against the float64 reference on the
+    per-window mask before the plan may list them."""
+    path = tmp_path / "window-cuda.wpk"
+    wpk.build(window_model(rng, head_scale=(HEADS, 1, 1)), target="cuda",
+              gpu=OFFLINE_PRESET, offline=True, output=str(path))
+    with zipfile.ZipFile(path) as z:
+        report = json.loads(z.read("report.json"))
+        manifest = json.loads(z.read("manifest.json"))
+    assert "Attention" in [s["op"] for s in manifest["steps"]]
+    [item] = [w for w in report["workloads"] if w["op"] == "Attention"]
+    fused = [c for c in item["candidates"] if c["impl"] == "cuda.fused"]
+    assert fused and all(c["status"] == "ok" and "emulator" in c["message"] for c in fused)
 
 
 @pytest.mark.parametrize("shape", [(HEADS, 1, 1), (IMAGES * WINDOWS, HEADS, 1, 1)],

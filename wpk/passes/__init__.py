@@ -97,9 +97,9 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(lambda: FusionPass("masked_fill_mask", MASKED_FILL_RULES),
                   targets=frozenset({"cpu"})),
     # Swin's shifted-window mask (added per image between two Reshapes) as that one Add,
-    # Swin V2's per-head logit scale as a scale of the queries
+    # Swin V2's per-head logit scale as a scale of the queries (both targets: a finite mask)
     PipelineEntry(lambda: FusionPass("window_attention", WINDOW_ATTENTION_RULES),
-                  targets=frozenset({"cpu"})),
+                  targets=frozenset({"cpu", "cuda"})),
     # before the elementwise fusions, which would take the scale and the mask Add apart
     PipelineEntry(lambda: FusionPass("attention_fusion", ATTENTION_RULES),
                   targets=frozenset({"cpu", "cuda"})),

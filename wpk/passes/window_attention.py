@@ -1,6 +1,7 @@
 """Swin's window attention in the forms the attention rule fuses (rules
 `window_mask_unreshaped`, `score_constants_summed` and `head_scale_on_queries`, run by the
-`window_attention` pass on the CPU target, before `attention_fusion`).
+`window_attention` pass on both targets, before `attention_fusion`: the mask is finite,
+-100 across regions, which both targets' fused kernels take like any additive mask).
 
 Swin implementations (torchvision's, timm's, Hugging Face's) add the shifted windows' mask
 to the scores viewed per image, then view them back per window:
