@@ -155,16 +155,45 @@ def step_breakdown(session, feeds: dict, repeats: int) -> list[dict]:
             for row in session.profile(feeds, repeats=repeats)]
 
 
-def load_benchmark_model(name: str, corpus_size: str = "bench"
+class BatchError(ValueError):
+    """--batch asked of a model whose batch dimension is not open."""
+
+
+def load_benchmark_model(name: str, corpus_size: str = "bench", batch: int | None = None
                          ) -> tuple[onnx.ModelProto, dict, dict]:
-    """(model, seeded feeds, input shapes for wpk.build) of a model of `KNOWN_MODELS`."""
+    """(model, seeded feeds, input shapes for wpk.build) of a model of `KNOWN_MODELS`;
+    with `batch`, a corpus model's open batch dimension set to it (a BatchError where the
+    model has no such dimension)."""
     if name.startswith(CORPUS_PREFIX):
         entry = name[len(CORPUS_PREFIX):]
-        return (corpus.build_model(entry, corpus_size),
-                corpus.random_feeds(entry, corpus_size, seed=0),
-                corpus.input_shapes(entry, corpus_size))
+        model = corpus.build_model(entry, corpus_size)
+        shapes = corpus.input_shapes(entry, corpus_size)
+        if batch is None:
+            return model, corpus.random_feeds(entry, corpus_size, seed=0), shapes
+        if not _batch_is_open(model):
+            raise BatchError(f"{name}: the exporter fixed the batch dimension, --batch needs "
+                             "an open one")
+        shapes = {key: (batch, *shape[1:]) for key, shape in shapes.items()}
+        rng = np.random.default_rng(0)
+        return model, {key: rng.standard_normal(shape).astype(np.float32)
+                       for key, shape in shapes.items()}, shapes
+    if batch is not None:
+        raise BatchError(f"{name}: --batch applies to the corpus_* models (open batch "
+                         "dimension) only")
     model = models.load_model(name)
     return model, models.random_inputs(model, seed=0), {}
+
+
+def _batch_is_open(model: onnx.ModelProto) -> bool:
+    """Whether every input's first dimension is open: symbolic, unset or paddle's -1."""
+    initializers = {init.name for init in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if not dims or dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+            return False
+    return True
 
 
 @contextmanager
@@ -183,13 +212,14 @@ def busy_processes(count: int):
 def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options: dict,
                 breakdown: bool, workdir: str, ort_spinning: bool = False,
                 block: int = 1, wpk_spin: bool = False, corpus_size: str = "bench",
-                fresh_process: bool = False, busy_build: int = 0) -> dict:
+                fresh_process: bool = False, busy_build: int = 0,
+                batch: int | None = None) -> dict:
     """Build model `name` (beside `busy_build` busy processes), check its plan against
     onnxruntime and time both engines in this process (nothing else running); with
     `fresh_process`, time them again in a new process that loads only the saved plan and
-    the model (`time_in_fresh_process`)."""
+    the model (`time_in_fresh_process`); with `batch`, at that batch size."""
     load_before = list(os.getloadavg())  # others' work on a shared machine shows here
-    model, feeds, input_shapes = load_benchmark_model(name, corpus_size)
+    model, feeds, input_shapes = load_benchmark_model(name, corpus_size, batch)
     if input_shapes:
         build_options = {**build_options, "input_shapes": input_shapes}
     started = time.perf_counter()
@@ -205,7 +235,8 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
     fresh = time_in_fresh_process(path, model, feeds, workdir, timing) if fresh_process else None
 
     steps = plan.steps
-    result = {"model": name, "build_s": build_s, "steps": len(steps),
+    result = {"model": name, "input_shapes": {k: list(v) for k, v in input_shapes.items()},
+              "build_s": build_s, "steps": len(steps),
               "fallback_steps": sum(1 for s in steps if s.kind == "fallback"),
               "impl_kinds": _count(s.kind for s in steps),
               "relative_l2_vs_ort": error,
@@ -451,6 +482,13 @@ def breakdown_text(result: dict, top: int) -> str:
     return "\n".join(lines)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
 def model_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
     """The comma-separated model names of `--models` ("corpus" stands for every
     `corpus_<architecture>_<exporter>`); a parser error for unknown ones."""
@@ -472,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
                              "corpus: every corpus_* model")
     parser.add_argument("--corpus-size", choices=corpus.SIZES, default="bench",
                         help="size of the corpus_* models (default bench; ci: the tests' size)")
+    parser.add_argument("--batch", type=_positive, default=None, metavar="N",
+                        help="corpus_* models at batch N (their batch dimension is open; "
+                             "default: the size's own, 1)")
     parser.add_argument("--rounds", type=int, default=20, help="timed A/B rounds per model")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
@@ -515,11 +556,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="wpk-bench-") as workdir:
         for name in names:
             print(f"{name}: building and timing ...", file=sys.stderr, flush=True)
-            results.append(bench_model(name, args.rounds, args.warmup, args.threads,
-                                       build_options, args.breakdown, workdir,
-                                       args.ort_spinning, max(1, args.block),
-                                       args.wpk_spin, args.corpus_size,
-                                       args.fresh_process, args.busy_build))
+            try:
+                results.append(bench_model(name, args.rounds, args.warmup, args.threads,
+                                           build_options, args.breakdown, workdir,
+                                           args.ort_spinning, max(1, args.block),
+                                           args.wpk_spin, args.corpus_size,
+                                           args.fresh_process, args.busy_build, args.batch))
+            except BatchError as exc:
+                print(f"error: {exc} (hint: leave it out of --models, or drop --batch)",
+                      file=sys.stderr)
+                return 2
 
     report = {"benchmark": "e2e", "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "method": f"{args.warmup} warm-up rounds, then {args.rounds} rounds alternating "
@@ -535,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
               "threads": args.threads, "ort_spinning": args.ort_spinning,
               "wpk_spin_threads": args.wpk_spin,
               "build_options": build_options,
-              "corpus_size": args.corpus_size,
+              "corpus_size": args.corpus_size, "batch": args.batch,
               "machine": {**machine_description(), "load_average_at_start": load_at_start},
               "results": results}
     report["machine"]["load_average_at_end"] = list(os.getloadavg())
@@ -550,7 +596,8 @@ def main(argv: list[str] | None = None) -> int:
         prefix = ("e2e" + ("-corpus" if any(n in CORPUS_MODELS for n in names) else "")
                   + ("-ort-spinning" if args.ort_spinning else "")
                   + ("-wpk-spin" if args.wpk_spin else "")
-                  + (f"-busy-build-{args.busy_build}" if args.busy_build else ""))
+                  + (f"-busy-build-{args.busy_build}" if args.busy_build else "")
+                  + (f"-batch-{args.batch}" if args.batch else ""))
         write_results(report, prefix, args.results_dir)
     return 0
 

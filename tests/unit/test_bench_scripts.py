@@ -70,6 +70,30 @@ def test_bench_e2e_selects_corpus_models(scripts_on_path, capsys):
     assert model.graph.input[0].type.tensor_type.shape.dim[3].dim_value == -1
 
 
+@pytest.mark.parametrize("name", ["corpus_svtr_paddle", "corpus_mobilenetv3_torchscript"])
+def test_bench_e2e_sets_an_open_batch_dimension(scripts_on_path, name):
+    """`--batch N`: the model's open batch dimension (paddle's -1, torch's symbol) at N in
+    the feeds and the build's shapes; asked of a model with fixed shapes, a clear error."""
+    import bench_e2e
+
+    _, plain_feeds, plain = bench_e2e.load_benchmark_model(name, "ci")
+    _, feeds, shapes = bench_e2e.load_benchmark_model(name, "ci", batch=3)
+    assert shapes == {"x": (3, *plain["x"][1:])} and feeds["x"].shape == shapes["x"]
+    assert feeds["x"].dtype == plain_feeds["x"].dtype
+    with pytest.raises(bench_e2e.BatchError, match="corpus_"):
+        bench_e2e.load_benchmark_model("light_squeezenet", "ci", batch=3)
+
+
+def test_bench_e2e_refuses_a_fixed_batch_dimension(scripts_on_path, monkeypatch):
+    import bench_e2e
+
+    model, _, _ = bench_e2e.load_benchmark_model("corpus_svtr_paddle", "ci")
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    monkeypatch.setattr(bench_e2e.corpus, "build_model", lambda *_: model)
+    with pytest.raises(bench_e2e.BatchError, match="fixed the batch dimension"):
+        bench_e2e.load_benchmark_model("corpus_svtr_paddle", "ci", batch=2)
+
+
 def test_bench_tuned_times_blocks_against_onnxruntimes_default_spinning(scripts_on_path,
                                                                         tmp_path, capsys):
     """Issue 10 item 6's method: a searched build, then blocks of runs per engine against
