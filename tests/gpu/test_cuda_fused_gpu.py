@@ -71,6 +71,22 @@ def test_fused_kernels_match_the_reference_and_their_peers(cupy, present_gpu, w)
     assert _relative_l2(got, expected) < 1e-4
 
 
+@pytest.mark.parametrize("fill", [-np.inf, np.finfo(np.float32).min], ids=["-inf", "min"])
+def test_the_fused_attention_takes_a_masked_fills_causal_mask(cupy, present_gpu, fill):
+    """torch's masked_fill (-inf or float32's lowest on the future keys, rule
+    `masked_fill_as_mask`): row 0 keeps key 0 alone, so most split threads of the early
+    rows see no key; the device's fast exp must give 0 for -inf as the emulator's does."""
+    w = _attention(mask=(1, 1, 77, 77))
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s.shape).astype(np.float32) for s in w.inputs[:3]]
+    future = np.triu(np.ones((77, 77), bool), k=1)
+    arrays.append(np.where(future, np.float32(fill), np.float32(0))[None, None])
+    expected = reference(w, arrays)[0]
+    for config in fused_configs(w, present_gpu, 3):
+        got = _run(cupy, FUSED_CUDA.prepare(w, {}, config), w, arrays)
+        assert np.isfinite(got).all() and _relative_l2(got, expected) < 1e-4, config
+
+
 def test_a_transformer_plan_with_the_fused_attention_matches_onnxruntime(tmp_path,
                                                                          present_gpu):
     import wpk

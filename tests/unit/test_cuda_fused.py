@@ -109,6 +109,25 @@ def test_emulated_attention_matches_the_float64_reference(w, config):
     assert emulated_error(w, config, np.random.default_rng(1)) <= TOLERANCE
 
 
+@pytest.mark.parametrize("fill", [-np.inf, np.finfo(np.float32).min], ids=["-inf", "min"])
+@pytest.mark.parametrize("config", [{"tq": 16, "tk": 16, "split": 8},
+                                    {"tq": 32, "tk": 32, "split": 1}], ids=["split8", "split1"])
+def test_emulated_attention_takes_a_masked_fills_causal_mask(fill, config):
+    """torch's masked_fill as an added mask (rule `masked_fill_as_mask`): -inf or
+    float32's lowest on the future keys. Row 0 keeps key 0 alone, so most of its split
+    threads see no key in any tile (their running max stays at the fill) and whole key
+    tiles of the early rows are masked; every output stays finite and matches."""
+    w = attention(lead=(1, 2), sq=37, sk=37, mask=(1, 1, 37, 37))
+    rng = np.random.default_rng(3)
+    arrays = arrays_for(w, rng)[:3]
+    future = np.triu(np.ones((37, 37), bool), k=1)
+    arrays.append(np.where(future, np.float32(fill), np.float32(0))[None, None])
+    feeds = {name: arrays[i] for name, i in attention_feeds(w).items()}
+    out = emulate(lower_attention(w, config), feeds)["Y"]
+    assert np.isfinite(out).all()
+    assert relative_l2(out, reference(w, arrays)[0]) <= TOLERANCE
+
+
 def test_the_emulator_catches_the_kernel_without_its_barriers():
     """The check can fail: the same kernel with its __syncthreads() removed races."""
     w = attention(lead=(1, 1), sq=40, sk=40, d=8, dv=8)

@@ -93,9 +93,9 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(PadIntoConv),
     # 1-d convs to 2-d before the fusions, so they see the 2-d convs the layout has kernels for
     PipelineEntry(Conv1dAs2d, targets=frozenset({"cpu"})),
-    # a masked_fill's Where as the mask Add the attention rule fuses (CPU: see the rule)
+    # a masked_fill's Where as the mask Add the attention rule fuses
     PipelineEntry(lambda: FusionPass("masked_fill_mask", MASKED_FILL_RULES),
-                  targets=frozenset({"cpu"})),
+                  targets=frozenset({"cpu", "cuda"})),
     # Swin's shifted-window mask (added per image between two Reshapes) as that one Add,
     # Swin V2's per-head logit scale as a scale of the queries (both targets: a finite mask)
     PipelineEntry(lambda: FusionPass("window_attention", WINDOW_ATTENTION_RULES),

@@ -1,5 +1,5 @@
 """Match and rewrite of scaled dot-product attention into wpk's fused `Attention` op (rule
-`attention`, run by the `attention_fusion` pass on the CPU target).
+`attention`, run by the `attention_fusion` pass on both targets).
 
     scores = MatMul(Q, Transpose(K, last two dims swapped))  or  MatMul(Q, K^T)
     (a K^T made by another Transpose that moves the innermost dim, the exporters' head split
@@ -8,10 +8,9 @@
     logits = scores * scale  or  scores / scale   (a constant scalar; optional)
     (Q, K or K^T may come scaled by constant scalars, as torch's and paddle's exports write
     it: q * s @ k^T, q * sqrt(s) @ k^T * sqrt(s); the factors join the scale)
-    logits = logits + mask                        (optional, either operand order; on the
-                                                  CPU also torch's masked_fill, a Where,
-                                                  made such an Add first: rule
-                                                  `masked_fill_as_mask`)
+    logits = logits + mask                        (optional, either operand order; also
+                                                  torch's masked_fill, a Where, made such
+                                                  an Add first: rule `masked_fill_as_mask`)
     Y = MatMul(Softmax(logits, last axis), V)
                         ->  Attention(Q, K or K^T, V[, mask]; scale, k_transposed)
 
@@ -333,7 +332,8 @@ def rewrite_masked_fill(ctx: FusionContext, where: Node, found) -> None:
     ctx.reindex(where)
 
 
-# CPU only: the CUDA attention kernels have not been run with a -inf mask on a device
+# Both targets: the CUDA kernel's online softmax takes exponents relative to 0 while a
+# thread has seen no key that is not -inf (emulator-tested on masked_fill's causal masks)
 MASKED_FILL_RULES = [
     FusionRule("masked_fill_as_mask", frozenset({"Where"}), match_masked_fill,
                rewrite_masked_fill,
