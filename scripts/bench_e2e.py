@@ -29,7 +29,9 @@ wheel (weights made random, see tests/models.py), the hand-built
 mobilenet_v2_like, efficientnet_like, transformer_encoder, bert_base_layer,
 dcgan_generator, espcn_like, deeplab_like, and the
 real-exporter corpus (tests/corpus) as `corpus_<architecture>_<exporter>`
-(`--models corpus` for all of them) at its benchmark size (`--corpus-size`).
+(`--models corpus` for all of them) at its benchmark size (`--corpus-size`), or your
+own model files (`--models path/to/model.onnx`: seeded random inputs, an open batch
+dimension at `--batch N` or 1).
 With `--breakdown`, corpus runs also show onnxruntime's own time per
 operator type (its profiler, after its fusions) beside wpk's.
 """
@@ -177,11 +179,41 @@ def load_benchmark_model(name: str, corpus_size: str = "bench", batch: int | Non
         rng = np.random.default_rng(0)
         return model, {key: rng.standard_normal(shape).astype(np.float32)
                        for key, shape in shapes.items()}, shapes
+    if name.endswith(".onnx"):
+        return _model_file(name, batch)
     if batch is not None:
-        raise BatchError(f"{name}: --batch applies to the corpus_* models (open batch "
-                         "dimension) only")
+        raise BatchError(f"{name}: --batch applies to the corpus_* models and model files "
+                         "(open batch dimension) only")
     model = models.load_model(name)
     return model, models.random_inputs(model, seed=0), {}
+
+
+def _model_file(path: str, batch: int | None) -> tuple[onnx.ModelProto, dict, dict]:
+    """A user's model file: its open leading dims at `batch` (default 1), seeded feeds
+    (floats standard normal, integers 0-3); a BatchError for any other open dim."""
+    model = onnx.load(path)
+    initializers = {init.name for init in model.graph.initializer}
+    rng, feeds, shapes = np.random.default_rng(0), {}, {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in tensor.shape.dim]
+        if None in dims[1:]:
+            raise BatchError(f"{path}: input {value.name!r} has an open dimension past the "
+                             "batch; export the model with fixed sizes")
+        if dims and dims[0] is None:
+            dims[0] = batch or 1
+            shapes[value.name] = tuple(dims)
+        elif batch is not None and dims and dims[0] != batch:
+            raise BatchError(f"{path}: the exporter fixed the batch dimension, --batch "
+                             "needs an open one")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        feeds[value.name] = (rng.standard_normal(dims).astype(dtype)
+                             if np.issubdtype(dtype, np.floating)
+                             else rng.integers(0, 4, dims).astype(dtype))
+    return model, feeds, shapes
 
 
 def _batch_is_open(model: onnx.ModelProto) -> bool:
@@ -226,7 +258,7 @@ def bench_model(name: str, rounds: int, warmup: int, threads: int, build_options
     with busy_processes(busy_build):
         plan = wpk.build(model, target="cpu", progress=False, **build_options)
     build_s = time.perf_counter() - started
-    path = os.path.join(workdir, f"{name}.wpk")
+    path = os.path.join(workdir, f"{Path(name).stem}.wpk")
     plan.save(path)
     timing = {"threads": threads, "ort_spinning": ort_spinning, "block": block,
               "rounds": rounds, "warmup": warmup, "wpk_spin": wpk_spin}
@@ -491,15 +523,18 @@ def _positive(text: str) -> int:
 
 def model_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
     """The comma-separated model names of `--models` ("corpus" stands for every
-    `corpus_<architecture>_<exporter>`); a parser error for unknown ones."""
+    `corpus_<architecture>_<exporter>`, a name ending in .onnx for that file); a parser
+    error for unknown ones."""
     names = []
     for name in (n.strip() for n in text.split(",")):
         if name:
             names += list(CORPUS_MODELS) if name == "corpus" else [name]
-    unknown = [n for n in names if n not in KNOWN_MODELS]
+    unknown = [n for n in names if n not in KNOWN_MODELS
+               and not (n.endswith(".onnx") and os.path.isfile(n))]
     if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; "
-                     f"known: {', '.join(KNOWN_MODELS)}, corpus (all corpus_*)")
+        parser.error(f"unknown model(s) or missing file(s) {', '.join(unknown)}; "
+                     f"known: {', '.join(KNOWN_MODELS)}, corpus (all corpus_*), "
+                     "or PATH.onnx")
     return names
 
 
@@ -507,12 +542,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
                         help=f"comma-separated; known: {', '.join(KNOWN_MODELS)}; "
-                             "corpus: every corpus_* model")
+                             "corpus: every corpus_* model; PATH.onnx: a model file (open "
+                             "batch dimension at --batch or 1)")
     parser.add_argument("--corpus-size", choices=corpus.SIZES, default="bench",
                         help="size of the corpus_* models (default bench; ci: the tests' size)")
     parser.add_argument("--batch", type=_positive, default=None, metavar="N",
-                        help="corpus_* models at batch N (their batch dimension is open; "
-                             "default: the size's own, 1)")
+                        help="corpus_* models and model files at batch N (their batch "
+                             "dimension open; default 1)")
     parser.add_argument("--rounds", type=int, default=20, help="timed A/B rounds per model")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,

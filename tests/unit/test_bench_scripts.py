@@ -84,6 +84,45 @@ def test_bench_e2e_sets_an_open_batch_dimension(scripts_on_path, name):
         bench_e2e.load_benchmark_model("light_squeezenet", "ci", batch=3)
 
 
+def _relu_file(folder, dims, name="relu") -> str:
+    import onnx
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    graph = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "relu",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    path = str(folder / f"{name}.onnx")
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_bench_e2e_times_a_users_model_file(scripts_on_path, tmp_path, capsys):
+    """`--models PATH.onnx`: the file's open batch dimension at --batch (or 1) in the feeds
+    and the build's shapes; an open dimension past the batch, a missing file: clear errors."""
+    import argparse
+
+    import bench_e2e
+
+    path = _relu_file(tmp_path, ["n", 3, 5])
+    assert bench_e2e.model_names(argparse.ArgumentParser(), path) == [path]
+    with pytest.raises(SystemExit):
+        bench_e2e.model_names(argparse.ArgumentParser(), str(tmp_path / "missing.onnx"))
+    assert "missing.onnx" in capsys.readouterr().err
+    _, feeds, shapes = bench_e2e.load_benchmark_model(path)
+    assert shapes == {"x": (1, 3, 5)} and feeds["x"].shape == (1, 3, 5)
+    _, feeds, shapes = bench_e2e.load_benchmark_model(path, batch=4)
+    assert shapes == {"x": (4, 3, 5)} and feeds["x"].shape == (4, 3, 5)
+    with pytest.raises(bench_e2e.BatchError, match="past the batch"):
+        bench_e2e.load_benchmark_model(_relu_file(tmp_path, ["n", "c", 5], "open"))
+    with pytest.raises(bench_e2e.BatchError, match="fixed the batch"):
+        bench_e2e.load_benchmark_model(_relu_file(tmp_path, [2, 3, 5], "fixed"), batch=4)
+    result = bench_e2e.bench_model(path, rounds=2, warmup=0, threads=1,
+                                   build_options={"search": "none"}, breakdown=False,
+                                   workdir=str(tmp_path), batch=2)
+    assert result["input_shapes"] == {"x": [2, 3, 5]} and result["relative_l2_vs_ort"] < 1e-6
+
+
 def test_bench_e2e_refuses_a_fixed_batch_dimension(scripts_on_path, monkeypatch):
     import bench_e2e
 
