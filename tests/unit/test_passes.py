@@ -472,6 +472,26 @@ def keras_layer_norm_case(gamma: bool, beta: bool, mean_used_elsewhere: bool = F
     return case
 
 
+def keras_channel_layer_norm_case(rng):
+    """The Keras form over NCHW's channels (axis 1; gamma and beta [C, 1, 1]): a
+    channels-last LayerNorm whose Transposes `transpose_sinking` moved past it."""
+    nodes = [h.make_node("ReduceMean", ["x"], ["mean"], axes=[1]),
+             h.make_node("Sub", ["x", "mean"], ["d"]),
+             h.make_node("Mul", ["d", "d"], ["sq"]),
+             h.make_node("ReduceMean", ["sq"], ["var"], axes=[1]),
+             h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["std"]),
+             h.make_node("Reciprocal", ["std"], ["r"]),
+             h.make_node("Mul", ["r", "gamma"], ["inv"]),
+             h.make_node("Mul", ["x", "inv"], ["xs"]),
+             h.make_node("Mul", ["mean", "inv"], ["ms"]),
+             h.make_node("Sub", ["beta", "ms"], ["shift"]),
+             h.make_node("Add", ["xs", "shift"], ["y"])]
+    inits = {"eps": np.float32(1e-3), "gamma": weights(rng, 6, 1, 1),
+             "beta": weights(rng, 6, 1, 1)}
+    return build(nodes, {"x": [2, 6, 4, 5]}, {"y": 4}, inits, opset=13), \
+        {"channel_layer_norm_reciprocal"}, {"Transpose": 2, "LayerNormalization": 1}
+
+
 def case_transformer_blocks(rng, blocks=3, dim=16):
     """MatMul + bias -> erf-GELU -> residual Add -> decomposed LayerNorm, three times."""
     nodes, inits, x = [], {"sqrt2": np.float32(math.sqrt(2)), "one": np.float32(1),
@@ -696,19 +716,22 @@ CHANNEL_NORM_CASES = {
     "mul_axes_input": channel_layer_norm_case("mul", 18),
     "gamma_along_h_apart": channel_layer_norm_case("pow", 17, (1, 4, 1)),
     "two_axes_kept": channel_layer_norm_case("pow", 17, axes=(1, 2)),
+    "keras_reciprocal": keras_channel_layer_norm_case,
 }
 
 
 @pytest.mark.parametrize("case", sorted(CHANNEL_NORM_CASES))
 def test_channel_layer_norm_on_the_cpu(case, rng):
-    """Rule `channel_layer_norm` runs for the CPU target only (its Transposes become NHWC
+    """Rules `channel_layer_norm` and `channel_layer_norm_reciprocal` (Keras' form) run for
+    the CPU target only (their Transposes become NHWC
     reorders there): axis 1 moved last and back, the last axis normalized with the
     per-channel gamma and beta (a gamma along another axis applied after), equal to the
     graph before; the kept case fuses no LayerNormalization at all; the CUDA target leaves
     the pattern to the other rules."""
     graph, rules, ops_after = CHANNEL_NORM_CASES[case](rng)
     optimized, report = optimize(graph, target="cpu")
-    assert report.rules["channel_layer_norm"] == len(rules)
+    assert {r for r in ("channel_layer_norm", "channel_layer_norm_reciprocal")
+            if report.rules[r]} == rules
     if not rules:
         assert "LayerNormalization" not in optimized.op_counts()
         return

@@ -61,6 +61,7 @@ from wpk.passes.reduce_to_pool import ReduceToPool
 from wpk.passes.same_crop import SameCrop
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
+from wpk.passes.transpose_sinking import TransposeSinking
 from wpk.passes.window_attention import WINDOW_ATTENTION_RULES
 
 __all__ = ["ELEMENTWISE_OP", "PIPELINE", "WPK_DOMAIN", "PassReport", "PipelineEntry",
@@ -88,6 +89,9 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(SumToAdd),
     # Einsum as MatMul and data movement, before the attention and GEMM fusions that take them
     PipelineEntry(EinsumLowering),
+    # channels-last converters' Transposes around each conv, moved until they cancel;
+    # before the reductions become pools (a ReduceMean over NHWC's H and W is one after it)
+    PipelineEntry(TransposeSinking),
     PipelineEntry(ReduceToPool),
     PipelineEntry(NoOpRemoval),
     PipelineEntry(PadIntoConv),

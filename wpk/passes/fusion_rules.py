@@ -44,6 +44,7 @@ from wpk.passes.group_norm_rules import (
 )
 from wpk.passes.norm_rules import (
     match_channel_layer_norm,
+    match_channel_layer_norm_reciprocal,
     match_layer_norm,
     match_layer_norm_reciprocal,
     match_rms_norm,
@@ -509,6 +510,10 @@ CHANNEL_NORM_RULES = (
     _rule("channel_layer_norm", {"Div"}, match_channel_layer_norm, rewrite_channel_layer_norm,
           "(x - mean) / sqrt(var + eps) [* gamma] [+ beta] over one axis not the last "
           "(channels-first) -> Transpose, LayerNormalization over the last axis, Transpose"),
+    _rule("channel_layer_norm_reciprocal", {"Reciprocal"}, match_channel_layer_norm_reciprocal,
+          rewrite_channel_layer_norm,
+          "x * inv + (beta - mean * inv) (Keras) over one axis not the last -> Transpose, "
+          "LayerNormalization over the last axis, Transpose"),
 )
 
 # CPU only: wpk's RMSNorm op has C and onnxruntime kernels on the CPU, none on CUDA yet

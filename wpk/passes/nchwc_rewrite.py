@@ -165,9 +165,11 @@ class Rewrite:
         self.nodes.append(make_elementwise(name, value, blocked_chain, [out]))
 
     def blocked_constant(self, name: str, step: EpilogueStep, channels: int) -> str:
-        """A (1, Cb, 1, 1, b) copy of a per-channel or scalar constant, padding lanes neutral."""
+        """A (1, Cb, 1, 1, b) copy of a per-channel or scalar constant, padding lanes neutral
+        (one per channel count: a scalar shared by tensors of several widths has a copy for
+        each)."""
         pad = constant_pad_value(step)
-        key = (name, pad)
+        key = (name, pad, channels)
         if key not in self.constants:
             vector = per_channel_vector(np.asarray(self.graph.constants[name]), channels)
             padded = np.full(fmt.round_up(channels, self.block), pad, dtype=np.float32)

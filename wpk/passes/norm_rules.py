@@ -9,9 +9,11 @@ Keras (tf2onnx) writes it with a reciprocal and the shift folded apart:
     inv = Reciprocal(Sqrt(var + eps)) [* gamma]
     y = x * inv + (beta - mean * inv)              ->  LayerNormalization(x, gamma, beta)
 
-Both reductions must cover the same trailing axes (keepdims=1). Rule
-`channel_layer_norm` (CPU) takes the same pattern over one axis that is not the last
-(ConvNeXt's channels-first LayerNorm of NCHW, gamma and beta of shape [C, 1, 1]):
+Both reductions must cover the same trailing axes (keepdims=1). Rules
+`channel_layer_norm` and `channel_layer_norm_reciprocal` (CPU) take the same patterns
+over one axis that is not the last (ConvNeXt's channels-first LayerNorm of NCHW, or a
+Keras channels-last one whose Transposes were moved past it, gamma and beta of shape
+[C, 1, 1]):
 
     y = LN(x) over axis 1                  ->  Transpose(0,2,3,1), LayerNormalization
                                                (axis -1), Transpose(0,3,1,2)
@@ -211,7 +213,7 @@ def rewrite_layer_norm(ctx: FusionContext, div: Node, found) -> None:
 def _variance_of(ctx: FusionContext, d_name: str, var: Node | None, rank: int,
                  axes: tuple[int, ...]) -> Node | None:
     """The square node when `var` is ReduceMean(d*d or d^2) over `axes`, used only there."""
-    if _reduced_axes(ctx, var, rank) != axes:
+    if _reduced_axes(ctx, var, rank, trailing=False) != axes:
         return None
     square = ctx.producers.get(var.inputs[0])
     if square is None or not _only_feeds(ctx, square, var):
@@ -250,7 +252,20 @@ def _readers(ctx: FusionContext, name: str) -> set[int] | None:
 
 
 def match_layer_norm_reciprocal(ctx: FusionContext, recip: Node):
-    """The Keras pattern around `recip` (Reciprocal(Sqrt(var + eps))), or None."""
+    """The Keras pattern around `recip` (Reciprocal(Sqrt(var + eps))) over trailing axes,
+    or None."""
+    return _match_reciprocal_form(ctx, recip, channel=False)
+
+
+def match_channel_layer_norm_reciprocal(ctx: FusionContext, recip: Node):
+    """The Keras pattern over one axis that is not the last (a channels-last LayerNorm
+    whose Transposes `transpose_sinking` moved past it, now over NCHW's channels), or
+    None."""
+    return _match_reciprocal_form(ctx, recip, channel=True)
+
+
+def _match_reciprocal_form(ctx: FusionContext, recip: Node, channel: bool):
+    """The Keras pattern around `recip`, over trailing axes or (`channel`) one other."""
     graph, prod = ctx.graph, ctx.producers
     std = prod.get(recip.inputs[0])
     if std is None or std.op != "Sqrt" or not _only_feeds(ctx, std, recip):
@@ -266,25 +281,32 @@ def match_layer_norm_reciprocal(ctx: FusionContext, recip: Node):
     x, mean_name = sub.inputs
     if graph.tensors[x].dtype not in FLOAT_DTYPES:
         return None
-    rank = len(graph.tensors[x].shape)
+    shape = graph.tensors[x].shape
+    rank = len(shape)
     mean = prod.get(mean_name)
-    axes = _reduced_axes(ctx, mean, rank)
+    axes = _reduced_axes(ctx, mean, rank, trailing=not channel)
     if axes is None or mean.inputs[0] != x or _variance_of(ctx, sub.outputs[0], var, rank,
                                                           axes) is None:
         return None
+    if channel and (len(axes) != 1 or axes[0] == rank - 1):
+        return None
     if _readers(ctx, sub.outputs[0]) != {id(square)}:
         return None
-    norm_shape = graph.tensors[x].shape[axes[0]:]
+
+    def param(value):
+        return _channel_param(value, shape, axes[0]) if channel else \
+            _norm_param(value, shape[axes[0]:])
+
     nodes, inv, gamma = [mean, sub, square, var, add_eps, std, recip], recip, None
     scaled = ctx.single_consumer(recip)
     value = _const_operand(ctx, scaled, "Mul", recip.outputs[0]) if scaled else None
     if value is not None:
-        gamma = _norm_param(value, norm_shape)
+        gamma = param(value)
         if gamma is None:
             return None
         nodes.append(scaled)
         inv = scaled
-    found = _keras_tail(ctx, x, mean, sub, inv, norm_shape)
+    found = _keras_tail(ctx, x, mean, sub, inv, param)
     if found is None:
         return None
     tail, beta = found
@@ -294,8 +316,9 @@ def match_layer_norm_reciprocal(ctx: FusionContext, recip: Node):
     return x, axes[0], float(eps.reshape(-1)[0]), params, nodes + tail
 
 
-def _keras_tail(ctx: FusionContext, x: str, mean: Node, sub: Node, inv: Node, norm_shape):
-    """The nodes of x * inv + (beta - mean * inv) after `inv`, and beta (or None)."""
+def _keras_tail(ctx: FusionContext, x: str, mean: Node, sub: Node, inv: Node, param):
+    """The nodes of x * inv + (beta - mean * inv) after `inv`, and beta (or None); `param`
+    gives a constant as the normalization's shift, or None where it is no such one."""
     users = _users(ctx, inv.outputs[0])
     if users is None or len(users) != 2 or any(u.op != "Mul" or len(u.inputs) != 2 for u in users):
         return None
@@ -314,7 +337,7 @@ def _keras_tail(ctx: FusionContext, x: str, mean: Node, sub: Node, inv: Node, no
         if shift.inputs[1] != scale_mean.outputs[0]:
             return None
         beta_value = ctx.const(shift.inputs[0])
-        beta = None if beta_value is None else _norm_param(beta_value, norm_shape)
+        beta = None if beta_value is None else param(beta_value)
         if beta is None:
             return None
     add = ctx.single_consumer(shift)
