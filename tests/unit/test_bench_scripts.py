@@ -581,3 +581,20 @@ def test_bench_tvm_reports_which_models_tvm_runs(tmp_path):
     yolo, convnext = json.loads(written.read_text())["results"]
     assert yolo["stage"] == "import" and "Resize" in yolo["error"], yolo
     assert convnext["stage"] == "ran" and convnext["relative_l2_vs_ort"] < 1e-4, convnext
+
+
+def test_the_keras_export_says_what_to_install_without_tensorflow(scripts_on_path, tmp_path,
+                                                                  monkeypatch, capsys):
+    """scripts/export_keras_models.py needs TensorFlow and tf2onnx (no dependency of wpk):
+    without them one error line with the install hint, nothing written; an unknown model
+    is a usage error."""
+    import export_keras_models
+
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    assert export_keras_models.main(["--out", str(tmp_path / "k")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: tensorflow is not installed") and "hint:" in err
+    assert not (tmp_path / "k").exists()
+    with pytest.raises(SystemExit):
+        export_keras_models.main(["--out", str(tmp_path), "--models", "alexnet"])
+    assert "unknown model(s) alexnet" in capsys.readouterr().err
