@@ -336,6 +336,8 @@ class TransposeSinking(GraphPass):
     name = "transpose_sinking"
 
     def run(self, graph: Graph) -> Graph:
+        if not any(n.op == "Transpose" for n in graph.nodes):
+            return graph
         trial = _Sinker(graph.copy(), None)
         trial.run()
         groups = trial.groups
