@@ -124,7 +124,7 @@ class _Sinker:
         self.pinned = pinned_names(graph)
         self.deferred: dict[str, _Deferred] = {}
         self.renamed: dict[str, str] = {}
-        self.written: dict[str, str] = {}
+        self.written: set[str] = set()
         self.groups = _Groups()
         self.nodes: list[Node] = []
         self.moved = 0
@@ -178,7 +178,7 @@ class _Sinker:
         self.nodes.append(Node("Transpose", [entry.source], [name],
                                self.graph.unique_name(f"{name}_transposed"),
                                {"perm": list(entry.perm)}))
-        self.written[name] = name
+        self.written.add(name)
         return name
 
     # -- the nodes that take their operands untransposed ----------------------------------
