@@ -192,11 +192,8 @@ def _model_file(path: str, batch: int | None) -> tuple[onnx.ModelProto, dict, di
     """A user's model file: its open leading dims at `batch` (default 1), seeded feeds
     (floats standard normal, integers 0-3); a BatchError for any other open dim."""
     model = onnx.load(path)
-    initializers = {init.name for init in model.graph.initializer}
     rng, feeds, shapes = np.random.default_rng(0), {}, {}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
+    for value in models.model_inputs(model):
         tensor = value.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                 for d in tensor.shape.dim]
@@ -218,10 +215,7 @@ def _model_file(path: str, batch: int | None) -> tuple[onnx.ModelProto, dict, di
 
 def _batch_is_open(model: onnx.ModelProto) -> bool:
     """Whether every input's first dimension is open: symbolic, unset or paddle's -1."""
-    initializers = {init.name for init in model.graph.initializer}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
+    for value in models.model_inputs(model):
         dims = value.type.tensor_type.shape.dim
         if not dims or dims[0].HasField("dim_value") and dims[0].dim_value > 0:
             return False
