@@ -290,19 +290,21 @@ class _Sinker:
         elif node.op == "Concat":
             attrs["axis"] = perm[int(node.attr("axis")) % rank]
         elif node.op in REDUCTIONS:
-            self._map_reduction_axes(inputs, perm, attrs)
+            self._map_reduction_axes(node, inputs, perm, attrs)
         elif node.op == "Pad":
             self._map_pads(inputs, perm, attrs)
         return attrs
 
-    def _map_reduction_axes(self, inputs: list[str], perm, attrs: dict) -> None:
-        rank = len(perm)
+    def _map_reduction_axes(self, node: Node, inputs: list[str], perm, attrs: dict) -> None:
+        axes = self._reduction_axes(node, len(perm))
+        if axes is None:    # all axes, or none with noop_with_empty_axes: nothing to map
+            return
+        mapped = sorted(perm[a] for a in axes)
         if "axes" in attrs:
-            attrs["axes"] = sorted(perm[int(a) % rank] for a in attrs["axes"])
-        elif len(inputs) > 1 and inputs[1]:
-            axes = np.ravel(self.graph.constants[inputs[1]])
-            mapped = np.array(sorted(perm[int(a) % rank] for a in axes), np.int64)
-            inputs[1] = add_constant(self.graph, f"{inputs[1]}_untransposed", mapped)
+            attrs["axes"] = mapped
+        else:
+            inputs[1] = add_constant(self.graph, f"{inputs[1]}_untransposed",
+                                     np.array(mapped, np.int64))
 
     def _map_pads(self, inputs: list[str], perm, attrs: dict) -> None:
         """Pad's widths [begins..., ends...] of the transposed axes, for the untransposed."""
