@@ -553,6 +553,15 @@ def case_sum_three(rng):
         {"elementwise_chain"}, {"Elementwise": 1}
 
 
+def case_self_add_doubles(rng):
+    """x + x (two merged average pools in tf2onnx's NASNet) becomes x * 2, a chain step:
+    Relu, the doubling and the Sum's other Add fuse into one chain."""
+    nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Add", ["r", "r"], ["d"]),
+             h.make_node("Sum", ["d", "d", "z"], ["y"])]
+    return build(nodes, {"x": [3, 5], "z": [3, 5]}, {"y": 2}), {"elementwise_chain"}, \
+        {"Elementwise": 1}
+
+
 def case_noops(rng):
     nodes = [h.make_node("Identity", ["x"], ["i"]), h.make_node("Dropout", ["i"], ["d"]),
              h.make_node("Cast", ["d"], ["c"], to=TensorProto.FLOAT),
@@ -675,6 +684,7 @@ CASES = {
     "keras_layer_norm_no_beta": keras_layer_norm_case(True, False),
     "keras_layer_norm_mean_read_elsewhere_kept": keras_layer_norm_case(True, True, True),
     "sum_three": case_sum_three,
+    "self_add_doubles": case_self_add_doubles,
     "noops": case_noops,
     "reshape_and_transpose_pairs": case_reshape_and_transpose_pairs,
     "output_through_identity": case_output_through_identity,
@@ -692,6 +702,16 @@ def test_fusion_case(case, rng):
     for rule in rules:
         assert report.rules[rule] >= 1, f"rule {rule} did not fire: {report.rules}"
     assert_equivalent(graph, optimized, rng)
+
+
+def test_an_integer_self_add_stays_an_add():
+    """Doubling is rewritten for floats only (an integer Add stays as its kernels have it)."""
+    graph = h.make_graph([h.make_node("Add", ["x", "x"], ["y"])], "int_add",
+                         [h.make_tensor_value_info("x", TensorProto.INT64, [4])],
+                         [h.make_tensor_value_info("y", TensorProto.INT64, [4])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    optimized, report = optimize(load_model(model), TARGET)
+    assert optimized.op_counts() == {"Add": 1} and report.passes["sum_to_add"] == 0
 
 
 def test_quick_gelu_by_one_is_silu(rng):
