@@ -17,7 +17,7 @@ from wpk.kernels import nchwc_format as fmt
 from wpk.kernels import registry
 from wpk.kernels.nchwc_reference import nchwc_reference
 from wpk.passes.base import check_graph
-from wpk.passes.nchwc_data import channel_slices, upsample_form
+from wpk.passes.nchwc_data import channel_slices, spatial_crop, upsample_form
 from wpk.passes.nchwc_layout import NchwcLayout, NchwcOptions
 
 # ISA-dependent code: scripts/isa_check.sh runs these again with wpk restricted to AVX2.
@@ -151,6 +151,60 @@ def test_splits_off_the_block_boundaries_are_left_alone(rng):
     (split,) = [n for n in graph.nodes if n.op == "Split"]
     assert channel_slices(graph, split, B) is None
     assert channel_slices(graph, split, B // 2) == [(0, B // 2), (B // 2, B + B // 2)]
+
+
+def _crop_model(rng, channels, starts, ends, axes):
+    """conv -> Pad (0, 1) on H and W -> Slice(starts, ends, axes) -> 1x1 average pool of
+    stride 2 -> conv: the shifted path of Keras' NASNet reductions (ZeroPadding2D,
+    Cropping2D) through tf2onnx."""
+    inits = [_weight(rng, "w1", channels, 3, 3), _weight(rng, "w2", 8, channels),
+             numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pads")]
+    for name, value in (("starts", starts), ("ends", ends), ("axes", axes)):
+        inits.append(numpy_helper.from_array(np.array(value, np.int64), name))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Pad", ["a", "pads"], ["p"]),
+             helper.make_node("Slice", ["p", "starts", "ends", "axes"], ["s"]),
+             helper.make_node("AveragePool", ["s"], ["q"], kernel_shape=[1, 1], strides=[2, 2]),
+             helper.make_node("Conv", ["q", "w2"], ["y"])]
+    return model_x_to_y("crop", nodes, inits, [1, 3, 9, 9], [1, 8, 5, 5])
+
+
+BIG = 2 ** 31 - 1
+CROPS = {
+    "tf2onnx_all_axes": ((0, 1, 1, 0), (BIG, BIG, BIG, BIG), (0, 2, 3, 1)),
+    "h_w_only": ((1, 1), (10, 10), (2, 3)),
+    "negative_axes_and_starts": ((-9, -9), (BIG, BIG), (-2, -1)),
+}
+
+
+@pytest.mark.parametrize("crop", sorted(CROPS))
+@pytest.mark.parametrize("channels", [11, 2 * B])
+def test_spatial_crops_stay_blocked(crop, channels, rng):
+    """A Slice that crops H and W of a blocked tensor is the same Slice of the 5-d one
+    (no reorder around it), whatever its channel count, and computes what it did."""
+    ops = _check(_crop_model(rng, channels, *CROPS[crop]), rng, "native.nchwc")
+    assert ops["Slice"] == 1 and ops["Pad"] == 1 and ops["wpk.nchwc:AveragePool"] == 1
+    assert ops["wpk.nchwc:ReorderOutput"] == 1 and "wpk.nchwc:ReorderInput" not in ops
+
+
+@pytest.mark.parametrize(("starts", "ends", "axes", "steps"), [
+    ((0,), (4,), (1,), (1,)),          # channels: a ChannelSlice's, or left alone
+    ((0, 1), (1, 10), (0, 2), (1, 1)),  # a batch crop to 1 of 1 is whole, H cropped: kept
+    ((1,), (10,), (2,), (2,)),         # a step
+    ((5,), (5,), (3,), (1,)),          # nothing left
+])
+def test_spatial_crop_reads_only_whole_batches_and_channels_at_step_one(starts, ends, axes,
+                                                                         steps, rng):
+    inits = [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
+             (("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps))]
+    node = helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"])
+    model = model_x_to_y("s", [node], inits, [1, 2 * B, 10, 10], [None] * 4)
+    graph = load_model(model)
+    found = spatial_crop(graph, graph.nodes[0])
+    if axes == (0, 2):
+        assert found == ((1, 0), (10, 10))
+    else:
+        assert found is None
 
 
 def test_the_library_kernels_and_another_block_size_agree(rng):

@@ -132,6 +132,29 @@ def channel_pieces(graph: Graph, node: Node) -> list[tuple[int, int]] | None:
     return None if found is None else [(found[0], found[1] - found[0])]
 
 
+def spatial_crop(graph: Graph, node: Node) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(starts, ends) over H and W of a Slice with step 1 that crops H and W only (the
+    batch and channels whole) of a 4-d float32 tensor (Keras' Cropping2D), normalized to
+    the input's sizes; None for any other node or a crop that leaves nothing."""
+    if node.op != "Slice" or node.domain not in ("", "ai.onnx"):
+        return None
+    info = graph.tensors[node.inputs[0]]
+    found = slice_parameters(graph, node)
+    if len(info.shape) != 4 or info.dtype != "float32" or found is None:
+        return None
+    starts, ends = [0, 0, 0, 0], list(info.shape)
+    for start, end, axis, step in zip(*found):
+        axis, size = int(axis) % 4, info.shape[int(axis) % 4]
+        if int(step) != 1:
+            return None
+        starts[axis], ends[axis] = (int(np.clip(v + size if v < 0 else v, 0, size))
+                                    for v in (start, end))
+    if starts[:2] != [0, 0] or ends[:2] != list(info.shape[:2]) \
+            or any(e <= s for s, e in zip(starts, ends)):
+        return None
+    return (starts[2], starts[3]), (ends[2], ends[3])
+
+
 def channel_slices(graph: Graph, node: Node, block: int) -> list[tuple[int, int]] | None:
     """(first channel, channel count) of each output of a block-aligned channel Split or
     Slice, or None."""
