@@ -193,3 +193,38 @@ def test_convs_padded_by_at_most_a_quarter_take_the_layout(rng):
     assert mode(B + 2) == ""              # 18 of 32: most of the second block wasted
     assert mode(B + 4) == "blocked"       # a multiple of 4, as before
     assert mode(4 * B - 1) == ""          # odd: an image output's count, as before
+
+
+def _separable_model(rng, channels, tail="Conv"):
+    """conv 1x1 (2B -> channels) -> Relu -> depthwise 3x3 -> `tail`: a conv 1x1 back to
+    `channels` (NASNet's separable convs on 11 or 22 channels) or a Resize to the output
+    (a segmentation head's classes)."""
+    inits = [_const("w0", rng.standard_normal((channels, 2 * B, 1, 1)) * 0.3),
+             _const("wd", rng.standard_normal((channels, 1, 3, 3)) * 0.3),
+             _const("w1", rng.standard_normal((channels, channels, 1, 1)) * 0.3),
+             _const("scales", [1, 1, 2, 2])]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "wd"], ["d"], group=channels, pads=[1, 1, 1, 1])]
+    if tail == "Conv":
+        nodes.append(helper.make_node("Conv", ["d", "w1"], ["y"]))
+        out = [1, channels, 6, 6]
+    else:
+        nodes.append(helper.make_node("Resize", ["d", "", "scales"], ["y"]))
+        out = [1, channels, 12, 12]
+    return model_x_to_y("separable", nodes, inits, [1, 2 * B, 6, 6], out)
+
+
+@pytest.mark.parametrize("impl", ["native.nchwc", "ort.nchwc"])
+@pytest.mark.parametrize("channels", [11, B + 2])
+def test_narrow_channels_a_conv_reads_take_the_layout(channels, impl, rng):
+    """11 or B + 2 channels, at least half of their blocks' lanes, stay blocked where a
+    conv reads them (NASNet's separable convs): no reorder between the convs, the same
+    results; as a head's output (resized and returned) they stay NCHW."""
+    optimized = _optimize(_separable_model(rng, channels), rng, impl)
+    ops = _ops(optimized)
+    assert ops["Conv"] == 3 and "Relu" not in ops, ops
+    assert ops["ReorderInput"] == 1 and ops["ReorderOutput"] == 1   # the input's, output's
+    head = load_model(_separable_model(rng, channels, tail="Resize"))
+    depthwise = [n for n in head.nodes if n.op == "Conv"][1]
+    assert conv_input_mode(head, depthwise, B, {"r"}) == ""

@@ -49,6 +49,8 @@ the logical channel count of its output):
   (`wpk.kernels.cpu.group_norm_spec`, attrs `groups`, `epsilon`) of a blocked 4-d X,
   Scale and Bias logical (C,); the statistics read the real lanes only, Y's padding lanes
   are zero (kept blocked only with an epilogue that maps 0 to 0).
+- A Slice that crops H and W only (step 1; Keras' Cropping2D) stays a default-domain
+  Slice of the 5-d tensor over axes 2 and 3, its padding lanes as they were.
 - ChannelSlice(X blocked) -> Y blocked: `channels` channels from channel
   `start` (a multiple of b), i.e. whole blocks of X: a channel Split or Slice
   on block boundaries, one node per piece.
@@ -76,7 +78,8 @@ Every other consumer, and every graph output, reads the NCHW tensor through
 one shared ReorderOutput, which keeps the original tensor name.
 
 Where it pays: convs need a multiple of 4 output channels, or an even count padded by
-at most a quarter (ShuffleNet's 58), padded to whole blocks
+at most a quarter (ShuffleNet's 58), or at least 8 channels filling half their blocks'
+lanes where a conv reads the result (NASNet's 11 and 22), padded to whole blocks
 (any output count on a 1x1 output, e.g. a squeeze-excitation conv, where the
 padding lanes cost nothing), grouped convs whole blocks per group (narrower groups, as
 ResNeXt's 4 channels, merged into one group per input block: `nchwc_rules.widen_groups`,
@@ -108,7 +111,7 @@ from wpk.kernels.nchwc_format import CONV_ACTIVATIONS, GROUP_WIDTH, SPARSE_GROUP
 from wpk.passes.base import GraphPass, drop_unused_constants, readers_of, subgraph_names
 from wpk.passes.elementwise import chain_start
 from wpk.passes.nchwc_classifier import match_classifier
-from wpk.passes.nchwc_data import channel_slices, upsample_form
+from wpk.passes.nchwc_data import channel_slices, spatial_crop, upsample_form
 from wpk.passes.nchwc_gather import (
     GatherViews,
     concat_view,
@@ -200,7 +203,7 @@ class NchwcLayout(GraphPass):
             return True
         self._views.write_inputs(rw, node)
         if node.op in ("Split", "Slice"):
-            return self._channel_slices(rw, node)
+            return self._channel_slices(rw, node) or self._spatial_slice(rw, node)
         if node.domain not in ("", "ai.onnx", "wpk") or len(node.outputs) != 1:
             return False
         op = node.op
@@ -321,7 +324,7 @@ class NchwcLayout(GraphPass):
     def _constant(rw: Rewrite, base: str, value: np.ndarray) -> str:
         name = rw.fresh(base)
         rw.graph.constants[name] = value
-        rw.graph.tensors[name] = TensorInfo(tuple(value.shape), "float32")
+        rw.graph.tensors[name] = TensorInfo(tuple(value.shape), value.dtype.name)
         return name
 
     def _group_norm(self, rw: Rewrite, node: Node) -> bool:
@@ -551,6 +554,28 @@ class NchwcLayout(GraphPass):
                                  node.name if len(pieces) == 1 else f"{node.name}/{index}",
                                  attrs, NCHWC_DOMAIN))
         self.hit(node.op)
+        return True
+
+    def _spatial_slice(self, rw: Rewrite, node: Node) -> bool:
+        """A crop of H and W (a Slice of step 1 along them, Keras' Cropping2D) of a blocked
+        tensor: the same Slice of the 5-d tensor, its padding lanes as they were."""
+        x = node.inputs[0]
+        crop = spatial_crop(rw.graph, node) if x in rw.blocked and not node.epilogue \
+            else None
+        if crop is None:
+            return False
+        entry = rw.blocked[x]
+        out = rw.new_blocked(node.outputs[0], entry.channels, dirty=entry.dirty)
+        params = {"starts": crop[0], "ends": crop[1], "axes": (2, 3)}
+        inputs, attrs = [entry.name], {}
+        if rw.graph.opset < 10:
+            attrs = params
+        else:
+            for key, value in params.items():
+                inputs.append(self._constant(rw, f"{node.name}_{key}_nchwc",
+                                             np.array(value, np.int64)))
+        rw.nodes.append(Node("Slice", inputs, [out], node.name, attrs, node.domain))
+        self.hit("Slice")
         return True
 
     def _elementwise(self, rw: Rewrite, node: Node) -> bool:

@@ -107,6 +107,38 @@ def _little_padding(channels: int, block: int) -> bool:
     return channels % 2 == 0 and fmt.round_up(channels, block) * 4 <= channels * 5
 
 
+def _half_real(channels: int, block: int) -> bool:
+    """Whether at least 8 channels fill at least half the lanes of their whole blocks
+    (NASNet's 11 and 22 channels in 16-lane blocks)."""
+    return channels >= 8 and fmt.round_up(channels, block) <= 2 * channels
+
+
+# What a tensor passes through, unchanged in layout, on its way to the next conv
+_LAYOUT_NEUTRAL = frozenset({"Add", "Sum", "Mul", "Sub", "Div", "Relu", "Clip", "Sigmoid",
+                             "LeakyRelu", "HardSigmoid", "HardSwish", "Elementwise",
+                             "BatchNormalization", "Concat", "AveragePool", "MaxPool",
+                             "Pad", "Slice"})
+_READER_HOPS = 4
+
+
+def _feeds_conv(graph: Graph, name: str) -> bool:
+    """Whether a conv reads `name` within `_READER_HOPS` nodes of layout-neutral steps
+    (activations, a batch norm, pools, a concat): a tensor inside the network, not a
+    head's output (a segmentation head's 21 classes, resized to the image and returned,
+    ran slower padded to 32 lanes, `docs/BENCHMARKS.md`)."""
+    frontier, seen = {name}, set()
+    for _ in range(_READER_HOPS):
+        readers = [n for n in graph.nodes if frontier.intersection(n.inputs)
+                   and id(n) not in seen]
+        if any(n.op == "Conv" for n in readers):
+            return True
+        seen.update(id(n) for n in readers)
+        frontier = {o for n in readers if n.op in _LAYOUT_NEUTRAL for o in n.outputs}
+        if not frontier:
+            return False
+    return False
+
+
 def _pooled(graph: Graph, name: str) -> bool:
     """Whether a 4-d tensor is 1x1 spatially (pooled features, as in squeeze-excitation):
     padding its channels to whole blocks costs nothing there, and a conv producing it
@@ -157,9 +189,12 @@ def conv_input_mode(graph: Graph, node: Node, block: int, blocked: set[str]) -> 
     # output channels a multiple of 4, padded to whole blocks (a YOLO box head's 4 too:
     # it stays in the layout rather than reordering its input), or even and padded by at
     # most a quarter (ShuffleNet's 58 and 116: their blocks stay blocked; odd counts are
-    # a network's image outputs, 3 or 27 for a pixel shuffle, left as before); any count
-    # when only pixel shuffles read the output (they read its real lanes)
+    # a network's image outputs, 3 or 27 for a pixel shuffle, left as before), or at
+    # least half the lanes real where a conv reads the result (NASNet's 11 and 22:
+    # onnxruntime's NCHW depthwise convs of them ran 6-15x slower than blocked ones);
+    # any count when only pixel shuffles read the output (they read its real lanes)
     if out_channels % 4 and not _little_padding(out_channels, block) \
+            and not (_half_real(out_channels, block) and _feeds_conv(graph, node.outputs[0])) \
             and not _pooled(graph, node.outputs[0]) \
             and not _read_only_by_pixel_shuffles(graph, node.outputs[0]):
         return ""
