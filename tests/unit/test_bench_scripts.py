@@ -583,6 +583,23 @@ def test_bench_tvm_reports_which_models_tvm_runs(tmp_path):
     assert convnext["stage"] == "ran" and convnext["relative_l2_vs_ort"] < 1e-4, convnext
 
 
+def test_the_paddle_export_says_what_to_install_without_paddle(scripts_on_path, tmp_path,
+                                                              monkeypatch, capsys):
+    """scripts/export_paddle_models.py needs PaddlePaddle and paddle2onnx (no dependency of
+    wpk): without them one error line with the install hint, nothing written; an unknown
+    model is a usage error."""
+    import export_paddle_models
+
+    monkeypatch.setitem(sys.modules, "paddle", None)
+    assert export_paddle_models.main(["--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: paddle is not installed") and "hint:" in err
+    assert not (tmp_path / "p").exists()
+    with pytest.raises(SystemExit):
+        export_paddle_models.main(["--out", str(tmp_path), "--models", "vit"])
+    assert "unknown model(s) vit" in capsys.readouterr().err
+
+
 def test_the_keras_export_says_what_to_install_without_tensorflow(scripts_on_path, tmp_path,
                                                                   monkeypatch, capsys):
     """scripts/export_keras_models.py needs TensorFlow and tf2onnx (no dependency of wpk):
