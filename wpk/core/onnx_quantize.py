@@ -9,14 +9,15 @@ completed, its constant weights not folded, its nodes not verified. The op's mea
 not changed since opset 10, only grown (opset 13 a per-axis scale, `axis`; later ones more
 types, blocks and `output_dtype`), so the newest implementation, with its attributes'
 defaults, computes the older versions too. `REFERENCE_OPS` is every op wpk gives
-onnx.reference: this one, `wpk.core.onnx_loop.Loop`, and `wpk.core.onnx_pool`'s MaxPool,
-AveragePool and LpPool.
+onnx.reference: this one, `wpk.core.onnx_loop.Loop`, `wpk.core.onnx_pool`'s MaxPool,
+AveragePool and LpPool, and `wpk.core.onnx_gather.GatherElements`.
 """
 
 from __future__ import annotations
 
 from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_25
 
+from wpk.core.onnx_gather import GatherElements
 from wpk.core.onnx_loop import Loop
 from wpk.core.onnx_pool import AveragePool, LpPool, MaxPool
 
@@ -27,4 +28,4 @@ class DequantizeLinear(DequantizeLinear_25):
     op_domain = ""
 
 
-REFERENCE_OPS = (Loop, DequantizeLinear, MaxPool, AveragePool, LpPool)
+REFERENCE_OPS = (Loop, DequantizeLinear, MaxPool, AveragePool, LpPool, GatherElements)
