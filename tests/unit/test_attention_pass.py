@@ -566,3 +566,85 @@ def test_a_masked_fill_that_is_no_additive_mask_stays(options, why):
     graph, report = optimize(load_model(masked_fill_model(**options)), "cpu")
     assert report.rules["masked_fill_as_mask"] == 0, why
     assert "Where" in graph.op_counts()
+
+
+def sdpa_model(*, guard_zero: float = 0.0, extra_reader: bool = False) -> onnx.ModelProto:
+    """torch.onnx's export of scaled_dot_product_attention with a boolean mask (Hugging
+    Face's BERT): q * sqrt(s) @ k^T * sqrt(s), + Where(keep, 0, -inf), Softmax, then the NaN
+    guard Where(IsNaN(P), 0, P) before the context MatMul. `keep` is an input [B, 1, S, S]."""
+    root = np.float32(D ** -0.25)
+    inputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, [B, H, S, D]) for n in "qkv"]
+    inputs.append(h.make_tensor_value_info("keep", TensorProto.BOOL, [B, 1, S, S]))
+    inits = [numpy_helper.from_array(np.array(root), "root"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf"),
+             numpy_helper.from_array(np.array(guard_zero, np.float32), "guard")]
+    nodes = [h.make_node("Mul", ["q", "root"], ["qs"]),
+             h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             h.make_node("Mul", ["kt", "root"], ["kts"]),
+             h.make_node("MatMul", ["qs", "kts"], ["scores"]),
+             h.make_node("Where", ["keep", "zero", "minus_inf"], ["bias"]),
+             h.make_node("Add", ["scores", "bias"], ["logits"]),
+             h.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+             h.make_node("IsNaN", ["probs"], ["nan"]),
+             h.make_node("Where", ["nan", "guard", "probs"], ["guarded"]),
+             h.make_node("MatMul", ["guarded", "v"], ["y"])]
+    outputs = [h.make_tensor_value_info("y", TensorProto.FLOAT, [B, H, S, D])]
+    if extra_reader:
+        outputs.append(h.make_tensor_value_info("probs", TensorProto.FLOAT, [B, H, S, S]))
+    graph = h.make_graph(nodes, "sdpa", inputs, outputs, inits)
+    return onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+
+
+def sdpa_feeds(model: onnx.ModelProto, rng) -> dict[str, np.ndarray]:
+    """Random q, k, v; a padding mask keeping the first 7 keys of image 0 and no key at all
+    in query row 2 of image 1 (its softmax is NaN, the guard's zeros)."""
+    feeds = {n: rng.standard_normal((B, H, S, D)).astype(np.float32) for n in "qkv"}
+    keep = np.ones((B, 1, S, S), bool)
+    keep[0, :, :, 7:] = False
+    keep[1, :, 2, :] = False
+    feeds["keep"] = keep
+    return feeds
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_torchs_nan_guard_moves_past_the_product_and_attention_fuses(rng, target):
+    """Pass `softmax_nan_guard` puts the guard on the context product, the attention rule
+    fuses the rest (both-sides scale, the Where-made mask); the graph computes the model,
+    the fully masked row's zeros included."""
+    model = sdpa_model()
+    graph, report = optimize(load_model(model), target)
+    check_graph(graph)
+    assert report.passes["softmax_nan_guard"] == 1 and report.rules["attention"] == 1
+    assert "Softmax" not in graph.op_counts() and graph.op_counts()["IsNaN"] == 1
+    feeds = sdpa_feeds(model, rng)
+    (expected,) = run(model, feeds)
+    assert np.all(expected[1, :, 2] == 0)
+    (actual,) = run(to_onnx(graph), feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_plan_of_torchs_guarded_attention_gives_the_masked_rows_zeros(rng):
+    """wpk's plan (the fused kernel and the moved guard) against onnxruntime on the model,
+    a query row with no key among the inputs."""
+    import wpk
+    from wpk.runtime import Session
+
+    model = sdpa_model()
+    plan = wpk.build(model, target="cpu", search="none", progress=False, partition=False)
+    assert any(w["op"] == "Attention" for w in plan.report["workloads"])
+    feeds = sdpa_feeds(model, rng)
+    (expected,) = run(model, feeds)
+    (actual,) = Session(plan).run(feeds).values()
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("options, why", [
+    ({"guard_zero": 1.0}, "the guard fills with 1, not 0"),
+    ({"extra_reader": True}, "the probabilities are a graph output too"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_a_guard_that_is_not_torchs_stays(options, why):
+    model = sdpa_model(**options)
+    graph, report = optimize(load_model(model), "cpu")
+    assert report.passes["softmax_nan_guard"] == 0 and report.rules["attention"] == 0, why

@@ -59,6 +59,7 @@ from wpk.passes.pad_into_conv import PadIntoConv
 from wpk.passes.quantize_dequantize import QuantizeDequantize
 from wpk.passes.reduce_to_pool import ReduceToPool
 from wpk.passes.same_crop import SameCrop
+from wpk.passes.softmax_nan_guard import SoftmaxNanGuard
 from wpk.passes.sum_to_add import SumToAdd
 from wpk.passes.to_onnx import ELEMENTWISE_OP, WPK_DOMAIN, to_onnx
 from wpk.passes.transpose_sinking import TransposeSinking
@@ -97,6 +98,9 @@ PIPELINE: list[PipelineEntry] = [
     PipelineEntry(PadIntoConv),
     # 1-d convs to 2-d before the fusions, so they see the 2-d convs the layout has kernels for
     PipelineEntry(Conv1dAs2d, targets=frozenset({"cpu"})),
+    # torch's NaN guard on attention probabilities moved past the context MatMul, so the
+    # attention rule sees Softmax then MatMul
+    PipelineEntry(SoftmaxNanGuard, targets=frozenset({"cpu", "cuda"})),
     # a masked_fill's Where as the mask Add the attention rule fuses
     PipelineEntry(lambda: FusionPass("masked_fill_mask", MASKED_FILL_RULES),
                   targets=frozenset({"cpu", "cuda"})),
