@@ -600,6 +600,23 @@ def test_the_paddle_export_says_what_to_install_without_paddle(scripts_on_path, 
     assert "unknown model(s) vit" in capsys.readouterr().err
 
 
+def test_the_hf_export_says_what_to_install_without_transformers(scripts_on_path, tmp_path,
+                                                                 monkeypatch, capsys):
+    """scripts/export_hf_models.py needs transformers (no dependency of wpk): without it
+    one error line with the install hint, nothing written; an unknown model is a usage
+    error."""
+    import export_hf_models
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    assert export_hf_models.main(["--out", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: transformers is not installed") and "hint:" in err
+    assert not (tmp_path / "h").exists()
+    with pytest.raises(SystemExit):
+        export_hf_models.main(["--out", str(tmp_path), "--models", "t5"])
+    assert "unknown model(s) t5" in capsys.readouterr().err
+
+
 def test_the_keras_export_says_what_to_install_without_tensorflow(scripts_on_path, tmp_path,
                                                                   monkeypatch, capsys):
     """scripts/export_keras_models.py needs TensorFlow and tf2onnx (no dependency of wpk):
