@@ -128,6 +128,23 @@ def test_emulated_attention_takes_a_masked_fills_causal_mask(fill, config):
     assert relative_l2(out, reference(w, arrays)[0]) <= TOLERANCE
 
 
+@pytest.mark.parametrize("config", [{"tq": 16, "tk": 16, "split": 8},
+                                    {"tq": 32, "tk": 32, "split": 1}], ids=["split8", "split1"])
+def test_emulated_attention_gives_a_query_with_no_key_nan_rows(config):
+    """A query row whose keys are all -inf comes out NaN, as the softmax of the separate
+    nodes does, and the other rows finite: the NaN guard of torch's export, moved past the
+    product (pass `softmax_nan_guard`), then makes it the zeros the model gives."""
+    w = attention(lead=(1, 2), sq=37, sk=37, mask=(1, 1, 37, 37))
+    arrays = arrays_for(w, np.random.default_rng(3))[:3]
+    mask = np.zeros((37, 37), np.float32)
+    mask[5] = -np.inf
+    arrays.append(mask[None, None])
+    feeds = {name: arrays[i] for name, i in attention_feeds(w).items()}
+    out = emulate(lower_attention(w, config), feeds)["Y"]
+    assert np.isnan(out[:, :, 5]).all()
+    assert np.isfinite(np.delete(out, 5, axis=2)).all()
+
+
 def test_the_emulator_catches_the_kernel_without_its_barriers():
     """The check can fail: the same kernel with its __syncthreads() removed races."""
     w = attention(lead=(1, 1), sq=40, sk=40, d=8, dv=8)
