@@ -20,9 +20,10 @@ guard on the probabilities.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+from model_exports import export_main
 
 SEQUENCE, IMAGE = 128, 224
 
@@ -72,32 +73,10 @@ def export(name: str, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for the .onnx files")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, of: {', '.join(MODELS)}")
-    args = parser.parse_args(argv)
-    names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        print(f"error: {exc.name} is not installed in {sys.executable} (hint: python -m venv "
-              "--system-site-packages /tmp/hf && /tmp/hf/bin/pip install transformers, then "
-              "run this script with /tmp/hf/bin/python)", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        try:
-            print(export(name, out))
-        except RuntimeError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-    return 0
+    return export_main(argv, __doc__.split("\n\n")[0], MODELS, ("torch", "transformers"),
+                       "python -m venv --system-site-packages /tmp/hf && /tmp/hf/bin/pip "
+                       "install transformers, then run this script with /tmp/hf/bin/python",
+                       export)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ convert (tf2onnx leaves Erfc and nested calls as TensorFlow ops), so it is not o
 
 from __future__ import annotations
 
-import argparse
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from model_exports import export_main
 
 # Keras application name -> constructor keyword arguments (beyond weights=None)
 MODELS = {
@@ -58,34 +58,12 @@ def export(name: str, out: Path, workdir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for the .onnx files")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, of: {', '.join(MODELS)}")
-    args = parser.parse_args(argv)
-    names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
-    try:
-        import tensorflow  # noqa: F401
-        import tf2onnx  # noqa: F401
-    except ImportError as exc:
-        print(f"error: {exc.name} is not installed in {sys.executable} (hint: python -m venv "
-              "/tmp/tf && /tmp/tf/bin/pip install tensorflow-cpu tf2onnx, then run this "
-              "script with /tmp/tf/bin/python)", file=sys.stderr)
-        return 2
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="wpk-keras-") as workdir:
-        for name in names:
-            try:
-                print(export(name, out, Path(workdir)))
-            except RuntimeError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 1
-    return 0
+        return export_main(argv, __doc__.split("\n\n")[0], MODELS, ("tensorflow", "tf2onnx"),
+                           "python -m venv /tmp/tf && /tmp/tf/bin/pip install tensorflow-cpu "
+                           "tf2onnx, then run this script with /tmp/tf/bin/python",
+                           lambda name, out: export(name, out, Path(workdir)),
+                           {"TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The GPU benchmark's pieces that run without a GPU: the torch stand-ins for the ONNX
 models and the goal summary."""
 
+import importlib
 import os
 import re
 import sys
@@ -583,52 +584,23 @@ def test_bench_tvm_reports_which_models_tvm_runs(tmp_path):
     assert convnext["stage"] == "ran" and convnext["relative_l2_vs_ort"] < 1e-4, convnext
 
 
-def test_the_paddle_export_says_what_to_install_without_paddle(scripts_on_path, tmp_path,
-                                                              monkeypatch, capsys):
-    """scripts/export_paddle_models.py needs PaddlePaddle and paddle2onnx (no dependency of
-    wpk): without them one error line with the install hint, nothing written; an unknown
-    model is a usage error."""
-    import export_paddle_models
-
-    monkeypatch.setitem(sys.modules, "paddle", None)
-    assert export_paddle_models.main(["--out", str(tmp_path / "p")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: paddle is not installed") and "hint:" in err
-    assert not (tmp_path / "p").exists()
-    with pytest.raises(SystemExit):
-        export_paddle_models.main(["--out", str(tmp_path), "--models", "vit"])
-    assert "unknown model(s) vit" in capsys.readouterr().err
-
-
-def test_the_hf_export_says_what_to_install_without_transformers(scripts_on_path, tmp_path,
-                                                                 monkeypatch, capsys):
-    """scripts/export_hf_models.py needs transformers (no dependency of wpk): without it
-    one error line with the install hint, nothing written; an unknown model is a usage
-    error."""
-    import export_hf_models
-
-    monkeypatch.setitem(sys.modules, "transformers", None)
-    assert export_hf_models.main(["--out", str(tmp_path / "h")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: transformers is not installed") and "hint:" in err
-    assert not (tmp_path / "h").exists()
-    with pytest.raises(SystemExit):
-        export_hf_models.main(["--out", str(tmp_path), "--models", "t5"])
-    assert "unknown model(s) t5" in capsys.readouterr().err
-
-
-def test_the_keras_export_says_what_to_install_without_tensorflow(scripts_on_path, tmp_path,
+@pytest.mark.parametrize("script, blocked, unknown", [
+    ("export_keras_models", "tensorflow", "alexnet"),
+    ("export_paddle_models", "paddle", "vit"),
+    ("export_hf_models", "transformers", "t5"),
+])
+def test_a_model_export_says_what_to_install_without_its_exporter(script, blocked, unknown,
+                                                                  scripts_on_path, tmp_path,
                                                                   monkeypatch, capsys):
-    """scripts/export_keras_models.py needs TensorFlow and tf2onnx (no dependency of wpk):
-    without them one error line with the install hint, nothing written; an unknown model
-    is a usage error."""
-    import export_keras_models
-
-    monkeypatch.setitem(sys.modules, "tensorflow", None)
-    assert export_keras_models.main(["--out", str(tmp_path / "k")]) == 2
+    """The export scripts need their exporters (TensorFlow and tf2onnx, PaddlePaddle and
+    paddle2onnx, transformers: no dependencies of wpk): without one, one error line with
+    the install hint and nothing written; an unknown model is a usage error."""
+    main = importlib.import_module(script).main
+    monkeypatch.setitem(sys.modules, blocked, None)
+    assert main(["--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: tensorflow is not installed") and "hint:" in err
-    assert not (tmp_path / "k").exists()
+    assert err.startswith(f"error: {blocked} is not installed") and "hint:" in err
+    assert not (tmp_path / "out").exists()
     with pytest.raises(SystemExit):
-        export_keras_models.main(["--out", str(tmp_path), "--models", "alexnet"])
-    assert "unknown model(s) alexnet" in capsys.readouterr().err
+        main(["--out", str(tmp_path), "--models", unknown])
+    assert f"unknown model(s) {unknown}" in capsys.readouterr().err
