@@ -154,14 +154,17 @@ def test_splits_off_the_block_boundaries_are_left_alone(rng):
 
 
 def _crop_model(rng, channels, starts, ends, axes):
-    """conv -> Pad (0, 1) on H and W -> Slice(starts, ends, axes) -> 1x1 average pool of
-    stride 2 -> conv: the shifted path of Keras' NASNet reductions (ZeroPadding2D,
-    Cropping2D) through tf2onnx."""
-    inits = [_weight(rng, "w1", channels, 3, 3), _weight(rng, "w2", 8, channels),
+    """conv -> conv -> Pad (0, 1) on H and W -> Slice(starts, ends, axes) -> 1x1 average
+    pool of stride 2 -> conv: the shifted path of Keras' NASNet reductions (ZeroPadding2D,
+    Cropping2D) through tf2onnx (two convs before it, so that the layout pass finds enough
+    convs to run at either ISA's block)."""
+    inits = [_weight(rng, "w0", 16, 3, 3), _weight(rng, "w1", channels, 16),
+             _weight(rng, "w2", 8, channels),
              numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pads")]
     for name, value in (("starts", starts), ("ends", ends), ("axes", axes)):
         inits.append(numpy_helper.from_array(np.array(value, np.int64), name))
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["x0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x0", "w1"], ["a"]),
              helper.make_node("Pad", ["a", "pads"], ["p"]),
              helper.make_node("Slice", ["p", "starts", "ends", "axes"], ["s"]),
              helper.make_node("AveragePool", ["s"], ["q"], kernel_shape=[1, 1], strides=[2, 2]),
