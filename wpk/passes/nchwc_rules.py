@@ -16,6 +16,7 @@ from wpk.core.graph import Graph, Node
 from wpk.core.workload import EpilogueStep, as_text
 from wpk.kernels import nchwc_format as fmt
 from wpk.kernels.nchwc_format import CONV_ACTIVATIONS
+from wpk.passes.base import readers_of
 
 # Unary steps with f(0) == 0 (clip is checked on its bounds).
 _ZERO_UNARY = frozenset({"relu", "leaky_relu", "tanh", "neg", "abs", "silu", "gelu",
@@ -126,14 +127,13 @@ def _feeds_conv(graph: Graph, name: str) -> bool:
     (activations, a batch norm, pools, a concat): a tensor inside the network, not a
     head's output (a segmentation head's 21 classes, resized to the image and returned,
     ran slower padded to 32 lanes, `docs/BENCHMARKS.md`)."""
-    frontier, seen = {name}, set()
+    readers_by_name = readers_of(graph)
+    frontier = {name}
     for _ in range(_READER_HOPS):
-        readers = [n for n in graph.nodes if frontier.intersection(n.inputs)
-                   and id(n) not in seen]
+        readers = [n for t in frontier for n in readers_by_name.get(t, ())]
         if any(n.op == "Conv" for n in readers):
             return True
-        seen.update(id(n) for n in readers)
-        frontier = {o for n in readers if n.op in _LAYOUT_NEUTRAL for o in n.outputs}
+        frontier = {o for n in readers if n.op in _LAYOUT_NEUTRAL for o in n.outputs if o}
         if not frontier:
             return False
     return False
